@@ -1,0 +1,145 @@
+#pragma once
+/// The Kubernetes objects kproxy consumes, as plain C++ value types.
+/// They are decoded by apiwatch (from the API server or a manifest directory) and never
+/// refer to JSON or HTTP. Equality is member-wise, so a change tracker can drop no-op updates.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace kproxy::core {
+
+enum class IPFamily : std::uint8_t { kIPv4 = 4, kIPv6 = 6 };
+enum class Protocol : std::uint8_t { kTCP, kUDP, kSCTP };
+enum class ServiceType : std::uint8_t { kClusterIP, kNodePort, kLoadBalancer, kExternalName };
+enum class TrafficPolicy : std::uint8_t { kCluster, kLocal };
+enum class SessionAffinity : std::uint8_t { kNone, kClientIP };
+enum class LoadBalancerIPMode : std::uint8_t { kVIP, kProxy };
+enum class AddressType : std::uint8_t { kIPv4, kIPv6, kFQDN };
+
+const char* toString(IPFamily family);
+const char* toString(Protocol protocol);
+const char* toString(ServiceType type);
+
+using Labels = std::map<std::string, std::string>;
+
+/// Kubernetes' default ClientIP affinity timeout (3 hours).
+inline constexpr std::int32_t kDefaultStickyMaxAgeSeconds = 10800;
+
+/// A Service's target port: a number or a named container port.
+struct TargetPort {
+  std::int32_t number = 0;  ///< used when name is empty
+  std::string name;
+  bool operator==(const TargetPort&) const = default;
+};
+
+struct ServicePortSpec {
+  std::string name;
+  Protocol protocol = Protocol::kTCP;
+  std::int32_t port = 0;
+  TargetPort targetPort;
+  std::int32_t nodePort = 0;  ///< 0 when none
+  std::optional<std::string> appProtocol;
+  bool operator==(const ServicePortSpec&) const = default;
+};
+
+struct LoadBalancerIngress {
+  std::string ip;
+  std::string hostname;
+  std::optional<LoadBalancerIPMode> ipMode;
+  bool operator==(const LoadBalancerIngress&) const = default;
+};
+
+struct Service {
+  std::string ns;
+  std::string name;
+  Labels labels;
+  std::string resourceVersion;
+  ServiceType type = ServiceType::kClusterIP;
+  std::vector<std::string> clusterIPs;  ///< first is .spec.clusterIP; "None" means headless
+  std::vector<IPFamily> ipFamilies;
+  std::vector<ServicePortSpec> ports;
+  std::vector<std::string> externalIPs;
+  std::vector<LoadBalancerIngress> loadBalancerIngress;   ///< from .status.loadBalancer
+  std::vector<std::string> loadBalancerSourceRanges;      ///< CIDRs
+  TrafficPolicy externalTrafficPolicy = TrafficPolicy::kCluster;
+  TrafficPolicy internalTrafficPolicy = TrafficPolicy::kCluster;
+  std::int32_t healthCheckNodePort = 0;
+  SessionAffinity sessionAffinity = SessionAffinity::kNone;
+  std::int32_t sessionAffinityTimeoutSeconds = kDefaultStickyMaxAgeSeconds;
+  std::optional<std::string> trafficDistribution;  ///< e.g. "PreferClose", "PreferSameZone"
+  std::string externalName;
+
+  bool operator==(const Service&) const = default;
+};
+
+struct EndpointConditions {
+  std::optional<bool> ready;
+  std::optional<bool> serving;
+  std::optional<bool> terminating;
+  bool operator==(const EndpointConditions&) const = default;
+};
+
+struct EndpointHints {
+  std::vector<std::string> forZones;
+  std::vector<std::string> forNodes;
+  bool operator==(const EndpointHints&) const = default;
+};
+
+struct SliceEndpoint {
+  std::vector<std::string> addresses;
+  EndpointConditions conditions;
+  std::optional<std::string> nodeName;
+  std::optional<std::string> zone;
+  std::optional<EndpointHints> hints;
+  bool operator==(const SliceEndpoint&) const = default;
+};
+
+struct EndpointPort {
+  std::optional<std::string> name;
+  std::optional<Protocol> protocol;
+  std::optional<std::int32_t> port;
+  std::optional<std::string> appProtocol;
+  bool operator==(const EndpointPort&) const = default;
+};
+
+struct EndpointSlice {
+  std::string ns;
+  std::string name;
+  std::string serviceName;  ///< label kubernetes.io/service-name; empty = not a service's slice
+  Labels labels;
+  std::string resourceVersion;
+  AddressType addressType = AddressType::kIPv4;
+  std::vector<EndpointPort> ports;
+  std::vector<SliceEndpoint> endpoints;
+  bool operator==(const EndpointSlice&) const = default;
+};
+
+struct NodeAddress {
+  std::string type;  ///< InternalIP, ExternalIP, Hostname, ...
+  std::string address;
+  bool operator==(const NodeAddress&) const = default;
+};
+
+struct Node {
+  std::string name;
+  Labels labels;
+  std::string resourceVersion;
+  std::vector<NodeAddress> addresses;
+  std::vector<std::string> podCIDRs;
+  bool deleting = false;  ///< metadata.deletionTimestamp is set
+  bool operator==(const Node&) const = default;
+};
+
+/// Label naming the Service an EndpointSlice belongs to.
+inline constexpr const char* kLabelServiceName = "kubernetes.io/service-name";
+/// Services carrying this label are handled by another proxy.
+inline constexpr const char* kLabelServiceProxyName = "service.kubernetes.io/service-proxy-name";
+/// Headless marker label set by the endpoints controller.
+inline constexpr const char* kLabelHeadless = "service.kubernetes.io/headless";
+/// Node label holding its zone.
+inline constexpr const char* kLabelTopologyZone = "topology.kubernetes.io/zone";
+
+}  // namespace kproxy::core

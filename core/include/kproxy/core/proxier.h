@@ -1,0 +1,83 @@
+#pragma once
+/// The sync loop: events in, snapshots out, backend called at the pace the scheduler allows.
+/// Event methods are thread-safe; run() blocks on the calling thread until stop is requested.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stop_token>
+#include <string>
+
+#include "kproxy/core/backend.h"
+#include "kproxy/core/clock.h"
+#include "kproxy/core/events.h"
+#include "kproxy/core/sync_scheduler.h"
+#include "kproxy/core/tracker.h"
+
+namespace kproxy::core {
+
+struct ProxierOptions {
+  std::chrono::steady_clock::duration minSyncPeriod = std::chrono::seconds(1);
+  std::chrono::steady_clock::duration syncPeriod = std::chrono::seconds(30);
+  /// Delay before retrying a failed sync (always as a full sync).
+  std::chrono::steady_clock::duration retryInterval = std::chrono::seconds(1);
+  /// Exit run() after the first sync (used by --dry-run).
+  bool oneShot = false;
+};
+
+/// Reported after every sync attempt (metrics, health, logs).
+struct SyncObservation {
+  SyncKind kind = SyncKind::kFull;
+  bool ok = false;
+  std::chrono::steady_clock::duration duration{};
+  std::size_t changedServicePorts = 0;
+  std::size_t serviceChanges = 0;
+  std::size_t endpointChanges = 0;
+  std::size_t operations = 0;
+  std::string summary;
+  std::optional<Error> error;
+  double wallTimestamp = 0;
+};
+
+struct ProxierStatus {
+  bool initialSyncDone = false;         ///< services and slices listed, first sync attempted
+  std::optional<double> lastSuccessWall;  ///< wall seconds of the last successful sync
+  std::optional<double> oldestQueuedWall; ///< wall seconds of the oldest unsynced change
+  std::shared_ptr<const Snapshot> applied;  ///< last successfully applied snapshot
+  bool nodeDeleting = false;
+};
+
+class Proxier final : public EventSink {
+ public:
+  Proxier(TrackerConfig tracker, Backend& backend, ProxierOptions options,
+          Clock& clock = systemClock());
+  ~Proxier() override;
+
+  void serviceUpserted(Service service) override;
+  void serviceDeleted(const std::string& ns, const std::string& name) override;
+  void endpointSliceUpserted(EndpointSlice slice) override;
+  void endpointSliceDeleted(const std::string& ns, const std::string& name) override;
+  void nodeUpserted(Node node) override;
+  void nodeDeleted(const std::string& name) override;
+  void servicesSynced() override;
+  void endpointSlicesSynced() override;
+
+  /// Called (on the sync thread) after each sync attempt.
+  void setObserver(std::function<void(const SyncObservation&)> observer);
+  ProxierStatus status() const;
+
+  /// Runs syncs until `stop` is requested (or after one sync with oneShot). Returns false when
+  /// oneShot was set and that sync failed.
+  bool run(std::stop_token stop);
+
+  /// Runs at most one sync now if one is due (for tests with a ManualClock). Returns whether a
+  /// sync ran.
+  bool syncOnceIfDue();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kproxy::core

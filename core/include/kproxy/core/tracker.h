@@ -1,0 +1,61 @@
+#pragma once
+/// The change tracker: folds Service / EndpointSlice / Node events into the current model and
+/// publishes immutable snapshots. Not thread-safe (the Proxier serialises access).
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kproxy/core/model.h"
+#include "kproxy/core/snapshot.h"
+
+namespace kproxy::core {
+
+struct TrackerConfig {
+  std::string nodeName;
+  /// IP families this node can program; service ports of other families are skipped with a log.
+  bool ipv4 = true;
+  bool ipv6 = true;
+  /// Honour service.kubernetes.io/service-proxy-name: services carrying it are skipped unless it
+  /// equals this value (empty: skip every labelled service, as upstream does by default).
+  std::string serviceProxyName;
+};
+
+struct PublishResult {
+  std::shared_ptr<const Snapshot> snapshot;
+  std::vector<ServicePortKey> changed;  ///< keys whose state differs from the previous snapshot
+  std::size_t serviceChanges = 0;        ///< Service events folded into this snapshot
+  std::size_t endpointChanges = 0;       ///< EndpointSlice events folded into this snapshot
+};
+
+class ChangeTracker {
+ public:
+  explicit ChangeTracker(TrackerConfig config);
+  ~ChangeTracker();
+  ChangeTracker(const ChangeTracker&) = delete;
+  ChangeTracker& operator=(const ChangeTracker&) = delete;
+
+  /// Each returns true when the event changed something (no-op updates are dropped).
+  bool upsertService(Service service);
+  bool deleteService(const std::string& ns, const std::string& name);
+  bool upsertEndpointSlice(EndpointSlice slice);
+  bool deleteEndpointSlice(const std::string& ns, const std::string& name);
+  bool upsertNode(Node node);
+  bool deleteNode(const std::string& name);
+
+  bool hasPendingChanges() const;
+  std::size_t pendingServiceChanges() const;
+  std::size_t pendingEndpointChanges() const;
+
+  /// Builds the next snapshot from the pending changes. O(changed services) unless the node's
+  /// topology labels changed (then every service is re-resolved).
+  PublishResult publish();
+  std::shared_ptr<const Snapshot> current() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kproxy::core

@@ -1,0 +1,30 @@
+#include "kproxy/core/error.h"
+
+#include <cstring>
+
+namespace kproxy::core {
+
+const char* toString(ErrorCategory category) {
+  switch (category) {
+    case ErrorCategory::kInvalidArgument: return "invalid argument";
+    case ErrorCategory::kNotFound: return "not found";
+    case ErrorCategory::kKernel: return "kernel";
+    case ErrorCategory::kProcess: return "process";
+    case ErrorCategory::kIo: return "io";
+    case ErrorCategory::kDecode: return "decode";
+    case ErrorCategory::kPlugin: return "plugin";
+    case ErrorCategory::kInternal: return "internal";
+  }
+  return "unknown";
+}
+
+std::string Error::message() const {
+  std::string out = context;
+  if (errnum != 0) {
+    out += ": ";
+    out += std::strerror(errnum);
+  }
+  return out;
+}
+
+}  // namespace kproxy::core
