@@ -1,0 +1,62 @@
+#pragma once
+/// Host side of the plugin ABI: loads backend plugins (shared objects exporting
+/// kproxy_plugin_entry) and adapts them to core::Backend.
+///
+/// Every refusal is one line naming the file and the reason: missing file, not a shared
+/// object, no entry point, entry returning null, ABI version mismatch, duplicate name.
+/// Not thread-safe; a registry must outlive every backend it created.
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kproxy/core/backend.h"
+#include "kproxy/core/error.h"
+
+namespace kproxy::plugins {
+
+struct PluginInfo {
+  std::string name;
+  std::string version;
+  std::string description;
+  std::filesystem::path path;
+};
+
+using BackendOptions = std::map<std::string, std::string>;
+
+class PluginRegistry {
+ public:
+  PluginRegistry();
+  ~PluginRegistry();
+  PluginRegistry(const PluginRegistry&) = delete;
+  PluginRegistry& operator=(const PluginRegistry&) = delete;
+
+  /// Loads one plugin file (dlopen RTLD_NOW|RTLD_LOCAL) and registers it by name.
+  core::Result<PluginInfo> load(const std::filesystem::path& file);
+  /// Loads every "*.so" in `dir` (sorted). Returns one error per refused file; a missing
+  /// directory is one error. Files that load are registered even when others fail.
+  std::vector<core::Error> loadDirectory(const std::filesystem::path& dir);
+
+  std::vector<PluginInfo> plugins() const;  ///< sorted by name
+  bool has(std::string_view name) const;
+  /// "iptables, nftables" — for error messages.
+  std::string names() const;
+
+  /// Creates a backend from the plugin named `name`.
+  core::Result<std::unique_ptr<core::Backend>> createBackend(std::string_view name,
+                                                             const BackendOptions& options) const;
+
+ private:
+  struct Loaded;
+  std::vector<std::unique_ptr<Loaded>> loaded_;
+};
+
+/// Where kproxy finds its built-in plugins with no flag: the build tree's plugin directory
+/// (when running from the build tree), then <prefix>/lib/kproxy/plugins relative to the
+/// running executable, then the configured install directory. Only existing directories.
+std::vector<std::filesystem::path> defaultPluginDirs();
+
+}  // namespace kproxy::plugins

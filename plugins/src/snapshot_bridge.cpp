@@ -1,0 +1,153 @@
+#include "snapshot_bridge.h"
+
+#include <string>
+#include <vector>
+
+#include "kproxy/core/log.h"
+
+namespace kproxy::plugins {
+namespace {
+
+std::uint8_t protocolCode(core::Protocol p) {
+  switch (p) {
+    case core::Protocol::kTCP: return KPROXY_PROTO_TCP;
+    case core::Protocol::kUDP: return KPROXY_PROTO_UDP;
+    case core::Protocol::kSCTP: return KPROXY_PROTO_SCTP;
+  }
+  return KPROXY_PROTO_TCP;
+}
+
+std::uint8_t typeCode(core::ServiceType t) {
+  switch (t) {
+    case core::ServiceType::kNodePort: return KPROXY_SVC_NODE_PORT;
+    case core::ServiceType::kLoadBalancer: return KPROXY_SVC_LOAD_BALANCER;
+    default: return KPROXY_SVC_CLUSTER_IP;
+  }
+}
+
+// The C view of one ServicePortState. Pointers borrow from the state, which the snapshot keeps
+// alive for the duration of the visit.
+class ServicePortView {
+ public:
+  explicit ServicePortView(const core::ServicePortState& s) {
+    view_.struct_size = sizeof(kproxy_service_port);
+    view_.family = static_cast<std::uint8_t>(s.key.family);
+    view_.protocol = protocolCode(s.protocol);
+    view_.type = typeCode(s.type);
+    view_.session_affinity_client_ip = s.sessionAffinityClientIP ? 1 : 0;
+    view_.key = s.key.name.c_str();
+    view_.ns = s.ns.c_str();
+    view_.service_name = s.serviceName.c_str();
+    view_.port_name = s.portName.c_str();
+    view_.cluster_ip = s.clusterIP.c_str();
+    view_.port = s.port;
+    view_.node_port = s.nodePort;
+    view_.health_check_node_port = s.healthCheckNodePort;
+    view_.sticky_max_age_seconds = s.stickyMaxAgeSeconds;
+    view_.external_policy_local = s.externalPolicy == core::TrafficPolicy::kLocal ? 1 : 0;
+    view_.internal_policy_local = s.internalPolicy == core::TrafficPolicy::kLocal ? 1 : 0;
+    view_.has_any_endpoints = s.hasAnyEndpoints ? 1 : 0;
+    strings(s.externalIPs, externalIPs_, view_.external_ips, view_.external_ips_count);
+    strings(s.loadBalancerVIPs, lbIPs_, view_.load_balancer_ips, view_.load_balancer_ips_count);
+    strings(s.loadBalancerSourceRanges, ranges_, view_.load_balancer_source_ranges,
+            view_.load_balancer_source_ranges_count);
+    endpoints(s.clusterEndpoints, cluster_, view_.cluster_endpoints, view_.cluster_endpoints_count);
+    endpoints(s.localEndpoints, local_, view_.local_endpoints, view_.local_endpoints_count);
+    endpoints(s.allReachableEndpoints, reachable_, view_.all_reachable_endpoints,
+              view_.all_reachable_endpoints_count);
+    endpoints(s.allEndpoints, all_, view_.all_endpoints, view_.all_endpoints_count);
+  }
+  const kproxy_service_port* get() const { return &view_; }
+
+ private:
+  static void strings(const std::vector<std::string>& in, std::vector<const char*>& storage,
+                      const char* const*& out, size_t& count) {
+    storage.reserve(in.size());
+    for (const auto& s : in) storage.push_back(s.c_str());
+    out = storage.data();
+    count = storage.size();
+  }
+  static void endpoints(const std::vector<core::Endpoint>& in, std::vector<kproxy_endpoint>& storage,
+                        const kproxy_endpoint*& out, size_t& count) {
+    storage.reserve(in.size());
+    for (const auto& e : in) {
+      storage.push_back(kproxy_endpoint{e.ip.c_str(), e.port, static_cast<uint8_t>(e.isLocal),
+                                        static_cast<uint8_t>(e.ready),
+                                        static_cast<uint8_t>(e.serving),
+                                        static_cast<uint8_t>(e.terminating), e.nodeName.c_str(),
+                                        e.zone.c_str()});
+    }
+    out = storage.data();
+    count = storage.size();
+  }
+
+  kproxy_service_port view_{};
+  std::vector<const char*> externalIPs_, lbIPs_, ranges_;
+  std::vector<kproxy_endpoint> cluster_, local_, reachable_, all_;
+};
+
+// The node view lives as long as the snapshot's NodeInfo; it is rebuilt per call into
+// thread-local storage because the ABI hands out a pointer.
+struct NodeView {
+  kproxy_node_info info{};
+  std::vector<const char*> addresses;
+  std::vector<const char*> podCIDRs;
+};
+
+void hostLog(void* /*ctx*/, int level, const char* message) {
+  const char* text = message != nullptr ? message : "";
+  if (level == KPROXY_LOG_ERROR) {
+    log::error(text, {{"source", "plugin"}});
+  } else if (level == KPROXY_LOG_WARNING) {
+    log::warning(text, {{"source", "plugin"}});
+  } else {
+    log::info(level < 0 ? 0 : level, text, {{"source", "plugin"}});
+  }
+}
+
+size_t snapshotSize(const kproxy_snapshot* snapshot) { return fromC(snapshot)->size(); }
+
+const kproxy_node_info* snapshotNode(const kproxy_snapshot* snapshot) {
+  thread_local NodeView view;
+  const core::NodeInfo& node = fromC(snapshot)->node();
+  view.addresses.clear();
+  view.podCIDRs.clear();
+  for (const auto& a : node.addresses) view.addresses.push_back(a.c_str());
+  for (const auto& c : node.podCIDRs) view.podCIDRs.push_back(c.c_str());
+  view.info.struct_size = sizeof(kproxy_node_info);
+  view.info.name = node.name.c_str();
+  view.info.zone = node.zone.c_str();
+  view.info.addresses = view.addresses.data();
+  view.info.addresses_count = view.addresses.size();
+  view.info.pod_cidrs = view.podCIDRs.data();
+  view.info.pod_cidrs_count = view.podCIDRs.size();
+  return &view.info;
+}
+
+void snapshotForeach(const kproxy_snapshot* snapshot, kproxy_service_port_visitor visit,
+                     void* user) {
+  fromC(snapshot)->forEach([&](const core::ServicePortState& state) {
+    ServicePortView view(state);
+    return visit(user, view.get()) == 0;
+  });
+}
+
+int snapshotFind(const kproxy_snapshot* snapshot, uint8_t family, const char* key,
+                 kproxy_service_port_visitor visit, void* user) {
+  if (key == nullptr || (family != KPROXY_FAMILY_IPV4 && family != KPROXY_FAMILY_IPV6)) return 0;
+  auto state = fromC(snapshot)->find(core::ServicePortKey{static_cast<core::IPFamily>(family), key});
+  if (!state) return 0;
+  ServicePortView view(*state);
+  visit(user, view.get());
+  return 1;
+}
+
+const kproxy_host_api kHostApi = {
+    sizeof(kproxy_host_api), KPROXY_PLUGIN_ABI_VERSION, nullptr, &hostLog, &snapshotSize,
+    &snapshotNode,           &snapshotForeach,          &snapshotFind, {}};
+
+}  // namespace
+
+const kproxy_host_api* hostApi() { return &kHostApi; }
+
+}  // namespace kproxy::plugins

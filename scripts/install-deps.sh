@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything kproxy needs to build, test and run its demo, from Debian's packages.
+# Idempotent: when every package is present it does nothing (no apt-get update).
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config ccache
+  libboost-dev libboost-system-dev libssl-dev
+  nlohmann-json3-dev libyaml-cpp-dev libfmt-dev catch2
+  libnftnl-dev libmnl-dev libnl-3-dev libnl-genl-3-dev libnl-route-3-dev
+  nftables iptables iproute2 conntrack curl python3 procps
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then
+  command -v sudo >/dev/null || { echo "install-deps: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  SUDO="sudo"
+fi
+echo "install-deps: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"

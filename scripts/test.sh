@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Sets up a fresh machine and runs every test tier:
+#   1. unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)
+#   2. the full suite (build/): unit, kernel (root, each test in its own network namespace)
+#      and data-path tests (root; pods in network namespaces, curl through the real rules).
+# Kernel and data-path tiers need root: without it they fail loudly, never pass quietly.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+JOBS=${JOBS:-2}
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kproxy/ccache}
+mkdir -p "$CCACHE_DIR"
+
+scripts/install-deps.sh
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "test.sh: ERROR: the kernel and data-path tiers need root (network namespaces, netfilter)." >&2
+  echo "test.sh: run as root: sudo scripts/test.sh" >&2
+  exit 1
+fi
+
+echo "== ASan+UBSan build: unit tests"
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKPROXY_SANITIZE=ON >/dev/null
+cmake --build build-asan -j"$JOBS"
+(cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest -L unit --output-on-failure -j"$JOBS")
+
+echo "== Full suite: unit, kernel, data path"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j"$JOBS"
+# Tiers run one after another: kernel and data-path tests make their own namespaces but share
+# the machine's two cores, and timing-sensitive data-path checks should not compete.
+cd build
+ctest --output-on-failure -j1

@@ -1,0 +1,193 @@
+#include "kproxy/plugins/loader.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+namespace fs = std::filesystem;
+using kproxy::plugins::PluginRegistry;
+
+namespace {
+
+const fs::path kPluginDir = TEST_PLUGIN_DIR;
+
+struct TempDir {
+  fs::path path;
+  TempDir() {
+    std::string tmpl = (fs::temp_directory_path() / "kproxy-loader-XXXXXX").string();
+    path = mkdtemp(tmpl.data());
+  }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string readFile(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+kproxy::core::ServicePortState webPort(std::vector<std::string> endpointIPs) {
+  kproxy::core::ServicePortState s;
+  s.key = {kproxy::core::IPFamily::kIPv4, "default/web:http"};
+  s.ns = "default";
+  s.serviceName = "web";
+  s.portName = "http";
+  s.clusterIP = "10.96.0.10";
+  s.port = 80;
+  s.nodePort = 30080;
+  s.type = kproxy::core::ServiceType::kNodePort;
+  for (const auto& ip : endpointIPs) {
+    kproxy::core::Endpoint e;
+    e.ip = ip;
+    e.port = 8080;
+    e.ready = e.serving = true;
+    s.clusterEndpoints.push_back(e);
+  }
+  s.allReachableEndpoints = s.clusterEndpoints;
+  s.allEndpoints = s.clusterEndpoints;
+  s.hasAnyEndpoints = !s.clusterEndpoints.empty();
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("loader refuses a missing file, naming it", "[unit]") {
+  PluginRegistry registry;
+  auto r = registry.load(kPluginDir / "does-not-exist.so");
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message(), Catch::Contains("does-not-exist.so") && Catch::Contains("no such file"));
+}
+
+TEST_CASE("loader refuses a file that is not a shared object", "[unit]") {
+  TempDir dir;
+  auto junk = dir.path / "junk.so";
+  std::ofstream(junk) << "this is not an ELF file\n";
+  PluginRegistry registry;
+  auto r = registry.load(junk);
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message(), Catch::Contains("junk.so") &&
+                                      Catch::Contains("not a loadable shared object"));
+}
+
+TEST_CASE("loader refuses a shared object without the entry point", "[unit]") {
+  PluginRegistry registry;
+  auto r = registry.load(kPluginDir / "broken" / "broken-no_entry.so");
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message(), Catch::Contains("broken-no_entry.so") &&
+                                      Catch::Contains("does not export kproxy_plugin_entry"));
+}
+
+TEST_CASE("loader refuses an entry point returning null", "[unit]") {
+  PluginRegistry registry;
+  auto r = registry.load(kPluginDir / "broken" / "broken-null_entry.so");
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message(), Catch::Contains("broken-null_entry.so") &&
+                                      Catch::Contains("returned no descriptor"));
+}
+
+TEST_CASE("loader refuses another ABI version and names both versions", "[unit]") {
+  PluginRegistry registry;
+  auto r = registry.load(kPluginDir / "broken" / "broken-wrong_abi.so");
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message(),
+             Catch::Contains("broken-wrong_abi.so") && Catch::Contains("plugin ABI version 2") &&
+                 Catch::Contains("supports ABI version 1"));
+  CHECK_FALSE(registry.has("future"));
+}
+
+TEST_CASE("loader refuses two plugins with one name", "[unit]") {
+  PluginRegistry registry;
+  REQUIRE(registry.load(kPluginDir / "recorder.so"));
+  auto r = registry.load(kPluginDir / "duplicate" / "recorder-copy.so");
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message(), Catch::Contains("recorder-copy.so") &&
+                                      Catch::Contains("\"recorder\" is already loaded from") &&
+                                      Catch::Contains("recorder.so"));
+  CHECK(registry.plugins().size() == 1);
+}
+
+TEST_CASE("loading a directory keeps good plugins and reports each bad one", "[unit]") {
+  PluginRegistry registry;
+  auto errors = registry.loadDirectory(kPluginDir / "broken");
+  CHECK(errors.size() == 3);
+  CHECK(registry.plugins().empty());
+  CHECK(registry.loadDirectory(kPluginDir).empty());
+  CHECK(registry.has("recorder"));
+  auto missing = registry.loadDirectory(kPluginDir / "nope");
+  REQUIRE(missing.size() == 1);
+  CHECK_THAT(missing[0].message(), Catch::Contains("not a directory"));
+}
+
+TEST_CASE("an unknown mode lists the modes the loaded plugins offer", "[unit]") {
+  PluginRegistry registry;
+  REQUIRE(registry.load(kPluginDir / "recorder.so"));
+  auto r = registry.createBackend("ipvs", {});
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message() == "unknown proxy mode \"ipvs\"; available: recorder");
+}
+
+TEST_CASE("a plugin's create error reaches the host", "[unit]") {
+  PluginRegistry registry;
+  REQUIRE(registry.load(kPluginDir / "recorder.so"));
+  auto r = registry.createBackend("recorder", {});
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message(), Catch::Contains("option record-file is required"));
+}
+
+TEST_CASE("snapshots, changed keys and options cross the ABI end to end", "[unit]") {
+  TempDir dir;
+  auto record = dir.path / "record.txt";
+  PluginRegistry registry;
+  REQUIRE(registry.load(kPluginDir / "recorder.so"));
+  auto backend = registry.createBackend("recorder", {{"record-file", record.string()}});
+  REQUIRE(backend);
+  CHECK((*backend)->name() == "recorder");
+
+  using namespace kproxy::core;
+  auto state = std::make_shared<const ServicePortState>(webPort({"10.244.1.2", "10.244.1.3"}));
+  NodeInfo node;
+  node.name = "node-a";
+  node.known = true;
+  Snapshot first = Snapshot().withNode(node).with(state->key, state).withGeneration(1);
+  std::vector<ServicePortKey> changed{state->key};
+  auto r1 = (*backend)->sync(SyncRequest{nullptr, &first, changed, SyncKind::kFull});
+  REQUIRE(r1);
+  CHECK(r1->operations == 1);
+  CHECK(r1->summary == "recorded 1");
+
+  // Remove one endpoint and delete nothing else: the plugin sees exactly that.
+  auto smaller = std::make_shared<const ServicePortState>(webPort({"10.244.1.3"}));
+  Snapshot second = first.with(smaller->key, smaller).withGeneration(2);
+  ServicePortKey gone{IPFamily::kIPv4, "default/gone:dns"};
+  std::vector<ServicePortKey> changed2{smaller->key, gone};
+  REQUIRE((*backend)->sync(SyncRequest{&first, &second, changed2, SyncKind::kPartial}));
+
+  std::string text = readFile(record);
+  CHECK_THAT(text, Catch::Contains("sync full=1 previous=0 size=1 node=node-a"));
+  CHECK_THAT(text, Catch::Contains("changed v4:default/web:http v4:default/web:http tcp "
+                                   "10.96.0.10:80 nodePort=30080 endpoints=10.244.1.2:8080,10.244.1.3:8080"));
+  CHECK_THAT(text, Catch::Contains("sync full=0 previous=1 size=1 node=node-a"));
+  CHECK_THAT(text, Catch::Contains("endpoints=10.244.1.3:8080\n"));
+  CHECK_THAT(text, Catch::Contains("changed v4:default/gone:dns deleted"));
+  REQUIRE((*backend)->cleanup());
+  CHECK_THAT(readFile(record), Catch::EndsWith("cleanup\n"));
+}
+
+TEST_CASE("a failed plugin sync is an error carrying the plugin's message and errno", "[unit]") {
+  TempDir dir;
+  PluginRegistry registry;
+  REQUIRE(registry.load(kPluginDir / "recorder.so"));
+  auto backend = registry.createBackend(
+      "recorder", {{"record-file", (dir.path / "r").string()}, {"fail-sync", "true"}});
+  REQUIRE(backend);
+  kproxy::core::Snapshot empty;
+  auto r = (*backend)->sync({nullptr, &empty, {}, kproxy::core::SyncKind::kFull});
+  REQUIRE_FALSE(r);
+  CHECK(r.error().errnum == 5);
+  CHECK_THAT(r.error().message(), Catch::StartsWith("recorder: recorder: refusing sync"));
+}
