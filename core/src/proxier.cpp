@@ -1,0 +1,273 @@
+#include "kproxy/core/proxier.h"
+
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <set>
+
+#include "kproxy/core/log.h"
+
+namespace kproxy::core {
+namespace {
+
+using Duration = std::chrono::steady_clock::duration;
+
+std::string formatDuration(Duration d) {
+  const double ms = std::chrono::duration<double, std::milli>(d).count();
+  char buf[32];
+  if (ms >= 1000) {
+    std::snprintf(buf, sizeof buf, "%.3fs", ms / 1000);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.3fms", ms);
+  }
+  return buf;
+}
+
+const char* kindName(SyncKind kind) { return kind == SyncKind::kFull ? "full" : "partial"; }
+
+}  // namespace
+
+struct Proxier::Impl {
+  Impl(TrackerConfig trackerConfig, Backend& b, ProxierOptions o, Clock& c)
+      : tracker(std::move(trackerConfig)),
+        backend(b),
+        options(o),
+        clock(c),
+        scheduler(SyncSchedulerOptions{o.minSyncPeriod, std::max(o.syncPeriod, o.minSyncPeriod), 2},
+                  c.now()),
+        lastFullSync(c.now()) {}
+
+  // Guards everything below except the backend, which only the sync thread touches.
+  mutable std::mutex mutex;
+  std::condition_variable_any wake;
+  bool wakeRequested = false;
+
+  ChangeTracker tracker;
+  Backend& backend;
+  ProxierOptions options;
+  Clock& clock;
+  SyncScheduler scheduler;
+
+  bool servicesSynced = false;
+  bool slicesSynced = false;
+  bool syncing = false;  // a sync is in flight (syncOnceIfDue is not re-entrant)
+
+  std::shared_ptr<const Snapshot> applied;  // last successfully applied
+  std::set<ServicePortKey> unsyncedKeys;    // changed since `applied`
+  bool needFull = true;
+  Clock::time_point lastFullSync;
+
+  bool initialSyncDone = false;
+  std::optional<double> lastSuccessWall;
+  std::optional<double> oldestQueuedWall;
+  bool nodeDeleting = false;
+  std::optional<bool> lastOk;
+
+  std::function<void(const SyncObservation&)> observer;
+
+  // Call with `mutex` held after an event changed the tracker.
+  void changed() {
+    if (!oldestQueuedWall) oldestQueuedWall = clock.wallSeconds();
+    scheduler.request(clock.now());
+    wakeRequested = true;
+    wake.notify_all();
+  }
+
+  bool ready() const { return servicesSynced && slicesSynced; }
+
+  bool syncIfDue(std::unique_lock<std::mutex>& lock);
+};
+
+bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
+  if (!ready() || syncing) return false;
+  const auto start = clock.now();
+  if (!scheduler.takeRun(start)) return false;
+  syncing = true;
+
+  // Publishing happens under the lock but outside the backend call, so events keep flowing
+  // while the kernel is programmed.
+  PublishResult published = tracker.publish();
+  unsyncedKeys.insert(published.changed.begin(), published.changed.end());
+  const std::optional<double> queuedAt = std::exchange(oldestQueuedWall, std::nullopt);
+
+  SyncKind kind = SyncKind::kPartial;
+  if (needFull || !applied || start - lastFullSync >= options.syncPeriod ||
+      applied->node() != published.snapshot->node()) {
+    kind = SyncKind::kFull;
+  }
+  std::shared_ptr<const Snapshot> previous = applied;
+  std::shared_ptr<const Snapshot> next = published.snapshot;
+  std::vector<ServicePortKey> changedKeys(unsyncedKeys.begin(), unsyncedKeys.end());
+  lock.unlock();
+
+  SyncRequest request;
+  request.previous = previous.get();
+  request.next = next.get();
+  request.changed = changedKeys;
+  request.kind = kind;
+  Result<SyncResult> result = backend.sync(request);
+
+  const auto end = clock.now();
+  SyncObservation observation;
+  observation.kind = kind;
+  observation.ok = result.has_value();
+  observation.duration = end - start;
+  observation.changedServicePorts = changedKeys.size();
+  observation.serviceChanges = published.serviceChanges;
+  observation.endpointChanges = published.endpointChanges;
+  observation.wallTimestamp = clock.wallSeconds();
+  if (result) {
+    observation.operations = result->operations;
+    observation.summary = result->summary;
+  } else {
+    observation.error = result.error();
+  }
+
+  if (result) {
+    log::info(2, "Synced rules",
+              {{"backend", std::string(backend.name())}, {"kind", kindName(kind)},
+               {"generation", std::to_string(next->generation())},
+               {"changed", std::to_string(changedKeys.size())},
+               {"operations", std::to_string(result->operations)},
+               {"duration", formatDuration(observation.duration)}, {"summary", result->summary}});
+    if (observation.duration > std::chrono::seconds(1)) {
+      log::info(0, "Slow sync", {{"backend", std::string(backend.name())}, {"kind", kindName(kind)},
+                                 {"changed", std::to_string(changedKeys.size())},
+                                 {"operations", std::to_string(result->operations)},
+                                 {"duration", formatDuration(observation.duration)}});
+    }
+  } else {
+    log::error("Sync failed; retrying with a full sync",
+               {{"backend", std::string(backend.name())}, {"kind", kindName(kind)},
+                {"changed", std::to_string(changedKeys.size())},
+                {"duration", formatDuration(observation.duration)},
+                {"error", result.error().message()},
+                {"retryIn", formatDuration(options.retryInterval)}});
+  }
+
+  lock.lock();
+  syncing = false;
+  initialSyncDone = true;
+  lastOk = observation.ok;
+  if (result) {
+    applied = next;
+    unsyncedKeys.clear();
+    needFull = false;
+    if (kind == SyncKind::kFull) lastFullSync = start;
+    lastSuccessWall = observation.wallTimestamp;
+  } else {
+    // The kernel still holds `applied`; the retry reconciles everything from there.
+    needFull = true;
+    scheduler.retryAfter(end, options.retryInterval);
+    if (queuedAt && (!oldestQueuedWall || *queuedAt < *oldestQueuedWall)) oldestQueuedWall = queuedAt;
+  }
+  nodeDeleting = next->node().deleting;
+  scheduler.ran(end);
+  auto observe = observer;
+  wakeRequested = true;  // let a run() loop waiting behind a concurrent syncOnceIfDue re-check
+  wake.notify_all();
+  lock.unlock();
+  if (observe) observe(observation);
+  lock.lock();
+  return true;
+}
+
+Proxier::Proxier(TrackerConfig tracker, Backend& backend, ProxierOptions options, Clock& clock)
+    : impl_(std::make_unique<Impl>(std::move(tracker), backend, options, clock)) {}
+
+Proxier::~Proxier() = default;
+
+void Proxier::serviceUpserted(Service service) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->tracker.upsertService(std::move(service))) impl_->changed();
+}
+
+void Proxier::serviceDeleted(const std::string& ns, const std::string& name) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->tracker.deleteService(ns, name)) impl_->changed();
+}
+
+void Proxier::endpointSliceUpserted(EndpointSlice slice) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->tracker.upsertEndpointSlice(std::move(slice))) impl_->changed();
+}
+
+void Proxier::endpointSliceDeleted(const std::string& ns, const std::string& name) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->tracker.deleteEndpointSlice(ns, name)) impl_->changed();
+}
+
+void Proxier::nodeUpserted(Node node) {
+  std::lock_guard lock(impl_->mutex);
+  if (node.deleting && !impl_->nodeDeleting) {
+    log::info(0, "Node is being deleted", {{"node", node.name}});
+  }
+  const bool deleting = node.deleting;
+  if (impl_->tracker.upsertNode(std::move(node))) {
+    impl_->nodeDeleting = deleting;
+    impl_->changed();
+  }
+}
+
+void Proxier::nodeDeleted(const std::string& name) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->tracker.deleteNode(name)) impl_->changed();
+}
+
+void Proxier::servicesSynced() {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->servicesSynced) return;
+  impl_->servicesSynced = true;
+  impl_->changed();
+}
+
+void Proxier::endpointSlicesSynced() {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->slicesSynced) return;
+  impl_->slicesSynced = true;
+  impl_->changed();
+}
+
+void Proxier::setObserver(std::function<void(const SyncObservation&)> observer) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->observer = std::move(observer);
+}
+
+ProxierStatus Proxier::status() const {
+  std::lock_guard lock(impl_->mutex);
+  ProxierStatus s;
+  s.initialSyncDone = impl_->initialSyncDone;
+  s.lastSuccessWall = impl_->lastSuccessWall;
+  s.oldestQueuedWall = impl_->oldestQueuedWall;
+  s.applied = impl_->applied;
+  s.nodeDeleting = impl_->nodeDeleting;
+  return s;
+}
+
+bool Proxier::syncOnceIfDue() {
+  std::unique_lock lock(impl_->mutex);
+  return impl_->syncIfDue(lock);
+}
+
+bool Proxier::run(std::stop_token stop) {
+  std::unique_lock lock(impl_->mutex);
+  while (!stop.stop_requested()) {
+    if (impl_->syncIfDue(lock)) {
+      if (impl_->options.oneShot) return impl_->lastOk.value_or(false);
+      continue;
+    }
+    impl_->wakeRequested = false;
+    auto pred = [this] { return impl_->wakeRequested; };
+    if (!impl_->ready() || impl_->syncing) {
+      impl_->wake.wait(lock, stop, pred);
+      continue;
+    }
+    // The scheduler speaks the injected clock's time; convert to a real deadline.
+    const auto now = impl_->clock.now();
+    const auto delay = impl_->scheduler.nextWakeup(now) - now;
+    impl_->wake.wait_until(lock, stop, std::chrono::steady_clock::now() + delay, pred);
+  }
+  return true;
+}
+
+}  // namespace kproxy::core

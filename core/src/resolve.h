@@ -1,0 +1,78 @@
+#pragma once
+// Node-local resolution: turns one Service and its EndpointSlices into ServicePortStates with
+// the endpoint sets a backend programs. Pure functions (apart from log lines); the tracker
+// calls them only for services that changed. Semantics follow upstream kube-proxy's
+// serviceport.go / servicechangetracker.go (service side), endpointslicecache.go (endpoint
+// side) and topology.go (CategorizeEndpoints).
+
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kproxy/core/model.h"
+#include "kproxy/core/snapshot.h"
+#include "kproxy/core/tracker.h"
+
+namespace kproxy::core::resolve {
+
+/// An address parsed the way Go's ParseIPSloppy does (IPv4 parts may have leading zeros),
+/// returned in canonical text form.
+struct ParsedIP {
+  IPFamily family;
+  std::string text;
+};
+std::optional<ParsedIP> parseIP(std::string_view text);
+/// A CIDR in canonical masked form ("10.0.0.0/8").
+std::optional<ParsedIP> parseCIDR(std::string_view text);
+
+/// An endpoint with the topology hints CategorizeEndpoints needs.
+struct EndpointCandidate {
+  Endpoint endpoint;
+  std::vector<std::string> zoneHints;
+  std::vector<std::string> nodeHints;
+};
+
+/// Why a whole service produces no service ports; nullopt when it is proxied.
+std::optional<std::string> skipReason(const Service& service, const TrackerConfig& config);
+
+/// The service's ports in every enabled family it has a cluster IP of, without endpoints.
+/// Malformed parts (an invalid IP, a port out of range) are skipped with a log line naming the
+/// service; the rest of the service is still resolved.
+std::vector<ServicePortState> servicePorts(const Service& service, const TrackerConfig& config);
+
+/// The endpoints of one service port gathered from the service's slices of the port's family,
+/// deduplicated by ip:port (a non-terminating endpoint wins over a terminating one, otherwise
+/// the later slice in `slices` order wins) and sorted by (ip, port).
+std::vector<EndpointCandidate> gatherEndpoints(const ServicePortState& port,
+                                               std::span<const EndpointSlice* const> slices,
+                                               const std::string& nodeName);
+
+struct CategorizedEndpoints {
+  std::vector<Endpoint> clusterEndpoints;
+  std::vector<Endpoint> localEndpoints;
+  std::vector<Endpoint> allReachableEndpoints;
+  bool hasAnyEndpoints = false;
+};
+
+/// Upstream's CategorizeEndpoints: Cluster endpoints are the ready ones filtered by topology
+/// hints (PreferSameNode / PreferSameZone when every ready endpoint carries hints and one
+/// matches this node / zone), falling back to serving+terminating; Local endpoints are the
+/// local ready ones, else local serving+terminating. Outputs are sorted by (ip, port).
+CategorizedEndpoints categorizeEndpoints(const std::vector<EndpointCandidate>& endpoints,
+                                         const ServicePortState& port,
+                                         const std::string& nodeName, const std::string& zone);
+
+/// Everything for one service: servicePorts + gatherEndpoints + categorizeEndpoints.
+/// `slices` are the service's EndpointSlices in a stable order (by slice name).
+std::vector<std::shared_ptr<const ServicePortState>> resolveService(
+    const Service& service, std::span<const EndpointSlice* const> slices,
+    const TrackerConfig& config, const NodeInfo& node);
+
+/// The node view a snapshot carries.
+NodeInfo nodeInfoFrom(const Node& node);
+
+}  // namespace kproxy::core::resolve

@@ -1,0 +1,238 @@
+#include "kproxy/core/tracker.h"
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include "kproxy/core/log.h"
+#include "resolve.h"
+
+namespace kproxy::core {
+namespace {
+
+std::string joinName(const std::string& ns, const std::string& name) { return ns + "/" + name; }
+
+// Equality that ignores resourceVersion: a resync or an update that only bumps the version is
+// a no-op for the proxy.
+template <typename T>
+bool sameIgnoringVersion(T& incoming, const T& existing) {
+  std::string version = std::exchange(incoming.resourceVersion, existing.resourceVersion);
+  const bool same = incoming == existing;
+  incoming.resourceVersion = std::move(version);
+  return same;
+}
+
+// Slices the proxy never uses: not owned by a service, FQDN addresses, or the endpoint
+// controller's headless marker (upstream's informer filters those out).
+std::optional<std::string> ignoredSliceReason(const EndpointSlice& slice) {
+  if (slice.serviceName.empty()) return "no " + std::string(kLabelServiceName) + " label";
+  if (slice.addressType == AddressType::kFQDN) return "FQDN address type";
+  if (slice.labels.contains(kLabelHeadless)) return "headless service";
+  return std::nullopt;
+}
+
+}  // namespace
+
+struct ChangeTracker::Impl {
+  explicit Impl(TrackerConfig c) : config(std::move(c)) {
+    node.name = config.nodeName;
+    current = std::make_shared<const Snapshot>(Snapshot().withNode(node));
+  }
+
+  TrackerConfig config;
+
+  std::unordered_map<std::string, Service> services;  // by "ns/name"
+  // Slices grouped by their service ("ns/serviceName"), by slice name for a stable order.
+  std::unordered_map<std::string, std::map<std::string, EndpointSlice>> slicesByService;
+  // "ns/sliceName" -> "ns/serviceName", to find a slice on delete and when it moves.
+  std::unordered_map<std::string, std::string> sliceOwner;
+  // Keys each service currently has in the snapshot, so removed ports can be dropped.
+  std::unordered_map<std::string, std::vector<ServicePortKey>> keysByService;
+
+  std::unordered_set<std::string> dirty;
+  std::size_t serviceChanges = 0;
+  std::size_t endpointChanges = 0;
+
+  NodeInfo node;
+  bool nodeDirty = false;
+  bool resolveAll = false;  // the zone changed: topology of every service may differ
+
+  std::shared_ptr<const Snapshot> current;
+
+  void removeSlice(const std::string& sliceKey, const std::string& owner,
+                   const std::string& sliceName) {
+    auto it = slicesByService.find(owner);
+    if (it != slicesByService.end()) {
+      it->second.erase(sliceName);
+      if (it->second.empty()) slicesByService.erase(it);
+    }
+    sliceOwner.erase(sliceKey);
+    dirty.insert(owner);
+  }
+
+  void setNode(NodeInfo next) {
+    if (next == node) return;
+    if (next.zone != node.zone) resolveAll = true;
+    node = std::move(next);
+    nodeDirty = true;
+  }
+};
+
+ChangeTracker::ChangeTracker(TrackerConfig config) : impl_(std::make_unique<Impl>(std::move(config))) {}
+ChangeTracker::~ChangeTracker() = default;
+
+bool ChangeTracker::upsertService(Service service) {
+  const std::string key = joinName(service.ns, service.name);
+  auto it = impl_->services.find(key);
+  if (it != impl_->services.end()) {
+    if (sameIgnoringVersion(service, it->second)) return false;
+    it->second = std::move(service);
+  } else {
+    impl_->services.emplace(key, std::move(service));
+  }
+  impl_->dirty.insert(key);
+  ++impl_->serviceChanges;
+  return true;
+}
+
+bool ChangeTracker::deleteService(const std::string& ns, const std::string& name) {
+  const std::string key = joinName(ns, name);
+  if (impl_->services.erase(key) == 0) return false;
+  impl_->dirty.insert(key);
+  ++impl_->serviceChanges;
+  return true;
+}
+
+bool ChangeTracker::upsertEndpointSlice(EndpointSlice slice) {
+  const std::string sliceKey = joinName(slice.ns, slice.name);
+  auto ownerIt = impl_->sliceOwner.find(sliceKey);
+  if (auto reason = ignoredSliceReason(slice)) {
+    log::info(4, "Ignoring EndpointSlice", {{"endpointSlice", sliceKey}, {"reason", *reason}});
+    // It may have been a usable slice before this update.
+    if (ownerIt == impl_->sliceOwner.end()) return false;
+    const std::string owner = ownerIt->second;
+    impl_->removeSlice(sliceKey, owner, slice.name);
+    ++impl_->endpointChanges;
+    return true;
+  }
+
+  const std::string owner = joinName(slice.ns, slice.serviceName);
+  if (ownerIt != impl_->sliceOwner.end()) {
+    if (ownerIt->second == owner) {
+      auto& existing = impl_->slicesByService[owner][slice.name];
+      if (sameIgnoringVersion(slice, existing)) return false;
+      existing = std::move(slice);
+      impl_->dirty.insert(owner);
+      ++impl_->endpointChanges;
+      return true;
+    }
+    // The slice now belongs to another service: both services change.
+    const std::string previousOwner = ownerIt->second;
+    impl_->removeSlice(sliceKey, previousOwner, slice.name);
+  }
+  impl_->sliceOwner[sliceKey] = owner;
+  const std::string name = slice.name;
+  impl_->slicesByService[owner][name] = std::move(slice);
+  impl_->dirty.insert(owner);
+  ++impl_->endpointChanges;
+  return true;
+}
+
+bool ChangeTracker::deleteEndpointSlice(const std::string& ns, const std::string& name) {
+  const std::string sliceKey = joinName(ns, name);
+  auto it = impl_->sliceOwner.find(sliceKey);
+  if (it == impl_->sliceOwner.end()) return false;
+  const std::string owner = it->second;
+  impl_->removeSlice(sliceKey, owner, name);
+  ++impl_->endpointChanges;
+  return true;
+}
+
+bool ChangeTracker::upsertNode(Node node) {
+  if (!impl_->config.nodeName.empty() && node.name != impl_->config.nodeName) {
+    log::info(4, "Ignoring another node's object", {{"node", node.name}});
+    return false;
+  }
+  NodeInfo info = resolve::nodeInfoFrom(node);
+  if (info == impl_->node) return false;
+  impl_->setNode(std::move(info));
+  return true;
+}
+
+bool ChangeTracker::deleteNode(const std::string& name) {
+  if (!impl_->node.known || name != impl_->node.name) return false;
+  NodeInfo info;
+  info.name = impl_->config.nodeName;
+  impl_->setNode(std::move(info));
+  return true;
+}
+
+bool ChangeTracker::hasPendingChanges() const {
+  return !impl_->dirty.empty() || impl_->nodeDirty;
+}
+std::size_t ChangeTracker::pendingServiceChanges() const { return impl_->serviceChanges; }
+std::size_t ChangeTracker::pendingEndpointChanges() const { return impl_->endpointChanges; }
+
+PublishResult ChangeTracker::publish() {
+  Impl& d = *impl_;
+  PublishResult result;
+  result.serviceChanges = std::exchange(d.serviceChanges, 0);
+  result.endpointChanges = std::exchange(d.endpointChanges, 0);
+
+  if (d.resolveAll) {
+    for (const auto& [key, svc] : d.services) d.dirty.insert(key);
+  }
+
+  Snapshot next = *d.current;
+  std::vector<const EndpointSlice*> slices;
+  for (const std::string& svcKey : d.dirty) {
+    std::vector<std::shared_ptr<const ServicePortState>> states;
+    if (auto svc = d.services.find(svcKey); svc != d.services.end()) {
+      slices.clear();
+      if (auto s = d.slicesByService.find(svcKey); s != d.slicesByService.end()) {
+        for (const auto& [name, slice] : s->second) slices.push_back(&slice);
+      }
+      states = resolve::resolveService(svc->second, slices, d.config, d.node);
+    }
+
+    std::vector<ServicePortKey> newKeys;
+    newKeys.reserve(states.size());
+    for (auto& state : states) {
+      newKeys.push_back(state->key);
+      auto old = next.find(state->key);
+      if (old && *old == *state) continue;  // unchanged: keep sharing the old entry
+      result.changed.push_back(state->key);
+      next = next.with(state->key, std::move(state));
+    }
+    auto oldKeys = d.keysByService.find(svcKey);
+    if (oldKeys != d.keysByService.end()) {
+      for (const auto& key : oldKeys->second) {
+        if (std::find(newKeys.begin(), newKeys.end(), key) != newKeys.end()) continue;
+        result.changed.push_back(key);
+        next = next.with(key, nullptr);
+      }
+    }
+    if (newKeys.empty()) {
+      if (oldKeys != d.keysByService.end()) d.keysByService.erase(oldKeys);
+    } else {
+      d.keysByService[svcKey] = std::move(newKeys);
+    }
+  }
+  if (d.nodeDirty) next = next.withNode(d.node);
+
+  next = next.withGeneration(d.current->generation() + 1);
+  std::sort(result.changed.begin(), result.changed.end());
+  d.current = std::make_shared<const Snapshot>(std::move(next));
+  d.dirty.clear();
+  d.nodeDirty = false;
+  d.resolveAll = false;
+  result.snapshot = d.current;
+  return result;
+}
+
+std::shared_ptr<const Snapshot> ChangeTracker::current() const { return impl_->current; }
+
+}  // namespace kproxy::core
