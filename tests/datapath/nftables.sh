@@ -1,0 +1,416 @@
+#!/usr/bin/env bash
+# Data-path tests for `kproxy --proxy-mode=nftables`: real packets, real kernel, real curl.
+#
+# Every case builds its own topology (scripts/netns-lib.sh: a node namespace running kproxy,
+# pod namespaces running tests/tools/podserver.py, an outside client, sometimes a remote node)
+# and removes it afterwards, even on failure. Needs root; refuses to run (exit 1) otherwise.
+#
+# usage: tests/datapath/nftables.sh [--kproxy PATH] [--plugin-dir DIR] [CASE...]
+#   (or KPROXY_BIN / KPROXY_PLUGIN_DIR in the environment; KP_VERBOSE=1 shows passing output)
+
+set -u
+source "$(dirname "$0")/testlib.sh"
+
+KP_PROXY_MODE=nftables
+WEB_IP=10.96.0.10
+MANIFESTS=""
+
+# ---------------------------------------------------------------------------------------------
+# Helpers shared by the cases.
+
+# setup NLOCAL [NREMOTE] — topology, pods, and a manifest dir holding the Node object(s).
+setup() {
+  kp_topology_up "$1" "${2:-0}" || return 1
+  kp_start_pods || return 1
+  MANIFESTS="$KP_WORKDIR/manifests"
+  mkdir -p "$MANIFESTS"
+  {
+    kp_manifest_node "$KP_NODE_NAME" "$KP_NODE_IP"
+    if (("${2:-0}" > 0)); then
+      echo ---
+      kp_manifest_node "$KP_REMOTE_NODE_NAME" "$KP_REMOTE_NODE_IP"
+    fi
+  } | kp_install_manifest "$MANIFESTS" nodes.yaml
+}
+
+# pod_ips N — "IP IP ..." of local pods 1..N, as endpoint specs.
+pod_eps() {
+  local i
+  for ((i = 1; i <= $1; i++)); do printf '%s ' "$(kp_pod_ip "$i")"; done
+}
+
+# add_service FILE NAME CLUSTER_IP "ENDPOINTS" [SERVICE_OPTIONS...] — a Service (port 80 ->
+# 8080, namespace "test") and its EndpointSlice in one file, installed atomically.
+add_service() {
+  local file="$1" name="$2" cip="$3" eps="$4"
+  shift 4
+  {
+    kp_manifest_service test "$name" "$cip" 80 8080 "$@" || return 1
+    echo ---
+    # shellcheck disable=SC2086 # eps is a list of endpoint specs
+    kp_manifest_slice test "$name" "$name-abcde" 8080 $eps || return 1
+  } | kp_install_manifest "$MANIFESTS" "$file"
+}
+
+# start_kproxy_and_wait URL [KPROXY_ARGS...] — start kproxy; wait (15 s) until URL answers
+# from the node namespace.
+start_kproxy_and_wait() {
+  local url="$1"
+  shift
+  kp_start_kproxy "$MANIFESTS" "$@" || return 1
+  if ! kp_wait_for 15 kp_curl node "$url" >/dev/null; then
+    kp_kproxy_alive || kp_fail "kproxy exited" || return 1
+    kp_fail "$url not answered within 15 s of starting kproxy" || return 1
+  fi
+}
+
+# answers ROLE URL N — N requests; one line each: the answering pod, or FAIL.
+answers() {
+  local i who
+  for ((i = 0; i < $3; i++)); do
+    who="$(kp_who "$1" "$2")" || who=FAIL
+    echo "$who"
+  done
+}
+
+# summarize — "pod1=4 pod2=6" from answers' output on stdin.
+summarize() { sort | uniq -c | awk '{printf "%s%s=%s", (NR>1?" ":""), $2, $1} END {print ""}'; }
+
+# expect_spread ROLE URL N MIN_DISTINCT — N requests all succeed and reach >= MIN_DISTINCT pods.
+expect_spread() {
+  local out summary distinct
+  out="$(answers "$1" "$2" "$3")"
+  summary="$(summarize <<<"$out")"
+  kp_note "$1 -> $2: $summary"
+  grep -q FAIL <<<"$out" && { kp_fail "some requests from $1 to $2 failed: $summary"; return 1; }
+  distinct="$(sort -u <<<"$out" | wc -l)"
+  ((distinct >= $4)) || { kp_fail "$1 -> $2 reached $distinct pod(s), want >= $4: $summary"; return 1; }
+}
+
+# expect_only ROLE URL N POD... — N requests all succeed and only the given pods answer.
+expect_only() {
+  local role="$1" url="$2" n="$3"
+  shift 3
+  local out summary who ok p
+  out="$(answers "$role" "$url" "$n")"
+  summary="$(summarize <<<"$out")"
+  kp_note "$role -> $url: $summary"
+  while read -r who; do
+    ok=0
+    for p in "$@"; do [[ "$who" == "$p" ]] && ok=1; done
+    ((ok)) || { kp_fail "$role -> $url: '$who' answered, allowed: $* ($summary)"; return 1; }
+  done <<<"$out"
+}
+
+# expect_refused ROLE URL — the connection is refused at once (curl exit 7 in < 1 s),
+# not left to time out.
+expect_refused() {
+  local start ms rc err
+  start=${EPOCHREALTIME/./}
+  err="$(KP_CURL_TIMEOUT=3 kp_curl "$1" "$2" 2>&1 >/dev/null)"
+  rc=$?
+  ms=$(((${EPOCHREALTIME/./} - start) / 1000))
+  kp_note "$1 -> $2: curl exit $rc after ${ms} ms: $err"
+  [[ $rc -eq 7 ]] || { kp_fail "$1 -> $2: curl exit $rc, want 7 (connection refused)"; return 1; }
+  [[ "$err" == *"Connection refused"* ]] || { kp_fail "$1 -> $2: not 'Connection refused': $err"; return 1; }
+  ((ms < 1000)) || { kp_fail "$1 -> $2: refusal took ${ms} ms"; return 1; }
+}
+
+# expect_dropped ROLE URL — no answer at all: curl times out (exit 28).
+expect_dropped() {
+  local rc err
+  err="$(KP_CURL_TIMEOUT=2 kp_curl "$1" "$2" 2>&1 >/dev/null)"
+  rc=$?
+  kp_note "$1 -> $2: curl exit $rc: $err"
+  [[ $rc -eq 28 ]] || { kp_fail "$1 -> $2: curl exit $rc, want 28 (timeout: packets dropped)"; return 1; }
+}
+
+expect_kproxy_alive() { kp_kproxy_alive || kp_fail "kproxy is no longer running"; }
+
+# ---------------------------------------------------------------------------------------------
+# Cases.
+
+case_clusterip_from_node() {
+  setup 3 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 3)" || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  expect_spread node "http://$WEB_IP/" 20 2 || return 1
+  expect_only node "http://$WEB_IP/" 5 pod1 pod2 pod3 || return 1
+  expect_kproxy_alive
+}
+
+case_clusterip_from_pod() {
+  setup 3 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 2)" || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  # pod3 is not an endpoint: plain pod -> service -> other pod, source kept.
+  expect_spread pod3 "http://$WEB_IP/" 20 2 || return 1
+  expect_only pod3 "http://$WEB_IP/" 5 pod1 pod2 || return 1
+  local seen
+  seen="$(kp_client_seen pod3 "http://$WEB_IP/")" || kp_fail "request from pod3 failed" || return 1
+  [[ "$seen" == "$(kp_pod_ip 3)" ]] || kp_fail "endpoint saw pod3 as $seen, want its pod IP (no SNAT inside the cluster)" || return 1
+  expect_kproxy_alive
+}
+
+case_hairpin() {
+  setup 2 || return 1
+  add_service hairpin.yaml hairpin 10.96.0.20 "$(kp_pod_ip 1)" || return 1
+  start_kproxy_and_wait "http://10.96.0.20/" || return 1
+  # pod1 reaches itself through its own Service; this only works when the hairpin is
+  # masqueraded (otherwise pod1 answers itself from its own IP and the connection never forms).
+  expect_only pod1 http://10.96.0.20/ 5 pod1 || return 1
+  local seen
+  seen="$(kp_client_seen pod1 http://10.96.0.20/)" || kp_fail "hairpin request failed" || return 1
+  kp_note "hairpin client seen as $seen"
+  [[ "$seen" == "$KP_NODE_IP" ]] || kp_fail "hairpin traffic seen from $seen, want masqueraded to the node ($KP_NODE_IP)" || return 1
+  expect_kproxy_alive
+}
+
+case_nodeport_from_client() {
+  setup 3 || return 1
+  add_service web-np.yaml web-np 10.96.0.11 "$(pod_eps 3)" type=NodePort nodePort=30080 || return 1
+  start_kproxy_and_wait "http://10.96.0.11/" || return 1
+  local url="http://$KP_NODE_IP:30080/"
+  kp_wait_for 5 kp_curl client "$url" >/dev/null || kp_fail "NodePort $url not answered from the client" || return 1
+  expect_spread client "$url" 15 2 || return 1
+  local i seen
+  for i in 1 2 3; do
+    seen="$(kp_client_seen client "$url")" || kp_fail "NodePort request failed" || return 1
+    [[ "$seen" == "$KP_NODE_IP" ]] || kp_fail "NodePort traffic seen from $seen, want masqueraded to $KP_NODE_IP" || return 1
+  done
+  expect_kproxy_alive
+}
+
+case_etp_local() {
+  setup 2 1 || return 1
+  # One local and one remote endpoint.
+  add_service local.yaml local-np 10.96.0.30 "$(kp_pod_ip 1) $(kp_remote_pod_ip 1)@$KP_REMOTE_NODE_NAME" \
+    type=NodePort nodePort=30081 etp=Local || return 1
+  # Only a remote endpoint: this node has none.
+  add_service remote.yaml remote-np 10.96.0.31 "$(kp_remote_pod_ip 1)@$KP_REMOTE_NODE_NAME" \
+    type=NodePort nodePort=30082 etp=Local || return 1
+  start_kproxy_and_wait "http://10.96.0.30/" || return 1
+  local url="http://$KP_NODE_IP:30081/"
+  kp_wait_for 5 kp_curl client "$url" >/dev/null || kp_fail "NodePort $url not answered" || return 1
+  # External traffic: only the local endpoint, and the client's own address is preserved.
+  expect_only client "$url" 10 pod1 || return 1
+  local seen
+  seen="$(kp_client_seen client "$url")" || kp_fail "eTP=Local request failed" || return 1
+  [[ "$seen" == "$KP_CLIENT_IP" ]] || kp_fail "eTP=Local: pod saw $seen, want the real client $KP_CLIENT_IP" || return 1
+  # Internal traffic (ClusterIP, internalTrafficPolicy Cluster) still uses both endpoints.
+  expect_spread node http://10.96.0.30/ 20 2 || return 1
+  # No local endpoint: the node drops external traffic, while the ClusterIP still works.
+  expect_dropped client "http://$KP_NODE_IP:30082/" || return 1
+  expect_only node http://10.96.0.31/ 3 rpod1 || return 1
+  expect_kproxy_alive
+}
+
+case_session_affinity() {
+  setup 3 || return 1
+  add_service sticky.yaml sticky 10.96.0.40 "$(pod_eps 3)" affinity=ClientIP || return 1
+  start_kproxy_and_wait "http://10.96.0.40/" || return 1
+  local role out
+  for role in node pod2; do
+    out="$(answers "$role" http://10.96.0.40/ 10)"
+    kp_note "$role -> sticky: $(summarize <<<"$out")"
+    grep -q FAIL <<<"$out" && { kp_fail "requests from $role failed"; return 1; }
+    [[ "$(sort -u <<<"$out" | wc -l)" -eq 1 ]] || kp_fail "ClientIP affinity: $role reached several pods" || return 1
+  done
+  expect_kproxy_alive
+}
+
+case_no_endpoints_rejected() {
+  setup 1 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 1)" || return 1
+  add_service empty.yaml empty 10.96.0.50 "" || return 1
+  add_service empty-np.yaml empty-np 10.96.0.52 "" type=NodePort nodePort=30083 || return 1
+  # A Service with no EndpointSlice at all.
+  kp_manifest_service test noslice 10.96.0.51 80 8080 | kp_install_manifest "$MANIFESTS" noslice.yaml
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  expect_refused node http://10.96.0.50/ || return 1
+  expect_refused pod1 http://10.96.0.50/ || return 1
+  expect_refused node http://10.96.0.51/ || return 1
+  expect_refused client "http://$KP_NODE_IP:30083/" || return 1
+  expect_kproxy_alive
+}
+
+case_wrong_port_rejected() {
+  setup 1 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 1)" || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  expect_refused node "http://$WEB_IP:81/" || return 1
+  expect_refused pod1 "http://$WEB_IP:8080/" || return 1
+  # The right port still works.
+  expect_only node "http://$WEB_IP/" 3 pod1 || return 1
+  expect_kproxy_alive
+}
+
+case_endpoint_changes_within_2s() {
+  setup 3 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 3)" || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  expect_spread node "http://$WEB_IP/" 15 2 || return 1
+
+  # Removal: only pod1 remains.
+  add_service web.yaml web "$WEB_IP" "$(kp_pod_ip 1)" || return 1
+  sleep 2
+  expect_only node "http://$WEB_IP/" 12 pod1 || { kp_note "endpoint removal not in effect after 2 s"; return 1; }
+
+  # Addition and not-ready: pod1 and pod3 ready, pod2 listed but not ready.
+  add_service web.yaml web "$WEB_IP" "$(kp_pod_ip 1) $(kp_pod_ip 2):notready $(kp_pod_ip 3)" || return 1
+  sleep 2
+  expect_only node "http://$WEB_IP/" 20 pod1 pod3 || { kp_note "not-ready endpoint still used after 2 s"; return 1; }
+  expect_spread node "http://$WEB_IP/" 20 2 || { kp_note "added endpoint not used after 2 s"; return 1; }
+
+  # Deleting the Service's file removes the Service: its IP is no longer served.
+  rm -f "$MANIFESTS/web.yaml"
+  sleep 2
+  KP_CURL_TIMEOUT=1 kp_curl node "http://$WEB_IP/" >/dev/null 2>&1 && { kp_fail "deleted Service still answers after 2 s"; return 1; }
+  expect_kproxy_alive
+}
+
+case_malformed_manifest_ignored() {
+  setup 2 || return 1
+  add_service web.yaml web "$WEB_IP" "$(kp_pod_ip 1)" || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  # Broken files arrive together with a good new Service.
+  printf 'kind: Service\nmetadata: [unclosed\n  name: x\n' >"$MANIFESTS/broken.yaml"
+  printf '{"kind": "Service", "apiVersion": "v1", "metadata": {' >"$MANIFESTS/broken.json"
+  cat >"$MANIFESTS/bad-objects.yaml" <<'EOF'
+apiVersion: v1
+kind: Service
+metadata: {namespace: test, name: bad-port}
+spec:
+  clusterIP: 10.96.0.61
+  ports: [{name: http, protocol: TCP, port: "eighty", targetPort: 8080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {namespace: test, name: bad-ip}
+spec:
+  clusterIP: 10.96.0.999
+  ports: [{name: http, protocol: TCP, port: 80, targetPort: 8080}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {namespace: test, name: bad-slice, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, protocol: TCP, port: 8080}]
+endpoints: [{addresses: ["not-an-ip"], conditions: {ready: true}}]
+---
+this is: [not, a, kubernetes, object
+EOF
+  add_service good.yaml good 10.96.0.60 "$(kp_pod_ip 2)" || return 1
+  kp_wait_for 5 kp_curl node http://10.96.0.60/ >/dev/null || kp_fail "good Service next to broken files not served" || return 1
+  expect_only node http://10.96.0.60/ 5 pod2 || return 1
+  expect_only node "http://$WEB_IP/" 10 pod1 || return 1
+  expect_kproxy_alive || return 1
+  # Later changes still take effect with the broken files present.
+  add_service good.yaml good 10.96.0.60 "$(kp_pod_ip 1)" || return 1
+  sleep 2
+  expect_only node http://10.96.0.60/ 5 pod1 || return 1
+  expect_kproxy_alive
+}
+
+case_restart_keeps_traffic() {
+  setup 3 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 3)" || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  local loop_log="$KP_WORKDIR/loop.log" stream_log="$KP_WORKDIR/stream.log"
+  # A long-lived connection through the ClusterIP, and a loop of new connections.
+  kp_bg "$stream_log" kp_curl pod3 "http://$WEB_IP/stream?seconds=7&interval=0.2" --max-time 12
+  local stream_pid=$KP_LAST_PID
+  (
+    end=$((${EPOCHREALTIME/./} + 7000000))
+    while ((${EPOCHREALTIME/./} < end)); do
+      if who="$(kp_who node "http://$WEB_IP/")"; then echo "ok $who"; else echo "FAIL $(date +%T.%N)"; fi
+      sleep 0.05
+    done
+  ) >"$loop_log" 2>&1 &
+  local loop_pid=$!
+  KP_PIDS+=("$loop_pid")
+  sleep 1.5
+  kp_note "restart 1: SIGTERM"
+  kp_stop_kproxy TERM
+  kp_start_kproxy "$MANIFESTS" || return 1
+  sleep 2.5
+  kp_note "restart 2: SIGKILL"
+  kp_stop_kproxy KILL
+  kp_start_kproxy "$MANIFESTS" || return 1
+  wait "$loop_pid"
+  wait "$stream_pid"
+  local total failed
+  total="$(wc -l <"$loop_log")"
+  failed="$(grep -c '^FAIL' "$loop_log")"
+  kp_note "loop: $total requests, $failed failed; stream: $(tail -n 1 "$stream_log")"
+  ((total >= 20)) || kp_fail "the request loop only made $total requests" || return 1
+  ((failed == 0)) || { grep '^FAIL' "$loop_log" | head -5 >&2; kp_fail "$failed requests failed across restarts"; return 1; }
+  grep -q ' done=' "$stream_log" || { tail -n 3 "$stream_log" >&2; kp_fail "the long-lived connection broke"; return 1; }
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  expect_kproxy_alive
+}
+
+case_cleanup_removes_table() {
+  setup 1 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 1)" || return 1
+  # A table kproxy does not own must survive --cleanup.
+  kp_nft node add table ip bystander || return 1
+  kp_nft node add chain ip bystander keep || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  kp_nft node list table ip kube-proxy >/dev/null || kp_fail "no 'ip kube-proxy' table while kproxy runs" || return 1
+  kp_stop_kproxy TERM
+  local bin rc
+  bin="$(kp_kproxy_bin)"
+  local args
+  mapfile -t args < <(kp_kproxy_args "$MANIFESTS")
+  kp_exec node timeout 20 "$bin" "${args[@]}" --cleanup >>"$KP_WORKDIR/kproxy.log" 2>&1
+  rc=$?
+  [[ $rc -eq 0 ]] || kp_fail "kproxy --cleanup exited $rc" || return 1
+  local tables
+  tables="$(kp_nft node list tables)"
+  kp_note "tables after cleanup: $(tr '\n' ' ' <<<"$tables")"
+  grep -q 'kube-proxy' <<<"$tables" && { kp_fail "a kube-proxy table is left after --cleanup"; return 1; }
+  grep -q 'table ip bystander' <<<"$tables" || kp_fail "--cleanup removed a table it does not own" || return 1
+  KP_CURL_TIMEOUT=1 kp_curl node "http://$WEB_IP/" >/dev/null 2>&1 && { kp_fail "the ClusterIP still answers after --cleanup"; return 1; }
+  # Safe to run twice.
+  kp_exec node timeout 20 "$bin" "${args[@]}" --cleanup >>"$KP_WORKDIR/kproxy.log" 2>&1
+  rc=$?
+  [[ $rc -eq 0 ]] || kp_fail "a second kproxy --cleanup exited $rc" || return 1
+}
+
+case_dry_run_changes_nothing() {
+  setup 1 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 1)" || return 1
+  kp_start_kproxy "$MANIFESTS" --dry-run || return 1
+  sleep 3
+  kp_nft node list table ip kube-proxy >/dev/null 2>&1 && { kp_fail "--dry-run created the kube-proxy table"; return 1; }
+  [[ -z "$(kp_nft node list ruleset)" ]] || { kp_fail "--dry-run changed the ruleset: $(kp_nft node list ruleset | head -5)"; return 1; }
+  KP_CURL_TIMEOUT=1 kp_curl node "http://$WEB_IP/" >/dev/null 2>&1 && { kp_fail "the ClusterIP answers under --dry-run"; return 1; }
+  grep -q "$WEB_IP" "$KP_WORKDIR/kproxy.log" || kp_fail "--dry-run printed no planned operation for $WEB_IP" || return 1
+  kp_stop_kproxy TERM
+}
+
+# ---------------------------------------------------------------------------------------------
+
+kp_suite_begin "$@"
+if ! bin="$(kp_kproxy_bin)" || [[ ! -x "$bin" ]]; then
+  echo "ERROR: kproxy binary not found (give --kproxy PATH or set KPROXY_BIN); nothing was tested." >&2
+  echo "0 passed, 1 failed"
+  exit 1
+fi
+echo "kproxy: $bin  plugin dir: ${KPROXY_PLUGIN_DIR:-(default)}"
+
+kp_case clusterip_from_node case_clusterip_from_node
+kp_case clusterip_from_pod case_clusterip_from_pod
+kp_case hairpin case_hairpin
+kp_case nodeport_from_client case_nodeport_from_client
+kp_case etp_local case_etp_local
+kp_case session_affinity case_session_affinity
+kp_case no_endpoints_rejected case_no_endpoints_rejected
+kp_case wrong_port_rejected case_wrong_port_rejected
+kp_case endpoint_changes_within_2s case_endpoint_changes_within_2s
+kp_case malformed_manifest_ignored case_malformed_manifest_ignored
+kp_case restart_keeps_traffic case_restart_keeps_traffic
+kp_case cleanup_removes_table case_cleanup_removes_table
+kp_case dry_run_changes_nothing case_dry_run_changes_nothing
+kp_suite_end
