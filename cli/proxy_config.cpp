@@ -1,0 +1,40 @@
+#include "proxy_config.h"
+
+#include "net_util.h"
+
+namespace kproxy::cli {
+
+Duration ProxyConfig::effectiveSyncPeriod() const {
+  if (mode == "ipvs") return ipvs.syncPeriod;
+  if (mode == "nftables") return nftables.syncPeriod;
+  return iptables.syncPeriod;
+}
+
+Duration ProxyConfig::effectiveMinSyncPeriod() const {
+  if (mode == "ipvs") return ipvs.minSyncPeriod;
+  if (mode == "nftables") return nftables.minSyncPeriod;
+  return iptables.minSyncPeriod;
+}
+
+void applyPlatformDefaults(ProxyConfig& config) {
+  if (config.mode.empty()) config.mode = kDefaultProxyMode;
+  if (config.detectLocalMode.empty()) config.detectLocalMode = "ClusterCIDR";
+  if (config.mode == "nftables" && config.nodePortAddresses.empty()) {
+    config.nodePortAddresses = {"primary"};
+  }
+}
+
+std::string appendPortIfNeeded(const std::string& address, std::int32_t port) {
+  if (address.empty() || splitHostPort(address)) return address;
+  switch (parseIP(address)) {
+    case IPKind::kIPv4:
+      return address + ":" + std::to_string(port);
+    case IPKind::kIPv6:
+      return "[" + address + "]:" + std::to_string(port);
+    case IPKind::kNone:
+      break;
+  }
+  return address;
+}
+
+}  // namespace kproxy::cli

@@ -1,0 +1,25 @@
+#pragma once
+/// Checks of the effective configuration, after upstream's validation.go. Each problem is one
+/// line naming the field (and its flag, when it has one) and the bad value, e.g.
+///   invalid iptables.syncPeriod "0s" (flag --iptables-sync-period): must be greater than 0
+///   unknown proxy mode "foo"; available: iptables, nftables
+
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kproxy/core/error.h"
+#include "proxy_config.h"
+
+namespace kproxy::cli {
+
+/// Every problem found, in a stable order; empty when `config` is valid. `availableModes` are
+/// the proxy modes the caller can run (the names of the loaded backend plugins). Feature gate
+/// names are not checked here: kproxy's gates are known only to the caller.
+std::vector<std::string> validationErrors(const ProxyConfig& config,
+                                          std::span<const std::string> availableModes);
+
+/// The first of validationErrors() as an kInvalidArgument error, or success.
+core::Result<void> validate(const ProxyConfig& config, std::span<const std::string> availableModes);
+
+}  // namespace kproxy::cli
