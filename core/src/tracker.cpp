@@ -205,7 +205,7 @@ PublishResult ChangeTracker::publish() {
       auto old = next.find(state->key);
       if (old && *old == *state) continue;  // unchanged: keep sharing the old entry
       result.changed.push_back(state->key);
-      next = next.with(state->key, std::move(state));
+      next = next.with(result.changed.back(), state);
     }
     auto oldKeys = d.keysByService.find(svcKey);
     if (oldKeys != d.keysByService.end()) {
