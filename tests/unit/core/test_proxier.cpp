@@ -1,1 +1,318 @@
 #include <catch2/catch.hpp>
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "kproxy/core/log.h"
+#include "kproxy/core/proxier.h"
+
+using namespace kproxy::core;
+using namespace std::chrono_literals;
+
+namespace {
+
+// An in-memory backend that records every request and can be told to fail.
+class FakeBackend final : public Backend {
+ public:
+  struct Call {
+    SyncKind kind;
+    std::uint64_t previousGeneration;  // 0 when there was no previous snapshot
+    std::uint64_t nextGeneration;
+    std::vector<ServicePortKey> changed;
+    std::size_t nextSize;
+  };
+
+  std::string_view name() const override { return "fake"; }
+
+  Result<SyncResult> sync(const SyncRequest& request) override {
+    std::lock_guard lock(mutex);
+    calls.push_back({request.kind, request.previous ? request.previous->generation() : 0,
+                     request.next->generation(),
+                     std::vector<ServicePortKey>(request.changed.begin(), request.changed.end()),
+                     request.next->size()});
+    called.notify_all();
+    if (failNext > 0) {
+      --failNext;
+      return makeError(ErrorCategory::kKernel, "netlink batch rejected", 22);
+    }
+    return SyncResult{request.changed.size(), "rules+=" + std::to_string(request.changed.size())};
+  }
+  Result<void> cleanup() override { return {}; }
+
+  std::mutex mutex;
+  std::condition_variable called;
+  std::vector<Call> calls;
+  int failNext = 0;
+};
+
+struct QuietLog {
+  QuietLog() : previous(kproxy::log::setSink([](kproxy::log::Severity, std::string_view) {})) {}
+  ~QuietLog() { kproxy::log::setSink(previous); }
+  kproxy::log::Sink previous;
+};
+
+Service service(const std::string& name) {
+  Service s;
+  s.ns = "default";
+  s.name = name;
+  s.clusterIPs = {"10.96.0.1"};
+  ServicePortSpec p;
+  p.name = "http";
+  p.port = 80;
+  s.ports = {p};
+  return s;
+}
+
+EndpointSlice slice(const std::string& svc, std::vector<std::string> ips) {
+  EndpointSlice s;
+  s.ns = "default";
+  s.name = svc + "-1";
+  s.serviceName = svc;
+  EndpointPort p;
+  p.name = "http";
+  p.port = 8080;
+  s.ports = {p};
+  for (auto& ip : ips) {
+    SliceEndpoint e;
+    e.addresses = {ip};
+    s.endpoints.push_back(e);
+  }
+  return s;
+}
+
+ServicePortKey key(const std::string& svc) { return {IPFamily::kIPv4, "default/" + svc + ":http"}; }
+
+ProxierOptions options() {
+  ProxierOptions o;
+  o.minSyncPeriod = 1s;
+  o.syncPeriod = 30s;
+  o.retryInterval = 2s;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("no sync until services and slices are both synced; the first is full", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  Proxier proxier(TrackerConfig{}, backend, options(), clock);
+
+  proxier.serviceUpserted(service("a"));
+  proxier.endpointSliceUpserted(slice("a", {"10.0.0.1"}));
+  CHECK_FALSE(proxier.syncOnceIfDue());
+  proxier.servicesSynced();
+  CHECK_FALSE(proxier.syncOnceIfDue());
+  clock.advance(60s);  // not even the periodic sync runs
+  CHECK_FALSE(proxier.syncOnceIfDue());
+  CHECK_FALSE(proxier.status().initialSyncDone);
+
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+  REQUIRE(backend.calls.size() == 1);
+  CHECK(backend.calls[0].kind == SyncKind::kFull);
+  CHECK(backend.calls[0].previousGeneration == 0);
+  CHECK(backend.calls[0].nextSize == 1);
+  CHECK(backend.calls[0].changed == std::vector<ServicePortKey>{key("a")});
+  auto status = proxier.status();
+  CHECK(status.initialSyncDone);
+  CHECK(status.lastSuccessWall.has_value());
+  CHECK_FALSE(status.oldestQueuedWall.has_value());
+  REQUIRE(status.applied);
+  CHECK(status.applied->generation() == backend.calls[0].nextGeneration);
+
+  // Nothing changed: nothing to do.
+  CHECK_FALSE(proxier.syncOnceIfDue());
+}
+
+TEST_CASE("later changes sync partially with exactly the changed keys", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  Proxier proxier(TrackerConfig{}, backend, options(), clock);
+  std::vector<SyncObservation> observed;
+  proxier.setObserver([&](const SyncObservation& o) { observed.push_back(o); });
+  proxier.serviceUpserted(service("a"));
+  proxier.serviceUpserted(service("b"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+
+  proxier.endpointSliceUpserted(slice("b", {"10.0.0.2"}));
+  CHECK(proxier.status().oldestQueuedWall.has_value());
+  // A no-op event does not ask for a sync.
+  proxier.serviceUpserted(service("a"));
+  REQUIRE(proxier.syncOnceIfDue());
+  REQUIRE(backend.calls.size() == 2);
+  CHECK(backend.calls[1].kind == SyncKind::kPartial);
+  CHECK(backend.calls[1].previousGeneration == backend.calls[0].nextGeneration);
+  CHECK(backend.calls[1].changed == std::vector<ServicePortKey>{key("b")});
+
+  REQUIRE(observed.size() == 2);
+  CHECK(observed[1].ok);
+  CHECK(observed[1].kind == SyncKind::kPartial);
+  CHECK(observed[1].changedServicePorts == 1);
+  CHECK(observed[1].endpointChanges == 1);
+  CHECK(observed[1].serviceChanges == 0);
+  CHECK(observed[1].operations == 1);
+  CHECK(observed[1].summary == "rules+=1");
+
+  // Burst used up: the next change waits for minSyncPeriod.
+  proxier.endpointSliceUpserted(slice("a", {"10.0.0.3"}));
+  CHECK_FALSE(proxier.syncOnceIfDue());
+  clock.advance(1s);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(backend.calls.back().changed == std::vector<ServicePortKey>{key("a")});
+}
+
+TEST_CASE("a failed sync is retried as a full sync from the last applied snapshot", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  Proxier proxier(TrackerConfig{}, backend, options(), clock);
+  std::vector<SyncObservation> observed;
+  proxier.setObserver([&](const SyncObservation& o) { observed.push_back(o); });
+  proxier.serviceUpserted(service("a"));
+  proxier.serviceUpserted(service("b"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+  const auto appliedGeneration = backend.calls[0].nextGeneration;
+
+  backend.failNext = 1;
+  proxier.endpointSliceUpserted(slice("a", {"10.0.0.1"}));
+  REQUIRE(proxier.syncOnceIfDue());
+  REQUIRE(observed.size() == 2);
+  CHECK_FALSE(observed[1].ok);
+  REQUIRE(observed[1].error.has_value());
+  CHECK(observed[1].error->category == ErrorCategory::kKernel);
+  CHECK(proxier.status().applied->generation() == appliedGeneration);
+  CHECK(proxier.status().oldestQueuedWall.has_value());
+
+  // Another change arrives before the retry; the retry carries both.
+  proxier.endpointSliceUpserted(slice("b", {"10.0.0.2"}));
+  CHECK_FALSE(proxier.syncOnceIfDue());  // retry not due yet, tokens spent
+  clock.advance(2s);
+  REQUIRE(proxier.syncOnceIfDue());
+  const auto& retry = backend.calls.back();
+  CHECK(retry.kind == SyncKind::kFull);
+  CHECK(retry.previousGeneration == appliedGeneration);
+  CHECK(retry.changed == std::vector<ServicePortKey>{key("a"), key("b")});
+  CHECK(observed.back().ok);
+  CHECK_FALSE(proxier.status().oldestQueuedWall.has_value());
+
+  // And back to partial afterwards.
+  clock.advance(1s);
+  proxier.endpointSliceUpserted(slice("a", {"10.0.0.9"}));
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(backend.calls.back().kind == SyncKind::kPartial);
+}
+
+TEST_CASE("a failure with no change pending is still retried", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  backend.failNext = 1;
+  Proxier proxier(TrackerConfig{}, backend, options(), clock);
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK_FALSE(proxier.status().applied);
+  CHECK(proxier.status().initialSyncDone);
+  clock.advance(2s);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(backend.calls.back().kind == SyncKind::kFull);
+  CHECK(backend.calls.back().previousGeneration == 0);
+  CHECK(proxier.status().applied);
+}
+
+TEST_CASE("periodic syncs are full", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  Proxier proxier(TrackerConfig{}, backend, options(), clock);
+  proxier.serviceUpserted(service("a"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+  clock.advance(29s);
+  CHECK_FALSE(proxier.syncOnceIfDue());
+  clock.advance(1s);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(backend.calls.back().kind == SyncKind::kFull);
+  CHECK(backend.calls.back().changed.empty());
+}
+
+TEST_CASE("a node change forces a full sync", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  TrackerConfig config;
+  config.nodeName = "node-a";
+  Proxier proxier(config, backend, options(), clock);
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+  Node node;
+  node.name = "node-a";
+  node.addresses = {{"InternalIP", "192.168.1.5"}};
+  node.deleting = true;
+  proxier.nodeUpserted(node);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(backend.calls.back().kind == SyncKind::kFull);
+  CHECK(proxier.status().nodeDeleting);
+}
+
+TEST_CASE("oneShot: run() returns after the first sync with its outcome", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  auto opts = options();
+  opts.oneShot = true;
+  SECTION("success") {
+    FakeBackend backend;
+    Proxier proxier(TrackerConfig{}, backend, opts, clock);
+    proxier.serviceUpserted(service("a"));
+    proxier.servicesSynced();
+    proxier.endpointSlicesSynced();
+    std::stop_source stop;
+    CHECK(proxier.run(stop.get_token()));
+    CHECK(backend.calls.size() == 1);
+  }
+  SECTION("failure") {
+    FakeBackend backend;
+    backend.failNext = 1;
+    Proxier proxier(TrackerConfig{}, backend, opts, clock);
+    proxier.servicesSynced();
+    proxier.endpointSlicesSynced();
+    std::stop_source stop;
+    CHECK_FALSE(proxier.run(stop.get_token()));
+  }
+}
+
+TEST_CASE("run() on its own thread syncs on events and stops on request", "[unit][proxier]") {
+  QuietLog quiet;
+  FakeBackend backend;
+  auto opts = options();
+  opts.minSyncPeriod = 0s;
+  Proxier proxier(TrackerConfig{}, backend, opts);  // real clock
+  std::jthread loop([&](std::stop_token stop) { proxier.run(stop); });
+
+  auto waitCalls = [&](std::size_t n) {
+    std::unique_lock lock(backend.mutex);
+    return backend.called.wait_for(lock, 10s, [&] { return backend.calls.size() >= n; });
+  };
+  proxier.serviceUpserted(service("a"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(waitCalls(1));
+  proxier.endpointSliceUpserted(slice("a", {"10.0.0.1"}));
+  REQUIRE(waitCalls(2));
+  {
+    std::lock_guard lock(backend.mutex);
+    CHECK(backend.calls[1].changed == std::vector<ServicePortKey>{key("a")});
+  }
+  loop.request_stop();
+  loop.join();
+}
