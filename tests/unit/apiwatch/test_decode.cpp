@@ -1,0 +1,575 @@
+#include "kproxy/apiwatch/decode.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+#include <yaml-cpp/yaml.h>
+
+using kproxy::apiwatch::decodeEndpointSlice;
+using kproxy::apiwatch::decodeNode;
+using kproxy::apiwatch::decodeObject;
+using kproxy::apiwatch::decodeService;
+using kproxy::apiwatch::decodeStatus;
+using kproxy::apiwatch::decodeWatchEvent;
+using kproxy::apiwatch::UnknownObject;
+using kproxy::apiwatch::WatchEventType;
+using kproxy::apiwatch::yamlToJson;
+using nlohmann::json;
+namespace core = kproxy::core;
+
+namespace {
+
+json loadFixture(const std::string& name) {
+  const std::filesystem::path path = std::filesystem::path(KPROXY_FIXTURES_DIR) / name;
+  INFO("fixture " << path.string() << " (set KPROXY_K8S_FIXTURES_DIR when configuring)");
+  REQUIRE(std::filesystem::exists(path));
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return json::parse(text.str());
+}
+
+json fromYaml(const std::string& text) {
+  auto converted = yamlToJson(YAML::Load(text));
+  INFO((converted ? std::string() : converted.error().message()));
+  REQUIRE(converted.has_value());
+  return *converted;
+}
+
+/// Decodes and returns the error's context; fails the test when decoding succeeds.
+template <typename Decoder>
+std::string errorOf(Decoder decode, const json& object) {
+  auto result = decode(object);
+  REQUIRE_FALSE(result.has_value());
+  CHECK(result.error().category == core::ErrorCategory::kDecode);
+  return result.error().context;
+}
+
+auto svcDecoder = [](const json& j) { return decodeService(j); };
+auto sliceDecoder = [](const json& j) { return decodeEndpointSlice(j); };
+auto nodeDecoder = [](const json& j) { return decodeNode(j); };
+
+/// The upstream Service fixture with its placeholder enum values replaced by valid ones (and
+/// clusterIP made consistent with clusterIPs), so that everything else can be checked.
+json validServiceFixture() {
+  json j = loadFixture("core.v1.Service.json");
+  j["spec"]["type"] = "LoadBalancer";
+  j["spec"]["ports"][0]["protocol"] = "SCTP";
+  j["spec"]["clusterIP"] = "clusterIPsValue";
+  j["spec"]["ipFamilies"][0] = "IPv6";
+  j["spec"]["sessionAffinity"] = "ClientIP";
+  j["spec"]["externalTrafficPolicy"] = "Local";
+  j["spec"]["internalTrafficPolicy"] = "Local";
+  j["status"]["loadBalancer"]["ingress"][0]["ipMode"] = "Proxy";
+  return j;
+}
+
+json validSliceFixture() {
+  json j = loadFixture("discovery.k8s.io.v1.EndpointSlice.json");
+  j["addressType"] = "FQDN";
+  j["ports"][0]["protocol"] = "UDP";
+  return j;
+}
+
+}  // namespace
+
+TEST_CASE("upstream Service fixture: every field kproxy uses is read", "[unit]") {
+  auto svc = decodeService(validServiceFixture());
+  INFO((svc ? std::string() : svc.error().message()));
+  REQUIRE(svc.has_value());
+  CHECK(svc->ns == "namespaceValue");
+  CHECK(svc->name == "nameValue");
+  CHECK(svc->labels == core::Labels{{"labelsKey", "labelsValue"}});
+  CHECK(svc->resourceVersion == "resourceVersionValue");
+  CHECK(svc->type == core::ServiceType::kLoadBalancer);
+  CHECK(svc->clusterIPs == std::vector<std::string>{"clusterIPsValue"});
+  CHECK(svc->ipFamilies == std::vector<core::IPFamily>{core::IPFamily::kIPv6});
+  REQUIRE(svc->ports.size() == 1);
+  const auto& port = svc->ports[0];
+  CHECK(port.name == "nameValue");
+  CHECK(port.protocol == core::Protocol::kSCTP);
+  CHECK(port.port == 3);
+  CHECK(port.targetPort.name == "targetPortValue");
+  CHECK(port.targetPort.number == 0);
+  CHECK(port.nodePort == 5);
+  CHECK(port.appProtocol == std::optional<std::string>("appProtocolValue"));
+  CHECK(svc->externalIPs == std::vector<std::string>{"externalIPsValue"});
+  REQUIRE(svc->loadBalancerIngress.size() == 1);
+  CHECK(svc->loadBalancerIngress[0].ip == "ipValue");
+  CHECK(svc->loadBalancerIngress[0].hostname == "hostnameValue");
+  CHECK(svc->loadBalancerIngress[0].ipMode == core::LoadBalancerIPMode::kProxy);
+  CHECK(svc->loadBalancerSourceRanges == std::vector<std::string>{"loadBalancerSourceRangesValue"});
+  CHECK(svc->externalTrafficPolicy == core::TrafficPolicy::kLocal);
+  CHECK(svc->internalTrafficPolicy == core::TrafficPolicy::kLocal);
+  CHECK(svc->healthCheckNodePort == 12);
+  CHECK(svc->sessionAffinity == core::SessionAffinity::kClientIP);
+  CHECK(svc->sessionAffinityTimeoutSeconds == 1);
+  CHECK(svc->trafficDistribution == std::optional<std::string>("trafficDistributionValue"));
+  CHECK(svc->externalName == "externalNameValue");
+}
+
+TEST_CASE("upstream Service fixture: placeholder enum values are errors naming the field",
+          "[unit]") {
+  // As shipped, the fixture holds values Kubernetes itself would reject.
+  const std::string asShipped = errorOf(svcDecoder, loadFixture("core.v1.Service.json"));
+  CHECK_THAT(asShipped, Catch::Contains("Service namespaceValue/nameValue"));
+
+  // Put each placeholder back, one at a time, into the otherwise valid object.
+  const json original = loadFixture("core.v1.Service.json");
+  const std::vector<std::pair<json::json_pointer, std::string>> placeholders = {
+      {json::json_pointer("/spec/type"), "spec.type"},
+      {json::json_pointer("/spec/ports/0/protocol"), "spec.ports[0].protocol"},
+      {json::json_pointer("/spec/clusterIP"), "spec.clusterIP"},
+      {json::json_pointer("/spec/ipFamilies/0"), "spec.ipFamilies[0]"},
+      {json::json_pointer("/spec/sessionAffinity"), "spec.sessionAffinity"},
+      {json::json_pointer("/spec/externalTrafficPolicy"), "spec.externalTrafficPolicy"},
+      {json::json_pointer("/spec/internalTrafficPolicy"), "spec.internalTrafficPolicy"},
+      {json::json_pointer("/status/loadBalancer/ingress/0/ipMode"),
+       "status.loadBalancer.ingress[0].ipMode"},
+  };
+  for (const auto& [pointer, path] : placeholders) {
+    json j = validServiceFixture();
+    j[pointer] = original[pointer];
+    const std::string error = errorOf(svcDecoder, j);
+    INFO(error);
+    CHECK_THAT(error, Catch::StartsWith("Service namespaceValue/nameValue: " + path + ": "));
+    CHECK_THAT(error, Catch::Contains(original[pointer].get<std::string>()));
+  }
+  CHECK(asShipped.find("spec.type") != std::string::npos);
+}
+
+TEST_CASE("upstream EndpointSlice fixture: every field kproxy uses is read", "[unit]") {
+  auto slice = decodeEndpointSlice(validSliceFixture());
+  INFO((slice ? std::string() : slice.error().message()));
+  REQUIRE(slice.has_value());
+  CHECK(slice->ns == "namespaceValue");
+  CHECK(slice->name == "nameValue");
+  CHECK(slice->labels == core::Labels{{"labelsKey", "labelsValue"}});
+  CHECK(slice->serviceName.empty());  // the fixture has no kubernetes.io/service-name label
+  CHECK(slice->resourceVersion == "resourceVersionValue");
+  CHECK(slice->addressType == core::AddressType::kFQDN);
+  REQUIRE(slice->ports.size() == 1);
+  CHECK(slice->ports[0].name == std::optional<std::string>("nameValue"));
+  CHECK(slice->ports[0].protocol == core::Protocol::kUDP);
+  CHECK(slice->ports[0].port == 3);
+  CHECK(slice->ports[0].appProtocol == std::optional<std::string>("appProtocolValue"));
+  REQUIRE(slice->endpoints.size() == 1);
+  const auto& ep = slice->endpoints[0];
+  CHECK(ep.addresses == std::vector<std::string>{"addressesValue"});
+  CHECK(ep.conditions.ready == true);
+  CHECK(ep.conditions.serving == true);
+  CHECK(ep.conditions.terminating == true);
+  CHECK(ep.nodeName == std::optional<std::string>("nodeNameValue"));
+  CHECK(ep.zone == std::optional<std::string>("zoneValue"));
+  REQUIRE(ep.hints.has_value());
+  CHECK(ep.hints->forZones == std::vector<std::string>{"nameValue"});
+  CHECK(ep.hints->forNodes == std::vector<std::string>{"nameValue"});
+}
+
+TEST_CASE("upstream EndpointSlice fixture: placeholder enum values are errors", "[unit]") {
+  json j = loadFixture("discovery.k8s.io.v1.EndpointSlice.json");
+  CHECK_THAT(errorOf(sliceDecoder, j),
+             Catch::StartsWith("EndpointSlice namespaceValue/nameValue: addressType: "));
+  j["addressType"] = "IPv4";
+  const std::string error = errorOf(sliceDecoder, j);
+  CHECK_THAT(error, Catch::StartsWith("EndpointSlice namespaceValue/nameValue: ports[0].protocol: "));
+  CHECK_THAT(error, Catch::Contains("\"protocolValue\""));
+}
+
+TEST_CASE("upstream WatchEvent and Status fixtures", "[unit]") {
+  json event = loadFixture("core.v1.WatchEvent.json");
+  const std::string error = errorOf([](const json& j) { return decodeWatchEvent(j); }, event);
+  CHECK_THAT(error, Catch::Contains("type"));
+  CHECK_THAT(error, Catch::Contains("typeValue"));
+
+  event["type"] = "MODIFIED";
+  auto decoded = decodeWatchEvent(event);
+  REQUIRE(decoded.has_value());
+  CHECK(decoded->type == WatchEventType::kModified);
+  CHECK(decoded->object == event["object"]);
+  CHECK_FALSE(decoded->status.has_value());
+  // The object is a custom resource: decodeObject reports it as unknown rather than failing.
+  auto object = decodeObject(decoded->object);
+  REQUIRE(object.has_value());
+  REQUIRE(std::holds_alternative<UnknownObject>(*object));
+  CHECK(std::get<UnknownObject>(*object).kind == "CustomType");
+  CHECK(std::get<UnknownObject>(*object).apiVersion == "example.com/v1");
+
+  const json statusJson = loadFixture("core.v1.Status.json");
+  auto status = decodeStatus(statusJson);
+  REQUIRE(status.has_value());
+  CHECK(status->status == "statusValue");
+  CHECK(status->code == 6);
+  CHECK(status->reason == "reasonValue");
+  CHECK(status->message == "messageValue");
+  CHECK(status->retryAfterSeconds == 5);
+
+  auto errorEvent = decodeWatchEvent(json{{"type", "ERROR"}, {"object", statusJson}});
+  REQUIRE(errorEvent.has_value());
+  CHECK(errorEvent->type == WatchEventType::kError);
+  REQUIRE(errorEvent->status.has_value());
+  CHECK(*errorEvent->status == *status);
+  CHECK(errorEvent->resourceVersion == "resourceVersionValue");
+}
+
+TEST_CASE("watch events: types, bookmarks and malformed events", "[unit]") {
+  auto bookmark = decodeWatchEvent(json::parse(R"({"type":"BOOKMARK","object":{"kind":"Service",
+      "apiVersion":"v1","metadata":{"resourceVersion":"12345"}}})"));
+  REQUIRE(bookmark.has_value());
+  CHECK(bookmark->type == WatchEventType::kBookmark);
+  CHECK(bookmark->resourceVersion == "12345");
+
+  for (const char* type : {"ADDED", "MODIFIED", "DELETED"}) {
+    auto e = decodeWatchEvent(json{{"type", type}, {"object", json::object()}});
+    REQUIRE(e.has_value());
+    CHECK(std::string(kproxy::apiwatch::toString(e->type)) == type);
+  }
+
+  auto expired = decodeWatchEvent(json::parse(R"js({"type":"ERROR","object":{"kind":"Status",
+      "apiVersion":"v1","status":"Failure","message":"too old resource version: 1 (2)",
+      "reason":"Expired","code":410}})js"));
+  REQUIRE(expired.has_value());
+  REQUIRE(expired->status.has_value());
+  CHECK(expired->status->code == 410);
+  CHECK(expired->status->reason == "Expired");
+  CHECK_FALSE(expired->status->retryAfterSeconds.has_value());
+
+  auto decodeEvent = [](const json& j) { return decodeWatchEvent(j); };
+  CHECK_THAT(errorOf(decodeEvent, json{{"object", json::object()}}), Catch::Contains("type"));
+  CHECK_THAT(errorOf(decodeEvent, json{{"type", "ADDED"}}), Catch::Contains("object"));
+  CHECK_THAT(errorOf(decodeEvent, json{{"type", "ADDED"}, {"object", "x"}}),
+             Catch::Contains("object: expected an object"));
+  CHECK_THAT(errorOf(decodeEvent, json{{"type", "ERROR"}, {"object", {{"code", "410"}}}}),
+             Catch::Contains("code"));
+  CHECK_THAT(errorOf(decodeEvent, json::array()), Catch::Contains("expected an object"));
+}
+
+TEST_CASE("a realistic NodePort Service from YAML, with API defaulting", "[unit]") {
+  auto svc = decodeService(fromYaml(R"(
+apiVersion: v1
+kind: Service
+metadata:
+  name: web
+  labels: {app: web, tier: "1"}
+spec:
+  type: NodePort
+  clusterIP: 10.96.0.10
+  ports:
+  - name: http
+    port: 80
+    targetPort: http-alt
+    nodePort: 30080
+  - name: dns
+    protocol: UDP
+    port: 53
+  - name: metrics
+    port: 9090
+    targetPort: 9100
+)"));
+  REQUIRE(svc.has_value());
+  CHECK(svc->ns == "default");
+  CHECK(svc->labels.at("tier") == "1");
+  CHECK(svc->type == core::ServiceType::kNodePort);
+  CHECK(svc->clusterIPs == std::vector<std::string>{"10.96.0.10"});
+  CHECK(svc->ipFamilies == std::vector<core::IPFamily>{core::IPFamily::kIPv4});
+  REQUIRE(svc->ports.size() == 3);
+  CHECK(svc->ports[0].protocol == core::Protocol::kTCP);
+  CHECK(svc->ports[0].targetPort == core::TargetPort{0, "http-alt"});
+  CHECK(svc->ports[0].nodePort == 30080);
+  CHECK_FALSE(svc->ports[0].appProtocol.has_value());
+  CHECK(svc->ports[1].protocol == core::Protocol::kUDP);
+  CHECK(svc->ports[1].targetPort == core::TargetPort{53, ""});  // defaults to port
+  CHECK(svc->ports[2].targetPort == core::TargetPort{9100, ""});
+  CHECK(svc->externalTrafficPolicy == core::TrafficPolicy::kCluster);
+  CHECK(svc->internalTrafficPolicy == core::TrafficPolicy::kCluster);
+  CHECK(svc->sessionAffinity == core::SessionAffinity::kNone);
+  CHECK(svc->sessionAffinityTimeoutSeconds == core::kDefaultStickyMaxAgeSeconds);
+  CHECK_FALSE(svc->trafficDistribution.has_value());
+  CHECK(svc->loadBalancerIngress.empty());
+}
+
+TEST_CASE("dual-stack, headless and ExternalName Services", "[unit]") {
+  auto dual = decodeService(json::parse(R"({"metadata":{"name":"d","namespace":"n"},
+      "spec":{"clusterIPs":["fd00::10","10.0.0.10"],"ports":[{"port":443}]}})"));
+  REQUIRE(dual.has_value());
+  CHECK(dual->clusterIPs == std::vector<std::string>{"fd00::10", "10.0.0.10"});
+  // ipFamilies omitted: derived from the addresses as the API server would.
+  CHECK(dual->ipFamilies ==
+        std::vector<core::IPFamily>{core::IPFamily::kIPv6, core::IPFamily::kIPv4});
+
+  auto headless = decodeService(json::parse(R"({"metadata":{"name":"h"},
+      "spec":{"clusterIP":"None","ipFamilies":["IPv4"]}})"));
+  REQUIRE(headless.has_value());
+  CHECK(headless->clusterIPs == std::vector<std::string>{"None"});
+  CHECK(headless->ipFamilies == std::vector<core::IPFamily>{core::IPFamily::kIPv4});
+
+  auto external = decodeService(json::parse(R"({"metadata":{"name":"e"},
+      "spec":{"type":"ExternalName","externalName":"db.example.com","clusterIP":""}})"));
+  REQUIRE(external.has_value());
+  CHECK(external->type == core::ServiceType::kExternalName);
+  CHECK(external->externalName == "db.example.com");
+  CHECK(external->clusterIPs.empty());
+  CHECK(external->ipFamilies.empty());
+}
+
+TEST_CASE("a realistic EndpointSlice", "[unit]") {
+  auto slice = decodeEndpointSlice(fromYaml(R"(
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-abc12
+  namespace: shop
+  labels:
+    kubernetes.io/service-name: web
+addressType: IPv4
+ports:
+- name: http
+  port: 8080
+- {}
+endpoints:
+- addresses: ["10.244.1.5"]
+  conditions: {ready: true}
+  nodeName: node-a
+  zone: zone-1
+  hints:
+    forZones: [{name: zone-1}]
+- addresses: ["10.244.2.7"]
+  conditions: {ready: false, serving: true, terminating: true}
+- addresses: ["10.244.3.9"]
+)"));
+  INFO((slice ? std::string() : slice.error().message()));
+  REQUIRE(slice.has_value());
+  CHECK(slice->ns == "shop");
+  CHECK(slice->serviceName == "web");
+  CHECK(slice->addressType == core::AddressType::kIPv4);
+  REQUIRE(slice->ports.size() == 2);
+  CHECK(slice->ports[0] == core::EndpointPort{"http", core::Protocol::kTCP, 8080, std::nullopt});
+  // An empty port means "all ports"; defaulting still fills name and protocol.
+  CHECK(slice->ports[1] == core::EndpointPort{"", core::Protocol::kTCP, std::nullopt, std::nullopt});
+  REQUIRE(slice->endpoints.size() == 3);
+  CHECK(slice->endpoints[0].hints->forZones == std::vector<std::string>{"zone-1"});
+  CHECK(slice->endpoints[0].hints->forNodes.empty());
+  CHECK(slice->endpoints[0].conditions.serving == std::nullopt);
+  CHECK(slice->endpoints[1].conditions ==
+        core::EndpointConditions{false, true, true});
+  CHECK_FALSE(slice->endpoints[1].nodeName.has_value());
+  CHECK_FALSE(slice->endpoints[1].hints.has_value());
+  CHECK(slice->endpoints[2].conditions == core::EndpointConditions{});
+}
+
+TEST_CASE("Nodes: addresses, pod CIDRs and deletion", "[unit]") {
+  auto node = decodeNode(json::parse(R"({"kind":"Node","apiVersion":"v1",
+      "metadata":{"name":"node-a","resourceVersion":"7","labels":{"topology.kubernetes.io/zone":"z1"},
+                  "deletionTimestamp":"2024-01-01T00:00:00Z"},
+      "spec":{"podCIDR":"10.244.1.0/24","podCIDRs":["10.244.1.0/24","fd00:1::/64"]},
+      "status":{"addresses":[{"type":"InternalIP","address":"192.168.1.10"},
+                             {"type":"Hostname","address":"node-a"}]}})"));
+  REQUIRE(node.has_value());
+  CHECK(node->name == "node-a");
+  CHECK(node->resourceVersion == "7");
+  CHECK(node->labels.at(core::kLabelTopologyZone) == "z1");
+  CHECK(node->deleting);
+  CHECK(node->podCIDRs == std::vector<std::string>{"10.244.1.0/24", "fd00:1::/64"});
+  CHECK(node->addresses == std::vector<core::NodeAddress>{{"InternalIP", "192.168.1.10"},
+                                                         {"Hostname", "node-a"}});
+
+  auto old = decodeNode(json::parse(R"({"metadata":{"name":"n","namespace":"ignored"},
+      "spec":{"podCIDR":"10.244.9.0/24"}})"));
+  REQUIRE(old.has_value());
+  CHECK(old->podCIDRs == std::vector<std::string>{"10.244.9.0/24"});
+  CHECK_FALSE(old->deleting);
+
+  CHECK_THAT(errorOf(nodeDecoder, json::parse(R"({"metadata":{"name":"n"},
+      "status":{"addresses":[{"type":1}]}})")),
+             Catch::Equals("Node n: status.addresses[0].type: expected a string, got number"));
+}
+
+TEST_CASE("decodeObject dispatches on kind and apiVersion", "[unit]") {
+  auto svc = decodeObject(json::parse(R"({"kind":"Service","apiVersion":"v1","metadata":{"name":"a"}})"));
+  REQUIRE(svc.has_value());
+  CHECK(std::holds_alternative<core::Service>(*svc));
+  CHECK(kproxy::apiwatch::describe(*svc) == "Service default/a");
+
+  auto slice = decodeObject(json::parse(R"({"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1",
+      "metadata":{"name":"a-1","namespace":"x"},"addressType":"IPv6"})"));
+  REQUIRE(slice.has_value());
+  CHECK(std::get<core::EndpointSlice>(*slice).addressType == core::AddressType::kIPv6);
+
+  auto node = decodeObject(json::parse(R"({"kind":"Node","metadata":{"name":"n1"}})"));
+  REQUIRE(node.has_value());
+  CHECK(std::holds_alternative<core::Node>(*node));
+
+  auto deployment = decodeObject(json::parse(R"({"kind":"Deployment","apiVersion":"apps/v1",
+      "metadata":{"name":"web","namespace":"shop"},"spec":{"replicas":"not checked"}})"));
+  REQUIRE(deployment.has_value());
+  CHECK(std::get<UnknownObject>(*deployment) == UnknownObject{"apps/v1", "Deployment", "shop", "web"});
+
+  // Another version of a known kind has another schema: not decoded as if it were v1.
+  auto beta = decodeObject(json::parse(R"({"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1beta1",
+      "metadata":{"name":"old"}})"));
+  REQUIRE(beta.has_value());
+  CHECK(std::holds_alternative<UnknownObject>(*beta));
+
+  auto decode = [](const json& j) { return decodeObject(j); };
+  CHECK_THAT(errorOf(decode, json::parse(R"({"metadata":{"name":"a"}})")), Catch::Contains("kind"));
+  CHECK_THAT(errorOf(decode, json::parse(R"({"kind":7})")), Catch::Contains("kind"));
+  CHECK_THAT(errorOf(decode, json::parse(R"({"kind":"Service","apiVersion":1})")),
+             Catch::Contains("apiVersion"));
+  CHECK_THAT(errorOf(decode, json::parse(R"([1,2])")), Catch::Contains("expected an object"));
+  // A known kind that fails to decode is an error, not an unknown object.
+  CHECK_THAT(errorOf(decode, json::parse(R"({"kind":"Service","metadata":{"name":"a"},
+      "spec":{"ports":[{"port":0}]}})")),
+             Catch::Contains("Service default/a: spec.ports[0].port"));
+}
+
+TEST_CASE("decode errors name the object and the JSON path", "[unit]") {
+  auto svc = [](const char* spec) {
+    return json::parse(std::string(R"({"metadata":{"name":"web","namespace":"shop"},"spec":)") +
+                       spec + "}");
+  };
+  struct Case {
+    const char* spec;
+    const char* expected;
+  };
+  const Case cases[] = {
+      {R"({"ports":[{"port":"80"}]})", "Service shop/web: spec.ports[0].port: expected an integer, got string"},
+      {R"({"ports":[{"port":70000}]})", "Service shop/web: spec.ports[0].port: 70000 is out of range [1, 65535]"},
+      {R"({"ports":[{"port":-1}]})", "Service shop/web: spec.ports[0].port: -1 is out of range"},
+      {R"({"ports":[{"port":1.5}]})", "Service shop/web: spec.ports[0].port: expected an integer, got a fraction"},
+      {R"({"ports":[{"name":"x"}]})", "Service shop/web: spec.ports[0].port: required field is missing"},
+      {R"({"ports":[{"port":80,"nodePort":65536}]})", "Service shop/web: spec.ports[0].nodePort: 65536 is out of range"},
+      {R"({"ports":[{"port":80,"targetPort":70000}]})", "Service shop/web: spec.ports[0].targetPort: 70000 is out of range"},
+      {R"({"ports":[{"port":80,"targetPort":true}]})", "Service shop/web: spec.ports[0].targetPort: expected an integer or a string, got boolean"},
+      {R"({"ports":[{"port":80},{"port":81,"protocol":"HTTP"}]})", "Service shop/web: spec.ports[1].protocol: unsupported value \"HTTP\" (want TCP, UDP or SCTP)"},
+      {R"({"ports":[{"port":80,"protocol":"tcp"}]})", "Service shop/web: spec.ports[0].protocol: unsupported value \"tcp\""},
+      {R"({"ports":{"port":80}})", "Service shop/web: spec.ports: expected an array, got object"},
+      {R"({"type":"Ingress"})", "Service shop/web: spec.type: unsupported value \"Ingress\""},
+      {R"({"externalTrafficPolicy":"Global"})", "Service shop/web: spec.externalTrafficPolicy: unsupported value"},
+      {R"({"internalTrafficPolicy":"Node"})", "Service shop/web: spec.internalTrafficPolicy: unsupported value"},
+      {R"({"sessionAffinity":"Cookie"})", "Service shop/web: spec.sessionAffinity: unsupported value"},
+      {R"({"sessionAffinity":"ClientIP","sessionAffinityConfig":{"clientIP":{"timeoutSeconds":0}}})",
+       "Service shop/web: spec.sessionAffinityConfig.clientIP.timeoutSeconds: 0 is out of range [1, 86400]"},
+      {R"({"healthCheckNodePort":99999})", "Service shop/web: spec.healthCheckNodePort: 99999 is out of range"},
+      {R"({"externalIPs":"1.2.3.4"})", "Service shop/web: spec.externalIPs: expected an array, got string"},
+      {R"({"externalIPs":[1]})", "Service shop/web: spec.externalIPs[0]: expected a string, got number"},
+      {R"({"clusterIP":"10.0.0.1","clusterIPs":["10.0.0.2"]})", "Service shop/web: spec.clusterIP: \"10.0.0.1\" does not match"},
+      {R"({"ipFamilies":["IPv5"]})", "Service shop/web: spec.ipFamilies[0]: unsupported value \"IPv5\""},
+      {R"("x")", "Service shop/web: spec: expected an object, got string"},
+  };
+  for (const auto& c : cases) {
+    const std::string error = errorOf(svcDecoder, svc(c.spec));
+    INFO("spec " << c.spec << " -> " << error);
+    CHECK_THAT(error, Catch::StartsWith(c.expected));
+  }
+
+  CHECK(errorOf(svcDecoder, json::parse(R"({"metadata":{"namespace":"shop"}})")) ==
+        "Service in namespace shop: metadata.name: required field is missing or empty");
+  CHECK(errorOf(svcDecoder, json::parse(R"({"spec":{}})")) ==
+        "Service in namespace default: metadata.name: required field is missing or empty");
+  CHECK(errorOf(svcDecoder, json::parse(R"({"metadata":{"name":5}})")) ==
+        "metadata.name: expected a string, got number");
+  CHECK(errorOf(svcDecoder, json::parse(R"({"kind":"Pod","metadata":{"name":"a"}})")) ==
+        "kind: expected \"Service\", got \"Pod\"");
+  CHECK(errorOf(svcDecoder, json::parse(R"({"metadata":{"name":"a","labels":{"x":1}}})")) ==
+        "Service default/a: metadata.labels.x: expected a string, got number");
+  CHECK(errorOf(svcDecoder, json::parse(R"({"metadata":{"name":"a"},
+      "status":{"loadBalancer":{"ingress":[{"ip":"1.1.1.1","ipMode":"Tunnel"}]}}})")) ==
+        "Service default/a: status.loadBalancer.ingress[0].ipMode: unsupported value \"Tunnel\" "
+        "(want VIP or Proxy)");
+
+  auto slice = [](const char* body) {
+    return json::parse(std::string(R"({"metadata":{"name":"s","namespace":"n"},)") + body + "}");
+  };
+  CHECK(errorOf(sliceDecoder, slice(R"("endpoints":[])")) ==
+        "EndpointSlice n/s: addressType: required field is missing");
+  CHECK(errorOf(sliceDecoder, slice(R"("addressType":"IPv4","endpoints":[{"addresses":["a"],
+      "conditions":{"ready":"yes"}}])")) ==
+        "EndpointSlice n/s: endpoints[0].conditions.ready: expected a boolean, got string");
+  CHECK(errorOf(sliceDecoder, slice(R"("addressType":"IPv4","ports":[{"port":0}])")) ==
+        "EndpointSlice n/s: ports[0].port: 0 is out of range [1, 65535]");
+  CHECK(errorOf(sliceDecoder, slice(R"("addressType":"IPv4","endpoints":[{"hints":
+      {"forNodes":[{"name":""}]}}])")) ==
+        "EndpointSlice n/s: endpoints[0].hints.forNodes[0].name: required field is missing or empty");
+}
+
+TEST_CASE("yamlToJson keeps YAML scalar types as Kubernetes users expect", "[unit]") {
+  json j = fromYaml(R"(
+plainInt: 80
+quotedInt: "80"
+singleQuoted: '80'
+negative: -12
+hex: 0x1F
+octal: 0o17
+float: 1.5
+exp: 1e3
+yes: true
+no: false
+capital: True
+word: yes
+tilde: ~
+nullWord: null
+empty:
+tagged: !!str 80
+taggedInt: !!int "42"
+version: 1.20
+ip: 10.0.0.1
+block: |
+  line
+list: [1, "1", a]
+nested: {a: {b: [true]}}
+)");
+  CHECK(j["plainInt"] == json(80));
+  CHECK(j["plainInt"].is_number_integer());
+  CHECK(j["quotedInt"] == json("80"));
+  CHECK(j["singleQuoted"] == json("80"));
+  CHECK(j["negative"] == json(-12));
+  CHECK(j["hex"] == json(31));
+  CHECK(j["octal"] == json(15));
+  CHECK(j["float"] == json(1.5));
+  CHECK(j["exp"] == json(1000.0));
+  CHECK(j["yes"] == json(true));
+  CHECK(j["no"] == json(false));
+  CHECK(j["capital"] == json(true));
+  CHECK(j["word"] == json("yes"));  // YAML 1.2: only true/false are booleans
+  CHECK(j["tilde"].is_null());
+  CHECK(j["nullWord"].is_null());
+  CHECK(j["empty"].is_null());
+  CHECK(j["tagged"] == json("80"));
+  CHECK(j["taggedInt"] == json(42));
+  CHECK(j["version"] == json(1.2));
+  CHECK(j["ip"] == json("10.0.0.1"));
+  CHECK(j["block"] == json("line\n"));
+  CHECK(j["list"] == json::array({1, "1", "a"}));
+  CHECK(j["nested"]["a"]["b"][0] == json(true));
+
+  CHECK(fromYaml("").is_null());
+  CHECK(fromYaml("- 1\n- x\n") == json::array({1, "x"}));
+
+  auto badInt = yamlToJson(YAML::Load("spec:\n  port: !!int eighty\n"));
+  REQUIRE_FALSE(badInt.has_value());
+  CHECK(badInt.error().category == core::ErrorCategory::kDecode);
+  CHECK_THAT(badInt.error().context, Catch::StartsWith("spec.port (line 2): \"eighty\" is not an integer"));
+
+  auto complexKey = yamlToJson(YAML::Load("? [a, b]\n: 1\n"));
+  REQUIRE_FALSE(complexKey.has_value());
+  CHECK_THAT(complexKey.error().context, Catch::Contains("mapping keys must be scalars"));
+}
+
+TEST_CASE("YAML with quoted numbers decodes as Kubernetes would", "[unit]") {
+  // A quoted port is a string: the API server rejects it, so do we (naming the field).
+  const std::string error = errorOf(svcDecoder, fromYaml(R"(
+metadata: {name: q}
+spec:
+  ports:
+  - port: "80"
+)"));
+  CHECK(error == "Service default/q: spec.ports[0].port: expected an integer, got string");
+  // A quoted targetPort is a port name.
+  auto svc = decodeService(fromYaml("metadata: {name: q}\nspec: {ports: [{port: 80, targetPort: \"8080\"}]}"));
+  REQUIRE(svc.has_value());
+  CHECK(svc->ports[0].targetPort == core::TargetPort{0, "8080"});
+}
