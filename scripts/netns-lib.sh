@@ -327,6 +327,22 @@ kp_client_seen() {
   printf '%s' "${BASH_REMATCH[1]}"
 }
 
+# kp_connect_errno ROLE IP PORT [TIMEOUT] — try one TCP connect from a namespace and print
+# how it ended: OK, or the errno name (ECONNREFUSED, ETIMEDOUT, EHOSTUNREACH, ...). curl's
+# message for a refused connection varies between versions; the errno does not.
+kp_connect_errno() {
+  kp_exec "$1" "$KP_PYTHON" -c '
+import errno, socket, sys
+s = socket.socket(); s.settimeout(float(sys.argv[3]))
+try:
+    s.connect((sys.argv[1], int(sys.argv[2]))); print("OK")
+except socket.timeout:
+    print("ETIMEDOUT")
+except OSError as e:
+    print(errno.errorcode.get(e.errno, str(e.errno)))
+' "$2" "$3" "${4:-2}"
+}
+
 # kp_nft ROLE ARGS... — nft inside a namespace (e.g. kp_nft node list table ip kube-proxy).
 kp_nft() {
   local role="$1"
@@ -479,7 +495,10 @@ kp_install_manifest() {
 # kp_teardown — stop our processes, delete our namespaces and work dir. Idempotent.
 kp_teardown() {
   local rc=$?
-  local pid ns
+  local pid ns saved_opts
+  # Callers may run under `set -eu`; a kill of an already-gone process must not abort cleanup.
+  saved_opts="$(set +o)"
+  set +eu
   trap - EXIT INT TERM
   for pid in "${KP_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
   # Anything else still inside our namespaces was started by us (e.g. a curl loop).
@@ -507,6 +526,7 @@ kp_teardown() {
     fi
   fi
   KP_WORKDIR=""
+  eval "$saved_opts"
   return "$rc"
 }
 

@@ -101,7 +101,8 @@ case_teardown_leaves_nothing() {
   [[ -n "$prefix" ]] || kp_fail "no prefix reported" || return 1
   [[ "$(_ns_with_prefix "$prefix")" == 0 ]] || kp_fail "namespaces left after normal exit: $prefix" || return 1
   # 2. failing script under set -e
-  bash -c 'set -e; source "$1"; kp_init; kp_topology_up 1 >/dev/null 2>&1; echo "$KP_PREFIX" >"$2"; false; echo unreachable' \
+  bash -c 'set -euo pipefail; source "$1"; kp_init; kp_topology_up 2 >/dev/null 2>&1; kp_start_pods >/dev/null 2>&1
+           kill "${KP_PIDS[0]}"; sleep 0.2; echo "$KP_PREFIX" >"$2"; false; echo unreachable' \
     _ "$KP_LIB_DIR/netns-lib.sh" "$KP_WORKDIR/p2" && kp_fail "set -e script did not fail" && return 1
   prefix="$(cat "$KP_WORKDIR/p2")"
   [[ "$(_ns_with_prefix "$prefix")" == 0 ]] || kp_fail "namespaces left after failure: $prefix" || return 1

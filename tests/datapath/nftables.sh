@@ -102,18 +102,22 @@ expect_only() {
   done <<<"$out"
 }
 
-# expect_refused ROLE URL — the connection is refused at once (curl exit 7 in < 1 s),
-# not left to time out.
+# expect_refused ROLE URL — the connection is refused at once (curl exit 7 in < 1 s, and a
+# plain connect() fails with ECONNREFUSED), not left to time out.
 expect_refused() {
-  local start ms rc err
+  local start ms rc err hostport how
   start=${EPOCHREALTIME/./}
   err="$(KP_CURL_TIMEOUT=3 kp_curl "$1" "$2" 2>&1 >/dev/null)"
   rc=$?
   ms=$(((${EPOCHREALTIME/./} - start) / 1000))
-  kp_note "$1 -> $2: curl exit $rc after ${ms} ms: $err"
+  hostport="${2#http://}"
+  hostport="${hostport%%/*}"
+  [[ "$hostport" == *:* ]] || hostport="$hostport:80"
+  how="$(kp_connect_errno "$1" "${hostport%:*}" "${hostport#*:}" 3)"
+  kp_note "$1 -> $2: curl exit $rc after ${ms} ms ($err); connect(): $how"
   [[ $rc -eq 7 ]] || { kp_fail "$1 -> $2: curl exit $rc, want 7 (connection refused)"; return 1; }
-  [[ "$err" == *"Connection refused"* ]] || { kp_fail "$1 -> $2: not 'Connection refused': $err"; return 1; }
   ((ms < 1000)) || { kp_fail "$1 -> $2: refusal took ${ms} ms"; return 1; }
+  [[ "$how" == ECONNREFUSED ]] || { kp_fail "$1 -> $2: connect() gave $how, want ECONNREFUSED"; return 1; }
 }
 
 # expect_dropped ROLE URL — no answer at all: curl times out (exit 28).
