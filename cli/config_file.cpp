@@ -458,7 +458,6 @@ core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view s
   const auto& other = effectiveMode == "nftables" ? presence.iptablesMasqueradeAll
                                                   : presence.nftablesMasqueradeAll;
   c.masqueradeAll = primary.value_or(other.value_or(false));
-  c.iptables.masqueradeAll = c.nftables.masqueradeAll = c.masqueradeAll;
   return c;
 }
 

@@ -240,10 +240,7 @@ const std::vector<FlagSpec>& flagSpecs() {
          stringSetter([](ParsedFlags& f, std::string v) { f.config.clusterCIDR = std::move(v); })},
         {"masquerade-all", 0, Kind::kBool, Scope::kConfig, "false",
          "SNAT all traffic sent via Service cluster IPs.",
-         boolSetter([](ParsedFlags& f, bool b) {
-           f.config.masqueradeAll = f.config.iptables.masqueradeAll =
-               f.config.nftables.masqueradeAll = b;
-         })},
+         boolSetter([](ParsedFlags& f, bool b) { f.config.masqueradeAll = b; })},
         {"nodeport-addresses", 0, Kind::kStringList, Scope::kConfig, "[] (nftables: primary)",
          "Comma-separated CIDRs that contain valid node IPs, or the single string 'primary'. "
          "NodePorts are served only on node IPs in these ranges.",
@@ -487,7 +484,6 @@ core::Result<ProxyConfig> effectiveConfig(const ParsedFlags& flags) {
     config.initOnly = f.initOnly;
     config.showHelp = f.showHelp;
     config.showVersion = f.showVersion;
-    config.hostnameOverride = config.hostnameOverride;
   }
   // upstream processHostnameOverrideFlag: a non-empty flag wins over the file, trimmed and
   // lower-cased.

@@ -28,7 +28,6 @@ inline constexpr std::int32_t kProxyMetricsPort = 10249;
 
 struct IPTablesConfig {
   std::int32_t masqueradeBit = 14;
-  bool masqueradeAll = false;  ///< mirrored from ProxyConfig::masqueradeAll when encoding
   bool localhostNodePorts = true;
   bool snatNodeInternalIP = false;
   Duration syncPeriod = std::chrono::seconds(30);
@@ -38,7 +37,6 @@ struct IPTablesConfig {
 
 struct NFTablesConfig {
   std::int32_t masqueradeBit = 14;
-  bool masqueradeAll = false;  ///< mirrored from ProxyConfig::masqueradeAll when encoding
   Duration syncPeriod = std::chrono::seconds(30);
   Duration minSyncPeriod = std::chrono::seconds(1);
   bool operator==(const NFTablesConfig&) const = default;
@@ -101,8 +99,8 @@ struct ProxyConfig {
   std::string showHiddenMetricsForVersion;
   std::string clusterCIDR;  ///< one CIDR or a comma-separated dual-stack pair
   std::string hostnameOverride;
-  /// Upstream's internal config keeps one masqueradeAll; the v1alpha1 file holds it under
-  /// iptables (or nftables in nftables mode).
+  /// Upstream's internal config keeps one masqueradeAll; the v1alpha1 file holds it as
+  /// iptables.masqueradeAll (nftables.masqueradeAll in nftables mode). toYaml writes both.
   bool masqueradeAll = false;
   /// CIDRs, or keywords: "primary" (alone), "all", "localhost". Empty: all local IPs, except in
   /// nftables mode where applyPlatformDefaults() makes it ["primary"] as upstream does.
