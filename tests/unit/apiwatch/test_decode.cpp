@@ -351,8 +351,8 @@ endpoints:
   // An empty port means "all ports"; defaulting still fills name and protocol.
   CHECK(slice->ports[1] == core::EndpointPort{"", core::Protocol::kTCP, std::nullopt, std::nullopt});
   REQUIRE(slice->endpoints.size() == 3);
-  CHECK(slice->endpoints[0].hints->forZones == std::vector<std::string>{"zone-1"});
-  CHECK(slice->endpoints[0].hints->forNodes.empty());
+  CHECK(slice->endpoints[0].hints.value().forZones == std::vector<std::string>{"zone-1"});
+  CHECK(slice->endpoints[0].hints.value().forNodes.empty());
   CHECK(slice->endpoints[0].conditions.serving == std::nullopt);
   CHECK(slice->endpoints[1].conditions ==
         core::EndpointConditions{false, true, true});

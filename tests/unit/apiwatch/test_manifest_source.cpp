@@ -240,10 +240,10 @@ items:
   CHECK(contains(upserts, "upsert Service data/db"));
   CHECK(contains(upserts, "upsert Service x/typed"));
 
-  CHECK(sink.service("default/web")->ports.at(0).port == 80);
-  CHECK(sink.slice("default/web-1")->serviceName == "web");
-  CHECK(sink.node("node-a")->podCIDRs == std::vector<std::string>{"10.244.0.0/24"});
-  CHECK(sink.service("x/typed")->ports.at(0).protocol == core::Protocol::kUDP);
+  CHECK(sink.service("default/web").value().ports.at(0).port == 80);
+  CHECK(sink.slice("default/web-1").value().serviceName == "web");
+  CHECK(sink.node("node-a").value().podCIDRs == std::vector<std::string>{"10.244.0.0/24"});
+  CHECK(sink.service("x/typed").value().ports.at(0).protocol == core::Protocol::kUDP);
   CHECK(source.stats().documentFailures == 0);
   CHECK(source.stats().rescans == 1);
 }
@@ -306,7 +306,7 @@ TEST_CASE("manifest source: edits, atomic renames and removals arrive as differe
     auto events = sink.takeEvents();
     CHECK(events == std::vector<std::string>{"delete Service default/two",
                                              "upsert Service default/one"});
-    CHECK(sink.service("default/one")->ports.at(0).port == 8080);
+    CHECK(sink.service("default/one").value().ports.at(0).port == 8080);
   }
 
   SECTION("atomic rename into place, then removal") {
@@ -335,7 +335,7 @@ TEST_CASE("manifest source: edits, atomic renames and removals arrive as differe
 
   SECTION("atomic replacement of a file changes only what differs") {
     dir.writeAtomic("a.yaml", service("one", 80) + "---\n" + service("two", 90));
-    REQUIRE(waitUntil([&] { return sink.service("default/two")->ports.at(0).port == 90; }));
+    REQUIRE(waitUntil([&] { return sink.service("default/two").value().ports.at(0).port == 90; }));
     CHECK(sink.takeEvents() == std::vector<std::string>{"upsert Service default/two"});
   }
   source.stop();
@@ -366,7 +366,7 @@ TEST_CASE("manifest source: a file going bad keeps its last good objects", "[uni
                       "spec: {ports: [{port: 99999}]}\n");
   REQUIRE(waitForRescan(source, before));
   CHECK(sink.takeEvents() == std::vector<std::string>{"upsert Service default/one"});
-  CHECK(sink.service("default/two")->ports.at(0).port == 80);
+  CHECK(sink.service("default/two").value().ports.at(0).port == 80);
   CHECK(source.stats().documentFailures == 2);
 
   // Valid again: now the absence of "two" is real and it is deleted.
@@ -385,8 +385,8 @@ TEST_CASE("manifest source: duplicates, last one wins with a warning", "[unit]")
   RecordingSink sink;
   ManifestSource source(dir.path(), sink);
   REQUIRE(source.start().has_value());
-  CHECK(sink.service("default/dup")->ports.at(0).port == 2);
-  CHECK(sink.service("default/dup2")->ports.at(0).port == 4);  // c.yaml sorts after b.yaml
+  CHECK(sink.service("default/dup").value().ports.at(0).port == 2);
+  CHECK(sink.service("default/dup2").value().ports.at(0).port == 4);  // c.yaml sorts after b.yaml
   auto within = logs.linesContaining("defined twice");
   REQUIRE(within.size() == 1);
   CHECK_THAT(within[0], Catch::Contains("a.yaml document 1"));
@@ -395,7 +395,7 @@ TEST_CASE("manifest source: duplicates, last one wins with a warning", "[unit]")
 
   // Removing the winner makes the other definition current.
   dir.remove("c.yaml");
-  REQUIRE(waitUntil([&] { return sink.service("default/dup2")->ports.at(0).port == 3; }));
+  REQUIRE(waitUntil([&] { return sink.service("default/dup2").value().ports.at(0).port == 3; }));
 }
 
 TEST_CASE("manifest source: a change is seen within one second", "[unit]") {
