@@ -1,0 +1,131 @@
+#include "kproxy/backends/common/netlink_socket.h"
+
+#include <libmnl/libmnl.h>
+#include <linux/netlink.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <ctime>
+#include <string>
+#include <utility>
+
+namespace kproxy::backends {
+
+using core::ErrorCategory;
+using core::makeError;
+
+NetlinkSocket::NetlinkSocket(mnl_socket* socket)
+    : socket_(socket), seq_(static_cast<std::uint32_t>(std::time(nullptr))) {}
+
+NetlinkSocket::NetlinkSocket(NetlinkSocket&& other) noexcept
+    : socket_(std::exchange(other.socket_, nullptr)), seq_(other.seq_) {}
+
+NetlinkSocket& NetlinkSocket::operator=(NetlinkSocket&& other) noexcept {
+  if (this != &other) {
+    if (socket_ != nullptr) mnl_socket_close(socket_);
+    socket_ = std::exchange(other.socket_, nullptr);
+    seq_ = other.seq_;
+  }
+  return *this;
+}
+
+NetlinkSocket::~NetlinkSocket() {
+  if (socket_ != nullptr) mnl_socket_close(socket_);
+}
+
+core::Result<NetlinkSocket> NetlinkSocket::open(int bus) {
+  mnl_socket* s = mnl_socket_open(bus);
+  if (s == nullptr) return makeError(ErrorCategory::kKernel, "netlink: socket", errno);
+  if (mnl_socket_bind(s, 0, MNL_SOCKET_AUTOPID) < 0) {
+    int err = errno;
+    mnl_socket_close(s);
+    return makeError(ErrorCategory::kKernel, "netlink: bind", err);
+  }
+  // Large dumps (hundreds of thousands of rules) arrive faster than we parse them.
+  int rcv = 16 << 20;
+  if (setsockopt(mnl_socket_get_fd(s), SOL_SOCKET, SO_RCVBUFFORCE, &rcv, sizeof rcv) != 0)
+    setsockopt(mnl_socket_get_fd(s), SOL_SOCKET, SO_RCVBUF, &rcv, sizeof rcv);
+  return NetlinkSocket(s);
+}
+
+std::uint32_t NetlinkSocket::portId() const { return mnl_socket_get_portid(socket_); }
+
+std::uint32_t NetlinkSocket::nextSeq(std::uint32_t count) {
+  std::uint32_t first = ++seq_;
+  seq_ += count;
+  return first;
+}
+
+core::Result<std::vector<NetlinkFailure>> NetlinkSocket::sendBatch(std::span<const char> messages) {
+  int fd = mnl_socket_get_fd(socket_);
+  // The whole batch must fit the send buffer to go in one sendmsg (one transaction).
+  int snd = static_cast<int>(std::min<std::size_t>(messages.size() + (1 << 16), 1u << 30));
+  if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &snd, sizeof snd) != 0)
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &snd, sizeof snd);
+  sockaddr_nl kernel{};
+  kernel.nl_family = AF_NETLINK;
+  iovec iov{const_cast<char*>(messages.data()), messages.size()};
+  msghdr msg{};
+  msg.msg_name = &kernel;
+  msg.msg_namelen = sizeof kernel;
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  if (sendmsg(fd, &msg, 0) < 0)
+    return makeError(ErrorCategory::kKernel,
+                     "netlink: sending a batch of " + std::to_string(messages.size()) + " bytes",
+                     errno);
+
+  std::vector<NetlinkFailure> failures;
+  std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE * 4);
+  for (;;) {
+    ssize_t n = recv(fd, buf.data(), buf.size(), MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EINTR) continue;
+      return makeError(ErrorCategory::kKernel, "netlink: reading batch replies", errno);
+    }
+    int len = static_cast<int>(n);
+    for (auto* nlh = reinterpret_cast<const nlmsghdr*>(buf.data()); mnl_nlmsg_ok(nlh, len);
+         nlh = mnl_nlmsg_next(nlh, &len)) {
+      if (nlh->nlmsg_type != NLMSG_ERROR) continue;
+      const auto* err = static_cast<const nlmsgerr*>(mnl_nlmsg_get_payload(nlh));
+      if (err->error != 0) failures.push_back(NetlinkFailure{nlh->nlmsg_seq, -err->error});
+    }
+  }
+  return failures;
+}
+
+core::Result<void> NetlinkSocket::dump(const nlmsghdr* request,
+                                       const std::function<bool(const nlmsghdr*)>& onMessage) {
+  if (mnl_socket_sendto(socket_, request, request->nlmsg_len) < 0)
+    return makeError(ErrorCategory::kKernel, "netlink: sending a dump request", errno);
+  struct Ctx {
+    const std::function<bool(const nlmsghdr*)>* fn;
+    bool ok = true;
+  } ctx{&onMessage};
+  std::vector<char> buf(1 << 20);
+  for (;;) {
+    ssize_t n = mnl_socket_recvfrom(socket_, buf.data(), buf.size());
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return makeError(ErrorCategory::kKernel, "netlink: reading a dump", errno);
+    }
+    int r = mnl_cb_run(
+        buf.data(), static_cast<std::size_t>(n), request->nlmsg_seq, portId(),
+        [](const nlmsghdr* nlh, void* data) -> int {
+          auto* c = static_cast<Ctx*>(data);
+          if (!(*c->fn)(nlh)) c->ok = false;
+          return MNL_CB_OK;
+        },
+        &ctx);
+    if (r == MNL_CB_STOP) break;
+    if (r < 0) {
+      // ENOENT: the table/set asked for does not exist; report it to the caller.
+      return makeError(ErrorCategory::kKernel, "netlink: dump", errno);
+    }
+  }
+  if (!ctx.ok) return makeError(ErrorCategory::kDecode, "netlink: could not decode a dump reply");
+  return {};
+}
+
+}  // namespace kproxy::backends

@@ -1,0 +1,102 @@
+#pragma once
+/// NftablesBackend: the plugin's logic. Partial syncs render the changed service ports only and
+/// diff them against the mirror (no kernel reads); full syncs (first, periodic, after a
+/// failure) read the kproxy tables back over netlink, rebuild the mirror from what is really
+/// there, render everything and diff. Each sync is one atomic batch; on failure the mirror is
+/// left as it was and the next sync is full.
+/// Thread-safety: one thread at a time (the plugin ABI guarantees it).
+
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kproxy/nftables/differ.h"
+#include "kproxy/nftables/kernel.h"
+#include "kproxy/nftables/renderer.h"
+#include "kproxy/plugin/sdk.h"
+
+namespace kproxy::nftables {
+
+/// What a sync reads: the next snapshot's service ports and node. The plugin adapts the host's
+/// SnapshotView; tests and the benchmark use VectorSnapshot.
+class SnapshotSource {
+ public:
+  virtual ~SnapshotSource() = default;
+  /// Every service port, in a deterministic order.
+  virtual std::vector<sdk::ServicePort> all() const = 0;
+  virtual std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const = 0;
+  virtual sdk::NodeInfo node() const = 0;
+};
+
+/// A snapshot held in a vector (tests, benchmark).
+class VectorSnapshot final : public SnapshotSource {
+ public:
+  VectorSnapshot() = default;
+  explicit VectorSnapshot(std::vector<sdk::ServicePort> ports, sdk::NodeInfo node = {})
+      : ports_(std::move(ports)), node_(std::move(node)) {}
+  std::vector<sdk::ServicePort> all() const override { return ports_; }
+  std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override;
+  sdk::NodeInfo node() const override { return node_; }
+  std::vector<sdk::ServicePort>& ports() { return ports_; }
+
+ private:
+  std::vector<sdk::ServicePort> ports_;
+  sdk::NodeInfo node_;
+};
+
+struct BackendSettings {
+  RenderConfig render;
+  bool dryRun = false;
+  /// Where dry-run prints its batches (nft syntax).
+  std::FILE* dryRunOutput = stdout;
+};
+
+class NftablesBackend final : public sdk::BackendPlugin {
+ public:
+  NftablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelNftables> kernel);
+
+  sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) override;
+  sdk::Expected<void> cleanup() override;
+
+  /// The sync itself, on any snapshot source. `changed` is ignored when `full`.
+  sdk::Expected<sdk::SyncOutcome> syncFrom(const SnapshotSource& next,
+                                           const std::vector<sdk::ChangedKey>& changed, bool full);
+
+  /// The ops of the last successful (or dry-run) sync, for tests and the benchmark.
+  const std::vector<Op>& lastOps() const { return lastOps_; }
+  const Mirror& mirror() const { return mirror_; }
+  /// Whether the next sync will be full (first sync, after a failure, after cleanup).
+  bool needsFullSync() const { return needFull_; }
+
+ private:
+  struct Owned {
+    std::vector<std::string> chains;
+    std::vector<Element> elements;  ///< set, key, keyText (values not needed)
+  };
+  using OwnerKey = std::pair<Family, std::string>;
+
+  sdk::Expected<sdk::SyncOutcome> commit(std::vector<Op> ops, bool full);
+
+  sdk::Host host_;
+  BackendSettings settings_;
+  NftablesRenderer renderer_;
+  std::unique_ptr<KernelNftables> kernel_;
+  Mirror mirror_;
+  std::map<OwnerKey, Owned> owned_;  ///< per service port (key "" = the global objects)
+  std::unordered_map<std::string, std::uint32_t> elementOwners_;  ///< family+set+key → owners
+  std::map<Family, std::set<std::string>> pendingDelete_;
+  bool needFull_ = true;
+  std::vector<Op> lastOps_;
+};
+
+/// The factory the plugin entry uses.
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeNftablesBackend(const sdk::Host& host,
+                                                                        const sdk::Options& options);
+
+}  // namespace kproxy::nftables

@@ -1,0 +1,111 @@
+#pragma once
+/// Mirror (what kproxy believes the kernel holds in its tables), Op (one kernel change) and
+/// NftablesDiffer (desired objects vs. mirror → ordered ops).
+///
+/// Granularity: a chain whose rules differ is flushed and refilled; map/set elements are diffed
+/// one by one. A chain that is no longer wanted is first flushed (and its elements removed) and
+/// deleted by a later sync once nothing references it: kernels before 6.2 can refuse deleting a
+/// chain whose referencing map element is deleted in the same batch.
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "kproxy/nftables/ir.h"
+
+namespace kproxy::nftables {
+
+struct MirrorChain {
+  bool base = false;
+  std::vector<std::uint64_t> rules;  ///< rule hashes in order; 0 = a rule kproxy did not add
+  std::vector<std::string> targets;  ///< chains the rules jump/go to (with repetition)
+};
+
+/// What one family's kproxy table holds. Elements are keyed by their kernel bytes; the value is
+/// the verdict text ("goto service-…", "drop"), empty for plain sets.
+struct MirrorFamily {
+  bool tableExists = false;
+  std::unordered_map<std::string, MirrorChain> chains;
+  std::set<std::string> sets;
+  std::unordered_map<std::string, std::unordered_map<std::string, std::string>> elements;
+  /// How many rules and elements reference each chain.
+  std::unordered_map<std::string, std::uint32_t> references;
+
+  bool empty() const { return !tableExists && chains.empty() && sets.empty(); }
+  /// Recomputes `references` from chains and elements (after read-back).
+  void rebuildReferences();
+};
+
+struct Mirror {
+  MirrorFamily ip;
+  MirrorFamily ip6;
+  MirrorFamily& of(Family f) { return f == Family::kIPv4 ? ip : ip6; }
+  const MirrorFamily& of(Family f) const { return f == Family::kIPv4 ? ip : ip6; }
+};
+
+enum class OpKind : std::uint8_t {
+  kAddTable,
+  kAddSet,
+  kAddChain,
+  kFlushChain,
+  kAddRule,
+  kDeleteElement,
+  kAddElement,
+  kDeleteChain,
+};
+
+/// One kernel change. Owns what it needs to be encoded and printed.
+struct Op {
+  OpKind kind = OpKind::kAddTable;
+  Family family = Family::kIPv4;
+  std::string name;               ///< chain or set
+  std::optional<BaseHook> base;   ///< kAddChain of a base chain
+  SetSpec set;                    ///< kAddSet
+  Rule rule;                      ///< kAddRule
+  std::uint64_t ruleHash = 0;     ///< kAddRule
+  Element element;                ///< kAddElement / kDeleteElement
+
+  /// One line of nft syntax that `nft -f` accepts, e.g. "add rule ip kube-proxy services …".
+  std::string toText() const;
+};
+
+/// Applies successful ops to a mirror (after the kernel accepted the batch).
+void applyToMirror(Mirror& mirror, const std::vector<Op>& ops);
+
+/// The desired objects of one family for the scope of this sync.
+struct DesiredFamily {
+  std::vector<SetSpec> sets;
+  std::vector<const Chain*> chains;
+  std::vector<const Element*> elements;
+};
+
+/// Objects outside `desired` that this sync must consider removing.
+struct StaleCandidates {
+  /// Full sync: every mirror object not desired (chains, elements of non-dynamic sets).
+  bool everythingNotDesired = false;
+  /// Partial sync: chains and elements that changed service ports owned before.
+  std::set<std::string> chains;
+  std::vector<Element> elements;  ///< set + key (+ keyText for printing)
+};
+
+struct DiffResult {
+  std::vector<Op> ops;
+  /// Chains flushed because no longer wanted: delete them in a later sync.
+  std::set<std::string> pendingDelete;
+};
+
+class NftablesDiffer {
+ public:
+  /// Ops turning `mirror` (one family) into `desired` within the scope. `setSpecs` decodes
+  /// read-back keys for printing. Ops come in kernel-safe order: table, sets, chains, flushes,
+  /// rules, element deletions, element additions, chain deletions.
+  static DiffResult diff(Family family, const DesiredFamily& desired, const MirrorFamily& mirror,
+                         const StaleCandidates& stale, const std::vector<SetSpec>& setSpecs);
+};
+
+}  // namespace kproxy::nftables

@@ -1,0 +1,270 @@
+#include "kproxy/nftables/backend.h"
+
+#include <chrono>
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace kproxy::nftables {
+namespace {
+
+constexpr Family kFamilies[] = {Family::kIPv4, Family::kIPv6};
+
+std::string elementId(Family family, const std::string& set, const std::string& key) {
+  std::string id(1, family == Family::kIPv4 ? '4' : '6');
+  id += set;
+  id.push_back('\0');
+  id += key;
+  return id;
+}
+
+/// The host's snapshot seen through SnapshotSource.
+class HostSnapshot final : public SnapshotSource {
+ public:
+  explicit HostSnapshot(const sdk::SnapshotView& view) : view_(view) {}
+  std::vector<sdk::ServicePort> all() const override { return view_.all(); }
+  std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override {
+    return view_.find(family, key);
+  }
+  sdk::NodeInfo node() const override { return view_.node(); }
+
+ private:
+  sdk::SnapshotView view_;
+};
+
+template <typename Objects>
+void addDesired(DesiredFamily& d, const Objects& o) {
+  for (const auto& c : o.chains) d.chains.push_back(&c);
+  for (const auto& e : o.elements) d.elements.push_back(&e);
+}
+
+struct OwnedOf {
+  std::vector<std::string> chains;
+  std::vector<Element> elements;
+};
+template <typename Objects>
+OwnedOf ownedOf(const Objects& o) {
+  OwnedOf out;
+  for (const auto& c : o.chains) out.chains.push_back(c.name);
+  for (const auto& e : o.elements) out.elements.push_back(Element{e.set, e.key, e.keyText, std::nullopt});
+  return out;
+}
+
+}  // namespace
+
+std::optional<sdk::ServicePort> VectorSnapshot::find(sdk::Family family, const std::string& key) const {
+  for (const auto& p : ports_)
+    if (p.family == family && p.key == key) return p;
+  return std::nullopt;
+}
+
+NftablesBackend::NftablesBackend(sdk::Host host, BackendSettings settings,
+                                 std::unique_ptr<KernelNftables> kernel)
+    : host_(host), settings_(std::move(settings)), renderer_(settings_.render), kernel_(std::move(kernel)) {}
+
+sdk::Expected<sdk::SyncOutcome> NftablesBackend::sync(const sdk::SyncContext& context) {
+  HostSnapshot next(context.next);
+  return syncFrom(next, context.changed, context.full);
+}
+
+sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& next,
+                                                          const std::vector<sdk::ChangedKey>& changed,
+                                                          bool full) {
+  auto started = std::chrono::steady_clock::now();
+  full = full || needFull_;
+  const sdk::NodeInfo node = next.node();
+  std::vector<Op> ops;
+  std::map<Family, std::set<std::string>> pending;
+
+  // What the owner bookkeeping becomes if the kernel accepts the batch.
+  std::map<OwnerKey, std::optional<OwnedOf>> ownedUpdates;
+
+  if (full) {
+    Mirror base;
+    if (settings_.dryRun) {
+      base = mirror_;  // dry-run reads nothing that needs privileges: trust the simulation
+    } else {
+      auto read = kernel_->readBack(renderer_.setSpecs(Family::kIPv4), renderer_.setSpecs(Family::kIPv6));
+      if (!read) {
+        needFull_ = true;
+        return sdk::fail("nftables: reading the kube-proxy tables back: " + read.error().message(),
+                         read.error().errnum);
+      }
+      base = std::move(*read);
+    }
+    std::map<Family, std::vector<Fragment>> fragments;
+    for (const auto& port : next.all()) {
+      Fragment f = renderer_.renderServicePort(port);
+      fragments[f.family].push_back(std::move(f));
+    }
+    for (Family fam : kFamilies) {
+      const auto& frags = fragments[fam];
+      bool needed = fam == Family::kIPv4 || !frags.empty() || base.of(fam).tableExists;
+      std::optional<GlobalObjects> global;
+      DesiredFamily desired;
+      if (needed) {
+        global = renderer_.renderGlobal(fam, node);
+        desired.sets = global->sets;
+        addDesired(desired, *global);
+        ownedUpdates[{fam, ""}] = ownedOf(*global);
+      }
+      for (const auto& f : frags) {
+        addDesired(desired, f);
+        ownedUpdates[{fam, f.key}] = ownedOf(f);
+      }
+      StaleCandidates stale;
+      stale.everythingNotDesired = true;
+      auto result = NftablesDiffer::diff(fam, desired, base.of(fam), stale, renderer_.setSpecs(fam));
+      for (auto& op : result.ops) ops.push_back(std::move(op));
+      pending[fam] = std::move(result.pendingDelete);
+    }
+    // The mirror starts from what the kernel really holds.
+    mirror_ = std::move(base);
+  } else {
+    std::map<Family, std::vector<std::string>> keysByFamily;
+    for (const auto& c : changed) {
+      auto& keys = keysByFamily[toFamily(c.family)];
+      if (std::find(keys.begin(), keys.end(), c.key) == keys.end()) keys.push_back(c.key);
+    }
+    for (Family fam : kFamilies) {
+      const auto& keys = keysByFamily[fam];
+      const MirrorFamily& mf = mirror_.of(fam);
+      std::vector<Fragment> frags;
+      for (const auto& key : keys) {
+        auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, key);
+        if (port) frags.push_back(renderer_.renderServicePort(*port));
+      }
+      bool needed = fam == Family::kIPv4 || !frags.empty() || mf.tableExists;
+      if (!needed && keys.empty()) continue;
+      DesiredFamily desired;
+      std::optional<GlobalObjects> global;
+      std::vector<std::pair<OwnerKey, OwnedOf>> newOwned;
+      if (needed) {
+        global = renderer_.renderGlobal(fam, node);
+        desired.sets = global->sets;
+        addDesired(desired, *global);
+        newOwned.emplace_back(OwnerKey{fam, ""}, ownedOf(*global));
+      }
+      for (const auto& f : frags) {
+        addDesired(desired, f);
+        newOwned.emplace_back(OwnerKey{fam, f.key}, ownedOf(f));
+      }
+
+      // Stale candidates: what the re-rendered owners held before and no longer hold.
+      StaleCandidates stale;
+      stale.chains = pendingDelete_[fam];
+      std::unordered_map<std::string, int> delta;
+      std::vector<OwnerKey> touched;
+      if (needed) touched.emplace_back(fam, "");
+      for (const auto& k : keys) touched.emplace_back(fam, k);
+      for (const auto& ok : touched) {
+        auto it = owned_.find(ok);
+        if (it == owned_.end()) continue;
+        for (const auto& c : it->second.chains) stale.chains.insert(c);
+        for (const auto& e : it->second.elements) --delta[elementId(fam, e.set, e.key)];
+      }
+      for (const auto& [ok, o] : newOwned)
+        for (const auto& e : o.elements) ++delta[elementId(fam, e.set, e.key)];
+      for (const auto& ok : touched) {
+        auto it = owned_.find(ok);
+        if (it == owned_.end()) continue;
+        for (const auto& e : it->second.elements) {
+          auto id = elementId(fam, e.set, e.key);
+          auto owners = elementOwners_.find(id);
+          int now = (owners == elementOwners_.end() ? 0 : static_cast<int>(owners->second)) + delta[id];
+          if (now <= 0) stale.elements.push_back(e);
+        }
+      }
+      auto result = NftablesDiffer::diff(fam, desired, mf, stale, renderer_.setSpecs(fam));
+      for (auto& op : result.ops) ops.push_back(std::move(op));
+      pending[fam] = std::move(result.pendingDelete);
+      for (const auto& ok : touched) ownedUpdates[ok] = std::nullopt;
+      for (auto& [ok, o] : newOwned) ownedUpdates[ok] = std::move(o);
+    }
+  }
+
+  std::size_t count = ops.size();
+  auto committed = commit(std::move(ops), full);
+  if (!committed) return committed;
+
+  // Accepted: the bookkeeping follows the kernel.
+  if (full) {
+    owned_.clear();
+    elementOwners_.clear();
+    pendingDelete_.clear();
+  }
+  for (auto& [ok, o] : ownedUpdates) {
+    auto it = owned_.find(ok);
+    if (it != owned_.end()) {
+      for (const auto& e : it->second.elements) {
+        auto id = elementId(ok.first, e.set, e.key);
+        if (auto oit = elementOwners_.find(id); oit != elementOwners_.end() && --oit->second == 0)
+          elementOwners_.erase(oit);
+      }
+      owned_.erase(it);
+    }
+    if (!o) continue;
+    for (const auto& e : o->elements) ++elementOwners_[elementId(ok.first, e.set, e.key)];
+    owned_[ok] = Owned{std::move(o->chains), std::move(o->elements)};
+  }
+  for (auto& [fam, names] : pending) pendingDelete_[fam] = std::move(names);
+  needFull_ = false;
+
+  auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
+  sdk::SyncOutcome out;
+  out.operations = count;
+  out.summary = fmt::format("nftables sync full={} ops={} changed={} pending_delete={} ms={:.1f}{}",
+                            full, count, changed.size(),
+                            pendingDelete_[Family::kIPv4].size() + pendingDelete_[Family::kIPv6].size(),
+                            elapsed.count(), settings_.dryRun ? " dry_run=true" : "");
+  host_.info(2, out.summary);
+  return out;
+}
+
+sdk::Expected<sdk::SyncOutcome> NftablesBackend::commit(std::vector<Op> ops, bool full) {
+  if (settings_.dryRun) {
+    for (const auto& op : ops) std::fprintf(settings_.dryRunOutput, "%s\n", op.toText().c_str());
+    std::fflush(settings_.dryRunOutput);
+  } else if (!ops.empty()) {
+    auto applied = kernel_->apply(ops);
+    if (!applied) {
+      needFull_ = true;  // the mirror still describes the kernel, but re-read it anyway
+      if (full) mirror_ = Mirror{};
+      host_.error(fmt::format("nftables sync failed ops={} error=\"{}\"", ops.size(),
+                              applied.error().message()));
+      return sdk::fail(applied.error().message(), applied.error().errnum);
+    }
+  }
+  applyToMirror(mirror_, ops);
+  lastOps_ = std::move(ops);
+  return sdk::SyncOutcome{};
+}
+
+sdk::Expected<void> NftablesBackend::cleanup() {
+  needFull_ = true;
+  mirror_ = Mirror{};
+  owned_.clear();
+  elementOwners_.clear();
+  pendingDelete_.clear();
+  if (settings_.dryRun) {
+    std::fprintf(settings_.dryRunOutput, "delete table ip kube-proxy\ndelete table ip6 kube-proxy\n");
+    return {};
+  }
+  auto deleted = kernel_->deleteTables();
+  if (!deleted) return sdk::fail(deleted.error().message(), deleted.error().errnum);
+  host_.info(1, "nftables cleanup deleted_tables=\"ip kube-proxy, ip6 kube-proxy\"");
+  return {};
+}
+
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeNftablesBackend(const sdk::Host& host,
+                                                                        const sdk::Options& options) {
+  auto cfg = parseRenderConfig(options);
+  if (!cfg) return std::unexpected(cfg.error());
+  BackendSettings settings;
+  settings.render = std::move(*cfg);
+  if (auto it = options.find("dry-run"); it != options.end()) settings.dryRun = it->second == "true";
+  return std::make_unique<NftablesBackend>(host, std::move(settings), makeNetlinkKernel());
+}
+
+}  // namespace kproxy::nftables

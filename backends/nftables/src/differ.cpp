@@ -1,0 +1,241 @@
+#include "kproxy/nftables/differ.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace kproxy::nftables {
+namespace {
+
+std::string elementId(std::string_view set, std::string_view key) {
+  std::string id(set);
+  id.push_back('\0');
+  id.append(key);
+  return id;
+}
+
+std::string verdictTarget(std::string_view verdictText) {
+  for (std::string_view prefix : {"goto ", "jump "})
+    if (verdictText.starts_with(prefix)) return std::string(verdictText.substr(prefix.size()));
+  return {};
+}
+
+std::string valueText(const Element& e) { return e.value ? e.value->toString() : std::string(); }
+
+void addRef(MirrorFamily& m, const std::string& chain) {
+  if (!chain.empty()) ++m.references[chain];
+}
+void dropRef(MirrorFamily& m, const std::string& chain) {
+  if (chain.empty()) return;
+  auto it = m.references.find(chain);
+  if (it == m.references.end()) return;
+  if (--it->second == 0) m.references.erase(it);
+}
+
+}  // namespace
+
+void MirrorFamily::rebuildReferences() {
+  references.clear();
+  for (const auto& [name, chain] : chains)
+    for (const auto& t : chain.targets) ++references[t];
+  for (const auto& [set, elems] : elements)
+    for (const auto& [key, value] : elems)
+      if (auto t = verdictTarget(value); !t.empty()) ++references[t];
+}
+
+std::string Op::toText() const {
+  std::string_view fam = familyKeyword(family);
+  switch (kind) {
+    case OpKind::kAddTable: return fmt::format("add table {} {}", fam, kTableName);
+    case OpKind::kAddSet: return "add " + set.declaration(family);
+    case OpKind::kAddChain:
+      if (base)
+        return fmt::format("add chain {} {} {} {{ type {} hook {} priority {} ; policy accept ; }}",
+                           fam, kTableName, name, base->type, base->hook, base->priority);
+      return fmt::format("add chain {} {} {}", fam, kTableName, name);
+    case OpKind::kFlushChain: return fmt::format("flush chain {} {} {}", fam, kTableName, name);
+    case OpKind::kAddRule:
+      return fmt::format("add rule {} {} {} {}", fam, kTableName, name, rule.toText(family));
+    case OpKind::kDeleteElement:
+      return fmt::format("delete element {} {} {} {{ {} }}", fam, kTableName, name, element.keyText);
+    case OpKind::kAddElement:
+      if (element.value)
+        return fmt::format("add element {} {} {} {{ {} : {} }}", fam, kTableName, name,
+                           element.keyText, element.value->toString());
+      return fmt::format("add element {} {} {} {{ {} }}", fam, kTableName, name, element.keyText);
+    case OpKind::kDeleteChain: return fmt::format("delete chain {} {} {}", fam, kTableName, name);
+  }
+  return {};
+}
+
+void applyToMirror(Mirror& mirror, const std::vector<Op>& ops) {
+  for (const auto& op : ops) {
+    MirrorFamily& m = mirror.of(op.family);
+    switch (op.kind) {
+      case OpKind::kAddTable: m.tableExists = true; break;
+      case OpKind::kAddSet: m.sets.insert(op.set.name); break;
+      case OpKind::kAddChain: m.chains[op.name].base = op.base.has_value(); break;
+      case OpKind::kFlushChain: {
+        auto& c = m.chains[op.name];
+        for (const auto& t : c.targets) dropRef(m, t);
+        c.rules.clear();
+        c.targets.clear();
+        break;
+      }
+      case OpKind::kAddRule: {
+        auto& c = m.chains[op.name];
+        c.rules.push_back(op.ruleHash);
+        for (auto& t : op.rule.targets()) {
+          addRef(m, t);
+          c.targets.push_back(std::move(t));
+        }
+        break;
+      }
+      case OpKind::kDeleteElement: {
+        auto sit = m.elements.find(op.name);
+        if (sit == m.elements.end()) break;
+        auto eit = sit->second.find(op.element.key);
+        if (eit == sit->second.end()) break;
+        dropRef(m, verdictTarget(eit->second));
+        sit->second.erase(eit);
+        break;
+      }
+      case OpKind::kAddElement: {
+        std::string value = valueText(op.element);
+        addRef(m, verdictTarget(value));
+        m.elements[op.name][op.element.key] = std::move(value);
+        break;
+      }
+      case OpKind::kDeleteChain: m.chains.erase(op.name); break;
+    }
+  }
+}
+
+DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
+                                const MirrorFamily& mirror, const StaleCandidates& stale,
+                                const std::vector<SetSpec>& setSpecs) {
+  DiffResult out;
+  std::vector<Op> tables, sets, addChains, flushes, rules, delElems, addElems, delChains;
+  auto op = [&](OpKind kind, std::string name) {
+    Op o;
+    o.kind = kind;
+    o.family = family;
+    o.name = std::move(name);
+    return o;
+  };
+
+  bool wantsAnything = !desired.sets.empty() || !desired.chains.empty() || !desired.elements.empty();
+  if (wantsAnything && !mirror.tableExists) tables.push_back(op(OpKind::kAddTable, {}));
+
+  for (const auto& s : desired.sets) {
+    if (mirror.sets.contains(s.name)) continue;
+    Op o = op(OpKind::kAddSet, s.name);
+    o.set = s;
+    sets.push_back(std::move(o));
+  }
+
+  std::unordered_set<std::string_view> desiredChains;
+  desiredChains.reserve(desired.chains.size());
+  for (const Chain* c : desired.chains) {
+    desiredChains.insert(c->name);
+    std::vector<std::uint64_t> hashes;
+    hashes.reserve(c->rules.size());
+    for (const auto& r : c->rules) hashes.push_back(ruleHash(family, c->name, r));
+    auto it = mirror.chains.find(c->name);
+    if (it == mirror.chains.end()) {
+      Op o = op(OpKind::kAddChain, c->name);
+      o.base = c->base;
+      addChains.push_back(std::move(o));
+    } else if (it->second.rules == hashes) {
+      continue;
+    } else if (!it->second.rules.empty()) {
+      flushes.push_back(op(OpKind::kFlushChain, c->name));
+    }
+    for (std::size_t i = 0; i < c->rules.size(); ++i) {
+      Op o = op(OpKind::kAddRule, c->name);
+      o.rule = c->rules[i];
+      o.ruleHash = hashes[i];
+      rules.push_back(std::move(o));
+    }
+  }
+
+  std::unordered_set<std::string> desiredElements;
+  desiredElements.reserve(desired.elements.size());
+  for (const Element* e : desired.elements) {
+    desiredElements.insert(elementId(e->set, e->key));
+    std::string value = valueText(*e);
+    const std::string* current = nullptr;
+    if (auto sit = mirror.elements.find(e->set); sit != mirror.elements.end())
+      if (auto eit = sit->second.find(e->key); eit != sit->second.end()) current = &eit->second;
+    if (current != nullptr && *current == value) continue;
+    if (current != nullptr) {
+      Op d = op(OpKind::kDeleteElement, e->set);
+      d.element = *e;
+      d.element.value.reset();
+      delElems.push_back(std::move(d));
+    }
+    Op a = op(OpKind::kAddElement, e->set);
+    a.element = *e;
+    addElems.push_back(std::move(a));
+  }
+
+  // Stale elements.
+  auto specOf = [&](const std::string& set) -> const SetSpec* {
+    for (const auto& s : setSpecs)
+      if (s.name == set) return &s;
+    return nullptr;
+  };
+  auto deleteElement = [&](const std::string& set, const std::string& key, std::string keyText) {
+    if (desiredElements.contains(elementId(set, key))) return;
+    auto sit = mirror.elements.find(set);
+    if (sit == mirror.elements.end() || !sit->second.contains(key)) return;
+    Op d = op(OpKind::kDeleteElement, set);
+    d.element.set = set;
+    d.element.key = key;
+    d.element.keyText = std::move(keyText);
+    delElems.push_back(std::move(d));
+  };
+  if (stale.everythingNotDesired) {
+    for (const auto& [set, elems] : mirror.elements) {
+      const SetSpec* spec = specOf(set);
+      if (spec != nullptr && spec->dynamic) continue;  // filled by the data path, not by us
+      for (const auto& [key, value] : elems) {
+        std::string text = spec != nullptr ? keyToText(*spec, key, family) : std::string();
+        deleteElement(set, key, std::move(text));
+      }
+    }
+  } else {
+    for (const auto& e : stale.elements) deleteElement(e.set, e.key, e.keyText);
+  }
+
+  // Stale chains: flush now, delete once empty and unreferenced.
+  auto retire = [&](const std::string& name) {
+    if (desiredChains.contains(name)) return;
+    auto it = mirror.chains.find(name);
+    if (it == mirror.chains.end()) return;
+    auto refs = mirror.references.find(name);
+    bool referenced = refs != mirror.references.end() && refs->second > 0;
+    if (!it->second.rules.empty()) {
+      flushes.push_back(op(OpKind::kFlushChain, name));
+      out.pendingDelete.insert(name);
+    } else if (referenced) {
+      out.pendingDelete.insert(name);
+    } else {
+      delChains.push_back(op(OpKind::kDeleteChain, name));
+    }
+  };
+  if (stale.everythingNotDesired) {
+    std::vector<std::string> names;
+    for (const auto& [name, chain] : mirror.chains) names.push_back(name);
+    std::sort(names.begin(), names.end());  // deterministic batches
+    for (const auto& n : names) retire(n);
+  } else {
+    for (const auto& n : stale.chains) retire(n);
+  }
+
+  for (auto* bucket : {&tables, &sets, &addChains, &flushes, &rules, &delElems, &addElems, &delChains})
+    for (auto& o : *bucket) out.ops.push_back(std::move(o));
+  return out;
+}
+
+}  // namespace kproxy::nftables

@@ -1,0 +1,287 @@
+#include "kproxy/nftables/ir.h"
+
+#include <arpa/inet.h>
+#include <linux/netfilter.h>
+
+#include <charconv>
+#include <cstring>
+
+#include <fmt/format.h>
+
+namespace kproxy::nftables {
+
+std::string_view familyKeyword(Family family) { return family == Family::kIPv4 ? "ip" : "ip6"; }
+std::uint16_t nfproto(Family family) {
+  return family == Family::kIPv4 ? NFPROTO_IPV4 : NFPROTO_IPV6;
+}
+
+std::string_view protoName(std::uint8_t proto) {
+  switch (proto) {
+    case 6: return "tcp";
+    case 17: return "udp";
+    case 132: return "sctp";
+    default: return "unknown";
+  }
+}
+
+// ---- Address ---------------------------------------------------------------------------
+
+std::optional<Address> Address::parse(std::string_view text) {
+  std::string host(text);
+  int prefix = -1;
+  if (auto slash = text.find('/'); slash != std::string_view::npos) {
+    host = std::string(text.substr(0, slash));
+    auto len = text.substr(slash + 1);
+    int value = 0;
+    auto [ptr, ec] = std::from_chars(len.data(), len.data() + len.size(), value);
+    if (ec != std::errc() || ptr != len.data() + len.size()) return std::nullopt;
+    prefix = value;
+  }
+  Address a;
+  if (inet_pton(AF_INET, host.c_str(), a.bytes.data()) == 1) {
+    a.family = Family::kIPv4;
+  } else if (inet_pton(AF_INET6, host.c_str(), a.bytes.data()) == 1) {
+    a.family = Family::kIPv6;
+  } else {
+    return std::nullopt;
+  }
+  int bits = static_cast<int>(a.size() * 8);
+  if (prefix > bits) return std::nullopt;
+  a.prefixLength = static_cast<std::uint8_t>(prefix < 0 ? bits : prefix);
+  for (int i = a.prefixLength; i < bits; ++i) a.bytes[i / 8] &= ~(0x80u >> (i % 8));
+  return a;
+}
+
+bool Address::contains(const Address& other) const {
+  if (other.family != family) return false;
+  for (int i = 0; i < prefixLength; ++i) {
+    std::uint8_t bit = 0x80u >> (i % 8);
+    if ((bytes[i / 8] & bit) != (other.bytes[i / 8] & bit)) return false;
+  }
+  return true;
+}
+
+std::string Address::toString() const {
+  char buf[INET6_ADDRSTRLEN] = {};
+  inet_ntop(family == Family::kIPv4 ? AF_INET : AF_INET6, bytes.data(), buf, sizeof buf);
+  if (isHost()) return buf;
+  return fmt::format("{}/{}", buf, prefixLength);
+}
+
+// ---- rules -----------------------------------------------------------------------------
+
+std::string Verdict::toString() const {
+  switch (kind) {
+    case VerdictKind::kAccept: return "accept";
+    case VerdictKind::kDrop: return "drop";
+    case VerdictKind::kReturn: return "return";
+    case VerdictKind::kJump: return "jump " + chain;
+    case VerdictKind::kGoto: return "goto " + chain;
+  }
+  return "accept";
+}
+
+namespace {
+
+struct TextVisitor {
+  Family family;
+  std::string_view ip() const { return familyKeyword(family); }
+
+  std::string operator()(const MatchAddress& s) const {
+    return fmt::format("{} {} {}{}", ip(), s.source ? "saddr" : "daddr", s.negate ? "!= " : "",
+                       s.address.toString());
+  }
+  std::string operator()(const MatchL4Proto& s) const {
+    return fmt::format("meta l4proto {}", protoName(s.proto));
+  }
+  std::string operator()(const MatchDestPort& s) const { return fmt::format("th dport {}", s.port); }
+  std::string operator()(const MatchCtStateNew&) const { return "ct state new"; }
+  std::string operator()(const MatchMarkClear& s) const {
+    return fmt::format("meta mark & {:#010x} == 0", s.bit);
+  }
+  std::string operator()(const MatchFibSourceLocal&) const { return "fib saddr type local"; }
+  std::string operator()(const MatchNumgen& s) const {
+    return fmt::format("numgen random mod {} == 0", s.modulus);
+  }
+  std::string operator()(const MatchDestInSet& s) const {
+    return fmt::format("{} daddr @{}", ip(), s.set);
+  }
+  std::string operator()(const VmapLookup& s) const {
+    if (s.withAddress) return fmt::format("{} daddr . meta l4proto . th dport vmap @{}", ip(), s.map);
+    return fmt::format("meta l4proto . th dport vmap @{}", s.map);
+  }
+  std::string operator()(const SetMark& s) const {
+    return fmt::format("meta mark set meta mark {} {:#010x}", s.toggle ? "^" : "|", s.bit);
+  }
+  std::string operator()(const Masquerade&) const { return "masquerade fully-random"; }
+  std::string operator()(const DnatTo& s) const {
+    if (s.address.family == Family::kIPv6)
+      return fmt::format("dnat to [{}]:{}", s.address.toString(), s.port);
+    return fmt::format("dnat to {}:{}", s.address.toString(), s.port);
+  }
+  std::string operator()(const DnatFromAffinity& s) const {
+    return fmt::format("dnat to {0} saddr . {0} daddr . meta l4proto . th dport map @{1}", ip(),
+                       s.map);
+  }
+  std::string operator()(const UpdateAffinity& s) const {
+    return fmt::format(
+        "update @{1} {{ {0} saddr . {0} daddr . meta l4proto . th dport timeout {2}s : {3} . {4} }}",
+        ip(), s.map, s.timeoutSeconds, s.address.toString(), s.port);
+  }
+  std::string operator()(const Reject& s) const {
+    return s.tcpReset ? "reject with tcp reset" : "reject";
+  }
+  std::string operator()(const Verdict& s) const { return s.toString(); }
+};
+
+}  // namespace
+
+std::string Rule::toText(Family family) const {
+  std::string out;
+  for (const auto& s : statements) {
+    if (!out.empty()) out += ' ';
+    out += std::visit(TextVisitor{family}, s);
+  }
+  return out;
+}
+
+std::vector<std::string> Rule::targets() const {
+  std::vector<std::string> out;
+  for (const auto& s : statements) {
+    if (const auto* v = std::get_if<Verdict>(&s)) {
+      if (v->kind == VerdictKind::kJump || v->kind == VerdictKind::kGoto) out.push_back(v->chain);
+    }
+  }
+  return out;
+}
+
+std::uint64_t ruleHash(Family family, std::string_view chain, const Rule& rule) {
+  // FNV-1a 64 over "family chain text": stable across processes and versions of kproxy that
+  // render the same rule the same way, which is exactly the identity read-back needs.
+  std::uint64_t h = 1469598103934665603ull;
+  auto mix = [&h](std::string_view s) {
+    for (unsigned char c : s) {
+      h ^= c;
+      h *= 1099511628211ull;
+    }
+    h ^= 0xff;
+    h *= 1099511628211ull;
+  };
+  mix(familyKeyword(family));
+  mix(chain);
+  mix(rule.toText(family));
+  return h == 0 ? 1 : h;  // 0 means "no kproxy identity" on read-back
+}
+
+// ---- sets ------------------------------------------------------------------------------
+
+std::string_view dataTypeName(DataType type) {
+  switch (type) {
+    case DataType::kVerdict: return "verdict";
+    case DataType::kIPv4Addr: return "ipv4_addr";
+    case DataType::kIPv6Addr: return "ipv6_addr";
+    case DataType::kInetProto: return "inet_proto";
+    case DataType::kInetService: return "inet_service";
+  }
+  return "verdict";
+}
+
+std::uint32_t paddedSize(DataType type) {
+  switch (type) {
+    case DataType::kVerdict: return 0;
+    case DataType::kIPv4Addr: return 4;
+    case DataType::kIPv6Addr: return 16;
+    case DataType::kInetProto: return 4;
+    case DataType::kInetService: return 4;
+  }
+  return 0;
+}
+
+std::uint32_t SetSpec::keyLength() const {
+  std::uint32_t n = 0;
+  for (auto t : key) n += paddedSize(t);
+  return n;
+}
+std::uint32_t SetSpec::dataLength() const {
+  std::uint32_t n = 0;
+  for (auto t : data) n += paddedSize(t);
+  return n;
+}
+
+std::uint32_t SetSpec::typeId(const std::vector<DataType>& types) {
+  // nft packs a concatenation's type as 6-bit fields (TYPE_BITS), first type highest.
+  std::uint32_t id = 0;
+  for (auto t : types) id = (id << 6) | static_cast<std::uint32_t>(t);
+  return id;
+}
+
+std::string SetSpec::declaration(Family family) const {
+  auto join = [](const std::vector<DataType>& types) {
+    std::string s;
+    for (auto t : types) {
+      if (!s.empty()) s += " . ";
+      s += dataTypeName(t);
+    }
+    return s;
+  };
+  std::string out = fmt::format("{} {} {} {} {{ type {}", isMap() ? "map" : "set",
+                                familyKeyword(family), kTableName, name, join(key));
+  if (isMap()) out += " : " + join(data);
+  out += " ;";
+  if (dynamic) out += " flags dynamic,timeout ;";
+  if (timeoutSeconds != 0) out += fmt::format(" timeout {}s ;", timeoutSeconds);
+  if (size != 0) out += fmt::format(" size {} ;", size);
+  out += " }";
+  return out;
+}
+
+KeyBuilder& KeyBuilder::address(const Address& a) {
+  bytes.append(reinterpret_cast<const char*>(a.bytes.data()), a.size());
+  if (!text.empty()) text += " . ";
+  text += a.toString();
+  return *this;
+}
+KeyBuilder& KeyBuilder::proto(std::uint8_t p) {
+  bytes.push_back(static_cast<char>(p));
+  bytes.append(3, '\0');
+  if (!text.empty()) text += " . ";
+  text += protoName(p);
+  return *this;
+}
+KeyBuilder& KeyBuilder::port(std::uint16_t p) {
+  bytes.push_back(static_cast<char>(p >> 8));
+  bytes.push_back(static_cast<char>(p & 0xff));
+  bytes.append(2, '\0');
+  if (!text.empty()) text += " . ";
+  text += std::to_string(p);
+  return *this;
+}
+
+std::string keyToText(const SetSpec& spec, std::string_view bytes, Family family) {
+  KeyBuilder b;
+  std::size_t off = 0;
+  for (auto t : spec.key) {
+    std::size_t n = paddedSize(t);
+    if (off + n > bytes.size()) break;
+    const auto* p = reinterpret_cast<const std::uint8_t*>(bytes.data() + off);
+    switch (t) {
+      case DataType::kIPv4Addr:
+      case DataType::kIPv6Addr: {
+        Address a;
+        a.family = t == DataType::kIPv4Addr ? Family::kIPv4 : Family::kIPv6;
+        std::memcpy(a.bytes.data(), p, a.size());
+        a.prefixLength = static_cast<std::uint8_t>(a.size() * 8);
+        b.address(a);
+        break;
+      }
+      case DataType::kInetProto: b.proto(p[0]); break;
+      case DataType::kInetService: b.port(static_cast<std::uint16_t>((p[0] << 8) | p[1])); break;
+      case DataType::kVerdict: break;
+    }
+    off += n;
+  }
+  (void)family;
+  return b.text;
+}
+
+}  // namespace kproxy::nftables

@@ -1,0 +1,366 @@
+// KernelNftables over netlink: libnftnl builds the messages, libmnl carries them.
+
+#include <linux/netfilter.h>
+#include <linux/netfilter/nf_tables.h>
+#include <linux/netfilter/nfnetlink.h>
+#include <linux/netlink.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <libnftnl/batch.h>
+#include <libnftnl/chain.h>
+#include <libnftnl/common.h>
+#include <libnftnl/expr.h>
+#include <libnftnl/rule.h>
+#include <libnftnl/set.h>
+#include <libnftnl/table.h>
+
+#include "kproxy/backends/common/netlink_socket.h"
+#include "kproxy/nftables/kernel.h"
+#include "nftnl_encode.h"
+
+namespace kproxy::nftables {
+namespace {
+
+using core::ErrorCategory;
+using core::makeError;
+
+template <typename T, void (*Free)(const T*)>
+struct Deleter {
+  void operator()(T* p) const { Free(p); }
+};
+using TablePtr = std::unique_ptr<nftnl_table, Deleter<nftnl_table, nftnl_table_free>>;
+using ChainPtr = std::unique_ptr<nftnl_chain, Deleter<nftnl_chain, nftnl_chain_free>>;
+using RulePtr = std::unique_ptr<nftnl_rule, Deleter<nftnl_rule, nftnl_rule_free>>;
+using SetPtr = std::unique_ptr<nftnl_set, Deleter<nftnl_set, nftnl_set_free>>;
+
+const std::string kTable(kTableName);
+
+/// A growing buffer of netlink messages, written in place by libnftnl.
+class MessageBuffer {
+ public:
+  /// Room for one message of at most `room` bytes at the end of the buffer.
+  char* tail(std::size_t room = 1 << 16) {
+    if (buf_.size() < used_ + room) buf_.resize(std::max(buf_.size() * 2, used_ + room));
+    return buf_.data() + used_;
+  }
+  void commit(const nlmsghdr* nlh) { used_ += NLMSG_ALIGN(nlh->nlmsg_len); }
+  std::span<const char> data() const { return {buf_.data(), used_}; }
+
+ private:
+  std::vector<char> buf_;
+  std::size_t used_ = 0;
+};
+
+SetPtr setHandle(Family family, const std::string& name) {
+  SetPtr s(nftnl_set_alloc());
+  nftnl_set_set_u32(s.get(), NFTNL_SET_FAMILY, nfproto(family));
+  nftnl_set_set_str(s.get(), NFTNL_SET_TABLE, kTable.c_str());
+  nftnl_set_set_str(s.get(), NFTNL_SET_NAME, name.c_str());
+  return s;
+}
+
+void encodeVerdict(nftnl_set_elem* e, const Verdict& v) {
+  std::uint32_t code = NF_ACCEPT;
+  switch (v.kind) {
+    case VerdictKind::kAccept: code = NF_ACCEPT; break;
+    case VerdictKind::kDrop: code = NF_DROP; break;
+    case VerdictKind::kReturn: code = static_cast<std::uint32_t>(NFT_RETURN); break;
+    case VerdictKind::kJump: code = static_cast<std::uint32_t>(NFT_JUMP); break;
+    case VerdictKind::kGoto: code = static_cast<std::uint32_t>(NFT_GOTO); break;
+  }
+  nftnl_set_elem_set_u32(e, NFTNL_SET_ELEM_VERDICT, code);
+  if (v.kind == VerdictKind::kJump || v.kind == VerdictKind::kGoto)
+    nftnl_set_elem_set_str(e, NFTNL_SET_ELEM_CHAIN, v.chain.c_str());
+}
+
+std::string verdictText(std::int32_t code, const char* chain) {
+  switch (code) {
+    case NF_ACCEPT: return "accept";
+    case NF_DROP: return "drop";
+    case NFT_RETURN: return "return";
+    case NFT_JUMP: return std::string("jump ") + (chain ? chain : "");
+    case NFT_GOTO: return std::string("goto ") + (chain ? chain : "");
+    default: return "verdict " + std::to_string(code);
+  }
+}
+
+void encodeOp(MessageBuffer& out, const Op& op, std::uint32_t seq) {
+  const std::uint16_t fam = nfproto(op.family);
+  char* buf = out.tail();
+  nlmsghdr* nlh = nullptr;
+  switch (op.kind) {
+    case OpKind::kAddTable: {
+      TablePtr t(nftnl_table_alloc());
+      nftnl_table_set_u32(t.get(), NFTNL_TABLE_FAMILY, fam);
+      nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, kTable.c_str());
+      nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_NEWTABLE, fam, NLM_F_CREATE, seq);
+      nftnl_table_nlmsg_build_payload(nlh, t.get());
+      break;
+    }
+    case OpKind::kAddSet: {
+      SetPtr s(encodeSet(op.family, op.set));
+      nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_NEWSET, fam, NLM_F_CREATE, seq);
+      nftnl_set_nlmsg_build_payload(nlh, s.get());
+      break;
+    }
+    case OpKind::kAddChain: {
+      ChainPtr c(encodeChain(op.family, op.name, op.base ? &*op.base : nullptr));
+      nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_NEWCHAIN, fam, NLM_F_CREATE, seq);
+      nftnl_chain_nlmsg_build_payload(nlh, c.get());
+      break;
+    }
+    case OpKind::kFlushChain: {
+      RulePtr r(nftnl_rule_alloc());
+      nftnl_rule_set_u32(r.get(), NFTNL_RULE_FAMILY, fam);
+      nftnl_rule_set_str(r.get(), NFTNL_RULE_TABLE, kTable.c_str());
+      nftnl_rule_set_str(r.get(), NFTNL_RULE_CHAIN, op.name.c_str());
+      nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_DELRULE, fam, 0, seq);
+      nftnl_rule_nlmsg_build_payload(nlh, r.get());
+      break;
+    }
+    case OpKind::kAddRule: {
+      RulePtr r(encodeRule(op.family, op.name, op.rule, op.ruleHash));
+      nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_NEWRULE, fam, NLM_F_APPEND | NLM_F_CREATE, seq);
+      nftnl_rule_nlmsg_build_payload(nlh, r.get());
+      break;
+    }
+    case OpKind::kAddElement:
+    case OpKind::kDeleteElement: {
+      SetPtr s = setHandle(op.family, op.name);
+      nftnl_set_elem* e = nftnl_set_elem_alloc();
+      nftnl_set_elem_set(e, NFTNL_SET_ELEM_KEY, op.element.key.data(),
+                         static_cast<std::uint32_t>(op.element.key.size()));
+      bool add = op.kind == OpKind::kAddElement;
+      if (add && op.element.value) encodeVerdict(e, *op.element.value);
+      nftnl_set_elem_add(s.get(), e);
+      nlh = nftnl_nlmsg_build_hdr(buf, add ? NFT_MSG_NEWSETELEM : NFT_MSG_DELSETELEM, fam,
+                                  add ? NLM_F_CREATE : 0, seq);
+      nftnl_set_elems_nlmsg_build_payload(nlh, s.get());
+      break;
+    }
+    case OpKind::kDeleteChain: {
+      ChainPtr c(encodeChain(op.family, op.name, nullptr));
+      nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_DELCHAIN, fam, 0, seq);
+      nftnl_chain_nlmsg_build_payload(nlh, c.get());
+      break;
+    }
+  }
+  out.commit(nlh);
+}
+
+class NetlinkKernel final : public KernelNftables {
+ public:
+  core::Result<void> apply(const std::vector<Op>& ops) override {
+    if (ops.empty()) return {};
+    auto sock = socket();
+    if (!sock) return std::unexpected(sock.error());
+    const auto count = static_cast<std::uint32_t>(ops.size());
+    std::uint32_t base = (*sock)->nextSeq(count + 2);
+    MessageBuffer buf;
+    out(buf, nftnl_batch_begin(buf.tail(), base));
+    for (std::uint32_t i = 0; i < count; ++i) encodeOp(buf, ops[i], base + 1 + i);
+    out(buf, nftnl_batch_end(buf.tail(), base + count + 1));
+    auto failures = (*sock)->sendBatch(buf.data());
+    if (!failures) return std::unexpected(failures.error());
+    if (failures->empty()) return {};
+    // The first refusal is the cause; the kernel aborted the whole transaction.
+    const auto& f = failures->front();
+    if (f.seq > base && f.seq <= base + count) {
+      const Op& bad = ops[f.seq - base - 1];
+      return makeError(ErrorCategory::kKernel,
+                       "nftables: kernel refused op " + std::to_string(f.seq - base) + " of " +
+                           std::to_string(count) + " \"" + bad.toText() + "\"",
+                       f.errnum);
+    }
+    return makeError(ErrorCategory::kKernel,
+                     "nftables: kernel refused the batch (" + std::to_string(count) + " ops)",
+                     f.errnum);
+  }
+
+  core::Result<Mirror> readBack(const std::vector<SetSpec>& ip4Sets,
+                                const std::vector<SetSpec>& ip6Sets) override {
+    auto sock = socket();
+    if (!sock) return std::unexpected(sock.error());
+    Mirror m;
+    for (Family fam : {Family::kIPv4, Family::kIPv6}) {
+      auto r = readFamily(**sock, fam, fam == Family::kIPv4 ? ip4Sets : ip6Sets, m.of(fam));
+      if (!r) return std::unexpected(r.error());
+    }
+    return m;
+  }
+
+  core::Result<void> deleteTables() override {
+    auto sock = socket();
+    if (!sock) return std::unexpected(sock.error());
+    for (Family fam : {Family::kIPv4, Family::kIPv6}) {
+      std::uint32_t base = (*sock)->nextSeq(3);
+      MessageBuffer buf;
+      out(buf, nftnl_batch_begin(buf.tail(), base));
+      TablePtr t(nftnl_table_alloc());
+      nftnl_table_set_u32(t.get(), NFTNL_TABLE_FAMILY, nfproto(fam));
+      nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, kTable.c_str());
+      nlmsghdr* nlh = nftnl_nlmsg_build_hdr(buf.tail(), NFT_MSG_DELTABLE, nfproto(fam), 0, base + 1);
+      nftnl_table_nlmsg_build_payload(nlh, t.get());
+      buf.commit(nlh);
+      out(buf, nftnl_batch_end(buf.tail(), base + 2));
+      auto failures = (*sock)->sendBatch(buf.data());
+      if (!failures) return std::unexpected(failures.error());
+      for (const auto& f : *failures)
+        if (f.errnum != ENOENT)
+          return makeError(ErrorCategory::kKernel,
+                           std::string("nftables: delete table ") +
+                               std::string(familyKeyword(fam)) + " " + kTable,
+                           f.errnum);
+    }
+    return {};
+  }
+
+ private:
+  static void out(MessageBuffer& buf, nlmsghdr* nlh) { buf.commit(nlh); }
+
+  core::Result<backends::NetlinkSocket*> socket() {
+    if (!socket_) {
+      auto s = backends::NetlinkSocket::open(NETLINK_NETFILTER);
+      if (!s) return std::unexpected(s.error());
+      socket_.emplace(std::move(*s));
+    }
+    return &*socket_;
+  }
+
+  core::Result<void> readFamily(backends::NetlinkSocket& sock, Family fam,
+                                const std::vector<SetSpec>& specs, MirrorFamily& mf) {
+    const std::uint16_t nfp = nfproto(fam);
+    char req[MNL_SOCKET_BUFFER_SIZE_];
+
+    // Table: a plain get; ENOENT means there is nothing of ours in this family.
+    {
+      TablePtr t(nftnl_table_alloc());
+      nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, kTable.c_str());
+      nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETTABLE, nfp, NLM_F_ACK, sock.nextSeq());
+      nftnl_table_nlmsg_build_payload(nlh, t.get());
+      auto r = sock.dump(nlh, [](const nlmsghdr*) { return true; });
+      if (!r) {
+        if (r.error().errnum == ENOENT) return {};
+        return std::unexpected(r.error());
+      }
+      mf.tableExists = true;
+    }
+
+    // Chains.
+    {
+      nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETCHAIN, nfp, NLM_F_DUMP, sock.nextSeq());
+      auto r = sock.dump(nlh, [&](const nlmsghdr* msg) {
+        ChainPtr c(nftnl_chain_alloc());
+        if (nftnl_chain_nlmsg_parse(msg, c.get()) < 0) return false;
+        const char* table = nftnl_chain_get_str(c.get(), NFTNL_CHAIN_TABLE);
+        if (table == nullptr || kTable != table) return true;
+        auto& mc = mf.chains[nftnl_chain_get_str(c.get(), NFTNL_CHAIN_NAME)];
+        mc.base = nftnl_chain_is_set(c.get(), NFTNL_CHAIN_HOOKNUM);
+        return true;
+      });
+      if (!r) return std::unexpected(r.error());
+    }
+
+    // Rules: only their kproxy hash and jump targets, no decoding of matches.
+    {
+      RulePtr filter(nftnl_rule_alloc());
+      nftnl_rule_set_str(filter.get(), NFTNL_RULE_TABLE, kTable.c_str());
+      nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETRULE, nfp, NLM_F_DUMP, sock.nextSeq());
+      nftnl_rule_nlmsg_build_payload(nlh, filter.get());
+      auto r = sock.dump(nlh, [&](const nlmsghdr* msg) {
+        RulePtr rule(nftnl_rule_alloc());
+        if (nftnl_rule_nlmsg_parse(msg, rule.get()) < 0) return false;
+        const char* table = nftnl_rule_get_str(rule.get(), NFTNL_RULE_TABLE);
+        if (table == nullptr || kTable != table) return true;
+        auto& mc = mf.chains[nftnl_rule_get_str(rule.get(), NFTNL_RULE_CHAIN)];
+        std::uint64_t hash = 0;
+        if (nftnl_rule_is_set(rule.get(), NFTNL_RULE_USERDATA)) {
+          std::uint32_t len = 0;
+          const void* ud = nftnl_rule_get_data(rule.get(), NFTNL_RULE_USERDATA, &len);
+          hash = decodeRuleHash(ud, len);
+        }
+        mc.rules.push_back(hash);
+        nftnl_expr_foreach(
+            rule.get(),
+            [](nftnl_expr* e, void* data) -> int {
+              const char* name = nftnl_expr_get_str(e, NFTNL_EXPR_NAME);
+              if (name != nullptr && std::strcmp(name, "immediate") == 0 &&
+                  nftnl_expr_is_set(e, NFTNL_EXPR_IMM_CHAIN))
+                static_cast<MirrorChain*>(data)->targets.emplace_back(
+                    nftnl_expr_get_str(e, NFTNL_EXPR_IMM_CHAIN));
+              return 0;
+            },
+            &mc);
+        return true;
+      });
+      if (!r) return std::unexpected(r.error());
+    }
+
+    // Sets, then the elements of every set kproxy fills itself.
+    {
+      SetPtr filter(nftnl_set_alloc());
+      nftnl_set_set_str(filter.get(), NFTNL_SET_TABLE, kTable.c_str());
+      nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETSET, nfp, NLM_F_DUMP, sock.nextSeq());
+      nftnl_set_nlmsg_build_payload(nlh, filter.get());
+      auto r = sock.dump(nlh, [&](const nlmsghdr* msg) {
+        SetPtr s(nftnl_set_alloc());
+        if (nftnl_set_nlmsg_parse(msg, s.get()) < 0) return false;
+        const char* table = nftnl_set_get_str(s.get(), NFTNL_SET_TABLE);
+        if (table == nullptr || kTable != table) return true;
+        mf.sets.insert(nftnl_set_get_str(s.get(), NFTNL_SET_NAME));
+        return true;
+      });
+      if (!r) return std::unexpected(r.error());
+    }
+    for (const auto& name : mf.sets) {
+      bool dynamic = false;
+      for (const auto& s : specs)
+        if (s.name == name) dynamic = s.dynamic;
+      if (dynamic) continue;
+      auto& elems = mf.elements[name];
+      SetPtr filter = setHandle(fam, name);
+      nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETSETELEM, nfp, NLM_F_DUMP, sock.nextSeq());
+      nftnl_set_elems_nlmsg_build_payload(nlh, filter.get());
+      auto r = sock.dump(nlh, [&](const nlmsghdr* msg) {
+        SetPtr s(nftnl_set_alloc());
+        if (nftnl_set_elems_nlmsg_parse(msg, s.get()) < 0) return false;
+        nftnl_set_elems_iter* it = nftnl_set_elems_iter_create(s.get());
+        for (nftnl_set_elem* e = nftnl_set_elems_iter_next(it); e != nullptr;
+             e = nftnl_set_elems_iter_next(it)) {
+          std::uint32_t len = 0;
+          const void* key = nftnl_set_elem_get(e, NFTNL_SET_ELEM_KEY, &len);
+          if (key == nullptr) continue;
+          std::string value;
+          if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_VERDICT)) {
+            const char* chain = nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_CHAIN)
+                                    ? nftnl_set_elem_get_str(e, NFTNL_SET_ELEM_CHAIN)
+                                    : nullptr;
+            value = verdictText(
+                static_cast<std::int32_t>(nftnl_set_elem_get_u32(e, NFTNL_SET_ELEM_VERDICT)), chain);
+          }
+          elems[std::string(static_cast<const char*>(key), len)] = std::move(value);
+        }
+        nftnl_set_elems_iter_destroy(it);
+        return true;
+      });
+      if (!r) return std::unexpected(r.error());
+    }
+    mf.rebuildReferences();
+    return {};
+  }
+
+  static constexpr std::size_t MNL_SOCKET_BUFFER_SIZE_ = 8192;
+  std::optional<backends::NetlinkSocket> socket_;
+};
+
+}  // namespace
+
+std::unique_ptr<KernelNftables> makeNetlinkKernel() { return std::make_unique<NetlinkKernel>(); }
+
+}  // namespace kproxy::nftables

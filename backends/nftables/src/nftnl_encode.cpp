@@ -1,0 +1,329 @@
+#include "nftnl_encode.h"
+
+#include <arpa/inet.h>
+#include <linux/netfilter.h>
+#include <linux/netfilter/nf_nat.h>
+#include <linux/netfilter/nf_tables.h>
+
+#include <cstring>
+#include <string>
+
+#include <libnftnl/chain.h>
+#include <libnftnl/expr.h>
+#include <libnftnl/rule.h>
+#include <libnftnl/set.h>
+#include <libnftnl/udata.h>
+
+namespace kproxy::nftables {
+namespace {
+
+// nft's register numbering: a field at 32-bit offset `idx` of a concatenation lives in
+// NFT_REG_1+idx/4 when aligned to a 128-bit register, else in NFT_REG32_00+idx.
+std::uint32_t reg32(std::uint32_t idx) { return idx % 4 == 0 ? NFT_REG_1 + idx / 4 : NFT_REG32_00 + idx; }
+
+class RuleEncoder {
+ public:
+  RuleEncoder(Family family, nftnl_rule* rule) : family_(family), rule_(rule) {}
+
+  void add(nftnl_expr* e) { nftnl_rule_add_expr(rule_, e); }
+
+  nftnl_expr* expr(const char* name) { return nftnl_expr_alloc(name); }
+
+  std::uint32_t addrLen() const { return family_ == Family::kIPv4 ? 4 : 16; }
+  std::uint32_t saddrOffset() const { return family_ == Family::kIPv4 ? 12 : 8; }
+  std::uint32_t daddrOffset() const { return family_ == Family::kIPv4 ? 16 : 24; }
+
+  void payload(std::uint32_t base, std::uint32_t offset, std::uint32_t len, std::uint32_t dreg) {
+    auto* e = expr("payload");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_PAYLOAD_DREG, dreg);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_PAYLOAD_BASE, base);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_PAYLOAD_OFFSET, offset);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_PAYLOAD_LEN, len);
+    add(e);
+  }
+  void meta(std::uint32_t key, std::uint32_t dreg) {
+    auto* e = expr("meta");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_META_KEY, key);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_META_DREG, dreg);
+    add(e);
+  }
+  void cmp(std::uint32_t op, const void* data, std::uint32_t len) {
+    auto* e = expr("cmp");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_CMP_SREG, NFT_REG_1);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_CMP_OP, op);
+    nftnl_expr_set(e, NFTNL_EXPR_CMP_DATA, data, len);
+    add(e);
+  }
+  void bitwise(const void* mask, const void* xorv, std::uint32_t len) {
+    auto* e = expr("bitwise");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_BITWISE_SREG, NFT_REG_1);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_BITWISE_DREG, NFT_REG_1);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_BITWISE_LEN, len);
+    nftnl_expr_set(e, NFTNL_EXPR_BITWISE_MASK, mask, len);
+    nftnl_expr_set(e, NFTNL_EXPR_BITWISE_XOR, xorv, len);
+    add(e);
+  }
+  void immediate(std::uint32_t dreg, const void* data, std::uint32_t len) {
+    auto* e = expr("immediate");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_IMM_DREG, dreg);
+    nftnl_expr_set(e, NFTNL_EXPR_IMM_DATA, data, len);
+    add(e);
+  }
+  void lookup(const std::string& set, std::uint32_t sreg, std::optional<std::uint32_t> dreg) {
+    auto* e = expr("lookup");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_LOOKUP_SREG, sreg);
+    if (dreg) nftnl_expr_set_u32(e, NFTNL_EXPR_LOOKUP_DREG, *dreg);
+    nftnl_expr_set_str(e, NFTNL_EXPR_LOOKUP_SET, set.c_str());
+    add(e);
+  }
+  /// Loads `ip saddr . ip daddr . meta l4proto . th dport` (or a suffix of it) from 32-bit
+  /// register offset 0; returns the next free offset.
+  std::uint32_t concatKey(bool withSource, bool withAddress) {
+    std::uint32_t idx = 0;
+    if (withSource) {
+      payload(NFT_PAYLOAD_NETWORK_HEADER, saddrOffset(), addrLen(), reg32(idx));
+      idx += addrLen() / 4;
+    }
+    if (withAddress) {
+      payload(NFT_PAYLOAD_NETWORK_HEADER, daddrOffset(), addrLen(), reg32(idx));
+      idx += addrLen() / 4;
+    }
+    meta(NFT_META_L4PROTO, reg32(idx));
+    idx += 1;
+    payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, reg32(idx));
+    idx += 1;
+    return idx;
+  }
+
+  void operator()(const MatchAddress& s) {
+    payload(NFT_PAYLOAD_NETWORK_HEADER, s.source ? saddrOffset() : daddrOffset(), addrLen(),
+            NFT_REG_1);
+    if (!s.address.isHost()) {
+      std::uint8_t mask[16] = {};
+      std::uint8_t zero[16] = {};
+      for (int i = 0; i < s.address.prefixLength; ++i) mask[i / 8] |= 0x80u >> (i % 8);
+      bitwise(mask, zero, addrLen());
+    }
+    cmp(s.negate ? NFT_CMP_NEQ : NFT_CMP_EQ, s.address.bytes.data(), addrLen());
+  }
+  void operator()(const MatchL4Proto& s) {
+    meta(NFT_META_L4PROTO, NFT_REG_1);
+    cmp(NFT_CMP_EQ, &s.proto, 1);
+  }
+  void operator()(const MatchDestPort& s) {
+    payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, NFT_REG_1);
+    std::uint16_t port = htons(s.port);
+    cmp(NFT_CMP_EQ, &port, 2);
+  }
+  void operator()(const MatchCtStateNew&) {
+    auto* e = expr("ct");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_CT_KEY, NFT_CT_STATE);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_CT_DREG, NFT_REG_1);
+    add(e);
+    std::uint32_t mask = 1u << 3;  // NF_CT_STATE_BIT(IP_CT_NEW)
+    std::uint32_t zero = 0;
+    bitwise(&mask, &zero, 4);
+    cmp(NFT_CMP_NEQ, &zero, 4);
+  }
+  void operator()(const MatchMarkClear& s) {
+    meta(NFT_META_MARK, NFT_REG_1);
+    std::uint32_t zero = 0;
+    bitwise(&s.bit, &zero, 4);
+    cmp(NFT_CMP_EQ, &zero, 4);
+  }
+  void operator()(const MatchFibSourceLocal&) {
+    auto* e = expr("fib");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_DREG, NFT_REG_1);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_RESULT, NFT_FIB_RESULT_ADDRTYPE);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_FLAGS, NFTA_FIB_F_SADDR);
+    add(e);
+    std::uint32_t local = 2;  // RTN_LOCAL
+    cmp(NFT_CMP_EQ, &local, 4);
+  }
+  void operator()(const MatchNumgen& s) {
+    auto* e = expr("numgen");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_NG_DREG, NFT_REG_1);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_NG_MODULUS, s.modulus);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_NG_TYPE, NFT_NG_RANDOM);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_NG_OFFSET, 0);
+    add(e);
+    std::uint32_t zero = 0;
+    cmp(NFT_CMP_EQ, &zero, 4);
+  }
+  void operator()(const MatchDestInSet& s) {
+    payload(NFT_PAYLOAD_NETWORK_HEADER, daddrOffset(), addrLen(), NFT_REG_1);
+    lookup(s.set, NFT_REG_1, std::nullopt);
+  }
+  void operator()(const VmapLookup& s) {
+    concatKey(false, s.withAddress);
+    lookup(s.map, NFT_REG_1, NFT_REG_VERDICT);
+  }
+  void operator()(const SetMark& s) {
+    meta(NFT_META_MARK, NFT_REG_1);
+    std::uint32_t mask = s.toggle ? 0xffffffffu : ~s.bit;
+    bitwise(&mask, &s.bit, 4);
+    auto* e = expr("meta");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_META_KEY, NFT_META_MARK);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_META_SREG, NFT_REG_1);
+    add(e);
+  }
+  void operator()(const Masquerade&) {
+    auto* e = expr("masq");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_MASQ_FLAGS, NF_NAT_RANGE_PROTO_RANDOM_FULLY);
+    add(e);
+  }
+  void natDnat(std::uint32_t addrReg, std::uint32_t protoReg, std::optional<std::uint32_t> flags) {
+    auto* e = expr("nat");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_NAT_TYPE, NFT_NAT_DNAT);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_NAT_FAMILY, nfproto(family_));
+    nftnl_expr_set_u32(e, NFTNL_EXPR_NAT_REG_ADDR_MIN, addrReg);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_NAT_REG_PROTO_MIN, protoReg);
+    if (flags) nftnl_expr_set_u32(e, NFTNL_EXPR_NAT_FLAGS, *flags);
+    add(e);
+  }
+  void operator()(const DnatTo& s) {
+    immediate(NFT_REG_1, s.address.bytes.data(), addrLen());
+    std::uint16_t port = htons(s.port);
+    immediate(NFT_REG_2, &port, 2);
+    natDnat(NFT_REG_1, NFT_REG_2, NF_NAT_RANGE_PROTO_SPECIFIED);
+  }
+  void operator()(const DnatFromAffinity& s) {
+    concatKey(true, true);
+    lookup(s.map, NFT_REG_1, NFT_REG_1);
+    natDnat(NFT_REG_1, reg32(addrLen() / 4), std::nullopt);
+  }
+  void operator()(const UpdateAffinity& s) {
+    std::uint32_t next = concatKey(true, true);
+    // The data goes to the next 128-bit aligned register after the key, as nft does.
+    std::uint32_t dataIdx = (next + 3) / 4 * 4;
+    immediate(reg32(dataIdx), s.address.bytes.data(), addrLen());
+    std::uint16_t port = htons(s.port);
+    immediate(reg32(dataIdx + addrLen() / 4), &port, 2);
+    auto* e = expr("dynset");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_DYNSET_SREG_KEY, NFT_REG_1);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_DYNSET_SREG_DATA, reg32(dataIdx));
+    nftnl_expr_set_u32(e, NFTNL_EXPR_DYNSET_OP, NFT_DYNSET_OP_UPDATE);
+    nftnl_expr_set_u64(e, NFTNL_EXPR_DYNSET_TIMEOUT,
+                       static_cast<std::uint64_t>(s.timeoutSeconds) * 1000);
+    nftnl_expr_set_str(e, NFTNL_EXPR_DYNSET_SET_NAME, s.map.c_str());
+    add(e);
+  }
+  void operator()(const Reject& s) {
+    auto* e = expr("reject");
+    if (s.tcpReset) {
+      nftnl_expr_set_u32(e, NFTNL_EXPR_REJECT_TYPE, NFT_REJECT_TCP_RST);
+      nftnl_expr_set_u8(e, NFTNL_EXPR_REJECT_CODE, 0);
+    } else {
+      nftnl_expr_set_u32(e, NFTNL_EXPR_REJECT_TYPE, NFT_REJECT_ICMP_UNREACH);
+      // ICMP_PORT_UNREACH (3) / ICMPV6_PORT_UNREACH (4)
+      nftnl_expr_set_u8(e, NFTNL_EXPR_REJECT_CODE, family_ == Family::kIPv4 ? 3 : 4);
+    }
+    add(e);
+  }
+  void operator()(const Verdict& s) {
+    auto* e = expr("immediate");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_IMM_DREG, NFT_REG_VERDICT);
+    std::uint32_t code = NF_ACCEPT;
+    switch (s.kind) {
+      case VerdictKind::kAccept: code = NF_ACCEPT; break;
+      case VerdictKind::kDrop: code = NF_DROP; break;
+      case VerdictKind::kReturn: code = static_cast<std::uint32_t>(NFT_RETURN); break;
+      case VerdictKind::kJump: code = static_cast<std::uint32_t>(NFT_JUMP); break;
+      case VerdictKind::kGoto: code = static_cast<std::uint32_t>(NFT_GOTO); break;
+    }
+    nftnl_expr_set_u32(e, NFTNL_EXPR_IMM_VERDICT, code);
+    if (s.kind == VerdictKind::kJump || s.kind == VerdictKind::kGoto)
+      nftnl_expr_set_str(e, NFTNL_EXPR_IMM_CHAIN, s.chain.c_str());
+    add(e);
+  }
+
+ private:
+  Family family_;
+  nftnl_rule* rule_;
+};
+
+}  // namespace
+
+nftnl_rule* encodeRule(Family family, std::string_view chain, const Rule& rule,
+                       std::uint64_t hash) {
+  nftnl_rule* r = nftnl_rule_alloc();
+  nftnl_rule_set_u32(r, NFTNL_RULE_FAMILY, nfproto(family));
+  nftnl_rule_set_str(r, NFTNL_RULE_TABLE, std::string(kTableName).c_str());
+  nftnl_rule_set_str(r, NFTNL_RULE_CHAIN, std::string(chain).c_str());
+  RuleEncoder encoder(family, r);
+  for (const auto& s : rule.statements) std::visit(encoder, s);
+  nftnl_udata_buf* ud = nftnl_udata_buf_alloc(32);
+  nftnl_udata_put(ud, kRuleHashUdataType, sizeof hash, &hash);
+  nftnl_rule_set_data(r, NFTNL_RULE_USERDATA, nftnl_udata_buf_data(ud), nftnl_udata_buf_len(ud));
+  nftnl_udata_buf_free(ud);
+  return r;
+}
+
+std::uint64_t decodeRuleHash(const void* data, std::uint32_t length) {
+  std::uint64_t hash = 0;
+  nftnl_udata_parse(
+      data, length,
+      [](const nftnl_udata* attr, void* out) -> int {
+        if (nftnl_udata_type(attr) == kRuleHashUdataType &&
+            nftnl_udata_len(attr) == sizeof(std::uint64_t))
+          std::memcpy(out, nftnl_udata_get(attr), sizeof(std::uint64_t));
+        return 0;
+      },
+      &hash);
+  return hash;
+}
+
+nftnl_set* encodeSet(Family family, const SetSpec& spec) {
+  nftnl_set* s = nftnl_set_alloc();
+  nftnl_set_set_u32(s, NFTNL_SET_FAMILY, nfproto(family));
+  nftnl_set_set_str(s, NFTNL_SET_TABLE, std::string(kTableName).c_str());
+  nftnl_set_set_str(s, NFTNL_SET_NAME, spec.name.c_str());
+  // The kernel requires a transaction-local set id (it lets rules refer to a new set by id).
+  static std::uint32_t nextId = 0;
+  nftnl_set_set_u32(s, NFTNL_SET_ID, ++nextId);
+  std::uint32_t flags = 0;
+  if (spec.isMap()) flags |= NFT_SET_MAP;
+  if (spec.dynamic) flags |= NFT_SET_TIMEOUT | NFT_SET_EVAL;
+  nftnl_set_set_u32(s, NFTNL_SET_FLAGS, flags);
+  nftnl_set_set_u32(s, NFTNL_SET_KEY_TYPE, SetSpec::typeId(spec.key));
+  nftnl_set_set_u32(s, NFTNL_SET_KEY_LEN, spec.keyLength());
+  if (spec.isVerdictMap()) {
+    nftnl_set_set_u32(s, NFTNL_SET_DATA_TYPE, NFT_DATA_VERDICT);
+    nftnl_set_set_u32(s, NFTNL_SET_DATA_LEN, 0);
+  } else if (spec.isMap()) {
+    nftnl_set_set_u32(s, NFTNL_SET_DATA_TYPE, SetSpec::typeId(spec.data));
+    nftnl_set_set_u32(s, NFTNL_SET_DATA_LEN, spec.dataLength());
+  }
+  if (spec.timeoutSeconds != 0)
+    nftnl_set_set_u64(s, NFTNL_SET_TIMEOUT, static_cast<std::uint64_t>(spec.timeoutSeconds) * 1000);
+  if (spec.size != 0) nftnl_set_set_u32(s, NFTNL_SET_DESC_SIZE, spec.size);
+  // nft's set userdata: key (and data) byte order, so `nft list` prints addresses and ports.
+  nftnl_udata_buf* ud = nftnl_udata_buf_alloc(64);
+  nftnl_udata_put_u32(ud, 0 /* NFTNL_UDATA_SET_KEYBYTEORDER */, 2 /* BYTEORDER_BIG_ENDIAN */);
+  if (spec.isMap() && !spec.isVerdictMap())
+    nftnl_udata_put_u32(ud, 1 /* NFTNL_UDATA_SET_DATABYTEORDER */, 2);
+  nftnl_set_set_data(s, NFTNL_SET_USERDATA, nftnl_udata_buf_data(ud), nftnl_udata_buf_len(ud));
+  nftnl_udata_buf_free(ud);
+  return s;
+}
+
+nftnl_chain* encodeChain(Family family, std::string_view name, const BaseHook* base) {
+  nftnl_chain* c = nftnl_chain_alloc();
+  nftnl_chain_set_u32(c, NFTNL_CHAIN_FAMILY, nfproto(family));
+  nftnl_chain_set_str(c, NFTNL_CHAIN_TABLE, std::string(kTableName).c_str());
+  nftnl_chain_set_str(c, NFTNL_CHAIN_NAME, std::string(name).c_str());
+  if (base != nullptr) {
+    std::uint32_t hook = NF_INET_PRE_ROUTING;
+    if (base->hook == "input") hook = NF_INET_LOCAL_IN;
+    else if (base->hook == "forward") hook = NF_INET_FORWARD;
+    else if (base->hook == "output") hook = NF_INET_LOCAL_OUT;
+    else if (base->hook == "postrouting") hook = NF_INET_POST_ROUTING;
+    nftnl_chain_set_u32(c, NFTNL_CHAIN_HOOKNUM, hook);
+    nftnl_chain_set_s32(c, NFTNL_CHAIN_PRIO, base->priority);
+    nftnl_chain_set_str(c, NFTNL_CHAIN_TYPE, base->type.c_str());
+    nftnl_chain_set_u32(c, NFTNL_CHAIN_POLICY, NF_ACCEPT);
+  }
+  return c;
+}
+
+}  // namespace kproxy::nftables

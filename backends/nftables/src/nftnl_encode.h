@@ -1,0 +1,30 @@
+#pragma once
+// Private: IR → libnftnl objects. The kernel-side twin of Rule::toText.
+
+#include <cstdint>
+#include <string_view>
+
+#include "kproxy/nftables/ir.h"
+
+struct nftnl_rule;
+struct nftnl_set;
+struct nftnl_chain;
+
+namespace kproxy::nftables {
+
+/// The rule userdata TLV type that carries kproxy's rule hash (8 bytes). nft ignores unknown
+/// rule userdata types, so `nft list` still works.
+inline constexpr std::uint8_t kRuleHashUdataType = 0xa0;
+
+/// A new nftnl_rule for `rule` in `chain`, carrying `hash` in its userdata. Caller frees.
+nftnl_rule* encodeRule(Family family, std::string_view chain, const Rule& rule,
+                       std::uint64_t hash);
+/// A new nftnl_set for `spec`. Caller frees.
+nftnl_set* encodeSet(Family family, const SetSpec& spec);
+/// A new nftnl_chain (base chains carry their hook). Caller frees.
+nftnl_chain* encodeChain(Family family, std::string_view name, const BaseHook* base);
+
+/// The kproxy hash in a rule's userdata, 0 when absent (a rule someone else added).
+std::uint64_t decodeRuleHash(const void* data, std::uint32_t length);
+
+}  // namespace kproxy::nftables

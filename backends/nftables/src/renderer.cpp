@@ -1,0 +1,385 @@
+#include "kproxy/nftables/renderer.h"
+
+#include <openssl/sha.h>
+
+#include <algorithm>
+#include <charconv>
+#include <set>
+
+#include <fmt/format.h>
+
+namespace kproxy::nftables {
+namespace {
+
+std::string base32Prefix8(std::string_view input) {
+  unsigned char digest[SHA256_DIGEST_LENGTH];
+  SHA256(reinterpret_cast<const unsigned char*>(input.data()), input.size(), digest);
+  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
+  // 8 base32 characters = the first 40 bits of the digest.
+  std::uint64_t bits = 0;
+  for (int i = 0; i < 5; ++i) bits = (bits << 8) | digest[i];
+  std::string out(8, 'A');
+  for (int i = 7; i >= 0; --i) {
+    out[static_cast<std::size_t>(i)] = kAlphabet[bits & 31];
+    bits >>= 5;
+  }
+  return out;
+}
+
+// Upstream truncates to keep names under nft's limit; kube names make it unreachable in practice.
+constexpr std::size_t kChainNameBaseLengthMax = 240;
+
+std::string hashAndTruncate(const std::string& name) {
+  std::string out = base32Prefix8(name) + "-" + name;
+  if (out.size() > kChainNameBaseLengthMax) out = out.substr(0, kChainNameBaseLengthMax - 3) + "...";
+  return out;
+}
+
+std::string plainBase(const sdk::ServicePort& p) {
+  return fmt::format("{}/{}/{}/{}", p.ns, p.serviceName, sdk::protocolName(p.protocol), p.portName);
+}
+
+std::uint8_t ipProto(sdk::Protocol p) {
+  switch (p) {
+    case sdk::Protocol::kTCP: return 6;
+    case sdk::Protocol::kUDP: return 17;
+    case sdk::Protocol::kSCTP: return 132;
+  }
+  return 6;
+}
+
+Verdict goTo(std::string chain) { return Verdict{VerdictKind::kGoto, std::move(chain)}; }
+Verdict jump(std::string chain) { return Verdict{VerdictKind::kJump, std::move(chain)}; }
+
+Rule rule(std::vector<Statement> statements) { return Rule{std::move(statements)}; }
+
+std::optional<Address> parseHostOf(std::string_view ip, Family family) {
+  auto a = Address::parse(ip);
+  if (!a || a->family != family || !a->isHost()) return std::nullopt;
+  return a;
+}
+
+}  // namespace
+
+Family toFamily(sdk::Family family) {
+  return family == sdk::Family::kIPv6 ? Family::kIPv6 : Family::kIPv4;
+}
+
+std::string servicePortChainBase(const sdk::ServicePort& port) {
+  return hashAndTruncate(plainBase(port));
+}
+std::string serviceChainName(const sdk::ServicePort& port) {
+  return "service-" + servicePortChainBase(port);
+}
+std::string externalChainName(const sdk::ServicePort& port) {
+  return "external-" + servicePortChainBase(port);
+}
+std::string firewallChainName(const sdk::ServicePort& port) {
+  return "firewall-" + servicePortChainBase(port);
+}
+std::string endpointChainName(const sdk::ServicePort& port, const sdk::Endpoint& endpoint) {
+  std::string ip = endpoint.ip;
+  std::replace(ip.begin(), ip.end(), ':', '.');  // ':' is not allowed in a chain name
+  return "endpoint-" + hashAndTruncate(fmt::format("{}__{}/{}", plainBase(port), ip, endpoint.port));
+}
+
+std::vector<SetSpec> NftablesRenderer::setSpecs(Family family) const {
+  DataType addr = family == Family::kIPv4 ? DataType::kIPv4Addr : DataType::kIPv6Addr;
+  using DT = DataType;
+  std::vector<SetSpec> out;
+  out.push_back(SetSpec{names::kClusterIPsSet, {addr}, {}, false, 0, 0});
+  out.push_back(SetSpec{names::kNodePortIPsSet, {addr}, {}, false, 0, 0});
+  for (const char* map : {names::kServiceIPsMap, names::kNoEndpointServicesMap, names::kFirewallIPsMap})
+    out.push_back(SetSpec{map, {addr, DT::kInetProto, DT::kInetService}, {DT::kVerdict}, false, 0, 0});
+  for (const char* map : {names::kServiceNodePortsMap, names::kNoEndpointNodePortsMap})
+    out.push_back(SetSpec{map, {DT::kInetProto, DT::kInetService}, {DT::kVerdict}, false, 0, 0});
+  // Session affinity: (client, service address, proto, port) → endpoint, filled by the data
+  // path. One map per family whatever the number of services (see the class comment).
+  out.push_back(SetSpec{names::kAffinityMap,
+                        {addr, addr, DT::kInetProto, DT::kInetService},
+                        {addr, DT::kInetService},
+                        true,
+                        10800,
+                        config_.affinityMapSize});
+  return out;
+}
+
+GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo& node) const {
+  using namespace names;
+  GlobalObjects g;
+  g.family = family;
+  g.sets = setSpecs(family);
+
+  auto base = [&](const char* name, const char* type, const char* hook, int prio,
+                  std::vector<Rule> rules) {
+    g.chains.push_back(Chain{name, BaseHook{type, hook, prio}, std::move(rules)});
+  };
+  auto chain = [&](const char* name, std::vector<Rule> rules) {
+    g.chains.push_back(Chain{name, std::nullopt, std::move(rules)});
+  };
+  auto newJump = [](const char* target) { return rule({MatchCtStateNew{}, jump(target)}); };
+
+  // Priorities as upstream: filter chains around dstnat (-100), nat at dstnat / srcnat (100).
+  base("filter-prerouting", "filter", "prerouting", -110, {newJump(kFirewallCheckChain)});
+  base("filter-input", "filter", "input", -110,
+       {newJump(kNodePortEndpointsCheckChain), newJump(kServiceEndpointsCheckChain)});
+  base("filter-forward", "filter", "forward", -110,
+       {newJump(kServiceEndpointsCheckChain), newJump(kClusterIPsCheckChain)});
+  base("filter-output", "filter", "output", -110,
+       {newJump(kServiceEndpointsCheckChain), newJump(kFirewallCheckChain)});
+  base("filter-output-post-dnat", "filter", "output", -90, {newJump(kClusterIPsCheckChain)});
+  base("nat-prerouting", "nat", "prerouting", -100, {rule({jump(kServicesChain)})});
+  base("nat-output", "nat", "output", -100, {rule({jump(kServicesChain)})});
+  base("nat-postrouting", "nat", "postrouting", 100, {rule({jump(kMasqueradingChain)})});
+
+  std::uint32_t mark = config_.mark();
+  chain(kMasqueradingChain, {rule({MatchMarkClear{mark}, Verdict{VerdictKind::kReturn, {}}}),
+                             rule({SetMark{mark, true}}), rule({Masquerade{}})});
+  chain(kMarkMasqChain, {rule({SetMark{mark, false}})});
+  chain(kServicesChain, {rule({VmapLookup{true, kServiceIPsMap}}),
+                         rule({MatchDestInSet{kNodePortIPsSet}, jump(kNodePortsChain)})});
+  chain(kNodePortsChain, {rule({VmapLookup{false, kServiceNodePortsMap}})});
+  chain(kClusterIPsCheckChain, {rule({MatchDestInSet{kClusterIPsSet}, Reject{false}})});
+  chain(kNodePortEndpointsCheckChain,
+        {rule({MatchDestInSet{kNodePortIPsSet}, VmapLookup{false, kNoEndpointNodePortsMap}})});
+  chain(kServiceEndpointsCheckChain, {rule({VmapLookup{true, kNoEndpointServicesMap}})});
+  chain(kFirewallCheckChain, {rule({VmapLookup{true, kFirewallIPsMap}})});
+  // TCP clients get a reset, everyone else ICMP port unreachable: "connection refused" at once.
+  chain(kRejectChain, {rule({MatchL4Proto{6}, Reject{true}}), rule({Reject{false}})});
+
+  // nodeport-ips: the node's addresses of this family, filtered by nodeport-addresses.
+  std::vector<Address> candidates;
+  for (const auto& ip : node.addresses)
+    if (auto a = parseHostOf(ip, family)) candidates.push_back(*a);
+  if (candidates.empty())
+    for (const auto& a : config_.nodeIPs)
+      if (a.family == family && a.isHost()) candidates.push_back(a);
+  std::set<std::string> seen;
+  for (const auto& a : candidates) {
+    bool wanted = config_.nodePortCIDRs.empty();
+    bool anyOfFamily = false;
+    for (const auto& cidr : config_.nodePortCIDRs) {
+      if (cidr.family != family) continue;
+      anyOfFamily = true;
+      if (cidr.contains(a)) wanted = true;
+    }
+    // With CIDRs given only for the other family, this family keeps its primary IPs.
+    if (!config_.nodePortCIDRs.empty() && !anyOfFamily) wanted = true;
+    if (!wanted) continue;
+    KeyBuilder k;
+    k.address(a);
+    if (!seen.insert(k.bytes).second) continue;
+    g.elements.push_back(Element{kNodePortIPsSet, k.bytes, k.text, std::nullopt});
+  }
+  return g;
+}
+
+Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
+  using namespace names;
+  Fragment f;
+  f.family = toFamily(p.family);
+  f.key = p.key;
+  const Family fam = f.family;
+  const std::uint8_t proto = ipProto(p.protocol);
+  const auto port = static_cast<std::uint16_t>(p.port);
+
+  const auto& internalEps = p.internalPolicyLocal ? p.localEndpoints : p.clusterEndpoints;
+  const auto& externalEps = p.externalPolicyLocal ? p.localEndpoints : p.clusterEndpoints;
+  const Verdict noEndpoints =
+      p.hasAnyEndpoints ? Verdict{VerdictKind::kDrop, {}} : goTo(kRejectChain);
+
+  // Endpoint chains, once per endpoint used by either policy.
+  std::vector<std::pair<const sdk::Endpoint*, std::string>> endpointChains;
+  auto chainOf = [&](const sdk::Endpoint& ep) -> std::string {
+    for (auto& [e, name] : endpointChains)
+      if (e->ip == ep.ip && e->port == ep.port) return name;
+    return {};
+  };
+  for (const auto* list : {&internalEps, &externalEps}) {
+    for (const auto& ep : *list) {
+      if (!chainOf(ep).empty()) continue;
+      auto addr = parseHostOf(ep.ip, fam);
+      if (!addr) continue;  // another family or malformed: the core should not send it
+      std::string name = endpointChainName(p, ep);
+      endpointChains.emplace_back(&ep, name);
+      Chain c{name, std::nullopt, {}};
+      // Hairpin: a pod reaching itself through the service must be masqueraded.
+      c.rules.push_back(rule({MatchAddress{true, false, *addr}, jump(kMarkMasqChain)}));
+      if (p.sessionAffinityClientIP) {
+        auto timeout = static_cast<std::uint32_t>(p.stickyMaxAgeSeconds > 0 ? p.stickyMaxAgeSeconds : 10800);
+        c.rules.push_back(rule({UpdateAffinity{kAffinityMap, timeout, *addr,
+                                               static_cast<std::uint16_t>(ep.port)}}));
+      }
+      c.rules.push_back(rule({MatchL4Proto{proto}, DnatTo{*addr, static_cast<std::uint16_t>(ep.port)}}));
+      f.chains.push_back(std::move(c));
+    }
+  }
+
+  // Affinity hit first, then a cascade that picks each remaining endpoint with probability
+  // 1/remaining: uniform, and no per-service set.
+  auto appendBalancing = [&](Chain& c, const std::vector<sdk::Endpoint>& eps) {
+    std::vector<std::string> targets;
+    for (const auto& ep : eps)
+      if (auto name = chainOf(ep); !name.empty()) targets.push_back(name);
+    if (p.sessionAffinityClientIP && !targets.empty())
+      c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromAffinity{kAffinityMap}}));
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      auto remaining = static_cast<std::uint32_t>(targets.size() - i);
+      if (remaining > 1)
+        c.rules.push_back(rule({MatchNumgen{remaining}, goTo(targets[i])}));
+      else
+        c.rules.push_back(rule({goTo(targets[i])}));
+    }
+    return !targets.empty();
+  };
+
+  auto addMapElement = [&](const char* map, const Address& a, Verdict v) {
+    KeyBuilder k;
+    k.address(a).proto(proto).port(port);
+    f.elements.push_back(Element{map, k.bytes, k.text, std::move(v)});
+  };
+
+  // Internal traffic: the ClusterIP.
+  std::string svcChain;
+  auto clusterIP = parseHostOf(p.clusterIP, fam);
+  {
+    Chain c{serviceChainName(p), std::nullopt, {}};
+    if (config_.masqueradeAll) {
+      c.rules.push_back(rule({jump(kMarkMasqChain)}));
+    } else {
+      std::vector<Statement> st;
+      for (const auto& cidr : config_.clusterCIDRs)
+        if (cidr.family == fam) st.push_back(MatchAddress{true, true, cidr});
+      if (!st.empty()) {
+        st.push_back(jump(kMarkMasqChain));
+        c.rules.push_back(rule(std::move(st)));
+      }
+    }
+    if (appendBalancing(c, internalEps)) {
+      svcChain = c.name;
+      f.chains.push_back(std::move(c));
+    }
+  }
+  if (clusterIP) {
+    KeyBuilder k;
+    k.address(*clusterIP);
+    f.elements.push_back(Element{kClusterIPsSet, k.bytes, k.text, std::nullopt});
+    if (!svcChain.empty())
+      addMapElement(kServiceIPsMap, *clusterIP, goTo(svcChain));
+    else
+      addMapElement(kNoEndpointServicesMap, *clusterIP, noEndpoints);
+  }
+
+  if (!p.externallyAccessible()) return f;
+
+  // External traffic: NodePort, externalIPs, LoadBalancer ingress IPs.
+  std::string extChain;
+  {
+    Chain c{externalChainName(p), std::nullopt, {}};
+    if (p.externalPolicyLocal) {
+      // Pods and the node itself may use the cluster-wide endpoints; others keep their source.
+      if (!svcChain.empty()) {
+        for (const auto& cidr : config_.clusterCIDRs)
+          if (cidr.family == fam)
+            c.rules.push_back(rule({MatchAddress{true, false, cidr}, goTo(svcChain)}));
+        c.rules.push_back(rule({MatchFibSourceLocal{}, jump(kMarkMasqChain)}));
+        c.rules.push_back(rule({MatchFibSourceLocal{}, goTo(svcChain)}));
+      }
+      if (appendBalancing(c, externalEps)) extChain = c.name;
+    } else if (!externalEps.empty()) {
+      c.rules.push_back(rule({jump(kMarkMasqChain)}));
+      if (!svcChain.empty() && &externalEps == &internalEps) {
+        c.rules.push_back(rule({goTo(svcChain)}));
+        extChain = c.name;
+      } else if (appendBalancing(c, externalEps)) {
+        extChain = c.name;
+      }
+    }
+    if (!extChain.empty()) f.chains.push_back(std::move(c));
+  }
+
+  std::vector<Address> externalAddrs;
+  for (const auto* list : {&p.externalIPs, &p.loadBalancerIPs})
+    for (const auto& ip : *list)
+      if (auto a = parseHostOf(ip, fam)) externalAddrs.push_back(*a);
+  for (const auto& a : externalAddrs) {
+    if (!extChain.empty())
+      addMapElement(kServiceIPsMap, a, goTo(extChain));
+    else
+      addMapElement(kNoEndpointServicesMap, a, noEndpoints);
+  }
+  if (p.nodePort != 0) {
+    KeyBuilder k;
+    k.proto(proto).port(static_cast<std::uint16_t>(p.nodePort));
+    if (!extChain.empty())
+      f.elements.push_back(Element{kServiceNodePortsMap, k.bytes, k.text, goTo(extChain)});
+    else
+      f.elements.push_back(Element{kNoEndpointNodePortsMap, k.bytes, k.text, noEndpoints});
+  }
+
+  // loadBalancerSourceRanges: rules in one firewall chain per service port, no set.
+  std::vector<Address> ranges;
+  for (const auto& r : p.loadBalancerSourceRanges)
+    if (auto a = Address::parse(r); a && a->family == fam) ranges.push_back(*a);
+  std::vector<Address> lbAddrs;
+  for (const auto& ip : p.loadBalancerIPs)
+    if (auto a = parseHostOf(ip, fam)) lbAddrs.push_back(*a);
+  if (!ranges.empty() && !lbAddrs.empty()) {
+    Chain c{firewallChainName(p), std::nullopt, {}};
+    for (const auto& r : ranges)
+      c.rules.push_back(rule({MatchAddress{true, false, r}, Verdict{VerdictKind::kReturn, {}}}));
+    c.rules.push_back(rule({Verdict{VerdictKind::kDrop, {}}}));
+    for (const auto& a : lbAddrs) addMapElement(kFirewallIPsMap, a, goTo(c.name));
+    f.chains.push_back(std::move(c));
+  }
+  return f;
+}
+
+sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
+  RenderConfig cfg;
+  auto get = [&](std::string_view key) -> std::string {
+    auto it = options.find(key);
+    return it == options.end() ? std::string() : it->second;
+  };
+  auto splitList = [](const std::string& s) {
+    std::vector<std::string> out;
+    std::size_t start = 0;
+    while (start <= s.size()) {
+      auto comma = s.find(',', start);
+      if (comma == std::string::npos) comma = s.size();
+      std::string item = s.substr(start, comma - start);
+      item.erase(0, item.find_first_not_of(" \t"));
+      item.erase(item.find_last_not_of(" \t") + 1);
+      if (!item.empty()) out.push_back(item);
+      start = comma + 1;
+    }
+    return out;
+  };
+  for (const auto& c : splitList(get("cluster-cidr"))) {
+    auto a = Address::parse(c);
+    if (!a) return sdk::fail("nftables: invalid cluster-cidr entry \"" + c + "\"");
+    cfg.clusterCIDRs.push_back(*a);
+  }
+  cfg.masqueradeAll = get("masquerade-all") == "true";
+  if (auto bit = get("masquerade-bit"); !bit.empty()) {
+    std::uint32_t v = 0;
+    auto [ptr, ec] = std::from_chars(bit.data(), bit.data() + bit.size(), v);
+    if (ec != std::errc() || ptr != bit.data() + bit.size() || v > 31)
+      return sdk::fail("nftables: invalid masquerade-bit \"" + bit + "\" (0..31)");
+    cfg.masqueradeBit = v;
+  }
+  for (const auto& c : splitList(get("nodeport-addresses"))) {
+    if (c == "primary") continue;
+    auto a = Address::parse(c);
+    if (!a) return sdk::fail("nftables: invalid nodeport-addresses entry \"" + c + "\"");
+    cfg.nodePortCIDRs.push_back(*a);
+  }
+  for (const auto& c : splitList(get("node-ips"))) {
+    auto a = Address::parse(c);
+    if (!a) return sdk::fail("nftables: invalid node-ips entry \"" + c + "\"");
+    cfg.nodeIPs.push_back(*a);
+  }
+  return cfg;
+}
+
+}  // namespace kproxy::nftables
