@@ -184,7 +184,10 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
   const auto port = static_cast<std::uint16_t>(p.port);
 
   const auto& internalEps = p.internalPolicyLocal ? p.localEndpoints : p.clusterEndpoints;
-  const auto& externalEps = p.externalPolicyLocal ? p.localEndpoints : p.clusterEndpoints;
+  static const std::vector<sdk::Endpoint> kNone;
+  const auto& externalEps = !p.externallyAccessible() ? kNone
+                            : p.externalPolicyLocal   ? p.localEndpoints
+                                                      : p.clusterEndpoints;
   const Verdict noEndpoints =
       p.hasAnyEndpoints ? Verdict{VerdictKind::kDrop, {}} : goTo(kRejectChain);
 

@@ -1,0 +1,156 @@
+// NftablesBackend against the in-memory fake kernel: partial vs. full syncs, failures, repair.
+
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+
+#include "kproxy/nftables/backend.h"
+#include "service_ports.h"
+
+using namespace kproxy;
+using namespace kproxy::nftables;
+using kproxy::nftables::testing::clusterIP;
+using kproxy::nftables::testing::endpoint;
+
+namespace {
+
+struct Fixture {
+  Fixture() {
+    auto k = std::make_unique<FakeKernelNftables>();
+    kernel = k.get();
+    backend = std::make_unique<NftablesBackend>(sdk::Host(nullptr), BackendSettings{}, std::move(k));
+    for (int i = 0; i < 20; ++i)
+      snap.ports().push_back(clusterIP("ns", "svc-" + std::to_string(i), "172.30.0." + std::to_string(i), 80,
+                                       {endpoint("10.0.0." + std::to_string(i), 80),
+                                        endpoint("10.0.1." + std::to_string(i), 80)}));
+  }
+  FakeKernelNftables* kernel;
+  std::unique_ptr<NftablesBackend> backend;
+  VectorSnapshot snap;
+};
+
+}  // namespace
+
+TEST_CASE("backend: first sync is full and reads the kernel; partial syncs do not", "[unit]") {
+  Fixture f;
+  auto first = f.backend->syncFrom(f.snap, {}, false);  // first sync is full whatever asked
+  REQUIRE(first.has_value());
+  CHECK(f.kernel->readBacks == 1);
+  CHECK(first->operations > 60);
+
+  auto& p = f.snap.ports()[3];
+  testing::setEndpoints(p, {p.clusterEndpoints[0]});
+  auto partial = f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, p.key}}, false);
+  REQUIRE(partial.has_value());
+  CHECK(f.kernel->readBacks == 1);
+  CHECK(partial->operations == 3);
+
+  auto unchanged = f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, f.snap.ports()[4].key}}, false);
+  REQUIRE(unchanged.has_value());
+  CHECK(unchanged->operations == 1);  // only the pending deletion of the stale endpoint chain
+  auto quiet = f.backend->syncFrom(f.snap, {}, false);
+  CHECK(quiet->operations == 0);
+}
+
+TEST_CASE("backend: a removed service is cleaned up by a partial sync", "[unit]") {
+  Fixture f;
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  auto chainsBefore = f.kernel->tables[Family::kIPv4].chains.size();
+  auto gone = f.snap.ports().back();
+  f.snap.ports().pop_back();
+  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, gone.key}}, false).has_value());
+  REQUIRE(f.backend->syncFrom(f.snap, {}, false).has_value());
+  CHECK(f.kernel->tables[Family::kIPv4].chains.size() == chainsBefore - 3);
+  CHECK_FALSE(f.kernel->tables[Family::kIPv4].elements["cluster-ips"].empty());
+  // A full sync afterwards agrees: nothing to do.
+  auto full = f.backend->syncFrom(f.snap, {}, true);
+  CHECK(full->operations == 0);
+}
+
+TEST_CASE("backend: two ports of one service share the cluster-ips element", "[unit]") {
+  Fixture f;
+  auto a = clusterIP("ns", "multi", "172.30.9.1", 80, {endpoint("10.9.0.1", 80)}, sdk::Protocol::kTCP, "http");
+  auto b = clusterIP("ns", "multi", "172.30.9.1", 443, {endpoint("10.9.0.1", 443)}, sdk::Protocol::kTCP, "https");
+  f.snap.ports().push_back(a);
+  f.snap.ports().push_back(b);
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  f.snap.ports().pop_back();
+  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, b.key}}, false).has_value());
+  KeyBuilder k;
+  k.address(*Address::parse("172.30.9.1"));
+  CHECK(f.kernel->tables[Family::kIPv4].elements["cluster-ips"].contains(k.bytes));
+}
+
+TEST_CASE("backend: a refused batch leaves kernel and mirror; the next sync is full", "[unit]") {
+  Fixture f;
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  auto kernelBefore = f.kernel->tables[Family::kIPv4].chains.size();
+  auto& p = f.snap.ports()[0];
+  testing::setEndpoints(p, {endpoint("10.5.5.5", 80)});
+  f.kernel->failNextBatchAt(1);
+  auto failed = f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, p.key}}, false);
+  REQUIRE_FALSE(failed.has_value());
+  CHECK(failed.error().message.find("kube-proxy") != std::string::npos);
+  CHECK(f.kernel->tables[Family::kIPv4].chains.size() == kernelBefore);
+  CHECK(f.backend->needsFullSync());
+  auto retry = f.backend->syncFrom(f.snap, {}, false);
+  REQUIRE(retry.has_value());
+  CHECK(f.kernel->readBacks == 2);
+  CHECK(f.kernel->tables[Family::kIPv4].chains.contains(endpointChainName(p, p.clusterEndpoints[0])));
+}
+
+TEST_CASE("backend: a full sync removes foreign rules and restores deleted ones", "[unit]") {
+  Fixture f;
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  std::string svc = serviceChainName(f.snap.ports()[2]);
+  {
+    auto& t = f.kernel->tables[Family::kIPv4];  // the fake replaces its tables on each batch
+    t.chains["services"].rules.push_back({0, {}, "counter"});
+    t.chains[svc].rules.clear();
+  }
+  auto partial = f.backend->syncFrom(f.snap, {}, false);
+  CHECK(partial->operations == 0);  // partial syncs trust the mirror
+  auto full = f.backend->syncFrom(f.snap, {}, true);
+  REQUIRE(full.has_value());
+  CHECK(full->operations == 2 + 1 + 2);  // flush+refill services (2 rules), refill svc (2 rules)
+  auto& t = f.kernel->tables[Family::kIPv4];
+  CHECK(t.chains["services"].rules.size() == 2);
+  for (const auto& r : t.chains["services"].rules) CHECK(r.hash != 0);
+  CHECK(t.chains[svc].rules.size() == 2);
+}
+
+TEST_CASE("backend: restart over an unchanged kernel applies nothing", "[unit]") {
+  Fixture f;
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  auto state = f.kernel->tables;
+  auto k = std::make_unique<FakeKernelNftables>();
+  k->tables = state;
+  auto* raw = k.get();
+  NftablesBackend restarted(sdk::Host(nullptr), BackendSettings{}, std::move(k));
+  auto out = restarted.syncFrom(f.snap, {}, false);
+  REQUIRE(out.has_value());
+  CHECK(out->operations == 0);
+  CHECK(raw->batches == 0);
+}
+
+TEST_CASE("backend: dry-run prints the batch and touches no kernel", "[unit]") {
+  auto k = std::make_unique<FakeKernelNftables>();
+  auto* raw = k.get();
+  BackendSettings s;
+  s.dryRun = true;
+  char* buf = nullptr;
+  std::size_t len = 0;
+  s.dryRunOutput = open_memstream(&buf, &len);
+  NftablesBackend b(sdk::Host(nullptr), s, std::move(k));
+  VectorSnapshot snap({clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080)})});
+  REQUIRE(b.syncFrom(snap, {}, true).has_value());
+  std::fclose(s.dryRunOutput);
+  std::string text(buf, len);
+  std::free(buf);
+  CHECK(raw->batches == 0);
+  CHECK(raw->readBacks == 0);
+  CHECK(text.starts_with("add table ip kube-proxy\n"));
+  CHECK(text.find("add rule ip kube-proxy nat-prerouting jump services\n") != std::string::npos);
+  CHECK(text.find("add element ip kube-proxy service-ips { 172.30.0.10 . tcp . 80 : goto service-") !=
+        std::string::npos);
+}

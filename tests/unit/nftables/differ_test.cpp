@@ -1,0 +1,129 @@
+// NftablesDiffer: desired objects vs. a mirror → ordered ops.
+
+#include <catch2/catch.hpp>
+
+#include "kproxy/nftables/differ.h"
+#include "kproxy/nftables/renderer.h"
+#include "service_ports.h"
+
+using namespace kproxy;
+using namespace kproxy::nftables;
+using kproxy::nftables::testing::clusterIP;
+using kproxy::nftables::testing::endpoint;
+
+namespace {
+
+struct World {
+  NftablesRenderer renderer{RenderConfig{}};
+  GlobalObjects global = renderer.renderGlobal(Family::kIPv4, {});
+  std::vector<Fragment> fragments;
+
+  DesiredFamily desired() const {
+    DesiredFamily d;
+    d.sets = global.sets;
+    for (const auto& c : global.chains) d.chains.push_back(&c);
+    for (const auto& e : global.elements) d.elements.push_back(&e);
+    for (const auto& f : fragments) {
+      for (const auto& c : f.chains) d.chains.push_back(&c);
+      for (const auto& e : f.elements) d.elements.push_back(&e);
+    }
+    return d;
+  }
+  DiffResult fullDiff(const Mirror& m) const {
+    StaleCandidates s;
+    s.everythingNotDesired = true;
+    return NftablesDiffer::diff(Family::kIPv4, desired(), m.ip, s, renderer.setSpecs(Family::kIPv4));
+  }
+};
+
+std::vector<std::string> texts(const std::vector<Op>& ops) {
+  std::vector<std::string> out;
+  for (const auto& o : ops) out.push_back(o.toText());
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("differ: from nothing, then unchanged is zero ops", "[unit]") {
+  World w;
+  auto p = clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080), endpoint("10.1.0.2", 8080)});
+  w.fragments.push_back(w.renderer.renderServicePort(p));
+  Mirror m;
+  auto first = w.fullDiff(m);
+  REQUIRE_FALSE(first.ops.empty());
+  CHECK(first.ops.front().toText() == "add table ip kube-proxy");
+  // Order: sets before chains before rules before elements.
+  auto pos = [&](OpKind k) {
+    for (std::size_t i = 0; i < first.ops.size(); ++i)
+      if (first.ops[i].kind == k) return i;
+    return first.ops.size();
+  };
+  CHECK(pos(OpKind::kAddSet) < pos(OpKind::kAddChain));
+  CHECK(pos(OpKind::kAddChain) < pos(OpKind::kAddRule));
+  CHECK(pos(OpKind::kAddRule) < pos(OpKind::kAddElement));
+  applyToMirror(m, first.ops);
+  CHECK(w.fullDiff(m).ops.empty());
+}
+
+TEST_CASE("differ: one endpoint removal is a handful of ops; the stale chain is deleted later",
+          "[unit]") {
+  World w;
+  auto p = clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080), endpoint("10.1.0.2", 8080)});
+  for (int i = 0; i < 50; ++i)
+    w.fragments.push_back(w.renderer.renderServicePort(
+        clusterIP("ns", "other-" + std::to_string(i), "172.30.1." + std::to_string(i), 80,
+                  {endpoint("10.2.0." + std::to_string(i), 80)})));
+  w.fragments.push_back(w.renderer.renderServicePort(p));
+  Mirror m;
+  applyToMirror(m, w.fullDiff(m).ops);
+
+  std::string gone = endpointChainName(p, p.clusterEndpoints[1]);
+  testing::setEndpoints(p, {endpoint("10.1.0.1", 8080)});
+  w.fragments.back() = w.renderer.renderServicePort(p);
+  auto d = w.fullDiff(m);
+  CHECK(texts(d.ops) == std::vector<std::string>{
+                            "flush chain ip kube-proxy " + serviceChainName(p),
+                            "flush chain ip kube-proxy " + gone,
+                            "add rule ip kube-proxy " + serviceChainName(p) + " goto " +
+                                endpointChainName(p, p.clusterEndpoints[0]),
+                        });
+  CHECK(d.pendingDelete == std::set<std::string>{gone});
+  applyToMirror(m, d.ops);
+  auto later = w.fullDiff(m);
+  CHECK(texts(later.ops) == std::vector<std::string>{"delete chain ip kube-proxy " + gone});
+  applyToMirror(m, later.ops);
+  CHECK(w.fullDiff(m).ops.empty());
+}
+
+TEST_CASE("differ: a removed service flushes chains and deletes elements, then chains", "[unit]") {
+  World w;
+  auto p = clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080)});
+  w.fragments.push_back(w.renderer.renderServicePort(p));
+  Mirror m;
+  applyToMirror(m, w.fullDiff(m).ops);
+  w.fragments.clear();
+  auto d = w.fullDiff(m);
+  auto t = texts(d.ops);
+  CHECK(std::count_if(d.ops.begin(), d.ops.end(), [](const Op& o) { return o.kind == OpKind::kDeleteElement; }) == 2);
+  CHECK(std::find(t.begin(), t.end(), "delete element ip kube-proxy service-ips { 172.30.0.10 . tcp . 80 }") != t.end());
+  CHECK(std::none_of(d.ops.begin(), d.ops.end(), [](const Op& o) { return o.kind == OpKind::kDeleteChain; }));
+  applyToMirror(m, d.ops);
+  auto later = w.fullDiff(m);
+  CHECK(later.ops.size() == 2);  // the service chain and the endpoint chain
+  for (const auto& o : later.ops) CHECK(o.kind == OpKind::kDeleteChain);
+}
+
+TEST_CASE("differ: a changed element value is deleted and re-added", "[unit]") {
+  World w;
+  auto p = clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080)});
+  w.fragments.push_back(w.renderer.renderServicePort(p));
+  Mirror m;
+  applyToMirror(m, w.fullDiff(m).ops);
+  testing::setEndpoints(p, {});
+  w.fragments.back() = w.renderer.renderServicePort(p);
+  auto t = texts(w.fullDiff(m).ops);
+  CHECK(std::find(t.begin(), t.end(),
+                  "add element ip kube-proxy no-endpoint-services { 172.30.0.10 . tcp . 80 : goto reject-chain }") !=
+        t.end());
+  CHECK(std::find(t.begin(), t.end(), "delete element ip kube-proxy service-ips { 172.30.0.10 . tcp . 80 }") != t.end());
+}
