@@ -535,7 +535,7 @@ std::string usage() {
     if (!spec.defaultText.empty() && spec.defaultText != "false") {
       text += fmt::format(" (default {})", spec.defaultText);
     }
-    if (spec.scope == Scope::kConfig) text += " [config file: ignored when --config is given]";
+    if (spec.scope == Scope::kConfig) text += " Ignored with --config.";
     if (head.size() < 44) {
       out += fmt::format("{:<44}{}\n", head, text);
     } else {
