@@ -1,0 +1,189 @@
+// kproxy: the program. Flags and config (kube-proxy's names), plugin loading, the event source,
+// the sync loop, and signals. Everything else lives in the modules it wires together.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "config_file.h"
+#include "flags.h"
+#include "kproxy/apiwatch/manifest_source.h"
+#include "kproxy/core/log.h"
+#include "kproxy/core/proxier.h"
+#include "kproxy/plugins/loader.h"
+#include "proxy_config.h"
+
+namespace {
+
+using kproxy::cli::ProxyConfig;
+namespace log = kproxy::log;
+
+constexpr const char* kVersion = "0.1.0";
+
+int fail(const std::string& message) {
+  std::fprintf(stderr, "kproxy: %s\n", message.c_str());
+  return 1;
+}
+
+std::string nodeName(const ProxyConfig& config) {
+  if (!config.hostnameOverride.empty()) return config.hostnameOverride;
+  char host[256] = {};
+  if (gethostname(host, sizeof host - 1) != 0) return "localhost";
+  // Kubernetes node names are lower case.
+  std::string name(host);
+  for (auto& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return name;
+}
+
+std::string joined(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) {
+    if (!out.empty()) out += ",";
+    out += item;
+  }
+  return out;
+}
+
+// What every backend is told, as strings (plugins/README.md lists the keys).
+kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
+  kproxy::plugins::BackendOptions options;
+  options["node-name"] = nodeName(config);
+  options["cluster-cidr"] = config.clusterCIDR;
+  options["masquerade-all"] = config.masqueradeAll ? "true" : "false";
+  options["nodeport-addresses"] = joined(config.nodePortAddresses);
+  options["masquerade-bit"] =
+      std::to_string(config.mode == "iptables" ? config.iptables.masqueradeBit
+                                               : config.nftables.masqueradeBit);
+  options["dry-run"] = config.dryRun ? "true" : "false";
+  options["ipvs-scheduler"] = config.ipvs.scheduler;
+  options["ipvs-strict-arp"] = config.ipvs.strictARP ? "true" : "false";
+  options["ipvs-exclude-cidrs"] = joined(config.ipvs.excludeCIDRs);
+  options["localhost-nodeports"] = config.iptables.localhostNodePorts ? "true" : "false";
+  if (config.bindAddress != "0.0.0.0" && config.bindAddress != "::" && !config.bindAddress.empty())
+    options["node-ips"] = config.bindAddress;
+  return options;
+}
+
+// Loads the built-in plugins (no flag needed) and every --plugin-dir. A directory that cannot
+// be read or a plugin that is refused is logged; only a missing selected mode is fatal.
+void loadPlugins(kproxy::plugins::PluginRegistry& registry, const ProxyConfig& config) {
+  for (const auto& dir : kproxy::plugins::defaultPluginDirs()) {
+    for (const auto& err : registry.loadDirectory(dir)) log::warning(err.message());
+  }
+  for (const auto& dir : config.pluginDirs) {
+    for (const auto& err : registry.loadDirectory(dir)) log::warning(err.message());
+  }
+}
+
+// --cleanup: every loaded backend removes what it creates; safe to run twice.
+int cleanupAll(const kproxy::plugins::PluginRegistry& registry, const ProxyConfig& config) {
+  int rc = 0;
+  auto options = backendOptions(config);
+  for (const auto& plugin : registry.plugins()) {
+    auto backend = registry.createBackend(plugin.name, options);
+    if (!backend) {
+      log::warning("cleanup skipped", {{"mode", plugin.name}, {"reason", backend.error().message()}});
+      continue;
+    }
+    if (auto r = (*backend)->cleanup(); !r) {
+      log::error("cleanup failed", {{"mode", plugin.name}, {"error", r.error().message()}});
+      rc = 1;
+    } else {
+      log::info(0, "cleaned up", {{"mode", plugin.name}});
+    }
+  }
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::span<const char* const> args(const_cast<const char* const*>(argv) + 1,
+                                    static_cast<std::size_t>(argc - 1));
+  auto parsed = kproxy::cli::parseFlags(args);
+  if (!parsed) return fail(parsed.error().message());
+  if (parsed->config.showHelp) {
+    std::fputs(kproxy::cli::usage().c_str(), stdout);
+    return 0;
+  }
+  if (parsed->config.showVersion) {
+    std::printf("kproxy %s\n", kVersion);
+    return 0;
+  }
+  auto effective = kproxy::cli::effectiveConfig(*parsed);
+  if (!effective) return fail(effective.error().message());
+  ProxyConfig config = std::move(*effective);
+  log::setVerbosity(static_cast<int>(config.logging.verbosity));
+  for (const auto& flag : kproxy::cli::ignoredFlags(*parsed)) {
+    log::warning("flag ignored because --config is given", {{"flag", "--" + flag}});
+  }
+
+  // Block the stop signals before any thread starts so that only the waiter below sees them.
+  sigset_t stopSignals;
+  sigemptyset(&stopSignals);
+  sigaddset(&stopSignals, SIGINT);
+  sigaddset(&stopSignals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stopSignals, nullptr);
+
+  kproxy::plugins::PluginRegistry registry;
+  loadPlugins(registry, config);
+  std::vector<std::string> modes;
+  for (const auto& p : registry.plugins()) modes.push_back(p.name);
+  if (auto valid = kproxy::cli::validate(config, modes); !valid) return fail(valid.error().message());
+
+  if (!parsed->writeConfigTo.empty()) {
+    if (auto w = kproxy::cli::writeConfigFile(config, parsed->writeConfigTo); !w)
+      return fail(w.error().message());
+    return 0;
+  }
+  if (config.cleanup) return cleanupAll(registry, config);
+
+  auto backend = registry.createBackend(config.mode, backendOptions(config));
+  if (!backend) return fail(backend.error().message());
+
+  if (config.manifestsDir.empty()) {
+    return fail(
+        "no source of Services: give --manifests DIR (this build of kproxy has no API server "
+        "client yet; --kubeconfig and --master are accepted but not used)");
+  }
+
+  kproxy::core::TrackerConfig tracker;
+  tracker.nodeName = nodeName(config);
+  kproxy::core::ProxierOptions options;
+  options.syncPeriod = config.effectiveSyncPeriod();
+  options.minSyncPeriod = config.effectiveMinSyncPeriod();
+  options.oneShot = config.dryRun;
+  kproxy::core::Proxier proxier(tracker, **backend, options);
+
+  log::info(0, "starting", {{"version", kVersion}, {"mode", config.mode},
+                            {"node", tracker.nodeName}, {"manifests", config.manifestsDir},
+                            {"dryRun", config.dryRun ? "true" : "false"}});
+
+  kproxy::apiwatch::ManifestSource source(config.manifestsDir, proxier);
+  if (auto started = source.start(); !started) return fail(started.error().message());
+
+  std::stop_source stop;
+  std::jthread signalWaiter([&stop, stopSignals](std::stop_token token) {
+    timespec tick{0, 200'000'000};
+    while (!token.stop_requested()) {
+      int sig = sigtimedwait(&stopSignals, nullptr, &tick);
+      if (sig == SIGINT || sig == SIGTERM) {
+        log::info(0, "stopping; kernel rules stay in place", {{"signal", sig == SIGINT ? "SIGINT" : "SIGTERM"}});
+        stop.request_stop();
+        return;
+      }
+    }
+  });
+
+  bool ok = proxier.run(stop.get_token());
+  source.stop();
+  signalWaiter.request_stop();
+  return ok ? 0 : 1;
+}
