@@ -247,7 +247,12 @@ struct ManifestSource::Impl {
 
   /// Re-reads the directory and delivers the difference to the sink.
   void rescan() {
+    readAndDeliver();
+    // Counted when done, so whoever sees the counter move also sees the deliveries.
     ++rescans;
+  }
+
+  void readAndDeliver() {
     std::error_code ec;
     std::vector<std::pair<std::string, ManifestFormat>> names;
     for (fs::directory_iterator it(directory, ec), end; !ec && it != end; it.increment(ec)) {
