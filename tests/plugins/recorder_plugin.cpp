@@ -1,6 +1,7 @@
 // A real backend plugin built only with the public SDK: it programs nothing and instead appends
 // what each sync received to the file named by option "record-file". It proves the ABI end to
 // end (loader, snapshot accessors, changed keys, options, errors) before any kernel backend.
+#include <cstdlib>
 #include <fstream>
 #include <string>
 
@@ -59,10 +60,17 @@ class RecorderBackend final : public BackendPlugin {
 };
 
 Expected<std::unique_ptr<BackendPlugin>> makeRecorder(const Host& host, const Options& options) {
-  auto it = options.find("record-file");
-  if (it == options.end() || it->second.empty()) return fail("recorder: option record-file is required");
+  // Through the kproxy program (which passes only its own options) the file comes from the
+  // environment.
+  std::string file;
+  if (auto it = options.find("record-file"); it != options.end()) file = it->second;
+  if (file.empty()) {
+    const char* env = std::getenv("KPROXY_RECORD_FILE");
+    if (env != nullptr) file = env;
+  }
+  if (file.empty()) return fail("recorder: option record-file is required");
   bool failSyncs = options.contains("fail-sync") && options.at("fail-sync") == "true";
-  return std::make_unique<RecorderBackend>(host, it->second, failSyncs);
+  return std::make_unique<RecorderBackend>(host, file, failSyncs);
 }
 
 }  // namespace

@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# Program-level tests of the kproxy binary: flags and errors, --dry-run, the manifest directory
+# followed live, a malformed document, signals, --cleanup, and the plugin ABI end to end through
+# the recorder test plugin. Kernel-touching cases run in an anonymous network namespace
+# (unshare -n), never in the machine's own.
+# Usage: kproxy_program.sh KPROXY_BIN TEST_PLUGIN_DIR SOURCE_DIR
+set -uo pipefail
+KPROXY=$1
+TEST_PLUGINS=$2
+SRC=$3
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "kproxy_program: ERROR: needs root (network namespaces for --dry-run/--cleanup cases)" >&2
+  exit 1
+fi
+
+WORK=$(mktemp -d /tmp/kproxy-program-XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+passed=0
+failed=0
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+
+# wait_for SECONDS CMD...: polls every 50 ms.
+wait_for() {
+  local deadline=$((SECONDS + $1)); shift
+  while ((SECONDS <= deadline)); do "$@" && return 0; sleep 0.05; done
+  return 1
+}
+
+# --- flags and errors -----------------------------------------------------------------------
+out=$("$KPROXY" --no-such-flag 2>&1); rc=$?
+if [[ $rc -eq 1 && "$out" == "kproxy: unknown flag: --no-such-flag" ]]; then pass "unknown flag"; else fail "unknown flag" "rc=$rc out=$out"; fi
+
+out=$("$KPROXY" --iptables-sync-period=3x --manifests "$WORK" 2>&1); rc=$?
+if [[ $rc -eq 1 && $(wc -l <<<"$out") -eq 1 && "$out" == *"--iptables-sync-period"* ]]; then pass "bad value"; else fail "bad value" "rc=$rc out=$out"; fi
+
+out=$("$KPROXY" --proxy-mode=foo --plugin-dir "$TEST_PLUGINS" --manifests "$WORK" 2>&1 | grep -v '^[IW][0-9]'); rc=${PIPESTATUS[0]}
+if [[ $rc -eq 1 && "$out" == 'kproxy: unknown proxy mode "foo"; available: nftables, recorder' ]]; then pass "unknown mode lists the loaded modes"; else fail "unknown mode" "rc=$rc out=$out"; fi
+
+out=$("$KPROXY" --plugin-dir "$WORK/missing-dir" --help 2>&1); rc=$?
+if [[ $rc -eq 0 && "$out" == *"--proxy-mode"* && "$out" == *"--manifests"* ]]; then pass "help"; else fail "help" "rc=$rc"; fi
+
+# --- dry run: prints nft syntax and changes nothing -----------------------------------------
+out=$(unshare -n bash -c "'$KPROXY' --proxy-mode=nftables --manifests '$SRC/examples/demo-manifests' --hostname-override demo-node --dry-run 2>/dev/null; echo TABLES:; nft list tables")
+if [[ "$out" == *"add table ip kube-proxy"* && "$out" == *"add rule ip kube-proxy"* && "$out" == *"TABLES:" && "$out" != *"TABLES:"*"kube-proxy"* ]]; then
+  pass "dry-run prints the batch and changes nothing"
+else
+  fail "dry-run" "$(tail -5 <<<"$out")"
+fi
+
+# --- the recorder plugin through the real program: manifests followed live ----------------
+M="$WORK/manifests"; mkdir -p "$M"
+REC="$WORK/record.txt"
+cat >"$M/web.yaml" <<'YAML'
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.20
+  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.2]
+  conditions: {ready: true}
+- addresses: [10.244.1.3]
+  conditions: {ready: true}
+YAML
+cat >"$WORK/config.yaml" <<YAML
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: recorder
+hostnameOverride: node-a
+nftables: {minSyncPeriod: 100ms, syncPeriod: 30s}
+YAML
+KPROXY_RECORD_FILE="$REC" "$KPROXY" --config "$WORK/config.yaml" --plugin-dir "$TEST_PLUGINS" \
+  --manifests "$M" -v 2 >"$WORK/kproxy.log" 2>&1 &
+KP=$!; PIDS+=("$KP")
+
+has() { grep -qF -- "$2" "$1" 2>/dev/null; }
+if wait_for 5 has "$REC" "state v4:default/web:http tcp 10.96.0.20:80 endpoints=10.244.1.2:8080,10.244.1.3:8080"; then
+  pass "first sync reaches the plugin through the ABI"
+else
+  fail "first sync" "$(tail -5 "$WORK/kproxy.log")"
+fi
+if has "$REC" "sync full=1 previous=0 size=1 node=node-a"; then pass "first sync is full"; else fail "first sync is full" "$(head -3 "$REC")"; fi
+
+# Remove one endpoint with an atomic rename, as editors and config tools do.
+sed '/10.244.1.2/,+1d' "$M/web.yaml" >"$WORK/web.yaml.new" && mv "$WORK/web.yaml.new" "$M/web.yaml"
+t0=$(date +%s%N)
+if wait_for 3 has "$REC" "changed v4:default/web:http v4:default/web:http tcp 10.96.0.20:80 endpoints=10.244.1.3:8080"; then
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  if ((ms <= 2000)); then pass "endpoint removal synced partially in ${ms} ms"; else fail "endpoint removal latency" "${ms} ms"; fi
+else
+  fail "endpoint removal" "$(tail -5 "$REC")"
+fi
+if has "$REC" "sync full=0 previous=1"; then pass "the change is a partial sync"; else fail "partial sync" "$(grep '^sync' "$REC")"; fi
+
+# A malformed document is skipped with a log line naming its file; the rest keeps working.
+printf 'apiVersion: v1\nkind: Service\nmetadata: {name: bad, namespace: default}\nspec:\n  ports: [{port: notanumber}]\n' >"$M/bad.yaml"
+sed 's/name: web, /name: api, /; s/10.96.0.20/10.96.0.21/; s/service-name: web/service-name: api/; s/name: web-1/name: api-1/' "$M/web.yaml" >"$M/api.yaml"
+if wait_for 3 has "$REC" "state v4:default/api:http tcp 10.96.0.21:80"; then pass "a good file next to a bad one is applied"; else fail "good next to bad" "$(tail -3 "$WORK/kproxy.log")"; fi
+if grep -q 'bad.yaml' "$WORK/kproxy.log"; then pass "the malformed file is named in the log"; else fail "malformed logged" "$(grep -i warn "$WORK/kproxy.log" | tail -3)"; fi
+if has "$REC" "state v4:default/web:http"; then pass "other services are kept"; else fail "other services kept" ""; fi
+
+# SIGTERM: a clean stop with exit status 0.
+kill -TERM "$KP"
+if wait_for 5 bash -c "! kill -0 $KP 2>/dev/null"; then
+  wait "$KP"; rc=$?
+  if [[ $rc -eq 0 ]]; then pass "SIGTERM stops cleanly with status 0"; else fail "SIGTERM" "exit status $rc"; fi
+else
+  fail "SIGTERM" "still running after 5 s"
+fi
+
+# --cleanup removes kproxy's tables, leaves others, and is safe twice (own namespace).
+out=$(unshare -n bash -c "
+  nft add table ip foreign || exit 1
+  '$KPROXY' --proxy-mode=nftables --manifests '$SRC/examples/demo-manifests' --hostname-override demo-node --iptables-min-sync-period=0s >$WORK/cleanup-run.log 2>&1 &
+  pid=\$!
+  for i in \$(seq 100); do nft list tables | grep -q kube-proxy && break; sleep 0.05; done
+  kill -TERM \$pid; wait \$pid; echo status=\$?
+  echo BEFORE: \$(nft list tables)
+  '$KPROXY' --cleanup >/dev/null 2>&1; echo first=\$?
+  '$KPROXY' --cleanup >/dev/null 2>&1; echo second=\$?
+  echo AFTER: \$(nft list tables)")
+if [[ "$out" == *"status=0"* && "$out" == *"BEFORE: "*"table ip kube-proxy"* && "$out" == *"first=0"* && "$out" == *"second=0"* && "$out" == *"AFTER: table ip foreign" ]]; then
+  pass "rules stay after SIGTERM; --cleanup removes them, twice, foreign table untouched"
+else
+  fail "cleanup" "$out $(tail -5 $WORK/cleanup-run.log)"
+fi
+
+echo "program: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]
