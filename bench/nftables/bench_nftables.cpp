@@ -170,6 +170,8 @@ int main(int argc, char** argv) {
         t = Clock::now();
         auto resync = restarted.syncFrom(snap, {}, true);
         double resyncMs = msSince(t);
+        std::fprintf(stderr, "  [%d x %d] full: %s\n  [%d x %d] change: %s\n", n, eps,
+                     full->summary.c_str(), n, eps, change->summary.c_str());
         std::printf("%10.1f %8lu %10.2f %8lu %10.1f %8ld | ", fullMs,
                     static_cast<unsigned long>(full->operations), changeMs,
                     static_cast<unsigned long>(change->operations),

@@ -214,10 +214,10 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
   sdk::SyncOutcome out;
   out.operations = count;
-  out.summary = fmt::format("nftables sync full={} ops={} changed={} pending_delete={} ms={:.1f}{}",
-                            full, count, changed.size(),
-                            pendingDelete_[Family::kIPv4].size() + pendingDelete_[Family::kIPv6].size(),
-                            elapsed.count(), settings_.dryRun ? " dry_run=true" : "");
+  out.summary = fmt::format(
+      "nftables sync full={} ops={} changed={} pending_delete={} ms={:.1f} kernel_ms={:.1f}{}", full,
+      count, changed.size(), pendingDelete_[Family::kIPv4].size() + pendingDelete_[Family::kIPv6].size(),
+      elapsed.count(), count == 0 ? 0.0 : lastApplyMs_, settings_.dryRun ? " dry_run=true" : "");
   host_.info(2, out.summary);
   return out;
 }
@@ -227,7 +227,9 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::commit(std::vector<Op> ops, boo
     for (const auto& op : ops) std::fprintf(settings_.dryRunOutput, "%s\n", op.toText().c_str());
     std::fflush(settings_.dryRunOutput);
   } else if (!ops.empty()) {
+    auto started = std::chrono::steady_clock::now();
     auto applied = kernel_->apply(ops);
+    lastApplyMs_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
     if (!applied) {
       needFull_ = true;  // the mirror still describes the kernel, but re-read it anyway
       if (full) mirror_ = Mirror{};

@@ -267,25 +267,30 @@ class NetlinkKernel final : public KernelNftables {
       if (!r) return std::unexpected(r.error());
     }
 
-    // Rules: only their kproxy hash and jump targets, no decoding of matches.
-    {
+    // Rules: only their kproxy hash and jump targets, no decoding of matches. One dump per
+    // chain: a table-wide dump restarts its walk over every rule for each 32 KiB reply, which
+    // is quadratic in the table's size; a per-chain dump is a hash lookup plus that chain.
+    for (auto& [chainName, mc] : mf.chains) {
       RulePtr filter(nftnl_rule_alloc());
       nftnl_rule_set_str(filter.get(), NFTNL_RULE_TABLE, kTable.c_str());
+      nftnl_rule_set_str(filter.get(), NFTNL_RULE_CHAIN, chainName.c_str());
       nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETRULE, nfp, NLM_F_DUMP, sock.nextSeq());
       nftnl_rule_nlmsg_build_payload(nlh, filter.get());
+      MirrorChain* chain = &mc;
       auto r = sock.dump(nlh, [&](const nlmsghdr* msg) {
         RulePtr rule(nftnl_rule_alloc());
         if (nftnl_rule_nlmsg_parse(msg, rule.get()) < 0) return false;
         const char* table = nftnl_rule_get_str(rule.get(), NFTNL_RULE_TABLE);
-        if (table == nullptr || kTable != table) return true;
-        auto& mc = mf.chains[nftnl_rule_get_str(rule.get(), NFTNL_RULE_CHAIN)];
+        const char* ruleChain = nftnl_rule_get_str(rule.get(), NFTNL_RULE_CHAIN);
+        if (table == nullptr || kTable != table || ruleChain == nullptr || chainName != ruleChain)
+          return true;
         std::uint64_t hash = 0;
         if (nftnl_rule_is_set(rule.get(), NFTNL_RULE_USERDATA)) {
           std::uint32_t len = 0;
           const void* ud = nftnl_rule_get_data(rule.get(), NFTNL_RULE_USERDATA, &len);
           hash = decodeRuleHash(ud, len);
         }
-        mc.rules.push_back(hash);
+        chain->rules.push_back(hash);
         nftnl_expr_foreach(
             rule.get(),
             [](nftnl_expr* e, void* data) -> int {
@@ -296,7 +301,7 @@ class NetlinkKernel final : public KernelNftables {
                     nftnl_expr_get_str(e, NFTNL_EXPR_IMM_CHAIN));
               return 0;
             },
-            &mc);
+            chain);
         return true;
       });
       if (!r) return std::unexpected(r.error());

@@ -93,6 +93,7 @@ class NftablesBackend final : public sdk::BackendPlugin {
   std::map<Family, std::set<std::string>> pendingDelete_;
   bool needFull_ = true;
   std::vector<Op> lastOps_;
+  double lastApplyMs_ = 0;
 };
 
 /// The factory the plugin entry uses.
