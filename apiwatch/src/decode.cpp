@@ -106,8 +106,8 @@ std::int64_t asInteger(const json& value, const Loc& loc) {
     }
     return value.get<std::int64_t>();
   }
-  fail(loc, fmt::format("expected an integer, got {}", value.is_number() ? "a fraction"
-                                                                          : jsonTypeName(value)));
+  fail(loc, fmt::format("expected an integer, got {}",
+                        value.is_number() ? "a fraction" : jsonTypeName(value)));
 }
 
 std::optional<std::int32_t> optInt32(const json& obj, const Loc& objLoc, std::string_view key,
@@ -262,7 +262,8 @@ core::ServicePortSpec decodeServicePort(const json& p, const Loc& loc) {
     }
   }
   // API defaulting: an unset (0 or "") targetPort means "same as port".
-  if (port.targetPort.name.empty() && port.targetPort.number == 0) port.targetPort.number = port.port;
+  if (port.targetPort.name.empty() && port.targetPort.number == 0)
+    port.targetPort.number = port.port;
   port.nodePort = optInt32(p, loc, "nodePort", 0, kMaxPort).value_or(0);
   port.appProtocol = optString(p, loc, "appProtocol");
   return port;
@@ -335,8 +336,8 @@ core::Service decodeServiceBody(const json& object, std::string& label) {
     if (const json* cfg = objectField(*spec, s, "sessionAffinityConfig"); cfg != nullptr) {
       Loc c = s.field("sessionAffinityConfig");
       if (const json* cip = objectField(*cfg, c, "clientIP"); cip != nullptr) {
-        if (auto t = optInt32(*cip, c.field("clientIP"), "timeoutSeconds", 1,
-                              kMaxStickyTimeoutSeconds);
+        if (auto t =
+                optInt32(*cip, c.field("clientIP"), "timeoutSeconds", 1, kMaxStickyTimeoutSeconds);
             t.has_value())
           svc.sessionAffinityTimeoutSeconds = *t;
       }
@@ -370,7 +371,8 @@ std::vector<std::string> hintNames(const json& hints, const Loc& hLoc, std::stri
     Loc e = l.at(i);
     expectObject((*arr)[i], e);
     auto name = optString((*arr)[i], e, "name");
-    if (!name.has_value() || name->empty()) fail(e.field("name"), "required field is missing or empty");
+    if (!name.has_value() || name->empty())
+      fail(e.field("name"), "required field is missing or empty");
     out.push_back(std::move(*name));
   }
   return out;
@@ -450,8 +452,8 @@ core::Node decodeNodeBody(const json& object, std::string& label) {
     Loc s = root.field("spec");
     node.podCIDRs = stringList(*spec, s, "podCIDRs");
     // podCIDR is the single-stack predecessor of podCIDRs (and equals podCIDRs[0] when both).
-    if (auto one = optString(*spec, s, "podCIDR"); node.podCIDRs.empty() && one.has_value() &&
-                                                   !one->empty())
+    if (auto one = optString(*spec, s, "podCIDR");
+        node.podCIDRs.empty() && one.has_value() && !one->empty())
       node.podCIDRs.push_back(*one);
   }
   if (const json* status = objectField(object, root, "status"); status != nullptr) {
@@ -590,7 +592,9 @@ std::optional<json> parseYamlFloat(std::string_view text) {
   return json(value);
 }
 
-bool isYamlNull(std::string_view s) { return s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL"; }
+bool isYamlNull(std::string_view s) {
+  return s.empty() || s == "~" || s == "null" || s == "Null" || s == "NULL";
+}
 std::optional<bool> yamlBool(std::string_view s) {
   if (s == "true" || s == "True" || s == "TRUE") return true;
   if (s == "false" || s == "False" || s == "FALSE") return false;
@@ -679,17 +683,18 @@ core::Result<core::Node> decodeNode(const nlohmann::json& object) {
 
 core::Result<DecodedObject> decodeObject(const nlohmann::json& object) {
   if (!object.is_object())
-    return core::makeError(core::ErrorCategory::kDecode,
-                           fmt::format("(top level): expected an object, got {}", object.type_name()));
+    return core::makeError(
+        core::ErrorCategory::kDecode,
+        fmt::format("(top level): expected an object, got {}", object.type_name()));
   const json* kind = member(object, "kind");
   if (kind == nullptr || !kind->is_string() || kind->get_ref<const std::string&>().empty())
     return core::makeError(core::ErrorCategory::kDecode,
                            "kind: required field is missing or not a string");
   const json* apiVersion = member(object, "apiVersion");
   if (apiVersion != nullptr && !apiVersion->is_string())
-    return core::makeError(core::ErrorCategory::kDecode,
-                           fmt::format("apiVersion: expected a string, got {}",
-                                       apiVersion->type_name()));
+    return core::makeError(
+        core::ErrorCategory::kDecode,
+        fmt::format("apiVersion: expected a string, got {}", apiVersion->type_name()));
   const std::string& k = kind->get_ref<const std::string&>();
   const std::string version =
       apiVersion != nullptr ? apiVersion->get<std::string>() : std::string();
@@ -736,11 +741,16 @@ core::Result<ApiStatus> decodeStatus(const nlohmann::json& object) {
 
 const char* toString(WatchEventType type) {
   switch (type) {
-    case WatchEventType::kAdded: return "ADDED";
-    case WatchEventType::kModified: return "MODIFIED";
-    case WatchEventType::kDeleted: return "DELETED";
-    case WatchEventType::kBookmark: return "BOOKMARK";
-    case WatchEventType::kError: return "ERROR";
+    case WatchEventType::kAdded:
+      return "ADDED";
+    case WatchEventType::kModified:
+      return "MODIFIED";
+    case WatchEventType::kDeleted:
+      return "DELETED";
+    case WatchEventType::kBookmark:
+      return "BOOKMARK";
+    case WatchEventType::kError:
+      return "ERROR";
   }
   return "UNKNOWN";
 }

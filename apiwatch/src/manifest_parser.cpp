@@ -4,8 +4,8 @@
 #include <utility>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 #include <yaml-cpp/yaml.h>
+#include <nlohmann/json.hpp>
 
 namespace kproxy::apiwatch {
 namespace {
@@ -18,9 +18,8 @@ struct YamlChunk {
 };
 
 bool isMarker(std::string_view line, std::string_view marker) {
-  return line.starts_with(marker) &&
-         (line.size() == marker.size() || line[marker.size()] == ' ' ||
-          line[marker.size()] == '\t' || line[marker.size()] == '\r');
+  return line.starts_with(marker) && (line.size() == marker.size() || line[marker.size()] == ' ' ||
+                                      line[marker.size()] == '\t' || line[marker.size()] == '\r');
 }
 
 /// True when a chunk holds nothing but blank lines, comments and directives.
@@ -49,7 +48,8 @@ std::vector<YamlChunk> splitYamlDocuments(std::string_view text) {
   while (pos < text.size()) {
     std::size_t end = text.find('\n', pos);
     std::size_t next = end == std::string_view::npos ? text.size() : end + 1;
-    std::string_view line = text.substr(pos, (end == std::string_view::npos ? text.size() : end) - pos);
+    std::string_view line =
+        text.substr(pos, (end == std::string_view::npos ? text.size() : end) - pos);
     if (isMarker(line, "---") || isMarker(line, "...")) {
       chunks.push_back(std::move(current));
       current = YamlChunk{{}, lineNo};
@@ -111,7 +111,8 @@ void decodeDocument(json&& value, std::size_t document, std::size_t line,
 
 std::size_t lineOfOffset(std::string_view text, std::size_t offset) {
   offset = std::min(offset, text.size());
-  return 1 + static_cast<std::size_t>(std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(offset), '\n'));
+  return 1 + static_cast<std::size_t>(std::count(
+                 text.begin(), text.begin() + static_cast<std::ptrdiff_t>(offset), '\n'));
 }
 
 void parseJson(std::string_view text, std::vector<ManifestEntry>& out) {
@@ -137,10 +138,12 @@ void parseYaml(std::string_view text, std::vector<ManifestEntry>& out) {
     try {
       node = YAML::Load(chunk.text);
     } catch (const YAML::Exception& e) {
-      std::size_t line = chunk.firstLine + (e.mark.line >= 0 ? static_cast<std::size_t>(e.mark.line) : 0);
-      out.push_back({document, line, std::nullopt,
-                     core::makeError(core::ErrorCategory::kDecode,
-                                     fmt::format("YAML syntax error at line {}: {}", line, e.msg))});
+      std::size_t line =
+          chunk.firstLine + (e.mark.line >= 0 ? static_cast<std::size_t>(e.mark.line) : 0);
+      out.push_back(
+          {document, line, std::nullopt,
+           core::makeError(core::ErrorCategory::kDecode,
+                           fmt::format("YAML syntax error at line {}: {}", line, e.msg))});
       continue;
     }
     auto value = yamlToJson(node);

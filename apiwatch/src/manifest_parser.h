@@ -18,9 +18,9 @@ enum class ManifestFormat { kYaml, kJson };
 
 /// One object found in a file, or the reason it could not be read.
 struct ManifestEntry {
-  std::size_t document = 1;          ///< 1-based document number within the file
-  std::size_t line = 1;              ///< 1-based line where the document starts
-  std::optional<std::size_t> item;   ///< 0-based index in the List's items, if from a List
+  std::size_t document = 1;         ///< 1-based document number within the file
+  std::size_t line = 1;             ///< 1-based line where the document starts
+  std::optional<std::size_t> item;  ///< 0-based index in the List's items, if from a List
   core::Result<DecodedObject> object;
 };
 

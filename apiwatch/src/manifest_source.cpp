@@ -36,8 +36,9 @@ using Clock = std::chrono::steady_clock;
 
 // IN_MODIFY is not a trigger of its own value: it keeps the debounce open while a writer is still
 // writing in place, so a half-written file is not read.
-constexpr std::uint32_t kWatchMask = IN_CLOSE_WRITE | IN_MODIFY | IN_MOVED_TO | IN_MOVED_FROM | IN_DELETE |
-                                     IN_CREATE | IN_DELETE_SELF | IN_MOVE_SELF | IN_ONLYDIR;
+constexpr std::uint32_t kWatchMask = IN_CLOSE_WRITE | IN_MODIFY | IN_MOVED_TO | IN_MOVED_FROM |
+                                     IN_DELETE | IN_CREATE | IN_DELETE_SELF | IN_MOVE_SELF |
+                                     IN_ONLYDIR;
 // A runaway file (a log written into the directory by mistake) must not exhaust memory.
 constexpr std::uintmax_t kMaxFileBytes = 64u << 20;
 constexpr int kRewatchIntervalMs = 1000;
@@ -54,9 +55,12 @@ struct ObjectKey {
 
 std::string describe(const ObjectKey& key) {
   switch (key.kind) {
-    case ObjectKind::kNode: return fmt::format("Node {}", key.name);
-    case ObjectKind::kService: return fmt::format("Service {}/{}", key.ns, key.name);
-    case ObjectKind::kEndpointSlice: return fmt::format("EndpointSlice {}/{}", key.ns, key.name);
+    case ObjectKind::kNode:
+      return fmt::format("Node {}", key.name);
+    case ObjectKind::kService:
+      return fmt::format("Service {}/{}", key.ns, key.name);
+    case ObjectKind::kEndpointSlice:
+      return fmt::format("EndpointSlice {}/{}", key.ns, key.name);
   }
   return "?";
 }
@@ -162,12 +166,11 @@ struct ManifestSource::Impl {
     for (auto& entry : parseManifest(content, format)) {
       if (!entry.object) {
         ++failures;
-        log::warning("skipping manifest document",
-                     {{"file", path},
-                      {"document", std::to_string(entry.document)},
-                      {"item", entryWhere(entry)},
-                      {"line", std::to_string(entry.line)},
-                      {"reason", entry.object.error().message()}});
+        log::warning("skipping manifest document", {{"file", path},
+                                                    {"document", std::to_string(entry.document)},
+                                                    {"item", entryWhere(entry)},
+                                                    {"line", std::to_string(entry.line)},
+                                                    {"reason", entry.object.error().message()}});
         continue;
       }
       auto key = keyOf(*entry.object);
@@ -206,9 +209,9 @@ struct ManifestSource::Impl {
     for (auto& [key, located] : parsed) effective.insert_or_assign(key, std::move(located));
     record.effective = std::move(effective);
     if (kept > 0)
-      log::warning("manifest file has errors; keeping its last good objects",
-                   {{"file", path}, {"failures", std::to_string(failures)},
-                    {"kept", std::to_string(kept)}});
+      log::warning(
+          "manifest file has errors; keeping its last good objects",
+          {{"file", path}, {"failures", std::to_string(failures)}, {"kept", std::to_string(kept)}});
   }
 
   /// Reads a file's content. nullopt with `vanished` set when it no longer exists.
@@ -219,7 +222,8 @@ struct ManifestSource::Impl {
     if (ec) {
       vanished = ec == std::errc::no_such_file_or_directory;
       if (!vanished)
-        log::warning("cannot read manifest file", {{"file", path.string()}, {"reason", ec.message()}});
+        log::warning("cannot read manifest file",
+                     {{"file", path.string()}, {"reason", ec.message()}});
       return std::nullopt;
     }
     if (size > kMaxFileBytes) {
@@ -239,7 +243,8 @@ struct ManifestSource::Impl {
     std::ostringstream buffer;
     buffer << in.rdbuf();
     if (in.bad()) {
-      log::warning("cannot read manifest file", {{"file", path.string()}, {"reason", "read error"}});
+      log::warning("cannot read manifest file",
+                   {{"file", path.string()}, {"reason", "read error"}});
       return std::nullopt;
     }
     return std::move(buffer).str();
@@ -317,9 +322,15 @@ struct ManifestSource::Impl {
       if (desired.contains(key)) continue;
       ++deletes;
       switch (key.kind) {
-        case ObjectKind::kService: sink.serviceDeleted(key.ns, key.name); break;
-        case ObjectKind::kEndpointSlice: sink.endpointSliceDeleted(key.ns, key.name); break;
-        case ObjectKind::kNode: sink.nodeDeleted(key.name); break;
+        case ObjectKind::kService:
+          sink.serviceDeleted(key.ns, key.name);
+          break;
+        case ObjectKind::kEndpointSlice:
+          sink.endpointSliceDeleted(key.ns, key.name);
+          break;
+        case ObjectKind::kNode:
+          sink.nodeDeleted(key.name);
+          break;
       }
     }
     for (const auto& [key, located] : desired) {
@@ -329,15 +340,19 @@ struct ManifestSource::Impl {
       std::visit(
           [this](const auto& object) {
             using T = std::decay_t<decltype(object)>;
-            if constexpr (std::is_same_v<T, core::Service>) sink.serviceUpserted(object);
-            else if constexpr (std::is_same_v<T, core::EndpointSlice>) sink.endpointSliceUpserted(object);
-            else if constexpr (std::is_same_v<T, core::Node>) sink.nodeUpserted(object);
+            if constexpr (std::is_same_v<T, core::Service>)
+              sink.serviceUpserted(object);
+            else if constexpr (std::is_same_v<T, core::EndpointSlice>)
+              sink.endpointSliceUpserted(object);
+            else if constexpr (std::is_same_v<T, core::Node>)
+              sink.nodeUpserted(object);
           },
           located.object);
     }
     if (upserts + deletes > 0)
       log::info(2, "applied manifest directory changes",
-                {{"directory", directory.string()}, {"upserts", std::to_string(upserts)},
+                {{"directory", directory.string()},
+                 {"upserts", std::to_string(upserts)},
                  {"deletes", std::to_string(deletes)}});
   }
 
@@ -360,7 +375,8 @@ struct ManifestSource::Impl {
             ::inotify_rm_watch(inotifyFd, watchDescriptor);
             watchDescriptor = -1;
           }
-        } else if (relevantName(event->len > 0 ? std::string_view(event->name) : std::string_view())) {
+        } else if (relevantName(event->len > 0 ? std::string_view(event->name)
+                                               : std::string_view())) {
           relevant = true;
         }
       }
@@ -391,7 +407,8 @@ struct ManifestSource::Impl {
       if ((fds[1].revents & POLLIN) != 0 && drainEvents()) {
         if (!firstChange.has_value()) firstChange = now;
         // Trailing debounce, bounded so a continuous stream of writes is still picked up.
-        due = std::min(now + options.debounce, *firstChange + options.debounce * kMaxDebounceFactor);
+        due =
+            std::min(now + options.debounce, *firstChange + options.debounce * kMaxDebounceFactor);
       }
       if (watchDescriptor < 0 && !firstChange.has_value()) {
         if (addWatch()) {
@@ -445,7 +462,8 @@ core::Result<void> ManifestSource::start() {
 
   d.rescan();
   log::info(1, "read manifest directory",
-            {{"directory", d.directory.string()}, {"files", std::to_string(d.files.size())},
+            {{"directory", d.directory.string()},
+             {"files", std::to_string(d.files.size())},
              {"objects", std::to_string(d.delivered.size())}});
   d.sink.servicesSynced();
   d.sink.endpointSlicesSynced();

@@ -5,9 +5,9 @@
 #include <sstream>
 #include <string>
 
+#include <yaml-cpp/yaml.h>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
-#include <yaml-cpp/yaml.h>
 
 using kproxy::apiwatch::decodeEndpointSlice;
 using kproxy::apiwatch::decodeNode;
@@ -176,7 +176,8 @@ TEST_CASE("upstream EndpointSlice fixture: placeholder enum values are errors", 
              Catch::StartsWith("EndpointSlice namespaceValue/nameValue: addressType: "));
   j["addressType"] = "IPv4";
   const std::string error = errorOf(sliceDecoder, j);
-  CHECK_THAT(error, Catch::StartsWith("EndpointSlice namespaceValue/nameValue: ports[0].protocol: "));
+  CHECK_THAT(error,
+             Catch::StartsWith("EndpointSlice namespaceValue/nameValue: ports[0].protocol: "));
   CHECK_THAT(error, Catch::Contains("\"protocolValue\""));
 }
 
@@ -349,13 +350,13 @@ endpoints:
   REQUIRE(slice->ports.size() == 2);
   CHECK(slice->ports[0] == core::EndpointPort{"http", core::Protocol::kTCP, 8080, std::nullopt});
   // An empty port means "all ports"; defaulting still fills name and protocol.
-  CHECK(slice->ports[1] == core::EndpointPort{"", core::Protocol::kTCP, std::nullopt, std::nullopt});
+  CHECK(slice->ports[1] ==
+        core::EndpointPort{"", core::Protocol::kTCP, std::nullopt, std::nullopt});
   REQUIRE(slice->endpoints.size() == 3);
   CHECK(slice->endpoints[0].hints.value().forZones == std::vector<std::string>{"zone-1"});
   CHECK(slice->endpoints[0].hints.value().forNodes.empty());
   CHECK(slice->endpoints[0].conditions.serving == std::nullopt);
-  CHECK(slice->endpoints[1].conditions ==
-        core::EndpointConditions{false, true, true});
+  CHECK(slice->endpoints[1].conditions == core::EndpointConditions{false, true, true});
   CHECK_FALSE(slice->endpoints[1].nodeName.has_value());
   CHECK_FALSE(slice->endpoints[1].hints.has_value());
   CHECK(slice->endpoints[2].conditions == core::EndpointConditions{});
@@ -374,8 +375,8 @@ TEST_CASE("Nodes: addresses, pod CIDRs and deletion", "[unit]") {
   CHECK(node->labels.at(core::kLabelTopologyZone) == "z1");
   CHECK(node->deleting);
   CHECK(node->podCIDRs == std::vector<std::string>{"10.244.1.0/24", "fd00:1::/64"});
-  CHECK(node->addresses == std::vector<core::NodeAddress>{{"InternalIP", "192.168.1.10"},
-                                                         {"Hostname", "node-a"}});
+  CHECK(node->addresses ==
+        std::vector<core::NodeAddress>{{"InternalIP", "192.168.1.10"}, {"Hostname", "node-a"}});
 
   auto old = decodeNode(json::parse(R"({"metadata":{"name":"n","namespace":"ignored"},
       "spec":{"podCIDR":"10.244.9.0/24"}})"));
@@ -389,12 +390,14 @@ TEST_CASE("Nodes: addresses, pod CIDRs and deletion", "[unit]") {
 }
 
 TEST_CASE("decodeObject dispatches on kind and apiVersion", "[unit]") {
-  auto svc = decodeObject(json::parse(R"({"kind":"Service","apiVersion":"v1","metadata":{"name":"a"}})"));
+  auto svc =
+      decodeObject(json::parse(R"({"kind":"Service","apiVersion":"v1","metadata":{"name":"a"}})"));
   REQUIRE(svc.has_value());
   CHECK(std::holds_alternative<core::Service>(*svc));
   CHECK(kproxy::apiwatch::describe(*svc) == "Service default/a");
 
-  auto slice = decodeObject(json::parse(R"({"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1",
+  auto slice =
+      decodeObject(json::parse(R"({"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1",
       "metadata":{"name":"a-1","namespace":"x"},"addressType":"IPv6"})"));
   REQUIRE(slice.has_value());
   CHECK(std::get<core::EndpointSlice>(*slice).addressType == core::AddressType::kIPv6);
@@ -406,10 +409,12 @@ TEST_CASE("decodeObject dispatches on kind and apiVersion", "[unit]") {
   auto deployment = decodeObject(json::parse(R"({"kind":"Deployment","apiVersion":"apps/v1",
       "metadata":{"name":"web","namespace":"shop"},"spec":{"replicas":"not checked"}})"));
   REQUIRE(deployment.has_value());
-  CHECK(std::get<UnknownObject>(*deployment) == UnknownObject{"apps/v1", "Deployment", "shop", "web"});
+  CHECK(std::get<UnknownObject>(*deployment) ==
+        UnknownObject{"apps/v1", "Deployment", "shop", "web"});
 
   // Another version of a known kind has another schema: not decoded as if it were v1.
-  auto beta = decodeObject(json::parse(R"({"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1beta1",
+  auto beta =
+      decodeObject(json::parse(R"({"kind":"EndpointSlice","apiVersion":"discovery.k8s.io/v1beta1",
       "metadata":{"name":"old"}})"));
   REQUIRE(beta.has_value());
   CHECK(std::holds_alternative<UnknownObject>(*beta));
@@ -436,28 +441,47 @@ TEST_CASE("decode errors name the object and the JSON path", "[unit]") {
     const char* expected;
   };
   const Case cases[] = {
-      {R"({"ports":[{"port":"80"}]})", "Service shop/web: spec.ports[0].port: expected an integer, got string"},
-      {R"({"ports":[{"port":70000}]})", "Service shop/web: spec.ports[0].port: 70000 is out of range [1, 65535]"},
+      {R"({"ports":[{"port":"80"}]})",
+       "Service shop/web: spec.ports[0].port: expected an integer, got string"},
+      {R"({"ports":[{"port":70000}]})",
+       "Service shop/web: spec.ports[0].port: 70000 is out of range [1, 65535]"},
       {R"({"ports":[{"port":-1}]})", "Service shop/web: spec.ports[0].port: -1 is out of range"},
-      {R"({"ports":[{"port":1.5}]})", "Service shop/web: spec.ports[0].port: expected an integer, got a fraction"},
-      {R"({"ports":[{"name":"x"}]})", "Service shop/web: spec.ports[0].port: required field is missing"},
-      {R"({"ports":[{"port":80,"nodePort":65536}]})", "Service shop/web: spec.ports[0].nodePort: 65536 is out of range"},
-      {R"({"ports":[{"port":80,"targetPort":70000}]})", "Service shop/web: spec.ports[0].targetPort: 70000 is out of range"},
-      {R"({"ports":[{"port":80,"targetPort":true}]})", "Service shop/web: spec.ports[0].targetPort: expected an integer or a string, got boolean"},
-      {R"({"ports":[{"port":80},{"port":81,"protocol":"HTTP"}]})", "Service shop/web: spec.ports[1].protocol: unsupported value \"HTTP\" (want TCP, UDP or SCTP)"},
-      {R"({"ports":[{"port":80,"protocol":"tcp"}]})", "Service shop/web: spec.ports[0].protocol: unsupported value \"tcp\""},
+      {R"({"ports":[{"port":1.5}]})",
+       "Service shop/web: spec.ports[0].port: expected an integer, got a fraction"},
+      {R"({"ports":[{"name":"x"}]})",
+       "Service shop/web: spec.ports[0].port: required field is missing"},
+      {R"({"ports":[{"port":80,"nodePort":65536}]})",
+       "Service shop/web: spec.ports[0].nodePort: 65536 is out of range"},
+      {R"({"ports":[{"port":80,"targetPort":70000}]})",
+       "Service shop/web: spec.ports[0].targetPort: 70000 is out of range"},
+      {R"({"ports":[{"port":80,"targetPort":true}]})",
+       "Service shop/web: spec.ports[0].targetPort: expected an integer or a string, got boolean"},
+      {R"({"ports":[{"port":80},{"port":81,"protocol":"HTTP"}]})",
+       "Service shop/web: spec.ports[1].protocol: unsupported value \"HTTP\" (want TCP, UDP or "
+       "SCTP)"},
+      {R"({"ports":[{"port":80,"protocol":"tcp"}]})",
+       "Service shop/web: spec.ports[0].protocol: unsupported value \"tcp\""},
       {R"({"ports":{"port":80}})", "Service shop/web: spec.ports: expected an array, got object"},
       {R"({"type":"Ingress"})", "Service shop/web: spec.type: unsupported value \"Ingress\""},
-      {R"({"externalTrafficPolicy":"Global"})", "Service shop/web: spec.externalTrafficPolicy: unsupported value"},
-      {R"({"internalTrafficPolicy":"Node"})", "Service shop/web: spec.internalTrafficPolicy: unsupported value"},
-      {R"({"sessionAffinity":"Cookie"})", "Service shop/web: spec.sessionAffinity: unsupported value"},
+      {R"({"externalTrafficPolicy":"Global"})",
+       "Service shop/web: spec.externalTrafficPolicy: unsupported value"},
+      {R"({"internalTrafficPolicy":"Node"})",
+       "Service shop/web: spec.internalTrafficPolicy: unsupported value"},
+      {R"({"sessionAffinity":"Cookie"})",
+       "Service shop/web: spec.sessionAffinity: unsupported value"},
       {R"({"sessionAffinity":"ClientIP","sessionAffinityConfig":{"clientIP":{"timeoutSeconds":0}}})",
-       "Service shop/web: spec.sessionAffinityConfig.clientIP.timeoutSeconds: 0 is out of range [1, 86400]"},
-      {R"({"healthCheckNodePort":99999})", "Service shop/web: spec.healthCheckNodePort: 99999 is out of range"},
-      {R"({"externalIPs":"1.2.3.4"})", "Service shop/web: spec.externalIPs: expected an array, got string"},
-      {R"({"externalIPs":[1]})", "Service shop/web: spec.externalIPs[0]: expected a string, got number"},
-      {R"({"clusterIP":"10.0.0.1","clusterIPs":["10.0.0.2"]})", "Service shop/web: spec.clusterIP: \"10.0.0.1\" does not match"},
-      {R"({"ipFamilies":["IPv5"]})", "Service shop/web: spec.ipFamilies[0]: unsupported value \"IPv5\""},
+       "Service shop/web: spec.sessionAffinityConfig.clientIP.timeoutSeconds: 0 is out of range "
+       "[1, 86400]"},
+      {R"({"healthCheckNodePort":99999})",
+       "Service shop/web: spec.healthCheckNodePort: 99999 is out of range"},
+      {R"({"externalIPs":"1.2.3.4"})",
+       "Service shop/web: spec.externalIPs: expected an array, got string"},
+      {R"({"externalIPs":[1]})",
+       "Service shop/web: spec.externalIPs[0]: expected a string, got number"},
+      {R"({"clusterIP":"10.0.0.1","clusterIPs":["10.0.0.2"]})",
+       "Service shop/web: spec.clusterIP: \"10.0.0.1\" does not match"},
+      {R"({"ipFamilies":["IPv5"]})",
+       "Service shop/web: spec.ipFamilies[0]: unsupported value \"IPv5\""},
       {R"("x")", "Service shop/web: spec: expected an object, got string"},
   };
   for (const auto& c : cases) {
@@ -491,9 +515,10 @@ TEST_CASE("decode errors name the object and the JSON path", "[unit]") {
         "EndpointSlice n/s: endpoints[0].conditions.ready: expected a boolean, got string");
   CHECK(errorOf(sliceDecoder, slice(R"("addressType":"IPv4","ports":[{"port":0}])")) ==
         "EndpointSlice n/s: ports[0].port: 0 is out of range [1, 65535]");
-  CHECK(errorOf(sliceDecoder, slice(R"("addressType":"IPv4","endpoints":[{"hints":
+  CHECK(
+      errorOf(sliceDecoder, slice(R"("addressType":"IPv4","endpoints":[{"hints":
       {"forNodes":[{"name":""}]}}])")) ==
-        "EndpointSlice n/s: endpoints[0].hints.forNodes[0].name: required field is missing or empty");
+      "EndpointSlice n/s: endpoints[0].hints.forNodes[0].name: required field is missing or empty");
 }
 
 TEST_CASE("yamlToJson keeps YAML scalar types as Kubernetes users expect", "[unit]") {
@@ -552,7 +577,8 @@ nested: {a: {b: [true]}}
   auto badInt = yamlToJson(YAML::Load("spec:\n  port: !!int eighty\n"));
   REQUIRE_FALSE(badInt.has_value());
   CHECK(badInt.error().category == core::ErrorCategory::kDecode);
-  CHECK_THAT(badInt.error().context, Catch::StartsWith("spec.port (line 2): \"eighty\" is not an integer"));
+  CHECK_THAT(badInt.error().context,
+             Catch::StartsWith("spec.port (line 2): \"eighty\" is not an integer"));
 
   auto complexKey = yamlToJson(YAML::Load("? [a, b]\n: 1\n"));
   REQUIRE_FALSE(complexKey.has_value());
@@ -569,7 +595,8 @@ spec:
 )"));
   CHECK(error == "Service default/q: spec.ports[0].port: expected an integer, got string");
   // A quoted targetPort is a port name.
-  auto svc = decodeService(fromYaml("metadata: {name: q}\nspec: {ports: [{port: 80, targetPort: \"8080\"}]}"));
+  auto svc = decodeService(
+      fromYaml("metadata: {name: q}\nspec: {ports: [{port: 80, targetPort: \"8080\"}]}"));
   REQUIRE(svc.has_value());
   CHECK(svc->ports[0].targetPort == core::TargetPort{0, "8080"});
 }

@@ -248,8 +248,7 @@ items:
   CHECK(source.stats().rescans == 1);
 }
 
-TEST_CASE("manifest source: malformed documents are skipped and named, the rest loads",
-          "[unit]") {
+TEST_CASE("manifest source: malformed documents are skipped and named, the rest loads", "[unit]") {
   LogCapture logs;
   TempDir dir;
   dir.write("mixed.yaml", service("first", 80) + R"(---
@@ -290,8 +289,7 @@ spec: {ports: [{port: 80, protocol: HTTP}]}
   CHECK_THAT(json[0], Catch::Contains("JSON syntax error"));
 }
 
-TEST_CASE("manifest source: edits, atomic renames and removals arrive as differences",
-          "[unit]") {
+TEST_CASE("manifest source: edits, atomic renames and removals arrive as differences", "[unit]") {
   TempDir dir;
   dir.write("a.yaml", service("one", 80) + "---\n" + service("two", 80));
   RecordingSink sink;
@@ -304,8 +302,8 @@ TEST_CASE("manifest source: edits, atomic renames and removals arrive as differe
     REQUIRE(waitUntil([&] { return sink.events().size() >= 2; }));
     REQUIRE(waitUntil([&] { return !sink.service("default/two"); }));
     auto events = sink.takeEvents();
-    CHECK(events == std::vector<std::string>{"delete Service default/two",
-                                             "upsert Service default/one"});
+    CHECK(events ==
+          std::vector<std::string>{"delete Service default/two", "upsert Service default/one"});
     CHECK(sink.service("default/one").value().ports.at(0).port == 8080);
   }
 
@@ -322,8 +320,8 @@ TEST_CASE("manifest source: edits, atomic renames and removals arrive as differe
   SECTION("renamed away (moved out of the name filter)") {
     fs::rename(dir.path() / "a.yaml", dir.path() / "a.yaml.disabled");
     REQUIRE(waitUntil([&] { return sink.serviceCount() == 0; }));
-    CHECK(sink.takeEvents() == std::vector<std::string>{"delete Service default/one",
-                                                        "delete Service default/two"});
+    CHECK(sink.takeEvents() ==
+          std::vector<std::string>{"delete Service default/one", "delete Service default/two"});
   }
 
   SECTION("rewriting identical content delivers nothing") {
@@ -362,8 +360,9 @@ TEST_CASE("manifest source: a file going bad keeps its last good objects", "[uni
 
   // Partly valid: the good document applies, the object of the bad one is kept.
   before = source.stats().rescans;
-  dir.write("a.yaml", service("one", 9000) + "---\nkind: Service\nmetadata: {name: two}\n"
-                      "spec: {ports: [{port: 99999}]}\n");
+  dir.write("a.yaml", service("one", 9000) +
+                          "---\nkind: Service\nmetadata: {name: two}\n"
+                          "spec: {ports: [{port: 99999}]}\n");
   REQUIRE(waitForRescan(source, before));
   CHECK(sink.takeEvents() == std::vector<std::string>{"upsert Service default/one"});
   CHECK(sink.service("default/two").value().ports.at(0).port == 80);

@@ -63,10 +63,10 @@ std::string describe(const DecodedObject& object);
 
 /// A meta/v1 Status, as returned with failed requests and in watch ERROR events.
 struct ApiStatus {
-  std::string status;   ///< "Success" or "Failure"
+  std::string status;     ///< "Success" or "Failure"
   std::int32_t code = 0;  ///< HTTP status code, e.g. 410 for an expired resourceVersion
-  std::string reason;   ///< machine-readable, e.g. "Expired", "Gone", "NotFound"
-  std::string message;  ///< human-readable
+  std::string reason;     ///< machine-readable, e.g. "Expired", "Gone", "NotFound"
+  std::string message;    ///< human-readable
   std::optional<std::int32_t> retryAfterSeconds;  ///< details.retryAfterSeconds
   bool operator==(const ApiStatus&) const = default;
 };
@@ -82,8 +82,8 @@ const char* toString(WatchEventType type);
 /// resource it watches and picks the decoder (decodeService, ...) itself.
 struct WatchEvent {
   WatchEventType type = WatchEventType::kAdded;
-  nlohmann::json object;        ///< the raw object (a Status for kError)
-  std::string resourceVersion;  ///< object.metadata.resourceVersion, empty when absent
+  nlohmann::json object;            ///< the raw object (a Status for kError)
+  std::string resourceVersion;      ///< object.metadata.resourceVersion, empty when absent
   std::optional<ApiStatus> status;  ///< set for kError only
 };
 

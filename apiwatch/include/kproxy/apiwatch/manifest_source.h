@@ -24,7 +24,8 @@ struct ManifestSourceOptions {
 struct ManifestSourceStats {
   std::uint64_t documentFailures = 0;  ///< documents or list items that could not be decoded
   std::uint64_t fileReadFailures = 0;  ///< files (or the directory) that could not be read
-  std::uint64_t rescans = 0;  ///< completed reads of the directory (deliveries done), incl. the first
+  std::uint64_t rescans =
+      0;  ///< completed reads of the directory (deliveries done), incl. the first
 };
 
 /// Reads every `*.yaml`, `*.yml` and `*.json` file directly in a directory (not recursive;
