@@ -65,7 +65,7 @@ kp_die() { kp_log "ERROR: $*"; exit 1; }
 kp_require_root() {
   if [[ $(id -u) -ne 0 ]]; then
     echo "ERROR: $(basename "$0") must run as root (it creates network namespaces and nftables rules)." >&2
-    echo "       Re-run with sudo. Nothing was tested." >&2
+    echo "       Re-run with sudo. Nothing was run." >&2
     exit 1
   fi
   local tool

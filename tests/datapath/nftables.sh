@@ -210,16 +210,32 @@ case_etp_local() {
 }
 
 case_session_affinity() {
-  setup 3 || return 1
-  add_service sticky.yaml sticky 10.96.0.40 "$(pod_eps 3)" affinity=ClientIP || return 1
+  setup 4 || return 1
+  # pod4 is not an endpoint, so no request here is a hairpin (see hairpin_with_affinity).
+  add_service sticky.yaml sticky 10.96.0.40 "$(pod_eps 3)" affinity=ClientIP type=NodePort nodePort=30084 || return 1
   start_kproxy_and_wait "http://10.96.0.40/" || return 1
-  local role out
-  for role in node pod2; do
-    out="$(answers "$role" http://10.96.0.40/ 10)"
-    kp_note "$role -> sticky: $(summarize <<<"$out")"
+  local role url out
+  for role in node pod4 client; do
+    url=http://10.96.0.40/
+    [[ $role == client ]] && url="http://$KP_NODE_IP:30084/"
+    out="$(answers "$role" "$url" 10)"
+    kp_note "$role -> $url: $(summarize <<<"$out")"
     grep -q FAIL <<<"$out" && { kp_fail "requests from $role failed"; return 1; }
     [[ "$(sort -u <<<"$out" | wc -l)" -eq 1 ]] || kp_fail "ClientIP affinity: $role reached several pods" || return 1
   done
+  expect_kproxy_alive
+}
+
+case_hairpin_with_affinity() {
+  setup 2 || return 1
+  add_service sticky.yaml sticky 10.96.0.41 "$(kp_pod_ip 1)" affinity=ClientIP || return 1
+  start_kproxy_and_wait "http://10.96.0.41/" || return 1
+  # The first request creates pod1's affinity entry; the later ones follow it and must still
+  # be masqueraded like any hairpin.
+  expect_only pod1 http://10.96.0.41/ 5 pod1 || return 1
+  local seen
+  seen="$(kp_client_seen pod1 http://10.96.0.41/)" || kp_fail "hairpin request failed" || return 1
+  [[ "$seen" == "$KP_NODE_IP" ]] || kp_fail "hairpin traffic seen from $seen, want $KP_NODE_IP" || return 1
   expect_kproxy_alive
 }
 
@@ -410,6 +426,7 @@ kp_case hairpin case_hairpin
 kp_case nodeport_from_client case_nodeport_from_client
 kp_case etp_local case_etp_local
 kp_case session_affinity case_session_affinity
+kp_case hairpin_with_affinity case_hairpin_with_affinity
 kp_case no_endpoints_rejected case_no_endpoints_rejected
 kp_case wrong_port_rejected case_wrong_port_rejected
 kp_case endpoint_changes_within_2s case_endpoint_changes_within_2s

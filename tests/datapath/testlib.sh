@@ -20,7 +20,7 @@ KP_FAILED_NAMES=()
 KP_SELECTED=()
 KP_SUITE_DIR=""
 
-kp_note() { printf '    %s\n' "$*" >&2; }
+kp_note() { printf '    %s %s\n' "$(date +%T.%3N)" "$*" >&2; }
 
 # kp_fail MESSAGE — record why the case fails and return 1 (use as `... || kp_fail "msg"`,
 # then `return 1` follows naturally from `|| return` or the caller's check).
@@ -89,7 +89,8 @@ kp_case() {
   if [[ $rc -eq 0 ]]; then
     KP_PASSED=$((KP_PASSED + 1))
     echo "PASS $name (${ms} ms)"
-    [[ -n "${KP_VERBOSE:-}" ]] && sed 's/^/    /' "$out"
+    # A slow pass is worth a look: show how the time was spent.
+    if [[ -n "${KP_VERBOSE:-}" ]] || ((ms > ${KP_SLOW_MS:-60000})); then sed 's/^/    /' "$out"; fi
   else
     KP_FAILED=$((KP_FAILED + 1))
     KP_FAILED_NAMES+=("$name")
