@@ -20,6 +20,8 @@ NODEPORT=30080
 CURLS=12
 
 kp_require_root
+# A fresh machine: install the build and run-time dependencies first (idempotent, quick when present).
+"$ROOT/scripts/install-deps.sh"
 
 if [[ -z "${KPROXY_BIN:-}" ]]; then
   BUILD_DIR="${KPROXY_BUILD_DIR:-$ROOT/build}"
