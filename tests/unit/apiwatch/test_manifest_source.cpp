@@ -458,3 +458,56 @@ TEST_CASE("manifest source: start and stop", "[unit]") {
     CHECK(sink.events().empty());
   }
 }
+
+TEST_CASE("manifest source: a ConfigMap-style volume (symlinks swapped atomically)", "[unit]") {
+  // The kubelet's atomic writer: files are symlinks through "..data", a symlink to a
+  // timestamped directory, and an update swaps "..data" with one rename.
+  TempDir dir;
+  fs::create_directory(dir.path() / "..v1");
+  std::ofstream(dir.path() / "..v1" / "svc.yaml") << service("cm", 80);
+  fs::create_directory_symlink("..v1", dir.path() / "..data");
+  fs::create_symlink("..data/svc.yaml", dir.path() / "svc.yaml");
+
+  RecordingSink sink;
+  ManifestSource source(dir.path(), sink);
+  REQUIRE(source.start().has_value());
+  REQUIRE(sink.service("default/cm").has_value());
+  CHECK(sink.service("default/cm").value().ports.at(0).port == 80);
+  sink.takeEvents();
+
+  fs::create_directory(dir.path() / "..v2");
+  std::ofstream(dir.path() / "..v2" / "svc.yaml") << service("cm", 8443);
+  fs::create_directory_symlink("..v2", dir.path() / "..data_tmp");
+  fs::rename(dir.path() / "..data_tmp", dir.path() / "..data");
+  REQUIRE(waitUntil([&] { return sink.service("default/cm").value().ports.at(0).port == 8443; }));
+  CHECK(sink.takeEvents() == std::vector<std::string>{"upsert Service default/cm"});
+}
+
+TEST_CASE("manifest source: the directory disappearing deletes nothing; its return is read",
+          "[unit]") {
+  LogCapture logs;
+  TempDir parent;
+  const fs::path dir = parent.path() / "manifests";
+  fs::create_directory(dir);
+  std::ofstream(dir / "a.yaml") << service("kept", 80);
+  RecordingSink sink;
+  ManifestSource source(dir, sink);
+  REQUIRE(source.start().has_value());
+  sink.takeEvents();
+
+  fs::remove_all(dir);
+  REQUIRE(waitUntil([&] { return source.stats().fileReadFailures > 0; }));
+  CHECK(sink.events().empty());
+  CHECK(sink.service("default/kept").has_value());
+  CHECK_FALSE(logs.linesContaining("keeping the current objects").empty());
+
+  // Put a new directory in place in one rename, as a deployment tool would.
+  const fs::path staging = parent.path() / "staging";
+  fs::create_directory(staging);
+  std::ofstream(staging / "b.yaml") << service("new", 81);
+  fs::rename(staging, dir);
+  REQUIRE(waitUntil([&] { return sink.service("default/new").has_value(); }));
+  REQUIRE(waitUntil([&] { return !sink.service("default/kept").has_value(); }));
+  CHECK(sink.takeEvents() ==
+        std::vector<std::string>{"delete Service default/kept", "upsert Service default/new"});
+}
