@@ -60,6 +60,10 @@ struct Proxier::Impl {
   bool initialSyncDone = false;
   std::optional<double> lastSuccessWall;
   std::optional<double> oldestQueuedWall;
+  std::optional<double> inFlightQueuedWall;  // oldest change of the sync in flight
+  std::optional<double> lastQueuedWall;
+  std::uint64_t serviceChangesTotal = 0;
+  std::uint64_t endpointChangesTotal = 0;
   bool nodeDeleting = false;
   std::optional<bool> lastOk;
 
@@ -67,7 +71,9 @@ struct Proxier::Impl {
 
   // Call with `mutex` held after an event changed the tracker.
   void changed() {
-    if (!oldestQueuedWall) oldestQueuedWall = clock.wallSeconds();
+    const double now = clock.wallSeconds();
+    if (!oldestQueuedWall) oldestQueuedWall = now;
+    lastQueuedWall = now;
     scheduler.request(clock.now());
     wakeRequested = true;
     wake.notify_all();
@@ -89,9 +95,10 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
   PublishResult published = tracker.publish();
   unsyncedKeys.insert(published.changed.begin(), published.changed.end());
   const std::optional<double> queuedAt = std::exchange(oldestQueuedWall, std::nullopt);
+  inFlightQueuedWall = queuedAt;
 
   SyncKind kind = SyncKind::kPartial;
-  if (needFull || !applied || start - lastFullSync >= options.syncPeriod ||
+  if (needFull || !applied || start - lastFullSync >= options.fullSyncPeriod ||
       applied->node() != published.snapshot->node()) {
     kind = SyncKind::kFull;
   }
@@ -147,6 +154,7 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
 
   lock.lock();
   syncing = false;
+  inFlightQueuedWall.reset();
   initialSyncDone = true;
   lastOk = observation.ok;
   if (result) {
@@ -179,22 +187,34 @@ Proxier::~Proxier() = default;
 
 void Proxier::serviceUpserted(Service service) {
   std::lock_guard lock(impl_->mutex);
-  if (impl_->tracker.upsertService(std::move(service))) impl_->changed();
+  if (impl_->tracker.upsertService(std::move(service))) {
+    ++impl_->serviceChangesTotal;
+    impl_->changed();
+  }
 }
 
 void Proxier::serviceDeleted(const std::string& ns, const std::string& name) {
   std::lock_guard lock(impl_->mutex);
-  if (impl_->tracker.deleteService(ns, name)) impl_->changed();
+  if (impl_->tracker.deleteService(ns, name)) {
+    ++impl_->serviceChangesTotal;
+    impl_->changed();
+  }
 }
 
 void Proxier::endpointSliceUpserted(EndpointSlice slice) {
   std::lock_guard lock(impl_->mutex);
-  if (impl_->tracker.upsertEndpointSlice(std::move(slice))) impl_->changed();
+  if (impl_->tracker.upsertEndpointSlice(std::move(slice))) {
+    ++impl_->endpointChangesTotal;
+    impl_->changed();
+  }
 }
 
 void Proxier::endpointSliceDeleted(const std::string& ns, const std::string& name) {
   std::lock_guard lock(impl_->mutex);
-  if (impl_->tracker.deleteEndpointSlice(ns, name)) impl_->changed();
+  if (impl_->tracker.deleteEndpointSlice(ns, name)) {
+    ++impl_->endpointChangesTotal;
+    impl_->changed();
+  }
 }
 
 void Proxier::nodeUpserted(Node node) {
@@ -239,8 +259,17 @@ ProxierStatus Proxier::status() const {
   s.initialSyncDone = impl_->initialSyncDone;
   s.lastSuccessWall = impl_->lastSuccessWall;
   s.oldestQueuedWall = impl_->oldestQueuedWall;
+  if (impl_->inFlightQueuedWall &&
+      (!s.oldestQueuedWall || *impl_->inFlightQueuedWall < *s.oldestQueuedWall)) {
+    s.oldestQueuedWall = impl_->inFlightQueuedWall;
+  }
+  s.lastQueuedWall = impl_->lastQueuedWall;
   s.applied = impl_->applied;
   s.nodeDeleting = impl_->nodeDeleting;
+  s.pendingServiceChanges = impl_->tracker.pendingServiceChanges();
+  s.pendingEndpointChanges = impl_->tracker.pendingEndpointChanges();
+  s.serviceChangesTotal = impl_->serviceChangesTotal;
+  s.endpointChangesTotal = impl_->endpointChangesTotal;
   return s;
 }
 

@@ -228,21 +228,31 @@ TEST_CASE("a failure with no change pending is still retried", "[unit][proxier]"
   CHECK(proxier.status().applied);
 }
 
-TEST_CASE("periodic syncs are full", "[unit][proxier]") {
+TEST_CASE("the syncPeriod tick is partial; a full sync comes every fullSyncPeriod", "[unit][proxier]") {
   QuietLog quiet;
   ManualClock clock;
   FakeBackend backend;
-  Proxier proxier(TrackerConfig{}, backend, options(), clock);
+  ProxierOptions o = options();
+  o.fullSyncPeriod = 90s;
+  Proxier proxier(TrackerConfig{}, backend, o, clock);
   proxier.serviceUpserted(service("a"));
   proxier.servicesSynced();
   proxier.endpointSlicesSynced();
   REQUIRE(proxier.syncOnceIfDue());
+  CHECK(backend.calls.back().kind == SyncKind::kFull);
   clock.advance(29s);
   CHECK_FALSE(proxier.syncOnceIfDue());
   clock.advance(1s);
   REQUIRE(proxier.syncOnceIfDue());
-  CHECK(backend.calls.back().kind == SyncKind::kFull);
+  CHECK(backend.calls.back().kind == SyncKind::kPartial);
   CHECK(backend.calls.back().changed.empty());
+  clock.advance(30s);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(backend.calls.back().kind == SyncKind::kPartial);
+  clock.advance(30s);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(backend.calls.back().kind == SyncKind::kFull);
+  CHECK(backend.calls.size() == 4);
 }
 
 TEST_CASE("a node change forces a full sync", "[unit][proxier]") {

@@ -3,6 +3,8 @@
 /// Event methods are thread-safe; run() blocks on the calling thread until stop is requested.
 
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -20,6 +22,9 @@ namespace kproxy::core {
 struct ProxierOptions {
   std::chrono::steady_clock::duration minSyncPeriod = std::chrono::seconds(1);
   std::chrono::steady_clock::duration syncPeriod = std::chrono::seconds(30);
+  /// How often a sync is a full one (re-reads the kernel and repairs what others changed), as
+  /// upstream's FullSyncPeriod. The syncPeriod tick in between is a cheap partial sync.
+  std::chrono::steady_clock::duration fullSyncPeriod = std::chrono::hours(1);
   /// Delay before retrying a failed sync (always as a full sync).
   std::chrono::steady_clock::duration retryInterval = std::chrono::seconds(1);
   /// Exit run() after the first sync (used by --dry-run).
@@ -43,9 +48,18 @@ struct SyncObservation {
 struct ProxierStatus {
   bool initialSyncDone = false;         ///< services and slices listed, first sync attempted
   std::optional<double> lastSuccessWall;  ///< wall seconds of the last successful sync
-  std::optional<double> oldestQueuedWall; ///< wall seconds of the oldest unsynced change
+  /// Wall seconds of the oldest change not yet applied, including changes a sync in flight is
+  /// applying (so a hung backend shows up as an old pending change).
+  std::optional<double> oldestQueuedWall;
+  std::optional<double> lastQueuedWall;     ///< wall seconds of the newest change event
   std::shared_ptr<const Snapshot> applied;  ///< last successfully applied snapshot
   bool nodeDeleting = false;
+  /// Service / EndpointSlice events folded into the tracker but not yet published.
+  std::size_t pendingServiceChanges = 0;
+  std::size_t pendingEndpointChanges = 0;
+  /// Service / EndpointSlice events that changed something, since start.
+  std::uint64_t serviceChangesTotal = 0;
+  std::uint64_t endpointChangesTotal = 0;
 };
 
 class Proxier final : public EventSink {
