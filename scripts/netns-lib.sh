@@ -302,6 +302,22 @@ kp_wait_for() {
   done
 }
 
+# kp_wait_served SECONDS URL — wait until URL answers from the node namespace. Gives up at
+# once (status 2) if kproxy exits meanwhile, so a crash is not reported as a slow start.
+kp_wait_served() {
+  local timeout="$1" url="$2"
+  local deadline=$((${EPOCHREALTIME/./} + timeout * 1000000))
+  while true; do
+    kp_curl node "$url" >/dev/null 2>&1 && return 0
+    if ! kp_kproxy_alive; then
+      kp_log "kproxy (pid ${KP_KPROXY_PID:-none}) is not running"
+      return 2
+    fi
+    ((${EPOCHREALTIME/./} >= deadline)) && return 1
+    sleep 0.1
+  done
+}
+
 # kp_curl ROLE URL [CURL_ARGS...] — one HTTP request from a namespace, bounded by
 # $KP_CURL_TIMEOUT seconds. Prints the body; exits with curl's status.
 kp_curl() {

@@ -58,7 +58,7 @@ start_kproxy_and_wait() {
   local url="$1"
   shift
   kp_start_kproxy "$MANIFESTS" "$@" || return 1
-  if ! kp_wait_for 15 kp_curl node "$url" >/dev/null; then
+  if ! kp_wait_served 15 "$url"; then
     kp_kproxy_alive || kp_fail "kproxy exited" || return 1
     kp_fail "$url not answered within 15 s of starting kproxy" || return 1
   fi
