@@ -369,7 +369,8 @@ struct ManifestSource::Impl {
         if ((event->mask & IN_Q_OVERFLOW) != 0) {
           relevant = true;  // events were lost: re-read everything
         } else if ((event->mask & (IN_IGNORED | IN_DELETE_SELF | IN_MOVE_SELF)) != 0) {
-          if (watchDescriptor >= 0) {
+          // Compare descriptors: a late IN_IGNORED for an old watch must not drop a new one.
+          if (watchDescriptor >= 0 && event->wd == watchDescriptor) {
             log::warning("manifest directory was removed or moved; keeping the current objects",
                          {{"directory", directory.string()}});
             ::inotify_rm_watch(inotifyFd, watchDescriptor);
