@@ -1,0 +1,497 @@
+#include "kproxy/apiwatch/api_source.h"
+
+#include <algorithm>
+#include <atomic>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "http_client.h"
+#include "kproxy/apiwatch/decode.h"
+#include "kproxy/core/log.h"
+
+namespace kproxy::apiwatch {
+namespace {
+
+using detail::Connection;
+using detail::Task;
+namespace asio = detail::asio;
+namespace http = detail::http;
+using nlohmann::json;
+using SteadyClock = std::chrono::steady_clock;
+
+// A LIST page of 500 Services is a few MB; this only guards against a runaway answer.
+constexpr std::uint64_t kMaxListBody = 1ull << 30;
+constexpr std::uint64_t kMaxErrorBody = 1ull << 20;
+// One watch event (one object) larger than this is a broken stream, not an object.
+constexpr std::size_t kMaxEventLine = 64u << 20;
+
+using Object = std::variant<core::Service, core::EndpointSlice, core::Node>;
+using Key = std::pair<std::string, std::string>;  // namespace (empty for Node), name
+
+enum class WatchOutcome : std::uint8_t { kEnded, kExpired, kFailed };
+
+/// A failed request whose Status said 410 / Expired: the caller relists instead of backing off.
+struct ExpiredError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct Resource {
+  std::string kind;  // "Service", for logs
+  std::string path;  // "/api/v1/services"
+  std::string labelSelector;
+  std::string fieldSelector;
+  std::function<core::Result<Object>(const json&)> decode;
+  std::function<void(Object)> upsert;
+  std::function<void(const Key&)> remove;
+  std::function<void()> synced;  // may be empty (Node)
+
+  std::map<Key, Object> held;
+  std::string resourceVersion;
+  bool listed = false;
+  bool watching = false;
+};
+
+/// Namespace and name from raw metadata, tolerating a broken object (for log lines and DELETED).
+Key keyOfRaw(const json& object) {
+  Key key;
+  auto meta = object.find("metadata");
+  if (meta != object.end() && meta->is_object()) {
+    if (auto ns = meta->find("namespace"); ns != meta->end() && ns->is_string()) key.first = ns->get<std::string>();
+    if (auto name = meta->find("name"); name != meta->end() && name->is_string()) key.second = name->get<std::string>();
+  }
+  return key;
+}
+
+std::string describe(const Resource& r, const Key& key) {
+  if (key.first.empty()) return fmt::format("{} {}", r.kind, key.second.empty() ? "<unnamed>" : key.second);
+  return fmt::format("{} {}/{}", r.kind, key.first, key.second);
+}
+
+std::string statusText(const json& body, http::status status) {
+  auto decoded = decodeStatus(body);
+  if (decoded && !decoded->message.empty())
+    return fmt::format("{} {}: {}", static_cast<unsigned>(status), decoded->reason, decoded->message);
+  return fmt::format("{}", static_cast<unsigned>(status));
+}
+
+bool isExpired(http::status status, const json& body) {
+  if (status == http::status::gone) return true;
+  auto decoded = decodeStatus(body);
+  return decoded && (decoded->code == 410 || decoded->reason == "Expired" || decoded->reason == "Gone");
+}
+
+}  // namespace
+
+struct ApiSource::Impl {
+  ClientConfig config;
+  core::EventSink& sink;
+  ApiSourceOptions options;
+  std::shared_ptr<asio::ssl::context> tls;
+  std::vector<std::unique_ptr<Resource>> resources;
+  std::mt19937_64 random{std::random_device{}()};
+
+  // Token bucket: `tokens` may go negative; a request that takes a token below zero waits until
+  // the bucket has refilled to where its token would have been.
+  double tokens = 0;
+  SteadyClock::time_point lastRefill = SteadyClock::now();
+
+  mutable std::mutex statsMutex;
+  ApiSourceStats counters;
+  bool wasConnected = false;
+  bool started = false;
+  std::atomic<bool> stopping{false};
+  std::thread thread;
+  // Last: destroyed first, so suspended coroutines (which reference the members above) are
+  // destroyed while those members still exist.
+  asio::io_context io{1};
+
+  Impl(ClientConfig c, core::EventSink& s, ApiSourceOptions o)
+      : config(std::move(c)), sink(s), options(std::move(o)), tokens(std::max(1, config.burst)) {}
+
+  template <typename F>
+  void count(F&& f) {
+    std::lock_guard lock(statsMutex);
+    f(counters);
+  }
+
+  void updateConnected() {
+    bool all = std::all_of(resources.begin(), resources.end(), [](const auto& r) { return r->watching; });
+    count([&](ApiSourceStats& s) { s.connected = all; });
+    if (all != wasConnected && !stopping) {
+      wasConnected = all;
+      if (all) {
+        log::info(0, "API server connection established; watching", {{"server", config.serverText}});
+      } else {
+        log::warning("API server watch interrupted; resuming", {{"server", config.serverText}});
+      }
+    }
+  }
+
+  SteadyClock::duration jittered(SteadyClock::duration base) {
+    std::uniform_real_distribution<double> factor(0.5, 1.5);
+    return std::chrono::duration_cast<SteadyClock::duration>(base * factor(random));
+  }
+
+  Task<void> sleep(SteadyClock::duration d) {
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    timer.expires_after(d);
+    co_await timer.async_wait(asio::use_awaitable);
+  }
+
+  Task<void> rateLimit() {
+    if (config.qps <= 0) co_return;
+    auto now = SteadyClock::now();
+    double burst = std::max(1, config.burst);
+    tokens = std::min(burst, tokens + std::chrono::duration<double>(now - lastRefill).count() * config.qps);
+    lastRefill = now;
+    tokens -= 1;
+    if (tokens < 0) co_await sleep(std::chrono::duration_cast<SteadyClock::duration>(
+                        std::chrono::duration<double>(-tokens / config.qps)));
+  }
+
+  std::string query(const Resource& r) const {
+    std::string q;
+    if (!r.labelSelector.empty()) q += "&labelSelector=" + detail::queryEscape(r.labelSelector);
+    if (!r.fieldSelector.empty()) q += "&fieldSelector=" + detail::queryEscape(r.fieldSelector);
+    return q;
+  }
+
+  Task<std::unique_ptr<Connection>> connect() {
+    co_await rateLimit();
+    count([](ApiSourceStats& s) { ++s.requests; });
+    co_return co_await Connection::open(config, tls.get(), options.requestTimeout);
+  }
+
+  /// LIST all pages; on success `r.held` matches the server and deliveries are done.
+  Task<void> list(Resource& r) {
+    std::map<Key, Object> fresh;
+    std::string continueToken;
+    std::string listVersion;
+    std::uint64_t skipped = 0;
+    do {
+      auto target = fmt::format("{}?limit={}{}", r.path, options.pageSize, query(r));
+      if (!continueToken.empty()) target += "&continue=" + detail::queryEscape(continueToken);
+      auto connection = co_await connect();
+      auto request = detail::makeGet(config, target);
+      connection->expiresAfter(options.requestTimeout);
+      co_await connection->write(request);
+      auto response = co_await connection->readResponse(kMaxListBody);
+      connection->close();
+      json body = json::parse(response.body(), nullptr, false);
+      if (response.result() != http::status::ok) {
+        // An expired continue token (410) restarts the LIST from the beginning.
+        if (isExpired(response.result(), body) && !continueToken.empty()) {
+          log::info(1, "list continue token expired; restarting the list", {{"resource", r.kind}});
+          fresh.clear();
+          continueToken.clear();
+          continue;
+        }
+        throw std::runtime_error(fmt::format("LIST {}: {}", r.path, statusText(body, response.result())));
+      }
+      if (!body.is_object() || !body.contains("items") || !(body["items"].is_array() || body["items"].is_null()))
+        throw std::runtime_error(fmt::format("LIST {}: the answer is not a list", r.path));
+      const json& meta = body.contains("metadata") && body["metadata"].is_object() ? body["metadata"] : json::object();
+      listVersion = meta.value("resourceVersion", std::string{});
+      continueToken = meta.value("continue", std::string{});
+      if (body["items"].is_array()) {
+        for (const auto& item : body["items"]) {
+          auto decoded = r.decode(item);
+          if (!decoded) {
+            Key key = keyOfRaw(item);
+            ++skipped;
+            log::warning("skipping object that cannot be decoded",
+                         {{"object", describe(r, key)}, {"reason", decoded.error().message()}});
+            // An undecodable new version must not delete the last good one.
+            if (auto held = r.held.find(key); held != r.held.end()) fresh.insert(*held);
+            continue;
+          }
+          Key key = std::visit([](const auto& o) { return Key{nsOf(o), o.name}; }, *decoded);
+          fresh.insert_or_assign(std::move(key), std::move(*decoded));
+        }
+      }
+    } while (!continueToken.empty());
+
+    count([&](ApiSourceStats& s) {
+      s.decodeFailures += skipped;
+      ++s.lists;
+      if (r.listed) ++s.relists;
+    });
+    // Reconcile: deletes for vanished objects, upserts for new or changed ones only.
+    std::size_t deleted = 0, upserted = 0;
+    for (const auto& [key, object] : r.held) {
+      if (!fresh.contains(key)) {
+        r.remove(key);
+        ++deleted;
+      }
+    }
+    for (const auto& [key, object] : fresh) {
+      auto held = r.held.find(key);
+      if (held == r.held.end() || !(held->second == object)) {
+        r.upsert(object);
+        ++upserted;
+      }
+    }
+    log::info(r.listed ? 0 : 1, r.listed ? "relisted" : "listed",
+              {{"resource", r.kind}, {"objects", std::to_string(fresh.size())},
+               {"upserted", std::to_string(upserted)}, {"deleted", std::to_string(deleted)},
+               {"resourceVersion", listVersion}});
+    r.held = std::move(fresh);
+    r.resourceVersion = listVersion;
+    if (!r.listed) {
+      r.listed = true;
+      if (r.synced) r.synced();
+    }
+  }
+
+  template <typename T>
+  static std::string nsOf(const T& o) {
+    if constexpr (requires { o.ns; }) {
+      return o.ns;
+    } else {
+      return {};
+    }
+  }
+
+  void applyEvent(Resource& r, WatchEvent& event) {
+    if (!event.resourceVersion.empty()) r.resourceVersion = event.resourceVersion;
+    if (event.type == WatchEventType::kBookmark) {
+      count([](ApiSourceStats& s) { ++s.bookmarks; });
+      return;
+    }
+    Key key = keyOfRaw(event.object);
+    if (event.type == WatchEventType::kDeleted) {
+      count([](ApiSourceStats& s) { ++s.watchEvents; });
+      if (r.held.erase(key) > 0) r.remove(key);
+      return;
+    }
+    auto decoded = r.decode(event.object);
+    if (!decoded) {
+      count([](ApiSourceStats& s) { ++s.decodeFailures; });
+      log::warning("skipping object that cannot be decoded",
+                   {{"object", describe(r, key)}, {"event", toString(event.type)},
+                    {"reason", decoded.error().message()}});
+      return;
+    }
+    count([](ApiSourceStats& s) { ++s.watchEvents; });
+    auto held = r.held.find(key);
+    if (held != r.held.end() && held->second == *decoded) return;
+    r.upsert(*decoded);
+    r.held.insert_or_assign(std::move(key), std::move(*decoded));
+  }
+
+  Task<WatchOutcome> watch(Resource& r) {
+    std::uniform_int_distribution<long> spread(options.watchTimeout.count(), 2 * options.watchTimeout.count() - 1);
+    auto target = fmt::format("{}?watch=1&allowWatchBookmarks=true&resourceVersion={}&timeoutSeconds={}{}", r.path,
+                              detail::queryEscape(r.resourceVersion),
+                              options.watchTimeout.count() > 0 ? spread(random) : 0, query(r));
+    auto connection = co_await connect();
+    auto request = detail::makeGet(config, target);
+    connection->expiresAfter(options.requestTimeout);
+    co_await connection->write(request);
+    http::response_parser<http::buffer_body> parser;
+    parser.body_limit(std::numeric_limits<std::uint64_t>::max());
+    co_await connection->readHeader(parser);
+    std::string data;
+    if (parser.get().result() != http::status::ok) {
+      while (data.size() < kMaxErrorBody && co_await connection->readSome(parser, data)) {
+      }
+      json body = json::parse(data, nullptr, false);
+      if (isExpired(parser.get().result(), body)) co_return WatchOutcome::kExpired;
+      throw std::runtime_error(fmt::format("WATCH {}: {}", r.path, statusText(body, parser.get().result())));
+    }
+    count([](ApiSourceStats& s) { ++s.watchesOpened; });
+    r.watching = true;
+    updateConnected();
+    struct Unwatch {
+      Impl* self;
+      Resource& r;
+      ~Unwatch() {
+        r.watching = false;
+        self->updateConnected();
+      }
+    } unwatch{this, r};
+    log::info(2, "watch opened", {{"resource", r.kind}, {"resourceVersion", r.resourceVersion}});
+    for (;;) {
+      connection->expiresAfter(options.idleTimeout);
+      if (!co_await connection->readSome(parser, data)) break;
+      std::size_t start = 0;
+      for (std::size_t nl; (nl = data.find('\n', start)) != std::string::npos; start = nl + 1) {
+        std::string_view line(data.data() + start, nl - start);
+        if (line.find_first_not_of(" \r\t") == std::string_view::npos) continue;
+        json parsed = json::parse(line, nullptr, false);
+        if (parsed.is_discarded()) {
+          // A broken line means a broken stream: reopen from the last good resourceVersion.
+          throw std::runtime_error(fmt::format("WATCH {}: undecodable event line", r.path));
+        }
+        auto event = decodeWatchEvent(std::move(parsed));
+        if (!event) {
+          count([](ApiSourceStats& s) { ++s.decodeFailures; });
+          log::warning("skipping undecodable watch event", {{"resource", r.kind}, {"reason", event.error().message()}});
+          continue;
+        }
+        if (event->type == WatchEventType::kError) {
+          const ApiStatus status = event->status.value_or(ApiStatus{});
+          if (status.code == 410 || status.reason == "Expired" || status.reason == "Gone")
+            co_return WatchOutcome::kExpired;
+          throw std::runtime_error(fmt::format("WATCH {}: error event {} {}: {}", r.path, status.code,
+                                               status.reason, status.message));
+        }
+        applyEvent(r, *event);
+      }
+      data.erase(0, start);
+      if (data.size() > kMaxEventLine) throw std::runtime_error(fmt::format("WATCH {}: event line too long", r.path));
+    }
+    co_return WatchOutcome::kEnded;
+  }
+
+  Task<void> run(Resource& r) {
+    auto backoff = std::chrono::duration_cast<SteadyClock::duration>(options.initialBackoff);
+    auto nextBackoff = [&] {
+      auto d = jittered(backoff);
+      backoff = std::min<SteadyClock::duration>(backoff * 2, options.maxBackoff);
+      return std::min<SteadyClock::duration>(d, options.maxBackoff);
+    };
+    bool needList = true;
+    for (;;) {
+      std::string failure;
+      try {
+        if (needList) {
+          co_await list(r);
+          needList = false;
+        }
+        auto opened = SteadyClock::now();
+        auto outcome = co_await watch(r);
+        if (outcome == WatchOutcome::kExpired) {
+          count([](ApiSourceStats& s) { ++s.expired; });
+          log::info(0, "watch resourceVersion expired; relisting",
+                    {{"resource", r.kind}, {"resourceVersion", r.resourceVersion}});
+          needList = true;
+          continue;
+        }
+        log::info(2, "watch ended", {{"resource", r.kind}, {"resourceVersion", r.resourceVersion}});
+        // A watch that ran for a while ended normally (server timeout): resume at once.
+        if (SteadyClock::now() - opened > std::chrono::seconds(5)) {
+          backoff = options.initialBackoff;
+          continue;
+        }
+        failure = "watch ended right after it was opened";
+      } catch (const boost::system::system_error& e) {
+        if (e.code() == asio::error::operation_aborted && io.stopped()) throw;
+        failure = e.code() == boost::beast::error::timeout ? "timed out" : e.what();
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+      count([](ApiSourceStats& s) { ++s.requestFailures; });
+      auto wait = nextBackoff();
+      log::warning("API request failed; retrying",
+                   {{"resource", r.kind}, {"server", config.serverText}, {"error", failure},
+                    {"retryIn", fmt::format("{}ms", std::chrono::duration_cast<std::chrono::milliseconds>(wait).count())}});
+      co_await sleep(wait);
+    }
+  }
+
+  void addResources() {
+    auto svc = std::make_unique<Resource>();
+    svc->kind = "Service";
+    svc->path = "/api/v1/services";
+    svc->labelSelector = kProxyLabelSelector;
+    svc->decode = [](const json& j) -> core::Result<Object> {
+      auto s = decodeService(j);
+      if (!s) return std::unexpected(s.error());
+      return Object{std::move(*s)};
+    };
+    svc->upsert = [this](Object o) { sink.serviceUpserted(std::get<core::Service>(std::move(o))); };
+    svc->remove = [this](const Key& k) { sink.serviceDeleted(k.first, k.second); };
+    svc->synced = [this] { sink.servicesSynced(); };
+    resources.push_back(std::move(svc));
+
+    auto eps = std::make_unique<Resource>();
+    eps->kind = "EndpointSlice";
+    eps->path = "/apis/discovery.k8s.io/v1/endpointslices";
+    // Upstream uses one informer factory, hence one selector, for Services and EndpointSlices;
+    // the EndpointSlice controller copies both labels onto the slices of such services.
+    eps->labelSelector = kProxyLabelSelector;
+    eps->decode = [](const json& j) -> core::Result<Object> {
+      auto s = decodeEndpointSlice(j);
+      if (!s) return std::unexpected(s.error());
+      return Object{std::move(*s)};
+    };
+    eps->upsert = [this](Object o) { sink.endpointSliceUpserted(std::get<core::EndpointSlice>(std::move(o))); };
+    eps->remove = [this](const Key& k) { sink.endpointSliceDeleted(k.first, k.second); };
+    eps->synced = [this] { sink.endpointSlicesSynced(); };
+    resources.push_back(std::move(eps));
+
+    if (!options.nodeName.empty()) {
+      auto node = std::make_unique<Resource>();
+      node->kind = "Node";
+      node->path = "/api/v1/nodes";
+      node->fieldSelector = "metadata.name=" + options.nodeName;
+      node->decode = [](const json& j) -> core::Result<Object> {
+        auto n = decodeNode(j);
+        if (!n) return std::unexpected(n.error());
+        return Object{std::move(*n)};
+      };
+      node->upsert = [this](Object o) { sink.nodeUpserted(std::get<core::Node>(std::move(o))); };
+      node->remove = [this](const Key& k) { sink.nodeDeleted(k.second); };
+      resources.push_back(std::move(node));
+    }
+  }
+};
+
+ApiSource::ApiSource(ClientConfig config, core::EventSink& sink, ApiSourceOptions options)
+    : impl_(std::make_unique<Impl>(std::move(config), sink, std::move(options))) {}
+
+ApiSource::~ApiSource() { stop(); }
+
+core::Result<void> ApiSource::start() {
+  if (impl_->started) return core::makeError(core::ErrorCategory::kInternal, "ApiSource started twice");
+  if (impl_->config.server.tls) {
+    auto tls = detail::makeTlsContext(impl_->config);
+    if (!tls) return std::unexpected(tls.error());
+    impl_->tls = std::move(*tls);
+  }
+  impl_->started = true;
+  impl_->addResources();
+  for (auto& r : impl_->resources) {
+    asio::co_spawn(impl_->io, impl_->run(*r), [kind = r->kind](std::exception_ptr e) {
+      if (!e) return;
+      try {
+        std::rethrow_exception(e);
+      } catch (const boost::system::system_error& error) {
+        if (error.code() == asio::error::operation_aborted) return;
+        log::error("API watcher stopped", {{"resource", kind}, {"error", error.what()}});
+      } catch (const std::exception& error) {
+        log::error("API watcher stopped", {{"resource", kind}, {"error", error.what()}});
+      }
+    });
+  }
+  log::info(0, "watching the API server",
+            {{"server", impl_->config.serverText}, {"config", impl_->config.origin},
+             {"verifyTls", impl_->config.server.tls && !impl_->config.insecureSkipTlsVerify ? "true" : "false"},
+             {"node", impl_->options.nodeName}});
+  impl_->thread = std::thread([impl = impl_.get()] { impl->io.run(); });
+  return {};
+}
+
+void ApiSource::stop() {
+  if (!impl_ || !impl_->thread.joinable()) return;
+  impl_->stopping = true;
+  impl_->io.stop();
+  impl_->thread.join();
+}
+
+ApiSourceStats ApiSource::stats() const {
+  std::lock_guard lock(impl_->statsMutex);
+  return impl_->counters;
+}
+
+}  // namespace kproxy::apiwatch
