@@ -3,10 +3,12 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <thread>
@@ -14,10 +16,12 @@
 
 #include "config_file.h"
 #include "flags.h"
+#include "kproxy/apiwatch/api_source.h"
 #include "kproxy/apiwatch/manifest_source.h"
 #include "kproxy/core/log.h"
 #include "kproxy/core/proxier.h"
 #include "kproxy/plugins/loader.h"
+#include "ops_servers.h"
 #include "proxy_config.h"
 
 namespace {
@@ -26,6 +30,16 @@ using kproxy::cli::ProxyConfig;
 namespace log = kproxy::log;
 
 constexpr const char* kVersion = "0.1.0";
+
+/// Whichever source feeds the proxier: a manifest directory or an API server.
+struct EventSource {
+  std::unique_ptr<kproxy::apiwatch::ManifestSource> manifests;
+  std::unique_ptr<kproxy::apiwatch::ApiSource> api;
+  void stop() {
+    if (manifests) manifests->stop();
+    if (api) api->stop();
+  }
+};
 
 int fail(const std::string& message) {
   std::fprintf(stderr, "kproxy: %s\n", message.c_str());
@@ -148,10 +162,15 @@ int main(int argc, char** argv) {
   auto backend = registry.createBackend(config.mode, backendOptions(config));
   if (!backend) return fail(backend.error().message());
 
+  // The source of Services: a manifest directory, else an API server (--kubeconfig, with
+  // --master overriding its server; --master alone; or the in-cluster service account).
+  std::optional<kproxy::apiwatch::ClientConfig> apiConfig;
   if (config.manifestsDir.empty()) {
-    return fail(
-        "no source of Services: give --manifests DIR (this build of kproxy has no API server "
-        "client yet; --kubeconfig and --master are accepted but not used)");
+    auto resolved = kproxy::apiwatch::resolveClientConfig(config.clientConnection.kubeconfig, config.master);
+    if (!resolved) return fail(resolved.error().message());
+    resolved->qps = config.clientConnection.qps;
+    resolved->burst = config.clientConnection.burst;
+    apiConfig = std::move(*resolved);
   }
 
   kproxy::core::TrackerConfig tracker;
@@ -166,8 +185,16 @@ int main(int argc, char** argv) {
                             {"node", tracker.nodeName}, {"manifests", config.manifestsDir},
                             {"dryRun", config.dryRun ? "true" : "false"}});
 
-  kproxy::apiwatch::ManifestSource source(config.manifestsDir, proxier);
-  if (auto started = source.start(); !started) return fail(started.error().message());
+  EventSource source;
+  if (apiConfig) {
+    kproxy::apiwatch::ApiSourceOptions apiOptions;
+    apiOptions.nodeName = tracker.nodeName;
+    source.api = std::make_unique<kproxy::apiwatch::ApiSource>(std::move(*apiConfig), proxier, apiOptions);
+    if (auto started = source.api->start(); !started) return fail(started.error().message());
+  } else {
+    source.manifests = std::make_unique<kproxy::apiwatch::ManifestSource>(config.manifestsDir, proxier);
+    if (auto started = source.manifests->start(); !started) return fail(started.error().message());
+  }
 
   std::stop_source stop;
   std::jthread signalWaiter([&stop, stopSignals](std::stop_token token) {
@@ -182,8 +209,31 @@ int main(int argc, char** argv) {
     }
   });
 
+  // Metrics, health and health-check node port servers (not for a dry run: it changes nothing
+  // and exits after one sync).
+  std::unique_ptr<kproxy::cli::OpsServers> ops;
+  std::atomic<bool> fatal = false;
+  if (!config.dryRun) {
+    kproxy::cli::OpsOptions opsOptions;
+    opsOptions.mode = config.mode;
+    opsOptions.metricsBindAddress = config.metricsBindAddress;
+    opsOptions.healthzBindAddress = config.healthzBindAddress;
+    opsOptions.bindAddressHardFail = config.bindAddressHardFail;
+    opsOptions.healthTimeout = 2 * config.effectiveSyncPeriod();
+    opsOptions.configzJson = kproxy::cli::toConfigzJson(config);
+    ops = std::make_unique<kproxy::cli::OpsServers>(std::move(opsOptions), proxier);
+    proxier.setObserver([&ops](const kproxy::core::SyncObservation& o) { ops->observe(o); });
+    ops->start([&stop, &fatal](const std::string& reason) {
+      log::error("stopping", {{"reason", reason}});
+      fatal = true;
+      stop.request_stop();
+    });
+  }
+
   bool ok = proxier.run(stop.get_token());
+  proxier.setObserver(nullptr);
+  if (ops) ops->stop();
   source.stop();
   signalWaiter.request_stop();
-  return ok ? 0 : 1;
+  return ok && !fatal ? 0 : 1;
 }
