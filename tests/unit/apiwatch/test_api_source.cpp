@@ -1,0 +1,453 @@
+// ApiSource against an in-process fake API server on 127.0.0.1 (plain HTTP, port 0): paging,
+// selectors, initial sync order, watch events, malformed objects, 410 → relist and reconcile,
+// reconnect after the stream ends. The real kube-apiserver is exercised by tests/e2e.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "kproxy/apiwatch/api_source.h"
+#include "kproxy/core/log.h"
+
+using nlohmann::json;
+using namespace kproxy;
+using namespace std::chrono_literals;
+
+namespace {
+
+std::string queryParam(const std::string& target, const std::string& key) {
+  auto q = target.find('?');
+  if (q == std::string::npos) return {};
+  std::string rest = target.substr(q + 1);
+  std::size_t start = 0;
+  while (start <= rest.size()) {
+    auto amp = rest.find('&', start);
+    std::string part = rest.substr(start, amp == std::string::npos ? std::string::npos : amp - start);
+    if (part.starts_with(key + "=")) return part.substr(key.size() + 1);
+    if (amp == std::string::npos) break;
+    start = amp + 1;
+  }
+  return {};
+}
+
+/// Serves LISTs from `items` (paged by limit/continue) and WATCHes from per-path event queues.
+class FakeApiServer {
+ public:
+  FakeApiServer() {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(listener_ >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener_, 16) == 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this] { acceptLoop(); });
+  }
+  ~FakeApiServer() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    ::shutdown(listener_, SHUT_RDWR);
+    ::close(listener_);
+    acceptor_.join();
+    for (auto& t : connections_) t.join();
+  }
+
+  int port = 0;
+
+  void setItems(const std::string& path, std::vector<json> items, std::string rv) {
+    std::lock_guard lock(mutex_);
+    items_[path] = std::move(items);
+    listRv_[path] = std::move(rv);
+  }
+  void push(const std::string& path, json event) {
+    {
+      std::lock_guard lock(mutex_);
+      events_[path].push_back(event.dump() + "\n");
+    }
+    changed_.notify_all();
+  }
+  /// Ends every open watch stream (as a server timeout or restart would).
+  void endWatches() {
+    {
+      std::lock_guard lock(mutex_);
+      ++watchGeneration_;
+    }
+    changed_.notify_all();
+  }
+  std::vector<std::string> requests() {
+    std::lock_guard lock(mutex_);
+    return requests_;
+  }
+  int openWatches() {
+    std::lock_guard lock(mutex_);
+    return openWatches_;
+  }
+
+ private:
+  void acceptLoop() {
+    for (;;) {
+      int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return;
+      std::lock_guard lock(mutex_);
+      if (stopping_) {
+        ::close(fd);
+        return;
+      }
+      connections_.emplace_back([this, fd] { serve(fd); });
+    }
+  }
+
+  static bool sendAll(int fd, const std::string& data) {
+    std::size_t off = 0;
+    while (off < data.size()) {
+      ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return false;
+      off += static_cast<std::size_t>(n);
+    }
+    return true;
+  }
+
+  void serve(int fd) {
+    std::string request;
+    char buf[4096];
+    while (request.find("\r\n\r\n") == std::string::npos) {
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) {
+        ::close(fd);
+        return;
+      }
+      request.append(buf, static_cast<std::size_t>(n));
+    }
+    auto sp1 = request.find(' ');
+    auto sp2 = request.find(' ', sp1 + 1);
+    std::string target = request.substr(sp1 + 1, sp2 - sp1 - 1);
+    std::string path = target.substr(0, target.find('?'));
+    {
+      std::lock_guard lock(mutex_);
+      requests_.push_back(target);
+    }
+    if (queryParam(target, "watch") == "1") {
+      serveWatch(fd, path);
+    } else {
+      serveList(fd, path, target);
+    }
+    ::close(fd);
+  }
+
+  void serveList(int fd, const std::string& path, const std::string& target) {
+    json body;
+    {
+      std::lock_guard lock(mutex_);
+      const auto& items = items_[path];
+      std::size_t limit = std::stoul(queryParam(target, "limit").empty() ? "1000" : queryParam(target, "limit"));
+      std::string cont = queryParam(target, "continue");
+      std::size_t start = cont.empty() ? 0 : std::stoul(cont);
+      std::size_t end = std::min(items.size(), start + limit);
+      body = {{"kind", "List"}, {"apiVersion", "v1"},
+              {"metadata", {{"resourceVersion", listRv_[path]}}}, {"items", json::array()}};
+      for (std::size_t i = start; i < end; ++i) body["items"].push_back(items[i]);
+      if (end < items.size()) body["metadata"]["continue"] = std::to_string(end);
+    }
+    std::string text = body.dump();
+    sendAll(fd, fmt::format("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+                            "Connection: close\r\n\r\n{}",
+                            text.size(), text));
+  }
+
+  void serveWatch(int fd, const std::string& path) {
+    if (!sendAll(fd, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")) return;
+    std::unique_lock lock(mutex_);
+    ++openWatches_;
+    int generation = watchGeneration_;
+    for (;;) {
+      changed_.wait(lock, [&] { return stopping_ || generation != watchGeneration_ || !events_[path].empty(); });
+      if (stopping_ || generation != watchGeneration_) break;
+      std::string line = std::move(events_[path].front());
+      events_[path].pop_front();
+      lock.unlock();
+      bool ok = sendAll(fd, fmt::format("{:x}\r\n{}\r\n", line.size(), line));
+      lock.lock();
+      if (!ok) break;
+    }
+    --openWatches_;
+    lock.unlock();
+    sendAll(fd, "0\r\n\r\n");
+  }
+
+  int listener_ = -1;
+  std::thread acceptor_;
+  std::vector<std::thread> connections_;
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool stopping_ = false;
+  int watchGeneration_ = 0;
+  int openWatches_ = 0;
+  std::map<std::string, std::vector<json>> items_;
+  std::map<std::string, std::string> listRv_;
+  std::map<std::string, std::deque<std::string>> events_;
+  std::vector<std::string> requests_;
+};
+
+/// Records sink calls as text lines, in order.
+class RecordingSink final : public core::EventSink {
+ public:
+  void serviceUpserted(core::Service s) override {
+    add(fmt::format("upsert Service {}/{} port={}", s.ns, s.name, s.ports.empty() ? 0 : s.ports[0].port));
+  }
+  void serviceDeleted(const std::string& ns, const std::string& name) override {
+    add(fmt::format("delete Service {}/{}", ns, name));
+  }
+  void endpointSliceUpserted(core::EndpointSlice s) override {
+    add(fmt::format("upsert EndpointSlice {}/{}", s.ns, s.name));
+  }
+  void endpointSliceDeleted(const std::string& ns, const std::string& name) override {
+    add(fmt::format("delete EndpointSlice {}/{}", ns, name));
+  }
+  void nodeUpserted(core::Node n) override { add("upsert Node " + n.name); }
+  void nodeDeleted(const std::string& name) override { add("delete Node " + name); }
+  void servicesSynced() override { add("servicesSynced"); }
+  void endpointSlicesSynced() override { add("endpointSlicesSynced"); }
+
+  std::vector<std::string> events() {
+    std::lock_guard lock(mutex_);
+    return events_;
+  }
+  bool waitFor(const std::string& line, std::chrono::milliseconds timeout = 5s) {
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, timeout, [&] { return std::find(events_.begin(), events_.end(), line) != events_.end(); });
+  }
+  void clear() {
+    std::lock_guard lock(mutex_);
+    events_.clear();
+  }
+
+ private:
+  void add(std::string line) {
+    {
+      std::lock_guard lock(mutex_);
+      events_.push_back(std::move(line));
+    }
+    cv_.notify_all();
+  }
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::vector<std::string> events_;
+};
+
+json service(const std::string& name, int port, const std::string& rv) {
+  return {{"metadata", {{"namespace", "default"}, {"name", name}, {"resourceVersion", rv}}},
+          {"spec", {{"clusterIP", "10.96.0.10"}, {"ports", {{{"port", port}, {"protocol", "TCP"}}}}}}};
+}
+
+json slice(const std::string& name, const std::string& rv) {
+  return {{"metadata", {{"namespace", "default"}, {"name", name}, {"resourceVersion", rv},
+                        {"labels", {{"kubernetes.io/service-name", "a"}}}}},
+          {"addressType", "IPv4"},
+          {"endpoints", {{{"addresses", {"10.244.1.10"}}, {"conditions", {{"ready", true}}}}}},
+          {"ports", {{{"port", 8080}, {"protocol", "TCP"}}}}};
+}
+
+json event(const std::string& type, json object) { return {{"type", type}, {"object", std::move(object)}}; }
+
+template <typename F>
+bool eventually(F f, std::chrono::milliseconds timeout = 5s) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (f()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return f();
+}
+
+constexpr const char* kServices = "/api/v1/services";
+constexpr const char* kSlices = "/apis/discovery.k8s.io/v1/endpointslices";
+constexpr const char* kNodes = "/api/v1/nodes";
+
+}  // namespace
+
+TEST_CASE("ApiSource lists, syncs, watches, skips malformed objects and relists on 410", "[unit]") {
+  std::vector<std::string> warnings;
+  std::mutex logMutex;
+  auto previousSink = log::setSink([&](log::Severity, std::string_view line) {
+    std::lock_guard lock(logMutex);
+    warnings.emplace_back(line);
+  });
+
+  FakeApiServer server;
+  json broken = service("broken", 80, "4");
+  broken["spec"]["ports"][0]["protocol"] = "CARRIER-PIGEON";
+  server.setItems(kServices, {service("a", 80, "1"), broken, service("b", 81, "3")}, "10");
+  server.setItems(kSlices, {slice("a-1", "5")}, "10");
+  server.setItems(kNodes, {{{"metadata", {{"name", "n1"}, {"resourceVersion", "7"}}}}}, "10");
+
+  RecordingSink sink;
+  apiwatch::ClientConfig config;
+  config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
+  config.server = *apiwatch::parseServerUrl(config.serverText);
+  config.qps = 0;  // unlimited: the test must not wait on the bucket
+  apiwatch::ApiSourceOptions options;
+  options.nodeName = "n1";
+  options.pageSize = 2;
+  options.initialBackoff = 20ms;
+  options.maxBackoff = 100ms;
+  apiwatch::ApiSource source(config, sink, options);
+  REQUIRE(source.start());
+
+  REQUIRE(sink.waitFor("servicesSynced"));
+  REQUIRE(sink.waitFor("endpointSlicesSynced"));
+  REQUIRE(sink.waitFor("upsert Node n1"));
+  REQUIRE(eventually([&] { return server.openWatches() == 3; }));
+
+  auto events = sink.events();
+  auto pos = [&](const std::string& line) {
+    return std::find(events.begin(), events.end(), line) - events.begin();
+  };
+  // Both pages were read; the broken service was skipped; upserts come before the sync signal.
+  CHECK(pos("upsert Service default/a port=80") < pos("servicesSynced"));
+  CHECK(pos("upsert Service default/b port=81") < pos("servicesSynced"));
+  CHECK(pos("upsert EndpointSlice default/a-1") < pos("endpointSlicesSynced"));
+  CHECK(std::count_if(events.begin(), events.end(), [](const std::string& e) { return e.find("broken") != std::string::npos; }) == 0);
+  CHECK(source.stats().decodeFailures == 1);
+  CHECK(eventually([&] { return source.stats().connected; }));
+  {
+    std::lock_guard lock(logMutex);
+    bool named = std::any_of(warnings.begin(), warnings.end(), [](const std::string& w) {
+      return w.find("Service default/broken") != std::string::npos && w.find("protocol") != std::string::npos;
+    });
+    CHECK(named);
+  }
+
+  // Requests carried upstream's selectors, paging and the watch parameters.
+  auto requests = server.requests();
+  auto sent = [&](const std::string& path, const std::string& needle) {
+    return std::any_of(requests.begin(), requests.end(), [&](const std::string& r) {
+      return r.starts_with(path + "?") && r.find(needle) != std::string::npos;
+    });
+  };
+  CHECK(sent(kServices, "labelSelector=%21service.kubernetes.io%2Fheadless%2C%21service.kubernetes.io%2Fservice-proxy-name"));
+  CHECK(sent(kSlices, "labelSelector=%21service.kubernetes.io%2Fheadless"));
+  CHECK(sent(kServices, "continue=2"));
+  CHECK(sent(kNodes, "fieldSelector=metadata.name%3Dn1"));
+  CHECK(sent(kServices, "watch=1&allowWatchBookmarks=true&resourceVersion=10"));
+
+  SECTION("watch events: modify, delete, malformed, bookmark") {
+    sink.clear();
+    server.push(kServices, event("MODIFIED", service("a", 8080, "11")));
+    server.push(kServices, event("ADDED", broken));
+    server.push(kServices, event("DELETED", service("b", 81, "12")));
+    server.push(kServices, event("BOOKMARK", {{"metadata", {{"resourceVersion", "20"}}}}));
+    server.push(kSlices, event("DELETED", slice("a-1", "13")));
+    REQUIRE(sink.waitFor("delete Service default/b"));
+    REQUIRE(sink.waitFor("delete EndpointSlice default/a-1"));
+    auto seen = sink.events();
+    auto firstService = std::find_if(seen.begin(), seen.end(), [](const std::string& e) {
+      return e.find(" Service ") != std::string::npos;
+    });
+    REQUIRE(firstService != seen.end());
+    CHECK(*firstService == "upsert Service default/a port=8080");
+    CHECK(eventually([&] { return source.stats().bookmarks == 1; }));
+    CHECK(source.stats().decodeFailures == 2);
+
+    SECTION("a watch that ends is resumed from the bookmark's resourceVersion, no relist") {
+      auto listsBefore = source.stats().lists;
+      server.endWatches();
+      REQUIRE(eventually([&] {
+        auto r = server.requests();
+        return std::any_of(r.begin(), r.end(), [](const std::string& t) {
+          return t.starts_with(std::string(kServices) + "?watch=1") && t.find("resourceVersion=20") != std::string::npos;
+        });
+      }));
+      CHECK(source.stats().lists == listsBefore);
+    }
+
+    SECTION("410 Expired relists and reconciles: gone objects deleted, unchanged ones untouched") {
+      // While "disconnected", a was left as is, b stays deleted, c appeared.
+      server.setItems(kServices, {service("a", 8080, "11"), service("c", 82, "30")}, "31");
+      sink.clear();
+      server.push(kServices, event("ERROR", {{"kind", "Status"}, {"apiVersion", "v1"}, {"status", "Failure"},
+                                             {"code", 410}, {"reason", "Expired"},
+                                             {"message", "too old resource version"}}));
+      REQUIRE(sink.waitFor("upsert Service default/c port=82"));
+      CHECK(eventually([&] { return source.stats().relists == 1 && source.stats().expired == 1; }));
+      auto after = sink.events();
+      CHECK(after == std::vector<std::string>{"upsert Service default/c port=82"});
+      // The new watch resumes from the relist's resourceVersion.
+      CHECK(eventually([&] {
+        auto r = server.requests();
+        return std::any_of(r.begin(), r.end(), [](const std::string& t) {
+          return t.starts_with(std::string(kServices) + "?watch=1") && t.find("resourceVersion=31") != std::string::npos;
+        });
+      }));
+    }
+  }
+
+  SECTION("a relist deletes objects that vanished while the watch was down") {
+    server.setItems(kServices, {service("b", 81, "3")}, "40");
+    sink.clear();
+    server.push(kServices, event("ERROR", {{"kind", "Status"}, {"code", 410}, {"reason", "Gone"}}));
+    REQUIRE(sink.waitFor("delete Service default/a"));
+    CHECK(sink.events() == std::vector<std::string>{"delete Service default/a"});
+  }
+
+  source.stop();
+  log::setSink(previousSink);
+}
+
+TEST_CASE("ApiSource keeps retrying an unreachable server and reports the failures", "[unit]") {
+  std::atomic<int> failures = 0;
+  auto previousSink = log::setSink([&](log::Severity, std::string_view line) {
+    if (line.find("API request failed; retrying") != std::string_view::npos) ++failures;
+  });
+  int port = 0;
+  {
+    FakeApiServer closed;  // take a free port, then close it
+    port = closed.port;
+  }
+  RecordingSink sink;
+  apiwatch::ClientConfig config;
+  config.serverText = fmt::format("http://127.0.0.1:{}", port);
+  config.server = *apiwatch::parseServerUrl(config.serverText);
+  apiwatch::ApiSourceOptions options;
+  options.initialBackoff = 10ms;
+  options.maxBackoff = 40ms;
+  apiwatch::ApiSource source(config, sink, options);
+  REQUIRE(source.start());
+  CHECK(eventually([&] { return failures.load() >= 4; }));
+  CHECK(source.stats().requestFailures >= 4);
+  CHECK_FALSE(source.stats().connected);
+  CHECK(sink.events().empty());
+  source.stop();
+  log::setSink(previousSink);
+}
+
+TEST_CASE("ApiSource refuses a CA that is not PEM", "[unit]") {
+  RecordingSink sink;
+  apiwatch::ClientConfig config;
+  config.serverText = "https://127.0.0.1:1";
+  config.server = *apiwatch::parseServerUrl(config.serverText);
+  config.caPem = "not a certificate";
+  apiwatch::ApiSource source(config, sink);
+  auto started = source.start();
+  REQUIRE_FALSE(started);
+  CHECK(started.error().category == core::ErrorCategory::kInvalidArgument);
+}
