@@ -1,0 +1,220 @@
+#!/usr/bin/env bash
+# The operator-facing HTTP endpoints of the real kproxy (nftables mode, --manifests), over real
+# HTTP with curl: /metrics, /proxyMode, /configz and /healthz on the metrics server; /healthz and
+# /livez on the health server; a health-check node port that follows the local endpoints and
+# closes with its Service; a taken port that is reported, not fatal. Runs in its own network
+# namespace (unshare -n): nothing touches the machine's own.
+# Usage: ops_http.sh KPROXY_BIN
+set -uo pipefail
+KPROXY=${1:?usage: ops_http.sh KPROXY_BIN}
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "ops_http: ERROR: needs root (own network namespace, nftables)" >&2
+  echo "ops_http: 0 passed, 1 failed"
+  exit 1
+fi
+if [[ -z "${OPS_HTTP_IN_NETNS:-}" ]]; then
+  OPS_HTTP_IN_NETNS=1 exec unshare -n "$0" "$@"
+fi
+ip link set lo up
+
+WORK=$(mktemp -d /tmp/kproxy-ops-http-XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+passed=0
+failed=0
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "${DETAIL:-}"; fi; }
+
+# wait_for SECONDS CMD...: polls every 50 ms.
+wait_for() {
+  local deadline=$((SECONDS + $1)); shift
+  while ((SECONDS <= deadline)); do "$@" && return 0; sleep 0.05; done
+  return 1
+}
+code() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1"; }
+is_code() { [[ $(code "$2") == "$1" ]]; }
+
+M="$WORK/manifests"; mkdir -p "$M"
+cat >"$M/node.yaml" <<'YAML'
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+status:
+  addresses: [{type: InternalIP, address: 10.0.0.1}]
+YAML
+# write_lb NAME CLUSTER_IP HC_PORT LOCAL_NODE: an eTP=Local LoadBalancer with one endpoint on
+# LOCAL_NODE; written atomically (rename) as editors and config tools do.
+write_lb() {
+  cat >"$WORK/$1.tmp" <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: $1, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: $2
+  externalTrafficPolicy: Local
+  healthCheckNodePort: $3
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: $(($3 - 1000)), protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: $1-1
+  namespace: default
+  labels: {kubernetes.io/service-name: $1}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.2]
+  conditions: {ready: true}
+  nodeName: $4
+YAML
+  mv "$WORK/$1.tmp" "$M/$1.yaml"
+}
+write_lb web 10.96.0.30 32000 node-a
+
+cat >"$WORK/config.yaml" <<'YAML'
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+hostnameOverride: node-a
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 0.0.0.0:10256
+nftables: {minSyncPeriod: 100ms, syncPeriod: 30s}
+YAML
+
+# A port someone else holds, for a second service's health check.
+python3 -c '
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 32100)); s.listen(1); time.sleep(600)' &
+PIDS+=($!)
+
+"$KPROXY" --config "$WORK/config.yaml" --manifests "$M" -v 2 >"$WORK/kproxy.log" 2>&1 &
+KP=$!; PIDS+=("$KP")
+
+MET=http://127.0.0.1:10249
+HZ=http://127.0.0.1:10256
+HC=http://127.0.0.1:32000
+
+DETAIL="$(tail -5 "$WORK/kproxy.log" 2>/dev/null)"
+check "health server answers /livez 200" wait_for 10 is_code 200 "$HZ/livez"
+check "first sync opens the health-check port" wait_for 5 is_code 200 "$HC/"
+
+# --- metrics server -----------------------------------------------------------------------
+metrics=$(curl -s --max-time 2 "$MET/metrics")
+missing=""
+for name in kubeproxy_sync_proxy_rules_duration_seconds_bucket kubeproxy_sync_full_proxy_rules_duration_seconds_count \
+    kubeproxy_sync_partial_proxy_rules_duration_seconds_count kubeproxy_sync_proxy_rules_last_timestamp_seconds \
+    kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds kubeproxy_sync_proxy_rules_endpoint_changes_pending \
+    kubeproxy_sync_proxy_rules_endpoint_changes_total kubeproxy_sync_proxy_rules_service_changes_pending \
+    kubeproxy_sync_proxy_rules_service_changes_total kubeproxy_network_programming_duration_seconds_count \
+    'kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"}' \
+    kubeproxy_sync_proxy_rules_nftables_sync_failures_total kubeproxy_proxy_livez_total \
+    process_resident_memory_bytes process_cpu_seconds_total process_open_fds process_start_time_seconds; do
+  grep -qF -- "$name" <<<"$metrics" || missing+=" $name"
+done
+DETAIL="missing:$missing"; check "/metrics has kube-proxy's metric names" test -z "$missing"
+syncs=$(awk '$1 == "kubeproxy_sync_proxy_rules_duration_seconds_count" {print $2}' <<<"$metrics")
+DETAIL="count=$syncs"; check "/metrics counts the syncs (> 0)" test "${syncs:-0}" -gt 0
+last=$(awk '$1 == "kubeproxy_sync_proxy_rules_last_timestamp_seconds" {print int($2)}' <<<"$metrics")
+now=$(date +%s)
+DETAIL="last=$last now=$now"; check "last sync timestamp is recent" test $((now - ${last:-0})) -lt 60
+ctype=$(curl -s -o /dev/null -w '%{content_type}' "$MET/metrics")
+DETAIL="$ctype"; check "/metrics content type is Prometheus text" test "$ctype" = "text/plain; version=0.0.4; charset=utf-8"
+
+mode=$(curl -s --max-time 2 "$MET/proxyMode")
+DETAIL="got '$mode'"; check "/proxyMode says nftables" test "$mode" = nftables
+
+configz=$(curl -s --max-time 2 "$MET/configz")
+DETAIL="${configz:0:200}"
+check "/configz is JSON with kubeproxy.config.k8s.io" python3 -c '
+import json, sys
+c = json.loads(sys.argv[1])["kubeproxy.config.k8s.io"]
+assert c["kind"] == "KubeProxyConfiguration" and c["mode"] == "nftables", c' "$configz"
+
+DETAIL=$(curl -s "$MET/healthz"); check "metrics server /healthz says ok" test "$(curl -s "$MET/healthz")" = ok
+check "unknown path is 404" is_code 404 "$MET/nope"
+
+# --- health server ------------------------------------------------------------------------
+hz=$(curl -s -D "$WORK/hz.headers" --max-time 2 -w '\n%{http_code}' "$HZ/healthz")
+DETAIL="$hz"
+check "/healthz 200 with upstream's JSON" python3 -c '
+import json, sys
+body, code = sys.argv[1].rsplit("\n", 1)
+j = json.loads(body)
+assert code == "200", code
+assert j["healthy"] is True and j["nodeEligible"] is True, j
+assert j["lastUpdated"].endswith("Z") and j["currentTime"].endswith("Z"), j
+assert j["status"]["IPv4"]["healthy"] is True, j' "$hz"
+DETAIL=$(cat "$WORK/hz.headers"); check "/healthz sends nosniff" grep -qi '^X-Content-Type-Options: nosniff' "$WORK/hz.headers"
+lz=$(curl -s --max-time 2 -w '\n%{http_code}' "$HZ/livez")
+DETAIL="$lz"
+check "/livez 200 with JSON" python3 -c '
+import json, sys
+body, code = sys.argv[1].rsplit("\n", 1)
+j = json.loads(body)
+assert code == "200" and j["healthy"] is True and "nodeEligible" not in j, (code, j)' "$lz"
+counted=$(curl -s "$MET/metrics" | awk '$1 == "kubeproxy_proxy_healthz_total{code=\"200\"}" {print $2}')
+DETAIL="count=$counted"; check "probes are counted in kubeproxy_proxy_healthz_total" test "${counted:-0}" -ge 1
+
+# --- health-check node port ---------------------------------------------------------------
+hc=$(curl -s -D "$WORK/hc.headers" --max-time 2 -w '\n%{http_code}' "$HC/")
+DETAIL="$hc"
+check "health-check port: 200, localEndpoints=1" python3 -c '
+import json, sys
+body, code = sys.argv[1].rsplit("\n", 1)
+j = json.loads(body)
+assert code == "200", code
+assert j == {"service": {"namespace": "default", "name": "web"}, "localEndpoints": 1, "serviceProxyHealthy": True}, j' "$hc"
+DETAIL=$(cat "$WORK/hc.headers")
+check "health-check port sends X-Load-Balancing-Endpoint-Weight: 1" grep -qi '^X-Load-Balancing-Endpoint-Weight: 1' "$WORK/hc.headers"
+
+write_lb web 10.96.0.30 32000 node-b  # the endpoint moves to another node
+t0=$(date +%s%N)
+if wait_for 3 is_code 503 "$HC/"; then
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  DETAIL="${ms} ms"; check "health-check port turns 503 within 2 s of losing the local endpoint" test "$ms" -le 2000
+else
+  fail "health-check port turns 503" "$(curl -s "$HC/")"
+fi
+DETAIL=$(curl -s "$HC/"); check "503 body says localEndpoints=0" grep -q '"localEndpoints": 0' <<<"$DETAIL"
+nolocal=$(curl -s "$MET/metrics" | awk '$1 == "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}" {print $2}')
+DETAIL="got $nolocal"; check "no_local_endpoints_total{external} is 1" test "${nolocal:-x}" = 1
+
+# A service whose health-check port is taken: reported in the log, kproxy keeps serving.
+write_lb other 10.96.0.31 32100 node-a
+DETAIL=$(tail -5 "$WORK/kproxy.log")
+check "a taken health-check port is logged" wait_for 3 grep -q 'Failed to start healthcheck.*32100' "$WORK/kproxy.log"
+check "kproxy keeps running and healthy after it" is_code 200 "$HZ/livez"
+
+rm "$M/web.yaml"
+t0=$(date +%s%N)
+if wait_for 3 is_code 000 "$HC/"; then
+  ms=$((($(date +%s%N) - t0) / 1000000))
+  DETAIL="${ms} ms"; check "health-check listener closes when the service is deleted" test "$ms" -le 2000
+else
+  fail "health-check listener closes" "still answers $(code "$HC/")"
+fi
+
+if ! kill -TERM "$KP" 2>/dev/null; then
+  fail "SIGTERM" "kproxy had already exited: $(tail -3 "$WORK/kproxy.log")"
+elif wait_for 5 bash -c "! kill -0 $KP 2>/dev/null"; then
+  wait "$KP"; rc=$?
+  DETAIL="exit status $rc"; check "SIGTERM with servers running: exit 0" test "$rc" -eq 0
+else
+  fail "SIGTERM" "still running after 5 s"
+fi
+DETAIL=$(grep -E '^E' "$WORK/kproxy.log" | grep -v 'healthcheck' | head -3)
+check "no other errors in the log" test -z "$DETAIL"
+
+echo "ops_http: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]
