@@ -177,7 +177,7 @@ struct ApiSource::Impl {
     std::string continueToken;
     std::string listVersion;
     std::uint64_t skipped = 0;
-    do {
+    for (;;) {
       auto target = fmt::format("{}?limit={}{}", r.path, options.pageSize, query(r));
       if (!continueToken.empty()) target += "&continue=" + detail::queryEscape(continueToken);
       auto connection = co_await connect();
@@ -193,6 +193,7 @@ struct ApiSource::Impl {
           log::info(1, "list continue token expired; restarting the list", {{"resource", r.kind}});
           fresh.clear();
           continueToken.clear();
+          skipped = 0;
           continue;
         }
         throw std::runtime_error(fmt::format("LIST {}: {}", r.path, statusText(body, response.result())));
@@ -218,7 +219,8 @@ struct ApiSource::Impl {
           fresh.insert_or_assign(std::move(key), std::move(*decoded));
         }
       }
-    } while (!continueToken.empty());
+      if (continueToken.empty()) break;
+    }
 
     count([&](ApiSourceStats& s) {
       s.decodeFailures += skipped;

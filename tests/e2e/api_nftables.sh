@@ -183,6 +183,24 @@ else
   fail "authorization failures: $(grep -m3 -i 'forbidden\| 403' "$KP_WORKDIR/kproxy.log")"
 fi
 
+# --- 7. an IPv6 Service (accepted by the dual-stack apiserver) on an IPv4 node set-up -----------
+# kproxy either programs it (the node namespace has IPv6 in its kernel) or skips it with a log
+# line; either way it stays up and the IPv4 Service keeps working.
+cp_api POST /api/v1/namespaces/default/services "$(service_json web $VIP)" >/dev/null || fail "re-create web"
+set_slice web-1 web 1 2 >/dev/null 2>&1 || cp_api POST /apis/discovery.k8s.io/v1/namespaces/default/endpointslices "$(slice_json web-1 web 1 2)" >/dev/null
+cp_api POST /api/v1/namespaces/default/services \
+  '{"apiVersion":"v1","kind":"Service","metadata":{"name":"v6only","namespace":"default"},"spec":{"ipFamilies":["IPv6"],"ipFamilyPolicy":"SingleStack","ports":[{"port":80,"targetPort":8080}]}}' \
+  >/dev/null || fail "create IPv6 Service"
+v6ip="$(cp_api GET /api/v1/namespaces/default/services/v6only | python3 -c 'import json,sys; print(json.load(sys.stdin)["spec"]["clusterIP"])')"
+sleep 2
+if kp_kproxy_alive && kp_wait_served 5 "http://$VIP/" &&
+  { kp_nft node list table ip6 kube-proxy 2>/dev/null | grep -q "$v6ip" ||
+    grep -q 'v6only\|family' "$KP_WORKDIR/kproxy.log"; }; then
+  pass "IPv6 Service $v6ip handled (programmed in ip6 kube-proxy or skipped with a log); IPv4 Service unaffected"
+else
+  fail "IPv6 Service $v6ip neither programmed nor logged, or kproxy/IPv4 service broke"
+fi
+
 kp_kproxy_alive || fail "kproxy exited"
 kp_stop_kproxy
 kp_log "passed=$PASSED failed=$FAILED"

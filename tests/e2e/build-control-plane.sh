@@ -57,7 +57,7 @@ GO
     log "building kube-apiserver $K8S_VERSION (staging $staging); this takes long on a cold cache"
     local start=$SECONDS
     (cd "$src" && "${NICE[@]}" go mod tidy -e >/dev/null 2>&1 || true)
-    (cd "$src" && "${NICE[@]}" go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=${K8S_VERSION#v1.}" \
+    (cd "$src" && "${NICE[@]}" go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(cut -d. -f2 <<<"$K8S_VERSION")" \
         -o "$out.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
     mv "$out.tmp" "$out"
     echo "$K8S_VERSION" > "$out.version"

@@ -126,7 +126,7 @@ cp_start_apiserver() {
     --authorization-mode RBAC \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
-    --service-cluster-ip-range 10.96.0.0/16 \
+    --service-cluster-ip-range "${CP_SERVICE_CIDRS:-10.96.0.0/16,fd00:10:96::/112}" \
     --endpoint-reconciler-type none \
     --enable-priority-and-fairness=false \
     --profiling=false \

@@ -94,6 +94,11 @@ class FakeApiServer {
     }
     changed_.notify_all();
   }
+  /// The next `n` LIST requests that carry a continue token are answered 410 (token expired).
+  void expireContinueTokens(int n) {
+    std::lock_guard lock(mutex_);
+    expireContinue_ = n;
+  }
   std::vector<std::string> requests() {
     std::lock_guard lock(mutex_);
     return requests_;
@@ -158,6 +163,14 @@ class FakeApiServer {
     json body;
     {
       std::lock_guard lock(mutex_);
+      if (!queryParam(target, "continue").empty() && expireContinue_ > 0) {
+        --expireContinue_;
+        std::string status = json{{"kind", "Status"}, {"status", "Failure"}, {"code", 410}, {"reason", "Expired"},
+                                  {"message", "The provided continue parameter is too old"}}.dump();
+        sendAll(fd, fmt::format("HTTP/1.1 410 Gone\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+                                "Connection: close\r\n\r\n{}", status.size(), status));
+        return;
+      }
       const auto& items = items_[path];
       std::size_t limit = std::stoul(queryParam(target, "limit").empty() ? "1000" : queryParam(target, "limit"));
       std::string cont = queryParam(target, "continue");
@@ -202,6 +215,7 @@ class FakeApiServer {
   bool stopping_ = false;
   int watchGeneration_ = 0;
   int openWatches_ = 0;
+  int expireContinue_ = 0;
   std::map<std::string, std::vector<json>> items_;
   std::map<std::string, std::string> listRv_;
   std::map<std::string, std::deque<std::string>> events_;
@@ -411,6 +425,35 @@ TEST_CASE("ApiSource lists, syncs, watches, skips malformed objects and relists 
 
   source.stop();
   log::setSink(previousSink);
+}
+
+TEST_CASE("ApiSource restarts a LIST whose continue token expired", "[unit]") {
+  FakeApiServer server;
+  server.setItems(kServices, {service("a", 80, "1"), service("b", 81, "2"), service("c", 82, "3")}, "10");
+  server.setItems(kSlices, {}, "10");
+  server.expireContinueTokens(1);
+  RecordingSink sink;
+  apiwatch::ClientConfig config;
+  config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
+  config.server = *apiwatch::parseServerUrl(config.serverText);
+  config.qps = 0;
+  apiwatch::ApiSourceOptions options;
+  options.pageSize = 2;
+  apiwatch::ApiSource source(config, sink, options);
+  REQUIRE(source.start());
+  REQUIRE(sink.waitFor("servicesSynced"));
+  auto events = sink.events();
+  for (const char* name : {"a", "b", "c"}) {
+    CHECK(std::count_if(events.begin(), events.end(), [&](const std::string& e) {
+            return e.starts_with(fmt::format("upsert Service default/{} ", name));
+          }) == 1);
+  }
+  auto requests = server.requests();
+  CHECK(std::count_if(requests.begin(), requests.end(), [](const std::string& r) {
+          return r.starts_with(std::string(kServices) + "?limit=2") && r.find("continue=") == std::string::npos;
+        }) == 2);
+  CHECK(source.stats().requestFailures == 0);
+  source.stop();
 }
 
 TEST_CASE("ApiSource keeps retrying an unreachable server and reports the failures", "[unit]") {
