@@ -311,16 +311,10 @@ struct ApiSource::Impl {
       throw std::runtime_error(fmt::format("WATCH {}: {}", r.path, statusText(body, parser.get().result())));
     }
     count([](ApiSourceStats& s) { ++s.watchesOpened; });
+    // "Connected" ends only with a failure (see run()): a watch that the server ends on its
+    // timeout is resumed at once and is not worth a log line.
     r.watching = true;
     updateConnected();
-    struct Unwatch {
-      Impl* self;
-      Resource& r;
-      ~Unwatch() {
-        r.watching = false;
-        self->updateConnected();
-      }
-    } unwatch{this, r};
     log::info(2, "watch opened", {{"resource", r.kind}, {"resourceVersion", r.resourceVersion}});
     for (;;) {
       connection->expiresAfter(options.idleTimeout);
@@ -393,6 +387,8 @@ struct ApiSource::Impl {
         failure = e.what();
       }
       count([](ApiSourceStats& s) { ++s.requestFailures; });
+      r.watching = false;
+      updateConnected();
       auto wait = nextBackoff();
       log::warning("API request failed; retrying",
                    {{"resource", r.kind}, {"server", config.serverText}, {"error", failure},

@@ -49,7 +49,9 @@ struct ApiSourceStats {
   std::uint64_t watchEvents = 0;     ///< ADDED/MODIFIED/DELETED events applied
   std::uint64_t bookmarks = 0;
   std::uint64_t expired = 0;         ///< 410 Gone / Expired answers, each followed by a relist
-  bool connected = false;            ///< every resource currently has an open watch
+  /// Every resource has had a watch open since its last failed request (a watch the server
+  /// ends on its timeout and that is resumed at once does not count as a disconnection).
+  bool connected = false;
 };
 
 /// Lists and watches, on its own thread (one Asio io_context, one coroutine per resource):
