@@ -224,8 +224,18 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     std::vector<std::string> targets;
     for (const auto& ep : eps)
       if (auto name = chainOf(ep); !name.empty()) targets.push_back(name);
-    if (p.sessionAffinityClientIP && !targets.empty())
+    if (p.sessionAffinityClientIP && !targets.empty()) {
+      // An affinity hit DNATs here, skipping the endpoint chain and its hairpin rule, so a
+      // client that is itself one of the endpoints is marked for masquerade first. (nft cannot
+      // compare the map's answer with the source address, so this also masquerades such a
+      // client when it is sent to another endpoint: it loses its source IP, nothing more.)
+      for (const auto& ep : eps) {
+        if (chainOf(ep).empty()) continue;
+        if (auto addr = parseHostOf(ep.ip, fam))
+          c.rules.push_back(rule({MatchAddress{true, false, *addr}, jump(kMarkMasqChain)}));
+      }
       c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromAffinity{kAffinityMap}}));
+    }
     for (std::size_t i = 0; i < targets.size(); ++i) {
       auto remaining = static_cast<std::uint32_t>(targets.size() - i);
       if (remaining > 1)

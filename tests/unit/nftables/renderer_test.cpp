@@ -104,8 +104,11 @@ TEST_CASE("session affinity: one shared map, update in endpoint chains", "[unit]
   p.stickyMaxAgeSeconds = 600;
   auto f = r.renderServicePort(p);
   auto svc = texts(*findChain(f, serviceChainName(p)));
-  REQUIRE(svc.size() == 4);
-  CHECK(svc[1] == "meta l4proto tcp dnat to ip saddr . ip daddr . meta l4proto . th dport map @affinity");
+  // masquerade check, hairpin marks for the affinity path, affinity hit, 2-endpoint cascade
+  REQUIRE(svc.size() == 6);
+  CHECK(svc[1] == "ip saddr 10.1.0.3 jump mark-for-masquerade");
+  CHECK(svc[2] == "ip saddr 10.1.0.4 jump mark-for-masquerade");
+  CHECK(svc[3] == "meta l4proto tcp dnat to ip saddr . ip daddr . meta l4proto . th dport map @affinity");
   auto ep = texts(*findChain(f, endpointChainName(p, p.clusterEndpoints[0])));
   CHECK(ep[1] ==
         "update @affinity { ip saddr . ip daddr . meta l4proto . th dport timeout 600s : 10.1.0.3 . 8080 }");
