@@ -87,7 +87,8 @@ mode: recorder
 hostnameOverride: node-a
 nftables: {minSyncPeriod: 100ms, syncPeriod: 30s}
 YAML
-KPROXY_RECORD_FILE="$REC" "$KPROXY" --config "$WORK/config.yaml" --plugin-dir "$TEST_PLUGINS" \
+# In its own network namespace: kproxy opens its metrics and health listeners there.
+KPROXY_RECORD_FILE="$REC" unshare -n "$KPROXY" --config "$WORK/config.yaml" --plugin-dir "$TEST_PLUGINS" \
   --manifests "$M" -v 2 >"$WORK/kproxy.log" 2>&1 &
 KP=$!; PIDS+=("$KP")
 
