@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -88,12 +89,18 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
 // Loads the built-in plugins (no flag needed) and every --plugin-dir. A directory that cannot
 // be read or a plugin that is refused is logged; only a missing selected mode is fatal.
 void loadPlugins(kproxy::plugins::PluginRegistry& registry, const ProxyConfig& config) {
-  for (const auto& dir : kproxy::plugins::defaultPluginDirs()) {
+  std::vector<std::filesystem::path> loaded;
+  auto loadOnce = [&](const std::filesystem::path& dir) {
+    std::error_code ec;
+    auto canonical = std::filesystem::weakly_canonical(dir, ec);
+    if (ec) canonical = dir;
+    // The same directory named twice (a --plugin-dir equal to a default one) loads once.
+    if (std::find(loaded.begin(), loaded.end(), canonical) != loaded.end()) return;
+    loaded.push_back(canonical);
     for (const auto& err : registry.loadDirectory(dir)) log::warning(err.message());
-  }
-  for (const auto& dir : config.pluginDirs) {
-    for (const auto& err : registry.loadDirectory(dir)) log::warning(err.message());
-  }
+  };
+  for (const auto& dir : kproxy::plugins::defaultPluginDirs()) loadOnce(dir);
+  for (const auto& dir : config.pluginDirs) loadOnce(dir);
 }
 
 // --cleanup: every loaded backend removes what it creates; safe to run twice.
