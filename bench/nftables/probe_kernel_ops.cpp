@@ -61,8 +61,9 @@ Op addRule(const std::string& chain, std::vector<Statement> statements) {
 }
 Op element(OpKind kind, const Element& e, bool withValue) {
   Op o = makeOp(kind, e.set);
-  o.element = e;
-  if (!withValue) o.element.value.reset();
+  Element copy = e;
+  if (!withValue) copy.value.reset();
+  o.element = std::make_shared<const Element>(std::move(copy));
   return o;
 }
 

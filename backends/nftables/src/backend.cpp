@@ -1,8 +1,9 @@
 #include "kproxy/nftables/backend.h"
 
-#include <chrono>
+#include <malloc.h>
 
 #include <algorithm>
+#include <chrono>
 
 #include <fmt/format.h>
 
@@ -19,11 +20,21 @@ std::string elementId(Family family, const std::string& set, const std::string& 
   return id;
 }
 
+/// Returns freed heap pages to the system. glibc keeps freed memory of the heap's arenas
+/// resident; after a full sync that is hundreds of MiB at scale.
+void releaseFreeHeap() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
 /// The host's snapshot seen through SnapshotSource.
 class HostSnapshot final : public SnapshotSource {
  public:
   explicit HostSnapshot(const sdk::SnapshotView& view) : view_(view) {}
-  std::vector<sdk::ServicePort> all() const override { return view_.all(); }
+  void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const override {
+    view_.forEach([&fn](const sdk::ServicePort& p) { fn(p); });
+  }
   std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override {
     return view_.find(family, key);
   }
@@ -34,8 +45,8 @@ class HostSnapshot final : public SnapshotSource {
 };
 
 template <typename Objects>
-void addDesired(DesiredFamily& d, const Objects& o) {
-  for (const auto& c : o.chains) d.chains.push_back(&c);
+void addDesired(DesiredFamily& d, Objects& o) {
+  for (auto& c : o.chains) d.chains.push_back(&c);
   for (const auto& e : o.elements) d.elements.push_back(&e);
 }
 
@@ -94,12 +105,16 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       base = std::move(*read);
     }
     std::map<Family, std::vector<Fragment>> fragments;
-    for (const auto& port : next.all()) {
+    next.forEach([&](const sdk::ServicePort& port) {
       Fragment f = renderer_.renderServicePort(port);
       fragments[f.family].push_back(std::move(f));
-    }
+    });
+    // The host iterates in its own order; batches are deterministic in key order.
+    for (auto& [fam, frags] : fragments)
+      std::sort(frags.begin(), frags.end(),
+                [](const Fragment& a, const Fragment& b) { return a.key < b.key; });
     for (Family fam : kFamilies) {
-      const auto& frags = fragments[fam];
+      auto& frags = fragments[fam];
       bool needed = fam == Family::kIPv4 || !frags.empty() || base.of(fam).tableExists;
       std::optional<GlobalObjects> global;
       DesiredFamily desired;
@@ -109,10 +124,11 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         addDesired(desired, *global);
         ownedUpdates[{fam, ""}] = ownedOf(*global);
       }
-      for (const auto& f : frags) {
+      for (auto& f : frags) {
         addDesired(desired, f);
         ownedUpdates[{fam, f.key}] = ownedOf(f);
       }
+      desired.moveRules = true;  // the fragments are dropped after the diff
       StaleCandidates stale;
       stale.everythingNotDesired = true;
       auto result = NftablesDiffer::diff(fam, desired, base.of(fam), stale, renderer_.setSpecs(fam));
@@ -146,10 +162,11 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         addDesired(desired, *global);
         newOwned.emplace_back(OwnerKey{fam, ""}, ownedOf(*global));
       }
-      for (const auto& f : frags) {
+      for (auto& f : frags) {
         addDesired(desired, f);
         newOwned.emplace_back(OwnerKey{fam, f.key}, ownedOf(f));
       }
+      desired.moveRules = true;
 
       // Stale candidates: what the re-rendered owners held before and no longer hold.
       StaleCandidates stale;
@@ -185,6 +202,9 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   }
 
   std::size_t count = ops.size();
+  // A full sync just freed its rendered fragments (as much memory as the ops): hand it back to
+  // the system before the batch buffer is built, or the peak holds both.
+  if (full) releaseFreeHeap();
   auto committed = commit(std::move(ops), full);
   if (!committed) return committed;
 
@@ -210,6 +230,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   }
   for (auto& [fam, names] : pending) pendingDelete_[fam] = std::move(names);
   needFull_ = false;
+  if (full) releaseFreeHeap();  // the batch and the ops are gone too
 
   auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
   sdk::SyncOutcome out;
@@ -239,7 +260,12 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::commit(std::vector<Op> ops, boo
     }
   }
   applyToMirror(mirror_, ops);
-  lastOps_ = std::move(ops);
+  if (ops.size() <= kLastOpsKept) {
+    lastOps_ = std::move(ops);
+  } else {
+    lastOps_.clear();
+    lastOps_.shrink_to_fit();
+  }
   return sdk::SyncOutcome{};
 }
 

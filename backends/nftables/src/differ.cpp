@@ -47,7 +47,7 @@ std::string Op::toText() const {
   std::string_view fam = familyKeyword(family);
   switch (kind) {
     case OpKind::kAddTable: return fmt::format("add table {} {}", fam, kTableName);
-    case OpKind::kAddSet: return "add " + set.declaration(family);
+    case OpKind::kAddSet: return "add " + set->declaration(family);
     case OpKind::kAddChain:
       if (base)
         return fmt::format("add chain {} {} {} {{ type {} hook {} priority {} ; policy accept ; }}",
@@ -57,12 +57,12 @@ std::string Op::toText() const {
     case OpKind::kAddRule:
       return fmt::format("add rule {} {} {} {}", fam, kTableName, name, rule.toText(family));
     case OpKind::kDeleteElement:
-      return fmt::format("delete element {} {} {} {{ {} }}", fam, kTableName, name, element.keyText);
+      return fmt::format("delete element {} {} {} {{ {} }}", fam, kTableName, name, element->keyText);
     case OpKind::kAddElement:
-      if (element.value)
+      if (element->value)
         return fmt::format("add element {} {} {} {{ {} : {} }}", fam, kTableName, name,
-                           element.keyText, element.value->toString());
-      return fmt::format("add element {} {} {} {{ {} }}", fam, kTableName, name, element.keyText);
+                           element->keyText, element->value->toString());
+      return fmt::format("add element {} {} {} {{ {} }}", fam, kTableName, name, element->keyText);
     case OpKind::kDeleteChain: return fmt::format("delete chain {} {} {}", fam, kTableName, name);
   }
   return {};
@@ -73,8 +73,8 @@ void applyToMirror(Mirror& mirror, const std::vector<Op>& ops) {
     MirrorFamily& m = mirror.of(op.family);
     switch (op.kind) {
       case OpKind::kAddTable: m.tableExists = true; break;
-      case OpKind::kAddSet: m.sets.insert(op.set.name); break;
-      case OpKind::kAddChain: m.chains[op.name].base = op.base.has_value(); break;
+      case OpKind::kAddSet: m.sets.insert(op.name); break;
+      case OpKind::kAddChain: m.chains[op.name].base = op.base != nullptr; break;
       case OpKind::kFlushChain: {
         auto& c = m.chains[op.name];
         for (const auto& t : c.targets) dropRef(m, t);
@@ -94,16 +94,16 @@ void applyToMirror(Mirror& mirror, const std::vector<Op>& ops) {
       case OpKind::kDeleteElement: {
         auto sit = m.elements.find(op.name);
         if (sit == m.elements.end()) break;
-        auto eit = sit->second.find(op.element.key);
+        auto eit = sit->second.find(op.element->key);
         if (eit == sit->second.end()) break;
         dropRef(m, verdictTarget(eit->second));
         sit->second.erase(eit);
         break;
       }
       case OpKind::kAddElement: {
-        std::string value = valueText(op.element);
+        std::string value = valueText(*op.element);
         addRef(m, verdictTarget(value));
-        m.elements[op.name][op.element.key] = std::move(value);
+        m.elements[op.name][op.element->key] = std::move(value);
         break;
       }
       case OpKind::kDeleteChain: m.chains.erase(op.name); break;
@@ -130,13 +130,13 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
   for (const auto& s : desired.sets) {
     if (mirror.sets.contains(s.name)) continue;
     Op o = op(OpKind::kAddSet, s.name);
-    o.set = s;
+    o.set = std::make_shared<const SetSpec>(s);
     sets.push_back(std::move(o));
   }
 
   std::unordered_set<std::string_view> desiredChains;
   desiredChains.reserve(desired.chains.size());
-  for (const Chain* c : desired.chains) {
+  for (Chain* c : desired.chains) {
     desiredChains.insert(c->name);
     std::vector<std::uint64_t> hashes;
     hashes.reserve(c->rules.size());
@@ -144,7 +144,7 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
     auto it = mirror.chains.find(c->name);
     if (it == mirror.chains.end()) {
       Op o = op(OpKind::kAddChain, c->name);
-      o.base = c->base;
+      if (c->base) o.base = std::make_shared<const BaseHook>(*c->base);
       addChains.push_back(std::move(o));
     } else if (it->second.rules == hashes) {
       continue;
@@ -153,7 +153,10 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
     }
     for (std::size_t i = 0; i < c->rules.size(); ++i) {
       Op o = op(OpKind::kAddRule, c->name);
-      o.rule = c->rules[i];
+      if (desired.moveRules)
+        o.rule = std::move(c->rules[i]);
+      else
+        o.rule = c->rules[i];
       o.ruleHash = hashes[i];
       rules.push_back(std::move(o));
     }
@@ -170,12 +173,11 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
     if (current != nullptr && *current == value) continue;
     if (current != nullptr) {
       Op d = op(OpKind::kDeleteElement, e->set);
-      d.element = *e;
-      d.element.value.reset();
+      d.element = std::make_shared<const Element>(Element{e->set, e->key, e->keyText, std::nullopt});
       delElems.push_back(std::move(d));
     }
     Op a = op(OpKind::kAddElement, e->set);
-    a.element = *e;
+    a.element = std::make_shared<const Element>(*e);
     addElems.push_back(std::move(a));
   }
 
@@ -190,9 +192,7 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
     auto sit = mirror.elements.find(set);
     if (sit == mirror.elements.end() || !sit->second.contains(key)) return;
     Op d = op(OpKind::kDeleteElement, set);
-    d.element.set = set;
-    d.element.key = key;
-    d.element.keyText = std::move(keyText);
+    d.element = std::make_shared<const Element>(Element{set, key, std::move(keyText), std::nullopt});
     delElems.push_back(std::move(d));
   };
   if (stale.everythingNotDesired) {

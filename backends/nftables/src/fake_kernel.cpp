@@ -47,8 +47,8 @@ core::Result<void> FakeKernelNftables::apply(const std::vector<Op>& ops) {
     FakeTable& t = tit->second;
     switch (op.kind) {
       case OpKind::kAddTable: break;
-      case OpKind::kAddSet: t.sets.emplace(op.set.name, op.set); t.elements[op.set.name]; break;
-      case OpKind::kAddChain: t.chains[op.name].base = op.base.has_value(); break;
+      case OpKind::kAddSet: t.sets.emplace(op.set->name, *op.set); t.elements[op.set->name]; break;
+      case OpKind::kAddChain: t.chains[op.name].base = op.base != nullptr; break;
       case OpKind::kFlushChain: {
         auto it = t.chains.find(op.name);
         if (it == t.chains.end()) return refuse(op, ENOENT);
@@ -66,16 +66,16 @@ core::Result<void> FakeKernelNftables::apply(const std::vector<Op>& ops) {
       }
       case OpKind::kDeleteElement: {
         auto sit = t.elements.find(op.name);
-        if (sit == t.elements.end() || sit->second.erase(op.element.key) == 0) return refuse(op, ENOENT);
+        if (sit == t.elements.end() || sit->second.erase(op.element->key) == 0) return refuse(op, ENOENT);
         break;
       }
       case OpKind::kAddElement: {
         auto sit = t.elements.find(op.name);
         if (sit == t.elements.end()) return refuse(op, ENOENT);
-        std::string value = op.element.value ? op.element.value->toString() : std::string();
+        std::string value = op.element->value ? op.element->value->toString() : std::string();
         if (auto target = targetOf(value); !target.empty() && !t.chains.contains(target))
           return refuse(op, ENOENT);
-        auto [it, inserted] = sit->second.emplace(op.element.key, value);
+        auto [it, inserted] = sit->second.emplace(op.element->key, value);
         if (!inserted && it->second != value) return refuse(op, EEXIST);
         break;
       }

@@ -5,10 +5,14 @@
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netlink.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <new>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,18 +46,36 @@ using SetPtr = std::unique_ptr<nftnl_set, Deleter<nftnl_set, nftnl_set_free>>;
 const std::string kTable(kTableName);
 
 /// A growing buffer of netlink messages, written in place by libnftnl.
+///
+/// A full sync's batch is hundreds of MiB at scale and must reach the kernel in one sendmsg
+/// (nfnetlink commits a batch only if its begin and end are in the same skb). So the buffer is
+/// grown with realloc, which moves big blocks with mremap instead of copying them, and is never
+/// zero-filled: only the bytes written count in the resident set, and growing never holds the
+/// old and the new block at once.
 class MessageBuffer {
  public:
+  MessageBuffer() = default;
+  MessageBuffer(const MessageBuffer&) = delete;
+  MessageBuffer& operator=(const MessageBuffer&) = delete;
+  ~MessageBuffer() { std::free(buf_); }
+
   /// Room for one message of at most `room` bytes at the end of the buffer.
   char* tail(std::size_t room = 1 << 16) {
-    if (buf_.size() < used_ + room) buf_.resize(std::max(buf_.size() * 2, used_ + room));
-    return buf_.data() + used_;
+    if (capacity_ < used_ + room) {
+      std::size_t want = std::max(capacity_ + capacity_ / 2, used_ + room);
+      void* grown = std::realloc(buf_, want);
+      if (grown == nullptr) throw std::bad_alloc();
+      buf_ = static_cast<char*>(grown);
+      capacity_ = want;
+    }
+    return buf_ + used_;
   }
   void commit(const nlmsghdr* nlh) { used_ += NLMSG_ALIGN(nlh->nlmsg_len); }
-  std::span<const char> data() const { return {buf_.data(), used_}; }
+  std::span<const char> data() const { return {buf_, used_}; }
 
  private:
-  std::vector<char> buf_;
+  char* buf_ = nullptr;
+  std::size_t capacity_ = 0;
   std::size_t used_ = 0;
 };
 
@@ -104,13 +126,13 @@ void encodeOp(MessageBuffer& out, const Op& op, std::uint32_t seq) {
       break;
     }
     case OpKind::kAddSet: {
-      SetPtr s(encodeSet(op.family, op.set));
+      SetPtr s(encodeSet(op.family, *op.set));
       nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_NEWSET, fam, NLM_F_CREATE, seq);
       nftnl_set_nlmsg_build_payload(nlh, s.get());
       break;
     }
     case OpKind::kAddChain: {
-      ChainPtr c(encodeChain(op.family, op.name, op.base ? &*op.base : nullptr));
+      ChainPtr c(encodeChain(op.family, op.name, op.base.get()));
       nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_NEWCHAIN, fam, NLM_F_CREATE, seq);
       nftnl_chain_nlmsg_build_payload(nlh, c.get());
       break;
@@ -134,10 +156,10 @@ void encodeOp(MessageBuffer& out, const Op& op, std::uint32_t seq) {
     case OpKind::kDeleteElement: {
       SetPtr s = setHandle(op.family, op.name);
       nftnl_set_elem* e = nftnl_set_elem_alloc();
-      nftnl_set_elem_set(e, NFTNL_SET_ELEM_KEY, op.element.key.data(),
-                         static_cast<std::uint32_t>(op.element.key.size()));
+      nftnl_set_elem_set(e, NFTNL_SET_ELEM_KEY, op.element->key.data(),
+                         static_cast<std::uint32_t>(op.element->key.size()));
       bool add = op.kind == OpKind::kAddElement;
-      if (add && op.element.value) encodeVerdict(e, *op.element.value);
+      if (add && op.element->value) encodeVerdict(e, *op.element->value);
       nftnl_set_elem_add(s.get(), e);
       nlh = nftnl_nlmsg_build_hdr(buf, add ? NFT_MSG_NEWSETELEM : NFT_MSG_DELSETELEM, fam,
                                   add ? NLM_F_CREATE : 0, seq);

@@ -18,18 +18,18 @@ struct World {
   GlobalObjects global = renderer.renderGlobal(Family::kIPv4, {});
   std::vector<Fragment> fragments;
 
-  DesiredFamily desired() const {
+  DesiredFamily desired() {
     DesiredFamily d;
     d.sets = global.sets;
-    for (const auto& c : global.chains) d.chains.push_back(&c);
+    for (auto& c : global.chains) d.chains.push_back(&c);
     for (const auto& e : global.elements) d.elements.push_back(&e);
-    for (const auto& f : fragments) {
-      for (const auto& c : f.chains) d.chains.push_back(&c);
+    for (auto& f : fragments) {
+      for (auto& c : f.chains) d.chains.push_back(&c);
       for (const auto& e : f.elements) d.elements.push_back(&e);
     }
     return d;
   }
-  DiffResult fullDiff(const Mirror& m) const {
+  DiffResult fullDiff(const Mirror& m) {
     StaleCandidates s;
     s.everythingNotDesired = true;
     return NftablesDiffer::diff(Family::kIPv4, desired(), m.ip, s, renderer.setSpecs(Family::kIPv4));
@@ -63,6 +63,25 @@ TEST_CASE("differ: from nothing, then unchanged is zero ops", "[unit]") {
   CHECK(pos(OpKind::kAddRule) < pos(OpKind::kAddElement));
   applyToMirror(m, first.ops);
   CHECK(w.fullDiff(m).ops.empty());
+}
+
+TEST_CASE("differ: handing the rules over gives the same ops as copying them", "[unit]") {
+  World w;
+  auto p = clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080), endpoint("10.1.0.2", 8080)});
+  w.fragments.push_back(w.renderer.renderServicePort(p));
+  Mirror m;
+  auto copied = texts(w.fullDiff(m).ops);
+  StaleCandidates s;
+  s.everythingNotDesired = true;
+  DesiredFamily d = w.desired();
+  d.moveRules = true;
+  auto moved = NftablesDiffer::diff(Family::kIPv4, d, m.ip, s, w.renderer.setSpecs(Family::kIPv4));
+  CHECK(texts(moved.ops) == copied);
+  // The rules really left the fragments.
+  std::size_t left = 0;
+  for (const auto& c : w.fragments[0].chains)
+    for (const auto& r : c.rules) left += r.statements.size();
+  CHECK(left == 0);
 }
 
 TEST_CASE("differ: one endpoint removal is a handful of ops; the stale chain is deleted later",

@@ -28,8 +28,9 @@ namespace kproxy::nftables {
 class SnapshotSource {
  public:
   virtual ~SnapshotSource() = default;
-  /// Every service port, in a deterministic order.
-  virtual std::vector<sdk::ServicePort> all() const = 0;
+  /// Calls `fn` for every service port, in any order. A full sync renders while iterating, so
+  /// the snapshot is never copied as a whole.
+  virtual void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const = 0;
   virtual std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const = 0;
   virtual sdk::NodeInfo node() const = 0;
 };
@@ -40,7 +41,9 @@ class VectorSnapshot final : public SnapshotSource {
   VectorSnapshot() = default;
   explicit VectorSnapshot(std::vector<sdk::ServicePort> ports, sdk::NodeInfo node = {})
       : ports_(std::move(ports)), node_(std::move(node)) {}
-  std::vector<sdk::ServicePort> all() const override { return ports_; }
+  void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const override {
+    for (const auto& p : ports_) fn(p);
+  }
   std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override;
   sdk::NodeInfo node() const override { return node_; }
   std::vector<sdk::ServicePort>& ports() { return ports_; }
@@ -68,8 +71,11 @@ class NftablesBackend final : public sdk::BackendPlugin {
   sdk::Expected<sdk::SyncOutcome> syncFrom(const SnapshotSource& next,
                                            const std::vector<sdk::ChangedKey>& changed, bool full);
 
-  /// The ops of the last successful (or dry-run) sync, for tests and the benchmark.
+  /// The ops of the last successful (or dry-run) sync, for tests and the benchmark, when it had
+  /// at most kLastOpsKept ops; empty after a bigger one (a full sync's ops would otherwise stay
+  /// resident until the next sync, as much memory again as the mirror).
   const std::vector<Op>& lastOps() const { return lastOps_; }
+  static constexpr std::size_t kLastOpsKept = 4096;
   const Mirror& mirror() const { return mirror_; }
   /// Whether the next sync will be full (first sync, after a failure, after cleanup).
   bool needsFullSync() const { return needFull_; }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -60,15 +61,19 @@ enum class OpKind : std::uint8_t {
 };
 
 /// One kernel change. Owns what it needs to be encoded and printed.
+///
+/// A full sync holds one Op per rule of the table (hundreds of thousands at scale), so the rare
+/// payloads (set declarations, base hooks, elements) sit behind pointers: an Op is ~100 bytes
+/// plus its rule, not the ~440 bytes it would be with every payload inline.
 struct Op {
   OpKind kind = OpKind::kAddTable;
   Family family = Family::kIPv4;
-  std::string name;               ///< chain or set
-  std::optional<BaseHook> base;   ///< kAddChain of a base chain
-  SetSpec set;                    ///< kAddSet
-  Rule rule;                      ///< kAddRule
-  std::uint64_t ruleHash = 0;     ///< kAddRule
-  Element element;                ///< kAddElement / kDeleteElement
+  std::uint64_t ruleHash = 0;                ///< kAddRule
+  std::string name;                          ///< chain or set
+  Rule rule;                                 ///< kAddRule
+  std::shared_ptr<const BaseHook> base;      ///< kAddChain of a base chain
+  std::shared_ptr<const SetSpec> set;        ///< kAddSet
+  std::shared_ptr<const Element> element;    ///< kAddElement / kDeleteElement
 
   /// One line of nft syntax that `nft -f` accepts, e.g. "add rule ip kube-proxy services …".
   std::string toText() const;
@@ -80,8 +85,12 @@ void applyToMirror(Mirror& mirror, const std::vector<Op>& ops);
 /// The desired objects of one family for the scope of this sync.
 struct DesiredFamily {
   std::vector<SetSpec> sets;
-  std::vector<const Chain*> chains;
+  std::vector<Chain*> chains;
   std::vector<const Element*> elements;
+  /// The caller hands the rules of `chains` over: ops take them by move instead of by copy (a
+  /// full sync would otherwise hold every rule twice). The chains' rule lists are left empty
+  /// or partly moved-from; only their names and hooks stay meaningful.
+  bool moveRules = false;
 };
 
 /// Objects outside `desired` that this sync must consider removing.
