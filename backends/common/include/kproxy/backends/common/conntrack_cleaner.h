@@ -1,0 +1,87 @@
+#pragma once
+/// Stale conntrack cleanup after a sync, with upstream kube-proxy's rules
+/// (pkg/proxy/conntrack/cleanup.go, CleanStaleEntries, the reconciling version):
+///
+/// - It runs when a changed service port used a cleaned protocol before or after the change
+///   (upstream's ConntrackCleanupRequired), and on full syncs when any such port exists.
+/// - Per family it lists the conntrack flows of each cleaned protocol and deletes:
+///   (1) a flow whose original destination is a service's ClusterIP, LoadBalancer VIP or
+///       external IP with the service port, and whose reply source is not a serving endpoint
+///       of that service port;
+///   (2) a flow whose original destination port is a service's NodePort (any address) and
+///       whose reply source is not a serving endpoint of that service port.
+///   Service ports with no serving endpoint are left alone (nothing to send clients to). A
+///   flow that was never DNAT'ed (traffic that hit the service while it had no endpoints)
+///   replies from the service address itself, so rule (1) removes it once endpoints appear.
+/// - Traffic policies, topology and terminating state are not considered: the serving set is
+///   every serving endpoint of the service port (upstream keeps UDP consistent with TCP).
+/// - Never a blanket flush: only flows listed and matched are deleted, one by one.
+///
+/// Upstream cleans UDP only (SCTP cleanup was reverted upstream as never effective); the
+/// protocols are an option so a backend can add SCTP.
+/// Thread-safety: one thread at a time.
+
+#include <cstddef>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kproxy/backends/common/conntrack_table.h"
+#include "kproxy/core/error.h"
+#include "kproxy/plugin/sdk.h"
+
+namespace kproxy::backends {
+
+struct ConntrackCleanupOptions {
+  std::vector<sdk::Protocol> protocols{sdk::Protocol::kUDP};
+};
+
+struct ConntrackCleanupReport {
+  bool ran = false;              ///< false when no cleanup was required
+  std::size_t listed = 0;        ///< flows examined
+  std::vector<ConntrackFlow> stale;  ///< flows chosen for deletion
+  std::size_t deleted = 0;       ///< flows the kernel really deleted (others were already gone)
+};
+
+class ConntrackCleaner {
+ public:
+  explicit ConntrackCleaner(ConntrackTable& table, ConntrackCleanupOptions options = {});
+
+  /// The flows among `flows` (all of one family) that rules (1) and (2) above delete, given
+  /// the service ports of the same family (ports of other protocols are ignored).
+  std::vector<ConntrackFlow> staleFlows(std::span<const ConntrackFlow> flows,
+                                        std::span<const sdk::ServicePort> ports) const;
+
+  /// Lists, decides and deletes, per family. A family (and protocol) with no service port that
+  /// has a serving endpoint is not listed at all: no flow of it could be stale.
+  core::Result<ConntrackCleanupReport> reconcile(std::span<const sdk::ServicePort> ports);
+
+  /// Whether a sync requires cleanup: some changed key is a port of a cleaned protocol in
+  /// `before` or `after` (the changed ports as they were / are; missing ones omitted), or the
+  /// sync was full and `anyCleanedPort`.
+  bool required(std::span<const sdk::ServicePort> before, std::span<const sdk::ServicePort> after,
+                bool full, bool anyCleanedPort) const;
+
+  /// The whole step after a successful sync, on plain vectors (tests): `previous` and `next`
+  /// hold every service port of the two snapshots.
+  core::Result<ConntrackCleanupReport> afterSync(const std::vector<sdk::ServicePort>& previous,
+                                                 const std::vector<sdk::ServicePort>& next,
+                                                 const std::vector<sdk::ChangedKey>& changed,
+                                                 bool full);
+  /// The same on the host's snapshot views (backends).
+  core::Result<ConntrackCleanupReport> afterSync(const sdk::SyncContext& context);
+
+  bool cleans(sdk::Protocol protocol) const;
+
+ private:
+  ConntrackTable& table_;
+  ConntrackCleanupOptions options_;
+};
+
+/// The backend hook: after a successful (non-dry-run) sync, cleans stale flows in the calling
+/// thread's network namespace with the real table and logs through `host`. Never fails: a
+/// cleanup error is logged and the next required cleanup tries again.
+void cleanStaleConntrackEntries(const sdk::Host& host, const sdk::SyncContext& context,
+                                ConntrackCleanupOptions options = {});
+
+}  // namespace kproxy::backends

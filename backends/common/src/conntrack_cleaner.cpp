@@ -1,0 +1,208 @@
+#include "kproxy/backends/common/conntrack_cleaner.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include <fmt/format.h>
+
+namespace kproxy::backends {
+namespace {
+
+core::IPFamily toCore(sdk::Family f) {
+  return f == sdk::Family::kIPv4 ? core::IPFamily::kIPv4 : core::IPFamily::kIPv6;
+}
+
+core::Protocol toCore(sdk::Protocol p) {
+  switch (p) {
+    case sdk::Protocol::kTCP: return core::Protocol::kTCP;
+    case sdk::Protocol::kUDP: return core::Protocol::kUDP;
+    case sdk::Protocol::kSCTP: return core::Protocol::kSCTP;
+  }
+  return core::Protocol::kUDP;
+}
+
+/// The kernel reports addresses in inet_ntop form; API objects may spell IPv6 differently
+/// ("2001:db8:0::1"), so both sides are compared in that form.
+std::string canonicalIP(const std::string& ip) {
+  in6_addr addr{};
+  char buf[INET6_ADDRSTRLEN] = {};
+  int af = ip.find(':') == std::string::npos ? AF_INET : AF_INET6;
+  if (inet_pton(af, ip.c_str(), &addr) != 1) return ip;
+  if (inet_ntop(af, &addr, buf, sizeof buf) == nullptr) return ip;
+  return buf;
+}
+
+using EndpointIPs = std::set<std::string>;
+
+/// Upstream's serviceIPEndpointIPs and serviceNodePortEndpointIPs, for one family, keyed by
+/// protocol as well so that one pass serves every cleaned protocol.
+struct ServingIndex {
+  std::map<std::tuple<core::Protocol, std::string, std::uint16_t>, EndpointIPs> byServiceIP;
+  std::map<std::pair<core::Protocol, std::uint16_t>, EndpointIPs> byNodePort;
+  std::set<core::Protocol> protocols;  ///< protocols with at least one entry
+  bool empty() const { return protocols.empty(); }
+};
+
+ServingIndex indexServing(std::span<const sdk::ServicePort> ports, const ConntrackCleaner& cleaner) {
+  ServingIndex index;
+  for (const auto& port : ports) {
+    if (!cleaner.cleans(port.protocol)) continue;
+    EndpointIPs serving;
+    // Every serving endpoint, whatever the traffic policy, topology or termination: existing
+    // flows keep going to an endpoint that still serves, as for TCP.
+    for (const auto& ep : port.allEndpoints)
+      if (ep.serving) serving.insert(canonicalIP(ep.ip));
+    // No serving endpoint: nothing better to send clients to, leave the flows alone.
+    if (serving.empty()) continue;
+    auto proto = toCore(port.protocol);
+    auto servicePort = static_cast<std::uint16_t>(port.port);
+    auto add = [&](const std::string& ip) {
+      if (ip.empty()) return;
+      // Two service ports behind one address and port (a shared VIP) both count.
+      index.byServiceIP[{proto, canonicalIP(ip), servicePort}].insert(serving.begin(), serving.end());
+    };
+    add(port.clusterIP);
+    for (const auto& ip : port.loadBalancerIPs) add(ip);
+    for (const auto& ip : port.externalIPs) add(ip);
+    if (port.nodePort != 0)
+      index.byNodePort[{proto, static_cast<std::uint16_t>(port.nodePort)}].insert(serving.begin(),
+                                                                                  serving.end());
+    index.protocols.insert(proto);
+  }
+  return index;
+}
+
+std::vector<ConntrackFlow> staleIn(std::span<const ConntrackFlow> flows, const ServingIndex& index) {
+  std::vector<ConntrackFlow> stale;
+  for (const auto& flow : flows) {
+    if (!index.protocols.contains(flow.protocol)) continue;
+    const std::string& replySource = flow.reply.srcIP;
+    bool isStale = false;
+    // (1) Sent to a service address and port, answered by something that is not serving it.
+    if (auto it = index.byServiceIP.find({flow.protocol, flow.original.dstIP, flow.original.dstPort});
+        it != index.byServiceIP.end() && !it->second.contains(replySource))
+      isStale = true;
+    // (2) Sent to a NodePort (on any address), answered by something that is not serving it.
+    if (auto it = index.byNodePort.find({flow.protocol, flow.original.dstPort});
+        it != index.byNodePort.end() && !it->second.contains(replySource))
+      isStale = true;
+    if (isStale) stale.push_back(flow);
+  }
+  return stale;
+}
+
+}  // namespace
+
+ConntrackCleaner::ConntrackCleaner(ConntrackTable& table, ConntrackCleanupOptions options)
+    : table_(table), options_(std::move(options)) {}
+
+bool ConntrackCleaner::cleans(sdk::Protocol protocol) const {
+  return std::find(options_.protocols.begin(), options_.protocols.end(), protocol) !=
+         options_.protocols.end();
+}
+
+std::vector<ConntrackFlow> ConntrackCleaner::staleFlows(std::span<const ConntrackFlow> flows,
+                                                        std::span<const sdk::ServicePort> ports) const {
+  return staleIn(flows, indexServing(ports, *this));
+}
+
+core::Result<ConntrackCleanupReport> ConntrackCleaner::reconcile(std::span<const sdk::ServicePort> ports) {
+  ConntrackCleanupReport report;
+  report.ran = true;
+  for (sdk::Family family : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
+    std::vector<sdk::ServicePort> ofFamily;
+    for (const auto& p : ports)
+      if (p.family == family) ofFamily.push_back(p);
+    ServingIndex index = indexServing(ofFamily, *this);
+    for (core::Protocol protocol : index.protocols) {
+      auto flows = table_.list(toCore(family), protocol);
+      if (!flows) return std::unexpected(flows.error());
+      report.listed += flows->size();
+      for (auto& f : staleIn(*flows, index)) report.stale.push_back(std::move(f));
+    }
+  }
+  auto deleted = table_.remove(report.stale);
+  if (!deleted) return std::unexpected(deleted.error());
+  report.deleted = *deleted;
+  return report;
+}
+
+bool ConntrackCleaner::required(std::span<const sdk::ServicePort> before,
+                                std::span<const sdk::ServicePort> after, bool full,
+                                bool anyCleanedPort) const {
+  auto usesCleaned = [this](const sdk::ServicePort& p) { return cleans(p.protocol); };
+  return std::any_of(before.begin(), before.end(), usesCleaned) ||
+         std::any_of(after.begin(), after.end(), usesCleaned) || (full && anyCleanedPort);
+}
+
+core::Result<ConntrackCleanupReport> ConntrackCleaner::afterSync(
+    const std::vector<sdk::ServicePort>& previous, const std::vector<sdk::ServicePort>& next,
+    const std::vector<sdk::ChangedKey>& changed, bool full) {
+  auto find = [](const std::vector<sdk::ServicePort>& ports, const sdk::ChangedKey& key) {
+    return std::find_if(ports.begin(), ports.end(), [&key](const sdk::ServicePort& p) {
+      return p.family == key.family && p.key == key.key;
+    });
+  };
+  std::vector<sdk::ServicePort> before;
+  std::vector<sdk::ServicePort> after;
+  for (const auto& key : changed) {
+    if (auto it = find(previous, key); it != previous.end()) before.push_back(*it);
+    if (auto it = find(next, key); it != next.end()) after.push_back(*it);
+  }
+  std::vector<sdk::ServicePort> cleaned;
+  for (const auto& p : next)
+    if (cleans(p.protocol)) cleaned.push_back(p);
+  if (!required(before, after, full, !cleaned.empty())) return ConntrackCleanupReport{};
+  return reconcile(cleaned);
+}
+
+core::Result<ConntrackCleanupReport> ConntrackCleaner::afterSync(const sdk::SyncContext& context) {
+  std::vector<sdk::ServicePort> before;
+  std::vector<sdk::ServicePort> after;
+  for (const auto& key : context.changed) {
+    if (auto p = context.previous.find(key.family, key.key)) before.push_back(std::move(*p));
+    if (auto p = context.next.find(key.family, key.key)) after.push_back(std::move(*p));
+  }
+  bool needed = required(before, after, false, false);
+  // Only a required cleanup, or a full sync, pays for a walk over the whole snapshot.
+  if (!needed && !context.full) return ConntrackCleanupReport{};
+  std::vector<sdk::ServicePort> cleaned;
+  context.next.forEach([&](const sdk::ServicePort& p) {
+    if (cleans(p.protocol)) cleaned.push_back(p);
+  });
+  if (!required(before, after, context.full, !cleaned.empty())) return ConntrackCleanupReport{};
+  return reconcile(cleaned);
+}
+
+void cleanStaleConntrackEntries(const sdk::Host& host, const sdk::SyncContext& context,
+                                ConntrackCleanupOptions options) {
+  try {
+    auto started = std::chrono::steady_clock::now();
+    auto table = makeNetlinkConntrackTable();
+    ConntrackCleaner cleaner(*table, std::move(options));
+    auto report = cleaner.afterSync(context);
+    double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+    if (!report) {
+      host.error(fmt::format("conntrack cleanup failed error=\"{}\" ms={:.1f}", report.error().message(), ms));
+      return;
+    }
+    if (!report->ran) return;
+    for (const auto& flow : report->stale)
+      host.info(4, fmt::format("conntrack deleting stale flow flow=\"{}\"", flow.str()));
+    host.info(report->stale.empty() ? 4 : 2,
+              fmt::format("conntrack cleanup listed={} stale={} deleted={} ms={:.1f}", report->listed,
+                          report->stale.size(), report->deleted, ms));
+  } catch (const std::exception& e) {
+    // The rules are already in place; a failed cleanup must not turn into a failed sync.
+    host.error(fmt::format("conntrack cleanup failed error=\"{}\"", e.what()));
+  }
+}
+
+}  // namespace kproxy::backends
