@@ -7,6 +7,8 @@
 
 #include <fmt/format.h>
 
+#include "kproxy/backends/common/conntrack_cleaner.h"
+
 namespace kproxy::nftables {
 namespace {
 
@@ -76,7 +78,11 @@ NftablesBackend::NftablesBackend(sdk::Host host, BackendSettings settings,
 
 sdk::Expected<sdk::SyncOutcome> NftablesBackend::sync(const sdk::SyncContext& context) {
   HostSnapshot next(context.next);
-  return syncFrom(next, context.changed, context.full);
+  auto synced = syncFrom(next, context.changed, context.full);
+  // UDP flows already DNAT'ed to a removed endpoint would keep going there; best effort, it
+  // logs its own failures and never fails the sync.
+  if (synced && !settings_.dryRun) backends::cleanStaleConntrackEntries(host_, context);
+  return synced;
 }
 
 sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& next,
