@@ -291,10 +291,11 @@ struct ApiSource::Impl {
   }
 
   Task<WatchOutcome> watch(Resource& r) {
-    std::uniform_int_distribution<long> spread(options.watchTimeout.count(), 2 * options.watchTimeout.count() - 1);
+    long base = std::max<long>(1, options.watchTimeout.count());
+    std::uniform_int_distribution<long> spread(base, 2 * base - 1);
+    std::chrono::seconds timeout(spread(random));
     auto target = fmt::format("{}?watch=1&allowWatchBookmarks=true&resourceVersion={}&timeoutSeconds={}{}", r.path,
-                              detail::queryEscape(r.resourceVersion),
-                              options.watchTimeout.count() > 0 ? spread(random) : 0, query(r));
+                              detail::queryEscape(r.resourceVersion), timeout.count(), query(r));
     auto connection = co_await connect();
     auto request = detail::makeGet(config, target);
     connection->expiresAfter(options.requestTimeout);
@@ -316,8 +317,11 @@ struct ApiSource::Impl {
     r.watching = true;
     updateConnected();
     log::info(2, "watch opened", {{"resource", r.kind}, {"resourceVersion", r.resourceVersion}});
+    // The server ends the watch after `timeout`; one that outlives it by the grace period is
+    // stuck. (Quiet periods are normal: the apiserver sends no bookmark on an idle resource.)
+    auto deadline = SteadyClock::now() + timeout + options.watchGrace;
     for (;;) {
-      connection->expiresAfter(options.idleTimeout);
+      connection->expiresAfter(deadline - SteadyClock::now());
       if (!co_await connection->readSome(parser, data)) break;
       std::size_t start = 0;
       for (std::size_t nl; (nl = data.find('\n', start)) != std::string::npos; start = nl + 1) {

@@ -1,5 +1,9 @@
 #include "http_client.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <openssl/x509v3.h>
@@ -125,7 +129,15 @@ Task<std::unique_ptr<Connection>> Connection::open(const ClientConfig& config, a
   }
   c->lowest().expires_after(timeout);
   co_await c->lowest().async_connect(endpoints, asio::use_awaitable);
-  c->lowest().socket().set_option(asio::ip::tcp::no_delay(true));
+  auto& socket = c->lowest().socket();
+  socket.set_option(asio::ip::tcp::no_delay(true));
+  // A watch can be quiet for minutes (no bookmarks on an idle resource), so a dead peer (a
+  // node losing its route, a crashed apiserver host) is found by TCP keepalive: ~60 s.
+  socket.set_option(asio::socket_base::keep_alive(true));
+  int idle = 30, interval = 10, count = 3;
+  ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+  ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_KEEPINTVL, &interval, sizeof interval);
+  ::setsockopt(socket.native_handle(), IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof count);
   if (c->tls_) co_await c->tls_->async_handshake(asio::ssl::stream_base::client, asio::use_awaitable);
   co_return c;
 }

@@ -33,12 +33,17 @@ def main():
 
     def call(method, path, body=None, ctype="application/json"):
         headers = {"Content-Type": ctype} if body is not None else {}
-        conn.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
-        r = conn.getresponse()
-        data = r.read()
-        if r.status >= 400:
-            raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
-        return data
+        for attempt in range(5):
+            conn.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
+            r = conn.getresponse()
+            data = r.read()
+            if r.status < 400:
+                return data
+            # A loaded etcd on a shared machine times out now and then; that is not kproxy's latency.
+            if r.status not in (429, 500, 503, 504) or attempt == 4:
+                raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
+            print(f"retrying {method} {path}: {r.status}", file=sys.stderr)
+            time.sleep(0.5)
 
     def slice_body(name, svc, ip):
         return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",

@@ -25,6 +25,7 @@ CP_SOURCE_DIR="$(cd "$CP_LIB_DIR/../.." && pwd)"
 CP_DIR=""
 CP_EXEC=()
 CP_ETCD_PID=""
+CP_ETCD_DATA=""
 CP_API_PID=""
 CP_ETCD_PORT=""
 CP_API_PORT=""
@@ -93,7 +94,9 @@ cp_start_etcd() {
   etcd="$(cp_etcd_bin)" || return 1
   CP_ETCD_PORT="$(_cp_free_port)"
   peer="$(_cp_free_port)"
-  _cp_bg "$CP_DIR/etcd.log" "$etcd" --name e2e --data-dir "$CP_DIR/etcd" \
+  # tmpfs: etcd fsyncs every write, and on a busy shared disk that times requests out.
+  CP_ETCD_DATA="$(mktemp -d /dev/shm/kproxy-etcd-XXXXXX 2>/dev/null || echo "$CP_DIR/etcd")"
+  _cp_bg "$CP_DIR/etcd.log" "$etcd" --name e2e --data-dir "$CP_ETCD_DATA" \
     --listen-client-urls "http://127.0.0.1:$CP_ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$CP_ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
     --initial-cluster "e2e=http://127.0.0.1:$peer" --quota-backend-bytes=$((2 << 30))
@@ -171,6 +174,8 @@ cp_stop() {
     wait "$CP_ETCD_PID" 2>/dev/null
     CP_ETCD_PID=""
   fi
+  [[ "${CP_ETCD_DATA:-}" == /dev/shm/kproxy-etcd-* ]] && rm -rf "$CP_ETCD_DATA"
+  CP_ETCD_DATA=""
   if [[ -n "$CP_DIR" && -d "$CP_DIR" ]]; then
     if [[ -n "${CP_KEEP_DIR:-}" ]]; then cp_log "control-plane dir kept: $CP_DIR"; else rm -rf "$CP_DIR"; fi
   fi

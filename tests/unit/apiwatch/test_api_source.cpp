@@ -456,6 +456,32 @@ TEST_CASE("ApiSource restarts a LIST whose continue token expired", "[unit]") {
   source.stop();
 }
 
+TEST_CASE("ApiSource reopens a watch that outlives its timeoutSeconds", "[unit]") {
+  FakeApiServer server;  // never ends a watch on its own
+  server.setItems(kServices, {}, "10");
+  server.setItems(kSlices, {}, "10");
+  RecordingSink sink;
+  apiwatch::ClientConfig config;
+  config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
+  config.server = *apiwatch::parseServerUrl(config.serverText);
+  config.qps = 0;
+  apiwatch::ApiSourceOptions options;
+  options.watchTimeout = 1s;
+  options.watchGrace = 1s;
+  options.initialBackoff = 10ms;
+  apiwatch::ApiSource source(config, sink, options);
+  REQUIRE(source.start());
+  auto watches = [&] {
+    auto r = server.requests();
+    return std::count_if(r.begin(), r.end(), [](const std::string& t) {
+      return t.starts_with(std::string(kServices) + "?watch=1") && t.find("timeoutSeconds=1&") != std::string::npos;
+    });
+  };
+  CHECK(eventually([&] { return watches() >= 2; }, 8s));
+  CHECK(source.stats().lists == 2);  // resumed, not relisted
+  source.stop();
+}
+
 TEST_CASE("ApiSource keeps retrying an unreachable server and reports the failures", "[unit]") {
   std::atomic<int> failures = 0;
   auto previousSink = log::setSink([&](log::Severity, std::string_view line) {

@@ -26,11 +26,12 @@ struct ApiSourceOptions {
   std::uint32_t pageSize = 500;
   /// Server-side watch timeout (`timeoutSeconds`). client-go picks 5–10 min at random; a
   /// random value in [watchTimeout, 2 × watchTimeout) is used for the same reason (spread
-  /// reconnects of many nodes).
+  /// reconnects of many nodes). Must be at least 1 s.
   std::chrono::seconds watchTimeout{300};
-  /// A watch that receives nothing (not even a bookmark) for this long is considered dead and
-  /// reopened. Bookmarks come about once a minute.
-  std::chrono::seconds idleTimeout{150};
+  /// A watch still open this long after its timeoutSeconds is considered stuck and reopened.
+  /// Quiet watches are normal (no bookmarks on an idle resource); a dead peer is found sooner
+  /// by TCP keepalive (about a minute).
+  std::chrono::seconds watchGrace{30};
   /// Connect + TLS handshake + response headers, and the whole body of a LIST page.
   std::chrono::seconds requestTimeout{30};
   /// Exponential backoff after a failure: initial, factor 2, capped, with ±50% jitter.
