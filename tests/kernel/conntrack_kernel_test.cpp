@@ -1,0 +1,253 @@
+// Stale conntrack cleanup against the real kernel, each case in its own network namespace:
+// the ctnetlink table on its own, then real UDP flows DNAT'ed by the nftables plugin (loaded
+// through the plugin ABI, as kproxy runs it) and cleaned by its post-sync hook. The conntrack
+// CLI is only used to look at the table.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "kproxy/backends/common/conntrack_table.h"
+#include "kproxy/core/backend.h"
+#include "kproxy/core/snapshot.h"
+#include "kproxy/plugins/loader.h"
+#include "netns.h"
+
+using namespace kproxy;
+using kproxy::testing::FreshNetns;
+using kproxy::testing::run;
+
+namespace {
+
+/// Runs a shell command in the test's namespace and requires it to succeed.
+void sh(const std::string& command) {
+  auto [rc, out] = run(command);
+  INFO(command << "\n" << out);
+  REQUIRE(rc == 0);
+}
+
+/// A veth pair in the fresh namespace: the client address, the endpoint addresses (local, so
+/// DNAT'ed packets are delivered here) and a route for the service range.
+void setUpAddresses() {
+  sh("ip link set lo up");
+  sh("ip link add kp-ct0 type veth peer name kp-ct1");
+  sh("ip link set kp-ct0 up && ip link set kp-ct1 up");
+  for (const char* ip : {"10.9.0.1", "10.1.0.1", "10.1.0.2"})
+    sh(std::string("ip addr add ") + ip + "/32 dev kp-ct0");
+  sh("ip route add 172.30.0.0/24 dev kp-ct0");
+}
+
+/// Conntrack only tracks a namespace's traffic once some rule needs it.
+void enableConntrack() {
+  sh("nft add table ip kp-ct-test");
+  sh("nft 'add chain ip kp-ct-test out { type filter hook output priority 0; }'");
+  sh("nft add rule ip kp-ct-test out ct state new counter");
+}
+
+/// Sends one UDP datagram from src:sport to dst:dport (a new flow per source port).
+void sendUdp(const std::string& src, std::uint16_t sport, const std::string& dst, std::uint16_t dport) {
+  int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  from.sin_port = htons(sport);
+  inet_pton(AF_INET, src.c_str(), &from.sin_addr);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(dport);
+  inet_pton(AF_INET, dst.c_str(), &to.sin_addr);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0);
+  REQUIRE(::sendto(fd, "x", 1, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) == 1);
+  ::close(fd);
+}
+
+/// A bound UDP socket, so datagrams DNAT'ed to an endpoint find a listener.
+struct UdpListener {
+  UdpListener(const std::string& ip, std::uint16_t port) {
+    fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+    ok = fd >= 0 && ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  }
+  ~UdpListener() {
+    if (fd >= 0) ::close(fd);
+  }
+  int fd = -1;
+  bool ok = false;
+};
+
+/// UDP flows the kernel holds towards `dst` (per the conntrack CLI): client source port →
+/// reply source address (the endpoint after DNAT, or `dst` itself when never DNAT'ed).
+std::map<int, std::string> flowsTo(const std::string& dst) {
+  auto [rc, out] = run("conntrack -L -p udp --orig-dst " + dst + " 2>/dev/null");
+  INFO(out);
+  REQUIRE(rc == 0);
+  std::map<int, std::string> flows;
+  std::istringstream lines(out);
+  std::string line;
+  while (std::getline(lines, line)) {
+    std::istringstream words(line);
+    std::string w;
+    std::vector<std::string> srcs;
+    int sport = -1;
+    while (words >> w) {
+      if (w.rfind("src=", 0) == 0) srcs.push_back(w.substr(4));
+      if (w.rfind("sport=", 0) == 0 && sport < 0) sport = std::stoi(w.substr(6));
+    }
+    if (srcs.size() == 2 && sport >= 0) flows[sport] = srcs[1];
+  }
+  return flows;
+}
+
+std::shared_ptr<const core::ServicePortState> dnsPort(const std::vector<std::string>& endpointIPs) {
+  auto s = std::make_shared<core::ServicePortState>();
+  s->key = core::ServicePortKey{core::IPFamily::kIPv4, "default/dns:dns"};
+  s->ns = "default";
+  s->serviceName = "dns";
+  s->portName = "dns";
+  s->type = core::ServiceType::kClusterIP;
+  s->protocol = core::Protocol::kUDP;
+  s->clusterIP = "172.30.0.10";
+  s->port = 53;
+  for (const auto& ip : endpointIPs) {
+    core::Endpoint e;
+    e.ip = ip;
+    e.port = 5353;
+    e.isLocal = true;
+    e.ready = true;
+    e.serving = true;
+    e.nodeName = "node-a";
+    s->clusterEndpoints.push_back(e);
+    s->localEndpoints.push_back(e);
+    s->allReachableEndpoints.push_back(e);
+    s->allEndpoints.push_back(e);
+  }
+  s->hasAnyEndpoints = !endpointIPs.empty();
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("the ctnetlink table lists a real UDP flow and deletes exactly it", "[kernel]") {
+  FreshNetns netns;
+  setUpAddresses();
+  enableConntrack();
+  sendUdp("10.9.0.1", 40000, "172.30.0.10", 53);
+  sendUdp("10.9.0.1", 40001, "172.30.0.10", 53);
+  REQUIRE(flowsTo("172.30.0.10").size() == 2);
+
+  auto table = backends::makeNetlinkConntrackTable();
+  auto flows = table->list(core::IPFamily::kIPv4, core::Protocol::kUDP);
+  REQUIRE(flows.has_value());
+  const backends::ConntrackFlow* first = nullptr;
+  for (const auto& f : *flows)
+    if (f.original.srcPort == 40000) first = &f;
+  REQUIRE(first != nullptr);
+  CHECK(first->original.srcIP == "10.9.0.1");
+  CHECK(first->original.dstIP == "172.30.0.10");
+  CHECK(first->original.dstPort == 53);
+  CHECK(first->reply.srcIP == "172.30.0.10");  // no DNAT here
+  CHECK(first->reply.dstPort == 40000);
+  auto tcp = table->list(core::IPFamily::kIPv4, core::Protocol::kTCP);
+  REQUIRE(tcp.has_value());
+  CHECK(tcp->empty());
+
+  auto deleted = table->remove({*first});
+  REQUIRE(deleted.has_value());
+  CHECK(*deleted == 1);
+  auto left = flowsTo("172.30.0.10");
+  CHECK(left.size() == 1);
+  CHECK(left.contains(40001));
+  // Already gone: not an error, nothing deleted.
+  auto again = table->remove({*first});
+  REQUIRE(again.has_value());
+  CHECK(*again == 0);
+}
+
+TEST_CASE("nftables plugin: after a sync, flows to a removed UDP endpoint go and flows to a kept one stay",
+          "[kernel]") {
+  FreshNetns netns;
+  setUpAddresses();
+  UdpListener e1("10.1.0.1", 5353);
+  UdpListener e2("10.1.0.2", 5353);
+  REQUIRE(e1.ok);
+  REQUIRE(e2.ok);
+
+  // A flow that reached the service address before any endpoint existed: never DNAT'ed.
+  enableConntrack();
+  sendUdp("10.9.0.1", 40000, "172.30.0.10", 53);
+  REQUIRE(flowsTo("172.30.0.10") == std::map<int, std::string>{{40000, "172.30.0.10"}});
+  sh("nft delete table ip kp-ct-test");
+
+  plugins::PluginRegistry registry;
+  auto loaded = registry.load(std::filesystem::path(KPROXY_TEST_PLUGIN_DIR) / "kproxy-backend-nftables.so");
+  INFO((loaded ? std::string() : loaded.error().message()));
+  REQUIRE(loaded.has_value());
+  auto created = registry.createBackend("nftables", {{"node-name", "node-a"}});
+  REQUIRE(created.has_value());
+  core::Backend& backend = **created;
+
+  core::NodeInfo node;
+  node.name = "node-a";
+  node.known = true;
+  std::vector<core::ServicePortKey> changed{core::ServicePortKey{core::IPFamily::kIPv4, "default/dns:dns"}};
+
+  // 1. The service gets endpoint E1: the never-DNAT'ed flow is stale (upstream rule for a
+  //    service going from no endpoints to some).
+  auto withE1 = dnsPort({"10.1.0.1"});
+  core::Snapshot s1 = core::Snapshot().withNode(node).with(withE1->key, withE1).withGeneration(1);
+  REQUIRE(backend.sync(core::SyncRequest{nullptr, &s1, changed, core::SyncKind::kFull}).has_value());
+  CHECK(flowsTo("172.30.0.10").empty());
+
+  sendUdp("10.9.0.1", 40001, "172.30.0.10", 53);
+  REQUIRE(flowsTo("172.30.0.10") == std::map<int, std::string>{{40001, "10.1.0.1"}});
+
+  // 2. E2 joins: nothing is stale, E1's flow stays. New flows land on either endpoint; send
+  //    until one reaches E2 (random choice: 64 misses in a row is a 2^-64 event).
+  auto withBoth = dnsPort({"10.1.0.1", "10.1.0.2"});
+  core::Snapshot s2 = s1.with(withBoth->key, withBoth).withGeneration(2);
+  REQUIRE(backend.sync(core::SyncRequest{&s1, &s2, changed, core::SyncKind::kPartial}).has_value());
+  REQUIRE(flowsTo("172.30.0.10").at(40001) == "10.1.0.1");
+  int toE2 = -1;
+  for (int sport = 40002; sport < 40066 && toE2 < 0; ++sport) {
+    sendUdp("10.9.0.1", static_cast<std::uint16_t>(sport), "172.30.0.10", 53);
+    if (flowsTo("172.30.0.10").at(sport) == "10.1.0.2") toE2 = sport;
+  }
+  REQUIRE(toE2 > 0);
+  auto before = flowsTo("172.30.0.10");
+
+  // 3. E2 is removed: every flow DNAT'ed to E2 disappears, every flow to E1 stays.
+  core::Snapshot s3 = s2.with(withE1->key, withE1).withGeneration(3);
+  REQUIRE(backend.sync(core::SyncRequest{&s2, &s3, changed, core::SyncKind::kPartial}).has_value());
+  auto after = flowsTo("172.30.0.10");
+  CHECK_FALSE(after.contains(toE2));
+  int keptToE1 = 0;
+  for (const auto& [sport, endpoint] : before) {
+    INFO("sport " << sport << " was answered by " << endpoint);
+    if (endpoint == "10.1.0.2") {
+      CHECK_FALSE(after.contains(sport));
+    } else {
+      REQUIRE(after.contains(sport));
+      CHECK(after.at(sport) == "10.1.0.1");
+      ++keptToE1;
+    }
+  }
+  CHECK(keptToE1 >= 1);
+  CHECK(after.contains(40001));
+
+  REQUIRE(backend.cleanup().has_value());
+}
