@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "config_file.h"
+#include "conntrack_sysctls.h"
 #include "flags.h"
 #include "kproxy/apiwatch/api_source.h"
 #include "kproxy/apiwatch/manifest_source.h"
@@ -168,6 +169,13 @@ int main(int argc, char** argv) {
 
   auto backend = registry.createBackend(config.mode, backendOptions(config));
   if (!backend) return fail(backend.error().message());
+
+  // Conntrack sysctls, as upstream's setupConntrack (not for --dry-run, which changes nothing;
+  // --cleanup returned above). Read-only or missing ones are warnings.
+  if (!config.dryRun) {
+    if (auto ct = kproxy::cli::setUpConntrack(config.conntrack); !ct)
+      return fail("setting conntrack sysctls: " + ct.error().message());
+  }
 
   // The source of Services: a manifest directory, else an API server (--kubeconfig, with
   // --master overriding its server; --master alone; or the in-cluster service account).

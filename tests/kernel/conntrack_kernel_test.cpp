@@ -1,7 +1,7 @@
 // Stale conntrack cleanup against the real kernel, each case in its own network namespace:
 // the ctnetlink table on its own, then real UDP flows DNAT'ed by the nftables plugin (loaded
-// through the plugin ABI, as kproxy runs it) and cleaned by its post-sync hook. The conntrack
-// CLI is only used to look at the table.
+// through the plugin ABI, as kproxy runs it) and cleaned by its post-sync hook; and the
+// start-up sysctls inside a namespace. The conntrack CLI is only used to look at the table.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -11,12 +11,14 @@
 #include <catch2/catch.hpp>
 
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "conntrack_sysctls.h"
 #include "kproxy/backends/common/conntrack_table.h"
 #include "kproxy/core/backend.h"
 #include "kproxy/core/snapshot.h"
@@ -250,4 +252,46 @@ TEST_CASE("nftables plugin: after a sync, flows to a removed UDP endpoint go and
   CHECK(after.contains(40001));
 
   REQUIRE(backend.cleanup().has_value());
+}
+
+TEST_CASE("conntrack sysctls in a network namespace: per-namespace timeouts are set, the read-only maximum is "
+          "only a warning", "[kernel]") {
+  auto readSysctl = [](const std::string& name) {
+    std::ifstream in("/proc/sys/net/netfilter/" + name);
+    std::string v;
+    std::getline(in, v);
+    return v;
+  };
+  // Only read here, to prove afterwards that the namespace's writes stayed in the namespace.
+  std::string hostEstablished = readSysctl("nf_conntrack_tcp_timeout_established");
+  std::string hostMax = readSysctl("nf_conntrack_max");
+  REQUIRE_FALSE(hostEstablished.empty());
+  // The module parameters are global: point them at a scratch directory.
+  auto scratch = std::filesystem::temp_directory_path() / ("kproxy-ct-params-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(scratch);
+  std::ofstream(scratch / "hashsize") << "1\n";
+  {
+    FreshNetns netns;
+    cli::ConntrackConfig c;  // defaults: max from 32768 per core, TCP 24h / 1h
+    c.tcpEstablishedTimeout = std::chrono::hours(20);
+    c.udpTimeout = std::chrono::seconds(45);
+    cli::SysctlRoots roots;
+    roots.moduleParameters = scratch;
+    auto outcomes = cli::applyConntrackSysctls(c, 2, roots);
+    REQUIRE(outcomes.has_value());
+    REQUIRE_FALSE(outcomes->empty());
+    // Inside a non-initial namespace nf_conntrack_max is read-only (mode 0444, even for root).
+    CHECK((*outcomes)[0].file == "/proc/sys/net/netfilter/nf_conntrack_max");
+    CHECK((*outcomes)[0].status == cli::SysctlStatus::kReadOnly);
+    CHECK(readSysctl("nf_conntrack_tcp_timeout_established") == "72000");
+    CHECK(readSysctl("nf_conntrack_tcp_timeout_close_wait") == "3600");
+    CHECK(readSysctl("nf_conntrack_udp_timeout") == "45");
+  }
+  CHECK(readSysctl("nf_conntrack_tcp_timeout_established") == hostEstablished);
+  CHECK(readSysctl("nf_conntrack_max") == hostMax);
+  std::ifstream hs(scratch / "hashsize");
+  std::string hashsize;
+  std::getline(hs, hashsize);
+  CHECK(hashsize == "1");  // the maximum was not set, so the hash table is not resized either
+  std::filesystem::remove_all(scratch);
 }
