@@ -185,6 +185,12 @@ void ProxyMetrics::observeSync(const core::SyncObservation& o) {
   syncAll_.observe(seconds);
   (o.kind == core::SyncKind::kFull ? syncFull_ : syncPartial_).observe(seconds);
   if (!o.ok) ++failures_;
+  // Network programming latency: from the change's trigger time (set by the endpoint slice
+  // controller) to the end of the sync that put it in the kernel. Clock skew can make it
+  // negative; upstream drops those too.
+  for (double trigger : o.triggerTimes) {
+    if (o.wallTimestamp >= trigger) networkProgramming_.observe(o.wallTimestamp - trigger);
+  }
 }
 
 void ProxyMetrics::countHealthz(int code) {

@@ -4,9 +4,9 @@
 /// in the Prometheus text exposition format (version 0.0.4).
 ///
 /// kproxy differences, by necessity:
-///  - kubeproxy_network_programming_duration_seconds is exported but stays empty: it is measured
-///    from the endpoints.kubernetes.io/last-change-trigger-time annotation, which kproxy's model
-///    does not carry yet.
+///  - kubeproxy_network_programming_duration_seconds is observed once per EndpointSlice change
+///    that carries the endpoints.kubernetes.io/last-change-trigger-time annotation (upstream
+///    observes the earliest per service); manifests without it add nothing.
 ///  - The histograms have no ip_family label: one kproxy proxier programs both families.
 ///  - The backend failure counter is named after the mode: nftables →
 ///    kubeproxy_sync_proxy_rules_nftables_sync_failures_total, iptables and ipvs →

@@ -1,9 +1,13 @@
 #include "kproxy/apiwatch/decode.h"
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <ctime>
 #include <limits>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -411,6 +415,39 @@ core::EndpointPort decodeEndpointPort(const json& p, const Loc& loc) {
   return out;
 }
 
+/// Parses RFC 3339 ("2026-11-22T00:40:00Z", fractional seconds and offsets allowed) into
+/// wall seconds since the epoch; nullopt when it is not such a time.
+std::optional<double> parseRfc3339(const std::string& text) {
+  int year, month, day, hour, minute, second, consumed = 0;
+  if (std::sscanf(text.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d%n", &year, &month, &day, &hour, &minute,
+                  &second, &consumed) != 6 || consumed != 19)
+    return std::nullopt;
+  std::tm tm{};
+  tm.tm_year = year - 1900;
+  tm.tm_mon = month - 1;
+  tm.tm_mday = day;
+  tm.tm_hour = hour;
+  tm.tm_min = minute;
+  tm.tm_sec = second;
+  double seconds = static_cast<double>(timegm(&tm));
+  std::size_t i = 19;
+  if (i < text.size() && text[i] == '.') {
+    double scale = 0.1;
+    for (++i; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i) {
+      seconds += (text[i] - '0') * scale;
+      scale /= 10;
+    }
+  }
+  if (i < text.size() && (text[i] == 'Z' || text[i] == 'z') && i + 1 == text.size()) return seconds;
+  int offH = 0, offM = 0;
+  if (i + 6 == text.size() && (text[i] == '+' || text[i] == '-') &&
+      std::sscanf(text.c_str() + i + 1, "%2d:%2d", &offH, &offM) == 2) {
+    double offset = offH * 3600.0 + offM * 60.0;
+    return text[i] == '+' ? seconds - offset : seconds + offset;
+  }
+  return std::nullopt;
+}
+
 core::EndpointSlice decodeEndpointSliceBody(const json& object, std::string& label) {
   Meta meta = decodeMeta(object, "EndpointSlice", true, label);
   core::EndpointSlice slice;
@@ -420,6 +457,14 @@ core::EndpointSlice decodeEndpointSliceBody(const json& object, std::string& lab
   slice.resourceVersion = std::move(meta.resourceVersion);
   if (auto it = slice.labels.find(core::kLabelServiceName); it != slice.labels.end())
     slice.serviceName = it->second;
+  // The trigger time only feeds a latency metric: an unreadable one is ignored, not an error.
+  if (const json* md = member(object, "metadata"); md != nullptr && md->is_object()) {
+    if (const json* ann = member(*md, "annotations"); ann != nullptr && ann->is_object()) {
+      if (const json* t = member(*ann, core::kAnnotationLastChangeTriggerTime);
+          t != nullptr && t->is_string())
+        slice.lastChangeTriggerTime = parseRfc3339(t->get<std::string>());
+    }
+  }
 
   Loc root;
   auto addressType = optEnum(object, root, "addressType", kAddressTypes);

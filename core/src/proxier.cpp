@@ -54,6 +54,7 @@ struct Proxier::Impl {
 
   std::shared_ptr<const Snapshot> applied;  // last successfully applied
   std::set<ServicePortKey> unsyncedKeys;    // changed since `applied`
+  std::vector<double> unsyncedTriggerTimes;  // of endpoint changes not yet in the kernel
   bool needFull = true;
   Clock::time_point lastFullSync;
 
@@ -94,6 +95,8 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
   // while the kernel is programmed.
   PublishResult published = tracker.publish();
   unsyncedKeys.insert(published.changed.begin(), published.changed.end());
+  unsyncedTriggerTimes.insert(unsyncedTriggerTimes.end(), published.triggerTimes.begin(),
+                              published.triggerTimes.end());
   const std::optional<double> queuedAt = std::exchange(oldestQueuedWall, std::nullopt);
   inFlightQueuedWall = queuedAt;
 
@@ -160,6 +163,7 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
   if (result) {
     applied = next;
     unsyncedKeys.clear();
+    observation.triggerTimes = std::exchange(unsyncedTriggerTimes, {});
     needFull = false;
     if (kind == SyncKind::kFull) lastFullSync = start;
     lastSuccessWall = observation.wallTimestamp;

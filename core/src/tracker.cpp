@@ -55,6 +55,7 @@ struct ChangeTracker::Impl {
   std::unordered_set<std::string> dirty;
   std::size_t serviceChanges = 0;
   std::size_t endpointChanges = 0;
+  std::vector<double> triggerTimes;
 
   NodeInfo node;
   bool nodeDirty = false;
@@ -107,6 +108,13 @@ bool ChangeTracker::deleteService(const std::string& ns, const std::string& name
 }
 
 bool ChangeTracker::upsertEndpointSlice(EndpointSlice slice) {
+  const std::optional<double> trigger = slice.lastChangeTriggerTime;
+  const bool changed = upsertEndpointSliceImpl(std::move(slice));
+  if (changed && trigger) impl_->triggerTimes.push_back(*trigger);
+  return changed;
+}
+
+bool ChangeTracker::upsertEndpointSliceImpl(EndpointSlice slice) {
   const std::string sliceKey = joinName(slice.ns, slice.name);
   auto ownerIt = impl_->sliceOwner.find(sliceKey);
   if (auto reason = ignoredSliceReason(slice)) {
@@ -181,6 +189,7 @@ PublishResult ChangeTracker::publish() {
   PublishResult result;
   result.serviceChanges = std::exchange(d.serviceChanges, 0);
   result.endpointChanges = std::exchange(d.endpointChanges, 0);
+  result.triggerTimes = std::exchange(d.triggerTimes, {});
 
   if (d.resolveAll) {
     for (const auto& [key, svc] : d.services) d.dirty.insert(key);

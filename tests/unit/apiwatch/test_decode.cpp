@@ -600,3 +600,38 @@ spec:
   REQUIRE(svc.has_value());
   CHECK(svc->ports[0].targetPort == core::TargetPort{0, "8080"});
 }
+
+TEST_CASE("the last-change-trigger-time annotation is read; a bad one is ignored", "[unit]") {
+  auto slice = decodeEndpointSlice(fromYaml(R"(
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  annotations: {endpoints.kubernetes.io/last-change-trigger-time: "2026-11-22T00:40:00.25Z"}
+addressType: IPv4
+)"));
+  REQUIRE(slice);
+  REQUIRE(slice->lastChangeTriggerTime);
+  CHECK(*slice->lastChangeTriggerTime == Approx(1795308000.25));
+  auto offset = decodeEndpointSlice(fromYaml(R"(
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  annotations: {endpoints.kubernetes.io/last-change-trigger-time: "2026-11-22T01:40:00+01:00"}
+addressType: IPv4
+)"));
+  REQUIRE(offset);
+  REQUIRE(offset->lastChangeTriggerTime);
+  CHECK(*offset->lastChangeTriggerTime == Approx(1795308000.0));
+  auto bad = decodeEndpointSlice(fromYaml(R"(
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  annotations: {endpoints.kubernetes.io/last-change-trigger-time: "yesterday"}
+addressType: IPv4
+)"));
+  REQUIRE(bad);
+  CHECK_FALSE(bad->lastChangeTriggerTime);
+}

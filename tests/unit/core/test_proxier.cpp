@@ -326,3 +326,33 @@ TEST_CASE("run() on its own thread syncs on events and stops on request", "[unit
   loop.request_stop();
   loop.join();
 }
+
+TEST_CASE("trigger times are reported once, by the sync that programmed them", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  Proxier proxier(TrackerConfig{}, backend, options(), clock);
+  std::vector<SyncObservation> observed;
+  proxier.setObserver([&](const SyncObservation& o) { observed.push_back(o); });
+  proxier.serviceUpserted(service("a"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+
+  backend.failNext = 1;
+  auto s = slice("a", {"10.0.0.1"});
+  s.lastChangeTriggerTime = 500.0;
+  proxier.endpointSliceUpserted(s);
+  REQUIRE(proxier.syncOnceIfDue());
+  REQUIRE(observed.size() == 2);
+  CHECK_FALSE(observed[1].ok);
+  CHECK(observed[1].triggerTimes.empty());  // not in the kernel yet
+  clock.advance(2s);
+  REQUIRE(proxier.syncOnceIfDue());
+  REQUIRE(observed.size() == 3);
+  CHECK(observed[2].ok);
+  CHECK(observed[2].triggerTimes == std::vector<double>{500.0});
+  clock.advance(31s);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(observed.back().triggerTimes.empty());
+}

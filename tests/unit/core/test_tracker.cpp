@@ -288,3 +288,22 @@ TEST_CASE("local endpoints follow the configured node name", "[unit][tracker]") 
   CHECK(st->localEndpoints[0].str() == "10.0.0.1:8080");
   CHECK(st->localEndpoints[0].isLocal);
 }
+
+TEST_CASE("trigger times of real endpoint changes come out with the snapshot", "[unit][tracker]") {
+  TrackerConfig config;
+  config.nodeName = "node-a";
+  ChangeTracker tracker(config);
+  tracker.upsertService(service("web"));
+  auto slice = endpointSlice("web-1", "web", {"10.1.0.1"});
+  slice.lastChangeTriggerTime = 1000.5;
+  REQUIRE(tracker.upsertEndpointSlice(slice));
+  auto first = tracker.publish();
+  CHECK(first.triggerTimes == std::vector<double>{1000.5});
+  // A no-op update carries no trigger time into the next snapshot.
+  CHECK_FALSE(tracker.upsertEndpointSlice(slice));
+  CHECK(tracker.publish().triggerTimes.empty());
+  auto changed = endpointSlice("web-1", "web", {"10.1.0.2"});
+  changed.lastChangeTriggerTime = 1002.0;
+  REQUIRE(tracker.upsertEndpointSlice(changed));
+  CHECK(tracker.publish().triggerTimes == std::vector<double>{1002.0});
+}

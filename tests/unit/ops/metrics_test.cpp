@@ -184,3 +184,17 @@ TEST_CASE("process stats come from /proc", "[unit][metrics]") {
   REQUIRE(s.cpuSeconds);
   CHECK(*s.cpuSeconds >= 0);
 }
+
+TEST_CASE("network programming latency: trigger time to the end of the sync that applied it",
+          "[unit][metrics]") {
+  ops_test::QuietLog quiet;
+  ProxyMetrics metrics("nftables", 1000.0);
+  auto o = sync(kproxy::core::SyncKind::kPartial, true, 2ms);
+  o.wallTimestamp = 2000.0;
+  o.triggerTimes = {1999.9, 1999.0, 2000.5};  // the last one is in the future: clock skew, dropped
+  metrics.observeSync(o);
+  const std::string out = metrics.render(kproxy::core::ProxierStatus{}, kproxy::cli::ProcessStats{});
+  CHECK(sampleValue(out, "kubeproxy_network_programming_duration_seconds_count") == "2");
+  CHECK(std::stod(sampleValue(out, "kubeproxy_network_programming_duration_seconds_sum")) ==
+        Approx(1.1));
+}

@@ -114,6 +114,9 @@ struct EndpointSlice {
   AddressType addressType = AddressType::kIPv4;
   std::vector<EndpointPort> ports;
   std::vector<SliceEndpoint> endpoints;
+  /// Annotation endpoints.kubernetes.io/last-change-trigger-time, in wall seconds since the
+  /// epoch: when the change that produced this slice happened (network programming latency).
+  std::optional<double> lastChangeTriggerTime;
   bool operator==(const EndpointSlice&) const = default;
 };
 
@@ -141,5 +144,8 @@ inline constexpr const char* kLabelServiceProxyName = "service.kubernetes.io/ser
 inline constexpr const char* kLabelHeadless = "service.kubernetes.io/headless";
 /// Node label holding its zone.
 inline constexpr const char* kLabelTopologyZone = "topology.kubernetes.io/zone";
+/// EndpointSlice annotation: when the change it reflects was triggered (RFC 3339).
+inline constexpr const char* kAnnotationLastChangeTriggerTime =
+    "endpoints.kubernetes.io/last-change-trigger-time";
 
 }  // namespace kproxy::core

@@ -10,6 +10,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <vector>
 
 #include "kproxy/core/backend.h"
 #include "kproxy/core/clock.h"
@@ -43,6 +44,8 @@ struct SyncObservation {
   std::string summary;
   std::optional<Error> error;
   double wallTimestamp = 0;
+  /// On success: trigger times (wall seconds) of the endpoint changes this sync programmed.
+  std::vector<double> triggerTimes;
 };
 
 struct ProxierStatus {

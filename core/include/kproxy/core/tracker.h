@@ -27,6 +27,8 @@ struct PublishResult {
   std::vector<ServicePortKey> changed;  ///< keys whose state differs from the previous snapshot
   std::size_t serviceChanges = 0;        ///< Service events folded into this snapshot
   std::size_t endpointChanges = 0;       ///< EndpointSlice events folded into this snapshot
+  /// Trigger times (wall seconds) of the EndpointSlice changes folded into this snapshot.
+  std::vector<double> triggerTimes;
 };
 
 class ChangeTracker {
@@ -54,6 +56,7 @@ class ChangeTracker {
   std::shared_ptr<const Snapshot> current() const;
 
  private:
+  bool upsertEndpointSliceImpl(EndpointSlice slice);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
