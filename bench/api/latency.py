@@ -22,6 +22,7 @@ def main():
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--pki", required=True)
     ap.add_argument("--services", type=int, default=1000)
+    ap.add_argument("--raw", help="write one line per change: wall time, address, latency ms (or 'missing')")
     ap.add_argument("--changes", type=int, default=200)
     ap.add_argument("--interval", type=float, default=1.1,
                     help="seconds between changes; above kproxy's min sync period (1 s by default) so each change is timed alone")
@@ -95,6 +96,7 @@ def main():
     time.sleep(0.5)  # let the monitor subscribe
 
     latencies = []
+    raw = []
     missing = 0
     for k in range(args.changes):
         svc = k % args.services
@@ -108,12 +110,17 @@ def main():
                 t = seen.get(ip)
             if t is not None:
                 latencies.append((t - written) * 1000)
+                raw.append(f"{time.time():.3f} {ip} {latencies[-1]:.1f}")
                 break
             time.sleep(0.0005)
         else:
             missing += 1
+            raw.append(f"{time.time():.3f} {ip} missing")
         time.sleep(args.interval)
     mon.terminate()
+    if args.raw:
+        with open(args.raw, "w") as f:
+            f.write("\n".join(raw) + "\n")
     latencies.sort()
 
     def pct(p):

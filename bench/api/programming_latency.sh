@@ -4,6 +4,8 @@
 # services loaded. kproxy (nftables) and the control plane run in a throw-away node namespace.
 #
 # usage: sudo bench/api/programming_latency.sh [--kproxy BIN] [--plugin-dir DIR] [SERVICES [CHANGES]]
+# env: KPROXY_EXTRA_ARGS (e.g. "-v 2"), LATENCY_RAW=FILE (per-change latencies),
+#      KPROXY_LOG_OUT=FILE (keep kproxy's log, to attribute outliers to syncs)
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/../../scripts/netns-lib.sh"
@@ -33,7 +35,8 @@ args+=(${KPROXY_EXTRA_ARGS:-})
 kp_bg "$KP_WORKDIR/kproxy.log" ip netns exec "$(kp_ns node)" "$KPROXY" "${args[@]}"
 KP_KPROXY_PID=$KP_LAST_PID
 ip netns exec "$(kp_ns node)" "$KP_PYTHON" "$HERE/latency.py" --port "$CP_API_PORT" --pki "$CP_DIR/pki" \
-  --services "$SERVICES" --changes "$CHANGES"
+  --services "$SERVICES" --changes "$CHANGES" ${LATENCY_RAW:+--raw "$LATENCY_RAW"}
 rc=$?
 ((rc == 0)) || { kp_log "kproxy log tail:"; kp_kproxy_log_tail 30 >&2; }
+[[ -n "${KPROXY_LOG_OUT:-}" ]] && cp "$KP_WORKDIR/kproxy.log" "$KPROXY_LOG_OUT"
 exit $rc
