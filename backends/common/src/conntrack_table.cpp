@@ -250,15 +250,28 @@ class NetlinkConntrackTable final : public ConntrackTable {
 }  // namespace
 
 std::string ConntrackFlow::str() const {
-  auto endpoint = [this](const std::string& ip, std::uint16_t port) {
-    return family == IPFamily::kIPv6 ? "[" + ip + "]:" + std::to_string(port)
-                                     : ip + ":" + std::to_string(port);
-  };
+  // Appends piece by piece: g++ 12 at -O3 reports a false -Wrestrict on "literal" + string&&.
   std::string out = protocol == Protocol::kUDP ? "udp" : protocol == Protocol::kSCTP ? "sctp" : "tcp";
-  out += " " + endpoint(original.srcIP, original.srcPort) + "->" +
-         endpoint(original.dstIP, original.dstPort);
-  out += " reply " + endpoint(reply.srcIP, reply.srcPort) + "->" + endpoint(reply.dstIP, reply.dstPort);
-  if (zone != 0) out += " zone " + std::to_string(zone);
+  auto append = [&](const char* sep, const std::string& ip, std::uint16_t port) {
+    out += sep;
+    if (family == IPFamily::kIPv6) {
+      out += '[';
+      out += ip;
+      out += ']';
+    } else {
+      out += ip;
+    }
+    out += ':';
+    out += std::to_string(port);
+  };
+  append(" ", original.srcIP, original.srcPort);
+  append("->", original.dstIP, original.dstPort);
+  append(" reply ", reply.srcIP, reply.srcPort);
+  append("->", reply.dstIP, reply.dstPort);
+  if (zone != 0) {
+    out += " zone ";
+    out += std::to_string(zone);
+  }
   return out;
 }
 
