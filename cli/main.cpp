@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -104,6 +105,14 @@ void loadPlugins(kproxy::plugins::PluginRegistry& registry, const ProxyConfig& c
   for (const auto& dir : config.pluginDirs) loadOnce(dir);
 }
 
+// Whether this node's kernel can carry IPv6 (as upstream, a family is programmed only where the
+// kernel supports it): IPv6 compiled in and not disabled with net.ipv6.conf.all.disable_ipv6.
+bool kernelHasIPv6() {
+  std::ifstream disabled("/proc/sys/net/ipv6/conf/all/disable_ipv6");
+  int value = 1;
+  return disabled && (disabled >> value) && value == 0;
+}
+
 // --cleanup: every loaded backend removes what it creates; safe to run twice.
 int cleanupAll(const kproxy::plugins::PluginRegistry& registry, const ProxyConfig& config) {
   int rc = 0;
@@ -190,6 +199,8 @@ int main(int argc, char** argv) {
 
   kproxy::core::TrackerConfig tracker;
   tracker.nodeName = nodeName(config);
+  tracker.ipv6 = kernelHasIPv6();
+  if (!tracker.ipv6) log::info(0, "IPv6 is not available in this network namespace; IPv6 service ports are skipped");
   kproxy::core::ProxierOptions options;
   options.syncPeriod = config.effectiveSyncPeriod();
   options.minSyncPeriod = config.effectiveMinSyncPeriod();

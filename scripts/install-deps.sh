@@ -8,8 +8,15 @@ PACKAGES=(
   libboost-dev libboost-system-dev libssl-dev
   nlohmann-json3-dev libyaml-cpp-dev libfmt-dev catch2
   libnftnl-dev libmnl-dev libnl-3-dev libnl-genl-3-dev libnl-route-3-dev
-  nftables iptables iproute2 conntrack curl python3 procps
+  nftables iptables iproute2 conntrack curl python3 python3-yaml procps openssl
+  etcd-server
 )
+
+# The end-to-end tier builds kube-apiserver from the Go module proxy; Debian 12's Go is too old
+# for it, so it uses the Go toolchain this machine kind ships (go 1.24 or newer on PATH).
+if ! command -v go >/dev/null; then
+  echo "install-deps: WARNING: no 'go' on PATH: the end-to-end tier (real kube-apiserver) cannot be built" >&2
+fi
 
 missing=()
 for p in "${PACKAGES[@]}"; do

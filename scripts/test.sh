@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine and runs every test tier:
 #   1. unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)
-#   2. the full suite (build/): unit, kernel (root, each test in its own network namespace)
-#      and data-path tests (root; pods in network namespaces, curl through the real rules).
-# Kernel and data-path tiers need root: without it they fail loudly, never pass quietly.
+#   2. the full suite (build/, Release): unit; kernel (each test in its own network namespace);
+#      program (the kproxy binary as a user runs it, install, HTTP endpoints); data path (pods in
+#      network namespaces, curl through the real rules); end to end (a real kube-apiserver +
+#      etcd, the apiserver built once into ~/.cache/kproxy from the Go module proxy).
+# Everything but the unit tier needs root: without it the script fails loudly, never passes
+# quietly.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -25,7 +28,12 @@ cmake --build build-asan -j"$JOBS"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest -L unit --output-on-failure -j"$JOBS")
 
-echo "== Full suite: unit, kernel, data path"
+echo "== Control plane for the end-to-end tier: kube-apiserver from the Go module proxy (cached)"
+# Cached in ~/.cache/kproxy after the first build; with the whole machine to itself CI may use
+# both cores.
+GOMAXPROCS=${GOMAXPROCS:-2} tests/e2e/build-control-plane.sh
+
+echo "== Full suite: unit, kernel, program, data path, end to end"
 # Release (-O3), as the benchmarks are built: g++ 12 has warnings that only -O3 shows.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$JOBS"

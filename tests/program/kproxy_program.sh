@@ -55,6 +55,32 @@ else
   fail "dry-run" "$(tail -5 <<<"$out")"
 fi
 
+# --- an IPv6 Service on a node without IPv6: skipped with a log line, IPv4 unaffected --------
+V6="$WORK/v6"; mkdir -p "$V6"
+cp "$SRC"/examples/demo-manifests/*.yaml "$V6/"
+cat >"$V6/v6.yaml" <<'YAML'
+apiVersion: v1
+kind: Service
+metadata: {name: web6, namespace: demo}
+spec:
+  clusterIP: fd00:10:96::10
+  clusterIPs: [fd00:10:96::10]
+  ipFamilies: [IPv6]
+  ports: [{name: http, port: 80, targetPort: 8080}]
+YAML
+out=$(unshare -n bash -c "sysctl -qw net.ipv6.conf.all.disable_ipv6=1; '$KPROXY' --proxy-mode=nftables --manifests '$V6' --hostname-override demo-node --dry-run 2>&1")
+if [[ "$out" == *"IPv6 is not available"* && "$out" == *"IP family disabled on this node"* && "$out" != *"add table ip6"* && "$out" == *"add rule ip kube-proxy"* ]]; then
+  pass "IPv6 Service skipped with a log on an IPv4-only node; IPv4 programmed"
+else
+  fail "IPv6 on IPv4-only node" "$(grep -E 'IPv6|family|ip6' <<<"$out" | head -5)"
+fi
+out=$(unshare -n bash -c "'$KPROXY' --proxy-mode=nftables --manifests '$V6' --hostname-override demo-node --dry-run 2>/dev/null")
+if [[ "$out" == *"add table ip6 kube-proxy"* && "$out" == *"fd00:10:96::10"* ]]; then
+  pass "the same IPv6 Service is programmed where IPv6 is available"
+else
+  fail "IPv6 programmed" "$(grep -c ip6 <<<"$out") ip6 lines"
+fi
+
 # --- the recorder plugin through the real program: manifests followed live ----------------
 M="$WORK/manifests"; mkdir -p "$M"
 REC="$WORK/record.txt"
