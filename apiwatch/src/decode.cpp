@@ -23,15 +23,17 @@ using nlohmann::json;
 // code readable. Every public function catches it and returns an Error, so nothing escapes.
 
 /// Where a value sits in the document: a chain of stack-allocated segments, formatted only
-/// when an error is reported, so successful decoding builds no strings.
-struct Loc {
-  const Loc* parent = nullptr;
-  std::string_view key;
+/// when an error is reported, so successful decoding builds no strings. JSON keys outlive the
+/// chain (string_view); YAML keys are converted copies (std::string).
+template <typename Key>
+struct BasicLoc {
+  const BasicLoc* parent = nullptr;
+  Key key;
   std::size_t index = 0;
   bool isIndex = false;
 
-  Loc field(std::string_view k) const { return Loc{this, k, 0, false}; }
-  Loc at(std::size_t i) const { return Loc{this, {}, i, true}; }
+  BasicLoc field(std::string_view k) const { return BasicLoc{this, Key(k), 0, false}; }
+  BasicLoc at(std::size_t i) const { return BasicLoc{this, {}, i, true}; }
 
   std::string str() const {
     std::string out = parent != nullptr ? parent->str() : std::string();
@@ -44,6 +46,7 @@ struct Loc {
     return out;
   }
 };
+using Loc = BasicLoc<std::string_view>;
 
 struct DecodeFailure {
   std::string path;
@@ -553,22 +556,7 @@ auto guarded(std::string label, Body&& body) -> core::Result<decltype(body(label
 
 constexpr std::string_view kTagPrefix = "tag:yaml.org,2002:";
 
-struct YamlLoc {
-  const YamlLoc* parent = nullptr;
-  std::string key;
-  std::size_t index = 0;
-  bool isIndex = false;
-  std::string str() const {
-    std::string out = parent != nullptr ? parent->str() : std::string();
-    if (isIndex) {
-      out += fmt::format("[{}]", index);
-    } else if (!key.empty()) {
-      if (!out.empty()) out += '.';
-      out += key;
-    }
-    return out;
-  }
-};
+using YamlLoc = BasicLoc<std::string>;
 
 [[noreturn]] void yamlFail(const YamlLoc& loc, const YAML::Node& node, std::string reason) {
   const YAML::Mark mark = node.Mark();
