@@ -22,6 +22,7 @@
 #include <fmt/format.h>
 
 #include "../../tests/unit/nftables/service_ports.h"
+#include "bench_args.h"
 #include "kproxy/nftables/backend.h"
 #include "kproxy/nftables/renderer.h"
 
@@ -35,18 +36,6 @@ double msSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-std::vector<int> parseList(const char* s) {
-  std::vector<int> out;
-  std::string str(s);
-  std::size_t start = 0;
-  while (start < str.size()) {
-    auto comma = str.find(',', start);
-    if (comma == std::string::npos) comma = str.size();
-    out.push_back(std::atoi(str.substr(start, comma - start).c_str()));
-    start = comma + 1;
-  }
-  return out;
-}
 
 long peakRssMiB() {
   rusage u{};
@@ -132,8 +121,8 @@ int main(int argc, char** argv) {
   bool baselines = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--services" && i + 1 < argc) sizes = parseList(argv[++i]);
-    else if (a == "--endpoints" && i + 1 < argc) endpoints = parseList(argv[++i]);
+    if (a == "--services" && i + 1 < argc) sizes = kproxy::bench::parseList(argv[++i]);
+    else if (a == "--endpoints" && i + 1 < argc) endpoints = kproxy::bench::parseList(argv[++i]);
     else if (a == "--upstream-max" && i + 1 < argc) upstreamMax = std::atoi(argv[++i]);
     else if (a == "--no-baselines") baselines = false;
     else {

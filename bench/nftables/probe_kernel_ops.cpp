@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "../../tests/unit/nftables/service_ports.h"
+#include "bench_args.h"
 #include "kproxy/nftables/backend.h"
 #include "kproxy/nftables/renderer.h"
 
@@ -33,18 +34,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-std::vector<int> parseList(const char* s) {
-  std::vector<int> out;
-  std::string str(s);
-  std::size_t start = 0;
-  while (start < str.size()) {
-    auto comma = str.find(',', start);
-    if (comma == std::string::npos) comma = str.size();
-    out.push_back(std::atoi(str.substr(start, comma - start).c_str()));
-    start = comma + 1;
-  }
-  return out;
-}
 
 Op makeOp(OpKind kind, std::string name) {
   Op o;
@@ -216,8 +205,8 @@ int main(int argc, char** argv) {
   int repeat = 7;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--services" && i + 1 < argc) sizes = parseList(argv[++i]);
-    else if (a == "--endpoints" && i + 1 < argc) endpoints = parseList(argv[++i]);
+    if (a == "--services" && i + 1 < argc) sizes = kproxy::bench::parseList(argv[++i]);
+    else if (a == "--endpoints" && i + 1 < argc) endpoints = kproxy::bench::parseList(argv[++i]);
     else if (a == "--repeat" && i + 1 < argc) repeat = std::max(1, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr, "usage: %s [--services 1000,10000] [--endpoints 2] [--repeat 7]\n", argv[0]);
