@@ -44,6 +44,33 @@ struct EventSource {
   }
 };
 
+// The source's own counters, in Prometheus text (kproxy's names: upstream has no such metrics).
+std::string sourceMetrics(const EventSource& source) {
+  std::string out;
+  auto counter = [&out](const char* name, const char* help, std::uint64_t value) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " counter\n" + name +
+           " " + std::to_string(value) + "\n";
+  };
+  if (source.api) {
+    const auto s = source.api->stats();
+    counter("kproxy_source_decode_failures_total",
+            "API objects skipped because they could not be decoded", s.decodeFailures);
+    counter("kproxy_apiwatch_request_failures_total", "Failed API requests", s.requestFailures);
+    counter("kproxy_apiwatch_relists_total", "LISTs after a resource's first (410 Gone, errors)",
+            s.relists);
+    out += "# HELP kproxy_apiwatch_connected Whether every watch is open\n"
+           "# TYPE kproxy_apiwatch_connected gauge\nkproxy_apiwatch_connected " +
+           std::string(s.connected ? "1" : "0") + "\n";
+  } else if (source.manifests) {
+    const auto s = source.manifests->stats();
+    counter("kproxy_source_decode_failures_total",
+            "Manifest documents skipped because they could not be decoded", s.documentFailures);
+    counter("kproxy_manifest_file_read_failures_total", "Manifest files that could not be read",
+            s.fileReadFailures);
+  }
+  return out;
+}
+
 int fail(const std::string& message) {
   std::fprintf(stderr, "kproxy: %s\n", message.c_str());
   return 1;
@@ -247,6 +274,7 @@ int main(int argc, char** argv) {
     opsOptions.bindAddressHardFail = config.bindAddressHardFail;
     opsOptions.healthTimeout = 2 * config.effectiveSyncPeriod();
     opsOptions.configzJson = kproxy::cli::toConfigzJson(config);
+    opsOptions.extraMetrics = [&source] { return sourceMetrics(source); };
     ops = std::make_unique<kproxy::cli::OpsServers>(std::move(opsOptions), proxier);
     proxier.setObserver([&ops](const kproxy::core::SyncObservation& o) { ops->observe(o); });
     ops->start([&stop, &fatal](const std::string& reason) {

@@ -72,6 +72,7 @@ struct OpsServers::Impl {
       HttpResponse r;
       r.contentType = "text/plain; version=0.0.4; charset=utf-8";
       r.body = metrics.render(proxier.status(), readProcessStats());
+      if (options.extraMetrics) r.body += options.extraMetrics();
       return r;
     }
     if (path == "/proxyMode") {

@@ -28,6 +28,9 @@ struct OpsOptions {
   /// IPs the health-check node ports listen on; empty: every address.
   std::vector<std::string> healthCheckAddresses;
   std::vector<std::string> families = {"IPv4", "IPv6"};
+  /// More Prometheus text appended to /metrics (the event source's counters). Called on the
+  /// server's thread; must be thread-safe.
+  std::function<std::string()> extraMetrics;
 };
 
 class OpsServers {

@@ -128,6 +128,12 @@ DETAIL="count=$syncs"; check "/metrics counts the syncs (> 0)" test "${syncs:-0}
 last=$(awk '$1 == "kubeproxy_sync_proxy_rules_last_timestamp_seconds" {print int($2)}' <<<"$metrics")
 now=$(date +%s)
 DETAIL="last=$last now=$now"; check "last sync timestamp is recent" test $((now - ${last:-0})) -lt 60
+# A malformed manifest is skipped and counted in kproxy's source metric.
+printf 'apiVersion: v1\nkind: Service\nmetadata: {name: broken, namespace: default}\nspec: {ports: [{port: -1}]}\n' >"$M/broken.yaml"
+decode_failures() { curl -s --max-time 2 "$MET/metrics" | awk '$1 == "kproxy_source_decode_failures_total" {print $2}'; }
+decode_failed_once() { [[ "$(decode_failures)" == 1 ]]; }
+DETAIL="value=$(decode_failures)"; check "a malformed manifest is counted in kproxy_source_decode_failures_total" wait_for 5 decode_failed_once
+rm -f "$M/broken.yaml"
 ctype=$(curl -s -o /dev/null -w '%{content_type}' "$MET/metrics")
 DETAIL="$ctype"; check "/metrics content type is Prometheus text" test "$ctype" = "text/plain; version=0.0.4; charset=utf-8"
 
