@@ -24,6 +24,7 @@
 #include "kproxy/core/log.h"
 #include "kproxy/core/proxier.h"
 #include "kproxy/plugins/loader.h"
+#include "leftover_cleanup.h"
 #include "ops_servers.h"
 #include "proxy_config.h"
 
@@ -157,6 +158,10 @@ int cleanupAll(const kproxy::plugins::PluginRegistry& registry, const ProxyConfi
       log::info(0, "cleaned up", {{"mode", plugin.name}});
     }
   }
+  // What kube-proxy's iptables and IPVS modes leave, whether or not such a plugin is loaded
+  // (upstream's platformCleanup with cleanupAndExit cleans every mode).
+  kproxy::cli::RealLeftoverSystem system;
+  if (!kproxy::cli::cleanUpKubeProxyLeftovers(system)) rc = 1;
   return rc;
 }
 
@@ -205,6 +210,15 @@ int main(int argc, char** argv) {
 
   auto backend = registry.createBackend(config.mode, backendOptions(config));
   if (!backend) return fail(backend.error().message());
+
+  // As upstream's platformCleanup: a mode that is not iptables-based removes iptables and IPVS
+  // leftovers (a node migrating from kube-proxy's iptables or IPVS mode) before it starts.
+  // Failures are logged and not fatal, as upstream.
+  if (!config.dryRun && config.mode != "iptables" && config.mode != "ipvs") {
+    kproxy::cli::RealLeftoverSystem system;
+    if (!kproxy::cli::cleanUpKubeProxyLeftovers(system))
+      log::warning("some iptables or IPVS leftovers could not be removed; continuing");
+  }
 
   // Conntrack sysctls, as upstream's setupConntrack (not for --dry-run, which changes nothing;
   // --cleanup returned above). Read-only or missing ones are warnings.

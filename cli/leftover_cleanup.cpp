@@ -1,0 +1,459 @@
+#include "leftover_cleanup.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <set>
+
+#include "kproxy/core/log.h"
+
+namespace kproxy::cli {
+
+namespace {
+
+namespace log = kproxy::log;
+using core::ErrorCategory;
+using core::makeError;
+
+// Upstream's fixed chains, per table: the iptables proxier's (kube-proxy, nodeports, canary,
+// firewall, ...) and the IPVS proxier's (KUBE-NODE-PORT, KUBE-LOAD-BALANCER, the IPVS filters).
+// Not here on purpose: KUBE-FIREWALL, KUBE-KUBELET-CANARY and KUBE-MARK-DROP belong to kubelet.
+constexpr std::array kNatChains = {
+    std::string_view{"KUBE-SERVICES"}, std::string_view{"KUBE-NODEPORTS"},
+    std::string_view{"KUBE-POSTROUTING"}, std::string_view{"KUBE-MARK-MASQ"},
+    std::string_view{"KUBE-PROXY-CANARY"}, std::string_view{"KUBE-NODE-PORT"},
+    std::string_view{"KUBE-LOAD-BALANCER"},
+};
+constexpr std::array kFilterChains = {
+    std::string_view{"KUBE-SERVICES"},          std::string_view{"KUBE-EXTERNAL-SERVICES"},
+    std::string_view{"KUBE-FORWARD"},           std::string_view{"KUBE-NODEPORTS"},
+    std::string_view{"KUBE-PROXY-FIREWALL"},    std::string_view{"KUBE-PROXY-CANARY"},
+    std::string_view{"KUBE-NODE-PORT"},         std::string_view{"KUBE-SOURCE-RANGES-FIREWALL"},
+    std::string_view{"KUBE-IPVS-FILTER"},       std::string_view{"KUBE-IPVS-OUT-FILTER"},
+};
+constexpr std::array kMangleChains = {std::string_view{"KUBE-PROXY-CANARY"}};
+// Per-service chains (nat only), as upstream's isServiceChainName, plus KUBE-XLB- which
+// kube-proxy before 1.24 used for Local traffic policy.
+constexpr std::array kServiceChainPrefixes = {
+    std::string_view{"KUBE-SVC-"}, std::string_view{"KUBE-SVL-"}, std::string_view{"KUBE-EXT-"},
+    std::string_view{"KUBE-FW-"},  std::string_view{"KUBE-SEP-"}, std::string_view{"KUBE-XLB-"},
+};
+
+// Splits a rule into words the way iptables-save quotes them ("..." may hold spaces).
+std::vector<std::string> words(std::string_view text) {
+  std::vector<std::string> out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && text[i] == ' ') ++i;
+    if (i >= text.size()) break;
+    std::string word;
+    bool quoted = false;
+    for (; i < text.size() && (quoted || text[i] != ' '); ++i) {
+      if (text[i] == '\\' && i + 1 < text.size()) {
+        word += text[++i];
+      } else if (text[i] == '"') {
+        quoted = !quoted;
+      } else {
+        word += text[i];
+      }
+    }
+    out.push_back(std::move(word));
+  }
+  return out;
+}
+
+// The chain a rule jumps or goes to, if any.
+std::string_view ruleTarget(const std::vector<std::string>& ruleWords) {
+  for (std::size_t i = 0; i + 1 < ruleWords.size(); ++i) {
+    if (ruleWords[i] == "-j" || ruleWords[i] == "--jump" || ruleWords[i] == "-g" || ruleWords[i] == "--goto")
+      return ruleWords[i + 1];
+  }
+  return {};
+}
+
+struct TableText {
+  std::string name;
+  std::vector<std::string> chains;                            // in save order
+  std::vector<std::pair<std::string, std::string>> rules;    // chain, spec (as saved)
+};
+
+std::vector<TableText> parseSave(std::string_view text) {
+  std::vector<TableText> tables;
+  while (!text.empty()) {
+    auto end = text.find('\n');
+    std::string_view line = text.substr(0, end);
+    text = end == std::string_view::npos ? std::string_view{} : text.substr(end + 1);
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    if (line.empty() || line.front() == '#') continue;
+    if (line.front() == '*') {
+      tables.push_back(TableText{std::string(line.substr(1)), {}, {}});
+    } else if (tables.empty()) {
+      continue;  // nothing before the first table header is meaningful
+    } else if (line.front() == ':') {
+      auto name = line.substr(1, line.find(' ') == std::string_view::npos ? line.npos : line.find(' ') - 1);
+      tables.back().chains.emplace_back(name);
+    } else if (line.starts_with("-A ")) {
+      auto rest = line.substr(3);
+      auto space = rest.find(' ');
+      std::string chain(rest.substr(0, space));
+      std::string spec(space == std::string_view::npos ? std::string_view{} : rest.substr(space + 1));
+      tables.back().rules.emplace_back(std::move(chain), std::move(spec));
+    }
+  }
+  return tables;
+}
+
+std::string joinNames(const std::vector<std::string>& names, std::size_t limit = 20) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < limit; ++i) {
+    if (!out.empty()) out += ",";
+    out += names[i];
+  }
+  if (names.size() > limit) out += ",...";
+  return out;
+}
+
+}  // namespace
+
+bool isKubeProxyChain(std::string_view table, std::string_view chain) {
+  auto in = [chain](const auto& list) { return std::find(list.begin(), list.end(), chain) != list.end(); };
+  if (table == "nat") {
+    if (in(kNatChains)) return true;
+    return std::any_of(kServiceChainPrefixes.begin(), kServiceChainPrefixes.end(),
+                       [chain](std::string_view prefix) { return chain.starts_with(prefix); });
+  }
+  if (table == "filter") return in(kFilterChains);
+  if (table == "mangle") return in(kMangleChains);
+  return false;
+}
+
+std::vector<IptablesCleanupPlan> planIptablesCleanup(std::string_view saveOutput) {
+  std::vector<IptablesCleanupPlan> plans;
+  for (const auto& table : parseSave(saveOutput)) {
+    IptablesCleanupPlan plan;
+    plan.table = table.name;
+    std::set<std::string, std::less<>> owned;
+    for (const auto& chain : table.chains) {
+      if (isKubeProxyChain(table.name, chain)) {
+        plan.deletedChains.push_back(chain);
+        owned.insert(chain);
+      }
+    }
+    // A chain that is still referenced cannot be deleted, so every rule outside kube-proxy's
+    // chains that jumps into one goes too: upstream's jumps from the built-in chains, and any
+    // other reference, which would otherwise make the whole table's restore fail.
+    std::string deletes;
+    for (const auto& [chain, spec] : table.rules) {
+      if (owned.contains(chain)) continue;
+      if (!owned.contains(ruleTarget(words(spec)))) continue;
+      plan.deletedRules.push_back(chain + " " + spec);
+      deletes += "-D " + chain + " " + spec + "\n";
+    }
+    if (!plan.deletedChains.empty() || !deletes.empty()) {
+      std::string text = "*" + table.name + "\n";
+      // ":CHAIN - [0:0]" with --noflush flushes the chain, so rules between our own chains
+      // are gone before the deletes.
+      for (const auto& chain : plan.deletedChains) text += ":" + chain + " - [0:0]\n";
+      text += deletes;
+      for (const auto& chain : plan.deletedChains) text += "-X " + chain + "\n";
+      text += "COMMIT\n";
+      plan.restoreInput = std::move(text);
+    }
+    plans.push_back(std::move(plan));
+  }
+  return plans;
+}
+
+std::optional<std::string> RealLeftoverSystem::findTool(std::string_view name) {
+  std::vector<std::string> dirs;
+  if (const char* path = std::getenv("PATH")) {
+    std::string_view rest(path);
+    while (!rest.empty()) {
+      auto colon = rest.find(':');
+      dirs.emplace_back(rest.substr(0, colon));
+      rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
+    }
+  }
+  // Root's tools are in sbin, which a non-login PATH may lack.
+  for (const char* dir : {"/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"}) dirs.emplace_back(dir);
+  for (const auto& dir : dirs) {
+    if (dir.empty()) continue;
+    std::string candidate = dir + "/" + std::string(name);
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return std::nullopt;
+}
+
+bool RealLeftoverSystem::pathExists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
+core::Result<CommandResult> RealLeftoverSystem::run(const std::vector<std::string>& argv,
+                                                    std::string_view input) {
+  if (argv.empty()) return makeError(ErrorCategory::kInvalidArgument, "empty command");
+  int inPipe[2], outPipe[2], errPipe[2];
+  if (pipe2(inPipe, O_CLOEXEC) != 0) return makeError(ErrorCategory::kProcess, "pipe", errno);
+  if (pipe2(outPipe, O_CLOEXEC) != 0) {
+    int e = errno;
+    close(inPipe[0]), close(inPipe[1]);
+    return makeError(ErrorCategory::kProcess, "pipe", e);
+  }
+  if (pipe2(errPipe, O_CLOEXEC) != 0) {
+    int e = errno;
+    close(inPipe[0]), close(inPipe[1]), close(outPipe[0]), close(outPipe[1]);
+    return makeError(ErrorCategory::kProcess, "pipe", e);
+  }
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid < 0) {
+    int e = errno;
+    for (int fd : {inPipe[0], inPipe[1], outPipe[0], outPipe[1], errPipe[0], errPipe[1]}) close(fd);
+    return makeError(ErrorCategory::kProcess, "fork for " + argv[0], e);
+  }
+  if (pid == 0) {
+    dup2(inPipe[0], 0);
+    dup2(outPipe[1], 1);
+    dup2(errPipe[1], 2);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(inPipe[0]);
+  close(outPipe[1]);
+  close(errPipe[1]);
+  // A child that exits early must not kill us with SIGPIPE while we write its input.
+  struct sigaction ignore{}, previous{};
+  ignore.sa_handler = SIG_IGN;
+  sigaction(SIGPIPE, &ignore, &previous);
+
+  CommandResult result;
+  int inFd = inPipe[1];
+  std::size_t written = 0;
+  if (input.empty()) close(inFd), inFd = -1;
+  int outFd = outPipe[0], errFd = errPipe[0];
+  while (outFd >= 0 || errFd >= 0) {
+    std::vector<pollfd> fds;
+    if (inFd >= 0) fds.push_back({inFd, POLLOUT, 0});
+    if (outFd >= 0) fds.push_back({outFd, POLLIN, 0});
+    if (errFd >= 0) fds.push_back({errFd, POLLIN, 0});
+    if (poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    for (const auto& p : fds) {
+      if (p.revents == 0) continue;
+      if (p.fd == inFd) {
+        ssize_t n = write(inFd, input.data() + written, input.size() - written);
+        if (n > 0) written += static_cast<std::size_t>(n);
+        if (n < 0 || written == input.size()) close(inFd), inFd = -1;
+      } else {
+        char buf[8192];
+        ssize_t n = read(p.fd, buf, sizeof buf);
+        if (n > 0) {
+          (p.fd == outFd ? result.out : result.err).append(buf, static_cast<std::size_t>(n));
+        } else {
+          close(p.fd);
+          (p.fd == outFd ? outFd : errFd) = -1;
+        }
+      }
+    }
+  }
+  if (inFd >= 0) close(inFd);
+  sigaction(SIGPIPE, &previous, nullptr);
+  int status = 0;
+  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+  }
+  result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (result.exitCode == 127 && result.out.empty() && result.err.empty())
+    return makeError(ErrorCategory::kProcess, "could not run " + argv[0]);
+  return result;
+}
+
+namespace {
+
+std::string firstLine(std::string_view text) {
+  while (!text.empty() && (text.front() == '\n' || text.front() == ' ')) text.remove_prefix(1);
+  return std::string(text.substr(0, text.find('\n')));
+}
+
+// One family on one iptables back end: "iptables-legacy", "ip6tables-nft", or plain "iptables".
+bool cleanUpIptables(LeftoverSystem& system, const std::string& save, const std::string& restore,
+                     const std::string& label) {
+  bool ok = true;
+  for (const char* table : {"nat", "filter", "mangle"}) {
+    auto saved = system.run({save, "-t", table}, {});
+    if (!saved || saved->exitCode != 0) {
+      // A table that the kernel does not have (module not loaded) holds nothing of ours.
+      std::string why = saved ? firstLine(saved->err) : saved.error().message();
+      if (saved && (why.find("does not exist") != std::string::npos ||
+                    why.find("Table does not exist") != std::string::npos)) {
+        log::info(2, "iptables table absent", {{"iptables", label}, {"table", table}});
+        continue;
+      }
+      log::error("iptables-save failed", {{"iptables", label}, {"table", table}, {"error", why}});
+      ok = false;
+      continue;
+    }
+    for (const auto& plan : planIptablesCleanup(saved->out)) {
+      if (plan.restoreInput.empty()) {
+        log::info(2, "no kube-proxy iptables leftovers", {{"iptables", label}, {"table", plan.table}});
+        continue;
+      }
+      auto restored = system.run({restore, "--noflush"}, plan.restoreInput);
+      if (!restored || restored->exitCode != 0) {
+        log::error("iptables-restore failed",
+                   {{"iptables", label}, {"table", plan.table},
+                    {"error", restored ? firstLine(restored->err) : restored.error().message()}});
+        ok = false;
+        continue;
+      }
+      log::info(0, "removed kube-proxy iptables leftovers",
+                {{"iptables", label}, {"table", plan.table},
+                 {"chains", std::to_string(plan.deletedChains.size())},
+                 {"jumpRules", std::to_string(plan.deletedRules.size())},
+                 {"names", joinNames(plan.deletedChains)}});
+    }
+  }
+  return ok;
+}
+
+bool cleanUpAllIptables(LeftoverSystem& system) {
+  bool ok = true;
+  bool ipv6 = system.pathExists("/proc/net/if_inet6");
+  for (std::string family : {"iptables", "ip6tables"}) {
+    if (family == "ip6tables" && !ipv6) {
+      log::info(2, "no IPv6 in this network namespace; ip6tables leftovers skipped");
+      continue;
+    }
+    bool anyVariant = false;
+    for (std::string variant : {"-legacy", "-nft"}) {
+      auto save = system.findTool(family + variant + "-save");
+      auto restore = system.findTool(family + variant + "-restore");
+      if (!save || !restore) continue;
+      anyVariant = true;
+      ok = cleanUpIptables(system, *save, *restore, family + variant) && ok;
+    }
+    if (anyVariant) continue;
+    auto save = system.findTool(family + "-save");
+    auto restore = system.findTool(family + "-restore");
+    if (!save || !restore) {
+      log::info(2, "iptables tools not installed; leftovers not looked for", {{"iptables", family}});
+      continue;
+    }
+    ok = cleanUpIptables(system, *save, *restore, family) && ok;
+  }
+  return ok;
+}
+
+bool cleanUpIpvs(LeftoverSystem& system) {
+  if (!system.pathExists("/proc/net/ip_vs")) {
+    log::info(2, "no IPVS in this kernel; no IPVS leftovers");
+    return true;
+  }
+  auto ipvsadm = system.findTool("ipvsadm");
+  if (!ipvsadm) {
+    log::error("IPVS is loaded but ipvsadm is not installed; IPVS virtual servers not removed",
+               {{"fix", "install ipvsadm or run ipvsadm -C"}});
+    return false;
+  }
+  // Like upstream's Flush: every virtual server, as only kube-proxy is expected to create them.
+  auto listed = system.run({*ipvsadm, "-S", "-n"}, {});
+  std::size_t services = 0;
+  if (listed && listed->exitCode == 0) {
+    for (std::string_view rest = listed->out; !rest.empty();) {
+      auto end = rest.find('\n');
+      if (rest.starts_with("-A ")) ++services;
+      rest = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
+    }
+    if (services == 0) {
+      log::info(2, "no IPVS virtual servers");
+      return true;
+    }
+  }
+  auto cleared = system.run({*ipvsadm, "-C"}, {});
+  if (!cleared || cleared->exitCode != 0) {
+    log::error("ipvsadm -C failed", {{"error", cleared ? firstLine(cleared->err) : cleared.error().message()}});
+    return false;
+  }
+  log::info(0, "removed IPVS virtual servers", {{"count", std::to_string(services)}});
+  return true;
+}
+
+bool cleanUpDummyDevice(LeftoverSystem& system) {
+  constexpr const char* kDevice = "kube-ipvs0";
+  if (!system.pathExists(std::string("/sys/class/net/") + kDevice)) {
+    log::info(2, "no IPVS dummy interface", {{"interface", kDevice}});
+    return true;
+  }
+  auto ip = system.findTool("ip");
+  if (!ip) {
+    log::error("the ip tool (iproute2) is not installed; interface not removed", {{"interface", kDevice}});
+    return false;
+  }
+  auto deleted = system.run({*ip, "link", "del", kDevice}, {});
+  if (!deleted || deleted->exitCode != 0) {
+    log::error("deleting interface failed",
+               {{"interface", kDevice}, {"error", deleted ? firstLine(deleted->err) : deleted.error().message()}});
+    return false;
+  }
+  log::info(0, "removed interface", {{"interface", kDevice}});
+  return true;
+}
+
+bool cleanUpIpsets(LeftoverSystem& system) {
+  auto ipset = system.findTool("ipset");
+  if (!ipset) {
+    log::info(2, "ipset tool not installed; ipset leftovers not looked for");
+    return true;
+  }
+  auto listed = system.run({*ipset, "list", "-n"}, {});
+  if (!listed || listed->exitCode != 0) {
+    log::error("ipset list failed", {{"error", listed ? firstLine(listed->err) : listed.error().message()}});
+    return false;
+  }
+  bool ok = true;
+  std::vector<std::string> destroyed;
+  for (std::string_view rest = listed->out; !rest.empty();) {
+    auto end = rest.find('\n');
+    std::string name(rest.substr(0, end));
+    rest = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
+    if (!name.starts_with("KUBE-")) continue;
+    auto gone = system.run({*ipset, "destroy", name}, {});
+    if (!gone || gone->exitCode != 0) {
+      log::error("ipset destroy failed",
+                 {{"ipset", name}, {"error", gone ? firstLine(gone->err) : gone.error().message()}});
+      ok = false;
+      continue;
+    }
+    destroyed.push_back(name);
+  }
+  if (destroyed.empty()) {
+    log::info(2, "no kube-proxy ipsets");
+  } else {
+    log::info(0, "removed ipsets", {{"count", std::to_string(destroyed.size())}, {"names", joinNames(destroyed)}});
+  }
+  return ok;
+}
+
+}  // namespace
+
+bool cleanUpKubeProxyLeftovers(LeftoverSystem& system) {
+  bool ok = cleanUpIpvs(system);
+  ok = cleanUpDummyDevice(system) && ok;
+  ok = cleanUpAllIptables(system) && ok;
+  // After iptables: a set that a rule still refers to cannot be destroyed.
+  ok = cleanUpIpsets(system) && ok;
+  return ok;
+}
+
+}  // namespace kproxy::cli
