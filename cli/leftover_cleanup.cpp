@@ -287,42 +287,37 @@ std::string firstLine(std::string_view text) {
 }
 
 // One family on one iptables back end: "iptables-legacy", "ip6tables-nft", or plain "iptables".
+// One save of every table (naming a table with -t would instantiate a legacy table the
+// namespace does not have), then one restore per table that holds leftovers.
 bool cleanUpIptables(LeftoverSystem& system, const std::string& save, const std::string& restore,
                      const std::string& label) {
+  auto saved = system.run({save}, {});
+  if (!saved || saved->exitCode != 0) {
+    log::error("iptables-save failed",
+               {{"iptables", label}, {"error", saved ? firstLine(saved->err) : saved.error().message()}});
+    return false;
+  }
   bool ok = true;
-  for (const char* table : {"nat", "filter", "mangle"}) {
-    auto saved = system.run({save, "-t", table}, {});
-    if (!saved || saved->exitCode != 0) {
-      // A table that the kernel does not have (module not loaded) holds nothing of ours.
-      std::string why = saved ? firstLine(saved->err) : saved.error().message();
-      if (saved && (why.find("does not exist") != std::string::npos ||
-                    why.find("Table does not exist") != std::string::npos)) {
-        log::info(2, "iptables table absent", {{"iptables", label}, {"table", table}});
-        continue;
-      }
-      log::error("iptables-save failed", {{"iptables", label}, {"table", table}, {"error", why}});
+  auto plans = planIptablesCleanup(saved->out);
+  if (plans.empty()) log::info(2, "no iptables tables", {{"iptables", label}});
+  for (const auto& plan : plans) {
+    if (plan.restoreInput.empty()) {
+      log::info(2, "no kube-proxy iptables leftovers", {{"iptables", label}, {"table", plan.table}});
+      continue;
+    }
+    auto restored = system.run({restore, "--noflush"}, plan.restoreInput);
+    if (!restored || restored->exitCode != 0) {
+      log::error("iptables-restore failed",
+                 {{"iptables", label}, {"table", plan.table},
+                  {"error", restored ? firstLine(restored->err) : restored.error().message()}});
       ok = false;
       continue;
     }
-    for (const auto& plan : planIptablesCleanup(saved->out)) {
-      if (plan.restoreInput.empty()) {
-        log::info(2, "no kube-proxy iptables leftovers", {{"iptables", label}, {"table", plan.table}});
-        continue;
-      }
-      auto restored = system.run({restore, "--noflush"}, plan.restoreInput);
-      if (!restored || restored->exitCode != 0) {
-        log::error("iptables-restore failed",
-                   {{"iptables", label}, {"table", plan.table},
-                    {"error", restored ? firstLine(restored->err) : restored.error().message()}});
-        ok = false;
-        continue;
-      }
-      log::info(0, "removed kube-proxy iptables leftovers",
-                {{"iptables", label}, {"table", plan.table},
-                 {"chains", std::to_string(plan.deletedChains.size())},
-                 {"jumpRules", std::to_string(plan.deletedRules.size())},
-                 {"names", joinNames(plan.deletedChains)}});
-    }
+    log::info(0, "removed kube-proxy iptables leftovers",
+              {{"iptables", label}, {"table", plan.table},
+               {"chains", std::to_string(plan.deletedChains.size())},
+               {"jumpRules", std::to_string(plan.deletedRules.size())},
+               {"names", joinNames(plan.deletedChains)}});
   }
   return ok;
 }
@@ -389,18 +384,35 @@ bool cleanUpIpvs(LeftoverSystem& system) {
   return true;
 }
 
+// As upstream's DeleteDummyDevice: absent is fine; a kube-ipvs0 that is not a dummy device is
+// not ours to delete and is reported.
 bool cleanUpDummyDevice(LeftoverSystem& system) {
   constexpr const char* kDevice = "kube-ipvs0";
-  if (!system.pathExists(std::string("/sys/class/net/") + kDevice)) {
-    log::info(2, "no IPVS dummy interface", {{"interface", kDevice}});
-    return true;
-  }
   auto ip = system.findTool("ip");
   if (!ip) {
-    log::error("the ip tool (iproute2) is not installed; interface not removed", {{"interface", kDevice}});
+    log::error("the ip tool (iproute2) is not installed; interface not looked for", {{"interface", kDevice}});
     return false;
   }
-  auto deleted = system.run({*ip, "link", "del", kDevice}, {});
+  auto shown = system.run({*ip, "-d", "-o", "link", "show", "dev", kDevice}, {});
+  if (!shown) {
+    log::error("ip link show failed", {{"interface", kDevice}, {"error", shown.error().message()}});
+    return false;
+  }
+  if (shown->exitCode != 0) {
+    if (shown->err.find("does not exist") != std::string::npos) {
+      log::info(2, "no IPVS dummy interface", {{"interface", kDevice}});
+      return true;
+    }
+    log::error("ip link show failed", {{"interface", kDevice}, {"error", firstLine(shown->err)}});
+    return false;
+  }
+  // `ip -d -o` prints the link kind as a word of the detail part ("... \    dummy addrgenmode ...").
+  auto detail = words(shown->out);
+  if (std::find(detail.begin(), detail.end(), "dummy") == detail.end()) {
+    log::error("interface is not a dummy device; not deleted", {{"interface", kDevice}});
+    return false;
+  }
+  auto deleted = system.run({*ip, "link", "del", "dev", kDevice}, {});
   if (!deleted || deleted->exitCode != 0) {
     log::error("deleting interface failed",
                {{"interface", kDevice}, {"error", deleted ? firstLine(deleted->err) : deleted.error().message()}});

@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# `kproxy --cleanup` on a node that ran kube-proxy in iptables or IPVS mode: kube-proxy's
+# iptables chains and jumps (IPv4 and IPv6, on the legacy and the nft back end where each is
+# installed) and the kube-ipvs0 dummy interface are removed; another program's rule and chain,
+# and kubelet's KUBE-FIREWALL, are kept; a second run removes nothing and also exits 0.
+# Everything runs in an anonymous network namespace (unshare -n), never in the machine's own.
+# Usage: cleanup_leftovers.sh KPROXY_BIN
+set -uo pipefail
+KPROXY=${1:?usage: cleanup_leftovers.sh KPROXY_BIN}
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "cleanup_leftovers: ERROR: needs root (own network namespace, iptables)" >&2
+  echo "cleanup_leftovers: 0 passed, 1 failed"
+  exit 1
+fi
+if [[ -z "${CLEANUP_LEFTOVERS_IN_NETNS:-}" ]]; then
+  CLEANUP_LEFTOVERS_IN_NETNS=1 exec unshare -n "$0" "$@"
+fi
+ip link set lo up
+
+WORK=$(mktemp -d /tmp/kproxy-cleanup-leftovers-XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+
+passed=0
+failed=0
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+
+tool() { command -v "$1" >/dev/null 2>&1; }
+
+# What kube-proxy 1.29 (iptables mode) leaves: three services, one with two endpoints, a
+# NodePort with Local traffic policy, a LoadBalancer with source ranges. $1 is the family:
+# 4 or 6 (addresses change, chains do not).
+ruleset() {
+  local a b c
+  if [[ $1 == 4 ]]; then a=10.96.0.10 b=10.244.1.5 c=198.51.100.0/24; else a=fd00::10 b=fd00:244::5 c=2001:db8::/64; fi
+  cat <<RULES
+*mangle
+:KUBE-PROXY-CANARY - [0:0]
+:KUBE-KUBELET-CANARY - [0:0]
+COMMIT
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:KUBE-EXTERNAL-SERVICES - [0:0]
+:KUBE-FIREWALL - [0:0]
+:KUBE-FORWARD - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+:KUBE-PROXY-FIREWALL - [0:0]
+:KUBE-SERVICES - [0:0]
+:SITE-INPUT - [0:0]
+-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes load balancer firewall" -j KUBE-PROXY-FIREWALL
+-A INPUT -m comment --comment "kubernetes health check service ports" -j KUBE-NODEPORTS
+-A INPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes externally-visible service portals" -j KUBE-EXTERNAL-SERVICES
+-A INPUT -j KUBE-FIREWALL
+-A INPUT -j SITE-INPUT
+-A FORWARD -m comment --comment "kubernetes forwarding rules" -j KUBE-FORWARD
+-A FORWARD -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -m conntrack --ctstate NEW -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A OUTPUT -j KUBE-FIREWALL
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding rules" -m mark --mark 0x4000/0x4000 -j ACCEPT
+-A KUBE-FORWARD -m comment --comment "kubernetes forwarding conntrack rule" -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT
+-A KUBE-PROXY-FIREWALL -d ${a} -p tcp -m comment --comment "default/lb:http traffic not accepted by KUBE-FW-LB" -m tcp --dport 80 -j DROP
+-A SITE-INPUT -p tcp -m tcp --dport 22 -m comment --comment "site ssh" -j ACCEPT
+COMMIT
+*nat
+:PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-EXT-LB - [0:0]
+:KUBE-FW-LB - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+:KUBE-NODEPORTS - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-PROXY-CANARY - [0:0]
+:KUBE-SEP-AAAAAAAAAAAAAAAA - [0:0]
+:KUBE-SEP-BBBBBBBBBBBBBBBB - [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-SVC-DNS0000000000000 - [0:0]
+:KUBE-SVC-WEB0000000000000 - [0:0]
+:KUBE-SVL-NP00000000000000 - [0:0]
+:SITE-NAT - [0:0]
+-A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A PREROUTING -j SITE-NAT
+-A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
+-A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
+-A KUBE-EXT-LB -j KUBE-MARK-MASQ
+-A KUBE-EXT-LB -j KUBE-SVC-WEB0000000000000
+-A KUBE-FW-LB -s ${c} -j KUBE-EXT-LB
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-NODEPORTS -p tcp -m comment --comment "default/np:http" -m tcp --dport 30080 -j KUBE-SVL-NP00000000000000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0
+-A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE
+-A KUBE-SEP-AAAAAAAAAAAAAAAA -s ${b} -j KUBE-MARK-MASQ
+-A KUBE-SEP-AAAAAAAAAAAAAAAA -p udp -m udp -j DNAT --to-destination [${b}]:53
+-A KUBE-SEP-BBBBBBBBBBBBBBBB -p tcp -m tcp -j DNAT --to-destination [${b}]:8080
+-A KUBE-SERVICES -d ${a} -p udp -m comment --comment "kube-system/kube-dns:dns cluster IP" -m udp --dport 53 -j KUBE-SVC-DNS0000000000000
+-A KUBE-SERVICES -d ${a} -p tcp -m comment --comment "default/web:http cluster IP" -m tcp --dport 80 -j KUBE-SVC-WEB0000000000000
+-A KUBE-SERVICES -d ${a} -p tcp -m comment --comment "default/lb:http loadbalancer IP" -m tcp --dport 81 -j KUBE-FW-LB
+-A KUBE-SERVICES -m comment --comment "kubernetes service nodeports" -m addrtype --dst-type LOCAL -j KUBE-NODEPORTS
+-A KUBE-SVC-DNS0000000000000 -j KUBE-SEP-AAAAAAAAAAAAAAAA
+-A KUBE-SVC-WEB0000000000000 -j KUBE-SEP-BBBBBBBBBBBBBBBB
+-A KUBE-SVL-NP00000000000000 -j KUBE-SEP-BBBBBBBBBBBBBBBB
+-A SITE-NAT -p tcp --dport 2222 -m comment --comment "site redirect" -j REDIRECT --to-ports 22
+COMMIT
+RULES
+}
+
+# The iptables programs to load: every back end installed, both families where IPv6 is up.
+VARIANTS=()
+for fam in iptables ip6tables; do
+  [[ $fam == ip6tables && ! -e /proc/net/if_inet6 ]] && continue
+  for v in legacy nft; do
+    tool "$fam-$v-restore" && VARIANTS+=("$fam-$v")
+  done
+  if ! tool "$fam-legacy-restore" && ! tool "$fam-nft-restore" && tool "$fam-restore"; then VARIANTS+=("$fam"); fi
+done
+if [[ ${#VARIANTS[@]} -eq 0 ]]; then
+  echo "cleanup_leftovers: ERROR: no iptables-restore installed" >&2
+  echo "cleanup_leftovers: 0 passed, 1 failed"
+  exit 1
+fi
+
+for v in "${VARIANTS[@]}"; do
+  fam=4; [[ $v == ip6tables* ]] && fam=6
+  # IPv6 DNAT targets are written [addr]:port, IPv4 ones addr:port.
+  if [[ $fam == 4 ]]; then rules=$(ruleset 4 | sed 's/\[\([0-9.]*\)\]/\1/'); else rules=$(ruleset 6); fi
+  if out=$("$v-restore" <<<"$rules" 2>&1); then
+    pass "$v: kube-proxy ruleset loaded"
+  else
+    fail "$v: kube-proxy ruleset loaded" "$out"
+  fi
+done
+# The dummy link type is a module some kernels lack; then the removal case is skipped (and
+# said so), and the not-a-dummy case below still runs.
+HAVE_DUMMY=0
+if ip link add kube-ipvs0 type dummy 2>/dev/null; then
+  HAVE_DUMMY=1
+  pass "kube-ipvs0 dummy created"
+else
+  echo "SKIP kube-ipvs0 removal: this kernel has no dummy link type"
+fi
+
+# A start-up guard: the loaded rules really hold kube-proxy's chains (else the checks below
+# would pass on an empty table).
+for v in "${VARIANTS[@]}"; do
+  n=$("$v-save" 2>/dev/null | grep -c '^:KUBE-SVC-')
+  [[ $n -eq 2 ]] && pass "$v: KUBE-SVC chains present before cleanup" || fail "$v: KUBE-SVC chains present before cleanup" "count=$n"
+done
+
+"$KPROXY" --cleanup -v=2 >"$WORK/first.log" 2>&1; rc=$?
+[[ $rc -eq 0 ]] && pass "first --cleanup exits 0" || fail "first --cleanup exits 0" "rc=$rc $(grep '^E' "$WORK/first.log" | head -5)"
+
+for v in "${VARIANTS[@]}"; do
+  saved=$("$v-save" 2>/dev/null)
+  # Left: kubelet's chains only (KUBE-FIREWALL and KUBE-KUBELET-CANARY).
+  left=$(grep -E '^:KUBE-|-j KUBE-' <<<"$saved" | grep -vE 'KUBE-FIREWALL|KUBE-KUBELET-CANARY')
+  [[ -z "$left" ]] && pass "$v: kube-proxy chains and jumps gone" || fail "$v: kube-proxy chains and jumps gone" "$(head -5 <<<"$left")"
+  if grep -q '^:KUBE-FIREWALL' <<<"$saved" && grep -q '^-A INPUT -j KUBE-FIREWALL' <<<"$saved" &&
+     grep -q '^-A OUTPUT -j KUBE-FIREWALL' <<<"$saved" && grep -q '^:KUBE-KUBELET-CANARY' <<<"$saved"; then
+    pass "$v: kubelet's KUBE-FIREWALL and canary kept"
+  else
+    fail "$v: kubelet's KUBE-FIREWALL and canary kept" "missing"
+  fi
+  if grep -q '^:SITE-INPUT' <<<"$saved" && grep -q '^-A INPUT -j SITE-INPUT' <<<"$saved" &&
+     grep -q 'site ssh' <<<"$saved" && grep -q '^:SITE-NAT' <<<"$saved" &&
+     grep -q '^-A PREROUTING -j SITE-NAT' <<<"$saved" && grep -q 'site redirect' <<<"$saved"; then
+    pass "$v: foreign chains and rules kept"
+  else
+    fail "$v: foreign chains and rules kept" "$(grep SITE <<<"$saved")"
+  fi
+done
+if [[ $HAVE_DUMMY == 1 ]]; then
+  if ip link show kube-ipvs0 >/dev/null 2>&1; then fail "kube-ipvs0 removed" "still there"; else pass "kube-ipvs0 removed"; fi
+  grep -q 'removed interface.*interface=kube-ipvs0' "$WORK/first.log" && pass "removal of kube-ipvs0 logged" || fail "removal of kube-ipvs0 logged" "$(grep kube-ipvs0 "$WORK/first.log")"
+fi
+grep -q 'removed kube-proxy iptables leftovers.*table=nat' "$WORK/first.log" && pass "iptables removal logged" || fail "iptables removal logged" "$(head -5 "$WORK/first.log")"
+if [[ ! -e /proc/net/ip_vs ]]; then
+  grep -q 'no IPVS in this kernel' "$WORK/first.log" && pass "no IPVS: no-op, logged at v=2" || fail "no IPVS: no-op, logged at v=2" "$(head -5 "$WORK/first.log")"
+fi
+
+"$KPROXY" --cleanup -v=2 >"$WORK/second.log" 2>&1; rc=$?
+[[ $rc -eq 0 ]] && pass "second --cleanup exits 0" || fail "second --cleanup exits 0" "rc=$rc $(grep '^E' "$WORK/second.log" | head -5)"
+if grep -qE 'removed (kube-proxy iptables|interface|IPVS|ipsets)' "$WORK/second.log"; then
+  fail "second --cleanup removes nothing" "$(grep removed "$WORK/second.log")"
+else
+  pass "second --cleanup removes nothing"
+fi
+for v in "${VARIANTS[@]}"; do
+  "$v-save" 2>/dev/null | grep -q 'site redirect' && pass "$v: foreign rule still kept after second run" || fail "$v: foreign rule still kept after second run" "gone"
+done
+
+# A kube-ipvs0 that is not a dummy device is not kube-proxy's (upstream's DeleteDummyDevice
+# refuses it): kept, reported as an error, exit 1.
+if ip link add kube-ipvs0 type veth peer name kipvs-peer; then
+  "$KPROXY" --cleanup >"$WORK/veth.log" 2>&1; rc=$?
+  [[ $rc -eq 1 ]] && pass "non-dummy kube-ipvs0: --cleanup exits 1" || fail "non-dummy kube-ipvs0: --cleanup exits 1" "rc=$rc"
+  grep -q '^E.*not a dummy device.*interface=kube-ipvs0' "$WORK/veth.log" && pass "non-dummy kube-ipvs0: error logged" || fail "non-dummy kube-ipvs0: error logged" "$(cat "$WORK/veth.log")"
+  ip link show kube-ipvs0 >/dev/null 2>&1 && pass "non-dummy kube-ipvs0: kept" || fail "non-dummy kube-ipvs0: kept" "deleted"
+else
+  fail "veth kube-ipvs0 created" "ip link add failed"
+fi
+
+echo "cleanup_leftovers: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]
