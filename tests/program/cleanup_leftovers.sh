@@ -194,6 +194,27 @@ for v in "${VARIANTS[@]}"; do
   "$v-save" 2>/dev/null | grep -q 'site redirect' && pass "$v: foreign rule still kept after second run" || fail "$v: foreign rule still kept after second run" "gone"
 done
 
+# Start-up in nftables mode removes iptables leftovers too (upstream's platformCleanup for a
+# mode that is not iptables-based): a node switching from kube-proxy's iptables mode.
+v=${VARIANTS[0]}
+if [[ $v == ip6tables* ]]; then rules=$(ruleset 6); else rules=$(ruleset 4 | sed 's/\[\([0-9.]*\)\]/\1/'); fi
+"$v-restore" <<<"$rules"
+mkdir -p "$WORK/manifests"
+"$KPROXY" --proxy-mode=nftables --manifests "$WORK/manifests" --hostname-override node-a >"$WORK/startup.log" 2>&1 &
+KPID=$!
+gone=0
+for _ in $(seq 1 100); do
+  if ! "$v-save" 2>/dev/null | grep -q '^:KUBE-SVC-'; then gone=1; break; fi
+  sleep 0.1
+done
+kill "$KPID" 2>/dev/null; wait "$KPID" 2>/dev/null
+if [[ $gone == 1 ]] && "$v-save" 2>/dev/null | grep -q 'site redirect'; then
+  pass "$v: nftables start-up removes kube-proxy leftovers, keeps foreign rules"
+else
+  fail "$v: nftables start-up removes kube-proxy leftovers, keeps foreign rules" "$(grep -E '^[EW]' "$WORK/startup.log" | head -3)"
+fi
+"$KPROXY" --cleanup >/dev/null 2>&1  # kproxy's own nftables table
+
 # A kube-ipvs0 that is not a dummy device is not kube-proxy's (upstream's DeleteDummyDevice
 # refuses it): kept, reported as an error, exit 1.
 if ip link add kube-ipvs0 type veth peer name kipvs-peer; then
