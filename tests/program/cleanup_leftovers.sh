@@ -27,6 +27,9 @@ pass() { echo "PASS $1"; passed=$((passed + 1)); }
 fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
 
 tool() { command -v "$1" >/dev/null 2>&1; }
+# saved_has VARIANT PATTERN: whether VARIANT-save's output matches. The output is read whole
+# first: `save | grep -q` under pipefail fails when grep stops early and save gets SIGPIPE.
+saved_has() { local out; out=$("$1-save" 2>/dev/null); grep -q -- "$2" <<<"$out"; }
 
 # What kube-proxy 1.29 (iptables mode) leaves: three services, one with two endpoints, a
 # NodePort with Local traffic policy, a LoadBalancer with source ranges. $1 is the family:
@@ -191,7 +194,7 @@ else
   pass "second --cleanup removes nothing"
 fi
 for v in "${VARIANTS[@]}"; do
-  "$v-save" 2>/dev/null | grep -q 'site redirect' && pass "$v: foreign rule still kept after second run" || fail "$v: foreign rule still kept after second run" "gone"
+  saved_has "$v" 'site redirect' && pass "$v: foreign rule still kept after second run" || fail "$v: foreign rule still kept after second run" "gone"
 done
 
 # Start-up in nftables mode removes iptables leftovers too (upstream's platformCleanup for a
@@ -204,11 +207,11 @@ mkdir -p "$WORK/manifests"
 KPID=$!
 gone=0
 for _ in $(seq 1 100); do
-  if ! "$v-save" 2>/dev/null | grep -q '^:KUBE-SVC-'; then gone=1; break; fi
+  if ! saved_has "$v" '^:KUBE-SVC-'; then gone=1; break; fi
   sleep 0.1
 done
 kill "$KPID" 2>/dev/null; wait "$KPID" 2>/dev/null
-if [[ $gone == 1 ]] && "$v-save" 2>/dev/null | grep -q 'site redirect'; then
+if [[ $gone == 1 ]] && saved_has "$v" 'site redirect'; then
   pass "$v: nftables start-up removes kube-proxy leftovers, keeps foreign rules"
 else
   fail "$v: nftables start-up removes kube-proxy leftovers, keeps foreign rules" "$(grep -E '^[EW]' "$WORK/startup.log" | head -3)"
