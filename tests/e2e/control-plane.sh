@@ -127,6 +127,7 @@ cp_start_apiserver() {
     --tls-cert-file "$p/apiserver.crt" --tls-private-key-file "$p/apiserver.key" \
     --client-ca-file "$p/ca.crt" \
     --authorization-mode RBAC \
+    --allow-privileged=true \
     --service-account-issuer https://kubernetes.default.svc \
     --service-account-key-file "$p/sa.pub" --service-account-signing-key-file "$p/sa.key" \
     --service-cluster-ip-range "${CP_SERVICE_CIDRS:-10.96.0.0/16,fd00:10:96::/112}" \
@@ -203,7 +204,7 @@ cp_api() {
     -X "$method" -w $'\n%{http_code}' "https://127.0.0.1:$CP_API_PORT$path")
   if [[ -n "$body" ]]; then
     local ct=application/json
-    [[ "$method" == PATCH ]] && ct=application/merge-patch+json
+    [[ "$method" == PATCH ]] && ct=${CP_PATCH_TYPE:-application/merge-patch+json}
     args+=(-H "Content-Type: $ct" --data-binary "$body")
   fi
   out="$("${CP_EXEC[@]}" curl "${args[@]}")" || { cp_log "$method $path: curl failed"; return 1; }
@@ -216,7 +217,9 @@ cp_api() {
   printf '%s\n' "$out"
 }
 
-# _cp_apply_yaml FILE — create every object of a multi-document YAML file (RBAC, ServiceAccount).
+# _cp_apply_yaml FILE — server-side apply of every object of a multi-document YAML file, as
+# `kubectl apply --server-side` does: the real apiserver validates each object (schema, RBAC
+# rules, DaemonSet spec) and running it twice changes nothing.
 _cp_apply_yaml() {
   local file="$1" doc
   while IFS= read -r -d '' doc; do
@@ -229,9 +232,10 @@ plural = {"ServiceAccount": "serviceaccounts", "ClusterRole": "clusterroles",
           "ClusterRoleBinding": "clusterrolebindings", "Role": "roles", "RoleBinding": "rolebindings",
           "Namespace": "namespaces", "DaemonSet": "daemonsets", "ConfigMap": "configmaps"}[kind]
 base = "/api/v1" if api == "v1" else "/apis/" + api
-print(base + ("/namespaces/" + ns if ns else "") + "/" + plural)
+print(base + ("/namespaces/" + ns if ns else "") + "/" + plural + "/" + o["metadata"]["name"])
 ' "$doc")" || return 1
-    cp_api POST "$path" "$doc" >/dev/null || return 1
+    CP_PATCH_TYPE=application/apply-patch+yaml \
+      cp_api PATCH "$path?fieldManager=kproxy-e2e&force=true" "$doc" >/dev/null || return 1
   done < <(python3 -c '
 import json, sys, yaml
 for d in yaml.safe_load_all(open(sys.argv[1])):
@@ -247,6 +251,12 @@ cp_kproxy_kubeconfig() {
   rbac="$(_cp_rbac_file)" || return 1
   cp_log "RBAC from $rbac"
   _cp_apply_yaml "$rbac" || return 1
+  # The rest of what deploy/ ships, applied server-side too: the real apiserver accepts them.
+  local f
+  for f in configmap.yaml daemonset.yaml; do
+    cp_log "applying deploy/$f"
+    _cp_apply_yaml "$CP_SOURCE_DIR/deploy/$f" || return 1
+  done
   local token
   token="$(cp_api POST /api/v1/namespaces/kube-system/serviceaccounts/kproxy/token \
     '{"apiVersion":"authentication.k8s.io/v1","kind":"TokenRequest","spec":{"expirationSeconds":3600}}' |
