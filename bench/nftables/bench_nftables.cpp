@@ -4,13 +4,14 @@
 // Every measurement runs in a forked child inside its own network namespace (needs root).
 //
 //   kproxy-bench-nftables [--services 1000,10000] [--endpoints 2,10] [--upstream-max 10000]
-//                         [--no-baselines]
+//                         [--no-baselines] [--change-repeat 11]
 
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -119,16 +120,18 @@ int main(int argc, char** argv) {
   std::vector<int> endpoints{2, 10};
   int upstreamMax = 10000;
   bool baselines = true;
+  int changeRepeat = 11;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--services" && i + 1 < argc) sizes = kproxy::bench::parseList(argv[++i]);
     else if (a == "--endpoints" && i + 1 < argc) endpoints = kproxy::bench::parseList(argv[++i]);
     else if (a == "--upstream-max" && i + 1 < argc) upstreamMax = std::atoi(argv[++i]);
     else if (a == "--no-baselines") baselines = false;
+    else if (a == "--change-repeat" && i + 1 < argc) changeRepeat = std::max(1, std::atoi(argv[++i]));
     else {
       std::fprintf(stderr,
                    "usage: %s [--services 1000,10000,30000] [--endpoints 2,10] "
-                   "[--upstream-max N] [--no-baselines]\n",
+                   "[--upstream-max N] [--no-baselines] [--change-repeat N]\n",
                    argv[0]);
       return 2;
     }
@@ -157,15 +160,34 @@ int main(int argc, char** argv) {
           std::printf("full sync failed: %s\n", full.error().message.c_str());
           return 1;
         }
+        // One endpoint removed, then restored, `changeRepeat` times each; the figure is the
+        // median of the removals (a single sync is at the mercy of the machine's noise).
         auto& p = snap.ports()[static_cast<std::size_t>(n / 2)];
-        testing::setEndpoints(p, {p.clusterEndpoints.begin(), p.clusterEndpoints.end() - 1});
-        t = Clock::now();
-        auto change = backend->syncFrom(snap, {{sdk::Family::kIPv4, p.key}}, false);
-        double changeMs = msSince(t);
-        if (!change) {
-          std::printf("change sync failed: %s\n", change.error().message.c_str());
-          return 1;
+        const auto allEndpoints = p.clusterEndpoints;
+        std::vector<double> removals, removalKernel;
+        sdk::Expected<sdk::SyncOutcome> change = sdk::SyncOutcome{};
+        for (int r = 0; r < changeRepeat; ++r) {
+          testing::setEndpoints(p, {allEndpoints.begin(), allEndpoints.end() - 1});
+          t = Clock::now();
+          change = backend->syncFrom(snap, {{sdk::Family::kIPv4, p.key}}, false);
+          removals.push_back(msSince(t));
+          removalKernel.push_back(backend->lastApplyMs());
+          if (!change) {
+            std::printf("change sync failed: %s\n", change.error().message.c_str());
+            return 1;
+          }
+          if (r + 1 == changeRepeat) break;  // leave it removed, as the restart below expects
+          testing::setEndpoints(p, allEndpoints);
+          auto back = backend->syncFrom(snap, {{sdk::Family::kIPv4, p.key}}, false);
+          if (!back) {
+            std::printf("restore sync failed: %s\n", back.error().message.c_str());
+            return 1;
+          }
         }
+        std::sort(removals.begin(), removals.end());
+        double changeMs = removals[removals.size() / 2];
+        std::sort(removalKernel.begin(), removalKernel.end());
+        double changeKernelMs = removalKernel[removalKernel.size() / 2];
         // A restart: a new backend reads the table back and finds nothing to do. The old one
         // goes first, as in a real restart, so the peak is one backend's.
         backend.reset();
@@ -173,8 +195,9 @@ int main(int argc, char** argv) {
         t = Clock::now();
         auto resync = restarted.syncFrom(snap, {}, true);
         double resyncMs = msSince(t);
-        std::fprintf(stderr, "  [%d x %d] full: %s\n  [%d x %d] change: %s\n", n, eps,
-                     full->summary.c_str(), n, eps, change->summary.c_str());
+        std::fprintf(stderr, "  [%d x %d] full: %s\n  [%d x %d] change: %s (median of %d: %.2f ms, kernel %.2f ms)\n",
+                     n, eps, full->summary.c_str(), n, eps, change->summary.c_str(), changeRepeat,
+                     changeMs, changeKernelMs);
         std::printf("%10.1f %8lu %10.2f %8lu %10.1f %8ld %8ld | ", fullMs,
                     static_cast<unsigned long>(full->operations), changeMs,
                     static_cast<unsigned long>(change->operations),

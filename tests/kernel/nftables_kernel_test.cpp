@@ -122,7 +122,10 @@ TEST_CASE("nftables: a full sync is read back identically and nft lists it", "[k
         "chain service-endpoints-check", "chain firewall-check", "chain reject-chain",
         "map service-ips", "map service-nodeports", "map no-endpoint-services",
         "map no-endpoint-nodeports", "map firewall-ips", "set cluster-ips", "set nodeport-ips",
-        "map affinity", "numgen random mod 2", "update @affinity", "dnat to 10.1.0.1:8080",
+        "map affinity", "map affinity-services", "map affinity-nodeports", "chain affinity-record",
+        "update @affinity", "typeof numgen random mod 65535 : ip daddr . th dport",
+        "flags interval", "dnat ip to numgen random mod 65535 offset", "10.1.0.1 . 8080",
+        "set hairpin-ips", "ct status dnat ip saddr . ip daddr @hairpin-ips jump mark-for-masquerade",
         "fib saddr type local", "reject with tcp reset", "masquerade fully-random",
         "172.30.0.14 . tcp . 80 : goto reject-chain", "192.168.50.10"}) {
     INFO("expected: " << expected);
@@ -135,31 +138,38 @@ TEST_CASE("nftables: a full sync is read back identically and nft lists it", "[k
   CHECK(run("nft list table ip6 kube-proxy").first != 0);
 }
 
-TEST_CASE("nftables: one endpoint removal is a handful of ops, the stale chain goes later",
-          "[kernel]") {
+TEST_CASE("nftables: one endpoint removal changes map elements only", "[kernel]") {
   FreshNetns ns;
   Harness h;
   auto backend = h.backend();
   VectorSnapshot snap(manyServices(200, 2, false));
   REQUIRE(ok(backend->syncFrom(snap, {}, true)));
+  const auto chainsBefore = h.readBack().ip.chains.size();
 
   auto& port = snap.ports()[5];
-  std::string removed = endpointChainName(port, port.clusterEndpoints[1]);
   setEndpoints(port, {port.clusterEndpoints[0]});
   auto out = backend->syncFrom(snap, {{sdk::Family::kIPv4, port.key}}, false);
   REQUIRE(out.has_value());
-  // flush service chain + 1 rule, flush stale endpoint chain (3 ops).
-  CHECK(out->operations == 3);
-  CHECK(out->operations <= 6);
+  // The two-interval layout out (2 starts, 2 ends), the one-interval layout in (start, end),
+  // the removed endpoint's hairpin pair out: 7 element ops, no rule, no chain.
+  CHECK(out->operations == 7);
+  for (const auto& op : backend->lastOps())
+    CHECK((op.kind == OpKind::kAddElement || op.kind == OpKind::kDeleteElement));
   requireMirrorMatchesKernel(backend->mirror(), h.readBack());
-  REQUIRE(h.readBack().ip.chains.contains(removed));
+  CHECK(h.readBack().ip.chains.size() == chainsBefore);
 
-  // The next sync (nothing changed) deletes the now unreferenced, empty chain.
+  // And back: the endpoint returns the same way; then nothing is left to do.
+  setEndpoints(port, {port.clusterEndpoints[0], endpoint("10.200.0.1", 8080)});
+  auto back = backend->syncFrom(snap, {{sdk::Family::kIPv4, port.key}}, false);
+  REQUIRE(back.has_value());
+  CHECK(back->operations == 7);
+  requireMirrorMatchesKernel(backend->mirror(), h.readBack());
   auto later = backend->syncFrom(snap, {}, false);
   REQUIRE(later.has_value());
-  CHECK(later->operations == 1);
-  CHECK_FALSE(h.readBack().ip.chains.contains(removed));
-  requireMirrorMatchesKernel(backend->mirror(), h.readBack());
+  CHECK(later->operations == 0);
+  auto [rc, listing] = run("nft list map ip kube-proxy " + serviceEndpointsMap(*h.readBack().ip.chains.at(serviceChainName(port)).slotBase));
+  INFO(listing);
+  CHECK(listing.find("10.200.0.1 . 8080") != std::string::npos);
 }
 
 TEST_CASE("nftables: a restarted backend over the same state applies nothing", "[kernel]") {
@@ -254,13 +264,17 @@ TEST_CASE("nftables: dual-stack creates the ip6 table; cleanup removes both, twi
   auto backend = h.backend();
   auto v4 = clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080)});
   auto v6 = clusterIP("default", "web", "fd00:30::10", 80, {endpoint("fd00:1::1", 8080)});
+  v6.sessionAffinityClientIP = true;  // the ip6 affinity record needs 15 of the 16 registers
+  v6.stickyMaxAgeSeconds = 60;
   VectorSnapshot snap({v4, v6});
   REQUIRE(ok(backend->syncFrom(snap, {}, true)));
   requireMirrorMatchesKernel(backend->mirror(), h.readBack());
   auto listing = run("nft list table ip6 kube-proxy");
   REQUIRE(listing.first == 0);
-  CHECK(listing.second.find("dnat to [fd00:1::1]:8080") != std::string::npos);
-  CHECK(listing.second.find(endpointChainName(v6, v6.clusterEndpoints[0])) != std::string::npos);
+  INFO(listing.second);
+  CHECK(listing.second.find("fd00:1::1 . 8080") != std::string::npos);
+  CHECK(listing.second.find("dnat ip6 to numgen random mod 65535") != std::string::npos);
+  CHECK(listing.second.find("update @affinity { ip6 saddr . ct original ip6 daddr") != std::string::npos);
 
   REQUIRE(backend->cleanup().has_value());
   CHECK(run("nft list table ip kube-proxy").first != 0);

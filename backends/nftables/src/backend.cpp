@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -60,16 +61,25 @@ template <typename Objects>
 OwnedOf ownedOf(const Objects& o) {
   OwnedOf out;
   for (const auto& c : o.chains) out.chains.push_back(c.name);
-  for (const auto& e : o.elements) out.elements.push_back(Element{e.set, e.key, e.keyText, std::nullopt});
+  for (const auto& e : o.elements) out.elements.push_back(e.identity());
   return out;
 }
 
 }  // namespace
 
 std::optional<sdk::ServicePort> VectorSnapshot::find(sdk::Family family, const std::string& key) const {
-  for (const auto& p : ports_)
-    if (p.family == family && p.key == key) return p;
-  return std::nullopt;
+  auto id = [](sdk::Family f, const std::string& k) {
+    return (f == sdk::Family::kIPv4 ? "4" : "6") + k;
+  };
+  if (index_.size() != ports_.size()) {
+    index_.clear();
+    for (std::size_t i = 0; i < ports_.size(); ++i) index_.emplace(id(ports_[i].family, ports_[i].key), i);
+  }
+  auto it = index_.find(id(family, key));
+  if (it == index_.end() || it->second >= ports_.size()) return std::nullopt;
+  const auto& p = ports_[it->second];
+  if (p.family != family || p.key != key) return std::nullopt;  // the vector changed under us
+  return p;
 }
 
 NftablesBackend::NftablesBackend(sdk::Host host, BackendSettings settings,
@@ -109,6 +119,13 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
                          read.error().errnum);
       }
       base = std::move(*read);
+    }
+    // Balancing chains keep the slot ranges the kernel has for them.
+    for (Family fam : kFamilies) {
+      auto& slots = renderer_.slots(fam);
+      slots.clear();
+      for (const auto& [name, chain] : base.of(fam).chains)
+        if (chain.slotBase) slots.reserve(name, *chain.slotBase);
     }
     std::map<Family, std::vector<Fragment>> fragments;
     next.forEach([&](const sdk::ServicePort& port) {
@@ -223,6 +240,10 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   for (auto& [ok, o] : ownedUpdates) {
     auto it = owned_.find(ok);
     if (it != owned_.end()) {
+      // A balancing chain that went away frees its slot range (its elements went with it).
+      for (const auto& c : it->second.chains)
+        if (!o || std::find(o->chains.begin(), o->chains.end(), c) == o->chains.end())
+          renderer_.slots(ok.first).release(c);
       for (const auto& e : it->second.elements) {
         auto id = elementId(ok.first, e.set, e.key);
         if (auto oit = elementOwners_.find(id); oit != elementOwners_.end() && --oit->second == 0)
@@ -233,6 +254,19 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
     if (!o) continue;
     for (const auto& e : o->elements) ++elementOwners_[elementId(ok.first, e.set, e.key)];
     owned_[ok] = Owned{std::move(o->chains), std::move(o->elements)};
+  }
+  if (full) {
+    // Ranges read back for chains no longer wanted are free again.
+    for (Family fam : kFamilies) {
+      std::unordered_set<std::string> live;
+      for (const auto& [ok, o] : owned_)
+        if (ok.first == fam) live.insert(o.chains.begin(), o.chains.end());
+      std::vector<std::string> gone;
+      renderer_.slots(fam).forEach([&](const std::string& c) {
+        if (!live.contains(c)) gone.push_back(c);
+      });
+      for (const auto& c : gone) renderer_.slots(fam).release(c);
+    }
   }
   for (auto& [fam, names] : pending) pendingDelete_[fam] = std::move(names);
   needFull_ = false;

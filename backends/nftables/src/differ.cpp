@@ -20,7 +20,7 @@ std::string verdictTarget(std::string_view verdictText) {
   return {};
 }
 
-std::string valueText(const Element& e) { return e.value ? e.value->toString() : std::string(); }
+std::string valueText(const Element& e) { return e.valueText(); }
 
 void addRef(MirrorFamily& m, const std::string& chain) {
   if (!chain.empty()) ++m.references[chain];
@@ -57,8 +57,14 @@ std::string Op::toText() const {
     case OpKind::kAddRule:
       return fmt::format("add rule {} {} {} {}", fam, kTableName, name, rule.toText(family));
     case OpKind::kDeleteElement:
+      // An interval end goes with its start in nft syntax.
+      if (element->intervalEnd) return fmt::format("# (end of an interval: {})", element->keyText);
       return fmt::format("delete element {} {} {} {{ {} }}", fam, kTableName, name, element->keyText);
     case OpKind::kAddElement:
+      if (element->intervalEnd) return fmt::format("# (end of an interval: {})", element->keyText);
+      if (!element->dataText.empty())
+        return fmt::format("add element {} {} {} {{ {} : {} }}", fam, kTableName, name,
+                           element->keyText, element->dataText);
       if (element->value)
         return fmt::format("add element {} {} {} {{ {} : {} }}", fam, kTableName, name,
                            element->keyText, element->value->toString());
@@ -78,6 +84,7 @@ void applyToMirror(Mirror& mirror, const std::vector<Op>& ops) {
       case OpKind::kFlushChain: {
         auto& c = m.chains[op.name];
         for (const auto& t : c.targets) dropRef(m, t);
+        c.slotBase.reset();
         c.rules.clear();
         c.targets.clear();
         break;
@@ -85,6 +92,8 @@ void applyToMirror(Mirror& mirror, const std::vector<Op>& ops) {
       case OpKind::kAddRule: {
         auto& c = m.chains[op.name];
         c.rules.push_back(op.ruleHash);
+        for (const auto& st : op.rule.statements)
+          if (const auto* d = std::get_if<DnatFromSlots>(&st)) c.slotBase = d->base;
         for (auto& t : op.rule.targets()) {
           addRef(m, t);
           c.targets.push_back(std::move(t));
@@ -173,7 +182,7 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
     if (current != nullptr && *current == value) continue;
     if (current != nullptr) {
       Op d = op(OpKind::kDeleteElement, e->set);
-      d.element = std::make_shared<const Element>(Element{e->set, e->key, e->keyText, std::nullopt});
+      d.element = std::make_shared<const Element>(e->identity());
       delElems.push_back(std::move(d));
     }
     Op a = op(OpKind::kAddElement, e->set);
@@ -190,9 +199,15 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
   auto deleteElement = [&](const std::string& set, const std::string& key, std::string keyText) {
     if (desiredElements.contains(elementId(set, key))) return;
     auto sit = mirror.elements.find(set);
-    if (sit == mirror.elements.end() || !sit->second.contains(key)) return;
+    if (sit == mirror.elements.end()) return;
+    auto eit = sit->second.find(key);
+    if (eit == sit->second.end()) return;
+    const SetSpec* spec = specOf(set);
+    const bool interval = spec != nullptr && spec->interval;
+    Element gone{set, key, std::move(keyText), std::nullopt, {}, {}, eit->second == "end",
+                 interval ? kIntervalIdentitySize : std::uint8_t{0}};
     Op d = op(OpKind::kDeleteElement, set);
-    d.element = std::make_shared<const Element>(Element{set, key, std::move(keyText), std::nullopt});
+    d.element = std::make_shared<const Element>(std::move(gone));
     delElems.push_back(std::move(d));
   };
   if (stale.everythingNotDesired) {

@@ -61,7 +61,10 @@ core::Result<void> FakeKernelNftables::apply(const std::vector<Op>& ops) {
         auto targets = op.rule.targets();
         for (const auto& target : targets)
           if (!t.chains.contains(target)) return refuse(op, ENOENT);
-        it->second.rules.push_back(FakeRule{op.ruleHash, std::move(targets), op.rule.toText(op.family)});
+        FakeRule rule{op.ruleHash, std::move(targets), op.rule.toText(op.family), std::nullopt};
+        for (const auto& st : op.rule.statements)
+          if (const auto* d = std::get_if<DnatFromSlots>(&st)) rule.slotBase = d->base;
+        it->second.rules.push_back(std::move(rule));
         break;
       }
       case OpKind::kDeleteElement: {
@@ -72,7 +75,7 @@ core::Result<void> FakeKernelNftables::apply(const std::vector<Op>& ops) {
       case OpKind::kAddElement: {
         auto sit = t.elements.find(op.name);
         if (sit == t.elements.end()) return refuse(op, ENOENT);
-        std::string value = op.element->value ? op.element->value->toString() : std::string();
+        std::string value = op.element->valueText();
         if (auto target = targetOf(value); !target.empty() && !t.chains.contains(target))
           return refuse(op, ENOENT);
         auto [it, inserted] = sit->second.emplace(op.element->key, value);
@@ -105,6 +108,7 @@ core::Result<Mirror> FakeKernelNftables::readBack(const std::vector<SetSpec>& ip
       mc.base = c.base;
       for (const auto& r : c.rules) {
         mc.rules.push_back(r.hash);
+        if (r.slotBase) mc.slotBase = r.slotBase;
         mc.targets.insert(mc.targets.end(), r.targets.begin(), r.targets.end());
       }
       f.chains.emplace(name, std::move(mc));

@@ -96,6 +96,7 @@ struct TextVisitor {
   }
   std::string operator()(const MatchDestPort& s) const { return fmt::format("th dport {}", s.port); }
   std::string operator()(const MatchCtStateNew&) const { return "ct state new"; }
+  std::string operator()(const MatchCtStatusDnat&) const { return "ct status dnat"; }
   std::string operator()(const MatchMarkClear& s) const {
     return fmt::format("meta mark & {:#010x} == 0", s.bit);
   }
@@ -123,10 +124,26 @@ struct TextVisitor {
     return fmt::format("dnat to {0} saddr . {0} daddr . meta l4proto . th dport map @{1}", ip(),
                        s.map);
   }
-  std::string operator()(const UpdateAffinity& s) const {
+  std::string operator()(const DnatFromSlots& s) const {
+    return fmt::format("dnat {} to numgen random mod {} offset {} map @{}", ip(), kSlotsPerRange,
+                       s.base, s.map);
+  }
+  std::string operator()(const MatchHairpin& s) const {
+    return fmt::format("ct status dnat {0} saddr . {0} daddr @{1}", ip(), s.set);
+  }
+  std::string operator()(const VmapLookupOriginal& s) const {
+    if (s.nodePorts)
+      return fmt::format(
+          "meta l4proto {} ct original {} daddr @nodeport-ips meta l4proto . ct original proto-dst vmap @{}",
+          protoName(s.proto), ip(), s.map);
+    return fmt::format("meta l4proto {} ct original {} daddr . meta l4proto . ct original proto-dst vmap @{}",
+                       protoName(s.proto), ip(), s.map);
+  }
+  std::string operator()(const RecordAffinity& s) const {
     return fmt::format(
-        "update @{1} {{ {0} saddr . {0} daddr . meta l4proto . th dport timeout {2}s : {3} . {4} }}",
-        ip(), s.map, s.timeoutSeconds, s.address.toString(), s.port);
+        "meta l4proto {1} update @{2} {{ {0} saddr . ct original {0} daddr . meta l4proto . "
+        "ct original proto-dst timeout {3}s : {0} daddr . th dport }}",
+        ip(), protoName(s.proto), s.map, s.timeoutSeconds);
   }
   std::string operator()(const Reject& s) const {
     return s.tcpReset ? "reject with tcp reset" : "reject";
@@ -182,6 +199,7 @@ std::string_view dataTypeName(DataType type) {
     case DataType::kIPv6Addr: return "ipv6_addr";
     case DataType::kInetProto: return "inet_proto";
     case DataType::kInetService: return "inet_service";
+    case DataType::kSlot: return "integer";
   }
   return "verdict";
 }
@@ -193,6 +211,7 @@ std::uint32_t paddedSize(DataType type) {
     case DataType::kIPv6Addr: return 16;
     case DataType::kInetProto: return 4;
     case DataType::kInetService: return 4;
+    case DataType::kSlot: return 4;
   }
   return 0;
 }
@@ -224,15 +243,43 @@ std::string SetSpec::declaration(Family family) const {
     }
     return s;
   };
-  std::string out = fmt::format("{} {} {} {} {{ type {}", isMap() ? "map" : "set",
-                                familyKeyword(family), kTableName, name, join(key));
-  if (isMap()) out += " : " + join(data);
-  out += " ;";
+  std::string out;
+  if (key.size() == 1 && key[0] == DataType::kSlot) {
+    // Only nft's typeof can declare a key that numgen is looked up in.
+    out = fmt::format("map {0} {1} {2} {{ typeof numgen random mod {3} : {0} daddr . th dport ;",
+                      familyKeyword(family), kTableName, name, kSlotsPerRange);
+  } else {
+    out = fmt::format("{} {} {} {} {{ type {}", isMap() ? "map" : "set", familyKeyword(family),
+                      kTableName, name, join(key));
+    if (isMap()) out += " : " + join(data);
+    out += " ;";
+  }
   if (dynamic) out += " flags dynamic,timeout ;";
+  if (interval) out += " flags interval ;";
   if (timeoutSeconds != 0) out += fmt::format(" timeout {}s ;", timeoutSeconds);
   if (size != 0) out += fmt::format(" size {} ;", size);
   out += " }";
   return out;
+}
+
+std::string Element::valueText() const {
+  if (value) return value->toString();
+  if (intervalEnd) return "end";
+  if (!data.empty()) return "=" + data;
+  return {};
+}
+
+std::string intervalIdentity(bool end, std::uint32_t intervals) {
+  std::string out(1, end ? '\x01' : '\x02');
+  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<char>((intervals >> shift) & 0xff));
+  return out;
+}
+
+KeyBuilder& KeyBuilder::slot(std::uint32_t s) {
+  for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>((s >> shift) & 0xff));
+  if (!text.empty()) text += " . ";
+  text += std::to_string(s);
+  return *this;
 }
 
 KeyBuilder& KeyBuilder::address(const Address& a) {
@@ -276,6 +323,10 @@ std::string keyToText(const SetSpec& spec, std::string_view bytes, Family family
       }
       case DataType::kInetProto: b.proto(p[0]); break;
       case DataType::kInetService: b.port(static_cast<std::uint16_t>((p[0] << 8) | p[1])); break;
+      case DataType::kSlot:
+        b.slot(static_cast<std::uint32_t>(p[0]) << 24 | static_cast<std::uint32_t>(p[1]) << 16 |
+               static_cast<std::uint32_t>(p[2]) << 8 | p[3]);
+        break;
       case DataType::kVerdict: break;
     }
     off += n;

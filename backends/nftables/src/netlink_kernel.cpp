@@ -14,6 +14,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <libnftnl/batch.h>
@@ -112,9 +113,30 @@ std::string verdictText(std::int32_t code, const char* chain) {
   }
 }
 
-void encodeOp(MessageBuffer& out, const Op& op, std::uint32_t seq) {
+/// How many ops from `from` go into one element message: a run of additions (or deletions)
+/// in the same set, at most kElementsPerMessage. One message per element would make the kernel
+/// look the set up by name for each, and make the batch several times bigger.
+constexpr std::size_t kElementsPerMessage = 256;
+std::size_t elementRun(const std::vector<Op>& ops, std::size_t from) {
+  const Op& first = ops[from];
+  if (first.kind != OpKind::kAddElement && first.kind != OpKind::kDeleteElement) return 1;
+  std::size_t n = 1;
+  while (from + n < ops.size() && n < kElementsPerMessage) {
+    const Op& o = ops[from + n];
+    if (o.kind != first.kind || o.family != first.family || o.name != first.name) break;
+    ++n;
+  }
+  return n;
+}
+
+/// Encodes `run` (one op, or a run of element ops of one set) as one message.
+void encodeOp(MessageBuffer& out, std::span<const Op> run, std::uint32_t seq) {
+  const Op& op = run.front();
   const std::uint16_t fam = nfproto(op.family);
-  char* buf = out.tail();
+  std::size_t room = 1 << 16;
+  for (const Op& o : run)
+    if (o.element) room += 64 + o.element->key.size() + o.element->data.size() + (o.element->value ? o.element->value->chain.size() : 0);
+  char* buf = out.tail(room);
   nlmsghdr* nlh = nullptr;
   switch (op.kind) {
     case OpKind::kAddTable: {
@@ -154,13 +176,20 @@ void encodeOp(MessageBuffer& out, const Op& op, std::uint32_t seq) {
     }
     case OpKind::kAddElement:
     case OpKind::kDeleteElement: {
+      // One message for the run of element ops on the same set (see elementRun).
       SetPtr s = setHandle(op.family, op.name);
-      nftnl_set_elem* e = nftnl_set_elem_alloc();
-      nftnl_set_elem_set(e, NFTNL_SET_ELEM_KEY, op.element->key.data(),
-                         static_cast<std::uint32_t>(op.element->key.size()));
-      bool add = op.kind == OpKind::kAddElement;
-      if (add && op.element->value) encodeVerdict(e, *op.element->value);
-      nftnl_set_elem_add(s.get(), e);
+      const bool add = op.kind == OpKind::kAddElement;
+      for (const Op& o : run) {
+        nftnl_set_elem* e = nftnl_set_elem_alloc();
+        const std::string_view key = o.element->kernelKey();
+        nftnl_set_elem_set(e, NFTNL_SET_ELEM_KEY, key.data(), static_cast<std::uint32_t>(key.size()));
+        if (o.element->intervalEnd) nftnl_set_elem_set_u32(e, NFTNL_SET_ELEM_FLAGS, NFT_SET_ELEM_INTERVAL_END);
+        if (add && o.element->value) encodeVerdict(e, *o.element->value);
+        if (add && !o.element->data.empty())
+          nftnl_set_elem_set(e, NFTNL_SET_ELEM_DATA, o.element->data.data(),
+                             static_cast<std::uint32_t>(o.element->data.size()));
+        nftnl_set_elem_add(s.get(), e);
+      }
       nlh = nftnl_nlmsg_build_hdr(buf, add ? NFT_MSG_NEWSETELEM : NFT_MSG_DELSETELEM, fam,
                                   add ? NLM_F_CREATE : 0, seq);
       nftnl_set_elems_nlmsg_build_payload(nlh, s.get());
@@ -183,22 +212,34 @@ class NetlinkKernel final : public KernelNftables {
     auto sock = socket();
     if (!sock) return std::unexpected(sock.error());
     const auto count = static_cast<std::uint32_t>(ops.size());
-    std::uint32_t base = (*sock)->nextSeq(count + 2);
+    // Message i carries ops [firstOp[i], firstOp[i + 1]).
+    std::vector<std::uint32_t> firstOp;
+    for (std::size_t i = 0; i < ops.size(); i += elementRun(ops, i))
+      firstOp.push_back(static_cast<std::uint32_t>(i));
+    const auto messages = static_cast<std::uint32_t>(firstOp.size());
+    firstOp.push_back(count);
+    std::uint32_t base = (*sock)->nextSeq(messages + 2);
     MessageBuffer buf;
     out(buf, nftnl_batch_begin(buf.tail(), base));
-    for (std::uint32_t i = 0; i < count; ++i) encodeOp(buf, ops[i], base + 1 + i);
-    out(buf, nftnl_batch_end(buf.tail(), base + count + 1));
+    for (std::uint32_t m = 0; m < messages; ++m)
+      encodeOp(buf, std::span<const Op>(ops).subspan(firstOp[m], firstOp[m + 1] - firstOp[m]),
+               base + 1 + m);
+    out(buf, nftnl_batch_end(buf.tail(), base + messages + 1));
     auto failures = (*sock)->sendBatch(buf.data());
     if (!failures) return std::unexpected(failures.error());
     if (failures->empty()) return {};
     // The first refusal is the cause; the kernel aborted the whole transaction.
     const auto& f = failures->front();
-    if (f.seq > base && f.seq <= base + count) {
-      const Op& bad = ops[f.seq - base - 1];
-      return makeError(ErrorCategory::kKernel,
-                       "nftables: kernel refused op " + std::to_string(f.seq - base) + " of " +
-                           std::to_string(count) + " \"" + bad.toText() + "\"",
-                       f.errnum);
+    if (f.seq > base && f.seq <= base + messages) {
+      const std::uint32_t m = f.seq - base - 1;
+      const Op& bad = ops[firstOp[m]];
+      const std::uint32_t inMessage = firstOp[m + 1] - firstOp[m];
+      std::string what = "op " + std::to_string(firstOp[m] + 1) + " of " + std::to_string(count) +
+                         " \"" + bad.toText() + "\"";
+      if (inMessage > 1)
+        what = "ops " + std::to_string(firstOp[m] + 1) + "-" + std::to_string(firstOp[m + 1]) +
+               " of " + std::to_string(count) + " (one message, from \"" + bad.toText() + "\")";
+      return makeError(ErrorCategory::kKernel, "nftables: kernel refused " + what, f.errnum);
     }
     return makeError(ErrorCategory::kKernel,
                      "nftables: kernel refused the batch (" + std::to_string(count) + " ops)",
@@ -317,10 +358,14 @@ class NetlinkKernel final : public KernelNftables {
             rule.get(),
             [](nftnl_expr* e, void* data) -> int {
               const char* name = nftnl_expr_get_str(e, NFTNL_EXPR_NAME);
+              auto* into = static_cast<MirrorChain*>(data);
               if (name != nullptr && std::strcmp(name, "immediate") == 0 &&
                   nftnl_expr_is_set(e, NFTNL_EXPR_IMM_CHAIN))
-                static_cast<MirrorChain*>(data)->targets.emplace_back(
-                    nftnl_expr_get_str(e, NFTNL_EXPR_IMM_CHAIN));
+                into->targets.emplace_back(nftnl_expr_get_str(e, NFTNL_EXPR_IMM_CHAIN));
+              // The slot range a balancing chain uses (see DnatFromSlots).
+              if (name != nullptr && std::strcmp(name, "numgen") == 0 &&
+                  nftnl_expr_get_u32(e, NFTNL_EXPR_NG_MODULUS) == kSlotsPerRange)
+                into->slotBase = nftnl_expr_get_u32(e, NFTNL_EXPR_NG_OFFSET);
               return 0;
             },
             chain);
@@ -347,10 +392,15 @@ class NetlinkKernel final : public KernelNftables {
     }
     for (const auto& name : mf.sets) {
       bool dynamic = false;
+      bool interval = false;
       for (const auto& s : specs)
-        if (s.name == name) dynamic = s.dynamic;
+        if (s.name == name) {
+          dynamic = s.dynamic;
+          interval = s.interval;
+        }
       if (dynamic) continue;
       auto& elems = mf.elements[name];
+      std::vector<std::pair<std::string, std::string>> rawIntervals;
       SetPtr filter = setHandle(fam, name);
       nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETSETELEM, nfp, NLM_F_DUMP, sock.nextSeq());
       nftnl_set_elems_nlmsg_build_payload(nlh, filter.get());
@@ -364,19 +414,42 @@ class NetlinkKernel final : public KernelNftables {
           const void* key = nftnl_set_elem_get(e, NFTNL_SET_ELEM_KEY, &len);
           if (key == nullptr) continue;
           std::string value;
-          if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_VERDICT)) {
+          std::string keyBytes(static_cast<const char*>(key), len);
+          if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_FLAGS) &&
+              (nftnl_set_elem_get_u32(e, NFTNL_SET_ELEM_FLAGS) & NFT_SET_ELEM_INTERVAL_END) != 0) {
+            value = "end";
+          } else if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_DATA)) {
+            std::uint32_t dlen = 0;
+            const void* data = nftnl_set_elem_get(e, NFTNL_SET_ELEM_DATA, &dlen);
+            value = "=" + std::string(static_cast<const char*>(data), dlen);
+          } else if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_VERDICT)) {
             const char* chain = nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_CHAIN)
                                     ? nftnl_set_elem_get_str(e, NFTNL_SET_ELEM_CHAIN)
                                     : nullptr;
             value = verdictText(
                 static_cast<std::int32_t>(nftnl_set_elem_get_u32(e, NFTNL_SET_ELEM_VERDICT)), chain);
           }
-          elems[std::string(static_cast<const char*>(key), len)] = std::move(value);
+          if (interval)
+            rawIntervals.emplace_back(std::move(keyBytes), std::move(value));
+          else
+            elems[std::move(keyBytes)] = std::move(value);
         }
         nftnl_set_elems_iter_destroy(it);
         return true;
       });
       if (!r) return std::unexpected(r.error());
+      // Interval elements get their identity back: a layout is the elements of one 65,536-key
+      // range (see renderer.h), and its number of intervals is its number of starts.
+      std::unordered_map<std::string, std::uint32_t> starts;
+      auto rangeOf = [](const std::string& key) { return key.substr(0, key.size() >= 2 ? 2 : key.size()); };
+      for (const auto& [key, value] : rawIntervals)
+        if (value != "end") ++starts[rangeOf(key)];
+      for (auto& [key, value] : rawIntervals) {
+        bool end = value == "end";
+        // The end of a range's last interval is its last key, in the same range.
+        std::uint32_t intervals = starts[rangeOf(key)];
+        elems[key + intervalIdentity(end, intervals)] = std::move(value);
+      }
     }
     mf.rebuildReferences();
     return {};

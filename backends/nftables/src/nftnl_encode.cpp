@@ -192,13 +192,73 @@ class RuleEncoder {
     lookup(s.map, NFT_REG_1, NFT_REG_1);
     natDnat(NFT_REG_1, reg32(addrLen() / 4), std::nullopt);
   }
-  void operator()(const UpdateAffinity& s) {
-    std::uint32_t next = concatKey(true, true);
-    // The data goes to the next 128-bit aligned register after the key, as nft does.
-    std::uint32_t dataIdx = (next + 3) / 4 * 4;
-    immediate(reg32(dataIdx), s.address.bytes.data(), addrLen());
-    std::uint16_t port = htons(s.port);
-    immediate(reg32(dataIdx + addrLen() / 4), &port, 2);
+  void operator()(const DnatFromSlots& s) {
+    auto* ng = expr("numgen");
+    nftnl_expr_set_u32(ng, NFTNL_EXPR_NG_DREG, NFT_REG_1);
+    nftnl_expr_set_u32(ng, NFTNL_EXPR_NG_MODULUS, kSlotsPerRange);
+    nftnl_expr_set_u32(ng, NFTNL_EXPR_NG_TYPE, NFT_NG_RANDOM);
+    nftnl_expr_set_u32(ng, NFTNL_EXPR_NG_OFFSET, s.base);
+    add(ng);
+    // numgen leaves a host-order number; the interval map orders keys as big-endian bytes.
+    auto* bo = expr("byteorder");
+    nftnl_expr_set_u32(bo, NFTNL_EXPR_BYTEORDER_SREG, NFT_REG_1);
+    nftnl_expr_set_u32(bo, NFTNL_EXPR_BYTEORDER_DREG, NFT_REG_1);
+    nftnl_expr_set_u32(bo, NFTNL_EXPR_BYTEORDER_OP, NFT_BYTEORDER_HTON);
+    nftnl_expr_set_u32(bo, NFTNL_EXPR_BYTEORDER_LEN, 4);
+    nftnl_expr_set_u32(bo, NFTNL_EXPR_BYTEORDER_SIZE, 4);
+    add(bo);
+    lookup(s.map, NFT_REG_1, NFT_REG_1);
+    natDnat(NFT_REG_1, reg32(addrLen() / 4), std::nullopt);
+  }
+  void ct(std::uint32_t key, std::uint32_t dreg, bool original) {
+    auto* e = expr("ct");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_CT_KEY, key);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_CT_DREG, dreg);
+    if (original) nftnl_expr_set_u8(e, NFTNL_EXPR_CT_DIR, 0 /* IP_CT_DIR_ORIGINAL */);
+    add(e);
+  }
+  std::uint32_t ctOriginalDaddrKey() const {
+    return family_ == Family::kIPv4 ? NFT_CT_DST_IP : NFT_CT_DST_IP6;
+  }
+  void operator()(const MatchCtStatusDnat&) {
+    ct(NFT_CT_STATUS, NFT_REG_1, false);
+    std::uint32_t mask = 1u << 5;  // IPS_DST_NAT
+    std::uint32_t zero = 0;
+    bitwise(&mask, &zero, 4);
+    cmp(NFT_CMP_NEQ, &zero, 4);
+  }
+  void operator()(const MatchHairpin& s) {
+    (*this)(MatchCtStatusDnat{});
+    payload(NFT_PAYLOAD_NETWORK_HEADER, saddrOffset(), addrLen(), NFT_REG_1);
+    payload(NFT_PAYLOAD_NETWORK_HEADER, daddrOffset(), addrLen(), reg32(addrLen() / 4));
+    lookup(s.set, NFT_REG_1, std::nullopt);
+  }
+  void operator()(const VmapLookupOriginal& s) {
+    (*this)(MatchL4Proto{s.proto});
+    std::uint32_t idx = 0;
+    ct(ctOriginalDaddrKey(), NFT_REG_1, true);
+    if (s.nodePorts)
+      lookup("nodeport-ips", NFT_REG_1, std::nullopt);
+    else
+      idx += addrLen() / 4;
+    meta(NFT_META_L4PROTO, reg32(idx));
+    ct(NFT_CT_PROTO_DST, reg32(idx + 1), true);
+    lookup(s.map, NFT_REG_1, NFT_REG_VERDICT);
+  }
+  void operator()(const RecordAffinity& s) {
+    (*this)(MatchL4Proto{s.proto});
+    // Key: client . original address . proto . original port; data right after it (ip6's
+    // key takes 10 of the 16 32-bit registers, so the data cannot be 128-bit aligned).
+    std::uint32_t idx = 0;
+    payload(NFT_PAYLOAD_NETWORK_HEADER, saddrOffset(), addrLen(), reg32(idx));
+    idx += addrLen() / 4;
+    ct(ctOriginalDaddrKey(), reg32(idx), true);
+    idx += addrLen() / 4;
+    meta(NFT_META_L4PROTO, reg32(idx++));
+    ct(NFT_CT_PROTO_DST, reg32(idx++), true);
+    std::uint32_t dataIdx = family_ == Family::kIPv4 ? (idx + 3) / 4 * 4 : idx;
+    payload(NFT_PAYLOAD_NETWORK_HEADER, daddrOffset(), addrLen(), reg32(dataIdx));
+    payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, reg32(dataIdx + addrLen() / 4));
     auto* e = expr("dynset");
     nftnl_expr_set_u32(e, NFTNL_EXPR_DYNSET_SREG_KEY, NFT_REG_1);
     nftnl_expr_set_u32(e, NFTNL_EXPR_DYNSET_SREG_DATA, reg32(dataIdx));
@@ -242,6 +302,40 @@ class RuleEncoder {
   nftnl_rule* rule_;
 };
 
+/// The typeof description nft keeps in a set's userdata, so that `nft list` prints the slot
+/// map as `typeof numgen random mod 65535 : ip daddr . th dport` (nft's own numbering of
+/// expressions and header fields).
+void putSlotMapTypeof(nftnl_udata_buf* ud, Family family) {
+  constexpr std::uint8_t kExprNumgen = 23, kExprConcat = 13, kExprPayload = 7;
+  auto* key = nftnl_udata_nest_start(ud, 3 /* NFTNL_UDATA_SET_KEY_TYPEOF */);
+  nftnl_udata_put_u32(ud, 0, kExprNumgen);
+  auto* ng = nftnl_udata_nest_start(ud, 1);
+  nftnl_udata_put_u32(ud, 0, NFT_NG_RANDOM);
+  nftnl_udata_put_u32(ud, 1, kSlotsPerRange);
+  nftnl_udata_put_u32(ud, 2, 0);
+  nftnl_udata_nest_end(ud, ng);
+  nftnl_udata_nest_end(ud, key);
+  auto* data = nftnl_udata_nest_start(ud, 4 /* NFTNL_UDATA_SET_DATA_TYPEOF */);
+  nftnl_udata_put_u32(ud, 0, kExprConcat);
+  auto* list = nftnl_udata_nest_start(ud, 1);
+  auto payloadField = [&](std::uint8_t index, std::uint32_t desc, std::uint32_t field) {
+    auto* item = nftnl_udata_nest_start(ud, index);
+    nftnl_udata_put_u32(ud, 0, kExprPayload);
+    auto* p = nftnl_udata_nest_start(ud, 1);
+    nftnl_udata_put_u32(ud, 0, desc);
+    nftnl_udata_put_u32(ud, 1, field);
+    nftnl_udata_nest_end(ud, p);
+    nftnl_udata_nest_end(ud, item);
+  };
+  if (family == Family::kIPv4)
+    payloadField(0, 12 /* ip */, 12 /* daddr */);
+  else
+    payloadField(0, 13 /* ip6 */, 9 /* daddr */);
+  payloadField(1, 11 /* th */, 2 /* dport */);
+  nftnl_udata_nest_end(ud, list);
+  nftnl_udata_nest_end(ud, data);
+}
+
 }  // namespace
 
 nftnl_rule* encodeRule(Family family, std::string_view chain, const Rule& rule,
@@ -283,6 +377,7 @@ nftnl_set* encodeSet(Family family, const SetSpec& spec) {
   nftnl_set_set_u32(s, NFTNL_SET_ID, ++nextId);
   std::uint32_t flags = 0;
   if (spec.isMap()) flags |= NFT_SET_MAP;
+  if (spec.interval) flags |= NFT_SET_INTERVAL;
   if (spec.dynamic) flags |= NFT_SET_TIMEOUT | NFT_SET_EVAL;
   nftnl_set_set_u32(s, NFTNL_SET_FLAGS, flags);
   nftnl_set_set_u32(s, NFTNL_SET_KEY_TYPE, SetSpec::typeId(spec.key));
@@ -298,10 +393,13 @@ nftnl_set* encodeSet(Family family, const SetSpec& spec) {
     nftnl_set_set_u64(s, NFTNL_SET_TIMEOUT, static_cast<std::uint64_t>(spec.timeoutSeconds) * 1000);
   if (spec.size != 0) nftnl_set_set_u32(s, NFTNL_SET_DESC_SIZE, spec.size);
   // nft's set userdata: key (and data) byte order, so `nft list` prints addresses and ports.
-  nftnl_udata_buf* ud = nftnl_udata_buf_alloc(64);
-  nftnl_udata_put_u32(ud, 0 /* NFTNL_UDATA_SET_KEYBYTEORDER */, 2 /* BYTEORDER_BIG_ENDIAN */);
+  nftnl_udata_buf* ud = nftnl_udata_buf_alloc(256);
+  const bool slotKey = spec.key.size() == 1 && spec.key[0] == DataType::kSlot;
+  nftnl_udata_put_u32(ud, 0 /* NFTNL_UDATA_SET_KEYBYTEORDER */,
+                      slotKey ? 1 /* BYTEORDER_HOST_ENDIAN */ : 2 /* BYTEORDER_BIG_ENDIAN */);
   if (spec.isMap() && !spec.isVerdictMap())
     nftnl_udata_put_u32(ud, 1 /* NFTNL_UDATA_SET_DATABYTEORDER */, 2);
+  if (slotKey) putSlotMapTypeof(ud, family);
   nftnl_set_set_data(s, NFTNL_SET_USERDATA, nftnl_udata_buf_data(ud), nftnl_udata_buf_len(ud));
   nftnl_udata_buf_free(ud);
   return s;

@@ -77,10 +77,57 @@ std::string externalChainName(const sdk::ServicePort& port) {
 std::string firewallChainName(const sdk::ServicePort& port) {
   return "firewall-" + servicePortChainBase(port);
 }
+std::string serviceEndpointsMap(std::uint32_t base) {
+  return fmt::format("{}-{}", names::kServiceEndpointsMap, (base >> 16) % kEndpointMapShards);
+}
+
+std::string affinityChainName(const sdk::ServicePort& port) {
+  return "affinity-" + servicePortChainBase(port);
+}
 std::string endpointChainName(const sdk::ServicePort& port, const sdk::Endpoint& endpoint) {
   std::string ip = endpoint.ip;
   std::replace(ip.begin(), ip.end(), ':', '.');  // ':' is not allowed in a chain name
   return "endpoint-" + hashAndTruncate(fmt::format("{}__{}/{}", plainBase(port), ip, endpoint.port));
+}
+
+std::optional<std::uint32_t> SlotRanges::baseOf(const std::string& chain) {
+  if (auto it = byChain_.find(chain); it != byChain_.end()) return it->second << 16;
+  std::optional<std::uint32_t> index;
+  while (!free_.empty() && !index) {
+    std::uint32_t i = free_.back();
+    free_.pop_back();
+    if (!used_[i]) index = i;
+  }
+  while (!index && next_ < kRanges) {
+    if (!used_[next_]) index = next_;
+    ++next_;
+  }
+  if (!index) return std::nullopt;
+  used_[*index] = true;
+  byChain_.emplace(chain, *index);
+  return *index << 16;
+}
+
+void SlotRanges::reserve(const std::string& chain, std::uint32_t base) {
+  std::uint32_t index = base >> 16;
+  if ((base & 0xffff) != 0 || used_[index] || byChain_.contains(chain)) return;
+  used_[index] = true;
+  byChain_.emplace(chain, index);
+}
+
+void SlotRanges::release(const std::string& chain) {
+  auto it = byChain_.find(chain);
+  if (it == byChain_.end()) return;
+  used_[it->second] = false;
+  free_.push_back(it->second);
+  byChain_.erase(it);
+}
+
+void SlotRanges::clear() {
+  byChain_.clear();
+  used_.assign(kRanges, false);
+  free_.clear();
+  next_ = 0;
 }
 
 std::vector<SetSpec> NftablesRenderer::setSpecs(Family family) const {
@@ -101,6 +148,14 @@ std::vector<SetSpec> NftablesRenderer::setSpecs(Family family) const {
                         true,
                         10800,
                         config_.affinityMapSize});
+  out.push_back(SetSpec{names::kAffinityServicesMap, {addr, DT::kInetProto, DT::kInetService}, {DT::kVerdict}, false, 0, 0});
+  out.push_back(SetSpec{names::kAffinityNodePortsMap, {DT::kInetProto, DT::kInetService}, {DT::kVerdict}, false, 0, 0});
+  for (std::uint32_t shard = 0; shard < kEndpointMapShards; ++shard) {
+    SetSpec slots{serviceEndpointsMap(shard << 16), {DT::kSlot}, {addr, DT::kInetService}, false, 0, 0};
+    slots.interval = true;
+    out.push_back(std::move(slots));
+  }
+  out.push_back(SetSpec{names::kHairpinSet, {addr, addr}, {}, false, 0, 0});
   return out;
 }
 
@@ -120,17 +175,30 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
   auto newJump = [](const char* target) { return rule({MatchCtStateNew{}, jump(target)}); };
 
   // Priorities as upstream: filter chains around dstnat (-100), nat at dstnat / srcnat (100).
+  // After DNAT (input, forward, output after nat-output): record session affinity.
+  auto recordAffinity = rule({MatchCtStateNew{}, MatchCtStatusDnat{}, jump(kAffinityRecordChain)});
   base("filter-prerouting", "filter", "prerouting", -110, {newJump(kFirewallCheckChain)});
   base("filter-input", "filter", "input", -110,
-       {newJump(kNodePortEndpointsCheckChain), newJump(kServiceEndpointsCheckChain)});
+       {newJump(kNodePortEndpointsCheckChain), newJump(kServiceEndpointsCheckChain), recordAffinity});
   base("filter-forward", "filter", "forward", -110,
-       {newJump(kServiceEndpointsCheckChain), newJump(kClusterIPsCheckChain)});
+       {newJump(kServiceEndpointsCheckChain), newJump(kClusterIPsCheckChain), recordAffinity});
   base("filter-output", "filter", "output", -110,
        {newJump(kServiceEndpointsCheckChain), newJump(kFirewallCheckChain)});
-  base("filter-output-post-dnat", "filter", "output", -90, {newJump(kClusterIPsCheckChain)});
+  base("filter-output-post-dnat", "filter", "output", -90,
+       {newJump(kClusterIPsCheckChain), recordAffinity});
   base("nat-prerouting", "nat", "prerouting", -100, {rule({jump(kServicesChain)})});
   base("nat-output", "nat", "output", -100, {rule({jump(kServicesChain)})});
-  base("nat-postrouting", "nat", "postrouting", 100, {rule({jump(kMasqueradingChain)})});
+  // Hairpin: a pod DNAT'ed back to itself must be masqueraded, or it would answer itself.
+  base("nat-postrouting", "nat", "postrouting", 100,
+       {rule({MatchHairpin{kHairpinSet}, jump(kMarkMasqChain)}), rule({jump(kMasqueradingChain)})});
+  {
+    std::vector<Rule> rules;
+    for (bool nodePorts : {false, true})
+      for (std::uint8_t proto : {6, 17, 132})
+        rules.push_back(rule({VmapLookupOriginal{proto, nodePorts,
+                                                 nodePorts ? kAffinityNodePortsMap : kAffinityServicesMap}}));
+    chain(kAffinityRecordChain, std::move(rules));
+  }
 
   std::uint32_t mark = config_.mark();
   chain(kMasqueradingChain, {rule({MatchMarkClear{mark}, Verdict{VerdictKind::kReturn, {}}}),
@@ -191,59 +259,55 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
   const Verdict noEndpoints =
       p.hasAnyEndpoints ? Verdict{VerdictKind::kDrop, {}} : goTo(kRejectChain);
 
-  // Endpoint chains, once per endpoint used by either policy.
-  std::vector<std::pair<const sdk::Endpoint*, std::string>> endpointChains;
-  auto chainOf = [&](const sdk::Endpoint& ep) -> std::string {
-    for (auto& [e, name] : endpointChains)
-      if (e->ip == ep.ip && e->port == ep.port) return name;
-    return {};
-  };
+  // Endpoints: hairpin pairs, and per balancing chain a split of its slot range.
+  std::set<std::string> hairpins;
   for (const auto* list : {&internalEps, &externalEps}) {
     for (const auto& ep : *list) {
-      if (!chainOf(ep).empty()) continue;
       auto addr = parseHostOf(ep.ip, fam);
       if (!addr) continue;  // another family or malformed: the core should not send it
-      std::string name = endpointChainName(p, ep);
-      endpointChains.emplace_back(&ep, name);
-      Chain c{name, std::nullopt, {}};
-      // Hairpin: a pod reaching itself through the service must be masqueraded.
-      c.rules.push_back(rule({MatchAddress{true, false, *addr}, jump(kMarkMasqChain)}));
-      if (p.sessionAffinityClientIP) {
-        auto timeout = static_cast<std::uint32_t>(p.stickyMaxAgeSeconds > 0 ? p.stickyMaxAgeSeconds : 10800);
-        c.rules.push_back(rule({UpdateAffinity{kAffinityMap, timeout, *addr,
-                                               static_cast<std::uint16_t>(ep.port)}}));
-      }
-      c.rules.push_back(rule({MatchL4Proto{proto}, DnatTo{*addr, static_cast<std::uint16_t>(ep.port)}}));
-      f.chains.push_back(std::move(c));
+      KeyBuilder k;
+      k.address(*addr).address(*addr);
+      if (hairpins.insert(k.bytes).second)
+        f.elements.push_back(Element{kHairpinSet, k.bytes, k.text, std::nullopt, {}, {}, false});
     }
   }
+  auto& slotRanges = slots(fam);
 
-  // Affinity hit first, then a cascade that picks each remaining endpoint with probability
-  // 1/remaining: uniform, and no per-service set.
+  // Affinity hit first, then the endpoint by slot. False when there is nothing to balance
+  // over (or, beyond 65,536 balancing chains in a family, no range is left).
   auto appendBalancing = [&](Chain& c, const std::vector<sdk::Endpoint>& eps) {
-    std::vector<std::string> targets;
+    std::vector<std::pair<Address, std::uint16_t>> targets;
     for (const auto& ep : eps)
-      if (auto name = chainOf(ep); !name.empty()) targets.push_back(name);
-    if (p.sessionAffinityClientIP && !targets.empty()) {
-      // An affinity hit DNATs here, skipping the endpoint chain and its hairpin rule, so a
-      // client that is itself one of the endpoints is marked for masquerade first. (nft cannot
-      // compare the map's answer with the source address, so this also masquerades such a
-      // client when it is sent to another endpoint: it loses its source IP, nothing more.)
-      for (const auto& ep : eps) {
-        if (chainOf(ep).empty()) continue;
-        if (auto addr = parseHostOf(ep.ip, fam))
-          c.rules.push_back(rule({MatchAddress{true, false, *addr}, jump(kMarkMasqChain)}));
-      }
+      if (auto addr = parseHostOf(ep.ip, fam)) targets.emplace_back(*addr, static_cast<std::uint16_t>(ep.port));
+    if (targets.empty()) return false;
+    auto base = slotRanges.baseOf(c.name);
+    if (!base) return false;
+    if (p.sessionAffinityClientIP)
       c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromAffinity{kAffinityMap}}));
+    const std::string map = serviceEndpointsMap(*base);
+    c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromSlots{map, *base}}));
+    const auto k = static_cast<std::uint64_t>(targets.size());
+    auto slotKey = [&](std::uint64_t i) {
+      return static_cast<std::uint32_t>(*base + i * kSlotsPerRange / k);
+    };
+    for (std::uint64_t i = 0; i < k; ++i) {
+      std::uint32_t first = slotKey(i);
+      std::uint32_t end = i + 1 == k ? *base + kSlotsPerRange : slotKey(i + 1);
+      KeyBuilder start;
+      start.slot(first);
+      KeyBuilder data;
+      data.address(targets[i].first).port(targets[i].second);
+      f.elements.push_back(Element{map,
+                                   start.bytes + intervalIdentity(false, static_cast<std::uint32_t>(k)),
+                                   fmt::format("{}-{}", first, end - 1), std::nullopt, data.bytes,
+                                   data.text, false, kIntervalIdentitySize});
+      KeyBuilder stop;
+      stop.slot(end);
+      f.elements.push_back(Element{map,
+                                   stop.bytes + intervalIdentity(true, static_cast<std::uint32_t>(k)),
+                                   stop.text, std::nullopt, {}, {}, true, kIntervalIdentitySize});
     }
-    for (std::size_t i = 0; i < targets.size(); ++i) {
-      auto remaining = static_cast<std::uint32_t>(targets.size() - i);
-      if (remaining > 1)
-        c.rules.push_back(rule({MatchNumgen{remaining}, goTo(targets[i])}));
-      else
-        c.rules.push_back(rule({goTo(targets[i])}));
-    }
-    return !targets.empty();
+    return true;
   };
 
   auto addMapElement = [&](const char* map, const Address& a, Verdict v) {
@@ -283,6 +347,26 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
       addMapElement(kNoEndpointServicesMap, *clusterIP, noEndpoints);
   }
 
+  // Session affinity is recorded after DNAT by the service's own chain, which knows its timeout.
+  std::string affinityChain;
+  auto addAffinity = [&](std::optional<Address> addr, std::uint16_t nodePort) {
+    if (!p.sessionAffinityClientIP) return;
+    if (affinityChain.empty()) {
+      affinityChain = affinityChainName(p);
+      auto timeout = static_cast<std::uint32_t>(p.stickyMaxAgeSeconds > 0 ? p.stickyMaxAgeSeconds : 10800);
+      f.chains.push_back(Chain{affinityChain, std::nullopt,
+                               {rule({RecordAffinity{proto, kAffinityMap, timeout}})}});
+    }
+    if (addr) {
+      addMapElement(kAffinityServicesMap, *addr, goTo(affinityChain));
+    } else {
+      KeyBuilder k;
+      k.proto(proto).port(nodePort);
+      f.elements.push_back(Element{kAffinityNodePortsMap, k.bytes, k.text, goTo(affinityChain)});
+    }
+  };
+  if (clusterIP && !svcChain.empty()) addAffinity(*clusterIP, 0);
+
   if (!p.externallyAccessible()) return f;
 
   // External traffic: NodePort, externalIPs, LoadBalancer ingress IPs.
@@ -316,18 +400,22 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     for (const auto& ip : *list)
       if (auto a = parseHostOf(ip, fam)) externalAddrs.push_back(*a);
   for (const auto& a : externalAddrs) {
-    if (!extChain.empty())
+    if (!extChain.empty()) {
       addMapElement(kServiceIPsMap, a, goTo(extChain));
-    else
+      addAffinity(a, 0);
+    } else {
       addMapElement(kNoEndpointServicesMap, a, noEndpoints);
+    }
   }
   if (p.nodePort != 0) {
     KeyBuilder k;
     k.proto(proto).port(static_cast<std::uint16_t>(p.nodePort));
-    if (!extChain.empty())
+    if (!extChain.empty()) {
       f.elements.push_back(Element{kServiceNodePortsMap, k.bytes, k.text, goTo(extChain)});
-    else
+      addAffinity(std::nullopt, static_cast<std::uint16_t>(p.nodePort));
+    } else {
       f.elements.push_back(Element{kNoEndpointNodePortsMap, k.bytes, k.text, noEndpoints});
+    }
   }
 
   // loadBalancerSourceRanges: rules in one firewall chain per service port, no set.

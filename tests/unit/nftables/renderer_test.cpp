@@ -24,11 +24,28 @@ std::vector<std::string> texts(const Chain& c, Family fam = Family::kIPv4) {
   return out;
 }
 
+/// Elements as "set key [: value]"; interval ends as "set end KEY".
 std::vector<std::string> elementTexts(const Fragment& f) {
   std::vector<std::string> out;
-  for (const auto& e : f.elements)
-    out.push_back(e.set + " " + e.keyText + (e.value ? " : " + e.value->toString() : ""));
+  for (const auto& e : f.elements) {
+    if (e.intervalEnd) {
+      out.push_back(e.set + " end " + e.keyText);
+      continue;
+    }
+    std::string value = e.value ? " : " + e.value->toString() : "";
+    if (!e.dataText.empty()) value = " : " + e.dataText;
+    out.push_back(e.set + " " + e.keyText + value);
+  }
   return out;
+}
+
+/// The DNAT rule of a balancing chain and the range base it uses.
+std::uint32_t slotBaseOf(const Chain& c) {
+  for (const auto& r : c.rules)
+    for (const auto& st : r.statements)
+      if (const auto* d = std::get_if<DnatFromSlots>(&st)) return d->base;
+  FAIL("no DnatFromSlots rule in " << c.name);
+  return 0;
 }
 
 RenderConfig config() {
@@ -48,29 +65,57 @@ TEST_CASE("chain names follow upstream's hash scheme", "[unit]") {
   CHECK(endpointChainName(p, p.clusterEndpoints[0]) == "endpoint-5OJB2KTY-ns1/svc1/tcp/p80__10.180.0.1/80");
 }
 
-TEST_CASE("ClusterIP: masquerade from outside the cluster CIDR and a numgen cascade", "[unit]") {
+TEST_CASE("ClusterIP: masquerade from outside the cluster CIDR, endpoints by slot range", "[unit]") {
   NftablesRenderer r(config());
   auto p = clusterIP("default", "web", "172.30.0.10", 80,
                      {endpoint("10.1.0.1", 8080), endpoint("10.1.0.2", 8080), endpoint("10.1.0.3", 8080)});
   Fragment f = r.renderServicePort(p);
   const Chain* svc = findChain(f, serviceChainName(p));
   REQUIRE(svc != nullptr);
-  auto e = [&](int i) { return endpointChainName(p, p.clusterEndpoints[static_cast<std::size_t>(i)]); };
+  const std::uint32_t base = slotBaseOf(*svc);
+  CHECK(base % 65536 == 0);
+  const std::string map = serviceEndpointsMap(base);
   CHECK(texts(*svc) == std::vector<std::string>{
                            "ip saddr != 10.0.0.0/8 jump mark-for-masquerade",
-                           "numgen random mod 3 == 0 goto " + e(0),
-                           "numgen random mod 2 == 0 goto " + e(1),
-                           "goto " + e(2),
+                           "meta l4proto tcp dnat ip to numgen random mod 65535 offset " +
+                               std::to_string(base) + " map @" + map,
                        });
-  const Chain* ep = findChain(f, e(1));
-  REQUIRE(ep != nullptr);
-  CHECK(texts(*ep) == std::vector<std::string>{"ip saddr 10.1.0.2 jump mark-for-masquerade",
-                                               "meta l4proto tcp dnat to 10.1.0.2:8080"});
+  // 65535 slots in three intervals of 21845, each with its end element.
+  auto b = [&](std::uint32_t off) { return std::to_string(base + off); };
   CHECK(elementTexts(f) == std::vector<std::string>{
+                               "hairpin-ips 10.1.0.1 . 10.1.0.1",
+                               "hairpin-ips 10.1.0.2 . 10.1.0.2",
+                               "hairpin-ips 10.1.0.3 . 10.1.0.3",
+                               map + " " + b(0) + "-" + b(21844) + " : 10.1.0.1 . 8080",
+                               map + " end " + b(21845),
+                               map + " " + b(21845) + "-" + b(43689) + " : 10.1.0.2 . 8080",
+                               map + " end " + b(43690),
+                               map + " " + b(43690) + "-" + b(65534) + " : 10.1.0.3 . 8080",
+                               map + " end " + b(65535),
                                "cluster-ips 172.30.0.10",
                                "service-ips 172.30.0.10 . tcp . 80 : goto " + serviceChainName(p),
                            });
-  CHECK(f.chains.size() == 4);
+  // No per-endpoint chains: the service chain is the only one.
+  CHECK(f.chains.size() == 1);
+  // The same chain keeps its range when rendered again.
+  CHECK(slotBaseOf(*findChain(r.renderServicePort(p), serviceChainName(p))) == base);
+}
+
+TEST_CASE("slot ranges: lowest free range, stable per chain, reused after release", "[unit]") {
+  SlotRanges ranges;
+  CHECK(ranges.baseOf("a") == 0u);
+  CHECK(ranges.baseOf("b") == 65536u);
+  CHECK(ranges.baseOf("a") == 0u);
+  ranges.release("a");
+  CHECK(ranges.baseOf("c") == 0u);
+  // Ranges read back from the kernel are kept, and skipped by new chains.
+  ranges.clear();
+  ranges.reserve("x", 2u << 16);
+  ranges.reserve("y", 2u << 16);  // taken: ignored
+  CHECK(ranges.baseOf("x") == 2u << 16);
+  CHECK(ranges.baseOf("z") == 0u);
+  CHECK(ranges.baseOf("w") == 1u << 16);
+  CHECK(ranges.baseOf("y") == 3u << 16);
 }
 
 TEST_CASE("masquerade-all marks every service packet", "[unit]") {
@@ -96,7 +141,7 @@ TEST_CASE("no endpoints: reject through no-endpoint-services, no chains", "[unit
                                "no-endpoint-services 172.30.0.14 . tcp . 80 : goto reject-chain"});
 }
 
-TEST_CASE("session affinity: one shared map, update in endpoint chains", "[unit]") {
+TEST_CASE("session affinity: hit in the service chain, recorded after DNAT by its own chain", "[unit]") {
   NftablesRenderer r(config());
   auto p = clusterIP("default", "sticky", "172.30.0.11", 80,
                      {endpoint("10.1.0.3", 8080), endpoint("10.1.0.4", 8080)});
@@ -104,17 +149,40 @@ TEST_CASE("session affinity: one shared map, update in endpoint chains", "[unit]
   p.stickyMaxAgeSeconds = 600;
   auto f = r.renderServicePort(p);
   auto svc = texts(*findChain(f, serviceChainName(p)));
-  // masquerade check, hairpin marks for the affinity path, affinity hit, 2-endpoint cascade
-  REQUIRE(svc.size() == 6);
-  CHECK(svc[1] == "ip saddr 10.1.0.3 jump mark-for-masquerade");
-  CHECK(svc[2] == "ip saddr 10.1.0.4 jump mark-for-masquerade");
-  CHECK(svc[3] == "meta l4proto tcp dnat to ip saddr . ip daddr . meta l4proto . th dport map @affinity");
-  auto ep = texts(*findChain(f, endpointChainName(p, p.clusterEndpoints[0])));
-  CHECK(ep[1] ==
-        "update @affinity { ip saddr . ip daddr . meta l4proto . th dport timeout 600s : 10.1.0.3 . 8080 }");
-  // The map is table-wide, whatever the number of services.
+  // masquerade check, affinity hit, endpoint by slot
+  REQUIRE(svc.size() == 3);
+  CHECK(svc[1] == "meta l4proto tcp dnat to ip saddr . ip daddr . meta l4proto . th dport map @affinity");
+  CHECK(svc[2].starts_with("meta l4proto tcp dnat ip to numgen random mod 65535 offset "));
+  const Chain* record = findChain(f, affinityChainName(p));
+  REQUIRE(record != nullptr);
+  CHECK(texts(*record) == std::vector<std::string>{
+                              "meta l4proto tcp update @affinity { ip saddr . ct original ip daddr . "
+                              "meta l4proto . ct original proto-dst timeout 600s : ip daddr . th dport }"});
+  auto els = elementTexts(f);
+  CHECK(std::find(els.begin(), els.end(),
+                  "affinity-services 172.30.0.11 . tcp . 80 : goto " + affinityChainName(p)) != els.end());
+  // The maps are table-wide, whatever the number of services.
   auto specs = r.setSpecs(Family::kIPv4);
-  CHECK(specs.size() == 8);
+  CHECK(specs.size() == 11 + kEndpointMapShards);
+  // After DNAT, the filter hooks send new DNAT'ed connections to the recording dispatch.
+  auto g = r.renderGlobal(Family::kIPv4, {});
+  int recorders = 0;
+  for (const auto& c : g.chains)
+    for (const auto& t : texts(c))
+      if (t == "ct state new ct status dnat jump affinity-record") ++recorders;
+  CHECK(recorders == 3);  // input, forward, output after nat-output
+}
+
+TEST_CASE("hairpin: masqueraded after DNAT when a packet goes back to its source", "[unit]") {
+  NftablesRenderer r(config());
+  auto g = r.renderGlobal(Family::kIPv4, {});
+  const Chain* post = nullptr;
+  for (const auto& c : g.chains)
+    if (c.name == "nat-postrouting") post = &c;
+  REQUIRE(post != nullptr);
+  CHECK(texts(*post) == std::vector<std::string>{
+                            "ct status dnat ip saddr . ip daddr @hairpin-ips jump mark-for-masquerade",
+                            "jump masquerading"});
 }
 
 TEST_CASE("NodePort with eTP=Local: local endpoints only, source kept, drop when none", "[unit]") {
@@ -127,12 +195,20 @@ TEST_CASE("NodePort with eTP=Local: local endpoints only, source kept, drop when
   auto f = r.renderServicePort(p);
   auto ext = texts(*findChain(f, externalChainName(p)));
   std::string svc = serviceChainName(p);
+  const Chain* extChain = findChain(f, externalChainName(p));
+  const std::uint32_t extBase = slotBaseOf(*extChain);
+  CHECK(extBase != slotBaseOf(*findChain(f, svc)));  // its own range: the local endpoints only
   CHECK(ext == std::vector<std::string>{
                    "ip saddr 10.0.0.0/8 goto " + svc,
                    "fib saddr type local jump mark-for-masquerade",
                    "fib saddr type local goto " + svc,
-                   "goto " + endpointChainName(p, p.localEndpoints[0]),
+                   "meta l4proto udp dnat ip to numgen random mod 65535 offset " + std::to_string(extBase) +
+                       " map @" + serviceEndpointsMap(extBase),
                });
+  auto els = elementTexts(f);
+  CHECK(std::find(els.begin(), els.end(),
+                  serviceEndpointsMap(extBase) + " " + std::to_string(extBase) + "-" +
+                      std::to_string(extBase + 65534) + " : 10.1.0.4 . 53") != els.end());
   CHECK(elementTexts(f).back() == "service-nodeports udp . 30053 : goto " + externalChainName(p));
 
   // No local endpoint: external traffic is dropped, internal still served.
@@ -174,9 +250,13 @@ TEST_CASE("iTP=Local uses local endpoints for the ClusterIP", "[unit]") {
                      {endpoint("10.1.0.7", 80, true), endpoint("10.1.0.8", 80)});
   p.internalPolicyLocal = true;
   auto f = r.renderServicePort(p);
-  auto svc = texts(*findChain(f, serviceChainName(p)));
-  CHECK(svc.back() == "goto " + endpointChainName(p, p.localEndpoints[0]));
-  CHECK(findChain(f, endpointChainName(p, p.clusterEndpoints[1])) == nullptr);
+  const std::uint32_t base = slotBaseOf(*findChain(f, serviceChainName(p)));
+  auto els = elementTexts(f);
+  // One interval over the whole range: the local endpoint only.
+  CHECK(std::find(els.begin(), els.end(),
+                  serviceEndpointsMap(base) + " " + std::to_string(base) + "-" + std::to_string(base + 65534) +
+                      " : 10.1.0.7 . 80") != els.end());
+  CHECK(std::find(els.begin(), els.end(), "hairpin-ips 10.1.0.8 . 10.1.0.8") == els.end());
 }
 
 TEST_CASE("IPv6 service port renders ip6 syntax", "[unit]") {
@@ -184,9 +264,15 @@ TEST_CASE("IPv6 service port renders ip6 syntax", "[unit]") {
   auto p = clusterIP("default", "web6", "fd00:30::10", 80, {endpoint("fd00:1::1", 8080)});
   auto f = r.renderServicePort(p);
   REQUIRE(f.family == Family::kIPv6);
-  auto ep = texts(*findChain(f, endpointChainName(p, p.clusterEndpoints[0])), Family::kIPv6);
-  CHECK(ep == std::vector<std::string>{"ip6 saddr fd00:1::1 jump mark-for-masquerade",
-                                       "meta l4proto tcp dnat to [fd00:1::1]:8080"});
+  const Chain* svc = findChain(f, serviceChainName(p));
+  REQUIRE(svc != nullptr);
+  const std::uint32_t base = slotBaseOf(*svc);
+  CHECK(texts(*svc, Family::kIPv6).back() == "meta l4proto tcp dnat ip6 to numgen random mod 65535 offset " +
+                                                 std::to_string(base) + " map @" + serviceEndpointsMap(base));
+  auto els = elementTexts(f);
+  CHECK(els[0] == "hairpin-ips fd00:1::1 . fd00:1::1");
+  CHECK(els[1] == serviceEndpointsMap(base) + " " + std::to_string(base) + "-" + std::to_string(base + 65534) +
+                      " : fd00:1::1 . 8080");
   CHECK(endpointChainName(p, p.clusterEndpoints[0]).find("__fd00.1..1/8080") != std::string::npos);
 }
 

@@ -46,10 +46,14 @@ class VectorSnapshot final : public SnapshotSource {
   }
   std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override;
   sdk::NodeInfo node() const override { return node_; }
+  /// The ports, for changing them in place (keys must stay as they are).
   std::vector<sdk::ServicePort>& ports() { return ports_; }
 
  private:
   std::vector<sdk::ServicePort> ports_;
+  /// family + key → index, built on the first find (a linear scan would make the
+  /// benchmark's partial syncs cost O(services)).
+  mutable std::unordered_map<std::string, std::size_t> index_;
   sdk::NodeInfo node_;
 };
 
@@ -77,6 +81,8 @@ class NftablesBackend final : public sdk::BackendPlugin {
   const std::vector<Op>& lastOps() const { return lastOps_; }
   static constexpr std::size_t kLastOpsKept = 4096;
   const Mirror& mirror() const { return mirror_; }
+  /// Wall time of the last batch in the kernel (sendmsg to the last ack), ms.
+  double lastApplyMs() const { return lastApplyMs_; }
   /// Whether the next sync will be full (first sync, after a failure, after cleanup).
   bool needsFullSync() const { return needFull_; }
 

@@ -25,6 +25,7 @@ struct MirrorChain {
   bool base = false;
   std::vector<std::uint64_t> rules;  ///< rule hashes in order; 0 = a rule kproxy did not add
   std::vector<std::string> targets;  ///< chains the rules jump/go to (with repetition)
+  std::optional<std::uint32_t> slotBase;  ///< the slot range its DnatFromSlots rule uses
 };
 
 /// What one family's kproxy table holds. Elements are keyed by their kernel bytes; the value is

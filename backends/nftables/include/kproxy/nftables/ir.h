@@ -23,6 +23,11 @@ std::string_view familyKeyword(Family family);
 /// NFPROTO_IPV4 / NFPROTO_IPV6.
 std::uint16_t nfproto(Family family);
 
+/// Slots per balanced service range: a range is 65,536 keys wide and its slots are
+/// [base, base + 65535), so the key base + 65535 ends the range's last interval without
+/// colliding with the next range's first start.
+inline constexpr std::uint32_t kSlotsPerRange = 65535;
+
 /// The one table kproxy owns in each family.
 inline constexpr std::string_view kTableName = "kube-proxy";
 
@@ -65,6 +70,10 @@ struct MatchDestPort {
 /// `ct state new`
 struct MatchCtStateNew {
   bool operator==(const MatchCtStateNew&) const = default;
+};
+/// `ct status dnat`
+struct MatchCtStatusDnat {
+  bool operator==(const MatchCtStatusDnat&) const = default;
 };
 /// `meta mark & BIT == 0`
 struct MatchMarkClear {
@@ -113,13 +122,37 @@ struct DnatFromAffinity {
   std::string map;
   bool operator==(const DnatFromAffinity&) const = default;
 };
-/// `update @MAP { ip saddr . ip daddr . meta l4proto . th dport timeout Ns : ADDR . PORT }`
-struct UpdateAffinity {
+/// `dnat to numgen random mod 65535 offset BASE map @MAP`: the endpoint is looked up by slot in
+/// an interval map that holds every balanced service's slot range, so changing a service's
+/// endpoints changes map elements only, never a rule (see renderer.h).
+struct DnatFromSlots {
+  std::string map;
+  std::uint32_t base = 0;
+  bool operator==(const DnatFromSlots&) const = default;
+};
+/// `ct status dnat ip saddr . ip daddr @SET`: a DNAT'ed packet sent back to its own source.
+struct MatchHairpin {
+  std::string set;
+  bool operator==(const MatchHairpin&) const = default;
+};
+/// `meta l4proto P ct original ip daddr . meta l4proto . ct original proto-dst vmap @MAP`, or
+/// with `nodePorts`, `meta l4proto P ct original ip daddr @nodeport-ips
+/// meta l4proto . ct original proto-dst vmap @MAP`:
+/// dispatch of a connection after DNAT by the service address it was sent to.
+struct VmapLookupOriginal {
+  std::uint8_t proto = 6;
+  bool nodePorts = false;
+  std::string map;
+  bool operator==(const VmapLookupOriginal&) const = default;
+};
+/// `meta l4proto P update @MAP { ip saddr . ct original ip daddr . meta l4proto .
+/// ct original proto-dst timeout Ns : ip daddr . th dport }`: records (or refreshes) the
+/// endpoint a client was DNAT'ed to, after DNAT.
+struct RecordAffinity {
+  std::uint8_t proto = 6;
   std::string map;
   std::uint32_t timeoutSeconds = 10800;
-  Address address;
-  std::uint16_t port = 0;
-  bool operator==(const UpdateAffinity&) const = default;
+  bool operator==(const RecordAffinity&) const = default;
 };
 /// `reject` (ICMP port unreachable) or `reject with tcp reset`.
 struct Reject {
@@ -137,9 +170,10 @@ struct Verdict {
 };
 
 using Statement =
-    std::variant<MatchAddress, MatchL4Proto, MatchDestPort, MatchCtStateNew, MatchMarkClear,
+    std::variant<MatchAddress, MatchL4Proto, MatchDestPort, MatchCtStateNew, MatchCtStatusDnat, MatchMarkClear,
                  MatchFibSourceLocal, MatchNumgen, MatchDestInSet, VmapLookup, SetMark, Masquerade,
-                 DnatTo, DnatFromAffinity, UpdateAffinity, Reject, Verdict>;
+                 DnatTo, DnatFromAffinity, DnatFromSlots, MatchHairpin, VmapLookupOriginal,
+                 RecordAffinity, Reject, Verdict>;
 
 struct Rule {
   std::vector<Statement> statements;
@@ -176,6 +210,8 @@ enum class DataType : std::uint32_t {
   kIPv6Addr = 8,
   kInetProto = 12,
   kInetService = 13,
+  /// A 32-bit number in host byte order: the slot of `numgen` (typeof numgen in nft).
+  kSlot = 4,
 };
 std::string_view dataTypeName(DataType type);
 /// Size of one field in a concatenation, padded to 32-bit registers.
@@ -188,6 +224,7 @@ struct SetSpec {
   bool dynamic = false;        ///< `flags dynamic,timeout` (elements added by the data path)
   std::uint32_t timeoutSeconds = 0;
   std::uint32_t size = 0;
+  bool interval = false;       ///< `flags interval`
   bool isMap() const { return !data.empty(); }
   bool isVerdictMap() const { return data.size() == 1 && data[0] == DataType::kVerdict; }
   std::uint32_t keyLength() const;
@@ -200,12 +237,40 @@ struct SetSpec {
 
 /// A set or map element. `key` holds the kernel's bytes (fields padded to 32 bits), which
 /// makes comparison with read-back exact; `keyText` is its nft syntax.
+///
+///
+/// Interval sets hold each interval as two elements, as the kernel does: the start (with the
+/// data) and the end (the first key after it, flagged). The kernel refuses an interval edit
+/// that would pass through overlapping intervals, so a balancing chain's layout is replaced
+/// as a whole when its number of endpoints changes: an interval element's `key` carries a
+/// suffix after the kernel's bytes (intervalIdentity: start/end marker and the layout's number
+/// of intervals), which keeps the end of one interval and the start of the next distinct and
+/// makes every element of an old layout differ from every element of a new one.
 struct Element {
   std::string set;
-  std::string key;  ///< binary
+  std::string key;  ///< binary (+ identitySuffix bytes)
   std::string keyText;
   std::optional<Verdict> value;  ///< verdict maps only
+  std::string data{};            ///< data maps: the value's kernel bytes
+  std::string dataText{};
+  bool intervalEnd = false;
+  std::uint8_t identitySuffix = 0;
+
+  /// The kernel's key bytes (without the identity suffix).
+  std::string_view kernelKey() const {
+    return std::string_view(key).substr(0, key.size() - identitySuffix);
+  }
+  /// What the mirror records as the element's value: the verdict text, "=" + data bytes, or
+  /// "end" for an interval end; empty for a plain set element.
+  std::string valueText() const;
+  /// This element as a deletion: identity (set, key, end flag) and text only.
+  Element identity() const {
+    return Element{set, key, keyText, std::nullopt, {}, {}, intervalEnd, identitySuffix};
+  }
 };
+/// The identity suffix of an element of an interval layout with `intervals` intervals.
+std::string intervalIdentity(bool end, std::uint32_t intervals);
+inline constexpr std::uint8_t kIntervalIdentitySize = 5;
 
 /// Builders of element keys in the kernel's layout.
 struct KeyBuilder {
@@ -214,6 +279,7 @@ struct KeyBuilder {
   KeyBuilder& address(const Address& a);
   KeyBuilder& proto(std::uint8_t p);
   KeyBuilder& port(std::uint16_t p);
+  KeyBuilder& slot(std::uint32_t s);  ///< big-endian, as the byteorder expression leaves it
 };
 /// Renders kernel key bytes as nft text using the set's key types.
 std::string keyToText(const SetSpec& spec, std::string_view bytes, Family family);

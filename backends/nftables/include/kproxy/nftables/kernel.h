@@ -39,6 +39,7 @@ class FakeKernelNftables : public KernelNftables {
     std::uint64_t hash = 0;  ///< 0: added by someone else
     std::vector<std::string> targets;
     std::string text;
+    std::optional<std::uint32_t> slotBase{};
   };
   struct FakeChain {
     bool base = false;
@@ -47,7 +48,7 @@ class FakeKernelNftables : public KernelNftables {
   struct FakeTable {
     std::map<std::string, FakeChain> chains;
     std::map<std::string, SetSpec> sets;
-    std::map<std::string, std::map<std::string, std::string>> elements;  ///< set → key → verdict
+    std::map<std::string, std::map<std::string, std::string>> elements;  ///< set → key → valueText
   };
 
   core::Result<void> apply(const std::vector<Op>& ops) override;

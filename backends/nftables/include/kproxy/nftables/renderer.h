@@ -4,19 +4,30 @@
 ///
 /// Shape (names follow upstream kube-proxy's nftables mode): base chains filter-* / nat-*,
 /// dispatch chains, the fixed maps service-ips, service-nodeports, no-endpoint-services,
-/// no-endpoint-nodeports, firewall-ips, the sets cluster-ips and nodeport-ips, and one shared
-/// `affinity` map. Per service port: `service-HASH-ns/name/proto/port` (internal traffic),
-/// `external-…` (NodePort / externalIPs / LoadBalancer), `firewall-…` (source ranges), and
-/// `endpoint-HASH-…__ip/port` chains.
+/// no-endpoint-nodeports, firewall-ips, the sets cluster-ips and nodeport-ips. Per service
+/// port: `service-HASH-ns/name/proto/port` (internal traffic), `external-…` (NodePort /
+/// externalIPs / LoadBalancer), `firewall-…` (source ranges) and, with session affinity,
+/// `affinity-…`.
 ///
-/// Unlike upstream, nothing here creates a set or map per service: the kernel's cost of a
-/// batch grows with the number of sets in the table, so a service chain picks its endpoint with
-/// a cascade of `numgen random mod K == 0 goto endpoint-…` rules, source ranges are rules, and
-/// session affinity uses one map keyed by (client, service address, proto, port).
+/// Unlike upstream, choosing an endpoint is data, not rules. Each balancing chain owns a
+/// range of 65,536 keys in the one interval map `service-endpoints` and ends with
+/// `dnat to numgen random mod 65535 offset BASE map @service-endpoints`; its K endpoints split
+/// the range's 65,535 slots into K intervals (sizes differ by at most one slot). There are no
+/// per-endpoint chains. So an endpoint change is a handful of element changes in a data map,
+/// which the kernel commits without re-validating the table (a rule or a goto element would
+/// make it walk every chain), and the number of chains does not grow with endpoints.
+/// Hairpin traffic (a pod reaching itself) is found after DNAT by `hairpin-ips`, a set of
+/// (endpoint . endpoint) pairs. Session affinity uses one `affinity` map keyed by (client,
+/// service address, proto, port): service chains DNAT a hit from it, and after DNAT the
+/// filter hooks record (or refresh) the client's endpoint through `affinity-services` /
+/// `affinity-nodeports`, which send affinity services' connections to their `affinity-…`
+/// chain (that chain knows the service's timeout). The number of sets and maps is fixed.
 /// Thread-safety: none needed (pure functions of their inputs).
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kproxy/nftables/ir.h"
@@ -60,6 +71,16 @@ std::string servicePortChainBase(const sdk::ServicePort& port);
 std::string serviceChainName(const sdk::ServicePort& port);
 std::string externalChainName(const sdk::ServicePort& port);
 std::string firewallChainName(const sdk::ServicePort& port);
+std::string affinityChainName(const sdk::ServicePort& port);
+/// The slot ranges are spread over this many maps `service-endpoints-N` (range i in map
+/// i mod kEndpointMapShards). The kernel checks an added map element against every rule that
+/// looks the map up, so one map for all services would make adding an endpoint cost time
+/// linear in the number of services; sharding divides that by the shard count.
+inline constexpr std::uint32_t kEndpointMapShards = 256;
+/// The map that holds the slot range starting at `base`.
+std::string serviceEndpointsMap(std::uint32_t base);
+/// Upstream's per-endpoint chain name (kproxy has no endpoint chains; the benchmark's
+/// upstream-shaped ruleset uses it).
 std::string endpointChainName(const sdk::ServicePort& port, const sdk::Endpoint& endpoint);
 
 /// Names of the fixed objects.
@@ -81,13 +102,48 @@ inline constexpr const char* kFirewallIPsMap = "firewall-ips";
 inline constexpr const char* kClusterIPsSet = "cluster-ips";
 inline constexpr const char* kNodePortIPsSet = "nodeport-ips";
 inline constexpr const char* kAffinityMap = "affinity";
+inline constexpr const char* kServiceEndpointsMap = "service-endpoints";
+inline constexpr const char* kHairpinSet = "hairpin-ips";
+inline constexpr const char* kAffinityServicesMap = "affinity-services";
+inline constexpr const char* kAffinityNodePortsMap = "affinity-nodeports";
+inline constexpr const char* kAffinityRecordChain = "affinity-record";
 }  // namespace names
+
+/// The slot ranges of one family's balancing chains: each chain that picks an endpoint gets
+/// range index i (keys i·65536 … i·65536+65535 of service-endpoints) for as long as it exists.
+/// A full sync re-seeds the ranges from the kernel (the numgen offset of each chain's rule),
+/// so a restart keeps every range and changes nothing.
+class SlotRanges {
+ public:
+  static constexpr std::uint32_t kRanges = 65536;
+  /// The chain's range base, allocating the lowest free range; nullopt when all are taken.
+  std::optional<std::uint32_t> baseOf(const std::string& chain);
+  /// Records a range found in the kernel; ignored if that range is taken already.
+  void reserve(const std::string& chain, std::uint32_t base);
+  void release(const std::string& chain);
+  void clear();
+  bool has(const std::string& chain) const { return byChain_.contains(chain); }
+  std::size_t size() const { return byChain_.size(); }
+  template <typename Fn>
+  void forEach(Fn&& fn) const {
+    for (const auto& [chain, index] : byChain_) fn(chain);
+  }
+
+ private:
+  std::unordered_map<std::string, std::uint32_t> byChain_;
+  std::vector<bool> used_ = std::vector<bool>(kRanges, false);
+  std::vector<std::uint32_t> free_;
+  std::uint32_t next_ = 0;
+};
+
+
 
 class NftablesRenderer {
  public:
   explicit NftablesRenderer(RenderConfig config) : config_(std::move(config)) {}
 
   /// Objects of one service port. Addresses of another family than `port.family` are ignored.
+  /// Allocates slot ranges for new balancing chains (the only state the renderer keeps).
   Fragment renderServicePort(const sdk::ServicePort& port) const;
   /// Table-wide objects of `family`; `node` supplies the node's IPs for nodeport-ips.
   GlobalObjects renderGlobal(Family family, const sdk::NodeInfo& node) const;
@@ -95,9 +151,11 @@ class NftablesRenderer {
   std::vector<SetSpec> setSpecs(Family family) const;
 
   const RenderConfig& config() const { return config_; }
+  SlotRanges& slots(Family family) const { return slots_[family == Family::kIPv4 ? 0 : 1]; }
 
  private:
   RenderConfig config_;
+  mutable SlotRanges slots_[2];
 };
 
 /// Builds a RenderConfig from plugin options; an error names the bad option.
