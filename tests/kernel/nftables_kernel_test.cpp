@@ -281,3 +281,24 @@ TEST_CASE("nftables: dual-stack creates the ip6 table; cleanup removes both, twi
   CHECK(run("nft list table ip6 kube-proxy").first != 0);
   REQUIRE(backend->cleanup().has_value());
 }
+
+TEST_CASE("nftables: affinity entries pointing at a removed endpoint are deleted", "[kernel]") {
+  FreshNetns ns;
+  Harness h;
+  auto backend = h.backend();
+  auto sticky = clusterIP("ns", "sticky", "172.30.5.1", 80, {endpoint("10.5.0.1", 80), endpoint("10.5.0.2", 80)});
+  sticky.sessionAffinityClientIP = true;
+  VectorSnapshot snap({sticky});
+  REQUIRE(ok(backend->syncFrom(snap, {}, true)));
+  // Entries as the data path records them (userspace may add to a dynamic map too).
+  REQUIRE(run("nft add element ip kube-proxy affinity '{ 192.0.2.1 . 172.30.5.1 . tcp . 80 : 10.5.0.1 . 80, "
+              "192.0.2.2 . 172.30.5.1 . tcp . 80 : 10.5.0.2 . 80 }'")
+              .first == 0);
+  setEndpoints(snap.ports()[0], {endpoint("10.5.0.1", 80)});
+  REQUIRE(ok(backend->syncFrom(snap, {{sdk::Family::kIPv4, snap.ports()[0].key}}, false)));
+  auto [rc, listing] = run("nft list map ip kube-proxy affinity");
+  INFO(listing);
+  REQUIRE(rc == 0);
+  CHECK(listing.find("192.0.2.1 . 172.30.5.1 . tcp . 80") != std::string::npos);
+  CHECK(listing.find("192.0.2.2") == std::string::npos);
+}

@@ -65,7 +65,26 @@ OwnedOf ownedOf(const Objects& o) {
   return out;
 }
 
+bool isAffinityEntrySet(const std::string& set) {
+  return set == names::kAffinityServicesMap || set == names::kAffinityNodePortsMap;
+}
+
 }  // namespace
+
+void NftablesBackend::AffinityJudge::judge(const Element& e) {
+  (e.set == names::kAffinityServicesMap ? addresses : nodePorts)[e.key];
+}
+
+void NftablesBackend::AffinityJudge::add(const Fragment& f) {
+  std::unordered_set<std::string> valid;
+  for (const auto& e : f.elements)
+    if (!e.data.empty() && e.set.starts_with(names::kServiceEndpointsMap)) valid.insert(e.data);
+  for (const auto& e : f.elements) {
+    if (!isAffinityEntrySet(e.set)) continue;
+    auto& v = (e.set == names::kAffinityServicesMap ? addresses : nodePorts)[e.key];
+    v.insert(valid.begin(), valid.end());
+  }
+}
 
 std::optional<sdk::ServicePort> VectorSnapshot::find(sdk::Family family, const std::string& key) const {
   auto id = [](sdk::Family f, const std::string& k) {
@@ -106,6 +125,8 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
 
   // What the owner bookkeeping becomes if the kernel accepts the batch.
   std::map<OwnerKey, std::optional<OwnedOf>> ownedUpdates;
+  // Which session-affinity entries this sync can judge (see removeStaleAffinity).
+  std::map<Family, AffinityJudge> affinity;
 
   if (full) {
     Mirror base;
@@ -130,8 +151,10 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
     std::map<Family, std::vector<Fragment>> fragments;
     next.forEach([&](const sdk::ServicePort& port) {
       Fragment f = renderer_.renderServicePort(port);
+      affinity[f.family].add(f);
       fragments[f.family].push_back(std::move(f));
     });
+    for (Family fam : kFamilies) affinity[fam].everything = true;
     // The host iterates in its own order; batches are deterministic in key order.
     for (auto& [fam, frags] : fragments)
       std::sort(frags.begin(), frags.end(),
@@ -174,6 +197,11 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, key);
         if (port) frags.push_back(renderer_.renderServicePort(*port));
       }
+      for (const auto& key : keys)
+        if (auto it = owned_.find({fam, key}); it != owned_.end())
+          for (const auto& e : it->second.elements)
+            if (isAffinityEntrySet(e.set)) affinity[fam].judge(e);
+      for (const auto& f : frags) affinity[fam].add(f);
       bool needed = fam == Family::kIPv4 || !frags.empty() || mf.tableExists;
       if (!needed && keys.empty()) continue;
       DesiredFamily desired;
@@ -272,6 +300,9 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   needFull_ = false;
   if (full) releaseFreeHeap();  // the batch and the ops are gone too
 
+  if (!settings_.dryRun)
+    for (auto& [fam, judge] : affinity) removeStaleAffinity(fam, judge);
+
   auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
   sdk::SyncOutcome out;
   out.operations = count;
@@ -281,6 +312,58 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       elapsed.count(), count == 0 ? 0.0 : lastApplyMs_, settings_.dryRun ? " dry_run=true" : "");
   host_.info(2, out.summary);
   return out;
+}
+
+void NftablesBackend::removeStaleAffinity(Family fam, const AffinityJudge& judge) {
+  if (!judge.everything && judge.addresses.empty() && judge.nodePorts.empty()) return;
+  // Nothing to judge in a table without the map (a family without services).
+  if (!mirror_.of(fam).sets.contains(names::kAffinityMap)) return;
+  auto entries = kernel_->listMap(fam, names::kAffinityMap);
+  if (!entries) {
+    host_.error(fmt::format("nftables: reading the affinity map: {}", entries.error().message()));
+    return;
+  }
+  const std::size_t addr = fam == Family::kIPv4 ? 4 : 16;
+  const auto& nodePortIPs = mirror_.of(fam).elements[names::kNodePortIPsSet];
+  SetSpec spec;
+  for (auto& sp : renderer_.setSpecs(fam))
+    if (sp.name == names::kAffinityMap) spec = sp;
+  std::vector<Op> ops;
+  for (const auto& [key, data] : *entries) {
+    if (key.size() != 2 * addr + 8) continue;
+    // key: client . service address . proto . port
+    const std::set<std::string>* valid = nullptr;
+    bool known = false;
+    if (auto it = judge.addresses.find(key.substr(addr, addr + 8)); it != judge.addresses.end()) {
+      valid = &it->second;
+      known = true;
+    } else if (nodePortIPs.contains(key.substr(addr, addr))) {
+      if (auto np = judge.nodePorts.find(key.substr(2 * addr)); np != judge.nodePorts.end()) {
+        valid = &np->second;
+        known = true;
+      }
+    }
+    // An entry this sync cannot judge stays, unless the sync saw every service.
+    if (!known && !judge.everything) continue;
+    if (valid != nullptr && valid->contains(data)) continue;
+    Op op;
+    op.kind = OpKind::kDeleteElement;
+    op.family = fam;
+    op.name = names::kAffinityMap;
+    op.element = std::make_shared<const Element>(
+        Element{names::kAffinityMap, key, keyToText(spec, key, fam), std::nullopt});
+    ops.push_back(std::move(op));
+  }
+  if (ops.empty()) return;
+  // Its own batch: an entry that expires meanwhile makes the kernel refuse the deletion, and
+  // that must not undo the sync. The next sync that touches the service tries again.
+  auto applied = kernel_->apply(ops);
+  if (!applied) {
+    host_.error(fmt::format("nftables: removing {} stale affinity entries: {}", ops.size(),
+                            applied.error().message()));
+    return;
+  }
+  host_.info(2, fmt::format("nftables removed stale affinity entries count={}", ops.size()));
 }
 
 sdk::Expected<sdk::SyncOutcome> NftablesBackend::commit(std::vector<Op> ops, bool full) {

@@ -68,6 +68,10 @@ core::Result<void> FakeKernelNftables::apply(const std::vector<Op>& ops) {
         break;
       }
       case OpKind::kDeleteElement: {
+        if (auto spec = t.sets.find(op.name); spec != t.sets.end() && spec->second.dynamic) {
+          if (dataPathEntries[op.family][op.name].erase(op.element->key) == 0) return refuse(op, ENOENT);
+          break;
+        }
         auto sit = t.elements.find(op.name);
         if (sit == t.elements.end() || sit->second.erase(op.element->key) == 0) return refuse(op, ENOENT);
         break;
@@ -126,6 +130,13 @@ core::Result<Mirror> FakeKernelNftables::readBack(const std::vector<SetSpec>& ip
     f.rebuildReferences();
   }
   return m;
+}
+
+core::Result<std::vector<std::pair<std::string, std::string>>> FakeKernelNftables::listMap(
+    Family family, const std::string& map) {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const auto& [key, data] : dataPathEntries[family][map]) out.emplace_back(key, data);
+  return out;
 }
 
 core::Result<void> FakeKernelNftables::deleteTables() {

@@ -258,6 +258,40 @@ class NetlinkKernel final : public KernelNftables {
     return m;
   }
 
+  core::Result<std::vector<std::pair<std::string, std::string>>> listMap(Family fam,
+                                                                         const std::string& map) override {
+    auto sock = socket();
+    if (!sock) return std::unexpected(sock.error());
+    std::vector<std::pair<std::string, std::string>> out;
+    char req[MNL_SOCKET_BUFFER_SIZE_];
+    SetPtr filter = setHandle(fam, map);
+    nlmsghdr* nlh =
+        nftnl_nlmsg_build_hdr(req, NFT_MSG_GETSETELEM, nfproto(fam), NLM_F_DUMP, (*sock)->nextSeq());
+    nftnl_set_elems_nlmsg_build_payload(nlh, filter.get());
+    auto r = (*sock)->dump(nlh, [&](const nlmsghdr* msg) {
+      SetPtr s(nftnl_set_alloc());
+      if (nftnl_set_elems_nlmsg_parse(msg, s.get()) < 0) return false;
+      nftnl_set_elems_iter* it = nftnl_set_elems_iter_create(s.get());
+      for (nftnl_set_elem* e = nftnl_set_elems_iter_next(it); e != nullptr; e = nftnl_set_elems_iter_next(it)) {
+        std::uint32_t klen = 0, dlen = 0;
+        const void* key = nftnl_set_elem_get(e, NFTNL_SET_ELEM_KEY, &klen);
+        const void* data = nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_DATA)
+                               ? nftnl_set_elem_get(e, NFTNL_SET_ELEM_DATA, &dlen)
+                               : nullptr;
+        if (key == nullptr) continue;
+        out.emplace_back(std::string(static_cast<const char*>(key), klen),
+                         data ? std::string(static_cast<const char*>(data), dlen) : std::string());
+      }
+      nftnl_set_elems_iter_destroy(it);
+      return true;
+    });
+    if (!r) {
+      if (r.error().errnum == ENOENT) return out;
+      return std::unexpected(r.error());
+    }
+    return out;
+  }
+
   core::Result<void> deleteTables() override {
     auto sock = socket();
     if (!sock) return std::unexpected(sock.error());

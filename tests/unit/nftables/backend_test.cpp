@@ -163,3 +163,41 @@ TEST_CASE("backend: dry-run prints the batch and touches no kernel", "[unit]") {
   CHECK(text.find("add element ip kube-proxy service-ips { 172.30.0.10 . tcp . 80 : goto service-") !=
         std::string::npos);
 }
+
+TEST_CASE("backend: affinity entries of a removed endpoint or service are deleted", "[unit]") {
+  Fixture f;
+  auto sticky = clusterIP("ns", "sticky", "172.30.5.1", 80, {endpoint("10.5.0.1", 80), endpoint("10.5.0.2", 80)});
+  sticky.sessionAffinityClientIP = true;
+  auto other = clusterIP("ns", "other", "172.30.5.2", 80, {endpoint("10.5.0.3", 80)});
+  other.sessionAffinityClientIP = true;
+  f.snap.ports().push_back(sticky);
+  f.snap.ports().push_back(other);
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+
+  auto entry = [](const char* client, const char* vip, const char* ep) {
+    KeyBuilder k;
+    k.address(*Address::parse(client)).address(*Address::parse(vip)).proto(6).port(80);
+    KeyBuilder d;
+    d.address(*Address::parse(ep)).port(80);
+    return std::pair{k.bytes, d.bytes};
+  };
+  auto& entries = f.kernel->dataPathEntries[Family::kIPv4]["affinity"];
+  for (auto [k, d] : {entry("192.0.2.1", "172.30.5.1", "10.5.0.1"), entry("192.0.2.2", "172.30.5.1", "10.5.0.2"),
+                      entry("192.0.2.3", "172.30.5.2", "10.5.0.3")})
+    entries[k] = d;
+
+  // 10.5.0.2 leaves "sticky": only the entry pointing at it goes.
+  auto& p = f.snap.ports()[f.snap.ports().size() - 2];
+  testing::setEndpoints(p, {endpoint("10.5.0.1", 80)});
+  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, p.key}}, false).has_value());
+  CHECK(entries.size() == 2);
+  CHECK(entries.contains(entry("192.0.2.1", "172.30.5.1", "10.5.0.1").first));
+  CHECK_FALSE(entries.contains(entry("192.0.2.2", "172.30.5.1", "10.5.0.2").first));
+
+  // "other" goes: a full sync deletes its entry, and keeps the valid one.
+  auto gone = f.snap.ports().back();
+  f.snap.ports().pop_back();
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  CHECK(entries.size() == 1);
+  CHECK(entries.contains(entry("192.0.2.1", "172.30.5.1", "10.5.0.1").first));
+}

@@ -95,6 +95,21 @@ class NftablesBackend final : public sdk::BackendPlugin {
 
   sdk::Expected<sdk::SyncOutcome> commit(std::vector<Op> ops, bool full);
 
+  /// Session-affinity entries point at an endpoint; when the endpoint leaves its service (or
+  /// the service goes), upstream drops them with the endpoint's affinity set. Here the data
+  /// path owns the shared `affinity` map, so after a sync kproxy lists it and deletes the
+  /// entries whose endpoint is no longer one of the service's. The judge holds, per service
+  /// entry (address . proto . port, or proto . port for a NodePort), the endpoints that stay
+  /// valid (ip . port, as the map stores them); keys of services that went away have none.
+  struct AffinityJudge {
+    std::unordered_map<std::string, std::set<std::string>> addresses;
+    std::unordered_map<std::string, std::set<std::string>> nodePorts;
+    bool everything = false;  ///< a full sync: entries of no known service are stale too
+    void judge(const Element& entryElement);  ///< a service entry that was there before
+    void add(const Fragment& fragment);        ///< a service port as it is now
+  };
+  void removeStaleAffinity(Family family, const AffinityJudge& judge);
+
   sdk::Host host_;
   BackendSettings settings_;
   NftablesRenderer renderer_;

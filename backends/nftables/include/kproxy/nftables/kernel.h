@@ -26,6 +26,10 @@ class KernelNftables {
                                         const std::vector<SetSpec>& ip6Sets) = 0;
   /// Deletes both kproxy tables; a missing table is not an error.
   virtual core::Result<void> deleteTables() = 0;
+  /// The elements of one map as (key bytes, data bytes): used for the data path's own
+  /// entries (session affinity), which read-back skips. A missing map gives nothing.
+  virtual core::Result<std::vector<std::pair<std::string, std::string>>> listMap(Family family,
+                                                                                 const std::string& map) = 0;
 };
 
 /// The real kernel, over one NETLINK_NETFILTER socket (opened lazily).
@@ -55,11 +59,15 @@ class FakeKernelNftables : public KernelNftables {
   core::Result<Mirror> readBack(const std::vector<SetSpec>& ip4Sets,
                                 const std::vector<SetSpec>& ip6Sets) override;
   core::Result<void> deleteTables() override;
+  core::Result<std::vector<std::pair<std::string, std::string>>> listMap(Family family,
+                                                                         const std::string& map) override;
 
   /// Makes the op at this index of the next batch fail (then clears itself).
   void failNextBatchAt(std::size_t index) { failAt_ = index; }
 
   std::map<Family, FakeTable> tables;
+  /// Entries the data path added to dynamic maps (set → key → data), as listMap returns them.
+  std::map<Family, std::map<std::string, std::map<std::string, std::string>>> dataPathEntries;
   std::size_t batches = 0;
   std::size_t readBacks = 0;
   std::size_t lastBatchSize = 0;
