@@ -265,7 +265,11 @@ std::string SetSpec::declaration(Family family) const {
 std::string Element::valueText() const {
   if (value) return value->toString();
   if (intervalEnd) return "end";
-  if (!data.empty()) return "=" + data;
+  if (!data.empty()) {
+    std::string out(1, '=');
+    out += data;
+    return out;
+  }
   return {};
 }
 

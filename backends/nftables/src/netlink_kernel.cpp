@@ -455,7 +455,9 @@ class NetlinkKernel final : public KernelNftables {
           } else if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_DATA)) {
             std::uint32_t dlen = 0;
             const void* data = nftnl_set_elem_get(e, NFTNL_SET_ELEM_DATA, &dlen);
-            value = "=" + std::string(static_cast<const char*>(data), dlen);
+            value.reserve(dlen + 1);  // (not "=" + string: GCC 12 -O3 warns, -Wrestrict)
+            value.push_back('=');
+            value.append(static_cast<const char*>(data), dlen);
           } else if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_VERDICT)) {
             const char* chain = nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_CHAIN)
                                     ? nftnl_set_elem_get_str(e, NFTNL_SET_ELEM_CHAIN)

@@ -130,7 +130,7 @@ void SlotRanges::clear() {
   next_ = 0;
 }
 
-std::vector<SetSpec> NftablesRenderer::setSpecs(Family family) const {
+std::vector<SetSpec> NftablesRenderer::buildSetSpecs(Family family) const {
   DataType addr = family == Family::kIPv4 ? DataType::kIPv4Addr : DataType::kIPv6Addr;
   using DT = DataType;
   std::vector<SetSpec> out;

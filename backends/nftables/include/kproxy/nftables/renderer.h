@@ -140,7 +140,8 @@ class SlotRanges {
 
 class NftablesRenderer {
  public:
-  explicit NftablesRenderer(RenderConfig config) : config_(std::move(config)) {}
+  explicit NftablesRenderer(RenderConfig config)
+      : config_(std::move(config)), setSpecs_{buildSetSpecs(Family::kIPv4), buildSetSpecs(Family::kIPv6)} {}
 
   /// Objects of one service port. Addresses of another family than `port.family` are ignored.
   /// Allocates slot ranges for new balancing chains (the only state the renderer keeps).
@@ -148,13 +149,18 @@ class NftablesRenderer {
   /// Table-wide objects of `family`; `node` supplies the node's IPs for nodeport-ips.
   GlobalObjects renderGlobal(Family family, const sdk::NodeInfo& node) const;
   /// The fixed sets/maps of `family` (used to decode read-back elements).
-  std::vector<SetSpec> setSpecs(Family family) const;
+  const std::vector<SetSpec>& setSpecs(Family family) const {
+    return setSpecs_[family == Family::kIPv4 ? 0 : 1];
+  }
 
   const RenderConfig& config() const { return config_; }
   SlotRanges& slots(Family family) const { return slots_[family == Family::kIPv4 ? 0 : 1]; }
 
  private:
+  std::vector<SetSpec> buildSetSpecs(Family family) const;
+
   RenderConfig config_;
+  std::vector<SetSpec> setSpecs_[2];
   mutable SlotRanges slots_[2];
 };
 
