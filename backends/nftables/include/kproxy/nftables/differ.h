@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -85,7 +86,7 @@ void applyToMirror(Mirror& mirror, const std::vector<Op>& ops);
 
 /// The desired objects of one family for the scope of this sync.
 struct DesiredFamily {
-  std::vector<SetSpec> sets;
+  std::span<const SetSpec> sets;  ///< the renderer's (they outlive the diff)
   std::vector<Chain*> chains;
   std::vector<const Element*> elements;
   /// The caller hands the rules of `chains` over: ops take them by move instead of by copy (a

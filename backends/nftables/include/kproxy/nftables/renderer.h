@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -60,7 +61,7 @@ struct Fragment {
 /// The table-wide objects of one family: base and dispatch chains, sets and maps, nodeport-ips.
 struct GlobalObjects {
   Family family = Family::kIPv4;
-  std::vector<SetSpec> sets;
+  std::span<const SetSpec> sets;  ///< the renderer's setSpecs(family)
   std::vector<Chain> chains;
   std::vector<Element> elements;
 };
