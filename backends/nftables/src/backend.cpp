@@ -50,7 +50,7 @@ class HostSnapshot final : public SnapshotSource {
 template <typename Objects>
 void addDesired(DesiredFamily& d, Objects& o) {
   for (auto& c : o.chains) d.chains.push_back(&c);
-  for (const auto& e : o.elements) d.elements.push_back(&e);
+  for (auto& e : o.elements) d.elements.push_back(&e);
 }
 
 struct OwnedOf {

@@ -173,7 +173,7 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
 
   std::unordered_set<std::string> desiredElements;
   desiredElements.reserve(desired.elements.size());
-  for (const Element* e : desired.elements) {
+  for (Element* e : desired.elements) {
     desiredElements.insert(elementId(e->set, e->key));
     std::string value = valueText(*e);
     const std::string* current = nullptr;
@@ -186,7 +186,10 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
       delElems.push_back(std::move(d));
     }
     Op a = op(OpKind::kAddElement, e->set);
-    a.element = std::make_shared<const Element>(*e);
+    if (desired.moveRules)
+      a.element = std::make_shared<const Element>(std::move(*e));
+    else
+      a.element = std::make_shared<const Element>(*e);
     addElems.push_back(std::move(a));
   }
 

@@ -150,12 +150,12 @@ std::vector<SetSpec> NftablesRenderer::buildSetSpecs(Family family) const {
                         config_.affinityMapSize});
   out.push_back(SetSpec{names::kAffinityServicesMap, {addr, DT::kInetProto, DT::kInetService}, {DT::kVerdict}, false, 0, 0});
   out.push_back(SetSpec{names::kAffinityNodePortsMap, {DT::kInetProto, DT::kInetService}, {DT::kVerdict}, false, 0, 0});
+  out.push_back(SetSpec{names::kHairpinSet, {addr, addr}, {}, false, 0, 0});
   for (std::uint32_t shard = 0; shard < kEndpointMapShards; ++shard) {
     SetSpec slots{serviceEndpointsMap(shard << 16), {DT::kSlot}, {addr, DT::kInetService}, false, 0, 0};
     slots.interval = true;
     out.push_back(std::move(slots));
   }
-  out.push_back(SetSpec{names::kHairpinSet, {addr, addr}, {}, false, 0, 0});
   return out;
 }
 

@@ -22,10 +22,10 @@ struct World {
     DesiredFamily d;
     d.sets = global.sets;
     for (auto& c : global.chains) d.chains.push_back(&c);
-    for (const auto& e : global.elements) d.elements.push_back(&e);
+    for (auto& e : global.elements) d.elements.push_back(&e);
     for (auto& f : fragments) {
       for (auto& c : f.chains) d.chains.push_back(&c);
-      for (const auto& e : f.elements) d.elements.push_back(&e);
+      for (auto& e : f.elements) d.elements.push_back(&e);
     }
     return d;
   }

@@ -88,10 +88,11 @@ void applyToMirror(Mirror& mirror, const std::vector<Op>& ops);
 struct DesiredFamily {
   std::span<const SetSpec> sets;  ///< the renderer's (they outlive the diff)
   std::vector<Chain*> chains;
-  std::vector<const Element*> elements;
-  /// The caller hands the rules of `chains` over: ops take them by move instead of by copy (a
-  /// full sync would otherwise hold every rule twice). The chains' rule lists are left empty
-  /// or partly moved-from; only their names and hooks stay meaningful.
+  std::vector<Element*> elements;
+  /// The caller hands the rules of `chains` and the elements over: ops take them by move
+  /// instead of by copy (a full sync would otherwise hold everything twice). The chains' rule
+  /// lists and the added elements are left moved-from; only chain names and hooks stay
+  /// meaningful.
   bool moveRules = false;
 };
 

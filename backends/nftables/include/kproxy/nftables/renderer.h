@@ -74,10 +74,12 @@ std::string externalChainName(const sdk::ServicePort& port);
 std::string firewallChainName(const sdk::ServicePort& port);
 std::string affinityChainName(const sdk::ServicePort& port);
 /// The slot ranges are spread over this many maps `service-endpoints-N` (range i in map
-/// i mod kEndpointMapShards). The kernel checks an added map element against every rule that
-/// looks the map up, so one map for all services would make adding an endpoint cost time
-/// linear in the number of services; sharding divides that by the shard count.
-inline constexpr std::uint32_t kEndpointMapShards = 256;
+/// i mod kEndpointMapShards). Two kernel costs pull in opposite directions: an added map
+/// element is checked against every rule that looks its map up (so one map for all services
+/// would make adding an endpoint linear in the number of services), and every rule or
+/// message that names a set makes the kernel walk the table's list of sets by name. 64 maps
+/// measured best for full syncs at 10k and 30k services (see bench/nftables/KERNEL-COSTS.md).
+inline constexpr std::uint32_t kEndpointMapShards = 64;
 /// The map that holds the slot range starting at `base`.
 std::string serviceEndpointsMap(std::uint32_t base);
 /// Upstream's per-endpoint chain name (kproxy has no endpoint chains; the benchmark's
