@@ -113,12 +113,9 @@ int probe(int n, int eps, int repeat) {
   for (const auto& e : frag.elements)
     if (e.set == names::kServiceIPsMap) svcElem = &e;
   const Chain* svcChain = nullptr;
-  const Chain* epChain = nullptr;
-  for (const auto& c : frag.chains) {
+  for (const auto& c : frag.chains)
     if (c.name.starts_with("service-")) svcChain = &c;
-    if (c.name.starts_with("endpoint-") && epChain == nullptr) epChain = &c;
-  }
-  if (svcElem == nullptr || svcChain == nullptr || epChain == nullptr) return 1;
+  if (svcElem == nullptr || svcChain == nullptr) return 1;
   Element dropElem{names::kNoEndpointServicesMap, svcElem->key, svcElem->keyText,
                    Verdict{VerdictKind::kDrop, {}}};
   Element gotoElem{names::kNoEndpointServicesMap, svcElem->key, svcElem->keyText,
@@ -160,13 +157,13 @@ int probe(int n, int eps, int repeat) {
        {flushProbe}},
       {"add rule: accept (immediate verdict)",
        {addRule(probeChain, {Verdict{VerdictKind::kAccept, {}}})}, {flushProbe}},
-      {"add rule: goto endpoint chain",
-       {addRule(probeChain, {Verdict{VerdictKind::kGoto, epChain->name}})}, {flushProbe}},
+      {"add rule: goto a service chain",
+       {addRule(probeChain, {Verdict{VerdictKind::kGoto, svcChain->name}})}, {flushProbe}},
       {"add rule: dnat (immediate + nat)",
        {addRule(probeChain, {MatchL4Proto{6}, DnatTo{*Address::parse("10.1.2.3"), 80}})},
        {flushProbe}},
       {"flush chain (delete rules)", {flushProbe},
-       {addRule(probeChain, {Verdict{VerdictKind::kGoto, epChain->name}})}},
+       {addRule(probeChain, {Verdict{VerdictKind::kGoto, svcChain->name}})}},
       {"refill a service chain (flush + rules)", svcRefill, {}},
   };
   // "flush" needs something to flush first.
@@ -176,7 +173,7 @@ int probe(int n, int eps, int repeat) {
     bool ok = true;
     if (std::string(c.name).starts_with("delete chain")) (void)kernel->apply({makeOp(OpKind::kAddChain, "probe-new")});
     if (std::string(c.name).starts_with("flush chain"))
-      (void)kernel->apply({addRule(probeChain, {Verdict{VerdictKind::kGoto, epChain->name}})});
+      (void)kernel->apply({addRule(probeChain, {Verdict{VerdictKind::kGoto, svcChain->name}})});
     Timing t = median(*kernel, repeat, c.timed, c.undo, ok);
     if (std::string(c.name).starts_with("delete chain")) (void)kernel->apply(c.undo);
     std::printf("%-8d %-4d | %-42s | %9.2f | %9.2f%s\n", n, eps, c.name, t.wallMs, t.cpuMs,
