@@ -239,6 +239,26 @@ case_hairpin_with_affinity() {
   expect_kproxy_alive
 }
 
+case_affinity_follows_endpoint_removal() {
+  setup 3 || return 1
+  add_service sticky.yaml sticky 10.96.0.42 "$(pod_eps 3)" affinity=ClientIP || return 1
+  start_kproxy_and_wait "http://10.96.0.42/" || return 1
+  local first out others p
+  first="$(kp_who node http://10.96.0.42/)" || kp_fail "request to the sticky service failed" || return 1
+  expect_only node http://10.96.0.42/ 5 "$first" || return 1
+  # The sticky endpoint leaves the service (its pod still answers if anyone sends to it): the
+  # node must be sent elsewhere, and stick there.
+  others=""
+  for p in 1 2 3; do [[ "pod$p" == "$first" ]] || others+="$(kp_pod_ip "$p") "; done
+  add_service sticky.yaml sticky 10.96.0.42 "$others" affinity=ClientIP || return 1
+  sleep 2
+  out="$(answers node http://10.96.0.42/ 10)"
+  kp_note "after removing $first: $(summarize <<<"$out")"
+  grep -q -e FAIL -e "^$first\$" <<<"$out" && { kp_fail "still sent to $first (or failed) after its removal"; return 1; }
+  [[ "$(sort -u <<<"$out" | wc -l)" -eq 1 ]] || kp_fail "ClientIP affinity lost after the removal" || return 1
+  expect_kproxy_alive
+}
+
 case_no_endpoints_rejected() {
   setup 1 || return 1
   add_service web.yaml web "$WEB_IP" "$(pod_eps 1)" || return 1
@@ -427,6 +447,7 @@ kp_case nodeport_from_client case_nodeport_from_client
 kp_case etp_local case_etp_local
 kp_case session_affinity case_session_affinity
 kp_case hairpin_with_affinity case_hairpin_with_affinity
+kp_case affinity_follows_endpoint_removal case_affinity_follows_endpoint_removal
 kp_case no_endpoints_rejected case_no_endpoints_rejected
 kp_case wrong_port_rejected case_wrong_port_rejected
 kp_case endpoint_changes_within_2s case_endpoint_changes_within_2s
