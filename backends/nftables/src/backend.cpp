@@ -151,6 +151,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
     std::map<Family, std::vector<Fragment>> fragments;
     next.forEach([&](const sdk::ServicePort& port) {
       Fragment f = renderer_.renderServicePort(port);
+      for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
       affinity[f.family].add(f);
       fragments[f.family].push_back(std::move(f));
     });
@@ -201,7 +202,10 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         if (auto it = owned_.find({fam, key}); it != owned_.end())
           for (const auto& e : it->second.elements)
             if (isAffinityEntrySet(e.set)) affinity[fam].judge(e);
-      for (const auto& f : frags) affinity[fam].add(f);
+      for (const auto& f : frags) {
+        for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
+        affinity[fam].add(f);
+      }
       bool needed = fam == Family::kIPv4 || !frags.empty() || mf.tableExists;
       if (!needed && keys.empty()) continue;
       DesiredFamily desired;

@@ -281,7 +281,12 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
       if (auto addr = parseHostOf(ep.ip, fam)) targets.emplace_back(*addr, static_cast<std::uint16_t>(ep.port));
     if (targets.empty()) return false;
     auto base = slotRanges.baseOf(c.name);
-    if (!base) return false;
+    if (!base) {
+      f.problems.push_back(fmt::format(
+          "all {} endpoint slot ranges of this family are in use; {} is treated as having no endpoints",
+          SlotRanges::kRanges, c.name));
+      return false;
+    }
     if (p.sessionAffinityClientIP)
       c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromAffinity{kAffinityMap}}));
     const std::string map = serviceEndpointsMap(*base);

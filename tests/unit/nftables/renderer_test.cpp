@@ -141,6 +141,20 @@ TEST_CASE("no endpoints: reject through no-endpoint-services, no chains", "[unit
                                "no-endpoint-services 172.30.0.14 . tcp . 80 : goto reject-chain"});
 }
 
+TEST_CASE("slot ranges exhausted: the service is rejected and the problem reported", "[unit]") {
+  NftablesRenderer r(config());
+  for (std::uint32_t i = 0; i < SlotRanges::kRanges; ++i)
+    REQUIRE(r.slots(Family::kIPv4).baseOf("filler-" + std::to_string(i)).has_value());
+  auto p = clusterIP("default", "late", "172.30.0.99", 80, {endpoint("10.1.0.1", 8080)});
+  auto f = r.renderServicePort(p);
+  CHECK(findChain(f, serviceChainName(p)) == nullptr);
+  REQUIRE(f.problems.size() == 1);
+  CHECK(f.problems[0].find(serviceChainName(p)) != std::string::npos);
+  auto els = elementTexts(f);
+  CHECK(std::find(els.begin(), els.end(), "no-endpoint-services 172.30.0.99 . tcp . 80 : drop") !=
+        els.end());
+}
+
 TEST_CASE("session affinity: hit in the service chain, recorded after DNAT by its own chain", "[unit]") {
   NftablesRenderer r(config());
   auto p = clusterIP("default", "sticky", "172.30.0.11", 80,

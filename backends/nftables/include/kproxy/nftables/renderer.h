@@ -56,6 +56,8 @@ struct Fragment {
   std::string key;  ///< "ns/name:port"
   std::vector<Chain> chains;
   std::vector<Element> elements;
+  /// What could not be rendered as asked (logged by the backend), e.g. no slot range left.
+  std::vector<std::string> problems;
 };
 
 /// The table-wide objects of one family: base and dispatch chains, sets and maps, nodeport-ips.
