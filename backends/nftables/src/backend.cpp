@@ -238,6 +238,10 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       }
       for (const auto& [ok, o] : newOwned)
         for (const auto& e : o.elements) ++delta[elementId(fam, e.set, e.key)];
+      // An element shared by several touched owners (a hairpin pair of a pod behind two
+      // ports, the ClusterIP of a two-port service) is stale once, not once per owner: a
+      // second deletion would make the kernel refuse the batch.
+      std::unordered_set<std::string> staleIds;
       for (const auto& ok : touched) {
         auto it = owned_.find(ok);
         if (it == owned_.end()) continue;
@@ -245,7 +249,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
           auto id = elementId(fam, e.set, e.key);
           auto owners = elementOwners_.find(id);
           int now = (owners == elementOwners_.end() ? 0 : static_cast<int>(owners->second)) + delta[id];
-          if (now <= 0) stale.elements.push_back(e);
+          if (now <= 0 && staleIds.insert(id).second) stale.elements.push_back(e);
         }
       }
       auto result = NftablesDiffer::diff(fam, desired, mf, stale, renderer_.setSpecs(fam));

@@ -199,8 +199,10 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
       if (s.name == set) return &s;
     return nullptr;
   };
+  std::unordered_set<std::string> deleted;
   auto deleteElement = [&](const std::string& set, const std::string& key, std::string keyText) {
     if (desiredElements.contains(elementId(set, key))) return;
+    if (!deleted.insert(elementId(set, key)).second) return;  // listed twice: delete once
     auto sit = mirror.elements.find(set);
     if (sit == mirror.elements.end()) return;
     auto eit = sit->second.find(key);

@@ -203,3 +203,25 @@ TEST_CASE("backend: affinity entries of a removed endpoint or service are delete
   CHECK(entries.size() == 1);
   CHECK(entries.contains(entry("192.0.2.1", "172.30.5.1", "10.5.0.1").first));
 }
+
+TEST_CASE("backend: a pod behind two ports leaving both in one sync deletes its hairpin pair once",
+          "[unit]") {
+  Fixture f;
+  auto a = clusterIP("ns", "multi", "172.30.9.1", 80, {endpoint("10.9.0.1", 80), endpoint("10.9.0.2", 80)},
+                     sdk::Protocol::kTCP, "http");
+  auto b = clusterIP("ns", "multi", "172.30.9.1", 443, {endpoint("10.9.0.1", 443), endpoint("10.9.0.2", 443)},
+                     sdk::Protocol::kTCP, "https");
+  f.snap.ports().push_back(a);
+  f.snap.ports().push_back(b);
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  auto n = f.snap.ports().size();
+  testing::setEndpoints(f.snap.ports()[n - 2], {endpoint("10.9.0.2", 80)});
+  testing::setEndpoints(f.snap.ports()[n - 1], {endpoint("10.9.0.2", 443)});
+  // The fake kernel refuses a second deletion of the same element, as the real one does.
+  auto out = f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, a.key}, {sdk::Family::kIPv4, b.key}}, false);
+  REQUIRE(out.has_value());
+  KeyBuilder k;
+  k.address(*Address::parse("10.9.0.1")).address(*Address::parse("10.9.0.1"));
+  CHECK_FALSE(f.kernel->tables[Family::kIPv4].elements["hairpin-ips"].contains(k.bytes));
+  CHECK_FALSE(f.backend->needsFullSync());
+}
