@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <unordered_set>
 
 #include <fmt/format.h>
@@ -76,14 +77,66 @@ void NftablesBackend::AffinityJudge::judge(const Element& e) {
 }
 
 void NftablesBackend::AffinityJudge::add(const Fragment& f) {
-  std::unordered_set<std::string> valid;
-  for (const auto& e : f.elements)
-    if (!e.data.empty() && e.set.starts_with(names::kServiceEndpointsMap)) valid.insert(e.data);
-  for (const auto& e : f.elements) {
-    if (!isAffinityEntrySet(e.set)) continue;
-    auto& v = (e.set == names::kAffinityServicesMap ? addresses : nodePorts)[e.key];
-    v.insert(valid.begin(), valid.end());
+  // Which chain each entry's traffic is balanced by, and over which endpoints: an entry is
+  // valid only for that chain's endpoints, as upstream consults only those endpoints' sets.
+  const Chain* svc = nullptr;
+  const Chain* ext = nullptr;
+  for (const auto& c : f.chains) {
+    if (c.name.starts_with("service-")) svc = &c;
+    if (c.name.starts_with("external-")) ext = &c;
   }
+  auto baseOf = [](const Chain* c) -> std::optional<std::uint32_t> {
+    if (c == nullptr) return std::nullopt;
+    for (const auto& r : c->rules)
+      for (const auto& st : r.statements)
+        if (const auto* d = std::get_if<DnatFromSlots>(&st)) return d->base;
+    return std::nullopt;
+  };
+  auto endpointsOf = [&](std::optional<std::uint32_t> base) {
+    std::set<std::string> out;
+    if (!base) return out;
+    for (const auto& e : f.elements) {
+      if (e.data.empty() || !e.set.starts_with(names::kServiceEndpointsMap)) continue;
+      auto k = e.kernelKey();
+      if (k.size() == 4 && static_cast<std::uint8_t>(k[0]) == ((*base >> 24) & 0xff) &&
+          static_cast<std::uint8_t>(k[1]) == ((*base >> 16) & 0xff))
+        out.insert(e.data);
+    }
+    return out;
+  };
+  const auto svcEps = endpointsOf(baseOf(svc));
+  const auto extBase = baseOf(ext);
+  // eTP=Local: the external chain balances over local endpoints and sends the cluster's own
+  // clients (pod CIDRs, the node) to the service chain.
+  bool extToService = false;
+  if (ext != nullptr && svc != nullptr)
+    for (const auto& r : ext->rules)
+      for (const auto& t : r.targets())
+        if (t == svc->name) extToService = true;
+  Verdicts external;
+  if (extBase) {
+    external.valid = endpointsOf(extBase);
+    if (extToService) external.validInternal = svcEps;
+  } else {
+    external.valid = svcEps;  // eTP=Cluster with the same endpoints: `goto service-…`
+  }
+  std::string clusterIP;
+  for (const auto& e : f.elements)
+    if (e.set == names::kClusterIPsSet) clusterIP = e.key;
+  for (const auto& e : f.elements) {
+    if (e.set == names::kAffinityServicesMap) {
+      bool internal = !clusterIP.empty() && e.key.starts_with(clusterIP);
+      addresses[e.key] = internal ? Verdicts{svcEps, {}} : external;
+    } else if (e.set == names::kAffinityNodePortsMap) {
+      nodePorts[e.key] = external;
+    }
+  }
+}
+
+void NftablesBackend::AffinityJudge::mergeOlder(const AffinityJudge& older) {
+  for (const auto& [k, v] : older.addresses) addresses.try_emplace(k, v);
+  for (const auto& [k, v] : older.nodePorts) nodePorts.try_emplace(k, v);
+  everything = everything || older.everything;
 }
 
 std::optional<sdk::ServicePort> VectorSnapshot::find(sdk::Family family, const std::string& key) const {
@@ -309,7 +362,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   if (full) releaseFreeHeap();  // the batch and the ops are gone too
 
   if (!settings_.dryRun)
-    for (auto& [fam, judge] : affinity) removeStaleAffinity(fam, judge);
+    for (auto& [fam, judge] : affinity) removeStaleAffinity(fam, std::move(judge));
 
   auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
   sdk::SyncOutcome out;
@@ -322,56 +375,72 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   return out;
 }
 
-void NftablesBackend::removeStaleAffinity(Family fam, const AffinityJudge& judge) {
+void NftablesBackend::removeStaleAffinity(Family fam, AffinityJudge judge) {
+  if (auto pending = pendingAffinity_.find(fam); pending != pendingAffinity_.end()) {
+    judge.mergeOlder(pending->second);  // what an earlier sync could not finish
+    pendingAffinity_.erase(pending);
+  }
   if (!judge.everything && judge.addresses.empty() && judge.nodePorts.empty()) return;
   // Nothing to judge in a table without the map (a family without services).
   if (!mirror_.of(fam).sets.contains(names::kAffinityMap)) return;
-  auto entries = kernel_->listMap(fam, names::kAffinityMap);
-  if (!entries) {
-    host_.error(fmt::format("nftables: reading the affinity map: {}", entries.error().message()));
-    return;
-  }
   const std::size_t addr = fam == Family::kIPv4 ? 4 : 16;
   const auto& nodePortIPs = mirror_.of(fam).elements[names::kNodePortIPsSet];
-  SetSpec spec;
-  for (auto& sp : renderer_.setSpecs(fam))
-    if (sp.name == names::kAffinityMap) spec = sp;
-  std::vector<Op> ops;
-  for (const auto& [key, data] : *entries) {
-    if (key.size() != 2 * addr + 8) continue;
-    // key: client . service address . proto . port
-    const std::set<std::string>* valid = nullptr;
-    bool known = false;
-    if (auto it = judge.addresses.find(key.substr(addr, addr + 8)); it != judge.addresses.end()) {
-      valid = &it->second;
-      known = true;
-    } else if (nodePortIPs.contains(key.substr(addr, addr))) {
-      if (auto np = judge.nodePorts.find(key.substr(2 * addr)); np != judge.nodePorts.end()) {
-        valid = &np->second;
-        known = true;
-      }
+  const SetSpec* spec = nullptr;
+  for (const auto& sp : renderer_.setSpecs(fam))
+    if (sp.name == names::kAffinityMap) spec = &sp;
+  // The cluster's own clients: from a pod CIDR, or from the node (its nodeport addresses).
+  auto internalClient = [&](std::string_view client) {
+    if (nodePortIPs.contains(std::string(client))) return true;
+    Address a;
+    a.family = fam;
+    std::memcpy(a.bytes.data(), client.data(), addr);
+    a.prefixLength = static_cast<std::uint8_t>(addr * 8);
+    for (const auto& cidr : renderer_.config().clusterCIDRs)
+      if (cidr.contains(a)) return true;
+    return false;
+  };
+  // An entry that expires between the listing and the deletion makes the kernel refuse the
+  // batch: list again and retry; after that, the next sync tries again.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    auto entries = kernel_->listMap(fam, names::kAffinityMap);
+    if (!entries) {
+      host_.error(fmt::format("nftables: reading the affinity map: {}", entries.error().message()));
+      break;
     }
-    // An entry this sync cannot judge stays, unless the sync saw every service.
-    if (!known && !judge.everything) continue;
-    if (valid != nullptr && valid->contains(data)) continue;
-    Op op;
-    op.kind = OpKind::kDeleteElement;
-    op.family = fam;
-    op.name = names::kAffinityMap;
-    op.element = std::make_shared<const Element>(
-        Element{names::kAffinityMap, key, keyToText(spec, key, fam), std::nullopt});
-    ops.push_back(std::move(op));
+    std::vector<Op> ops;
+    for (const auto& [key, data] : *entries) {
+      if (key.size() != 2 * addr + 8) continue;
+      // key: client . service address . proto . port
+      const Verdicts* v = nullptr;
+      if (auto it = judge.addresses.find(key.substr(addr, addr + 8)); it != judge.addresses.end())
+        v = &it->second;
+      else if (nodePortIPs.contains(key.substr(addr, addr)))
+        if (auto np = judge.nodePorts.find(key.substr(2 * addr)); np != judge.nodePorts.end()) v = &np->second;
+      // An entry this sync cannot judge stays, unless the sync saw every service.
+      if (v == nullptr && !judge.everything) continue;
+      if (v != nullptr && v->valid.contains(data)) continue;
+      if (v != nullptr && v->validInternal.contains(data) && internalClient(std::string_view(key).substr(0, addr)))
+        continue;
+      Op op;
+      op.kind = OpKind::kDeleteElement;
+      op.family = fam;
+      op.name = names::kAffinityMap;
+      op.element = std::make_shared<const Element>(
+          Element{names::kAffinityMap, key, spec ? keyToText(*spec, key, fam) : std::string(), std::nullopt});
+      ops.push_back(std::move(op));
+    }
+    if (ops.empty()) return;
+    // Its own batch: a refusal here must not undo the sync.
+    auto applied = kernel_->apply(ops);
+    if (applied) {
+      host_.info(2, fmt::format("nftables removed stale affinity entries count={}", ops.size()));
+      return;
+    }
+    host_.info(2, fmt::format("nftables removing {} stale affinity entries: {} (attempt {})", ops.size(),
+                              applied.error().message(), attempt + 1));
   }
-  if (ops.empty()) return;
-  // Its own batch: an entry that expires meanwhile makes the kernel refuse the deletion, and
-  // that must not undo the sync. The next sync that touches the service tries again.
-  auto applied = kernel_->apply(ops);
-  if (!applied) {
-    host_.error(fmt::format("nftables: removing {} stale affinity entries: {}", ops.size(),
-                            applied.error().message()));
-    return;
-  }
-  host_.info(2, fmt::format("nftables removed stale affinity entries count={}", ops.size()));
+  host_.error("nftables: stale affinity entries not removed; the next sync tries again");
+  pendingAffinity_[fam] = std::move(judge);
 }
 
 sdk::Expected<sdk::SyncOutcome> NftablesBackend::commit(std::vector<Op> ops, bool full) {

@@ -279,7 +279,10 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     std::vector<std::pair<Address, std::uint16_t>> targets;
     for (const auto& ep : eps)
       if (auto addr = parseHostOf(ep.ip, fam)) targets.emplace_back(*addr, static_cast<std::uint16_t>(ep.port));
-    if (targets.empty()) return false;
+    if (targets.empty()) {
+      slotRanges.release(c.name);  // a chain that no longer balances frees its range
+      return false;
+    }
     auto base = slotRanges.baseOf(c.name);
     if (!base) {
       f.problems.push_back(fmt::format(
@@ -392,6 +395,7 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
       c.rules.push_back(rule({jump(kMarkMasqChain)}));
       if (!svcChain.empty() && &externalEps == &internalEps) {
         c.rules.push_back(rule({goTo(svcChain)}));
+        slotRanges.release(c.name);
         extChain = c.name;
       } else if (appendBalancing(c, externalEps)) {
         extChain = c.name;

@@ -225,3 +225,59 @@ TEST_CASE("backend: a pod behind two ports leaving both in one sync deletes its 
   CHECK_FALSE(f.kernel->tables[Family::kIPv4].elements["hairpin-ips"].contains(k.bytes));
   CHECK_FALSE(f.backend->needsFullSync());
 }
+
+TEST_CASE("backend: affinity entries are judged by the chain that balances their traffic", "[unit]") {
+  auto k = std::make_unique<FakeKernelNftables>();
+  auto* kernel = k.get();
+  BackendSettings settings;
+  settings.render.clusterCIDRs.push_back(*Address::parse("10.0.0.0/8"));
+  NftablesBackend backend(sdk::Host(nullptr), settings, std::move(k));
+  auto lb = clusterIP("ns", "lb", "172.30.7.1", 443,
+                      {endpoint("10.7.0.1", 443, true), endpoint("10.7.0.2", 443, false)});
+  lb.type = sdk::ServiceType::kLoadBalancer;
+  lb.loadBalancerIPs = {"198.51.100.7"};
+  lb.sessionAffinityClientIP = true;
+  VectorSnapshot snap({lb});
+  REQUIRE(backend.syncFrom(snap, {}, true).has_value());
+
+  auto entry = [](const char* client, const char* vip, const char* ep) {
+    KeyBuilder key;
+    key.address(*Address::parse(client)).address(*Address::parse(vip)).proto(6).port(443);
+    KeyBuilder data;
+    data.address(*Address::parse(ep)).port(443);
+    return std::pair{key.bytes, data.bytes};
+  };
+  auto& entries = kernel->dataPathEntries[Family::kIPv4]["affinity"];
+  const auto outsider = entry("203.0.113.9", "198.51.100.7", "10.7.0.2");  // external client, remote pod
+  const auto pod = entry("10.0.0.5", "198.51.100.7", "10.7.0.2");          // a pod, remote pod
+  const auto outsiderLocal = entry("203.0.113.10", "198.51.100.7", "10.7.0.1");
+  for (const auto& e : {outsider, pod, outsiderLocal}) entries[e.first] = e.second;
+
+  // eTP becomes Local: outside clients may only stick to the local endpoint; the cluster's own
+  // clients still go through the service chain, to any endpoint.
+  snap.ports()[0].externalPolicyLocal = true;
+  REQUIRE(backend.syncFrom(snap, {{sdk::Family::kIPv4, lb.key}}, false).has_value());
+  CHECK_FALSE(entries.contains(outsider.first));
+  CHECK(entries.contains(pod.first));
+  CHECK(entries.contains(outsiderLocal.first));
+}
+
+TEST_CASE("backend: a refused affinity clean-up is retried", "[unit]") {
+  Fixture f;
+  auto sticky = clusterIP("ns", "sticky", "172.30.5.1", 80, {endpoint("10.5.0.1", 80)});
+  sticky.sessionAffinityClientIP = true;
+  f.snap.ports().push_back(sticky);
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  KeyBuilder key;
+  key.address(*Address::parse("192.0.2.1")).address(*Address::parse("172.30.5.1")).proto(6).port(80);
+  KeyBuilder gone;
+  gone.address(*Address::parse("10.5.0.9")).port(80);
+  auto& entries = f.kernel->dataPathEntries[Family::kIPv4]["affinity"];
+  entries[key.bytes] = gone.bytes;
+  // A full sync over an unchanged table sends no batch; the clean-up's first batch is refused.
+  f.kernel->failNextBatchAt(0);
+  auto out = f.backend->syncFrom(f.snap, {}, true);
+  REQUIRE(out.has_value());
+  CHECK(out->operations == 0);
+  CHECK(entries.empty());
+}

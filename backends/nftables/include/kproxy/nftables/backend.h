@@ -101,14 +101,20 @@ class NftablesBackend final : public sdk::BackendPlugin {
   /// entries whose endpoint is no longer one of the service's. The judge holds, per service
   /// entry (address . proto . port, or proto . port for a NodePort), the endpoints that stay
   /// valid (ip . port, as the map stores them); keys of services that went away have none.
+  struct Verdicts {
+    std::set<std::string> valid;          ///< endpoints any client may stick to
+    std::set<std::string> validInternal;  ///< and these for the cluster's own clients (eTP=Local)
+  };
   struct AffinityJudge {
-    std::unordered_map<std::string, std::set<std::string>> addresses;
-    std::unordered_map<std::string, std::set<std::string>> nodePorts;
+    std::unordered_map<std::string, Verdicts> addresses;
+    std::unordered_map<std::string, Verdicts> nodePorts;
     bool everything = false;  ///< a full sync: entries of no known service are stale too
     void judge(const Element& entryElement);  ///< a service entry that was there before
     void add(const Fragment& fragment);        ///< a service port as it is now
+    void mergeOlder(const AffinityJudge& older);
   };
-  void removeStaleAffinity(Family family, const AffinityJudge& judge);
+  void removeStaleAffinity(Family family, AffinityJudge judge);
+  std::map<Family, AffinityJudge> pendingAffinity_;  ///< clean-ups that did not go through
 
   sdk::Host host_;
   BackendSettings settings_;
