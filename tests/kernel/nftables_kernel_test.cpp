@@ -2,6 +2,15 @@
 
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
 #include <catch2/catch.hpp>
 
 #include "../unit/nftables/service_ports.h"
@@ -301,4 +310,319 @@ TEST_CASE("nftables: affinity entries pointing at a removed endpoint are deleted
   REQUIRE(rc == 0);
   CHECK(listing.find("192.0.2.1 . 172.30.5.1 . tcp . 80") != std::string::npos);
   CHECK(listing.find("192.0.2.2") == std::string::npos);
+}
+
+namespace {
+
+/// The cluster the randomized test below mutates: services of one or two ports whose endpoints
+/// come from one pool of pods per family, so a pod sits behind several ports (and services) as
+/// EndpointSlices put it there. Randomness is `rng() % n` on a fixed seed: the standard
+/// distributions may differ between standard libraries, and a failing step must replay.
+class RandomCluster {
+ public:
+  explicit RandomCluster(std::uint32_t seed) : rng_(seed) {
+    for (int i = 1; i <= 40; ++i) {
+      // Every third pod runs on this node (endpoints of eTP/iTP=Local services).
+      pods4_.push_back({"10.1.0." + std::to_string(i), i % 3 == 0});
+      pods6_.push_back({"fd00:1::" + std::to_string(i), i % 3 == 0});
+    }
+    // The first shapes in a fixed pattern, so every kind is there from the full sync on.
+    for (int i = 0; i < 30; ++i) add(makeService(sdk::Family::kIPv4, i));
+    for (int i = 0; i < 3; ++i) add(makeService(sdk::Family::kIPv6, i));
+  }
+
+  /// The snapshot as the core would hand it over.
+  std::vector<sdk::ServicePort> ports() const {
+    std::vector<sdk::ServicePort> out;
+    for (const auto& [name, svc] : services_)
+      out.insert(out.end(), svc.ports.begin(), svc.ports.end());
+    return out;
+  }
+
+  /// Changes 1-3 service ports (one at random, or all ports of a service when the change is
+  /// service-wide) and returns their keys, deleted ones included.
+  std::vector<sdk::ChangedKey> step() {
+    const std::size_t wanted = 1 + pick(3);
+    std::vector<sdk::ChangedKey> changed;
+    auto touch = [&](const sdk::ServicePort& p) {
+      for (const auto& c : changed)
+        if (c.family == p.family && c.key == p.key) return;
+      changed.push_back({p.family, p.key});
+    };
+    while (changed.size() < wanted) {
+      const auto mutation = static_cast<Mutation>(pick(kMutations));
+      if (mutation == Mutation::kAddService) {
+        Service svc = nextService();
+        if (changed.size() + svc.ports.size() > 3) continue;
+        for (const auto& p : svc.ports) touch(p);
+        add(std::move(svc));
+        continue;
+      }
+      if (services_.empty()) continue;  // every service deleted: only adding one is left
+      auto it = std::next(services_.begin(), static_cast<std::ptrdiff_t>(pick(services_.size())));
+      Service& svc = it->second;
+      const bool serviceWide = mutation >= Mutation::kPodLeaves;
+      if (changed.size() + (serviceWide ? svc.ports.size() : 1) > 3) continue;
+      if (!serviceWide) {
+        sdk::ServicePort& p = svc.ports[pick(svc.ports.size())];
+        changeEndpoints(svc, p, mutation);
+        touch(p);
+        continue;
+      }
+      for (const auto& p : svc.ports) touch(p);
+      changeService(svc, mutation);
+      if (mutation == Mutation::kDeleteService) {
+        deleted_.push_back(std::move(svc));
+        services_.erase(it);
+      }
+    }
+    return changed;
+  }
+
+ private:
+  struct Pod {
+    std::string ip;
+    bool local = false;
+  };
+  struct Service {
+    sdk::Family family = sdk::Family::kIPv4;
+    std::vector<sdk::ServicePort> ports;
+  };
+  // Port-level changes first, then service-wide ones (see step()).
+  enum class Mutation {
+    kRemoveEndpoint,
+    kAddEndpoint,
+    kReplaceEndpoints,
+    kClearEndpoints,
+    kPodLeaves,
+    kPodJoins,
+    kToggleAffinity,
+    kFlipExternalPolicy,
+    kFlipInternalPolicy,
+    kDeleteService,
+    kAddService,
+  };
+  static constexpr std::size_t kMutations = static_cast<std::size_t>(Mutation::kAddService) + 1;
+
+  std::size_t pick(std::size_t n) { return rng_() % n; }
+  const std::vector<Pod>& pods(sdk::Family fam) const {
+    return fam == sdk::Family::kIPv4 ? pods4_ : pods6_;
+  }
+  static int targetPort(const sdk::ServicePort& p) { return p.port + 8000; }
+  sdk::Endpoint endpointOf(const Pod& pod, const sdk::ServicePort& p) const {
+    return endpoint(pod.ip, targetPort(p), pod.local);
+  }
+  bool hasPod(const sdk::ServicePort& p, const Pod& pod) const {
+    return std::any_of(p.allEndpoints.begin(), p.allEndpoints.end(),
+                       [&](const sdk::Endpoint& e) { return e.ip == pod.ip; });
+  }
+  std::vector<const Pod*> randomPods(sdk::Family fam, std::size_t count) {
+    std::vector<const Pod*> out;
+    while (out.size() < count) {
+      const Pod* pod = &pods(fam)[pick(pods(fam).size())];
+      if (std::find(out.begin(), out.end(), pod) == out.end()) out.push_back(pod);
+    }
+    return out;
+  }
+  void setPods(sdk::ServicePort& p, const std::vector<const Pod*>& chosen) const {
+    std::vector<sdk::Endpoint> eps;
+    for (const Pod* pod : chosen) eps.push_back(endpointOf(*pod, p));
+    setEndpoints(p, std::move(eps));
+  }
+
+  /// Service `variant` of a fixed pattern: two ports for every third, NodePort or
+  /// LoadBalancer for two in five, affinity for one in four, eTP=Local for half the external
+  /// ones, iTP=Local for one in eight, source ranges for some load balancers.
+  Service makeService(sdk::Family fam, int variant) {
+    const int id = nextId_++;
+    const bool v4 = fam == sdk::Family::kIPv4;
+    const std::string name = (v4 ? "svc-" : "svc6-") + std::to_string(id);
+    const std::string address =
+        v4 ? "172.30." + std::to_string(id / 250) + "." + std::to_string(id % 250 + 1)
+           : "fd00:30::" + std::to_string(id + 1);
+    struct PortSpec {
+      const char* name;
+      sdk::Protocol protocol;
+      int port;
+    };
+    std::vector<PortSpec> specs;
+    if (variant % 3 != 0)
+      specs = {{"http", sdk::Protocol::kTCP, 80}};
+    else if (variant % 2 == 0)
+      specs = {{"http", sdk::Protocol::kTCP, 80}, {"metrics", sdk::Protocol::kTCP, 9090}};
+    else
+      specs = {{"dns", sdk::Protocol::kUDP, 53}, {"dns-tcp", sdk::Protocol::kTCP, 53}};
+    // Both ports select the same pods (one in ten selects none yet).
+    const auto chosen = randomPods(fam, variant % 10 == 9 ? 0 : 1 + pick(4));
+    Service svc{fam, {}};
+    for (const auto& spec : specs) {
+      auto p = clusterIP("ns", name, address, spec.port, {}, spec.protocol, spec.name);
+      setPods(p, chosen);
+      if (variant % 5 == 1 || variant % 5 == 2) {
+        p.type = variant % 5 == 1 ? sdk::ServiceType::kNodePort : sdk::ServiceType::kLoadBalancer;
+        p.nodePort = nextNodePort_++;
+        p.externalPolicyLocal = (variant / 2) % 2 == 0;
+      }
+      if (p.type == sdk::ServiceType::kLoadBalancer) {
+        p.loadBalancerIPs = {v4 ? "198.51.100." + std::to_string(id % 250 + 1)
+                                : "2001:db8:1::" + std::to_string(id + 1)};
+        if (variant % 3 == 2)
+          p.loadBalancerSourceRanges = {v4 ? "203.0.113.0/24" : "2001:db8:2::/64"};
+      }
+      p.sessionAffinityClientIP = variant % 4 == 1;
+      p.stickyMaxAgeSeconds = 600;
+      p.internalPolicyLocal = variant % 8 == 7;
+      svc.ports.push_back(std::move(p));
+    }
+    return svc;
+  }
+
+  /// A new service, or now and then one deleted earlier coming back under its old name.
+  Service nextService() {
+    if (!deleted_.empty() && pick(3) == 0) {
+      auto it = std::next(deleted_.begin(), static_cast<std::ptrdiff_t>(pick(deleted_.size())));
+      Service svc = std::move(*it);
+      deleted_.erase(it);
+      return svc;
+    }
+    return makeService(pick(6) == 0 ? sdk::Family::kIPv6 : sdk::Family::kIPv4,
+                       static_cast<int>(pick(120)));
+  }
+
+  void add(Service svc) {
+    std::string id = svc.ports.front().key;
+    services_.emplace(id.substr(0, id.find(':')), std::move(svc));
+  }
+
+  void changeEndpoints(const Service& svc, sdk::ServicePort& p, Mutation mutation) {
+    std::vector<sdk::Endpoint> eps = p.allEndpoints;
+    switch (mutation) {
+      case Mutation::kRemoveEndpoint:
+        if (!eps.empty()) eps.erase(eps.begin() + static_cast<std::ptrdiff_t>(pick(eps.size())));
+        setEndpoints(p, std::move(eps));
+        break;
+      case Mutation::kAddEndpoint: {
+        const Pod& pod = pods(svc.family)[pick(pods(svc.family).size())];
+        if (!hasPod(p, pod)) eps.push_back(endpointOf(pod, p));
+        setEndpoints(p, std::move(eps));
+        break;
+      }
+      case Mutation::kReplaceEndpoints:
+        setPods(p, randomPods(svc.family, pick(6)));
+        break;
+      default:
+        setEndpoints(p, {});
+        break;
+    }
+  }
+
+  void changeService(Service& svc, Mutation mutation) {
+    const Pod& pod = pods(svc.family)[pick(pods(svc.family).size())];
+    for (auto& p : svc.ports) {
+      std::vector<sdk::Endpoint> eps = p.allEndpoints;
+      switch (mutation) {
+        case Mutation::kPodLeaves:
+          std::erase_if(eps, [&](const sdk::Endpoint& e) { return e.ip == pod.ip; });
+          setEndpoints(p, std::move(eps));
+          break;
+        case Mutation::kPodJoins:
+          if (!hasPod(p, pod)) eps.push_back(endpointOf(pod, p));
+          setEndpoints(p, std::move(eps));
+          break;
+        case Mutation::kToggleAffinity:
+          p.sessionAffinityClientIP = !p.sessionAffinityClientIP;
+          break;
+        case Mutation::kFlipExternalPolicy:
+          p.externalPolicyLocal = !p.externalPolicyLocal;
+          break;
+        case Mutation::kFlipInternalPolicy:
+          p.internalPolicyLocal = !p.internalPolicyLocal;
+          break;
+        default:
+          break;  // kDeleteService: the caller removes it
+      }
+    }
+  }
+
+  std::mt19937 rng_;
+  std::vector<Pod> pods4_;
+  std::vector<Pod> pods6_;
+  std::map<std::string, Service> services_;  ///< by "ns/name"
+  std::vector<Service> deleted_;
+  int nextId_ = 0;
+  int nextNodePort_ = 30000;
+};
+
+RenderConfig dualStackConfig() {
+  RenderConfig cfg = featureConfig();
+  cfg.clusterCIDRs.push_back(*Address::parse("fd00:1::/64"));
+  cfg.nodeIPs.push_back(*Address::parse("fd00:50::10"));
+  return cfg;
+}
+
+std::string opsText(const std::vector<Op>& ops) {
+  std::string out;
+  for (const auto& op : ops) out += op.toText() + "\n";
+  return out;
+}
+
+std::string keysText(const std::vector<sdk::ChangedKey>& keys) {
+  std::string out;
+  for (const auto& k : keys) out += (k.family == sdk::Family::kIPv4 ? " ip:" : " ip6:") + k.key;
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("nftables: random partial syncs match the kernel; full syncs then change nothing",
+          "[kernel]") {
+  constexpr std::uint32_t kSeed = 0x6b70726f;
+  constexpr int kSteps = 150;
+  constexpr int kCheckEvery = 25;
+  FreshNetns ns;
+  Harness h;
+  RandomCluster cluster(kSeed);
+  auto backend = h.backend(dualStackConfig());
+  {
+    VectorSnapshot snap(cluster.ports());
+    REQUIRE(snap.ports().size() >= 44);
+    REQUIRE(ok(backend->syncFrom(snap, {}, true)));
+    requireMirrorMatchesKernel(backend->mirror(), h.readBack());
+  }
+  for (int step = 1; step <= kSteps; ++step) {
+    INFO("seed " << kSeed << " step " << step);
+    const auto changed = cluster.step();
+    INFO("changed keys:" << keysText(changed));
+    VectorSnapshot snap(cluster.ports());
+    REQUIRE(ok(backend->syncFrom(snap, changed, false)));
+    requireMirrorMatchesKernel(backend->mirror(), h.readBack());
+    if (step % kCheckEvery != 0) continue;
+
+    // A full sync finds nothing to change. It may only delete the chains the partial sync just
+    // flushed: a chain goes in the batch after the one that empties it (see differ.h).
+    std::set<std::pair<Family, std::string>> flushed;
+    for (const auto& op : backend->lastOps())
+      if (op.kind == OpKind::kFlushChain) flushed.emplace(op.family, op.name);
+    auto full = backend->syncFrom(snap, {}, true);
+    REQUIRE(ok(full));
+    for (const auto& op : backend->lastOps()) {
+      INFO("full sync op: " << op.toText());
+      CHECK(op.kind == OpKind::kDeleteChain);
+      CHECK(flushed.contains({op.family, op.name}));
+    }
+    requireMirrorMatchesKernel(backend->mirror(), h.readBack());
+    auto again = backend->syncFrom(snap, {}, true);
+    REQUIRE(ok(again));
+    INFO("second full sync:\n" << opsText(backend->lastOps()));
+    CHECK(again->operations == 0);
+
+    // A restart over the same kernel: nothing to do either; it carries on from here.
+    auto restarted = h.backend(dualStackConfig());
+    auto first = restarted->syncFrom(snap, {}, true);
+    REQUIRE(ok(first));
+    INFO("restart:\n" << opsText(restarted->lastOps()));
+    CHECK(first->operations == 0);
+    requireMirrorMatchesKernel(restarted->mirror(), h.readBack());
+    backend = std::move(restarted);
+  }
 }
