@@ -133,6 +133,69 @@ void NftablesBackend::AffinityJudge::add(const Fragment& f) {
   }
 }
 
+bool NftablesBackend::affinityMayBeStale(Family fam, const Owned& old, const Fragment* now) const {
+  std::set<std::string> oldKeys;
+  for (const auto& e : old.elements)
+    if (isAffinityEntrySet(e.set)) oldKeys.insert(e.set + '\0' + e.key);
+  if (oldKeys.empty()) return false;  // no affinity before: no entries to judge
+  if (now == nullptr) return true;    // the port went
+  for (const auto& e : now->elements)
+    if (isAffinityEntrySet(e.set)) oldKeys.erase(e.set + '\0' + e.key);
+  if (!oldKeys.empty()) return true;  // an address (or NodePort) went
+  // Endpoints per balancing chain, before (from the mirror) and now (from the fragment).
+  const MirrorFamily& mf = mirror_.of(fam);
+  auto rangeOf = [](std::string_view kernelKey) {
+    return kernelKey.size() == 4 ? (static_cast<std::uint32_t>(static_cast<std::uint8_t>(kernelKey[0])) << 8 |
+                                    static_cast<std::uint8_t>(kernelKey[1]))
+                                 : 0xffffffffu;
+  };
+  auto before = [&](std::string_view prefix) -> std::optional<std::set<std::string>> {
+    for (const auto& c : old.chains) {
+      if (!c.starts_with(prefix)) continue;
+      auto mc = mf.chains.find(c);
+      if (mc == mf.chains.end() || !mc->second.slotBase) return std::nullopt;
+      std::set<std::string> out;
+      for (const auto& e : old.elements) {
+        if (e.intervalEnd || !e.set.starts_with(names::kServiceEndpointsMap)) continue;
+        if (rangeOf(e.kernelKey()) != *mc->second.slotBase >> 16) continue;
+        auto sit = mf.elements.find(e.set);
+        if (sit == mf.elements.end()) continue;
+        if (auto v = sit->second.find(e.key); v != sit->second.end() && v->second.starts_with("="))
+          out.insert(v->second.substr(1));
+      }
+      return out;
+    }
+    return std::nullopt;
+  };
+  auto after = [&](std::string_view prefix) -> std::optional<std::set<std::string>> {
+    for (const auto& c : now->chains) {
+      if (!c.name.starts_with(prefix)) continue;
+      for (const auto& r : c.rules)
+        for (const auto& st : r.statements)
+          if (const auto* d = std::get_if<DnatFromSlots>(&st)) {
+            std::set<std::string> out;
+            for (const auto& e : now->elements)
+              if (!e.data.empty() && rangeOf(e.kernelKey()) == d->base >> 16) out.insert(e.data);
+            return out;
+          }
+    }
+    return std::nullopt;
+  };
+  auto oldSvc = before("service-"), newSvc = after("service-");
+  auto oldExt = before("external-"), newExt = after("external-");
+  // A chain without its own range (eTP=Cluster, `goto service-…`) uses the service chain's.
+  if (!oldExt) oldExt = oldSvc;
+  if (!newExt) newExt = newSvc;
+  auto lost = [](const std::optional<std::set<std::string>>& was, const std::optional<std::set<std::string>>& is) {
+    if (!was) return false;
+    if (!is) return !was->empty();
+    for (const auto& d : *was)
+      if (!is->contains(d)) return true;
+    return false;
+  };
+  return lost(oldSvc, newSvc) || lost(oldExt, newExt);
+}
+
 void NftablesBackend::AffinityJudge::mergeOlder(const AffinityJudge& older) {
   for (const auto& [k, v] : older.addresses) addresses.try_emplace(k, v);
   for (const auto& [k, v] : older.nodePorts) nodePorts.try_emplace(k, v);
@@ -251,14 +314,21 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, key);
         if (port) frags.push_back(renderer_.renderServicePort(*port));
       }
-      for (const auto& key : keys)
-        if (auto it = owned_.find({fam, key}); it != owned_.end())
-          for (const auto& e : it->second.elements)
-            if (isAffinityEntrySet(e.set)) affinity[fam].judge(e);
-      for (const auto& f : frags) {
-        for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
-        affinity[fam].add(f);
+      // Only ports whose entries may have gone stale are judged (judging lists the whole
+      // affinity map): an endpoint left a chain, or an entry address went.
+      for (const auto& key : keys) {
+        auto it = owned_.find({fam, key});
+        if (it == owned_.end()) continue;
+        const Fragment* now = nullptr;
+        for (const auto& f : frags)
+          if (f.key == key) now = &f;
+        if (!affinityMayBeStale(fam, it->second, now)) continue;
+        for (const auto& e : it->second.elements)
+          if (isAffinityEntrySet(e.set)) affinity[fam].judge(e);
+        if (now != nullptr) affinity[fam].add(*now);
       }
+      for (const auto& f : frags)
+        for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
       bool needed = fam == Family::kIPv4 || !frags.empty() || mf.tableExists;
       if (!needed && keys.empty()) continue;
       DesiredFamily desired;

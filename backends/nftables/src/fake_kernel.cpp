@@ -134,6 +134,7 @@ core::Result<Mirror> FakeKernelNftables::readBack(const std::vector<SetSpec>& ip
 
 core::Result<std::vector<std::pair<std::string, std::string>>> FakeKernelNftables::listMap(
     Family family, const std::string& map) {
+  ++mapListings;
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [key, data] : dataPathEntries[family][map]) out.emplace_back(key, data);
   return out;

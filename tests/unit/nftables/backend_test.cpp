@@ -281,3 +281,32 @@ TEST_CASE("backend: a refused affinity clean-up is retried", "[unit]") {
   CHECK(out->operations == 0);
   CHECK(entries.empty());
 }
+
+TEST_CASE("backend: the affinity map is listed only when an endpoint may have left", "[unit]") {
+  Fixture f;
+  auto sticky = clusterIP("ns", "sticky", "172.30.5.1", 80, {endpoint("10.5.0.1", 80)});
+  sticky.sessionAffinityClientIP = true;
+  f.snap.ports().push_back(sticky);
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  auto& p = f.snap.ports().back();
+  const auto listings = f.kernel->mapListings;
+
+  // An endpoint joins: every entry stays valid, nothing to list.
+  testing::setEndpoints(p, {endpoint("10.5.0.1", 80), endpoint("10.5.0.2", 80)});
+  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, p.key}}, false).has_value());
+  CHECK(f.kernel->mapListings == listings);
+  // A service without affinity changes: nothing to list either.
+  auto& plain = f.snap.ports()[0];
+  testing::setEndpoints(plain, {plain.clusterEndpoints[0]});
+  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, plain.key}}, false).has_value());
+  CHECK(f.kernel->mapListings == listings);
+  // One leaves: listed.
+  testing::setEndpoints(p, {endpoint("10.5.0.2", 80)});
+  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, p.key}}, false).has_value());
+  CHECK(f.kernel->mapListings == listings + 1);
+  // The service goes: listed.
+  auto gone = f.snap.ports().back();
+  f.snap.ports().pop_back();
+  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, gone.key}}, false).has_value());
+  CHECK(f.kernel->mapListings == listings + 2);
+}

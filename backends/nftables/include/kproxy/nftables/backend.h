@@ -114,6 +114,10 @@ class NftablesBackend final : public sdk::BackendPlugin {
     void mergeOlder(const AffinityJudge& older);
   };
   void removeStaleAffinity(Family family, AffinityJudge judge);
+  /// Whether the port's affinity entries can have gone stale between `old` and `now` (null:
+  /// the port went): one of its entry addresses went, or an endpoint left one of its
+  /// balancing chains. Additions never make an entry stale.
+  bool affinityMayBeStale(Family family, const Owned& old, const Fragment* now) const;
   std::map<Family, AffinityJudge> pendingAffinity_;  ///< clean-ups that did not go through
 
   sdk::Host host_;

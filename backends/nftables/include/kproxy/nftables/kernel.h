@@ -70,6 +70,7 @@ class FakeKernelNftables : public KernelNftables {
   std::map<Family, std::map<std::string, std::map<std::string, std::string>>> dataPathEntries;
   std::size_t batches = 0;
   std::size_t readBacks = 0;
+  std::size_t mapListings = 0;  ///< listMap calls
   std::size_t lastBatchSize = 0;
 
  private:
