@@ -89,15 +89,7 @@ SetPtr setHandle(Family family, const std::string& name) {
 }
 
 void encodeVerdict(nftnl_set_elem* e, const Verdict& v) {
-  std::uint32_t code = NF_ACCEPT;
-  switch (v.kind) {
-    case VerdictKind::kAccept: code = NF_ACCEPT; break;
-    case VerdictKind::kDrop: code = NF_DROP; break;
-    case VerdictKind::kReturn: code = static_cast<std::uint32_t>(NFT_RETURN); break;
-    case VerdictKind::kJump: code = static_cast<std::uint32_t>(NFT_JUMP); break;
-    case VerdictKind::kGoto: code = static_cast<std::uint32_t>(NFT_GOTO); break;
-  }
-  nftnl_set_elem_set_u32(e, NFTNL_SET_ELEM_VERDICT, code);
+  nftnl_set_elem_set_u32(e, NFTNL_SET_ELEM_VERDICT, verdictCode(v.kind));
   if (v.kind == VerdictKind::kJump || v.kind == VerdictKind::kGoto)
     nftnl_set_elem_set_str(e, NFTNL_SET_ELEM_CHAIN, v.chain.c_str());
 }

@@ -283,15 +283,7 @@ class RuleEncoder {
   void operator()(const Verdict& s) {
     auto* e = expr("immediate");
     nftnl_expr_set_u32(e, NFTNL_EXPR_IMM_DREG, NFT_REG_VERDICT);
-    std::uint32_t code = NF_ACCEPT;
-    switch (s.kind) {
-      case VerdictKind::kAccept: code = NF_ACCEPT; break;
-      case VerdictKind::kDrop: code = NF_DROP; break;
-      case VerdictKind::kReturn: code = static_cast<std::uint32_t>(NFT_RETURN); break;
-      case VerdictKind::kJump: code = static_cast<std::uint32_t>(NFT_JUMP); break;
-      case VerdictKind::kGoto: code = static_cast<std::uint32_t>(NFT_GOTO); break;
-    }
-    nftnl_expr_set_u32(e, NFTNL_EXPR_IMM_VERDICT, code);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_IMM_VERDICT, verdictCode(s.kind));
     if (s.kind == VerdictKind::kJump || s.kind == VerdictKind::kGoto)
       nftnl_expr_set_str(e, NFTNL_EXPR_IMM_CHAIN, s.chain.c_str());
     add(e);
@@ -337,6 +329,17 @@ void putSlotMapTypeof(nftnl_udata_buf* ud, Family family) {
 }
 
 }  // namespace
+
+std::uint32_t verdictCode(VerdictKind kind) {
+  switch (kind) {
+    case VerdictKind::kAccept: return NF_ACCEPT;
+    case VerdictKind::kDrop: return NF_DROP;
+    case VerdictKind::kReturn: return static_cast<std::uint32_t>(NFT_RETURN);
+    case VerdictKind::kJump: return static_cast<std::uint32_t>(NFT_JUMP);
+    case VerdictKind::kGoto: return static_cast<std::uint32_t>(NFT_GOTO);
+  }
+  return NF_ACCEPT;
+}
 
 nftnl_rule* encodeRule(Family family, std::string_view chain, const Rule& rule,
                        std::uint64_t hash) {

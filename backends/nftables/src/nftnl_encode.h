@@ -24,6 +24,9 @@ nftnl_set* encodeSet(Family family, const SetSpec& spec);
 /// A new nftnl_chain (base chains carry their hook). Caller frees.
 nftnl_chain* encodeChain(Family family, std::string_view name, const BaseHook* base);
 
+/// The kernel's verdict code (NF_ACCEPT, NF_DROP, NFT_RETURN, NFT_JUMP, NFT_GOTO).
+std::uint32_t verdictCode(VerdictKind kind);
+
 /// The kproxy hash in a rule's userdata, 0 when absent (a rule someone else added).
 std::uint64_t decodeRuleHash(const void* data, std::uint32_t length);
 
