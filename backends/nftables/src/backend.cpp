@@ -70,6 +70,38 @@ bool isAffinityEntrySet(const std::string& set) {
   return set == names::kAffinityServicesMap || set == names::kAffinityNodePortsMap;
 }
 
+/// The range index (slot >> 16) of a service-endpoints element's kernel key.
+std::optional<std::uint32_t> rangeOf(std::string_view kernelKey) {
+  if (kernelKey.size() != 4) return std::nullopt;
+  return static_cast<std::uint32_t>(static_cast<std::uint8_t>(kernelKey[0])) << 8 |
+         static_cast<std::uint8_t>(kernelKey[1]);
+}
+
+/// The fragment's chain whose name starts with `prefix` ("service-", "external-").
+const Chain* chainOf(const Fragment& f, std::string_view prefix) {
+  for (const auto& c : f.chains)
+    if (c.name.starts_with(prefix)) return &c;
+  return nullptr;
+}
+
+/// The endpoints (ip . port, as the maps store them) that the fragment's chain with this
+/// name prefix balances over; nullopt when there is no such chain or it does not balance.
+std::optional<std::set<std::string>> chainEndpoints(const Fragment& f, std::string_view prefix) {
+  const Chain* c = chainOf(f, prefix);
+  if (c == nullptr) return std::nullopt;
+  for (const auto& r : c->rules)
+    for (const auto& st : r.statements)
+      if (const auto* d = std::get_if<DnatFromSlots>(&st)) {
+        std::set<std::string> out;
+        for (const auto& e : f.elements)
+          if (!e.data.empty() && e.set.starts_with(names::kServiceEndpointsMap) &&
+              rangeOf(e.kernelKey()) == d->base >> 16)
+            out.insert(e.data);
+        return out;
+      }
+  return std::nullopt;
+}
+
 }  // namespace
 
 void NftablesBackend::AffinityJudge::judge(const Element& e) {
@@ -79,43 +111,20 @@ void NftablesBackend::AffinityJudge::judge(const Element& e) {
 void NftablesBackend::AffinityJudge::add(const Fragment& f) {
   // Which chain each entry's traffic is balanced by, and over which endpoints: an entry is
   // valid only for that chain's endpoints, as upstream consults only those endpoints' sets.
-  const Chain* svc = nullptr;
-  const Chain* ext = nullptr;
-  for (const auto& c : f.chains) {
-    if (c.name.starts_with("service-")) svc = &c;
-    if (c.name.starts_with("external-")) ext = &c;
-  }
-  auto baseOf = [](const Chain* c) -> std::optional<std::uint32_t> {
-    if (c == nullptr) return std::nullopt;
-    for (const auto& r : c->rules)
-      for (const auto& st : r.statements)
-        if (const auto* d = std::get_if<DnatFromSlots>(&st)) return d->base;
-    return std::nullopt;
-  };
-  auto endpointsOf = [&](std::optional<std::uint32_t> base) {
-    std::set<std::string> out;
-    if (!base) return out;
-    for (const auto& e : f.elements) {
-      if (e.data.empty() || !e.set.starts_with(names::kServiceEndpointsMap)) continue;
-      auto k = e.kernelKey();
-      if (k.size() == 4 && static_cast<std::uint8_t>(k[0]) == ((*base >> 24) & 0xff) &&
-          static_cast<std::uint8_t>(k[1]) == ((*base >> 16) & 0xff))
-        out.insert(e.data);
-    }
-    return out;
-  };
-  const auto svcEps = endpointsOf(baseOf(svc));
-  const auto extBase = baseOf(ext);
+  const auto svcEps = chainEndpoints(f, "service-").value_or(std::set<std::string>{});
+  const auto extEps = chainEndpoints(f, "external-");
   // eTP=Local: the external chain balances over local endpoints and sends the cluster's own
   // clients (pod CIDRs, the node) to the service chain.
   bool extToService = false;
+  const Chain* svc = chainOf(f, "service-");
+  const Chain* ext = chainOf(f, "external-");
   if (ext != nullptr && svc != nullptr)
     for (const auto& r : ext->rules)
       for (const auto& t : r.targets())
         if (t == svc->name) extToService = true;
   Verdicts external;
-  if (extBase) {
-    external.valid = endpointsOf(extBase);
+  if (extEps) {
+    external.valid = *extEps;
     if (extToService) external.validInternal = svcEps;
   } else {
     external.valid = svcEps;  // eTP=Cluster with the same endpoints: `goto service-…`
@@ -144,11 +153,6 @@ bool NftablesBackend::affinityMayBeStale(Family fam, const Owned& old, const Fra
   if (!oldKeys.empty()) return true;  // an address (or NodePort) went
   // Endpoints per balancing chain, before (from the mirror) and now (from the fragment).
   const MirrorFamily& mf = mirror_.of(fam);
-  auto rangeOf = [](std::string_view kernelKey) {
-    return kernelKey.size() == 4 ? (static_cast<std::uint32_t>(static_cast<std::uint8_t>(kernelKey[0])) << 8 |
-                                    static_cast<std::uint8_t>(kernelKey[1]))
-                                 : 0xffffffffu;
-  };
   auto before = [&](std::string_view prefix) -> std::optional<std::set<std::string>> {
     for (const auto& c : old.chains) {
       if (!c.starts_with(prefix)) continue;
@@ -167,22 +171,8 @@ bool NftablesBackend::affinityMayBeStale(Family fam, const Owned& old, const Fra
     }
     return std::nullopt;
   };
-  auto after = [&](std::string_view prefix) -> std::optional<std::set<std::string>> {
-    for (const auto& c : now->chains) {
-      if (!c.name.starts_with(prefix)) continue;
-      for (const auto& r : c.rules)
-        for (const auto& st : r.statements)
-          if (const auto* d = std::get_if<DnatFromSlots>(&st)) {
-            std::set<std::string> out;
-            for (const auto& e : now->elements)
-              if (!e.data.empty() && rangeOf(e.kernelKey()) == d->base >> 16) out.insert(e.data);
-            return out;
-          }
-    }
-    return std::nullopt;
-  };
-  auto oldSvc = before("service-"), newSvc = after("service-");
-  auto oldExt = before("external-"), newExt = after("external-");
+  auto oldSvc = before("service-"), newSvc = chainEndpoints(*now, "service-");
+  auto oldExt = before("external-"), newExt = chainEndpoints(*now, "external-");
   // A chain without its own range (eTP=Cluster, `goto service-…`) uses the service chain's.
   if (!oldExt) oldExt = oldSvc;
   if (!newExt) newExt = newSvc;
@@ -362,9 +352,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       for (const auto& [ok, o] : newOwned)
         for (const auto& e : o.elements) ++delta[elementId(fam, e.set, e.key)];
       // An element shared by several touched owners (a hairpin pair of a pod behind two
-      // ports, the ClusterIP of a two-port service) is stale once, not once per owner: a
-      // second deletion would make the kernel refuse the batch.
-      std::unordered_set<std::string> staleIds;
+      // ports) can be listed once per owner; the differ deletes it once.
       for (const auto& ok : touched) {
         auto it = owned_.find(ok);
         if (it == owned_.end()) continue;
@@ -372,7 +360,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
           auto id = elementId(fam, e.set, e.key);
           auto owners = elementOwners_.find(id);
           int now = (owners == elementOwners_.end() ? 0 : static_cast<int>(owners->second)) + delta[id];
-          if (now <= 0 && staleIds.insert(id).second) stale.elements.push_back(e);
+          if (now <= 0) stale.elements.push_back(e);
         }
       }
       auto result = NftablesDiffer::diff(fam, desired, mf, stale, renderer_.setSpecs(fam));

@@ -102,7 +102,7 @@ struct StaleCandidates {
   bool everythingNotDesired = false;
   /// Partial sync: chains and elements that changed service ports owned before.
   std::set<std::string> chains;
-  std::vector<Element> elements;  ///< set + key (+ keyText for printing)
+  std::vector<Element> elements;  ///< set + key (+ keyText for printing); may repeat
 };
 
 struct DiffResult {
