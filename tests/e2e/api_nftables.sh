@@ -215,7 +215,14 @@ else
   kp_nft node list table ip6 kube-proxy >&2
 fi
 
-last_state="$(grep 'API server connection established\|API server watch interrupted' "$KP_WORKDIR/kproxy.log" | tail -1)"
+# After the apiserver restarts above, a watch may still be in its backoff (up to 1.5 × 30 s
+# with jitter); kproxy logs "established" once every watch is open again.
+last_state=""
+for _ in $(seq 1 100); do
+  last_state="$(grep 'API server connection established\|API server watch interrupted' "$KP_WORKDIR/kproxy.log" | tail -1)"
+  [[ "$last_state" == *established* ]] && break
+  sleep 0.5
+done
 [[ "$last_state" == *established* ]] && pass "kproxy ends connected" || fail "kproxy not connected at the end: $last_state"
 kp_kproxy_alive || fail "kproxy exited"
 kp_stop_kproxy
