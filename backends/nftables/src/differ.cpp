@@ -253,6 +253,16 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
     for (const auto& n : stale.chains) retire(n);
   }
 
+  // Interval elements are deleted in key order, an interval's end before the next one's start
+  // at the same key: the kernel's rbtree looks a deleted element up among those the batch
+  // already deactivated, and in another order it can miss one and refuse (ENOENT).
+  std::stable_sort(delElems.begin(), delElems.end(), [](const Op& a, const Op& b) {
+    if (a.name != b.name) return a.name < b.name;
+    if (a.element->identitySuffix == 0 || b.element->identitySuffix == 0) return false;
+    auto ka = a.element->kernelKey(), kb = b.element->kernelKey();
+    if (ka != kb) return ka < kb;
+    return a.element->intervalEnd && !b.element->intervalEnd;
+  });
   for (auto* bucket : {&tables, &sets, &addChains, &flushes, &rules, &delElems, &addElems, &delChains})
     for (auto& o : *bucket) out.ops.push_back(std::move(o));
   return out;
