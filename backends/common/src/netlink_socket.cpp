@@ -57,22 +57,32 @@ std::uint32_t NetlinkSocket::nextSeq(std::uint32_t count) {
 }
 
 core::Result<std::vector<NetlinkFailure>> NetlinkSocket::sendBatch(std::span<const char> messages) {
+  const std::span<const char> parts[] = {messages};
+  return sendBatch(parts);
+}
+
+core::Result<std::vector<NetlinkFailure>> NetlinkSocket::sendBatch(std::span<const std::span<const char>> parts) {
   int fd = mnl_socket_get_fd(socket_);
+  std::vector<iovec> iov;
+  std::size_t size = 0;
+  for (const auto& part : parts) {
+    if (part.empty()) continue;
+    iov.push_back(iovec{const_cast<char*>(part.data()), part.size()});
+    size += part.size();
+  }
   // The whole batch must fit the send buffer to go in one sendmsg (one transaction).
-  int snd = static_cast<int>(std::min<std::size_t>(messages.size() + (1 << 16), 1u << 30));
+  int snd = static_cast<int>(std::min<std::size_t>(size + (1 << 16), 1u << 30));
   if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &snd, sizeof snd) != 0)
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &snd, sizeof snd);
   sockaddr_nl kernel{};
   kernel.nl_family = AF_NETLINK;
-  iovec iov{const_cast<char*>(messages.data()), messages.size()};
   msghdr msg{};
   msg.msg_name = &kernel;
   msg.msg_namelen = sizeof kernel;
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
+  msg.msg_iov = iov.data();
+  msg.msg_iovlen = iov.size();
   if (sendmsg(fd, &msg, 0) < 0)
-    return makeError(ErrorCategory::kKernel,
-                     "netlink: sending a batch of " + std::to_string(messages.size()) + " bytes",
+    return makeError(ErrorCategory::kKernel, "netlink: sending a batch of " + std::to_string(size) + " bytes",
                      errno);
 
   std::vector<NetlinkFailure> failures;

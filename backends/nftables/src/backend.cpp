@@ -32,6 +32,34 @@ void releaseFreeHeap() {
 #endif
 }
 
+/// Dry-run: prints the ops as nft syntax, in the order a kernel batch sends them.
+class PrintingBatch final : public KernelBatch {
+ public:
+  explicit PrintingBatch(std::FILE* out) : out_(out) {}
+  void append(std::span<const Op> ops) override {
+    for (const auto& op : ops) {
+      auto& text = phases_[static_cast<std::size_t>(batchPhase(op.kind))];
+      text += op.toText();
+      text += '\n';
+    }
+    count_ += ops.size();
+  }
+  std::size_t size() const override { return count_; }
+  core::Result<void> commit() override {
+    for (auto& text : phases_) {
+      std::fwrite(text.data(), 1, text.size(), out_);
+      text.clear();
+    }
+    std::fflush(out_);
+    return {};
+  }
+
+ private:
+  std::FILE* out_;
+  std::string phases_[kBatchPhases];
+  std::size_t count_ = 0;
+};
+
 /// The host's snapshot seen through SnapshotSource.
 class HostSnapshot final : public SnapshotSource {
  public:
@@ -226,8 +254,21 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   auto started = std::chrono::steady_clock::now();
   full = full || needFull_;
   const sdk::NodeInfo node = next.node();
-  std::vector<Op> ops;
+  std::vector<Op> ops;  // a partial sync's (a full sync appends to the batch as it goes)
+  std::unique_ptr<KernelBatch> batch;
+  std::vector<Op> kept;  // the first kLastOpsKept ops, for lastOps()
+  bool keptAll = true;
+  auto keep = [&](std::vector<Op>& into, std::vector<Op>& more) {
+    if (keptAll && into.size() + more.size() <= kLastOpsKept) {
+      for (auto& o : more) into.push_back(std::move(o));
+    } else {
+      keptAll = false;
+      into.clear();
+    }
+  };
   std::map<Family, std::set<std::string>> pending;
+  // A full sync's owner counts (family + set + key → owners), built as it renders.
+  std::unordered_map<std::string, std::uint32_t> fullOwners;
 
   // What the owner bookkeeping becomes if the kernel accepts the batch.
   std::map<OwnerKey, std::optional<OwnedOf>> ownedUpdates;
@@ -254,41 +295,74 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       for (const auto& [name, chain] : base.of(fam).chains)
         if (chain.slotBase) slots.reserve(name, *chain.slotBase);
     }
-    std::map<Family, std::vector<Fragment>> fragments;
-    next.forEach([&](const sdk::ServicePort& port) {
-      Fragment f = renderer_.renderServicePort(port);
-      for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
-      affinity[f.family].add(f);
-      fragments[f.family].push_back(std::move(f));
-    });
-    for (Family fam : kFamilies) affinity[fam].everything = true;
-    // The host iterates in its own order; batches are deterministic in key order.
-    for (auto& [fam, frags] : fragments)
-      std::sort(frags.begin(), frags.end(),
-                [](const Fragment& a, const Fragment& b) { return a.key < b.key; });
+    // The batch is built in key order (the host iterates in its own), a chunk of service ports
+    // at a time: each chunk is rendered, diffed against what the kernel holds, encoded into the
+    // batch and dropped, so the whole table's fragments and ops never exist at once. `base`
+    // follows the ops as they are appended; it becomes the mirror if the kernel accepts them.
+    std::map<Family, std::vector<std::string>> keys;
+    next.forEach([&](const sdk::ServicePort& port) { keys[toFamily(port.family)].push_back(port.key); });
+    for (auto& [fam, k] : keys) std::sort(k.begin(), k.end());
+    batch = beginBatch();
+    auto emit = [&](Family fam, DiffResult result) {
+      applyToMirror(base, result.ops);
+      batch->append(result.ops);
+      keep(kept, result.ops);
+      pending[fam].merge(result.pendingDelete);
+    };
     for (Family fam : kFamilies) {
-      auto& frags = fragments[fam];
-      bool needed = fam == Family::kIPv4 || !frags.empty() || base.of(fam).tableExists;
-      std::optional<GlobalObjects> global;
-      DesiredFamily desired;
-      if (needed) {
-        global = renderer_.renderGlobal(fam, node);
-        desired.sets = global->sets;
-        addDesired(desired, *global);
-        ownedUpdates[{fam, ""}] = ownedOf(*global);
+      const auto& famKeys = keys[fam];
+      MirrorFamily& mf = base.of(fam);
+      const auto& specs = renderer_.setSpecs(fam);
+      std::unordered_set<std::string> ownedChains;
+      auto own = [&](const OwnerKey& ok, OwnedOf o) {
+        for (const auto& c : o.chains) ownedChains.insert(c);
+        for (const auto& e : o.elements) ++fullOwners[elementId(fam, e.set, e.key)];
+        ownedUpdates[ok] = std::move(o);
+      };
+      if (fam == Family::kIPv4 || !famKeys.empty() || mf.tableExists) {
+        GlobalObjects global = renderer_.renderGlobal(fam, node);
+        DesiredFamily desired;
+        desired.sets = global.sets;
+        addDesired(desired, global);
+        own({fam, ""}, ownedOf(global));
+        desired.moveRules = true;
+        emit(fam, NftablesDiffer::diff(fam, desired, mf, {}, specs));
       }
-      for (auto& f : frags) {
-        addDesired(desired, f);
-        ownedUpdates[{fam, f.key}] = ownedOf(f);
+      for (std::size_t from = 0; from < famKeys.size(); from += kFullSyncChunk) {
+        std::vector<Fragment> frags;
+        for (std::size_t i = from; i < std::min(famKeys.size(), from + kFullSyncChunk); ++i) {
+          auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, famKeys[i]);
+          if (!port) continue;
+          Fragment f = renderer_.renderServicePort(*port);
+          for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
+          affinity[fam].add(f);
+          frags.push_back(std::move(f));
+        }
+        DesiredFamily desired;
+        for (auto& f : frags) {
+          addDesired(desired, f);
+          own({fam, f.key}, ownedOf(f));
+        }
+        desired.moveRules = true;
+        emit(fam, NftablesDiffer::diff(fam, desired, mf, {}, specs));
       }
-      desired.moveRules = true;  // the fragments are dropped after the diff
+      // What the kernel holds and no service port owns any more (the batch sends these
+      // deletions before every addition: see KernelBatch).
       StaleCandidates stale;
-      stale.everythingNotDesired = true;
-      auto result = NftablesDiffer::diff(fam, desired, base.of(fam), stale, renderer_.setSpecs(fam));
-      for (auto& op : result.ops) ops.push_back(std::move(op));
-      pending[fam] = std::move(result.pendingDelete);
+      for (const auto& [name, chain] : mf.chains)
+        if (!ownedChains.contains(name)) stale.chains.insert(name);
+      for (const auto& [set, elems] : mf.elements) {
+        auto spec = std::find_if(specs.begin(), specs.end(), [&](const SetSpec& sp) { return sp.name == set; });
+        if (spec != specs.end() && spec->dynamic) continue;  // filled by the data path, not by us
+        for (const auto& [key, value] : elems)
+          if (!fullOwners.contains(elementId(fam, set, key)))
+            stale.elements.push_back(
+                Element{set, key, spec != specs.end() ? keyToText(*spec, key, fam) : std::string(), std::nullopt});
+      }
+      emit(fam, NftablesDiffer::diff(fam, DesiredFamily{}, mf, stale, specs));
+      affinity[fam].everything = true;
     }
-    // The mirror starts from what the kernel really holds.
+    // The mirror starts from what the kernel really holds (plus this batch, if accepted).
     mirror_ = std::move(base);
   } else {
     std::map<Family, std::vector<std::string>> keysByFamily;
@@ -371,17 +445,26 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
     }
   }
 
-  std::size_t count = ops.size();
-  // A full sync just freed its rendered fragments (as much memory as the ops): hand it back to
-  // the system before the batch buffer is built, or the peak holds both.
+  if (!full) {
+    batch = beginBatch();
+    batch->append(ops);
+  }
+  const std::size_t count = batch->size();
+  // Hand the chunks' freed memory back to the system before the batch is sent.
   if (full) releaseFreeHeap();
-  auto committed = commit(std::move(ops), full);
-  if (!committed) return committed;
+  auto committed = send(*batch, full);
+  batch.reset();
+  if (!committed) return std::unexpected(committed.error());
+  if (!full) {
+    applyToMirror(mirror_, ops);  // a full sync's base followed its ops already
+    keep(kept, ops);
+  }
+  lastOps_ = keptAll ? std::move(kept) : std::vector<Op>{};
 
   // Accepted: the bookkeeping follows the kernel.
   if (full) {
     owned_.clear();
-    elementOwners_.clear();
+    elementOwners_ = std::move(fullOwners);
     pendingDelete_.clear();
   }
   for (auto& [ok, o] : ownedUpdates) {
@@ -399,7 +482,8 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       owned_.erase(it);
     }
     if (!o) continue;
-    for (const auto& e : o->elements) ++elementOwners_[elementId(ok.first, e.set, e.key)];
+    if (!full)  // a full sync counted them as it rendered
+      for (const auto& e : o->elements) ++elementOwners_[elementId(ok.first, e.set, e.key)];
     owned_[ok] = Owned{std::move(o->chains), std::move(o->elements)};
   }
   if (full) {
@@ -501,30 +585,24 @@ void NftablesBackend::removeStaleAffinity(Family fam, AffinityJudge judge) {
   pendingAffinity_[fam] = std::move(judge);
 }
 
-sdk::Expected<sdk::SyncOutcome> NftablesBackend::commit(std::vector<Op> ops, bool full) {
-  if (settings_.dryRun) {
-    for (const auto& op : ops) std::fprintf(settings_.dryRunOutput, "%s\n", op.toText().c_str());
-    std::fflush(settings_.dryRunOutput);
-  } else if (!ops.empty()) {
-    auto started = std::chrono::steady_clock::now();
-    auto applied = kernel_->apply(ops);
+std::unique_ptr<KernelBatch> NftablesBackend::beginBatch() {
+  if (settings_.dryRun) return std::make_unique<PrintingBatch>(settings_.dryRunOutput);
+  return kernel_->beginBatch();
+}
+
+sdk::Expected<void> NftablesBackend::send(KernelBatch& batch, bool full) {
+  if (batch.size() == 0) return {};
+  auto started = std::chrono::steady_clock::now();
+  auto applied = batch.commit();
+  if (!settings_.dryRun)
     lastApplyMs_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-    if (!applied) {
-      needFull_ = true;  // the mirror still describes the kernel, but re-read it anyway
-      if (full) mirror_ = Mirror{};
-      host_.error(fmt::format("nftables sync failed ops={} error=\"{}\"", ops.size(),
-                              applied.error().message()));
-      return sdk::fail(applied.error().message(), applied.error().errnum);
-    }
+  if (!applied) {
+    needFull_ = true;  // the mirror still describes the kernel, but re-read it anyway
+    if (full) mirror_ = Mirror{};
+    host_.error(fmt::format("nftables sync failed ops={} error=\"{}\"", batch.size(), applied.error().message()));
+    return sdk::fail(applied.error().message(), applied.error().errnum);
   }
-  applyToMirror(mirror_, ops);
-  if (ops.size() <= kLastOpsKept) {
-    lastOps_ = std::move(ops);
-  } else {
-    lastOps_.clear();
-    lastOps_.shrink_to_fit();
-  }
-  return sdk::SyncOutcome{};
+  return {};
 }
 
 sdk::Expected<void> NftablesBackend::cleanup() {

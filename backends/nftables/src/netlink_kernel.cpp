@@ -109,7 +109,7 @@ std::string verdictText(std::int32_t code, const char* chain) {
 /// in the same set, at most kElementsPerMessage. One message per element would make the kernel
 /// look the set up by name for each, and make the batch several times bigger.
 constexpr std::size_t kElementsPerMessage = 256;
-std::size_t elementRun(const std::vector<Op>& ops, std::size_t from) {
+std::size_t elementRun(std::span<const Op> ops, std::size_t from) {
   const Op& first = ops[from];
   if (first.kind != OpKind::kAddElement && first.kind != OpKind::kDeleteElement) return 1;
   std::size_t n = 1;
@@ -197,46 +197,87 @@ void encodeOp(MessageBuffer& out, std::span<const Op> run, std::uint32_t seq) {
   out.commit(nlh);
 }
 
-class NetlinkKernel final : public KernelNftables {
+/// A transaction encoded as its ops are appended, one buffer per phase (sent together, in
+/// phase order, by one sendmsg). Each message keeps the nft text of its first op and how many
+/// ops it carries, so that a refusal still names the object.
+class NetlinkBatch final : public KernelBatch {
  public:
-  core::Result<void> apply(const std::vector<Op>& ops) override {
-    if (ops.empty()) return {};
-    auto sock = socket();
-    if (!sock) return std::unexpected(sock.error());
-    const auto count = static_cast<std::uint32_t>(ops.size());
-    // Message i carries ops [firstOp[i], firstOp[i + 1]).
-    std::vector<std::uint32_t> firstOp;
-    for (std::size_t i = 0; i < ops.size(); i += elementRun(ops, i))
-      firstOp.push_back(static_cast<std::uint32_t>(i));
-    const auto messages = static_cast<std::uint32_t>(firstOp.size());
-    firstOp.push_back(count);
-    std::uint32_t base = (*sock)->nextSeq(messages + 2);
-    MessageBuffer buf;
-    out(buf, nftnl_batch_begin(buf.tail(), base));
-    for (std::uint32_t m = 0; m < messages; ++m)
-      encodeOp(buf, std::span<const Op>(ops).subspan(firstOp[m], firstOp[m + 1] - firstOp[m]),
-               base + 1 + m);
-    out(buf, nftnl_batch_end(buf.tail(), base + messages + 1));
-    auto failures = (*sock)->sendBatch(buf.data());
+  explicit NetlinkBatch(core::Result<backends::NetlinkSocket*> sock) : sock_(std::move(sock)) {
+    if (sock_) base_ = (*sock_)->nextSeq(1);
+    begin_.commit(nftnl_batch_begin(begin_.tail(), base_));
+  }
+
+  void append(std::span<const Op> ops) override {
+    for (std::size_t i = 0; i < ops.size();) {
+      const std::size_t n = elementRun(ops, i);
+      const auto phase = static_cast<std::size_t>(batchPhase(ops[i].kind));
+      std::size_t first = phaseOps_[phase];
+      messages_.push_back(Message{static_cast<std::uint8_t>(phase), static_cast<std::uint32_t>(first),
+                                  static_cast<std::uint32_t>(n), ops[i].toText()});
+      encodeOp(phases_[phase], ops.subspan(i, n), base_ + static_cast<std::uint32_t>(messages_.size()));
+      phaseOps_[phase] += n;
+      count_ += n;
+      i += n;
+    }
+  }
+
+  std::size_t size() const override { return count_; }
+
+  core::Result<void> commit() override {
+    if (count_ == 0) return {};
+    if (!sock_) return std::unexpected(sock_.error());
+    const auto messages = static_cast<std::uint32_t>(messages_.size());
+    end_.commit(nftnl_batch_end(end_.tail(), base_ + messages + 1));
+    (*sock_)->nextSeq(messages + 1);  // the numbers this batch used
+    const std::span<const char> parts[] = {begin_.data(), phases_[0].data(), phases_[1].data(),
+                                           phases_[2].data(), phases_[3].data(), end_.data()};
+    auto failures = (*sock_)->sendBatch(parts);
     if (!failures) return std::unexpected(failures.error());
     if (failures->empty()) return {};
     // The first refusal is the cause; the kernel aborted the whole transaction.
     const auto& f = failures->front();
-    if (f.seq > base && f.seq <= base + messages) {
-      const std::uint32_t m = f.seq - base - 1;
-      const Op& bad = ops[firstOp[m]];
-      const std::uint32_t inMessage = firstOp[m + 1] - firstOp[m];
-      std::string what = "op " + std::to_string(firstOp[m] + 1) + " of " + std::to_string(count) +
-                         " \"" + bad.toText() + "\"";
-      if (inMessage > 1)
-        what = "ops " + std::to_string(firstOp[m] + 1) + "-" + std::to_string(firstOp[m + 1]) +
-               " of " + std::to_string(count) + " (one message, from \"" + bad.toText() + "\")";
+    const auto count = std::to_string(count_);
+    if (f.seq > base_ && f.seq <= base_ + messages) {
+      const Message& bad = messages_[f.seq - base_ - 1];
+      // Ops are numbered in the order the kernel saw them: by phase.
+      std::size_t first = bad.firstInPhase;
+      for (std::size_t p = 0; p < bad.phase; ++p) first += phaseOps_[p];
+      std::string what = "op " + std::to_string(first + 1) + " of " + count + " \"" + bad.text + "\"";
+      if (bad.ops > 1)
+        what = "ops " + std::to_string(first + 1) + "-" + std::to_string(first + bad.ops) + " of " + count +
+               " (one message, from \"" + bad.text + "\")";
       return makeError(ErrorCategory::kKernel, "nftables: kernel refused " + what, f.errnum);
     }
-    return makeError(ErrorCategory::kKernel,
-                     "nftables: kernel refused the batch (" + std::to_string(count) + " ops)",
+    return makeError(ErrorCategory::kKernel, "nftables: kernel refused the batch (" + count + " ops)",
                      f.errnum);
   }
+
+ private:
+  struct Message {
+    std::uint8_t phase = 0;
+    std::uint32_t firstInPhase = 0;
+    std::uint32_t ops = 0;
+    std::string text;  ///< of its first op
+  };
+  core::Result<backends::NetlinkSocket*> sock_;
+  std::uint32_t base_ = 0;
+  MessageBuffer begin_, end_;
+  MessageBuffer phases_[kBatchPhases];
+  std::size_t phaseOps_[kBatchPhases] = {};
+  std::vector<Message> messages_;  ///< by sequence number (base + 1 + index)
+  std::size_t count_ = 0;
+};
+
+class NetlinkKernel final : public KernelNftables {
+ public:
+  core::Result<void> apply(const std::vector<Op>& ops) override {
+    if (ops.empty()) return {};
+    auto batch = beginBatch();
+    batch->append(ops);
+    return batch->commit();
+  }
+
+  std::unique_ptr<KernelBatch> beginBatch() override { return std::make_unique<NetlinkBatch>(socket()); }
 
   core::Result<Mirror> readBack(const std::vector<SetSpec>& ip4Sets,
                                 const std::vector<SetSpec>& ip6Sets) override {

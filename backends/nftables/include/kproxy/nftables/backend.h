@@ -93,7 +93,11 @@ class NftablesBackend final : public sdk::BackendPlugin {
   };
   using OwnerKey = std::pair<Family, std::string>;
 
-  sdk::Expected<sdk::SyncOutcome> commit(std::vector<Op> ops, bool full);
+  /// Ports rendered, diffed and encoded together in a full sync.
+  static constexpr std::size_t kFullSyncChunk = 256;
+  std::unique_ptr<KernelBatch> beginBatch();  ///< the kernel's, or printing for dry-run
+  /// Sends the batch; on refusal the next sync is full (and a full sync's mirror is dropped).
+  sdk::Expected<void> send(KernelBatch& batch, bool full);
 
   /// Session-affinity entries point at an endpoint; when the endpoint leaves its service (or
   /// the service goes), upstream drops them with the endpoint's affinity set. Here the data

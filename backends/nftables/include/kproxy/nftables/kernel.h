@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,12 +15,40 @@
 
 namespace kproxy::nftables {
 
+/// One atomic transaction, filled piece by piece and sent by commit(). A full sync appends its
+/// ops as it produces them and drops them, so a table's worth of ops is never held at once:
+/// only the encoded transaction is.
+///
+/// The transaction sends ops grouped by phase, in the differ's order: table, sets, chains,
+/// flushes and rules; then element deletions; then element additions; then chain deletions.
+/// Within a phase, ops keep their append order. So one diff's ops go as they are, and a full
+/// sync appended chunk by chunk still adds every rule before any element: binding a rule to a
+/// map makes the kernel walk the map's elements, which would make rules after elements
+/// quadratic, and every stale interval goes before any new one.
+enum class BatchPhase : std::uint8_t { kStructure, kDeleteElements, kAddElements, kDeleteChains };
+inline constexpr std::size_t kBatchPhases = 4;
+BatchPhase batchPhase(OpKind kind);
+
+class KernelBatch {
+ public:
+  virtual ~KernelBatch() = default;
+  /// Adds `ops` to the transaction (each at the end of its phase); the caller may drop them.
+  virtual void append(std::span<const Op> ops) = 0;
+  /// Ops appended so far.
+  virtual std::size_t size() const = 0;
+  /// Sends the transaction, as apply() does. A batch is committed at most once.
+  virtual core::Result<void> commit() = 0;
+};
+
 class KernelNftables {
  public:
   virtual ~KernelNftables() = default;
   /// Applies `ops` as one atomic transaction. On error nothing changed, and the error's context
   /// names the refused op ("add rule ip kube-proxy X …").
   virtual core::Result<void> apply(const std::vector<Op>& ops) = 0;
+  /// A transaction to fill and commit. The default keeps copies of the ops and calls apply();
+  /// the netlink kernel encodes each op as it is appended.
+  virtual std::unique_ptr<KernelBatch> beginBatch();
   /// Reads both kproxy tables back. `setSpecs` lists the sets whose elements to read
   /// (dynamic sets are skipped: the data path owns their elements).
   virtual core::Result<Mirror> readBack(const std::vector<SetSpec>& ip4Sets,

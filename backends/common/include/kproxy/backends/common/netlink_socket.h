@@ -34,6 +34,8 @@ class NetlinkSocket {
   /// error the kernel queued for them. The kernel handles a netfilter batch synchronously
   /// inside sendmsg, so all replies are present when it returns. Empty result: accepted.
   core::Result<std::vector<NetlinkFailure>> sendBatch(std::span<const char> messages);
+  /// The same, for a batch held in several buffers (sent in order, as one sendmsg).
+  core::Result<std::vector<NetlinkFailure>> sendBatch(std::span<const std::span<const char>> parts);
 
   /// Sends one dump request and calls `onMessage` for each reply until NLMSG_DONE.
   /// `onMessage` returns false to report a decoding failure (the dump is still drained).
