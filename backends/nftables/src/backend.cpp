@@ -16,14 +16,6 @@ namespace {
 
 constexpr Family kFamilies[] = {Family::kIPv4, Family::kIPv6};
 
-std::string elementId(Family family, const std::string& set, const std::string& key) {
-  std::string id(1, family == Family::kIPv4 ? '4' : '6');
-  id += set;
-  id.push_back('\0');
-  id += key;
-  return id;
-}
-
 /// Returns freed heap pages to the system. glibc keeps freed memory of the heap's arenas
 /// resident; after a full sync that is hundreds of MiB at scale.
 void releaseFreeHeap() {
@@ -82,17 +74,6 @@ void addDesired(DesiredFamily& d, Objects& o) {
   for (auto& e : o.elements) d.elements.push_back(&e);
 }
 
-struct OwnedOf {
-  std::vector<std::string> chains;
-  std::vector<Element> elements;
-};
-template <typename Objects>
-OwnedOf ownedOf(const Objects& o) {
-  OwnedOf out;
-  for (const auto& c : o.chains) out.chains.push_back(c.name);
-  for (const auto& e : o.elements) out.elements.push_back(e.identity());
-  return out;
-}
 
 bool isAffinityEntrySet(const std::string& set) {
   return set == names::kAffinityServicesMap || set == names::kAffinityNodePortsMap;
@@ -132,8 +113,49 @@ std::optional<std::set<std::string>> chainEndpoints(const Fragment& f, std::stri
 
 }  // namespace
 
-void NftablesBackend::AffinityJudge::judge(const Element& e) {
-  (e.set == names::kAffinityServicesMap ? addresses : nodePorts)[e.key];
+void NftablesBackend::PackedElements::add(std::uint8_t set, bool intervalEnd, std::string_view key) {
+  if (key.size() > 255) throw std::length_error("nftables: element key longer than 255 bytes");
+  bytes_.push_back(static_cast<char>(set));
+  bytes_.push_back(static_cast<char>(intervalEnd ? 1 : 0));
+  bytes_.push_back(static_cast<char>(key.size()));
+  bytes_.append(key);
+}
+
+std::string NftablesBackend::elementId(Family family, std::uint8_t set, std::string_view key) {
+  std::string id;
+  id.reserve(2 + key.size());
+  id.push_back(family == Family::kIPv4 ? '4' : '6');
+  id.push_back(static_cast<char>(set));
+  id.append(key);
+  return id;
+}
+
+std::uint8_t NftablesBackend::setIndex(Family family, std::string_view set) const {
+  const auto& index = setIndex_[family == Family::kIPv4 ? 0 : 1];
+  auto it = index.find(set);
+  if (it == index.end()) throw std::logic_error("nftables: no set " + std::string(set) + " in the ruleset");
+  return it->second;
+}
+
+template <typename Objects>
+NftablesBackend::Owned NftablesBackend::ownedOf(Family family, const Objects& o) const {
+  Owned out;
+  for (const auto& c : o.chains) out.chains.push_back(c.name);
+  for (const auto& e : o.elements) out.elements.add(setIndex(family, e.set), e.intervalEnd, e.key);
+  return out;
+}
+
+Element NftablesBackend::identityOf(Family family, const PackedElements::Ref& ref) const {
+  const SetSpec& spec = renderer_.setSpecs(family)[ref.set];
+  Element e{spec.name, std::string(ref.key), {}, std::nullopt};
+  e.intervalEnd = ref.intervalEnd;
+  e.identitySuffix = spec.interval ? kIntervalIdentitySize : 0;
+  e.keyText = keyToText(spec, e.kernelKey(), family);
+  return e;
+}
+
+void NftablesBackend::AffinityJudge::judge(std::string_view set, std::string_view key) {
+  (set == names::kAffinityServicesMap ? addresses : nodePorts)[std::string(key)];
 }
 
 void NftablesBackend::AffinityJudge::add(const Fragment& f) {
@@ -172,8 +194,10 @@ void NftablesBackend::AffinityJudge::add(const Fragment& f) {
 
 bool NftablesBackend::affinityMayBeStale(Family fam, const Owned& old, const Fragment* now) const {
   std::set<std::string> oldKeys;
-  for (const auto& e : old.elements)
-    if (isAffinityEntrySet(e.set)) oldKeys.insert(e.set + '\0' + e.key);
+  old.elements.forEach([&](const PackedElements::Ref& e) {
+    const std::string& set = setName(fam, e.set);
+    if (isAffinityEntrySet(set)) oldKeys.insert(set + '\0' + std::string(e.key));
+  });
   if (oldKeys.empty()) return false;  // no affinity before: no entries to judge
   if (now == nullptr) return true;    // the port went
   for (const auto& e : now->elements)
@@ -187,14 +211,16 @@ bool NftablesBackend::affinityMayBeStale(Family fam, const Owned& old, const Fra
       auto mc = mf.chains.find(c);
       if (mc == mf.chains.end() || !mc->second.slotBase) return std::nullopt;
       std::set<std::string> out;
-      for (const auto& e : old.elements) {
-        if (e.intervalEnd || !e.set.starts_with(names::kServiceEndpointsMap)) continue;
-        if (rangeOf(e.kernelKey()) != *mc->second.slotBase >> 16) continue;
-        auto sit = mf.elements.find(e.set);
-        if (sit == mf.elements.end()) continue;
-        if (auto v = sit->second.find(e.key); v != sit->second.end() && v->second.starts_with("="))
+      old.elements.forEach([&](const PackedElements::Ref& ref) {
+        const std::string& set = setName(fam, ref.set);
+        if (ref.intervalEnd || !set.starts_with(names::kServiceEndpointsMap)) return;
+        if (rangeOf(ref.key.substr(0, ref.key.size() - kIntervalIdentitySize)) != *mc->second.slotBase >> 16)
+          return;
+        auto sit = mf.elements.find(set);
+        if (sit == mf.elements.end()) return;
+        if (auto v = sit->second.find(std::string(ref.key)); v != sit->second.end() && v->second.starts_with("="))
           out.insert(v->second.substr(1));
-      }
+      });
       return out;
     }
     return std::nullopt;
@@ -237,7 +263,14 @@ std::optional<sdk::ServicePort> VectorSnapshot::find(sdk::Family family, const s
 
 NftablesBackend::NftablesBackend(sdk::Host host, BackendSettings settings,
                                  std::unique_ptr<KernelNftables> kernel)
-    : host_(host), settings_(std::move(settings)), renderer_(settings_.render), kernel_(std::move(kernel)) {}
+    : host_(host), settings_(std::move(settings)), renderer_(settings_.render), kernel_(std::move(kernel)) {
+  for (Family fam : kFamilies) {
+    const auto& specs = renderer_.setSpecs(fam);
+    static_assert(kEndpointMapShards < 200, "set indexes are one byte");
+    for (std::size_t i = 0; i < specs.size(); ++i)
+      setIndex_[fam == Family::kIPv4 ? 0 : 1].emplace(specs[i].name, static_cast<std::uint8_t>(i));
+  }
+}
 
 sdk::Expected<sdk::SyncOutcome> NftablesBackend::sync(const sdk::SyncContext& context) {
   HostSnapshot next(context.next);
@@ -271,7 +304,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   std::unordered_map<std::string, std::uint32_t> fullOwners;
 
   // What the owner bookkeeping becomes if the kernel accepts the batch.
-  std::map<OwnerKey, std::optional<OwnedOf>> ownedUpdates;
+  std::map<OwnerKey, std::optional<Owned>> ownedUpdates;
   // Which session-affinity entries this sync can judge (see removeStaleAffinity).
   std::map<Family, AffinityJudge> affinity;
 
@@ -314,9 +347,9 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       MirrorFamily& mf = base.of(fam);
       const auto& specs = renderer_.setSpecs(fam);
       std::unordered_set<std::string> ownedChains;
-      auto own = [&](const OwnerKey& ok, OwnedOf o) {
+      auto own = [&](const OwnerKey& ok, Owned o) {
         for (const auto& c : o.chains) ownedChains.insert(c);
-        for (const auto& e : o.elements) ++fullOwners[elementId(fam, e.set, e.key)];
+        o.elements.forEach([&](const PackedElements::Ref& e) { ++fullOwners[elementId(fam, e.set, e.key)]; });
         ownedUpdates[ok] = std::move(o);
       };
       if (fam == Family::kIPv4 || !famKeys.empty() || mf.tableExists) {
@@ -324,7 +357,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         DesiredFamily desired;
         desired.sets = global.sets;
         addDesired(desired, global);
-        own({fam, ""}, ownedOf(global));
+        own({fam, ""}, ownedOf(fam, global));
         desired.moveRules = true;
         emit(fam, NftablesDiffer::diff(fam, desired, mf, {}, specs));
       }
@@ -341,7 +374,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         DesiredFamily desired;
         for (auto& f : frags) {
           addDesired(desired, f);
-          own({fam, f.key}, ownedOf(f));
+          own({fam, f.key}, ownedOf(fam, f));
         }
         desired.moveRules = true;
         emit(fam, NftablesDiffer::diff(fam, desired, mf, {}, specs));
@@ -352,12 +385,12 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       for (const auto& [name, chain] : mf.chains)
         if (!ownedChains.contains(name)) stale.chains.insert(name);
       for (const auto& [set, elems] : mf.elements) {
-        auto spec = std::find_if(specs.begin(), specs.end(), [&](const SetSpec& sp) { return sp.name == set; });
-        if (spec != specs.end() && spec->dynamic) continue;  // filled by the data path, not by us
+        const std::uint8_t index = setIndex(fam, set);
+        const SetSpec& spec = specs[index];
+        if (spec.dynamic) continue;  // filled by the data path, not by us
         for (const auto& [key, value] : elems)
-          if (!fullOwners.contains(elementId(fam, set, key)))
-            stale.elements.push_back(
-                Element{set, key, spec != specs.end() ? keyToText(*spec, key, fam) : std::string(), std::nullopt});
+          if (!fullOwners.contains(elementId(fam, index, key)))
+            stale.elements.push_back(Element{set, key, keyToText(spec, key, fam), std::nullopt});
       }
       emit(fam, NftablesDiffer::diff(fam, DesiredFamily{}, mf, stale, specs));
       affinity[fam].everything = true;
@@ -387,8 +420,9 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         for (const auto& f : frags)
           if (f.key == key) now = &f;
         if (!affinityMayBeStale(fam, it->second, now)) continue;
-        for (const auto& e : it->second.elements)
-          if (isAffinityEntrySet(e.set)) affinity[fam].judge(e);
+        it->second.elements.forEach([&](const PackedElements::Ref& e) {
+          if (isAffinityEntrySet(setName(fam, e.set))) affinity[fam].judge(setName(fam, e.set), e.key);
+        });
         if (now != nullptr) affinity[fam].add(*now);
       }
       for (const auto& f : frags)
@@ -397,16 +431,16 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       if (!needed && keys.empty()) continue;
       DesiredFamily desired;
       std::optional<GlobalObjects> global;
-      std::vector<std::pair<OwnerKey, OwnedOf>> newOwned;
+      std::vector<std::pair<OwnerKey, Owned>> newOwned;
       if (needed) {
         global = renderer_.renderGlobal(fam, node);
         desired.sets = global->sets;
         addDesired(desired, *global);
-        newOwned.emplace_back(OwnerKey{fam, ""}, ownedOf(*global));
+        newOwned.emplace_back(OwnerKey{fam, ""}, ownedOf(fam, *global));
       }
       for (auto& f : frags) {
         addDesired(desired, f);
-        newOwned.emplace_back(OwnerKey{fam, f.key}, ownedOf(f));
+        newOwned.emplace_back(OwnerKey{fam, f.key}, ownedOf(fam, f));
       }
       desired.moveRules = true;
 
@@ -421,21 +455,21 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         auto it = owned_.find(ok);
         if (it == owned_.end()) continue;
         for (const auto& c : it->second.chains) stale.chains.insert(c);
-        for (const auto& e : it->second.elements) --delta[elementId(fam, e.set, e.key)];
+        it->second.elements.forEach([&](const PackedElements::Ref& e) { --delta[elementId(fam, e.set, e.key)]; });
       }
       for (const auto& [ok, o] : newOwned)
-        for (const auto& e : o.elements) ++delta[elementId(fam, e.set, e.key)];
+        o.elements.forEach([&](const PackedElements::Ref& e) { ++delta[elementId(fam, e.set, e.key)]; });
       // An element shared by several touched owners (a hairpin pair of a pod behind two
       // ports) can be listed once per owner; the differ deletes it once.
       for (const auto& ok : touched) {
         auto it = owned_.find(ok);
         if (it == owned_.end()) continue;
-        for (const auto& e : it->second.elements) {
+        it->second.elements.forEach([&](const PackedElements::Ref& e) {
           auto id = elementId(fam, e.set, e.key);
           auto owners = elementOwners_.find(id);
           int now = (owners == elementOwners_.end() ? 0 : static_cast<int>(owners->second)) + delta[id];
-          if (now <= 0) stale.elements.push_back(e);
-        }
+          if (now <= 0) stale.elements.push_back(identityOf(fam, e));
+        });
       }
       auto result = NftablesDiffer::diff(fam, desired, mf, stale, renderer_.setSpecs(fam));
       for (auto& op : result.ops) ops.push_back(std::move(op));
@@ -474,17 +508,17 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       for (const auto& c : it->second.chains)
         if (!o || std::find(o->chains.begin(), o->chains.end(), c) == o->chains.end())
           renderer_.slots(ok.first).release(c);
-      for (const auto& e : it->second.elements) {
+      it->second.elements.forEach([&](const PackedElements::Ref& e) {
         auto id = elementId(ok.first, e.set, e.key);
         if (auto oit = elementOwners_.find(id); oit != elementOwners_.end() && --oit->second == 0)
           elementOwners_.erase(oit);
-      }
+      });
       owned_.erase(it);
     }
     if (!o) continue;
     if (!full)  // a full sync counted them as it rendered
-      for (const auto& e : o->elements) ++elementOwners_[elementId(ok.first, e.set, e.key)];
-    owned_[ok] = Owned{std::move(o->chains), std::move(o->elements)};
+      o->elements.forEach([&](const PackedElements::Ref& e) { ++elementOwners_[elementId(ok.first, e.set, e.key)]; });
+    owned_[ok] = std::move(*o);
   }
   if (full) {
     // Ranges read back for chains no longer wanted are free again.

@@ -87,9 +87,32 @@ class NftablesBackend final : public sdk::BackendPlugin {
   bool needsFullSync() const { return needFull_; }
 
  private:
+  /// Element identities packed in one string, a few bytes each (the bookkeeping holds one per
+  /// element of the table): the set's index in the family's SetSpecs, the interval-end flag, the
+  /// key's length and the key (Element::key: kernel bytes and identity suffix).
+  class PackedElements {
+   public:
+    struct Ref {
+      std::uint8_t set = 0;
+      bool intervalEnd = false;
+      std::string_view key;
+    };
+    void add(std::uint8_t set, bool intervalEnd, std::string_view key);
+    template <typename Fn>
+    void forEach(Fn&& fn) const {
+      for (std::size_t i = 0; i + 3 <= bytes_.size();) {
+        const auto len = static_cast<std::uint8_t>(bytes_[i + 2]);
+        fn(Ref{static_cast<std::uint8_t>(bytes_[i]), bytes_[i + 1] != 0, std::string_view(bytes_).substr(i + 3, len)});
+        i += 3 + len;
+      }
+    }
+
+   private:
+    std::string bytes_;
+  };
   struct Owned {
     std::vector<std::string> chains;
-    std::vector<Element> elements;  ///< set, key, keyText (values not needed)
+    PackedElements elements;
   };
   using OwnerKey = std::pair<Family, std::string>;
 
@@ -113,7 +136,7 @@ class NftablesBackend final : public sdk::BackendPlugin {
     std::unordered_map<std::string, Verdicts> addresses;
     std::unordered_map<std::string, Verdicts> nodePorts;
     bool everything = false;  ///< a full sync: entries of no known service are stale too
-    void judge(const Element& entryElement);  ///< a service entry that was there before
+    void judge(std::string_view set, std::string_view key);  ///< a service entry that was there before
     void add(const Fragment& fragment);        ///< a service port as it is now
     void mergeOlder(const AffinityJudge& older);
   };
@@ -122,6 +145,18 @@ class NftablesBackend final : public sdk::BackendPlugin {
   /// the port went): one of its entry addresses went, or an endpoint left one of its
   /// balancing chains. Additions never make an entry stale.
   bool affinityMayBeStale(Family family, const Owned& old, const Fragment* now) const;
+  /// The chains and element identities a fragment (or the global objects) owns.
+  template <typename Objects>
+  Owned ownedOf(Family family, const Objects& objects) const;
+  /// The index of a set in the family's SetSpecs (the renderer's sets are fixed).
+  std::uint8_t setIndex(Family family, std::string_view set) const;
+  const std::string& setName(Family family, std::uint8_t index) const {
+    return renderer_.setSpecs(family)[index].name;
+  }
+  /// An owned element as an Element identity (with its key text, for printing).
+  Element identityOf(Family family, const PackedElements::Ref& ref) const;
+  /// Owner-count key of an element: family, set index and key.
+  static std::string elementId(Family family, std::uint8_t set, std::string_view key);
   std::map<Family, AffinityJudge> pendingAffinity_;  ///< clean-ups that did not go through
 
   sdk::Host host_;
@@ -130,7 +165,8 @@ class NftablesBackend final : public sdk::BackendPlugin {
   std::unique_ptr<KernelNftables> kernel_;
   Mirror mirror_;
   std::map<OwnerKey, Owned> owned_;  ///< per service port (key "" = the global objects)
-  std::unordered_map<std::string, std::uint32_t> elementOwners_;  ///< family+set+key → owners
+  std::unordered_map<std::string, std::uint32_t> elementOwners_;  ///< elementId → owners
+  std::unordered_map<std::string_view, std::uint8_t> setIndex_[2];
   std::map<Family, std::set<std::string>> pendingDelete_;
   bool needFull_ = true;
   std::vector<Op> lastOps_;
