@@ -86,6 +86,24 @@ std::optional<std::uint32_t> rangeOf(std::string_view kernelKey) {
          static_cast<std::uint8_t>(kernelKey[1]);
 }
 
+/// A slot-map element's key (kernel bytes and identity suffix) taken apart.
+struct SlotKey {
+  std::uint32_t range = 0;
+  std::uint32_t offset = 0;  ///< within the range
+  bool end = false;
+  std::uint32_t intervals = 0;  ///< of the layout it belongs to
+};
+std::optional<SlotKey> slotKeyOf(std::string_view key) {
+  if (key.size() != 4 + kIntervalIdentitySize) return std::nullopt;
+  auto u32 = [&](std::size_t at) {
+    std::uint32_t v = 0;
+    for (std::size_t i = 0; i < 4; ++i) v = v << 8 | static_cast<std::uint8_t>(key[at + i]);
+    return v;
+  };
+  const std::uint32_t slot = u32(0);
+  return SlotKey{slot >> 16, slot & 0xffff, key[4] == '\x01', u32(5)};
+}
+
 /// The fragment's chain whose name starts with `prefix` ("service-", "external-").
 const Chain* chainOf(const Fragment& f, std::string_view prefix) {
   for (const auto& c : f.chains)
@@ -347,9 +365,17 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       MirrorFamily& mf = base.of(fam);
       const auto& specs = renderer_.setSpecs(fam);
       std::unordered_set<std::string> ownedChains;
+      // Slot ranges in use and their layouts' sizes: slot-map elements are not counted (each
+      // range has one owner), so these tell which of them stay.
+      std::unordered_map<std::uint32_t, std::uint32_t> layouts;
       auto own = [&](const OwnerKey& ok, Owned o) {
         for (const auto& c : o.chains) ownedChains.insert(c);
-        o.elements.forEach([&](const PackedElements::Ref& e) { ++fullOwners[elementId(fam, e.set, e.key)]; });
+        o.elements.forEach([&](const PackedElements::Ref& e) {
+          if (counted(fam, e.set))
+            ++fullOwners[elementId(fam, e.set, e.key)];
+          else if (auto k = slotKeyOf(e.key))
+            layouts[k->range] = k->intervals;
+        });
         ownedUpdates[ok] = std::move(o);
       };
       if (fam == Family::kIPv4 || !famKeys.empty() || mf.tableExists) {
@@ -388,9 +414,18 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         const std::uint8_t index = setIndex(fam, set);
         const SetSpec& spec = specs[index];
         if (spec.dynamic) continue;  // filled by the data path, not by us
-        for (const auto& [key, value] : elems)
-          if (!fullOwners.contains(elementId(fam, index, key)))
-            stale.elements.push_back(Element{set, key, keyToText(spec, key, fam), std::nullopt});
+        for (const auto& [key, value] : elems) {
+          bool owned = false;
+          if (!counted(fam, index)) {
+            auto k = slotKeyOf(key);
+            auto layout = k ? layouts.find(k->range) : layouts.end();
+            owned = layout != layouts.end() && layout->second == k->intervals &&
+                    inSlotLayout(k->offset, k->end, k->intervals);
+          } else {
+            owned = fullOwners.contains(elementId(fam, index, key));
+          }
+          if (!owned) stale.elements.push_back(Element{set, key, keyToText(spec, key, fam), std::nullopt});
+        }
       }
       emit(fam, NftablesDiffer::diff(fam, DesiredFamily{}, mf, stale, specs));
       affinity[fam].everything = true;
@@ -466,8 +501,12 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         if (it == owned_.end()) continue;
         it->second.elements.forEach([&](const PackedElements::Ref& e) {
           auto id = elementId(fam, e.set, e.key);
-          auto owners = elementOwners_.find(id);
-          int now = (owners == elementOwners_.end() ? 0 : static_cast<int>(owners->second)) + delta[id];
+          int owners = 1;  // a slot-map element's one owner is its range's chain
+          if (counted(fam, e.set)) {
+            auto counts = elementOwners_.find(id);
+            owners = counts == elementOwners_.end() ? 0 : static_cast<int>(counts->second);
+          }
+          int now = owners + delta[id];
           if (now <= 0) stale.elements.push_back(identityOf(fam, e));
         });
       }
@@ -509,6 +548,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         if (!o || std::find(o->chains.begin(), o->chains.end(), c) == o->chains.end())
           renderer_.slots(ok.first).release(c);
       it->second.elements.forEach([&](const PackedElements::Ref& e) {
+        if (!counted(ok.first, e.set)) return;
         auto id = elementId(ok.first, e.set, e.key);
         if (auto oit = elementOwners_.find(id); oit != elementOwners_.end() && --oit->second == 0)
           elementOwners_.erase(oit);
@@ -517,7 +557,9 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
     }
     if (!o) continue;
     if (!full)  // a full sync counted them as it rendered
-      o->elements.forEach([&](const PackedElements::Ref& e) { ++elementOwners_[elementId(ok.first, e.set, e.key)]; });
+      o->elements.forEach([&](const PackedElements::Ref& e) {
+        if (counted(ok.first, e.set)) ++elementOwners_[elementId(ok.first, e.set, e.key)];
+      });
     owned_[ok] = std::move(*o);
   }
   if (full) {

@@ -81,6 +81,14 @@ std::string serviceEndpointsMap(std::uint32_t base) {
   return fmt::format("{}-{}", names::kServiceEndpointsMap, (base >> 16) % kEndpointMapShards);
 }
 
+bool inSlotLayout(std::uint32_t offset, bool end, std::uint32_t k) {
+  if (k == 0 || offset > kSlotsPerRange) return false;
+  // The interval whose start is at or after `offset`: i = ceil(offset · K / slots).
+  const std::uint64_t i = (static_cast<std::uint64_t>(offset) * k + kSlotsPerRange - 1) / kSlotsPerRange;
+  if (end ? (i < 1 || i > k) : i >= k) return false;
+  return slotOffset(i, k) == offset;
+}
+
 std::string affinityChainName(const sdk::ServicePort& port) {
   return "affinity-" + servicePortChainBase(port);
 }
@@ -295,9 +303,7 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     const std::string map = serviceEndpointsMap(*base);
     c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromSlots{map, *base}}));
     const auto k = static_cast<std::uint64_t>(targets.size());
-    auto slotKey = [&](std::uint64_t i) {
-      return static_cast<std::uint32_t>(*base + i * kSlotsPerRange / k);
-    };
+    auto slotKey = [&](std::uint64_t i) { return *base + slotOffset(i, k); };
     for (std::uint64_t i = 0; i < k; ++i) {
       std::uint32_t first = slotKey(i);
       std::uint32_t end = i + 1 == k ? *base + kSlotsPerRange : slotKey(i + 1);

@@ -1,5 +1,6 @@
 // NftablesRenderer: the rules of each feature, as nft text.
 
+#include <set>
 #include <catch2/catch.hpp>
 
 #include "kproxy/nftables/renderer.h"
@@ -304,4 +305,25 @@ TEST_CASE("nodeport-ips: node addresses filtered by nodeport-addresses", "[unit]
   REQUIRE(g6.elements.size() == 1);  // no IPv6 CIDR given: primary IPv6 address
   CHECK(parseRenderConfig({{"masquerade-bit", "40"}}).has_value() == false);
   CHECK(parseRenderConfig({{"cluster-cidr", "nonsense"}}).has_value() == false);
+}
+
+TEST_CASE("renderer: slot layouts are recognised from an element's place alone", "[unit]") {
+  // The backend decides which read-back slot-map elements stay by their place in the layout
+  // of their range's size, without counting them: inSlotLayout must accept exactly the starts
+  // and ends that the renderer produces for K intervals.
+  for (std::uint32_t k : {1u, 2u, 3u, 7u, 10u, 64u, 255u, 1000u, 4097u, 65535u}) {
+    INFO("K = " << k);
+    std::set<std::uint32_t> starts, ends;
+    for (std::uint32_t i = 0; i < k; ++i) {
+      starts.insert(slotOffset(i, k));
+      ends.insert(i + 1 == k ? kSlotsPerRange : slotOffset(i + 1, k));
+    }
+    REQUIRE(starts.size() == k);
+    for (std::uint32_t o = 0; o <= kSlotsPerRange; ++o) {
+      if (inSlotLayout(o, false, k) != starts.contains(o)) FAIL("start at " << o);
+      if (inSlotLayout(o, true, k) != ends.contains(o)) FAIL("end at " << o);
+    }
+  }
+  CHECK_FALSE(inSlotLayout(0, false, 0));
+  CHECK_FALSE(inSlotLayout(kSlotsPerRange + 1, true, 3));
 }

@@ -153,6 +153,9 @@ class NftablesBackend final : public sdk::BackendPlugin {
   const std::string& setName(Family family, std::uint8_t index) const {
     return renderer_.setSpecs(family)[index].name;
   }
+  /// Whether the set's elements have owner counts. A slot map's element has exactly one owner
+  /// (the chain its range belongs to), so slot maps, most of the table, are not counted.
+  bool counted(Family family, std::uint8_t set) const { return !renderer_.setSpecs(family)[set].interval; }
   /// An owned element as an Element identity (with its key text, for printing).
   Element identityOf(Family family, const PackedElements::Ref& ref) const;
   /// Owner-count key of an element: family, set index and key.
@@ -165,7 +168,7 @@ class NftablesBackend final : public sdk::BackendPlugin {
   std::unique_ptr<KernelNftables> kernel_;
   Mirror mirror_;
   std::map<OwnerKey, Owned> owned_;  ///< per service port (key "" = the global objects)
-  std::unordered_map<std::string, std::uint32_t> elementOwners_;  ///< elementId → owners
+  std::unordered_map<std::string, std::uint32_t> elementOwners_;  ///< elementId → owners (counted sets)
   std::unordered_map<std::string_view, std::uint8_t> setIndex_[2];
   std::map<Family, std::set<std::string>> pendingDelete_;
   bool needFull_ = true;

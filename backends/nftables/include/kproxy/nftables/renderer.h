@@ -82,6 +82,14 @@ std::string affinityChainName(const sdk::ServicePort& port);
 /// message that names a set makes the kernel walk the table's list of sets by name. 64 maps
 /// measured best for full syncs at 10k and 30k services (see bench/nftables/KERNEL-COSTS.md).
 inline constexpr std::uint32_t kEndpointMapShards = 64;
+/// Where interval i of a K-interval layout starts within its range (interval i ends where
+/// i + 1 starts; the last ends at kSlotsPerRange). Sizes differ by at most one slot.
+inline std::uint32_t slotOffset(std::uint64_t i, std::uint64_t k) {
+  return static_cast<std::uint32_t>(i * kSlotsPerRange / k);
+}
+/// Whether a slot-map element of a K-interval layout belongs at `offset` of its range: a start
+/// at the start of interval 0..K-1, an end at the start of interval 1..K (K: the range's end).
+bool inSlotLayout(std::uint32_t offset, bool end, std::uint32_t k);
 /// The map that holds the slot range starting at `base`.
 std::string serviceEndpointsMap(std::uint32_t base);
 /// Upstream's per-endpoint chain name (kproxy has no endpoint chains; the benchmark's
