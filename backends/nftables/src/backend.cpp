@@ -237,7 +237,7 @@ bool NftablesBackend::affinityMayBeStale(Family fam, const Owned& old, const Fra
         auto sit = mf.elements.find(set);
         if (sit == mf.elements.end()) return;
         if (auto v = sit->second.find(std::string(ref.key)); v != sit->second.end() && v->second.starts_with("="))
-          out.insert(v->second.substr(1));
+          out.emplace(v->second.substr(1));
       });
       return out;
     }
@@ -424,7 +424,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
           } else {
             owned = fullOwners.contains(elementId(fam, index, key));
           }
-          if (!owned) stale.elements.push_back(Element{set, key, keyToText(spec, key, fam), std::nullopt});
+          if (!owned) stale.elements.push_back(Element{set, std::string(key), keyToText(spec, key, fam), std::nullopt});
         }
       }
       emit(fam, NftablesDiffer::diff(fam, DesiredFamily{}, mf, stale, specs));

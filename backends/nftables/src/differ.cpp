@@ -1,6 +1,8 @@
 #include "kproxy/nftables/differ.h"
 
 #include <algorithm>
+#include <functional>
+#include <stdexcept>
 
 #include <fmt/format.h>
 
@@ -33,6 +35,108 @@ void dropRef(MirrorFamily& m, const std::string& chain) {
 }
 
 }  // namespace
+
+std::size_t ElementTable::recordSize(std::uint32_t offset) const {
+  const auto* p = reinterpret_cast<const unsigned char*>(arena_.data()) + offset;
+  return 3 + p[0] + (static_cast<std::size_t>(p[1]) << 8 | p[2]);
+}
+
+ElementTable::value_type ElementTable::record(std::uint32_t offset) const {
+  const auto* p = reinterpret_cast<const unsigned char*>(arena_.data()) + offset;
+  const std::size_t klen = p[0];
+  const std::size_t vlen = static_cast<std::size_t>(p[1]) << 8 | p[2];
+  std::string_view all(arena_.data() + offset + 3, klen + vlen);
+  return {all.substr(0, klen), all.substr(klen)};
+}
+
+std::size_t ElementTable::nextOccupied(std::size_t from) const {
+  while (from < slots_.size() && slots_[from] < 2) ++from;
+  return from;
+}
+
+std::size_t ElementTable::slotOf(std::string_view key) const {
+  if (slots_.empty()) return 0;
+  const std::size_t mask = slots_.size() - 1;
+  for (std::size_t i = std::hash<std::string_view>{}(key) & mask;; i = (i + 1) & mask) {
+    const std::uint32_t s = slots_[i];
+    if (s == 0) return slots_.size();
+    if (s >= 2 && record(s - 2).first == key) return i;
+  }
+}
+
+ElementTable::const_iterator ElementTable::find(std::string_view key) const {
+  return const_iterator(this, slotOf(key));
+}
+
+std::string_view ElementTable::at(std::string_view key) const {
+  auto it = find(key);
+  if (it == end()) throw std::out_of_range("no element with this key");
+  return it->second;
+}
+
+void ElementTable::rebuild(std::size_t capacity) {
+  std::string arena;
+  arena.reserve(arena_.size() - garbage_);
+  std::vector<std::uint32_t> slots(capacity, 0);
+  const std::size_t mask = capacity - 1;
+  for (std::uint32_t s : slots_) {
+    if (s < 2) continue;
+    const std::uint32_t from = s - 2;
+    const auto offset = static_cast<std::uint32_t>(arena.size());
+    arena.append(arena_, from, recordSize(from));
+    std::size_t i = std::hash<std::string_view>{}(record(from).first) & mask;
+    while (slots[i] != 0) i = (i + 1) & mask;
+    slots[i] = offset + 2;
+  }
+  arena_ = std::move(arena);
+  slots_ = std::move(slots);
+  removed_ = 0;
+  garbage_ = 0;
+}
+
+void ElementTable::set(std::string_view key, std::string_view value) {
+  if (key.size() > 0xff || value.size() > 0xffff) throw std::length_error("element key or value too long");
+  if (arena_.size() + 3 + key.size() + value.size() > 0xfffffff0u) throw std::length_error("element table full");
+  if (garbage_ > 4096 && garbage_ * 2 > arena_.size()) rebuild(slots_.size());  // mostly dead records
+  std::size_t at = slotOf(key);
+  if (at < slots_.size()) {
+    const std::uint32_t offset = slots_[at] - 2;
+    if (record(offset).second.size() == value.size()) {  // same length: in place
+      arena_.replace(offset + 3 + key.size(), value.size(), value);
+      return;
+    }
+    garbage_ += recordSize(offset);
+  } else {
+    // Keep the index at most 70% full (removed slots count) and the arena mostly live.
+    if ((size_ + removed_ + 1) * 10 > slots_.size() * 7) {
+      std::size_t capacity = std::max<std::size_t>(16, slots_.size());
+      while ((size_ + 1) * 10 > capacity * 5) capacity *= 2;
+      rebuild(capacity);
+    }
+    const std::size_t mask = slots_.size() - 1;
+    at = std::hash<std::string_view>{}(key) & mask;
+    while (slots_[at] >= 2) at = (at + 1) & mask;
+    if (slots_[at] == 1) --removed_;
+    ++size_;
+  }
+  const auto offset = static_cast<std::uint32_t>(arena_.size());
+  arena_.push_back(static_cast<char>(key.size()));
+  arena_.push_back(static_cast<char>(value.size() >> 8));
+  arena_.push_back(static_cast<char>(value.size() & 0xff));
+  arena_.append(key);
+  arena_.append(value);
+  slots_[at] = offset + 2;
+}
+
+bool ElementTable::erase(std::string_view key) {
+  const std::size_t at = slotOf(key);
+  if (at >= slots_.size()) return false;
+  garbage_ += recordSize(slots_[at] - 2);
+  slots_[at] = 1;
+  ++removed_;
+  if (--size_ == 0) *this = ElementTable{};  // hand the memory back
+  return true;
+}
 
 void MirrorFamily::rebuildReferences() {
   references.clear();
@@ -106,13 +210,13 @@ void applyToMirror(Mirror& mirror, const std::vector<Op>& ops) {
         auto eit = sit->second.find(op.element->key);
         if (eit == sit->second.end()) break;
         dropRef(m, verdictTarget(eit->second));
-        sit->second.erase(eit);
+        sit->second.erase(op.element->key);
         break;
       }
       case OpKind::kAddElement: {
         std::string value = valueText(*op.element);
         addRef(m, verdictTarget(value));
-        m.elements[op.name][op.element->key] = std::move(value);
+        m.elements[op.name].set(op.element->key, value);
         break;
       }
       case OpKind::kDeleteChain: m.chains.erase(op.name); break;
@@ -176,11 +280,11 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
   for (Element* e : desired.elements) {
     desiredElements.insert(elementId(e->set, e->key));
     std::string value = valueText(*e);
-    const std::string* current = nullptr;
+    std::optional<std::string_view> current;
     if (auto sit = mirror.elements.find(e->set); sit != mirror.elements.end())
-      if (auto eit = sit->second.find(e->key); eit != sit->second.end()) current = &eit->second;
-    if (current != nullptr && *current == value) continue;
-    if (current != nullptr) {
+      if (auto eit = sit->second.find(e->key); eit != sit->second.end()) current = eit->second;
+    if (current && *current == value) continue;
+    if (current) {
       Op d = op(OpKind::kDeleteElement, e->set);
       d.element = std::make_shared<const Element>(e->identity());
       delElems.push_back(std::move(d));
@@ -221,7 +325,7 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
       if (spec != nullptr && spec->dynamic) continue;  // filled by the data path, not by us
       for (const auto& [key, value] : elems) {
         std::string text = spec != nullptr ? keyToText(*spec, key, family) : std::string();
-        deleteElement(set, key, std::move(text));
+        deleteElement(set, std::string(key), std::move(text));
       }
     }
   } else {

@@ -159,7 +159,7 @@ core::Result<Mirror> FakeKernelNftables::readBack(const std::vector<SetSpec>& ip
       if (dynamic) continue;
       auto& elems = f.elements[name];
       if (auto it = t.elements.find(name); it != t.elements.end())
-        for (const auto& [k, v] : it->second) elems.emplace(k, v);
+        for (const auto& [k, v] : it->second) elems.set(k, v);
     }
     f.rebuildReferences();
   }

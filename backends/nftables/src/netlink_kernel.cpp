@@ -501,7 +501,7 @@ class NetlinkKernel final : public KernelNftables {
           if (interval)
             rawIntervals.emplace_back(std::move(keyBytes), std::move(value));
           else
-            elems[std::move(keyBytes)] = std::move(value);
+            elems.set(keyBytes, value);
         }
         nftnl_set_elems_iter_destroy(it);
         return true;
@@ -517,7 +517,7 @@ class NetlinkKernel final : public KernelNftables {
         bool end = value == "end";
         // The end of a range's last interval is its last key, in the same range.
         std::uint32_t intervals = starts[rangeOf(key)];
-        elems[key + intervalIdentity(end, intervals)] = std::move(value);
+        elems.set(key + intervalIdentity(end, intervals), value);
       }
     }
     mf.rebuildReferences();

@@ -1,5 +1,9 @@
 // NftablesDiffer: desired objects vs. a mirror → ordered ops.
 
+#include <random>
+#include <string>
+#include <unordered_map>
+
 #include <catch2/catch.hpp>
 
 #include "kproxy/nftables/differ.h"
@@ -151,4 +155,61 @@ TEST_CASE("differ: a changed element value is deleted and re-added", "[unit]") {
                   "add element ip kube-proxy no-endpoint-services { 172.30.0.10 . tcp . 80 : goto reject-chain }") !=
         t.end());
   CHECK(std::find(t.begin(), t.end(), "delete element ip kube-proxy service-ips { 172.30.0.10 . tcp . 80 }") != t.end());
+}
+
+TEST_CASE("ElementTable behaves like a map of strings under random use", "[unit]") {
+  // The mirror's element store packs records in an arena under an open-addressing index;
+  // growth, removed slots, in-place and relocated values and compaction must all keep it a
+  // plain key → value map.
+  std::mt19937 rng(0x656c656d);
+  ElementTable table;
+  std::unordered_map<std::string, std::string> model;
+  auto randomKey = [&] {
+    std::string k(1 + rng() % 24, '\0');
+    for (auto& c : k) c = static_cast<char>(rng() % 6);  // few distinct keys: many hits
+    return k;
+  };
+  auto randomValue = [&] {
+    std::string v(rng() % 3 == 0 ? 0 : rng() % 60, '\0');
+    for (auto& c : v) c = static_cast<char>('a' + rng() % 26);
+    return v;
+  };
+  for (int step = 0; step < 200000; ++step) {
+    INFO("step " << step);
+    const std::string key = randomKey();
+    switch (rng() % 5) {
+      case 0:
+      case 1: {
+        std::string value = randomValue();
+        table.set(key, value);
+        model[key] = value;
+        break;
+      }
+      case 2:
+        REQUIRE(table.erase(key) == (model.erase(key) == 1));
+        break;
+      default: {
+        auto it = table.find(key);
+        auto mit = model.find(key);
+        REQUIRE((it == table.end()) == (mit == model.end()));
+        if (mit != model.end()) REQUIRE(it->second == mit->second);
+      }
+    }
+    REQUIRE(table.size() == model.size());
+    if (step % 20000 == 0 || step == 199999) {
+      std::size_t seen = 0;
+      for (const auto& [k, v] : table) {
+        ++seen;
+        auto mit = model.find(std::string(k));
+        REQUIRE(mit != model.end());
+        REQUIRE(v == mit->second);
+      }
+      REQUIRE(seen == model.size());
+    }
+  }
+  for (const auto& [k, v] : model) REQUIRE(table.at(k) == v);
+  CHECK_THROWS_AS(table.at(std::string(30, '\x07')), std::out_of_range);
+  for (const auto& [k, v] : model) REQUIRE(table.erase(k));
+  CHECK(table.empty());
+  CHECK(table.begin() == table.end());
 }

@@ -7,7 +7,11 @@
 /// deleted by a later sync once nothing references it: kernels before 6.2 can refuse deleting a
 /// chain whose referencing map element is deleted in the same batch.
 
+#include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <string_view>
+#include <utility>
 #include <map>
 #include <memory>
 #include <optional>
@@ -29,13 +33,82 @@ struct MirrorChain {
   std::optional<std::uint32_t> slotBase;  ///< the slot range its DnatFromSlots rule uses
 };
 
+/// One set's elements as the mirror records them: key bytes → value text. Records sit in one
+/// byte arena ([key length][value length][key][value]) under an open-addressing index, about
+/// 30 bytes an element where a node-based map takes over 100: the elements of a big table are
+/// most of what the backend keeps between syncs. Iteration order is unspecified. Views handed
+/// out (find, at, iteration) stay valid until the table is next modified.
+class ElementTable {
+ public:
+  using value_type = std::pair<std::string_view, std::string_view>;
+
+  class const_iterator {
+   public:
+    using iterator_category = std::forward_iterator_tag;
+    using value_type = ElementTable::value_type;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const value_type*;
+    using reference = const value_type&;
+    const_iterator() = default;
+    reference operator*() const { return current_; }
+    pointer operator->() const { return &current_; }
+    const_iterator& operator++() {
+      slot_ = table_->nextOccupied(slot_ + 1);
+      load();
+      return *this;
+    }
+    const_iterator operator++(int) {
+      auto was = *this;
+      ++*this;
+      return was;
+    }
+    bool operator==(const const_iterator& o) const { return slot_ == o.slot_; }
+
+   private:
+    friend class ElementTable;
+    const_iterator(const ElementTable* table, std::size_t slot) : table_(table), slot_(slot) { load(); }
+    void load() {
+      if (slot_ < table_->slots_.size()) current_ = table_->record(table_->slots_[slot_] - 2);
+    }
+    const ElementTable* table_ = nullptr;
+    std::size_t slot_ = 0;
+    value_type current_;
+  };
+
+  const_iterator begin() const { return const_iterator(this, nextOccupied(0)); }
+  const_iterator end() const { return const_iterator(this, slots_.size()); }
+  const_iterator find(std::string_view key) const;
+  bool contains(std::string_view key) const { return find(key) != end(); }
+  /// The value of `key`; throws std::out_of_range when absent.
+  std::string_view at(std::string_view key) const;
+  std::size_t size() const { return size_; }
+  bool empty() const { return size_ == 0; }
+  /// Sets the value of `key`, adding it if new.
+  void set(std::string_view key, std::string_view value);
+  /// Removes `key`; false when it was absent.
+  bool erase(std::string_view key);
+
+ private:
+  std::size_t slotOf(std::string_view key) const;  ///< its slot, or slots_.size()
+  std::size_t nextOccupied(std::size_t from) const;
+  value_type record(std::uint32_t offset) const;
+  std::size_t recordSize(std::uint32_t offset) const;
+  void rebuild(std::size_t capacity);  ///< re-indexes (and compacts) into `capacity` slots
+
+  std::string arena_;
+  std::vector<std::uint32_t> slots_;  ///< 0 empty, 1 removed, else record offset + 2
+  std::size_t size_ = 0;
+  std::size_t removed_ = 0;  ///< slots marked removed
+  std::size_t garbage_ = 0;  ///< arena bytes of removed or replaced records
+};
+
 /// What one family's kproxy table holds. Elements are keyed by their kernel bytes; the value is
 /// the verdict text ("goto service-…", "drop"), empty for plain sets.
 struct MirrorFamily {
   bool tableExists = false;
   std::unordered_map<std::string, MirrorChain> chains;
   std::set<std::string> sets;
-  std::unordered_map<std::string, std::unordered_map<std::string, std::string>> elements;
+  std::unordered_map<std::string, ElementTable> elements;
   /// How many rules and elements reference each chain.
   std::unordered_map<std::string, std::uint32_t> references;
 
