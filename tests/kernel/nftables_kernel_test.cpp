@@ -245,6 +245,43 @@ TEST_CASE("nftables: a refused batch changes nothing and names the object", "[ke
     CHECK_FALSE(h.readBack().ip.chains.contains("would-be-new"));
   }
 
+  SECTION("a refusal deep in a big batch is named from the message itself") {
+    // Past the first 4096 messages a batch keeps no op texts (a full sync's would cost as much
+    // as a tenth of the batch): the refused message is decoded instead.
+    std::vector<Op> ops;
+    for (int i = 0; i < 5000; ++i) {
+      Op c;
+      c.kind = OpKind::kAddChain;
+      c.name = "filler-" + std::to_string(i);
+      ops.push_back(c);
+    }
+    Op badRule;
+    badRule.kind = OpKind::kAddRule;
+    badRule.name = "no-such-chain";
+    badRule.rule.statements.push_back(Verdict{VerdictKind::kDrop, {}});
+    ops.push_back(badRule);
+    auto r = h.kernel->apply(ops);
+    REQUIRE_FALSE(r.has_value());
+    INFO(r.error().message());
+    CHECK(r.error().message().find("op 5001 of 5001 \"add rule ip kube-proxy no-such-chain") != std::string::npos);
+
+    ops.pop_back();
+    Op badElement;
+    badElement.kind = OpKind::kDeleteElement;
+    badElement.name = names::kServiceIPsMap;
+    KeyBuilder k;
+    k.address(*Address::parse("172.31.255.254")).proto(6).port(8);
+    badElement.element = std::make_shared<const Element>(Element{names::kServiceIPsMap, k.bytes, k.text, std::nullopt});
+    ops.push_back(badElement);
+    r = h.kernel->apply(ops);
+    REQUIRE_FALSE(r.has_value());
+    INFO(r.error().message());
+    // Element deletions go after every chain: op 5001 is the deletion of a missing element.
+    CHECK(r.error().message().find("op 5001 of 5001 \"delete element ip kube-proxy service-ips { 0xac1ffffe") !=
+          std::string::npos);
+    CHECK_FALSE(h.readBack().ip.chains.contains("filler-0"));
+  }
+
   SECTION("a conflicting element added behind our back") {
     auto fresh = clusterIP("ns", "late", "172.30.9.9", 80, {endpoint("10.9.9.9", 80)});
     REQUIRE(run("nft add element ip kube-proxy service-ips '{ 172.30.9.9 . tcp . 80 : drop }'").first == 0);

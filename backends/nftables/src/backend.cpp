@@ -160,6 +160,7 @@ NftablesBackend::Owned NftablesBackend::ownedOf(Family family, const Objects& o)
   Owned out;
   for (const auto& c : o.chains) out.chains.push_back(c.name);
   for (const auto& e : o.elements) out.elements.add(setIndex(family, e.set), e.intervalEnd, e.key);
+  out.elements.shrink();
   return out;
 }
 
@@ -170,6 +171,29 @@ Element NftablesBackend::identityOf(Family family, const PackedElements::Ref& re
   e.identitySuffix = spec.interval ? kIntervalIdentitySize : 0;
   e.keyText = keyToText(spec, e.kernelKey(), family);
   return e;
+}
+
+std::uint32_t NftablesBackend::OwnerCounts::count(std::string_view id) const {
+  auto it = table_.find(id);
+  if (it == table_.end()) return 0;
+  std::uint32_t n = 0;
+  std::memcpy(&n, it->second.data(), sizeof n);
+  return n;
+}
+
+void NftablesBackend::OwnerCounts::add(std::string_view id) {
+  const std::uint32_t n = count(id) + 1;
+  table_.set(id, std::string_view(reinterpret_cast<const char*>(&n), sizeof n));
+}
+
+void NftablesBackend::OwnerCounts::release(std::string_view id) {
+  const std::uint32_t n = count(id);
+  if (n <= 1) {
+    table_.erase(id);
+    return;
+  }
+  const std::uint32_t left = n - 1;
+  table_.set(id, std::string_view(reinterpret_cast<const char*>(&left), sizeof left));
 }
 
 void NftablesBackend::AffinityJudge::judge(std::string_view set, std::string_view key) {
@@ -319,7 +343,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   };
   std::map<Family, std::set<std::string>> pending;
   // A full sync's owner counts (family + set + key → owners), built as it renders.
-  std::unordered_map<std::string, std::uint32_t> fullOwners;
+  OwnerCounts fullOwners;
 
   // What the owner bookkeeping becomes if the kernel accepts the batch.
   std::map<OwnerKey, std::optional<Owned>> ownedUpdates;
@@ -372,7 +396,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         for (const auto& c : o.chains) ownedChains.insert(c);
         o.elements.forEach([&](const PackedElements::Ref& e) {
           if (counted(fam, e.set))
-            ++fullOwners[elementId(fam, e.set, e.key)];
+            fullOwners.add(elementId(fam, e.set, e.key));
           else if (auto k = slotKeyOf(e.key))
             layouts[k->range] = k->intervals;
         });
@@ -503,8 +527,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
           auto id = elementId(fam, e.set, e.key);
           int owners = 1;  // a slot-map element's one owner is its range's chain
           if (counted(fam, e.set)) {
-            auto counts = elementOwners_.find(id);
-            owners = counts == elementOwners_.end() ? 0 : static_cast<int>(counts->second);
+            owners = static_cast<int>(elementOwners_.count(id));
           }
           int now = owners + delta[id];
           if (now <= 0) stale.elements.push_back(identityOf(fam, e));
@@ -550,15 +573,14 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       it->second.elements.forEach([&](const PackedElements::Ref& e) {
         if (!counted(ok.first, e.set)) return;
         auto id = elementId(ok.first, e.set, e.key);
-        if (auto oit = elementOwners_.find(id); oit != elementOwners_.end() && --oit->second == 0)
-          elementOwners_.erase(oit);
+        elementOwners_.release(id);
       });
       owned_.erase(it);
     }
     if (!o) continue;
     if (!full)  // a full sync counted them as it rendered
       o->elements.forEach([&](const PackedElements::Ref& e) {
-        if (counted(ok.first, e.set)) ++elementOwners_[elementId(ok.first, e.set, e.key)];
+        if (counted(ok.first, e.set)) elementOwners_.add(elementId(ok.first, e.set, e.key));
       });
     owned_[ok] = std::move(*o);
   }
@@ -577,7 +599,11 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   }
   for (auto& [fam, names] : pending) pendingDelete_[fam] = std::move(names);
   needFull_ = false;
-  if (full) releaseFreeHeap();  // the batch and the ops are gone too
+  if (full) {
+    for (Family fam : kFamilies)
+      for (auto& [set, elems] : mirror_.of(fam).elements) elems.shrink();
+    releaseFreeHeap();  // the batch and the chunks are gone too
+  }
 
   if (!settings_.dryRun)
     for (auto& [fam, judge] : affinity) removeStaleAffinity(fam, std::move(judge));
@@ -685,7 +711,7 @@ sdk::Expected<void> NftablesBackend::cleanup() {
   needFull_ = true;
   mirror_ = Mirror{};
   owned_.clear();
-  elementOwners_.clear();
+  elementOwners_ = {};
   pendingDelete_.clear();
   if (settings_.dryRun) {
     std::fprintf(settings_.dryRunOutput, "delete table ip kube-proxy\ndelete table ip6 kube-proxy\n");

@@ -17,6 +17,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <fmt/format.h>
+#include <libmnl/libmnl.h>
 #include <libnftnl/batch.h>
 #include <libnftnl/chain.h>
 #include <libnftnl/common.h>
@@ -197,9 +199,56 @@ void encodeOp(MessageBuffer& out, std::span<const Op> run, std::uint32_t seq) {
   out.commit(nlh);
 }
 
+/// Names the object of an encoded message from its bytes: a full sync's batch keeps no op
+/// texts (they would cost as much as a tenth of the batch), so a refusal is described from the
+/// message the kernel refused.
+std::string describeMessage(const nlmsghdr* nlh) {
+  const auto type = static_cast<std::uint16_t>(NFNL_MSG_TYPE(nlh->nlmsg_type));
+  const auto* nfg = static_cast<const nfgenmsg*>(mnl_nlmsg_get_payload(nlh));
+  const std::string fam = std::string(familyKeyword(nfg->nfgen_family == NFPROTO_IPV6 ? Family::kIPv6 : Family::kIPv4));
+  auto hex = [](const void* data, std::uint32_t len) {
+    std::string out = "0x";
+    for (std::uint32_t i = 0; i < len; ++i) out += fmt::format("{:02x}", static_cast<const unsigned char*>(data)[i]);
+    return out;
+  };
+  switch (type) {
+    case NFT_MSG_NEWCHAIN:
+    case NFT_MSG_DELCHAIN: {
+      ChainPtr c(nftnl_chain_alloc());
+      if (nftnl_chain_nlmsg_parse(nlh, c.get()) < 0) break;
+      return fmt::format("{} chain {} {} {}", type == NFT_MSG_NEWCHAIN ? "add" : "delete", fam, kTable,
+                         nftnl_chain_get_str(c.get(), NFTNL_CHAIN_NAME));
+    }
+    case NFT_MSG_NEWRULE:
+    case NFT_MSG_DELRULE: {
+      RulePtr r(nftnl_rule_alloc());
+      if (nftnl_rule_nlmsg_parse(nlh, r.get()) < 0) break;
+      return fmt::format("{} {} {} {} (a rule of that chain)", type == NFT_MSG_NEWRULE ? "add rule" : "flush chain", fam,
+                         kTable, nftnl_rule_get_str(r.get(), NFTNL_RULE_CHAIN));
+    }
+    case NFT_MSG_NEWSETELEM:
+    case NFT_MSG_DELSETELEM: {
+      SetPtr set(nftnl_set_alloc());
+      if (nftnl_set_elems_nlmsg_parse(nlh, set.get()) < 0) break;
+      std::string first;
+      nftnl_set_elems_iter* it = nftnl_set_elems_iter_create(set.get());
+      if (nftnl_set_elem* e = nftnl_set_elems_iter_next(it)) {
+        std::uint32_t len = 0;
+        if (const void* key = nftnl_set_elem_get(e, NFTNL_SET_ELEM_KEY, &len)) first = hex(key, len);
+      }
+      nftnl_set_elems_iter_destroy(it);
+      return fmt::format("{} element {} {} {} {{ {} }}", type == NFT_MSG_NEWSETELEM ? "add" : "delete", fam, kTable,
+                         nftnl_set_get_str(set.get(), NFTNL_SET_NAME), first);
+    }
+    default: break;
+  }
+  return fmt::format("netlink message type {}", type);
+}
+
 /// A transaction encoded as its ops are appended, one buffer per phase (sent together, in
-/// phase order, by one sendmsg). Each message keeps the nft text of its first op and how many
-/// ops it carries, so that a refusal still names the object.
+/// phase order, by one sendmsg). Each message records where it is and how many ops it
+/// carries; the first kTexts messages also keep the nft text of their first op (a partial
+/// sync's batch), later ones are described from their bytes if the kernel refuses them.
 class NetlinkBatch final : public KernelBatch {
  public:
   explicit NetlinkBatch(core::Result<backends::NetlinkSocket*> sock) : sock_(std::move(sock)) {
@@ -212,8 +261,9 @@ class NetlinkBatch final : public KernelBatch {
       const std::size_t n = elementRun(ops, i);
       const auto phase = static_cast<std::size_t>(batchPhase(ops[i].kind));
       std::size_t first = phaseOps_[phase];
+      if (messages_.size() < kTexts) texts_.push_back(ops[i].toText());
       messages_.push_back(Message{static_cast<std::uint8_t>(phase), static_cast<std::uint32_t>(first),
-                                  static_cast<std::uint32_t>(n), ops[i].toText()});
+                                  static_cast<std::uint32_t>(n), phases_[phase].data().size()});
       encodeOp(phases_[phase], ops.subspan(i, n), base_ + static_cast<std::uint32_t>(messages_.size()));
       phaseOps_[phase] += n;
       count_ += n;
@@ -238,14 +288,19 @@ class NetlinkBatch final : public KernelBatch {
     const auto& f = failures->front();
     const auto count = std::to_string(count_);
     if (f.seq > base_ && f.seq <= base_ + messages) {
-      const Message& bad = messages_[f.seq - base_ - 1];
+      const std::size_t index = f.seq - base_ - 1;
+      const Message& bad = messages_[index];
+      const std::string text =
+          index < texts_.size()
+              ? texts_[index]
+              : describeMessage(reinterpret_cast<const nlmsghdr*>(phases_[bad.phase].data().data() + bad.offset));
       // Ops are numbered in the order the kernel saw them: by phase.
       std::size_t first = bad.firstInPhase;
       for (std::size_t p = 0; p < bad.phase; ++p) first += phaseOps_[p];
-      std::string what = "op " + std::to_string(first + 1) + " of " + count + " \"" + bad.text + "\"";
+      std::string what = "op " + std::to_string(first + 1) + " of " + count + " \"" + text + "\"";
       if (bad.ops > 1)
         what = "ops " + std::to_string(first + 1) + "-" + std::to_string(first + bad.ops) + " of " + count +
-               " (one message, from \"" + bad.text + "\")";
+               " (one message, from \"" + text + "\")";
       return makeError(ErrorCategory::kKernel, "nftables: kernel refused " + what, f.errnum);
     }
     return makeError(ErrorCategory::kKernel, "nftables: kernel refused the batch (" + count + " ops)",
@@ -257,8 +312,10 @@ class NetlinkBatch final : public KernelBatch {
     std::uint8_t phase = 0;
     std::uint32_t firstInPhase = 0;
     std::uint32_t ops = 0;
-    std::string text;  ///< of its first op
+    std::size_t offset = 0;  ///< in its phase's buffer
   };
+  static constexpr std::size_t kTexts = 4096;
+  std::vector<std::string> texts_;  ///< of the first kTexts messages' first ops
   core::Result<backends::NetlinkSocket*> sock_;
   std::uint32_t base_ = 0;
   MessageBuffer begin_, end_;

@@ -107,6 +107,8 @@ class NftablesBackend final : public sdk::BackendPlugin {
       }
     }
 
+    void shrink() { bytes_.shrink_to_fit(); }
+
    private:
     std::string bytes_;
   };
@@ -168,7 +170,19 @@ class NftablesBackend final : public sdk::BackendPlugin {
   std::unique_ptr<KernelNftables> kernel_;
   Mirror mirror_;
   std::map<OwnerKey, Owned> owned_;  ///< per service port (key "" = the global objects)
-  std::unordered_map<std::string, std::uint32_t> elementOwners_;  ///< elementId → owners (counted sets)
+  /// How many owners each element of a counted set has (elementId → count), packed as the
+  /// mirror's elements are.
+  class OwnerCounts {
+   public:
+    void add(std::string_view id);
+    void release(std::string_view id);  ///< one owner less (the entry goes at zero)
+    std::uint32_t count(std::string_view id) const;
+    bool contains(std::string_view id) const { return table_.contains(id); }
+
+   private:
+    ElementTable table_;  ///< id → count (4 bytes)
+  };
+  OwnerCounts elementOwners_;
   std::unordered_map<std::string_view, std::uint8_t> setIndex_[2];
   std::map<Family, std::set<std::string>> pendingDelete_;
   bool needFull_ = true;

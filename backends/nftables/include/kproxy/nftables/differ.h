@@ -87,6 +87,10 @@ class ElementTable {
   void set(std::string_view key, std::string_view value);
   /// Removes `key`; false when it was absent.
   bool erase(std::string_view key);
+  /// Drops dead records and spare capacity (after a full sync built the table).
+  void shrink() {
+    if (!slots_.empty()) rebuild(slots_.size());
+  }
 
  private:
   std::size_t slotOf(std::string_view key) const;  ///< its slot, or slots_.size()
