@@ -55,27 +55,29 @@ inline void setEndpoints(sdk::ServicePort& p, std::vector<sdk::Endpoint> eps) {
 
 /// n services "ns/svc-i:p" with `eps` endpoints each, ClusterIPs 172.30.x.y, endpoints 10.x.y.z;
 /// every tenth has session affinity.
+/// Service port `i` of manyServices(…, eps, …): ClusterIP 172.30.x.y (172.31.x.y past 65,535),
+/// `eps` endpoints 10.a.b.c:8080 numbered on from i · eps, affinity on every tenth.
+inline sdk::ServicePort manyServicesPort(int i, int eps, bool affinityEveryTenth = true) {
+  std::vector<sdk::Endpoint> list;
+  for (int j = 0, epCounter = i * eps; j < eps; ++j, ++epCounter)
+    list.push_back(endpoint("10." + std::to_string((epCounter >> 16) & 255) + "." +
+                                std::to_string((epCounter >> 8) & 255) + "." + std::to_string(epCounter & 255),
+                            8080));
+  auto p = clusterIP("ns", "svc-" + std::to_string(i),
+                     "172.30." + std::to_string((i >> 8) & 255) + "." + std::to_string(i & 255), 80,
+                     std::move(list));
+  if (i >= 65536) p.clusterIP = "172.31." + std::to_string((i >> 8) & 255) + "." + std::to_string(i & 255);
+  if (affinityEveryTenth && i % 10 == 0) {
+    p.sessionAffinityClientIP = true;
+    p.stickyMaxAgeSeconds = 10800;
+  }
+  return p;
+}
+
 inline std::vector<sdk::ServicePort> manyServices(int n, int eps, bool affinityEveryTenth = true) {
   std::vector<sdk::ServicePort> out;
   out.reserve(static_cast<std::size_t>(n));
-  int epCounter = 0;
-  for (int i = 0; i < n; ++i) {
-    std::vector<sdk::Endpoint> list;
-    for (int j = 0; j < eps; ++j, ++epCounter)
-      list.push_back(endpoint("10." + std::to_string((epCounter >> 16) & 255) + "." +
-                                  std::to_string((epCounter >> 8) & 255) + "." +
-                                  std::to_string(epCounter & 255),
-                              8080));
-    auto p = clusterIP("ns", "svc-" + std::to_string(i),
-                       "172.30." + std::to_string((i >> 8) & 255) + "." + std::to_string(i & 255),
-                       80, std::move(list));
-    if (i >= 65536) p.clusterIP = "172.31." + std::to_string((i >> 8) & 255) + "." + std::to_string(i & 255);
-    if (affinityEveryTenth && i % 10 == 0) {
-      p.sessionAffinityClientIP = true;
-      p.stickyMaxAgeSeconds = 10800;
-    }
-    out.push_back(std::move(p));
-  }
+  for (int i = 0; i < n; ++i) out.push_back(manyServicesPort(i, eps, affinityEveryTenth));
   return out;
 }
 
