@@ -367,6 +367,10 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
     if (ka != kb) return ka < kb;
     return a.element->intervalEnd && !b.element->intervalEnd;
   });
+  // Additions do not depend on each other: grouped by set (each set's in render order), runs of
+  // one set share a netlink message, which makes the batch smaller and spares the kernel a
+  // set lookup by name per message.
+  std::stable_sort(addElems.begin(), addElems.end(), [](const Op& a, const Op& b) { return a.name < b.name; });
   for (auto* bucket : {&tables, &sets, &addChains, &flushes, &rules, &delElems, &addElems, &delChains})
     for (auto& o : *bucket) out.ops.push_back(std::move(o));
   return out;
