@@ -131,12 +131,26 @@ std::optional<std::set<std::string>> chainEndpoints(const Fragment& f, std::stri
 
 }  // namespace
 
-void NftablesBackend::PackedElements::add(std::uint8_t set, bool intervalEnd, std::string_view key) {
+void PackedElements::add(std::uint8_t set, bool intervalEnd, std::string_view key) {
   if (key.size() > 255) throw std::length_error("nftables: element key longer than 255 bytes");
   bytes_.push_back(static_cast<char>(set));
-  bytes_.push_back(static_cast<char>(intervalEnd ? 1 : 0));
+  bytes_.push_back(static_cast<char>(intervalEnd ? kEnd : 0));
   bytes_.push_back(static_cast<char>(key.size()));
   bytes_.append(key);
+}
+
+void PackedElements::addLayout(std::uint8_t set, std::uint32_t range, std::uint32_t intervals) {
+  bytes_.push_back(static_cast<char>(set));
+  bytes_.push_back(static_cast<char>(kLayout));
+  for (std::uint32_t v : {range, intervals})
+    for (int shift = 24; shift >= 0; shift -= 8) bytes_.push_back(static_cast<char>((v >> shift) & 0xff));
+}
+
+void PackedElements::slotKey(std::string& out, std::uint32_t range, std::uint32_t offset, bool end,
+                             std::uint32_t k) {
+  KeyBuilder b;
+  b.slot((range << 16) + offset);
+  out = b.bytes + intervalIdentity(end, k);
 }
 
 std::string NftablesBackend::elementId(Family family, std::uint8_t set, std::string_view key) {
@@ -159,7 +173,21 @@ template <typename Objects>
 NftablesBackend::Owned NftablesBackend::ownedOf(Family family, const Objects& o) const {
   Owned out;
   for (const auto& c : o.chains) out.chains.push_back(c.name);
-  for (const auto& e : o.elements) out.elements.add(setIndex(family, e.set), e.intervalEnd, e.key);
+  // A slot map's elements are one layout per range (the renderer's), recorded as such.
+  std::vector<std::uint32_t> layouts;
+  for (const auto& e : o.elements) {
+    const std::uint8_t set = setIndex(family, e.set);
+    if (!counted(family, set)) {
+      auto k = slotKeyOf(e.key);
+      if (!k) throw std::logic_error("nftables: a slot map element without a slot key");
+      if (std::find(layouts.begin(), layouts.end(), k->range) == layouts.end()) {
+        layouts.push_back(k->range);
+        out.elements.addLayout(set, k->range, k->intervals);
+      }
+      continue;
+    }
+    out.elements.add(set, e.intervalEnd, e.key);
+  }
   out.elements.shrink();
   return out;
 }

@@ -310,3 +310,46 @@ TEST_CASE("backend: the affinity map is listed only when an endpoint may have le
   REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, gone.key}}, false).has_value());
   CHECK(f.kernel->mapListings == listings + 2);
 }
+
+TEST_CASE("backend: a slot layout recorded as range and size expands to the rendered elements",
+          "[unit]") {
+  // Ownership records keep a balancing chain's slot-map elements as (range, number of
+  // intervals); expanding that must give back exactly what the renderer produced, in order.
+  NftablesRenderer renderer{RenderConfig{}};
+  for (int n : {1, 2, 3, 7, 10, 64, 301}) {
+    std::vector<sdk::Endpoint> eps;
+    for (int i = 0; i < n; ++i) eps.push_back(endpoint("10.7." + std::to_string(i / 256) + "." + std::to_string(i % 256), 80));
+    auto port = clusterIP("ns", "svc-" + std::to_string(n), "172.30.7." + std::to_string(n % 256), 80, eps);
+    port.type = sdk::ServiceType::kNodePort;
+    port.nodePort = 30000 + n;
+    port.externalPolicyLocal = true;  // a second balancing chain (external-…) with its own range
+    for (std::size_t i = 0; i < port.clusterEndpoints.size(); i += 2) port.clusterEndpoints[i].isLocal = true;
+    port.localEndpoints.clear();
+    for (const auto& e : port.clusterEndpoints)
+      if (e.isLocal) port.localEndpoints.push_back(e);
+    Fragment f = renderer.renderServicePort(port);
+    std::vector<std::pair<std::string, bool>> rendered;
+    PackedElements packed;
+    std::string lastRange;
+    for (const auto& e : f.elements) {
+      if (!e.set.starts_with("service-endpoints-")) continue;
+      rendered.emplace_back(e.key, e.intervalEnd);
+      const std::string range = e.key.substr(0, 2);
+      if (range == lastRange) continue;
+      lastRange = range;
+      const auto r = static_cast<std::uint32_t>(static_cast<std::uint8_t>(e.key[0]) << 8 | static_cast<std::uint8_t>(e.key[1]));
+      std::uint32_t k = 0;
+      for (std::size_t b = 5; b < 9; ++b) k = k << 8 | static_cast<std::uint8_t>(e.key[b]);
+      packed.addLayout(7, r, k);
+    }
+    INFO(n << " endpoints");
+    REQUIRE(rendered.size() >= 2 * static_cast<std::size_t>(n));
+    std::vector<std::pair<std::string, bool>> expanded;
+    packed.forEach([&](const PackedElements::Ref& ref) {
+      CHECK(ref.set == 7);
+      expanded.emplace_back(std::string(ref.key), ref.intervalEnd);
+    });
+    CHECK(expanded == rendered);
+    CHECK(packed.bytes() == 10 * (rendered.size() > 2 * static_cast<std::size_t>(n) ? 2 : 1));
+  }
+}

@@ -64,6 +64,58 @@ struct BackendSettings {
   std::FILE* dryRunOutput = stdout;
 };
 
+/// Element identities (set, key with identity suffix, interval end) packed in one string:
+/// the ownership bookkeeping holds one per element of the table. An element takes its set's
+/// index in the family's SetSpecs, a flag byte, the key's length and the key; a balancing
+/// chain's whole slot layout takes nine bytes (set, flag, range, number of intervals), its
+/// elements being implied by the renderer's layout (slotOffset).
+class PackedElements {
+ public:
+  struct Ref {
+    std::uint8_t set = 0;
+    bool intervalEnd = false;
+    std::string_view key;  ///< valid during the callback only
+  };
+  void add(std::uint8_t set, bool intervalEnd, std::string_view key);
+  /// The 2·K elements of a K-interval layout of slot range `range` in slot map `set`.
+  void addLayout(std::uint8_t set, std::uint32_t range, std::uint32_t intervals);
+  /// Calls fn(const Ref&) for each element, a layout's in render order (start, end, start…).
+  template <typename Fn>
+  void forEach(Fn&& fn) const {
+    std::string key;
+    for (std::size_t i = 0; i + 3 <= bytes_.size();) {
+      const auto set = static_cast<std::uint8_t>(bytes_[i]);
+      const auto flags = static_cast<std::uint8_t>(bytes_[i + 1]);
+      if (flags & kLayout) {
+        const std::uint32_t range = u32(i + 2), k = u32(i + 6);
+        for (std::uint32_t n = 0; n < k; ++n) {
+          slotKey(key, range, slotOffset(n, k), false, k);
+          fn(Ref{set, false, key});
+          slotKey(key, range, slotOffset(n + 1, k), true, k);
+          fn(Ref{set, true, key});
+        }
+        i += 10;
+        continue;
+      }
+      const auto len = static_cast<std::uint8_t>(bytes_[i + 2]);
+      fn(Ref{set, (flags & kEnd) != 0, std::string_view(bytes_).substr(i + 3, len)});
+      i += 3 + len;
+    }
+  }
+  void shrink() { bytes_.shrink_to_fit(); }
+  std::size_t bytes() const { return bytes_.size(); }
+
+ private:
+  static constexpr std::uint8_t kEnd = 1, kLayout = 0x80;
+  std::uint32_t u32(std::size_t at) const {
+    std::uint32_t v = 0;
+    for (std::size_t b = 0; b < 4; ++b) v = v << 8 | static_cast<std::uint8_t>(bytes_[at + b]);
+    return v;
+  }
+  static void slotKey(std::string& out, std::uint32_t range, std::uint32_t offset, bool end, std::uint32_t k);
+  std::string bytes_;
+};
+
 class NftablesBackend final : public sdk::BackendPlugin {
  public:
   NftablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelNftables> kernel);
@@ -87,31 +139,6 @@ class NftablesBackend final : public sdk::BackendPlugin {
   bool needsFullSync() const { return needFull_; }
 
  private:
-  /// Element identities packed in one string, a few bytes each (the bookkeeping holds one per
-  /// element of the table): the set's index in the family's SetSpecs, the interval-end flag, the
-  /// key's length and the key (Element::key: kernel bytes and identity suffix).
-  class PackedElements {
-   public:
-    struct Ref {
-      std::uint8_t set = 0;
-      bool intervalEnd = false;
-      std::string_view key;
-    };
-    void add(std::uint8_t set, bool intervalEnd, std::string_view key);
-    template <typename Fn>
-    void forEach(Fn&& fn) const {
-      for (std::size_t i = 0; i + 3 <= bytes_.size();) {
-        const auto len = static_cast<std::uint8_t>(bytes_[i + 2]);
-        fn(Ref{static_cast<std::uint8_t>(bytes_[i]), bytes_[i + 1] != 0, std::string_view(bytes_).substr(i + 3, len)});
-        i += 3 + len;
-      }
-    }
-
-    void shrink() { bytes_.shrink_to_fit(); }
-
-   private:
-    std::string bytes_;
-  };
   struct Owned {
     std::vector<std::string> chains;
     PackedElements elements;
