@@ -373,8 +373,13 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   // A full sync's owner counts (family + set + key → owners), built as it renders.
   OwnerCounts fullOwners;
 
-  // What the owner bookkeeping becomes if the kernel accepts the batch.
+  // What the owner bookkeeping becomes if the kernel accepts the batch (partial syncs; a full
+  // sync rebuilds it after the batch).
   std::map<OwnerKey, std::optional<Owned>> ownedUpdates;
+  // A full sync's second pass: the ports in key order, and what it keeps of the kernel's table.
+  std::map<Family, std::vector<std::string>> fullKeys;
+  // Per family whose table is wanted, the sets the kernel had (ours or not).
+  std::map<Family, std::set<std::string>> fullTables;
   // Which session-affinity entries this sync can judge (see removeStaleAffinity).
   std::map<Family, AffinityJudge> affinity;
 
@@ -403,46 +408,58 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       for (const auto& [name, chain] : base.of(fam).chains)
         if (chain.slotBase) slots.reserve(name, *chain.slotBase);
     }
-    // The batch is built in key order (the host iterates in its own), a chunk of service ports
-    // at a time: each chunk is rendered, diffed against what the kernel holds, encoded into the
-    // batch and dropped, so the whole table's fragments and ops never exist at once. `base`
-    // follows the ops as they are appended; it becomes the mirror if the kernel accepts them.
-    std::map<Family, std::vector<std::string>> keys;
-    next.forEach([&](const sdk::ServicePort& port) { keys[toFamily(port.family)].push_back(port.key); });
-    for (auto& [fam, k] : keys) std::sort(k.begin(), k.end());
+    // Two passes, so that the batch and the new mirror never exist at once. This one builds the
+    // batch in key order (the host iterates in its own), a chunk of service ports at a time:
+    // each chunk is rendered, diffed against what the kernel holds, encoded into the batch and
+    // dropped. It keeps only what the stale sweep needs (owner counts, slot layouts, chains).
+    // Once the kernel has accepted the batch, its table is what was rendered, and the second
+    // pass renders again to build the mirror and the ownership records (rebuildAfterFullSync).
+    next.forEach([&](const sdk::ServicePort& port) { fullKeys[toFamily(port.family)].push_back(port.key); });
+    for (auto& [fam, k] : fullKeys) std::sort(k.begin(), k.end());
     batch = beginBatch();
     auto emit = [&](Family fam, DiffResult result) {
-      applyToMirror(base, result.ops);
       batch->append(result.ops);
       keep(kept, result.ops);
       pending[fam].merge(result.pendingDelete);
     };
     for (Family fam : kFamilies) {
-      const auto& famKeys = keys[fam];
+      const auto& famKeys = fullKeys[fam];
       MirrorFamily& mf = base.of(fam);
       const auto& specs = renderer_.setSpecs(fam);
       std::unordered_set<std::string> ownedChains;
       // Slot ranges in use and their layouts' sizes: slot-map elements are not counted (each
       // range has one owner), so these tell which of them stay.
       std::unordered_map<std::uint32_t, std::uint32_t> layouts;
-      auto own = [&](const OwnerKey& ok, Owned o) {
-        for (const auto& c : o.chains) ownedChains.insert(c);
-        o.elements.forEach([&](const PackedElements::Ref& e) {
-          if (counted(fam, e.set))
-            fullOwners.add(elementId(fam, e.set, e.key));
-          else if (auto k = slotKeyOf(e.key))
+      // Notes what the objects own and adds them to `desired`; an element of a counted set
+      // that an earlier port wanted is not added twice (the batch has it already).
+      auto want = [&](DesiredFamily& desired, auto& objects) {
+        for (auto& c : objects.chains) {
+          ownedChains.insert(c.name);
+          desired.chains.push_back(&c);
+        }
+        for (auto& e : objects.elements) {
+          const std::uint8_t set = setIndex(fam, e.set);
+          if (counted(fam, set)) {
+            auto id = elementId(fam, set, e.key);
+            const bool first = !fullOwners.contains(id);
+            fullOwners.add(id);
+            if (!first) continue;
+          } else if (auto k = slotKeyOf(e.key)) {
             layouts[k->range] = k->intervals;
-        });
-        ownedUpdates[ok] = std::move(o);
+          }
+          desired.elements.push_back(&e);
+        }
       };
       if (fam == Family::kIPv4 || !famKeys.empty() || mf.tableExists) {
+        fullTables[fam] = mf.sets;
         GlobalObjects global = renderer_.renderGlobal(fam, node);
         DesiredFamily desired;
         desired.sets = global.sets;
-        addDesired(desired, global);
-        own({fam, ""}, ownedOf(fam, global));
+        want(desired, global);
         desired.moveRules = true;
-        emit(fam, NftablesDiffer::diff(fam, desired, mf, {}, specs));
+        auto result = NftablesDiffer::diff(fam, desired, mf, {}, specs);
+        applyToMirror(base, result.ops);  // the table and sets, which the chunks' diffs build on
+        emit(fam, std::move(result));
       }
       for (std::size_t from = 0; from < famKeys.size(); from += kFullSyncChunk) {
         std::vector<Fragment> frags;
@@ -455,10 +472,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
           frags.push_back(std::move(f));
         }
         DesiredFamily desired;
-        for (auto& f : frags) {
-          addDesired(desired, f);
-          own({fam, f.key}, ownedOf(fam, f));
-        }
+        for (auto& f : frags) want(desired, f);
         desired.moveRules = true;
         emit(fam, NftablesDiffer::diff(fam, desired, mf, {}, specs));
       }
@@ -487,8 +501,6 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       emit(fam, NftablesDiffer::diff(fam, DesiredFamily{}, mf, stale, specs));
       affinity[fam].everything = true;
     }
-    // The mirror starts from what the kernel really holds (plus this batch, if accepted).
-    mirror_ = std::move(base);
   } else {
     std::map<Family, std::vector<std::string>> keysByFamily;
     for (const auto& c : changed) {
@@ -592,8 +604,8 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
 
   // Accepted: the bookkeeping follows the kernel.
   if (full) {
-    owned_.clear();
-    elementOwners_ = std::move(fullOwners);
+    fullOwners = {};
+    rebuildAfterFullSync(next, node, fullKeys, fullTables, pending);
     pendingDelete_.clear();
   }
   for (auto& [ok, o] : ownedUpdates) {
@@ -611,8 +623,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       owned_.erase(it);
     }
     if (!o) continue;
-    if (!full)  // a full sync counted them as it rendered
-      o->elements.forEach([&](const PackedElements::Ref& e) {
+    o->elements.forEach([&](const PackedElements::Ref& e) {
         if (counted(ok.first, e.set)) elementOwners_.add(elementId(ok.first, e.set, e.key));
       });
     owned_[ok] = std::move(*o);
@@ -632,11 +643,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   }
   for (auto& [fam, names] : pending) pendingDelete_[fam] = std::move(names);
   needFull_ = false;
-  if (full) {
-    for (Family fam : kFamilies)
-      for (auto& [set, elems] : mirror_.of(fam).elements) elems.shrink();
-    releaseFreeHeap();  // the batch and the chunks are gone too
-  }
+  if (full) releaseFreeHeap();
 
   if (!settings_.dryRun)
     for (auto& [fam, judge] : affinity) removeStaleAffinity(fam, std::move(judge));
@@ -718,6 +725,56 @@ void NftablesBackend::removeStaleAffinity(Family fam, AffinityJudge judge) {
   }
   host_.error("nftables: stale affinity entries not removed; the next sync tries again");
   pendingAffinity_[fam] = std::move(judge);
+}
+
+void NftablesBackend::rebuildAfterFullSync(const SnapshotSource& next, const sdk::NodeInfo& node,
+                                           const std::map<Family, std::vector<std::string>>& keys,
+                                           const std::map<Family, std::set<std::string>>& tables,
+                                           const std::map<Family, std::set<std::string>>& pending) {
+  mirror_ = Mirror{};
+  owned_.clear();
+  elementOwners_ = {};
+  for (const auto& [fam, sets] : tables) {
+    MirrorFamily& mf = mirror_.of(fam);
+    const auto& specs = renderer_.setSpecs(fam);
+    mf.tableExists = true;
+    mf.sets = sets;
+    for (const auto& spec : specs) mf.sets.insert(spec.name);
+    // Stale chains the batch flushed (or found referenced) stay, empty, until a later sync.
+    if (auto p = pending.find(fam); p != pending.end())
+      for (const auto& name : p->second) mf.chains[name];
+    auto record = [&](const OwnerKey& ok, const auto& objects) {
+      for (const auto& c : objects.chains) {
+        MirrorChain& mc = mf.chains[c.name];
+        mc.base = c.base.has_value();
+        for (const auto& r : c.rules) {
+          mc.rules.push_back(ruleHash(fam, c.name, r));
+          for (auto& t : r.targets()) mc.targets.push_back(std::move(t));
+          for (const auto& st : r.statements)
+            if (const auto* d = std::get_if<DnatFromSlots>(&st)) mc.slotBase = d->base;
+        }
+      }
+      for (const auto& e : objects.elements) {
+        // As the first pass, the first port to want an element sets it.
+        auto& table = mf.elements[e.set];
+        if (!table.contains(e.key)) table.set(e.key, e.valueText());
+      }
+      Owned o = ownedOf(fam, objects);
+      o.elements.forEach([&](const PackedElements::Ref& e) {
+        if (counted(fam, e.set)) elementOwners_.add(elementId(fam, e.set, e.key));
+      });
+      owned_[ok] = std::move(o);
+    };
+    record({fam, ""}, renderer_.renderGlobal(fam, node));
+    if (auto k = keys.find(fam); k != keys.end())
+      for (const auto& key : k->second) {
+        auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, key);
+        if (port) record({fam, key}, renderer_.renderServicePort(*port));
+      }
+    for (const auto& spec : specs)
+      if (auto it = mf.elements.find(spec.name); it != mf.elements.end()) it->second.shrink();
+    mf.rebuildReferences();
+  }
 }
 
 std::unique_ptr<KernelBatch> NftablesBackend::beginBatch() {

@@ -147,6 +147,14 @@ class NftablesBackend final : public sdk::BackendPlugin {
 
   /// Ports rendered, diffed and encoded together in a full sync.
   static constexpr std::size_t kFullSyncChunk = 256;
+  /// A full sync's second pass, once the kernel holds what the first rendered (`keys` of each
+  /// family, in `tables`: the families whose table is wanted and the sets it had): renders
+  /// again to build the mirror (plus the `pending` stale chains, empty) and the ownership
+  /// records, so that they never exist beside the batch.
+  void rebuildAfterFullSync(const SnapshotSource& next, const sdk::NodeInfo& node,
+                            const std::map<Family, std::vector<std::string>>& keys,
+                            const std::map<Family, std::set<std::string>>& tables,
+                            const std::map<Family, std::set<std::string>>& pending);
   std::unique_ptr<KernelBatch> beginBatch();  ///< the kernel's, or printing for dry-run
   /// Sends the batch; on refusal the next sync is full (and a full sync's mirror is dropped).
   sdk::Expected<void> send(KernelBatch& batch, bool full);
