@@ -385,9 +385,14 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
 
   if (full) {
     Mirror base;
-    if (settings_.dryRun) {
-      base = std::move(mirror_);  // dry-run reads nothing that needs privileges: trust the simulation
-    } else {
+    // dry-run reads nothing that needs privileges: it trusts the simulation.
+    if (settings_.dryRun) base = std::move(mirror_);
+    // A full sync rebuilds the mirror and the ownership records from what it reads and renders
+    // (and a failed one leaves the next sync full): the old ones go before the read-back.
+    mirror_ = Mirror{};
+    owned_.clear();
+    elementOwners_ = {};
+    if (!settings_.dryRun) {
       auto read = kernel_->readBack(renderer_.setSpecs(Family::kIPv4), renderer_.setSpecs(Family::kIPv6));
       if (!read) {
         needFull_ = true;
@@ -396,11 +401,6 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       }
       base = std::move(*read);
     }
-    // A full sync rebuilds the mirror and the ownership records from what it reads and renders
-    // (and a failed one leaves the next sync full): the old ones go now, not after the batch.
-    mirror_ = Mirror{};
-    owned_.clear();
-    elementOwners_ = {};
     // Balancing chains keep the slot ranges the kernel has for them.
     for (Family fam : kFamilies) {
       auto& slots = renderer_.slots(fam);
