@@ -353,3 +353,38 @@ TEST_CASE("backend: a slot layout recorded as range and size expands to the rend
     CHECK(packed.bytes() == 10 * (rendered.size() > 2 * static_cast<std::size_t>(n) ? 2 : 1));
   }
 }
+
+TEST_CASE("backend: a full sync over a table holding a set kproxy does not declare", "[unit]") {
+  // The table may hold sets kproxy's renderer does not declare: an older kproxy's (it had 256
+  // endpoint maps), upstream kube-proxy's per-service affinity sets after a switch, an admin's.
+  // Read-back lists them; the full sync must not fail on them.
+  Fixture f;
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  {
+    auto& t = f.kernel->tables[Family::kIPv4];
+    SetSpec extra{"service-endpoints-200", {DataType::kSlot}, {DataType::kIPv4Addr, DataType::kInetService},
+                  false, 0, 0};
+    extra.interval = true;
+    t.sets.emplace(extra.name, extra);
+    KeyBuilder start, end;
+    start.slot(200u << 16);
+    end.slot((200u << 16) + 65535);
+    KeyBuilder data;
+    data.address(*Address::parse("10.200.0.1")).port(80);
+    t.elements[extra.name][start.bytes] = "=" + data.bytes;
+    t.elements[extra.name][end.bytes] = "end";
+    t.sets.emplace("admin-set", SetSpec{"admin-set", {DataType::kIPv4Addr}, {}, false, 0, 0});
+    t.elements["admin-set"];  // empty
+  }
+  sdk::Expected<sdk::SyncOutcome> full = sdk::fail("not run");
+  REQUIRE_NOTHROW(full = f.backend->syncFrom(f.snap, {}, true));
+  REQUIRE(full.has_value());
+  // As any object of the table that nothing renders, its elements go (the set stays).
+  CHECK(full->operations == 2);
+  CHECK(f.kernel->tables[Family::kIPv4].sets.contains("service-endpoints-200"));
+  CHECK(f.kernel->tables[Family::kIPv4].elements["service-endpoints-200"].empty());
+  CHECK_FALSE(f.backend->needsFullSync());
+  auto again = f.backend->syncFrom(f.snap, {}, true);
+  REQUIRE(again.has_value());
+  CHECK(again->operations == 0);
+}
