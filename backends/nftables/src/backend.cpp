@@ -481,8 +481,16 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       StaleCandidates stale;
       for (const auto& [name, chain] : mf.chains)
         if (!ownedChains.contains(name)) stale.chains.insert(name);
+      const auto& declared = setIndex_[fam == Family::kIPv4 ? 0 : 1];
       for (const auto& [set, elems] : mf.elements) {
-        const std::uint8_t index = setIndex(fam, set);
+        auto declaredAt = declared.find(set);
+        if (declaredAt == declared.end()) {
+          // A set kproxy does not declare (an older kproxy's, upstream kube-proxy's): nothing
+          // in it is wanted, as for any other object of the table that is not rendered.
+          for (const auto& [key, value] : elems) stale.elements.push_back(Element{set, std::string(key), {}, std::nullopt});
+          continue;
+        }
+        const std::uint8_t index = declaredAt->second;
         const SetSpec& spec = specs[index];
         if (spec.dynamic) continue;  // filled by the data path, not by us
         for (const auto& [key, value] : elems) {
