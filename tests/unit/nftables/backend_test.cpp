@@ -388,3 +388,27 @@ TEST_CASE("backend: a full sync over a table holding a set kproxy does not decla
   REQUIRE(again.has_value());
   CHECK(again->operations == 0);
 }
+
+TEST_CASE("backend: a stale base chain left for a later sync is a base chain in the mirror", "[unit]") {
+  // A base chain kproxy does not render (another version's, one added by hand to the table)
+  // is flushed by a full sync and deleted by a later one; meanwhile
+  // the mirror must describe it as the kernel holds it.
+  Fixture f;
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  {
+    auto& c = f.kernel->tables[Family::kIPv4].chains["filter-legacy"];
+    c.base = true;
+    c.rules.push_back({0, {}, "counter"});
+  }
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  CHECK(f.kernel->tables[Family::kIPv4].chains.at("filter-legacy").rules.empty());
+  auto kernel = f.kernel->readBack(NftablesRenderer{RenderConfig{}}.setSpecs(Family::kIPv4),
+                                   NftablesRenderer{RenderConfig{}}.setSpecs(Family::kIPv6));
+  REQUIRE(kernel.has_value());
+  const auto& mine = f.backend->mirror().ip.chains;
+  REQUIRE(mine.contains("filter-legacy"));
+  CHECK(mine.at("filter-legacy").base == kernel->ip.chains.at("filter-legacy").base);
+  // The next sync deletes it.
+  REQUIRE(f.backend->syncFrom(f.snap, {}, false).has_value());
+  CHECK_FALSE(f.kernel->tables[Family::kIPv4].chains.contains("filter-legacy"));
+}
