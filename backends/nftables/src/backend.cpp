@@ -380,6 +380,8 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   std::map<Family, std::vector<std::string>> fullKeys;
   // Per family whose table is wanted, the sets the kernel had (ours or not).
   std::map<Family, std::set<std::string>> fullTables;
+  // The stale chains a full sync leaves for a later sync that are base chains in the kernel.
+  std::map<Family, std::set<std::string>> fullPendingBase;
   // Which session-affinity entries this sync can judge (see removeStaleAffinity).
   std::map<Family, AffinityJudge> affinity;
 
@@ -507,6 +509,8 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         }
       }
       emit(fam, NftablesDiffer::diff(fam, DesiredFamily{}, mf, stale, specs));
+      for (const auto& name : pending[fam])
+        if (auto c = mf.chains.find(name); c != mf.chains.end() && c->second.base) fullPendingBase[fam].insert(name);
       affinity[fam].everything = true;
     }
   } else {
@@ -613,7 +617,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   // Accepted: the bookkeeping follows the kernel.
   if (full) {
     fullOwners = {};
-    rebuildAfterFullSync(next, node, fullKeys, fullTables, pending);
+    rebuildAfterFullSync(next, node, fullKeys, fullTables, pending, fullPendingBase);
     pendingDelete_.clear();
   }
   for (auto& [ok, o] : ownedUpdates) {
@@ -738,7 +742,8 @@ void NftablesBackend::removeStaleAffinity(Family fam, AffinityJudge judge) {
 void NftablesBackend::rebuildAfterFullSync(const SnapshotSource& next, const sdk::NodeInfo& node,
                                            const std::map<Family, std::vector<std::string>>& keys,
                                            const std::map<Family, std::set<std::string>>& tables,
-                                           const std::map<Family, std::set<std::string>>& pending) {
+                                           const std::map<Family, std::set<std::string>>& pending,
+                                           const std::map<Family, std::set<std::string>>& pendingBase) {
   mirror_ = Mirror{};
   owned_.clear();
   elementOwners_ = {};
@@ -749,8 +754,10 @@ void NftablesBackend::rebuildAfterFullSync(const SnapshotSource& next, const sdk
     mf.sets = sets;
     for (const auto& spec : specs) mf.sets.insert(spec.name);
     // Stale chains the batch flushed (or found referenced) stay, empty, until a later sync.
-    if (auto p = pending.find(fam); p != pending.end())
-      for (const auto& name : p->second) mf.chains[name];
+    if (auto p = pending.find(fam); p != pending.end()) {
+      auto b = pendingBase.find(fam);
+      for (const auto& name : p->second) mf.chains[name].base = b != pendingBase.end() && b->second.contains(name);
+    }
     auto record = [&](const OwnerKey& ok, const auto& objects) {
       for (const auto& c : objects.chains) {
         MirrorChain& mc = mf.chains[c.name];

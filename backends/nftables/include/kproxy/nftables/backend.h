@@ -149,12 +149,13 @@ class NftablesBackend final : public sdk::BackendPlugin {
   static constexpr std::size_t kFullSyncChunk = 256;
   /// A full sync's second pass, once the kernel holds what the first rendered (`keys` of each
   /// family, in `tables`: the families whose table is wanted and the sets it had): renders
-  /// again to build the mirror (plus the `pending` stale chains, empty) and the ownership
-  /// records, so that they never exist beside the batch.
+  /// again to build the mirror (plus the `pending` stale chains, empty, those in `pendingBase`
+  /// base chains) and the ownership records, so that they never exist beside the batch.
   void rebuildAfterFullSync(const SnapshotSource& next, const sdk::NodeInfo& node,
                             const std::map<Family, std::vector<std::string>>& keys,
                             const std::map<Family, std::set<std::string>>& tables,
-                            const std::map<Family, std::set<std::string>>& pending);
+                            const std::map<Family, std::set<std::string>>& pending,
+                            const std::map<Family, std::set<std::string>>& pendingBase);
   std::unique_ptr<KernelBatch> beginBatch();  ///< the kernel's, or printing for dry-run
   /// Sends the batch; on refusal the next sync is full (and a full sync's mirror is dropped).
   sdk::Expected<void> send(KernelBatch& batch, bool full);
