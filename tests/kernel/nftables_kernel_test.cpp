@@ -703,3 +703,32 @@ TEST_CASE("nftables: a restart after missed changes converges in one full sync",
     CHECK(none->operations == 0);
   }
 }
+
+TEST_CASE("nftables: a full sync over objects of the table that kproxy does not render", "[kernel]") {
+  // Left by another version or by hand (a set of upstream kube-proxy's shape, a base chain):
+  // the full sync must be accepted, leave a mirror that matches the kernel, and the stale
+  // chain must go in a later sync.
+  FreshNetns ns;
+  Harness h;
+  auto backend = h.backend(featureConfig());
+  VectorSnapshot snap(featureServices());
+  REQUIRE(ok(backend->syncFrom(snap, {}, true)));
+  REQUIRE(run("nft add set ip kube-proxy affinity-legacy '{ type ipv4_addr ; flags dynamic,timeout ; timeout 3h ; }' && "
+              "nft add element ip kube-proxy affinity-legacy '{ 10.1.0.1 }' && "
+              "nft add set ip kube-proxy legacy-ips '{ type ipv4_addr ; }' && "
+              "nft add element ip kube-proxy legacy-ips '{ 10.1.0.2, 10.1.0.3 }' && "
+              "nft add chain ip kube-proxy filter-legacy '{ type filter hook output priority 0 ; }' && "
+              "nft add rule ip kube-proxy filter-legacy counter")
+              .first == 0);
+  auto full = backend->syncFrom(snap, {}, true);
+  REQUIRE(ok(full));
+  requireMirrorMatchesKernel(backend->mirror(), h.readBack());
+  auto restarted = h.backend(featureConfig());
+  auto later = restarted->syncFrom(snap, {}, true);
+  REQUIRE(ok(later));
+  requireMirrorMatchesKernel(restarted->mirror(), h.readBack());
+  CHECK_FALSE(h.readBack().ip.chains.contains("filter-legacy"));
+  auto none = restarted->syncFrom(snap, {}, true);
+  REQUIRE(ok(none));
+  CHECK(none->operations == 0);
+}
