@@ -412,3 +412,37 @@ TEST_CASE("backend: a stale base chain left for a later sync is a base chain in 
   REQUIRE(f.backend->syncFrom(f.snap, {}, false).has_value());
   CHECK_FALSE(f.kernel->tables[Family::kIPv4].chains.contains("filter-legacy"));
 }
+
+namespace {
+/// A kernel whose next batch throws while it is being filled (as std::bad_alloc would).
+class ThrowingKernel final : public FakeKernelNftables {
+ public:
+  bool throwNext = false;
+  std::unique_ptr<KernelBatch> beginBatch() override {
+    if (!throwNext) return FakeKernelNftables::beginBatch();
+    throwNext = false;
+    struct Throwing final : KernelBatch {
+      void append(std::span<const Op>) override { throw std::bad_alloc(); }
+      std::size_t size() const override { return 0; }
+      core::Result<void> commit() override { return {}; }
+    };
+    return std::make_unique<Throwing>();
+  }
+};
+}  // namespace
+
+TEST_CASE("backend: a full sync interrupted by an exception leaves the next sync full", "[unit]") {
+  // A full sync drops the mirror and the ownership records before it builds the batch; if it
+  // does not finish, a partial sync must not diff against the empty mirror.
+  auto k = std::make_unique<ThrowingKernel>();
+  auto* kernel = k.get();
+  NftablesBackend backend(sdk::Host(nullptr), BackendSettings{}, std::move(k));
+  VectorSnapshot snap({clusterIP("ns", "a", "172.30.0.1", 80, {endpoint("10.0.0.1", 80)})});
+  REQUIRE(backend.syncFrom(snap, {}, true).has_value());
+  const auto rules = kernel->tables[Family::kIPv4].chains.at("nat-prerouting").rules.size();
+  kernel->throwNext = true;
+  CHECK_THROWS_AS(backend.syncFrom(snap, {}, true), std::bad_alloc);
+  CHECK(backend.needsFullSync());
+  REQUIRE(backend.syncFrom(snap, {}, false).has_value());
+  CHECK(kernel->tables[Family::kIPv4].chains.at("nat-prerouting").rules.size() == rules);
+}
