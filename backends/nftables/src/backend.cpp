@@ -391,13 +391,14 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
     if (settings_.dryRun) base = std::move(mirror_);
     // A full sync rebuilds the mirror and the ownership records from what it reads and renders
     // (and a failed one leaves the next sync full): the old ones go before the read-back.
+    // Until this sync succeeds, nothing else may trust them.
+    needFull_ = true;
     mirror_ = Mirror{};
     owned_.clear();
     elementOwners_ = {};
     if (!settings_.dryRun) {
       auto read = kernel_->readBack(renderer_.setSpecs(Family::kIPv4), renderer_.setSpecs(Family::kIPv6));
       if (!read) {
-        needFull_ = true;
         return sdk::fail("nftables: reading the kube-proxy tables back: " + read.error().message(),
                          read.error().errnum);
       }
