@@ -6,15 +6,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <compare>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <type_traits>
@@ -23,6 +24,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <openssl/evp.h>
 
 #include "kproxy/apiwatch/decode.h"
 #include "kproxy/core/log.h"
@@ -93,8 +95,29 @@ struct Located {
 
 using ObjectMap = std::map<ObjectKey, Located>;
 
+/// Identifies a file's content without keeping it: a directory of large manifests would
+/// otherwise hold all of its text for as long as kproxy runs.
+struct ContentDigest {
+  std::size_t size = 0;
+  std::array<unsigned char, 32> sha256{};
+  bool operator==(const ContentDigest&) const = default;
+};
+
+ContentDigest digestOf(std::string_view content) {
+  ContentDigest digest;
+  digest.size = content.size();
+  unsigned int length = 0;
+  // SHA-256 of a string in memory cannot fail short of an allocation failure; an all-zero
+  // digest then only makes the file be parsed again.
+  if (EVP_Digest(content.data(), content.size(), digest.sha256.data(), &length, EVP_sha256(),
+                 nullptr) != 1)
+    digest.sha256.fill(0);
+  return digest;
+}
+
 struct FileRecord {
-  std::string content;  ///< last content parsed; an unchanged file is not parsed (nor logged) again
+  /// Of the last content parsed; an unchanged file is not parsed (nor logged) again.
+  std::optional<ContentDigest> digest;
   ObjectMap lastClean;  ///< objects from the last version of the file that had no errors
   ObjectMap effective;  ///< what the file contributes now
 };
@@ -158,8 +181,8 @@ struct ManifestSource::Impl {
   }
 
   /// Parses a file's new content into `record`, logging every problem once.
-  void parseFile(const std::string& name, ManifestFormat format, std::string content,
-                 FileRecord& record) {
+  void parseFile(const std::string& name, ManifestFormat format, std::string_view content,
+                 ContentDigest digest, FileRecord& record) {
     const std::string path = (directory / name).string();
     ObjectMap parsed;
     std::size_t failures = 0;
@@ -194,7 +217,7 @@ struct ManifestSource::Impl {
       }
     }
     documentFailures += failures;
-    record.content = std::move(content);
+    record.digest = digest;
     if (failures == 0) {
       record.lastClean = parsed;
       record.effective = std::move(parsed);
@@ -240,14 +263,19 @@ struct ManifestSource::Impl {
                      {{"file", path.string()}, {"reason", std::strerror(err)}});
       return std::nullopt;
     }
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
+    // Read straight into a string of the file's size: a stream buffer would grow by doubling
+    // and copy the text once more. A file that grew since the stat is still read to its end.
+    std::string content(static_cast<std::size_t>(size), '\0');
+    in.read(content.data(), static_cast<std::streamsize>(content.size()));
+    content.resize(static_cast<std::size_t>(in.gcount()));
+    if (in && in.peek() != std::ifstream::traits_type::eof())
+      content.append(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
     if (in.bad()) {
       log::warning("cannot read manifest file",
                    {{"file", path.string()}, {"reason", "read error"}});
       return std::nullopt;
     }
-    return std::move(buffer).str();
+    return content;
   }
 
   /// Re-reads the directory and delivers the difference to the sink.
@@ -291,8 +319,8 @@ struct ManifestSource::Impl {
         next.emplace(name, std::move(record));
         continue;
       }
-      if (*content != record.content || record.content.empty())
-        parseFile(name, format, std::move(*content), record);
+      const ContentDigest digest = digestOf(*content);
+      if (record.digest != digest) parseFile(name, format, *content, digest, record);
       next.emplace(name, std::move(record));
     }
     files = std::move(next);
