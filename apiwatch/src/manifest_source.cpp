@@ -14,6 +14,7 @@
 #include <fstream>
 #include <iterator>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -88,12 +89,16 @@ struct Origin {
   }
 };
 
+/// A decoded object is immutable once read: the file's record, the desired set and the set
+/// delivered to the sink all point at the same one instead of holding copies.
+using SharedObject = std::shared_ptr<const DecodedObject>;
+using ObjectMap = std::map<ObjectKey, SharedObject>;
+
+/// An object as parsed from one file; the origin is only needed while the file is parsed.
 struct Located {
-  DecodedObject object;
+  SharedObject object;
   Origin origin;
 };
-
-using ObjectMap = std::map<ObjectKey, Located>;
 
 /// Identifies a file's content without keeping it: a directory of large manifests would
 /// otherwise hold all of its text for as long as kproxy runs.
@@ -118,8 +123,10 @@ ContentDigest digestOf(std::string_view content) {
 struct FileRecord {
   /// Of the last content parsed; an unchanged file is not parsed (nor logged) again.
   std::optional<ContentDigest> digest;
-  ObjectMap lastClean;  ///< objects from the last version of the file that had no errors
-  ObjectMap effective;  ///< what the file contributes now
+  /// Objects from the last version of the file that had no errors.
+  std::shared_ptr<const ObjectMap> lastClean = std::make_shared<const ObjectMap>();
+  /// What the file contributes now: the same map as lastClean while the file has no errors.
+  std::shared_ptr<const ObjectMap> effective = lastClean;
 };
 
 std::optional<ManifestFormat> formatOf(const std::string& name) {
@@ -184,7 +191,7 @@ struct ManifestSource::Impl {
   void parseFile(const std::string& name, ManifestFormat format, std::string_view content,
                  ContentDigest digest, FileRecord& record) {
     const std::string path = (directory / name).string();
-    ObjectMap parsed;
+    std::map<ObjectKey, Located> parsed;
     std::size_t failures = 0;
     for (auto& entry : parseManifest(content, format)) {
       if (!entry.object) {
@@ -211,26 +218,32 @@ struct ManifestSource::Impl {
                      {{"object", describe(*key)},
                       {"first", it->second.origin.str()},
                       {"second", origin.str()}});
-        it->second = Located{std::move(*entry.object), std::move(origin)};
+        it->second = Located{std::make_shared<const DecodedObject>(std::move(*entry.object)),
+                             std::move(origin)};
       } else {
-        parsed.emplace(std::move(*key), Located{std::move(*entry.object), std::move(origin)});
+        parsed.emplace(std::move(*key),
+                       Located{std::make_shared<const DecodedObject>(std::move(*entry.object)),
+                               std::move(origin)});
       }
     }
     documentFailures += failures;
     record.digest = digest;
     if (failures == 0) {
-      record.lastClean = parsed;
-      record.effective = std::move(parsed);
+      ObjectMap clean;
+      for (auto& [key, located] : parsed)
+        clean.emplace_hint(clean.end(), key, std::move(located.object));
+      record.lastClean = std::make_shared<const ObjectMap>(std::move(clean));
+      record.effective = record.lastClean;
       return;
     }
     // Keep what the file last held when it was valid; the good documents of the new content
     // still apply on top of it.
-    ObjectMap effective = record.lastClean;
+    ObjectMap effective = *record.lastClean;
     std::size_t kept = 0;
-    for (const auto& [key, located] : record.lastClean)
+    for (const auto& [key, object] : *record.lastClean)
       if (!parsed.contains(key)) ++kept;
-    for (auto& [key, located] : parsed) effective.insert_or_assign(key, std::move(located));
-    record.effective = std::move(effective);
+    for (auto& [key, located] : parsed) effective.insert_or_assign(key, std::move(located.object));
+    record.effective = std::make_shared<const ObjectMap>(std::move(effective));
     if (kept > 0)
       log::warning(
           "manifest file has errors; keeping its last good objects",
@@ -328,8 +341,8 @@ struct ManifestSource::Impl {
     ObjectMap desired;
     std::set<std::string> duplicates;
     for (const auto& [name, record] : files) {
-      for (const auto& [key, located] : record.effective) {
-        auto [it, inserted] = desired.insert_or_assign(key, located);
+      for (const auto& [key, object] : *record.effective) {
+        auto [it, inserted] = desired.insert_or_assign(key, object);
         (void)it;
         if (!inserted) duplicates.insert(describe(key));
       }
@@ -346,7 +359,7 @@ struct ManifestSource::Impl {
 
   void deliverDifference(const ObjectMap& desired) {
     std::size_t upserts = 0, deletes = 0;
-    for (const auto& [key, located] : delivered) {
+    for (const auto& [key, object] : delivered) {
       if (desired.contains(key)) continue;
       ++deletes;
       switch (key.kind) {
@@ -361,21 +374,21 @@ struct ManifestSource::Impl {
           break;
       }
     }
-    for (const auto& [key, located] : desired) {
+    for (const auto& [key, object] : desired) {
       auto old = delivered.find(key);
-      if (old != delivered.end() && old->second.object == located.object) continue;
+      if (old != delivered.end() && (old->second == object || *old->second == *object)) continue;
       ++upserts;
       std::visit(
-          [this](const auto& object) {
-            using T = std::decay_t<decltype(object)>;
+          [this](const auto& value) {
+            using T = std::decay_t<decltype(value)>;
             if constexpr (std::is_same_v<T, core::Service>)
-              sink.serviceUpserted(object);
+              sink.serviceUpserted(value);
             else if constexpr (std::is_same_v<T, core::EndpointSlice>)
-              sink.endpointSliceUpserted(object);
+              sink.endpointSliceUpserted(value);
             else if constexpr (std::is_same_v<T, core::Node>)
-              sink.nodeUpserted(object);
+              sink.nodeUpserted(value);
           },
-          located.object);
+          *object);
     }
     if (upserts + deletes > 0)
       log::info(2, "applied manifest directory changes",
