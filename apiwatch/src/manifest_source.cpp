@@ -378,13 +378,15 @@ struct ManifestSource::Impl {
       auto old = delivered.find(key);
       if (old != delivered.end() && (old->second == object || *old->second == *object)) continue;
       ++upserts;
+      // The sink shares the object (an aliasing pointer into the variant) rather than copying it.
       std::visit(
-          [this](const auto& value) {
+          [this, &object](const auto& value) {
             using T = std::decay_t<decltype(value)>;
             if constexpr (std::is_same_v<T, core::Service>)
-              sink.serviceUpserted(value);
+              sink.sharedServiceUpserted(std::shared_ptr<const core::Service>(object, &value));
             else if constexpr (std::is_same_v<T, core::EndpointSlice>)
-              sink.endpointSliceUpserted(value);
+              sink.sharedEndpointSliceUpserted(
+                  std::shared_ptr<const core::EndpointSlice>(object, &value));
             else if constexpr (std::is_same_v<T, core::Node>)
               sink.nodeUpserted(value);
           },

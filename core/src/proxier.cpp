@@ -197,6 +197,14 @@ void Proxier::serviceUpserted(Service service) {
   }
 }
 
+void Proxier::sharedServiceUpserted(std::shared_ptr<const Service> service) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->tracker.upsertService(std::move(service))) {
+    ++impl_->serviceChangesTotal;
+    impl_->changed();
+  }
+}
+
 void Proxier::serviceDeleted(const std::string& ns, const std::string& name) {
   std::lock_guard lock(impl_->mutex);
   if (impl_->tracker.deleteService(ns, name)) {
@@ -206,6 +214,14 @@ void Proxier::serviceDeleted(const std::string& ns, const std::string& name) {
 }
 
 void Proxier::endpointSliceUpserted(EndpointSlice slice) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->tracker.upsertEndpointSlice(std::move(slice))) {
+    ++impl_->endpointChangesTotal;
+    impl_->changed();
+  }
+}
+
+void Proxier::sharedEndpointSliceUpserted(std::shared_ptr<const EndpointSlice> slice) {
   std::lock_guard lock(impl_->mutex);
   if (impl_->tracker.upsertEndpointSlice(std::move(slice))) {
     ++impl_->endpointChangesTotal;

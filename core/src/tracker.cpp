@@ -16,13 +16,14 @@ namespace {
 std::string joinName(const std::string& ns, const std::string& name) { return ns + "/" + name; }
 
 // Equality that ignores resourceVersion: a resync or an update that only bumps the version is
-// a no-op for the proxy.
+// a no-op for the proxy. Both objects may be shared with the source, so neither is modified;
+// only an update of a known object with a new version pays for a short-lived copy.
 template <typename T>
-bool sameIgnoringVersion(T& incoming, const T& existing) {
-  std::string version = std::exchange(incoming.resourceVersion, existing.resourceVersion);
-  const bool same = incoming == existing;
-  incoming.resourceVersion = std::move(version);
-  return same;
+bool sameIgnoringVersion(const T& incoming, const T& existing) {
+  if (incoming.resourceVersion == existing.resourceVersion) return incoming == existing;
+  T probe = incoming;
+  probe.resourceVersion = existing.resourceVersion;
+  return probe == existing;
 }
 
 // Slices the proxy never uses: not owned by a service, FQDN addresses, or the endpoint
@@ -44,9 +45,11 @@ struct ChangeTracker::Impl {
 
   TrackerConfig config;
 
-  std::unordered_map<std::string, Service> services;  // by "ns/name"
+  // Objects are immutable and may be shared with the source that delivered them.
+  std::unordered_map<std::string, std::shared_ptr<const Service>> services;  // by "ns/name"
   // Slices grouped by their service ("ns/serviceName"), by slice name for a stable order.
-  std::unordered_map<std::string, std::map<std::string, EndpointSlice>> slicesByService;
+  std::unordered_map<std::string, std::map<std::string, std::shared_ptr<const EndpointSlice>>>
+      slicesByService;
   // "ns/sliceName" -> "ns/serviceName", to find a slice on delete and when it moves.
   std::unordered_map<std::string, std::string> sliceOwner;
   // Keys each service currently has in the snapshot, so removed ports can be dropped.
@@ -86,10 +89,14 @@ ChangeTracker::ChangeTracker(TrackerConfig config) : impl_(std::make_unique<Impl
 ChangeTracker::~ChangeTracker() = default;
 
 bool ChangeTracker::upsertService(Service service) {
-  const std::string key = joinName(service.ns, service.name);
+  return upsertService(std::make_shared<const Service>(std::move(service)));
+}
+
+bool ChangeTracker::upsertService(std::shared_ptr<const Service> service) {
+  const std::string key = joinName(service->ns, service->name);
   auto it = impl_->services.find(key);
   if (it != impl_->services.end()) {
-    if (sameIgnoringVersion(service, it->second)) return false;
+    if (sameIgnoringVersion(*service, *it->second)) return false;
     it->second = std::move(service);
   } else {
     impl_->services.emplace(key, std::move(service));
@@ -108,30 +115,34 @@ bool ChangeTracker::deleteService(const std::string& ns, const std::string& name
 }
 
 bool ChangeTracker::upsertEndpointSlice(EndpointSlice slice) {
-  const std::optional<double> trigger = slice.lastChangeTriggerTime;
+  return upsertEndpointSlice(std::make_shared<const EndpointSlice>(std::move(slice)));
+}
+
+bool ChangeTracker::upsertEndpointSlice(std::shared_ptr<const EndpointSlice> slice) {
+  const std::optional<double> trigger = slice->lastChangeTriggerTime;
   const bool changed = upsertEndpointSliceImpl(std::move(slice));
   if (changed && trigger) impl_->triggerTimes.push_back(*trigger);
   return changed;
 }
 
-bool ChangeTracker::upsertEndpointSliceImpl(EndpointSlice slice) {
-  const std::string sliceKey = joinName(slice.ns, slice.name);
+bool ChangeTracker::upsertEndpointSliceImpl(std::shared_ptr<const EndpointSlice> slice) {
+  const std::string sliceKey = joinName(slice->ns, slice->name);
   auto ownerIt = impl_->sliceOwner.find(sliceKey);
-  if (auto reason = ignoredSliceReason(slice)) {
+  if (auto reason = ignoredSliceReason(*slice)) {
     log::info(4, "Ignoring EndpointSlice", {{"endpointSlice", sliceKey}, {"reason", *reason}});
     // It may have been a usable slice before this update.
     if (ownerIt == impl_->sliceOwner.end()) return false;
     const std::string owner = ownerIt->second;
-    impl_->removeSlice(sliceKey, owner, slice.name);
+    impl_->removeSlice(sliceKey, owner, slice->name);
     ++impl_->endpointChanges;
     return true;
   }
 
-  const std::string owner = joinName(slice.ns, slice.serviceName);
+  const std::string owner = joinName(slice->ns, slice->serviceName);
   if (ownerIt != impl_->sliceOwner.end()) {
     if (ownerIt->second == owner) {
-      auto& existing = impl_->slicesByService[owner][slice.name];
-      if (sameIgnoringVersion(slice, existing)) return false;
+      auto& existing = impl_->slicesByService[owner][slice->name];
+      if (existing && sameIgnoringVersion(*slice, *existing)) return false;
       existing = std::move(slice);
       impl_->dirty.insert(owner);
       ++impl_->endpointChanges;
@@ -139,10 +150,10 @@ bool ChangeTracker::upsertEndpointSliceImpl(EndpointSlice slice) {
     }
     // The slice now belongs to another service: both services change.
     const std::string previousOwner = ownerIt->second;
-    impl_->removeSlice(sliceKey, previousOwner, slice.name);
+    impl_->removeSlice(sliceKey, previousOwner, slice->name);
   }
   impl_->sliceOwner[sliceKey] = owner;
-  const std::string name = slice.name;
+  const std::string name = slice->name;
   impl_->slicesByService[owner][name] = std::move(slice);
   impl_->dirty.insert(owner);
   ++impl_->endpointChanges;
@@ -202,9 +213,9 @@ PublishResult ChangeTracker::publish() {
     if (auto svc = d.services.find(svcKey); svc != d.services.end()) {
       slices.clear();
       if (auto s = d.slicesByService.find(svcKey); s != d.slicesByService.end()) {
-        for (const auto& [name, slice] : s->second) slices.push_back(&slice);
+        for (const auto& [name, slice] : s->second) slices.push_back(slice.get());
       }
-      states = resolve::resolveService(svc->second, slices, d.config, d.node);
+      states = resolve::resolveService(*svc->second, slices, d.config, d.node);
     }
 
     std::vector<ServicePortKey> newKeys;

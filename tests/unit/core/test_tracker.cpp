@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -117,6 +118,34 @@ TEST_CASE("no-op updates are dropped", "[unit][tracker]") {
   CHECK(t.upsertService(labelled));
   auto r = t.publish();
   CHECK(r.changed.empty());
+}
+
+TEST_CASE("shared objects are kept by reference and compared by value", "[unit][tracker]") {
+  ChangeTracker t(config());
+  auto svc = std::make_shared<const Service>(service("a"));
+  auto slice = std::make_shared<const EndpointSlice>(endpointSlice("a-1", "a", {"10.0.0.1"}));
+  CHECK(t.upsertService(svc));
+  CHECK(t.upsertEndpointSlice(slice));
+  auto first = t.publish();
+  CHECK(first.changed == std::vector<ServicePortKey>{key("default/a:http")});
+  CHECK(endpointsOf(*first.snapshot, "default/a:http") ==
+        std::vector<std::string>{"10.0.0.1:8080"});
+  CHECK(svc->resourceVersion == "1");  // the tracker never writes to a shared object
+
+  // A version-only update, shared or by value, is still a no-op.
+  Service same = service("a");
+  same.resourceVersion = "2";
+  CHECK_FALSE(t.upsertService(std::make_shared<const Service>(same)));
+  EndpointSlice sameSlice = endpointSlice("a-1", "a", {"10.0.0.1"});
+  sameSlice.resourceVersion = "9";
+  CHECK_FALSE(t.upsertEndpointSlice(std::make_shared<const EndpointSlice>(sameSlice)));
+  CHECK_FALSE(t.hasPendingChanges());
+
+  auto moved = std::make_shared<const EndpointSlice>(endpointSlice("a-1", "a", {"10.0.0.2"}));
+  CHECK(t.upsertEndpointSlice(moved));
+  auto second = t.publish();
+  CHECK(endpointsOf(*second.snapshot, "default/a:http") ==
+        std::vector<std::string>{"10.0.0.2:8080"});
 }
 
 TEST_CASE("changed keys are exactly the service ports that differ", "[unit][tracker]") {

@@ -39,9 +39,12 @@ class ChangeTracker {
   ChangeTracker& operator=(const ChangeTracker&) = delete;
 
   /// Each returns true when the event changed something (no-op updates are dropped).
+  /// The shared forms keep a reference to the (immutable, non-null) object instead of a copy.
   bool upsertService(Service service);
+  bool upsertService(std::shared_ptr<const Service> service);
   bool deleteService(const std::string& ns, const std::string& name);
   bool upsertEndpointSlice(EndpointSlice slice);
+  bool upsertEndpointSlice(std::shared_ptr<const EndpointSlice> slice);
   bool deleteEndpointSlice(const std::string& ns, const std::string& name);
   bool upsertNode(Node node);
   bool deleteNode(const std::string& name);
@@ -56,7 +59,7 @@ class ChangeTracker {
   std::shared_ptr<const Snapshot> current() const;
 
  private:
-  bool upsertEndpointSliceImpl(EndpointSlice slice);
+  bool upsertEndpointSliceImpl(std::shared_ptr<const EndpointSlice> slice);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
