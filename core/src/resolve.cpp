@@ -147,10 +147,14 @@ bool availableForTopology(const EndpointCandidate& c, TopologyMode mode,
   return false;
 }
 
+// The result is kept in the snapshot for as long as the service is unchanged: it is sized
+// exactly (push_back alone would leave up to twice the room, per endpoint set of every port).
 template <typename Predicate>
 std::vector<Endpoint> filterEndpoints(const std::vector<EndpointCandidate>& endpoints,
                                       Predicate predicate) {
   std::vector<Endpoint> out;
+  out.reserve(
+      static_cast<std::size_t>(std::count_if(endpoints.begin(), endpoints.end(), predicate)));
   for (const auto& c : endpoints) {
     if (predicate(c)) out.push_back(c.endpoint);
   }
@@ -454,6 +458,7 @@ CategorizedEndpoints categorizeEndpoints(const std::vector<EndpointCandidate>& e
   std::map<std::string, Endpoint> merged;
   for (const auto& e : out.clusterEndpoints) merged[e.str()] = e;
   for (const auto& e : out.localEndpoints) merged[e.str()] = e;
+  out.allReachableEndpoints.reserve(merged.size());
   for (auto& [key, e] : merged) out.allReachableEndpoints.push_back(std::move(e));
   std::sort(out.allReachableEndpoints.begin(), out.allReachableEndpoints.end(), endpointLess);
   return out;
