@@ -1,5 +1,6 @@
 // kproxy: the program. Flags and config (kube-proxy's names), plugin loading, the event source,
 // the sync loop, and signals. Everything else lives in the modules it wires together.
+#include <malloc.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -290,7 +291,13 @@ int main(int argc, char** argv) {
     opsOptions.configzJson = kproxy::cli::toConfigzJson(config);
     opsOptions.extraMetrics = [&source] { return sourceMetrics(source); };
     ops = std::make_unique<kproxy::cli::OpsServers>(std::move(opsOptions), proxier);
-    proxier.setObserver([&ops](const kproxy::core::SyncObservation& o) { ops->observe(o); });
+    proxier.setObserver([&ops](const kproxy::core::SyncObservation& o) {
+      ops->observe(o);
+      // A full sync (the first above all, right after the initial list) frees far more than
+      // steady state needs: decoded documents, rendered batches. malloc keeps freed pages
+      // mapped unless asked, so the process would stay at its peak size.
+      if (o.ok && o.kind == kproxy::core::SyncKind::kFull) malloc_trim(0);
+    });
     ops->start([&stop, &fatal](const std::string& reason) {
       log::error("stopping", {{"reason", reason}});
       fatal = true;
