@@ -1,6 +1,8 @@
 #include "manifest_parser.h"
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 #include <utility>
 
 #include <fmt/format.h>
@@ -73,38 +75,49 @@ std::vector<YamlChunk> splitYamlDocuments(std::string_view text) {
   return chunks;
 }
 
-/// Decodes one document's JSON value: a single object or a List of them.
+/// List items already decoded while the text was parsed, by index; see parseJson.
+using EagerItems = std::vector<std::optional<core::Result<DecodedObject>>>;
+
+/// Whether decodeDocument reads `value` as a List (its items one by one).
+bool isListDocument(const json& value) {
+  if (!value.is_object()) return false;
+  auto kindIt = value.find("kind");
+  return kindIt != value.end() && kindIt->is_string() && value.contains("items") &&
+         kindIt->get_ref<const std::string&>().ends_with("List");
+}
+
+/// Decodes one document's JSON value: a single object or a List of them. `eager` holds the
+/// items decoded during the parse (their place in `value` is a null).
 void decodeDocument(json&& value, std::size_t document, std::size_t line,
-                    std::vector<ManifestEntry>& out) {
+                    std::vector<ManifestEntry>& out, EagerItems* eager = nullptr) {
   if (value.is_null()) return;
-  if (value.is_object()) {
-    auto kindIt = value.find("kind");
+  if (isListDocument(value)) {
     auto itemsIt = value.find("items");
-    if (kindIt != value.end() && kindIt->is_string() && itemsIt != value.end()) {
-      const std::string listKind = kindIt->get<std::string>();
-      if (listKind.ends_with("List")) {
-        if (!itemsIt->is_array()) {
-          out.push_back({document, line, std::nullopt,
-                         core::makeError(core::ErrorCategory::kDecode,
-                                         fmt::format("{}: items: expected an array", listKind))});
-          return;
-        }
-        // Typed lists (ServiceList, ...) from `kubectl get --raw` leave kind and apiVersion
-        // off their items; a generic List always sets them.
-        std::string itemKind = listKind.substr(0, listKind.size() - 4);
-        json apiVersion = value.value("apiVersion", json());
-        std::size_t index = 0;
-        for (auto& item : *itemsIt) {
-          if (item.is_object() && !itemKind.empty()) {
-            if (!item.contains("kind")) item["kind"] = itemKind;
-            if (!item.contains("apiVersion") && apiVersion.is_string())
-              item["apiVersion"] = apiVersion;
-          }
-          out.push_back({document, line, index++, decodeObject(item)});
-        }
-        return;
-      }
+    const std::string listKind = value.find("kind")->get<std::string>();
+    if (!itemsIt->is_array()) {
+      out.push_back({document, line, std::nullopt,
+                     core::makeError(core::ErrorCategory::kDecode,
+                                     fmt::format("{}: items: expected an array", listKind))});
+      return;
     }
+    // Typed lists (ServiceList, ...) from `kubectl get --raw` leave kind and apiVersion
+    // off their items; a generic List always sets them.
+    std::string itemKind = listKind.substr(0, listKind.size() - 4);
+    json apiVersion = value.value("apiVersion", json());
+    std::size_t index = 0;
+    for (auto& item : *itemsIt) {
+      if (eager != nullptr && index < eager->size() && (*eager)[index].has_value()) {
+        out.push_back({document, line, index, std::move(*(*eager)[index])});
+        ++index;
+        continue;
+      }
+      if (item.is_object() && !itemKind.empty()) {
+        if (!item.contains("kind")) item["kind"] = itemKind;
+        if (!item.contains("apiVersion") && apiVersion.is_string()) item["apiVersion"] = apiVersion;
+      }
+      out.push_back({document, line, index++, decodeObject(item)});
+    }
+    return;
   }
   out.push_back({document, line, std::nullopt, decodeObject(value)});
 }
@@ -115,16 +128,92 @@ std::size_t lineOfOffset(std::string_view text, std::size_t offset) {
                  text.begin(), text.begin() + static_cast<std::ptrdiff_t>(offset), '\n'));
 }
 
+void addSyntaxError(std::string_view text, const json::parse_error& e,
+                    std::vector<ManifestEntry>& out) {
+  out.push_back({1, lineOfOffset(text, e.byte == 0 ? 0 : e.byte - 1), std::nullopt,
+                 core::makeError(core::ErrorCategory::kDecode,
+                                 fmt::format("JSON syntax error: {}", e.what()))});
+}
+
+// A file holding a whole cluster as one List would be held as a JSON tree several times the
+// size of its text, next to every object decoded from it. So the items of the top-level
+// "items" array are decoded as soon as each is parsed and their tree is dropped (a null keeps
+// its place), when that cannot change the outcome: the item names its own kind and apiVersion
+// (the List's defaults do not apply to it), and the document is not already known to be
+// something else than a List. Should the document turn out not to be a List after all (or to
+// have a second "items"), it is parsed again the ordinary way.
+class EagerListDecoder {
+ public:
+  bool operator()(int depth, json::parse_event_t event, json& parsed) {
+    using Event = json::parse_event_t;
+    if (depth == 1) {
+      if (event == Event::key) {
+        rootKey_ = parsed.is_string() ? parsed.get<std::string>() : std::string();
+        if (rootKey_ == "items" && sawItems_) redo_ = true;
+      } else if (event == Event::value && rootKey_ == "kind") {
+        rootKindKnown_ = true;
+        rootIsList_ = parsed.is_string() && parsed.get_ref<const std::string&>().ends_with("List");
+      } else if (event == Event::array_start && rootKey_ == "items") {
+        sawItems_ = true;
+        inItems_ = !rootKindKnown_ || rootIsList_;
+        index_ = 0;
+      } else if (event == Event::array_end) {
+        inItems_ = false;
+      }
+      return true;
+    }
+    if (depth != 2 || !inItems_ || redo_) return true;
+    if (event != Event::object_end && event != Event::array_end && event != Event::value)
+      return true;
+    const std::size_t index = index_++;  // one completed element of the items array
+    if (event == Event::object_end && parsed.contains("kind") && parsed.contains("apiVersion")) {
+      if (items_.size() <= index) items_.resize(index + 1);
+      items_[index] = decodeObject(parsed);
+      parsed = nullptr;
+    }
+    return true;
+  }
+
+  /// Items decoded during the parse; valid only when `value` is read as a List.
+  EagerItems* itemsFor(const json& value) {
+    if (items_.empty()) return nullptr;
+    return !redo_ && isListDocument(value) && value.find("items")->is_array() ? &items_ : nullptr;
+  }
+  bool decodedAny() const { return !items_.empty(); }
+
+ private:
+  std::string rootKey_;
+  bool rootKindKnown_ = false;
+  bool rootIsList_ = false;
+  bool sawItems_ = false;
+  bool inItems_ = false;
+  bool redo_ = false;
+  std::size_t index_ = 0;
+  EagerItems items_;
+};
+
 void parseJson(std::string_view text, std::vector<ManifestEntry>& out) {
   if (isBlank(text)) return;
+  EagerListDecoder eager;
   json value;
   try {
-    value = json::parse(text);
+    value = json::parse(text, std::ref(eager));
   } catch (const json::parse_error& e) {
-    out.push_back({1, lineOfOffset(text, e.byte == 0 ? 0 : e.byte - 1), std::nullopt,
-                   core::makeError(core::ErrorCategory::kDecode,
-                                   fmt::format("JSON syntax error: {}", e.what()))});
+    addSyntaxError(text, e, out);
     return;
+  }
+  if (EagerItems* items = eager.itemsFor(value)) {
+    decodeDocument(std::move(value), 1, 1, out, items);
+    return;
+  }
+  if (eager.decodedAny()) {
+    // Items were decoded for a document that is not read as a List: parse it again as is.
+    try {
+      value = json::parse(text);
+    } catch (const json::parse_error& e) {
+      addSyntaxError(text, e, out);
+      return;
+    }
   }
   decodeDocument(std::move(value), 1, 1, out);
 }
