@@ -4,6 +4,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -35,6 +36,8 @@ constexpr std::uint64_t kMaxErrorBody = 1ull << 20;
 constexpr std::size_t kMaxEventLine = 64u << 20;
 
 using Object = std::variant<core::Service, core::EndpointSlice, core::Node>;
+/// Decoded objects are immutable: what a resource holds is shared with the sink, not copied.
+using SharedObject = std::shared_ptr<const Object>;
 using Key = std::pair<std::string, std::string>;  // namespace (empty for Node), name
 
 enum class WatchOutcome : std::uint8_t { kEnded, kExpired, kFailed };
@@ -50,11 +53,11 @@ struct Resource {
   std::string labelSelector;
   std::string fieldSelector;
   std::function<core::Result<Object>(const json&)> decode;
-  std::function<void(Object)> upsert;
+  std::function<void(const SharedObject&)> upsert;
   std::function<void(const Key&)> remove;
   std::function<void()> synced;  // may be empty (Node)
 
-  std::map<Key, Object> held;
+  std::map<Key, SharedObject> held;
   std::string resourceVersion;
   bool listed = false;
   bool watching = false;
@@ -173,7 +176,7 @@ struct ApiSource::Impl {
 
   /// LIST all pages; on success `r.held` matches the server and deliveries are done.
   Task<void> list(Resource& r) {
-    std::map<Key, Object> fresh;
+    std::map<Key, SharedObject> fresh;
     std::string continueToken;
     std::string listVersion;
     std::uint64_t skipped = 0;
@@ -216,7 +219,8 @@ struct ApiSource::Impl {
             continue;
           }
           Key key = std::visit([](const auto& o) { return Key{nsOf(o), o.name}; }, *decoded);
-          fresh.insert_or_assign(std::move(key), std::move(*decoded));
+          fresh.insert_or_assign(std::move(key),
+                                 std::make_shared<const Object>(std::move(*decoded)));
         }
       }
       if (continueToken.empty()) break;
@@ -237,7 +241,7 @@ struct ApiSource::Impl {
     }
     for (const auto& [key, object] : fresh) {
       auto held = r.held.find(key);
-      if (held == r.held.end() || !(held->second == object)) {
+      if (held == r.held.end() || !(*held->second == *object)) {
         r.upsert(object);
         ++upserted;
       }
@@ -285,9 +289,10 @@ struct ApiSource::Impl {
     }
     count([](ApiSourceStats& s) { ++s.watchEvents; });
     auto held = r.held.find(key);
-    if (held != r.held.end() && held->second == *decoded) return;
-    r.upsert(*decoded);
-    r.held.insert_or_assign(std::move(key), std::move(*decoded));
+    if (held != r.held.end() && *held->second == *decoded) return;
+    auto object = std::make_shared<const Object>(std::move(*decoded));
+    r.upsert(object);
+    r.held.insert_or_assign(std::move(key), std::move(object));
   }
 
   Task<WatchOutcome> watch(Resource& r) {
@@ -411,7 +416,10 @@ struct ApiSource::Impl {
       if (!s) return std::unexpected(s.error());
       return Object{std::move(*s)};
     };
-    svc->upsert = [this](Object o) { sink.serviceUpserted(std::get<core::Service>(std::move(o))); };
+    svc->upsert = [this](const SharedObject& o) {
+      sink.sharedServiceUpserted(
+          std::shared_ptr<const core::Service>(o, &std::get<core::Service>(*o)));
+    };
     svc->remove = [this](const Key& k) { sink.serviceDeleted(k.first, k.second); };
     svc->synced = [this] { sink.servicesSynced(); };
     resources.push_back(std::move(svc));
@@ -427,7 +435,10 @@ struct ApiSource::Impl {
       if (!s) return std::unexpected(s.error());
       return Object{std::move(*s)};
     };
-    eps->upsert = [this](Object o) { sink.endpointSliceUpserted(std::get<core::EndpointSlice>(std::move(o))); };
+    eps->upsert = [this](const SharedObject& o) {
+      sink.sharedEndpointSliceUpserted(
+          std::shared_ptr<const core::EndpointSlice>(o, &std::get<core::EndpointSlice>(*o)));
+    };
     eps->remove = [this](const Key& k) { sink.endpointSliceDeleted(k.first, k.second); };
     eps->synced = [this] { sink.endpointSlicesSynced(); };
     resources.push_back(std::move(eps));
@@ -442,7 +453,7 @@ struct ApiSource::Impl {
         if (!n) return std::unexpected(n.error());
         return Object{std::move(*n)};
       };
-      node->upsert = [this](Object o) { sink.nodeUpserted(std::get<core::Node>(std::move(o))); };
+      node->upsert = [this](const SharedObject& o) { sink.nodeUpserted(std::get<core::Node>(*o)); };
       node->remove = [this](const Key& k) { sink.nodeDeleted(k.second); };
       resources.push_back(std::move(node));
     }
