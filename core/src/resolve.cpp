@@ -464,6 +464,21 @@ CategorizedEndpoints categorizeEndpoints(const std::vector<EndpointCandidate>& e
   return out;
 }
 
+namespace {
+
+// Snapshots keep every port's endpoint sets for as long as the service is unchanged, and most
+// ports have the same endpoints in several of them (all ready, no topology: cluster, reachable
+// and complete sets are equal), so equal sets share one list.
+EndpointList shareIfEqual(std::vector<Endpoint> endpoints,
+                          std::initializer_list<const EndpointList*> earlier) {
+  for (const EndpointList* list : earlier) {
+    if (!list->empty() && *list == endpoints) return *list;
+  }
+  return EndpointList(std::move(endpoints));
+}
+
+}  // namespace
+
 std::vector<std::shared_ptr<const ServicePortState>> resolveService(
     const Service& service, std::span<const EndpointSlice* const> slices,
     const TrackerConfig& config, const NodeInfo& node) {
@@ -471,12 +486,18 @@ std::vector<std::shared_ptr<const ServicePortState>> resolveService(
   for (auto& state : servicePorts(service, config)) {
     auto candidates = gatherEndpoints(state, slices, config.nodeName);
     auto categorized = categorizeEndpoints(candidates, state, config.nodeName, node.zone);
-    state.clusterEndpoints = std::move(categorized.clusterEndpoints);
-    state.localEndpoints = std::move(categorized.localEndpoints);
-    state.allReachableEndpoints = std::move(categorized.allReachableEndpoints);
+    std::vector<Endpoint> all;
+    all.reserve(candidates.size());
+    for (auto& c : candidates) all.push_back(std::move(c.endpoint));
+    state.allEndpoints = std::move(all);
+    state.clusterEndpoints =
+        shareIfEqual(std::move(categorized.clusterEndpoints), {&state.allEndpoints});
+    state.localEndpoints = shareIfEqual(std::move(categorized.localEndpoints),
+                                        {&state.allEndpoints, &state.clusterEndpoints});
+    state.allReachableEndpoints =
+        shareIfEqual(std::move(categorized.allReachableEndpoints),
+                     {&state.allEndpoints, &state.clusterEndpoints, &state.localEndpoints});
     state.hasAnyEndpoints = categorized.hasAnyEndpoints;
-    state.allEndpoints.reserve(candidates.size());
-    for (auto& c : candidates) state.allEndpoints.push_back(std::move(c.endpoint));
     out.push_back(std::make_shared<const ServicePortState>(std::move(state)));
   }
   return out;

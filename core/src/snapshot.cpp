@@ -179,6 +179,42 @@ std::string Endpoint::str() const {
   return out;
 }
 
+EndpointList::EndpointList(std::vector<Endpoint> endpoints) { *this = std::move(endpoints); }
+
+EndpointList::EndpointList(std::initializer_list<Endpoint> endpoints)
+    : EndpointList(std::vector<Endpoint>(endpoints)) {}
+
+EndpointList& EndpointList::operator=(std::vector<Endpoint> endpoints) {
+  if (endpoints.empty()) {
+    items_.reset();
+  } else {
+    items_ = std::make_shared<std::vector<Endpoint>>(std::move(endpoints));
+  }
+  return *this;
+}
+
+EndpointList& EndpointList::operator=(std::initializer_list<Endpoint> endpoints) {
+  return *this = std::vector<Endpoint>(endpoints);
+}
+
+const std::vector<Endpoint>& EndpointList::vector() const {
+  static const std::vector<Endpoint> kEmpty;
+  return items_ ? *items_ : kEmpty;
+}
+
+void EndpointList::push_back(Endpoint endpoint) { mutableVector().push_back(std::move(endpoint)); }
+
+void EndpointList::clear() { items_.reset(); }
+
+std::vector<Endpoint>& EndpointList::mutableVector() {
+  if (!items_) {
+    items_ = std::make_shared<std::vector<Endpoint>>();
+  } else if (items_.use_count() > 1) {
+    items_ = std::make_shared<std::vector<Endpoint>>(*items_);
+  }
+  return *items_;
+}
+
 bool ServicePortState::externallyAccessible() const {
   return nodePort != 0 || !loadBalancerVIPs.empty() || !externalIPs.empty();
 }

@@ -701,3 +701,29 @@ TEST_CASE("resolveService fills every endpoint set", "[unit][resolve]") {
   CHECK(set(st.allEndpoints) == Set{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"});
   CHECK(st.hasAnyEndpoints);
 }
+
+TEST_CASE("resolveService keeps equal endpoint sets once", "[unit][resolve]") {
+  Service svc = clusterIPService();
+  EndpointSlice s = slice("a", {sliceEndpoint("10.0.0.1", true, true, false, "node-a"),
+                                sliceEndpoint("10.0.0.2", true, true, false, "node-b")});
+  const EndpointSlice* ptrs[] = {&s};
+  TrackerConfig config;
+  config.nodeName = "node-a";
+  auto states = resolveService(svc, ptrs, config, NodeInfo{});
+  REQUIRE(states.size() == 1);
+  const auto& st = *states[0];
+  CHECK(set(st.allEndpoints) == Set{"10.0.0.1:8080", "10.0.0.2:8080"});
+  CHECK(st.clusterEndpoints == st.allEndpoints);
+  CHECK(st.clusterEndpoints.sharesStorage(st.allEndpoints));
+  CHECK(st.allReachableEndpoints.sharesStorage(st.allEndpoints));
+  CHECK(st.localEndpoints.empty());  // Cluster policy: no local set
+
+  // Different sets keep their own storage.
+  svc.internalTrafficPolicy = TrafficPolicy::kLocal;
+  auto local = resolveService(svc, ptrs, config, NodeInfo{});
+  REQUIRE(local.size() == 1);
+  CHECK(set(local[0]->localEndpoints) == Set{"10.0.0.1:8080"});
+  CHECK(set(local[0]->allEndpoints) == Set{"10.0.0.1:8080", "10.0.0.2:8080"});
+  CHECK_FALSE(local[0]->localEndpoints.sharesStorage(local[0]->allEndpoints));
+  CHECK(local[0]->allReachableEndpoints.sharesStorage(local[0]->localEndpoints));
+}

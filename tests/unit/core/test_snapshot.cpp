@@ -2,6 +2,7 @@
 
 #include <set>
 #include <string>
+#include <vector>
 
 #include "kproxy/core/snapshot.h"
 
@@ -155,6 +156,43 @@ TEST_CASE("Endpoint::str brackets IPv6", "[unit][snapshot]") {
   v6.port = 443;
   CHECK(v4.str() == "10.0.0.1:8080");
   CHECK(v6.str() == "[fd00::1]:443");
+}
+
+TEST_CASE("EndpointList reads like a vector and never changes under a copy", "[unit][snapshot]") {
+  Endpoint a;
+  a.ip = "10.0.0.1";
+  a.port = 80;
+  Endpoint b = a;
+  b.ip = "10.0.0.2";
+
+  EndpointList empty;
+  CHECK(empty.empty());
+  CHECK(empty.size() == 0);
+  CHECK(empty.begin() == empty.end());
+  CHECK(empty == std::vector<Endpoint>{});
+
+  EndpointList list = std::vector<Endpoint>{a, b};
+  REQUIRE(list.size() == 2);
+  CHECK(list[0] == a);
+  CHECK(list.back() == b);
+  const std::vector<Endpoint>& asVector = list;
+  CHECK(asVector == std::vector<Endpoint>{a, b});
+
+  EndpointList copy = list;
+  CHECK(copy.sharesStorage(list));
+  copy.push_back(a);
+  CHECK_FALSE(copy.sharesStorage(list));
+  CHECK(list.size() == 2);
+  CHECK(copy.size() == 3);
+  EndpointList cleared = list;
+  cleared.clear();
+  CHECK(cleared.empty());
+  CHECK(list.size() == 2);
+
+  // Equality is by content, whatever the storage.
+  CHECK(list == EndpointList{a, b});
+  CHECK_FALSE(list == EndpointList{b, a});
+  CHECK_FALSE(list == empty);
 }
 
 TEST_CASE("ServicePortState policy helpers", "[unit][snapshot]") {

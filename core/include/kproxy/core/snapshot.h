@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -47,6 +48,58 @@ struct Endpoint {
   bool operator==(const Endpoint&) const = default;
 };
 
+/// An endpoint set of a service port. It reads like a `const std::vector<Endpoint>` (and converts
+/// to one); equal sets may share one storage, so the common case of a port whose cluster,
+/// reachable and complete sets hold the same endpoints keeps them once. Copying shares the
+/// storage; modifying a list (building a state by hand) copies the storage first when it is
+/// shared, so a list never changes under another one. Reading is thread-safe, like the state
+/// that holds it.
+class EndpointList {
+ public:
+  using value_type = Endpoint;
+  using size_type = std::size_t;
+  using const_iterator = std::vector<Endpoint>::const_iterator;
+  using iterator = const_iterator;
+
+  EndpointList() = default;
+  // Implicit conversions both ways, so code written for the std::vector these sets used to be
+  // keeps compiling.
+  EndpointList(std::vector<Endpoint> endpoints);
+  EndpointList(std::initializer_list<Endpoint> endpoints);
+  EndpointList& operator=(std::vector<Endpoint> endpoints);
+  EndpointList& operator=(std::initializer_list<Endpoint> endpoints);
+
+  const std::vector<Endpoint>& vector() const;
+  operator const std::vector<Endpoint>&() const { return vector(); }
+
+  const_iterator begin() const { return vector().begin(); }
+  const_iterator end() const { return vector().end(); }
+  const_iterator cbegin() const { return begin(); }
+  const_iterator cend() const { return end(); }
+  size_type size() const { return vector().size(); }
+  bool empty() const { return vector().empty(); }
+  const Endpoint& operator[](size_type i) const { return vector()[i]; }
+  const Endpoint& at(size_type i) const { return vector().at(i); }
+  const Endpoint& front() const { return vector().front(); }
+  const Endpoint& back() const { return vector().back(); }
+
+  void push_back(Endpoint endpoint);
+  void clear();
+
+  /// True when both lists use the same storage (cheap identity check).
+  bool sharesStorage(const EndpointList& other) const {
+    return items_ != nullptr && items_ == other.items_;
+  }
+  bool operator==(const EndpointList& other) const {
+    return items_ == other.items_ || vector() == other.vector();
+  }
+  bool operator==(const std::vector<Endpoint>& other) const { return vector() == other; }
+
+ private:
+  std::vector<Endpoint>& mutableVector();
+  std::shared_ptr<std::vector<Endpoint>> items_;  // null when empty
+};
+
 /// The resolved, node-local state of one service port in one family.
 struct ServicePortState {
   ServicePortKey key;
@@ -68,15 +121,15 @@ struct ServicePortState {
   std::int32_t stickyMaxAgeSeconds = 0;
 
   /// Endpoints for traffic with Cluster policy (ready, topology-filtered, else serving+terminating).
-  std::vector<Endpoint> clusterEndpoints;
+  EndpointList clusterEndpoints;
   /// Endpoints for traffic with Local policy (local ready, else local serving+terminating).
-  std::vector<Endpoint> localEndpoints;
+  EndpointList localEndpoints;
   /// Union of the two, each endpoint once (what the backend needs chains for).
-  std::vector<Endpoint> allReachableEndpoints;
+  EndpointList allReachableEndpoints;
   /// Whether any endpoint anywhere can serve (decides reject vs. drop).
   bool hasAnyEndpoints = false;
   /// Every endpoint of the service port regardless of state (conntrack cleanup, health checks).
-  std::vector<Endpoint> allEndpoints;
+  EndpointList allEndpoints;
 
   /// NodePort, externalIPs or LoadBalancer VIPs.
   bool externallyAccessible() const;
