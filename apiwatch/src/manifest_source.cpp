@@ -1,5 +1,6 @@
 #include "kproxy/apiwatch/manifest_source.h"
 
+#include <malloc.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/inotify.h>
@@ -45,6 +46,7 @@ constexpr std::uint32_t kWatchMask = IN_CLOSE_WRITE | IN_MODIFY | IN_MOVED_TO | 
 // A runaway file (a log written into the directory by mistake) must not exhaust memory.
 constexpr std::uintmax_t kMaxFileBytes = 64u << 20;
 constexpr int kRewatchIntervalMs = 1000;
+constexpr std::uintmax_t kTrimAfterParsedBytes = 4u << 20;
 constexpr int kMaxDebounceFactor = 5;
 
 enum class ObjectKind : std::uint8_t { kNode, kService, kEndpointSlice };
@@ -169,6 +171,7 @@ struct ManifestSource::Impl {
   ObjectMap delivered;
   std::set<std::string> reportedDuplicates;
   bool directoryUnreadable = false;
+  std::uintmax_t parsedBytes = 0;  // in the current rescan
 
   std::atomic<std::uint64_t> documentFailures{0};
   std::atomic<std::uint64_t> fileReadFailures{0};
@@ -293,7 +296,12 @@ struct ManifestSource::Impl {
 
   /// Re-reads the directory and delivers the difference to the sink.
   void rescan() {
+    parsedBytes = 0;
     readAndDeliver();
+    // Parsing a big file frees about as much as it keeps (the text, the decoded documents of
+    // which only the changed objects stay); malloc keeps freed pages mapped unless asked, and
+    // after the first sync nothing else asks before the next full sync, an hour away.
+    if (parsedBytes >= kTrimAfterParsedBytes) malloc_trim(0);
     // Counted when done, so whoever sees the counter move also sees the deliveries.
     ++rescans;
   }
@@ -333,7 +341,10 @@ struct ManifestSource::Impl {
         continue;
       }
       const ContentDigest digest = digestOf(*content);
-      if (record.digest != digest) parseFile(name, format, *content, digest, record);
+      if (record.digest != digest) {
+        parseFile(name, format, *content, digest, record);
+        parsedBytes += content->size();
+      }
       next.emplace(name, std::move(record));
     }
     files = std::move(next);
