@@ -190,6 +190,15 @@ struct ManifestSource::Impl {
     return watchDescriptor >= 0;
   }
 
+  /// A changed file is decoded whole again. An object equal to the one delivered is replaced by
+  /// the delivered one, which the sink keeps too: otherwise every unchanged object of an edited
+  /// file would be held twice from then on.
+  SharedObject share(const ObjectKey& key, DecodedObject&& object) {
+    if (auto it = delivered.find(key); it != delivered.end() && *it->second == object)
+      return it->second;
+    return std::make_shared<const DecodedObject>(std::move(object));
+  }
+
   /// Parses a file's new content into `record`, logging every problem once.
   void parseFile(const std::string& name, ManifestFormat format, std::string_view content,
                  ContentDigest digest, FileRecord& record) {
@@ -221,12 +230,10 @@ struct ManifestSource::Impl {
                      {{"object", describe(*key)},
                       {"first", it->second.origin.str()},
                       {"second", origin.str()}});
-        it->second = Located{std::make_shared<const DecodedObject>(std::move(*entry.object)),
-                             std::move(origin)};
+        it->second = Located{share(*key, std::move(*entry.object)), std::move(origin)};
       } else {
-        parsed.emplace(std::move(*key),
-                       Located{std::make_shared<const DecodedObject>(std::move(*entry.object)),
-                               std::move(origin)});
+        SharedObject object = share(*key, std::move(*entry.object));
+        parsed.emplace(std::move(*key), Located{std::move(object), std::move(origin)});
       }
     }
     documentFailures += failures;
