@@ -219,8 +219,15 @@ struct ApiSource::Impl {
             continue;
           }
           Key key = std::visit([](const auto& o) { return Key{nsOf(o), o.name}; }, *decoded);
-          fresh.insert_or_assign(std::move(key),
-                                 std::make_shared<const Object>(std::move(*decoded)));
+          // A relist returns every object again. One equal to the held one stays the held one,
+          // which the sink keeps too: a fresh copy would be kept beside it from then on.
+          SharedObject object;
+          if (auto held = r.held.find(key); held != r.held.end() && *held->second == *decoded) {
+            object = held->second;
+          } else {
+            object = std::make_shared<const Object>(std::move(*decoded));
+          }
+          fresh.insert_or_assign(std::move(key), std::move(object));
         }
       }
       if (continueToken.empty()) break;
@@ -241,7 +248,7 @@ struct ApiSource::Impl {
     }
     for (const auto& [key, object] : fresh) {
       auto held = r.held.find(key);
-      if (held == r.held.end() || !(*held->second == *object)) {
+      if (held == r.held.end() || (held->second != object && !(*held->second == *object))) {
         r.upsert(object);
         ++upserted;
       }
