@@ -104,6 +104,7 @@ void decodeDocument(json&& value, std::size_t document, std::size_t line,
     // off their items; a generic List always sets them.
     std::string itemKind = listKind.substr(0, listKind.size() - 4);
     json apiVersion = value.value("apiVersion", json());
+    out.reserve(out.size() + itemsIt->size());  // a List may hold a whole cluster
     std::size_t index = 0;
     for (auto& item : *itemsIt) {
       if (eager != nullptr && index < eager->size() && (*eager)[index].has_value()) {
