@@ -79,13 +79,6 @@ bool isAffinityEntrySet(const std::string& set) {
   return set == names::kAffinityServicesMap || set == names::kAffinityNodePortsMap;
 }
 
-/// The range index (slot >> 16) of a service-endpoints element's kernel key.
-std::optional<std::uint32_t> rangeOf(std::string_view kernelKey) {
-  if (kernelKey.size() != 4) return std::nullopt;
-  return static_cast<std::uint32_t>(static_cast<std::uint8_t>(kernelKey[0])) << 8 |
-         static_cast<std::uint8_t>(kernelKey[1]);
-}
-
 /// A slot-map element's key (kernel bytes and identity suffix) taken apart.
 struct SlotKey {
   std::uint32_t range = 0;
@@ -102,6 +95,11 @@ std::optional<SlotKey> slotKeyOf(std::string_view key) {
   };
   const std::uint32_t slot = u32(0);
   return SlotKey{slot >> 16, slot & 0xffff, key[4] == '\x01', u32(5)};
+}
+/// The slot range of a slot-map element's key (nullopt for any other key).
+std::optional<std::uint32_t> rangeOf(std::string_view key) {
+  auto k = slotKeyOf(key);
+  return k ? std::optional(k->range) : std::nullopt;
 }
 
 /// The fragment's chain whose name starts with `prefix` ("service-", "external-").
@@ -122,7 +120,7 @@ std::optional<std::set<std::string>> chainEndpoints(const Fragment& f, std::stri
         std::set<std::string> out;
         for (const auto& e : f.elements)
           if (!e.data.empty() && e.set.starts_with(names::kServiceEndpointsMap) &&
-              rangeOf(e.kernelKey()) == d->base >> 16)
+              rangeOf(e.key) == d->base >> 16)
             out.insert(e.data);
         return out;
       }
@@ -284,8 +282,7 @@ bool NftablesBackend::affinityMayBeStale(Family fam, const Owned& old, const Fra
       old.elements.forEach([&](const PackedElements::Ref& ref) {
         const std::string& set = setName(fam, ref.set);
         if (ref.intervalEnd || !set.starts_with(names::kServiceEndpointsMap)) return;
-        if (rangeOf(ref.key.substr(0, ref.key.size() - kIntervalIdentitySize)) != *mc->second.slotBase >> 16)
-          return;
+        if (rangeOf(ref.key) != *mc->second.slotBase >> 16) return;
         auto sit = mf.elements.find(set);
         if (sit == mf.elements.end()) return;
         if (auto v = sit->second.find(std::string(ref.key)); v != sit->second.end() && v->second.starts_with("="))
