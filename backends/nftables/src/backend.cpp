@@ -760,12 +760,7 @@ void NftablesBackend::rebuildAfterFullSync(const SnapshotSource& next, const sdk
       for (const auto& c : objects.chains) {
         MirrorChain& mc = mf.chains[c.name];
         mc.base = c.base.has_value();
-        for (const auto& r : c.rules) {
-          mc.rules.push_back(ruleHash(fam, c.name, r));
-          for (auto& t : r.targets()) mc.targets.push_back(std::move(t));
-          for (const auto& st : r.statements)
-            if (const auto* d = std::get_if<DnatFromSlots>(&st)) mc.slotBase = d->base;
-        }
+        for (const auto& r : c.rules) mc.addRule(ruleHash(fam, c.name, r), r);
       }
       for (const auto& e : objects.elements) {
         // As the first pass, the first port to want an element sets it.

@@ -178,6 +178,13 @@ std::string Op::toText() const {
   return {};
 }
 
+void MirrorChain::addRule(std::uint64_t hash, const Rule& rule) {
+  rules.push_back(hash);
+  for (auto& t : rule.targets()) targets.push_back(std::move(t));
+  for (const auto& st : rule.statements)
+    if (const auto* d = std::get_if<DnatFromSlots>(&st)) slotBase = d->base;
+}
+
 void applyToMirror(Mirror& mirror, const std::vector<Op>& ops) {
   for (const auto& op : ops) {
     MirrorFamily& m = mirror.of(op.family);
@@ -195,13 +202,9 @@ void applyToMirror(Mirror& mirror, const std::vector<Op>& ops) {
       }
       case OpKind::kAddRule: {
         auto& c = m.chains[op.name];
-        c.rules.push_back(op.ruleHash);
-        for (const auto& st : op.rule.statements)
-          if (const auto* d = std::get_if<DnatFromSlots>(&st)) c.slotBase = d->base;
-        for (auto& t : op.rule.targets()) {
-          addRef(m, t);
-          c.targets.push_back(std::move(t));
-        }
+        const std::size_t from = c.targets.size();
+        c.addRule(op.ruleHash, op.rule);
+        for (std::size_t i = from; i < c.targets.size(); ++i) addRef(m, c.targets[i]);
         break;
       }
       case OpKind::kDeleteElement: {

@@ -31,6 +31,8 @@ struct MirrorChain {
   std::vector<std::uint64_t> rules;  ///< rule hashes in order; 0 = a rule kproxy did not add
   std::vector<std::string> targets;  ///< chains the rules jump/go to (with repetition)
   std::optional<std::uint32_t> slotBase;  ///< the slot range its DnatFromSlots rule uses
+  /// Records `rule` (with identity `hash`) appended to the chain.
+  void addRule(std::uint64_t hash, const Rule& rule);
 };
 
 /// One set's elements as the mirror records them: key bytes → value text. Records sit in one
