@@ -29,6 +29,17 @@ struct Fixture {
   VectorSnapshot snap;
 };
 
+/// A session-affinity entry as the data path stores it in `affinity`: key client . service
+/// address . tcp . port, data endpoint . port.
+std::pair<std::string, std::string> affinityEntry(const char* client, const char* vip, const char* ep,
+                                                  std::uint16_t port) {
+  KeyBuilder key;
+  key.address(*Address::parse(client)).address(*Address::parse(vip)).proto(6).port(port);
+  KeyBuilder data;
+  data.address(*Address::parse(ep)).port(port);
+  return {key.bytes, data.bytes};
+}
+
 }  // namespace
 
 TEST_CASE("backend: first sync is full and reads the kernel; partial syncs do not", "[unit]") {
@@ -176,13 +187,7 @@ TEST_CASE("backend: affinity entries of a removed endpoint or service are delete
   f.snap.ports().push_back(other);
   REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
 
-  auto entry = [](const char* client, const char* vip, const char* ep) {
-    KeyBuilder k;
-    k.address(*Address::parse(client)).address(*Address::parse(vip)).proto(6).port(80);
-    KeyBuilder d;
-    d.address(*Address::parse(ep)).port(80);
-    return std::pair{k.bytes, d.bytes};
-  };
+  auto entry = [](const char* client, const char* vip, const char* ep) { return affinityEntry(client, vip, ep, 80); };
   auto& entries = f.kernel->dataPathEntries[Family::kIPv4]["affinity"];
   for (auto [k, d] : {entry("192.0.2.1", "172.30.5.1", "10.5.0.1"), entry("192.0.2.2", "172.30.5.1", "10.5.0.2"),
                       entry("192.0.2.3", "172.30.5.2", "10.5.0.3")})
@@ -240,13 +245,7 @@ TEST_CASE("backend: affinity entries are judged by the chain that balances their
   VectorSnapshot snap({lb});
   REQUIRE(backend.syncFrom(snap, {}, true).has_value());
 
-  auto entry = [](const char* client, const char* vip, const char* ep) {
-    KeyBuilder key;
-    key.address(*Address::parse(client)).address(*Address::parse(vip)).proto(6).port(443);
-    KeyBuilder data;
-    data.address(*Address::parse(ep)).port(443);
-    return std::pair{key.bytes, data.bytes};
-  };
+  auto entry = [](const char* client, const char* vip, const char* ep) { return affinityEntry(client, vip, ep, 443); };
   auto& entries = kernel->dataPathEntries[Family::kIPv4]["affinity"];
   const auto outsider = entry("203.0.113.9", "198.51.100.7", "10.7.0.2");  // external client, remote pod
   const auto pod = entry("10.0.0.5", "198.51.100.7", "10.7.0.2");          // a pod, remote pod
@@ -268,12 +267,9 @@ TEST_CASE("backend: a refused affinity clean-up is retried", "[unit]") {
   sticky.sessionAffinityClientIP = true;
   f.snap.ports().push_back(sticky);
   REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
-  KeyBuilder key;
-  key.address(*Address::parse("192.0.2.1")).address(*Address::parse("172.30.5.1")).proto(6).port(80);
-  KeyBuilder gone;
-  gone.address(*Address::parse("10.5.0.9")).port(80);
+  const auto [key, gone] = affinityEntry("192.0.2.1", "172.30.5.1", "10.5.0.9", 80);
   auto& entries = f.kernel->dataPathEntries[Family::kIPv4]["affinity"];
-  entries[key.bytes] = gone.bytes;
+  entries[key] = gone;
   // A full sync over an unchanged table sends no batch; the clean-up's first batch is refused.
   f.kernel->failNextBatchAt(0);
   auto out = f.backend->syncFrom(f.snap, {}, true);
