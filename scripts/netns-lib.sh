@@ -237,6 +237,20 @@ kp_kproxy_bin() {
   return 1
 }
 
+# kp_kproxy_options ARGS... — takes `--kproxy BIN` and `--plugin-dir DIR` off the front of ARGS
+# (exporting KPROXY_BIN and KPROXY_PLUGIN_DIR) and leaves the rest in the array KP_ARGS. An
+# unknown option ends the script (status 2). For the bench scripts' command lines.
+kp_kproxy_options() {
+  while [[ $# -gt 0 && "$1" == --* ]]; do
+    case "$1" in
+      --kproxy) export KPROXY_BIN="$2"; shift 2 ;;
+      --plugin-dir) export KPROXY_PLUGIN_DIR="$2"; shift 2 ;;
+      *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+  done
+  KP_ARGS=("$@")
+}
+
 # kp_kproxy_args MANIFEST_DIR — kproxy's standard arguments for this topology.
 kp_kproxy_args() {
   local args=(--proxy-mode="${KP_PROXY_MODE:-nftables}" --manifests "$1"

@@ -10,13 +10,8 @@ set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/../../scripts/netns-lib.sh"
 source "$HERE/../../tests/e2e/control-plane.sh"
-while [[ $# -gt 0 && "$1" == --* ]]; do
-  case "$1" in
-    --kproxy) export KPROXY_BIN="$2"; shift 2 ;;
-    --plugin-dir) export KPROXY_PLUGIN_DIR="$2"; shift 2 ;;
-    *) echo "unknown argument: $1" >&2; exit 2 ;;
-  esac
-done
+kp_kproxy_options "$@"
+set -- "${KP_ARGS[@]}"
 SERVICES="${1:-1000}"
 CHANGES="${2:-200}"
 
