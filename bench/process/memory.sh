@@ -19,7 +19,8 @@ trap 'kp_teardown' EXIT
 kp_topology_up 0 0 || exit 1
 "$KP_PYTHON" "$HERE/manifests.py" "$KP_WORKDIR/manifests" "$SERVICES" "$ENDPOINTS" "$KP_NODE_NAME" "$KP_NODE_IP" ||
   kp_die "writing the manifests"
-KP_VERBOSITY=1 kp_start_kproxy "$KP_WORKDIR/manifests" || exit 1
+# -v 2: "Synced rules" is logged for every sync; at -v 1 only a sync slower than 1 s is.
+KP_VERBOSITY=2 kp_start_kproxy "$KP_WORKDIR/manifests" || exit 1
 status() { grep -E "^$1:" "/proc/$KP_KPROXY_PID/status" | awk '{printf "%d", $2 / 1024}'; }
 synced() { grep -q 'kind=full.*operations=[1-9]' "$KP_WORKDIR/kproxy.log" && echo yes; }
 started=${EPOCHREALTIME/./}
