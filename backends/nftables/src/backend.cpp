@@ -102,20 +102,20 @@ std::optional<std::uint32_t> rangeOf(std::string_view key) {
   return k ? std::optional(k->range) : std::nullopt;
 }
 
-/// The fragment's chain whose name starts with `prefix` ("service-", "external-").
-const Chain* chainOf(const Fragment& f, std::string_view prefix) {
+const Chain* chainNamed(const Fragment& f, std::string_view name) {
   for (const auto& c : f.chains)
-    if (c.name.starts_with(prefix)) return &c;
+    if (c.name == name) return &c;
   return nullptr;
 }
 
-/// The endpoints (ip . port, as the maps store them) that the fragment's chain with this
-/// name prefix balances over; nullopt when there is no such chain or it does not balance.
-std::optional<std::set<std::string>> chainEndpoints(const Fragment& f, std::string_view prefix) {
-  const Chain* c = chainOf(f, prefix);
-  if (c == nullptr) return std::nullopt;
+/// The endpoints (ip . port, as the maps store them) that the fragment's chain balances over:
+/// its own slot range, or that of the chain it goes to unconditionally (eTP=Cluster's
+/// `goto service-…`); nullopt when there is no such chain or it does not balance.
+std::optional<std::set<std::string>> chainEndpoints(const Fragment& f, std::string_view name, int depth = 0) {
+  const Chain* c = chainNamed(f, name);
+  if (c == nullptr || depth > 2) return std::nullopt;
   for (const auto& r : c->rules)
-    for (const auto& st : r.statements)
+    for (const auto& st : r.statements) {
       if (const auto* d = std::get_if<DnatFromSlots>(&st)) {
         std::set<std::string> out;
         for (const auto& e : f.elements)
@@ -124,7 +124,26 @@ std::optional<std::set<std::string>> chainEndpoints(const Fragment& f, std::stri
             out.insert(e.data);
         return out;
       }
+      const auto* v = std::get_if<Verdict>(&st);
+      if (v != nullptr && v->kind == VerdictKind::kGoto && r.statements.size() == 1)
+        return chainEndpoints(f, v->chain, depth + 1);
+    }
   return std::nullopt;
+}
+
+/// The endpoints of the chains that `name` sends some clients to (a `goto` under a condition:
+/// the eTP=Local short-circuit of the cluster's own clients).
+std::set<std::string> shortCircuitEndpoints(const Fragment& f, std::string_view name) {
+  std::set<std::string> out;
+  const Chain* c = chainNamed(f, name);
+  if (c == nullptr) return out;
+  for (const auto& r : c->rules) {
+    if (r.statements.size() < 2) continue;
+    const auto* v = std::get_if<Verdict>(&r.statements.back());
+    if (v == nullptr || v->kind != VerdictKind::kGoto) continue;
+    if (auto eps = chainEndpoints(f, v->chain)) out.insert(eps->begin(), eps->end());
+  }
+  return out;
 }
 
 }  // namespace
@@ -227,36 +246,27 @@ void NftablesBackend::AffinityJudge::judge(std::string_view set, std::string_vie
 }
 
 void NftablesBackend::AffinityJudge::add(const Fragment& f) {
-  // Which chain each entry's traffic is balanced by, and over which endpoints: an entry is
-  // valid only for that chain's endpoints, as upstream consults only those endpoints' sets.
-  const auto svcEps = chainEndpoints(f, "service-").value_or(std::set<std::string>{});
-  const auto extEps = chainEndpoints(f, "external-");
-  // eTP=Local: the external chain balances over local endpoints and sends the cluster's own
-  // clients (pod CIDRs, the node) to the service chain.
-  bool extToService = false;
-  const Chain* svc = chainOf(f, "service-");
-  const Chain* ext = chainOf(f, "external-");
-  if (ext != nullptr && svc != nullptr)
-    for (const auto& r : ext->rules)
-      for (const auto& t : r.targets())
-        if (t == svc->name) extToService = true;
-  Verdicts external;
-  if (extEps) {
-    external.valid = *extEps;
-    if (extToService) external.validInternal = svcEps;
-  } else {
-    external.valid = svcEps;  // eTP=Cluster with the same endpoints: `goto service-…`
-  }
-  std::string clusterIP;
+  // An entry is valid only for the endpoints of the chain that balances its traffic, as
+  // upstream consults only those endpoints' sets; the chain is the one the service's dispatch
+  // element (same key as the entry) goes to. The cluster's own clients may also stick to the
+  // endpoints of that chain's short-circuit (eTP=Local).
+  std::unordered_map<std::string, const Verdict*> dispatch;
   for (const auto& e : f.elements)
-    if (e.set == names::kClusterIPsSet) clusterIP = e.key;
+    if ((e.set == names::kServiceIPsMap || e.set == names::kServiceNodePortsMap) && e.value)
+      dispatch[e.set + '\0' + e.key] = &*e.value;
+  auto verdictsFor = [&](std::string_view dispatchMap, const std::string& key) {
+    Verdicts out;
+    auto it = dispatch.find(std::string(dispatchMap) + '\0' + key);
+    if (it == dispatch.end()) return out;
+    out.valid = chainEndpoints(f, it->second->chain).value_or(std::set<std::string>{});
+    out.validInternal = shortCircuitEndpoints(f, it->second->chain);
+    return out;
+  };
   for (const auto& e : f.elements) {
-    if (e.set == names::kAffinityServicesMap) {
-      bool internal = !clusterIP.empty() && e.key.starts_with(clusterIP);
-      addresses[e.key] = internal ? Verdicts{svcEps, {}} : external;
-    } else if (e.set == names::kAffinityNodePortsMap) {
-      nodePorts[e.key] = external;
-    }
+    if (e.set == names::kAffinityServicesMap)
+      addresses[e.key] = verdictsFor(names::kServiceIPsMap, e.key);
+    else if (e.set == names::kAffinityNodePortsMap)
+      nodePorts[e.key] = verdictsFor(names::kServiceNodePortsMap, e.key);
   }
 }
 
@@ -273,38 +283,35 @@ bool NftablesBackend::affinityMayBeStale(Family fam, const Owned& old, const Fra
   if (!oldKeys.empty()) return true;  // an address (or NodePort) went
   // Endpoints per balancing chain, before (from the mirror) and now (from the fragment).
   const MirrorFamily& mf = mirror_.of(fam);
-  auto before = [&](std::string_view prefix) -> std::optional<std::set<std::string>> {
-    for (const auto& c : old.chains) {
-      if (!c.starts_with(prefix)) continue;
-      auto mc = mf.chains.find(c);
-      if (mc == mf.chains.end() || !mc->second.slotBase) return std::nullopt;
-      std::set<std::string> out;
-      old.elements.forEach([&](const PackedElements::Ref& ref) {
-        const std::string& set = setName(fam, ref.set);
-        if (ref.intervalEnd || !set.starts_with(names::kServiceEndpointsMap)) return;
-        if (rangeOf(ref.key) != *mc->second.slotBase >> 16) return;
-        auto sit = mf.elements.find(set);
-        if (sit == mf.elements.end()) return;
-        if (auto v = sit->second.find(std::string(ref.key)); v != sit->second.end() && v->second.starts_with("="))
-          out.emplace(v->second.substr(1));
-      });
-      return out;
-    }
-    return std::nullopt;
-  };
-  auto oldSvc = before("service-"), newSvc = chainEndpoints(*now, "service-");
-  auto oldExt = before("external-"), newExt = chainEndpoints(*now, "external-");
-  // A chain without its own range (eTP=Cluster, `goto service-…`) uses the service chain's.
-  if (!oldExt) oldExt = oldSvc;
-  if (!newExt) newExt = newSvc;
-  auto lost = [](const std::optional<std::set<std::string>>& was, const std::optional<std::set<std::string>>& is) {
-    if (!was) return false;
-    if (!is) return !was->empty();
-    for (const auto& d : *was)
-      if (!is->contains(d)) return true;
-    return false;
-  };
-  return lost(oldSvc, newSvc) || lost(oldExt, newExt);
+  // A chain that starts or stops balancing by itself moves traffic between pools (eTP
+  // Cluster <-> Local): judge the entries.
+  std::set<std::string> balancingBefore, balancingNow;
+  for (const auto& c : old.chains)
+    if (auto mc = mf.chains.find(c); mc != mf.chains.end() && mc->second.slotBase) balancingBefore.insert(c);
+  for (const auto& c : now->chains)
+    for (const auto& r : c.rules)
+      if (std::any_of(r.statements.begin(), r.statements.end(),
+                      [](const Statement& st) { return std::holds_alternative<DnatFromSlots>(st); }))
+        balancingNow.insert(c.name);
+  if (balancingBefore != balancingNow) return true;
+  for (const auto& c : balancingBefore) {
+    auto mc = mf.chains.find(c);
+    std::set<std::string> was;
+    old.elements.forEach([&](const PackedElements::Ref& ref) {
+      const std::string& set = setName(fam, ref.set);
+      if (ref.intervalEnd || !set.starts_with(names::kServiceEndpointsMap)) return;
+      if (rangeOf(ref.key) != *mc->second.slotBase >> 16) return;
+      auto sit = mf.elements.find(set);
+      if (sit == mf.elements.end()) return;
+      if (auto v = sit->second.find(std::string(ref.key)); v != sit->second.end() && v->second.starts_with("="))
+        was.emplace(v->second.substr(1));
+    });
+    // A chain that no longer balances (or went) lost every endpoint it had.
+    const auto is = chainEndpoints(*now, c);
+    for (const auto& d : was)
+      if (!is || !is->contains(d)) return true;
+  }
+  return false;
 }
 
 void NftablesBackend::AffinityJudge::mergeOlder(const AffinityJudge& older) {
@@ -354,6 +361,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   auto started = std::chrono::steady_clock::now();
   full = full || needFull_;
   const sdk::NodeInfo node = next.node();
+  renderer_.setNode(node);
   std::vector<Op> ops;  // a partial sync's (a full sync appends to the batch as it goes)
   std::unique_ptr<KernelBatch> batch;
   std::vector<Op> kept;  // the first kLastOpsKept ops, for lastOps()

@@ -74,6 +74,9 @@ std::string serviceChainName(const sdk::ServicePort& port) {
 std::string externalChainName(const sdk::ServicePort& port) {
   return "external-" + servicePortChainBase(port);
 }
+std::string localChainName(const sdk::ServicePort& port) {
+  return "local-" + servicePortChainBase(port);
+}
 std::string firewallChainName(const sdk::ServicePort& port) {
   return "firewall-" + servicePortChainBase(port);
 }
@@ -250,27 +253,39 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
   return g;
 }
 
+void NftablesRenderer::setNode(const sdk::NodeInfo& node) {
+  planConfig_.nodeIPs = node.addresses;
+  if (planConfig_.nodeIPs.empty())
+    for (const auto& a : config_.nodeIPs) planConfig_.nodeIPs.push_back(a.toString());
+}
+
+plan::PlanConfig NftablesRenderer::planConfigOf(const RenderConfig& config) {
+  plan::PlanConfig out;
+  out.masqueradeAll = config.masqueradeAll;
+  if (!config.clusterCIDRs.empty()) {
+    out.localDetector.mode = plan::LocalTrafficDetector::Mode::kCIDRs;
+    for (const auto& c : config.clusterCIDRs) out.localDetector.cidrs.push_back(c.toString());
+  }
+  for (const auto& a : config.nodeIPs) out.nodeIPs.push_back(a.toString());
+  return out;
+}
+
 Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
   using namespace names;
+  const plan::ServicePortPlan plan = plan::planServicePort(p, planConfig_);
   Fragment f;
   f.family = toFamily(p.family);
   f.key = p.key;
   const Family fam = f.family;
   const std::uint8_t proto = ipProto(p.protocol);
   const auto port = static_cast<std::uint16_t>(p.port);
+  auto& slotRanges = slots(fam);
 
-  const auto& internalEps = p.internalPolicyLocal ? p.localEndpoints : p.clusterEndpoints;
-  static const std::vector<sdk::Endpoint> kNone;
-  const auto& externalEps = !p.externallyAccessible() ? kNone
-                            : p.externalPolicyLocal   ? p.localEndpoints
-                                                      : p.clusterEndpoints;
-  const Verdict noEndpoints =
-      p.hasAnyEndpoints ? Verdict{VerdictKind::kDrop, {}} : goTo(kRejectChain);
-
-  // Endpoints: hairpin pairs, and per balancing chain a split of its slot range.
+  // Hairpin pairs: every endpoint a balancing chain of this port may pick.
   std::set<std::string> hairpins;
-  for (const auto* list : {&internalEps, &externalEps}) {
-    for (const auto& ep : *list) {
+  for (auto pool : {plan::Pool::kCluster, plan::Pool::kLocal}) {
+    if (!(pool == plan::Pool::kCluster ? plan.usesClusterPool : plan.usesLocalPool)) continue;
+    for (const auto& ep : plan.endpointsOf(pool)) {
       auto addr = parseHostOf(ep.ip, fam);
       if (!addr) continue;  // another family or malformed: the core should not send it
       KeyBuilder k;
@@ -279,11 +294,10 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
         f.elements.push_back(Element{kHairpinSet, k.bytes, k.text, std::nullopt, {}, {}, false});
     }
   }
-  auto& slotRanges = slots(fam);
 
   // Affinity hit first, then the endpoint by slot. False when there is nothing to balance
   // over (or, beyond 65,536 balancing chains in a family, no range is left).
-  auto appendBalancing = [&](Chain& c, const std::vector<sdk::Endpoint>& eps) {
+  auto appendBalancing = [&](Chain& c, std::span<const sdk::Endpoint> eps) {
     std::vector<std::pair<Address, std::uint16_t>> targets;
     for (const auto& ep : eps)
       if (auto addr = parseHostOf(ep.ip, fam)) targets.emplace_back(*addr, static_cast<std::uint16_t>(ep.port));
@@ -298,8 +312,7 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
           SlotRanges::kRanges, c.name));
       return false;
     }
-    if (p.sessionAffinityClientIP)
-      c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromAffinity{kAffinityMap}}));
+    if (plan.affinity) c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromAffinity{kAffinityMap}}));
     const std::string map = serviceEndpointsMap(*base);
     c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromSlots{map, *base}}));
     const auto k = static_cast<std::uint64_t>(targets.size());
@@ -329,47 +342,74 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     k.address(a).proto(proto).port(port);
     f.elements.push_back(Element{map, k.bytes, k.text, std::move(v)});
   };
+  auto noEndpointVerdict = [&](plan::NoEndpoints what) {
+    return what == plan::NoEndpoints::kReject ? goTo(kRejectChain) : Verdict{VerdictKind::kDrop, {}};
+  };
 
-  // Internal traffic: the ClusterIP.
-  std::string svcChain;
-  auto clusterIP = parseHostOf(p.clusterIP, fam);
-  {
-    Chain c{serviceChainName(p), std::nullopt, {}};
-    if (config_.masqueradeAll) {
-      c.rules.push_back(rule({jump(kMarkMasqChain)}));
-    } else {
-      std::vector<Statement> st;
-      for (const auto& cidr : config_.clusterCIDRs)
-        if (cidr.family == fam) st.push_back(MatchAddress{true, true, cidr});
-      if (!st.empty()) {
-        st.push_back(jump(kMarkMasqChain));
-        c.rules.push_back(rule(std::move(st)));
+  // The pools: `service-…` balances the cluster pool, `local-…` the local pool of internal
+  // traffic (internalTrafficPolicy Local), as upstream names them. ClusterIP traffic from
+  // outside the node's pods is masqueraded in the internal chain (masquerade-all: all traffic
+  // to the ClusterIP, which leaves the eTP=Local short-circuit alone).
+  auto internalMasquerade = [&](Chain& c) {
+    switch (plan.internalMasquerade) {
+      case plan::InternalMasquerade::kNone: break;
+      case plan::InternalMasquerade::kAll:
+        if (auto cip = parseHostOf(plan.clusterIP, fam))
+          c.rules.push_back(rule({MatchAddress{false, false, *cip}, jump(kMarkMasqChain)}));
+        break;
+      case plan::InternalMasquerade::kNotLocal: {
+        std::vector<Statement> st;
+        for (const auto& cidr : planConfig_.localDetector.cidrsOf(p.family))
+          if (auto a = Address::parse(cidr)) st.push_back(MatchAddress{true, true, *a});
+        if (!st.empty()) {
+          st.push_back(jump(kMarkMasqChain));
+          c.rules.push_back(rule(std::move(st)));
+        }
+        break;
       }
     }
-    if (appendBalancing(c, internalEps)) {
-      svcChain = c.name;
-      f.chains.push_back(std::move(c));
-    }
-  }
+  };
+  auto balancingChain = [&](std::string name, std::span<const sdk::Endpoint> eps, bool internal) {
+    Chain c{std::move(name), std::nullopt, {}};
+    if (internal) internalMasquerade(c);
+    if (!appendBalancing(c, eps)) return std::string();
+    std::string out = c.name;
+    f.chains.push_back(std::move(c));
+    return out;
+  };
+  std::string clusterChain, localChain;
+  if (plan.usesClusterPool)
+    clusterChain = balancingChain(serviceChainName(p), plan.clusterEndpoints,
+                                  plan.internalPool == plan::Pool::kCluster);
+  else
+    slotRanges.release(serviceChainName(p));
+  if (plan.usesLocalPool && plan.internalPool == plan::Pool::kLocal)
+    localChain = balancingChain(localChainName(p), plan.localEndpoints, true);
+  else
+    slotRanges.release(localChainName(p));
+  const std::string& internalChain = plan.internalPool == plan::Pool::kCluster ? clusterChain : localChain;
+
+  // Internal traffic: the ClusterIP.
+  auto clusterIP = parseHostOf(plan.clusterIP, fam);
   if (clusterIP) {
     KeyBuilder k;
     k.address(*clusterIP);
     f.elements.push_back(Element{kClusterIPsSet, k.bytes, k.text, std::nullopt});
-    if (!svcChain.empty())
-      addMapElement(kServiceIPsMap, *clusterIP, goTo(svcChain));
+    if (!internalChain.empty())
+      addMapElement(kServiceIPsMap, *clusterIP, goTo(internalChain));
     else
-      addMapElement(kNoEndpointServicesMap, *clusterIP, noEndpoints);
+      addMapElement(kNoEndpointServicesMap, *clusterIP,
+                    noEndpointVerdict(plan.hasEndpoints ? plan::NoEndpoints::kDrop : plan::NoEndpoints::kReject));
   }
 
   // Session affinity is recorded after DNAT by the service's own chain, which knows its timeout.
   std::string affinityChain;
   auto addAffinity = [&](std::optional<Address> addr, std::uint16_t nodePort) {
-    if (!p.sessionAffinityClientIP) return;
+    if (!plan.affinity) return;
     if (affinityChain.empty()) {
       affinityChain = affinityChainName(p);
-      auto timeout = static_cast<std::uint32_t>(p.stickyMaxAgeSeconds > 0 ? p.stickyMaxAgeSeconds : 10800);
       f.chains.push_back(Chain{affinityChain, std::nullopt,
-                               {rule({RecordAffinity{proto, kAffinityMap, timeout}})}});
+                               {rule({RecordAffinity{proto, kAffinityMap, plan.affinityTimeoutSeconds}})}});
     }
     if (addr) {
       addMapElement(kAffinityServicesMap, *addr, goTo(affinityChain));
@@ -379,39 +419,48 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
       f.elements.push_back(Element{kAffinityNodePortsMap, k.bytes, k.text, goTo(affinityChain)});
     }
   };
-  if (clusterIP && !svcChain.empty()) addAffinity(*clusterIP, 0);
+  if (clusterIP && !internalChain.empty()) addAffinity(*clusterIP, 0);
 
-  if (!p.externallyAccessible()) return f;
+  if (!plan.externallyAccessible) {
+    slotRanges.release(externalChainName(p));
+    return f;
+  }
 
-  // External traffic: NodePort, externalIPs, LoadBalancer ingress IPs.
+  // External traffic: NodePort, externalIPs, LoadBalancer ingress IPs. The external chain
+  // exists whenever the service has endpoints somewhere: with eTP=Local and no local
+  // endpoint it still sends the node and its pods to the cluster pool, and drops the rest.
   std::string extChain;
-  {
+  if (plan.capturesExternal) {
     Chain c{externalChainName(p), std::nullopt, {}};
-    if (p.externalPolicyLocal) {
-      // Pods and the node itself may use the cluster-wide endpoints; others keep their source.
-      if (!svcChain.empty()) {
-        for (const auto& cidr : config_.clusterCIDRs)
-          if (cidr.family == fam)
-            c.rules.push_back(rule({MatchAddress{true, false, cidr}, goTo(svcChain)}));
-        c.rules.push_back(rule({MatchFibSourceLocal{}, jump(kMarkMasqChain)}));
-        c.rules.push_back(rule({MatchFibSourceLocal{}, goTo(svcChain)}));
-      }
-      if (appendBalancing(c, externalEps)) extChain = c.name;
-    } else if (!externalEps.empty()) {
+    bool balanced = false;
+    if (plan.externalMasqueradeAll) {
       c.rules.push_back(rule({jump(kMarkMasqChain)}));
-      if (!svcChain.empty() && &externalEps == &internalEps) {
-        c.rules.push_back(rule({goTo(svcChain)}));
-        slotRanges.release(c.name);
-        extChain = c.name;
-      } else if (appendBalancing(c, externalEps)) {
-        extChain = c.name;
+      if (!clusterChain.empty()) c.rules.push_back(rule({goTo(clusterChain)}));
+      slotRanges.release(c.name);
+    } else {
+      if (!clusterChain.empty()) {
+        if (plan.shortCircuitPods)
+          for (const auto& cidr : planConfig_.localDetector.cidrsOf(p.family))
+            if (auto a = Address::parse(cidr)) c.rules.push_back(rule({MatchAddress{true, false, *a}, goTo(clusterChain)}));
+        if (plan.shortCircuitNode) {
+          c.rules.push_back(rule({MatchFibSourceLocal{}, jump(kMarkMasqChain)}));
+          c.rules.push_back(rule({MatchFibSourceLocal{}, goTo(clusterChain)}));
+        }
       }
+      if (plan.hasExternalEndpoints) balanced = appendBalancing(c, plan.localEndpoints);
+      else slotRanges.release(c.name);
+      // Anything not short-circuited meets the drop here, at DNAT: a filter-stage drop would
+      // also catch the node's own connections before their short-circuit.
+      if (!balanced) c.rules.push_back(rule({Verdict{VerdictKind::kDrop, {}}}));
     }
-    if (!extChain.empty()) f.chains.push_back(std::move(c));
+    extChain = c.name;
+    f.chains.push_back(std::move(c));
+  } else {
+    slotRanges.release(externalChainName(p));
   }
 
   std::vector<Address> externalAddrs;
-  for (const auto* list : {&p.externalIPs, &p.loadBalancerIPs})
+  for (const auto* list : {&plan.externalIPs, &plan.loadBalancerIPs})
     for (const auto& ip : *list)
       if (auto a = parseHostOf(ip, fam)) externalAddrs.push_back(*a);
   for (const auto& a : externalAddrs) {
@@ -419,33 +468,30 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
       addMapElement(kServiceIPsMap, a, goTo(extChain));
       addAffinity(a, 0);
     } else {
-      addMapElement(kNoEndpointServicesMap, a, noEndpoints);
+      addMapElement(kNoEndpointServicesMap, a, noEndpointVerdict(plan::NoEndpoints::kReject));
     }
   }
-  if (p.nodePort != 0) {
+  if (plan.nodePort != 0) {
     KeyBuilder k;
-    k.proto(proto).port(static_cast<std::uint16_t>(p.nodePort));
+    k.proto(proto).port(static_cast<std::uint16_t>(plan.nodePort));
     if (!extChain.empty()) {
       f.elements.push_back(Element{kServiceNodePortsMap, k.bytes, k.text, goTo(extChain)});
-      addAffinity(std::nullopt, static_cast<std::uint16_t>(p.nodePort));
+      addAffinity(std::nullopt, static_cast<std::uint16_t>(plan.nodePort));
     } else {
-      f.elements.push_back(Element{kNoEndpointNodePortsMap, k.bytes, k.text, noEndpoints});
+      f.elements.push_back(Element{kNoEndpointNodePortsMap, k.bytes, k.text,
+                                   noEndpointVerdict(plan::NoEndpoints::kReject)});
     }
   }
 
   // loadBalancerSourceRanges: rules in one firewall chain per service port, no set.
-  std::vector<Address> ranges;
-  for (const auto& r : p.loadBalancerSourceRanges)
-    if (auto a = Address::parse(r); a && a->family == fam) ranges.push_back(*a);
-  std::vector<Address> lbAddrs;
-  for (const auto& ip : p.loadBalancerIPs)
-    if (auto a = parseHostOf(ip, fam)) lbAddrs.push_back(*a);
-  if (!ranges.empty() && !lbAddrs.empty()) {
+  if (plan.usesFirewall) {
     Chain c{firewallChainName(p), std::nullopt, {}};
-    for (const auto& r : ranges)
-      c.rules.push_back(rule({MatchAddress{true, false, r}, Verdict{VerdictKind::kReturn, {}}}));
+    for (const auto& source : plan.firewallAllowedSources)
+      if (auto a = Address::parse(source); a && a->family == fam)
+        c.rules.push_back(rule({MatchAddress{true, false, *a}, Verdict{VerdictKind::kReturn, {}}}));
     c.rules.push_back(rule({Verdict{VerdictKind::kDrop, {}}}));
-    for (const auto& a : lbAddrs) addMapElement(kFirewallIPsMap, a, goTo(c.name));
+    for (const auto& ip : plan.loadBalancerIPs)
+      if (auto a = parseHostOf(ip, fam)) addMapElement(kFirewallIPsMap, *a, goTo(c.name));
     f.chains.push_back(std::move(c));
   }
   return f;

@@ -119,14 +119,16 @@ TEST_CASE("slot ranges: lowest free range, stable per chain, reused after releas
   CHECK(ranges.baseOf("y") == 3u << 16);
 }
 
-TEST_CASE("masquerade-all marks every service packet", "[unit]") {
+TEST_CASE("masquerade-all marks every connection to the ClusterIP", "[unit]") {
   RenderConfig cfg;
   cfg.masqueradeAll = true;
   cfg.masqueradeBit = 5;
   NftablesRenderer r(cfg);
   auto p = clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080)});
   auto f = r.renderServicePort(p);
-  CHECK(texts(*findChain(f, serviceChainName(p)))[0] == "jump mark-for-masquerade");
+  // Matched on the ClusterIP, as upstream: the eTP=Local short-circuit into this chain keeps
+  // its source (issue 10, item 6).
+  CHECK(texts(*findChain(f, serviceChainName(p)))[0] == "ip daddr 172.30.0.10 jump mark-for-masquerade");
   auto g = r.renderGlobal(Family::kIPv4, {});
   for (const auto& c : g.chains)
     if (c.name == "mark-for-masquerade") CHECK(texts(c)[0] == "meta mark set meta mark | 0x00000020");
@@ -226,11 +228,67 @@ TEST_CASE("NodePort with eTP=Local: local endpoints only, source kept, drop when
                       std::to_string(extBase + 65534) + " : 10.1.0.4 . 53") != els.end());
   CHECK(elementTexts(f).back() == "service-nodeports udp . 30053 : goto " + externalChainName(p));
 
-  // No local endpoint: external traffic is dropped, internal still served.
+  // No local endpoint: the node and its pods still reach the cluster's endpoints through the
+  // short-circuit; everything else is dropped at the end of the external chain, not by the
+  // filter-stage map (which would catch the node's own connections first).
   testing::setEndpoints(p, {endpoint("10.1.0.5", 53)});
   f = r.renderServicePort(p);
-  CHECK(findChain(f, externalChainName(p)) == nullptr);
-  CHECK(elementTexts(f).back() == "no-endpoint-nodeports udp . 30053 : drop");
+  REQUIRE(findChain(f, externalChainName(p)) != nullptr);
+  CHECK(texts(*findChain(f, externalChainName(p))) == std::vector<std::string>{
+                                                          "ip saddr 10.0.0.0/8 goto " + svc,
+                                                          "fib saddr type local jump mark-for-masquerade",
+                                                          "fib saddr type local goto " + svc,
+                                                          "drop",
+                                                      });
+  els = elementTexts(f);
+  CHECK(std::find(els.begin(), els.end(), "service-nodeports udp . 30053 : goto " + externalChainName(p)) !=
+        els.end());
+  for (const auto& e : els) CHECK(e.find("no-endpoint") == std::string::npos);
+}
+
+TEST_CASE("iTP=Local and eTP=Local: the short-circuit uses the cluster pool", "[unit]") {
+  NftablesRenderer r(config());
+  auto p = clusterIP("default", "both", "172.30.0.16", 80,
+                     {endpoint("10.1.0.7", 80, true), endpoint("10.1.0.8", 80)});
+  p.type = sdk::ServiceType::kLoadBalancer;
+  p.loadBalancerIPs = {"198.51.100.9"};
+  p.internalPolicyLocal = true;
+  p.externalPolicyLocal = true;
+  auto f = r.renderServicePort(p);
+  const Chain* local = findChain(f, localChainName(p));
+  const Chain* cluster = findChain(f, serviceChainName(p));
+  REQUIRE(local != nullptr);
+  REQUIRE(cluster != nullptr);
+  auto els = elementTexts(f);
+  auto has = [&](const std::string& s) { return std::find(els.begin(), els.end(), s) != els.end(); };
+  CHECK(has("service-ips 172.30.0.16 . tcp . 80 : goto " + localChainName(p)));
+  CHECK(has("service-ips 198.51.100.9 . tcp . 80 : goto " + externalChainName(p)));
+  const std::uint32_t clusterBase = slotBaseOf(*cluster);
+  CHECK(has(serviceEndpointsMap(clusterBase) + " " + std::to_string(clusterBase) + "-" +
+            std::to_string(clusterBase + 32766) + " : 10.1.0.7 . 80"));
+  auto ext = texts(*findChain(f, externalChainName(p)));
+  REQUIRE(ext.size() == 4);
+  CHECK(ext[0] == "ip saddr 10.0.0.0/8 goto " + serviceChainName(p));
+  CHECK(ext[2] == "fib saddr type local goto " + serviceChainName(p));
+  // Both endpoints can be reached (the short-circuit), so both hairpin pairs exist.
+  CHECK(has("hairpin-ips 10.1.0.8 . 10.1.0.8"));
+}
+
+TEST_CASE("source ranges admit the node's connections when a range holds a node IP", "[unit]") {
+  NftablesRenderer r(config());
+  auto p = clusterIP("default", "lb", "172.30.0.13", 80, {endpoint("10.1.0.6", 80)});
+  p.type = sdk::ServiceType::kLoadBalancer;
+  p.loadBalancerIPs = {"198.51.100.7"};
+  p.loadBalancerSourceRanges = {"192.168.0.0/24"};
+  sdk::NodeInfo node;
+  node.addresses = {"192.168.0.2"};
+  r.setNode(node);
+  CHECK(texts(*findChain(r.renderServicePort(p), firewallChainName(p))) ==
+        std::vector<std::string>{"ip saddr 192.168.0.0/24 return", "ip saddr 198.51.100.7 return", "drop"});
+  node.addresses = {"192.168.7.2"};
+  r.setNode(node);
+  CHECK(texts(*findChain(r.renderServicePort(p), firewallChainName(p))) ==
+        std::vector<std::string>{"ip saddr 192.168.0.0/24 return", "drop"});
 }
 
 TEST_CASE("NodePort with eTP=Cluster is masqueraded", "[unit]") {
@@ -265,7 +323,9 @@ TEST_CASE("iTP=Local uses local endpoints for the ClusterIP", "[unit]") {
                      {endpoint("10.1.0.7", 80, true), endpoint("10.1.0.8", 80)});
   p.internalPolicyLocal = true;
   auto f = r.renderServicePort(p);
-  const std::uint32_t base = slotBaseOf(*findChain(f, serviceChainName(p)));
+  // Upstream's name for the local pool's chain; no cluster chain without external access.
+  CHECK(findChain(f, serviceChainName(p)) == nullptr);
+  const std::uint32_t base = slotBaseOf(*findChain(f, localChainName(p)));
   auto els = elementTexts(f);
   // One interval over the whole range: the local endpoint only.
   CHECK(std::find(els.begin(), els.end(),

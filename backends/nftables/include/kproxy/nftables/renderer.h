@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "kproxy/nftables/ir.h"
+#include "kproxy/plan/service_plan.h"
 #include "kproxy/plugin/sdk.h"
 
 namespace kproxy::nftables {
@@ -73,6 +74,8 @@ struct GlobalObjects {
 std::string servicePortChainBase(const sdk::ServicePort& port);
 std::string serviceChainName(const sdk::ServicePort& port);
 std::string externalChainName(const sdk::ServicePort& port);
+/// The chain balancing internal traffic over local endpoints (internalTrafficPolicy Local).
+std::string localChainName(const sdk::ServicePort& port);
 std::string firewallChainName(const sdk::ServicePort& port);
 std::string affinityChainName(const sdk::ServicePort& port);
 /// The slot ranges are spread over this many maps `service-endpoints-N` (range i in map
@@ -154,7 +157,13 @@ class SlotRanges {
 class NftablesRenderer {
  public:
   explicit NftablesRenderer(RenderConfig config)
-      : config_(std::move(config)), setSpecs_{buildSetSpecs(Family::kIPv4), buildSetSpecs(Family::kIPv6)} {}
+      : config_(std::move(config)),
+        planConfig_(planConfigOf(config_)),
+        setSpecs_{buildSetSpecs(Family::kIPv4), buildSetSpecs(Family::kIPv6)} {}
+
+  /// The node the next renders are for: its addresses decide which loadBalancerSourceRanges
+  /// admit the node itself (a node change makes the host request a full sync).
+  void setNode(const sdk::NodeInfo& node);
 
   /// Objects of one service port. Addresses of another family than `port.family` are ignored.
   /// Allocates slot ranges for new balancing chains (the only state the renderer keeps).
@@ -171,8 +180,10 @@ class NftablesRenderer {
 
  private:
   std::vector<SetSpec> buildSetSpecs(Family family) const;
+  static plan::PlanConfig planConfigOf(const RenderConfig& config);
 
   RenderConfig config_;
+  plan::PlanConfig planConfig_;
   std::vector<SetSpec> setSpecs_[2];
   mutable SlotRanges slots_[2];
 };
