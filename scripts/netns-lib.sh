@@ -404,10 +404,12 @@ EOF
 # kp_manifest_service NAMESPACE NAME CLUSTER_IP PORT TARGET_PORT [KEY=VALUE...]
 # keys: type=NodePort|LoadBalancer  nodePort=N  etp=Local|Cluster  itp=Local|Cluster
 #       affinity=ClientIP  affinityTimeout=S  protocol=TCP|UDP  externalIP=IP  lbIP=IP
+#       sourceRanges=CIDR[,CIDR...]
 kp_manifest_service() {
   local ns="$1" name="$2" cip="$3" port="$4" tport="$5"
   shift 5
   local type=ClusterIP node_port="" etp="" itp="" affinity="" affinity_timeout="" proto=TCP ext_ip="" lb_ip=""
+  local source_ranges=""
   local kv
   for kv in "$@"; do
     case "$kv" in
@@ -420,6 +422,7 @@ kp_manifest_service() {
       protocol=*) proto="${kv#*=}" ;;
       externalIP=*) ext_ip="${kv#*=}" ;;
       lbIP=*) lb_ip="${kv#*=}" ;;
+      sourceRanges=*) source_ranges="${kv#*=}" ;;
       *) kp_log "kp_manifest_service: unknown option $kv"; return 1 ;;
     esac
   done
@@ -450,6 +453,7 @@ EOF
     fi
   fi
   [[ -n "$ext_ip" ]] && printf '  externalIPs: [%s]\n' "$ext_ip"
+  [[ -n "$source_ranges" ]] && printf '  loadBalancerSourceRanges: [%s]\n' "$source_ranges"
   if [[ -n "$lb_ip" ]]; then
     printf 'status:\n  loadBalancer:\n    ingress:\n    - ip: %s\n' "$lb_ip"
   fi

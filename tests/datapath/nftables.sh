@@ -209,6 +209,48 @@ case_etp_local() {
   expect_kproxy_alive
 }
 
+# eTP=Local on a node without a local endpoint (issue 10, items 1 and 6): the node and its
+# pods still reach the service's LoadBalancer IP and NodePort through the cluster-wide
+# endpoints, pods keeping their source (also with --masquerade-all, which masquerades only
+# ClusterIP traffic); outside clients are dropped.
+etp_local_short_circuit() {
+  setup 2 1 || return 1
+  local lb=203.0.113.50
+  add_service lb.yaml lb-local 10.96.0.32 "$(kp_remote_pod_ip 1)@$KP_REMOTE_NODE_NAME" \
+    type=LoadBalancer nodePort=30083 etp=Local lbIP=$lb || return 1
+  start_kproxy_and_wait "http://10.96.0.32/" "$@" || return 1
+  expect_only node "http://$lb/" 3 rpod1 || return 1
+  expect_only node "http://$KP_NODE_IP:30083/" 3 rpod1 || return 1
+  expect_only pod1 "http://$lb/" 3 rpod1 || return 1
+  expect_only pod1 "http://$KP_NODE_IP:30083/" 3 rpod1 || return 1
+  local seen
+  seen="$(kp_client_seen pod1 "http://$lb/")" || kp_fail "pod1 -> $lb failed" || return 1
+  [[ "$seen" == "$(kp_pod_ip 1)" ]] || kp_fail "short-circuited pod traffic seen from $seen, want pod1's own IP" || return 1
+  expect_dropped client "http://$lb/" || return 1
+  expect_dropped client "http://$KP_NODE_IP:30083/" || return 1
+  expect_kproxy_alive
+}
+case_etp_local_short_circuit() { etp_local_short_circuit; }
+case_etp_local_short_circuit_masquerade_all() { etp_local_short_circuit --masquerade-all; }
+
+# loadBalancerSourceRanges (issue 10, item 5): a range that holds the node's IP admits the
+# node's own connections to the LoadBalancer IP. The VIP is held by the node (as VIP-style load
+# balancers do), so the node connects from the VIP itself, which no range holds: upstream admits
+# it anyway. A client outside every range is dropped.
+case_source_ranges_admit_node() {
+  setup 1 || return 1
+  local lb=203.0.113.51
+  kp_exec node ip addr add "$lb/32" dev lo || return 1
+  add_service lb.yaml lb-fw 10.96.0.33 "$(kp_pod_ip 1)" \
+    type=LoadBalancer nodePort=30084 lbIP=$lb "sourceRanges=$KP_NODE_IP/32" || return 1
+  start_kproxy_and_wait "http://10.96.0.33/" || return 1
+  expect_only node "http://$lb/" 3 pod1 || return 1
+  expect_dropped client "http://$lb/" || return 1
+  # NodePorts are never filtered by source ranges (upstream).
+  expect_only client "http://$KP_NODE_IP:30084/" 3 pod1 || return 1
+  expect_kproxy_alive
+}
+
 case_session_affinity() {
   setup 4 || return 1
   # pod4 is not an endpoint, so no request here is a hairpin (see hairpin_with_affinity).
@@ -445,6 +487,9 @@ kp_case clusterip_from_pod case_clusterip_from_pod
 kp_case hairpin case_hairpin
 kp_case nodeport_from_client case_nodeport_from_client
 kp_case etp_local case_etp_local
+kp_case etp_local_short_circuit case_etp_local_short_circuit
+kp_case etp_local_short_circuit_masquerade_all case_etp_local_short_circuit_masquerade_all
+kp_case source_ranges_admit_node case_source_ranges_admit_node
 kp_case session_affinity case_session_affinity
 kp_case hairpin_with_affinity case_hairpin_with_affinity
 kp_case affinity_follows_endpoint_removal case_affinity_follows_endpoint_removal
