@@ -102,6 +102,9 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
   kproxy::plugins::BackendOptions options;
   options["node-name"] = nodeName(config);
   options["cluster-cidr"] = config.clusterCIDR;
+  options["detect-local-mode"] = config.detectLocalMode;
+  options["pod-bridge-interface"] = config.detectLocal.bridgeInterface;
+  options["pod-interface-name-prefix"] = config.detectLocal.interfaceNamePrefix;
   options["masquerade-all"] = config.masqueradeAll ? "true" : "false";
   options["nodeport-addresses"] = joined(config.nodePortAddresses);
   options["masquerade-bit"] =

@@ -254,8 +254,9 @@ kp_kproxy_options() {
 # kp_kproxy_args MANIFEST_DIR — kproxy's standard arguments for this topology.
 kp_kproxy_args() {
   local args=(--proxy-mode="${KP_PROXY_MODE:-nftables}" --manifests "$1"
-    --hostname-override "$KP_NODE_NAME" --cluster-cidr "$KP_CLUSTER_CIDR"
+    --hostname-override "$KP_NODE_NAME"
     --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 0.0.0.0:10256 -v "${KP_VERBOSITY:-2}")
+  [[ -n "$KP_CLUSTER_CIDR" ]] && args+=(--cluster-cidr "$KP_CLUSTER_CIDR")
   [[ -n "${KPROXY_PLUGIN_DIR:-}" ]] && args+=(--plugin-dir "$KPROXY_PLUGIN_DIR")
   printf '%s\n' "${args[@]}"
 }
@@ -385,13 +386,16 @@ kp_nft() {
 # manifest directory. Use kp_install_manifest to replace a file atomically (kproxy polls the
 # directory and must never see a half-written file).
 
-# kp_manifest_node NAME IP
+# kp_manifest_node NAME IP [POD_CIDR]
 kp_manifest_node() {
   cat <<EOF
 apiVersion: v1
 kind: Node
 metadata:
   name: $1
+EOF
+  [[ -n "${3:-}" ]] && printf 'spec:\n  podCIDR: %s\n  podCIDRs: [%s]\n' "$3" "$3"
+  cat <<EOF
 status:
   addresses:
   - type: InternalIP

@@ -251,6 +251,26 @@ case_source_ranges_admit_node() {
   expect_kproxy_alive
 }
 
+# --detect-local-mode (issue 10, item 2): pods are told apart by the Node's podCIDRs
+# (NodeCIDR, here without any --cluster-cidr) or by their interfaces' name prefix; their
+# ClusterIP traffic keeps its source, an outside client's is masqueraded.
+detect_local() {
+  setup 3 || return 1
+  kp_manifest_node "$KP_NODE_NAME" "$KP_NODE_IP" "$KP_POD_NET.0/24" | kp_install_manifest "$MANIFESTS" nodes.yaml || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 2)" || return 1
+  KP_CLUSTER_CIDR="" start_kproxy_and_wait "http://$WEB_IP/" "$@" || return 1
+  local seen
+  seen="$(kp_client_seen pod3 "http://$WEB_IP/")" || kp_fail "pod3 -> $WEB_IP failed" || return 1
+  [[ "$seen" == "$(kp_pod_ip 3)" ]] || kp_fail "pod traffic seen from $seen, want pod3's own IP" || return 1
+  seen="$(kp_client_seen client "http://$WEB_IP/")" || kp_fail "client -> $WEB_IP failed" || return 1
+  [[ "$seen" == "$KP_NODE_IP" ]] || kp_fail "outside traffic seen from $seen, want masqueraded to $KP_NODE_IP" || return 1
+  expect_kproxy_alive
+}
+case_detect_local_node_cidr() { detect_local --detect-local-mode NodeCIDR; }
+case_detect_local_interface_prefix() {
+  detect_local --detect-local-mode InterfaceNamePrefix --pod-interface-name-prefix vp
+}
+
 case_session_affinity() {
   setup 4 || return 1
   # pod4 is not an endpoint, so no request here is a hairpin (see hairpin_with_affinity).
@@ -490,6 +510,8 @@ kp_case etp_local case_etp_local
 kp_case etp_local_short_circuit case_etp_local_short_circuit
 kp_case etp_local_short_circuit_masquerade_all case_etp_local_short_circuit_masquerade_all
 kp_case source_ranges_admit_node case_source_ranges_admit_node
+kp_case detect_local_node_cidr case_detect_local_node_cidr
+kp_case detect_local_interface_prefix case_detect_local_interface_prefix
 kp_case session_affinity case_session_affinity
 kp_case hairpin_with_affinity case_hairpin_with_affinity
 kp_case affinity_follows_endpoint_removal case_affinity_follows_endpoint_removal

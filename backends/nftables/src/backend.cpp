@@ -697,8 +697,9 @@ void NftablesBackend::removeStaleAffinity(Family fam, AffinityJudge judge) {
     a.family = fam;
     std::memcpy(a.bytes.data(), client.data(), addr);
     a.prefixLength = static_cast<std::uint8_t>(addr * 8);
-    for (const auto& cidr : renderer_.config().clusterCIDRs)
-      if (cidr.contains(a)) return true;
+    // A CIDR mode tells pods by address; the interface modes cannot tell from the map.
+    for (const auto& text : renderer_.planConfig().localDetector.cidrsOf(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6))
+      if (auto cidr = Address::parse(text); cidr && cidr->contains(a)) return true;
     return false;
   };
   // An entry that expires between the listing and the deletion makes the kernel refuse the

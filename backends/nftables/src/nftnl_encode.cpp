@@ -4,7 +4,9 @@
 #include <linux/netfilter.h>
 #include <linux/netfilter/nf_nat.h>
 #include <linux/netfilter/nf_tables.h>
+#include <net/if.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -139,6 +141,14 @@ class RuleEncoder {
     add(e);
     std::uint32_t local = 2;  // RTN_LOCAL
     cmp(NFT_CMP_EQ, &local, 4);
+  }
+  void operator()(const MatchInputInterface& s) {
+    meta(NFT_META_IIFNAME, NFT_REG_1);
+    // An exact name compares all IFNAMSIZ bytes (zero padded); a prefix only its own bytes.
+    char name[IFNAMSIZ] = {};
+    std::memcpy(name, s.name.data(), std::min<std::size_t>(s.name.size(), IFNAMSIZ - 1));
+    const auto len = static_cast<std::uint32_t>(s.prefix ? std::min<std::size_t>(s.name.size(), IFNAMSIZ - 1) : IFNAMSIZ);
+    cmp(s.negate ? NFT_CMP_NEQ : NFT_CMP_EQ, name, len);
   }
   void operator()(const MatchNumgen& s) {
     auto* e = expr("numgen");

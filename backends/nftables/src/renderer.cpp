@@ -254,6 +254,7 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
 }
 
 void NftablesRenderer::setNode(const sdk::NodeInfo& node) {
+  if (config_.detectLocalMode == "NodeCIDR") planConfig_.localDetector.cidrs = node.podCIDRs;
   planConfig_.nodeIPs = node.addresses;
   if (planConfig_.nodeIPs.empty())
     for (const auto& a : config_.nodeIPs) planConfig_.nodeIPs.push_back(a.toString());
@@ -262,11 +263,44 @@ void NftablesRenderer::setNode(const sdk::NodeInfo& node) {
 plan::PlanConfig NftablesRenderer::planConfigOf(const RenderConfig& config) {
   plan::PlanConfig out;
   out.masqueradeAll = config.masqueradeAll;
-  if (!config.clusterCIDRs.empty()) {
-    out.localDetector.mode = plan::LocalTrafficDetector::Mode::kCIDRs;
-    for (const auto& c : config.clusterCIDRs) out.localDetector.cidrs.push_back(c.toString());
+  using Mode = plan::LocalTrafficDetector::Mode;
+  auto& detector = out.localDetector;
+  if (config.detectLocalMode == "NodeCIDR") {
+    detector.mode = Mode::kCIDRs;  // the CIDRs come with the node (setNode)
+  } else if (config.detectLocalMode == "BridgeInterface") {
+    detector.mode = Mode::kBridgeInterface;
+    detector.interface = config.bridgeInterface;
+  } else if (config.detectLocalMode == "InterfaceNamePrefix") {
+    detector.mode = Mode::kInterfaceNamePrefix;
+    detector.interface = config.interfaceNamePrefix;
+  } else if (!config.clusterCIDRs.empty()) {
+    detector.mode = Mode::kCIDRs;
+    for (const auto& c : config.clusterCIDRs) detector.cidrs.push_back(c.toString());
   }
   for (const auto& a : config.nodeIPs) out.nodeIPs.push_back(a.toString());
+  return out;
+}
+
+std::vector<std::vector<Statement>> NftablesRenderer::podTrafficMatches(sdk::Family family, bool negate) const {
+  std::vector<std::vector<Statement>> out;
+  const auto& detector = planConfig_.localDetector;
+  if (!detector.implemented(family)) return out;
+  using Mode = plan::LocalTrafficDetector::Mode;
+  if (detector.mode != Mode::kCIDRs) {
+    out.push_back({MatchInputInterface{detector.interface, detector.mode == Mode::kInterfaceNamePrefix, negate}});
+    return out;
+  }
+  // Pod traffic is from any of the CIDRs (a rule each); other traffic is from none (one rule).
+  std::vector<Statement> none;
+  for (const auto& cidr : detector.cidrsOf(family)) {
+    auto a = Address::parse(cidr);
+    if (!a) continue;
+    if (negate)
+      none.push_back(MatchAddress{true, true, *a});
+    else
+      out.push_back({MatchAddress{true, false, *a}});
+  }
+  if (negate && !none.empty()) out.push_back(std::move(none));
   return out;
 }
 
@@ -357,16 +391,12 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
         if (auto cip = parseHostOf(plan.clusterIP, fam))
           c.rules.push_back(rule({MatchAddress{false, false, *cip}, jump(kMarkMasqChain)}));
         break;
-      case plan::InternalMasquerade::kNotLocal: {
-        std::vector<Statement> st;
-        for (const auto& cidr : planConfig_.localDetector.cidrsOf(p.family))
-          if (auto a = Address::parse(cidr)) st.push_back(MatchAddress{true, true, *a});
-        if (!st.empty()) {
+      case plan::InternalMasquerade::kNotLocal:
+        for (auto st : podTrafficMatches(p.family, true)) {
           st.push_back(jump(kMarkMasqChain));
           c.rules.push_back(rule(std::move(st)));
         }
         break;
-      }
     }
   };
   auto balancingChain = [&](std::string name, std::span<const sdk::Endpoint> eps, bool internal) {
@@ -440,8 +470,10 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     } else {
       if (!clusterChain.empty()) {
         if (plan.shortCircuitPods)
-          for (const auto& cidr : planConfig_.localDetector.cidrsOf(p.family))
-            if (auto a = Address::parse(cidr)) c.rules.push_back(rule({MatchAddress{true, false, *a}, goTo(clusterChain)}));
+          for (auto st : podTrafficMatches(p.family, false)) {
+            st.push_back(goTo(clusterChain));
+            c.rules.push_back(rule(std::move(st)));
+          }
         if (plan.shortCircuitNode) {
           c.rules.push_back(rule({MatchFibSourceLocal{}, jump(kMarkMasqChain)}));
           c.rules.push_back(rule({MatchFibSourceLocal{}, goTo(clusterChain)}));
@@ -523,6 +555,21 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
     cfg.clusterCIDRs.push_back(*a);
   }
   cfg.masqueradeAll = get("masquerade-all") == "true";
+  if (auto mode = get("detect-local-mode"); !mode.empty()) {
+    if (mode != "ClusterCIDR" && mode != "NodeCIDR" && mode != "BridgeInterface" && mode != "InterfaceNamePrefix")
+      return sdk::fail("nftables: invalid detect-local-mode \"" + mode +
+                       "\" (ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix)");
+    cfg.detectLocalMode = mode;
+  }
+  cfg.bridgeInterface = get("pod-bridge-interface");
+  cfg.interfaceNamePrefix = get("pod-interface-name-prefix");
+  for (const auto& [mode, name] : {std::pair{"BridgeInterface", &cfg.bridgeInterface},
+                                   std::pair{"InterfaceNamePrefix", &cfg.interfaceNamePrefix}}) {
+    if (cfg.detectLocalMode != mode) continue;
+    if (name->empty() || name->size() >= 16 || name->find_first_of("\"* ") != std::string::npos)
+      return sdk::fail(fmt::format("nftables: detect-local-mode {} needs a valid interface name, got \"{}\"", mode,
+                                   *name));
+  }
   if (auto bit = get("masquerade-bit"); !bit.empty()) {
     std::uint32_t v = 0;
     auto [ptr, ec] = std::from_chars(bit.data(), bit.data() + bit.size(), v);

@@ -365,6 +365,10 @@ TEST_CASE("nodeport-ips: node addresses filtered by nodeport-addresses", "[unit]
   REQUIRE(g6.elements.size() == 1);  // no IPv6 CIDR given: primary IPv6 address
   CHECK(parseRenderConfig({{"masquerade-bit", "40"}}).has_value() == false);
   CHECK(parseRenderConfig({{"cluster-cidr", "nonsense"}}).has_value() == false);
+  CHECK(parseRenderConfig({{"detect-local-mode", "Sometimes"}}).has_value() == false);
+  CHECK(parseRenderConfig({{"detect-local-mode", "BridgeInterface"}}).has_value() == false);  // no bridge
+  CHECK(parseRenderConfig({{"detect-local-mode", "InterfaceNamePrefix"}, {"pod-interface-name-prefix", "a*"}})
+            .has_value() == false);
 }
 
 TEST_CASE("renderer: slot layouts are recognised from an element's place alone", "[unit]") {
@@ -386,4 +390,43 @@ TEST_CASE("renderer: slot layouts are recognised from an element's place alone",
   }
   CHECK_FALSE(inSlotLayout(0, false, 0));
   CHECK_FALSE(inSlotLayout(kSlotsPerRange + 1, true, 3));
+}
+
+TEST_CASE("detect-local modes: how pods are told apart in the rules", "[unit]") {
+  auto p = clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080)});
+  p.type = sdk::ServiceType::kNodePort;
+  p.nodePort = 30080;
+  p.externalPolicyLocal = true;
+  auto rulesFor = [&](const sdk::Options& opts, const sdk::NodeInfo& node) {
+    auto cfg = parseRenderConfig(opts);
+    REQUIRE(cfg.has_value());
+    NftablesRenderer r(*cfg);
+    r.setNode(node);
+    auto f = r.renderServicePort(p);
+    std::vector<std::string> out = texts(*findChain(f, serviceChainName(p)));
+    for (const auto& t : texts(*findChain(f, externalChainName(p)))) out.push_back(t);
+    return out;
+  };
+  const std::string svc = serviceChainName(p);
+  sdk::NodeInfo node;
+  node.podCIDRs = {"10.1.0.0/24", "fd00:1::/64"};
+
+  // NodeCIDR: the Node's podCIDRs, with no --cluster-cidr at all.
+  auto rules = rulesFor({{"detect-local-mode", "NodeCIDR"}}, node);
+  CHECK(rules[0] == "ip saddr != 10.1.0.0/24 jump mark-for-masquerade");
+  CHECK(std::find(rules.begin(), rules.end(), "ip saddr 10.1.0.0/24 goto " + svc) != rules.end());
+
+  rules = rulesFor({{"detect-local-mode", "BridgeInterface"}, {"pod-bridge-interface", "cbr0"}}, node);
+  CHECK(rules[0] == "iifname != \"cbr0\" jump mark-for-masquerade");
+  CHECK(std::find(rules.begin(), rules.end(), "iifname \"cbr0\" goto " + svc) != rules.end());
+
+  rules = rulesFor({{"detect-local-mode", "InterfaceNamePrefix"}, {"pod-interface-name-prefix", "veth"}}, node);
+  CHECK(rules[0] == "iifname != \"veth*\" jump mark-for-masquerade");
+  CHECK(std::find(rules.begin(), rules.end(), "iifname \"veth*\" goto " + svc) != rules.end());
+
+  // ClusterCIDR without a CIDR: no detector, so no masquerade rule and no pod short-circuit
+  // (the node's own short-circuit stays).
+  rules = rulesFor({{"detect-local-mode", "ClusterCIDR"}}, node);
+  for (const auto& r : rules) CHECK(r.find("ip saddr") == std::string::npos);
+  CHECK(std::find(rules.begin(), rules.end(), "fib saddr type local goto " + svc) != rules.end());
 }

@@ -84,6 +84,15 @@ struct MatchMarkClear {
 struct MatchFibSourceLocal {
   bool operator==(const MatchFibSourceLocal&) const = default;
 };
+/// `iifname [!=] "NAME"`, or with `prefix`, `iifname [!=] "NAME*"`: the packet came in on
+/// the interface (or one whose name starts with NAME); --detect-local-mode BridgeInterface and
+/// InterfaceNamePrefix.
+struct MatchInputInterface {
+  std::string name;
+  bool prefix = false;
+  bool negate = false;
+  bool operator==(const MatchInputInterface&) const = default;
+};
 /// `numgen random mod K == 0`
 struct MatchNumgen {
   std::uint32_t modulus = 1;
@@ -171,7 +180,7 @@ struct Verdict {
 
 using Statement =
     std::variant<MatchAddress, MatchL4Proto, MatchDestPort, MatchCtStateNew, MatchCtStatusDnat, MatchMarkClear,
-                 MatchFibSourceLocal, MatchNumgen, MatchDestInSet, VmapLookup, SetMark, Masquerade,
+                 MatchFibSourceLocal, MatchInputInterface, MatchNumgen, MatchDestInSet, VmapLookup, SetMark, Masquerade,
                  DnatTo, DnatFromAffinity, DnatFromSlots, MatchHairpin, VmapLookupOriginal,
                  RecordAffinity, Reject, Verdict>;
 

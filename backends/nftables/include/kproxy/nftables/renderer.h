@@ -39,7 +39,12 @@ namespace kproxy::nftables {
 
 /// Settings that shape the ruleset, parsed from the plugin's options.
 struct RenderConfig {
+  /// How pod traffic is recognised (--detect-local-mode): "ClusterCIDR" (clusterCIDRs),
+  /// "NodeCIDR" (the Node's spec.podCIDRs), "BridgeInterface", "InterfaceNamePrefix".
+  std::string detectLocalMode = "ClusterCIDR";
   std::vector<Address> clusterCIDRs;  ///< traffic to ClusterIPs from outside is masqueraded
+  std::string bridgeInterface;        ///< BridgeInterface mode
+  std::string interfaceNamePrefix;    ///< InterfaceNamePrefix mode
   bool masqueradeAll = false;
   std::uint32_t masqueradeBit = 14;
   /// nodeport-addresses as CIDRs; empty means "the node's primary IPs".
@@ -176,11 +181,16 @@ class NftablesRenderer {
   }
 
   const RenderConfig& config() const { return config_; }
+  /// What the plan is told (the node's pod CIDRs and addresses included, after setNode).
+  const plan::PlanConfig& planConfig() const { return planConfig_; }
   SlotRanges& slots(Family family) const { return slots_[family == Family::kIPv4 ? 0 : 1]; }
 
  private:
   std::vector<SetSpec> buildSetSpecs(Family family) const;
   static plan::PlanConfig planConfigOf(const RenderConfig& config);
+  /// The statements that tell pod traffic of `family` (negate: traffic not from pods), one
+  /// rule's worth each; none when the detector cannot tell.
+  std::vector<std::vector<Statement>> podTrafficMatches(sdk::Family family, bool negate) const;
 
   RenderConfig config_;
   plan::PlanConfig planConfig_;
