@@ -1,4 +1,5 @@
-// Upstream kube-proxy's packet-flow tables (pkg/proxy/nftables/proxier_test.go:
+// Upstream kube-proxy's packet-flow tables (pkg/proxy/nftables/proxier_test.go, and the
+// tables of pkg/proxy/iptables/proxier_test.go the nftables file has no twin of:
 // runPacketFlowTests), run through kproxy's real pipeline: core model objects → ChangeTracker
 // snapshot → the plugin ABI view of it (snapshot_bridge + sdk::SnapshotView) → NftablesRenderer →
 // NftablesTracer. The inputs (services, endpoint slices, node name and addresses, cluster CIDR,
@@ -577,9 +578,15 @@ PACKET_FLOW_TEST("packet flow: TestInternalTrafficPolicy local, no local endpoin
 // ---- TestTerminatingEndpointsTrafficPolicyLocal / Cluster ----------------------------------
 
 namespace {
-Scenario terminating(bool local, std::vector<core::SliceEndpoint> endpoints, std::vector<FlowCase> cases) {
-  auto svc = service("ns1", "svc1", "172.30.1.1", {port("", 80)}, [local](core::Service& s) {
+// `affinity`: pkg/proxy/iptables/proxier_test.go runs the Local tables with ClientIP affinity.
+Scenario terminating(bool local, std::vector<core::SliceEndpoint> endpoints, std::vector<FlowCase> cases,
+                     bool affinity = false) {
+  auto svc = service("ns1", "svc1", "172.30.1.1", {port("", 80)}, [local, affinity](core::Service& s) {
     loadBalancer(s, {"1.2.3.4"});
+    if (affinity) {
+      s.sessionAffinity = core::SessionAffinity::kClientIP;
+      s.sessionAffinityTimeoutSeconds = core::kDefaultStickyMaxAgeSeconds;
+    }
     s.externalTrafficPolicy = local ? core::TrafficPolicy::kLocal : core::TrafficPolicy::kCluster;
     s.healthCheckNodePort = 30000;
   });
@@ -593,32 +600,36 @@ Scenario terminating(bool local, std::vector<core::SliceEndpoint> endpoints, std
   return s;
 }
 
-Scenario terminatingLocalReady() {
+Scenario terminatingLocalReady(bool affinity = false) {
   return terminating(true,
                      {sliceEndpoint("10.0.1.1", kNodeName, kReady), sliceEndpoint("10.0.1.2", kNodeName, kReady),
                       sliceEndpoint("10.0.1.3", kNodeName, kServingTerminating),
                       sliceEndpoint("10.0.1.4", kNodeName, kTerminating), sliceEndpoint("10.0.1.5", "node-1", kReady)},
                      {{"pod to clusterIP", "10.0.0.2", "172.30.1.1", 80, "10.0.1.1:80, 10.0.1.2:80, 10.0.1.5:80"},
-                      {"external to LB", kExternalClient, "1.2.3.4", 80, "10.0.1.1:80, 10.0.1.2:80"}});
+                      {"external to LB", kExternalClient, "1.2.3.4", 80, "10.0.1.1:80, 10.0.1.2:80"}},
+                     affinity);
 }
-Scenario terminatingLocalOnlyTerminating() {
+Scenario terminatingLocalOnlyTerminating(bool affinity = false) {
   return terminating(true,
                      {sliceEndpoint("10.0.1.2", kNodeName, kServingTerminating),
                       sliceEndpoint("10.0.1.3", kNodeName, kServingTerminating),
                       sliceEndpoint("10.0.1.4", kNodeName, kTerminating), sliceEndpoint("10.0.1.5", "node-1", kReady)},
                      {{"pod to clusterIP", "10.0.0.2", "172.30.1.1", 80, "10.0.1.5:80"},
-                      {"external to LB", kExternalClient, "1.2.3.4", 80, "10.0.1.2:80, 10.0.1.3:80"}});
+                      {"external to LB", kExternalClient, "1.2.3.4", 80, "10.0.1.2:80, 10.0.1.3:80"}},
+                     affinity);
 }
-Scenario terminatingLocalRemote() {
+Scenario terminatingLocalRemote(bool affinity = false) {
   return terminating(true, {sliceEndpoint("10.0.1.5", "node-1", kServingTerminating)},
                      {{"pod to clusterIP", "10.0.0.2", "172.30.1.1", 80, "10.0.1.5:80"},
-                      {"external to LB, no locally-usable endpoints", kExternalClient, "1.2.3.4", 80, "DROP"}});
+                      {"external to LB, no locally-usable endpoints", kExternalClient, "1.2.3.4", 80, "DROP"}},
+                     affinity);
 }
-Scenario terminatingLocalNoneUsable() {
+Scenario terminatingLocalNoneUsable(bool affinity = false) {
   return terminating(true,
                      {sliceEndpoint("10.0.1.5", kNodeName, kTerminating), sliceEndpoint("10.0.1.5", "node-1", kTerminating)},
                      {{"pod to clusterIP, no usable endpoints", "10.0.0.2", "172.30.1.1", 80, "REJECT"},
-                      {"external to LB, no usable endpoints", kExternalClient, "1.2.3.4", 80, "REJECT"}});
+                      {"external to LB, no usable endpoints", kExternalClient, "1.2.3.4", 80, "REJECT"}},
+                     affinity);
 }
 
 Scenario terminatingClusterReady() {
@@ -652,6 +663,10 @@ Scenario terminatingClusterNoneUsable() {
                      {{"pod to clusterIP", "10.0.0.2", "172.30.1.1", 80, "REJECT"},
                       {"external to LB", kExternalClient, "1.2.3.4", 80, "REJECT"}});
 }
+Scenario terminatingLocalReadyAffinity() { return terminatingLocalReady(true); }
+Scenario terminatingLocalOnlyTerminatingAffinity() { return terminatingLocalOnlyTerminating(true); }
+Scenario terminatingLocalRemoteAffinity() { return terminatingLocalRemote(true); }
+Scenario terminatingLocalNoneUsableAffinity() { return terminatingLocalNoneUsable(true); }
 }  // namespace
 PACKET_FLOW_TEST("packet flow: TestTerminatingEndpointsTrafficPolicyLocal ready endpoints exist", terminatingLocalReady)
 PACKET_FLOW_TEST("packet flow: TestTerminatingEndpointsTrafficPolicyLocal only terminating endpoints exist",
@@ -660,6 +675,14 @@ PACKET_FLOW_TEST("packet flow: TestTerminatingEndpointsTrafficPolicyLocal termin
                  terminatingLocalRemote)
 PACKET_FLOW_TEST("packet flow: TestTerminatingEndpointsTrafficPolicyLocal no usable endpoints on any node",
                  terminatingLocalNoneUsable)
+PACKET_FLOW_TEST("packet flow: iptables TestTerminatingEndpointsTrafficPolicyLocal (affinity) ready endpoints exist",
+                 terminatingLocalReadyAffinity)
+PACKET_FLOW_TEST("packet flow: iptables TestTerminatingEndpointsTrafficPolicyLocal (affinity) only terminating",
+                 terminatingLocalOnlyTerminatingAffinity)
+PACKET_FLOW_TEST("packet flow: iptables TestTerminatingEndpointsTrafficPolicyLocal (affinity) remote terminating",
+                 terminatingLocalRemoteAffinity)
+PACKET_FLOW_TEST("packet flow: iptables TestTerminatingEndpointsTrafficPolicyLocal (affinity) none usable",
+                 terminatingLocalNoneUsableAffinity)
 PACKET_FLOW_TEST("packet flow: TestTerminatingEndpointsTrafficPolicyCluster ready endpoints exist",
                  terminatingClusterReady)
 PACKET_FLOW_TEST("packet flow: TestTerminatingEndpointsTrafficPolicyCluster only terminating endpoints exist",
@@ -668,6 +691,40 @@ PACKET_FLOW_TEST("packet flow: TestTerminatingEndpointsTrafficPolicyCluster term
                  terminatingClusterRemote)
 PACKET_FLOW_TEST("packet flow: TestTerminatingEndpointsTrafficPolicyCluster no usable endpoints on any node",
                  terminatingClusterNoneUsable)
+
+// ---- pkg/proxy/iptables: TestOnlyLocalNodePorts / TestOnlyLocalNodePortsNoClusterCIDR -----
+
+namespace {
+Scenario onlyLocalNodePorts(bool localDetector) {
+  auto svc = service("ns1", "svc1", "172.30.0.41", {port("p80", 80, 3001)}, [](core::Service& s) {
+    s.type = core::ServiceType::kNodePort;
+    s.externalTrafficPolicy = core::TrafficPolicy::kLocal;
+  });
+  auto eps = slice("ns1", "svc1", {slicePort("p80", 80)},
+                   {sliceEndpoint("10.180.0.1"), sliceEndpoint("10.180.2.1", kNodeName)});
+  std::vector<FlowCase> cases{
+      {"pod to cluster IP hit both endpoints", "10.0.0.2", "172.30.0.41", 80, "10.180.0.1:80, 10.180.2.1:80", false},
+      {"external to NodePort hits only local endpoint", kExternalClient, kNodeIP, 3001, "10.180.2.1:80", false},
+      {"pod to localhost doesn't work because localhost is not in nodePortAddresses", "10.0.0.2", "127.0.0.1",
+       3001, ""},
+  };
+  if (localDetector) {
+    cases.push_back({"pod to NodePort hits both endpoints", "10.0.0.2", kNodeIP, 3001, "10.180.0.1:80, 10.180.2.1:80",
+                     false});
+  } else {
+    cases.push_back({"pod to NodePort hits only local endpoint", "10.0.0.2", kNodeIP, 3001, "10.180.2.1:80", false});
+  }
+  Scenario s;
+  if (!localDetector) s.clusterCIDRs.clear();
+  s.nodePortAddresses = {"192.168.0.0/24"};
+  s.phases.push_back(phase({svc}, {eps}, cases));
+  return s;
+}
+Scenario onlyLocalNodePortsDetector() { return onlyLocalNodePorts(true); }
+Scenario onlyLocalNodePortsNoClusterCIDR() { return onlyLocalNodePorts(false); }
+}  // namespace
+PACKET_FLOW_TEST("packet flow: iptables TestOnlyLocalNodePorts", onlyLocalNodePortsDetector)
+PACKET_FLOW_TEST("packet flow: iptables TestOnlyLocalNodePortsNoClusterCIDR", onlyLocalNodePortsNoClusterCIDR)
 
 // ---- TestInternalExternalMasquerade --------------------------------------------------------
 
