@@ -1,0 +1,140 @@
+#pragma once
+/// NftablesTracer: follows one NEW connection's first packet through kproxy's rendered nftables
+/// objects and says where it would go. It interprets the IR (ir.h) statement by statement, as
+/// the kernel evaluates the rules; it knows nothing of services, so what it reports is what the
+/// rendered rules mean, not what the renderer meant them to do.
+///
+/// Hooks run in the kernel's order, every base chain of a hook by priority:
+///   arriving on an interface: prerouting, then input (destination local after DNAT) or
+///   forward + postrouting;
+///   locally originated: output, postrouting, and, when the destination is local,
+///   prerouting + input (on loopback).
+/// NAT chains of a direction run once per connection, as in the kernel: destination NAT at the
+/// first prerouting / output hook, source NAT at postrouting / input.
+///
+/// Choices the data path makes at random (`numgen`, the slot of a balancing map) are explored
+/// exhaustively: every alternative is traced as its own path, and the outcome merges them, so
+/// a DNAT reports the SET of endpoints the connection can reach. Dynamic maps filled by the
+/// data path (session affinity) hold only the elements given to the tracer, usually none, so
+/// an affinity lookup misses.
+///
+/// Thread-safety: a const tracer may be used from several threads.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+#include "kproxy/nftables/ir.h"
+#include "kproxy/nftables/renderer.h"
+#include "kproxy/plugin/sdk.h"
+
+namespace kproxy::nftables {
+
+/// The first packet of a new connection.
+struct Packet {
+  Address source;
+  Address destination;
+  std::uint16_t destinationPort = 0;
+  std::uint8_t protocol = 6;  ///< IP protocol number: 6 tcp, 17 udp, 132 sctp
+  /// true: sent by a process on the node (output path); false: arriving on an interface
+  /// (prerouting path).
+  bool fromNode = false;
+
+  /// A packet from "a.b.c.d" to "e.f.g.h":port over "tcp" | "udp" | "sctp"; nullopt when an
+  /// address or the protocol does not parse, or the two addresses are of different families.
+  static std::optional<Packet> make(std::string_view source, std::string_view destination,
+                                    std::uint16_t port, std::string_view protocol = "tcp",
+                                    bool fromNode = false);
+  std::string toString() const;  ///< "10.0.0.2 -> 172.30.0.41:80/tcp (arriving)"
+};
+
+/// One thing the packet met: a hook entered, a rule that matched, a map hit, a choice.
+struct TraceStep {
+  std::string chain;   ///< the chain evaluated (empty for a choice made between hooks)
+  std::string rule;    ///< Rule::toText of the rule; empty for a hook entry
+  std::string detail;  ///< what matched, e.g. "service-ips: 172.30.0.41 . tcp . 80 : goto …"
+};
+
+enum class TraceVerdict : std::uint8_t {
+  kAccepted,  ///< no DNAT and nothing dropped it: not a service (or not one of kproxy's)
+  kDnat,      ///< DNAT'ed to one of `endpoints`
+  kDropped,
+  kRejected,
+};
+/// "accept", "dnat", "drop", "reject".
+std::string_view verdictName(TraceVerdict verdict);
+
+/// Where a packet ends up. Plain fields, so a caller can print them as JSON as they are.
+struct TraceOutcome {
+  TraceVerdict verdict = TraceVerdict::kAccepted;
+  /// kDnat: every endpoint reachable, "ip:port" ("[ip]:port" for IPv6), sorted and unique.
+  std::vector<std::string> endpoints;
+  /// kDropped / kRejected: the chain and rule text that decided.
+  std::string chain;
+  std::string rule;
+  /// Source NAT (masquerade) on at least one path.
+  bool masqueraded = false;
+  /// The paths disagree on the verdict (e.g. a random choice between DNAT and drop); `verdict`
+  /// is then kDnat if any path DNATs, else the first path's.
+  bool mixed = false;
+
+  /// Short text as upstream's packet-flow tests write it: "10.180.0.1:80, 10.180.2.1:80",
+  /// "DROP", "REJECT", or "" when the packet is accepted untouched.
+  std::string toText() const;
+  /// One JSON object: {"verdict":…,"endpoints":[…],"masqueraded":…,"chain":…,"rule":…}.
+  std::string toJson() const;
+  bool operator==(const TraceOutcome&) const = default;
+};
+
+/// One way through the rules: the random choices taken, what the packet met, where it ended.
+struct TracePath {
+  std::vector<std::string> choices;
+  std::vector<TraceStep> steps;
+  TraceOutcome outcome;  ///< of this path alone (at most one endpoint)
+};
+
+struct Trace {
+  Packet packet;
+  /// Every path (at least one). Their steps are equal up to their first choice.
+  std::vector<TracePath> paths;
+  TraceOutcome outcome;  ///< the paths merged
+  /// What the tracer could not evaluate exactly (unknown chain, missing map, too many paths).
+  std::vector<std::string> warnings;
+
+  /// Multi-line, human-readable: the packet, each path's steps, the outcome.
+  std::string toText() const;
+};
+
+/// Interprets the rendered objects of one family.
+class NftablesTracer {
+ public:
+  /// `localAddresses`: the node's own addresses (`fib saddr type local`, and input vs. forward
+  /// after DNAT); loopback addresses are always local.
+  NftablesTracer(const GlobalObjects& global, std::span<const Fragment> fragments,
+                 std::vector<Address> localAddresses);
+
+  /// Renders `ports` of `family` (others are skipped) and the global objects for `node` with
+  /// `renderer`, and traces over the result. The node's addresses are its local addresses.
+  static NftablesTracer fromServicePorts(const NftablesRenderer& renderer, Family family,
+                                         std::span<const sdk::ServicePort> ports,
+                                         const sdk::NodeInfo& node);
+
+  Family family() const { return family_; }
+  const std::vector<Address>& localAddresses() const { return localAddresses_; }
+
+  /// Traces a packet. A packet of another family than the tracer's is accepted untouched.
+  Trace trace(const Packet& packet) const;
+
+ private:
+  Family family_;
+  std::vector<Address> localAddresses_;
+  std::unordered_map<std::string, Chain> chains_;
+  std::unordered_map<std::string, SetSpec> sets_;
+  std::unordered_map<std::string, std::vector<Element>> elements_;  ///< by set name
+};
+
+}  // namespace kproxy::nftables
