@@ -128,7 +128,7 @@ std::optional<Packet> Packet::make(std::string_view source, std::string_view des
   auto d = Address::parse(destination);
   auto proto = parseProtocol(protocol);
   if (!s || !d || !proto || !s->isHost() || !d->isHost() || s->family != d->family) return std::nullopt;
-  return Packet{*s, *d, port, *proto, fromNode};
+  return Packet{*s, *d, port, *proto, fromNode, {}};
 }
 
 std::string Packet::toString() const {
@@ -223,7 +223,8 @@ class PacketRun {
         proto_(packet.protocol),
         origDst_(packet.destination),
         origDport_(packet.destinationPort),
-        fromNode_(packet.fromNode) {}
+        fromNode_(packet.fromNode),
+        inputInterface_(packet.fromNode ? std::string() : packet.inputInterface) {}
 
   void run() {
     bool alive = true;
@@ -475,6 +476,11 @@ class PacketRun {
   std::optional<Flow> evaluate(const Chain&, const Rule&, const MatchFibSourceLocal&, int) {
     return pass(isLocal(src_));
   }
+  std::optional<Flow> evaluate(const Chain&, const Rule&, const MatchInputInterface& s, int) {
+    const std::string& in = inputInterface_;
+    const bool same = s.prefix ? in.starts_with(s.name) : in == s.name;
+    return pass(same != s.negate);
+  }
   std::optional<Flow> evaluate(const Chain&, const Rule& rule, const MatchNumgen& s, int) {
     if (s.modulus <= 1) return pass(true);
     const bool hit = oracle_.choose(2) == 0;
@@ -573,6 +579,7 @@ class PacketRun {
   Address origDst_;
   std::uint16_t origDport_;
   bool fromNode_;
+  std::string inputInterface_;
   std::uint32_t mark_ = 0;
   bool dnat_ = false;
   bool masqueraded_ = false;
@@ -597,9 +604,10 @@ NftablesTracer::NftablesTracer(const GlobalObjects& global, std::span<const Frag
     if (f.family == family_) add(f.chains, f.elements);
 }
 
-NftablesTracer NftablesTracer::fromServicePorts(const NftablesRenderer& renderer, Family family,
+NftablesTracer NftablesTracer::fromServicePorts(NftablesRenderer& renderer, Family family,
                                                 std::span<const sdk::ServicePort> ports,
                                                 const sdk::NodeInfo& node) {
+  renderer.setNode(node);  // as the backend does before rendering a sync
   std::vector<Fragment> fragments;
   for (const auto& p : ports)
     if (toFamily(p.family) == family) fragments.push_back(renderer.renderServicePort(p));

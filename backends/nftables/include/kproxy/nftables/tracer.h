@@ -43,6 +43,8 @@ struct Packet {
   /// true: sent by a process on the node (output path); false: arriving on an interface
   /// (prerouting path).
   bool fromNode = false;
+  /// The interface an arriving packet came in on (`iifname`); empty when sent by the node.
+  std::string inputInterface;
 
   /// A packet from "a.b.c.d" to "e.f.g.h":port over "tcp" | "udp" | "sctp"; nullopt when an
   /// address or the protocol does not parse, or the two addresses are of different families.
@@ -119,7 +121,7 @@ class NftablesTracer {
 
   /// Renders `ports` of `family` (others are skipped) and the global objects for `node` with
   /// `renderer`, and traces over the result. The node's addresses are its local addresses.
-  static NftablesTracer fromServicePorts(const NftablesRenderer& renderer, Family family,
+  static NftablesTracer fromServicePorts(NftablesRenderer& renderer, Family family,
                                          std::span<const sdk::ServicePort> ports,
                                          const sdk::NodeInfo& node);
 
