@@ -19,9 +19,11 @@ CLUSTER_IP=10.96.0.10
 NODEPORT=30080
 CURLS=12
 
-kp_require_root
-# A fresh machine: install the build and run-time dependencies first (idempotent, quick when present).
+kp_require_root_only
+# A fresh machine: install the build and run-time dependencies first (idempotent, quick when
+# present), and only then look for the tools they bring.
 "$ROOT/scripts/install-deps.sh"
+kp_require_tools
 
 if [[ -z "${KPROXY_BIN:-}" ]]; then
   BUILD_DIR="${KPROXY_BUILD_DIR:-$ROOT/build}"
@@ -29,7 +31,9 @@ if [[ -z "${KPROXY_BIN:-}" ]]; then
     echo "==> configuring $BUILD_DIR"
     generator=()
     command -v ninja >/dev/null && generator=(-G Ninja)
-    cmake -S "$ROOT" -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+    # The build type the test command builds and tests (scripts/test.sh), so a build the
+    # tests passed is the build the demo runs.
+    cmake -S "$ROOT" -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
   fi
   echo "==> building kproxy"
   cmake --build "$BUILD_DIR" -j2 --target kproxy kproxy-backend-nftables

@@ -62,12 +62,21 @@ kp_log() { printf '[netns %s] %s\n' "$(date +%H:%M:%S.%3N)" "$*" >&2; }
 kp_die() { kp_log "ERROR: $*"; exit 1; }
 
 # kp_require_root — data-path work needs CAP_NET_ADMIN; refuse loudly instead of passing.
+# Then the tools (kp_require_tools); a script that installs them first calls the two apart.
 kp_require_root() {
+  kp_require_root_only
+  kp_require_tools
+}
+
+kp_require_root_only() {
   if [[ $(id -u) -ne 0 ]]; then
     echo "ERROR: $(basename "$0") must run as root (it creates network namespaces and nftables rules)." >&2
-    echo "       Re-run with sudo. Nothing was run." >&2
+    echo "       Re-run as root (with sudo where it is installed). Nothing was run." >&2
     exit 1
   fi
+}
+
+kp_require_tools() {
   local tool
   for tool in ip nft curl "$KP_PYTHON"; do
     command -v "$tool" >/dev/null 2>&1 || kp_die "required tool not found: $tool"

@@ -23,7 +23,7 @@ if [[ $(id -u) -ne 0 ]]; then
 fi
 
 echo "== ASan+UBSan build: unit tests"
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKPROXY_SANITIZE=ON >/dev/null
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKPROXY_SANITIZE=ON -DKPROXY_WERROR=ON >/dev/null
 cmake --build build-asan -j"$JOBS"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest -L unit --output-on-failure -j"$JOBS")
@@ -35,7 +35,7 @@ GOMAXPROCS=${GOMAXPROCS:-2} tests/e2e/build-control-plane.sh
 
 echo "== Full suite: unit, kernel, program, data path, end to end"
 # Release (-O3), as the benchmarks are built: g++ 12 has warnings that only -O3 shows.
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKPROXY_WERROR=ON >/dev/null
 cmake --build build -j"$JOBS"
 # Tiers run one after another: kernel and data-path tests make their own namespaces but share
 # the machine's two cores, and timing-sensitive data-path checks should not compete.
