@@ -1,16 +1,14 @@
 #include "conntrack_sysctls.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <cstring>
 #include <chrono>
-#include <fstream>
 #include <thread>
 
+#include "kproxy/backends/common/sysctl.h"
 #include "kproxy/core/log.h"
 
 namespace kproxy::cli {
@@ -27,28 +25,15 @@ std::int64_t wholeSeconds(Duration d) {
 }
 
 /// The integer in a sysctl file, or -1 when it cannot be read or parsed.
-std::int64_t readInt(const std::filesystem::path& file) {
-  std::ifstream in(file);
-  if (!in) return -1;
-  std::string text;
-  std::getline(in, text);
-  auto first = text.find_first_not_of(" \t");
-  if (first == std::string::npos) return -1;
-  std::int64_t value = -1;
-  auto [ptr, ec] = std::from_chars(text.data() + first, text.data() + text.size(), value);
-  if (ec != std::errc()) return -1;
-  return value;
+std::int64_t readInt(const backends::SysctlFiles& files, const std::string& name) {
+  auto value = files.readInt(name);
+  return value ? *value : -1;
 }
 
 /// Writes the value; 0 or the errno. Never creates the file (a missing sysctl stays missing).
-int writeInt(const std::filesystem::path& file, std::int64_t value) {
-  int fd = ::open(file.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC);
-  if (fd < 0) return errno;
-  std::string text = std::to_string(value) + "\n";
-  int err = 0;
-  if (::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) err = errno ? errno : EIO;
-  if (::close(fd) != 0 && err == 0) err = errno;
-  return err;
+int writeInt(const backends::SysctlFiles& files, const std::string& name, std::int64_t value) {
+  auto written = files.writeInt(name, value);
+  return written ? 0 : (written.error().errnum != 0 ? written.error().errnum : EIO);
 }
 
 bool isReadOnly(int err) {
@@ -56,16 +41,16 @@ bool isReadOnly(int err) {
 }
 
 /// Upstream's setIntSysCtl: write only when the value differs.
-core::Result<SysctlOutcome> setInt(const std::filesystem::path& file, std::int64_t value) {
+core::Result<SysctlOutcome> setInt(const backends::SysctlFiles& files, const std::string& name, std::int64_t value) {
   SysctlOutcome out;
-  out.file = file.string();
+  out.file = files.pathOf(name).string();
   out.value = value;
-  out.previous = readInt(file);
+  out.previous = readInt(files, name);
   if (out.previous == value) {
     out.status = SysctlStatus::kUnchanged;
     return out;
   }
-  int err = writeInt(file, value);
+  int err = writeInt(files, name, value);
   out.errnum = err;
   if (err == 0) {
     out.status = SysctlStatus::kSet;
@@ -107,26 +92,28 @@ std::vector<SysctlSetting> conntrackSysctls(const ConntrackConfig& config, int c
 core::Result<std::vector<SysctlOutcome>> applyConntrackSysctls(const ConntrackConfig& config, int cores,
                                                                const SysctlRoots& roots) {
   std::vector<SysctlOutcome> outcomes;
+  const backends::SysctlFiles procSys(roots.procSys);
+  const backends::SysctlFiles moduleParameters(roots.moduleParameters);
   for (const auto& setting : conntrackSysctls(config, cores)) {
-    auto outcome = setInt(roots.procSys / setting.path, setting.value);
+    auto outcome = setInt(procSys, setting.path, setting.value);
     if (!outcome) return std::unexpected(outcome.error());
     bool maxInPlace = setting.path == std::string(kNetfilter) + "nf_conntrack_max" &&
                       (outcome->status == SysctlStatus::kSet || outcome->status == SysctlStatus::kUnchanged);
     outcomes.push_back(std::move(*outcome));
     if (!maxInPlace) continue;
     // Upstream keeps the hash table at least a quarter of the maximum, and never shrinks it.
-    auto hashsizeFile = roots.moduleParameters / "hashsize";
-    std::int64_t hashsize = readInt(hashsizeFile);
+    const std::string hashsizeName = "hashsize";
+    std::int64_t hashsize = readInt(moduleParameters, hashsizeName);
     std::int64_t wanted = setting.value / 4;
     if (hashsize >= wanted) continue;
     SysctlOutcome hs;
-    hs.file = hashsizeFile.string();
+    hs.file = moduleParameters.pathOf(hashsizeName).string();
     hs.value = wanted;
     hs.previous = hashsize;
     if (hashsize < 0) {
       hs.status = SysctlStatus::kMissing;
       hs.errnum = ENOENT;
-    } else if (int err = writeInt(hashsizeFile, wanted); err == 0) {
+    } else if (int err = writeInt(moduleParameters, hashsizeName, wanted); err == 0) {
       hs.status = SysctlStatus::kSet;
     } else {
       // Only the initial network namespace may resize it, and /sys is often read-only in

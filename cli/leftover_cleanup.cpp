@@ -1,18 +1,13 @@
 #include "leftover_cleanup.h"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
-#include <cerrno>
-#include <cstdlib>
+#include <chrono>
 #include <filesystem>
 #include <set>
 
+#include "kproxy/backends/common/iptables_save.h"
+#include "kproxy/backends/common/process.h"
 #include "kproxy/core/log.h"
 
 namespace kproxy::cli {
@@ -20,8 +15,10 @@ namespace kproxy::cli {
 namespace {
 
 namespace log = kproxy::log;
-using core::ErrorCategory;
-using core::makeError;
+
+// No tool this runs should take more than seconds; a hung one must not hang --cleanup or the
+// start-up.
+constexpr std::chrono::seconds kCommandTimeout{60};
 
 // Upstream's fixed chains, per table: the iptables proxier's (kube-proxy, nodeports, canary,
 // firewall, ...) and the IPVS proxier's (KUBE-NODE-PORT, KUBE-LOAD-BALANCER, the IPVS filters).
@@ -47,70 +44,6 @@ constexpr std::array kServiceChainPrefixes = {
     std::string_view{"KUBE-FW-"},  std::string_view{"KUBE-SEP-"}, std::string_view{"KUBE-XLB-"},
 };
 
-// Splits a rule into words the way iptables-save quotes them ("..." may hold spaces).
-std::vector<std::string> words(std::string_view text) {
-  std::vector<std::string> out;
-  std::size_t i = 0;
-  while (i < text.size()) {
-    while (i < text.size() && text[i] == ' ') ++i;
-    if (i >= text.size()) break;
-    std::string word;
-    bool quoted = false;
-    for (; i < text.size() && (quoted || text[i] != ' '); ++i) {
-      if (text[i] == '\\' && i + 1 < text.size()) {
-        word += text[++i];
-      } else if (text[i] == '"') {
-        quoted = !quoted;
-      } else {
-        word += text[i];
-      }
-    }
-    out.push_back(std::move(word));
-  }
-  return out;
-}
-
-// The chain a rule jumps or goes to, if any.
-std::string_view ruleTarget(const std::vector<std::string>& ruleWords) {
-  for (std::size_t i = 0; i + 1 < ruleWords.size(); ++i) {
-    if (ruleWords[i] == "-j" || ruleWords[i] == "--jump" || ruleWords[i] == "-g" || ruleWords[i] == "--goto")
-      return ruleWords[i + 1];
-  }
-  return {};
-}
-
-struct TableText {
-  std::string name;
-  std::vector<std::string> chains;                            // in save order
-  std::vector<std::pair<std::string, std::string>> rules;    // chain, spec (as saved)
-};
-
-std::vector<TableText> parseSave(std::string_view text) {
-  std::vector<TableText> tables;
-  while (!text.empty()) {
-    auto end = text.find('\n');
-    std::string_view line = text.substr(0, end);
-    text = end == std::string_view::npos ? std::string_view{} : text.substr(end + 1);
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || line.front() == '#') continue;
-    if (line.front() == '*') {
-      tables.push_back(TableText{std::string(line.substr(1)), {}, {}});
-    } else if (tables.empty()) {
-      continue;  // nothing before the first table header is meaningful
-    } else if (line.front() == ':') {
-      auto name = line.substr(1, line.find(' ') == std::string_view::npos ? line.npos : line.find(' ') - 1);
-      tables.back().chains.emplace_back(name);
-    } else if (line.starts_with("-A ")) {
-      auto rest = line.substr(3);
-      auto space = rest.find(' ');
-      std::string chain(rest.substr(0, space));
-      std::string spec(space == std::string_view::npos ? std::string_view{} : rest.substr(space + 1));
-      tables.back().rules.emplace_back(std::move(chain), std::move(spec));
-    }
-  }
-  return tables;
-}
-
 std::string joinNames(const std::vector<std::string>& names, std::size_t limit = 20) {
   std::string out;
   for (std::size_t i = 0; i < names.size() && i < limit; ++i) {
@@ -135,27 +68,31 @@ bool isKubeProxyChain(std::string_view table, std::string_view chain) {
   return false;
 }
 
-std::vector<IptablesCleanupPlan> planIptablesCleanup(std::string_view saveOutput) {
+core::Result<std::vector<IptablesCleanupPlan>> planIptablesCleanup(std::string_view saveOutput) {
+  auto save = backends::parseIptablesSave(saveOutput);
+  if (!save) return std::unexpected(save.error());
   std::vector<IptablesCleanupPlan> plans;
-  for (const auto& table : parseSave(saveOutput)) {
+  for (const auto& table : save->tables) {
     IptablesCleanupPlan plan;
     plan.table = table.name;
     std::set<std::string, std::less<>> owned;
     for (const auto& chain : table.chains) {
-      if (isKubeProxyChain(table.name, chain)) {
-        plan.deletedChains.push_back(chain);
-        owned.insert(chain);
+      if (isKubeProxyChain(table.name, chain.name)) {
+        plan.deletedChains.push_back(chain.name);
+        owned.insert(chain.name);
       }
     }
     // A chain that is still referenced cannot be deleted, so every rule outside kube-proxy's
     // chains that jumps into one goes too: upstream's jumps from the built-in chains, and any
     // other reference, which would otherwise make the whole table's restore fail.
     std::string deletes;
-    for (const auto& [chain, spec] : table.rules) {
-      if (owned.contains(chain)) continue;
-      if (!owned.contains(ruleTarget(words(spec)))) continue;
-      plan.deletedRules.push_back(chain + " " + spec);
-      deletes += "-D " + chain + " " + spec + "\n";
+    for (const auto& chain : table.chains) {
+      if (owned.contains(chain.name)) continue;
+      for (const auto& rule : chain.rules) {
+        if (!owned.contains(backends::ruleJumpTarget(rule.spec))) continue;
+        plan.deletedRules.push_back(chain.name + " " + rule.spec);
+        deletes += "-D " + chain.name + " " + rule.spec + "\n";
+      }
     }
     if (!plan.deletedChains.empty() || !deletes.empty()) {
       std::string text = "*" + table.name + "\n";
@@ -173,23 +110,7 @@ std::vector<IptablesCleanupPlan> planIptablesCleanup(std::string_view saveOutput
 }
 
 std::optional<std::string> RealLeftoverSystem::findTool(std::string_view name) {
-  std::vector<std::string> dirs;
-  if (const char* path = std::getenv("PATH")) {
-    std::string_view rest(path);
-    while (!rest.empty()) {
-      auto colon = rest.find(':');
-      dirs.emplace_back(rest.substr(0, colon));
-      rest = colon == std::string_view::npos ? std::string_view{} : rest.substr(colon + 1);
-    }
-  }
-  // Root's tools are in sbin, which a non-login PATH may lack.
-  for (const char* dir : {"/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/bin", "/bin"}) dirs.emplace_back(dir);
-  for (const auto& dir : dirs) {
-    if (dir.empty()) continue;
-    std::string candidate = dir + "/" + std::string(name);
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return std::nullopt;
+  return backends::findExecutable(name);
 }
 
 bool RealLeftoverSystem::pathExists(const std::string& path) {
@@ -199,84 +120,9 @@ bool RealLeftoverSystem::pathExists(const std::string& path) {
 
 core::Result<CommandResult> RealLeftoverSystem::run(const std::vector<std::string>& argv,
                                                     std::string_view input) {
-  if (argv.empty()) return makeError(ErrorCategory::kInvalidArgument, "empty command");
-  int inPipe[2], outPipe[2], errPipe[2];
-  if (pipe2(inPipe, O_CLOEXEC) != 0) return makeError(ErrorCategory::kProcess, "pipe", errno);
-  if (pipe2(outPipe, O_CLOEXEC) != 0) {
-    int e = errno;
-    close(inPipe[0]), close(inPipe[1]);
-    return makeError(ErrorCategory::kProcess, "pipe", e);
-  }
-  if (pipe2(errPipe, O_CLOEXEC) != 0) {
-    int e = errno;
-    close(inPipe[0]), close(inPipe[1]), close(outPipe[0]), close(outPipe[1]);
-    return makeError(ErrorCategory::kProcess, "pipe", e);
-  }
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  pid_t pid = fork();
-  if (pid < 0) {
-    int e = errno;
-    for (int fd : {inPipe[0], inPipe[1], outPipe[0], outPipe[1], errPipe[0], errPipe[1]}) close(fd);
-    return makeError(ErrorCategory::kProcess, "fork for " + argv[0], e);
-  }
-  if (pid == 0) {
-    dup2(inPipe[0], 0);
-    dup2(outPipe[1], 1);
-    dup2(errPipe[1], 2);
-    execv(args[0], args.data());
-    _exit(127);
-  }
-  close(inPipe[0]);
-  close(outPipe[1]);
-  close(errPipe[1]);
-  // A child that exits early must not kill us with SIGPIPE while we write its input.
-  struct sigaction ignore{}, previous{};
-  ignore.sa_handler = SIG_IGN;
-  sigaction(SIGPIPE, &ignore, &previous);
-
-  CommandResult result;
-  int inFd = inPipe[1];
-  std::size_t written = 0;
-  if (input.empty()) close(inFd), inFd = -1;
-  int outFd = outPipe[0], errFd = errPipe[0];
-  while (outFd >= 0 || errFd >= 0) {
-    std::vector<pollfd> fds;
-    if (inFd >= 0) fds.push_back({inFd, POLLOUT, 0});
-    if (outFd >= 0) fds.push_back({outFd, POLLIN, 0});
-    if (errFd >= 0) fds.push_back({errFd, POLLIN, 0});
-    if (poll(fds.data(), fds.size(), -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    for (const auto& p : fds) {
-      if (p.revents == 0) continue;
-      if (p.fd == inFd) {
-        ssize_t n = write(inFd, input.data() + written, input.size() - written);
-        if (n > 0) written += static_cast<std::size_t>(n);
-        if (n < 0 || written == input.size()) close(inFd), inFd = -1;
-      } else {
-        char buf[8192];
-        ssize_t n = read(p.fd, buf, sizeof buf);
-        if (n > 0) {
-          (p.fd == outFd ? result.out : result.err).append(buf, static_cast<std::size_t>(n));
-        } else {
-          close(p.fd);
-          (p.fd == outFd ? outFd : errFd) = -1;
-        }
-      }
-    }
-  }
-  if (inFd >= 0) close(inFd);
-  sigaction(SIGPIPE, &previous, nullptr);
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  result.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  if (result.exitCode == 127 && result.out.empty() && result.err.empty())
-    return makeError(ErrorCategory::kProcess, "could not run " + argv[0]);
-  return result;
+  auto ran = backends::runProcess(argv, {.stdinData = input, .timeout = kCommandTimeout});
+  if (!ran) return std::unexpected(ran.error());
+  return CommandResult{ran->exitCode, std::move(ran->out), std::move(ran->err)};
 }
 
 namespace {
@@ -297,8 +143,13 @@ bool cleanUpIptables(LeftoverSystem& system, const std::string& save, const std:
                {{"iptables", label}, {"error", saved ? firstLine(saved->err) : saved.error().message()}});
     return false;
   }
+  auto planned = planIptablesCleanup(saved->out);
+  if (!planned) {
+    log::error("iptables-save output not understood", {{"iptables", label}, {"error", planned.error().message()}});
+    return false;
+  }
+  const auto& plans = *planned;
   bool ok = true;
-  auto plans = planIptablesCleanup(saved->out);
   if (plans.empty()) log::info(2, "no iptables tables", {{"iptables", label}});
   for (const auto& plan : plans) {
     if (plan.restoreInput.empty()) {
@@ -407,7 +258,7 @@ bool cleanUpDummyDevice(LeftoverSystem& system) {
     return false;
   }
   // `ip -d -o` prints the link kind as a word of the detail part ("... \    dummy addrgenmode ...").
-  auto detail = words(shown->out);
+  auto detail = backends::splitIptablesWords(shown->out);
   if (std::find(detail.begin(), detail.end(), "dummy") == detail.end()) {
     log::error("interface is not a dummy device; not deleted", {{"interface", kDevice}});
     return false;

@@ -41,8 +41,9 @@ bool isKubeProxyChain(std::string_view table, std::string_view chain);
 
 /// Pure text transform: `iptables-save` output (any number of tables) in, one plan per table
 /// out, in the order the tables appear. Tables with nothing to remove are still listed (with an
-/// empty restoreInput) so callers can log them.
-std::vector<IptablesCleanupPlan> planIptablesCleanup(std::string_view saveOutput);
+/// empty restoreInput) so callers can log them. Output the parser refuses is an error (nothing
+/// is removed from a table that was not understood).
+core::Result<std::vector<IptablesCleanupPlan>> planIptablesCleanup(std::string_view saveOutput);
 
 /// Output of a finished command.
 struct CommandResult {
@@ -63,7 +64,7 @@ class LeftoverSystem {
   virtual core::Result<CommandResult> run(const std::vector<std::string>& argv, std::string_view input) = 0;
 };
 
-/// The real system: fork/exec, /proc and /sys.
+/// The real system: backends' process runner (a minute's timeout per command), /proc and /sys.
 class RealLeftoverSystem : public LeftoverSystem {
  public:
   std::optional<std::string> findTool(std::string_view name) override;

@@ -1,31 +1,22 @@
 #include "net_util.h"
 
-#include <arpa/inet.h>
-
-#include <charconv>
+#include "kproxy/backends/common/address.h"
 
 namespace kproxy::cli {
 
 IPKind parseIP(std::string_view text) {
-  if (text.empty() || text.size() > 64) return IPKind::kNone;
-  const std::string s(text);
-  unsigned char buf[16];
-  if (inet_pton(AF_INET, s.c_str(), buf) == 1) return IPKind::kIPv4;
-  if (inet_pton(AF_INET6, s.c_str(), buf) == 1) return IPKind::kIPv6;
-  return IPKind::kNone;
+  if (text.find('/') != std::string_view::npos) return IPKind::kNone;
+  const auto ip = backends::IPPrefix::parse(text);
+  if (!ip) return IPKind::kNone;
+  return ip->v6 ? IPKind::kIPv6 : IPKind::kIPv4;
 }
 
 bool isCIDR(std::string_view text) {
   const auto slash = text.find('/');
   if (slash == std::string_view::npos) return false;
-  const IPKind kind = parseIP(text.substr(0, slash));
-  if (kind == IPKind::kNone) return false;
-  const std::string_view bits = text.substr(slash + 1);
-  if (bits.empty() || bits.size() > 3) return false;
-  int n = -1;
-  const auto [ptr, ec] = std::from_chars(bits.data(), bits.data() + bits.size(), n);
-  if (ec != std::errc{} || ptr != bits.data() + bits.size()) return false;
-  return n >= 0 && n <= (kind == IPKind::kIPv4 ? 32 : 128);
+  // At most three digits of prefix length, as before ("/0008" is not a CIDR).
+  if (text.size() - slash - 1 > 3) return false;
+  return backends::IPPrefix::parse(text).has_value();
 }
 
 std::optional<HostPort> splitHostPort(std::string_view text) {

@@ -1,39 +1,15 @@
 #include "kproxy/nftables/renderer.h"
 
-#include <openssl/sha.h>
-
 #include <algorithm>
 #include <charconv>
 #include <set>
 
 #include <fmt/format.h>
 
+#include "kproxy/backends/common/chain_names.h"
+
 namespace kproxy::nftables {
 namespace {
-
-std::string base32Prefix8(std::string_view input) {
-  unsigned char digest[SHA256_DIGEST_LENGTH];
-  SHA256(reinterpret_cast<const unsigned char*>(input.data()), input.size(), digest);
-  static constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567";
-  // 8 base32 characters = the first 40 bits of the digest.
-  std::uint64_t bits = 0;
-  for (int i = 0; i < 5; ++i) bits = (bits << 8) | digest[i];
-  std::string out(8, 'A');
-  for (int i = 7; i >= 0; --i) {
-    out[static_cast<std::size_t>(i)] = kAlphabet[bits & 31];
-    bits >>= 5;
-  }
-  return out;
-}
-
-// Upstream truncates to keep names under nft's limit; kube names make it unreachable in practice.
-constexpr std::size_t kChainNameBaseLengthMax = 240;
-
-std::string hashAndTruncate(const std::string& name) {
-  std::string out = base32Prefix8(name) + "-" + name;
-  if (out.size() > kChainNameBaseLengthMax) out = out.substr(0, kChainNameBaseLengthMax - 3) + "...";
-  return out;
-}
 
 std::string plainBase(const sdk::ServicePort& p) {
   return fmt::format("{}/{}/{}/{}", p.ns, p.serviceName, sdk::protocolName(p.protocol), p.portName);
@@ -66,7 +42,7 @@ Family toFamily(sdk::Family family) {
 }
 
 std::string servicePortChainBase(const sdk::ServicePort& port) {
-  return hashAndTruncate(plainBase(port));
+  return backends::nftablesHashAndTruncate(plainBase(port));
 }
 std::string serviceChainName(const sdk::ServicePort& port) {
   return "service-" + servicePortChainBase(port);
@@ -98,7 +74,7 @@ std::string affinityChainName(const sdk::ServicePort& port) {
 std::string endpointChainName(const sdk::ServicePort& port, const sdk::Endpoint& endpoint) {
   std::string ip = endpoint.ip;
   std::replace(ip.begin(), ip.end(), ':', '.');  // ':' is not allowed in a chain name
-  return "endpoint-" + hashAndTruncate(fmt::format("{}__{}/{}", plainBase(port), ip, endpoint.port));
+  return "endpoint-" + backends::nftablesHashAndTruncate(fmt::format("{}__{}/{}", plainBase(port), ip, endpoint.port));
 }
 
 std::optional<std::uint32_t> SlotRanges::baseOf(const std::string& chain) {

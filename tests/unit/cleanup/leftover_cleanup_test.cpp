@@ -13,7 +13,13 @@ namespace {
 
 using kproxy::cli::CommandResult;
 using kproxy::cli::IptablesCleanupPlan;
-using kproxy::cli::planIptablesCleanup;
+
+// The plans for a dump the parser accepts.
+std::vector<IptablesCleanupPlan> planned(std::string_view save) {
+  auto plans = kproxy::cli::planIptablesCleanup(save);
+  REQUIRE(plans);
+  return *plans;
+}
 
 // iptables-save of a node that ran kube-proxy 1.29 in iptables mode next to kubelet, Docker
 // and a site firewall: two ClusterIP services (one with two endpoints), a NodePort with
@@ -168,7 +174,7 @@ TEST_CASE("kube-proxy's chains are told apart from kubelet's and others'", "[uni
 }
 
 TEST_CASE("a kube-proxy node's nat table: every kube-proxy chain and jump goes, Docker's stay", "[unit]") {
-  auto plans = planIptablesCleanup(kNodeSave);
+  auto plans = planned(kNodeSave);
   REQUIRE(plans.size() == 3);
   const auto& nat = planFor(plans, "nat");
   std::set<std::string> chains(nat.deletedChains.begin(), nat.deletedChains.end());
@@ -204,7 +210,7 @@ TEST_CASE("a kube-proxy node's nat table: every kube-proxy chain and jump goes, 
 }
 
 TEST_CASE("a kube-proxy node's filter table: kubelet's KUBE-FIREWALL and its jumps stay", "[unit]") {
-  auto plans = planIptablesCleanup(kNodeSave);
+  auto plans = planned(kNodeSave);
   const auto& filter = planFor(plans, "filter");
   std::set<std::string> chains(filter.deletedChains.begin(), filter.deletedChains.end());
   CHECK(chains == std::set<std::string>{"KUBE-EXTERNAL-SERVICES", "KUBE-FORWARD", "KUBE-NODEPORTS",
@@ -253,7 +259,7 @@ COMMIT
 -A OUTPUT -m comment --comment "kubernetes ipvs access filter" -j KUBE-IPVS-OUT-FILTER
 COMMIT
 )";
-  auto plans = planIptablesCleanup(kIpvsNat);
+  auto plans = planned(kIpvsNat);
   const auto& nat = planFor(plans, "nat");
   CHECK(nat.deletedChains.size() == 5);
   CHECK(nat.deletedRules.size() == 3);
@@ -272,10 +278,11 @@ TEST_CASE("a foreign chain that jumps into kube-proxy's loses that rule only", "
 -A PREROUTING -g KUBE-SERVICES
 COMMIT
 )";
-  auto plans = planIptablesCleanup(kSave);
+  auto plans = planned(kSave);
   const auto& nat = planFor(plans, "nat");
-  CHECK(nat.deletedRules == std::vector<std::string>{"CNI-HOSTPORT-DNAT -p tcp -j KUBE-SERVICES",
-                                                      "PREROUTING -g KUBE-SERVICES"});
+  // Grouped by chain in declaration order (iptables-save prints rules that way anyway).
+  CHECK(nat.deletedRules == std::vector<std::string>{"PREROUTING -g KUBE-SERVICES",
+                                                      "CNI-HOSTPORT-DNAT -p tcp -j KUBE-SERVICES"});
   CHECK_FALSE(mentions(nat.restoreInput, "DNAT --to-destination"));
   CHECK_FALSE(mentions(nat.restoreInput, "-X CNI-HOSTPORT-DNAT"));
 }
@@ -287,7 +294,7 @@ TEST_CASE("a comment that names a KUBE chain is not a jump", "[unit]") {
 COMMIT
 )";
   // KUBE-SERVICES does not exist here, so nothing is removed.
-  auto plans = planIptablesCleanup(kSave);
+  auto plans = planned(kSave);
   const auto& nat = planFor(plans, "nat");
   CHECK(nat.deletedChains.empty());
   CHECK(nat.deletedRules.empty());
@@ -309,13 +316,19 @@ COMMIT
 -A INPUT -j KUBE-FIREWALL
 COMMIT
 )";
-  auto plans = planIptablesCleanup(kClean);
+  auto plans = planned(kClean);
   REQUIRE(plans.size() == 2);
   for (const auto& plan : plans) {
     CHECK(plan.restoreInput.empty());
     CHECK(plan.deletedChains.empty());
   }
-  CHECK(planIptablesCleanup("").empty());
+  CHECK(planned("").empty());
+}
+
+TEST_CASE("iptables-save output that does not parse plans nothing and says where", "[unit]") {
+  auto plans = kproxy::cli::planIptablesCleanup("*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-NOPE -j ACCEPT\nCOMMIT\n");
+  REQUIRE_FALSE(plans);
+  CHECK(plans.error().message().find("line 3") != std::string::npos);
 }
 
 // A system with a recorded set of tools and paths and scripted outputs.

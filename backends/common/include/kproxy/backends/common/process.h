@@ -1,0 +1,60 @@
+#pragma once
+/// Running a program and collecting its output, without a shell: for iptables-save/-restore,
+/// ipvsadm, ipset, ip. The caller's process-wide state is left alone: no signal handler is
+/// installed or changed (a child that stops reading its input cannot raise SIGPIPE here), the
+/// child starts with default signal dispositions and an empty signal mask, and it inherits only
+/// stdin, stdout and stderr.
+/// Thread-safety: runProcess and findExecutable may be called from any thread; a
+/// ProcessRunner is as thread-safe as its implementation says (SystemProcessRunner is).
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kproxy/core/error.h"
+
+namespace kproxy::backends {
+
+struct ProcessOptions {
+  /// Written to the child's stdin, which is then closed (empty: stdin is closed at once).
+  std::string_view stdinData;
+  /// The child is killed (SIGKILL) once this has passed; nullopt waits for ever.
+  std::optional<std::chrono::milliseconds> timeout;
+};
+
+struct ProcessResult {
+  int exitCode = 0;    ///< exit status; 128 + signal when killed by a signal
+  int termSignal = 0;  ///< the signal that ended it, 0 when it exited
+  std::string out;     ///< stdout
+  std::string err;     ///< stderr
+  bool succeeded() const { return termSignal == 0 && exitCode == 0; }
+};
+
+/// Runs argv[0] (a path when it holds '/', else looked up in PATH) with argv as its arguments
+/// and waits for it. Error (category kProcess) when it cannot start (errno ENOENT, EACCES, ...),
+/// when it outlives `timeout` (errno ETIMEDOUT; the child has then been killed and reaped), or
+/// when the pipes fail; a program that runs and fails is a result with its exit code.
+core::Result<ProcessResult> runProcess(const std::vector<std::string>& argv, const ProcessOptions& options = {});
+
+/// The full path of an executable `name` in PATH or the sbin and bin directories (root's tools
+/// are in sbin, which a non-login PATH may lack); nullopt when there is none.
+std::optional<std::string> findExecutable(std::string_view name);
+
+/// Runs programs; backends take one so tests can substitute a fake.
+class ProcessRunner {
+ public:
+  virtual ~ProcessRunner() = default;
+  virtual core::Result<ProcessResult> run(const std::vector<std::string>& argv, const ProcessOptions& options) = 0;
+};
+
+/// The real runner: runProcess.
+class SystemProcessRunner final : public ProcessRunner {
+ public:
+  core::Result<ProcessResult> run(const std::vector<std::string>& argv, const ProcessOptions& options) override {
+    return runProcess(argv, options);
+  }
+};
+
+}  // namespace kproxy::backends

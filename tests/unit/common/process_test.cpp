@@ -1,0 +1,116 @@
+#include "kproxy/backends/common/process.h"
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+
+#include <cerrno>
+#include <chrono>
+
+using namespace kproxy::backends;
+using namespace std::chrono_literals;
+
+TEST_CASE("exit codes come back as results", "[unit]") {
+  auto ok = runProcess({"true"});
+  REQUIRE(ok);
+  CHECK(ok->exitCode == 0);
+  CHECK(ok->succeeded());
+  auto failed = runProcess({"false"});
+  REQUIRE(failed);
+  CHECK(failed->exitCode == 1);
+  CHECK_FALSE(failed->succeeded());
+  auto three = runProcess({"sh", "-c", "echo out; echo err >&2; exit 3"});
+  REQUIRE(three);
+  CHECK(three->exitCode == 3);
+  CHECK(three->out == "out\n");
+  CHECK(three->err == "err\n");
+}
+
+TEST_CASE("a child killed by a signal reports the signal", "[unit]") {
+  auto killed = runProcess({"sh", "-c", "kill -TERM $$"});
+  REQUIRE(killed);
+  CHECK(killed->termSignal == SIGTERM);
+  CHECK(killed->exitCode == 128 + SIGTERM);
+}
+
+TEST_CASE("arguments are passed as they are, without a shell", "[unit]") {
+  auto echoed = runProcess({"printf", "%s|", "a b", "$HOME", "*"});
+  REQUIRE(echoed);
+  CHECK(echoed->out == "a b|$HOME|*|");
+}
+
+TEST_CASE("stdin is piped through", "[unit]") {
+  auto cat = runProcess({"cat"}, {.stdinData = "line 1\nline 2\n", .timeout = std::nullopt});
+  REQUIRE(cat);
+  CHECK(cat->exitCode == 0);
+  CHECK(cat->out == "line 1\nline 2\n");
+  // No input: stdin is closed, so cat ends at once.
+  auto empty = runProcess({"cat"}, {.stdinData = {}, .timeout = 5s});
+  REQUIRE(empty);
+  CHECK(empty->out.empty());
+}
+
+TEST_CASE("large input and output do not deadlock", "[unit]") {
+  auto big = runProcess({"head", "-c", "1048576", "/dev/zero"});
+  REQUIRE(big);
+  CHECK(big->exitCode == 0);
+  CHECK(big->out.size() == 1048576);
+  // Input and output of a MiB at once: the runner must write and read together.
+  const std::string input(1 << 20, 'x');
+  auto through = runProcess({"cat"}, {.stdinData = input, .timeout = 20s});
+  REQUIRE(through);
+  CHECK(through->out == input);
+}
+
+TEST_CASE("a child that does not read its input does not kill the caller", "[unit]") {
+  const std::string input(4 << 20, 'x');
+  auto ignored = runProcess({"true"}, {.stdinData = input, .timeout = 20s});
+  REQUIRE(ignored);
+  CHECK(ignored->exitCode == 0);
+}
+
+TEST_CASE("the timeout kills the child within the bound", "[unit]") {
+  const auto start = std::chrono::steady_clock::now();
+  auto slept = runProcess({"sleep", "10"}, {.stdinData = {}, .timeout = 200ms});
+  const auto took = std::chrono::steady_clock::now() - start;
+  REQUIRE_FALSE(slept);
+  CHECK(slept.error().category == kproxy::core::ErrorCategory::kProcess);
+  CHECK(slept.error().errnum == ETIMEDOUT);
+  CHECK(took >= 200ms);
+  CHECK(took < 3s);
+  // A child that closed its output still meets the timeout.
+  const auto start2 = std::chrono::steady_clock::now();
+  auto quiet = runProcess({"sh", "-c", "exec >&- 2>&-; sleep 10"}, {.stdinData = {}, .timeout = 200ms});
+  CHECK_FALSE(quiet);
+  CHECK(std::chrono::steady_clock::now() - start2 < 3s);
+}
+
+TEST_CASE("a missing program is a clear error", "[unit]") {
+  auto missing = runProcess({"/nonexistent/kproxy-no-such-tool", "--version"});
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().category == kproxy::core::ErrorCategory::kProcess);
+  CHECK(missing.error().errnum == ENOENT);
+  CHECK(missing.error().message().find("/nonexistent/kproxy-no-such-tool") != std::string::npos);
+  auto notInPath = runProcess({"kproxy-no-such-tool"});
+  REQUIRE_FALSE(notInPath);
+  CHECK(notInPath.error().errnum == ENOENT);
+  CHECK_FALSE(runProcess({}));
+}
+
+TEST_CASE("the caller's SIGPIPE disposition is left alone", "[unit]") {
+  struct sigaction before{};
+  sigaction(SIGPIPE, nullptr, &before);
+  REQUIRE(runProcess({"true"}, {.stdinData = "data", .timeout = std::nullopt}));
+  struct sigaction after{};
+  sigaction(SIGPIPE, nullptr, &after);
+  CHECK(before.sa_handler == after.sa_handler);
+}
+
+TEST_CASE("executables are found in PATH and sbin", "[unit]") {
+  auto sh = findExecutable("sh");
+  REQUIRE(sh);
+  CHECK(sh->ends_with("/sh"));
+  CHECK(findExecutable(*sh) == sh);
+  CHECK_FALSE(findExecutable("kproxy-no-such-tool"));
+  CHECK_FALSE(findExecutable(""));
+}
