@@ -1,4 +1,4 @@
-/* kproxy backend plugin ABI, version 1.
+/* kproxy backend plugin ABI, version 1 (minor 1.1: the optional explain entry point).
  *
  * A backend plugin is a shared object exporting one C symbol:
  *
