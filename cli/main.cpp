@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -204,10 +207,12 @@ class SnapshotCapture final : public kproxy::core::Backend {
   std::string_view name() const override { return "explain"; }
   kproxy::core::Result<kproxy::core::SyncResult> sync(const kproxy::core::SyncRequest& request) override {
     snapshot = *request.next;
+    synced = true;
     return kproxy::core::SyncResult{};
   }
   kproxy::core::Result<void> cleanup() override { return {}; }
   kproxy::core::Snapshot snapshot;
+  bool synced = false;
 };
 
 // kproxy explain: one snapshot from the source's initial list, then the backend's answer.
@@ -252,9 +257,24 @@ int explain(std::span<const char* const> args) {
   if (auto started = startSource(source, config, std::move(*apiConfig), proxier, tracker.nodeName);
       !started)
     return fail(started.error().message());
+  // An API server that never answers must not leave explain hanging.
+  constexpr auto kInitialListTimeout = std::chrono::seconds(60);
   std::stop_source stop;
+  std::jthread watchdog([&stop, kInitialListTimeout](std::stop_token token) {
+    std::mutex mutex;
+    std::condition_variable_any never;
+    std::unique_lock lock(mutex);
+    never.wait_for(lock, token, kInitialListTimeout, [] { return false; });
+    if (!token.stop_requested()) stop.request_stop();
+  });
   bool ok = proxier.run(stop.get_token());
+  watchdog.request_stop();
+  watchdog.join();
   source.stop();
+  if (!capture.synced) {
+    return fail("explain: no initial list of Services and EndpointSlices from the source within " +
+                std::to_string(kInitialListTimeout.count()) + " s");
+  }
   if (!ok) return fail("explain: no snapshot from the source");
 
   auto text = (*backend)->explain(capture.snapshot, command->request);
