@@ -399,6 +399,17 @@ std::string trim(std::string_view s) {
 
 }  // namespace
 
+bool flagTakesNextArgument(std::string_view arg) {
+  const FlagSpec* spec = nullptr;
+  if (arg.starts_with("--") && arg.size() > 2) {
+    if (arg.find('=') != std::string_view::npos) return false;
+    spec = findLong(arg.substr(2));
+  } else if (arg.starts_with("-") && arg.size() == 2) {
+    spec = findShort(arg[1]);
+  }
+  return spec != nullptr && spec->kind != Kind::kBool;
+}
+
 core::Result<ParsedFlags> parseFlags(std::span<const char* const> args) {
   ParsedFlags out;
   for (std::size_t i = 0; i < args.size(); ++i) {

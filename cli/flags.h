@@ -37,6 +37,10 @@ struct ParsedFlags {
 /// `invalid value "3x" for flag --iptables-sync-period: ...`, `unexpected argument "foo"`.
 core::Result<ParsedFlags> parseFlags(std::span<const char* const> args);
 
+/// Whether the command-line word `arg` is a flag of parseFlags() that takes its value from the
+/// next word ("--manifests", "-v"; not "--manifests=DIR" nor the bool "--masquerade-all").
+bool flagTakesNextArgument(std::string_view arg);
+
 /// The effective configuration, with upstream kube-proxy's precedence
 /// (cmd/kube-proxy/app/options.go, Options.Complete):
 ///  - Without --config: the defaults, overridden by the flags given.

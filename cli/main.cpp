@@ -5,6 +5,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -19,6 +22,7 @@
 
 #include "config_file.h"
 #include "conntrack_sysctls.h"
+#include "explain_args.h"
 #include "flags.h"
 #include "kproxy/apiwatch/api_source.h"
 #include "kproxy/apiwatch/manifest_source.h"
@@ -169,11 +173,122 @@ int cleanupAll(const kproxy::plugins::PluginRegistry& registry, const ProxyConfi
   return rc;
 }
 
+// The source of Services: a manifest directory, else an API server (--kubeconfig, with
+// --master overriding its server; --master alone; or the in-cluster service account). The
+// client configuration is resolved first (nullopt for a manifest directory) so that a bad one
+// fails before anything starts.
+kproxy::core::Result<std::optional<kproxy::apiwatch::ClientConfig>> apiClientConfig(
+    const ProxyConfig& config) {
+  if (!config.manifestsDir.empty()) return std::optional<kproxy::apiwatch::ClientConfig>();
+  auto resolved = kproxy::apiwatch::resolveClientConfig(config.clientConnection.kubeconfig, config.master);
+  if (!resolved) return std::unexpected(resolved.error());
+  resolved->qps = config.clientConnection.qps;
+  resolved->burst = config.clientConnection.burst;
+  return std::optional<kproxy::apiwatch::ClientConfig>(std::move(*resolved));
+}
+
+// Starts the source that feeds `sink`: the manifest directory or the API server.
+kproxy::core::Result<void> startSource(EventSource& source, const ProxyConfig& config,
+                                       std::optional<kproxy::apiwatch::ClientConfig> apiConfig,
+                                       kproxy::core::EventSink& sink, const std::string& node) {
+  if (apiConfig) {
+    kproxy::apiwatch::ApiSourceOptions apiOptions;
+    apiOptions.nodeName = node;
+    source.api = std::make_unique<kproxy::apiwatch::ApiSource>(std::move(*apiConfig), sink, apiOptions);
+    return source.api->start();
+  }
+  source.manifests = std::make_unique<kproxy::apiwatch::ManifestSource>(config.manifestsDir, sink);
+  return source.manifests->start();
+}
+
+// Keeps the snapshot of the first sync instead of programming anything (kproxy explain).
+class SnapshotCapture final : public kproxy::core::Backend {
+ public:
+  std::string_view name() const override { return "explain"; }
+  kproxy::core::Result<kproxy::core::SyncResult> sync(const kproxy::core::SyncRequest& request) override {
+    snapshot = *request.next;
+    synced = true;
+    return kproxy::core::SyncResult{};
+  }
+  kproxy::core::Result<void> cleanup() override { return {}; }
+  kproxy::core::Snapshot snapshot;
+  bool synced = false;
+};
+
+// kproxy explain: one snapshot from the source's initial list, then the backend's answer.
+int explain(std::span<const char* const> args) {
+  auto command = kproxy::cli::parseExplainCommand(args);
+  if (!command) return fail(command.error().message());
+  if (command->showHelp) {
+    std::fputs(kproxy::cli::explainUsage().c_str(), stdout);
+    return 0;
+  }
+  auto parsed = kproxy::cli::parseFlags(command->flags);
+  if (!parsed) return fail(parsed.error().message());
+  auto effective = kproxy::cli::effectiveConfig(*parsed);
+  if (!effective) return fail(effective.error().message());
+  ProxyConfig config = std::move(*effective);
+  log::setVerbosity(static_cast<int>(config.logging.verbosity));
+  // The backend is asked what it WOULD program: never the kernel.
+  config.dryRun = true;
+
+  kproxy::plugins::PluginRegistry registry;
+  loadPlugins(registry, config);
+  std::vector<std::string> modes;
+  for (const auto& p : registry.plugins()) modes.push_back(p.name);
+  if (auto valid = kproxy::cli::validate(config, modes); !valid) return fail(valid.error().message());
+  auto backend = registry.createPluginBackend(config.mode, backendOptions(config));
+  if (!backend) return fail(backend.error().message());
+  if (!(*backend)->canExplain()) {
+    return fail("backend " + config.mode + " cannot explain: its plugin has no explain entry point");
+  }
+
+  auto apiConfig = apiClientConfig(config);
+  if (!apiConfig) return fail(apiConfig.error().message());
+  kproxy::core::TrackerConfig tracker;
+  tracker.nodeName = nodeName(config);
+  tracker.ipv6 = true;  // nothing is programmed, so the node's kernel does not matter
+  kproxy::core::ProxierOptions options;
+  options.minSyncPeriod = std::chrono::milliseconds(0);
+  options.oneShot = true;
+  SnapshotCapture capture;
+  kproxy::core::Proxier proxier(tracker, capture, options);
+  EventSource source;
+  if (auto started = startSource(source, config, std::move(*apiConfig), proxier, tracker.nodeName);
+      !started)
+    return fail(started.error().message());
+  // An API server that never answers must not leave explain hanging.
+  constexpr auto kInitialListTimeout = std::chrono::seconds(60);
+  std::stop_source stop;
+  std::jthread watchdog([&stop, kInitialListTimeout](std::stop_token token) {
+    std::mutex mutex;
+    std::condition_variable_any never;
+    std::unique_lock lock(mutex);
+    never.wait_for(lock, token, kInitialListTimeout, [] { return false; });
+    if (!token.stop_requested()) stop.request_stop();
+  });
+  bool ok = proxier.run(stop.get_token());
+  watchdog.request_stop();
+  watchdog.join();
+  source.stop();
+  if (!capture.synced) {
+    return fail("explain: no initial list of Services and EndpointSlices from the source within " +
+                std::to_string(kInitialListTimeout.count()) + " s");
+  }
+  if (!ok) return fail("explain: no snapshot from the source");
+
+  auto text = (*backend)->explain(capture.snapshot, command->request);
+  if (!text) return fail(text.error().message());
+  std::fputs(text->c_str(), stdout);
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::span<const char* const> args(const_cast<const char* const*>(argv) + 1,
                                     static_cast<std::size_t>(argc - 1));
+  if (!args.empty() && std::string_view(args[0]) == "explain") return explain(args.subspan(1));
   auto parsed = kproxy::cli::parseFlags(args);
   if (!parsed) return fail(parsed.error().message());
   if (parsed->config.showHelp) {
@@ -231,16 +346,8 @@ int main(int argc, char** argv) {
       return fail("setting conntrack sysctls: " + ct.error().message());
   }
 
-  // The source of Services: a manifest directory, else an API server (--kubeconfig, with
-  // --master overriding its server; --master alone; or the in-cluster service account).
-  std::optional<kproxy::apiwatch::ClientConfig> apiConfig;
-  if (config.manifestsDir.empty()) {
-    auto resolved = kproxy::apiwatch::resolveClientConfig(config.clientConnection.kubeconfig, config.master);
-    if (!resolved) return fail(resolved.error().message());
-    resolved->qps = config.clientConnection.qps;
-    resolved->burst = config.clientConnection.burst;
-    apiConfig = std::move(*resolved);
-  }
+  auto apiConfig = apiClientConfig(config);
+  if (!apiConfig) return fail(apiConfig.error().message());
 
   kproxy::core::TrackerConfig tracker;
   tracker.nodeName = nodeName(config);
@@ -257,15 +364,9 @@ int main(int argc, char** argv) {
                             {"dryRun", config.dryRun ? "true" : "false"}});
 
   EventSource source;
-  if (apiConfig) {
-    kproxy::apiwatch::ApiSourceOptions apiOptions;
-    apiOptions.nodeName = tracker.nodeName;
-    source.api = std::make_unique<kproxy::apiwatch::ApiSource>(std::move(*apiConfig), proxier, apiOptions);
-    if (auto started = source.api->start(); !started) return fail(started.error().message());
-  } else {
-    source.manifests = std::make_unique<kproxy::apiwatch::ManifestSource>(config.manifestsDir, proxier);
-    if (auto started = source.manifests->start(); !started) return fail(started.error().message());
-  }
+  if (auto started = startSource(source, config, std::move(*apiConfig), proxier, tracker.nodeName);
+      !started)
+    return fail(started.error().message());
 
   std::stop_source stop;
   std::jthread signalWaiter([&stop, stopSignals](std::stop_token token) {

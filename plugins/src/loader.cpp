@@ -21,12 +21,57 @@ using core::makeError;
 
 std::string quote(const std::filesystem::path& p) { return "plugin " + p.string(); }
 
+// Whether the descriptor is big enough to hold `Field` (fields appended in later minor
+// versions are read only then).
+template <typename Field>
+bool covers(const kproxy_plugin_descriptor* d, Field kproxy_plugin_descriptor::*field) {
+  const auto* base = reinterpret_cast<const char*>(d);
+  const auto* at = reinterpret_cast<const char*>(&(d->*field));
+  return d->struct_size >= static_cast<std::size_t>(at - base) + sizeof(Field);
+}
+
+void appendText(void* user, const char* text, std::size_t len) {
+  if (text != nullptr) static_cast<std::string*>(user)->append(text, len);
+}
+
 // Adapts a plugin instance to core::Backend.
-class PluginBackend final : public core::Backend {
+class LoadedBackend final : public PluginBackend {
  public:
-  PluginBackend(const kproxy_plugin_descriptor* descriptor, kproxy_backend* handle)
+  LoadedBackend(const kproxy_plugin_descriptor* descriptor, kproxy_backend* handle)
       : descriptor_(descriptor), handle_(handle) {}
-  ~PluginBackend() override { descriptor_->destroy(handle_); }
+  ~LoadedBackend() override { descriptor_->destroy(handle_); }
+
+  bool canExplain() const override {
+    return covers(descriptor_, &kproxy_plugin_descriptor::explain) &&
+           descriptor_->explain != nullptr;
+  }
+
+  core::Result<std::string> explain(const core::Snapshot& snapshot,
+                                    const ExplainRequest& request) override {
+    if (!canExplain()) {
+      return makeError(ErrorCategory::kPlugin,
+                       "backend " + std::string(descriptor_->name) +
+                           " cannot explain: its plugin has no explain entry point");
+    }
+    kproxy_explain_request r{};
+    r.struct_size = sizeof r;
+    r.family = static_cast<std::uint8_t>(request.family);
+    r.protocol = static_cast<std::uint8_t>(request.protocol);
+    r.destination_port = request.destinationPort;
+    r.flags = (request.fromNode ? KPROXY_EXPLAIN_FROM_NODE : 0u) |
+              (request.json ? KPROXY_EXPLAIN_JSON : 0u);
+    r.source_ip = request.sourceIP.c_str();
+    r.destination_ip = request.destinationIP.c_str();
+    r.input_interface = request.inputInterface.c_str();
+    std::string text;
+    kproxy_error err{};
+    if (descriptor_->explain(handle_, toC(&snapshot), &r, &appendText, &text, &err) != KPROXY_OK) {
+      return makeError(ErrorCategory::kPlugin,
+                       "backend " + std::string(descriptor_->name) + ": " + terminated(err.message),
+                       err.errnum);
+    }
+    return text;
+  }
 
   std::string_view name() const override { return descriptor_->name; }
 
@@ -119,11 +164,13 @@ core::Result<PluginInfo> PluginRegistry::load(const std::filesystem::path& file)
                          ", but this kproxy supports ABI version " +
                          std::to_string(KPROXY_PLUGIN_ABI_VERSION));
   }
-  if (d->struct_size < sizeof(kproxy_plugin_descriptor)) {
+  // A plugin built against an older 1.x header has a shorter descriptor: what it lacks is
+  // optional and read only where struct_size covers it.
+  if (d->struct_size < KPROXY_PLUGIN_DESCRIPTOR_V1_0_SIZE) {
     return makeError(ErrorCategory::kPlugin,
                      quote(file) + ": descriptor is " + std::to_string(d->struct_size) +
-                         " bytes, ABI version 1 needs " +
-                         std::to_string(sizeof(kproxy_plugin_descriptor)));
+                         " bytes, ABI version 1 needs at least " +
+                         std::to_string(KPROXY_PLUGIN_DESCRIPTOR_V1_0_SIZE));
   }
   if (d->name == nullptr || d->name[0] == '\0' || d->create == nullptr || d->sync == nullptr ||
       d->cleanup == nullptr || d->destroy == nullptr) {
@@ -190,6 +237,13 @@ std::string PluginRegistry::names() const {
 
 core::Result<std::unique_ptr<core::Backend>> PluginRegistry::createBackend(
     std::string_view name, const BackendOptions& options) const {
+  auto backend = createPluginBackend(name, options);
+  if (!backend) return std::unexpected(backend.error());
+  return std::unique_ptr<core::Backend>(std::move(*backend));
+}
+
+core::Result<std::unique_ptr<PluginBackend>> PluginRegistry::createPluginBackend(
+    std::string_view name, const BackendOptions& options) const {
   for (const auto& l : loaded_) {
     if (l->info.name != name) continue;
     std::vector<kproxy_option> opts;
@@ -202,7 +256,7 @@ core::Result<std::unique_ptr<core::Backend>> PluginRegistry::createBackend(
                        std::string(name) + ": " + std::string(err.message, strnlen(err.message, sizeof err.message)),
                        err.errnum);
     }
-    return std::unique_ptr<core::Backend>(std::make_unique<PluginBackend>(l->descriptor, handle));
+    return std::unique_ptr<PluginBackend>(std::make_unique<LoadedBackend>(l->descriptor, handle));
   }
   return makeError(ErrorCategory::kNotFound,
                    "unknown proxy mode \"" + std::string(name) + "\"; available: " + names());

@@ -47,6 +47,20 @@ class RecorderBackend final : public BackendPlugin {
     return SyncOutcome{ctx.changed.size(), "recorded " + std::to_string(ctx.changed.size())};
   }
 
+#ifndef RECORDER_WITHOUT_EXPLAIN
+  // Echoes the request and what the snapshot holds, so a test sees every field cross the ABI.
+  Expected<std::string> explain(const SnapshotView& snapshot, const ExplainRequest& r) override {
+    if (r.destinationPort == 0) return fail("recorder: destination port 0", 22);
+    std::string out = std::string(r.json ? "json " : "text ") + familyName(r.family) + " " +
+                      r.sourceIP + " -> " + r.destinationIP + ":" +
+                      std::to_string(r.destinationPort) + "/" + protocolName(r.protocol) +
+                      " fromNode=" + (r.fromNode ? "1" : "0") + " iif=" + r.inputInterface +
+                      " node=" + snapshot.node().name + "\n";
+    for (const auto& port : snapshot.all()) out += "port " + describe(port) + "\n";
+    return out;
+  }
+#endif
+
   Expected<void> cleanup() override {
     std::ofstream out(file_, std::ios::app);
     out << "cleanup\n";
@@ -75,4 +89,8 @@ Expected<std::unique_ptr<BackendPlugin>> makeRecorder(const Host& host, const Op
 
 }  // namespace
 
+#ifdef RECORDER_WITHOUT_EXPLAIN
+KPROXY_DEFINE_PLUGIN("plain", "1.0", "the recorder without explain (tests)", makeRecorder)
+#else
 KPROXY_DEFINE_PLUGIN("recorder", "1.0", "records what it is asked to program (tests)", makeRecorder)
+#endif

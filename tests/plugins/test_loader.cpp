@@ -191,3 +191,81 @@ TEST_CASE("a failed plugin sync is an error carrying the plugin's message and er
   CHECK(r.error().errnum == 5);
   CHECK_THAT(r.error().message(), Catch::StartsWith("recorder: recorder: refusing sync"));
 }
+
+TEST_CASE("a plugin built against the ABI 1.0 descriptor loads and syncs", "[unit]") {
+  PluginRegistry registry;
+  auto info = registry.load(kPluginDir / "old" / "old-abi.so");
+  REQUIRE(info);
+  CHECK(info->name == "old");
+  auto backend = registry.createPluginBackend("old", {});
+  REQUIRE(backend);
+  kproxy::core::Snapshot empty;
+  CHECK((*backend)->sync({nullptr, &empty, {}, kproxy::core::SyncKind::kFull}));
+  SECTION("and is reported as unable to explain") {
+    CHECK_FALSE((*backend)->canExplain());
+    auto r = (*backend)->explain(empty, {});
+    REQUIRE_FALSE(r);
+    CHECK_THAT(r.error().message(),
+               Catch::StartsWith("backend old cannot explain") && Catch::Contains("entry point"));
+  }
+}
+
+TEST_CASE("loader refuses a descriptor shorter than ABI 1.0's", "[unit]") {
+  PluginRegistry registry;
+  auto r = registry.load(kPluginDir / "short" / "short-descriptor.so");
+  REQUIRE_FALSE(r);
+  CHECK_THAT(r.error().message(), Catch::Contains("short-descriptor.so") &&
+                                      Catch::Contains("ABI version 1 needs at least"));
+}
+
+TEST_CASE("explain crosses the ABI: request fields, snapshot, text back", "[unit]") {
+  TempDir dir;
+  PluginRegistry registry;
+  REQUIRE(registry.load(kPluginDir / "recorder.so"));
+  auto backend =
+      registry.createPluginBackend("recorder", {{"record-file", (dir.path / "r").string()}});
+  REQUIRE(backend);
+  CHECK((*backend)->canExplain());
+
+  using namespace kproxy::core;
+  auto state = std::make_shared<const ServicePortState>(webPort({"10.244.1.2"}));
+  NodeInfo node;
+  node.name = "node-a";
+  node.known = true;
+  Snapshot snapshot = Snapshot().withNode(node).with(state->key, state).withGeneration(1);
+
+  kproxy::plugins::ExplainRequest request;
+  request.family = IPFamily::kIPv4;
+  request.protocol = Protocol::kUDP;
+  request.sourceIP = "10.244.0.5";
+  request.destinationIP = "10.96.0.10";
+  request.destinationPort = 80;
+  request.fromNode = true;
+  request.inputInterface = "eth0";
+  request.json = true;
+  auto text = (*backend)->explain(snapshot, request);
+  REQUIRE(text);
+  CHECK(*text ==
+        "json v4 10.244.0.5 -> 10.96.0.10:80/udp fromNode=1 iif=eth0 node=node-a\n"
+        "port v4:default/web:http tcp 10.96.0.10:80 nodePort=30080 endpoints=10.244.1.2:8080\n");
+
+  SECTION("a plugin's explain error carries its message and errno") {
+    request.destinationPort = 0;
+    auto r = (*backend)->explain(snapshot, request);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().errnum == 22);
+    CHECK_THAT(r.error().message(), Catch::StartsWith("backend recorder: recorder: destination port 0"));
+  }
+}
+
+TEST_CASE("an SDK plugin that does not override explain says it cannot", "[unit]") {
+  TempDir dir;
+  PluginRegistry registry;
+  REQUIRE(registry.load(kPluginDir / "plain" / "plain.so"));
+  auto backend = registry.createPluginBackend("plain", {{"record-file", (dir.path / "r").string()}});
+  REQUIRE(backend);
+  kproxy::core::Snapshot empty;
+  auto r = (*backend)->explain(empty, {});
+  REQUIRE_FALSE(r);
+  CHECK(r.error().message() == "backend plain: this backend cannot explain packets");
+}

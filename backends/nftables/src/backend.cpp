@@ -1,4 +1,5 @@
 #include "kproxy/nftables/backend.h"
+#include "kproxy/nftables/explain.h"
 
 #include <malloc.h>
 
@@ -828,6 +829,12 @@ sdk::Expected<void> NftablesBackend::cleanup() {
   if (!deleted) return sdk::fail(deleted.error().message(), deleted.error().errnum);
   host_.info(1, "nftables cleanup deleted_tables=\"ip kube-proxy, ip6 kube-proxy\"");
   return {};
+}
+
+sdk::Expected<std::string> NftablesBackend::explain(const sdk::SnapshotView& snapshot,
+                                                    const sdk::ExplainRequest& request) {
+  const std::vector<sdk::ServicePort> ports = snapshot.all();
+  return explainPacket(settings_.render, ports, snapshot.node(), request);
 }
 
 sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeNftablesBackend(const sdk::Host& host,

@@ -1,4 +1,4 @@
-/* kproxy backend plugin ABI, version 1.
+/* kproxy backend plugin ABI, version 1 (minor 1.1: the optional explain entry point).
  *
  * A backend plugin is a shared object exporting one C symbol:
  *
@@ -129,6 +129,25 @@ typedef struct kproxy_sync_result {
   char summary[256];   /* one line for the log */
 } kproxy_sync_result;
 
+/* Flags of kproxy_explain_request. */
+#define KPROXY_EXPLAIN_FROM_NODE 0x1u /* sent by a process on the node (else: arriving) */
+#define KPROXY_EXPLAIN_JSON 0x2u      /* write one JSON object instead of text */
+
+/* The first packet of a new connection, for `explain`. Addresses are numeric, of one family. */
+typedef struct kproxy_explain_request {
+  uint32_t struct_size;
+  uint8_t family;   /* KPROXY_FAMILY_* of both addresses */
+  uint8_t protocol; /* KPROXY_PROTO_* */
+  uint16_t destination_port;
+  uint32_t flags; /* KPROXY_EXPLAIN_* */
+  const char* source_ip;
+  const char* destination_ip;
+  const char* input_interface; /* "" when none (always "" with KPROXY_EXPLAIN_FROM_NODE) */
+} kproxy_explain_request;
+
+/* Receives the explanation in pieces; the host copies `text[0..len)` before returning. */
+typedef void (*kproxy_text_writer)(void* user, const char* text, size_t len);
+
 /* Visitor: return 0 to continue, non-zero to stop. */
 typedef int (*kproxy_service_port_visitor)(void* user, const kproxy_service_port* port);
 
@@ -175,7 +194,20 @@ typedef struct kproxy_plugin_descriptor {
   void (*destroy)(kproxy_backend* backend);
 
   void* reserved[8];
+
+  /* ---- appended in ABI 1.1; read only when struct_size covers the field ---- */
+
+  /* Optional (NULL: the backend cannot explain). Says where `request`'s packet would go under
+   * what this backend would program for `snapshot`, writing text (or JSON) through `write`.
+   * Never touches the kernel. Returns KPROXY_ERR and fills `err` when it cannot answer (a bad
+   * request, no support); what was written before the error is to be ignored. */
+  int (*explain)(kproxy_backend* backend, const kproxy_snapshot* snapshot,
+                 const kproxy_explain_request* request, kproxy_text_writer write,
+                 void* write_user, kproxy_error* err);
 } kproxy_plugin_descriptor;
+
+/* The size of an ABI 1.0 descriptor (up to `reserved`): the smallest the host accepts. */
+#define KPROXY_PLUGIN_DESCRIPTOR_V1_0_SIZE offsetof(kproxy_plugin_descriptor, explain)
 
 typedef const kproxy_plugin_descriptor* (*kproxy_plugin_entry_fn)(void);
 

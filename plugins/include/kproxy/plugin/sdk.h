@@ -265,12 +265,32 @@ struct SyncOutcome {
   std::string summary;
 };
 
+/// The first packet of a new connection, to be explained (`kproxy explain`).
+struct ExplainRequest {
+  Family family = Family::kIPv4;
+  Protocol protocol = Protocol::kTCP;
+  std::string sourceIP;
+  std::string destinationIP;
+  std::uint16_t destinationPort = 0;
+  bool fromNode = false;       ///< sent by the node itself (else: arriving on an interface)
+  std::string inputInterface;  ///< empty when unknown or fromNode
+  bool json = false;           ///< one JSON object instead of text
+};
+
 /// What a plugin implements. Calls come from one thread at a time.
 class BackendPlugin {
  public:
   virtual ~BackendPlugin() = default;
   virtual Expected<SyncOutcome> sync(const SyncContext& context) = 0;
   virtual Expected<void> cleanup() = 0;
+  /// Where `request`'s packet would go under what this backend programs for `snapshot`, as
+  /// text or JSON (request.json). Must not touch the kernel. The default: not supported.
+  virtual Expected<std::string> explain(const SnapshotView& snapshot,
+                                        const ExplainRequest& request) {
+    (void)snapshot;
+    (void)request;
+    return fail("this backend cannot explain packets");
+  }
 };
 
 using Factory = Expected<std::unique_ptr<BackendPlugin>> (*)(const Host&, const Options&);
@@ -355,6 +375,40 @@ inline int cleanup(kproxy_backend* backend, kproxy_error* err) {
   return KPROXY_ERR;
 }
 
+inline int explain(kproxy_backend* backend, const kproxy_snapshot* snapshot,
+                   const kproxy_explain_request* request, kproxy_text_writer write,
+                   void* writeUser, kproxy_error* err) {
+  try {
+    if (request == nullptr || write == nullptr ||
+        request->struct_size < sizeof(kproxy_explain_request)) {
+      setError(err, PluginError{0, "explain: malformed request"});
+      return KPROXY_ERR;
+    }
+    auto* handle = reinterpret_cast<BackendHandle*>(backend);
+    ExplainRequest r;
+    r.family = static_cast<Family>(request->family);
+    r.protocol = static_cast<Protocol>(request->protocol);
+    r.sourceIP = str(request->source_ip);
+    r.destinationIP = str(request->destination_ip);
+    r.destinationPort = request->destination_port;
+    r.fromNode = (request->flags & KPROXY_EXPLAIN_FROM_NODE) != 0;
+    r.inputInterface = str(request->input_interface);
+    r.json = (request->flags & KPROXY_EXPLAIN_JSON) != 0;
+    auto out = handle->plugin->explain(SnapshotView(handle->host, snapshot), r);
+    if (!out) {
+      setError(err, out.error());
+      return KPROXY_ERR;
+    }
+    write(writeUser, out->data(), out->size());
+    return KPROXY_OK;
+  } catch (const std::exception& e) {
+    setError(err, PluginError{0, std::string("exception in explain: ") + e.what()});
+  } catch (...) {
+    setError(err, PluginError{0, "unknown exception in explain"});
+  }
+  return KPROXY_ERR;
+}
+
 inline void destroy(kproxy_backend* backend) noexcept {
   delete reinterpret_cast<BackendHandle*>(backend);
 }
@@ -376,6 +430,7 @@ inline void destroy(kproxy_backend* backend) noexcept {
         &::kproxy::sdk::detail::sync,                                                  \
         &::kproxy::sdk::detail::cleanup,                                               \
         &::kproxy::sdk::detail::destroy,                                               \
-        {}};                                                                           \
+        {},                                                                            \
+        &::kproxy::sdk::detail::explain};                                              \
     return &descriptor;                                                                \
   }

@@ -15,6 +15,8 @@
 
 #include "kproxy/core/backend.h"
 #include "kproxy/core/error.h"
+#include "kproxy/core/model.h"
+#include "kproxy/core/snapshot.h"
 
 namespace kproxy::plugins {
 
@@ -26,6 +28,31 @@ struct PluginInfo {
 };
 
 using BackendOptions = std::map<std::string, std::string>;
+
+/// The first packet of a new connection, for PluginBackend::explain.
+struct ExplainRequest {
+  core::IPFamily family = core::IPFamily::kIPv4;
+  core::Protocol protocol = core::Protocol::kTCP;
+  std::string sourceIP;  ///< numeric, of `family`
+  std::string destinationIP;
+  std::uint16_t destinationPort = 0;
+  bool fromNode = false;       ///< sent by the node itself
+  std::string inputInterface;  ///< empty when unknown
+  bool json = false;
+};
+
+/// A backend created from a plugin: a core::Backend plus what only plugins offer.
+class PluginBackend : public core::Backend {
+ public:
+  /// Whether the plugin has the explain entry point (ABI 1.1). A plugin that has it may still
+  /// answer "not supported".
+  virtual bool canExplain() const = 0;
+  /// The plugin's explanation (text or JSON) of where `request`'s packet would go under what it
+  /// would program for `snapshot`; never touches the kernel. An error names the backend; a
+  /// plugin without the entry point gives "backend NAME cannot explain ...".
+  virtual core::Result<std::string> explain(const core::Snapshot& snapshot,
+                                            const ExplainRequest& request) = 0;
+};
 
 class PluginRegistry {
  public:
@@ -48,6 +75,9 @@ class PluginRegistry {
   /// Creates a backend from the plugin named `name`.
   core::Result<std::unique_ptr<core::Backend>> createBackend(std::string_view name,
                                                              const BackendOptions& options) const;
+  /// The same, keeping the plugin-only operations (explain).
+  core::Result<std::unique_ptr<PluginBackend>> createPluginBackend(
+      std::string_view name, const BackendOptions& options) const;
 
  private:
   struct Loaded;

@@ -122,6 +122,10 @@ class NftablesBackend final : public sdk::BackendPlugin {
 
   sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) override;
   sdk::Expected<void> cleanup() override;
+  /// `kproxy explain`: renders `snapshot` with this backend's settings and traces the packet
+  /// (explain.h); reads neither the kernel nor the mirror.
+  sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot,
+                                     const sdk::ExplainRequest& request) override;
 
   /// The sync itself, on any snapshot source. `changed` is ignored when `full`.
   sdk::Expected<sdk::SyncOutcome> syncFrom(const SnapshotSource& next,

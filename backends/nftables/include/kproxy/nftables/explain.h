@@ -1,0 +1,26 @@
+#pragma once
+/// explainPacket: `kproxy explain` for the nftables backend. Renders the service ports of the
+/// packet's family as the backend would (NftablesRenderer with the backend's RenderConfig),
+/// traces the packet through them (NftablesTracer) and says which service port it hits, which
+/// endpoints are candidates and why each is in or out, the verdict, masquerade, and the trace
+/// rule by rule. Touches no kernel.
+///
+/// Thread-safety: a pure function of its inputs.
+
+#include <span>
+#include <string>
+
+#include "kproxy/nftables/renderer.h"
+#include "kproxy/plugin/sdk.h"
+
+namespace kproxy::nftables {
+
+/// Text (or, with request.json, one JSON object) explaining where `request`'s packet goes.
+/// `ports` may hold both families; those of the packet's family are used. Fails when an
+/// address does not parse or the two addresses differ in family.
+sdk::Expected<std::string> explainPacket(const RenderConfig& config,
+                                         std::span<const sdk::ServicePort> ports,
+                                         const sdk::NodeInfo& node,
+                                         const sdk::ExplainRequest& request);
+
+}  // namespace kproxy::nftables
