@@ -12,24 +12,6 @@
 namespace kproxy::nftables {
 namespace {
 
-std::string json(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
 
 std::string jsonBool(bool b) { return b ? "true" : "false"; }
 
@@ -196,39 +178,39 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
   const auto& o = trace.outcome;
   if (request.json) {
     std::string out = "{";
-    out += "\"packet\":{\"source\":" + json(packet->source.toString()) +
-           ",\"destination\":" + json(packet->destination.toString()) +
+    out += "\"packet\":{\"source\":" + jsonString(packet->source.toString()) +
+           ",\"destination\":" + jsonString(packet->destination.toString()) +
            ",\"port\":" + std::to_string(packet->destinationPort) +
-           ",\"protocol\":" + json(sdk::protocolName(request.protocol)) +
+           ",\"protocol\":" + jsonString(sdk::protocolName(request.protocol)) +
            ",\"fromNode\":" + jsonBool(packet->fromNode) +
-           ",\"inputInterface\":" + json(packet->inputInterface) + "}";
+           ",\"inputInterface\":" + jsonString(packet->inputInterface) + "}";
     if (hit) {
       const auto& p = *hit->port;
-      out += ",\"service\":{\"key\":" + json(p.key) + ",\"type\":" + json(typeName(p.type)) +
-             ",\"via\":" + json(hit->via) + ",\"trafficPolicyLocal\":" + jsonBool(policyLocal) +
+      out += ",\"service\":{\"key\":" + jsonString(p.key) + ",\"type\":" + jsonString(typeName(p.type)) +
+             ",\"via\":" + jsonString(hit->via) + ",\"trafficPolicyLocal\":" + jsonBool(policyLocal) +
              ",\"shortCircuit\":" + jsonBool(shortCircuit) + "}";
     } else {
       out += ",\"service\":null";
     }
-    out += ",\"verdict\":" + json(verdictName(o.verdict));
+    out += ",\"verdict\":" + jsonString(verdictName(o.verdict));
     out += ",\"masqueraded\":" + jsonBool(o.masqueraded);
     out += ",\"outcome\":" + o.toJson();
     out += ",\"endpoints\":" + jsonArray(cands, [](const Candidate& c) {
       const auto& e = c.endpoint;
-      return "{\"endpoint\":" + json(endpointText(e)) + ",\"selected\":" + jsonBool(c.selected) +
-             ",\"reason\":" + json(c.reason) + ",\"ready\":" + jsonBool(e.ready) +
+      return "{\"endpoint\":" + jsonString(endpointText(e)) + ",\"selected\":" + jsonBool(c.selected) +
+             ",\"reason\":" + jsonString(c.reason) + ",\"ready\":" + jsonBool(e.ready) +
              ",\"serving\":" + jsonBool(e.serving) + ",\"terminating\":" + jsonBool(e.terminating) +
-             ",\"local\":" + jsonBool(e.isLocal) + ",\"node\":" + json(e.nodeName) + "}";
+             ",\"local\":" + jsonBool(e.isLocal) + ",\"node\":" + jsonString(e.nodeName) + "}";
     });
     out += ",\"paths\":" + jsonArray(trace.paths, [](const TracePath& path) {
-      return "{\"choices\":" + jsonArray(path.choices, [](const std::string& s) { return json(s); }) +
+      return "{\"choices\":" + jsonArray(path.choices, [](const std::string& s) { return jsonString(s); }) +
              ",\"steps\":" + jsonArray(path.steps, [](const TraceStep& s) {
-               return "{\"chain\":" + json(s.chain) + ",\"rule\":" + json(s.rule) +
-                      ",\"detail\":" + json(s.detail) + "}";
+               return "{\"chain\":" + jsonString(s.chain) + ",\"rule\":" + jsonString(s.rule) +
+                      ",\"detail\":" + jsonString(s.detail) + "}";
              }) +
              ",\"outcome\":" + path.outcome.toJson() + "}";
     });
-    out += ",\"warnings\":" + jsonArray(trace.warnings, [](const std::string& s) { return json(s); });
+    out += ",\"warnings\":" + jsonArray(trace.warnings, [](const std::string& s) { return jsonString(s); });
     return out + "}\n";
   }
 

@@ -99,6 +99,9 @@ std::optional<std::uint8_t> parseProtocol(std::string_view name) {
   return std::nullopt;
 }
 
+
+}  // namespace
+
 std::string jsonString(std::string_view s) {
   std::string out = "\"";
   for (char c : s) {
@@ -117,8 +120,6 @@ std::string jsonString(std::string_view s) {
   }
   return out + "\"";
 }
-
-}  // namespace
 
 // ---- Packet, outcome ---------------------------------------------------------------------
 

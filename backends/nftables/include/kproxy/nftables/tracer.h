@@ -35,6 +35,9 @@
 namespace kproxy::nftables {
 
 /// The first packet of a new connection.
+/// `s` as a JSON string literal, quotes included (the tracer's and explain's JSON output).
+std::string jsonString(std::string_view s);
+
 struct Packet {
   Address source;
   Address destination;
