@@ -12,6 +12,8 @@ cd "$(dirname "$0")/.."
 ROOT=$(pwd)
 JOBS=${JOBS:-2}
 export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kproxy/ccache}
+# Paths relative to the checkout, so that a fresh clone elsewhere reuses the cache.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 mkdir -p "$CCACHE_DIR"
 
 scripts/install-deps.sh
