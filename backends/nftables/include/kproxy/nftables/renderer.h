@@ -23,7 +23,8 @@
 /// IP), and after DNAT the filter hooks record the client's endpoint, or restart the timeout
 /// of the entry it hit, through `affinity-services` / `affinity-nodeports`, which send affinity
 /// services' connections to their `affinity-…` chain (it knows the service's timeout and the
-/// pool IDs). The number of sets and maps is fixed.
+/// pool IDs; `affinity-external-…` for external addresses whose pools differ from the
+/// ClusterIP's, e.g. eTP=Local). The number of sets and maps is fixed.
 /// Thread-safety: none needed (pure functions of their inputs).
 
 #include <cstdint>
