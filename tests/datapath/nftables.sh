@@ -492,6 +492,66 @@ case_dry_run_changes_nothing() {
   kp_stop_kproxy TERM
 }
 
+case_affinity_across_addresses() {
+  setup 4 || return 1
+  # One service port reachable at its ClusterIP, a NodePort, an externalIP and a LoadBalancer
+  # IP; pod4 is not an endpoint. Stickiness belongs to the service port, not to the address a
+  # client used (upstream keeps one affinity set per endpoint, shared by every address).
+  local ext=192.0.2.50 lb=192.0.2.51
+  add_service sticky.yaml sticky 10.96.0.43 "$(pod_eps 3)" affinity=ClientIP type=LoadBalancer \
+    nodePort=30085 externalIP=$ext lbIP=$lb || return 1
+  start_kproxy_and_wait "http://10.96.0.43/" || return 1
+  local role url out round urls
+  urls=("http://10.96.0.43/" "http://$KP_NODE_IP:30085/" "http://$ext/" "http://$lb/")
+  for role in pod4 client node; do
+    out=""
+    for round in 1 2 3; do
+      for url in "${urls[@]}"; do out+="$(kp_who "$role" "$url" || echo FAIL)"$'\n'; done
+    done
+    out="${out%$'\n'}"
+    kp_note "$role -> ClusterIP, NodePort, externalIP, LB IP (3 rounds): $(summarize <<<"$out")"
+    grep -q FAIL <<<"$out" && { kp_fail "requests from $role failed: $(summarize <<<"$out")"; return 1; }
+    [[ "$(sort -u <<<"$out" | wc -l)" -eq 1 ]] ||
+      kp_fail "$role reached several pods through the service's addresses: $(summarize <<<"$out")" || return 1
+  done
+  expect_kproxy_alive
+}
+
+# With eTP=Local the external chain balances the local endpoints only: a client's entry for a
+# remote endpoint (made through the ClusterIP) must not send its NodePort connections there,
+# nor may the NodePort's choice change where its ClusterIP connections stick. Pods and the node
+# reach the NodePort through the cluster pool (the short-circuit) and stick across both.
+case_affinity_etp_local() {
+  setup 2 1 || return 1
+  local remote np="http://$KP_NODE_IP:30086/"
+  remote="$(kp_remote_pod_ip 1)@$KP_REMOTE_NODE_NAME"
+  # First the remote endpoint alone, so that the client's ClusterIP entry points at it.
+  add_service sticky.yaml sticky 10.96.0.44 "$remote" affinity=ClientIP type=NodePort nodePort=30086 \
+    etp=Local || return 1
+  start_kproxy_and_wait "http://10.96.0.44/" || return 1
+  expect_only client http://10.96.0.44/ 2 rpod1 || return 1
+  add_service sticky.yaml sticky 10.96.0.44 "$(kp_pod_ip 1) $remote" affinity=ClientIP type=NodePort \
+    nodePort=30086 etp=Local || return 1
+  kp_wait_for 5 kp_curl client "$np" >/dev/null || kp_fail "NodePort $np not answered" || return 1
+  local round
+  for round in 1 2 3; do
+    expect_only client "$np" 2 pod1 || return 1
+    expect_only client http://10.96.0.44/ 2 rpod1 || return 1
+  done
+  local out
+  out="$(for round in 1 2 3 4; do
+    kp_who pod2 http://10.96.0.44/ || echo FAIL
+    echo
+    kp_who pod2 "$np" || echo FAIL
+    echo
+  done)"
+  out="$(grep -v '^$' <<<"$out")"
+  kp_note "pod2 -> ClusterIP, NodePort (4 rounds): $(summarize <<<"$out")"
+  grep -q FAIL <<<"$out" && { kp_fail "requests from pod2 failed"; return 1; }
+  [[ "$(sort -u <<<"$out" | wc -l)" -eq 1 ]] || kp_fail "pod2 reached several pods: $(summarize <<<"$out")" || return 1
+  expect_kproxy_alive
+}
+
 # ---------------------------------------------------------------------------------------------
 
 kp_suite_begin "$@"
@@ -522,4 +582,6 @@ kp_case malformed_manifest_ignored case_malformed_manifest_ignored
 kp_case restart_keeps_traffic case_restart_keeps_traffic
 kp_case cleanup_removes_table case_cleanup_removes_table
 kp_case dry_run_changes_nothing case_dry_run_changes_nothing
+kp_case affinity_across_addresses case_affinity_across_addresses
+kp_case affinity_etp_local case_affinity_etp_local
 kp_suite_end

@@ -3,6 +3,10 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cctype>
+#include <thread>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -131,8 +135,10 @@ TEST_CASE("nftables: a full sync is read back identically and nft lists it", "[k
         "chain service-endpoints-check", "chain firewall-check", "chain reject-chain",
         "map service-ips", "map service-nodeports", "map no-endpoint-services",
         "map no-endpoint-nodeports", "map firewall-ips", "set cluster-ips", "set nodeport-ips",
-        "map affinity", "map affinity-services", "map affinity-nodeports", "chain affinity-record",
-        "update @affinity", "typeof numgen random mod 65535 : ip daddr . th dport",
+        "map session-affinity", "typeof ip saddr . numgen random mod 1 : ip daddr . th dport",
+        "map affinity-services", "map affinity-nodeports", "chain affinity-record",
+        "update @session-affinity { ip saddr . numgen random mod 1 offset ",
+        "dnat ip to ip saddr . numgen random mod 1 offset ", "typeof numgen random mod 65535 : ip daddr . th dport",
         "flags interval", "dnat ip to numgen random mod 65535 offset", "10.1.0.1 . 8080",
         "set hairpin-ips", "ct status dnat ip saddr . ip daddr @hairpin-ips jump mark-for-masquerade",
         "fib saddr type local", "reject with tcp reset", "masquerade fully-random",
@@ -310,7 +316,7 @@ TEST_CASE("nftables: dual-stack creates the ip6 table; cleanup removes both, twi
   auto backend = h.backend();
   auto v4 = clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080)});
   auto v6 = clusterIP("default", "web", "fd00:30::10", 80, {endpoint("fd00:1::1", 8080)});
-  v6.sessionAffinityClientIP = true;  // the ip6 affinity record needs 15 of the 16 registers
+  v6.sessionAffinityClientIP = true;  // the ip6 affinity record needs 13 of the 16 registers
   v6.stickyMaxAgeSeconds = 60;
   VectorSnapshot snap({v4, v6});
   REQUIRE(ok(backend->syncFrom(snap, {}, true)));
@@ -320,7 +326,8 @@ TEST_CASE("nftables: dual-stack creates the ip6 table; cleanup removes both, twi
   INFO(listing.second);
   CHECK(listing.second.find("fd00:1::1 . 8080") != std::string::npos);
   CHECK(listing.second.find("dnat ip6 to numgen random mod 65535") != std::string::npos);
-  CHECK(listing.second.find("update @affinity { ip6 saddr . ct original ip6 daddr") != std::string::npos);
+  CHECK(listing.second.find("update @session-affinity { ip6 saddr . numgen random mod 1 offset ") != std::string::npos);
+  CHECK(listing.second.find("typeof ip6 saddr . numgen random mod 1 : ip6 daddr . th dport") != std::string::npos);
 
   REQUIRE(backend->cleanup().has_value());
   CHECK(run("nft list table ip kube-proxy").first != 0);
@@ -328,25 +335,187 @@ TEST_CASE("nftables: dual-stack creates the ip6 table; cleanup removes both, twi
   REQUIRE(backend->cleanup().has_value());
 }
 
+namespace {
+
+/// A node for the data path inside the test's namespace: loopback, and a veth interface with
+/// the node's address, client addresses 192.168.50.11-19 and a default route. Packets the node
+/// sends pass the output hooks (DNAT, then the filter hook that records affinity) and go
+/// nowhere (no neighbour answers), so no endpoint has to exist.
+void nodeNetwork() {
+  std::string cmd = "ip link set lo up && ip link add d0 type veth peer name d1 && ip link set d1 up && ip link set d0 up && "
+                    "ip addr add 192.168.50.10/24 dev d0";
+  for (int i = 11; i <= 19; ++i) cmd += " && ip addr add 192.168.50." + std::to_string(i) + "/24 dev d0";
+  cmd += " && ip route add default via 192.168.50.1 dev d0 src 192.168.50.10";
+  auto [rc, out] = run(cmd);
+  INFO(out);
+  REQUIRE(rc == 0);
+}
+
+/// One UDP datagram from a new socket bound to `source`: a new connection each time.
+void sendUdp(const std::string& source, const std::string& destination, int port) {
+  auto [rc, out] = run("python3 -c \"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+                       "s.bind(('" + source + "', 0)); s.sendto(b'x', ('" + destination + "', " +
+                       std::to_string(port) + "))\"");
+  INFO(out);
+  REQUIRE(rc == 0);
+}
+
+/// The session-affinity entries of `client` as nft lists them, one per element, and the
+/// milliseconds until each expires.
+struct AffinityListing {
+  std::vector<std::string> entries;
+  std::vector<std::int64_t> expiresMs;
+};
+AffinityListing affinityEntriesOf(const std::string& client) {
+  auto [rc, listing] = run("nft list map ip kube-proxy session-affinity");
+  INFO(listing);
+  REQUIRE(rc == 0);
+  AffinityListing out;
+  const std::string prefix = client + " . ";
+  for (std::size_t at = listing.find(prefix); at != std::string::npos; at = listing.find(prefix, at + 1)) {
+    auto end = listing.find_first_of(",}\n", at);
+    std::string entry = listing.substr(at, end - at);
+    out.entries.push_back(entry);
+    // "expires 9m59s990ms", "expires 1h2m", ...
+    std::int64_t ms = -1;
+    if (auto e = entry.find("expires "); e != std::string::npos) {
+      ms = 0;
+      std::size_t i = e + 8;
+      while (i < entry.size() && std::isdigit(static_cast<unsigned char>(entry[i]))) {
+        std::int64_t n = 0;
+        while (i < entry.size() && std::isdigit(static_cast<unsigned char>(entry[i]))) n = n * 10 + (entry[i++] - '0');
+        std::string unit;
+        while (i < entry.size() && std::isalpha(static_cast<unsigned char>(entry[i]))) unit += entry[i++];
+        ms += n * (unit == "d" ? 86400000 : unit == "h" ? 3600000 : unit == "m" ? 60000 : unit == "s" ? 1000 : 1);
+      }
+    }
+    out.expiresMs.push_back(ms);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("nftables: session affinity holds across a service port's addresses, and a hit refreshes it",
+          "[kernel]") {
+  FreshNetns ns;
+  nodeNetwork();
+  Harness h;
+  auto backend = h.backend(featureConfig());
+  auto sticky = clusterIP("ns", "sticky", "172.30.5.1", 53, {endpoint("10.5.0.1", 53), endpoint("10.5.0.2", 53)},
+                          sdk::Protocol::kUDP);
+  sticky.type = sdk::ServiceType::kNodePort;
+  sticky.nodePort = 30053;
+  sticky.externalIPs = {"198.51.100.5"};
+  sticky.sessionAffinityClientIP = true;
+  sticky.stickyMaxAgeSeconds = 600;
+  VectorSnapshot snap({sticky});
+  REQUIRE(ok(backend->syncFrom(snap, {}, true)));
+
+  // The same client through the ClusterIP, the externalIP and a NodePort: one entry, as
+  // upstream's per-endpoint sets hold one element per client.
+  sendUdp("192.168.50.11", "172.30.5.1", 53);
+  REQUIRE(affinityEntriesOf("192.168.50.11").entries.size() == 1);
+  const std::string first = affinityEntriesOf("192.168.50.11").entries[0];
+  const std::string endpoint = first.substr(first.rfind(": ") + 2);
+  sendUdp("192.168.50.11", "198.51.100.5", 53);
+  sendUdp("192.168.50.11", "192.168.50.10", 30053);
+  auto after = affinityEntriesOf("192.168.50.11");
+  INFO(first);
+  REQUIRE(after.entries.size() == 1);
+  CHECK(after.entries[0].ends_with(": " + endpoint));
+  // The DNAT followed the entry: conntrack shows each connection going to that endpoint.
+  auto [crc, conns] = run("conntrack -L -p udp -s 192.168.50.11 2>/dev/null");
+  INFO(conns);
+  const std::string to = endpoint.substr(0, endpoint.find(' '));
+  std::size_t n = 0;
+  for (std::size_t at = conns.find("src=" + to + " "); at != std::string::npos; at = conns.find("src=" + to + " ", at + 1)) ++n;
+  if (crc == 0) CHECK(n == 3);
+
+  // A new connection that hits the entry restarts its timeout (upstream's `update` in the
+  // endpoint chain does the same).
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  const std::int64_t before = affinityEntriesOf("192.168.50.11").expiresMs.at(0);
+  CHECK(before <= 600000 - 2000);
+  sendUdp("192.168.50.11", "172.30.5.1", 53);
+  auto refreshed = affinityEntriesOf("192.168.50.11");
+  REQUIRE(refreshed.entries.size() == 1);
+  CHECK(refreshed.expiresMs.at(0) > before + 1500);
+  CHECK(refreshed.entries[0].ends_with(": " + endpoint));
+}
+
 TEST_CASE("nftables: affinity entries pointing at a removed endpoint are deleted", "[kernel]") {
   FreshNetns ns;
+  nodeNetwork();
   Harness h;
-  auto backend = h.backend();
-  auto sticky = clusterIP("ns", "sticky", "172.30.5.1", 80, {endpoint("10.5.0.1", 80), endpoint("10.5.0.2", 80)});
+  auto backend = h.backend(featureConfig());
+  auto sticky = clusterIP("ns", "sticky", "172.30.5.1", 53, {endpoint("10.5.0.1", 53)}, sdk::Protocol::kUDP);
   sticky.sessionAffinityClientIP = true;
   VectorSnapshot snap({sticky});
   REQUIRE(ok(backend->syncFrom(snap, {}, true)));
-  // Entries as the data path records them (userspace may add to a dynamic map too).
-  REQUIRE(run("nft add element ip kube-proxy affinity '{ 192.0.2.1 . 172.30.5.1 . tcp . 80 : 10.5.0.1 . 80, "
-              "192.0.2.2 . 172.30.5.1 . tcp . 80 : 10.5.0.2 . 80 }'")
-              .first == 0);
-  setEndpoints(snap.ports()[0], {endpoint("10.5.0.1", 80)});
+  sendUdp("192.168.50.11", "172.30.5.1", 53);
+  REQUIRE(affinityEntriesOf("192.168.50.11").entries.size() == 1);
+  CHECK(affinityEntriesOf("192.168.50.11").entries[0].find(": 10.5.0.1 . ") != std::string::npos);
+  // An endpoint joins: the entry stays valid.
+  setEndpoints(snap.ports()[0], {endpoint("10.5.0.1", 53), endpoint("10.5.0.2", 53)});
   REQUIRE(ok(backend->syncFrom(snap, {{sdk::Family::kIPv4, snap.ports()[0].key}}, false)));
-  auto [rc, listing] = run("nft list map ip kube-proxy affinity");
-  INFO(listing);
+  CHECK(affinityEntriesOf("192.168.50.11").entries.size() == 1);
+  // Its endpoint leaves: the entry goes, and the client is balanced afresh.
+  setEndpoints(snap.ports()[0], {endpoint("10.5.0.2", 53)});
+  REQUIRE(ok(backend->syncFrom(snap, {{sdk::Family::kIPv4, snap.ports()[0].key}}, false)));
+  CHECK(affinityEntriesOf("192.168.50.11").entries.empty());
+  sendUdp("192.168.50.11", "172.30.5.1", 53);
+  REQUIRE(affinityEntriesOf("192.168.50.11").entries.size() == 1);
+  CHECK(affinityEntriesOf("192.168.50.11").entries[0].find(": 10.5.0.2 . ") != std::string::npos);
+}
+
+TEST_CASE("nftables: the dry-run batch loads with nft -f", "[kernel]") {
+  // --dry-run prints nft syntax for humans and for `nft -f`: the affinity rules' pool IDs
+  // (numgen random mod 1 offset ID) included, eTP=Local's record chain too.
+  FreshNetns ns;
+  BackendSettings s;
+  s.render = featureConfig();
+  s.dryRun = true;
+  char* buf = nullptr;
+  std::size_t len = 0;
+  s.dryRunOutput = open_memstream(&buf, &len);
+  auto services = featureServices();
+  auto local = clusterIP("default", "sticky-local", "172.30.0.15", 80,
+                         {endpoint("10.1.0.7", 8080, true), endpoint("10.1.0.8", 8080)});
+  local.type = sdk::ServiceType::kLoadBalancer;
+  local.nodePort = 30080;
+  local.loadBalancerIPs = {"198.51.100.15"};
+  local.externalPolicyLocal = true;
+  local.sessionAffinityClientIP = true;
+  services.push_back(local);
+  // An ip6 service without affinity: nft 1.0.6 (Debian 12) aborts on any `update` whose data
+  // is `ip6 daddr . th dport` (netlink_gen_expr: dreg < reg_low), so ip6 affinity rules load
+  // through kproxy's own netlink encoding only (see the dual-stack case).
+  services.push_back(clusterIP("default", "web6", "fd00:30::15", 80, {endpoint("fd00:1::7", 8080)}));
+  {
+    NftablesBackend backend(sdk::Host(nullptr), s, makeNetlinkKernel());
+    VectorSnapshot snap(services);
+    REQUIRE(ok(backend.syncFrom(snap, {}, true)));
+  }
+  std::fclose(s.dryRunOutput);
+  std::string text(buf, len);
+  std::free(buf);
+  CHECK(text.find("affinity-external-") != std::string::npos);
+  const std::string file = "/tmp/kproxy-dry-run-" + std::to_string(::getpid()) + ".nft";
+  {
+    std::FILE* out = std::fopen(file.c_str(), "w");
+    REQUIRE(out != nullptr);
+    std::fwrite(text.data(), 1, text.size(), out);
+    std::fclose(out);
+  }
+  auto [rc, err] = run("nft -f " + file);
+  if (rc == 0) std::remove(file.c_str());
+  INFO(err);
   REQUIRE(rc == 0);
-  CHECK(listing.find("192.0.2.1 . 172.30.5.1 . tcp . 80") != std::string::npos);
-  CHECK(listing.find("192.0.2.2") == std::string::npos);
+  auto [lrc, listing] = run("nft list ruleset");
+  CHECK(lrc == 0);
+  CHECK(listing.find("update @session-affinity { ip saddr . numgen random mod 1 offset ") != std::string::npos);
+  CHECK(listing.find("fib saddr type local update @session-affinity") != std::string::npos);
 }
 
 namespace {

@@ -132,21 +132,6 @@ std::optional<std::set<std::string>> chainEndpoints(const Fragment& f, std::stri
   return std::nullopt;
 }
 
-/// The endpoints of the chains that `name` sends some clients to (a `goto` under a condition:
-/// the eTP=Local short-circuit of the cluster's own clients).
-std::set<std::string> shortCircuitEndpoints(const Fragment& f, std::string_view name) {
-  std::set<std::string> out;
-  const Chain* c = chainNamed(f, name);
-  if (c == nullptr) return out;
-  for (const auto& r : c->rules) {
-    if (r.statements.size() < 2) continue;
-    const auto* v = std::get_if<Verdict>(&r.statements.back());
-    if (v == nullptr || v->kind != VerdictKind::kGoto) continue;
-    if (auto eps = chainEndpoints(f, v->chain)) out.insert(eps->begin(), eps->end());
-  }
-  return out;
-}
-
 }  // namespace
 
 void PackedElements::add(std::uint8_t set, bool intervalEnd, std::string_view key) {
@@ -242,33 +227,17 @@ void NftablesBackend::OwnerCounts::release(std::string_view id) {
   table_.set(id, std::string_view(reinterpret_cast<const char*>(&left), sizeof left));
 }
 
-void NftablesBackend::AffinityJudge::judge(std::string_view set, std::string_view key) {
-  (set == names::kAffinityServicesMap ? addresses : nodePorts)[std::string(key)];
-}
-
 void NftablesBackend::AffinityJudge::add(const Fragment& f) {
-  // An entry is valid only for the endpoints of the chain that balances its traffic, as
-  // upstream consults only those endpoints' sets; the chain is the one the service's dispatch
-  // element (same key as the entry) goes to. The cluster's own clients may also stick to the
-  // endpoints of that chain's short-circuit (eTP=Local).
-  std::unordered_map<std::string, const Verdict*> dispatch;
-  for (const auto& e : f.elements)
-    if ((e.set == names::kServiceIPsMap || e.set == names::kServiceNodePortsMap) && e.value)
-      dispatch[e.set + '\0' + e.key] = &*e.value;
-  auto verdictsFor = [&](std::string_view dispatchMap, const std::string& key) {
-    Verdicts out;
-    auto it = dispatch.find(std::string(dispatchMap) + '\0' + key);
-    if (it == dispatch.end()) return out;
-    out.valid = chainEndpoints(f, it->second->chain).value_or(std::set<std::string>{});
-    out.validInternal = shortCircuitEndpoints(f, it->second->chain);
-    return out;
-  };
-  for (const auto& e : f.elements) {
-    if (e.set == names::kAffinityServicesMap)
-      addresses[e.key] = verdictsFor(names::kServiceIPsMap, e.key);
-    else if (e.set == names::kAffinityNodePortsMap)
-      nodePorts[e.key] = verdictsFor(names::kServiceNodePortsMap, e.key);
-  }
+  // An entry is valid only for the endpoints of the chains that look clients up under its pool
+  // ID (the chains that balance that pool), as upstream consults only those endpoints' sets.
+  for (const auto& c : f.chains)
+    for (const auto& r : c.rules)
+      for (const auto& st : r.statements)
+        if (const auto* hit = std::get_if<DnatFromAffinity>(&st)) {
+          ranges.insert(hit->id >> 16);
+          auto& endpoints = valid[hit->id];
+          if (auto eps = chainEndpoints(f, c.name)) endpoints.insert(eps->begin(), eps->end());
+        }
 }
 
 bool NftablesBackend::affinityMayBeStale(Family fam, const Owned& old, const Fragment* now) const {
@@ -316,8 +285,8 @@ bool NftablesBackend::affinityMayBeStale(Family fam, const Owned& old, const Fra
 }
 
 void NftablesBackend::AffinityJudge::mergeOlder(const AffinityJudge& older) {
-  for (const auto& [k, v] : older.addresses) addresses.try_emplace(k, v);
-  for (const auto& [k, v] : older.nodePorts) nodePorts.try_emplace(k, v);
+  ranges.insert(older.ranges.begin(), older.ranges.end());
+  for (const auto& [id, endpoints] : older.valid) valid.try_emplace(id, endpoints);
   everything = everything || older.everything;
 }
 
@@ -543,9 +512,10 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
         for (const auto& f : frags)
           if (f.key == key) now = &f;
         if (!affinityMayBeStale(fam, it->second, now)) continue;
-        it->second.elements.forEach([&](const PackedElements::Ref& e) {
-          if (isAffinityEntrySet(setName(fam, e.set))) affinity[fam].judge(setName(fam, e.set), e.key);
-        });
+        // The pool IDs the port had: their ranges are those of its balancing chains.
+        for (const auto& c : it->second.chains)
+          if (auto mc = mf.chains.find(c); mc != mf.chains.end() && mc->second.slotBase)
+            affinity[fam].judge(*mc->second.slotBase >> 16);
         if (now != nullptr) affinity[fam].add(*now);
       }
       for (const auto& f : frags)
@@ -683,26 +653,13 @@ void NftablesBackend::removeStaleAffinity(Family fam, AffinityJudge judge) {
     judge.mergeOlder(pending->second);  // what an earlier sync could not finish
     pendingAffinity_.erase(pending);
   }
-  if (!judge.everything && judge.addresses.empty() && judge.nodePorts.empty()) return;
+  if (!judge.everything && judge.ranges.empty()) return;
   // Nothing to judge in a table without the map (a family without services).
   if (!mirror_.of(fam).sets.contains(names::kAffinityMap)) return;
   const std::size_t addr = fam == Family::kIPv4 ? 4 : 16;
-  const auto& nodePortIPs = mirror_.of(fam).elements[names::kNodePortIPsSet];
   const SetSpec* spec = nullptr;
   for (const auto& sp : renderer_.setSpecs(fam))
     if (sp.name == names::kAffinityMap) spec = &sp;
-  // The cluster's own clients: from a pod CIDR, or from the node (its nodeport addresses).
-  auto internalClient = [&](std::string_view client) {
-    if (nodePortIPs.contains(std::string(client))) return true;
-    Address a;
-    a.family = fam;
-    std::memcpy(a.bytes.data(), client.data(), addr);
-    a.prefixLength = static_cast<std::uint8_t>(addr * 8);
-    // A CIDR mode tells pods by address; the interface modes cannot tell from the map.
-    for (const auto& text : renderer_.planConfig().localDetector.cidrsOf(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6))
-      if (auto cidr = Address::parse(text); cidr && cidr->contains(a)) return true;
-    return false;
-  };
   // An entry that expires between the listing and the deletion makes the kernel refuse the
   // batch: list again and retry; after that, the next sync tries again.
   for (int attempt = 0; attempt < 3; ++attempt) {
@@ -713,18 +670,13 @@ void NftablesBackend::removeStaleAffinity(Family fam, AffinityJudge judge) {
     }
     std::vector<Op> ops;
     for (const auto& [key, data] : *entries) {
-      if (key.size() != 2 * addr + 8) continue;
-      // key: client . service address . proto . port
-      const Verdicts* v = nullptr;
-      if (auto it = judge.addresses.find(key.substr(addr, addr + 8)); it != judge.addresses.end())
-        v = &it->second;
-      else if (nodePortIPs.contains(key.substr(addr, addr)))
-        if (auto np = judge.nodePorts.find(key.substr(2 * addr)); np != judge.nodePorts.end()) v = &np->second;
+      if (key.size() != addr + 4) continue;
+      // key: client . pool ID (host byte order, as numgen leaves it)
+      std::uint32_t id = 0;
+      std::memcpy(&id, key.data() + addr, sizeof id);
       // An entry this sync cannot judge stays, unless the sync saw every service.
-      if (v == nullptr && !judge.everything) continue;
-      if (v != nullptr && v->valid.contains(data)) continue;
-      if (v != nullptr && v->validInternal.contains(data) && internalClient(std::string_view(key).substr(0, addr)))
-        continue;
+      if (!judge.everything && !judge.ranges.contains(id >> 16)) continue;
+      if (auto v = judge.valid.find(id); v != judge.valid.end() && v->second.contains(data)) continue;
       Op op;
       op.kind = OpKind::kDeleteElement;
       op.family = fam;

@@ -124,8 +124,7 @@ struct TextVisitor {
     return fmt::format("dnat to {}:{}", s.address.toString(), s.port);
   }
   std::string operator()(const DnatFromAffinity& s) const {
-    return fmt::format("dnat to {0} saddr . {0} daddr . meta l4proto . th dport map @{1}", ip(),
-                       s.map);
+    return fmt::format("dnat to {} saddr . numgen random mod 1 offset {} map @{}", ip(), s.id, s.map);
   }
   std::string operator()(const DnatFromSlots& s) const {
     return fmt::format("dnat {} to numgen random mod {} offset {} map @{}", ip(), kSlotsPerRange,
@@ -144,9 +143,9 @@ struct TextVisitor {
   }
   std::string operator()(const RecordAffinity& s) const {
     return fmt::format(
-        "meta l4proto {1} update @{2} {{ {0} saddr . ct original {0} daddr . meta l4proto . "
-        "ct original proto-dst timeout {3}s : {0} daddr . th dport }}",
-        ip(), protoName(s.proto), s.map, s.timeoutSeconds);
+        "meta l4proto {1} update @{2} {{ {0} saddr . numgen random mod 1 offset {3} timeout {4}s : "
+        "{0} daddr . th dport }}",
+        ip(), protoName(s.proto), s.map, s.id, s.timeoutSeconds);
   }
   std::string operator()(const Reject& s) const {
     return s.tcpReset ? "reject with tcp reset" : "reject";
@@ -202,10 +201,13 @@ std::string_view dataTypeName(DataType type) {
     case DataType::kIPv6Addr: return "ipv6_addr";
     case DataType::kInetProto: return "inet_proto";
     case DataType::kInetService: return "inet_service";
-    case DataType::kSlot: return "integer";
+    case DataType::kSlot:
+    case DataType::kPoolId: return "integer";
   }
   return "verdict";
 }
+
+std::uint32_t nftTypeId(DataType type) { return static_cast<std::uint32_t>(type) & 0xff; }
 
 std::uint32_t paddedSize(DataType type) {
   switch (type) {
@@ -214,7 +216,8 @@ std::uint32_t paddedSize(DataType type) {
     case DataType::kIPv6Addr: return 16;
     case DataType::kInetProto: return 4;
     case DataType::kInetService: return 4;
-    case DataType::kSlot: return 4;
+    case DataType::kSlot:
+    case DataType::kPoolId: return 4;
   }
   return 0;
 }
@@ -233,7 +236,7 @@ std::uint32_t SetSpec::dataLength() const {
 std::uint32_t SetSpec::typeId(const std::vector<DataType>& types) {
   // nft packs a concatenation's type as 6-bit fields (TYPE_BITS), first type highest.
   std::uint32_t id = 0;
-  for (auto t : types) id = (id << 6) | static_cast<std::uint32_t>(t);
+  for (auto t : types) id = (id << 6) | nftTypeId(t);
   return id;
 }
 
@@ -251,6 +254,9 @@ std::string SetSpec::declaration(Family family) const {
     // Only nft's typeof can declare a key that numgen is looked up in.
     out = fmt::format("map {0} {1} {2} {{ typeof numgen random mod {3} : {0} daddr . th dport ;",
                       familyKeyword(family), kTableName, name, kSlotsPerRange);
+  } else if (key.size() == 2 && key[1] == DataType::kPoolId) {
+    out = fmt::format("map {0} {1} {2} {{ typeof {0} saddr . numgen random mod 1 : {0} daddr . th dport ;",
+                      familyKeyword(family), kTableName, name);
   } else {
     out = fmt::format("{} {} {} {} {{ type {}", isMap() ? "map" : "set", familyKeyword(family),
                       kTableName, name, join(key));
@@ -286,6 +292,13 @@ KeyBuilder& KeyBuilder::slot(std::uint32_t s) {
   for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<char>((s >> shift) & 0xff));
   if (!text.empty()) text += " . ";
   text += std::to_string(s);
+  return *this;
+}
+
+KeyBuilder& KeyBuilder::poolId(std::uint32_t id) {
+  bytes.append(reinterpret_cast<const char*>(&id), sizeof id);
+  if (!text.empty()) text += " . ";
+  text += std::to_string(id);
   return *this;
 }
 
@@ -334,6 +347,12 @@ std::string keyToText(const SetSpec& spec, std::string_view bytes, Family family
         b.slot(static_cast<std::uint32_t>(p[0]) << 24 | static_cast<std::uint32_t>(p[1]) << 16 |
                static_cast<std::uint32_t>(p[2]) << 8 | p[3]);
         break;
+      case DataType::kPoolId: {
+        std::uint32_t id = 0;
+        std::memcpy(&id, p, sizeof id);
+        b.poolId(id);
+        break;
+      }
       case DataType::kVerdict: break;
     }
     off += n;

@@ -197,8 +197,18 @@ class RuleEncoder {
     immediate(NFT_REG_2, &port, 2);
     natDnat(NFT_REG_1, NFT_REG_2, NF_NAT_RANGE_PROTO_SPECIFIED);
   }
+  /// Loads `ip saddr . numgen random mod 1 offset ID` (the affinity key) from register offset 0.
+  void affinityKey(std::uint32_t id) {
+    payload(NFT_PAYLOAD_NETWORK_HEADER, saddrOffset(), addrLen(), reg32(0));
+    auto* ng = expr("numgen");
+    nftnl_expr_set_u32(ng, NFTNL_EXPR_NG_DREG, reg32(addrLen() / 4));
+    nftnl_expr_set_u32(ng, NFTNL_EXPR_NG_MODULUS, 1);
+    nftnl_expr_set_u32(ng, NFTNL_EXPR_NG_TYPE, NFT_NG_RANDOM);
+    nftnl_expr_set_u32(ng, NFTNL_EXPR_NG_OFFSET, id);
+    add(ng);
+  }
   void operator()(const DnatFromAffinity& s) {
-    concatKey(true, true);
+    affinityKey(s.id);
     lookup(s.map, NFT_REG_1, NFT_REG_1);
     natDnat(NFT_REG_1, reg32(addrLen() / 4), std::nullopt);
   }
@@ -257,16 +267,9 @@ class RuleEncoder {
   }
   void operator()(const RecordAffinity& s) {
     (*this)(MatchL4Proto{s.proto});
-    // Key: client . original address . proto . original port; data right after it (ip6's
-    // key takes 10 of the 16 32-bit registers, so the data cannot be 128-bit aligned).
-    std::uint32_t idx = 0;
-    payload(NFT_PAYLOAD_NETWORK_HEADER, saddrOffset(), addrLen(), reg32(idx));
-    idx += addrLen() / 4;
-    ct(ctOriginalDaddrKey(), reg32(idx), true);
-    idx += addrLen() / 4;
-    meta(NFT_META_L4PROTO, reg32(idx++));
-    ct(NFT_CT_PROTO_DST, reg32(idx++), true);
-    std::uint32_t dataIdx = family_ == Family::kIPv4 ? (idx + 3) / 4 * 4 : idx;
+    // Key: client . pool ID; data (the endpoint) at the next 128-bit register, as nft puts it.
+    affinityKey(s.id);
+    const std::uint32_t dataIdx = (addrLen() / 4 + 1 + 3) / 4 * 4;
     payload(NFT_PAYLOAD_NETWORK_HEADER, daddrOffset(), addrLen(), reg32(dataIdx));
     payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, reg32(dataIdx + addrLen() / 4));
     auto* e = expr("dynset");
@@ -304,38 +307,90 @@ class RuleEncoder {
   nftnl_rule* rule_;
 };
 
-/// The typeof description nft keeps in a set's userdata, so that `nft list` prints the slot
-/// map as `typeof numgen random mod 65535 : ip daddr . th dport` (nft's own numbering of
+/// The typeof descriptions nft keeps in a set's userdata, so that `nft list` prints the slot
+/// maps as `typeof numgen random mod 65535 : ip daddr . th dport` and the affinity map as
+/// `typeof ip saddr . numgen random mod 1 : ip daddr . th dport` (nft's own numbering of
 /// expressions and header fields).
+class TypeofWriter {
+ public:
+  TypeofWriter(nftnl_udata_buf* ud, Family family) : ud_(ud), family_(family) {}
+
+  void numgen(std::uint8_t at, std::uint32_t modulus) {
+    auto* item = nftnl_udata_nest_start(ud_, at);
+    numgenBody(modulus);
+    nftnl_udata_nest_end(ud_, item);
+  }
+  void address(std::uint8_t at, bool source) {
+    if (family_ == Family::kIPv4)
+      payload(at, 12 /* ip */, source ? 11 /* saddr */ : 12 /* daddr */);
+    else
+      payload(at, 13 /* ip6 */, source ? 8 /* saddr */ : 9 /* daddr */);
+  }
+  void destinationPort(std::uint8_t at) { payload(at, 11 /* th */, 2 /* dport */); }
+  /// A concatenation at `at`; `fields` adds its items at 0, 1, ...
+  template <typename Fields>
+  void concat(std::uint8_t at, Fields&& fields) {
+    auto* outer = nftnl_udata_nest_start(ud_, at);
+    nftnl_udata_put_u32(ud_, 0, kExprConcat);
+    auto* list = nftnl_udata_nest_start(ud_, 1);
+    fields();
+    nftnl_udata_nest_end(ud_, list);
+    nftnl_udata_nest_end(ud_, outer);
+  }
+  /// A single expression as the key: its items written at 0 and 1 of the typeof attribute.
+  template <typename Expr>
+  void single(std::uint8_t at, Expr&& expr) {
+    auto* outer = nftnl_udata_nest_start(ud_, at);
+    expr();
+    nftnl_udata_nest_end(ud_, outer);
+  }
+  void numgenBody(std::uint32_t modulus) {
+    nftnl_udata_put_u32(ud_, 0, kExprNumgen);
+    auto* ng = nftnl_udata_nest_start(ud_, 1);
+    nftnl_udata_put_u32(ud_, 0, NFT_NG_RANDOM);
+    nftnl_udata_put_u32(ud_, 1, modulus);
+    nftnl_udata_put_u32(ud_, 2, 0);
+    nftnl_udata_nest_end(ud_, ng);
+  }
+
+  static constexpr std::uint8_t kKeyTypeof = 3;   // NFTNL_UDATA_SET_KEY_TYPEOF
+  static constexpr std::uint8_t kDataTypeof = 4;  // NFTNL_UDATA_SET_DATA_TYPEOF
+
+ private:
+  static constexpr std::uint32_t kExprNumgen = 23, kExprConcat = 13, kExprPayload = 7;
+  void payload(std::uint8_t at, std::uint32_t desc, std::uint32_t field) {
+    auto* item = nftnl_udata_nest_start(ud_, at);
+    nftnl_udata_put_u32(ud_, 0, kExprPayload);
+    auto* p = nftnl_udata_nest_start(ud_, 1);
+    nftnl_udata_put_u32(ud_, 0, desc);
+    nftnl_udata_put_u32(ud_, 1, field);
+    nftnl_udata_nest_end(ud_, p);
+    nftnl_udata_nest_end(ud_, item);
+  }
+  nftnl_udata_buf* ud_;
+  Family family_;
+};
+
+void putEndpointDataTypeof(TypeofWriter& w) {
+  w.concat(TypeofWriter::kDataTypeof, [&] {
+    w.address(0, false);
+    w.destinationPort(1);
+  });
+}
+
 void putSlotMapTypeof(nftnl_udata_buf* ud, Family family) {
-  constexpr std::uint8_t kExprNumgen = 23, kExprConcat = 13, kExprPayload = 7;
-  auto* key = nftnl_udata_nest_start(ud, 3 /* NFTNL_UDATA_SET_KEY_TYPEOF */);
-  nftnl_udata_put_u32(ud, 0, kExprNumgen);
-  auto* ng = nftnl_udata_nest_start(ud, 1);
-  nftnl_udata_put_u32(ud, 0, NFT_NG_RANDOM);
-  nftnl_udata_put_u32(ud, 1, kSlotsPerRange);
-  nftnl_udata_put_u32(ud, 2, 0);
-  nftnl_udata_nest_end(ud, ng);
-  nftnl_udata_nest_end(ud, key);
-  auto* data = nftnl_udata_nest_start(ud, 4 /* NFTNL_UDATA_SET_DATA_TYPEOF */);
-  nftnl_udata_put_u32(ud, 0, kExprConcat);
-  auto* list = nftnl_udata_nest_start(ud, 1);
-  auto payloadField = [&](std::uint8_t index, std::uint32_t desc, std::uint32_t field) {
-    auto* item = nftnl_udata_nest_start(ud, index);
-    nftnl_udata_put_u32(ud, 0, kExprPayload);
-    auto* p = nftnl_udata_nest_start(ud, 1);
-    nftnl_udata_put_u32(ud, 0, desc);
-    nftnl_udata_put_u32(ud, 1, field);
-    nftnl_udata_nest_end(ud, p);
-    nftnl_udata_nest_end(ud, item);
-  };
-  if (family == Family::kIPv4)
-    payloadField(0, 12 /* ip */, 12 /* daddr */);
-  else
-    payloadField(0, 13 /* ip6 */, 9 /* daddr */);
-  payloadField(1, 11 /* th */, 2 /* dport */);
-  nftnl_udata_nest_end(ud, list);
-  nftnl_udata_nest_end(ud, data);
+  TypeofWriter w(ud, family);
+  w.single(TypeofWriter::kKeyTypeof, [&] { w.numgenBody(kSlotsPerRange); });
+  putEndpointDataTypeof(w);
+}
+
+void putAffinityMapTypeof(nftnl_udata_buf* ud, Family family) {
+  TypeofWriter w(ud, family);
+  w.concat(TypeofWriter::kKeyTypeof, [&] {
+    w.address(0, true);
+    w.numgen(1, 1);
+  });
+  putEndpointDataTypeof(w);
 }
 
 }  // namespace
@@ -413,6 +468,7 @@ nftnl_set* encodeSet(Family family, const SetSpec& spec) {
   if (spec.isMap() && !spec.isVerdictMap())
     nftnl_udata_put_u32(ud, 1 /* NFTNL_UDATA_SET_DATABYTEORDER */, 2);
   if (slotKey) putSlotMapTypeof(ud, family);
+  if (spec.key.size() == 2 && spec.key[1] == DataType::kPoolId) putAffinityMapTypeof(ud, family);
   nftnl_set_set_data(s, NFTNL_SET_USERDATA, nftnl_udata_buf_data(ud), nftnl_udata_buf_len(ud));
   nftnl_udata_buf_free(ud);
   return s;

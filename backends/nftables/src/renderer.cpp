@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <map>
 #include <set>
 
 #include <fmt/format.h>
@@ -71,6 +72,18 @@ bool inSlotLayout(std::uint32_t offset, bool end, std::uint32_t k) {
 std::string affinityChainName(const sdk::ServicePort& port) {
   return "affinity-" + servicePortChainBase(port);
 }
+std::string externalAffinityChainName(const sdk::ServicePort& port) {
+  return "affinity-external-" + servicePortChainBase(port);
+}
+std::uint32_t affinityPoolId(std::uint32_t base, const sdk::ServicePort& port, plan::Pool pool) {
+  // FNV-1a over the port's name and the pool, folded to 16 bits.
+  std::uint32_t h = 2166136261u;
+  for (unsigned char c : plainBase(port) + (pool == plan::Pool::kCluster ? "/cluster" : "/local")) {
+    h ^= c;
+    h *= 16777619u;
+  }
+  return (base & 0xffff0000u) | ((h ^ (h >> 16)) & 0xffffu);
+}
 std::string endpointChainName(const sdk::ServicePort& port, const sdk::Endpoint& endpoint) {
   std::string ip = endpoint.ip;
   std::replace(ip.begin(), ip.end(), ':', '.');  // ':' is not allowed in a chain name
@@ -127,10 +140,10 @@ std::vector<SetSpec> NftablesRenderer::buildSetSpecs(Family family) const {
     out.push_back(SetSpec{map, {addr, DT::kInetProto, DT::kInetService}, {DT::kVerdict}, false, 0, 0});
   for (const char* map : {names::kServiceNodePortsMap, names::kNoEndpointNodePortsMap})
     out.push_back(SetSpec{map, {DT::kInetProto, DT::kInetService}, {DT::kVerdict}, false, 0, 0});
-  // Session affinity: (client, service address, proto, port) → endpoint, filled by the data
-  // path. One map per family whatever the number of services (see the class comment).
+  // Session affinity: (client, endpoint pool ID) → endpoint, filled by the data path. One map
+  // per family whatever the number of services (see the class comment).
   out.push_back(SetSpec{names::kAffinityMap,
-                        {addr, addr, DT::kInetProto, DT::kInetService},
+                        {addr, DT::kPoolId},
                         {addr, DT::kInetService},
                         true,
                         10800,
@@ -305,9 +318,17 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     }
   }
 
+  // Session affinity keys carry the ID of the endpoint pool that chose the endpoint: every
+  // chain that balances a pool looks a client up under that pool's ID, so all the addresses
+  // that lead to a pool share the client's endpoint (as upstream's per-endpoint sets do), and
+  // a pool never hands out another pool's endpoint (eTP=Local: never a remote one). A pool's
+  // ID comes from its first balancing chain's slot range (see affinityPoolId).
+  std::optional<std::uint32_t> poolIds[2];
+  std::map<std::string, std::uint32_t> poolIdOfChain;
+
   // Affinity hit first, then the endpoint by slot. False when there is nothing to balance
   // over (or, beyond 65,536 balancing chains in a family, no range is left).
-  auto appendBalancing = [&](Chain& c, std::span<const sdk::Endpoint> eps) {
+  auto appendBalancing = [&](Chain& c, std::span<const sdk::Endpoint> eps, plan::Pool pool) {
     std::vector<std::pair<Address, std::uint16_t>> targets;
     for (const auto& ep : eps)
       if (auto addr = parseHostOf(ep.ip, fam)) targets.emplace_back(*addr, static_cast<std::uint16_t>(ep.port));
@@ -322,7 +343,12 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
           SlotRanges::kRanges, c.name));
       return false;
     }
-    if (plan.affinity) c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromAffinity{kAffinityMap}}));
+    if (plan.affinity) {
+      auto& id = poolIds[pool == plan::Pool::kCluster ? 0 : 1];
+      if (!id) id = affinityPoolId(*base, p, pool);
+      poolIdOfChain[c.name] = *id;
+      c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromAffinity{kAffinityMap, *id}}));
+    }
     const std::string map = serviceEndpointsMap(*base);
     c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromSlots{map, *base}}));
     const auto k = static_cast<std::uint64_t>(targets.size());
@@ -375,22 +401,22 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
         break;
     }
   };
-  auto balancingChain = [&](std::string name, std::span<const sdk::Endpoint> eps, bool internal) {
+  auto balancingChain = [&](std::string name, std::span<const sdk::Endpoint> eps, plan::Pool pool, bool internal) {
     Chain c{std::move(name), std::nullopt, {}};
     if (internal) internalMasquerade(c);
-    if (!appendBalancing(c, eps)) return std::string();
+    if (!appendBalancing(c, eps, pool)) return std::string();
     std::string out = c.name;
     f.chains.push_back(std::move(c));
     return out;
   };
   std::string clusterChain, localChain;
   if (plan.usesClusterPool)
-    clusterChain = balancingChain(serviceChainName(p), plan.clusterEndpoints,
+    clusterChain = balancingChain(serviceChainName(p), plan.clusterEndpoints, plan::Pool::kCluster,
                                   plan.internalPool == plan::Pool::kCluster);
   else
     slotRanges.release(serviceChainName(p));
   if (plan.usesLocalPool && plan.internalPool == plan::Pool::kLocal)
-    localChain = balancingChain(localChainName(p), plan.localEndpoints, true);
+    localChain = balancingChain(localChainName(p), plan.localEndpoints, plan::Pool::kLocal, true);
   else
     slotRanges.release(localChainName(p));
   const std::string& internalChain = plan.internalPool == plan::Pool::kCluster ? clusterChain : localChain;
@@ -408,24 +434,57 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
                     noEndpointVerdict(plan.hasEndpoints ? plan::NoEndpoints::kDrop : plan::NoEndpoints::kReject));
   }
 
-  // Session affinity is recorded after DNAT by the service's own chain, which knows its timeout.
-  std::string affinityChain;
-  auto addAffinity = [&](std::optional<Address> addr, std::uint16_t nodePort) {
-    if (!plan.affinity) return;
-    if (affinityChain.empty()) {
-      affinityChain = affinityChainName(p);
-      f.chains.push_back(Chain{affinityChain, std::nullopt,
-                               {rule({RecordAffinity{proto, kAffinityMap, plan.affinityTimeoutSeconds}})}});
+  // Session affinity is recorded after DNAT (only then is the endpoint known) by a chain of
+  // the service port's own, which knows its timeout; the filter hooks reach it through
+  // affinity-services / affinity-nodeports by the address the connection was sent to. It must
+  // record under the ID of the pool that chose the endpoint, so it replays the conditions of
+  // the chain that address's dispatch goes to (the eTP=Local short-circuit: pods and the node
+  // use the cluster pool). Those conditions look at the source only, which DNAT keeps.
+  auto recordRules = [&](const std::string& dispatched) {
+    std::vector<Rule> out;
+    const Chain* c = nullptr;
+    for (const auto& ch : f.chains)
+      if (ch.name == dispatched) c = &ch;
+    if (c == nullptr || !plan.affinity) return out;
+    for (const auto& r : c->rules) {
+      std::vector<Statement> conditions;
+      std::optional<std::uint32_t> id;
+      bool replayable = true;
+      for (const auto& st : r.statements) {
+        if (const auto* v = std::get_if<Verdict>(&st)) {
+          if (auto it = poolIdOfChain.find(v->chain); v->kind == VerdictKind::kGoto && it != poolIdOfChain.end())
+            id = it->second;
+        } else if (std::holds_alternative<DnatFromSlots>(st)) {
+          if (auto it = poolIdOfChain.find(c->name); it != poolIdOfChain.end()) id = it->second;
+        } else if (const auto* a = std::get_if<MatchAddress>(&st); a != nullptr && a->source) {
+          conditions.push_back(st);
+        } else if (std::holds_alternative<MatchInputInterface>(st) || std::holds_alternative<MatchFibSourceLocal>(st)) {
+          conditions.push_back(st);
+        } else if (!std::holds_alternative<MatchL4Proto>(st)) {
+          replayable = false;
+        }
+      }
+      if (!id) continue;
+      if (!replayable) {
+        f.problems.push_back(fmt::format("session affinity of {} is not recorded: a rule of it cannot be replayed "
+                                         "after DNAT",
+                                         c->name));
+        break;
+      }
+      const bool unconditional = conditions.empty();
+      conditions.push_back(RecordAffinity{proto, kAffinityMap, plan.affinityTimeoutSeconds, *id});
+      if (!unconditional) conditions.push_back(Verdict{VerdictKind::kReturn, {}});
+      out.push_back(rule(std::move(conditions)));
+      if (unconditional) break;  // nothing after it is reached
     }
-    if (addr) {
-      addMapElement(kAffinityServicesMap, *addr, goTo(affinityChain));
-    } else {
-      KeyBuilder k;
-      k.proto(proto).port(nodePort);
-      f.elements.push_back(Element{kAffinityNodePortsMap, k.bytes, k.text, goTo(affinityChain)});
-    }
+    return out;
   };
-  if (clusterIP && !internalChain.empty()) addAffinity(*clusterIP, 0);
+  std::vector<Rule> internalRecord;
+  if (clusterIP && !internalChain.empty()) internalRecord = recordRules(internalChain);
+  if (!internalRecord.empty()) {
+    f.chains.push_back(Chain{affinityChainName(p), std::nullopt, internalRecord});
+    addMapElement(kAffinityServicesMap, *clusterIP, goTo(affinityChainName(p)));
+  }
 
   if (!plan.externallyAccessible) {
     slotRanges.release(externalChainName(p));
@@ -455,7 +514,7 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
           c.rules.push_back(rule({MatchFibSourceLocal{}, goTo(clusterChain)}));
         }
       }
-      if (plan.hasExternalEndpoints) balanced = appendBalancing(c, plan.localEndpoints);
+      if (plan.hasExternalEndpoints) balanced = appendBalancing(c, plan.localEndpoints, plan::Pool::kLocal);
       else slotRanges.release(c.name);
       // Anything not short-circuited meets the drop here, at DNAT: a filter-stage drop would
       // also catch the node's own connections before their short-circuit.
@@ -467,6 +526,18 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     slotRanges.release(externalChainName(p));
   }
 
+  // External addresses share the ClusterIP's record chain when they record the same way.
+  std::string externalRecordChain;
+  if (!extChain.empty()) {
+    std::vector<Rule> externalRecord = recordRules(extChain);
+    if (!externalRecord.empty() && externalRecord == internalRecord) {
+      externalRecordChain = affinityChainName(p);
+    } else if (!externalRecord.empty()) {
+      externalRecordChain = externalAffinityChainName(p);
+      f.chains.push_back(Chain{externalRecordChain, std::nullopt, std::move(externalRecord)});
+    }
+  }
+
   std::vector<Address> externalAddrs;
   for (const auto* list : {&plan.externalIPs, &plan.loadBalancerIPs})
     for (const auto& ip : *list)
@@ -474,7 +545,7 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
   for (const auto& a : externalAddrs) {
     if (!extChain.empty()) {
       addMapElement(kServiceIPsMap, a, goTo(extChain));
-      addAffinity(a, 0);
+      if (!externalRecordChain.empty()) addMapElement(kAffinityServicesMap, a, goTo(externalRecordChain));
     } else {
       addMapElement(kNoEndpointServicesMap, a, noEndpointVerdict(plan::NoEndpoints::kReject));
     }
@@ -484,7 +555,8 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     k.proto(proto).port(static_cast<std::uint16_t>(plan.nodePort));
     if (!extChain.empty()) {
       f.elements.push_back(Element{kServiceNodePortsMap, k.bytes, k.text, goTo(extChain)});
-      addAffinity(std::nullopt, static_cast<std::uint16_t>(plan.nodePort));
+      if (!externalRecordChain.empty())
+        f.elements.push_back(Element{kAffinityNodePortsMap, k.bytes, k.text, goTo(externalRecordChain)});
     } else {
       f.elements.push_back(Element{kNoEndpointNodePortsMap, k.bytes, k.text,
                                    noEndpointVerdict(plan::NoEndpoints::kReject)});

@@ -518,7 +518,7 @@ class PacketRun {
   }
   std::optional<Flow> evaluate(const Chain& chain, const Rule& rule, const DnatFromAffinity& s, int) {
     KeyBuilder k;
-    k.address(src_).address(dst_).proto(proto_).port(dport_);
+    k.address(src_).poolId(s.id);
     const Element* e = find(s.map, k.bytes);
     if (e == nullptr) return Flow::kNext;  // no recorded client: the map lookup misses
     auto target = decodeTarget(e->data, t_.family_);
@@ -555,8 +555,8 @@ class PacketRun {
   std::optional<Flow> evaluate(const Chain& chain, const Rule& rule, const RecordAffinity& s, int) {
     if (proto_ != s.proto) return Flow::kNext;
     step(chain.name, &rule,
-         fmt::format("@{} would record {} . {} . {} . {} : {} for {}s", s.map, src_.toString(), origDst_.toString(),
-                     protoName(proto_), origDport_, endpointText(dst_, dport_), s.timeoutSeconds));
+         fmt::format("@{} would record {} . {} : {} for {}s", s.map, src_.toString(), s.id,
+                     endpointText(dst_, dport_), s.timeoutSeconds));
     return std::nullopt;
   }
   std::optional<Flow> evaluate(const Chain& chain, const Rule& rule, const Reject& s, int) {

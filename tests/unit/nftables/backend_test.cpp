@@ -29,15 +29,26 @@ struct Fixture {
   VectorSnapshot snap;
 };
 
-/// A session-affinity entry as the data path stores it in `affinity`: key client . service
-/// address . tcp . port, data endpoint . port.
-std::pair<std::string, std::string> affinityEntry(const char* client, const char* vip, const char* ep,
+/// A session-affinity entry as the data path stores it in `session-affinity`: key client .
+/// pool ID, data endpoint . port.
+std::pair<std::string, std::string> affinityEntry(const char* client, std::uint32_t poolId, const char* ep,
                                                   std::uint16_t port) {
   KeyBuilder key;
-  key.address(*Address::parse(client)).address(*Address::parse(vip)).proto(6).port(port);
+  key.address(*Address::parse(client)).poolId(poolId);
   KeyBuilder data;
   data.address(*Address::parse(ep)).port(port);
   return {key.bytes, data.bytes};
+}
+
+/// The pool ID under which `chain` (a balancing chain of `port` the backend programmed) looks
+/// clients up.
+std::uint32_t poolIdOf(const NftablesBackend& backend, const sdk::ServicePort& port, const std::string& chain,
+                       plan::Pool pool) {
+  const auto& chains = backend.mirror().of(Family::kIPv4).chains;
+  auto it = chains.find(chain);
+  REQUIRE(it != chains.end());
+  REQUIRE(it->second.slotBase.has_value());
+  return affinityPoolId(*it->second.slotBase, port, pool);
 }
 
 }  // namespace
@@ -187,8 +198,12 @@ TEST_CASE("backend: affinity entries of a removed endpoint or service are delete
   f.snap.ports().push_back(other);
   REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
 
-  auto entry = [](const char* client, const char* vip, const char* ep) { return affinityEntry(client, vip, ep, 80); };
-  auto& entries = f.kernel->dataPathEntries[Family::kIPv4]["affinity"];
+  const std::uint32_t stickyId = poolIdOf(*f.backend, sticky, serviceChainName(sticky), plan::Pool::kCluster);
+  const std::uint32_t otherId = poolIdOf(*f.backend, other, serviceChainName(other), plan::Pool::kCluster);
+  auto entry = [&](const char* client, const char* vip, const char* ep) {
+    return affinityEntry(client, std::string_view(vip) == "172.30.5.1" ? stickyId : otherId, ep, 80);
+  };
+  auto& entries = f.kernel->dataPathEntries[Family::kIPv4][names::kAffinityMap];
   for (auto [k, d] : {entry("192.0.2.1", "172.30.5.1", "10.5.0.1"), entry("192.0.2.2", "172.30.5.1", "10.5.0.2"),
                       entry("192.0.2.3", "172.30.5.2", "10.5.0.3")})
     entries[k] = d;
@@ -231,7 +246,7 @@ TEST_CASE("backend: a pod behind two ports leaving both in one sync deletes its 
   CHECK_FALSE(f.backend->needsFullSync());
 }
 
-TEST_CASE("backend: affinity entries are judged by the chain that balances their traffic", "[unit]") {
+TEST_CASE("backend: affinity entries are judged by the pool they were recorded for", "[unit]") {
   auto k = std::make_unique<FakeKernelNftables>();
   auto* kernel = k.get();
   BackendSettings settings;
@@ -241,24 +256,36 @@ TEST_CASE("backend: affinity entries are judged by the chain that balances their
                       {endpoint("10.7.0.1", 443, true), endpoint("10.7.0.2", 443, false)});
   lb.type = sdk::ServiceType::kLoadBalancer;
   lb.loadBalancerIPs = {"198.51.100.7"};
+  lb.externalPolicyLocal = true;
+  lb.localEndpoints = {lb.clusterEndpoints[0]};
   lb.sessionAffinityClientIP = true;
   VectorSnapshot snap({lb});
   REQUIRE(backend.syncFrom(snap, {}, true).has_value());
 
-  auto entry = [](const char* client, const char* vip, const char* ep) { return affinityEntry(client, vip, ep, 443); };
-  auto& entries = kernel->dataPathEntries[Family::kIPv4]["affinity"];
-  const auto outsider = entry("203.0.113.9", "198.51.100.7", "10.7.0.2");  // external client, remote pod
-  const auto pod = entry("10.0.0.5", "198.51.100.7", "10.7.0.2");          // a pod, remote pod
-  const auto outsiderLocal = entry("203.0.113.10", "198.51.100.7", "10.7.0.1");
-  for (const auto& e : {outsider, pod, outsiderLocal}) entries[e.first] = e.second;
-
-  // eTP becomes Local: outside clients may only stick to the local endpoint; the cluster's own
-  // clients still go through the service chain, to any endpoint.
-  snap.ports()[0].externalPolicyLocal = true;
-  REQUIRE(backend.syncFrom(snap, {{sdk::Family::kIPv4, lb.key}}, false).has_value());
-  CHECK_FALSE(entries.contains(outsider.first));
-  CHECK(entries.contains(pod.first));
+  // eTP=Local: the external chain balances the local endpoint under the local pool's ID; the
+  // service chain (ClusterIP, and the short-circuit of pods and the node) both endpoints.
+  const std::uint32_t cluster = poolIdOf(backend, lb, serviceChainName(lb), plan::Pool::kCluster);
+  const std::uint32_t local = poolIdOf(backend, lb, externalChainName(lb), plan::Pool::kLocal);
+  REQUIRE(cluster != local);
+  auto& entries = kernel->dataPathEntries[Family::kIPv4][names::kAffinityMap];
+  const auto outsiderRemote = affinityEntry("203.0.113.9", local, "10.7.0.2", 443);  // never valid
+  const auto outsiderLocal = affinityEntry("203.0.113.10", local, "10.7.0.1", 443);
+  const auto podRemote = affinityEntry("10.0.0.5", cluster, "10.7.0.2", 443);
+  for (const auto& e : {outsiderRemote, outsiderLocal, podRemote}) entries[e.first] = e.second;
+  REQUIRE(backend.syncFrom(snap, {}, true).has_value());
+  CHECK_FALSE(entries.contains(outsiderRemote.first));
   CHECK(entries.contains(outsiderLocal.first));
+  CHECK(entries.contains(podRemote.first));
+
+  // The local endpoint stops being local: its local-pool entry goes, its cluster one stays.
+  const auto podLocal = affinityEntry("10.0.0.6", cluster, "10.7.0.1", 443);
+  entries[podLocal.first] = podLocal.second;
+  snap.ports()[0].clusterEndpoints[0].isLocal = false;
+  snap.ports()[0].localEndpoints.clear();
+  REQUIRE(backend.syncFrom(snap, {{sdk::Family::kIPv4, lb.key}}, false).has_value());
+  CHECK_FALSE(entries.contains(outsiderLocal.first));
+  CHECK(entries.contains(podLocal.first));
+  CHECK(entries.contains(podRemote.first));
 }
 
 TEST_CASE("backend: a refused affinity clean-up is retried", "[unit]") {
@@ -267,8 +294,10 @@ TEST_CASE("backend: a refused affinity clean-up is retried", "[unit]") {
   sticky.sessionAffinityClientIP = true;
   f.snap.ports().push_back(sticky);
   REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
-  const auto [key, gone] = affinityEntry("192.0.2.1", "172.30.5.1", "10.5.0.9", 80);
-  auto& entries = f.kernel->dataPathEntries[Family::kIPv4]["affinity"];
+  const auto [key, gone] =
+      affinityEntry("192.0.2.1", poolIdOf(*f.backend, sticky, serviceChainName(sticky), plan::Pool::kCluster),
+                    "10.5.0.9", 80);
+  auto& entries = f.kernel->dataPathEntries[Family::kIPv4][names::kAffinityMap];
   entries[key] = gone;
   // A full sync over an unchanged table sends no batch; the clean-up's first batch is refused.
   f.kernel->failNextBatchAt(0);

@@ -2,6 +2,7 @@
 
 #include <set>
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include "kproxy/nftables/renderer.h"
 #include "service_ports.h"
@@ -165,22 +166,29 @@ TEST_CASE("session affinity: hit in the service chain, recorded after DNAT by it
   p.sessionAffinityClientIP = true;
   p.stickyMaxAgeSeconds = 600;
   auto f = r.renderServicePort(p);
-  auto svc = texts(*findChain(f, serviceChainName(p)));
+  const Chain* service = findChain(f, serviceChainName(p));
+  REQUIRE(service != nullptr);
+  const std::uint32_t id = affinityPoolId(slotBaseOf(*service), p, plan::Pool::kCluster);
+  CHECK(id >> 16 == slotBaseOf(*service) >> 16);
+  auto svc = texts(*service);
   // masquerade check, affinity hit, endpoint by slot
   REQUIRE(svc.size() == 3);
-  CHECK(svc[1] == "meta l4proto tcp dnat to ip saddr . ip daddr . meta l4proto . th dport map @affinity");
+  CHECK(svc[1] == fmt::format("meta l4proto tcp dnat to ip saddr . numgen random mod 1 offset {} map @session-affinity",
+                              id));
   CHECK(svc[2].starts_with("meta l4proto tcp dnat ip to numgen random mod 65535 offset "));
   const Chain* record = findChain(f, affinityChainName(p));
   REQUIRE(record != nullptr);
-  CHECK(texts(*record) == std::vector<std::string>{
-                              "meta l4proto tcp update @affinity { ip saddr . ct original ip daddr . "
-                              "meta l4proto . ct original proto-dst timeout 600s : ip daddr . th dport }"});
+  CHECK(texts(*record) == std::vector<std::string>{fmt::format(
+                              "meta l4proto tcp update @session-affinity {{ ip saddr . numgen random mod 1 offset {} "
+                              "timeout 600s : ip daddr . th dport }}",
+                              id)});
   auto els = elementTexts(f);
   CHECK(std::find(els.begin(), els.end(),
                   "affinity-services 172.30.0.11 . tcp . 80 : goto " + affinityChainName(p)) != els.end());
   // The maps are table-wide, whatever the number of services.
   auto specs = r.setSpecs(Family::kIPv4);
   CHECK(specs.size() == 11 + kEndpointMapShards);
+  CHECK(std::count_if(specs.begin(), specs.end(), [](const SetSpec& s) { return s.dynamic; }) == 1);
   // After DNAT, the filter hooks send new DNAT'ed connections to the recording dispatch.
   auto g = r.renderGlobal(Family::kIPv4, {});
   int recorders = 0;
@@ -188,6 +196,92 @@ TEST_CASE("session affinity: hit in the service chain, recorded after DNAT by it
     for (const auto& t : texts(c))
       if (t == "ct state new ct status dnat jump affinity-record") ++recorders;
   CHECK(recorders == 3);  // input, forward, output after nat-output
+}
+
+TEST_CASE("session affinity: every address of a service port shares its clients' endpoints", "[unit]") {
+  // Upstream keeps one affinity set per endpoint, consulted whatever address the client used:
+  // ClusterIP, NodePort, externalIPs and LoadBalancer IPs all record under one key and look it up.
+  NftablesRenderer r(config());
+  auto p = clusterIP("default", "sticky", "172.30.0.12", 80,
+                     {endpoint("10.1.0.3", 8080), endpoint("10.1.0.4", 8080)});
+  p.type = sdk::ServiceType::kLoadBalancer;
+  p.nodePort = 30012;
+  p.externalIPs = {"198.51.100.12"};
+  p.loadBalancerIPs = {"203.0.113.12"};
+  p.sessionAffinityClientIP = true;
+  auto f = r.renderServicePort(p);
+  const std::uint32_t id = affinityPoolId(slotBaseOf(*findChain(f, serviceChainName(p))), p, plan::Pool::kCluster);
+  // One record chain, one key, for all four kinds of address.
+  const std::string record = affinityChainName(p);
+  auto els = elementTexts(f);
+  for (const char* e : {"affinity-services 172.30.0.12 . tcp . 80 : goto ",
+                        "affinity-services 198.51.100.12 . tcp . 80 : goto ",
+                        "affinity-services 203.0.113.12 . tcp . 80 : goto ", "affinity-nodeports tcp . 30012 : goto "})
+    CHECK(std::find(els.begin(), els.end(), e + record) != els.end());
+  CHECK(findChain(f, externalAffinityChainName(p)) == nullptr);
+  CHECK(texts(*findChain(f, record)) ==
+        std::vector<std::string>{fmt::format("meta l4proto tcp update @session-affinity {{ ip saddr . numgen random "
+                                             "mod 1 offset {} timeout 10800s : ip daddr . th dport }}",
+                                             id)});
+  // The external chain goes to the service chain, which looks the client up under that key.
+  CHECK(texts(*findChain(f, externalChainName(p))).back() == "goto " + serviceChainName(p));
+  // A second port of the same service has keys of its own.
+  auto other = p;
+  other.portName = "q";
+  other.key = "default/sticky:q";
+  other.port = 81;
+  other.nodePort = 30013;
+  auto g = r.renderServicePort(other);
+  CHECK(affinityPoolId(slotBaseOf(*findChain(g, serviceChainName(other))), other, plan::Pool::kCluster) != id);
+}
+
+TEST_CASE("session affinity with eTP=Local: the local pool keeps keys of its own", "[unit]") {
+  // The external chain balances local endpoints only: it must never find an entry that the
+  // service chain recorded for a remote endpoint. The short-circuit (pods, the node) uses the
+  // cluster pool, and records there; other external clients record under the local pool.
+  NftablesRenderer r(config());
+  auto p = clusterIP("default", "sticky", "172.30.0.13", 80,
+                     {endpoint("10.1.0.3", 8080, true), endpoint("10.1.0.4", 8080)});
+  p.type = sdk::ServiceType::kNodePort;
+  p.nodePort = 30013;
+  p.externalPolicyLocal = true;
+  p.sessionAffinityClientIP = true;
+  auto f = r.renderServicePort(p);
+  const std::uint32_t cluster =
+      affinityPoolId(slotBaseOf(*findChain(f, serviceChainName(p))), p, plan::Pool::kCluster);
+  const std::uint32_t local = affinityPoolId(slotBaseOf(*findChain(f, externalChainName(p))), p, plan::Pool::kLocal);
+  REQUIRE(cluster != local);
+  auto ext = texts(*findChain(f, externalChainName(p)));
+  CHECK(std::find(ext.begin(), ext.end(),
+                  fmt::format("meta l4proto tcp dnat to ip saddr . numgen random mod 1 offset {} map @session-affinity",
+                              local)) != ext.end());
+  auto update = [](std::uint32_t id) {
+    return fmt::format(
+        "meta l4proto tcp update @session-affinity {{ ip saddr . numgen random mod 1 offset {} timeout 10800s : "
+        "ip daddr . th dport }}",
+        id);
+  };
+  CHECK(texts(*findChain(f, affinityChainName(p))) == std::vector<std::string>{update(cluster)});
+  CHECK(texts(*findChain(f, externalAffinityChainName(p))) ==
+        std::vector<std::string>{"ip saddr 10.0.0.0/8 " + update(cluster) + " return",
+                                 "fib saddr type local " + update(cluster) + " return", update(local)});
+  auto els = elementTexts(f);
+  CHECK(std::find(els.begin(), els.end(),
+                  "affinity-nodeports tcp . 30013 : goto " + externalAffinityChainName(p)) != els.end());
+
+  // Both policies Local: the ClusterIP's local-… chain and the external chain balance the same
+  // pool, under one key.
+  auto both = p;
+  both.internalPolicyLocal = true;
+  auto g = r.renderServicePort(both);
+  const std::uint32_t shared =
+      affinityPoolId(slotBaseOf(*findChain(g, localChainName(both))), both, plan::Pool::kLocal);
+  auto hit = fmt::format("meta l4proto tcp dnat to ip saddr . numgen random mod 1 offset {} map @session-affinity",
+                         shared);
+  for (const auto& chain : {localChainName(both), externalChainName(both)}) {
+    auto t = texts(*findChain(g, chain));
+    CHECK(std::find(t.begin(), t.end(), hit) != t.end());
+  }
 }
 
 TEST_CASE("hairpin: masqueraded after DNAT when a packet goes back to its source", "[unit]") {

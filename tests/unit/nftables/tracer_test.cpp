@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include "kproxy/nftables/renderer.h"
 #include "kproxy/nftables/tracer.h"
@@ -36,8 +37,8 @@ struct Ruleset {
     using DT = DataType;
     specs.push_back(SetSpec{"service-ips", {DT::kIPv4Addr, DT::kInetProto, DT::kInetService}, {DT::kVerdict}});
     specs.push_back(SetSpec{"nodeport-ips", {DT::kIPv4Addr}, {}});
-    specs.push_back(SetSpec{"affinity", {DT::kIPv4Addr, DT::kIPv4Addr, DT::kInetProto, DT::kInetService},
-                            {DT::kIPv4Addr, DT::kInetService}, true, 10800});
+    specs.push_back(SetSpec{"session-affinity", {DT::kIPv4Addr, DT::kPoolId}, {DT::kIPv4Addr, DT::kInetService},
+                            true, 10800});
     SetSpec slots{kSlots, {DT::kSlot}, {DT::kIPv4Addr, DT::kInetService}};
     slots.interval = true;
     specs.push_back(slots);
@@ -305,7 +306,7 @@ TEST_CASE("tracer: an affinity lookup hits only a recorded client", "[unit][trac
   Ruleset r = natRuleset();
   r.serviceIP("172.30.0.41", 80, goTo("service-a"));
   auto& svc = r.chain("service-a");
-  r.rule(svc, {MatchL4Proto{6}, DnatFromAffinity{"affinity"}});
+  r.rule(svc, {MatchL4Proto{6}, DnatFromAffinity{"session-affinity", 7}});
   r.rule(svc, {MatchL4Proto{6}, DnatFromSlots{kSlots, 0}});
   r.interval(0, 32767, "10.180.0.1", 80, 2);
   r.interval(32767, 65535, "10.180.0.2", 80, 2);
@@ -313,11 +314,18 @@ TEST_CASE("tracer: an affinity lookup hits only a recorded client", "[unit][trac
   auto empty = r.tracer().trace(packet("10.0.0.2", "172.30.0.41", 80));
   CHECK(empty.outcome.endpoints == std::vector<std::string>{"10.180.0.1:80", "10.180.0.2:80"});
 
-  KeyBuilder k;
-  k.address(ip("10.0.0.2")).address(ip("172.30.0.41")).proto(6).port(80);
+  // An entry of another pool is not this chain's.
   KeyBuilder v;
   v.address(ip("10.180.0.2")).port(80);
-  r.fragments[0].elements.push_back(Element{"affinity", k.bytes, k.text, std::nullopt, v.bytes, v.text});
+  KeyBuilder other;
+  other.address(ip("10.0.0.2")).poolId(8);
+  r.fragments[0].elements.push_back(
+      Element{"session-affinity", other.bytes, other.text, std::nullopt, v.bytes, v.text});
+  CHECK(r.tracer().trace(packet("10.0.0.2", "172.30.0.41", 80)).outcome.endpoints.size() == 2);
+
+  KeyBuilder k;
+  k.address(ip("10.0.0.2")).poolId(7);
+  r.fragments[0].elements.push_back(Element{"session-affinity", k.bytes, k.text, std::nullopt, v.bytes, v.text});
   auto recorded = r.tracer().trace(packet("10.0.0.2", "172.30.0.41", 80));
   CHECK(recorded.paths.size() == 1);
   CHECK(recorded.outcome.endpoints == std::vector<std::string>{"10.180.0.2:80"});
@@ -441,6 +449,41 @@ TEST_CASE("tracer: rendered session affinity records the client after DNAT", "[u
   auto tracer = NftablesTracer::fromServicePorts(renderer, Family::kIPv4, ports, node());
   auto t = tracer.trace(packet("10.0.0.2", "172.30.0.45", 80));
   CHECK(t.outcome.toText() == "10.180.0.3:80");
-  CHECK(hasStep(t, affinityChainName(p), "would record 10.0.0.2 . 172.30.0.45 . tcp . 80 : 10.180.0.3:80 for 600s"));
+  const std::uint32_t id = affinityPoolId(*renderer.slots(Family::kIPv4).baseOf(serviceChainName(p)), p,
+                                          plan::Pool::kCluster);
+  CHECK(hasStep(t, affinityChainName(p), fmt::format("would record 10.0.0.2 . {} : 10.180.0.3:80 for 600s", id)));
   CHECK(hasStep(t, names::kAffinityRecordChain, "affinity-services hit: 172.30.0.45 . tcp . 80"));
+}
+
+TEST_CASE("tracer: an eTP=Local service records each pool's choices under that pool", "[unit][tracer]") {
+  // The short-circuit (pods, the node) picks from the cluster pool and must record there; an
+  // outside client picks a local endpoint and records under the local pool.
+  NftablesRenderer renderer(renderConfig());
+  auto p = clusterIP("ns1", "sticky", "172.30.0.46", 80,
+                     {endpoint("10.180.0.4", 80, true), endpoint("10.180.0.5", 80)});
+  p.type = sdk::ServiceType::kNodePort;
+  p.nodePort = 30046;
+  p.externalPolicyLocal = true;
+  p.sessionAffinityClientIP = true;
+  p.stickyMaxAgeSeconds = 600;
+  std::vector<sdk::ServicePort> ports{p};
+  auto tracer = NftablesTracer::fromServicePorts(renderer, Family::kIPv4, ports, node());
+  auto& slots = renderer.slots(Family::kIPv4);
+  const auto cluster = affinityPoolId(*slots.baseOf(serviceChainName(p)), p, plan::Pool::kCluster);
+  const auto local = affinityPoolId(*slots.baseOf(externalChainName(p)), p, plan::Pool::kLocal);
+  auto outside = tracer.trace(packet("203.0.113.9", "192.168.0.2", 30046));
+  CHECK(outside.outcome.toText() == "10.180.0.4:80");
+  CHECK(hasStep(outside, externalAffinityChainName(p),
+                fmt::format("would record 203.0.113.9 . {} : 10.180.0.4:80 for 600s", local)));
+  auto pod = tracer.trace(packet("10.0.0.2", "192.168.0.2", 30046));
+  REQUIRE_FALSE(pod.paths.empty());
+  for (const auto& path : pod.paths) {
+    bool recordedCluster = false, recordedLocal = false;
+    for (const auto& st : path.steps) {
+      recordedCluster = recordedCluster || st.detail.find(fmt::format("10.0.0.2 . {} :", cluster)) != std::string::npos;
+      recordedLocal = recordedLocal || st.detail.find(fmt::format("10.0.0.2 . {} :", local)) != std::string::npos;
+    }
+    CHECK(recordedCluster);
+    CHECK_FALSE(recordedLocal);
+  }
 }

@@ -166,20 +166,17 @@ class NftablesBackend final : public sdk::BackendPlugin {
 
   /// Session-affinity entries point at an endpoint; when the endpoint leaves its service (or
   /// the service goes), upstream drops them with the endpoint's affinity set. Here the data
-  /// path owns the shared `affinity` map, so after a sync kproxy lists it and deletes the
-  /// entries whose endpoint is no longer one of the service's. The judge holds, per service
-  /// entry (address . proto . port, or proto . port for a NodePort), the endpoints that stay
-  /// valid (ip . port, as the map stores them); keys of services that went away have none.
-  struct Verdicts {
-    std::set<std::string> valid;          ///< endpoints any client may stick to
-    std::set<std::string> validInternal;  ///< and these for the cluster's own clients (eTP=Local)
-  };
+  /// path owns the shared `session-affinity` map, so after a sync kproxy lists it and deletes
+  /// the entries whose endpoint is no longer one of their pool's. Entries are keyed by pool ID,
+  /// whose high half is the slot range of a balancing chain of the pool's service port (see
+  /// affinityPoolId); the judge holds the ranges whose entries it judges and, per pool ID that
+  /// exists now, the endpoints that stay valid (ip . port, as the map stores them).
   struct AffinityJudge {
-    std::unordered_map<std::string, Verdicts> addresses;
-    std::unordered_map<std::string, Verdicts> nodePorts;
-    bool everything = false;  ///< a full sync: entries of no known service are stale too
-    void judge(std::string_view set, std::string_view key);  ///< a service entry that was there before
-    void add(const Fragment& fragment);        ///< a service port as it is now
+    std::set<std::uint32_t> ranges;
+    std::unordered_map<std::uint32_t, std::set<std::string>> valid;
+    bool everything = false;  ///< a full sync: entries of no known pool are stale too
+    void judge(std::uint32_t range) { ranges.insert(range); }  ///< a range a changed port had
+    void add(const Fragment& fragment);  ///< a service port as it is now
     void mergeOlder(const AffinityJudge& older);
   };
   void removeStaleAffinity(Family family, AffinityJudge judge);

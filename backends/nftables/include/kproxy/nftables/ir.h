@@ -126,9 +126,14 @@ struct DnatTo {
   std::uint16_t port = 0;
   bool operator==(const DnatTo&) const = default;
 };
-/// `dnat to ip saddr . ip daddr . meta l4proto . th dport map @MAP`: session affinity hit.
+/// `dnat to ip saddr . numgen random mod 1 offset ID map @MAP`: session affinity hit. The
+/// key is the client and the ID of the endpoint pool the rule's chain balances (see
+/// RecordAffinity), not the address the client used, so every address of a service port shares
+/// the client's endpoint. nft cannot parse a constant inside a looked-up concatenation, so the
+/// ID is written, and encoded, as `numgen random mod 1 offset ID`, which always yields ID.
 struct DnatFromAffinity {
   std::string map;
+  std::uint32_t id = 0;
   bool operator==(const DnatFromAffinity&) const = default;
 };
 /// `dnat to numgen random mod 65535 offset BASE map @MAP`: the endpoint is looked up by slot in
@@ -154,13 +159,15 @@ struct VmapLookupOriginal {
   std::string map;
   bool operator==(const VmapLookupOriginal&) const = default;
 };
-/// `meta l4proto P update @MAP { ip saddr . ct original ip daddr . meta l4proto .
-/// ct original proto-dst timeout Ns : ip daddr . th dport }`: records (or refreshes) the
-/// endpoint a client was DNAT'ed to, after DNAT.
+/// `meta l4proto P update @MAP { ip saddr . numgen random mod 1 offset ID timeout Ns :
+/// ip daddr . th dport }`: after DNAT, records the endpoint a client was DNAT'ed to under the
+/// ID of the pool that chose it, or, when the client already has an entry (an affinity hit),
+/// restarts the entry's timeout and keeps its endpoint.
 struct RecordAffinity {
   std::uint8_t proto = 6;
   std::string map;
   std::uint32_t timeoutSeconds = 10800;
+  std::uint32_t id = 0;
   bool operator==(const RecordAffinity&) const = default;
 };
 /// `reject` (ICMP port unreachable) or `reject with tcp reset`.
@@ -219,10 +226,16 @@ enum class DataType : std::uint32_t {
   kIPv6Addr = 8,
   kInetProto = 12,
   kInetService = 13,
-  /// A 32-bit number in host byte order: the slot of `numgen` (typeof numgen in nft).
+  /// A 32-bit number: the slot of `numgen` (typeof numgen in nft), big-endian in the slot
+  /// maps' keys (the interval lookup byte-swaps it).
   kSlot = 4,
+  /// A 32-bit number in host byte order, as `numgen` leaves it: the pool ID of an affinity key.
+  /// nft's type is `integer` (4) as for kSlot; the high bits only keep the enumerators apart.
+  kPoolId = 0x100 | 4,
 };
 std::string_view dataTypeName(DataType type);
+/// nft's numeric id of a type.
+std::uint32_t nftTypeId(DataType type);
 /// Size of one field in a concatenation, padded to 32-bit registers.
 std::uint32_t paddedSize(DataType type);
 
@@ -289,6 +302,7 @@ struct KeyBuilder {
   KeyBuilder& proto(std::uint8_t p);
   KeyBuilder& port(std::uint16_t p);
   KeyBuilder& slot(std::uint32_t s);  ///< big-endian, as the byteorder expression leaves it
+  KeyBuilder& poolId(std::uint32_t id);  ///< host byte order, as numgen leaves it
 };
 /// Renders kernel key bytes as nft text using the set's key types.
 std::string keyToText(const SetSpec& spec, std::string_view bytes, Family family);

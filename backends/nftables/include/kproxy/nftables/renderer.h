@@ -17,11 +17,14 @@
 /// which the kernel commits without re-validating the table (a rule or a goto element would
 /// make it walk every chain), and the number of chains does not grow with endpoints.
 /// Hairpin traffic (a pod reaching itself) is found after DNAT by `hairpin-ips`, a set of
-/// (endpoint . endpoint) pairs. Session affinity uses one `affinity` map keyed by (client,
-/// service address, proto, port): service chains DNAT a hit from it, and after DNAT the
-/// filter hooks record (or refresh) the client's endpoint through `affinity-services` /
-/// `affinity-nodeports`, which send affinity services' connections to their `affinity-…`
-/// chain (that chain knows the service's timeout). The number of sets and maps is fixed.
+/// (endpoint . endpoint) pairs. Session affinity uses one `session-affinity` map keyed by
+/// (client, endpoint pool ID): the chains that balance a pool DNAT a hit from it under the
+/// pool's ID, whatever address the client used (ClusterIP, NodePort, externalIP, LoadBalancer
+/// IP), and after DNAT the filter hooks record the client's endpoint, or restart the timeout
+/// of the entry it hit, through `affinity-services` / `affinity-nodeports`, which send affinity
+/// services' connections to their `affinity-…` chain (it knows the service's timeout and the
+/// pool IDs; `affinity-external-…` for external addresses whose pools differ from the
+/// ClusterIP's, e.g. eTP=Local). The number of sets and maps is fixed.
 /// Thread-safety: none needed (pure functions of their inputs).
 
 #include <cstdint>
@@ -82,7 +85,15 @@ std::string externalChainName(const sdk::ServicePort& port);
 /// The chain balancing internal traffic over local endpoints (internalTrafficPolicy Local).
 std::string localChainName(const sdk::ServicePort& port);
 std::string firewallChainName(const sdk::ServicePort& port);
+/// The chain that records session affinity after DNAT for the ClusterIP (and for the external
+/// addresses when they record the same way), and the one for the external addresses otherwise.
 std::string affinityChainName(const sdk::ServicePort& port);
+std::string externalAffinityChainName(const sdk::ServicePort& port);
+/// The ID of one endpoint pool of `port` in session-affinity keys: the slot range `base` of the
+/// pool's first balancing chain in the high half (unique in the family while that chain
+/// exists) and a hash of the port's name and pool in the low half, so that a range handed to
+/// another port later does not meet the old port's entries.
+std::uint32_t affinityPoolId(std::uint32_t base, const sdk::ServicePort& port, plan::Pool pool);
 /// The slot ranges are spread over this many maps `service-endpoints-N` (range i in map
 /// i mod kEndpointMapShards). Two kernel costs pull in opposite directions: an added map
 /// element is checked against every rule that looks its map up (so one map for all services
@@ -122,7 +133,7 @@ inline constexpr const char* kNoEndpointNodePortsMap = "no-endpoint-nodeports";
 inline constexpr const char* kFirewallIPsMap = "firewall-ips";
 inline constexpr const char* kClusterIPsSet = "cluster-ips";
 inline constexpr const char* kNodePortIPsSet = "nodeport-ips";
-inline constexpr const char* kAffinityMap = "affinity";
+inline constexpr const char* kAffinityMap = "session-affinity";
 inline constexpr const char* kServiceEndpointsMap = "service-endpoints";
 inline constexpr const char* kHairpinSet = "hairpin-ips";
 inline constexpr const char* kAffinityServicesMap = "affinity-services";
