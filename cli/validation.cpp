@@ -218,9 +218,9 @@ std::vector<std::string> validationErrors(const ProxyConfig& c,
         p.invalid("nodePortAddresses", "nodeport-addresses", joinList(c.nodePortAddresses),
                   "\"primary\" cannot be combined with other entries");
       }
-    } else if (address != "all" && address != "localhost" && !isCIDR(address)) {
+    } else if (!isCIDR(address)) {
       p.invalid("nodePortAddresses", "nodeport-addresses", address,
-                "must be a CIDR or one of the keywords primary, all, localhost");
+                "must be a CIDR (e.g. 192.168.0.0/24) or the keyword primary");
     }
   }
 

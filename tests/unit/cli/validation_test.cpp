@@ -198,14 +198,23 @@ TEST_CASE("cluster CIDRs", "[unit]") {
                                  "--cluster-cidr): must be one CIDR or a dual-stack pair"));
 }
 
-TEST_CASE("nodePortAddresses are CIDRs or keywords", "[unit]") {
+TEST_CASE("nodePortAddresses are CIDRs or primary, as upstream", "[unit]") {
   ProxyConfig c = valid();
-  c.nodePortAddresses = {"10.0.0.0/8", "fd00::/64", "localhost"};
+  c.nodePortAddresses = {"10.0.0.0/8", "fd00::/64", "0.0.0.0/0", "127.0.0.1/32"};
+  CHECK(validationErrors(c, kModes).empty());
+  c.nodePortAddresses = {"primary"};
   CHECK(validationErrors(c, kModes).empty());
   c.nodePortAddresses = {"10.0.0.1"};
   CHECK(onlyError(c) ==
-        "invalid nodePortAddresses \"10.0.0.1\" (flag --nodeport-addresses): must be a CIDR or one "
-        "of the keywords primary, all, localhost");
+        "invalid nodePortAddresses \"10.0.0.1\" (flag --nodeport-addresses): must be a CIDR "
+        "(e.g. 192.168.0.0/24) or the keyword primary");
+  // Upstream has no such keywords; every backend would have to invent a meaning for them.
+  for (const char* keyword : {"all", "localhost"}) {
+    c.nodePortAddresses = {keyword};
+    CHECK(onlyError(c) == "invalid nodePortAddresses \"" + std::string(keyword) +
+                              "\" (flag --nodeport-addresses): must be a CIDR (e.g. 192.168.0.0/24) or "
+                              "the keyword primary");
+  }
   c.nodePortAddresses = {"primary", "10.0.0.0/8"};
   CHECK(onlyError(c) ==
         "invalid nodePortAddresses \"primary,10.0.0.0/8\" (flag --nodeport-addresses): \"primary\" "
