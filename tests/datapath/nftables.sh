@@ -492,6 +492,34 @@ case_dry_run_changes_nothing() {
   kp_stop_kproxy TERM
 }
 
+# --nodeport-addresses selects the node's interface addresses (read over rtnetlink, and
+# followed), not the Node object's: a secondary address inside the CIDR answers, one outside
+# it and the Node object's address do not, and an address added while kproxy runs answers.
+case_nodeport_addresses_secondary() {
+  setup 2 || return 1
+  local node_ns
+  node_ns="$(kp_ns node)"
+  # The client's default route goes through the node, so it reaches every node address.
+  ip -n "$node_ns" addr add 192.168.70.1/32 dev eth0 || return 1
+  ip -n "$node_ns" addr add 192.168.71.1/32 dev eth0 || return 1
+  add_service web-np.yaml web-np 10.96.0.11 "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  start_kproxy_and_wait "http://10.96.0.11/" --nodeport-addresses=192.168.70.0/24 || return 1
+  kp_wait_for 5 kp_curl client http://192.168.70.1:30080/ >/dev/null ||
+    kp_fail "NodePort on the secondary address 192.168.70.1 (in the CIDR, not in the Node object) not answered" || return 1
+  expect_spread client http://192.168.70.1:30080/ 10 2 || return 1
+  kp_note "nodeport-ips: $(kp_nft node list set ip kube-proxy nodeport-ips | tr -s ' \n' ' ')"
+  KP_CURL_TIMEOUT=1 kp_curl client http://192.168.71.1:30080/ >/dev/null 2>&1 &&
+    { kp_fail "NodePort answered on 192.168.71.1, outside --nodeport-addresses"; return 1; }
+  KP_CURL_TIMEOUT=1 kp_curl client "http://$KP_NODE_IP:30080/" >/dev/null 2>&1 &&
+    { kp_fail "NodePort answered on the Node object's $KP_NODE_IP, outside --nodeport-addresses"; return 1; }
+  # Added after kproxy started: followed without a restart.
+  ip -n "$node_ns" addr add 192.168.70.2/32 dev eth0 || return 1
+  kp_wait_for 5 kp_curl client http://192.168.70.2:30080/ >/dev/null ||
+    kp_fail "NodePort on 192.168.70.2, added while kproxy runs, not answered within 5 s" || return 1
+  expect_spread client http://192.168.70.2:30080/ 10 2 || return 1
+  expect_kproxy_alive
+}
+
 # ---------------------------------------------------------------------------------------------
 
 kp_suite_begin "$@"
@@ -522,4 +550,5 @@ kp_case malformed_manifest_ignored case_malformed_manifest_ignored
 kp_case restart_keeps_traffic case_restart_keeps_traffic
 kp_case cleanup_removes_table case_cleanup_removes_table
 kp_case dry_run_changes_nothing case_dry_run_changes_nothing
+kp_case nodeport_addresses_secondary case_nodeport_addresses_secondary
 kp_suite_end
