@@ -80,8 +80,13 @@ struct ChangeTracker::Impl {
   }
 
   // Fills in what --nodeport-addresses resolves to, once the interface addresses are known.
+  // "primary" waits for the Node object (upstream waits for it at start-up): resolving without
+  // it would open NodePorts on every local address until it arrives.
   void resolveNodePorts(NodeInfo& info) const {
+    info.nodePortAddresses = {};
     if (!interfaceAddresses) return;
+    const bool primary = config.nodePortAddresses.size() == 1 && config.nodePortAddresses[0] == "primary";
+    if (primary && !info.known) return;
     info.nodePortAddresses = resolveNodePortAddresses(
         config.nodePortAddresses, *interfaceAddresses,
         detectNodeIPs(nodeAddresses, config.bindAddress));

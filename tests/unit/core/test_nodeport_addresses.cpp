@@ -101,18 +101,19 @@ TEST_CASE("the tracker resolves nodePortAddresses once interface addresses are k
   config.nodeName = "node-a";
   config.nodePortAddresses = {"primary"};
   ChangeTracker tracker(config);
+  // "primary" before the Node object: not resolved (not "every local address" meanwhile).
+  CHECK_FALSE(tracker.setInterfaceAddresses({"192.168.1.10"}));
+  CHECK_FALSE(tracker.current()->node().nodePortAddresses.resolved);
+
   Node node;
   node.name = "node-a";
   node.addresses = {{"InternalIP", "192.168.1.10"}};
   REQUIRE(tracker.upsertNode(node));
-  auto first = tracker.publish().snapshot;
-  CHECK_FALSE(first->node().nodePortAddresses.resolved);  // as `kproxy explain`, or before the first read
+  CHECK(tracker.publish().snapshot->node().nodePortAddresses.addresses == Strings{"192.168.1.10"});
 
-  REQUIRE(tracker.setInterfaceAddresses({"192.168.1.10", "192.168.2.20"}));
+  // Another address that "primary" does not select changes nothing.
   CHECK_FALSE(tracker.setInterfaceAddresses({"192.168.1.10", "192.168.2.20"}));
-  auto second = tracker.publish().snapshot;
-  CHECK(second->node().nodePortAddresses.resolved);
-  CHECK(second->node().nodePortAddresses.addresses == Strings{"192.168.1.10"});
+  CHECK_FALSE(tracker.hasPendingChanges());
 
   // The Node's InternalIP moves to another interface address: followed.
   node.addresses = {{"InternalIP", "192.168.2.20"}};
@@ -123,4 +124,25 @@ TEST_CASE("the tracker resolves nodePortAddresses once interface addresses are k
   // An address change that does not change the outcome publishes nothing new for the node.
   tracker.setInterfaceAddresses({"192.168.1.10", "192.168.2.20", "10.9.9.9"});
   CHECK_FALSE(tracker.hasPendingChanges());
+}
+
+TEST_CASE("the tracker leaves nodePortAddresses unresolved without interface addresses", "[unit]") {
+  TrackerConfig config;
+  config.nodeName = "node-a";
+  config.nodePortAddresses = {"192.168.0.0/16"};
+  ChangeTracker tracker(config);
+  Node node;
+  node.name = "node-a";
+  node.addresses = {{"InternalIP", "192.168.1.10"}};
+  REQUIRE(tracker.upsertNode(node));
+  // As in `kproxy explain`: the backend decides from the Node object.
+  CHECK_FALSE(tracker.publish().snapshot->node().nodePortAddresses.resolved);
+  REQUIRE(tracker.setInterfaceAddresses({"192.168.1.10", "192.168.2.20", "10.0.0.1"}));
+  const NodePortAddresses np = tracker.publish().snapshot->node().nodePortAddresses;
+  CHECK(np.resolved);
+  CHECK(np.addresses == Strings{"192.168.1.10", "192.168.2.20"});
+  CHECK(np.allLocalIPv6);
+  // The Node object goes: CIDRs do not need it.
+  REQUIRE(tracker.deleteNode("node-a"));
+  CHECK(tracker.publish().snapshot->node().nodePortAddresses.addresses == Strings{"192.168.1.10", "192.168.2.20"});
 }
