@@ -520,6 +520,29 @@ case_nodeport_addresses_secondary() {
   expect_kproxy_alive
 }
 
+# --nodeport-addresses=0.0.0.0/0: every local address (upstream's MatchAll, `fib daddr type
+# local`), including one added while kproxy runs; never loopback.
+case_nodeport_addresses_all_local() {
+  setup 2 || return 1
+  local node_ns
+  node_ns="$(kp_ns node)"
+  ip -n "$node_ns" addr add 192.168.71.1/32 dev eth0 || return 1
+  add_service web-np.yaml web-np 10.96.0.11 "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  start_kproxy_and_wait "http://10.96.0.11/" --nodeport-addresses=0.0.0.0/0 || return 1
+  local url
+  for url in "http://$KP_NODE_IP:30080/" http://192.168.71.1:30080/; do
+    kp_wait_for 5 kp_curl client "$url" >/dev/null || kp_fail "NodePort $url not answered" || return 1
+    expect_spread client "$url" 6 2 || return 1
+  done
+  kp_note "services: $(kp_nft node list chain ip kube-proxy services | grep -F nodeports | tr -s ' ' ' ')"
+  ip -n "$node_ns" addr add 192.168.72.1/32 dev eth0 || return 1
+  kp_wait_for 5 kp_curl client http://192.168.72.1:30080/ >/dev/null ||
+    kp_fail "NodePort on 192.168.72.1, added while kproxy runs, not answered within 5 s" || return 1
+  KP_CURL_TIMEOUT=1 kp_curl node http://127.0.0.1:30080/ >/dev/null 2>&1 &&
+    { kp_fail "NodePort answered on 127.0.0.1 (no localhost NodePorts in nftables mode)"; return 1; }
+  expect_kproxy_alive
+}
+
 # ---------------------------------------------------------------------------------------------
 
 kp_suite_begin "$@"
@@ -551,4 +574,5 @@ kp_case restart_keeps_traffic case_restart_keeps_traffic
 kp_case cleanup_removes_table case_cleanup_removes_table
 kp_case dry_run_changes_nothing case_dry_run_changes_nothing
 kp_case nodeport_addresses_secondary case_nodeport_addresses_secondary
+kp_case nodeport_addresses_all_local case_nodeport_addresses_all_local
 kp_suite_end
