@@ -117,11 +117,15 @@ struct InterfaceAddressWatcher::Impl {
   void report() {
     auto addresses = dumpAddresses(dump);
     if (!addresses) {
-      log::error("interface addresses could not be read; NodePort addresses keep the last list",
-                 {{"error", addresses.error().message()}});
+      // Retried after every quiet period; said once per run of failures.
+      if (!failing)
+        log::error("interface addresses could not be read; NodePort addresses keep the last list",
+                   {{"error", addresses.error().message()}});
+      failing = true;
       pending = true;
       return;
     }
+    failing = false;
     pending = false;
     if (*addresses == last) return;
     last = *addresses;
@@ -130,6 +134,7 @@ struct InterfaceAddressWatcher::Impl {
   }
 
   bool pending = false;  // a change not yet reported (a read failed, or waiting for quiet)
+  bool failing = false;  // the last read failed
 
   void run() {
     pollfd fds[2] = {{mnl_socket_get_fd(events), POLLIN, 0}, {stopFd, POLLIN, 0}};
