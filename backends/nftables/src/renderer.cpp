@@ -195,17 +195,20 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
   // matches every local address of the family (upstream's MatchAll), any local destination
   // but loopback, as upstream.
   const auto& resolved = node.nodePortAddresses;
-  const bool allLocal = resolved.resolved && resolved.allLocal(family == Family::kIPv6 ? sdk::Family::kIPv6
-                                                                                       : sdk::Family::kIPv4);
-  const Address loopback = family == Family::kIPv4 ? *Address::parse("127.0.0.0/8") : *Address::parse("::1");
+  const sdk::Family sdkFamily = family == Family::kIPv6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4;
+  const bool allLocal = resolved.resolved && resolved.allLocal(sdkFamily);
+  const Address loopback = *Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1");
   auto nodePortDestination = [&](Statement then) {
-    if (allLocal) return rule({MatchFibDestLocal{}, MatchAddress{false, true, loopback}, std::move(then)});
+    if (allLocal)
+      return rule({MatchFibDestLocal{}, MatchAddress{false, true, loopback}, std::move(then)});
     return rule({MatchDestInSet{kNodePortIPsSet}, std::move(then)});
   };
-  chain(kServicesChain, {rule({VmapLookup{true, kServiceIPsMap}}), nodePortDestination(jump(kNodePortsChain))});
+  chain(kServicesChain,
+        {rule({VmapLookup{true, kServiceIPsMap}}), nodePortDestination(jump(kNodePortsChain))});
   chain(kNodePortsChain, {rule({VmapLookup{false, kServiceNodePortsMap}})});
   chain(kClusterIPsCheckChain, {rule({MatchDestInSet{kClusterIPsSet}, Reject{false}})});
-  chain(kNodePortEndpointsCheckChain, {nodePortDestination(VmapLookup{false, kNoEndpointNodePortsMap})});
+  chain(kNodePortEndpointsCheckChain,
+        {nodePortDestination(VmapLookup{false, kNoEndpointNodePortsMap})});
   chain(kServiceEndpointsCheckChain, {rule({VmapLookup{true, kNoEndpointServicesMap}})});
   chain(kFirewallCheckChain, {rule({VmapLookup{true, kFirewallIPsMap}})});
   // TCP clients get a reset, everyone else ICMP port unreachable: "connection refused" at once.
