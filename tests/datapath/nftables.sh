@@ -506,7 +506,7 @@ case_nodeport_addresses_secondary() {
   start_kproxy_and_wait "http://10.96.0.11/" --nodeport-addresses=192.168.70.0/24 || return 1
   kp_wait_for 5 kp_curl client http://192.168.70.1:30080/ >/dev/null ||
     kp_fail "NodePort on the secondary address 192.168.70.1 (in the CIDR, not in the Node object) not answered" || return 1
-  expect_spread client http://192.168.70.1:30080/ 10 2 || return 1
+  expect_spread client http://192.168.70.1:30080/ 15 2 || return 1
   kp_note "nodeport-ips: $(kp_nft node list set ip kube-proxy nodeport-ips | tr -s ' \n' ' ')"
   KP_CURL_TIMEOUT=1 kp_curl client http://192.168.71.1:30080/ >/dev/null 2>&1 &&
     { kp_fail "NodePort answered on 192.168.71.1, outside --nodeport-addresses"; return 1; }
@@ -516,7 +516,7 @@ case_nodeport_addresses_secondary() {
   ip -n "$node_ns" addr add 192.168.70.2/32 dev eth0 || return 1
   kp_wait_for 5 kp_curl client http://192.168.70.2:30080/ >/dev/null ||
     kp_fail "NodePort on 192.168.70.2, added while kproxy runs, not answered within 5 s" || return 1
-  expect_spread client http://192.168.70.2:30080/ 10 2 || return 1
+  expect_spread client http://192.168.70.2:30080/ 15 2 || return 1
   expect_kproxy_alive
 }
 
@@ -532,7 +532,7 @@ case_nodeport_addresses_all_local() {
   local url
   for url in "http://$KP_NODE_IP:30080/" http://192.168.71.1:30080/; do
     kp_wait_for 5 kp_curl client "$url" >/dev/null || kp_fail "NodePort $url not answered" || return 1
-    expect_spread client "$url" 6 2 || return 1
+    expect_spread client "$url" 15 2 || return 1
   done
   kp_note "services: $(kp_nft node list chain ip kube-proxy services | grep -F nodeports | tr -s ' ' ' ')"
   ip -n "$node_ns" addr add 192.168.72.1/32 dev eth0 || return 1
