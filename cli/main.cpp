@@ -307,6 +307,8 @@ int main(int argc, char** argv) {
   for (const auto& flag : kproxy::cli::ignoredFlags(*parsed)) {
     log::warning("flag ignored because --config is given", {{"flag", "--" + flag}});
   }
+  if (!config.cleanup)
+    for (const auto& warning : kproxy::cli::nodePortAddressWarnings(config)) log::warning(warning);
 
   // Block the stop signals before any thread starts so that only the waiter below sees them.
   sigset_t stopSignals;

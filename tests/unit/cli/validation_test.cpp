@@ -221,6 +221,25 @@ TEST_CASE("nodePortAddresses are CIDRs or primary, as upstream", "[unit]") {
         "cannot be combined with other entries");
 }
 
+TEST_CASE("nodePortAddresses that leave a family open are warned about, as upstream", "[unit]") {
+  ProxyConfig c = valid();
+  c.nodePortAddresses = {};
+  CHECK(nodePortAddressWarnings(c) ==
+        std::vector<std::string>{"nodePortAddresses is unset; NodePort connections will be accepted on "
+                                 "all local IPs. Consider using `--nodeport-addresses primary`"});
+  c.nodePortAddresses = {"primary"};
+  CHECK(nodePortAddressWarnings(c).empty());
+  c.nodePortAddresses = {"192.168.0.0/16"};
+  c.clusterCIDR = "10.244.0.0/16";
+  CHECK(nodePortAddressWarnings(c).empty());  // single-stack: nothing to say
+  c.clusterCIDR = "10.244.0.0/16,fd00:10:244::/56";
+  CHECK(nodePortAddressWarnings(c) ==
+        std::vector<std::string>{"cluster appears to be dual-stack but nodePortAddresses contains only "
+                                 "IPv4 addresses; NodePort connections will be accepted on all local IPv6 IPs"});
+  c.nodePortAddresses = {"192.168.0.0/16", "fd00::/64"};
+  CHECK(nodePortAddressWarnings(c).empty());
+}
+
 TEST_CASE("detect-local mode, port range and logging format", "[unit]") {
   ProxyConfig c = valid();
   c.detectLocalMode = "Magic";
