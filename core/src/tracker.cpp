@@ -85,8 +85,8 @@ struct ChangeTracker::Impl {
   void resolveNodePorts(NodeInfo& info) const {
     info.nodePortAddresses = {};
     if (!interfaceAddresses) return;
-    const bool primary = config.nodePortAddresses.size() == 1 && config.nodePortAddresses[0] == "primary";
-    if (primary && !info.known) return;
+    const auto& spec = config.nodePortAddresses;
+    if (spec.size() == 1 && spec[0] == "primary" && !info.known) return;
     info.nodePortAddresses = resolveNodePortAddresses(
         config.nodePortAddresses, *interfaceAddresses,
         detectNodeIPs(nodeAddresses, config.bindAddress));
