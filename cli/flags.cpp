@@ -243,7 +243,8 @@ const std::vector<FlagSpec>& flagSpecs() {
          boolSetter([](ParsedFlags& f, bool b) { f.config.masqueradeAll = b; })},
         {"nodeport-addresses", 0, Kind::kStringList, Scope::kConfig, "[] (nftables: primary)",
          "Comma-separated CIDRs that contain valid node IPs, or the single string 'primary'. "
-         "NodePorts are served only on node IPs in these ranges.",
+         "NodePorts are served only on the node's interface addresses in these ranges (or on its "
+         "primary IP of each family); unset, on every local address.",
          listSetter([](C& c, std::string v) { c.nodePortAddresses.push_back(std::move(v)); })},
         {"iptables-masquerade-bit", 0, Kind::kInt32, Scope::kConfig, "14",
          "The bit of the fwmark space to mark packets requiring SNAT with; within [0, 31].",

@@ -26,6 +26,7 @@
 #include "flags.h"
 #include "kproxy/apiwatch/api_source.h"
 #include "kproxy/apiwatch/manifest_source.h"
+#include "kproxy/backends/common/interface_addresses.h"
 #include "kproxy/core/log.h"
 #include "kproxy/core/proxier.h"
 #include "kproxy/plugins/loader.h"
@@ -306,6 +307,8 @@ int main(int argc, char** argv) {
   for (const auto& flag : kproxy::cli::ignoredFlags(*parsed)) {
     log::warning("flag ignored because --config is given", {{"flag", "--" + flag}});
   }
+  if (!config.cleanup)
+    for (const auto& warning : kproxy::cli::nodePortAddressWarnings(config)) log::warning(warning);
 
   // Block the stop signals before any thread starts so that only the waiter below sees them.
   sigset_t stopSignals;
@@ -351,6 +354,8 @@ int main(int argc, char** argv) {
 
   kproxy::core::TrackerConfig tracker;
   tracker.nodeName = nodeName(config);
+  tracker.nodePortAddresses = config.nodePortAddresses;
+  tracker.bindAddress = config.bindAddress;
   tracker.ipv6 = kernelHasIPv6();
   if (!tracker.ipv6) log::info(0, "IPv6 is not available in this network namespace; IPv6 service ports are skipped");
   kproxy::core::ProxierOptions options;
@@ -358,6 +363,17 @@ int main(int argc, char** argv) {
   options.minSyncPeriod = config.effectiveMinSyncPeriod();
   options.oneShot = config.dryRun;
   kproxy::core::Proxier proxier(tracker, **backend, options);
+
+  // --nodeport-addresses selects the node's interface addresses: read them now (before the
+  // first sync) and follow them. Without them the backend decides from the Node object.
+  auto addressWatcher = kproxy::backends::InterfaceAddressWatcher::start(
+      [&proxier](std::vector<std::string> addresses) {
+        proxier.interfaceAddressesChanged(std::move(addresses));
+      });
+  if (!addressWatcher) {
+    log::error("interface addresses cannot be read; NodePorts follow the Node object's addresses",
+               {{"error", addressWatcher.error().message()}});
+  }
 
   log::info(0, "starting", {{"version", kVersion}, {"mode", config.mode},
                             {"node", tracker.nodeName}, {"manifests", config.manifestsDir},
@@ -410,6 +426,7 @@ int main(int argc, char** argv) {
   }
 
   bool ok = proxier.run(stop.get_token());
+  if (addressWatcher) addressWatcher->reset();  // its callback uses the proxier
   proxier.setObserver(nullptr);
   if (ops) ops->stop();
   source.stop();

@@ -218,9 +218,9 @@ std::vector<std::string> validationErrors(const ProxyConfig& c,
         p.invalid("nodePortAddresses", "nodeport-addresses", joinList(c.nodePortAddresses),
                   "\"primary\" cannot be combined with other entries");
       }
-    } else if (address != "all" && address != "localhost" && !isCIDR(address)) {
+    } else if (!isCIDR(address)) {
       p.invalid("nodePortAddresses", "nodeport-addresses", address,
-                "must be a CIDR or one of the keywords primary, all, localhost");
+                "must be a CIDR (e.g. 192.168.0.0/24) or the keyword primary");
     }
   }
 
@@ -248,6 +248,36 @@ core::Result<void> validate(const ProxyConfig& config, std::span<const std::stri
   auto problems = validationErrors(config, availableModes);
   if (problems.empty()) return {};
   return core::makeError(core::ErrorCategory::kInvalidArgument, std::move(problems.front()));
+}
+
+std::vector<std::string> nodePortAddressWarnings(const ProxyConfig& config) {
+  const auto& npa = config.nodePortAddresses;
+  if (npa.empty()) {
+    return {"nodePortAddresses is unset; NodePort connections will be accepted on all local IPs. "
+            "Consider using `--nodeport-addresses primary`"};
+  }
+  if (npa.size() == 1 && npa.front() == "primary") return {};
+  auto families = [](const std::vector<std::string>& cidrs) {
+    std::pair<bool, bool> v4v6{false, false};
+    for (const auto& c : cidrs) (c.find(':') == std::string::npos ? v4v6.first : v4v6.second) = true;
+    return v4v6;
+  };
+  std::vector<std::string> clusterCIDRs;
+  for (std::size_t start = 0; !config.clusterCIDR.empty();) {
+    const auto comma = config.clusterCIDR.find(',', start);
+    clusterCIDRs.push_back(config.clusterCIDR.substr(start, comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  const auto dual = [&](const std::vector<std::string>& v) {
+    auto [v4, v6] = families(v);
+    return v4 && v6;
+  };
+  const auto [v4, v6] = families(npa);
+  if (v4 == v6 || !(dual(clusterCIDRs) || dual(config.ipvs.excludeCIDRs))) return {};
+  return {std::string("cluster appears to be dual-stack but nodePortAddresses contains only ") +
+          (v4 ? "IPv4" : "IPv6") + " addresses; NodePort connections will be accepted on all local " +
+          (v4 ? "IPv6" : "IPv4") + " IPs"};
 }
 
 }  // namespace kproxy::cli

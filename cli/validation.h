@@ -22,4 +22,10 @@ std::vector<std::string> validationErrors(const ProxyConfig& config,
 /// The first of validationErrors() as an kInvalidArgument error, or success.
 core::Result<void> validate(const ProxyConfig& config, std::span<const std::string> availableModes);
 
+/// What upstream's checkBadConfig logs about a valid `config.nodePortAddresses` that leaves
+/// NodePorts open on every local address of a family: unset, or CIDRs of one family only
+/// while the configuration is dual-stack (clusterCIDR or ipvs.excludeCIDRs of both families).
+/// One line each; empty when nothing is worth saying.
+std::vector<std::string> nodePortAddressWarnings(const ProxyConfig& config);
+
 }  // namespace kproxy::cli

@@ -254,6 +254,11 @@ void Proxier::nodeDeleted(const std::string& name) {
   if (impl_->tracker.deleteNode(name)) impl_->changed();
 }
 
+void Proxier::interfaceAddressesChanged(std::vector<std::string> addresses) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->tracker.setInterfaceAddresses(std::move(addresses))) impl_->changed();
+}
+
 void Proxier::servicesSynced() {
   std::lock_guard lock(impl_->mutex);
   if (impl_->servicesSynced) return;

@@ -61,6 +61,8 @@ struct ChangeTracker::Impl {
   std::vector<double> triggerTimes;
 
   NodeInfo node;
+  std::vector<NodeAddress> nodeAddresses;  // of the Node object, typed, for detectNodeIPs
+  std::optional<std::vector<std::string>> interfaceAddresses;  // once the host has read them
   bool nodeDirty = false;
   bool resolveAll = false;  // the zone changed: topology of every service may differ
 
@@ -75,6 +77,19 @@ struct ChangeTracker::Impl {
     }
     sliceOwner.erase(sliceKey);
     dirty.insert(owner);
+  }
+
+  // Fills in what --nodeport-addresses resolves to, once the interface addresses are known.
+  // "primary" waits for the Node object (upstream waits for it at start-up): resolving without
+  // it would open NodePorts on every local address until it arrives.
+  void resolveNodePorts(NodeInfo& info) const {
+    info.nodePortAddresses = {};
+    if (!interfaceAddresses) return;
+    const auto& spec = config.nodePortAddresses;
+    if (spec.size() == 1 && spec[0] == "primary" && !info.known) return;
+    info.nodePortAddresses = resolveNodePortAddresses(
+        config.nodePortAddresses, *interfaceAddresses,
+        detectNodeIPs(nodeAddresses, config.bindAddress));
   }
 
   void setNode(NodeInfo next) {
@@ -176,6 +191,8 @@ bool ChangeTracker::upsertNode(Node node) {
     return false;
   }
   NodeInfo info = resolve::nodeInfoFrom(node);
+  impl_->nodeAddresses = node.addresses;
+  impl_->resolveNodePorts(info);
   if (info == impl_->node) return false;
   impl_->setNode(std::move(info));
   return true;
@@ -185,6 +202,18 @@ bool ChangeTracker::deleteNode(const std::string& name) {
   if (!impl_->node.known || name != impl_->node.name) return false;
   NodeInfo info;
   info.name = impl_->config.nodeName;
+  impl_->nodeAddresses.clear();
+  impl_->resolveNodePorts(info);
+  impl_->setNode(std::move(info));
+  return true;
+}
+
+bool ChangeTracker::setInterfaceAddresses(std::vector<std::string> addresses) {
+  if (impl_->interfaceAddresses == addresses) return false;
+  impl_->interfaceAddresses = std::move(addresses);
+  NodeInfo info = impl_->node;
+  impl_->resolveNodePorts(info);
+  if (info == impl_->node) return false;
   impl_->setNode(std::move(info));
   return true;
 }

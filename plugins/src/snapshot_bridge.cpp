@@ -92,6 +92,7 @@ struct NodeView {
   kproxy_node_info info{};
   std::vector<const char*> addresses;
   std::vector<const char*> podCIDRs;
+  std::vector<const char*> nodePortAddresses;
 };
 
 void hostLog(void* /*ctx*/, int level, const char* message) {
@@ -112,7 +113,9 @@ const kproxy_node_info* snapshotNode(const kproxy_snapshot* snapshot) {
   const core::NodeInfo& node = fromC(snapshot)->node();
   view.addresses.clear();
   view.podCIDRs.clear();
+  view.nodePortAddresses.clear();
   for (const auto& a : node.addresses) view.addresses.push_back(a.c_str());
+  for (const auto& a : node.nodePortAddresses.addresses) view.nodePortAddresses.push_back(a.c_str());
   for (const auto& c : node.podCIDRs) view.podCIDRs.push_back(c.c_str());
   view.info.struct_size = sizeof(kproxy_node_info);
   view.info.name = node.name.c_str();
@@ -121,6 +124,12 @@ const kproxy_node_info* snapshotNode(const kproxy_snapshot* snapshot) {
   view.info.addresses_count = view.addresses.size();
   view.info.pod_cidrs = view.podCIDRs.data();
   view.info.pod_cidrs_count = view.podCIDRs.size();
+  view.info.nodeport_addresses = view.nodePortAddresses.data();
+  view.info.nodeport_addresses_count = view.nodePortAddresses.size();
+  const auto& np = node.nodePortAddresses;
+  view.info.nodeport_flags = (np.resolved ? KPROXY_NODEPORT_RESOLVED : 0u) |
+                             (np.resolved && np.allLocalIPv4 ? KPROXY_NODEPORT_ALL_LOCAL_IPV4 : 0u) |
+                             (np.resolved && np.allLocalIPv6 ? KPROXY_NODEPORT_ALL_LOCAL_IPV6 : 0u);
   return &view.info;
 }
 

@@ -549,6 +549,54 @@ case_affinity_etp_local() {
   kp_note "pod2 -> ClusterIP, NodePort (4 rounds): $(summarize <<<"$out")"
   grep -q FAIL <<<"$out" && { kp_fail "requests from pod2 failed"; return 1; }
   [[ "$(sort -u <<<"$out" | wc -l)" -eq 1 ]] || kp_fail "pod2 reached several pods: $(summarize <<<"$out")" || return 1
+# --nodeport-addresses selects the node's interface addresses (read over rtnetlink, and
+# followed), not the Node object's: a secondary address inside the CIDR answers, one outside
+# it and the Node object's address do not, and an address added while kproxy runs answers.
+case_nodeport_addresses_secondary() {
+  setup 2 || return 1
+  local node_ns
+  node_ns="$(kp_ns node)"
+  # The client's default route goes through the node, so it reaches every node address.
+  ip -n "$node_ns" addr add 192.168.70.1/32 dev eth0 || return 1
+  ip -n "$node_ns" addr add 192.168.71.1/32 dev eth0 || return 1
+  add_service web-np.yaml web-np 10.96.0.11 "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  start_kproxy_and_wait "http://10.96.0.11/" --nodeport-addresses=192.168.70.0/24 || return 1
+  kp_wait_for 5 kp_curl client http://192.168.70.1:30080/ >/dev/null ||
+    kp_fail "NodePort on the secondary address 192.168.70.1 (in the CIDR, not in the Node object) not answered" || return 1
+  expect_spread client http://192.168.70.1:30080/ 15 2 || return 1
+  kp_note "nodeport-ips: $(kp_nft node list set ip kube-proxy nodeport-ips | tr -s ' \n' ' ')"
+  KP_CURL_TIMEOUT=1 kp_curl client http://192.168.71.1:30080/ >/dev/null 2>&1 &&
+    { kp_fail "NodePort answered on 192.168.71.1, outside --nodeport-addresses"; return 1; }
+  KP_CURL_TIMEOUT=1 kp_curl client "http://$KP_NODE_IP:30080/" >/dev/null 2>&1 &&
+    { kp_fail "NodePort answered on the Node object's $KP_NODE_IP, outside --nodeport-addresses"; return 1; }
+  # Added after kproxy started: followed without a restart.
+  ip -n "$node_ns" addr add 192.168.70.2/32 dev eth0 || return 1
+  kp_wait_for 5 kp_curl client http://192.168.70.2:30080/ >/dev/null ||
+    kp_fail "NodePort on 192.168.70.2, added while kproxy runs, not answered within 5 s" || return 1
+  expect_spread client http://192.168.70.2:30080/ 15 2 || return 1
+  expect_kproxy_alive
+}
+
+# --nodeport-addresses=0.0.0.0/0: every local address (upstream's MatchAll, `fib daddr type
+# local`), including one added while kproxy runs; never loopback.
+case_nodeport_addresses_all_local() {
+  setup 2 || return 1
+  local node_ns
+  node_ns="$(kp_ns node)"
+  ip -n "$node_ns" addr add 192.168.71.1/32 dev eth0 || return 1
+  add_service web-np.yaml web-np 10.96.0.11 "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  start_kproxy_and_wait "http://10.96.0.11/" --nodeport-addresses=0.0.0.0/0 || return 1
+  local url
+  for url in "http://$KP_NODE_IP:30080/" http://192.168.71.1:30080/; do
+    kp_wait_for 5 kp_curl client "$url" >/dev/null || kp_fail "NodePort $url not answered" || return 1
+    expect_spread client "$url" 15 2 || return 1
+  done
+  kp_note "services: $(kp_nft node list chain ip kube-proxy services | grep -F nodeports | tr -s ' ' ' ')"
+  ip -n "$node_ns" addr add 192.168.72.1/32 dev eth0 || return 1
+  kp_wait_for 5 kp_curl client http://192.168.72.1:30080/ >/dev/null ||
+    kp_fail "NodePort on 192.168.72.1, added while kproxy runs, not answered within 5 s" || return 1
+  KP_CURL_TIMEOUT=1 kp_curl node http://127.0.0.1:30080/ >/dev/null 2>&1 &&
+    { kp_fail "NodePort answered on 127.0.0.1 (no localhost NodePorts in nftables mode)"; return 1; }
   expect_kproxy_alive
 }
 
@@ -584,4 +632,6 @@ kp_case cleanup_removes_table case_cleanup_removes_table
 kp_case dry_run_changes_nothing case_dry_run_changes_nothing
 kp_case affinity_across_addresses case_affinity_across_addresses
 kp_case affinity_etp_local case_affinity_etp_local
+kp_case nodeport_addresses_secondary case_nodeport_addresses_secondary
+kp_case nodeport_addresses_all_local case_nodeport_addresses_all_local
 kp_suite_end

@@ -37,6 +37,11 @@ class RecorderBackend final : public BackendPlugin {
     if (!out) return fail("recorder: cannot open " + file_, 2);
     out << "sync full=" << ctx.full << " previous=" << ctx.previous.valid()
         << " size=" << ctx.next.size() << " node=" << ctx.next.node().name << "\n";
+    if (const auto np = ctx.next.node().nodePortAddresses; np.resolved) {
+      out << "nodeports all4=" << np.allLocalIPv4 << " all6=" << np.allLocalIPv6 << " addresses=";
+      for (std::size_t i = 0; i < np.addresses.size(); ++i) out << (i ? "," : "") << np.addresses[i];
+      out << "\n";
+    }
     for (const auto& key : ctx.changed) {
       auto port = ctx.next.find(key.family, key.key);
       out << "changed " << familyName(key.family) << ":" << key.key << " "

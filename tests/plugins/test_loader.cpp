@@ -174,6 +174,15 @@ TEST_CASE("snapshots, changed keys and options cross the ABI end to end", "[unit
   CHECK_THAT(text, Catch::Contains("sync full=0 previous=1 size=1 node=node-a"));
   CHECK_THAT(text, Catch::Contains("endpoints=10.244.1.3:8080\n"));
   CHECK_THAT(text, Catch::Contains("changed v4:default/gone:dns deleted"));
+  CHECK_THAT(text, !Catch::Contains("nodeports"));  // not resolved: nothing crosses
+
+  // NodePort addresses the host resolved (ABI 1.2) reach the plugin.
+  node.nodePortAddresses.resolved = true;
+  node.nodePortAddresses.addresses = {"192.168.2.20", "fd00::20"};
+  node.nodePortAddresses.allLocalIPv6 = true;
+  Snapshot third = second.withNode(node).withGeneration(3);
+  REQUIRE((*backend)->sync(SyncRequest{&second, &third, {}, SyncKind::kPartial}));
+  CHECK_THAT(readFile(record), Catch::Contains("nodeports all4=0 all6=1 addresses=192.168.2.20,fd00::20\n"));
   REQUIRE((*backend)->cleanup());
   CHECK_THAT(readFile(record), Catch::EndsWith("cleanup\n"));
 }

@@ -101,6 +101,7 @@ struct TextVisitor {
     return fmt::format("meta mark & {:#010x} == 0", s.bit);
   }
   std::string operator()(const MatchFibSourceLocal&) const { return "fib saddr type local"; }
+  std::string operator()(const MatchFibDestLocal&) const { return "fib daddr type local"; }
   std::string operator()(const MatchInputInterface& s) const {
     return fmt::format("iifname {}\"{}{}\"", s.negate ? "!= " : "", s.name, s.prefix ? "*" : "");
   }

@@ -142,6 +142,15 @@ class RuleEncoder {
     std::uint32_t local = 2;  // RTN_LOCAL
     cmp(NFT_CMP_EQ, &local, 4);
   }
+  void operator()(const MatchFibDestLocal&) {
+    auto* e = expr("fib");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_DREG, NFT_REG_1);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_RESULT, NFT_FIB_RESULT_ADDRTYPE);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_FLAGS, NFTA_FIB_F_DADDR);
+    add(e);
+    std::uint32_t local = 2;  // RTN_LOCAL
+    cmp(NFT_CMP_EQ, &local, 4);
+  }
   void operator()(const MatchInputInterface& s) {
     meta(NFT_META_IIFNAME, NFT_REG_1);
     // An exact name compares all IFNAMSIZ bytes (zero padded); a prefix only its own bytes.

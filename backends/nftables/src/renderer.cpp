@@ -204,25 +204,53 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
   chain(kMasqueradingChain, {rule({MatchMarkClear{mark}, Verdict{VerdictKind::kReturn, {}}}),
                              rule({SetMark{mark, true}}), rule({Masquerade{}})});
   chain(kMarkMasqChain, {rule({SetMark{mark, false}})});
-  chain(kServicesChain, {rule({VmapLookup{true, kServiceIPsMap}}),
-                         rule({MatchDestInSet{kNodePortIPsSet}, jump(kNodePortsChain)})});
+  // Where NodePorts answer: the addresses in nodeport-ips, or, when --nodeport-addresses
+  // matches every local address of the family (upstream's MatchAll), any local destination
+  // but loopback, as upstream.
+  const auto& resolved = node.nodePortAddresses;
+  const sdk::Family sdkFamily = family == Family::kIPv6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4;
+  const bool allLocal = resolved.resolved && resolved.allLocal(sdkFamily);
+  const Address loopback = *Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1");
+  auto nodePortDestination = [&](Statement then) {
+    if (allLocal)
+      return rule({MatchFibDestLocal{}, MatchAddress{false, true, loopback}, std::move(then)});
+    return rule({MatchDestInSet{kNodePortIPsSet}, std::move(then)});
+  };
+  chain(kServicesChain,
+        {rule({VmapLookup{true, kServiceIPsMap}}), nodePortDestination(jump(kNodePortsChain))});
   chain(kNodePortsChain, {rule({VmapLookup{false, kServiceNodePortsMap}})});
   chain(kClusterIPsCheckChain, {rule({MatchDestInSet{kClusterIPsSet}, Reject{false}})});
   chain(kNodePortEndpointsCheckChain,
-        {rule({MatchDestInSet{kNodePortIPsSet}, VmapLookup{false, kNoEndpointNodePortsMap}})});
+        {nodePortDestination(VmapLookup{false, kNoEndpointNodePortsMap})});
   chain(kServiceEndpointsCheckChain, {rule({VmapLookup{true, kNoEndpointServicesMap}})});
   chain(kFirewallCheckChain, {rule({VmapLookup{true, kFirewallIPsMap}})});
   // TCP clients get a reset, everyone else ICMP port unreachable: "connection refused" at once.
   chain(kRejectChain, {rule({MatchL4Proto{6}, Reject{true}}), rule({Reject{false}})});
 
-  // nodeport-ips: the node's addresses of this family, filtered by nodeport-addresses.
+  std::set<std::string> seen;
+  if (resolved.resolved) {
+    // nodeport-ips: the interface addresses the host resolved (with all-local, every local
+    // address known now, which session affinity's record chain looks up). No NodePorts on
+    // loopback addresses, as upstream's nftables mode.
+    for (const auto& ip : resolved.addresses) {
+      auto a = parseHostOf(ip, family);
+      if (!a || loopback.contains(*a)) continue;
+      KeyBuilder k;
+      k.address(*a);
+      if (!seen.insert(k.bytes).second) continue;
+      g.elements.push_back(Element{kNodePortIPsSet, k.bytes, k.text, std::nullopt});
+    }
+    return g;
+  }
+
+  // A host that did not resolve them (an older one, or explain): the Node object's addresses
+  // of this family, filtered by nodeport-addresses.
   std::vector<Address> candidates;
   for (const auto& ip : node.addresses)
     if (auto a = parseHostOf(ip, family)) candidates.push_back(*a);
   if (candidates.empty())
     for (const auto& a : config_.nodeIPs)
       if (a.family == family && a.isHost()) candidates.push_back(a);
-  std::set<std::string> seen;
   for (const auto& a : candidates) {
     bool wanted = config_.nodePortCIDRs.empty();
     bool anyOfFamily = false;

@@ -477,6 +477,9 @@ class PacketRun {
   std::optional<Flow> evaluate(const Chain&, const Rule&, const MatchFibSourceLocal&, int) {
     return pass(isLocal(src_));
   }
+  std::optional<Flow> evaluate(const Chain&, const Rule&, const MatchFibDestLocal&, int) {
+    return pass(isLocal(dst_));
+  }
   std::optional<Flow> evaluate(const Chain&, const Rule&, const MatchInputInterface& s, int) {
     const std::string& in = inputInterface_;
     const bool same = s.prefix ? in.starts_with(s.name) : in == s.name;
@@ -616,6 +619,9 @@ NftablesTracer NftablesTracer::fromServicePorts(NftablesRenderer& renderer, Fami
   for (const auto& ip : node.addresses)
     if (auto a = Address::parse(ip); a && a->isHost()) local.push_back(*a);
   if (local.empty()) local = renderer.config().nodeIPs;
+  // The interface addresses NodePorts answer on are the node's own too.
+  for (const auto& ip : node.nodePortAddresses.addresses)
+    if (auto a = Address::parse(ip); a && a->isHost()) local.push_back(*a);
   return NftablesTracer(renderer.renderGlobal(family, node), fragments, std::move(local));
 }
 

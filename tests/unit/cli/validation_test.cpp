@@ -198,18 +198,46 @@ TEST_CASE("cluster CIDRs", "[unit]") {
                                  "--cluster-cidr): must be one CIDR or a dual-stack pair"));
 }
 
-TEST_CASE("nodePortAddresses are CIDRs or keywords", "[unit]") {
+TEST_CASE("nodePortAddresses are CIDRs or primary, as upstream", "[unit]") {
   ProxyConfig c = valid();
-  c.nodePortAddresses = {"10.0.0.0/8", "fd00::/64", "localhost"};
+  c.nodePortAddresses = {"10.0.0.0/8", "fd00::/64", "0.0.0.0/0", "127.0.0.1/32"};
+  CHECK(validationErrors(c, kModes).empty());
+  c.nodePortAddresses = {"primary"};
   CHECK(validationErrors(c, kModes).empty());
   c.nodePortAddresses = {"10.0.0.1"};
   CHECK(onlyError(c) ==
-        "invalid nodePortAddresses \"10.0.0.1\" (flag --nodeport-addresses): must be a CIDR or one "
-        "of the keywords primary, all, localhost");
+        "invalid nodePortAddresses \"10.0.0.1\" (flag --nodeport-addresses): must be a CIDR "
+        "(e.g. 192.168.0.0/24) or the keyword primary");
+  // Upstream has no such keywords; every backend would have to invent a meaning for them.
+  for (const char* keyword : {"all", "localhost"}) {
+    c.nodePortAddresses = {keyword};
+    CHECK(onlyError(c) == "invalid nodePortAddresses \"" + std::string(keyword) +
+                              "\" (flag --nodeport-addresses): must be a CIDR (e.g. 192.168.0.0/24) or "
+                              "the keyword primary");
+  }
   c.nodePortAddresses = {"primary", "10.0.0.0/8"};
   CHECK(onlyError(c) ==
         "invalid nodePortAddresses \"primary,10.0.0.0/8\" (flag --nodeport-addresses): \"primary\" "
         "cannot be combined with other entries");
+}
+
+TEST_CASE("nodePortAddresses that leave a family open are warned about, as upstream", "[unit]") {
+  ProxyConfig c = valid();
+  c.nodePortAddresses = {};
+  CHECK(nodePortAddressWarnings(c) ==
+        std::vector<std::string>{"nodePortAddresses is unset; NodePort connections will be accepted on "
+                                 "all local IPs. Consider using `--nodeport-addresses primary`"});
+  c.nodePortAddresses = {"primary"};
+  CHECK(nodePortAddressWarnings(c).empty());
+  c.nodePortAddresses = {"192.168.0.0/16"};
+  c.clusterCIDR = "10.244.0.0/16";
+  CHECK(nodePortAddressWarnings(c).empty());  // single-stack: nothing to say
+  c.clusterCIDR = "10.244.0.0/16,fd00:10:244::/56";
+  CHECK(nodePortAddressWarnings(c) ==
+        std::vector<std::string>{"cluster appears to be dual-stack but nodePortAddresses contains only "
+                                 "IPv4 addresses; NodePort connections will be accepted on all local IPv6 IPs"});
+  c.nodePortAddresses = {"192.168.0.0/16", "fd00::/64"};
+  CHECK(nodePortAddressWarnings(c).empty());
 }
 
 TEST_CASE("detect-local mode, port range and logging format", "[unit]") {

@@ -208,8 +208,14 @@ enum class Selection { kAgreed, kKnownDifferences };
 void runScenario(const Scenario& scenario, Selection selection) {
   core::TrackerConfig trackerConfig;
   trackerConfig.nodeName = kNodeName;
+  trackerConfig.nodePortAddresses = scenario.nodePortAddresses;
   core::ChangeTracker tracker(trackerConfig);
   tracker.upsertNode(testNode());
+  // As kproxy runs: NodePort addresses resolved against the node's interface addresses (those
+  // of upstream's fake network interfacer: the node IPs, and loopback).
+  std::vector<std::string> interfaces = kNodeIPs;
+  interfaces.insert(interfaces.end(), {"127.0.0.1", "::1"});
+  tracker.setInterfaceAddresses(interfaces);
 
   RenderConfig config;
   for (const auto& c : scenario.clusterCIDRs) config.clusterCIDRs.push_back(*Address::parse(c));

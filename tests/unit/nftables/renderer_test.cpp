@@ -465,6 +465,43 @@ TEST_CASE("nodeport-ips: node addresses filtered by nodeport-addresses", "[unit]
             .has_value() == false);
 }
 
+TEST_CASE("nodeport-ips: the interface addresses the host resolved", "[unit]") {
+  // The option would pick the Node object's 192.168.1.5; the host's resolution wins.
+  auto cfg = parseRenderConfig({{"nodeport-addresses", "192.168.0.0/16"}});
+  REQUIRE(cfg.has_value());
+  NftablesRenderer r(*cfg);
+  sdk::NodeInfo node;
+  node.addresses = {"192.168.1.5", "fd00::5"};
+  node.nodePortAddresses.resolved = true;
+  node.nodePortAddresses.addresses = {"127.0.0.1", "192.168.2.20", "::1", "fd00::20"};
+  node.nodePortAddresses.allLocalIPv6 = true;
+  auto chainTexts = [](const GlobalObjects& g, const std::string& name, Family fam) {
+    for (const auto& c : g.chains)
+      if (c.name == name) return texts(c, fam);
+    return std::vector<std::string>{};
+  };
+
+  auto g = r.renderGlobal(Family::kIPv4, node);
+  REQUIRE(g.elements.size() == 1);  // no NodePorts on loopback, as upstream's nftables mode
+  CHECK(g.elements[0].keyText == "192.168.2.20");
+  CHECK(chainTexts(g, "services", Family::kIPv4).back() == "ip daddr @nodeport-ips jump nodeports");
+  CHECK(chainTexts(g, "nodeport-endpoints-check", Family::kIPv4).back() ==
+        "ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports");
+
+  // All local (no IPv6 CIDR): any local destination but loopback, as upstream's MatchAll.
+  auto g6 = r.renderGlobal(Family::kIPv6, node);
+  REQUIRE(g6.elements.size() == 1);
+  CHECK(g6.elements[0].keyText == "fd00::20");
+  CHECK(chainTexts(g6, "services", Family::kIPv6).back() ==
+        "fib daddr type local ip6 daddr != ::1 jump nodeports");
+  CHECK(chainTexts(g6, "nodeport-endpoints-check", Family::kIPv6).back() ==
+        "fib daddr type local ip6 daddr != ::1 meta l4proto . th dport vmap @no-endpoint-nodeports");
+
+  node.nodePortAddresses.allLocalIPv4 = true;
+  CHECK(chainTexts(r.renderGlobal(Family::kIPv4, node), "services", Family::kIPv4).back() ==
+        "fib daddr type local ip daddr != 127.0.0.0/8 jump nodeports");
+}
+
 TEST_CASE("renderer: slot layouts are recognised from an element's place alone", "[unit]") {
   // The backend decides which read-back slot-map elements stay by their place in the layout
   // of their range's size, without counting them: inSlotLayout must accept exactly the starts

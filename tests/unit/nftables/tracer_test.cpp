@@ -487,3 +487,35 @@ TEST_CASE("tracer: an eTP=Local service records each pool's choices under that p
     CHECK_FALSE(recordedLocal);
   }
 }
+
+TEST_CASE("tracer: fib daddr type local is true for the node's addresses and loopback", "[unit][tracer]") {
+  Ruleset r;
+  r.rule(r.base("filter-prerouting", "filter", "prerouting", -110), {MatchFibDestLocal{}, drop()});
+  auto tracer = r.tracer({ip("192.168.0.2"), ip("192.168.1.2")});
+  CHECK(tracer.trace(packet("203.0.113.2", "192.168.1.2", 80)).outcome.verdict == TraceVerdict::kDropped);
+  CHECK(tracer.trace(packet("203.0.113.2", "127.0.0.1", 80)).outcome.verdict == TraceVerdict::kDropped);
+  CHECK(tracer.trace(packet("203.0.113.2", "192.168.0.3", 80)).outcome.verdict == TraceVerdict::kAccepted);
+}
+
+TEST_CASE("tracer: NodePorts on the addresses the host resolved, or on every local one", "[unit][tracer]") {
+  NftablesRenderer renderer(renderConfig());
+  auto p = clusterIP("ns1", "svc1", "172.30.0.41", 80, {endpoint("10.180.0.1", 80)});
+  p.type = sdk::ServiceType::kNodePort;
+  p.nodePort = 3001;
+  std::vector<sdk::ServicePort> ports{p};
+  sdk::NodeInfo n = node();  // the Node object says 192.168.0.2
+  n.nodePortAddresses.resolved = true;
+  n.nodePortAddresses.addresses = {"127.0.0.1", "192.168.5.5"};
+
+  auto tracer = NftablesTracer::fromServicePorts(renderer, Family::kIPv4, ports, n);
+  CHECK(tracer.trace(packet("203.0.113.2", "192.168.5.5", 3001)).outcome.toText() == "10.180.0.1:80");
+  CHECK(tracer.trace(packet("203.0.113.2", "192.168.0.2", 3001)).outcome.toText().empty());
+  CHECK(tracer.trace(packet("10.0.0.2", "127.0.0.1", 3001)).outcome.toText().empty());
+
+  n.nodePortAddresses.allLocalIPv4 = true;
+  auto all = NftablesTracer::fromServicePorts(renderer, Family::kIPv4, ports, n);
+  CHECK(all.trace(packet("203.0.113.2", "192.168.5.5", 3001)).outcome.toText() == "10.180.0.1:80");
+  CHECK(all.trace(packet("203.0.113.2", "192.168.0.2", 3001)).outcome.toText() == "10.180.0.1:80");
+  CHECK(all.trace(packet("10.0.0.2", "127.0.0.1", 3001)).outcome.toText().empty());  // no localhost NodePorts
+  CHECK(all.trace(packet("203.0.113.2", "192.168.9.9", 3001)).outcome.toText().empty());  // not local
+}

@@ -81,6 +81,9 @@ class Proxier final : public EventSink {
   void sharedEndpointSliceUpserted(std::shared_ptr<const EndpointSlice> slice) override;
   void servicesSynced() override;
   void endpointSlicesSynced() override;
+  /// The node's interface addresses changed (the host reads them; see
+  /// ChangeTracker::setInterfaceAddresses). Thread-safe.
+  void interfaceAddressesChanged(std::vector<std::string> addresses);
 
   /// Called (on the sync thread) after each sync attempt.
   void setObserver(std::function<void(const SyncObservation&)> observer);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "kproxy/core/model.h"
+#include "kproxy/core/nodeport_addresses.h"
 
 namespace kproxy::core {
 
@@ -147,6 +148,8 @@ struct NodeInfo {
   std::vector<std::string> podCIDRs;
   bool deleting = false;
   bool known = false;  ///< a Node object has been seen
+  /// --nodeport-addresses resolved against the node's interface addresses (by the host).
+  NodePortAddresses nodePortAddresses;
   bool operator==(const NodeInfo&) const = default;
 };
 

@@ -20,6 +20,10 @@ struct TrackerConfig {
   /// Honour service.kubernetes.io/service-proxy-name: services carrying it are skipped unless it
   /// equals this value (empty: skip every labelled service, as upstream does by default).
   std::string serviceProxyName;
+  /// --nodeport-addresses as validated (CIDRs, or "primary"), and --bind-address, which
+  /// "primary" takes as the node IP of its family. Used once interface addresses are set.
+  std::vector<std::string> nodePortAddresses;
+  std::string bindAddress;
 };
 
 struct PublishResult {
@@ -48,6 +52,9 @@ class ChangeTracker {
   bool deleteEndpointSlice(const std::string& ns, const std::string& name);
   bool upsertNode(Node node);
   bool deleteNode(const std::string& name);
+  /// The node's interface addresses (numeric, both families), read by the host; from the
+  /// first call on, snapshots carry resolved NodePort addresses. True when they changed.
+  bool setInterfaceAddresses(std::vector<std::string> addresses);
 
   bool hasPendingChanges() const;
   std::size_t pendingServiceChanges() const;

@@ -105,7 +105,26 @@ typedef struct kproxy_node_info {
   size_t addresses_count;
   const char* const* pod_cidrs;
   size_t pod_cidrs_count;
+
+  /* ---- appended in ABI 1.2; read only when struct_size covers the field ---- */
+
+  /* Where NodePorts answer, as the host resolved --nodeport-addresses against the node's
+   * interface addresses (upstream's meaning). Only with KPROXY_NODEPORT_RESOLVED in
+   * `nodeport_flags`; without it (an older host, or `kproxy explain`, which does not run on
+   * the node) a backend decides from `addresses`. `nodeport_addresses` lists the interface
+   * addresses of both families that NodePorts answer on (loopback ones included when a CIDR
+   * holds them; a backend may refuse those). With KPROXY_NODEPORT_ALL_LOCAL_IPV4 (_IPV6)
+   * NodePorts of that family answer on every local address, including ones added later
+   * (upstream's 0.0.0.0/0, or no CIDR of that family); the list then holds those known now. */
+  const char* const* nodeport_addresses;
+  size_t nodeport_addresses_count;
+  uint32_t nodeport_flags; /* KPROXY_NODEPORT_* */
 } kproxy_node_info;
+
+/* Flags of kproxy_node_info.nodeport_flags. */
+#define KPROXY_NODEPORT_RESOLVED 0x1u
+#define KPROXY_NODEPORT_ALL_LOCAL_IPV4 0x2u
+#define KPROXY_NODEPORT_ALL_LOCAL_IPV6 0x4u
 
 typedef struct kproxy_changed_key {
   uint8_t family;

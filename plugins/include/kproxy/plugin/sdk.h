@@ -102,11 +102,23 @@ struct ServicePort {
   bool operator==(const ServicePort&) const = default;
 };
 
+/// Where NodePorts answer, as the host resolved --nodeport-addresses (abi.h, ABI 1.2).
+struct NodePortAddresses {
+  /// false: the host did not resolve them (older host, or explain); decide from the node.
+  bool resolved = false;
+  std::vector<std::string> addresses;  ///< both families; loopback ones when a CIDR holds them
+  bool allLocalIPv4 = false;           ///< every local IPv4 address, also ones added later
+  bool allLocalIPv6 = false;
+  bool allLocal(Family family) const { return family == Family::kIPv6 ? allLocalIPv6 : allLocalIPv4; }
+  bool operator==(const NodePortAddresses&) const = default;
+};
+
 struct NodeInfo {
   std::string name;
   std::string zone;
   std::vector<std::string> addresses;
   std::vector<std::string> podCIDRs;
+  NodePortAddresses nodePortAddresses;
 };
 
 struct ChangedKey {
@@ -190,6 +202,14 @@ class SnapshotView {
     n.zone = detail::str(c->zone);
     n.addresses = detail::strs(c->addresses, c->addresses_count);
     n.podCIDRs = detail::strs(c->pod_cidrs, c->pod_cidrs_count);
+    if (c->struct_size >= offsetof(kproxy_node_info, nodeport_flags) + sizeof(c->nodeport_flags) &&
+        (c->nodeport_flags & KPROXY_NODEPORT_RESOLVED) != 0) {
+      auto& np = n.nodePortAddresses;
+      np.resolved = true;
+      np.addresses = detail::strs(c->nodeport_addresses, c->nodeport_addresses_count);
+      np.allLocalIPv4 = (c->nodeport_flags & KPROXY_NODEPORT_ALL_LOCAL_IPV4) != 0;
+      np.allLocalIPv6 = (c->nodeport_flags & KPROXY_NODEPORT_ALL_LOCAL_IPV6) != 0;
+    }
     return n;
   }
 

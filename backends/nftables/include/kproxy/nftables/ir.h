@@ -84,6 +84,11 @@ struct MatchMarkClear {
 struct MatchFibSourceLocal {
   bool operator==(const MatchFibSourceLocal&) const = default;
 };
+/// `fib daddr type local`: the destination is one of the node's own addresses (NodePorts with
+/// --nodeport-addresses matching every local address, as upstream).
+struct MatchFibDestLocal {
+  bool operator==(const MatchFibDestLocal&) const = default;
+};
 /// `iifname [!=] "NAME"`, or with `prefix`, `iifname [!=] "NAME*"`: the packet came in on
 /// the interface (or one whose name starts with NAME); --detect-local-mode BridgeInterface and
 /// InterfaceNamePrefix.
@@ -187,7 +192,7 @@ struct Verdict {
 
 using Statement =
     std::variant<MatchAddress, MatchL4Proto, MatchDestPort, MatchCtStateNew, MatchCtStatusDnat, MatchMarkClear,
-                 MatchFibSourceLocal, MatchInputInterface, MatchNumgen, MatchDestInSet, VmapLookup, SetMark, Masquerade,
+                 MatchFibSourceLocal, MatchFibDestLocal, MatchInputInterface, MatchNumgen, MatchDestInSet, VmapLookup, SetMark, Masquerade,
                  DnatTo, DnatFromAffinity, DnatFromSlots, MatchHairpin, VmapLookupOriginal,
                  RecordAffinity, Reject, Verdict>;
 

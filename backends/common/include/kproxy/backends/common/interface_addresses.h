@@ -1,0 +1,49 @@
+#pragma once
+/// The node's own interface addresses over rtnetlink: a one-off read (RTM_GETADDR dump of both
+/// families) and a watcher that follows changes (RTMGRP_IPV4_IFADDR / RTMGRP_IPV6_IFADDR) and
+/// reports the whole list again after a quiet period, so a burst of changes (an interface
+/// coming up with several addresses) is one report. Upstream reads the same list through Go's
+/// net.InterfaceAddrs for --nodeport-addresses.
+///
+/// Sockets belong to the network namespace of the thread that opens them: both are opened by
+/// the caller of read / start.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kproxy/core/error.h"
+
+namespace kproxy::backends {
+
+/// Every address of every interface, both families, numeric ("10.0.0.1", "fd00::1"), sorted
+/// and unique. The local address of a point-to-point link, not its peer.
+core::Result<std::vector<std::string>> readInterfaceAddresses();
+
+/// Follows the interface addresses of the caller's network namespace on a thread of its own.
+/// Destroying it stops the thread. The callback runs on that thread.
+class InterfaceAddressWatcher {
+ public:
+  using Callback = std::function<void(std::vector<std::string> addresses)>;
+
+  /// Subscribes, reads the addresses once and hands them to `onChange` before returning (so
+  /// no change between the read and the subscription is lost), then reports each later change
+  /// once no further change came for `quiet`. Fails when either socket or the first read
+  /// fails. A later failed read is logged and retried at the next change or after `quiet`.
+  static core::Result<std::unique_ptr<InterfaceAddressWatcher>> start(
+      Callback onChange, std::chrono::milliseconds quiet = std::chrono::milliseconds(200));
+
+  ~InterfaceAddressWatcher();
+  InterfaceAddressWatcher(const InterfaceAddressWatcher&) = delete;
+  InterfaceAddressWatcher& operator=(const InterfaceAddressWatcher&) = delete;
+
+  struct Impl;
+
+ private:
+  explicit InterfaceAddressWatcher(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kproxy::backends

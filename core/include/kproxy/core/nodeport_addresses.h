@@ -1,0 +1,61 @@
+#pragma once
+/// `--nodeport-addresses` resolved on this node, with upstream kube-proxy's meaning
+/// (pkg/proxy/util/nodeport_addresses.go, and "primary" / the node IPs of
+/// cmd/kube-proxy/app/server.go): the node's own interface addresses that NodePorts answer on,
+/// per family. The host reads the interface addresses; these functions only decide.
+/// Thread-safety: pure functions on value types.
+
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kproxy/core/model.h"
+
+namespace kproxy::core {
+
+/// The node's IP per family, as upstream's detectNodeIPs: the Node object's first InternalIP
+/// (else ExternalIP) of each family, then a --bind-address other than 0.0.0.0 / :: replaces
+/// the IP of its family. "" when a family has none.
+struct NodeIPs {
+  std::string ipv4;
+  std::string ipv6;
+  const std::string& of(IPFamily family) const { return family == IPFamily::kIPv4 ? ipv4 : ipv6; }
+  bool operator==(const NodeIPs&) const = default;
+};
+
+NodeIPs detectNodeIPs(std::span<const NodeAddress> nodeAddresses, std::string_view bindAddress);
+
+/// Where NodePorts answer on this node.
+struct NodePortAddresses {
+  /// false until the host has read the node's interface addresses (and always in `kproxy
+  /// explain`, which does not run on the node): a backend then decides from the Node object.
+  bool resolved = false;
+  /// The node's interface addresses NodePorts answer on, both families, canonical text,
+  /// sorted and unique. Loopback addresses are listed when a CIDR holds them; whether a
+  /// backend serves NodePorts on them is its own business (nftables does not, as upstream).
+  std::vector<std::string> addresses;
+  /// Upstream's MatchAll: every local address of the family, including ones added later
+  /// (`addresses` then lists those known now).
+  bool allLocalIPv4 = false;
+  bool allLocalIPv6 = false;
+
+  bool allLocal(IPFamily family) const {
+    return family == IPFamily::kIPv4 ? allLocalIPv4 : allLocalIPv6;
+  }
+  bool operator==(const NodePortAddresses&) const = default;
+};
+
+/// Resolves `spec` (the validated --nodeport-addresses: CIDRs of either family, or the one
+/// keyword "primary") against the node's `interfaceAddresses` (numeric, either family;
+/// malformed entries are ignored). Per family, as upstream:
+///  - "primary" becomes the node IP of each family (/32, /128), skipping a loopback or
+///    unknown one;
+///  - a family without any CIDR, or with 0.0.0.0/0 (::/0), answers on every local address;
+///  - otherwise on the interface addresses inside one of the family's CIDRs.
+/// The result has `resolved` set.
+NodePortAddresses resolveNodePortAddresses(std::span<const std::string> spec,
+                                           std::span<const std::string> interfaceAddresses,
+                                           const NodeIPs& nodeIPs);
+
+}  // namespace kproxy::core

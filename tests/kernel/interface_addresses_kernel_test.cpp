@@ -1,0 +1,104 @@
+// The node's interface addresses over rtnetlink, in a fresh network namespace: the one-off
+// read, and the watcher seeing addresses added and removed after it started.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "kproxy/backends/common/interface_addresses.h"
+#include "netns.h"
+
+using namespace kproxy;
+using kproxy::testing::FreshNetns;
+using kproxy::testing::run;
+
+namespace {
+
+void sh(const std::string& command) {
+  auto [rc, out] = run(command);
+  INFO(command << "\n" << out);
+  REQUIRE(rc == 0);
+}
+
+bool has(const std::vector<std::string>& v, const std::string& s) {
+  return std::find(v.begin(), v.end(), s) != v.end();
+}
+
+// What the watcher reported, for the test thread to wait on.
+struct Reports {
+  std::mutex mutex;
+  std::condition_variable cv;
+  std::vector<std::vector<std::string>> lists;
+
+  void add(std::vector<std::string> addresses) {
+    std::lock_guard lock(mutex);
+    lists.push_back(std::move(addresses));
+    cv.notify_all();
+  }
+  // Waits (at most 5 s) for a report satisfying `ok`; returns the last report seen.
+  template <typename Pred>
+  std::vector<std::string> waitFor(Pred ok) {
+    std::unique_lock lock(mutex);
+    cv.wait_for(lock, std::chrono::seconds(5), [&] { return !lists.empty() && ok(lists.back()); });
+    return lists.empty() ? std::vector<std::string>{} : lists.back();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("interface addresses are read over rtnetlink", "[kernel]") {
+  FreshNetns netns;
+  sh("ip link set lo up");
+  sh("ip link add kp-addr0 type veth peer name kp-addr1 && ip link set kp-addr0 up && ip link set kp-addr1 up");
+  sh("ip addr add 10.77.0.1/24 dev kp-addr0");
+  sh("ip addr add fd00:77::1/64 dev kp-addr0 nodad");
+  sh("ip addr add 10.88.0.1 peer 10.88.0.2 dev kp-addr0");
+
+  auto addresses = backends::readInterfaceAddresses();
+  REQUIRE(addresses);
+  INFO(addresses->size());
+  CHECK(has(*addresses, "127.0.0.1"));
+  CHECK(has(*addresses, "10.77.0.1"));
+  CHECK(has(*addresses, "fd00:77::1"));
+  CHECK(has(*addresses, "10.88.0.1"));       // the own end of a point-to-point address
+  CHECK_FALSE(has(*addresses, "10.88.0.2"));  // not its peer
+  CHECK(std::is_sorted(addresses->begin(), addresses->end()));
+}
+
+TEST_CASE("the interface address watcher follows added and removed addresses", "[kernel]") {
+  FreshNetns netns;
+  sh("ip link set lo up");
+  sh("ip link add kp-addr0 type veth peer name kp-addr1 && ip link set kp-addr0 up && ip link set kp-addr1 up");
+  sh("ip addr add 10.77.0.1/24 dev kp-addr0");
+
+  Reports reports;
+  auto watcher = backends::InterfaceAddressWatcher::start(
+      [&](std::vector<std::string> a) { reports.add(std::move(a)); }, std::chrono::milliseconds(50));
+  REQUIRE(watcher);
+  {
+    std::lock_guard lock(reports.mutex);
+    REQUIRE(reports.lists.size() == 1);  // the first read, before start returned
+    CHECK(has(reports.lists.front(), "10.77.0.1"));
+    CHECK_FALSE(has(reports.lists.front(), "10.78.0.2"));
+  }
+
+  // Another subnet: deleting 10.77.0.1/24 below would also delete its secondaries.
+  sh("ip addr add 10.78.0.2/24 dev kp-addr0");
+  sh("ip addr add fd00:77::2/64 dev kp-addr0 nodad");
+  auto seen = reports.waitFor([](const auto& a) { return has(a, "10.78.0.2") && has(a, "fd00:77::2"); });
+  CHECK(has(seen, "10.78.0.2"));
+  CHECK(has(seen, "fd00:77::2"));
+  CHECK(has(seen, "10.77.0.1"));
+
+  sh("ip addr del 10.77.0.1/24 dev kp-addr0");
+  seen = reports.waitFor([](const auto& a) { return !has(a, "10.77.0.1"); });
+  CHECK_FALSE(has(seen, "10.77.0.1"));
+  CHECK(has(seen, "10.78.0.2"));
+
+  watcher->reset();  // stops its thread before the namespace goes
+}

@@ -1,0 +1,148 @@
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "kproxy/core/nodeport_addresses.h"
+#include "kproxy/core/tracker.h"
+
+using namespace kproxy::core;
+
+namespace {
+
+using Strings = std::vector<std::string>;
+
+NodePortAddresses resolved(Strings spec, Strings interfaces, NodeIPs nodeIPs = {}) {
+  return resolveNodePortAddresses(spec, interfaces, nodeIPs);
+}
+
+const Strings kInterfaces = {"127.0.0.1", "::1", "192.168.1.10", "192.168.2.20", "10.0.0.5",
+                             "fd00:1::10", "fd00:2::20", "fe80::1"};
+
+}  // namespace
+
+TEST_CASE("detectNodeIPs takes InternalIP before ExternalIP, one per family", "[unit]") {
+  std::vector<NodeAddress> addresses = {{"Hostname", "node-a"},
+                                        {"ExternalIP", "203.0.113.7"},
+                                        {"InternalIP", "192.168.1.10"},
+                                        {"InternalIP", "192.168.1.11"},
+                                        {"ExternalIP", "2001:db8::7"}};
+  CHECK(detectNodeIPs(addresses, "0.0.0.0") == NodeIPs{"192.168.1.10", "2001:db8::7"});
+  CHECK(detectNodeIPs(addresses, "") == NodeIPs{"192.168.1.10", "2001:db8::7"});
+  // --bind-address replaces the node IP of its family (upstream: "overrides the primary").
+  CHECK(detectNodeIPs(addresses, "192.168.9.9") == NodeIPs{"192.168.9.9", "2001:db8::7"});
+  CHECK(detectNodeIPs(addresses, "fd00::9") == NodeIPs{"192.168.1.10", "fd00::9"});
+  CHECK(detectNodeIPs(addresses, "::") == NodeIPs{"192.168.1.10", "2001:db8::7"});
+  // An IPv6-primary node: the first InternalIP decides the primary family.
+  std::vector<NodeAddress> v6first = {{"InternalIP", "fd00::10"}, {"InternalIP", "10.1.0.10"}};
+  CHECK(detectNodeIPs(v6first, "") == NodeIPs{"10.1.0.10", "fd00::10"});
+  CHECK(detectNodeIPs({}, "") == NodeIPs{});
+}
+
+TEST_CASE("nodePortAddresses CIDRs select interface addresses, per family", "[unit]") {
+  auto r = resolved({"192.168.2.0/24"}, kInterfaces);
+  CHECK(r.resolved);
+  CHECK_FALSE(r.allLocalIPv4);
+  // No IPv6 CIDR: IPv6 NodePorts answer on every local address (upstream adds ::/0).
+  CHECK(r.allLocalIPv6);
+  CHECK(r.addresses == Strings{"192.168.2.20", "::1", "fd00:1::10", "fd00:2::20", "fe80::1"});
+
+  r = resolved({"192.168.0.0/16", "fd00:2::/64"}, kInterfaces);
+  CHECK_FALSE(r.allLocalIPv4);
+  CHECK_FALSE(r.allLocalIPv6);
+  CHECK(r.addresses == Strings{"192.168.1.10", "192.168.2.20", "fd00:2::20"});
+
+  // A CIDR that holds no interface address: NodePorts of that family answer nowhere.
+  r = resolved({"172.16.0.0/12"}, kInterfaces);
+  CHECK_FALSE(r.allLocalIPv4);
+  CHECK(r.addresses == Strings{"::1", "fd00:1::10", "fd00:2::20", "fe80::1"});
+}
+
+TEST_CASE("nodePortAddresses keeps loopback addresses a CIDR holds, for the backend to judge", "[unit]") {
+  auto r = resolved({"127.0.0.0/8", "10.0.0.0/8"}, kInterfaces);
+  CHECK(r.addresses == Strings{"10.0.0.5", "127.0.0.1", "::1", "fd00:1::10", "fd00:2::20", "fe80::1"});
+}
+
+TEST_CASE("nodePortAddresses with a zero CIDR or none at all matches every local address", "[unit]") {
+  for (const Strings& spec : {Strings{}, Strings{"0.0.0.0/0", "::/0"}, Strings{"0.0.0.0/0", "192.168.1.0/24"}}) {
+    auto r = resolved(spec, kInterfaces);
+    CHECK(r.allLocalIPv4);
+    CHECK(r.allLocalIPv6);
+    CHECK(r.addresses.size() == kInterfaces.size());
+  }
+  auto r = resolved({"::/0", "192.168.1.0/24"}, kInterfaces);
+  CHECK_FALSE(r.allLocalIPv4);
+  CHECK(r.allLocalIPv6);
+}
+
+TEST_CASE("nodePortAddresses primary is the node IP of each family", "[unit]") {
+  auto r = resolved({"primary"}, kInterfaces, NodeIPs{"192.168.1.10", "fd00:2::20"});
+  CHECK_FALSE(r.allLocalIPv4);
+  CHECK_FALSE(r.allLocalIPv6);
+  CHECK(r.addresses == Strings{"192.168.1.10", "fd00:2::20"});
+
+  // A node IP that no interface holds answers nowhere (upstream filters interface addresses).
+  r = resolved({"primary"}, kInterfaces, NodeIPs{"192.168.7.7", "fd00:2::20"});
+  CHECK(r.addresses == Strings{"fd00:2::20"});
+  CHECK_FALSE(r.allLocalIPv4);
+
+  // No node IP of a family, or a loopback one: as upstream, that family has no CIDR, so it
+  // answers on every local address.
+  r = resolved({"primary"}, kInterfaces, NodeIPs{"192.168.1.10", ""});
+  CHECK_FALSE(r.allLocalIPv4);
+  CHECK(r.allLocalIPv6);
+  r = resolved({"primary"}, kInterfaces, NodeIPs{"127.0.0.1", "::1"});
+  CHECK(r.allLocalIPv4);
+  CHECK(r.allLocalIPv6);
+}
+
+TEST_CASE("the tracker resolves nodePortAddresses once interface addresses are known", "[unit]") {
+  TrackerConfig config;
+  config.nodeName = "node-a";
+  config.nodePortAddresses = {"primary"};
+  ChangeTracker tracker(config);
+  // "primary" before the Node object: not resolved (not "every local address" meanwhile).
+  CHECK_FALSE(tracker.setInterfaceAddresses({"192.168.1.10"}));
+  CHECK_FALSE(tracker.current()->node().nodePortAddresses.resolved);
+
+  Node node;
+  node.name = "node-a";
+  node.addresses = {{"InternalIP", "192.168.1.10"}};
+  REQUIRE(tracker.upsertNode(node));
+  CHECK(tracker.publish().snapshot->node().nodePortAddresses.addresses == Strings{"192.168.1.10"});
+
+  // Another address that "primary" does not select changes nothing.
+  CHECK_FALSE(tracker.setInterfaceAddresses({"192.168.1.10", "192.168.2.20"}));
+  CHECK_FALSE(tracker.hasPendingChanges());
+
+  // The Node's InternalIP moves to another interface address: followed.
+  node.addresses = {{"InternalIP", "192.168.2.20"}};
+  node.addresses = std::vector<NodeAddress>{NodeAddress{"InternalIP", "192.168.2.20"}};
+  REQUIRE(tracker.upsertNode(node));
+  CHECK(tracker.publish().snapshot->node().nodePortAddresses.addresses == Strings{"192.168.2.20"});
+
+  // An address change that does not change the outcome publishes nothing new for the node.
+  tracker.setInterfaceAddresses({"192.168.1.10", "192.168.2.20", "10.9.9.9"});
+  CHECK_FALSE(tracker.hasPendingChanges());
+}
+
+TEST_CASE("the tracker leaves nodePortAddresses unresolved without interface addresses", "[unit]") {
+  TrackerConfig config;
+  config.nodeName = "node-a";
+  config.nodePortAddresses = {"192.168.0.0/16"};
+  ChangeTracker tracker(config);
+  Node node;
+  node.name = "node-a";
+  node.addresses = {{"InternalIP", "192.168.1.10"}};
+  REQUIRE(tracker.upsertNode(node));
+  // As in `kproxy explain`: the backend decides from the Node object.
+  CHECK_FALSE(tracker.publish().snapshot->node().nodePortAddresses.resolved);
+  REQUIRE(tracker.setInterfaceAddresses({"192.168.1.10", "192.168.2.20", "10.0.0.1"}));
+  const NodePortAddresses np = tracker.publish().snapshot->node().nodePortAddresses;
+  CHECK(np.resolved);
+  CHECK(np.addresses == Strings{"192.168.1.10", "192.168.2.20"});
+  CHECK(np.allLocalIPv6);
+  // The Node object goes: CIDRs do not need it.
+  REQUIRE(tracker.deleteNode("node-a"));
+  CHECK(tracker.publish().snapshot->node().nodePortAddresses.addresses == Strings{"192.168.1.10", "192.168.2.20"});
+}
