@@ -342,6 +342,33 @@ kp_wait_served() {
   done
 }
 
+# kp_wait_for_kproxy SECONDS CMD... — kp_wait_for, but gives up at once (status 2) when kproxy
+# exits meanwhile, so a crash is not reported as a slow change. For polling a check until the
+# state it expects is in place, instead of sleeping a fixed time before checking.
+kp_wait_for_kproxy() {
+  local timeout="$1"
+  shift
+  local deadline=$((${EPOCHREALTIME/./} + timeout * 1000000)) out
+  while true; do
+    if out="$("$@" 2>/dev/null)"; then
+      [[ -n "$out" ]] && printf '%s\n' "$out"
+      return 0
+    fi
+    if ! kp_kproxy_alive; then
+      kp_log "kproxy (pid ${KP_KPROXY_PID:-none}) is not running"
+      return 2
+    fi
+    ((${EPOCHREALTIME/./} >= deadline)) && return 1
+    sleep 0.1
+  done
+}
+
+# kp_kproxy_syncs — how many syncs kproxy has logged (at -v 2 and above), all starts together.
+kp_kproxy_syncs() { grep -c '"Synced rules"' "$KP_WORKDIR/kproxy.log" 2>/dev/null; }
+
+# kp_kproxy_synced_after N — kproxy has logged more than N syncs.
+kp_kproxy_synced_after() { (($(kp_kproxy_syncs) > $1)); }
+
 # kp_curl ROLE URL [CURL_ARGS...] — one HTTP request from a namespace, bounded by
 # $KP_CURL_TIMEOUT seconds. Prints the body; exits with curl's status.
 kp_curl() {
