@@ -396,11 +396,11 @@ kp_client_seen() {
 
 # kp_connect_errno ROLE IP PORT [TIMEOUT] — try one TCP connect from a namespace and print
 # how it ended: OK, or the errno name (ECONNREFUSED, ETIMEDOUT, EHOSTUNREACH, ...). curl's
-# message for a refused connection varies between versions; the errno does not.
+# message for a refused connection varies between versions; the errno does not. IP may be IPv6.
 kp_connect_errno() {
   kp_exec "$1" "$KP_PYTHON" -c '
 import errno, socket, sys
-s = socket.socket(); s.settimeout(float(sys.argv[3]))
+s = socket.socket(socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET); s.settimeout(float(sys.argv[3]))
 try:
     s.connect((sys.argv[1], int(sys.argv[2]))); print("OK")
 except socket.timeout:
