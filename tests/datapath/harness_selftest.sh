@@ -95,7 +95,13 @@ EOF
 }
 
 # Teardown must remove every namespace: on success, on failure, and when killed.
-_ns_with_prefix() { ip netns list | awk '{print $1}' | grep -c "^$1" || true; }
+# _ns_with_prefix PREFIX — how many namespaces carry PREFIX; not a number when they cannot be
+# listed, so that a failed listing never reads as "none left".
+_ns_with_prefix() {
+  local list
+  list="$(ip netns list)" || { echo "unlisted"; return 1; }
+  awk '{print $1}' <<<"$list" | grep -c "^$1" || true
+}
 # _sleeper_in NS — a `sleep` process runs inside the namespace.
 _sleeper_in() {
   local p
