@@ -213,6 +213,8 @@ nolocal=$(curl -s "$MET/metrics" | awk '$1 == "kubeproxy_sync_proxy_rules_no_loc
 DETAIL="got $nolocal"; check "no_local_endpoints_total{external} is 1" test "${nolocal:-x}" = 1
 
 # A service whose health-check port is taken: reported in the log, kproxy keeps serving.
+listening() { [[ $(connect_result "$1") == OK ]]; }
+DETAIL="connect: $(connect_result 32100)"; check "another program holds port 32100" wait_for 5 listening 32100
 write_lb other 10.96.0.31 32100 node-a
 DETAIL=$(tail -5 "$WORK/kproxy.log")
 check "a taken health-check port is logged" wait_for 3 grep -q 'Failed to start healthcheck.*32100' "$WORK/kproxy.log"
