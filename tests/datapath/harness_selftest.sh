@@ -143,10 +143,37 @@ case_teardown_leaves_nothing() {
   return 0
 }
 
+# The case runner itself: a case that called kp_fail fails even when it goes on and returns 0
+# (`cmd && kp_fail "..." && return 1` never reaches its return), also from a subshell.
+case_kp_fail_fails_the_case() {
+  local suite="$KP_WORKDIR/suite.sh" out rc
+  cat >"$suite" <<'EOF'
+set -u
+source "$1"
+case_returns_after_kp_fail() { true && kp_fail "expected failure" && return 1; return 0; }
+case_kp_fail_in_subshell() { (kp_fail "expected failure"); true; }
+case_passes() { return 0; }
+kp_suite_begin
+kp_case returns_after_kp_fail case_returns_after_kp_fail
+kp_case kp_fail_in_subshell case_kp_fail_in_subshell
+kp_case passes case_passes
+kp_suite_end
+EOF
+  out="$(bash "$suite" "$TESTLIB_DIR/testlib.sh" 2>&1)"
+  rc=$?
+  kp_note "nested suite (status $rc): $(grep -E '^(PASS|FAIL) |passed' <<<"$out" | tr '\n' ' ')"
+  [[ $rc -ne 0 ]] || kp_fail "a suite with failed cases exited 0" || return 1
+  grep -q '^FAIL returns_after_kp_fail ' <<<"$out" || kp_fail "a case returning 0 after kp_fail passed" || return 1
+  grep -q '^FAIL kp_fail_in_subshell ' <<<"$out" || kp_fail "a case with kp_fail in a subshell passed" || return 1
+  grep -q '^PASS passes ' <<<"$out" || kp_fail "a passing case did not pass" || return 1
+  [[ "$(tail -n 1 <<<"$out")" == "1 passed, 2 failed" ]] || kp_fail "summary: $(tail -n 1 <<<"$out")" || return 1
+}
+
 kp_suite_begin "$@"
 kp_case pods_reachable_from_node case_pods_reachable_from_node
 kp_case routes_between_namespaces case_routes_between_namespaces
 kp_case udp_echo case_udp_echo
 kp_case kernel_nat_in_topology case_kernel_nat_in_topology
 kp_case teardown_leaves_nothing case_teardown_leaves_nothing
+kp_case kp_fail_fails_the_case case_kp_fail_fails_the_case
 kp_suite_end
