@@ -83,13 +83,13 @@ nft_handles() { kp_nft node -a list table ip kube-proxy 2>/dev/null; }
 # rule_handles — the chains, sets, maps and rules of table ip kube-proxy with their handles
 # (set and map elements carry none, and change with endpoints).
 rule_handles() { local t; t="$(nft_handles)" && grep '# handle' <<<"$t"; }
-# table_lacks [FAMILY] WORD — table FAMILY kube-proxy (ip) can be listed and does not mention WORD.
+# table_lacks WORD — table ip kube-proxy can be listed and does not mention WORD.
 table_lacks() {
-  local family=ip t
-  [[ $# -eq 2 ]] && { family="$1"; shift; }
-  t="$(kp_nft node list table "$family" kube-proxy)" || return 1
+  local t
+  t="$(kp_nft node list table ip kube-proxy)" || return 1
   ! grep -qwF -- "$1" <<<"$t"
 }
+# table_has FAMILY WORD — table FAMILY kube-proxy mentions WORD.
 table_has() {
   local t
   t="$(kp_nft node list table "$1" kube-proxy 2>/dev/null)" && grep -qwF -- "$2" <<<"$t"
