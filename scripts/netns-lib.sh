@@ -342,6 +342,33 @@ kp_wait_served() {
   done
 }
 
+# kp_wait_for_kproxy SECONDS CMD... — kp_wait_for, but gives up at once (status 2) when kproxy
+# exits meanwhile, so a crash is not reported as a slow change. For polling a check until the
+# state it expects is in place, instead of sleeping a fixed time before checking.
+kp_wait_for_kproxy() {
+  local timeout="$1"
+  shift
+  local deadline=$((${EPOCHREALTIME/./} + timeout * 1000000)) out
+  while true; do
+    if out="$("$@" 2>/dev/null)"; then
+      [[ -n "$out" ]] && printf '%s\n' "$out"
+      return 0
+    fi
+    if ! kp_kproxy_alive; then
+      kp_log "kproxy (pid ${KP_KPROXY_PID:-none}) is not running"
+      return 2
+    fi
+    ((${EPOCHREALTIME/./} >= deadline)) && return 1
+    sleep 0.1
+  done
+}
+
+# kp_kproxy_syncs — how many syncs kproxy has logged (at -v 2 and above), all starts together.
+kp_kproxy_syncs() { grep -c '"Synced rules"' "$KP_WORKDIR/kproxy.log" 2>/dev/null; }
+
+# kp_kproxy_synced_after N — kproxy has logged more than N syncs.
+kp_kproxy_synced_after() { (($(kp_kproxy_syncs) > $1)); }
+
 # kp_curl ROLE URL [CURL_ARGS...] — one HTTP request from a namespace, bounded by
 # $KP_CURL_TIMEOUT seconds. Prints the body; exits with curl's status.
 kp_curl() {
@@ -369,11 +396,11 @@ kp_client_seen() {
 
 # kp_connect_errno ROLE IP PORT [TIMEOUT] — try one TCP connect from a namespace and print
 # how it ended: OK, or the errno name (ECONNREFUSED, ETIMEDOUT, EHOSTUNREACH, ...). curl's
-# message for a refused connection varies between versions; the errno does not.
+# message for a refused connection varies between versions; the errno does not. IP may be IPv6.
 kp_connect_errno() {
   kp_exec "$1" "$KP_PYTHON" -c '
 import errno, socket, sys
-s = socket.socket(); s.settimeout(float(sys.argv[3]))
+s = socket.socket(socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET); s.settimeout(float(sys.argv[3]))
 try:
     s.connect((sys.argv[1], int(sys.argv[2]))); print("OK")
 except socket.timeout:

@@ -83,15 +83,31 @@ EOF
   [[ "$who" == pod2 ]] || kp_fail "DNAT from node reached $who" || return 1
   seen="$(kp_client_seen client http://10.96.0.99/)" || kp_fail "DNAT from client failed" || return 1
   [[ "$seen" == "$KP_NODE_IP" ]] || kp_fail "masqueraded client seen as $seen" || return 1
-  # A virtual IP with no rule is not answered locally (routed away, then times out or fails).
-  KP_CURL_TIMEOUT=1 kp_curl node http://10.96.0.98/ >/dev/null 2>&1 && kp_fail "10.96.0.98 answered" && return 1
-  # Nothing leaked into the root namespace.
-  nft list table ip kp-selftest >/dev/null 2>&1 && kp_fail "table visible in the root namespace" && return 1
-  return 0
+  # A virtual IP with no rule is not answered locally: it is routed away to the client, which
+  # does not forward, so the connection times out (neither answered nor refused nor unreachable).
+  local how
+  how="$(kp_connect_errno node 10.96.0.98 80 1)"
+  [[ "$how" == ETIMEDOUT ]] || kp_fail "connect to 10.96.0.98:80 from the node ended $how, want ETIMEDOUT" || return 1
+  # Nothing leaked into the root namespace (only read there).
+  local tables
+  tables="$(nft list tables)" || kp_fail "nft list tables failed in the root namespace" || return 1
+  [[ "$tables" != *kp-selftest* ]] || kp_fail "table visible in the root namespace" || return 1
 }
 
 # Teardown must remove every namespace: on success, on failure, and when killed.
-_ns_with_prefix() { ip netns list | awk '{print $1}' | grep -c "^$1" || true; }
+# _ns_with_prefix PREFIX — how many namespaces carry PREFIX; not a number when they cannot be
+# listed, so that a failed listing never reads as "none left".
+_ns_with_prefix() {
+  local list
+  list="$(ip netns list)" || { echo "unlisted"; return 1; }
+  awk '{print $1}' <<<"$list" | grep -c "^$1" || true
+}
+# _sleeper_in NS — a `sleep` process runs inside the namespace.
+_sleeper_in() {
+  local p
+  for p in $(ip netns pids "$1" 2>/dev/null); do [[ "$(cat "/proc/$p/comm" 2>/dev/null)" == sleep ]] && return 0; done
+  return 1
+}
 
 case_teardown_leaves_nothing() {
   local before after prefix rc
@@ -103,8 +119,10 @@ case_teardown_leaves_nothing() {
   # 2. failing script under set -e
   bash -c 'set -euo pipefail; source "$1"; kp_init; kp_topology_up 2 >/dev/null 2>&1; kp_start_pods >/dev/null 2>&1
            kill "${KP_PIDS[0]}"; sleep 0.2; echo "$KP_PREFIX" >"$2"; false; echo unreachable' \
-    _ "$KP_LIB_DIR/netns-lib.sh" "$KP_WORKDIR/p2" && kp_fail "set -e script did not fail" && return 1
-  prefix="$(cat "$KP_WORKDIR/p2")"
+    _ "$KP_LIB_DIR/netns-lib.sh" "$KP_WORKDIR/p2"
+  rc=$?
+  [[ $rc -ne 0 ]] || kp_fail "set -e script did not fail" || return 1
+  prefix="$(cat "$KP_WORKDIR/p2")" || kp_fail "set -e script reported no prefix" || return 1
   [[ "$(_ns_with_prefix "$prefix")" == 0 ]] || kp_fail "namespaces left after failure: $prefix" || return 1
   # 3. killed with SIGTERM while pods and a sleeper run inside the namespaces
   bash -c 'source "$1"; kp_init; kp_topology_up 2 >/dev/null 2>&1; kp_start_pods >/dev/null 2>&1; kp_exec pod1 sleep 60 & echo "$KP_PREFIX" >"$2"; wait' \
@@ -113,7 +131,7 @@ case_teardown_leaves_nothing() {
   kp_wait_for 15 test -s "$KP_WORKDIR/p3" >/dev/null || kp_fail "killed script never came up" || return 1
   prefix="$(cat "$KP_WORKDIR/p3")"
   [[ "$(_ns_with_prefix "$prefix")" -ge 3 ]] || kp_fail "killed script had no namespaces" || return 1
-  sleep 0.3
+  kp_wait_for 5 _sleeper_in "${prefix}pod1" || kp_fail "the sleeper never started in ${prefix}pod1" || return 1
   kill -TERM "$pid"
   wait "$pid"
   rc=$?
@@ -125,10 +143,37 @@ case_teardown_leaves_nothing() {
   return 0
 }
 
+# The case runner itself: a case that called kp_fail fails even when it goes on and returns 0
+# (`cmd && kp_fail "..." && return 1` never reaches its return), also from a subshell.
+case_kp_fail_fails_the_case() {
+  local suite="$KP_WORKDIR/suite.sh" out rc
+  cat >"$suite" <<'EOF'
+set -u
+source "$1"
+case_returns_after_kp_fail() { true && kp_fail "expected failure" && return 1; return 0; }
+case_kp_fail_in_subshell() { (kp_fail "expected failure"); true; }
+case_passes() { return 0; }
+kp_suite_begin
+kp_case returns_after_kp_fail case_returns_after_kp_fail
+kp_case kp_fail_in_subshell case_kp_fail_in_subshell
+kp_case passes case_passes
+kp_suite_end
+EOF
+  out="$(bash "$suite" "$TESTLIB_DIR/testlib.sh" 2>&1)"
+  rc=$?
+  kp_note "nested suite (status $rc): $(grep -E '^(PASS|FAIL) |passed' <<<"$out" | tr '\n' ' ')"
+  [[ $rc -ne 0 ]] || kp_fail "a suite with failed cases exited 0" || return 1
+  grep -q '^FAIL returns_after_kp_fail ' <<<"$out" || kp_fail "a case returning 0 after kp_fail passed" || return 1
+  grep -q '^FAIL kp_fail_in_subshell ' <<<"$out" || kp_fail "a case with kp_fail in a subshell passed" || return 1
+  grep -q '^PASS passes ' <<<"$out" || kp_fail "a passing case did not pass" || return 1
+  [[ "$(tail -n 1 <<<"$out")" == "1 passed, 2 failed" ]] || kp_fail "summary: $(tail -n 1 <<<"$out")" || return 1
+}
+
 kp_suite_begin "$@"
 kp_case pods_reachable_from_node case_pods_reachable_from_node
 kp_case routes_between_namespaces case_routes_between_namespaces
 kp_case udp_echo case_udp_echo
 kp_case kernel_nat_in_topology case_kernel_nat_in_topology
 kp_case teardown_leaves_nothing case_teardown_leaves_nothing
+kp_case kp_fail_fails_the_case case_kp_fail_fails_the_case
 kp_suite_end

@@ -131,6 +131,29 @@ expect_dropped() {
 
 expect_kproxy_alive() { kp_kproxy_alive || kp_fail "kproxy is no longer running"; }
 
+# answered_by ROLE URL N MIN_DISTINCT POD... — N requests all succeed, only the given pods
+# answer, at least MIN_DISTINCT of them. A predicate for kp_wait_for_kproxy: it only returns a
+# status (kp_fail would fail the case on the first poll).
+answered_by() {
+  local role="$1" url="$2" n="$3" min="$4"
+  shift 4
+  local out who p ok
+  out="$(answers "$role" "$url" "$n")"
+  while read -r who; do
+    ok=0
+    for p in "$@"; do [[ "$who" == "$p" ]] && ok=1; done
+    ((ok)) || return 1
+  done <<<"$out"
+  (($(sort -u <<<"$out" | wc -l) >= min))
+}
+
+# kproxy_table_lacks WORD — table ip kube-proxy can be listed and does not mention WORD.
+kproxy_table_lacks() {
+  local table
+  table="$(kp_nft node list table ip kube-proxy)" || return 1
+  ! grep -qwF -- "$1" <<<"$table"
+}
+
 # ---------------------------------------------------------------------------------------------
 # Cases.
 
@@ -305,15 +328,16 @@ case_affinity_follows_endpoint_removal() {
   setup 3 || return 1
   add_service sticky.yaml sticky 10.96.0.42 "$(pod_eps 3)" affinity=ClientIP || return 1
   start_kproxy_and_wait "http://10.96.0.42/" || return 1
-  local first out others p
+  local first out others other_pods=() p
   first="$(kp_who node http://10.96.0.42/)" || kp_fail "request to the sticky service failed" || return 1
   expect_only node http://10.96.0.42/ 5 "$first" || return 1
   # The sticky endpoint leaves the service (its pod still answers if anyone sends to it): the
   # node must be sent elsewhere, and stick there.
   others=""
-  for p in 1 2 3; do [[ "pod$p" == "$first" ]] || others+="$(kp_pod_ip "$p") "; done
+  for p in 1 2 3; do [[ "pod$p" == "$first" ]] || { others+="$(kp_pod_ip "$p") "; other_pods+=("pod$p"); }; done
   add_service sticky.yaml sticky 10.96.0.42 "$others" affinity=ClientIP || return 1
-  sleep 2
+  kp_wait_for_kproxy 2 answered_by node http://10.96.0.42/ 1 1 "${other_pods[@]}" ||
+    kp_fail "still sent to $first (or failed) 2 s after its removal" || return 1
   out="$(answers node http://10.96.0.42/ 10)"
   kp_note "after removing $first: $(summarize <<<"$out")"
   grep -q -e FAIL -e "^$first\$" <<<"$out" && { kp_fail "still sent to $first (or failed) after its removal"; return 1; }
@@ -355,19 +379,23 @@ case_endpoint_changes_within_2s() {
 
   # Removal: only pod1 remains.
   add_service web.yaml web "$WEB_IP" "$(kp_pod_ip 1)" || return 1
-  sleep 2
-  expect_only node "http://$WEB_IP/" 12 pod1 || { kp_note "endpoint removal not in effect after 2 s"; return 1; }
+  kp_wait_for_kproxy 2 answered_by node "http://$WEB_IP/" 12 1 pod1 ||
+    kp_fail "endpoint removal not in effect within 2 s" || return 1
+  expect_only node "http://$WEB_IP/" 12 pod1 || return 1
 
   # Addition and not-ready: pod1 and pod3 ready, pod2 listed but not ready.
   add_service web.yaml web "$WEB_IP" "$(kp_pod_ip 1) $(kp_pod_ip 2):notready $(kp_pod_ip 3)" || return 1
-  sleep 2
-  expect_only node "http://$WEB_IP/" 20 pod1 pod3 || { kp_note "not-ready endpoint still used after 2 s"; return 1; }
-  expect_spread node "http://$WEB_IP/" 20 2 || { kp_note "added endpoint not used after 2 s"; return 1; }
+  kp_wait_for_kproxy 2 answered_by node "http://$WEB_IP/" 20 2 pod1 pod3 ||
+    kp_fail "within 2 s, the added endpoint is not used or the not-ready one still is" || return 1
+  expect_only node "http://$WEB_IP/" 20 pod1 pod3 || return 1
+  expect_spread node "http://$WEB_IP/" 20 2 || return 1
 
-  # Deleting the Service's file removes the Service: its IP is no longer served.
+  # Deleting the Service's file removes the Service: its rules go, and its IP is routed away
+  # like any address without rules (to the client, which drops it), not answered or refused.
   rm -f "$MANIFESTS/web.yaml"
-  sleep 2
-  KP_CURL_TIMEOUT=1 kp_curl node "http://$WEB_IP/" >/dev/null 2>&1 && { kp_fail "deleted Service still answers after 2 s"; return 1; }
+  kp_wait_for_kproxy 2 kproxy_table_lacks "$WEB_IP" ||
+    kp_fail "$WEB_IP still in table ip kube-proxy 2 s after its Service was deleted" || return 1
+  expect_dropped node "http://$WEB_IP/" || return 1
   expect_kproxy_alive
 }
 
@@ -409,10 +437,13 @@ EOF
   expect_kproxy_alive || return 1
   # Later changes still take effect with the broken files present.
   add_service good.yaml good 10.96.0.60 "$(kp_pod_ip 1)" || return 1
-  sleep 2
+  kp_wait_for_kproxy 2 answered_by node http://10.96.0.60/ 5 1 pod1 ||
+    kp_fail "a change next to the broken files not in effect within 2 s" || return 1
   expect_only node http://10.96.0.60/ 5 pod1 || return 1
   expect_kproxy_alive
 }
+
+_lines_at_least() { (($(wc -l <"$1") >= $2)); }
 
 case_restart_keeps_traffic() {
   setup 3 || return 1
@@ -420,7 +451,7 @@ case_restart_keeps_traffic() {
   start_kproxy_and_wait "http://$WEB_IP/" || return 1
   local loop_log="$KP_WORKDIR/loop.log" stream_log="$KP_WORKDIR/stream.log"
   # A long-lived connection through the ClusterIP, and a loop of new connections.
-  kp_bg "$stream_log" kp_curl pod3 "http://$WEB_IP/stream?seconds=7&interval=0.2" --max-time 12
+  kp_bg "$stream_log" kp_curl pod3 "http://$WEB_IP/stream?seconds=7&interval=0.2" --max-time 12 --no-buffer
   local stream_pid=$KP_LAST_PID
   (
     end=$((${EPOCHREALTIME/./} + 7000000))
@@ -431,11 +462,16 @@ case_restart_keeps_traffic() {
   ) >"$loop_log" 2>&1 &
   local loop_pid=$!
   KP_PIDS+=("$loop_pid")
-  sleep 1.5
+  # The loop and the stream are under way before the first restart.
+  kp_wait_for 5 _lines_at_least "$loop_log" 5 || kp_fail "the request loop did not start" || return 1
+  kp_wait_for 5 grep -q '^pod=' "$stream_log" || kp_fail "the long-lived connection did not start" || return 1
   kp_note "restart 1: SIGTERM"
   kp_stop_kproxy TERM
+  local syncs
+  syncs="$(kp_kproxy_syncs)"
   kp_start_kproxy "$MANIFESTS" || return 1
-  sleep 2.5
+  # Killed only once the restarted kproxy has synced the rules over its predecessor's.
+  kp_wait_for_kproxy 10 kp_kproxy_synced_after "$syncs" || kp_fail "the restarted kproxy did not sync" || return 1
   kp_note "restart 2: SIGKILL"
   kp_stop_kproxy KILL
   kp_start_kproxy "$MANIFESTS" || return 1
@@ -473,23 +509,34 @@ case_cleanup_removes_table() {
   kp_note "tables after cleanup: $(tr '\n' ' ' <<<"$tables")"
   grep -q 'kube-proxy' <<<"$tables" && { kp_fail "a kube-proxy table is left after --cleanup"; return 1; }
   grep -q 'table ip bystander' <<<"$tables" || kp_fail "--cleanup removed a table it does not own" || return 1
-  KP_CURL_TIMEOUT=1 kp_curl node "http://$WEB_IP/" >/dev/null 2>&1 && { kp_fail "the ClusterIP still answers after --cleanup"; return 1; }
+  # Without rules the ClusterIP is routed away (to the client, which drops it).
+  expect_dropped node "http://$WEB_IP/" || return 1
   # Safe to run twice.
   kp_exec node timeout 20 "$bin" "${args[@]}" --cleanup >>"$KP_WORKDIR/kproxy.log" 2>&1
   rc=$?
   [[ $rc -eq 0 ]] || kp_fail "a second kproxy --cleanup exited $rc" || return 1
 }
 
+_kproxy_exited() { ! kp_kproxy_alive; }
+
 case_dry_run_changes_nothing() {
   setup 1 || return 1
   add_service web.yaml web "$WEB_IP" "$(pod_eps 1)" || return 1
   kp_start_kproxy "$MANIFESTS" --dry-run || return 1
-  sleep 3
-  kp_nft node list table ip kube-proxy >/dev/null 2>&1 && { kp_fail "--dry-run created the kube-proxy table"; return 1; }
-  [[ -z "$(kp_nft node list ruleset)" ]] || { kp_fail "--dry-run changed the ruleset: $(kp_nft node list ruleset | head -5)"; return 1; }
-  KP_CURL_TIMEOUT=1 kp_curl node "http://$WEB_IP/" >/dev/null 2>&1 && { kp_fail "the ClusterIP answers under --dry-run"; return 1; }
+  # A dry run syncs once, prints the batch and exits. Checked after it has exited, so "nothing
+  # changed" is not merely "not yet".
+  kp_wait_for 10 _kproxy_exited || kp_fail "kproxy --dry-run still runs after 10 s" || return 1
+  local rc
+  wait "$KP_KPROXY_PID"
+  rc=$?
+  KP_KPROXY_PID=""
+  [[ $rc -eq 0 ]] || kp_fail "kproxy --dry-run exited $rc" || return 1
+  kp_kproxy_synced_after 0 || kp_fail "kproxy --dry-run logged no sync" || return 1
   grep -q "$WEB_IP" "$KP_WORKDIR/kproxy.log" || kp_fail "--dry-run printed no planned operation for $WEB_IP" || return 1
-  kp_stop_kproxy TERM
+  local ruleset
+  ruleset="$(kp_nft node list ruleset)" || kp_fail "nft list ruleset failed" || return 1
+  [[ -z "$ruleset" ]] || { kp_fail "--dry-run changed the ruleset: $(head -5 <<<"$ruleset")"; return 1; }
+  expect_dropped node "http://$WEB_IP/" || return 1
 }
 
 case_affinity_across_addresses() {

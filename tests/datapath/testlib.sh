@@ -8,7 +8,10 @@
 # "<N> passed, <M> failed".
 #
 # Inside a case: return non-zero (or call kp_fail "why") to fail; kp_note prints context that
-# is shown only when the case fails (or always with KP_VERBOSE=1).
+# is shown only when the case fails (or always with KP_VERBOSE=1). A case that called kp_fail
+# fails even if it goes on and returns 0 (e.g. `cmd && kp_fail "x" && return 1`, where the
+# `return 1` never runs because kp_fail returns 1): the failure is recorded in a file, so it
+# also counts when kp_fail ran in a subshell or a pipeline.
 
 TESTLIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 # shellcheck source=../../scripts/netns-lib.sh
@@ -19,13 +22,17 @@ KP_FAILED=0
 KP_FAILED_NAMES=()
 KP_SELECTED=()
 KP_SUITE_DIR=""
+KP_CASE_FAILED_FILE=""
 
 kp_note() { printf '    %s %s\n' "$(date +%T.%3N)" "$*" >&2; }
 
 # kp_fail MESSAGE — record why the case fails and return 1 (use as `... || kp_fail "msg"`,
-# then `return 1` follows naturally from `|| return` or the caller's check).
+# then `return 1` follows naturally from `|| return` or the caller's check). The case fails
+# whatever it does afterwards. In a predicate that is polled or expected to fail, report with
+# a plain non-zero status instead.
 kp_fail() {
   printf '    FAILED: %s\n' "$*" >&2
+  [[ -n "${KP_CASE_FAILED_FILE:-}" ]] && printf '%s\n' "$*" >>"$KP_CASE_FAILED_FILE"
   return 1
 }
 
@@ -65,6 +72,10 @@ _kp_case_selected() {
 # Runs on the case subshell's exit: show kproxy's log when the case failed, then clean up.
 _kp_case_exit() {
   local rc=$?
+  if [[ $rc -eq 0 && -s "$KP_CASE_FAILED_FILE" ]]; then
+    echo "    the case returned 0 after kp_fail; failing it" >&2
+    rc=1
+  fi
   if [[ $rc -ne 0 && -n "$KP_WORKDIR" && -s "$KP_WORKDIR/kproxy.log" ]]; then
     echo "    --- kproxy log (last 30 lines) ---" >&2
     kp_kproxy_log_tail 30 | sed 's/^/    | /' >&2
@@ -78,6 +89,8 @@ kp_case() {
   local name="$1" fn="$2"
   _kp_case_selected "$name" || return 0
   local out="$KP_SUITE_DIR/$name.out" rc start
+  KP_CASE_FAILED_FILE="$KP_SUITE_DIR/$name.failed"
+  rm -f "$KP_CASE_FAILED_FILE"
   start=${EPOCHREALTIME/./}
   (
     kp_init
@@ -85,6 +98,9 @@ kp_case() {
     "$fn"
   ) >"$out" 2>&1
   rc=$?
+  # Also when the subshell's exit trap did not run (killed).
+  [[ $rc -eq 0 && -s "$KP_CASE_FAILED_FILE" ]] && rc=1
+  KP_CASE_FAILED_FILE=""
   local ms=$(((${EPOCHREALTIME/./} - start) / 1000))
   if [[ $rc -eq 0 ]]; then
     KP_PASSED=$((KP_PASSED + 1))

@@ -28,6 +28,7 @@ CP_ETCD_PID=""
 CP_ETCD_DATA=""
 CP_API_PID=""
 CP_ETCD_PORT=""
+CP_ETCD_PEER_PORT=""
 CP_API_PORT=""
 CP_API_EXTRA=()
 
@@ -48,8 +49,30 @@ cp_etcd_bin() {
   return 1
 }
 
+# _cp_free_port [TAKEN...] — a TCP port on 127.0.0.1 for etcd or the apiserver, other than
+# TAKEN, chosen below the namespace's ephemeral port range. A port asked of the kernel with
+# bind(0) would be free only until it is released, and any connect() could take it before the
+# server binds it; below the ephemeral range the kernel never hands a port out by itself, so
+# only an explicit bind of that very port could (and in a test's own network namespace nothing
+# else runs).
 _cp_free_port() {
-  "${CP_EXEC[@]}" python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  "${CP_EXEC[@]}" python3 -c '
+import socket, sys
+low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+taken = {int(p) for p in sys.argv[1:] if p}
+for port in range(low - 1, 1024, -1):
+    if port in taken:
+        continue
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+    print(port)
+    break
+else:
+    sys.exit("no free TCP port below the ephemeral range")
+' "$@"
 }
 
 _cp_certs() {
@@ -92,10 +115,11 @@ _cp_bg() {
 cp_start_etcd() {
   local etcd peer
   etcd="$(cp_etcd_bin)" || return 1
-  CP_ETCD_PORT="$(_cp_free_port)"
-  peer="$(_cp_free_port)"
+  CP_ETCD_PORT="$(_cp_free_port)" || return 1
+  peer="$(_cp_free_port "$CP_ETCD_PORT")" || return 1
   # tmpfs: etcd fsyncs every write, and on a busy shared disk that times requests out.
   CP_ETCD_DATA="$(mktemp -d /dev/shm/kproxy-etcd-XXXXXX 2>/dev/null || echo "$CP_DIR/etcd")"
+  CP_ETCD_PEER_PORT="$peer"
   _cp_bg "$CP_DIR/etcd.log" "$etcd" --name e2e --data-dir "$CP_ETCD_DATA" \
     --listen-client-urls "http://127.0.0.1:$CP_ETCD_PORT" --advertise-client-urls "http://127.0.0.1:$CP_ETCD_PORT" \
     --listen-peer-urls "http://127.0.0.1:$peer" --initial-advertise-peer-urls "http://127.0.0.1:$peer" \
@@ -117,7 +141,7 @@ cp_start_apiserver() {
   local bin
   bin="$(cp_apiserver_bin)" || return 1
   [[ $# -gt 0 ]] && CP_API_EXTRA=("$@")
-  [[ -n "$CP_API_PORT" ]] || CP_API_PORT="$(_cp_free_port)"
+  [[ -n "$CP_API_PORT" ]] || CP_API_PORT="$(_cp_free_port "$CP_ETCD_PORT" "$CP_ETCD_PEER_PORT")" || return 1
   local p="$CP_DIR/pki"
   echo "===== kube-apiserver start $(date +%T) ${CP_API_EXTRA[*]} =====" >>"$CP_DIR/apiserver.log"
   _cp_bg "$CP_DIR/apiserver.log" "$bin" \

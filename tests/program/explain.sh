@@ -172,11 +172,14 @@ got=$(json_get 'd["verdict"]' <<<"$out" 2>&1)
 [[ "$got" == "reject" ]] && pass "--json: reject" || fail "--json reject" "got: $got"
 
 # --- errors --------------------------------------------------------------------------------
+# expect_error NAME MESSAGE ARGS...: kproxy explain ARGS exits with status 1 (an error, not a
+# crash) and says MESSAGE.
 expect_error() {
   local name=$1 want=$2; shift 2
   local out rc
-  out=$("$KPROXY" explain "$@" 2>&1 >/dev/null | grep -v '^[IW][0-9]'); rc=${PIPESTATUS[0]}
-  if [[ $rc -ne 0 && "$out" == *"$want"* ]]; then pass "$name"; else fail "$name" "rc=$rc out=$out"; fi
+  "$KPROXY" explain "$@" >/dev/null 2>"$WORK/error.out"; rc=$?
+  out=$(grep -v '^[IW][0-9]' "$WORK/error.out")
+  if [[ $rc -eq 1 && "$out" == *"$want"* ]]; then pass "$name"; else fail "$name" "rc=$rc out=$out"; fi
 }
 expect_error "bad source address" 'bad source "10.0.0.300"' 10.0.0.300 10.96.0.20:80 "${FLAGS[@]}"
 expect_error "destination without a port" 'bad destination "10.96.0.20": no port' 10.0.0.1 10.96.0.20 "${FLAGS[@]}"

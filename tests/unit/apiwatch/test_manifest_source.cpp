@@ -179,6 +179,17 @@ std::string service(const std::string& name, int port, const std::string& ns = "
          "\nspec:\n  clusterIP: 10.96.0.1\n  ports:\n  - port: " + std::to_string(port) + "\n";
 }
 
+/// Writes the Service `late` into `dir` and returns once a running watcher of the same
+/// directory (a witness with a sink of its own) has delivered it: by then a watcher that still
+/// ran would have acted too. For "nothing was delivered" checks, instead of a fixed sleep.
+bool writeLateServiceSeenByWitness(const TempDir& dir) {
+  RecordingSink witnessSink;
+  ManifestSource witness(dir.path(), witnessSink);
+  if (!witness.start().has_value()) return false;
+  dir.write("late.yaml", service("late", 80));
+  return waitUntil([&] { return witnessSink.service("default/late").has_value(); });
+}
+
 bool contains(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();
 }
@@ -442,8 +453,7 @@ TEST_CASE("manifest source: start and stop", "[unit]") {
     source.stop();
     source.stop();
     sink.takeEvents();
-    dir.write("late.yaml", service("late", 80));
-    std::this_thread::sleep_for(300ms);  // longer than the debounce: a running watcher would act
+    REQUIRE(writeLateServiceSeenByWitness(dir));
     CHECK(sink.events().empty());
   }
   SECTION("the destructor stops a running watcher") {
@@ -453,8 +463,7 @@ TEST_CASE("manifest source: start and stop", "[unit]") {
       REQUIRE(source.start().has_value());
     }
     sink.takeEvents();
-    dir.write("late.yaml", service("late", 80));
-    std::this_thread::sleep_for(300ms);
+    REQUIRE(writeLateServiceSeenByWitness(dir));
     CHECK(sink.events().empty());
   }
 }

@@ -34,18 +34,35 @@ auto onLoop(EventLoop& loop, Fn fn) {
   return result.get();
 }
 
-// A loopback TCP port that was free a moment ago.
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  socklen_t len = sizeof a;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
+// A loopback TCP port held for the whole test: a socket bound to port 0 with SO_REUSEADDR and
+// never listening. The kernel hands a bound port to no other bind(0) or connect(), so no other
+// process can take it, while a server that also sets SO_REUSEADDR (as HttpServer does) can
+// still bind and listen on it. Releasing the port before use instead would leave a window in
+// which anyone could take it.
+class ReservedPort {
+ public:
+  ReservedPort() : fd_(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
+    REQUIRE(fd_ >= 0);
+    const int on = 1;
+    REQUIRE(setsockopt(fd_, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) == 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    port_ = ntohs(a.sin_port);
+  }
+  ~ReservedPort() { close(fd_); }
+  ReservedPort(const ReservedPort&) = delete;
+  ReservedPort& operator=(const ReservedPort&) = delete;
+
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
 
 // GET / over plain HTTP/1.0; the whole response, or "" when nothing listens.
 std::string httpGet(int port) {
@@ -103,7 +120,8 @@ TEST_CASE("listeners open, answer, follow endpoint changes and close with the se
   loop.start();
   std::atomic<bool> proxyHealthy = true;
   ServiceHealthServers servers(loop, [&] { return proxyHealthy.load(); }, {"127.0.0.1"});
-  const int port = freePort();
+  const ReservedPort reserved;
+  const int port = reserved.port();
   auto svc = ops_test::localLoadBalancer("web", port, "10.96.0.10");
 
   onLoop(loop, [&] { servers.reconcile(*ops_test::snapshotOf({svc}, {ops_test::sliceFor("web", {{"10.244.1.1"}})})); });
@@ -136,7 +154,8 @@ TEST_CASE("a port already taken is reported, not fatal, and retried on the next 
   EventLoop loop;
   loop.start();
   ServiceHealthServers servers(loop, [] { return true; }, {"127.0.0.1"});
-  const int port = freePort();
+  const ReservedPort reserved;
+  const int port = reserved.port();
   kproxy::cli::HttpServer squatter(loop, "squatter", [](const kproxy::cli::HttpRequest&) {
     return kproxy::cli::HttpResponse{200, "text/plain", {}, "squatter"};
   });
