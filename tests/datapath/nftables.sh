@@ -596,6 +596,9 @@ case_affinity_etp_local() {
   kp_note "pod2 -> ClusterIP, NodePort (4 rounds): $(summarize <<<"$out")"
   grep -q FAIL <<<"$out" && { kp_fail "requests from pod2 failed"; return 1; }
   [[ "$(sort -u <<<"$out" | wc -l)" -eq 1 ]] || kp_fail "pod2 reached several pods: $(summarize <<<"$out")" || return 1
+  expect_kproxy_alive
+}
+
 # --nodeport-addresses selects the node's interface addresses (read over rtnetlink, and
 # followed), not the Node object's: a secondary address inside the CIDR answers, one outside
 # it and the Node object's address do not, and an address added while kproxy runs answers.
