@@ -30,6 +30,7 @@
 #include "kproxy/core/proxier.h"
 #include "kproxy/plugins/loader.h"
 #include "leftover_cleanup.h"
+#include "metrics.h"
 #include "ops_servers.h"
 #include "proxy_config.h"
 
@@ -127,6 +128,8 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
 // Loads the built-in plugins (no flag needed) and every --plugin-dir. A directory that cannot
 // be read or a plugin that is refused is logged; only a missing selected mode is fatal.
 void loadPlugins(kproxy::plugins::PluginRegistry& registry, const ProxyConfig& config) {
+  // Plugins register their metrics when a backend is created: keep the host's names theirs.
+  registry.metrics().reservePrefixes(kproxy::cli::hostMetricPrefixes());
   std::vector<std::filesystem::path> loaded;
   auto loadOnce = [&](const std::filesystem::path& dir) {
     std::error_code ec;
@@ -393,7 +396,9 @@ int main(int argc, char** argv) {
     opsOptions.bindAddressHardFail = config.bindAddressHardFail;
     opsOptions.healthTimeout = 2 * config.effectiveSyncPeriod();
     opsOptions.configzJson = kproxy::cli::toConfigzJson(config);
-    opsOptions.extraMetrics = [&source] { return sourceMetrics(source); };
+    opsOptions.extraMetrics = [&source, &registry] {
+      return sourceMetrics(source) + kproxy::cli::renderPluginMetrics(registry.metrics().collect());
+    };
     ops = std::make_unique<kproxy::cli::OpsServers>(std::move(opsOptions), proxier);
     proxier.setObserver([&ops](const kproxy::core::SyncObservation& o) {
       ops->observe(o);
