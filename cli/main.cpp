@@ -102,6 +102,20 @@ std::string joined(const std::vector<std::string>& items) {
   return out;
 }
 
+// A duration as a decimal number of seconds ("30", "0.5", "0"), the options' format.
+std::string seconds(kproxy::cli::Duration d) {
+  const auto ns = d.count();
+  std::string out = std::to_string(ns / 1'000'000'000);
+  if (auto frac = ns % 1'000'000'000; frac != 0) {
+    std::string digits = std::to_string(frac < 0 ? -frac : frac);
+    digits.insert(0, 9 - digits.size(), '0');
+    while (digits.back() == '0') digits.pop_back();
+    if (ns < 0 && ns > -1'000'000'000) out = "-0";
+    out += "." + digits;
+  }
+  return out;
+}
+
 // What every backend is told, as strings (plugins/README.md lists the keys).
 kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
   kproxy::plugins::BackendOptions options;
@@ -119,6 +133,12 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
   options["ipvs-scheduler"] = config.ipvs.scheduler;
   options["ipvs-strict-arp"] = config.ipvs.strictARP ? "true" : "false";
   options["ipvs-exclude-cidrs"] = joined(config.ipvs.excludeCIDRs);
+  options["ipvs-tcp-timeout"] = seconds(config.ipvs.tcpTimeout);
+  options["ipvs-tcpfin-timeout"] = seconds(config.ipvs.tcpFinTimeout);
+  options["ipvs-udp-timeout"] = seconds(config.ipvs.udpTimeout);
+  options["conntrack-udp-timeout"] = seconds(config.conntrack.udpTimeout);
+  options["sync-period"] = seconds(config.effectiveSyncPeriod());
+  options["min-sync-period"] = seconds(config.effectiveMinSyncPeriod());
   options["localhost-nodeports"] = config.iptables.localhostNodePorts ? "true" : "false";
   if (config.bindAddress != "0.0.0.0" && config.bindAddress != "::" && !config.bindAddress.empty())
     options["node-ips"] = config.bindAddress;
