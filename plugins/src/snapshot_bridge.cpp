@@ -218,9 +218,13 @@ kproxy_host_api makeHostApi(PluginMetrics* metrics) {
   api.snapshot_foreach = &snapshotForeach;
   api.snapshot_find = &snapshotFind;
   api.features = KPROXY_HOST_ERROR_CATEGORY;
-  api.metric_register = &metricRegister;
-  api.metric_add = &metricUpdate<false>;
-  api.metric_set = &metricUpdate<true>;
+  // Without a registry the functions stay NULL: plugins then treat metrics as absent (rule 5)
+  // instead of failing to register.
+  if (metrics != nullptr) {
+    api.metric_register = &metricRegister;
+    api.metric_add = &metricUpdate<false>;
+    api.metric_set = &metricUpdate<true>;
+  }
   return api;
 }
 

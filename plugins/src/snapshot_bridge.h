@@ -8,7 +8,7 @@
 namespace kproxy::plugins {
 
 /// The host API table handed to every plugin: logging goes to kproxy's log, `host_ctx` is
-/// `metrics` (which must outlive every backend given the table; NULL: metric_register refuses).
+/// `metrics` (which must outlive every backend given the table; NULL: no metric functions).
 kproxy_host_api makeHostApi(PluginMetrics* metrics);
 /// A process-wide table without plugin metrics (for tests that read a snapshot through the SDK).
 const kproxy_host_api* hostApi();
