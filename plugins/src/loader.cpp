@@ -198,11 +198,15 @@ core::Result<PluginInfo> PluginRegistry::load(const std::filesystem::path& file)
     }
   }
   loaded->descriptor = d;
+  std::uint32_t minor = covers(d, &kproxy_plugin_descriptor::abi_minor) ? d->abi_minor
+                        : covers(d, &kproxy_plugin_descriptor::explain) ? 1u
+                                                                        : 0u;
   loaded->info = PluginInfo{d->name, d->version ? d->version : "",
-                            d->description ? d->description : "", path};
+                            d->description ? d->description : "", path, minor};
   PluginInfo info = loaded->info;
   loaded_.push_back(std::move(loaded));
   log::info(2, "loaded plugin", {{"name", info.name}, {"version", info.version},
+                                 {"abi", "1." + std::to_string(info.abiMinor)},
                                  {"path", info.path.string()}});
   return info;
 }

@@ -102,7 +102,9 @@ TEST_CASE("loader refuses another ABI version and names both versions", "[unit]"
 
 TEST_CASE("loader refuses two plugins with one name", "[unit]") {
   PluginRegistry registry;
-  REQUIRE(registry.load(kPluginDir / "recorder.so"));
+  auto first = registry.load(kPluginDir / "recorder.so");
+  REQUIRE(first);
+  CHECK(first->abiMinor == KPROXY_PLUGIN_ABI_MINOR);
   auto r = registry.load(kPluginDir / "duplicate" / "recorder-copy.so");
   REQUIRE_FALSE(r);
   CHECK_THAT(r.error().message(), Catch::Contains("recorder-copy.so") &&
@@ -197,6 +199,7 @@ TEST_CASE("a plugin built against the ABI 1.0 descriptor loads and syncs", "[uni
   auto info = registry.load(kPluginDir / "old" / "old-abi.so");
   REQUIRE(info);
   CHECK(info->name == "old");
+  CHECK(info->abiMinor == 0);
   auto backend = registry.createPluginBackend("old", {});
   REQUIRE(backend);
   kproxy::core::Snapshot empty;
@@ -277,6 +280,7 @@ TEST_CASE("a plugin built against the ABI 1.1 headers loads, syncs and explains"
   auto info = registry.load(kPluginDir / "abi-1.1" / "old-recorder.so");
   REQUIRE(info);
   CHECK(info->version == "1.1");
+  CHECK(info->abiMinor == 1);  // its descriptor ends after explain
   auto backend = registry.createPluginBackend("old-recorder", {{"record-file", record.string()}});
   REQUIRE(backend);
 

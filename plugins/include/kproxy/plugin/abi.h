@@ -26,7 +26,9 @@
  *  3. Arrays of structs are walked with a stride the allocator announces, never with the
  *     reader's sizeof: `kproxy_endpoint` has no size of its own, so `kproxy_service_port`
  *     carries `endpoint_size` (1.2); without it the stride is KPROXY_ENDPOINT_V1_0_SIZE. An
- *     endpoint field appended later is read only when `endpoint_size` covers it.
+ *     endpoint field appended later is read only when `endpoint_size` covers it. Plugins
+ *     built before 1.2 walk endpoints with their own sizeof: a host that appends an endpoint
+ *     field hands them (their descriptor does not cover `abi_minor`) arrays in the 1.0 layout.
  *  4. Structs without `struct_size` that a plugin writes into (kproxy_error) grow only behind
  *     an announcement: the writer writes an appended field only when the allocator said it
  *     has it (for kproxy_error: KPROXY_HOST_ERROR_CATEGORY in kproxy_host_api.features).
@@ -313,6 +315,12 @@ typedef struct kproxy_plugin_descriptor {
   int (*explain)(kproxy_backend* backend, const kproxy_snapshot* snapshot,
                  const kproxy_explain_request* request, kproxy_text_writer write,
                  void* write_user, kproxy_error* err);
+
+  /* ---- appended in ABI 1.2; read only when struct_size covers the field ---- */
+
+  /* KPROXY_PLUGIN_ABI_MINOR of the header the plugin was built against. Not covered: 0 or 1
+   * (1 when `explain` is covered). Lets a host keep the layouts an older plugin knows. */
+  uint32_t abi_minor;
 } kproxy_plugin_descriptor;
 
 /* The size of an ABI 1.0 descriptor (up to `reserved`): the smallest the host accepts. */

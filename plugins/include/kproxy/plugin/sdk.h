@@ -658,6 +658,7 @@ inline void destroy(kproxy_backend* backend) noexcept {
         &::kproxy::sdk::detail::cleanup,                                               \
         &::kproxy::sdk::detail::destroy,                                               \
         {},                                                                            \
-        &::kproxy::sdk::detail::explain};                                              \
+        &::kproxy::sdk::detail::explain,                                               \
+        KPROXY_PLUGIN_ABI_MINOR};                                                      \
     return &descriptor;                                                                \
   }

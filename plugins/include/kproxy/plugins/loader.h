@@ -31,6 +31,8 @@ struct PluginInfo {
   std::string version;
   std::string description;
   std::filesystem::path path;
+  /// The ABI minor version the plugin was built against (0, 1 from its descriptor's size).
+  std::uint32_t abiMinor = 0;
 };
 
 using BackendOptions = std::map<std::string, std::string>;
