@@ -355,8 +355,8 @@ class Metric {
   /// Whether the host keeps this metric (false on a host without plugin metrics).
   bool active() const { return api_ != nullptr && handle_ != 0; }
   /// Counter: adds `delta` (>= 0); gauge: adds `delta`. One value per label name, in order.
-  /// Returns false when the host refused the update (wrong count of values, negative counter
-  /// delta) or the metric is inactive.
+  /// Returns false when the update was refused (wrong count of values, negative counter
+  /// delta, set on a counter) or the metric is inactive.
   bool add(const std::vector<std::string>& labelValues, double delta) const {
     return update(false, labelValues, delta);
   }
@@ -368,10 +368,10 @@ class Metric {
   bool set(double value) const { return set({}, value); }
 
  private:
-  bool update(bool set, const std::vector<std::string>& labelValues, double value) const {
+  bool update(bool assign, const std::vector<std::string>& labelValues, double value) const {
     // Only an active metric came from a host whose table has the functions.
     if (!active() || labelValues.size() != labels_) return false;
-    auto fn = set ? api_->metric_set : api_->metric_add;
+    auto fn = assign ? api_->metric_set : api_->metric_add;
     std::vector<const char*> values;
     values.reserve(labelValues.size());
     for (const auto& v : labelValues) values.push_back(v.c_str());
