@@ -31,6 +31,7 @@
 #include "kproxy/core/proxier.h"
 #include "kproxy/plugins/loader.h"
 #include "leftover_cleanup.h"
+#include "metrics.h"
 #include "ops_servers.h"
 #include "proxy_config.h"
 
@@ -102,6 +103,20 @@ std::string joined(const std::vector<std::string>& items) {
   return out;
 }
 
+// A duration as a decimal number of seconds ("30", "0.5", "0"), the options' format.
+std::string seconds(kproxy::cli::Duration d) {
+  const auto ns = d.count();
+  std::string out = std::to_string(ns / 1'000'000'000);
+  if (auto frac = ns % 1'000'000'000; frac != 0) {
+    std::string digits = std::to_string(frac < 0 ? -frac : frac);
+    digits.insert(0, 9 - digits.size(), '0');
+    while (digits.back() == '0') digits.pop_back();
+    if (ns < 0 && ns > -1'000'000'000) out = "-0";
+    out += "." + digits;
+  }
+  return out;
+}
+
 // What every backend is told, as strings (plugins/README.md lists the keys).
 kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
   kproxy::plugins::BackendOptions options;
@@ -119,6 +134,12 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
   options["ipvs-scheduler"] = config.ipvs.scheduler;
   options["ipvs-strict-arp"] = config.ipvs.strictARP ? "true" : "false";
   options["ipvs-exclude-cidrs"] = joined(config.ipvs.excludeCIDRs);
+  options["ipvs-tcp-timeout"] = seconds(config.ipvs.tcpTimeout);
+  options["ipvs-tcpfin-timeout"] = seconds(config.ipvs.tcpFinTimeout);
+  options["ipvs-udp-timeout"] = seconds(config.ipvs.udpTimeout);
+  options["conntrack-udp-timeout"] = seconds(config.conntrack.udpTimeout);
+  options["sync-period"] = seconds(config.effectiveSyncPeriod());
+  options["min-sync-period"] = seconds(config.effectiveMinSyncPeriod());
   options["localhost-nodeports"] = config.iptables.localhostNodePorts ? "true" : "false";
   if (config.bindAddress != "0.0.0.0" && config.bindAddress != "::" && !config.bindAddress.empty())
     options["node-ips"] = config.bindAddress;
@@ -128,6 +149,8 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
 // Loads the built-in plugins (no flag needed) and every --plugin-dir. A directory that cannot
 // be read or a plugin that is refused is logged; only a missing selected mode is fatal.
 void loadPlugins(kproxy::plugins::PluginRegistry& registry, const ProxyConfig& config) {
+  // Plugins register their metrics when a backend is created: keep the host's names theirs.
+  registry.metrics().reservePrefixes(kproxy::cli::hostMetricPrefixes());
   std::vector<std::filesystem::path> loaded;
   auto loadOnce = [&](const std::filesystem::path& dir) {
     std::error_code ec;
@@ -409,7 +432,9 @@ int main(int argc, char** argv) {
     opsOptions.bindAddressHardFail = config.bindAddressHardFail;
     opsOptions.healthTimeout = 2 * config.effectiveSyncPeriod();
     opsOptions.configzJson = kproxy::cli::toConfigzJson(config);
-    opsOptions.extraMetrics = [&source] { return sourceMetrics(source); };
+    opsOptions.extraMetrics = [&source, &registry] {
+      return sourceMetrics(source) + kproxy::cli::renderPluginMetrics(registry.metrics().collect());
+    };
     ops = std::make_unique<kproxy::cli::OpsServers>(std::move(opsOptions), proxier);
     proxier.setObserver([&ops](const kproxy::core::SyncObservation& o) {
       ops->observe(o);

@@ -166,6 +166,35 @@ void PrometheusText::histogram(const std::string& name, const std::string& help,
 
 // --- ProxyMetrics ----------------------------------------------------------------------------
 
+std::vector<std::string> hostMetricPrefixes() {
+  return {"kubeproxy_",     "process_",         "go_",
+          "kproxy_sync_",   "kproxy_source_",   "kproxy_apiwatch_",
+          "kproxy_manifest_"};
+}
+
+const char* failureCategoryLabel(core::ErrorCategory category) {
+  switch (category) {
+    case core::ErrorCategory::kKernel: return "kernel_refused";
+    case core::ErrorCategory::kInvalidArgument: return "invalid_input";
+    case core::ErrorCategory::kTransient: return "transient";
+    default: return "unknown";
+  }
+}
+
+std::string renderPluginMetrics(const std::vector<plugins::MetricFamily>& families) {
+  PrometheusText t;
+  for (const auto& f : families) {
+    t.family(f.name, f.help, f.type == plugins::MetricType::kCounter ? "counter" : "gauge");
+    for (const auto& [values, value] : f.samples) {
+      PrometheusText::Labels labels;
+      for (std::size_t i = 0; i < f.labelNames.size() && i < values.size(); ++i)
+        labels.emplace_back(f.labelNames[i], values[i]);
+      t.sample(f.name, labels, value);
+    }
+  }
+  return t.str();
+}
+
 ProxyMetrics::ProxyMetrics(std::string mode, double startWall)
     : mode_(std::move(mode)), startWall_(startWall) {}
 
@@ -184,7 +213,11 @@ void ProxyMetrics::observeSync(const core::SyncObservation& o) {
   // Upstream observes every attempt, failed ones included.
   syncAll_.observe(seconds);
   (o.kind == core::SyncKind::kFull ? syncFull_ : syncPartial_).observe(seconds);
-  if (!o.ok) ++failures_;
+  if (!o.ok) {
+    ++failures_;
+    ++failuresByCategory_[failureCategoryLabel(o.error ? o.error->category
+                                                        : core::ErrorCategory::kInternal)];
+  }
   // Network programming latency: from the change's trigger time (set by the endpoint slice
   // controller) to the end of the sync that put it in the kernel. Clock skew can make it
   // negative; upstream drops those too.
@@ -242,6 +275,13 @@ std::string ProxyMetrics::render(const core::ProxierStatus& status,
                                 : "Cumulative proxy " + mode_ + " sync failures",
            "counter");
   t.sample(failures, {}, static_cast<double>(failures_));
+  t.family("kproxy_sync_proxy_rules_failures_total",
+           "Cumulative failed syncs by the category the backend gave", "counter");
+  for (const char* category : {"invalid_input", "kernel_refused", "transient", "unknown"}) {
+    auto it = failuresByCategory_.find(category);
+    t.sample("kproxy_sync_proxy_rules_failures_total", {{"category", category}},
+             it == failuresByCategory_.end() ? 0.0 : static_cast<double>(it->second));
+  }
 
   t.family("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
            "The last time a sync of proxy rules was queued", "gauge");

@@ -12,6 +12,12 @@
 ///    kubeproxy_sync_proxy_rules_nftables_sync_failures_total, iptables and ipvs →
 ///    kubeproxy_sync_proxy_rules_iptables_restore_failures_total (upstream's names), any other
 ///    plugin → kubeproxy_sync_proxy_rules_<mode>_sync_failures_total.
+///
+/// kproxy additions (kproxy_ prefix; upstream has no such metrics):
+///  - kproxy_sync_proxy_rules_failures_total{category}: the same failures by the category the
+///    backend gave (kernel_refused, invalid_input, transient, unknown). Upstream's counter
+///    above stays unlabelled, so its series does not change.
+///  - the metrics backend plugins register (ABI 1.2), after the host's: renderPluginMetrics.
 
 #include <cstdint>
 #include <map>
@@ -22,6 +28,7 @@
 
 #include "kproxy/core/proxier.h"
 #include "kproxy/core/snapshot.h"
+#include "kproxy/plugins/plugin_metrics.h"
 
 namespace kproxy::cli {
 
@@ -60,6 +67,13 @@ struct NoLocalEndpoints {
   std::uint64_t external = 0;  ///< externally reachable, eTP=Local and no local endpoints
 };
 NoLocalEndpoints countNoLocalEndpoints(const core::Snapshot& snapshot);
+
+/// Metric name prefixes the host serves itself (its own and the event source's families, the
+/// process metrics); plugin metrics may not start with one (PluginMetrics::reservePrefixes).
+std::vector<std::string> hostMetricPrefixes();
+
+/// The failure category label of kproxy_sync_proxy_rules_failures_total for a sync error.
+const char* failureCategoryLabel(core::ErrorCategory category);
 
 /// Writes the text exposition format; families in the order they are added.
 class PrometheusText {
@@ -106,8 +120,13 @@ class ProxyMetrics {
   Histogram syncPartial_ = syncDurationHistogram();
   Histogram networkProgramming_ = networkProgrammingHistogram();
   std::uint64_t failures_ = 0;
+  std::map<std::string, std::uint64_t> failuresByCategory_;
   std::map<int, std::uint64_t> healthz_;
   std::map<int, std::uint64_t> livez_;
 };
+
+/// The metrics plugins registered (PluginMetrics::collect()), with HELP and TYPE, in the text
+/// exposition format. A family without samples yet gets its HELP and TYPE only.
+std::string renderPluginMetrics(const std::vector<plugins::MetricFamily>& families);
 
 }  // namespace kproxy::cli

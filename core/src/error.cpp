@@ -9,6 +9,7 @@ const char* toString(ErrorCategory category) {
     case ErrorCategory::kInvalidArgument: return "invalid argument";
     case ErrorCategory::kNotFound: return "not found";
     case ErrorCategory::kKernel: return "kernel";
+    case ErrorCategory::kTransient: return "transient";
     case ErrorCategory::kProcess: return "process";
     case ErrorCategory::kIo: return "io";
     case ErrorCategory::kDecode: return "decode";

@@ -152,6 +152,7 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
                 {"changed", std::to_string(changedKeys.size())},
                 {"duration", formatDuration(observation.duration)},
                 {"error", result.error().message()},
+                {"category", toString(result.error().category)},
                 {"retryIn", formatDuration(options.retryInterval)}});
   }
 

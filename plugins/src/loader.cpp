@@ -30,6 +30,17 @@ bool covers(const kproxy_plugin_descriptor* d, Field kproxy_plugin_descriptor::*
   return d->struct_size >= static_cast<std::size_t>(at - base) + sizeof(Field);
 }
 
+// The host's category for a plugin's kproxy_error.category (KPROXY_ERROR_UNKNOWN, and what a
+// 1.0/1.1 plugin leaves zeroed, is kPlugin: the plugin did not say).
+ErrorCategory categoryOf(const kproxy_error& err) {
+  switch (err.category) {
+    case KPROXY_ERROR_KERNEL_REFUSED: return ErrorCategory::kKernel;
+    case KPROXY_ERROR_INVALID_INPUT: return ErrorCategory::kInvalidArgument;
+    case KPROXY_ERROR_TRANSIENT: return ErrorCategory::kTransient;
+    default: return ErrorCategory::kPlugin;
+  }
+}
+
 void appendText(void* user, const char* text, std::size_t len) {
   if (text != nullptr) static_cast<std::string*>(user)->append(text, len);
 }
@@ -39,6 +50,8 @@ class LoadedBackend final : public PluginBackend {
  public:
   LoadedBackend(const kproxy_plugin_descriptor* descriptor, kproxy_backend* handle)
       : descriptor_(descriptor), handle_(handle) {}
+  LoadedBackend(const LoadedBackend&) = delete;
+  LoadedBackend& operator=(const LoadedBackend&) = delete;
   ~LoadedBackend() override { descriptor_->destroy(handle_); }
 
   bool canExplain() const override {
@@ -89,7 +102,7 @@ class LoadedBackend final : public PluginBackend {
                                toC(request.next), changed.data(), changed.size(), flags, &result,
                                &err);
     if (rc != KPROXY_OK) {
-      return makeError(ErrorCategory::kKernel,
+      return makeError(categoryOf(err),
                        std::string(descriptor_->name) + ": " + terminated(err.message),
                        err.errnum);
     }
@@ -100,7 +113,7 @@ class LoadedBackend final : public PluginBackend {
   core::Result<void> cleanup() override {
     kproxy_error err{};
     if (descriptor_->cleanup(handle_, &err) != KPROXY_OK) {
-      return makeError(ErrorCategory::kKernel,
+      return makeError(categoryOf(err),
                        std::string(descriptor_->name) + " cleanup: " + terminated(err.message),
                        err.errnum);
     }
@@ -127,7 +140,7 @@ struct PluginRegistry::Loaded {
   }
 };
 
-PluginRegistry::PluginRegistry() = default;
+PluginRegistry::PluginRegistry() : hostApi_(makeHostApi(&metrics_)) {}
 PluginRegistry::~PluginRegistry() = default;
 
 core::Result<PluginInfo> PluginRegistry::load(const std::filesystem::path& file) {
@@ -185,11 +198,15 @@ core::Result<PluginInfo> PluginRegistry::load(const std::filesystem::path& file)
     }
   }
   loaded->descriptor = d;
+  std::uint32_t minor = covers(d, &kproxy_plugin_descriptor::abi_minor) ? d->abi_minor
+                        : covers(d, &kproxy_plugin_descriptor::explain) ? 1u
+                                                                        : 0u;
   loaded->info = PluginInfo{d->name, d->version ? d->version : "",
-                            d->description ? d->description : "", path};
+                            d->description ? d->description : "", path, minor};
   PluginInfo info = loaded->info;
   loaded_.push_back(std::move(loaded));
   log::info(2, "loaded plugin", {{"name", info.name}, {"version", info.version},
+                                 {"abi", "1." + std::to_string(info.abiMinor)},
                                  {"path", info.path.string()}});
   return info;
 }
@@ -250,7 +267,7 @@ core::Result<std::unique_ptr<PluginBackend>> PluginRegistry::createPluginBackend
     opts.reserve(options.size());
     for (const auto& [k, v] : options) opts.push_back({k.c_str(), v.c_str()});
     kproxy_error err{};
-    kproxy_backend* handle = l->descriptor->create(hostApi(), opts.data(), opts.size(), &err);
+    kproxy_backend* handle = l->descriptor->create(&hostApi_, opts.data(), opts.size(), &err);
     if (handle == nullptr) {
       return makeError(ErrorCategory::kPlugin,
                        std::string(name) + ": " + std::string(err.message, strnlen(err.message, sizeof err.message)),

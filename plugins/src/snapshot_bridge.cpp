@@ -1,5 +1,7 @@
 #include "snapshot_bridge.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,7 @@ class ServicePortView {
  public:
   explicit ServicePortView(const core::ServicePortState& s) {
     view_.struct_size = sizeof(kproxy_service_port);
+    view_.endpoint_size = sizeof(kproxy_endpoint);
     view_.family = static_cast<std::uint8_t>(s.key.family);
     view_.protocol = protocolCode(s.protocol);
     view_.type = typeCode(s.type);
@@ -151,12 +154,92 @@ int snapshotFind(const kproxy_snapshot* snapshot, uint8_t family, const char* ke
   return 1;
 }
 
-const kproxy_host_api kHostApi = {
-    sizeof(kproxy_host_api), KPROXY_PLUGIN_ABI_VERSION, nullptr, &hostLog, &snapshotSize,
-    &snapshotNode,           &snapshotForeach,          &snapshotFind, {}};
+// Fills a plugin's error; the plugin calling a 1.2 function has a 1.2 kproxy_error.
+void metricError(kproxy_error* err, const core::Error& e) {
+  if (err == nullptr) return;
+  err->errnum = e.errnum;
+  std::size_t n = std::min(sizeof err->message - 1, e.context.size());
+  e.context.copy(err->message, n);
+  err->message[n] = '\0';
+  err->category = KPROXY_ERROR_INVALID_INPUT;
+}
+
+std::uint64_t metricRegister(void* ctx, const kproxy_metric_spec* spec, kproxy_error* err) {
+  auto refuse = [err](std::string why) {
+    metricError(err, core::Error{core::ErrorCategory::kInvalidArgument, EINVAL, std::move(why)});
+    return std::uint64_t{0};
+  };
+  if (ctx == nullptr) return refuse("this host keeps no plugin metrics");
+  if (spec == nullptr || spec->struct_size < KPROXY_METRIC_SPEC_V1_2_SIZE) {
+    return refuse("plugin metric: no spec, or a spec smaller than ABI 1.2's");
+  }
+  if (spec->name == nullptr) return refuse("plugin metric: no name");
+  std::string name(spec->name);
+  MetricType type;
+  if (spec->type == KPROXY_METRIC_COUNTER) {
+    type = MetricType::kCounter;
+  } else if (spec->type == KPROXY_METRIC_GAUGE) {
+    type = MetricType::kGauge;
+  } else {
+    return refuse("plugin metric \"" + name + "\": unknown type " + std::to_string(spec->type));
+  }
+  std::vector<std::string> labels;
+  for (std::size_t i = 0; i < spec->label_names_count; ++i) {
+    if (spec->label_names == nullptr || spec->label_names[i] == nullptr)
+      return refuse("plugin metric \"" + name + "\": a NULL label name");
+    labels.emplace_back(spec->label_names[i]);
+  }
+  auto handle = static_cast<PluginMetrics*>(ctx)->registerMetric(
+      type, name, spec->help != nullptr ? spec->help : "", labels);
+  if (!handle) {
+    metricError(err, handle.error());
+    return 0;
+  }
+  return *handle;
+}
+
+template <bool kSet>
+int metricUpdate(void* ctx, std::uint64_t handle, const char* const* values, std::size_t count,
+                 double value) {
+  if (ctx == nullptr || (count != 0 && values == nullptr)) return KPROXY_ERR;
+  std::vector<std::string> labelValues;
+  labelValues.reserve(count);
+  for (std::size_t i = 0; i < count; ++i) labelValues.emplace_back(values[i] != nullptr ? values[i] : "");
+  auto* metrics = static_cast<PluginMetrics*>(ctx);
+  auto r = kSet ? metrics->set(handle, labelValues, value) : metrics->add(handle, labelValues, value);
+  if (!r) {
+    log::info(4, "plugin metric update refused", {{"source", "plugin"}, {"error", r.error().message()}});
+    return KPROXY_ERR;
+  }
+  return KPROXY_OK;
+}
 
 }  // namespace
 
-const kproxy_host_api* hostApi() { return &kHostApi; }
+kproxy_host_api makeHostApi(PluginMetrics* metrics) {
+  kproxy_host_api api{};
+  api.struct_size = sizeof api;
+  api.abi_version = KPROXY_PLUGIN_ABI_VERSION;
+  api.host_ctx = metrics;
+  api.log = &hostLog;
+  api.snapshot_size = &snapshotSize;
+  api.snapshot_node = &snapshotNode;
+  api.snapshot_foreach = &snapshotForeach;
+  api.snapshot_find = &snapshotFind;
+  api.features = KPROXY_HOST_ERROR_CATEGORY;
+  // Without a registry the functions stay NULL: plugins then treat metrics as absent (rule 5)
+  // instead of failing to register.
+  if (metrics != nullptr) {
+    api.metric_register = &metricRegister;
+    api.metric_add = &metricUpdate<false>;
+    api.metric_set = &metricUpdate<true>;
+  }
+  return api;
+}
+
+const kproxy_host_api* hostApi() {
+  static const kproxy_host_api api = makeHostApi(nullptr);
+  return &api;
+}
 
 }  // namespace kproxy::plugins

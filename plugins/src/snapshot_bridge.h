@@ -3,10 +3,14 @@
 
 #include "kproxy/core/snapshot.h"
 #include "kproxy/plugin/abi.h"
+#include "kproxy/plugins/plugin_metrics.h"
 
 namespace kproxy::plugins {
 
-/// The host API table handed to every plugin. `host_ctx` is unused (logging goes to kproxy's log).
+/// The host API table handed to every plugin: logging goes to kproxy's log, `host_ctx` is
+/// `metrics` (which must outlive every backend given the table; NULL: no metric functions).
+kproxy_host_api makeHostApi(PluginMetrics* metrics);
+/// A process-wide table without plugin metrics (for tests that read a snapshot through the SDK).
 const kproxy_host_api* hostApi();
 
 inline const kproxy_snapshot* toC(const core::Snapshot* snapshot) {

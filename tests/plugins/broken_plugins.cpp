@@ -21,7 +21,8 @@ kproxy_plugin_entry(void) {
                                              nullptr,
                                              nullptr,
                                              {},
-                                             nullptr};
+                                             nullptr,
+                                             KPROXY_PLUGIN_ABI_MINOR};
   return &d;
 }
 #elif defined(BROKEN_OLD_DESCRIPTOR) || defined(BROKEN_SHORT_DESCRIPTOR)

@@ -1,6 +1,10 @@
 // A real backend plugin built only with the public SDK: it programs nothing and instead appends
-// what each sync received to the file named by option "record-file". It proves the ABI end to
-// end (loader, snapshot accessors, changed keys, options, errors) before any kernel backend.
+// the options it was created with and what each sync received to the file named by option
+// "record-file". It proves the ABI end to end (loader, snapshot accessors, changed keys,
+// options, errors, metrics) before any kernel backend.
+//
+// Also built against the frozen ABI 1.1 headers (tests/plugins/abi_1_1, as "old-recorder"):
+// what came with ABI 1.2 is compiled only when the header says so (KPROXY_PLUGIN_ABI_MINOR).
 #include <cstdlib>
 #include <fstream>
 #include <string>
@@ -26,22 +30,42 @@ std::string describe(const ServicePort& p) {
   return out;
 }
 
+#if defined(KPROXY_PLUGIN_ABI_MINOR) && KPROXY_PLUGIN_ABI_MINOR >= 2
+#define RECORDER_ABI_1_2 1
+#endif
+
 class RecorderBackend final : public BackendPlugin {
  public:
-  RecorderBackend(Host host, std::string file, bool failSyncs)
-      : host_(host), file_(std::move(file)), failSyncs_(failSyncs) {}
+  RecorderBackend(Host host, std::string file, std::string failSyncs)
+      : host_(host), file_(std::move(file)), failSyncs_(std::move(failSyncs)) {}
 
   Expected<SyncOutcome> sync(const SyncContext& ctx) override {
-    if (failSyncs_) return fail("recorder: refusing sync as asked (option fail-sync)", 5);
+    if (!failSyncs_.empty()) {
+#ifdef RECORDER_ABI_1_2
+      // fail-sync=kernel|invalid|transient: a failure of that category (true: none said).
+      ErrorCategory category = failSyncs_ == "kernel"      ? ErrorCategory::kKernelRefused
+                               : failSyncs_ == "invalid"   ? ErrorCategory::kInvalidInput
+                               : failSyncs_ == "transient" ? ErrorCategory::kTransient
+                                                           : ErrorCategory::kUnknown;
+      return fail(category, "recorder: refusing sync as asked (option fail-sync)", 5);
+#else
+      return fail("recorder: refusing sync as asked (option fail-sync)", 5);
+#endif
+    }
+#ifdef RECORDER_ABI_1_2
+    syncs_.add({ctx.full ? "full" : "partial"}, 1);
+#endif
     std::ofstream out(file_, std::ios::app);
     if (!out) return fail("recorder: cannot open " + file_, 2);
     out << "sync full=" << ctx.full << " previous=" << ctx.previous.valid()
         << " size=" << ctx.next.size() << " node=" << ctx.next.node().name << "\n";
+#ifdef RECORDER_ABI_1_2
     if (const auto np = ctx.next.node().nodePortAddresses; np.resolved) {
       out << "nodeports all4=" << np.allLocalIPv4 << " all6=" << np.allLocalIPv6 << " addresses=";
       for (std::size_t i = 0; i < np.addresses.size(); ++i) out << (i ? "," : "") << np.addresses[i];
       out << "\n";
     }
+#endif
     for (const auto& key : ctx.changed) {
       auto port = ctx.next.find(key.family, key.key);
       out << "changed " << familyName(key.family) << ":" << key.key << " "
@@ -66,6 +90,10 @@ class RecorderBackend final : public BackendPlugin {
   }
 #endif
 
+#ifdef RECORDER_ABI_1_2
+  void countSyncs(Metric syncs) { syncs_ = syncs; }
+#endif
+
   Expected<void> cleanup() override {
     std::ofstream out(file_, std::ios::app);
     out << "cleanup\n";
@@ -75,7 +103,10 @@ class RecorderBackend final : public BackendPlugin {
  private:
   Host host_;
   std::string file_;
-  bool failSyncs_;
+  std::string failSyncs_;
+#ifdef RECORDER_ABI_1_2
+  Metric syncs_;
+#endif
 };
 
 Expected<std::unique_ptr<BackendPlugin>> makeRecorder(const Host& host, const Options& options) {
@@ -88,14 +119,31 @@ Expected<std::unique_ptr<BackendPlugin>> makeRecorder(const Host& host, const Op
     if (env != nullptr) file = env;
   }
   if (file.empty()) return fail("recorder: option record-file is required");
-  bool failSyncs = options.contains("fail-sync") && options.at("fail-sync") == "true";
-  return std::make_unique<RecorderBackend>(host, file, failSyncs);
+  std::string failSyncs;
+  if (auto it = options.find("fail-sync"); it != options.end() && it->second != "false")
+    failSyncs = it->second;
+  {
+    std::ofstream out(file, std::ios::app);
+    for (const auto& [key, value] : options) out << "option " << key << "=" << value << "\n";
+  }
+  auto backend = std::make_unique<RecorderBackend>(host, file, failSyncs);
+#ifdef RECORDER_ABI_1_2
+  // Option metric-name: another name for the sync counter (tests of refused names).
+  std::string name = "recorder_syncs_total";
+  if (auto it = options.find("metric-name"); it != options.end()) name = it->second;
+  auto syncs = host.counter(name, "Syncs the recorder recorded", {"kind"});
+  if (!syncs) return std::unexpected(syncs.error());
+  backend->countSyncs(*syncs);
+#endif
+  return backend;
 }
 
 }  // namespace
 
-#ifdef RECORDER_WITHOUT_EXPLAIN
+#if defined(RECORDER_WITHOUT_EXPLAIN)
 KPROXY_DEFINE_PLUGIN("plain", "1.0", "the recorder without explain (tests)", makeRecorder)
+#elif !defined(RECORDER_ABI_1_2)
+KPROXY_DEFINE_PLUGIN("old-recorder", "1.1", "the recorder built against ABI 1.1 (tests)", makeRecorder)
 #else
 KPROXY_DEFINE_PLUGIN("recorder", "1.0", "records what it is asked to program (tests)", makeRecorder)
 #endif

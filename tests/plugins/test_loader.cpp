@@ -102,7 +102,9 @@ TEST_CASE("loader refuses another ABI version and names both versions", "[unit]"
 
 TEST_CASE("loader refuses two plugins with one name", "[unit]") {
   PluginRegistry registry;
-  REQUIRE(registry.load(kPluginDir / "recorder.so"));
+  auto first = registry.load(kPluginDir / "recorder.so");
+  REQUIRE(first);
+  CHECK(first->abiMinor == KPROXY_PLUGIN_ABI_MINOR);
   auto r = registry.load(kPluginDir / "duplicate" / "recorder-copy.so");
   REQUIRE_FALSE(r);
   CHECK_THAT(r.error().message(), Catch::Contains("recorder-copy.so") &&
@@ -206,6 +208,7 @@ TEST_CASE("a plugin built against the ABI 1.0 descriptor loads and syncs", "[uni
   auto info = registry.load(kPluginDir / "old" / "old-abi.so");
   REQUIRE(info);
   CHECK(info->name == "old");
+  CHECK(info->abiMinor == 0);
   auto backend = registry.createPluginBackend("old", {});
   REQUIRE(backend);
   kproxy::core::Snapshot empty;
@@ -277,4 +280,104 @@ TEST_CASE("an SDK plugin that does not override explain says it cannot", "[unit]
   auto r = (*backend)->explain(empty, {});
   REQUIRE_FALSE(r);
   CHECK(r.error().message() == "backend plain: this backend cannot explain packets");
+}
+
+TEST_CASE("a plugin built against the ABI 1.1 headers loads, syncs and explains", "[unit]") {
+  TempDir dir;
+  auto record = dir.path / "record.txt";
+  PluginRegistry registry;
+  auto info = registry.load(kPluginDir / "abi-1.1" / "old-recorder.so");
+  REQUIRE(info);
+  CHECK(info->version == "1.1");
+  CHECK(info->abiMinor == 1);  // its descriptor ends after explain
+  auto backend = registry.createPluginBackend("old-recorder", {{"record-file", record.string()}});
+  REQUIRE(backend);
+
+  using namespace kproxy::core;
+  auto state = std::make_shared<const ServicePortState>(webPort({"10.244.1.2", "10.244.1.3"}));
+  NodeInfo node;
+  node.name = "node-a";
+  node.known = true;
+  Snapshot snapshot = Snapshot().withNode(node).with(state->key, state).withGeneration(1);
+  std::vector<ServicePortKey> changed{state->key};
+  auto synced = (*backend)->sync(SyncRequest{nullptr, &snapshot, changed, SyncKind::kFull});
+  REQUIRE(synced);
+  CHECK(synced->summary == "recorded 1");
+  // The 1.1 SDK walks the 1.2 host's endpoints with its own sizeof, which is the host's stride
+  // (no endpoint field was appended): every endpoint arrives intact.
+  CHECK_THAT(readFile(record), Catch::Contains("state v4:default/web:http tcp 10.96.0.10:80 nodePort=30080 "
+                                               "endpoints=10.244.1.2:8080,10.244.1.3:8080"));
+  REQUIRE((*backend)->canExplain());
+  kproxy::plugins::ExplainRequest request;
+  request.sourceIP = "10.244.0.5";
+  request.destinationIP = "10.96.0.10";
+  request.destinationPort = 80;
+  auto text = (*backend)->explain(snapshot, request);
+  REQUIRE(text);
+  CHECK_THAT(*text, Catch::StartsWith("text v4 10.244.0.5 -> 10.96.0.10:80/tcp fromNode=0"));
+  // It registered no metric (the 1.1 SDK has none) and its errors say no category.
+  CHECK(registry.metrics().collect().empty());
+  auto failing = registry.createPluginBackend(
+      "old-recorder", {{"record-file", record.string()}, {"fail-sync", "true"}});
+  REQUIRE(failing);
+  auto r = (*failing)->sync(SyncRequest{nullptr, &snapshot, {}, SyncKind::kFull});
+  REQUIRE_FALSE(r);
+  CHECK(r.error().category == ErrorCategory::kPlugin);
+  CHECK(r.error().errnum == 5);
+}
+
+TEST_CASE("a plugin's error category becomes the host error's category", "[unit]") {
+  using kproxy::core::ErrorCategory;
+  TempDir dir;
+  PluginRegistry registry;
+  REQUIRE(registry.load(kPluginDir / "recorder.so"));
+  auto [option, category] = GENERATE(table<std::string, ErrorCategory>({
+      {"kernel", ErrorCategory::kKernel},
+      {"invalid", ErrorCategory::kInvalidArgument},
+      {"transient", ErrorCategory::kTransient},
+      {"true", ErrorCategory::kPlugin},
+  }));
+  auto backend = registry.createBackend(
+      "recorder", {{"record-file", (dir.path / "r").string()}, {"fail-sync", option}});
+  REQUIRE(backend);
+  kproxy::core::Snapshot empty;
+  auto r = (*backend)->sync({nullptr, &empty, {}, kproxy::core::SyncKind::kFull});
+  REQUIRE_FALSE(r);
+  INFO(option);
+  CHECK(r.error().category == category);
+}
+
+TEST_CASE("plugin metrics: registered in create, updated in sync, kept by the host", "[unit]") {
+  TempDir dir;
+  PluginRegistry registry;
+  registry.metrics().reservePrefixes({"kubeproxy_"});
+  REQUIRE(registry.load(kPluginDir / "recorder.so"));
+  auto backend = registry.createBackend("recorder", {{"record-file", (dir.path / "r").string()}});
+  REQUIRE(backend);
+  // A second backend of the same plugin registers the same metric again: the same one.
+  auto second = registry.createBackend("recorder", {{"record-file", (dir.path / "r").string()}});
+  REQUIRE(second);
+  kproxy::core::Snapshot empty;
+  REQUIRE((*backend)->sync({nullptr, &empty, {}, kproxy::core::SyncKind::kFull}));
+  REQUIRE((*backend)->sync({&empty, &empty, {}, kproxy::core::SyncKind::kPartial}));
+  REQUIRE((*second)->sync({nullptr, &empty, {}, kproxy::core::SyncKind::kFull}));
+  auto families = registry.metrics().collect();
+  REQUIRE(families.size() == 1);
+  CHECK(families[0].name == "recorder_syncs_total");
+  CHECK(families[0].type == kproxy::plugins::MetricType::kCounter);
+  CHECK(families[0].labelNames == std::vector<std::string>{"kind"});
+  CHECK(families[0].samples.at({"full"}) == 2);
+  CHECK(families[0].samples.at({"partial"}) == 1);
+
+  SECTION("a refused name fails create with the host's reason") {
+    for (const char* name : {"recorder syncs", "kubeproxy_sync_proxy_rules_duration_seconds"}) {
+      auto bad = registry.createBackend(
+          "recorder", {{"record-file", (dir.path / "r").string()}, {"metric-name", name}});
+      REQUIRE_FALSE(bad);
+      INFO(bad.error().message());
+      CHECK_THAT(bad.error().message(),
+                 Catch::StartsWith(std::string("recorder: plugin metric \"") + name + "\""));
+      CHECK(bad.error().errnum == EINVAL);
+    }
+  }
 }

@@ -112,6 +112,8 @@ kind: KubeProxyConfiguration
 mode: recorder
 hostnameOverride: node-a
 nftables: {minSyncPeriod: 100ms, syncPeriod: 30s}
+iptables: {minSyncPeriod: 250ms, syncPeriod: 45s}
+ipvs: {tcpTimeout: 15m, tcpFinTimeout: 30s, udpTimeout: 1500ms}
 YAML
 # In its own network namespace: kproxy opens its metrics and health listeners there.
 KPROXY_RECORD_FILE="$REC" unshare -n "$KPROXY" --config "$WORK/config.yaml" --plugin-dir "$TEST_PLUGINS" \
@@ -125,6 +127,14 @@ else
   fail "first sync" "$(tail -5 "$WORK/kproxy.log")"
 fi
 if has "$REC" "sync full=1 previous=0 size=1 node=node-a"; then pass "first sync is full"; else fail "first sync is full" "$(head -3 "$REC")"; fi
+# The options every backend gets (plugins/README.md), durations in seconds: the IPVS timeouts
+# and the sync periods of the mode's section (a plugin mode uses the iptables one, as upstream).
+missing=""
+for opt in node-name=node-a ipvs-tcp-timeout=900 ipvs-tcpfin-timeout=30 ipvs-udp-timeout=1.5 \
+    sync-period=45 min-sync-period=0.25 conntrack-udp-timeout=0 dry-run=false masquerade-all=false; do
+  has "$REC" "option $opt" || missing+=" $opt"
+done
+if [[ -z "$missing" ]]; then pass "the plugin receives the documented options"; else fail "options" "missing:$missing; got: $(grep '^option' "$REC" | tr '\n' ' ')"; fi
 
 # Remove one endpoint with an atomic rename, as editors and config tools do.
 sed '/10.244.1.2/,+1d' "$M/web.yaml" >"$WORK/web.yaml.new" && mv "$WORK/web.yaml.new" "$M/web.yaml"

@@ -144,6 +144,20 @@ DETAIL="count=$syncs"; check "/metrics counts the syncs (> 0)" test "${syncs:-0}
 last=$(awk '$1 == "kubeproxy_sync_proxy_rules_last_timestamp_seconds" {print int($2)}' <<<"$metrics")
 now=$(date +%s)
 DETAIL="last=$last now=$now"; check "last sync timestamp is recent" test $((now - ${last:-0})) -lt 60
+# kproxy's own: failed syncs by category, and the metrics the nftables plugin registers through
+# the plugin ABI (1.2), which must agree with what the kernel holds.
+DETAIL="$(grep kproxy_sync_proxy_rules_failures_total <<<"$metrics")"
+check "/metrics counts failed syncs by category" grep -qx 'kproxy_sync_proxy_rules_failures_total{category="kernel_refused"} 0' <<<"$metrics"
+for line in '# TYPE kproxy_nftables_objects gauge' '# TYPE kproxy_nftables_kernel_operations_total counter' \
+    '# HELP kproxy_nftables_objects Chains, sets and set elements in kproxy'"'"'s nftables tables'; do
+  DETAIL="$(grep kproxy_nftables <<<"$metrics" | head -12)"; check "/metrics has the plugin's '$line'" grep -qxF -- "$line" <<<"$metrics"
+done
+ops=$(awk '$1 == "kproxy_nftables_kernel_operations_total" {print $2}' <<<"$metrics")
+DETAIL="ops=$ops"; check "the plugin counts its kernel operations (> 0)" test "${ops:-0}" -gt 0
+metric_chains=$(awk '$1 == "kproxy_nftables_objects{family=\"ipv4\",kind=\"chain\"}" {print $2}' <<<"$metrics")
+kernel_chains=$(nft list table ip kube-proxy 2>/dev/null | grep -c '^\s*chain ')
+DETAIL="metric=$metric_chains kernel=$kernel_chains"
+check "the plugin's chain gauge matches the kernel's table" test "${metric_chains:-x}" = "$kernel_chains"
 # A malformed manifest is skipped and counted in kproxy's source metric.
 printf 'apiVersion: v1\nkind: Service\nmetadata: {name: broken, namespace: default}\nspec: {ports: [{port: -1}]}\n' >"$M/broken.yaml"
 decode_failures() { curl -s --max-time 2 "$MET/metrics" | awk '$1 == "kproxy_source_decode_failures_total" {print $2}'; }

@@ -374,7 +374,8 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
     if (!settings_.dryRun) {
       auto read = kernel_->readBack(renderer_.setSpecs(Family::kIPv4), renderer_.setSpecs(Family::kIPv6));
       if (!read) {
-        return sdk::fail("nftables: reading the kube-proxy tables back: " + read.error().message(),
+        return sdk::fail(sdk::kernelErrorCategory(read.error().errnum),
+                         "nftables: reading the kube-proxy tables back: " + read.error().message(),
                          read.error().errnum);
       }
       base = std::move(*read);
@@ -637,6 +638,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   if (!settings_.dryRun)
     for (auto& [fam, judge] : affinity) removeStaleAffinity(fam, std::move(judge));
 
+  updateMetrics(count);
   auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
   sdk::SyncOutcome out;
   out.operations = count;
@@ -762,7 +764,8 @@ sdk::Expected<void> NftablesBackend::send(KernelBatch& batch, bool full) {
     needFull_ = true;  // the mirror still describes the kernel, but re-read it anyway
     if (full) mirror_ = Mirror{};
     host_.error(fmt::format("nftables sync failed ops={} error=\"{}\"", batch.size(), applied.error().message()));
-    return sdk::fail(applied.error().message(), applied.error().errnum);
+    return sdk::fail(sdk::kernelErrorCategory(applied.error().errnum), applied.error().message(),
+                     applied.error().errnum);
   }
   return {};
 }
@@ -778,7 +781,10 @@ sdk::Expected<void> NftablesBackend::cleanup() {
     return {};
   }
   auto deleted = kernel_->deleteTables();
-  if (!deleted) return sdk::fail(deleted.error().message(), deleted.error().errnum);
+  if (!deleted) {
+    return sdk::fail(sdk::kernelErrorCategory(deleted.error().errnum), deleted.error().message(),
+                     deleted.error().errnum);
+  }
   host_.info(1, "nftables cleanup deleted_tables=\"ip kube-proxy, ip6 kube-proxy\"");
   return {};
 }
@@ -789,14 +795,51 @@ sdk::Expected<std::string> NftablesBackend::explain(const sdk::SnapshotView& sna
   return explainPacket(settings_.render, ports, snapshot.node(), request);
 }
 
+sdk::Expected<NftablesBackend::Metrics> NftablesBackend::registerMetrics(const sdk::Host& host) {
+  Metrics m;
+  auto objects = host.gauge("kproxy_nftables_objects",
+                            "Chains, sets and set elements in kproxy's nftables tables",
+                            {"family", "kind"});
+  if (!objects) return std::unexpected(objects.error());
+  m.objects = *objects;
+  auto operations = host.counter("kproxy_nftables_kernel_operations_total",
+                                 "nftables objects added, changed or removed by accepted batches");
+  if (!operations) return std::unexpected(operations.error());
+  m.operations = *operations;
+  return m;
+}
+
+void NftablesBackend::updateMetrics(std::size_t operations) const {
+  if (!metrics_.objects.active() && !metrics_.operations.active()) return;
+  metrics_.operations.add(static_cast<double>(operations));
+  for (Family fam : kFamilies) {
+    const MirrorFamily& m = mirror_.of(fam);
+    std::size_t elements = 0;
+    for (const auto& [set, table] : m.elements) elements += table.size();  // a fixed few sets
+    const std::string family = fam == Family::kIPv4 ? "ipv4" : "ipv6";
+    metrics_.objects.set({family, "chain"}, static_cast<double>(m.chains.size()));
+    metrics_.objects.set({family, "set"}, static_cast<double>(m.sets.size()));
+    metrics_.objects.set({family, "element"}, static_cast<double>(elements));
+  }
+}
+
 sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeNftablesBackend(const sdk::Host& host,
                                                                         const sdk::Options& options) {
   auto cfg = parseRenderConfig(options);
-  if (!cfg) return std::unexpected(cfg.error());
+  if (!cfg) {
+    // Every refusal of parseRenderConfig is about an option's value.
+    sdk::PluginError e = cfg.error();
+    if (e.category == sdk::ErrorCategory::kUnknown) e.category = sdk::ErrorCategory::kInvalidInput;
+    return std::unexpected(std::move(e));
+  }
   BackendSettings settings;
   settings.render = std::move(*cfg);
   if (auto it = options.find("dry-run"); it != options.end()) settings.dryRun = it->second == "true";
-  return std::make_unique<NftablesBackend>(host, std::move(settings), makeNetlinkKernel());
+  auto metrics = NftablesBackend::registerMetrics(host);
+  if (!metrics) return std::unexpected(metrics.error());
+  auto backend = std::make_unique<NftablesBackend>(host, std::move(settings), makeNetlinkKernel());
+  backend->useMetrics(std::move(*metrics));
+  return backend;
 }
 
 }  // namespace kproxy::nftables

@@ -71,7 +71,7 @@ core::Result<void> FakeKernelNftables::apply(const std::vector<Op>& ops) {
   failAt_.reset();
   for (std::size_t i = 0; i < ops.size(); ++i) {
     const Op& op = ops[i];
-    if (fail && *fail == i) return refuse(op, EINVAL);
+    if (fail && *fail == i) return refuse(op, failErrno_);
     if (op.kind == OpKind::kAddTable) {
       next[op.family];
       continue;

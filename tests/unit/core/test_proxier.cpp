@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -35,7 +36,7 @@ class FakeBackend final : public Backend {
     called.notify_all();
     if (failNext > 0) {
       --failNext;
-      return makeError(ErrorCategory::kKernel, "netlink batch rejected", 22);
+      return makeError(failCategory, "netlink batch rejected", 22);
     }
     return SyncResult{request.changed.size(), "rules+=" + std::to_string(request.changed.size())};
   }
@@ -45,6 +46,7 @@ class FakeBackend final : public Backend {
   std::condition_variable called;
   std::vector<Call> calls;
   int failNext = 0;
+  ErrorCategory failCategory = ErrorCategory::kKernel;
 };
 
 struct QuietLog {
@@ -208,6 +210,37 @@ TEST_CASE("a failed sync is retried as a full sync from the last applied snapsho
   proxier.endpointSliceUpserted(slice("a", {"10.0.0.9"}));
   REQUIRE(proxier.syncOnceIfDue());
   CHECK(backend.calls.back().kind == SyncKind::kPartial);
+}
+
+TEST_CASE("a failed sync of any category is logged with it and retried as a full sync",
+          "[unit][proxier]") {
+  const ErrorCategory category =
+      GENERATE(ErrorCategory::kTransient, ErrorCategory::kInvalidArgument, ErrorCategory::kPlugin);
+  std::vector<std::string> lines;
+  auto previous = kproxy::log::setSink(
+      [&lines](kproxy::log::Severity, std::string_view line) { lines.emplace_back(line); });
+  ManualClock clock;
+  FakeBackend backend;
+  Proxier proxier(TrackerConfig{}, backend, options(), clock);
+  proxier.serviceUpserted(service("a"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+  backend.failNext = 1;
+  backend.failCategory = category;
+  proxier.endpointSliceUpserted(slice("a", {"10.0.0.1"}));
+  REQUIRE(proxier.syncOnceIfDue());
+  clock.advance(2s);
+  REQUIRE(proxier.syncOnceIfDue());
+  kproxy::log::setSink(previous);
+  CHECK(backend.calls.back().kind == SyncKind::kFull);
+  CHECK(proxier.status().lastSuccessWall.has_value());
+  const std::string expected = std::string("category=") +
+                               (category == ErrorCategory::kInvalidArgument ? "\"invalid argument\""
+                                                                            : toString(category));
+  CHECK(std::any_of(lines.begin(), lines.end(), [&](const std::string& l) {
+    return l.find("Sync failed") != std::string::npos && l.find(expected) != std::string::npos;
+  }));
 }
 
 TEST_CASE("a failure with no change pending is still retried", "[unit][proxier]") {

@@ -5,7 +5,9 @@
 #include <cstdio>
 
 #include "kproxy/nftables/backend.h"
+#include "kproxy/plugins/plugin_metrics.h"
 #include "service_ports.h"
+#include "snapshot_bridge.h"
 
 using namespace kproxy;
 using namespace kproxy::nftables;
@@ -470,4 +472,62 @@ TEST_CASE("backend: a full sync interrupted by an exception leaves the next sync
   CHECK(backend.needsFullSync());
   REQUIRE(backend.syncFrom(snap, {}, false).has_value());
   CHECK(kernel->tables[Family::kIPv4].chains.at("nat-prerouting").rules.size() == rules);
+}
+
+TEST_CASE("backend: a refused batch's error category follows the kernel's errno", "[unit]") {
+  auto [errnum, category] = GENERATE(table<int, sdk::ErrorCategory>({
+      {EINVAL, sdk::ErrorCategory::kKernelRefused},
+      {ENOENT, sdk::ErrorCategory::kKernelRefused},
+      {ENOBUFS, sdk::ErrorCategory::kTransient},
+      {EBUSY, sdk::ErrorCategory::kTransient},
+  }));
+  Fixture f;
+  f.kernel->failNextBatchAt(1, errnum);
+  auto failed = f.backend->syncFrom(f.snap, {}, true);
+  REQUIRE_FALSE(failed.has_value());
+  INFO(failed.error().message);
+  CHECK(failed.error().errnum == errnum);
+  CHECK(failed.error().category == category);
+}
+
+TEST_CASE("backend: bad options are invalid input", "[unit]") {
+  auto made = makeNftablesBackend(sdk::Host(nullptr), {{"masquerade-bit", "40"}});
+  REQUIRE_FALSE(made.has_value());
+  CHECK(made.error().category == sdk::ErrorCategory::kInvalidInput);
+}
+
+TEST_CASE("backend: its metrics reach the host and count what its tables hold", "[unit]") {
+  plugins::PluginMetrics metrics;
+  const kproxy_host_api api = plugins::makeHostApi(&metrics);
+  auto registered = NftablesBackend::registerMetrics(sdk::Host(&api));
+  REQUIRE(registered.has_value());
+  Fixture f;
+  f.backend->useMetrics(*registered);
+  auto first = f.backend->syncFrom(f.snap, {}, true);
+  REQUIRE(first.has_value());
+  auto families = metrics.collect();
+  REQUIRE(families.size() == 2);
+  CHECK(families[0].name == "kproxy_nftables_kernel_operations_total");
+  CHECK(families[0].samples.at({}) == static_cast<double>(first->operations));
+  CHECK(families[1].name == "kproxy_nftables_objects");
+  const auto& mirror = f.backend->mirror().of(Family::kIPv4);
+  CHECK(families[1].samples.at({"ipv4", "chain"}) == static_cast<double>(mirror.chains.size()));
+  CHECK(families[1].samples.at({"ipv4", "set"}) == static_cast<double>(mirror.sets.size()));
+  CHECK(families[1].samples.at({"ipv4", "chain"}) > 20);  // a chain per service at least
+  CHECK(families[1].samples.at({"ipv4", "element"}) >= 20);
+  CHECK(families[1].samples.at({"ipv6", "chain"}) == 0);
+
+  // One service fewer: fewer set elements, and the removal's operations are counted on top.
+  const double elementsBefore = families[1].samples.at({"ipv4", "element"});
+  auto gone = f.snap.ports().back();
+  f.snap.ports().pop_back();
+  auto partial = f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, gone.key}}, false);
+  REQUIRE(partial.has_value());
+  families = metrics.collect();
+  CHECK(families[0].samples.at({}) == static_cast<double>(first->operations + partial->operations));
+  // (Its chains go in a later sync: stale chains are deleted one sync late.)
+  CHECK(families[1].samples.at({"ipv4", "element"}) < elementsBefore);
+
+  // A second backend (kproxy --cleanup creates one per plugin) gets the same metrics.
+  CHECK(NftablesBackend::registerMetrics(sdk::Host(&api)).has_value());
 }

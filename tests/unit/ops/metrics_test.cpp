@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <sstream>
 
 #include "ops_fixtures.h"
@@ -159,8 +160,71 @@ TEST_CASE("render: every upstream family with values from syncs, probes and stat
     if (line.empty() || line[0] == '#') continue;
     INFO(line);
     CHECK(line.find(' ') != std::string::npos);
-    CHECK((line.rfind("kubeproxy_", 0) == 0 || line.rfind("process_", 0) == 0));
+    // Every family the host serves is under a prefix plugins may not register (ABI 1.2).
+    const auto prefixes = kproxy::cli::hostMetricPrefixes();
+    CHECK(std::any_of(prefixes.begin(), prefixes.end(),
+                      [&](const std::string& p) { return line.rfind(p, 0) == 0; }));
   }
+}
+
+TEST_CASE("failed syncs are also counted by the category the backend gave", "[unit][metrics]") {
+  ProxyMetrics metrics("nftables", 1000.0);
+  auto failed = [](kproxy::core::ErrorCategory category) {
+    auto o = sync(kproxy::core::SyncKind::kFull, false, 1ms);
+    o.error = kproxy::core::Error{category, 0, "nftables: kernel refused"};
+    return o;
+  };
+  metrics.observeSync(failed(kproxy::core::ErrorCategory::kKernel));
+  metrics.observeSync(failed(kproxy::core::ErrorCategory::kTransient));
+  metrics.observeSync(failed(kproxy::core::ErrorCategory::kTransient));
+  metrics.observeSync(failed(kproxy::core::ErrorCategory::kInvalidArgument));
+  metrics.observeSync(failed(kproxy::core::ErrorCategory::kPlugin));  // a 1.0/1.1 plugin
+  metrics.observeSync(sync(kproxy::core::SyncKind::kPartial, true, 1ms));
+  const std::string out = metrics.render(kproxy::core::ProxierStatus{}, {});
+  // Upstream's counter keeps its name and no label.
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_nftables_sync_failures_total") == "5");
+  const std::string name = "kproxy_sync_proxy_rules_failures_total";
+  CHECK(out.find("# TYPE " + name + " counter\n") != std::string::npos);
+  CHECK(sampleValue(out, name + "{category=\"kernel_refused\"}") == "1");
+  CHECK(sampleValue(out, name + "{category=\"transient\"}") == "2");
+  CHECK(sampleValue(out, name + "{category=\"invalid_input\"}") == "1");
+  CHECK(sampleValue(out, name + "{category=\"unknown\"}") == "1");
+}
+
+TEST_CASE("plugin metrics render with HELP, TYPE and their labels", "[unit][metrics]") {
+  kproxy::plugins::PluginMetrics registry;
+  registry.reservePrefixes(kproxy::cli::hostMetricPrefixes());
+  auto objects = registry.registerMetric(kproxy::plugins::MetricType::kGauge, "kproxy_nftables_objects",
+                                         "Objects \\ in tables", {"family", "kind"});
+  REQUIRE(objects);
+  auto ops = registry.registerMetric(kproxy::plugins::MetricType::kCounter,
+                                     "kproxy_nftables_kernel_operations_total", "Operations", {});
+  REQUIRE(ops);
+  auto unused = registry.registerMetric(kproxy::plugins::MetricType::kCounter, "my_unused_total",
+                                        "Never updated", {"x"});
+  REQUIRE(unused);
+  const std::vector<std::string> chain{"ipv4", "chain"}, set{"ipv6", "set\"x"};
+  REQUIRE(registry.set(*objects, chain, 12));
+  REQUIRE(registry.set(*objects, set, 3));
+  REQUIRE(registry.add(*ops, {}, 40));
+  REQUIRE(registry.add(*ops, {}, 2));
+  // A host name prefix is refused: the host's own families stay unambiguous.
+  auto clash = registry.registerMetric(kproxy::plugins::MetricType::kCounter,
+                                       "kubeproxy_sync_proxy_rules_duration_seconds", "x", {});
+  REQUIRE_FALSE(clash);
+  CHECK_THAT(clash.error().message(), Catch::Contains("\"kubeproxy_\"") && Catch::Contains("kproxy's own"));
+
+  const std::string out = kproxy::cli::renderPluginMetrics(registry.collect());
+  CHECK(out ==
+        "# HELP kproxy_nftables_kernel_operations_total Operations\n"
+        "# TYPE kproxy_nftables_kernel_operations_total counter\n"
+        "kproxy_nftables_kernel_operations_total 42\n"
+        "# HELP kproxy_nftables_objects Objects \\\\ in tables\n"
+        "# TYPE kproxy_nftables_objects gauge\n"
+        "kproxy_nftables_objects{family=\"ipv4\",kind=\"chain\"} 12\n"
+        "kproxy_nftables_objects{family=\"ipv6\",kind=\"set\\\"x\"} 3\n"
+        "# HELP my_unused_total Never updated\n"
+        "# TYPE my_unused_total counter\n");
 }
 
 TEST_CASE("render before any sync: the loop start seeds last_queued, no snapshot gauges", "[unit][metrics]") {

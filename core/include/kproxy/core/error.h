@@ -12,6 +12,7 @@ enum class ErrorCategory {
   kInvalidArgument,  ///< bad flag, config value or API object
   kNotFound,         ///< missing file, plugin, object
   kKernel,           ///< a netlink / kernel call failed
+  kTransient,        ///< busy, interrupted, out of buffers: a retry may well succeed
   kProcess,          ///< a child process failed
   kIo,               ///< file or socket I/O
   kDecode,           ///< JSON / YAML could not be decoded

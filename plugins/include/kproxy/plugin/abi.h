@@ -1,17 +1,42 @@
-/* kproxy backend plugin ABI, version 1 (minor 1.1: the optional explain entry point).
+/* kproxy backend plugin ABI, version 1.2.
+ *   1.0  the descriptor, the snapshot accessors, logging
+ *   1.1  the optional explain entry point (descriptor)
+ *   1.2  the endpoint stride (service port), error categories and plugin metrics (host API)
  *
  * A backend plugin is a shared object exporting one C symbol:
  *
  *     const kproxy_plugin_descriptor* kproxy_plugin_entry(void);
  *
  * The descriptor is static data owned by the plugin. The host checks `abi_version` first and
- * refuses a plugin whose version differs from KPROXY_PLUGIN_ABI_VERSION. Structs carry their
- * size so that later minor versions can append fields: read a field only when
- * `struct_size` covers it.
+ * refuses a plugin whose major version differs from KPROXY_PLUGIN_ABI_VERSION.
  *
  * Rules: only C types cross this boundary; no C++ exception may escape a plugin function;
  * strings are NUL-terminated UTF-8; everything the host passes in is borrowed and valid only
  * for the duration of the call. All calls on one kproxy_backend come from one thread at a time.
+ *
+ * Growth rules (how minor versions extend the ABI without breaking a built plugin or host):
+ *  1. Nothing is removed, reordered, resized or given a new meaning; the major version stays 1.
+ *     A minor version only appends, and every appended field or entry point is optional.
+ *  2. A struct that carries `struct_size` grows by appending fields at its end, after a comment
+ *     "appended in ABI 1.N". Whoever allocates the struct sets `struct_size` to the size it
+ *     knows; whoever reads it reads a field only when `struct_size` covers the whole field
+ *     (offsetof(field) + sizeof(field) <= struct_size) and otherwise uses the documented
+ *     default. A `struct_size` smaller than the struct's 1.0 size (KPROXY_*_V1_0_SIZE) is an
+ *     error, reported as one, never read past.
+ *  3. Arrays of structs are walked with a stride the allocator announces, never with the
+ *     reader's sizeof: `kproxy_endpoint` has no size of its own, so `kproxy_service_port`
+ *     carries `endpoint_size` (1.2); without it the stride is KPROXY_ENDPOINT_V1_0_SIZE. An
+ *     endpoint field appended later is read only when `endpoint_size` covers it. Plugins
+ *     built before 1.2 walk endpoints with their own sizeof: a host that appends an endpoint
+ *     field hands them (their descriptor does not cover `abi_minor`) arrays in the 1.0 layout.
+ *  4. Structs without `struct_size` that a plugin writes into (kproxy_error) grow only behind
+ *     an announcement: the writer writes an appended field only when the allocator said it
+ *     has it (for kproxy_error: KPROXY_HOST_ERROR_CATEGORY in kproxy_host_api.features).
+ *     kproxy_changed_key and kproxy_option never grow; new data comes through a new struct
+ *     or entry point.
+ *  5. A plugin calls a host function appended to kproxy_host_api only when the table's
+ *     `struct_size` covers it and the pointer is not NULL; the host calls a descriptor entry
+ *     point only under the same condition. New host functions go after the last appended one.
  */
 #ifndef KPROXY_PLUGIN_ABI_H
 #define KPROXY_PLUGIN_ABI_H
@@ -23,7 +48,8 @@
 extern "C" {
 #endif
 
-#define KPROXY_PLUGIN_ABI_VERSION 1u
+#define KPROXY_PLUGIN_ABI_VERSION 1u /* the major version: must match exactly */
+#define KPROXY_PLUGIN_ABI_MINOR 2u   /* the minor version this header describes */
 #define KPROXY_PLUGIN_ENTRY_SYMBOL "kproxy_plugin_entry"
 
 /* Families and protocols, numerically stable. */
@@ -59,7 +85,12 @@ typedef struct kproxy_endpoint {
   uint8_t terminating;
   const char* node_name; /* "" when unknown */
   const char* zone;      /* "" when unknown */
+  /* Fields appended in later versions go here; read them only when the port's
+   * `endpoint_size` covers them (growth rule 3). */
 } kproxy_endpoint;
+
+/* The size of an ABI 1.0 endpoint: the stride when a service port has no `endpoint_size`. */
+#define KPROXY_ENDPOINT_V1_0_SIZE (offsetof(kproxy_endpoint, zone) + sizeof(const char*))
 
 /* The resolved, node-local state of one service port in one family. */
 typedef struct kproxy_service_port {
@@ -95,7 +126,16 @@ typedef struct kproxy_service_port {
   size_t all_reachable_endpoints_count;
   const kproxy_endpoint* all_endpoints;
   size_t all_endpoints_count;
+
+  /* ---- appended in ABI 1.2; read only when struct_size covers the field ---- */
+
+  /* The size of one element of the four endpoint arrays above (the host's
+   * sizeof(kproxy_endpoint)). Not covered, or 0: KPROXY_ENDPOINT_V1_0_SIZE. Smaller than
+   * KPROXY_ENDPOINT_V1_0_SIZE: malformed. */
+  uint32_t endpoint_size;
 } kproxy_service_port;
+
+#define KPROXY_SERVICE_PORT_V1_0_SIZE offsetof(kproxy_service_port, endpoint_size)
 
 typedef struct kproxy_node_info {
   uint32_t struct_size;
@@ -125,6 +165,7 @@ typedef struct kproxy_node_info {
 #define KPROXY_NODEPORT_RESOLVED 0x1u
 #define KPROXY_NODEPORT_ALL_LOCAL_IPV4 0x2u
 #define KPROXY_NODEPORT_ALL_LOCAL_IPV6 0x4u
+#define KPROXY_NODE_INFO_V1_0_SIZE (offsetof(kproxy_node_info, pod_cidrs_count) + sizeof(size_t))
 
 typedef struct kproxy_changed_key {
   uint8_t family;
@@ -136,17 +177,32 @@ typedef struct kproxy_option {
   const char* value;
 } kproxy_option;
 
-/* Filled by a plugin when a call fails. `message` is one line naming the object or call. */
+/* Error categories (kproxy_error.category, ABI 1.2). */
+#define KPROXY_ERROR_UNKNOWN 0        /* not said (and what a 1.0/1.1 plugin leaves) */
+#define KPROXY_ERROR_KERNEL_REFUSED 1 /* the kernel refused the change (netlink error, ...) */
+#define KPROXY_ERROR_INVALID_INPUT 2  /* bad options or data; retrying alone will not help */
+#define KPROXY_ERROR_TRANSIENT 3      /* busy, interrupted, out of buffers: worth retrying */
+
+/* Filled by a plugin when a call fails. `message` is one line naming the object or call.
+ * Allocated (and zeroed) by the caller, and it has no size field: a plugin writes `category`
+ * only when the host announced it (KPROXY_HOST_ERROR_CATEGORY in kproxy_host_api.features,
+ * covered by the table's struct_size); on an older host the struct ends after `message`. */
 typedef struct kproxy_error {
   int32_t errnum; /* errno, 0 when none applies */
   char message[1024];
+  /* ---- appended in ABI 1.2; written only when the host announced it ---- */
+  int32_t category; /* KPROXY_ERROR_* */
 } kproxy_error;
+
+#define KPROXY_ERROR_V1_0_SIZE offsetof(kproxy_error, category)
 
 typedef struct kproxy_sync_result {
   uint32_t struct_size;
   uint64_t operations; /* kernel objects added, changed or removed */
   char summary[256];   /* one line for the log */
 } kproxy_sync_result;
+
+#define KPROXY_SYNC_RESULT_V1_0_SIZE (offsetof(kproxy_sync_result, summary) + 256)
 
 /* Flags of kproxy_explain_request. */
 #define KPROXY_EXPLAIN_FROM_NODE 0x1u /* sent by a process on the node (else: arriving) */
@@ -164,11 +220,38 @@ typedef struct kproxy_explain_request {
   const char* input_interface; /* "" when none (always "" with KPROXY_EXPLAIN_FROM_NODE) */
 } kproxy_explain_request;
 
+/* The size of the explain request as ABI 1.1 introduced it: the smallest a plugin accepts. */
+#define KPROXY_EXPLAIN_REQUEST_V1_1_SIZE \
+  (offsetof(kproxy_explain_request, input_interface) + sizeof(const char*))
+
 /* Receives the explanation in pieces; the host copies `text[0..len)` before returning. */
 typedef void (*kproxy_text_writer)(void* user, const char* text, size_t len);
 
 /* Visitor: return 0 to continue, non-zero to stop. */
 typedef int (*kproxy_service_port_visitor)(void* user, const kproxy_service_port* port);
+
+/* Bits of kproxy_host_api.features (ABI 1.2). */
+#define KPROXY_HOST_ERROR_CATEGORY 0x1u /* the host allocates and reads kproxy_error.category */
+
+/* Plugin metric types (kproxy_metric_spec.type, ABI 1.2). */
+#define KPROXY_METRIC_COUNTER 1
+#define KPROXY_METRIC_GAUGE 2
+
+/* A metric a plugin registers with the host (ABI 1.2), served on the host's /metrics. */
+typedef struct kproxy_metric_spec {
+  uint32_t struct_size; /* sizeof(kproxy_metric_spec), set by the plugin */
+  uint32_t type;        /* KPROXY_METRIC_COUNTER or KPROXY_METRIC_GAUGE */
+  /* Prometheus metric name: [a-zA-Z_:][a-zA-Z0-9_:]*, not starting with "__" nor with a
+   * prefix the host serves itself ("kubeproxy_", "process_", "kproxy_sync_", ...; see
+   * plugins/README.md). Name it after the plugin, e.g. "kproxy_nftables_objects". */
+  const char* name;
+  const char* help;                /* one line */
+  const char* const* label_names;  /* each [a-zA-Z_][a-zA-Z0-9_]*, not "__*", no duplicates */
+  size_t label_names_count;
+} kproxy_metric_spec;
+
+#define KPROXY_METRIC_SPEC_V1_2_SIZE \
+  (offsetof(kproxy_metric_spec, label_names_count) + sizeof(size_t))
 
 /* Services the host offers to plugins. */
 typedef struct kproxy_host_api {
@@ -186,7 +269,34 @@ typedef struct kproxy_host_api {
   int (*snapshot_find)(const kproxy_snapshot* snapshot, uint8_t family, const char* key,
                        kproxy_service_port_visitor visit, void* user);
   void* reserved[8];
+
+  /* ---- appended in ABI 1.2; use only when struct_size covers the field ---- */
+
+  /* KPROXY_HOST_* bits: what this host supports beyond its struct_size. */
+  uint64_t features;
+
+  /* Plugin metrics. The three functions may be called from any thread at any time between a
+   * backend's create and destroy (from create on, typically); the host serialises them and
+   * reads the values from its HTTP server thread when /metrics is scraped. Values are kept
+   * for the life of the process, across backends of the same plugin.
+   *
+   * Registers a metric and returns its handle (never 0). Registering again with the same
+   * name, type, help and label names returns the same handle (a plugin's second backend).
+   * Returns 0 and fills `err` (errnum EINVAL) for a bad name or label name, a name the host
+   * serves itself, or a name registered with another type, help or labels. */
+  uint64_t (*metric_register)(void* host_ctx, const kproxy_metric_spec* spec, kproxy_error* err);
+  /* Counter: adds `delta` (>= 0). Gauge: adds `delta` (any sign). `label_values` has one
+   * value per label name, in order (copied). KPROXY_ERR for an unknown handle, a wrong count
+   * of values, or a negative delta on a counter. */
+  int (*metric_add)(void* host_ctx, uint64_t handle, const char* const* label_values,
+                    size_t label_values_count, double delta);
+  /* Gauge only: sets the value. KPROXY_ERR for a counter and as metric_add. */
+  int (*metric_set)(void* host_ctx, uint64_t handle, const char* const* label_values,
+                    size_t label_values_count, double value);
 } kproxy_host_api;
+
+/* The size of an ABI 1.0 (and 1.1) host table: the smallest a plugin accepts. */
+#define KPROXY_HOST_API_V1_0_SIZE offsetof(kproxy_host_api, features)
 
 typedef struct kproxy_plugin_descriptor {
   uint32_t abi_version; /* KPROXY_PLUGIN_ABI_VERSION */
@@ -223,6 +333,12 @@ typedef struct kproxy_plugin_descriptor {
   int (*explain)(kproxy_backend* backend, const kproxy_snapshot* snapshot,
                  const kproxy_explain_request* request, kproxy_text_writer write,
                  void* write_user, kproxy_error* err);
+
+  /* ---- appended in ABI 1.2; read only when struct_size covers the field ---- */
+
+  /* KPROXY_PLUGIN_ABI_MINOR of the header the plugin was built against. Not covered: 0 or 1
+   * (1 when `explain` is covered). Lets a host keep the layouts an older plugin knows. */
+  uint32_t abi_minor;
 } kproxy_plugin_descriptor;
 
 /* The size of an ABI 1.0 descriptor (up to `reserved`): the smallest the host accepts. */

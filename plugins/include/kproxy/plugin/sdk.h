@@ -9,8 +9,15 @@
 ///
 /// The SDK catches every exception at the boundary and reports it as an error.
 /// Everything here lives in the plugin; only C types reach the host.
+///
+/// Built against ABI 1.2, a plugin still runs on a 1.0/1.1 host: the SDK checks the
+/// `struct_size` of everything the host hands it (refusing what is smaller than ABI 1.0 with a
+/// clear error), walks endpoint arrays with the host's stride, writes an error category only
+/// when the host announced it, and turns metrics into no-ops on a host without them.
 
 #include <algorithm>
+#include <cerrno>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -19,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -49,15 +57,48 @@ inline const char* protocolName(Protocol p) {
   return "tcp";
 }
 
+/// What kind of failure an error is (kproxy_error.category); the host logs it, counts it per
+/// category and decides on retries with it.
+enum class ErrorCategory : std::int32_t {
+  kUnknown = KPROXY_ERROR_UNKNOWN,
+  kKernelRefused = KPROXY_ERROR_KERNEL_REFUSED,  ///< the kernel refused the change
+  kInvalidInput = KPROXY_ERROR_INVALID_INPUT,    ///< bad options or data
+  kTransient = KPROXY_ERROR_TRANSIENT,           ///< busy, interrupted, out of buffers
+};
+
 struct PluginError {
   int errnum = 0;
   std::string message;
+  ErrorCategory category = ErrorCategory::kUnknown;
 };
 template <typename T>
 using Expected = std::expected<T, PluginError>;
 inline std::unexpected<PluginError> fail(std::string message, int errnum = 0) {
   return std::unexpected(PluginError{errnum, std::move(message)});
 }
+inline std::unexpected<PluginError> fail(ErrorCategory category, std::string message,
+                                         int errnum = 0) {
+  return std::unexpected(PluginError{errnum, std::move(message), category});
+}
+
+/// The category of a failed kernel call by its errno: ENOBUFS, EBUSY, EINTR and EAGAIN are
+/// transient (a retry may well succeed), anything else is the kernel refusing the change.
+inline ErrorCategory kernelErrorCategory(int errnum) {
+  switch (errnum) {
+    case ENOBUFS:
+    case EBUSY:
+    case EINTR:
+    case EAGAIN: return ErrorCategory::kTransient;
+    default: return ErrorCategory::kKernelRefused;
+  }
+}
+
+/// Thrown inside the plugin (and turned into an error at the boundary) when the host hands over
+/// a struct too small for ABI 1.0 or an endpoint stride too small for its fields.
+class AbiError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 struct Endpoint {
   std::string ip;
@@ -129,6 +170,20 @@ struct ChangedKey {
 using Options = std::map<std::string, std::string, std::less<>>;
 
 namespace detail {
+// Whether a struct whose first member is `struct_size` holds all of `field` (growth rule 2).
+template <typename S, typename Field>
+bool covers(const S& s, Field S::*field) {
+  const auto* base = reinterpret_cast<const char*>(&s);
+  const auto* at = reinterpret_cast<const char*>(&(s.*field));
+  return s.struct_size >= static_cast<std::size_t>(at - base) + sizeof(Field);
+}
+// Refuses a host struct smaller than its ABI 1.0 size instead of reading past its end.
+inline void requireSize(const char* what, std::uint32_t size, std::size_t minimum) {
+  if (size < minimum) {
+    throw AbiError(std::string("the host passed a ") + what + " of " + std::to_string(size) +
+                   " bytes; ABI 1.0 needs at least " + std::to_string(minimum));
+  }
+}
 inline std::string str(const char* s) { return s ? std::string(s) : std::string(); }
 inline std::vector<std::string> strs(const char* const* v, std::size_t n) {
   std::vector<std::string> out;
@@ -136,15 +191,33 @@ inline std::vector<std::string> strs(const char* const* v, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out.push_back(str(v[i]));
   return out;
 }
-inline std::vector<Endpoint> endpoints(const kproxy_endpoint* v, std::size_t n) {
+// Walks an endpoint array with the host's stride (growth rule 3). Every field read here is an
+// ABI 1.0 field, which a stride of at least KPROXY_ENDPOINT_V1_0_SIZE covers; a field appended
+// later is read only when `stride` covers it. Elements are never copied whole (the host's may
+// be smaller than this header's sizeof).
+inline std::vector<Endpoint> endpoints(const kproxy_endpoint* v, std::size_t n,
+                                       std::size_t stride) {
   std::vector<Endpoint> out;
   out.reserve(n);
+  const auto* base = reinterpret_cast<const char*>(v);
   for (std::size_t i = 0; i < n; ++i) {
-    out.push_back(Endpoint{str(v[i].ip), v[i].port, v[i].is_local != 0, v[i].ready != 0,
-                           v[i].serving != 0, v[i].terminating != 0, str(v[i].node_name),
-                           str(v[i].zone)});
+    const auto& e = *reinterpret_cast<const kproxy_endpoint*>(base + i * stride);
+    out.push_back(Endpoint{str(e.ip), e.port, e.is_local != 0, e.ready != 0, e.serving != 0,
+                           e.terminating != 0, str(e.node_name), str(e.zone)});
   }
   return out;
+}
+// The stride of `c`'s endpoint arrays: `endpoint_size` when covered and set, else ABI 1.0's.
+inline std::size_t endpointStride(const kproxy_service_port& c) {
+  std::size_t stride = KPROXY_ENDPOINT_V1_0_SIZE;
+  if (covers(c, &kproxy_service_port::endpoint_size) && c.endpoint_size != 0) {
+    stride = c.endpoint_size;
+  }
+  if (stride < KPROXY_ENDPOINT_V1_0_SIZE) {
+    throw AbiError("the host passed endpoints of " + std::to_string(stride) +
+                   " bytes; ABI 1.0 needs at least " + std::to_string(KPROXY_ENDPOINT_V1_0_SIZE));
+  }
+  return stride;
 }
 inline void copyMessage(char* dst, std::size_t cap, std::string_view msg) {
   std::size_t n = std::min(cap - 1, msg.size());
@@ -153,7 +226,11 @@ inline void copyMessage(char* dst, std::size_t cap, std::string_view msg) {
 }
 }  // namespace detail
 
+/// Converts the host's service port. Throws AbiError when it is smaller than ABI 1.0's or its
+/// endpoint stride is too small (the SDK's entry points turn that into an error).
 inline ServicePort fromC(const kproxy_service_port& c) {
+  detail::requireSize("kproxy_service_port", c.struct_size, KPROXY_SERVICE_PORT_V1_0_SIZE);
+  const std::size_t stride = detail::endpointStride(c);
   ServicePort p;
   p.family = static_cast<Family>(c.family);
   p.protocol = static_cast<Protocol>(c.protocol);
@@ -175,15 +252,61 @@ inline ServicePort fromC(const kproxy_service_port& c) {
   p.loadBalancerIPs = detail::strs(c.load_balancer_ips, c.load_balancer_ips_count);
   p.loadBalancerSourceRanges =
       detail::strs(c.load_balancer_source_ranges, c.load_balancer_source_ranges_count);
-  p.clusterEndpoints = detail::endpoints(c.cluster_endpoints, c.cluster_endpoints_count);
-  p.localEndpoints = detail::endpoints(c.local_endpoints, c.local_endpoints_count);
+  p.clusterEndpoints = detail::endpoints(c.cluster_endpoints, c.cluster_endpoints_count, stride);
+  p.localEndpoints = detail::endpoints(c.local_endpoints, c.local_endpoints_count, stride);
   p.allReachableEndpoints =
-      detail::endpoints(c.all_reachable_endpoints, c.all_reachable_endpoints_count);
-  p.allEndpoints = detail::endpoints(c.all_endpoints, c.all_endpoints_count);
+      detail::endpoints(c.all_reachable_endpoints, c.all_reachable_endpoints_count, stride);
+  p.allEndpoints = detail::endpoints(c.all_endpoints, c.all_endpoints_count, stride);
   return p;
 }
 
-/// Read access to a host snapshot. Cheap to copy; valid only during the sync call.
+/// Converts the host's node. Throws AbiError when it is smaller than ABI 1.0's.
+inline NodeInfo fromC(const kproxy_node_info& c) {
+  detail::requireSize("kproxy_node_info", c.struct_size, KPROXY_NODE_INFO_V1_0_SIZE);
+  NodeInfo n;
+  n.name = detail::str(c.name);
+  n.zone = detail::str(c.zone);
+  n.addresses = detail::strs(c.addresses, c.addresses_count);
+  n.podCIDRs = detail::strs(c.pod_cidrs, c.pod_cidrs_count);
+  if (c.struct_size >= offsetof(kproxy_node_info, nodeport_flags) + sizeof(c.nodeport_flags) &&
+      (c.nodeport_flags & KPROXY_NODEPORT_RESOLVED) != 0) {
+    auto& np = n.nodePortAddresses;
+    np.resolved = true;
+    np.addresses = detail::strs(c.nodeport_addresses, c.nodeport_addresses_count);
+    np.allLocalIPv4 = (c.nodeport_flags & KPROXY_NODEPORT_ALL_LOCAL_IPV4) != 0;
+    np.allLocalIPv6 = (c.nodeport_flags & KPROXY_NODEPORT_ALL_LOCAL_IPV6) != 0;
+  }
+  return n;
+}
+
+namespace detail {
+// Calls `fn` for each service port the host visits. An exception (from the conversion or from
+// `fn`) must not unwind through the host's frames: it stops the visit and is rethrown here.
+template <typename Visit, typename Fn>
+void visitPorts(Visit&& hostVisit, Fn& fn) {
+  struct State {
+    Fn* fn;
+    std::exception_ptr failure;
+  } state{&fn, nullptr};
+  hostVisit(
+      [](void* user, const kproxy_service_port* port) -> int {
+        auto* st = static_cast<State*>(user);
+        try {
+          if (port == nullptr) throw AbiError("the host visited a NULL kproxy_service_port");
+          (*st->fn)(fromC(*port));
+          return 0;
+        } catch (...) {
+          st->failure = std::current_exception();
+          return 1;
+        }
+      },
+      &state);
+  if (state.failure) std::rethrow_exception(state.failure);
+}
+}  // namespace detail
+
+/// Read access to a host snapshot. Cheap to copy; valid only during the sync call. A struct
+/// from the host smaller than ABI 1.0's throws AbiError (an error at the plugin boundary).
 class SnapshotView {
  public:
   SnapshotView() = default;
@@ -194,36 +317,21 @@ class SnapshotView {
   std::size_t size() const { return valid() ? host_->snapshot_size(snapshot_) : 0; }
 
   NodeInfo node() const {
-    NodeInfo n;
-    if (!valid()) return n;
+    if (!valid()) return NodeInfo{};
     const kproxy_node_info* c = host_->snapshot_node(snapshot_);
-    if (c == nullptr) return n;
-    n.name = detail::str(c->name);
-    n.zone = detail::str(c->zone);
-    n.addresses = detail::strs(c->addresses, c->addresses_count);
-    n.podCIDRs = detail::strs(c->pod_cidrs, c->pod_cidrs_count);
-    if (c->struct_size >= offsetof(kproxy_node_info, nodeport_flags) + sizeof(c->nodeport_flags) &&
-        (c->nodeport_flags & KPROXY_NODEPORT_RESOLVED) != 0) {
-      auto& np = n.nodePortAddresses;
-      np.resolved = true;
-      np.addresses = detail::strs(c->nodeport_addresses, c->nodeport_addresses_count);
-      np.allLocalIPv4 = (c->nodeport_flags & KPROXY_NODEPORT_ALL_LOCAL_IPV4) != 0;
-      np.allLocalIPv6 = (c->nodeport_flags & KPROXY_NODEPORT_ALL_LOCAL_IPV6) != 0;
-    }
-    return n;
+    if (c == nullptr) return NodeInfo{};
+    return fromC(*c);
   }
 
   /// Calls `fn(const ServicePort&)` for every service port.
   template <typename Fn>
   void forEach(Fn&& fn) const {
     if (!valid()) return;
-    host_->snapshot_foreach(
-        snapshot_,
-        [](void* user, const kproxy_service_port* port) -> int {
-          (*static_cast<Fn*>(user))(fromC(*port));
-          return 0;
+    detail::visitPorts(
+        [this](kproxy_service_port_visitor visit, void* user) {
+          host_->snapshot_foreach(snapshot_, visit, user);
         },
-        &fn);
+        fn);
   }
 
   /// Every service port, sorted by (family, key): a deterministic order for rendering.
@@ -241,13 +349,13 @@ class SnapshotView {
   std::optional<ServicePort> find(Family family, const std::string& key) const {
     std::optional<ServicePort> out;
     if (!valid()) return out;
-    host_->snapshot_find(
-        snapshot_, static_cast<std::uint8_t>(family), key.c_str(),
-        [](void* user, const kproxy_service_port* port) -> int {
-          *static_cast<std::optional<ServicePort>*>(user) = fromC(*port);
-          return 0;
+    auto keep = [&out](const ServicePort& p) { out = p; };
+    detail::visitPorts(
+        [&](kproxy_service_port_visitor visit, void* user) {
+          host_->snapshot_find(snapshot_, static_cast<std::uint8_t>(family), key.c_str(), visit,
+                               user);
         },
-        &out);
+        keep);
     return out;
   }
 
@@ -256,7 +364,45 @@ class SnapshotView {
   const kproxy_snapshot* snapshot_ = nullptr;
 };
 
-/// The host's services, for logging.
+/// A plugin metric registered with the host (Host::counter, Host::gauge). Cheap to copy. On a
+/// host without plugin metrics (ABI < 1.2) it is inactive and every update does nothing.
+/// Updates are thread-safe (the host serialises them).
+class Metric {
+ public:
+  Metric() = default;
+  Metric(const kproxy_host_api* api, std::uint64_t handle, std::size_t labels)
+      : api_(api), handle_(handle), labels_(labels) {}
+  /// Whether the host keeps this metric (false on a host without plugin metrics).
+  bool active() const { return api_ != nullptr && handle_ != 0; }
+  /// Counter: adds `delta` (>= 0); gauge: adds `delta`. One value per label name, in order.
+  /// Returns false when the update was refused (wrong count of values, negative counter
+  /// delta, set on a counter) or the metric is inactive.
+  bool add(const std::vector<std::string>& labelValues, double delta) const {
+    return update(false, labelValues, delta);
+  }
+  bool add(double delta) const { return add({}, delta); }
+  /// Gauge only: sets the value.
+  bool set(const std::vector<std::string>& labelValues, double value) const {
+    return update(true, labelValues, value);
+  }
+  bool set(double value) const { return set({}, value); }
+
+ private:
+  bool update(bool assign, const std::vector<std::string>& labelValues, double value) const {
+    // Only an active metric came from a host whose table has the functions.
+    if (!active() || labelValues.size() != labels_) return false;
+    auto fn = assign ? api_->metric_set : api_->metric_add;
+    std::vector<const char*> values;
+    values.reserve(labelValues.size());
+    for (const auto& v : labelValues) values.push_back(v.c_str());
+    return fn(api_->host_ctx, handle_, values.data(), values.size(), value) == KPROXY_OK;
+  }
+  const kproxy_host_api* api_ = nullptr;
+  std::uint64_t handle_ = 0;
+  std::size_t labels_ = 0;
+};
+
+/// The host's services: logging, what the host supports, plugin metrics.
 class Host {
  public:
   explicit Host(const kproxy_host_api* api) : api_(api) {}
@@ -266,7 +412,56 @@ class Host {
   void error(const std::string& message) const { write(KPROXY_LOG_ERROR, message); }
   const kproxy_host_api* api() const { return api_; }
 
+  /// KPROXY_HOST_* bits; 0 on a host older than ABI 1.2.
+  std::uint64_t features() const {
+    return api_ != nullptr && detail::covers(*api_, &kproxy_host_api::features) ? api_->features
+                                                                                 : 0;
+  }
+  /// Whether the host reads kproxy_error.category (growth rule 4).
+  bool readsErrorCategory() const { return (features() & KPROXY_HOST_ERROR_CATEGORY) != 0; }
+  /// Whether the host has the plugin metric functions (ABI 1.2).
+  bool hasMetrics() const {
+    return api_ != nullptr && detail::covers(*api_, &kproxy_host_api::metric_set) &&
+           api_->metric_register != nullptr && api_->metric_add != nullptr &&
+           api_->metric_set != nullptr;
+  }
+
+  /// Registers a counter / gauge served on the host's /metrics (see kproxy_metric_spec for the
+  /// name rules). A refused name is an error with the host's reason; on a host without plugin
+  /// metrics the result is an inactive Metric, so a plugin needs no special case.
+  Expected<Metric> counter(const std::string& name, const std::string& help,
+                           const std::vector<std::string>& labelNames = {}) const {
+    return registerMetric(KPROXY_METRIC_COUNTER, name, help, labelNames);
+  }
+  Expected<Metric> gauge(const std::string& name, const std::string& help,
+                         const std::vector<std::string>& labelNames = {}) const {
+    return registerMetric(KPROXY_METRIC_GAUGE, name, help, labelNames);
+  }
+
  private:
+  Expected<Metric> registerMetric(std::uint32_t type, const std::string& name,
+                                  const std::string& help,
+                                  const std::vector<std::string>& labelNames) const {
+    if (!hasMetrics()) return Metric{};
+    std::vector<const char*> labels;
+    labels.reserve(labelNames.size());
+    for (const auto& l : labelNames) labels.push_back(l.c_str());
+    kproxy_metric_spec spec{};
+    spec.struct_size = sizeof spec;
+    spec.type = type;
+    spec.name = name.c_str();
+    spec.help = help.c_str();
+    spec.label_names = labels.data();
+    spec.label_names_count = labels.size();
+    kproxy_error err{};
+    std::uint64_t handle = api_->metric_register(api_->host_ctx, &spec, &err);
+    if (handle == 0) {
+      return fail(ErrorCategory::kInvalidInput,
+                  std::string(err.message, strnlen(err.message, sizeof err.message)), err.errnum);
+    }
+    return Metric(api_, handle, labelNames.size());
+  }
+
   void write(int level, const std::string& message) const {
     if (api_ != nullptr && api_->log != nullptr) api_->log(api_->host_ctx, level, message.c_str());
   }
@@ -322,29 +517,45 @@ struct BackendHandle {
   std::unique_ptr<BackendPlugin> plugin;
 };
 
-inline void setError(kproxy_error* err, const PluginError& e) {
+// Fills the host's error. `category` is written only when the host announced that its
+// kproxy_error has the field (growth rule 4): an older host's struct ends after `message`.
+inline void setError(const kproxy_host_api* host, kproxy_error* err, const PluginError& e) {
   if (err == nullptr) return;
   err->errnum = e.errnum;
   copyMessage(err->message, sizeof err->message, e.message);
+  if (Host(host).readsErrorCategory()) err->category = static_cast<std::int32_t>(e.category);
+}
+
+// What an exception caught at the boundary becomes.
+inline PluginError caught(const char* call, const std::exception& e) {
+  if (dynamic_cast<const AbiError*>(&e) != nullptr) {
+    return PluginError{0, std::string(call) + ": " + e.what(), ErrorCategory::kInvalidInput};
+  }
+  return PluginError{0, std::string("exception in ") + call + ": " + e.what()};
 }
 
 template <Factory F>
 kproxy_backend* create(const kproxy_host_api* host, const kproxy_option* options, std::size_t n,
                        kproxy_error* err) {
   try {
+    if (host == nullptr) throw AbiError("the host passed no kproxy_host_api");
+    requireSize("kproxy_host_api", host->struct_size, KPROXY_HOST_API_V1_0_SIZE);
     Options opts;
     for (std::size_t i = 0; i < n; ++i) opts[str(options[i].key)] = str(options[i].value);
     auto made = F(Host(host), opts);
     if (!made) {
-      setError(err, made.error());
+      setError(host, err, made.error());
       return nullptr;
     }
     auto* handle = new BackendHandle{host, std::move(*made)};
     return reinterpret_cast<kproxy_backend*>(handle);
+  } catch (const AbiError& e) {
+    // The table is too small to say what the host supports: write no category.
+    setError(nullptr, err, caught("create", e));
   } catch (const std::exception& e) {
-    setError(err, PluginError{0, std::string("exception in create: ") + e.what()});
+    setError(host, err, caught("create", e));
   } catch (...) {
-    setError(err, PluginError{0, "unknown exception in create"});
+    setError(host, err, PluginError{0, "unknown exception in create"});
   }
   return nullptr;
 }
@@ -352,8 +563,12 @@ kproxy_backend* create(const kproxy_host_api* host, const kproxy_option* options
 inline int sync(kproxy_backend* backend, const kproxy_snapshot* previous,
                 const kproxy_snapshot* next, const kproxy_changed_key* changed, std::size_t n,
                 std::uint32_t flags, kproxy_sync_result* result, kproxy_error* err) {
+  const kproxy_host_api* host = reinterpret_cast<BackendHandle*>(backend)->host;
   try {
     auto* handle = reinterpret_cast<BackendHandle*>(backend);
+    if (result != nullptr) {
+      requireSize("kproxy_sync_result", result->struct_size, KPROXY_SYNC_RESULT_V1_0_SIZE);
+    }
     SyncContext ctx;
     if (previous != nullptr) ctx.previous = SnapshotView(handle->host, previous);
     ctx.next = SnapshotView(handle->host, next);
@@ -363,7 +578,7 @@ inline int sync(kproxy_backend* backend, const kproxy_snapshot* previous,
       ctx.changed.push_back(ChangedKey{static_cast<Family>(changed[i].family), str(changed[i].key)});
     auto out = handle->plugin->sync(ctx);
     if (!out) {
-      setError(err, out.error());
+      setError(host, err, out.error());
       return KPROXY_ERR;
     }
     if (result != nullptr) {
@@ -372,25 +587,26 @@ inline int sync(kproxy_backend* backend, const kproxy_snapshot* previous,
     }
     return KPROXY_OK;
   } catch (const std::exception& e) {
-    setError(err, PluginError{0, std::string("exception in sync: ") + e.what()});
+    setError(host, err, caught("sync", e));
   } catch (...) {
-    setError(err, PluginError{0, "unknown exception in sync"});
+    setError(host, err, PluginError{0, "unknown exception in sync"});
   }
   return KPROXY_ERR;
 }
 
 inline int cleanup(kproxy_backend* backend, kproxy_error* err) {
+  const kproxy_host_api* host = reinterpret_cast<BackendHandle*>(backend)->host;
   try {
     auto out = reinterpret_cast<BackendHandle*>(backend)->plugin->cleanup();
     if (!out) {
-      setError(err, out.error());
+      setError(host, err, out.error());
       return KPROXY_ERR;
     }
     return KPROXY_OK;
   } catch (const std::exception& e) {
-    setError(err, PluginError{0, std::string("exception in cleanup: ") + e.what()});
+    setError(host, err, caught("cleanup", e));
   } catch (...) {
-    setError(err, PluginError{0, "unknown exception in cleanup"});
+    setError(host, err, PluginError{0, "unknown exception in cleanup"});
   }
   return KPROXY_ERR;
 }
@@ -398,10 +614,21 @@ inline int cleanup(kproxy_backend* backend, kproxy_error* err) {
 inline int explain(kproxy_backend* backend, const kproxy_snapshot* snapshot,
                    const kproxy_explain_request* request, kproxy_text_writer write,
                    void* writeUser, kproxy_error* err) {
+  const kproxy_host_api* host = reinterpret_cast<BackendHandle*>(backend)->host;
   try {
-    if (request == nullptr || write == nullptr ||
-        request->struct_size < sizeof(kproxy_explain_request)) {
-      setError(err, PluginError{0, "explain: malformed request"});
+    if (request == nullptr || write == nullptr) {
+      setError(host, err, PluginError{0, "explain: no request or no writer",
+                                      ErrorCategory::kInvalidInput});
+      return KPROXY_ERR;
+    }
+    if (request->struct_size < KPROXY_EXPLAIN_REQUEST_V1_1_SIZE) {
+      setError(host, err,
+               PluginError{0,
+                           "explain: the host passed a kproxy_explain_request of " +
+                               std::to_string(request->struct_size) +
+                               " bytes; ABI 1.1 needs at least " +
+                               std::to_string(KPROXY_EXPLAIN_REQUEST_V1_1_SIZE),
+                           ErrorCategory::kInvalidInput});
       return KPROXY_ERR;
     }
     auto* handle = reinterpret_cast<BackendHandle*>(backend);
@@ -416,15 +643,15 @@ inline int explain(kproxy_backend* backend, const kproxy_snapshot* snapshot,
     r.json = (request->flags & KPROXY_EXPLAIN_JSON) != 0;
     auto out = handle->plugin->explain(SnapshotView(handle->host, snapshot), r);
     if (!out) {
-      setError(err, out.error());
+      setError(host, err, out.error());
       return KPROXY_ERR;
     }
     write(writeUser, out->data(), out->size());
     return KPROXY_OK;
   } catch (const std::exception& e) {
-    setError(err, PluginError{0, std::string("exception in explain: ") + e.what()});
+    setError(host, err, caught("explain", e));
   } catch (...) {
-    setError(err, PluginError{0, "unknown exception in explain"});
+    setError(host, err, PluginError{0, "unknown exception in explain"});
   }
   return KPROXY_ERR;
 }
@@ -451,6 +678,7 @@ inline void destroy(kproxy_backend* backend) noexcept {
         &::kproxy::sdk::detail::cleanup,                                               \
         &::kproxy::sdk::detail::destroy,                                               \
         {},                                                                            \
-        &::kproxy::sdk::detail::explain};                                              \
+        &::kproxy::sdk::detail::explain,                                               \
+        KPROXY_PLUGIN_ABI_MINOR};                                                      \
     return &descriptor;                                                                \
   }

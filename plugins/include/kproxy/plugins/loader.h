@@ -4,7 +4,11 @@
 ///
 /// Every refusal is one line naming the file and the reason: missing file, not a shared
 /// object, no entry point, entry returning null, ABI version mismatch, duplicate name.
-/// Not thread-safe; a registry must outlive every backend it created.
+/// Not thread-safe (except metrics()); a registry must outlive every backend it created.
+///
+/// A plugin's kproxy_error.category (ABI 1.2) becomes the core::Error category of a failed
+/// sync or cleanup: kernel refused → kKernel, invalid input → kInvalidArgument, transient →
+/// kTransient, not said (and every 1.0/1.1 plugin) → kPlugin.
 
 #include <filesystem>
 #include <map>
@@ -17,6 +21,8 @@
 #include "kproxy/core/error.h"
 #include "kproxy/core/model.h"
 #include "kproxy/core/snapshot.h"
+#include "kproxy/plugin/abi.h"
+#include "kproxy/plugins/plugin_metrics.h"
 
 namespace kproxy::plugins {
 
@@ -25,6 +31,8 @@ struct PluginInfo {
   std::string version;
   std::string description;
   std::filesystem::path path;
+  /// The ABI minor version the plugin was built against (0, 1 from its descriptor's size).
+  std::uint32_t abiMinor = 0;
 };
 
 using BackendOptions = std::map<std::string, std::string>;
@@ -79,9 +87,16 @@ class PluginRegistry {
   core::Result<std::unique_ptr<PluginBackend>> createPluginBackend(
       std::string_view name, const BackendOptions& options) const;
 
+  /// The metrics plugins register through the host API (ABI 1.2), for /metrics. Reserve the
+  /// host's own name prefixes before creating a backend.
+  PluginMetrics& metrics() { return metrics_; }
+  const PluginMetrics& metrics() const { return metrics_; }
+
  private:
   struct Loaded;
   std::vector<std::unique_ptr<Loaded>> loaded_;
+  PluginMetrics metrics_;
+  kproxy_host_api hostApi_;  ///< handed to every backend; host_ctx is &metrics_
 };
 
 /// Where kproxy finds its built-in plugins with no flag: the build tree's plugin directory

@@ -142,7 +142,23 @@ class NftablesBackend final : public sdk::BackendPlugin {
   /// Whether the next sync will be full (first sync, after a failure, after cleanup).
   bool needsFullSync() const { return needFull_; }
 
+  /// The metrics this backend keeps on the host's /metrics (inactive ones do nothing).
+  struct Metrics {
+    /// Gauge kproxy_nftables_objects{family,kind}: chains, sets and set elements in
+    /// kproxy's tables after the last successful sync.
+    sdk::Metric objects;
+    /// Counter kproxy_nftables_kernel_operations_total: objects added, changed or removed by
+    /// the batches the kernel accepted.
+    sdk::Metric operations;
+  };
+  /// Registers Metrics with the host (ABI 1.2; inactive on an older host).
+  static sdk::Expected<Metrics> registerMetrics(const sdk::Host& host);
+  void useMetrics(Metrics metrics) { metrics_ = std::move(metrics); }
+
  private:
+  /// Publishes the mirror's object counts and the sync's operations.
+  void updateMetrics(std::size_t operations) const;
+
   struct Owned {
     std::vector<std::string> chains;
     PackedElements elements;
@@ -225,6 +241,7 @@ class NftablesBackend final : public sdk::BackendPlugin {
   bool needFull_ = true;
   std::vector<Op> lastOps_;
   double lastApplyMs_ = 0;
+  Metrics metrics_;
 };
 
 /// The factory the plugin entry uses.

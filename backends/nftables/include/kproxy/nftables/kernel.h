@@ -2,6 +2,7 @@
 /// KernelNftables: the only way the nftables backend reaches the kernel. The netlink
 /// implementation (libnftnl + libmnl) sits beside an in-memory fake for unit tests.
 
+#include <cerrno>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -91,8 +92,11 @@ class FakeKernelNftables : public KernelNftables {
   core::Result<std::vector<std::pair<std::string, std::string>>> listMap(Family family,
                                                                          const std::string& map) override;
 
-  /// Makes the op at this index of the next batch fail (then clears itself).
-  void failNextBatchAt(std::size_t index) { failAt_ = index; }
+  /// Makes the op at this index of the next batch fail with `errnum` (then clears itself).
+  void failNextBatchAt(std::size_t index, int errnum = EINVAL) {
+    failAt_ = index;
+    failErrno_ = errnum;
+  }
 
   std::map<Family, FakeTable> tables;
   /// Entries the data path added to dynamic maps (set → key → data), as listMap returns them.
@@ -104,6 +108,7 @@ class FakeKernelNftables : public KernelNftables {
 
  private:
   std::optional<std::size_t> failAt_;
+  int failErrno_ = EINVAL;
 };
 
 }  // namespace kproxy::nftables
