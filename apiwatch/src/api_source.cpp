@@ -474,6 +474,8 @@ ApiSource::~ApiSource() { stop(); }
 
 core::Result<void> ApiSource::start() {
   if (impl_->started) return core::makeError(core::ErrorCategory::kInternal, "ApiSource started twice");
+  if (auto transport = checkCredentialTransport(impl_->config); !transport)
+    return std::unexpected(transport.error());
   if (impl_->config.server.tls) {
     auto tls = detail::makeTlsContext(impl_->config);
     if (!tls) return std::unexpected(tls.error());
