@@ -150,6 +150,10 @@ const std::vector<FlagSpec>& flagSpecs() {
         {"master", 0, Kind::kString, Scope::kProcess, "",
          "The address of the Kubernetes API server (overrides any value in kubeconfig).",
          stringSetter([](ParsedFlags& f, std::string v) { f.config.master = std::move(v); })},
+        {"insecure-allow-http-credentials", 0, Kind::kBool, Scope::kProcess, "false",
+         "If true, allow sending a bearer token or password to an http:// API server (--master or "
+         "the kubeconfig's server), where anyone on the path can read it. Refused by default.",
+         boolSetter([](ParsedFlags& f, bool b) { f.config.allowHttpCredentials = b; })},
         {"hostname-override", 0, Kind::kString, Scope::kProcess, "",
          "If non-empty, used as the name of the Node kproxy runs on instead of the hostname. "
          "Overrides the config file.",
@@ -490,6 +494,7 @@ core::Result<ProxyConfig> effectiveConfig(const ParsedFlags& flags) {
     // Process options are never in the file.
     config.master = f.master;
     config.manifestsDir = f.manifestsDir;
+    config.allowHttpCredentials = f.allowHttpCredentials;
     config.pluginDirs = f.pluginDirs;
     config.dryRun = f.dryRun;
     config.cleanup = f.cleanup;

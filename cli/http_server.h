@@ -38,10 +38,29 @@ using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 /// Go's net/http answer for an unknown path.
 HttpResponse notFound();
 
+/// What one client may cost the servers of an EventLoop. Every server answers on nodes reachable
+/// by anyone on the network (the health-check node ports by design), so none of this may be
+/// unbounded.
+struct HttpLimits {
+  /// Request line and headers; larger requests get 431 and the connection is closed.
+  std::uint32_t maxHeaderBytes = 16 * 1024;
+  /// Request bodies (no endpoint reads one); larger ones get 413 and the connection is closed.
+  std::uint64_t maxBodyBytes = 4 * 1024;
+  /// Open connections over all the loop's servers. At the cap a new connection takes the place
+  /// of the one that has waited longest for its request (idle keep-alive, idle or slow clients),
+  /// so probes that send their request at once are never starved by held connections.
+  std::size_t maxConnections = 256;
+  /// A whole request (headers and body) must arrive within this, counted from the connection's
+  /// start or the previous response; a slow client (slowloris) is cut off after it.
+  std::chrono::steady_clock::duration readTimeout = std::chrono::seconds(10);
+  /// Writing one response.
+  std::chrono::steady_clock::duration writeTimeout = std::chrono::seconds(10);
+};
+
 /// One I/O thread running an Asio io_context until stop().
 class EventLoop {
  public:
-  EventLoop();
+  explicit EventLoop(HttpLimits limits = {});
   ~EventLoop();  ///< stops and joins the thread
   EventLoop(const EventLoop&) = delete;
   EventLoop& operator=(const EventLoop&) = delete;
@@ -60,8 +79,9 @@ class EventLoop {
   std::unique_ptr<Impl> impl_;
 };
 
-/// One listening socket answering every request with `handler`. Connections are kept alive
-/// (HTTP/1.1) and time out after 30 s of inactivity.
+/// One listening socket answering GET and HEAD requests with `handler` (other methods get 405
+/// with `Allow: GET, HEAD`; malformed requests 400), within the loop's HttpLimits. Connections
+/// are kept alive (HTTP/1.1) until the read timeout passes without a request.
 class HttpServer {
  public:
   /// `name` appears in log lines ("metrics", "healthz", "service health check default/web").

@@ -208,6 +208,9 @@ kproxy::core::Result<std::optional<kproxy::apiwatch::ClientConfig>> apiClientCon
   if (!resolved) return std::unexpected(resolved.error());
   resolved->qps = config.clientConnection.qps;
   resolved->burst = config.clientConnection.burst;
+  resolved->allowHttpCredentials = config.allowHttpCredentials;
+  if (auto transport = kproxy::apiwatch::checkCredentialTransport(*resolved); !transport)
+    return std::unexpected(transport.error());
   return std::optional<kproxy::apiwatch::ClientConfig>(std::move(*resolved));
 }
 

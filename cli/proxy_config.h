@@ -121,6 +121,7 @@ struct ProxyConfig {
   // --- kproxy's own process options (command line only; never in the file) ---
   std::string master;         ///< --master: API server URL, overrides the kubeconfig's
   std::string manifestsDir;   ///< --manifests: read objects from files instead of an API server
+  bool allowHttpCredentials = false;  ///< --insecure-allow-http-credentials: token/password over http://
   std::vector<std::string> pluginDirs;  ///< --plugin-dir, repeatable, in the given order
   bool dryRun = false;        ///< --dry-run: print planned kernel operations, change nothing
   bool cleanup = false;       ///< --cleanup: remove kproxy's kernel state and exit

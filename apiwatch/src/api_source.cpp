@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <charconv>
 #include <functional>
 #include <map>
 #include <memory>
@@ -46,6 +47,32 @@ enum class WatchOutcome : std::uint8_t { kEnded, kExpired, kFailed };
 struct ExpiredError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// A server's Retry-After beyond this is taken as this: a broken proxy must not stall kproxy.
+constexpr auto kMaxRetryAfter = std::chrono::minutes(5);
+
+/// A 429 or 5xx answer: the server may say (Retry-After, whole seconds) how long to wait.
+struct RejectedError : std::runtime_error {
+  RejectedError(const std::string& what, std::chrono::seconds wait) : std::runtime_error(what), retryAfter(wait) {}
+  std::chrono::seconds retryAfter;
+};
+
+/// client-go's checkWait: Retry-After counts on 429 and 5xx only, in whole seconds.
+std::chrono::seconds retryAfter(http::status status, std::string_view header) {
+  const auto code = static_cast<unsigned>(status);
+  if (code != 429 && code < 500) return std::chrono::seconds(0);
+  unsigned seconds = 0;
+  auto [end, ec] = std::from_chars(header.data(), header.data() + header.size(), seconds);
+  if (ec != std::errc{} || end != header.data() + header.size()) return std::chrono::seconds(0);
+  return std::min<std::chrono::seconds>(std::chrono::seconds(seconds), kMaxRetryAfter);
+}
+
+/// Throws the failure of a request answered with `status`.
+[[noreturn]] void throwRejected(std::string what, http::status status, std::string_view retryAfterHeader) {
+  auto wait = retryAfter(status, retryAfterHeader);
+  if (wait.count() > 0) throw RejectedError(what, wait);
+  throw std::runtime_error(what);
+}
 
 struct Resource {
   std::string kind;  // "Service", for logs
@@ -199,7 +226,8 @@ struct ApiSource::Impl {
           skipped = 0;
           continue;
         }
-        throw std::runtime_error(fmt::format("LIST {}: {}", r.path, statusText(body, response.result())));
+        throwRejected(fmt::format("LIST {}: {}", r.path, statusText(body, response.result())), response.result(),
+                      std::string(response[http::field::retry_after]));
       }
       if (!body.is_object() || !body.contains("items") || !(body["items"].is_array() || body["items"].is_null()))
         throw std::runtime_error(fmt::format("LIST {}: the answer is not a list", r.path));
@@ -321,7 +349,8 @@ struct ApiSource::Impl {
       }
       json body = json::parse(data, nullptr, false);
       if (isExpired(parser.get().result(), body)) co_return WatchOutcome::kExpired;
-      throw std::runtime_error(fmt::format("WATCH {}: {}", r.path, statusText(body, parser.get().result())));
+      throwRejected(fmt::format("WATCH {}: {}", r.path, statusText(body, parser.get().result())),
+                    parser.get().result(), std::string(parser.get()[http::field::retry_after]));
     }
     count([](ApiSourceStats& s) { ++s.watchesOpened; });
     // "Connected" ends only with a failure (see run()): a watch that the server ends on its
@@ -375,6 +404,7 @@ struct ApiSource::Impl {
     bool needList = true;
     for (;;) {
       std::string failure;
+      std::chrono::seconds serverWait{0};
       try {
         if (needList) {
           co_await list(r);
@@ -396,6 +426,9 @@ struct ApiSource::Impl {
           continue;
         }
         failure = "watch ended right after it was opened";
+      } catch (const RejectedError& e) {
+        failure = e.what();
+        serverWait = e.retryAfter;
       } catch (const boost::system::system_error& e) {
         if (e.code() == asio::error::operation_aborted && io.stopped()) throw;
         failure = e.code() == boost::beast::error::timeout ? "timed out" : e.what();
@@ -405,7 +438,8 @@ struct ApiSource::Impl {
       count([](ApiSourceStats& s) { ++s.requestFailures; });
       r.watching = false;
       updateConnected();
-      auto wait = nextBackoff();
+      // The server's Retry-After when it gave one (and it is longer), else our own backoff.
+      auto wait = std::max<SteadyClock::duration>(nextBackoff(), serverWait);
       log::warning("API request failed; retrying",
                    {{"resource", r.kind}, {"server", config.serverText}, {"error", failure},
                     {"retryIn", fmt::format("{}ms", std::chrono::duration_cast<std::chrono::milliseconds>(wait).count())}});
@@ -474,6 +508,8 @@ ApiSource::~ApiSource() { stop(); }
 
 core::Result<void> ApiSource::start() {
   if (impl_->started) return core::makeError(core::ErrorCategory::kInternal, "ApiSource started twice");
+  if (auto transport = checkCredentialTransport(impl_->config); !transport)
+    return std::unexpected(transport.error());
   if (impl_->config.server.tls) {
     auto tls = detail::makeTlsContext(impl_->config);
     if (!tls) return std::unexpected(tls.error());

@@ -310,6 +310,11 @@ core::Result<ClientConfig> loadKubeconfig(const fs::path& path, const std::strin
   auto ca = pemField(*cluster, "certificate-authority", baseDir, where);
   if (!ca) return fail(ca.error());
   config.caPem = std::move(*ca);
+  // client-go's transport.TLSConfigFor refuses this pair rather than let the flag silently
+  // discard the CA the user thought protected the connection.
+  if (config.insecureSkipTlsVerify && !config.caPem.empty())
+    return fail({ErrorCategory::kInvalidArgument, 0,
+                 where + ": specifying a root certificates file with the insecure flag is not supported"});
 
   if (!userName->empty()) {
     auto user = namedEntry(root, "users", "user", *userName);
@@ -349,6 +354,17 @@ core::Result<ClientConfig> loadKubeconfig(const fs::path& path, const std::strin
     }
   }
   return config;
+}
+
+core::Result<void> checkCredentialTransport(const ClientConfig& config) {
+  if (config.server.tls || config.allowHttpCredentials) return {};
+  const char* what = config.token ? "a bearer token" : !config.username.empty() ? "a password" : nullptr;
+  if (what == nullptr) return {};
+  return core::makeError(ErrorCategory::kInvalidArgument,
+                         fmt::format("{}: refusing to send {} in clear text to {}; use an https:// server, "
+                                     "or pass --insecure-allow-http-credentials to allow it",
+                                     config.origin.empty() ? "API client" : config.origin, what,
+                                     config.serverText));
 }
 
 core::Result<ClientConfig> inClusterConfig(const InClusterEnvironment& environment) {

@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "kproxy/core/log.h"
+#include "file_trust.h"
 #include "kproxy/plugin/abi.h"
 #include "snapshot_bridge.h"
 
@@ -151,6 +152,11 @@ core::Result<PluginInfo> PluginRegistry::load(const std::filesystem::path& file)
   if (!std::filesystem::is_regular_file(file, ec)) {
     return makeError(ErrorCategory::kPlugin, quote(file) + ": not a regular file");
   }
+  // dlopen runs the plugin's constructors in a process that is usually root.
+  if (auto trusted = detail::checkTrustedPath(file, detail::trustedOwners()); !trusted) {
+    return makeError(ErrorCategory::kPlugin, quote(file) + ": refused: " + trusted.error().context,
+                     trusted.error().errnum);
+  }
   // An absolute path keeps dlopen from searching the library path.
   auto path = std::filesystem::absolute(file, ec);
   auto loaded = std::make_unique<Loaded>();
@@ -217,6 +223,12 @@ std::vector<core::Error> PluginRegistry::loadDirectory(const std::filesystem::pa
   if (!std::filesystem::is_directory(dir, ec)) {
     errors.push_back(core::Error{ErrorCategory::kNotFound, ENOENT,
                                  "plugin directory " + dir.string() + ": not a directory"});
+    return errors;
+  }
+  // A directory others can write to is refused as a whole: one line, not one per file.
+  if (auto trusted = detail::checkTrustedPath(dir, detail::trustedOwners()); !trusted) {
+    errors.push_back(core::Error{ErrorCategory::kPlugin, trusted.error().errnum,
+                                 "plugin directory " + dir.string() + ": refused: " + trusted.error().context});
     return errors;
   }
   std::vector<std::filesystem::path> files;

@@ -381,3 +381,65 @@ TEST_CASE("plugin metrics: registered in create, updated in sync, kept by the ho
     }
   }
 }
+
+// What the kernel's module loader and sudo insist on: code that will run as root must not be
+// replaceable by anyone but root (or the user kproxy runs as).
+TEST_CASE("loader refuses plugin files and directories others could replace", "[unit]") {
+  TempDir dir;
+  const fs::path plugin = dir.path / "recorder.so";
+  fs::copy_file(kPluginDir / "recorder.so", plugin);
+  fs::permissions(plugin, fs::perms(0755));
+  fs::permissions(dir.path, fs::perms(0755));
+  auto refusedWith = [&](const fs::path& named, const std::string& why) {
+    PluginRegistry registry;
+    auto r = registry.load(plugin);
+    REQUIRE_FALSE(r);
+    INFO(r.error().message());
+    CHECK(r.error().message().find('\n') == std::string::npos);
+    CHECK_THAT(r.error().message(), Catch::Contains(plugin.string()) && Catch::Contains(why));
+    CHECK_THAT(r.error().message(), Catch::Contains(named.string()));
+    CHECK_FALSE(registry.has("recorder"));
+    auto errors = registry.loadDirectory(dir.path);
+    REQUIRE(errors.size() == 1);
+    CHECK_THAT(errors[0].message(), Catch::Contains(why));
+  };
+
+  SECTION("a trusted copy loads") {
+    PluginRegistry registry;
+    REQUIRE(registry.load(plugin));
+    CHECK(registry.has("recorder"));
+  }
+  SECTION("group-writable file") {
+    fs::permissions(plugin, fs::perms(0775));
+    refusedWith(plugin, "writable by group or others (mode 0775)");
+  }
+  SECTION("world-writable file") {
+    fs::permissions(plugin, fs::perms(0757));
+    refusedWith(plugin, "writable by group or others (mode 0757)");
+  }
+  SECTION("world-writable directory") {
+    fs::permissions(dir.path, fs::perms(0777));
+    refusedWith(dir.path, "writable by group or others (mode 0777)");
+  }
+  SECTION("a sticky world-writable directory (like /tmp) is fine: others cannot replace our file") {
+    fs::permissions(dir.path, fs::perms(01777));
+    PluginRegistry registry;
+    CHECK(registry.load(plugin));
+  }
+  SECTION("a file owned by another user") {
+    if (geteuid() != 0) {
+      WARN("not root: cannot give the file to another user");
+      return;
+    }
+    REQUIRE(chown(plugin.c_str(), 12345, 12345) == 0);
+    refusedWith(plugin, "owned by uid 12345");
+  }
+  SECTION("a directory owned by another user") {
+    if (geteuid() != 0) {
+      WARN("not root: cannot give the directory to another user");
+      return;
+    }
+    REQUIRE(chown(dir.path.c_str(), 12345, 12345) == 0);
+    refusedWith(dir.path, "owned by uid 12345");
+  }
+}

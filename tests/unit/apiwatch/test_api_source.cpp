@@ -520,3 +520,22 @@ TEST_CASE("ApiSource refuses a CA that is not PEM", "[unit]") {
   REQUIRE_FALSE(started);
   CHECK(started.error().category == core::ErrorCategory::kInvalidArgument);
 }
+
+TEST_CASE("ApiSource refuses to send a bearer token over plain http without the opt-in", "[unit]") {
+  RecordingSink sink;
+  apiwatch::ClientConfig config;
+  config.serverText = "http://127.0.0.1:1";
+  config.server = *apiwatch::parseServerUrl(config.serverText);
+  config.token = apiwatch::TokenSource::fixed("secret");
+  {
+    apiwatch::ApiSource source(config, sink);
+    auto started = source.start();
+    REQUIRE_FALSE(started);
+    CHECK(started.error().category == core::ErrorCategory::kInvalidArgument);
+    CHECK(started.error().message().find("http://127.0.0.1:1") != std::string::npos);
+  }
+  config.allowHttpCredentials = true;
+  apiwatch::ApiSource source(config, sink);
+  CHECK(source.start());
+  source.stop();
+}

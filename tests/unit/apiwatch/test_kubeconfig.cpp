@@ -136,14 +136,14 @@ TEST_CASE("kubeconfig: file paths are relative to the kubeconfig; data wins over
   dir.write("pki/client.key", "KEY FROM FILE");
   dir.write("token", "  file-token\n");
   auto path = dir.write("sub/../config",
-                        kubeconfig("    certificate-authority: pki/ca.crt\n    insecure-skip-tls-verify: true\n",
+                        kubeconfig("    certificate-authority: pki/ca.crt\n",
                                    "    client-certificate: pki/client.crt\n"
                                    "    client-key: pki/client.key\n"
                                    "    tokenFile: token\n"));
   auto config = loadKubeconfig(path);
   REQUIRE(config);
   CHECK(config->caPem == "CA FROM FILE");
-  CHECK(config->insecureSkipTlsVerify);
+  CHECK_FALSE(config->insecureSkipTlsVerify);
   CHECK(config->clientCertPem == "CERT FROM FILE");
   CHECK(config->clientKeyPem == "KEY FROM FILE");
   REQUIRE(config->token);
@@ -160,6 +160,67 @@ TEST_CASE("kubeconfig: file paths are relative to the kubeconfig; data wins over
   CHECK(dataWins->clientCertPem == "CERT");
   CHECK(dataWins->clientKeyPem == "KEY");
   CHECK_FALSE(dataWins->token);
+}
+
+TEST_CASE("kubeconfig: a CA together with insecure-skip-tls-verify is refused, as client-go does", "[unit]") {
+  TempDir dir;
+  dir.write("ca.crt", "CA FROM FILE");
+  for (const std::string& ca : {std::string("    certificate-authority: ca.crt\n"),
+                                std::string("    certificate-authority-data: ") + kCaPemBase64 + "\n"}) {
+    INFO(ca);
+    auto path = dir.write("config", kubeconfig(ca + "    insecure-skip-tls-verify: true\n", "    token: t\n"));
+    auto config = loadKubeconfig(path);
+    REQUIRE_FALSE(config);
+    INFO(config.error().message());
+    CHECK(config.error().category == kproxy::core::ErrorCategory::kInvalidArgument);
+    CHECK(config.error().message().find(path.string()) != std::string::npos);
+    CHECK(config.error().message().find("clusters[c1]") != std::string::npos);
+    CHECK(config.error().message().find(
+              "specifying a root certificates file with the insecure flag is not supported") != std::string::npos);
+  }
+  SECTION("insecure-skip-tls-verify alone is still accepted") {
+    auto path = dir.write("insecure", kubeconfig("    insecure-skip-tls-verify: true\n", "    token: t\n"));
+    auto config = loadKubeconfig(path);
+    REQUIRE(config);
+    CHECK(config->insecureSkipTlsVerify);
+    CHECK(config->caPem.empty());
+  }
+}
+
+TEST_CASE("credentials are not sent over plain http unless the user opts in", "[unit]") {
+  TempDir dir;
+  dir.write("token", "file-token\n");
+  for (const std::string& user : {std::string("    token: t\n"), std::string("    tokenFile: token\n"),
+                                  std::string("    username: admin\n    password: secret\n")}) {
+    INFO(user);
+    auto path = dir.write("config", kubeconfig("", user, "http://10.1.2.3:8080"));
+    auto config = loadKubeconfig(path);
+    REQUIRE(config);
+    auto refused = checkCredentialTransport(*config);
+    REQUIRE_FALSE(refused);
+    INFO(refused.error().message());
+    CHECK(refused.error().category == kproxy::core::ErrorCategory::kInvalidArgument);
+    CHECK(refused.error().message().find(path.string()) != std::string::npos);
+    CHECK(refused.error().message().find("http://10.1.2.3:8080") != std::string::npos);
+    CHECK(refused.error().message().find("--insecure-allow-http-credentials") != std::string::npos);
+
+    config->allowHttpCredentials = true;
+    CHECK(checkCredentialTransport(*config));
+  }
+  SECTION("https with a token, and http without credentials, need no opt-in") {
+    auto https = loadKubeconfig(dir.write("https", kubeconfig("", "    token: t\n")));
+    REQUIRE(https);
+    CHECK(checkCredentialTransport(*https));
+    auto anonymous = loadKubeconfig(dir.write("anon", kubeconfig("", "    {}\n", "http://10.1.2.3:8080")));
+    REQUIRE(anonymous);
+    CHECK(checkCredentialTransport(*anonymous));
+  }
+  SECTION("--master turning a kubeconfig's https into http is caught as well") {
+    auto path = dir.write("master", kubeconfig("", "    token: t\n"));
+    auto config = resolveClientConfig(path.string(), "http://127.0.0.1:8080");
+    REQUIRE(config);
+    CHECK_FALSE(checkCredentialTransport(*config));
+  }
 }
 
 TEST_CASE("kubeconfig errors name the file and the entry", "[unit]") {

@@ -173,6 +173,8 @@ TEST_CASE("kproxy's own flags", "[unit]") {
   CHECK(f.config.dryRun);
   CHECK(f.writeConfigTo == "/tmp/out.yaml");
   CHECK(f.configFile == "/etc/kp.yaml");
+  CHECK_FALSE(f.config.allowHttpCredentials);
+  CHECK(parseOk({"--insecure-allow-http-credentials"}).config.allowHttpCredentials);
   CHECK(parseError({"--plugin-dir="}) == "invalid value \"\" for flag --plugin-dir: must not be empty");
 }
 
@@ -227,7 +229,7 @@ logging:
   auto flags = parseOk({"--config", file.path().c_str(), "--proxy-mode=ipvs",
                         "--iptables-sync-period=5s", "--cluster-cidr=10.0.0.0/8",
                         "--masquerade-all", "--master=https://api:6443", "--manifests=/m",
-                        "--plugin-dir=/p", "--dry-run"});
+                        "--plugin-dir=/p", "--dry-run", "--insecure-allow-http-credentials"});
   auto r = effectiveConfig(flags);
   REQUIRE(r.has_value());
   const auto& c = *r;
@@ -243,6 +245,7 @@ logging:
   CHECK(c.manifestsDir == "/m");
   CHECK(c.pluginDirs == std::vector<std::string>{"/p"});
   CHECK(c.dryRun);
+  CHECK(c.allowHttpCredentials);
   CHECK(ignoredFlags(flags) == std::vector<std::string>{"--cluster-cidr", "--iptables-sync-period",
                                                          "--masquerade-all", "--proxy-mode"});
 }
@@ -294,7 +297,8 @@ TEST_CASE("usage lists every flag", "[unit]") {
         "--conntrack-min", "--conntrack-tcp-timeout-established",
         "--conntrack-tcp-timeout-close-wait", "--cleanup", "-v, --v", "--feature-gates",
         "--config-sync-period", "--oom-score-adj", "--write-config-to", "--version",
-        "-h, --help", "--manifests", "--plugin-dir", "--dry-run"}) {
+        "-h, --help", "--manifests", "--plugin-dir", "--dry-run",
+        "--insecure-allow-http-credentials"}) {
     INFO(flag);
     CHECK(text.find(flag) != std::string::npos);
   }

@@ -85,6 +85,22 @@ TEST_CASE("configmap and example config decode as KubeProxyConfiguration in nfta
   CHECK(hostConfig->clientConnection.kubeconfig == "/etc/kubernetes/kproxy/kubeconfig");
 }
 
+TEST_CASE("deploy configs keep the metrics server (and /configz) on loopback, upstream's default", "[unit][deploy]") {
+  // /configz on the metrics server shows the whole configuration; upstream kube-proxy (and
+  // kproxy's flag) default metricsBindAddress to 127.0.0.1:10249, and the shipped files must not
+  // widen that behind the user's back.
+  auto docs = byKind("configmap.yaml");
+  REQUIRE(docs.count("ConfigMap"));
+  auto inCluster = kproxy::cli::decodeConfig(docs["ConfigMap"]["data"]["config.yaml"].as<std::string>(),
+                                             "configmap.yaml:config.yaml");
+  REQUIRE(inCluster);
+  CHECK(inCluster->metricsBindAddress == "127.0.0.1:10249");
+  auto host = kproxy::cli::decodeConfig(readFile(kDeploy + "config.yaml"), "config.yaml");
+  REQUIRE(host);
+  CHECK(host->metricsBindAddress == "127.0.0.1:10249");
+  CHECK(kproxy::cli::ProxyConfig{}.metricsBindAddress == "127.0.0.1:10249");
+}
+
 TEST_CASE("daemonset: host network, privileged, mounts, tolerations, probes, node name", "[unit][deploy]") {
   auto docs = byKind("daemonset.yaml");
   REQUIRE(docs.count("DaemonSet"));

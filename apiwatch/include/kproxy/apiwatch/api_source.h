@@ -65,8 +65,9 @@ struct ApiSourceStats {
 ///  - 410 Gone / "Expired" (the resume point is too old) → relist, then reconcile against what
 ///    is held: deletes for objects that are gone, upserts for new or changed ones, nothing for
 ///    unchanged ones (so a relist causes no rule churn).
-///  - Failures back off exponentially with jitter (capped); requests go through a QPS/burst
-///    token bucket from the ClientConfig.
+///  - Failures back off exponentially with jitter (capped); a 429 or 5xx answer with
+///    Retry-After (whole seconds, as client-go reads it) waits at least that long (at most
+///    5 min). Requests go through a QPS/burst token bucket from the ClientConfig.
 ///  - An object that cannot be decoded is skipped with a warning naming it and the reason and
 ///    counted in decodeFailures; the stream continues. A held object whose new version is
 ///    undecodable keeps its last good version.

@@ -70,12 +70,21 @@ struct ClientConfig {
   float qps = 5.0f;                 ///< client-side rate limit (token bucket), <= 0: unlimited
   std::int32_t burst = 10;
   std::string origin;               ///< "kubeconfig /path (context x)", "in-cluster", "--master"
+  /// The user's explicit opt-in (--insecure-allow-http-credentials) to send a bearer token or a
+  /// password over plain http://, where anyone on the path can read and replay it.
+  bool allowHttpCredentials = false;
 };
+
+/// Refuses (kInvalidArgument) a config that would send credentials (token, tokenFile or
+/// username/password) to an http:// server, unless allowHttpCredentials is set. The message
+/// names the origin, the server and the opt-in. ApiSource::start() checks it too.
+core::Result<void> checkCredentialTransport(const ClientConfig& config);
 
 /// Reads a kubeconfig (YAML or JSON) and resolves its current context (or `contextOverride`)
 /// into a ClientConfig. Relative file paths are taken relative to the kubeconfig's directory.
 /// A non-empty `masterOverride` replaces the cluster's server. Errors name the file and the
-/// offending entry: missing context/cluster/user, unreadable certificate files, bad base64.
+/// offending entry: missing context/cluster/user, unreadable certificate files, bad base64,
+/// and (as client-go's transport) a certificate authority together with insecure-skip-tls-verify.
 core::Result<ClientConfig> loadKubeconfig(const std::filesystem::path& path,
                                           const std::string& masterOverride = {},
                                           const std::string& contextOverride = {});

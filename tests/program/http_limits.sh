@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# kproxy's HTTP servers (health 10256, metrics 10249, a health-check node port) under abuse, with
+# the real binary in its own network namespace (unshare -n) and systemd's default fd limit (1024):
+# a thousand idle connections, oversized headers, a body, other methods, a slowloris request.
+# Through all of it /healthz must answer within a deadline, kproxy's fds stay bounded, and a
+# manifest change still reaches the nftables ruleset.
+# Usage: http_limits.sh KPROXY_BIN
+set -uo pipefail
+KPROXY=${1:?usage: http_limits.sh KPROXY_BIN}
+
+if [[ $(id -u) -ne 0 ]]; then
+  echo "http_limits: ERROR: needs root (own network namespace, nftables)" >&2
+  echo "http_limits: 0 passed, 1 failed"
+  exit 1
+fi
+if [[ -z "${HTTP_LIMITS_IN_NETNS:-}" ]]; then
+  HTTP_LIMITS_IN_NETNS=1 exec unshare -n "$0" "$@"
+fi
+ip link set lo up
+
+WORK=$(mktemp -d /tmp/kproxy-http-limits-XXXXXX)
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+
+passed=0
+failed=0
+pass() { echo "PASS $1"; passed=$((passed + 1)); }
+fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "${DETAIL:-}"; fi; }
+wait_for() {
+  local deadline=$((SECONDS + $1)); shift
+  while ((SECONDS <= deadline)); do "$@" && return 0; sleep 0.05; done
+  return 1
+}
+code() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$@"; }
+is_code() { local want=$1; shift; [[ $(code "$@") == "$want" ]]; }
+alive() { kill -0 "$KP" 2>/dev/null; }
+
+M="$WORK/manifests"; mkdir -p "$M"
+cat >"$M/node.yaml" <<'YAML'
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+status:
+  addresses: [{type: InternalIP, address: 10.0.0.1}]
+YAML
+write_service() {  # NAME CLUSTER_IP: an eTP=Local LoadBalancer with health-check port 32000
+  cat >"$WORK/$1.tmp" <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: $1, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: $2
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 31000, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: $1-1
+  namespace: default
+  labels: {kubernetes.io/service-name: $1}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.2]
+  conditions: {ready: true}
+  nodeName: node-a
+YAML
+  mv "$WORK/$1.tmp" "$M/$1.yaml"
+}
+write_service web 10.96.0.30
+
+cat >"$WORK/config.yaml" <<'YAML'
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+hostnameOverride: node-a
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 0.0.0.0:10256
+nftables: {minSyncPeriod: 100ms, syncPeriod: 30s}
+YAML
+
+# systemd's default soft limit for a service: the budget an attacker would try to exhaust.
+(ulimit -n 1024 && exec "$KPROXY" --config "$WORK/config.yaml" --manifests "$M" -v 1) >"$WORK/kproxy.log" 2>&1 &
+KP=$!; PIDS+=("$KP")
+
+HZ=http://127.0.0.1:10256
+MET=http://127.0.0.1:10249
+HC=http://127.0.0.1:32000
+DETAIL="$(tail -5 "$WORK/kproxy.log" 2>/dev/null)"
+check "health server answers" wait_for 10 is_code 200 "$HZ/healthz"
+check "health-check node port answers" wait_for 5 is_code 200 "$HC/"
+
+# --- one bad request at a time: status and a closed connection --------------------------------
+# raw PORT STATUS_WANTED PAYLOAD_PY: sends the payload (a Python bytes expression), prints the
+# status line's code (or "closed"/"timeout").
+raw() {
+  python3 - "$@" <<'PY'
+import socket, sys
+port, payload = int(sys.argv[1]), eval(sys.argv[2])
+s = socket.create_connection(("127.0.0.1", port), timeout=5)
+try:
+    s.sendall(payload)
+except OSError:
+    pass
+try:
+    data = s.recv(4096)
+    print(data.split(b" ")[1].decode() if data.startswith(b"HTTP/1.") else "closed")
+except socket.timeout:
+    print("timeout")
+except OSError:
+    print("closed")
+PY
+}
+is_raw() { local want=$1; shift; DETAIL="got $(raw "$@")"; [[ "$DETAIL" == "got $want" ]]; }
+check "oversized headers get 431" is_raw 431 10256 'b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 65536 + b"\r\n\r\n"'
+check "a large body gets 413" is_raw 413 10256 'b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1048576\r\n\r\n" + b"a" * 1048576'
+check "POST gets 405" is_raw 405 10256 'b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"'
+check "PUT on the metrics server gets 405" is_raw 405 10249 'b"PUT /configz HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"'
+check "DELETE on a health-check port gets 405" is_raw 405 32000 'b"DELETE / HTTP/1.1\r\nHost: x\r\n\r\n"'
+allow=$(curl -s -o /dev/null -D - --max-time 2 -X POST "$HZ/healthz" | tr -d '\r' | awk -F': ' 'tolower($1) == "allow" {print $2}')
+DETAIL="Allow: $allow"; check "405 says Allow: GET, HEAD" test "$allow" = "GET, HEAD"
+check "HEAD still works" is_code 200 -I "$HZ/healthz"
+
+# --- the siege: idle connections, a slowloris, all at once ------------------------------------
+# Opens 1000 idle connections (most to the health server, some to the others) and a slowloris
+# that sends one header byte a second; writes "ready" when all are open, then holds them.
+python3 - "$WORK" >"$WORK/siege.log" 2>&1 <<'PY' &
+import resource, socket, sys, time, threading
+resource.setrlimit(resource.RLIMIT_NOFILE, (4096, 4096))
+work = sys.argv[1]
+held = []
+for i in range(1000):
+    port = 10256 if i % 10 < 8 else (10249 if i % 10 == 8 else 32000)
+    try:
+        held.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+    except OSError as e:
+        print("connect", i, e, flush=True)
+slow = socket.create_connection(("127.0.0.1", 10256), timeout=5)
+slow.sendall(b"GET /healthz HTTP/1.1\r\n")
+start = time.monotonic()
+open(work + "/siege.ready", "w").close()
+closed_after = None
+for _ in range(60):
+    try:
+        slow.sendall(b"X")
+    except OSError:
+        closed_after = time.monotonic() - start
+        break
+    time.sleep(1)
+print("slowloris closed after", closed_after, flush=True)
+with open(work + "/slowloris", "w") as f:
+    f.write("%s\n" % (-1 if closed_after is None else int(closed_after)))
+time.sleep(600)
+PY
+SIEGE=$!; PIDS+=("$SIEGE")
+DETAIL=$(cat "$WORK/siege.log")
+check "1000 connections opened" wait_for 30 test -e "$WORK/siege.ready"
+
+fds() { ls "/proc/$KP/fd" 2>/dev/null | wc -l; }
+most=0
+for i in $(seq 20); do n=$(fds); ((n > most)) && most=$n; sleep 0.05; done
+DETAIL="kproxy had up to $most fds"; check "kproxy's fds stay bounded under 1000 idle connections" test "$most" -lt 400
+
+healthz_fast() {
+  local t0=$SECONDS out
+  out=$(curl -s -o /dev/null -w '%{http_code} %{time_total}' --max-time 2 "$HZ/healthz")
+  DETAIL="$out"
+  [[ ${out%% *} == 200 ]]
+}
+ok=0
+for i in $(seq 10); do healthz_fast && ok=$((ok + 1)); sleep 0.1; done
+DETAIL="$ok of 10 within 2 s ($DETAIL)"; check "/healthz answers within 2 s while besieged" test "$ok" -eq 10
+check "the health-check node port answers while besieged" is_code 200 "$HC/"
+check "/metrics answers while besieged" is_code 200 "$MET/metrics"
+
+write_service extra 10.96.0.77
+in_ruleset() { nft list table ip kube-proxy 2>/dev/null | grep -q 10.96.0.77; }
+DETAIL=$(tail -3 "$WORK/kproxy.log")
+check "a manifest change still reaches the ruleset" wait_for 10 in_ruleset
+
+DETAIL=$(cat "$WORK/siege.log")
+check "the slowloris is cut off by the read timeout (within 15 s)" wait_for 20 test -s "$WORK/slowloris"
+slow=$(cat "$WORK/slowloris" 2>/dev/null)
+DETAIL="closed after ${slow:-?} s"; check "... and not after more than 15 s" test "${slow:--1}" -ge 0 -a "${slow:--1}" -le 15
+check "/healthz still answers after all that" healthz_fast
+DETAIL=$(tail -3 "$WORK/kproxy.log"); check "kproxy is still running" alive
+accept_errors=$(grep -c 'HTTP accept failed' "$WORK/kproxy.log")
+DETAIL="$accept_errors accept failures logged"; check "no accept failures (fd exhaustion)" test "$accept_errors" -eq 0
+
+# Shutting down with hundreds of connections still open (sessions pending on the loop).
+if ! kill -TERM "$KP" 2>/dev/null; then
+  fail "SIGTERM" "kproxy had already exited: $(tail -3 "$WORK/kproxy.log")"
+elif wait_for 5 bash -c "! kill -0 $KP 2>/dev/null"; then
+  wait "$KP"; rc=$?
+  DETAIL="exit status $rc: $(tail -3 "$WORK/kproxy.log")"; check "SIGTERM with connections held: exit 0" test "$rc" -eq 0
+else
+  fail "SIGTERM" "still running after 5 s"
+fi
+
+echo "http_limits: $passed passed, $failed failed"
+[[ $failed -eq 0 ]]

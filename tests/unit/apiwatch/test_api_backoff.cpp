@@ -1,0 +1,242 @@
+// How ApiSource treats an API server that refuses: 401 backs off exponentially and recovers; 429
+// and 5xx with Retry-After wait as long as the server asks (client-go's checkWait), then recover.
+// Against a scripted fake server on 127.0.0.1 (port 0) that records when each request came.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+#include <fmt/format.h>
+
+#include "kproxy/apiwatch/api_source.h"
+#include "kproxy/core/log.h"
+
+using namespace kproxy;
+using namespace std::chrono_literals;
+using SteadyClock = std::chrono::steady_clock;
+
+namespace {
+
+/// Answers Service LISTs from a script of raw status lines + headers, then with an empty list;
+/// every other LIST with an empty list; every WATCH with a stream that stays open.
+class ScriptedApiServer {
+ public:
+  explicit ScriptedApiServer(std::deque<std::string> serviceListAnswers) : script_(std::move(serviceListAnswers)) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(listener_ >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    REQUIRE(::listen(listener_, 16) == 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port = ntohs(addr.sin_port);
+    acceptor_ = std::thread([this] { acceptLoop(); });
+  }
+  ~ScriptedApiServer() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    stopped_.notify_all();
+    ::shutdown(listener_, SHUT_RDWR);
+    ::close(listener_);
+    acceptor_.join();
+    for (auto& t : connections_) t.join();
+  }
+
+  int port = 0;
+
+  /// When each Service LIST arrived.
+  std::vector<SteadyClock::time_point> serviceLists() {
+    std::lock_guard lock(mutex_);
+    return serviceLists_;
+  }
+
+ private:
+  void acceptLoop() {
+    for (;;) {
+      int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) return;
+      std::lock_guard lock(mutex_);
+      if (stopping_) {
+        ::close(fd);
+        return;
+      }
+      connections_.emplace_back([this, fd] { serve(fd); });
+    }
+  }
+
+  static void sendAll(int fd, const std::string& data) {
+    for (std::size_t off = 0; off < data.size();) {
+      ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      if (n <= 0) return;
+      off += static_cast<std::size_t>(n);
+    }
+  }
+
+  void serve(int fd) {
+    std::string request;
+    char buf[4096];
+    while (request.find("\r\n\r\n") == std::string::npos) {
+      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+      if (n <= 0) {
+        ::close(fd);
+        return;
+      }
+      request.append(buf, static_cast<std::size_t>(n));
+    }
+    auto sp1 = request.find(' ');
+    std::string target = request.substr(sp1 + 1, request.find(' ', sp1 + 1) - sp1 - 1);
+    if (target.find("watch=1") != std::string::npos) {
+      sendAll(fd, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+      std::unique_lock lock(mutex_);
+      stopped_.wait(lock, [&] { return stopping_; });
+    } else {
+      std::string answer;
+      {
+        std::lock_guard lock(mutex_);
+        if (target.starts_with("/api/v1/services?")) {
+          serviceLists_.push_back(SteadyClock::now());
+          if (!script_.empty()) {
+            answer = std::move(script_.front());
+            script_.pop_front();
+          }
+        }
+      }
+      if (answer.empty()) {
+        const std::string body = R"({"kind":"List","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]})";
+        answer = fmt::format("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+                             "Connection: close\r\n\r\n{}",
+                             body.size(), body);
+      }
+      sendAll(fd, answer);
+    }
+    ::close(fd);
+  }
+
+  int listener_ = -1;
+  std::thread acceptor_;
+  std::vector<std::thread> connections_;
+  std::mutex mutex_;
+  std::condition_variable stopped_;
+  bool stopping_ = false;
+  std::deque<std::string> script_;
+  std::vector<SteadyClock::time_point> serviceLists_;
+};
+
+std::string failure(int code, const std::string& reason, const std::string& extraHeaders = "") {
+  const std::string body = fmt::format(
+      R"({{"kind":"Status","apiVersion":"v1","status":"Failure","message":"{}","reason":"{}","code":{}}})", reason,
+      reason, code);
+  return fmt::format("HTTP/1.1 {} {}\r\nContent-Type: application/json\r\n{}Content-Length: {}\r\nConnection: close\r\n\r\n{}",
+                     code, reason, extraHeaders, body.size(), body);
+}
+
+class SyncedSink final : public core::EventSink {
+ public:
+  void serviceUpserted(core::Service) override {}
+  void serviceDeleted(const std::string&, const std::string&) override {}
+  void endpointSliceUpserted(core::EndpointSlice) override {}
+  void endpointSliceDeleted(const std::string&, const std::string&) override {}
+  void nodeUpserted(core::Node) override {}
+  void nodeDeleted(const std::string&) override {}
+  void servicesSynced() override {
+    std::lock_guard lock(mutex_);
+    synced_ = true;
+    cv_.notify_all();
+  }
+  void endpointSlicesSynced() override {}
+  bool waitSynced(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    return cv_.wait_for(lock, timeout, [&] { return synced_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool synced_ = false;
+};
+
+struct Run {
+  std::vector<SteadyClock::time_point> lists;
+  bool synced = false;
+};
+
+// Starts an ApiSource against `server` with a fast backoff (10 ms doubling to 80 ms) and waits
+// for the Service list to succeed.
+Run runAgainst(ScriptedApiServer& server, std::chrono::milliseconds timeout) {
+  auto previous = log::setSink([](log::Severity, std::string_view) {});
+  SyncedSink sink;
+  apiwatch::ClientConfig config;
+  config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
+  config.server = *apiwatch::parseServerUrl(config.serverText);
+  config.qps = 0;
+  apiwatch::ApiSourceOptions options;
+  options.initialBackoff = 10ms;
+  options.maxBackoff = 80ms;
+  apiwatch::ApiSource source(config, sink, options);
+  REQUIRE(source.start());
+  Run run;
+  run.synced = sink.waitSynced(timeout);
+  source.stop();
+  log::setSink(previous);
+  run.lists = server.serviceLists();
+  return run;
+}
+
+std::chrono::milliseconds gap(const Run& run, std::size_t i) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(run.lists.at(i + 1) - run.lists.at(i));
+}
+
+}  // namespace
+
+TEST_CASE("ApiSource backs off on 401 Unauthorized and recovers when the server accepts again", "[unit]") {
+  ScriptedApiServer server({failure(401, "Unauthorized"), failure(401, "Unauthorized"), failure(401, "Unauthorized"),
+                            failure(401, "Unauthorized")});
+  auto run = runAgainst(server, 5s);
+  CHECK(run.synced);
+  REQUIRE(run.lists.size() == 5);
+  // Never hammering: each retry waits at least half the (doubling) backoff.
+  CHECK(gap(run, 0) >= 5ms);
+  CHECK(gap(run, 2) >= 20ms);
+  CHECK(gap(run, 3) >= 40ms);
+}
+
+TEST_CASE("ApiSource waits as long as a 429's Retry-After asks, then recovers", "[unit]") {
+  ScriptedApiServer server({failure(429, "TooManyRequests", "Retry-After: 1\r\n")});
+  auto run = runAgainst(server, 5s);
+  CHECK(run.synced);
+  REQUIRE(run.lists.size() == 2);
+  CHECK(gap(run, 0) >= 950ms);  // the backoff alone would be 5–15 ms
+  CHECK(gap(run, 0) < 3s);
+}
+
+TEST_CASE("ApiSource waits as long as a 503's Retry-After asks, then recovers", "[unit]") {
+  ScriptedApiServer server({failure(503, "ServiceUnavailable", "Retry-After: 2\r\n")});
+  auto run = runAgainst(server, 6s);
+  CHECK(run.synced);
+  REQUIRE(run.lists.size() == 2);
+  CHECK(gap(run, 0) >= 1950ms);
+  CHECK(gap(run, 0) < 4s);
+}
+
+TEST_CASE("ApiSource ignores Retry-After outside 429 and 5xx, and a 5xx without one backs off", "[unit]") {
+  // client-go honours Retry-After only on 429 and 5xx; a 500 without it is an ordinary failure.
+  ScriptedApiServer server({failure(403, "Forbidden", "Retry-After: 5\r\n"), failure(500, "InternalError")});
+  auto run = runAgainst(server, 5s);
+  CHECK(run.synced);
+  REQUIRE(run.lists.size() == 3);
+  CHECK(gap(run, 0) < 1s);
+  CHECK(gap(run, 1) < 1s);
+}
