@@ -48,6 +48,9 @@ class ChangeTracker {
   bool deleteEndpointSlice(const std::string& ns, const std::string& name);
   bool upsertNode(Node node);
   bool deleteNode(const std::string& name);
+  /// ServiceCIDR objects: the snapshot's serviceCIDRs() are the CIDRs of all of them.
+  bool upsertServiceCIDR(ServiceCIDR cidr);
+  bool deleteServiceCIDR(const std::string& name);
 
   bool hasPendingChanges() const;
   std::size_t pendingServiceChanges() const;
