@@ -142,9 +142,28 @@ int snapshotFind(const kproxy_snapshot* snapshot, uint8_t family, const char* ke
   return 1;
 }
 
-const kproxy_host_api kHostApi = {
-    sizeof(kproxy_host_api), KPROXY_PLUGIN_ABI_VERSION, nullptr, &hostLog, &snapshotSize,
-    &snapshotNode,           &snapshotForeach,          &snapshotFind, {}};
+void snapshotServiceCIDRs(const kproxy_snapshot* snapshot, kproxy_service_cidr_visitor visit,
+                          void* user) {
+  for (const auto& range : fromC(snapshot)->serviceCIDRs()) {
+    const kproxy_service_cidr c{sizeof(kproxy_service_cidr), range.name.c_str(), range.cidr.c_str()};
+    if (visit(user, &c) != 0) return;
+  }
+}
+
+kproxy_host_api makeHostApi() {
+  kproxy_host_api api{};
+  api.struct_size = sizeof(kproxy_host_api);
+  api.abi_version = KPROXY_PLUGIN_ABI_VERSION;
+  api.log = &hostLog;
+  api.snapshot_size = &snapshotSize;
+  api.snapshot_node = &snapshotNode;
+  api.snapshot_foreach = &snapshotForeach;
+  api.snapshot_find = &snapshotFind;
+  api.snapshot_service_cidrs = &snapshotServiceCIDRs;
+  return api;
+}
+
+const kproxy_host_api kHostApi = makeHostApi();
 
 }  // namespace
 

@@ -151,6 +151,16 @@ typedef void (*kproxy_text_writer)(void* user, const char* text, size_t len);
 /* Visitor: return 0 to continue, non-zero to stop. */
 typedef int (*kproxy_service_port_visitor)(void* user, const kproxy_service_port* port);
 
+/* One CIDR of a networking.k8s.io/v1 ServiceCIDR object (ABI 1.2). */
+typedef struct kproxy_service_cidr {
+  uint32_t struct_size;
+  const char* name; /* the ServiceCIDR object's name */
+  const char* cidr; /* one of its spec.cidrs, e.g. "10.96.0.0/12" or "fd00:10:96::/112" */
+} kproxy_service_cidr;
+
+/* Visitor: return 0 to continue, non-zero to stop. */
+typedef int (*kproxy_service_cidr_visitor)(void* user, const kproxy_service_cidr* cidr);
+
 /* Services the host offers to plugins. */
 typedef struct kproxy_host_api {
   uint32_t struct_size;
@@ -167,6 +177,16 @@ typedef struct kproxy_host_api {
   int (*snapshot_find)(const kproxy_snapshot* snapshot, uint8_t family, const char* key,
                        kproxy_service_port_visitor visit, void* user);
   void* reserved[8];
+
+  /* ---- appended in ABI 1.2; read only when struct_size covers the field ---- */
+
+  /* Visits every CIDR of every ServiceCIDR object in the cluster (both families, sorted by
+   * object name, then CIDR; none when the API server has no ServiceCIDRs or kproxy may not
+   * read them). Cluster-wide, not per service port: a change comes as a sync whose `previous`
+   * and `next` differ here (possibly with no changed keys). The pointer is valid during the
+   * visit. */
+  void (*snapshot_service_cidrs)(const kproxy_snapshot* snapshot, kproxy_service_cidr_visitor visit,
+                                 void* user);
 } kproxy_host_api;
 
 typedef struct kproxy_plugin_descriptor {
