@@ -107,6 +107,26 @@ fi
 grep -q 'API server connection established' "$KP_WORKDIR/kproxy.log" && pass "kproxy logged the connection" ||
   fail "no connection log line"
 
+# --- 1b. ServiceCIDRs: the apiserver's default one (from --service-cluster-ip-range) and one made
+# through the API → cluster-ips-check drops unallocated ClusterIPs inside them (issue 10 item 4)
+service_cidr="${CP_SERVICE_CIDRS:-10.96.0.0/16,fd00:10:96::/112}"
+service_cidr="${service_cidr%%,*}"
+cluster_ips_check() { kp_nft node list chain ip kube-proxy cluster-ips-check; }
+drops() { cluster_ips_check 2>/dev/null | grep -qF "ip daddr $1 drop"; }
+if kp_wait_for 10 drops "$service_cidr"; then
+  pass "the default ServiceCIDR $service_cidr is dropped for unallocated ClusterIPs"
+else
+  fail "no drop of $service_cidr in cluster-ips-check: $(cluster_ips_check 2>&1 | tr '\n' ' ')"
+fi
+cp_api POST /apis/networking.k8s.io/v1/servicecidrs \
+  '{"apiVersion":"networking.k8s.io/v1","kind":"ServiceCIDR","metadata":{"name":"e2e-extra"},"spec":{"cidrs":["10.97.0.0/24"]}}' \
+  >/dev/null || fail "create ServiceCIDR e2e-extra"
+if kp_wait_for 5 drops 10.97.0.0/24; then
+  pass "a ServiceCIDR created through the API is watched: 10.97.0.0/24 is dropped too"
+else
+  fail "ServiceCIDR e2e-extra not programmed: $(cluster_ips_check 2>&1 | tr '\n' ' ')"
+fi
+
 # --- the ServiceAccount token is what kproxy uses, and the RBAC from deploy/ is enough ---------
 # (Checked on the start-up log: right after an apiserver restart its RBAC cache answers 403 for
 # a moment, which kproxy rides out with backoff.)
