@@ -52,9 +52,6 @@ struct UnavailableError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-/// How often an unavailable optional resource is asked for again (RBAC fixed, server upgraded).
-constexpr auto kUnavailableRetry = std::chrono::minutes(5);
-
 struct Resource {
   std::string kind;  // "Service", for logs
   std::string path;  // "/api/v1/services"
@@ -64,8 +61,10 @@ struct Resource {
   std::function<void(const SharedObject&)> upsert;
   std::function<void(const Key&)> remove;
   std::function<void()> synced;  // may be empty (Node)
-  /// Optional: a server without the resource (404) or RBAC that refuses it (401, 403) means
-  /// "no such objects", logged once, not a failure (ServiceCIDR: older servers, old RBAC).
+  /// Optional: until its first successful LIST, a server without the resource (404) or RBAC
+  /// that refuses it (401, 403) means "no such objects", logged once, not a failure
+  /// (ServiceCIDR: older servers, old RBAC). Once listed, a refusal is an ordinary failure:
+  /// what is held stays (an apiserver's RBAC cache refuses for a moment after a restart).
   bool optional = false;
   bool unavailable = false;
   /// Called once, after the first LIST attempt ends whichever way (may be empty).
@@ -437,22 +436,18 @@ struct ApiSource::Impl {
         failure = e.what();
       }
       attempted();
-      if (unavailable) {
-        // Treated as an empty resource: what was held goes, and it is asked for again rarely.
+      if (unavailable && !r.listed) {
+        // Nothing was ever listed: the resource is empty as far as kproxy knows. Asked again
+        // with the usual backoff, quietly.
         if (!r.unavailable) {
           log::warning("optional resource cannot be read; treating it as empty",
-                       {{"resource", r.kind}, {"server", config.serverText}, {"error", failure},
-                        {"retryIn", fmt::format("{}s", std::chrono::seconds(kUnavailableRetry).count())}});
+                       {{"resource", r.kind}, {"server", config.serverText}, {"error", failure}});
         } else {
           log::info(2, "optional resource still cannot be read", {{"resource", r.kind}, {"error", failure}});
         }
-        for (const auto& [key, object] : r.held) r.remove(key);
-        r.held.clear();
         r.unavailable = true;
-        r.watching = false;
-        needList = true;
         updateConnected();
-        co_await sleep(kUnavailableRetry);
+        co_await sleep(nextBackoff());
         continue;
       }
       count([](ApiSourceStats& s) { ++s.requestFailures; });

@@ -600,6 +600,11 @@ TEST_CASE("ApiSource treats ServiceCIDRs it may not read (403) or the server lac
       CHECK(sink.waitFor("endpointSlicesSynced"));
       CHECK(eventually([&] { return source.stats().connected; }));
       std::this_thread::sleep_for(200ms);  // several backoffs' worth: still one warning
+      // Granted (or the server upgraded): picked up by the next attempt.
+      server.setItems(kServiceCIDRs, {{{"metadata", {{"name", "kubernetes"}}}, {"spec", {{"cidrs", {"10.96.0.0/12"}}}}}},
+                      "11");
+      server.refuse(kServiceCIDRs, 0);
+      CHECK(sink.waitFor("upsert ServiceCIDR kubernetes 10.96.0.0/12"));
       source.stop();
       log::setSink(previousSink);
       std::lock_guard lock(logMutex);
