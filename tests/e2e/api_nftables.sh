@@ -175,7 +175,7 @@ set_slice web-1 web 1 && kp_wait_for 3 bash -c "[[ \$(ip netns exec $(kp_ns node
   pass "watch works again after the reconnect" || fail "change after reconnect not applied"
 
 # --- 4. 410 Expired → relist reconciles changes missed while disconnected ---------------------
-relists=$(count_log '"relisted" resource=Service')
+relists=$(count_log '"relisted" resource=Service ')
 expired=$(count_log 'expired; relisting')
 # kproxy is frozen while the first apiserver goes away, so none of the changes below can sit in
 # its socket buffers as watch events: it can only learn them from a relist.
@@ -189,7 +189,7 @@ cp_stop_apiserver
 cp_etcd_compact || fail "etcd compaction"
 cp_start_apiserver || exit 1
 kill -CONT "$KP_KPROXY_PID"
-if kp_wait_for 45 bash -c "(( \$(grep -c 'expired; relisting' '$KP_WORKDIR/kproxy.log') > $expired && \$(grep -c '\"relisted\" resource=Service' '$KP_WORKDIR/kproxy.log') > $relists ))"; then
+if kp_wait_for 45 bash -c "(( \$(grep -c 'expired; relisting' '$KP_WORKDIR/kproxy.log') > $expired && \$(grep -c '\"relisted\" resource=Service ' '$KP_WORKDIR/kproxy.log') > $relists ))"; then
   pass "watch from a compacted resourceVersion got 410 and kproxy relisted"
 else
   fail "no 410 → relist seen"
@@ -198,10 +198,10 @@ fi
 if kp_wait_for 45 bash -c "! ip netns exec $(kp_ns node) nft list table ip kube-proxy | grep -q '$VIP2' &&
     [[ \$(ip netns exec $(kp_ns node) curl -s --max-time 1 http://$VIP/) == pod=pod2* ]]" >/dev/null &&
   [[ "$(who_all "http://$VIP/" 6)" == "pod2" ]] &&
-  [[ "$(grep '"relisted" resource=Service' "$KP_WORKDIR/kproxy.log" | tail -1)" == *deleted=1* ]]; then
+  [[ "$(grep '"relisted" resource=Service ' "$KP_WORKDIR/kproxy.log" | tail -1)" == *deleted=1* ]]; then
   pass "relist reconciled: the Service deleted while disconnected is gone, the missed endpoint change applied"
 else
-  fail "relist did not reconcile (web=$(who_all "http://$VIP/" 4); web2 in table: $(nft_handles | grep -c "$VIP2"); $(grep '"relisted" resource=Service' "$KP_WORKDIR/kproxy.log" | tail -1))"
+  fail "relist did not reconcile (web=$(who_all "http://$VIP/" 4); web2 in table: $(nft_handles | grep -c "$VIP2"); $(grep '"relisted" resource=Service ' "$KP_WORKDIR/kproxy.log" | tail -1))"
 fi
 
 # --- 5. deleting a Service removes its rules -------------------------------------------------
