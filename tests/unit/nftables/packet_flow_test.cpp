@@ -830,3 +830,18 @@ PACKET_FLOW_TEST("packet flow: TestInternalExternalMasquerade no LocalTrafficDet
 PACKET_FLOW_TEST("packet flow: TestInternalExternalMasquerade masqueradeAll", masqueradeAll)
 PACKET_FLOW_TEST("packet flow: TestInternalExternalMasquerade masqueradeAll, no LocalTrafficDetector",
                  masqueradeAllNoDetector)
+
+// The ServiceCIDRs the scenarios rely on cross the ABI (snapshot_bridge → SnapshotView); a host
+// table from before ABI 1.2 (shorter struct_size) has none, and the SDK does not read past it.
+TEST_CASE("packet flow: ServiceCIDRs cross the plugin ABI only where struct_size covers them", "[unit]") {
+  core::ChangeTracker tracker(core::TrackerConfig{});
+  tracker.upsertServiceCIDR(core::ServiceCIDR{"kubernetes", "1", {"fd00:10:96::/112", "172.30.0.0/16"}});
+  auto published = tracker.publish();
+  const sdk::SnapshotView view(plugins::hostApi(), plugins::toC(published.snapshot.get()));
+  CHECK(view.serviceCIDRs() == std::vector<sdk::ServiceCIDR>{{"kubernetes", "172.30.0.0/16"},
+                                                             {"kubernetes", "fd00:10:96::/112"}});
+  kproxy_host_api older = *plugins::hostApi();
+  older.struct_size = offsetof(kproxy_host_api, snapshot_service_cidrs);
+  const sdk::SnapshotView oldView(&older, plugins::toC(published.snapshot.get()));
+  CHECK(oldView.serviceCIDRs().empty());
+}
