@@ -36,7 +36,7 @@ constexpr std::uint64_t kMaxErrorBody = 1ull << 20;
 // One watch event (one object) larger than this is a broken stream, not an object.
 constexpr std::size_t kMaxEventLine = 64u << 20;
 
-using Object = std::variant<core::Service, core::EndpointSlice, core::Node>;
+using Object = std::variant<core::Service, core::EndpointSlice, core::Node, core::ServiceCIDR>;
 /// Decoded objects are immutable: what a resource holds is shared with the sink, not copied.
 using SharedObject = std::shared_ptr<const Object>;
 using Key = std::pair<std::string, std::string>;  // namespace (empty for Node), name
@@ -74,6 +74,11 @@ std::chrono::seconds retryAfter(http::status status, std::string_view header) {
   throw std::runtime_error(what);
 }
 
+/// An optional resource the server does not serve (404) or will not show us (401, 403).
+struct UnavailableError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 struct Resource {
   std::string kind;  // "Service", for logs
   std::string path;  // "/api/v1/services"
@@ -83,6 +88,14 @@ struct Resource {
   std::function<void(const SharedObject&)> upsert;
   std::function<void(const Key&)> remove;
   std::function<void()> synced;  // may be empty (Node)
+  /// Optional: until its first successful LIST, a server without the resource (404) or RBAC
+  /// that refuses it (401, 403) means "no such objects", logged once, not a failure
+  /// (ServiceCIDR: older servers, old RBAC). Once listed, a refusal is an ordinary failure:
+  /// what is held stays (an apiserver's RBAC cache refuses for a moment after a restart).
+  bool optional = false;
+  bool unavailable = false;
+  /// Called once, after the first LIST attempt ends whichever way (may be empty).
+  std::function<void()> firstAttemptDone;
 
   std::map<Key, SharedObject> held;
   std::string resourceVersion;
@@ -138,6 +151,9 @@ struct ApiSource::Impl {
   ApiSourceStats counters;
   bool wasConnected = false;
   bool started = false;
+  // servicesSynced() waits for both (see addResources).
+  bool servicesListed = false;
+  bool serviceCIDRsAttempted = false;
   std::atomic<bool> stopping{false};
   std::thread thread;
   // Last: destroyed first, so suspended coroutines (which reference the members above) are
@@ -154,7 +170,8 @@ struct ApiSource::Impl {
   }
 
   void updateConnected() {
-    bool all = std::all_of(resources.begin(), resources.end(), [](const auto& r) { return r->watching; });
+    bool all = std::all_of(resources.begin(), resources.end(),
+                           [](const auto& r) { return r->watching || r->unavailable; });
     count([&](ApiSourceStats& s) { s.connected = all; });
     if (all != wasConnected && !stopping) {
       wasConnected = all;
@@ -226,7 +243,11 @@ struct ApiSource::Impl {
           skipped = 0;
           continue;
         }
-        throwRejected(fmt::format("LIST {}: {}", r.path, statusText(body, response.result())), response.result(),
+        const auto status = response.result();
+        if (r.optional && (status == http::status::not_found || status == http::status::forbidden ||
+                           status == http::status::unauthorized))
+          throw UnavailableError(fmt::format("LIST {}: {}", r.path, statusText(body, status)));
+        throwRejected(fmt::format("LIST {}: {}", r.path, statusText(body, status)), status,
                       std::string(response[http::field::retry_after]));
       }
       if (!body.is_object() || !body.contains("items") || !(body["items"].is_array() || body["items"].is_null()))
@@ -287,6 +308,10 @@ struct ApiSource::Impl {
                {"resourceVersion", listVersion}});
     r.held = std::move(fresh);
     r.resourceVersion = listVersion;
+    if (r.unavailable) {
+      r.unavailable = false;
+      log::info(0, "optional resource is readable again", {{"resource", r.kind}, {"path", r.path}});
+    }
     if (!r.listed) {
       r.listed = true;
       if (r.synced) r.synced();
@@ -402,13 +427,18 @@ struct ApiSource::Impl {
       return std::min<SteadyClock::duration>(d, options.maxBackoff);
     };
     bool needList = true;
+    auto attempted = [&r] {
+      if (auto done = std::exchange(r.firstAttemptDone, nullptr)) done();
+    };
     for (;;) {
       std::string failure;
       std::chrono::seconds serverWait{0};
+      bool unavailable = false;
       try {
         if (needList) {
           co_await list(r);
           needList = false;
+          attempted();
         }
         auto opened = SteadyClock::now();
         auto outcome = co_await watch(r);
@@ -426,6 +456,9 @@ struct ApiSource::Impl {
           continue;
         }
         failure = "watch ended right after it was opened";
+      } catch (const UnavailableError& e) {
+        failure = e.what();
+        unavailable = true;
       } catch (const RejectedError& e) {
         failure = e.what();
         serverWait = e.retryAfter;
@@ -434,6 +467,21 @@ struct ApiSource::Impl {
         failure = e.code() == boost::beast::error::timeout ? "timed out" : e.what();
       } catch (const std::exception& e) {
         failure = e.what();
+      }
+      attempted();
+      if (unavailable && !r.listed) {
+        // Nothing was ever listed: the resource is empty as far as kproxy knows. Asked again
+        // with the usual backoff, quietly.
+        if (!r.unavailable) {
+          log::warning("optional resource cannot be read; treating it as empty",
+                       {{"resource", r.kind}, {"server", config.serverText}, {"error", failure}});
+        } else {
+          log::info(2, "optional resource still cannot be read", {{"resource", r.kind}, {"error", failure}});
+        }
+        r.unavailable = true;
+        updateConnected();
+        co_await sleep(nextBackoff());
+        continue;
       }
       count([](ApiSourceStats& s) { ++s.requestFailures; });
       r.watching = false;
@@ -462,7 +510,12 @@ struct ApiSource::Impl {
           std::shared_ptr<const core::Service>(o, &std::get<core::Service>(*o)));
     };
     svc->remove = [this](const Key& k) { sink.serviceDeleted(k.first, k.second); };
-    svc->synced = [this] { sink.servicesSynced(); };
+    // Services count as listed once the ServiceCIDRs have been asked for too, so that the
+    // first sync (and `kproxy explain`) knows them when the server has them.
+    svc->synced = [this] {
+      servicesListed = true;
+      if (serviceCIDRsAttempted) sink.servicesSynced();
+    };
     resources.push_back(std::move(svc));
 
     auto eps = std::make_unique<Resource>();
@@ -483,6 +536,23 @@ struct ApiSource::Impl {
     eps->remove = [this](const Key& k) { sink.endpointSliceDeleted(k.first, k.second); };
     eps->synced = [this] { sink.endpointSlicesSynced(); };
     resources.push_back(std::move(eps));
+
+    auto cidrs = std::make_unique<Resource>();
+    cidrs->kind = "ServiceCIDR";
+    cidrs->path = "/apis/networking.k8s.io/v1/servicecidrs";
+    cidrs->optional = true;
+    cidrs->decode = [](const json& j) -> core::Result<Object> {
+      auto c = decodeServiceCIDR(j);
+      if (!c) return std::unexpected(c.error());
+      return Object{std::move(*c)};
+    };
+    cidrs->upsert = [this](const SharedObject& o) { sink.serviceCIDRUpserted(std::get<core::ServiceCIDR>(*o)); };
+    cidrs->remove = [this](const Key& k) { sink.serviceCIDRDeleted(k.second); };
+    cidrs->firstAttemptDone = [this] {
+      serviceCIDRsAttempted = true;
+      if (servicesListed) sink.servicesSynced();
+    };
+    resources.push_back(std::move(cidrs));
 
     if (!options.nodeName.empty()) {
       auto node = std::make_unique<Resource>();

@@ -519,6 +519,17 @@ core::Node decodeNodeBody(const json& object, std::string& label) {
   return node;
 }
 
+core::ServiceCIDR decodeServiceCIDRBody(const json& object, std::string& label) {
+  Meta meta = decodeMeta(object, "ServiceCIDR", false, label);
+  core::ServiceCIDR out;
+  out.name = std::move(meta.name);
+  out.resourceVersion = std::move(meta.resourceVersion);
+  Loc root;
+  if (const json* spec = objectField(object, root, "spec"); spec != nullptr)
+    out.cidrs = stringList(*spec, root.field("spec"), "cidrs");
+  return out;
+}
+
 ApiStatus decodeStatusBody(const json& object) {
   Loc root;
   expectObject(object, root);
@@ -714,6 +725,10 @@ core::Result<core::Node> decodeNode(const nlohmann::json& object) {
   return guarded({}, [&](std::string& label) { return decodeNodeBody(object, label); });
 }
 
+core::Result<core::ServiceCIDR> decodeServiceCIDR(const nlohmann::json& object) {
+  return guarded({}, [&](std::string& label) { return decodeServiceCIDRBody(object, label); });
+}
+
 core::Result<DecodedObject> decodeObject(const nlohmann::json& object) {
   if (!object.is_object())
     return core::makeError(
@@ -739,6 +754,8 @@ core::Result<DecodedObject> decodeObject(const nlohmann::json& object) {
   if (k == "EndpointSlice" && (version.empty() || version == "discovery.k8s.io/v1"))
     return lift(decodeEndpointSlice(object));
   if (k == "Node" && (version.empty() || version == "v1")) return lift(decodeNode(object));
+  if (k == "ServiceCIDR" && (version.empty() || version == "networking.k8s.io/v1"))
+    return lift(decodeServiceCIDR(object));
 
   UnknownObject unknown{version, k, {}, {}};
   if (const json* md = member(object, "metadata"); md != nullptr && md->is_object()) {
@@ -759,6 +776,9 @@ std::string describe(const DecodedObject& object) {
       return fmt::format("EndpointSlice {}/{}", s.ns, s.name);
     }
     std::string operator()(const core::Node& n) const { return fmt::format("Node {}", n.name); }
+    std::string operator()(const core::ServiceCIDR& c) const {
+      return fmt::format("ServiceCIDR {}", c.name);
+    }
     std::string operator()(const UnknownObject& u) const {
       std::string kind = u.apiVersion.empty() ? u.kind : fmt::format("{}/{}", u.apiVersion, u.kind);
       if (u.ns.empty()) return fmt::format("{} {}", kind, u.name);

@@ -49,7 +49,7 @@ constexpr int kRewatchIntervalMs = 1000;
 constexpr std::uintmax_t kTrimAfterParsedBytes = 4u << 20;
 constexpr int kMaxDebounceFactor = 5;
 
-enum class ObjectKind : std::uint8_t { kNode, kService, kEndpointSlice };
+enum class ObjectKind : std::uint8_t { kNode, kService, kEndpointSlice, kServiceCIDR };
 
 struct ObjectKey {
   ObjectKind kind;
@@ -66,6 +66,8 @@ std::string describe(const ObjectKey& key) {
       return fmt::format("Service {}/{}", key.ns, key.name);
     case ObjectKind::kEndpointSlice:
       return fmt::format("EndpointSlice {}/{}", key.ns, key.name);
+    case ObjectKind::kServiceCIDR:
+      return fmt::format("ServiceCIDR {}", key.name);
   }
   return "?";
 }
@@ -77,6 +79,8 @@ std::optional<ObjectKey> keyOf(const DecodedObject& object) {
     return ObjectKey{ObjectKind::kEndpointSlice, e->ns, e->name};
   if (const auto* n = std::get_if<core::Node>(&object))
     return ObjectKey{ObjectKind::kNode, {}, n->name};
+  if (const auto* c = std::get_if<core::ServiceCIDR>(&object))
+    return ObjectKey{ObjectKind::kServiceCIDR, {}, c->name};
   return std::nullopt;
 }
 
@@ -390,6 +394,9 @@ struct ManifestSource::Impl {
         case ObjectKind::kNode:
           sink.nodeDeleted(key.name);
           break;
+        case ObjectKind::kServiceCIDR:
+          sink.serviceCIDRDeleted(key.name);
+          break;
       }
     }
     for (const auto& [key, object] : desired) {
@@ -407,6 +414,8 @@ struct ManifestSource::Impl {
                   std::shared_ptr<const core::EndpointSlice>(object, &value));
             else if constexpr (std::is_same_v<T, core::Node>)
               sink.nodeUpserted(value);
+            else if constexpr (std::is_same_v<T, core::ServiceCIDR>)
+              sink.serviceCIDRUpserted(value);
           },
           *object);
     }

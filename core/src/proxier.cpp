@@ -260,6 +260,18 @@ void Proxier::interfaceAddressesChanged(std::vector<std::string> addresses) {
   if (impl_->tracker.setInterfaceAddresses(std::move(addresses))) impl_->changed();
 }
 
+// The CIDRs are table-wide objects of a backend: a partial sync whose snapshots differ in them
+// re-renders them (no service port changes).
+void Proxier::serviceCIDRUpserted(ServiceCIDR cidr) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->tracker.upsertServiceCIDR(std::move(cidr))) impl_->changed();
+}
+
+void Proxier::serviceCIDRDeleted(const std::string& name) {
+  std::lock_guard lock(impl_->mutex);
+  if (impl_->tracker.deleteServiceCIDR(name)) impl_->changed();
+}
+
 void Proxier::servicesSynced() {
   std::lock_guard lock(impl_->mutex);
   if (impl_->servicesSynced) return;

@@ -161,6 +161,11 @@ const std::shared_ptr<const NodeInfo>& emptyNode() {
   return empty;
 }
 
+const std::shared_ptr<const std::vector<ServiceCIDRRange>>& emptyServiceCIDRs() {
+  static const auto empty = std::make_shared<const std::vector<ServiceCIDRRange>>();
+  return empty;
+}
+
 }  // namespace
 
 std::size_t ServicePortKeyHash::operator()(const ServicePortKey& key) const noexcept {
@@ -230,7 +235,7 @@ bool ServicePortState::usesLocalEndpoints() const {
          (externalPolicy == TrafficPolicy::kLocal && externallyAccessible());
 }
 
-Snapshot::Snapshot() : trie_(emptyTrie()), node_(emptyNode()) {}
+Snapshot::Snapshot() : trie_(emptyTrie()), node_(emptyNode()), serviceCIDRs_(emptyServiceCIDRs()) {}
 Snapshot::~Snapshot() = default;
 Snapshot::Snapshot(const Snapshot&) = default;
 Snapshot& Snapshot::operator=(const Snapshot&) = default;
@@ -277,6 +282,12 @@ Snapshot Snapshot::with(const ServicePortKey& key,
 Snapshot Snapshot::withNode(NodeInfo node) const {
   Snapshot next(*this);
   next.node_ = std::make_shared<const NodeInfo>(std::move(node));
+  return next;
+}
+
+Snapshot Snapshot::withServiceCIDRs(std::vector<ServiceCIDRRange> cidrs) const {
+  Snapshot next(*this);
+  next.serviceCIDRs_ = std::make_shared<const std::vector<ServiceCIDRRange>>(std::move(cidrs));
   return next;
 }
 

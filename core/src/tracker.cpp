@@ -64,6 +64,8 @@ struct ChangeTracker::Impl {
   std::vector<NodeAddress> nodeAddresses;  // of the Node object, typed, for detectNodeIPs
   std::optional<std::vector<std::string>> interfaceAddresses;  // once the host has read them
   bool nodeDirty = false;
+  std::map<std::string, ServiceCIDR> serviceCIDRs;  // by name
+  bool serviceCIDRsDirty = false;
   bool resolveAll = false;  // the zone changed: topology of every service may differ
 
   std::shared_ptr<const Snapshot> current;
@@ -218,8 +220,27 @@ bool ChangeTracker::setInterfaceAddresses(std::vector<std::string> addresses) {
   return true;
 }
 
+bool ChangeTracker::upsertServiceCIDR(ServiceCIDR cidr) {
+  auto it = impl_->serviceCIDRs.find(cidr.name);
+  if (it != impl_->serviceCIDRs.end()) {
+    if (sameIgnoringVersion(cidr, it->second)) return false;
+    it->second = std::move(cidr);
+  } else {
+    std::string name = cidr.name;
+    impl_->serviceCIDRs.emplace(std::move(name), std::move(cidr));
+  }
+  impl_->serviceCIDRsDirty = true;
+  return true;
+}
+
+bool ChangeTracker::deleteServiceCIDR(const std::string& name) {
+  if (impl_->serviceCIDRs.erase(name) == 0) return false;
+  impl_->serviceCIDRsDirty = true;
+  return true;
+}
+
 bool ChangeTracker::hasPendingChanges() const {
-  return !impl_->dirty.empty() || impl_->nodeDirty;
+  return !impl_->dirty.empty() || impl_->nodeDirty || impl_->serviceCIDRsDirty;
 }
 std::size_t ChangeTracker::pendingServiceChanges() const { return impl_->serviceChanges; }
 std::size_t ChangeTracker::pendingEndpointChanges() const { return impl_->endpointChanges; }
@@ -271,6 +292,22 @@ PublishResult ChangeTracker::publish() {
     }
   }
   if (d.nodeDirty) next = next.withNode(d.node);
+  if (d.serviceCIDRsDirty) {
+    std::vector<ServiceCIDRRange> ranges;
+    for (const auto& [name, object] : d.serviceCIDRs)
+      for (const auto& cidr : object.cidrs) {
+        // The API server validates them; a hand-written manifest may not.
+        auto parsed = resolve::parseCIDR(cidr);
+        if (!parsed) {
+          log::warning("Ignoring invalid CIDR of a ServiceCIDR", {{"serviceCIDR", name}, {"cidr", cidr}});
+          continue;
+        }
+        ranges.push_back(ServiceCIDRRange{name, std::move(parsed->text)});
+      }
+    std::sort(ranges.begin(), ranges.end());
+    ranges.erase(std::unique(ranges.begin(), ranges.end()), ranges.end());
+    if (ranges != next.serviceCIDRs()) next = next.withServiceCIDRs(std::move(ranges));
+  }
 
   next = next.withGeneration(d.current->generation() + 1);
   std::sort(result.changed.begin(), result.changed.end());
@@ -283,6 +320,7 @@ PublishResult ChangeTracker::publish() {
     d.dirty.clear();
   }
   d.nodeDirty = false;
+  d.serviceCIDRsDirty = false;
   d.resolveAll = false;
   result.snapshot = d.current;
   return result;

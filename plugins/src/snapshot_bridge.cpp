@@ -214,6 +214,15 @@ int metricUpdate(void* ctx, std::uint64_t handle, const char* const* values, std
   return KPROXY_OK;
 }
 
+void snapshotServiceCIDRs(const kproxy_snapshot* snapshot, kproxy_service_cidr_visitor visit,
+                          void* user) {
+  for (const auto& range : fromC(snapshot)->serviceCIDRs()) {
+    const kproxy_service_cidr c{sizeof(kproxy_service_cidr), range.name.c_str(), range.cidr.c_str()};
+    if (visit(user, &c) != 0) return;
+  }
+}
+
+
 }  // namespace
 
 kproxy_host_api makeHostApi(PluginMetrics* metrics) {
@@ -227,6 +236,7 @@ kproxy_host_api makeHostApi(PluginMetrics* metrics) {
   api.snapshot_foreach = &snapshotForeach;
   api.snapshot_find = &snapshotFind;
   api.features = KPROXY_HOST_ERROR_CATEGORY;
+  api.snapshot_service_cidrs = &snapshotServiceCIDRs;
   // Without a registry the functions stay NULL: plugins then treat metrics as absent (rule 5)
   // instead of failing to register.
   if (metrics != nullptr) {

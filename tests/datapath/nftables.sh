@@ -650,6 +650,34 @@ case_nodeport_addresses_all_local() {
   expect_kproxy_alive
 }
 
+# issue 10 item 4: new connections to an address inside a ServiceCIDR that no Service holds are
+# dropped (they time out), while a Service's unused port is refused and the Service answers.
+# The outside client owns the unallocated address, so without the drop the node would route
+# the connection there and the client would refuse it at once.
+case_unallocated_clusterip_dropped() {
+  setup 2 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 1)" || return 1
+  printf '%s\n' "apiVersion: networking.k8s.io/v1" "kind: ServiceCIDR" "metadata: {name: kubernetes}" \
+    "spec: {cidrs: [10.96.0.0/16]}" | kp_install_manifest "$MANIFESTS" servicecidr.yaml || return 1
+  local unallocated=10.96.0.99
+  kp_exec client ip addr add "$unallocated/32" dev lo || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  local chain
+  chain="$(kp_nft node list chain ip kube-proxy cluster-ips-check)"
+  grep -q 'ip daddr 10.96.0.0/16 drop' <<<"$chain" ||
+    kp_fail "no drop of 10.96.0.0/16 in cluster-ips-check: $chain" || return 1
+  expect_dropped pod2 "http://$unallocated/" || return 1
+  expect_dropped node "http://$unallocated/" || return 1
+  expect_refused pod2 "http://$WEB_IP:81/" || return 1
+  expect_only pod2 "http://$WEB_IP/" 3 pod1 || return 1
+  # The ServiceCIDR goes: so does the drop, and the client's refusal comes through again.
+  rm -f "$MANIFESTS/servicecidr.yaml"
+  no_drop() { ! kp_nft node list chain ip kube-proxy cluster-ips-check | grep -q drop; }
+  kp_wait_for 5 no_drop || kp_fail "the drop stayed after the ServiceCIDR was removed" || return 1
+  expect_refused pod2 "http://$unallocated/" || return 1
+  expect_kproxy_alive
+}
+
 # ---------------------------------------------------------------------------------------------
 
 kp_suite_begin "$@"
@@ -684,4 +712,5 @@ kp_case affinity_across_addresses case_affinity_across_addresses
 kp_case affinity_etp_local case_affinity_etp_local
 kp_case nodeport_addresses_secondary case_nodeport_addresses_secondary
 kp_case nodeport_addresses_all_local case_nodeport_addresses_all_local
+kp_case unallocated_clusterip_dropped case_unallocated_clusterip_dropped
 kp_suite_end

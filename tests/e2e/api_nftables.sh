@@ -130,6 +130,26 @@ fi
 grep -q 'API server connection established' "$KP_WORKDIR/kproxy.log" && pass "kproxy logged the connection" ||
   fail "no connection log line"
 
+# --- 1b. ServiceCIDRs: the apiserver's default one (from --service-cluster-ip-range) and one made
+# through the API → cluster-ips-check drops unallocated ClusterIPs inside them (issue 10 item 4)
+service_cidr="${CP_SERVICE_CIDRS:-10.96.0.0/16,fd00:10:96::/112}"
+service_cidr="${service_cidr%%,*}"
+cluster_ips_check() { kp_nft node list chain ip kube-proxy cluster-ips-check; }
+drops() { cluster_ips_check 2>/dev/null | grep -qF "ip daddr $1 drop"; }
+if kp_wait_for 10 drops "$service_cidr"; then
+  pass "the default ServiceCIDR $service_cidr is dropped for unallocated ClusterIPs"
+else
+  fail "no drop of $service_cidr in cluster-ips-check: $(cluster_ips_check 2>&1 | tr '\n' ' ')"
+fi
+cp_api POST /apis/networking.k8s.io/v1/servicecidrs \
+  '{"apiVersion":"networking.k8s.io/v1","kind":"ServiceCIDR","metadata":{"name":"e2e-extra"},"spec":{"cidrs":["10.97.0.0/24"]}}' \
+  >/dev/null || fail "create ServiceCIDR e2e-extra"
+if kp_wait_for 5 drops 10.97.0.0/24; then
+  pass "a ServiceCIDR created through the API is watched: 10.97.0.0/24 is dropped too"
+else
+  fail "ServiceCIDR e2e-extra not programmed: $(cluster_ips_check 2>&1 | tr '\n' ' ')"
+fi
+
 # --- the ServiceAccount token is what kproxy uses, and the RBAC from deploy/ is enough ---------
 # (Checked on the start-up log: right after an apiserver restart its RBAC cache answers 403 for
 # a moment, which kproxy rides out with backoff.)
@@ -187,7 +207,7 @@ else
 fi
 
 # --- 4. 410 Expired → relist reconciles changes missed while disconnected ---------------------
-relists=$(count_log '"relisted" resource=Service')
+relists=$(count_log '"relisted" resource=Service ')
 expired=$(count_log 'expired; relisting')
 # kproxy is frozen while the first apiserver goes away, so none of the changes below can sit in
 # its socket buffers as watch events: it can only learn them from a relist.
@@ -201,7 +221,7 @@ cp_stop_apiserver
 cp_etcd_compact || fail "etcd compaction"
 cp_start_apiserver || exit 1
 kill -CONT "$KP_KPROXY_PID"
-if kp_wait_for 45 bash -c "(( \$(grep -c 'expired; relisting' '$KP_WORKDIR/kproxy.log') > $expired && \$(grep -c '\"relisted\" resource=Service' '$KP_WORKDIR/kproxy.log') > $relists ))"; then
+if kp_wait_for 45 bash -c "(( \$(grep -c 'expired; relisting' '$KP_WORKDIR/kproxy.log') > $expired && \$(grep -c '\"relisted\" resource=Service ' '$KP_WORKDIR/kproxy.log') > $relists ))"; then
   pass "watch from a compacted resourceVersion got 410 and kproxy relisted"
 else
   fail "no 410 → relist seen"
@@ -209,10 +229,10 @@ fi
 # Each resource relists when its own backoff ends (up to the 30 s cap).
 if kp_wait_for_kproxy 45 table_lacks "$VIP2" && kp_wait_for_kproxy 45 served_by "http://$VIP/" pod2 &&
   [[ "$(who_all "http://$VIP/" 6)" == "pod2" ]] &&
-  [[ "$(grep '"relisted" resource=Service' "$KP_WORKDIR/kproxy.log" | tail -1)" == *deleted=1* ]]; then
+  [[ "$(grep '"relisted" resource=Service ' "$KP_WORKDIR/kproxy.log" | tail -1)" == *deleted=1* ]]; then
   pass "relist reconciled: the Service deleted while disconnected is gone, the missed endpoint change applied"
 else
-  fail "relist did not reconcile (web=$(who_all "http://$VIP/" 4); web2 in table: $(nft_handles | grep -c "$VIP2"); $(grep '"relisted" resource=Service' "$KP_WORKDIR/kproxy.log" | tail -1))"
+  fail "relist did not reconcile (web=$(who_all "http://$VIP/" 4); web2 in table: $(nft_handles | grep -c "$VIP2"); $(grep '"relisted" resource=Service ' "$KP_WORKDIR/kproxy.log" | tail -1))"
 fi
 
 # --- 5. deleting a Service removes its rules -------------------------------------------------

@@ -171,6 +171,23 @@ out=$("$KPROXY" explain 10.244.1.5 10.96.0.40:53/udp --json "${FLAGS[@]}" 2>/dev
 got=$(json_get 'd["verdict"]' <<<"$out" 2>&1)
 [[ "$got" == "reject" ]] && pass "--json: reject" || fail "--json reject" "got: $got"
 
+# --- an unallocated ClusterIP inside a ServiceCIDR (issue 10 item 4) ---------------------------
+out=$("$KPROXY" explain 10.244.1.5 10.96.0.99:80 "${FLAGS[@]}" 2>/dev/null)
+check "no ServiceCIDR: an unknown address is not a service's" "$out" "accepted untouched"
+cat >"$M/servicecidr.yaml" <<'YAML'
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: kubernetes}
+spec: {cidrs: [10.96.0.0/16, "fd00:10:96::/112"]}
+YAML
+out=$("$KPROXY" explain 10.244.1.5 10.96.0.99:80 "${FLAGS[@]}" 2>/dev/null)
+check "unallocated ClusterIP dropped, naming the ServiceCIDR" "$out" \
+  "dropped by chain cluster-ips-check: ip daddr 10.96.0.0/16 drop" \
+  "reason:    dropped: unallocated ClusterIP in ServiceCIDR kubernetes (10.96.0.0/16)"
+out=$("$KPROXY" explain 10.244.1.5 10.96.0.20:81 "${FLAGS[@]}" 2>/dev/null)
+check "a ClusterIP's unused port is still rejected" "$out" "rejected by chain cluster-ips-check"
+rm -f "$M/servicecidr.yaml"
+
 # --- errors --------------------------------------------------------------------------------
 # expect_error NAME MESSAGE ARGS...: kproxy explain ARGS exits with status 1 (an error, not a
 # crash) and says MESSAGE.

@@ -64,6 +64,7 @@ class HostSnapshot final : public SnapshotSource {
     return view_.find(family, key);
   }
   sdk::NodeInfo node() const override { return view_.node(); }
+  std::vector<sdk::ServiceCIDR> serviceCIDRs() const override { return view_.serviceCIDRs(); }
 
  private:
   sdk::SnapshotView view_;
@@ -332,6 +333,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   full = full || needFull_;
   const sdk::NodeInfo node = next.node();
   renderer_.setNode(node);
+  renderer_.setServiceCIDRs(next.serviceCIDRs());
   std::vector<Op> ops;  // a partial sync's (a full sync appends to the batch as it goes)
   std::unique_ptr<KernelBatch> batch;
   std::vector<Op> kept;  // the first kLastOpsKept ops, for lastOps()
@@ -792,7 +794,8 @@ sdk::Expected<void> NftablesBackend::cleanup() {
 sdk::Expected<std::string> NftablesBackend::explain(const sdk::SnapshotView& snapshot,
                                                     const sdk::ExplainRequest& request) {
   const std::vector<sdk::ServicePort> ports = snapshot.all();
-  return explainPacket(settings_.render, ports, snapshot.node(), request);
+  const std::vector<sdk::ServiceCIDR> cidrs = snapshot.serviceCIDRs();
+  return explainPacket(settings_.render, ports, snapshot.node(), request, cidrs);
 }
 
 sdk::Expected<NftablesBackend::Metrics> NftablesBackend::registerMetrics(const sdk::Host& host) {

@@ -152,7 +152,8 @@ const char* typeName(sdk::ServiceType t) {
 sdk::Expected<std::string> explainPacket(const RenderConfig& config,
                                          std::span<const sdk::ServicePort> ports,
                                          const sdk::NodeInfo& node,
-                                         const sdk::ExplainRequest& request) {
+                                         const sdk::ExplainRequest& request,
+                                         std::span<const sdk::ServiceCIDR> serviceCIDRs) {
   auto packet = Packet::make(request.sourceIP, request.destinationIP, request.destinationPort,
                              sdk::protocolName(request.protocol), request.fromNode);
   if (!packet) {
@@ -164,6 +165,7 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
   const sdk::Family sdkFamily = family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6;
 
   NftablesRenderer renderer(config);
+  renderer.setServiceCIDRs({serviceCIDRs.begin(), serviceCIDRs.end()});
   const NftablesTracer tracer = NftablesTracer::fromServicePorts(renderer, family, ports, node);
   const Trace trace = tracer.trace(*packet);
 
@@ -176,6 +178,17 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
   if (hit) cands = candidates(*hit, trace.outcome, policyLocal, shortCircuit);
 
   const auto& o = trace.outcome;
+  // Why a drop happened, when the rules say more than the chain: an unallocated ClusterIP.
+  std::string reason;
+  if (o.verdict == TraceVerdict::kDropped && o.chain == names::kClusterIPsCheckChain) {
+    for (const auto& range : plan::serviceCIDRRanges(serviceCIDRs, sdkFamily)) {
+      auto cidr = Address::parse(range.cidr);
+      if (!cidr || !cidr->contains(packet->destination)) continue;
+      reason = fmt::format("dropped: unallocated ClusterIP in ServiceCIDR {} ({})", fmt::join(range.names, ", "),
+                           range.cidr);
+    }
+    if (reason.empty()) reason = "dropped: unallocated ClusterIP";
+  }
   if (request.json) {
     std::string out = "{";
     out += "\"packet\":{\"source\":" + jsonString(packet->source.toString()) +
@@ -193,6 +206,7 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
       out += ",\"service\":null";
     }
     out += ",\"verdict\":" + jsonString(verdictName(o.verdict));
+    out += ",\"reason\":" + jsonString(reason);
     out += ",\"masqueraded\":" + jsonBool(o.masqueraded);
     out += ",\"outcome\":" + o.toJson();
     out += ",\"endpoints\":" + jsonArray(cands, [](const Candidate& c) {
@@ -224,6 +238,7 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
     out += "service:   none of kproxy's matches the destination\n";
   }
   out += "outcome:   " + outcomeLine(o) + "\n";
+  if (!reason.empty()) out += "reason:    " + reason + "\n";
   if (hit) {
     std::string policy = policyLocal ? "Local" : "Cluster";
     if (shortCircuit) policy += ", short-circuited to the cluster-wide endpoints";

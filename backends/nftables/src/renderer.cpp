@@ -219,7 +219,15 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
   chain(kServicesChain,
         {rule({VmapLookup{true, kServiceIPsMap}}), nodePortDestination(jump(kNodePortsChain))});
   chain(kNodePortsChain, {rule({VmapLookup{false, kServiceNodePortsMap}})});
-  chain(kClusterIPsCheckChain, {rule({MatchDestInSet{kClusterIPsSet}, Reject{false}})});
+  {
+    // Upstream: "Reject traffic to invalid ports of ClusterIPs", then "Drop traffic to
+    // unallocated ClusterIPs" (anything else inside the family's service CIDRs).
+    std::vector<Rule> rules{rule({MatchDestInSet{kClusterIPsSet}, Reject{false}})};
+    for (const auto& range : plan::serviceCIDRRanges(serviceCIDRs_, sdkFamily))
+      if (auto a = Address::parse(range.cidr); a && a->family == family)
+        rules.push_back(rule({MatchAddress{false, false, *a}, Verdict{VerdictKind::kDrop, {}}}));
+    chain(kClusterIPsCheckChain, std::move(rules));
+  }
   chain(kNodePortEndpointsCheckChain,
         {nodePortDestination(VmapLookup{false, kNoEndpointNodePortsMap})});
   chain(kServiceEndpointsCheckChain, {rule({VmapLookup{true, kNoEndpointServicesMap}})});

@@ -568,7 +568,14 @@ class PacketRun {
     return Flow::kReject;
   }
   std::optional<Flow> evaluate(const Chain& chain, const Rule& rule, const Verdict& v, int depth) {
-    return applyVerdict(chain, rule, v, depth, {});
+    std::string detail;
+    // cluster-ips-check drops what is left inside a service CIDR (renderer.h): say so.
+    if (v.kind == VerdictKind::kDrop && chain.name == names::kClusterIPsCheckChain)
+      for (const auto& st : rule.statements)
+        if (const auto* m = std::get_if<MatchAddress>(&st); m && !m->source && !m->negate)
+          detail = fmt::format("unallocated ClusterIP: {} is inside service CIDR {} and no Service holds it",
+                               dst_.toString(), m->address.toString());
+    return applyVerdict(chain, rule, v, depth, std::move(detail));
   }
 
   const Ruleset& t_;

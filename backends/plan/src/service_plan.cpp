@@ -1,6 +1,7 @@
 #include "kproxy/plan/service_plan.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "kproxy/backends/common/address.h"
 
@@ -115,6 +116,27 @@ ServicePortPlan planServicePort(const sdk::ServicePort& port, const PlanConfig& 
                                       ? static_cast<std::uint32_t>(port.stickyMaxAgeSeconds)
                                       : kDefaultAffinityTimeoutSeconds;
   return plan;
+}
+
+std::vector<ServiceCIDRRange> serviceCIDRRanges(std::span<const sdk::ServiceCIDR> cidrs, sdk::Family family) {
+  std::vector<std::pair<IPPrefix, std::string>> parsed;
+  for (const auto& c : cidrs)
+    if (auto p = IPPrefix::parse(c.cidr); p && ofFamily(*p, family)) parsed.emplace_back(*p, c.name);
+  // Wider prefixes first, so a range is known before the ranges inside it.
+  std::sort(parsed.begin(), parsed.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.first.length, a.first.bytes, a.second) < std::tie(b.first.length, b.first.bytes, b.second);
+  });
+  std::vector<std::pair<IPPrefix, ServiceCIDRRange>> out;
+  for (auto& [prefix, name] : parsed) {
+    auto outer = std::find_if(out.begin(), out.end(), [&](const auto& o) { return o.first.contains(prefix); });
+    if (outer == out.end()) outer = out.insert(out.end(), {prefix, ServiceCIDRRange{prefix.toString(), {}}});
+    auto& names = outer->second.names;
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(std::move(name));
+  }
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.first.bytes < b.first.bytes; });
+  std::vector<ServiceCIDRRange> ranges;
+  for (auto& [prefix, range] : out) ranges.push_back(std::move(range));
+  return ranges;
 }
 
 }  // namespace kproxy::plan

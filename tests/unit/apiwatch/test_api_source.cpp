@@ -103,6 +103,12 @@ class FakeApiServer {
     std::lock_guard lock(mutex_);
     return requests_;
   }
+  /// Every request for `path` is answered with `code` and a Status (a resource the server does
+  /// not have, or RBAC refusing it); 0 serves it again.
+  void refuse(const std::string& path, int code) {
+    std::lock_guard lock(mutex_);
+    refused_[path] = code;
+  }
   int openWatches() {
     std::lock_guard lock(mutex_);
     return openWatches_;
@@ -151,7 +157,19 @@ class FakeApiServer {
       std::lock_guard lock(mutex_);
       requests_.push_back(target);
     }
-    if (queryParam(target, "watch") == "1") {
+    int refusal = 0;
+    {
+      std::lock_guard lock(mutex_);
+      refusal = refused_[path];
+    }
+    if (refusal != 0) {
+      std::string status = json{{"kind", "Status"}, {"status", "Failure"}, {"code", refusal},
+                                {"reason", refusal == 404 ? "NotFound" : "Forbidden"},
+                                {"message", "refused by the test"}}.dump();
+      sendAll(fd, fmt::format("HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
+                              "Connection: close\r\n\r\n{}",
+                              refusal, refusal == 404 ? "Not Found" : "Forbidden", status.size(), status));
+    } else if (queryParam(target, "watch") == "1") {
       serveWatch(fd, path);
     } else {
       serveList(fd, path, target);
@@ -217,6 +235,7 @@ class FakeApiServer {
   int openWatches_ = 0;
   int expireContinue_ = 0;
   std::map<std::string, std::vector<json>> items_;
+  std::map<std::string, int> refused_;
   std::map<std::string, std::string> listRv_;
   std::map<std::string, std::deque<std::string>> events_;
   std::vector<std::string> requests_;
@@ -239,6 +258,10 @@ class RecordingSink final : public core::EventSink {
   }
   void nodeUpserted(core::Node n) override { add("upsert Node " + n.name); }
   void nodeDeleted(const std::string& name) override { add("delete Node " + name); }
+  void serviceCIDRUpserted(core::ServiceCIDR c) override {
+    add(fmt::format("upsert ServiceCIDR {} {}", c.name, fmt::join(c.cidrs, ",")));
+  }
+  void serviceCIDRDeleted(const std::string& name) override { add("delete ServiceCIDR " + name); }
   void servicesSynced() override { add("servicesSynced"); }
   void endpointSlicesSynced() override { add("endpointSlicesSynced"); }
 
@@ -296,6 +319,7 @@ bool eventually(F f, std::chrono::milliseconds timeout = 5s) {
 constexpr const char* kServices = "/api/v1/services";
 constexpr const char* kSlices = "/apis/discovery.k8s.io/v1/endpointslices";
 constexpr const char* kNodes = "/api/v1/nodes";
+constexpr const char* kServiceCIDRs = "/apis/networking.k8s.io/v1/servicecidrs";
 
 }  // namespace
 
@@ -330,7 +354,7 @@ TEST_CASE("ApiSource lists, syncs, watches, skips malformed objects and relists 
   REQUIRE(sink.waitFor("servicesSynced"));
   REQUIRE(sink.waitFor("endpointSlicesSynced"));
   REQUIRE(sink.waitFor("upsert Node n1"));
-  REQUIRE(eventually([&] { return server.openWatches() == 3; }));
+  REQUIRE(eventually([&] { return server.openWatches() == 4; }));  // with ServiceCIDRs
 
   auto events = sink.events();
   auto pos = [&](const std::string& line) {
@@ -478,7 +502,7 @@ TEST_CASE("ApiSource reopens a watch that outlives its timeoutSeconds", "[unit]"
     });
   };
   CHECK(eventually([&] { return watches() >= 2; }, 8s));
-  CHECK(source.stats().lists == 2);  // resumed, not relisted
+  CHECK(source.stats().lists == 3);  // Services, EndpointSlices, ServiceCIDRs: resumed, not relisted
   source.stop();
 }
 
@@ -538,4 +562,77 @@ TEST_CASE("ApiSource refuses to send a bearer token over plain http without the 
   apiwatch::ApiSource source(config, sink);
   CHECK(source.start());
   source.stop();
+}
+
+TEST_CASE("ApiSource lists and watches ServiceCIDRs before it says Services are synced", "[unit]") {
+  FakeApiServer server;
+  server.setItems(kServices, {service("a", 80, "1")}, "10");
+  server.setItems(kServiceCIDRs,
+                  {{{"metadata", {{"name", "kubernetes"}, {"resourceVersion", "2"}}},
+                    {"spec", {{"cidrs", {"10.96.0.0/12", "fd00:10:96::/112"}}}}}},
+                  "10");
+  RecordingSink sink;
+  apiwatch::ClientConfig config;
+  config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
+  config.server = *apiwatch::parseServerUrl(config.serverText);
+  config.qps = 0;
+  apiwatch::ApiSource source(config, sink, {});
+  REQUIRE(source.start());
+  REQUIRE(sink.waitFor("servicesSynced"));
+  auto events = sink.events();
+  auto at = [&](const std::string& line) { return std::find(events.begin(), events.end(), line) - events.begin(); };
+  CHECK(at("upsert ServiceCIDR kubernetes 10.96.0.0/12,fd00:10:96::/112") < at("servicesSynced"));
+  REQUIRE(eventually([&] { return source.stats().connected; }));
+  server.push(kServiceCIDRs, event("ADDED", {{"metadata", {{"name", "extra"}, {"resourceVersion", "11"}}},
+                                             {"spec", {{"cidrs", {"10.100.0.0/16"}}}}}));
+  CHECK(sink.waitFor("upsert ServiceCIDR extra 10.100.0.0/16"));
+  server.push(kServiceCIDRs, event("DELETED", {{"metadata", {{"name", "extra"}, {"resourceVersion", "12"}}}}));
+  CHECK(sink.waitFor("delete ServiceCIDR extra"));
+  source.stop();
+}
+
+TEST_CASE("ApiSource treats ServiceCIDRs it may not read (403) or the server lacks (404) as none",
+          "[unit]") {
+  for (int code : {403, 404}) {
+    DYNAMIC_SECTION("HTTP " << code) {
+      std::vector<std::string> lines;
+      std::mutex logMutex;
+      auto previousSink = log::setSink([&](log::Severity, std::string_view line) {
+        std::lock_guard lock(logMutex);
+        lines.emplace_back(line);
+      });
+      FakeApiServer server;
+      server.setItems(kServices, {service("a", 80, "1")}, "10");
+      server.refuse(kServiceCIDRs, code);
+      RecordingSink sink;
+      apiwatch::ClientConfig config;
+      config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
+      config.server = *apiwatch::parseServerUrl(config.serverText);
+      config.qps = 0;
+      apiwatch::ApiSourceOptions options;
+      options.initialBackoff = 10ms;
+      options.maxBackoff = 40ms;
+      apiwatch::ApiSource source(config, sink, options);
+      REQUIRE(source.start());
+      // Nothing waits for them: Services sync, and the source counts as connected.
+      CHECK(sink.waitFor("servicesSynced"));
+      CHECK(sink.waitFor("endpointSlicesSynced"));
+      CHECK(eventually([&] { return source.stats().connected; }));
+      std::this_thread::sleep_for(200ms);  // several backoffs' worth: still one warning
+      // Granted (or the server upgraded): picked up by the next attempt.
+      server.setItems(kServiceCIDRs, {{{"metadata", {{"name", "kubernetes"}}}, {"spec", {{"cidrs", {"10.96.0.0/12"}}}}}},
+                      "11");
+      server.refuse(kServiceCIDRs, 0);
+      CHECK(sink.waitFor("upsert ServiceCIDR kubernetes 10.96.0.0/12"));
+      source.stop();
+      log::setSink(previousSink);
+      std::lock_guard lock(logMutex);
+      auto warned = std::count_if(lines.begin(), lines.end(), [](const std::string& l) {
+        return l.find("optional resource cannot be read") != std::string::npos &&
+               l.find("ServiceCIDR") != std::string::npos;
+      });
+      CHECK(warned == 1);
+      CHECK(source.stats().requestFailures == 0);
+    }
+  }
 }

@@ -13,6 +13,7 @@ using kproxy::apiwatch::decodeEndpointSlice;
 using kproxy::apiwatch::decodeNode;
 using kproxy::apiwatch::decodeObject;
 using kproxy::apiwatch::decodeService;
+using kproxy::apiwatch::decodeServiceCIDR;
 using kproxy::apiwatch::decodeStatus;
 using kproxy::apiwatch::decodeWatchEvent;
 using kproxy::apiwatch::UnknownObject;
@@ -634,4 +635,35 @@ addressType: IPv4
 )"));
   REQUIRE(bad);
   CHECK_FALSE(bad->lastChangeTriggerTime);
+}
+
+TEST_CASE("ServiceCIDR: spec.cidrs read as given; wrong types are errors naming the field", "[unit]") {
+  auto cidr = decodeServiceCIDR(json::parse(R"({"kind":"ServiceCIDR","apiVersion":"networking.k8s.io/v1",
+      "metadata":{"name":"kubernetes","resourceVersion":"7"},
+      "spec":{"cidrs":["10.96.0.0/12","fd00:10:96::/112"]},
+      "status":{"conditions":[{"type":"Ready","status":"True"}]}})"));
+  REQUIRE(cidr.has_value());
+  CHECK(*cidr == core::ServiceCIDR{"kubernetes", "7", {"10.96.0.0/12", "fd00:10:96::/112"}});
+  // No spec: no CIDRs (the object still exists).
+  auto bare = decodeServiceCIDR(json::parse(R"({"metadata":{"name":"empty"}})"));
+  REQUIRE(bare.has_value());
+  CHECK(bare->cidrs.empty());
+
+  auto decoder = [](const json& j) { return decodeServiceCIDR(j); };
+  CHECK_THAT(errorOf(decoder, json::parse(R"({"metadata":{"name":"x"},"spec":{"cidrs":"10.0.0.0/8"}})")),
+             Catch::Contains("ServiceCIDR x: spec.cidrs"));
+  CHECK_THAT(errorOf(decoder, json::parse(R"({"metadata":{"name":"x"},"spec":{"cidrs":[7]}})")),
+             Catch::Contains("ServiceCIDR x: spec.cidrs[0]"));
+  CHECK_THAT(errorOf(decoder, json::parse(R"({"metadata":{},"spec":{}})")), Catch::Contains("metadata.name"));
+
+  auto dispatched = decodeObject(json::parse(R"({"kind":"ServiceCIDR","apiVersion":"networking.k8s.io/v1",
+      "metadata":{"name":"kubernetes"},"spec":{"cidrs":["10.96.0.0/12"]}})"));
+  REQUIRE(dispatched.has_value());
+  CHECK(std::holds_alternative<core::ServiceCIDR>(*dispatched));
+  CHECK(kproxy::apiwatch::describe(*dispatched) == "ServiceCIDR kubernetes");
+  // The beta version has the same schema, but kproxy reads v1 only (GA since 1.33).
+  auto beta = decodeObject(json::parse(R"({"kind":"ServiceCIDR","apiVersion":"networking.k8s.io/v1beta1",
+      "metadata":{"name":"old"}})"));
+  REQUIRE(beta.has_value());
+  CHECK(std::holds_alternative<UnknownObject>(*beta));
 }

@@ -59,6 +59,21 @@ class RecordingSink : public core::EventSink {
     events_.push_back("delete Node " + name);
     nodes_.erase(name);
   }
+  void serviceCIDRUpserted(core::ServiceCIDR c) override {
+    std::lock_guard lock(mu_);
+    events_.push_back("upsert ServiceCIDR " + c.name);
+    serviceCIDRs_[c.name] = std::move(c);
+  }
+  void serviceCIDRDeleted(const std::string& name) override {
+    std::lock_guard lock(mu_);
+    events_.push_back("delete ServiceCIDR " + name);
+    serviceCIDRs_.erase(name);
+  }
+  std::optional<core::ServiceCIDR> serviceCIDR(const std::string& name) const {
+    std::lock_guard lock(mu_);
+    auto it = serviceCIDRs_.find(name);
+    return it == serviceCIDRs_.end() ? std::nullopt : std::optional(it->second);
+  }
   void servicesSynced() override {
     std::lock_guard lock(mu_);
     events_.push_back("servicesSynced");
@@ -102,6 +117,7 @@ class RecordingSink : public core::EventSink {
   std::map<std::string, core::Service> services_;
   std::map<std::string, core::EndpointSlice> slices_;
   std::map<std::string, core::Node> nodes_;
+  std::map<std::string, core::ServiceCIDR> serviceCIDRs_;
 };
 
 /// Captures log lines for the lifetime of the object.
@@ -519,4 +535,36 @@ TEST_CASE("manifest source: the directory disappearing deletes nothing; its retu
   REQUIRE(waitUntil([&] { return !sink.service("default/kept").has_value(); }));
   CHECK(sink.takeEvents() ==
         std::vector<std::string>{"delete Service default/kept", "upsert Service default/new"});
+}
+
+TEST_CASE("manifest source: ServiceCIDR documents are read; a malformed one is skipped and named",
+          "[unit]") {
+  LogCapture logs;
+  TempDir dir;
+  dir.write("cidrs.yaml", R"(apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: kubernetes}
+spec:
+  cidrs: [10.96.0.0/12, "fd00:10:96::/112"]
+---
+apiVersion: networking.k8s.io/v1
+kind: ServiceCIDR
+metadata: {name: broken}
+spec: {cidrs: 10.100.0.0/16}
+)");
+  RecordingSink sink;
+  ManifestSource source(dir.path(), sink);
+  REQUIRE(source.start().has_value());
+  CHECK(sink.serviceCIDR("kubernetes").value().cidrs ==
+        std::vector<std::string>{"10.96.0.0/12", "fd00:10:96::/112"});
+  CHECK_FALSE(sink.serviceCIDR("broken").has_value());
+  CHECK(source.stats().documentFailures == 1);
+  auto named = logs.linesContaining("ServiceCIDR broken: spec.cidrs");
+  CHECK(named.size() == 1);
+  sink.takeEvents();
+
+  dir.remove("cidrs.yaml");
+  REQUIRE(waitUntil([&] { return !sink.serviceCIDR("kubernetes").has_value(); }));
+  CHECK(sink.takeEvents() == std::vector<std::string>{"delete ServiceCIDR kubernetes"});
+  source.stop();
 }

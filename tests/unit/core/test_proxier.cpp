@@ -23,6 +23,7 @@ class FakeBackend final : public Backend {
     std::uint64_t nextGeneration;
     std::vector<ServicePortKey> changed;
     std::size_t nextSize;
+    std::size_t nextServiceCIDRs;
   };
 
   std::string_view name() const override { return "fake"; }
@@ -32,7 +33,7 @@ class FakeBackend final : public Backend {
     calls.push_back({request.kind, request.previous ? request.previous->generation() : 0,
                      request.next->generation(),
                      std::vector<ServicePortKey>(request.changed.begin(), request.changed.end()),
-                     request.next->size()});
+                     request.next->size(), request.next->serviceCIDRs().size()});
     called.notify_all();
     if (failNext > 0) {
       --failNext;
@@ -388,4 +389,32 @@ TEST_CASE("trigger times are reported once, by the sync that programmed them", "
   clock.advance(31s);
   REQUIRE(proxier.syncOnceIfDue());
   CHECK(observed.back().triggerTimes.empty());
+}
+
+TEST_CASE("a ServiceCIDR change syncs partially with no changed keys", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  Proxier proxier(TrackerConfig{}, backend, options(), clock);
+  proxier.serviceUpserted(service("a"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+
+  proxier.serviceCIDRUpserted(ServiceCIDR{"kubernetes", "1", {"10.96.0.0/12"}});
+  REQUIRE(proxier.syncOnceIfDue());
+  REQUIRE(backend.calls.size() == 2);
+  CHECK(backend.calls[1].kind == SyncKind::kPartial);
+  CHECK(backend.calls[1].changed.empty());
+  CHECK(backend.calls[1].nextServiceCIDRs == 1);
+  CHECK(proxier.status().applied->serviceCIDRs() ==
+        std::vector<ServiceCIDRRange>{{"kubernetes", "10.96.0.0/12"}});
+
+  // The same object again (a resync): nothing to do. Deleted: another sync.
+  proxier.serviceCIDRUpserted(ServiceCIDR{"kubernetes", "2", {"10.96.0.0/12"}});
+  clock.advance(1s);
+  CHECK_FALSE(proxier.syncOnceIfDue());
+  proxier.serviceCIDRDeleted("kubernetes");
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(backend.calls.back().nextServiceCIDRs == 0);
 }

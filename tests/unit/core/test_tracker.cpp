@@ -336,3 +336,26 @@ TEST_CASE("trigger times of real endpoint changes come out with the snapshot", "
   REQUIRE(tracker.upsertEndpointSlice(changed));
   CHECK(tracker.publish().triggerTimes == std::vector<double>{1002.0});
 }
+
+TEST_CASE("ServiceCIDRs become the snapshot's cluster-wide service CIDRs", "[unit][tracker]") {
+  ChangeTracker tracker(config());
+  CHECK(tracker.current()->serviceCIDRs().empty());
+  CHECK(tracker.upsertServiceCIDR(ServiceCIDR{"kubernetes", "1", {"10.96.0.0/12", "fd00:10:96::/112"}}));
+  CHECK(tracker.hasPendingChanges());
+  // Malformed CIDRs (a hand-written manifest) are left out with a log line; the rest stays.
+  CHECK(tracker.upsertServiceCIDR(ServiceCIDR{"extra", "1", {"10.200.0.7/16", "bogus"}}));
+  auto published = tracker.publish();
+  CHECK(published.changed.empty());  // no service port changed
+  CHECK(published.snapshot->serviceCIDRs() ==
+        std::vector<ServiceCIDRRange>{{"extra", "10.200.0.0/16"},
+                                      {"kubernetes", "10.96.0.0/12"},
+                                      {"kubernetes", "fd00:10:96::/112"}});
+  // Only a new resourceVersion: nothing to do.
+  CHECK_FALSE(tracker.upsertServiceCIDR(ServiceCIDR{"kubernetes", "2", {"10.96.0.0/12", "fd00:10:96::/112"}}));
+  CHECK_FALSE(tracker.hasPendingChanges());
+  CHECK(tracker.deleteServiceCIDR("extra"));
+  CHECK_FALSE(tracker.deleteServiceCIDR("extra"));
+  auto after = tracker.publish();
+  CHECK(after.snapshot->serviceCIDRs().size() == 2);
+  CHECK(published.snapshot->serviceCIDRs().size() == 3);  // snapshots are immutable
+}

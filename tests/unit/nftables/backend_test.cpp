@@ -531,3 +531,27 @@ TEST_CASE("backend: its metrics reach the host and count what its tables hold", 
   // A second backend (kproxy --cleanup creates one per plugin) gets the same metrics.
   CHECK(NftablesBackend::registerMetrics(sdk::Host(&api)).has_value());
 }
+
+TEST_CASE("backend: a ServiceCIDR change rewrites cluster-ips-check only, in a partial sync", "[unit]") {
+  Fixture f;
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  f.snap.setServiceCIDRs({{"kubernetes", "172.30.0.0/16"}, {"kubernetes", "fd00:10:96::/112"}});
+  auto added = f.backend->syncFrom(f.snap, {}, false);
+  REQUIRE(added.has_value());
+  // Flush cluster-ips-check, then its reject and the new drop: nothing else is touched.
+  std::vector<std::string> ops;
+  for (const auto& op : f.backend->lastOps()) ops.push_back(op.toText());
+  CHECK(ops == std::vector<std::string>{
+                   "flush chain ip kube-proxy cluster-ips-check",
+                   "add rule ip kube-proxy cluster-ips-check ip daddr @cluster-ips reject",
+                   "add rule ip kube-proxy cluster-ips-check ip daddr 172.30.0.0/16 drop",
+               });
+  CHECK(f.backend->syncFrom(f.snap, {}, false)->operations == 0);
+  // A restart (full sync over the same kernel) agrees.
+  CHECK(f.backend->syncFrom(f.snap, {}, true)->operations == 0);
+
+  f.snap.setServiceCIDRs({});
+  auto removed = f.backend->syncFrom(f.snap, {}, false);
+  REQUIRE(removed.has_value());
+  CHECK(removed->operations == 2);  // flush, and the reject back
+}

@@ -117,3 +117,26 @@ TEST_CASE("explain: addresses that do not parse are an error", "[unit]") {
   REQUIRE_FALSE(out);
   CHECK_THAT(out.error().message, Catch::Contains("10.0.0.300"));
 }
+
+TEST_CASE("explain: an unallocated ClusterIP is dropped, naming its ServiceCIDR", "[unit]") {
+  std::vector<sdk::ServicePort> ports{clusterIP("default", "web", "172.30.0.41", 80, {endpoint("10.180.0.1", 80)})};
+  const std::vector<sdk::ServiceCIDR> cidrs{{"kubernetes", "172.30.0.0/16"}, {"extra", "172.31.0.0/24"}};
+  auto out = explainPacket(config(), ports, node(), request("10.0.0.2", "172.30.0.50", 80), cidrs);
+  REQUIRE(out);
+  CHECK_THAT(*out, Catch::Contains("dropped by chain cluster-ips-check: ip daddr 172.30.0.0/16 drop"));
+  CHECK_THAT(*out, Catch::Contains("reason:    dropped: unallocated ClusterIP in ServiceCIDR kubernetes (172.30.0.0/16)"));
+  CHECK_THAT(*out, Catch::Contains("unallocated ClusterIP: 172.30.0.50 is inside service CIDR 172.30.0.0/16"));
+
+  // A known ClusterIP's unused port is still rejected; outside every CIDR nothing happens.
+  auto json = explainPacket(config(), ports, node(), request("10.0.0.2", "172.30.0.41", 81, true), cidrs);
+  REQUIRE(json);
+  CHECK(nlohmann::json::parse(*json)["verdict"] == "reject");
+  json = explainPacket(config(), ports, node(), request("10.0.0.2", "172.31.0.9", 80, true), cidrs);
+  REQUIRE(json);
+  auto j = nlohmann::json::parse(*json);
+  CHECK(j["verdict"] == "drop");
+  CHECK(j["reason"] == "dropped: unallocated ClusterIP in ServiceCIDR extra (172.31.0.0/24)");
+  json = explainPacket(config(), ports, node(), request("10.0.0.2", "172.32.0.9", 80, true), cidrs);
+  REQUIRE(json);
+  CHECK(nlohmann::json::parse(*json)["verdict"] == "accept");
+}

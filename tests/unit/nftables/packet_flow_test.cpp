@@ -11,9 +11,8 @@
 // The cases where kproxy used to differ from upstream (eTP=Local short-circuit without local
 // endpoints, source ranges admitting the node, masquerade-all and the short-circuit) are tagged
 // `// issue 10 item N` and run in the "(issue 10)" test cases ([issue10]); they are checked like
-// every other case. Cases needing what kproxy does not implement yet (ServiceCIDR drop of
-// unallocated ClusterIPs) are kept and marked; they check that kproxy still differs, so they
-// fail, and are moved to the checked set, once it does not.
+// every other case. As upstream's fake proxier, every scenario has the ServiceCIDR objects of
+// 172.30.0.0/16 and fd00:10:96::/112 (issue 10 item 4: unallocated ClusterIPs are dropped).
 //
 // Upstream traces every packet as arriving on an interface; here a packet whose source is one
 // of the node's addresses is sent by the node (output path), as it would be in reality.
@@ -58,7 +57,7 @@ enum class Known {
   kItem1,  // eTP=Local without local endpoints: pod / node traffic must short-circuit
   kItem5,  // loadBalancerSourceRanges: node traffic allowed when a range holds a node IP
   kItem6,  // --masquerade-all must not masquerade the eTP=Local short-circuit
-  kNotImplemented,  // ServiceCIDR: drop of unallocated ClusterIPs
+  kItem4,  // ServiceCIDR: drop of unallocated ClusterIPs
 };
 
 struct FlowCase {
@@ -181,7 +180,7 @@ std::string knownText(Known k) {
     case Known::kItem1: return "issue 10 item 1";
     case Known::kItem5: return "issue 10 item 5";
     case Known::kItem6: return "issue 10 item 6";
-    case Known::kNotImplemented: return "not implemented (ServiceCIDR)";
+    case Known::kItem4: return "issue 10 item 4";
   }
   return "";
 }
@@ -216,6 +215,8 @@ void runScenario(const Scenario& scenario, Selection selection) {
   std::vector<std::string> interfaces = kNodeIPs;
   interfaces.insert(interfaces.end(), {"127.0.0.1", "::1"});
   tracker.setInterfaceAddresses(interfaces);
+  // NewFakeProxier's service CIDRs.
+  tracker.upsertServiceCIDR(core::ServiceCIDR{"kubernetes", "1", {"172.30.0.0/16", "fd00:10:96::/112"}});
 
   RenderConfig config;
   for (const auto& c : scenario.clusterCIDRs) config.clusterCIDRs.push_back(*Address::parse(c));
@@ -228,10 +229,12 @@ void runScenario(const Scenario& scenario, Selection selection) {
     const sdk::SnapshotView view(plugins::hostApi(), plugins::toC(published.snapshot.get()));
     const auto ports = view.all();
     NftablesRenderer renderer(config);
+    renderer.setServiceCIDRs(view.serviceCIDRs());
     const auto tracer = NftablesTracer::fromServicePorts(renderer, scenario.family, ports, view.node());
 
     for (const auto& c : scenario.phases[phase].cases) {
-      const bool knownDifference = c.known == Known::kItem1 || c.known == Known::kItem5 || c.known == Known::kItem6;
+      const bool knownDifference = c.known == Known::kItem1 || c.known == Known::kItem5 ||
+                                   c.known == Known::kItem6 || c.known == Known::kItem4;
       if ((selection == Selection::kKnownDifferences) != knownDifference) continue;
       const bool fromNode = std::find(kNodeIPs.begin(), kNodeIPs.end(), c.source) != kNodeIPs.end();
       auto packet = Packet::make(c.source, c.destination, static_cast<std::uint16_t>(c.port), c.protocol, fromNode);
@@ -245,14 +248,6 @@ void runScenario(const Scenario& scenario, Selection selection) {
       INFO(fmt::format("expected \"{}\" masq={}; got \"{}\" masq={}", expected, c.masq, actual,
                        trace.outcome.masqueraded));
       INFO(trace.toText());
-      if (c.known == Known::kNotImplemented) {
-        // A deviation on record (issue 10 item 4): this fails once kproxy gives upstream's
-        // answer, so that the case is then checked like the others.
-        WARN(fmt::format("{}: \"{}\" expects \"{}\", kproxy gives \"{}\"", knownText(c.known), c.name, expected,
-                         actual));
-        CHECK(actual != expected);
-        continue;
-      }
       CHECK(trace.warnings.empty());
       CHECK(actual == expected);
       CHECK(trace.outcome.masqueraded == c.masq);
@@ -399,7 +394,7 @@ Scenario clusterIPGeneral() {
       {"TCP-only port does not match UDP traffic", "10.180.0.2", "172.30.0.42", 80, "REJECT", false, "udp"},
       {"svc1 does not accept svc2's ports", "10.180.0.2", "172.30.0.41", 443, "REJECT"},
       {"packet to unallocated cluster ip", "10.180.0.2", "172.30.0.50", 80, "DROP", false, "tcp",
-       Known::kNotImplemented},  // ServiceCIDR not implemented
+       Known::kItem4},  // issue 10 item 4
   };
   Scenario s;
   s.phases.push_back(phase(services, slices, cases));
@@ -841,3 +836,18 @@ PACKET_FLOW_TEST("packet flow: TestInternalExternalMasquerade no LocalTrafficDet
 PACKET_FLOW_TEST("packet flow: TestInternalExternalMasquerade masqueradeAll", masqueradeAll)
 PACKET_FLOW_TEST("packet flow: TestInternalExternalMasquerade masqueradeAll, no LocalTrafficDetector",
                  masqueradeAllNoDetector)
+
+// The ServiceCIDRs the scenarios rely on cross the ABI (snapshot_bridge → SnapshotView); a host
+// table from before ABI 1.2 (shorter struct_size) has none, and the SDK does not read past it.
+TEST_CASE("packet flow: ServiceCIDRs cross the plugin ABI only where struct_size covers them", "[unit]") {
+  core::ChangeTracker tracker(core::TrackerConfig{});
+  tracker.upsertServiceCIDR(core::ServiceCIDR{"kubernetes", "1", {"fd00:10:96::/112", "172.30.0.0/16"}});
+  auto published = tracker.publish();
+  const sdk::SnapshotView view(plugins::hostApi(), plugins::toC(published.snapshot.get()));
+  CHECK(view.serviceCIDRs() == std::vector<sdk::ServiceCIDR>{{"kubernetes", "172.30.0.0/16"},
+                                                             {"kubernetes", "fd00:10:96::/112"}});
+  kproxy_host_api older = *plugins::hostApi();
+  older.struct_size = offsetof(kproxy_host_api, snapshot_service_cidrs);
+  const sdk::SnapshotView oldView(&older, plugins::toC(published.snapshot.get()));
+  CHECK(oldView.serviceCIDRs().empty());
+}

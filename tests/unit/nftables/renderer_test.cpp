@@ -561,3 +561,25 @@ TEST_CASE("detect-local modes: how pods are told apart in the rules", "[unit]") 
   for (const auto& r : rules) CHECK(r.find("ip saddr") == std::string::npos);
   CHECK(std::find(rules.begin(), rules.end(), "fib saddr type local goto " + svc) != rules.end());
 }
+
+TEST_CASE("cluster-ips-check drops unallocated ClusterIPs of the family's service CIDRs", "[unit]") {
+  NftablesRenderer r(config());
+  auto check = [&](Family fam) {
+    auto g = r.renderGlobal(fam, {});
+    for (const auto& c : g.chains)
+      if (c.name == names::kClusterIPsCheckChain) return texts(c, fam);
+    return std::vector<std::string>{"(no chain)"};
+  };
+  // Without ServiceCIDRs only the reject of known ClusterIPs' unused ports.
+  CHECK(check(Family::kIPv4) == std::vector<std::string>{"ip daddr @cluster-ips reject"});
+  r.setServiceCIDRs({{"kubernetes", "10.96.0.0/12"},
+                     {"kubernetes", "fd00:10:96::/112"},
+                     {"extra", "10.100.0.0/16"},  // inside the first: folded into it
+                     {"more", "192.168.200.0/24"},
+                     {"broken", "not-a-cidr"}});
+  CHECK(check(Family::kIPv4) == std::vector<std::string>{"ip daddr @cluster-ips reject",
+                                                         "ip daddr 10.96.0.0/12 drop",
+                                                         "ip daddr 192.168.200.0/24 drop"});
+  CHECK(check(Family::kIPv6) == std::vector<std::string>{"ip6 daddr @cluster-ips reject",
+                                                         "ip6 daddr fd00:10:96::/112 drop"});
+}

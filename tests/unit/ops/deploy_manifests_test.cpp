@@ -60,6 +60,7 @@ TEST_CASE("rbac: ServiceAccount, ClusterRole with the needed verbs, binding", "[
   CHECK(ruleAllows(rules, "", "services", read));
   CHECK(ruleAllows(rules, "", "nodes", read));
   CHECK(ruleAllows(rules, "discovery.k8s.io", "endpointslices", read));
+  CHECK(ruleAllows(rules, "networking.k8s.io", "servicecidrs", read));
   CHECK(ruleAllows(rules, "", "events", {"create", "patch"}));
   CHECK(ruleAllows(rules, "events.k8s.io", "events", {"create", "patch"}));
   const auto binding = docs["ClusterRoleBinding"];

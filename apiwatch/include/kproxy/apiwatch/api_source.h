@@ -1,5 +1,5 @@
 #pragma once
-/// A source of Services, EndpointSlices and the own Node read from a Kubernetes API server with
+/// A source of Services, EndpointSlices, ServiceCIDRs and the own Node read from a Kubernetes API server with
 /// list + watch, as kube-proxy's informers do.
 
 #include <chrono>
@@ -56,7 +56,13 @@ struct ApiSourceStats {
 };
 
 /// Lists and watches, on its own thread (one Asio io_context, one coroutine per resource):
-///  - Services and EndpointSlices with kProxyLabelSelector; the own Node by field selector.
+///  - Services and EndpointSlices with kProxyLabelSelector; the own Node by field selector;
+///    ServiceCIDRs (networking.k8s.io/v1), optionally: until they have been listed once, a
+///    server without them (404) or RBAC that refuses them (401/403) is logged once as a
+///    warning and treated as "no ServiceCIDRs" (asked again with the usual backoff; nothing
+///    waits for them); after that a refusal is an ordinary failure that keeps what is held.
+///    servicesSynced() comes after the first ServiceCIDR LIST attempt, whatever its outcome, so
+///    the first sync knows them.
 ///  - LIST with limit/continue paging; every object is delivered as an upsert, then
 ///    servicesSynced() / endpointSlicesSynced() once that resource's initial LIST is complete.
 ///  - WATCH from the LIST's resourceVersion with allowWatchBookmarks; ADDED/MODIFIED → upsert,

@@ -40,6 +40,10 @@ core::Result<core::EndpointSlice> decodeEndpointSlice(const nlohmann::json& obje
 /// Decodes a core/v1 Node (cluster-scoped: no namespace).
 core::Result<core::Node> decodeNode(const nlohmann::json& object);
 
+/// Decodes a networking.k8s.io/v1 ServiceCIDR (cluster-scoped). The CIDR strings are kept as
+/// given; the tracker checks them.
+core::Result<core::ServiceCIDR> decodeServiceCIDR(const nlohmann::json& object);
+
 /// An object of a kind (or apiVersion) kproxy does not consume. Not an error: manifest
 /// directories and lists routinely hold Deployments, ConfigMaps, ...
 struct UnknownObject {
@@ -50,11 +54,13 @@ struct UnknownObject {
   bool operator==(const UnknownObject&) const = default;
 };
 
-using DecodedObject = std::variant<core::Service, core::EndpointSlice, core::Node, UnknownObject>;
+using DecodedObject =
+    std::variant<core::Service, core::EndpointSlice, core::Node, core::ServiceCIDR, UnknownObject>;
 
-/// Dispatches on `apiVersion`/`kind`: Service (v1), EndpointSlice (discovery.k8s.io/v1) and
-/// Node (v1) are decoded; anything else, including other versions of those kinds, is an
-/// UnknownObject. A missing apiVersion is accepted for the three known kinds. A missing or
+/// Dispatches on `apiVersion`/`kind`: Service (v1), EndpointSlice (discovery.k8s.io/v1), Node
+/// (v1) and ServiceCIDR (networking.k8s.io/v1) are decoded; anything else, including other
+/// versions of those kinds, is an UnknownObject. A missing apiVersion is accepted for the four
+/// known kinds. A missing or
 /// non-string `kind` is an error.
 core::Result<DecodedObject> decodeObject(const nlohmann::json& object);
 

@@ -1,5 +1,5 @@
 #pragma once
-/// A source of Services, EndpointSlices and Nodes read from a directory of manifests instead of
+/// A source of Services, EndpointSlices, Nodes and ServiceCIDRs read from a directory of manifests instead of
 /// an API server (`kproxy --manifests DIR`): the embedded default for demos and air-gapped use.
 
 #include <chrono>

@@ -18,6 +18,9 @@ class EventSink {
   virtual void endpointSliceDeleted(const std::string& ns, const std::string& name) = 0;
   virtual void nodeUpserted(Node node) = 0;
   virtual void nodeDeleted(const std::string& name) = 0;
+  /// ServiceCIDR objects (cluster-wide). The defaults ignore them, for sinks that do not care.
+  virtual void serviceCIDRUpserted(ServiceCIDR /*cidr*/) {}
+  virtual void serviceCIDRDeleted(const std::string& /*name*/) {}
   /// The same upserts from a source that keeps the decoded object itself: the object is
   /// immutable and never null, so a sink may keep a reference to it instead of a copy. The
   /// defaults copy it into the by-value form above.

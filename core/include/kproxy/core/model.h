@@ -136,6 +136,16 @@ struct Node {
   bool operator==(const Node&) const = default;
 };
 
+/// A networking.k8s.io/v1 ServiceCIDR: ranges the API server allocates ClusterIPs from. Cluster
+/// scoped. Addresses inside them that no Service holds are "unallocated" (upstream drops new
+/// traffic to them).
+struct ServiceCIDR {
+  std::string name;
+  std::string resourceVersion;
+  std::vector<std::string> cidrs;  ///< spec.cidrs, as given (at most one per family)
+  bool operator==(const ServiceCIDR&) const = default;
+};
+
 /// Label naming the Service an EndpointSlice belongs to.
 inline constexpr const char* kLabelServiceName = "kubernetes.io/service-name";
 /// Services carrying this label are handled by another proxy.

@@ -77,6 +77,8 @@ class Proxier final : public EventSink {
   void endpointSliceDeleted(const std::string& ns, const std::string& name) override;
   void nodeUpserted(Node node) override;
   void nodeDeleted(const std::string& name) override;
+  void serviceCIDRUpserted(ServiceCIDR cidr) override;
+  void serviceCIDRDeleted(const std::string& name) override;
   void sharedServiceUpserted(std::shared_ptr<const Service> service) override;
   void sharedEndpointSliceUpserted(std::shared_ptr<const EndpointSlice> slice) override;
   void servicesSynced() override;

@@ -153,6 +153,14 @@ struct NodeInfo {
   bool operator==(const NodeInfo&) const = default;
 };
 
+/// One CIDR of a ServiceCIDR object, as backends see it.
+struct ServiceCIDRRange {
+  std::string name;  ///< the ServiceCIDR object's name
+  std::string cidr;  ///< one of its spec.cidrs, e.g. "10.96.0.0/12"
+  auto operator<=>(const ServiceCIDRRange&) const = default;
+  bool operator==(const ServiceCIDRRange&) const = default;
+};
+
 namespace detail {
 struct SnapshotTrie;
 }
@@ -168,6 +176,9 @@ class Snapshot {
   /// Monotonic number, 1 for the first published snapshot.
   std::uint64_t generation() const { return generation_; }
   const NodeInfo& node() const { return *node_; }
+  /// Every CIDR of every ServiceCIDR object (both families), sorted by name, then CIDR.
+  /// Cluster-wide: the same on every node.
+  const std::vector<ServiceCIDRRange>& serviceCIDRs() const { return *serviceCIDRs_; }
   std::size_t size() const;
 
   /// O(1) in the number of services.
@@ -181,6 +192,7 @@ class Snapshot {
   /// Cost is independent of the snapshot's size.
   Snapshot with(const ServicePortKey& key, std::shared_ptr<const ServicePortState> state) const;
   Snapshot withNode(NodeInfo node) const;
+  Snapshot withServiceCIDRs(std::vector<ServiceCIDRRange> cidrs) const;
   Snapshot withGeneration(std::uint64_t generation) const;
 
   /// True when both snapshots share the same storage for `key` (cheap identity check).
@@ -189,6 +201,7 @@ class Snapshot {
  private:
   std::shared_ptr<const detail::SnapshotTrie> trie_;
   std::shared_ptr<const NodeInfo> node_;
+  std::shared_ptr<const std::vector<ServiceCIDRRange>> serviceCIDRs_;
   std::uint64_t generation_ = 0;
 };
 

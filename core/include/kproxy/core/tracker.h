@@ -55,6 +55,9 @@ class ChangeTracker {
   /// The node's interface addresses (numeric, both families), read by the host; from the
   /// first call on, snapshots carry resolved NodePort addresses. True when they changed.
   bool setInterfaceAddresses(std::vector<std::string> addresses);
+  /// ServiceCIDR objects: the snapshot's serviceCIDRs() are the CIDRs of all of them.
+  bool upsertServiceCIDR(ServiceCIDR cidr);
+  bool deleteServiceCIDR(const std::string& name);
 
   bool hasPendingChanges() const;
   std::size_t pendingServiceChanges() const;

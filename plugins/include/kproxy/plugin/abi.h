@@ -253,6 +253,16 @@ typedef struct kproxy_metric_spec {
 #define KPROXY_METRIC_SPEC_V1_2_SIZE \
   (offsetof(kproxy_metric_spec, label_names_count) + sizeof(size_t))
 
+/* One CIDR of a networking.k8s.io/v1 ServiceCIDR object (ABI 1.2). */
+typedef struct kproxy_service_cidr {
+  uint32_t struct_size;
+  const char* name; /* the ServiceCIDR object's name */
+  const char* cidr; /* one of its spec.cidrs, e.g. "10.96.0.0/12" or "fd00:10:96::/112" */
+} kproxy_service_cidr;
+
+/* Visitor: return 0 to continue, non-zero to stop. */
+typedef int (*kproxy_service_cidr_visitor)(void* user, const kproxy_service_cidr* cidr);
+
 /* Services the host offers to plugins. */
 typedef struct kproxy_host_api {
   uint32_t struct_size;
@@ -293,6 +303,14 @@ typedef struct kproxy_host_api {
   /* Gauge only: sets the value. KPROXY_ERR for a counter and as metric_add. */
   int (*metric_set)(void* host_ctx, uint64_t handle, const char* const* label_values,
                     size_t label_values_count, double value);
+
+  /* Visits every CIDR of every ServiceCIDR object in the cluster (both families, sorted by
+   * object name, then CIDR; none when the API server has no ServiceCIDRs or kproxy may not
+   * read them). Cluster-wide, not per service port: a change comes as a sync whose `previous`
+   * and `next` differ here (possibly with no changed keys). The pointer is valid during the
+   * visit. */
+  void (*snapshot_service_cidrs)(const kproxy_snapshot* snapshot, kproxy_service_cidr_visitor visit,
+                                 void* user);
 } kproxy_host_api;
 
 /* The size of an ABI 1.0 (and 1.1) host table: the smallest a plugin accepts. */

@@ -162,6 +162,13 @@ struct NodeInfo {
   NodePortAddresses nodePortAddresses;
 };
 
+/// One CIDR of a ServiceCIDR object.
+struct ServiceCIDR {
+  std::string name;  ///< the object's name
+  std::string cidr;  ///< "10.96.0.0/12", "fd00:10:96::/112"
+  bool operator==(const ServiceCIDR&) const = default;
+};
+
 struct ChangedKey {
   Family family = Family::kIPv4;
   std::string key;
@@ -321,6 +328,27 @@ class SnapshotView {
     const kproxy_node_info* c = host_->snapshot_node(snapshot_);
     if (c == nullptr) return NodeInfo{};
     return fromC(*c);
+  }
+
+  /// Every CIDR of every ServiceCIDR object, both families, sorted by name then CIDR. Empty
+  /// from a host older than ABI 1.2.
+  std::vector<ServiceCIDR> serviceCIDRs() const {
+    std::vector<ServiceCIDR> out;
+    if (!valid() ||
+        host_->struct_size < offsetof(kproxy_host_api, snapshot_service_cidrs) +
+                                 sizeof(host_->snapshot_service_cidrs) ||
+        host_->snapshot_service_cidrs == nullptr)
+      return out;
+    host_->snapshot_service_cidrs(
+        snapshot_,
+        [](void* user, const kproxy_service_cidr* c) -> int {
+          if (c != nullptr && c->struct_size >= offsetof(kproxy_service_cidr, cidr) + sizeof(c->cidr))
+            static_cast<std::vector<ServiceCIDR>*>(user)->push_back(
+                ServiceCIDR{detail::str(c->name), detail::str(c->cidr)});
+          return 0;
+        },
+        &out);
+    return out;
   }
 
   /// Calls `fn(const ServicePort&)` for every service port.

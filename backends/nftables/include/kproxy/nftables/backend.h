@@ -33,6 +33,8 @@ class SnapshotSource {
   virtual void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const = 0;
   virtual std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const = 0;
   virtual sdk::NodeInfo node() const = 0;
+  /// The cluster's service CIDRs, both families.
+  virtual std::vector<sdk::ServiceCIDR> serviceCIDRs() const { return {}; }
 };
 
 /// A snapshot held in a vector (tests, benchmark).
@@ -46,8 +48,10 @@ class VectorSnapshot final : public SnapshotSource {
   }
   std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override;
   sdk::NodeInfo node() const override { return node_; }
+  std::vector<sdk::ServiceCIDR> serviceCIDRs() const override { return serviceCIDRs_; }
   /// The ports, for changing them in place (keys must stay as they are).
   std::vector<sdk::ServicePort>& ports() { return ports_; }
+  void setServiceCIDRs(std::vector<sdk::ServiceCIDR> cidrs) { serviceCIDRs_ = std::move(cidrs); }
 
  private:
   std::vector<sdk::ServicePort> ports_;
@@ -55,6 +59,7 @@ class VectorSnapshot final : public SnapshotSource {
   /// benchmark's partial syncs cost O(services)).
   mutable std::unordered_map<std::string, std::size_t> index_;
   sdk::NodeInfo node_;
+  std::vector<sdk::ServiceCIDR> serviceCIDRs_;
 };
 
 struct BackendSettings {

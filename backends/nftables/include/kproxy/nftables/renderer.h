@@ -180,11 +180,18 @@ class NftablesRenderer {
   /// The node the next renders are for: its addresses decide which loadBalancerSourceRanges
   /// admit the node itself (a node change makes the host request a full sync).
   void setNode(const sdk::NodeInfo& node);
+  /// The cluster's service CIDRs (both families) the next renderGlobal calls drop unallocated
+  /// ClusterIPs in.
+  void setServiceCIDRs(std::vector<sdk::ServiceCIDR> cidrs) { serviceCIDRs_ = std::move(cidrs); }
+  const std::vector<sdk::ServiceCIDR>& serviceCIDRs() const { return serviceCIDRs_; }
 
   /// Objects of one service port. Addresses of another family than `port.family` are ignored.
   /// Allocates slot ranges for new balancing chains (the only state the renderer keeps).
   Fragment renderServicePort(const sdk::ServicePort& port) const;
-  /// Table-wide objects of `family`; `node` supplies the node's IPs for nodeport-ips.
+  /// Table-wide objects of `family`; `node` supplies the node's IPs for nodeport-ips. After the
+  /// reject of known ClusterIPs' unused ports, `cluster-ips-check` drops what is left inside a
+  /// service CIDR of the family (setServiceCIDRs): one `ip daddr CIDR drop` rule per range, so a
+  /// ServiceCIDR change rewrites that one small chain and nothing else.
   GlobalObjects renderGlobal(Family family, const sdk::NodeInfo& node) const;
   /// The fixed sets/maps of `family` (used to decode read-back elements).
   const std::vector<SetSpec>& setSpecs(Family family) const {
@@ -205,6 +212,7 @@ class NftablesRenderer {
 
   RenderConfig config_;
   plan::PlanConfig planConfig_;
+  std::vector<sdk::ServiceCIDR> serviceCIDRs_;
   std::vector<SetSpec> setSpecs_[2];
   mutable SlotRanges slots_[2];
 };

@@ -136,6 +136,20 @@ struct ServicePortPlan {
 /// left out.
 ServicePortPlan planServicePort(const sdk::ServicePort& port, const PlanConfig& config);
 
+/// One range of unallocated-ClusterIP checking: a service CIDR of one family and the
+/// ServiceCIDR objects that hold it.
+struct ServiceCIDRRange {
+  std::string cidr;                ///< canonical, e.g. "10.96.0.0/12"
+  std::vector<std::string> names;  ///< ServiceCIDR objects holding it (or a CIDR inside it)
+  bool operator==(const ServiceCIDRRange&) const = default;
+};
+
+/// The ranges in which new traffic to an address no Service holds is dropped, as upstream's
+/// `cluster-ips-check` does: the service CIDRs of `family`, sorted by address, each once. A
+/// CIDR inside another is folded into it (its object's name is added to the outer range's), so
+/// the ranges never overlap. Unparsable CIDRs are left out.
+std::vector<ServiceCIDRRange> serviceCIDRRanges(std::span<const sdk::ServiceCIDR> cidrs, sdk::Family family);
+
 /// Upstream's default ClientIP affinity timeout, used when a port carries none.
 inline constexpr std::uint32_t kDefaultAffinityTimeoutSeconds = 10800;
 
