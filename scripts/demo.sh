@@ -5,7 +5,8 @@
 # namespaces and an outside client, loads examples/demo-manifests, starts
 # `kproxy --proxy-mode=nftables` inside the node namespace, and shows traffic to the ClusterIP
 # spreading over the pods and a NodePort reached from outside. Everything is removed on exit.
-# Needs root. Exits non-zero when fewer than two distinct pods answered.
+# Needs root. Exits non-zero when fewer than two distinct pods answered the ClusterIP or none
+# answered the NodePort.
 #
 # Environment: KPROXY_BIN (skip the build), KPROXY_PLUGIN_DIR, KPROXY_BUILD_DIR (default
 # ./build), KP_KEEP_WORKDIR=1 (keep the kproxy log).
@@ -74,7 +75,9 @@ for pod in $(printf '%s\n' "${!hits[@]}" | sort); do printf ' %s×%d' "$pod" "${
 echo
 
 echo "==> from the outside client ($KP_CLIENT_IP) to NodePort $KP_NODE_IP:$NODEPORT"
-body="$(kp_curl client "http://$KP_NODE_IP:$NODEPORT/" 2>&1)" || body="(failed: $body)"
+nodeport_ok=1
+body="$(kp_curl client "http://$KP_NODE_IP:$NODEPORT/" 2>&1)" || { body="(failed: $body)"; nodeport_ok=0; }
+[[ "$body" =~ ^pod= ]] || nodeport_ok=0
 echo "  $body"
 
 echo "==> nft list table ip kube-proxy (first 25 lines, in the node namespace)"
@@ -85,4 +88,9 @@ if ((${#hits[@]} < 2)); then
   kp_kproxy_log_tail 20 >&2
   exit 1
 fi
-echo "==> OK: ${#hits[@]} distinct pods answered; tearing down"
+if ((!nodeport_ok)); then
+  echo "FAILED: no pod answered on NodePort $KP_NODE_IP:$NODEPORT from the outside client" >&2
+  kp_kproxy_log_tail 20 >&2
+  exit 1
+fi
+echo "==> OK: ${#hits[@]} distinct pods answered the ClusterIP, and a pod the NodePort; tearing down"
