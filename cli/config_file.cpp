@@ -587,14 +587,21 @@ void emitYaml(YAML::Emitter& out, const Json& value) {
   }
 }
 
+// Strings come from the config file and flags as given, and need not be UTF-8: dump()'s
+// default would throw on them (and end kproxy at start-up, which serves /configz); replace
+// the bad bytes with U+FFFD instead.
+std::string dumpJson(const Json& value) {
+  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 }  // namespace
 
-std::string toJson(const ProxyConfig& config) { return toJsonValue(config).dump(); }
+std::string toJson(const ProxyConfig& config) { return dumpJson(toJsonValue(config)); }
 
 std::string toConfigzJson(const ProxyConfig& config) {
   Json j = Json::object();
   j["kubeproxy.config.k8s.io"] = toJsonValue(config);
-  return j.dump();
+  return dumpJson(j);
 }
 
 std::string toYaml(const ProxyConfig& config) {
