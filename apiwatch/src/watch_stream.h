@@ -31,7 +31,8 @@ class WatchLineSplitter {
 
  private:
   std::string data_;
-  std::size_t start_ = 0;  // first byte not handed out yet
+  std::size_t start_ = 0;    // first byte not handed out yet
+  std::size_t scanned_ = 0;  // data_ before this holds no newline after start_
   std::size_t maxPending_;
 };
 
