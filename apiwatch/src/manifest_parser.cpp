@@ -136,6 +136,14 @@ void addSyntaxError(std::string_view text, const json::parse_error& e,
                                  fmt::format("JSON syntax error: {}", e.what()))});
 }
 
+// Not a syntax error but as fatal to the document: a number too large for a double
+// (out_of_range.406, e.g. 1E400). It carries no position.
+void addSyntaxError(const json::exception& e, std::vector<ManifestEntry>& out) {
+  out.push_back({1, 1, std::nullopt,
+                 core::makeError(core::ErrorCategory::kDecode,
+                                 fmt::format("JSON error: {}", e.what()))});
+}
+
 // A file holding a whole cluster as one List would be held as a JSON tree several times the
 // size of its text, next to every object decoded from it. So the items of the top-level
 // "items" array are decoded as soon as each is parsed and their tree is dropped (a null keeps
@@ -262,6 +270,9 @@ void parseJson(std::string_view text, std::vector<ManifestEntry>& out) {
   } catch (const json::parse_error& e) {
     addSyntaxError(text, e, out);
     return;
+  } catch (const json::exception& e) {
+    addSyntaxError(e, out);
+    return;
   }
   if (EagerItems* items = eager.itemsFor(value)) {
     decodeDocument(std::move(value), 1, 1, out, items);
@@ -273,6 +284,9 @@ void parseJson(std::string_view text, std::vector<ManifestEntry>& out) {
       value = json::parse(text);
     } catch (const json::parse_error& e) {
       addSyntaxError(text, e, out);
+      return;
+    } catch (const json::exception& e) {
+      addSyntaxError(e, out);
       return;
     }
   }
