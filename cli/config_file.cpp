@@ -10,6 +10,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -18,6 +19,40 @@
 
 namespace kproxy::cli {
 namespace {
+
+/// The offset of the first byte that does not belong to a well-formed UTF-8 sequence
+/// (overlong forms, surrogates and code points above U+10FFFF are ill-formed).
+std::optional<std::size_t> firstInvalidUtf8(std::string_view text) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    std::size_t length = 0;
+    unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      length = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      length = 3;
+      if (c == 0xE0) low = 0xA0;
+      if (c == 0xED) high = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      length = 4;
+      if (c == 0xF0) low = 0x90;
+      if (c == 0xF4) high = 0x8F;
+    } else {
+      return i;
+    }
+    if (i + length > text.size()) return i;
+    for (std::size_t k = 1; k < length; ++k) {
+      const auto b = static_cast<unsigned char>(text[i + k]);
+      if (k == 1 ? (b < low || b > high) : (b < 0x80 || b > 0xBF)) return i;
+    }
+    i += length;
+  }
+  return std::nullopt;
+}
 
 using core::ErrorCategory;
 using core::makeError;
@@ -247,6 +282,12 @@ struct Presence {
 }  // namespace
 
 core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view source) {
+  // Upstream's YAML reader refuses a document that is not UTF-8; yaml-cpp would take its
+  // bytes into names and addresses as they are.
+  if (auto bad = firstInvalidUtf8(text)) {
+    return makeError(ErrorCategory::kDecode,
+                     fmt::format("{}: invalid UTF-8 at byte offset {}", source, *bad));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
