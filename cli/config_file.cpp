@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
@@ -584,7 +585,12 @@ Json toJsonValue(const ProxyConfig& c) {
 // A string that a YAML reader would take for something else when written plain.
 bool needsQuotes(const std::string& s) {
   if (classifyPlain(s) != PlainType::kString) return true;
-  return s.front() == ' ' || s.back() == ' ';
+  if (s.front() == ' ' || s.back() == ' ') return true;
+  // A plain scalar cannot carry control characters (a CR or tab at its end is read back as
+  // a line break or dropped); only the escapes of a double-quoted one keep them.
+  return std::any_of(s.begin(), s.end(), [](char c) {
+    return static_cast<unsigned char>(c) < 0x20 || c == 0x7F;
+  });
 }
 
 void emitYaml(YAML::Emitter& out, const Json& value) {
