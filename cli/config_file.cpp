@@ -21,15 +21,24 @@
 namespace kproxy::cli {
 namespace {
 
-/// The offset of the first byte that does not belong to a well-formed UTF-8 sequence
-/// (overlong forms, surrogates and code points above U+10FFFF are ill-formed).
-std::optional<std::size_t> firstInvalidUtf8(std::string_view text) {
+/// Where a config file holds what upstream's YAML reader (go-yaml) refuses before parsing:
+/// bytes that are not well-formed UTF-8 (overlong forms, surrogates and code points above
+/// U+10FFFF are ill-formed), or characters outside YAML's printable set (control characters
+/// other than tab, LF and CR; DEL; C1 controls but NEL; U+FFFE and U+FFFF).
+struct UnreadableByte {
+  std::size_t offset;
+  const char* what;
+};
+
+std::optional<UnreadableByte> firstUnreadableByte(std::string_view text) {
   std::size_t i = 0;
   while (i < text.size()) {
     const auto c = static_cast<unsigned char>(text[i]);
     std::size_t length = 0;
     unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
     if (c < 0x80) {
+      if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F)
+        return UnreadableByte{i, "control character"};
       ++i;
       continue;
     } else if (c >= 0xC2 && c <= 0xDF) {
@@ -43,13 +52,18 @@ std::optional<std::size_t> firstInvalidUtf8(std::string_view text) {
       if (c == 0xF0) low = 0x90;
       if (c == 0xF4) high = 0x8F;
     } else {
-      return i;
+      return UnreadableByte{i, "invalid UTF-8"};
     }
-    if (i + length > text.size()) return i;
+    if (i + length > text.size()) return UnreadableByte{i, "invalid UTF-8"};
     for (std::size_t k = 1; k < length; ++k) {
       const auto b = static_cast<unsigned char>(text[i + k]);
-      if (k == 1 ? (b < low || b > high) : (b < 0x80 || b > 0xBF)) return i;
+      if (k == 1 ? (b < low || b > high) : (b < 0x80 || b > 0xBF))
+        return UnreadableByte{i, "invalid UTF-8"};
     }
+    const auto second = static_cast<unsigned char>(text[i + 1]);
+    if (c == 0xC2 && second < 0xA0 && second != 0x85) return UnreadableByte{i, "control character"};
+    if (c == 0xEF && second == 0xBF && static_cast<unsigned char>(text[i + 2]) >= 0xBE)
+      return UnreadableByte{i, "non-character"};
     i += length;
   }
   return std::nullopt;
@@ -283,11 +297,11 @@ struct Presence {
 }  // namespace
 
 core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view source) {
-  // Upstream's YAML reader refuses a document that is not UTF-8; yaml-cpp would take its
-  // bytes into names and addresses as they are.
-  if (auto bad = firstInvalidUtf8(text)) {
+  // Upstream's YAML reader refuses such a document; yaml-cpp would take the bytes into names
+  // and addresses as they are.
+  if (auto bad = firstUnreadableByte(text)) {
     return makeError(ErrorCategory::kDecode,
-                     fmt::format("{}: invalid UTF-8 at byte offset {}", source, *bad));
+                     fmt::format("{}: {} at byte offset {}", source, bad->what, bad->offset));
   }
   YAML::Node root;
   try {
