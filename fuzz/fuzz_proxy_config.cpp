@@ -2,6 +2,7 @@
 // must survive the trip through --write-config-to: decodeConfig(toYaml(c)) gives c back.
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <string_view>
 
@@ -20,6 +21,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto again = cli::decodeConfig(yaml, "written.yaml");
   if (!again) std::fprintf(stderr, "%s\n---\n%s\n", yaml.c_str(), again.error().message().c_str());
   KPROXY_FUZZ_CHECK(again.has_value(), "what was accepted is written back decodably");
+  if (!(*again == *config))
+    std::fprintf(stderr, "written:\n%s\nread back and written again:\n%s\n", yaml.c_str(),
+                 cli::toYaml(*again).c_str());
   KPROXY_FUZZ_CHECK(*again == *config, "decodeConfig(toYaml(c)) == c");
   (void)cli::toJson(*config);
   (void)cli::toConfigzJson(*config);
