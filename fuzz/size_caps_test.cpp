@@ -43,6 +43,11 @@ constexpr bool kSanitized = false;
 constexpr bool kSanitized = false;
 #endif
 
+// Under sanitizers (Debug, -O0, shadow memory) reading 64 MiB of JSON takes minutes, even of
+// whitespace: the ASan build checks the refusals above the caps and leaves the inputs at the
+// caps to the other builds. A Service's ports are cut to a twentieth.
+constexpr std::size_t kObjectShare = kSanitized ? 20 : 1;
+
 class CountingSink : public core::EventSink {
  public:
   void serviceUpserted(core::Service s) override {
@@ -146,9 +151,10 @@ double secondsSince(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 TEST_CASE("a manifest file of exactly 64 MiB is read, one byte more is refused", "[unit]") {
+  // Under sanitizers: only the refusal (see kObjectShare).
   TempDir dir;
   std::size_t count = 0;
-  {
+  if (!kSanitized) {
     const std::string atCap = serviceListOfSize(kManifestCap, count);
     REQUIRE(atCap.size() == kManifestCap);
     writeFile(dir.path() / "a-at-cap.json", atCap);
@@ -187,8 +193,10 @@ TEST_CASE("a manifest file of exactly 64 MiB is read, one byte more is refused",
   }
 }
 
-TEST_CASE("a Service and an EndpointSlice as large as a watch event may be", "[unit]") {
-  SECTION("an EndpointSlice of 64 MiB is framed in bounded time and decoded") {
+TEST_CASE("an EndpointSlice as large as a watch event may be (64 MiB) is framed in bounded time",
+          "[unit]") {
+  if (kSanitized) return;  // see kObjectShare
+  {
     std::string body =
         R"({"type":"ADDED","object":{"apiVersion":"discovery.k8s.io/v1","kind":"EndpointSlice",)"
         R"("metadata":{"namespace":"big","name":"huge"},"addressType":"IPv4",)"
@@ -204,7 +212,6 @@ TEST_CASE("a Service and an EndpointSlice as large as a watch event may be", "[u
     }
     body.pop_back();  // the last comma
     body += tail;
-    REQUIRE(body.size() <= kEventCap);
     // The framing alone, in 4 KiB reads (a read returns what the socket holds, often less
     // than the client's 16 KiB): linear work is a few tens of milliseconds (more under
     // sanitizers); scanning the whole pending line again after every read is half a terabyte.
@@ -218,16 +225,19 @@ TEST_CASE("a Service and an EndpointSlice as large as a watch event may be", "[u
     REQUIRE(slice);
     CHECK(slice->endpoints.size() == endpoints);
   }
+}
 
+TEST_CASE("watch events over the cap are refused; a Service with many ports decodes", "[unit]") {
   SECTION("one byte over the cap without a newline is refused") {
     std::string body(kEventCap + 1, ' ');
     body[0] = '{';
     CHECK(readWatchBody(body, 16384, [](std::string_view) {}) == -1);
   }
 
-  SECTION("a Service with 200,000 ports") {
+  SECTION("a Service with 200,000 ports (10,000 under sanitizers)") {
     json ports = json::array();
-    for (int i = 0; i < 200000; ++i)
+    const int count = 200000 / static_cast<int>(kObjectShare);
+    for (int i = 0; i < count; ++i)
       ports.push_back({{"name", fmt::format("p{}", i)}, {"port", 1 + i % 65535}, {"protocol", "UDP"}});
     json service = {{"apiVersion", "v1"},
                     {"kind", "Service"},
@@ -241,6 +251,6 @@ TEST_CASE("a Service and an EndpointSlice as large as a watch event may be", "[u
             REQUIRE(s);
             decoded = s->ports.size();
           }) == 1);
-    CHECK(decoded == 200000);
+    CHECK(decoded == static_cast<std::size_t>(count));
   }
 }
