@@ -24,6 +24,15 @@ const std::filesystem::path& kubeconfigPath() {
     }
     return std::filesystem::path(dir) / "kubeconfig";
   }();
+  // Registered once the path exists, so it runs before the path is destroyed.
+  static const bool cleanup = [] {
+    std::atexit([] {
+      std::error_code ec;
+      std::filesystem::remove_all(path.parent_path(), ec);
+    });
+    return true;
+  }();
+  (void)cleanup;
   return path;
 }
 
