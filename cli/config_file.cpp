@@ -30,14 +30,16 @@ struct UnreadableByte {
   const char* what;
 };
 
-std::optional<UnreadableByte> firstUnreadableByte(std::string_view text) {
+/// With `utf8Only`, only bytes that are not well-formed UTF-8 count (for decoded values, where
+/// escapes may have produced control characters).
+std::optional<UnreadableByte> firstUnreadableByte(std::string_view text, bool utf8Only = false) {
   std::size_t i = 0;
   while (i < text.size()) {
     const auto c = static_cast<unsigned char>(text[i]);
     std::size_t length = 0;
     unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
     if (c < 0x80) {
-      if ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F)
+      if (!utf8Only && ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F))
         return UnreadableByte{i, "control character"};
       ++i;
       continue;
@@ -61,6 +63,10 @@ std::optional<UnreadableByte> firstUnreadableByte(std::string_view text) {
         return UnreadableByte{i, "invalid UTF-8"};
     }
     const auto second = static_cast<unsigned char>(text[i + 1]);
+    if (utf8Only) {
+      i += length;
+      continue;
+    }
     if (c == 0xC2 && second < 0xA0 && second != 0x85) return UnreadableByte{i, "control character"};
     if (c == 0xEF && second == 0xBF && static_cast<unsigned char>(text[i + 2]) >= 0xBE)
       return UnreadableByte{i, "non-character"};
@@ -162,6 +168,11 @@ class Decoder {
     if (!node.IsScalar()) return typeError(path, node, "a string");
     if (isPlain(node) && classifyPlain(node.Scalar()) != PlainType::kString) {
       return typeError(path, node, "a string");
+    }
+    // yaml-cpp decodes the escapes \N and \_ to the Latin-1 bytes 0x85 and 0xA0, not to
+    // UTF-8; such a value could not be written back (--write-config-to) as it was read.
+    if (firstUnreadableByte(node.Scalar(), /*utf8Only=*/true)) {
+      return fail(path, "must be valid UTF-8 (write the escapes \\N and \\_ as \\u0085 and \\u00A0)");
     }
     out = node.Scalar();
     return true;
@@ -351,6 +362,8 @@ core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view s
          std::map<std::string, bool> gates;
          for (const auto& e : n) {
            const std::string name = e.first.Scalar();
+           if (firstUnreadableByte(name, /*utf8Only=*/true))  // see readString
+             return d.fail(p, "feature names must be valid UTF-8");
            bool value = false;
            if (!d.readBool(e.second, p + "." + name, value)) return false;
            gates[name] = value;
