@@ -160,23 +160,21 @@ class EagerListDecoder {
   using Sax = nlohmann::detail::json_sax_dom_parser<json>;
   explicit EagerListDecoder(json& root) : root_(root), dom_(root) {}
 
-  bool null() { return dom_.null() && scalar(nullptr); }
-  bool boolean(bool v) { return dom_.boolean(v) && scalar(v); }
-  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v) && scalar(v); }
-  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v) && scalar(v); }
+  bool null() { return dom_.null() && nonString(); }
+  bool boolean(bool v) { return dom_.boolean(v) && nonString(); }
+  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v) && nonString(); }
+  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v) && nonString(); }
   bool number_float(json::number_float_t v, const json::string_t& s) {
-    return dom_.number_float(v, s) && scalar(v);
+    return dom_.number_float(v, s) && nonString();
   }
+  bool binary(json::binary_t& v) { return dom_.binary(v) && nonString(); }
   bool string(json::string_t& v) {
-    // The root's "kind" is the only string this needs to read.
-    const bool rootKind = depth_ == 1 && rootKey_ == "kind";
-    if (rootKind) {
+    if (depth_ == 1 && rootKey_ == "kind") {  // the only string this needs to read
       rootKindKnown_ = true;
       rootIsList_ = v.ends_with("List");
     }
-    return dom_.string(v) && (rootKind ? itemDone(false) : scalar(nullptr));
+    return dom_.string(v) && itemDone(false);
   }
-  bool binary(json::binary_t& v) { return dom_.binary(v) && scalar(nullptr); }
   bool key(json::string_t& k) {
     if (depth_ == 1) {
       rootKey_ = k;
@@ -219,14 +217,12 @@ class EagerListDecoder {
   bool decodedAny() const { return !items_.empty(); }
 
  private:
-  /// A scalar value was parsed; the root's "kind" is the only one that matters.
-  template <typename T>
-  bool scalar(const T& v) {
+  /// A scalar that is not a string was parsed: as the root's "kind", it is not a List's.
+  bool nonString() {
     if (depth_ == 1 && rootKey_ == "kind") {
       rootKindKnown_ = true;
-      rootIsList_ = false;  // not a string
+      rootIsList_ = false;
     }
-    (void)v;
     return itemDone(false);
   }
 
