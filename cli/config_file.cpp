@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <utility>
@@ -18,6 +20,60 @@
 
 namespace kproxy::cli {
 namespace {
+
+/// Where a config file holds what upstream's YAML reader (go-yaml) refuses before parsing:
+/// bytes that are not well-formed UTF-8 (overlong forms, surrogates and code points above
+/// U+10FFFF are ill-formed), or characters outside YAML's printable set (control characters
+/// other than tab, LF and CR; DEL; C1 controls but NEL; U+FFFE and U+FFFF).
+struct UnreadableByte {
+  std::size_t offset;
+  const char* what;
+};
+
+/// With `utf8Only`, only bytes that are not well-formed UTF-8 count (for decoded values, where
+/// escapes may have produced control characters).
+std::optional<UnreadableByte> firstUnreadableByte(std::string_view text, bool utf8Only = false) {
+  std::size_t i = 0;
+  while (i < text.size()) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    std::size_t length = 0;
+    unsigned char low = 0x80, high = 0xBF;  // the allowed range of the second byte
+    if (c < 0x80) {
+      if (!utf8Only && ((c < 0x20 && c != '\t' && c != '\n' && c != '\r') || c == 0x7F))
+        return UnreadableByte{i, "control character"};
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      length = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      length = 3;
+      if (c == 0xE0) low = 0xA0;
+      if (c == 0xED) high = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      length = 4;
+      if (c == 0xF0) low = 0x90;
+      if (c == 0xF4) high = 0x8F;
+    } else {
+      return UnreadableByte{i, "invalid UTF-8"};
+    }
+    if (i + length > text.size()) return UnreadableByte{i, "invalid UTF-8"};
+    for (std::size_t k = 1; k < length; ++k) {
+      const auto b = static_cast<unsigned char>(text[i + k]);
+      if (k == 1 ? (b < low || b > high) : (b < 0x80 || b > 0xBF))
+        return UnreadableByte{i, "invalid UTF-8"};
+    }
+    const auto second = static_cast<unsigned char>(text[i + 1]);
+    if (utf8Only) {
+      i += length;
+      continue;
+    }
+    if (c == 0xC2 && second < 0xA0 && second != 0x85) return UnreadableByte{i, "control character"};
+    if (c == 0xEF && second == 0xBF && static_cast<unsigned char>(text[i + 2]) >= 0xBE)
+      return UnreadableByte{i, "non-character"};
+    i += length;
+  }
+  return std::nullopt;
+}
 
 using core::ErrorCategory;
 using core::makeError;
@@ -112,6 +168,11 @@ class Decoder {
     if (!node.IsScalar()) return typeError(path, node, "a string");
     if (isPlain(node) && classifyPlain(node.Scalar()) != PlainType::kString) {
       return typeError(path, node, "a string");
+    }
+    // yaml-cpp decodes the escapes \N and \_ to the Latin-1 bytes 0x85 and 0xA0, not to
+    // UTF-8; such a value could not be written back (--write-config-to) as it was read.
+    if (firstUnreadableByte(node.Scalar(), /*utf8Only=*/true)) {
+      return fail(path, "must be valid UTF-8 (write the escapes \\N and \\_ as \\u0085 and \\u00A0)");
     }
     out = node.Scalar();
     return true;
@@ -247,6 +308,12 @@ struct Presence {
 }  // namespace
 
 core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view source) {
+  // Upstream's YAML reader refuses such a document; yaml-cpp would take the bytes into names
+  // and addresses as they are.
+  if (auto bad = firstUnreadableByte(text)) {
+    return makeError(ErrorCategory::kDecode,
+                     fmt::format("{}: {} at byte offset {}", source, bad->what, bad->offset));
+  }
   YAML::Node root;
   try {
     root = YAML::Load(std::string(text));
@@ -295,6 +362,8 @@ core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view s
          std::map<std::string, bool> gates;
          for (const auto& e : n) {
            const std::string name = e.first.Scalar();
+           if (firstUnreadableByte(name, /*utf8Only=*/true))  // see readString
+             return d.fail(p, "feature names must be valid UTF-8");
            bool value = false;
            if (!d.readBool(e.second, p + "." + name, value)) return false;
            gates[name] = value;
@@ -543,7 +612,12 @@ Json toJsonValue(const ProxyConfig& c) {
 // A string that a YAML reader would take for something else when written plain.
 bool needsQuotes(const std::string& s) {
   if (classifyPlain(s) != PlainType::kString) return true;
-  return s.front() == ' ' || s.back() == ' ';
+  if (s.front() == ' ' || s.back() == ' ') return true;
+  // A plain scalar cannot carry control characters (a CR or tab at its end is read back as
+  // a line break or dropped); only the escapes of a double-quoted one keep them.
+  return std::any_of(s.begin(), s.end(), [](char c) {
+    return static_cast<unsigned char>(c) < 0x20 || c == 0x7F;
+  });
 }
 
 void emitYaml(YAML::Emitter& out, const Json& value) {
@@ -587,14 +661,21 @@ void emitYaml(YAML::Emitter& out, const Json& value) {
   }
 }
 
+// Strings come from the config file and flags as given, and need not be UTF-8: dump()'s
+// default would throw on them (and end kproxy at start-up, which serves /configz); replace
+// the bad bytes with U+FFFD instead.
+std::string dumpJson(const Json& value) {
+  return value.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 }  // namespace
 
-std::string toJson(const ProxyConfig& config) { return toJsonValue(config).dump(); }
+std::string toJson(const ProxyConfig& config) { return dumpJson(toJsonValue(config)); }
 
 std::string toConfigzJson(const ProxyConfig& config) {
   Json j = Json::object();
   j["kubeproxy.config.k8s.io"] = toJsonValue(config);
-  return j.dump();
+  return dumpJson(j);
 }
 
 std::string toYaml(const ProxyConfig& config) {

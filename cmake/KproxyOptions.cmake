@@ -11,12 +11,31 @@ if(CCACHE_PROGRAM)
 endif()
 
 add_library(kproxy_warnings INTERFACE)
-target_compile_options(kproxy_warnings INTERFACE -Wall -Wextra -Wshadow=local -Wnon-virtual-dtor)
+# -Wshadow=local is g++ only (clang builds the fuzz targets).
+target_compile_options(kproxy_warnings INTERFACE -Wall -Wextra $<$<CXX_COMPILER_ID:GNU>:-Wshadow=local> -Wnon-virtual-dtor)
 if(KPROXY_WERROR)
   target_compile_options(kproxy_warnings INTERFACE -Werror)
 endif()
 if(KPROXY_SANITIZE)
   add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined)
   add_link_options(-fsanitize=address,undefined)
+  # Boost 1.74's Asio sees C++20 coroutines only with g++ or libc++; clang with libstdc++ has
+  # them too.
+  add_compile_definitions(BOOST_ASIO_HAS_CO_AWAIT=1 BOOST_ASIO_HAS_STD_COROUTINE=1)
 endif()
 install(TARGETS kproxy_warnings EXPORT kproxyTargets)
+
+# libFuzzer targets (fuzz/): clang only, in a build directory of their own. Everything is
+# instrumented for coverage and built with ASan+UBSan; only fuzz/ executables link libFuzzer.
+option(KPROXY_FUZZ "Build the libFuzzer targets in fuzz/ (clang)" OFF)
+if(KPROXY_FUZZ)
+  if(NOT CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+    message(FATAL_ERROR "KPROXY_FUZZ needs clang (libFuzzer): -DCMAKE_CXX_COMPILER=clang++-19 -DCMAKE_C_COMPILER=clang-19")
+  endif()
+  add_compile_options(-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer
+                      -fno-sanitize-recover=undefined -g)
+  add_link_options(-fsanitize=address,undefined)
+  # Boost 1.74's Asio sees C++20 coroutines only with g++ or libc++; clang with libstdc++ has
+  # them too.
+  add_compile_definitions(BOOST_ASIO_HAS_CO_AWAIT=1 BOOST_ASIO_HAS_STD_COROUTINE=1)
+endif()

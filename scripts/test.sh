@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine and runs every test tier:
-#   1. unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/)
+#   1. unit tests under AddressSanitizer + UndefinedBehaviorSanitizer (build-asan/), then the
+#      libFuzzer targets (build-fuzz/, clang), each fuzzed for FUZZ_SECONDS (10)
 #   2. the full suite (build/, Release): unit; kernel (each test in its own network namespace);
 #      program (the kproxy binary as a user runs it, install, HTTP endpoints); data path (pods in
 #      network namespaces, curl through the real rules); end to end (a real kube-apiserver +
@@ -29,6 +30,14 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKPROXY_SANITIZE=ON 
 cmake --build build-asan -j"$JOBS"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest -L unit --output-on-failure -j"$JOBS")
+
+echo "== Fuzz targets (clang 19, libFuzzer, ASan+UBSan): each for a bounded time"
+# Only the libraries the targets need are built. Inputs found are kept in build-fuzz/ for the
+# next run; any crash, leak, timeout or sanitizer report fails.
+cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKPROXY_FUZZ=ON -DKPROXY_BUILD_TESTS=OFF \
+  -DCMAKE_C_COMPILER=clang-19 -DCMAKE_CXX_COMPILER=clang++-19 -DKPROXY_FUZZ_SECONDS="${FUZZ_SECONDS:-10}" >/dev/null
+cmake --build build-fuzz -j"$JOBS" --target kproxy_fuzzers
+(cd build-fuzz && ctest -L fuzz --output-on-failure -j1)
 
 echo "== Control plane for the end-to-end tier: kube-apiserver from the Go module proxy (cached)"
 # Cached in ~/.cache/kproxy after the first build; with the whole machine to itself CI may use

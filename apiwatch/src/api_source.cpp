@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "http_client.h"
+#include "watch_stream.h"
 #include "kproxy/apiwatch/decode.h"
 #include "kproxy/core/log.h"
 
@@ -25,6 +26,7 @@ namespace {
 
 using detail::Connection;
 using detail::Task;
+using detail::WatchLineSplitter;
 namespace asio = detail::asio;
 namespace http = detail::http;
 using nlohmann::json;
@@ -368,7 +370,8 @@ struct ApiSource::Impl {
     http::response_parser<http::buffer_body> parser;
     parser.body_limit(std::numeric_limits<std::uint64_t>::max());
     co_await connection->readHeader(parser);
-    std::string data;
+    WatchLineSplitter stream(kMaxEventLine);
+    std::string& data = stream.data();
     if (parser.get().result() != http::status::ok) {
       while (data.size() < kMaxErrorBody && co_await connection->readSome(parser, data)) {
       }
@@ -389,11 +392,8 @@ struct ApiSource::Impl {
     for (;;) {
       connection->expiresAfter(deadline - SteadyClock::now());
       if (!co_await connection->readSome(parser, data)) break;
-      std::size_t start = 0;
-      for (std::size_t nl; (nl = data.find('\n', start)) != std::string::npos; start = nl + 1) {
-        std::string_view line(data.data() + start, nl - start);
-        if (line.find_first_not_of(" \r\t") == std::string_view::npos) continue;
-        json parsed = json::parse(line, nullptr, false);
+      while (auto line = stream.nextLine()) {
+        json parsed = json::parse(*line, nullptr, false);
         if (parsed.is_discarded()) {
           // A broken line means a broken stream: reopen from the last good resourceVersion.
           throw std::runtime_error(fmt::format("WATCH {}: undecodable event line", r.path));
@@ -413,8 +413,7 @@ struct ApiSource::Impl {
         }
         applyEvent(r, *event);
       }
-      data.erase(0, start);
-      if (data.size() > kMaxEventLine) throw std::runtime_error(fmt::format("WATCH {}: event line too long", r.path));
+      if (!stream.compact()) throw std::runtime_error(fmt::format("WATCH {}: event line too long", r.path));
     }
     co_return WatchOutcome::kEnded;
   }
