@@ -7,38 +7,13 @@
 # Usage: http_limits.sh KPROXY_BIN
 set -uo pipefail
 KPROXY=${1:?usage: http_limits.sh KPROXY_BIN}
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
-if [[ $(id -u) -ne 0 ]]; then
-  echo "http_limits: ERROR: needs root (own network namespace, nftables)" >&2
-  echo "http_limits: 0 passed, 1 failed"
-  exit 1
-fi
-if [[ -z "${HTTP_LIMITS_IN_NETNS:-}" ]]; then
-  HTTP_LIMITS_IN_NETNS=1 exec unshare -n "$0" "$@"
-fi
-ip link set lo up
+require_root http_limits "own network namespace, nftables"
+enter_own_netns http_limits "$@"
+make_workdir http-limits
 
-WORK=$(mktemp -d /tmp/kproxy-http-limits-XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-passed=0
-failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
-check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "${DETAIL:-}"; fi; }
-wait_for() {
-  local deadline=$((SECONDS + $1)); shift
-  while ((SECONDS <= deadline)); do "$@" && return 0; sleep 0.05; done
-  return 1
-}
-code() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$@"; }
-is_code() { local want=$1; shift; [[ $(code "$@") == "$want" ]]; }
 alive() { kill -0 "$KP" 2>/dev/null; }
 
 M="$WORK/manifests"; mkdir -p "$M"
@@ -206,5 +181,4 @@ else
   fail "SIGTERM" "still running after 5 s"
 fi
 
-echo "http_limits: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish http_limits

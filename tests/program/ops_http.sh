@@ -7,40 +7,13 @@
 # Usage: ops_http.sh KPROXY_BIN
 set -uo pipefail
 KPROXY=${1:?usage: ops_http.sh KPROXY_BIN}
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
-if [[ $(id -u) -ne 0 ]]; then
-  echo "ops_http: ERROR: needs root (own network namespace, nftables)" >&2
-  echo "ops_http: 0 passed, 1 failed"
-  exit 1
-fi
-if [[ -z "${OPS_HTTP_IN_NETNS:-}" ]]; then
-  OPS_HTTP_IN_NETNS=1 exec unshare -n "$0" "$@"
-fi
-ip link set lo up
+require_root ops_http "own network namespace, nftables"
+enter_own_netns ops_http "$@"
+make_workdir ops-http
 
-WORK=$(mktemp -d /tmp/kproxy-ops-http-XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-passed=0
-failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
-check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "${DETAIL:-}"; fi; }
-
-# wait_for SECONDS CMD...: polls every 50 ms.
-wait_for() {
-  local deadline=$((SECONDS + $1)); shift
-  while ((SECONDS <= deadline)); do "$@" && return 0; sleep 0.05; done
-  return 1
-}
-code() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1"; }
-is_code() { [[ $(code "$2") == "$1" ]]; }
 # connect_result PORT — how one TCP connect to 127.0.0.1:PORT ends: OK or the errno's name.
 connect_result() {
   python3 -c '
@@ -255,5 +228,4 @@ fi
 DETAIL=$(grep -E '^E' "$WORK/kproxy.log" | grep -v 'healthcheck' | head -3)
 check "no other errors in the log" test -z "$DETAIL"
 
-echo "ops_http: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish ops_http
