@@ -69,7 +69,6 @@ wait_for() {
 
 cp_start || exit 1
 PKI="$CP_DIR/pki"
-SERVER="https://127.0.0.1:$CP_API_PORT"
 
 # kproxy's identity: CN=system:kube-proxy (bound to system:node-proxier by the apiserver's
 # bootstrap RBAC), signed by the cluster CA; and the same identity, expired yesterday.
@@ -108,26 +107,6 @@ cp_api POST /apis/discovery.k8s.io/v1/namespaces/default/endpointslices \
     "addressType":"IPv4","endpoints":[{"addresses":["10.244.1.2"],"conditions":{"ready":true}}],
     "ports":[{"name":"http","port":8080,"protocol":"TCP"}]}' >/dev/null || exit 1
 
-# kubeconfig FILE CLUSTER-LINES USER-LINES
-kubeconfig() {
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-current-context: e2e
-contexts:
-- name: e2e
-  context: {cluster: e2e, user: kproxy}
-clusters:
-- name: e2e
-  cluster:
-    server: $SERVER
-$2
-users:
-- name: kproxy
-  user:
-$3
-EOF
-}
 CERT_USER="    client-certificate: $PKI/kproxy.crt
     client-key: $PKI/kproxy.key"
 
@@ -171,27 +150,27 @@ refused() {
 }
 
 # --- client-certificate authentication -------------------------------------------------------
-kubeconfig "$WORK/cert.kubeconfig" "    certificate-authority: $PKI/ca.crt" "$CERT_USER"
+cp_write_kubeconfig "$WORK/cert.kubeconfig" "    certificate-authority: $PKI/ca.crt" "$CERT_USER"
 start_kproxy cert "$WORK/cert.kubeconfig"
 accepted "client-certificate authentication works: the Service reaches the ruleset"
 
 # --- the server is verified ------------------------------------------------------------------
-kubeconfig "$WORK/wrong-ca.kubeconfig" "    certificate-authority: $PKI/other-ca.crt" "$CERT_USER"
+cp_write_kubeconfig "$WORK/wrong-ca.kubeconfig" "    certificate-authority: $PKI/other-ca.crt" "$CERT_USER"
 start_kproxy wrong-ca "$WORK/wrong-ca.kubeconfig"
 refused "a CA that did not sign the server's certificate is refused" "certificate verify failed"
 
-kubeconfig "$WORK/wrong-name.kubeconfig" "    certificate-authority: $PKI/ca.crt
+cp_write_kubeconfig "$WORK/wrong-name.kubeconfig" "    certificate-authority: $PKI/ca.crt
     tls-server-name: not-the-apiserver.example" "$CERT_USER"
 start_kproxy wrong-name "$WORK/wrong-name.kubeconfig"
 refused "a server name the certificate does not carry is refused" "certificate verify failed"
 
-kubeconfig "$WORK/right-name.kubeconfig" "    certificate-authority: $PKI/ca.crt
+cp_write_kubeconfig "$WORK/right-name.kubeconfig" "    certificate-authority: $PKI/ca.crt
     tls-server-name: kubernetes.default.svc" "$CERT_USER"
 start_kproxy right-name "$WORK/right-name.kubeconfig"
 accepted "a tls-server-name the certificate carries is accepted (the control for the case above)"
 
 # --- the client is verified by the server ------------------------------------------------------
-kubeconfig "$WORK/expired.kubeconfig" "    certificate-authority: $PKI/ca.crt" \
+cp_write_kubeconfig "$WORK/expired.kubeconfig" "    certificate-authority: $PKI/ca.crt" \
   "    client-certificate: $PKI/expired.crt
     client-key: $PKI/expired.key"
 start_kproxy expired "$WORK/expired.kubeconfig"
@@ -218,7 +197,7 @@ else
 fi
 
 # --- refused at start-up ----------------------------------------------------------------------
-kubeconfig "$WORK/insecure.kubeconfig" "    certificate-authority: $PKI/ca.crt
+cp_write_kubeconfig "$WORK/insecure.kubeconfig" "    certificate-authority: $PKI/ca.crt
     insecure-skip-tls-verify: true" "$CERT_USER"
 out=$(timeout 10 "$KPROXY" --proxy-mode=nftables --kubeconfig "$WORK/insecure.kubeconfig" --hostname-override node-a 2>&1)
 rc=$?
@@ -228,7 +207,7 @@ else
   fail "CA with insecure-skip-tls-verify" "rc=$rc $out"
 fi
 printf 'secret-token' >"$WORK/token"
-kubeconfig "$WORK/token.kubeconfig" "" "    tokenFile: $WORK/token"
+cp_write_kubeconfig "$WORK/token.kubeconfig" "" "    tokenFile: $WORK/token"
 out=$(timeout 10 "$KPROXY" --proxy-mode=nftables --kubeconfig "$WORK/token.kubeconfig" --master http://127.0.0.1:1 \
   --hostname-override node-a 2>&1)
 rc=$?

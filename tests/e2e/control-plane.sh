@@ -14,6 +14,7 @@
 #                               body, fails on HTTP >= 400
 #   cp_kproxy_kubeconfig FILE   the ServiceAccount kube-system/kproxy, bound to the ClusterRole
 #                               from deploy/ (RBAC), with a TokenRequest token, as a kubeconfig
+#   cp_write_kubeconfig FILE CLUSTER-LINES USER-LINES   a kubeconfig for this apiserver
 #   cp_etcd_compact             compact etcd at its current revision (forces 410 on old watches)
 #
 # Binaries: kube-apiserver from ~/.cache/kproxy/bin (tests/e2e/build-control-plane.sh builds
@@ -287,7 +288,14 @@ cp_kproxy_kubeconfig() {
     python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["token"])')" || return 1
   [[ -n "$token" ]] || return 1
   printf '%s' "$token" >"$CP_DIR/kproxy.token"
-  cat >"$out" <<EOF
+  cp_write_kubeconfig "$out" "    certificate-authority: $CP_DIR/pki/ca.crt" "    tokenFile: $CP_DIR/kproxy.token"
+}
+
+# cp_write_kubeconfig FILE CLUSTER-LINES USER-LINES — a kubeconfig (context e2e, user kproxy)
+# for this apiserver; CLUSTER-LINES and USER-LINES go, as given (indented four spaces), under
+# the cluster's server and under the user.
+cp_write_kubeconfig() {
+  cat >"$1" <<EOF
 apiVersion: v1
 kind: Config
 current-context: e2e
@@ -298,11 +306,11 @@ clusters:
 - name: e2e
   cluster:
     server: https://127.0.0.1:$CP_API_PORT
-    certificate-authority: $CP_DIR/pki/ca.crt
+$2
 users:
 - name: kproxy
   user:
-    tokenFile: $CP_DIR/kproxy.token
+$3
 EOF
 }
 
