@@ -59,6 +59,64 @@ code() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$@"; }
 # is_code WANT [CURL ARGS...] URL
 is_code() { local want=$1; shift; [[ $(code "$@") == "$want" ]]; }
 
+# --- the HTTP tests' cluster (ops_http, http_limits) -----------------------------------------
+# make_lb_fixture: M=$WORK/manifests with the Node node-a (InternalIP 10.0.0.1), and
+# $WORK/config.yaml: nftables mode as node-a, metrics on 127.0.0.1:10249, health on
+# 0.0.0.0:10256. After make_workdir.
+make_lb_fixture() {
+  M="$WORK/manifests"; mkdir -p "$M"
+  cat >"$M/node.yaml" <<'YAML'
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+status:
+  addresses: [{type: InternalIP, address: 10.0.0.1}]
+YAML
+  cat >"$WORK/config.yaml" <<'YAML'
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: nftables
+hostnameOverride: node-a
+metricsBindAddress: 127.0.0.1:10249
+healthzBindAddress: 0.0.0.0:10256
+nftables: {minSyncPeriod: 100ms, syncPeriod: 30s}
+YAML
+}
+
+# kproxy_alive: the kproxy started as $KP still runs.
+kproxy_alive() { kill -0 "$KP" 2>/dev/null; }
+
+# write_lb NAME CLUSTER_IP HC_PORT LOCAL_NODE: into $M, an eTP=Local LoadBalancer (node port
+# HC_PORT - 1000) with one endpoint on LOCAL_NODE; written atomically (rename) as editors and
+# config tools do.
+write_lb() {
+  cat >"$WORK/$1.tmp" <<YAML
+apiVersion: v1
+kind: Service
+metadata: {name: $1, namespace: default}
+spec:
+  type: LoadBalancer
+  clusterIP: $2
+  externalTrafficPolicy: Local
+  healthCheckNodePort: $3
+  ports: [{name: http, port: 80, targetPort: 8080, nodePort: $(($3 - 1000)), protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: $1-1
+  namespace: default
+  labels: {kubernetes.io/service-name: $1}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.2]
+  conditions: {ready: true}
+  nodeName: $4
+YAML
+  mv "$WORK/$1.tmp" "$M/$1.yaml"
+}
+
 # finish LABEL: the summary line; exits 0 when nothing failed, else 1.
 finish() {
   echo "$1: $passed passed, $failed failed"

@@ -29,56 +29,9 @@ except OSError as e:
 # refused PORT — nothing listens on 127.0.0.1:PORT any more: the connection is refused (any
 # other failure, a timeout for instance, is not what is checked).
 refused() { [[ $(connect_result "$1") == ECONNREFUSED ]]; }
-kproxy_alive() { kill -0 "$KP" 2>/dev/null; }
 
-M="$WORK/manifests"; mkdir -p "$M"
-cat >"$M/node.yaml" <<'YAML'
-apiVersion: v1
-kind: Node
-metadata: {name: node-a}
-status:
-  addresses: [{type: InternalIP, address: 10.0.0.1}]
-YAML
-# write_lb NAME CLUSTER_IP HC_PORT LOCAL_NODE: an eTP=Local LoadBalancer with one endpoint on
-# LOCAL_NODE; written atomically (rename) as editors and config tools do.
-write_lb() {
-  cat >"$WORK/$1.tmp" <<YAML
-apiVersion: v1
-kind: Service
-metadata: {name: $1, namespace: default}
-spec:
-  type: LoadBalancer
-  clusterIP: $2
-  externalTrafficPolicy: Local
-  healthCheckNodePort: $3
-  ports: [{name: http, port: 80, targetPort: 8080, nodePort: $(($3 - 1000)), protocol: TCP}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: $1-1
-  namespace: default
-  labels: {kubernetes.io/service-name: $1}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- addresses: [10.244.1.2]
-  conditions: {ready: true}
-  nodeName: $4
-YAML
-  mv "$WORK/$1.tmp" "$M/$1.yaml"
-}
+make_lb_fixture
 write_lb web 10.96.0.30 32000 node-a
-
-cat >"$WORK/config.yaml" <<'YAML'
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: nftables
-hostnameOverride: node-a
-metricsBindAddress: 127.0.0.1:10249
-healthzBindAddress: 0.0.0.0:10256
-nftables: {minSyncPeriod: 100ms, syncPeriod: 30s}
-YAML
 
 # A port someone else holds, for a second service's health check.
 python3 -c '
