@@ -46,11 +46,7 @@ WORK=$(mktemp -d /tmp/kproxy-api-tls-XXXXXX)
 KP=""
 stop_kproxy() {
   [[ -n "$KP" ]] || return 0
-  kill -TERM "$KP" 2>/dev/null
-  local i
-  for ((i = 0; i < 100; i++)); do kill -0 "$KP" 2>/dev/null || break; sleep 0.05; done
-  kill -KILL "$KP" 2>/dev/null
-  wait "$KP" 2>/dev/null
+  cp_terminate "$KP" 0.05
   KP=""
   nft delete table ip kube-proxy 2>/dev/null
   nft delete table ip6 kube-proxy 2>/dev/null

@@ -10,6 +10,7 @@
 #                               waits for /readyz. Files in $CP_DIR (a temp dir).
 #   cp_stop_apiserver / cp_start_apiserver [EXTRA-FLAGS...]   restart the apiserver alone
 #   cp_stop                     stop everything and remove $CP_DIR (also on EXIT via cp_teardown)
+#   cp_terminate PID POLL       SIGTERM, up to 100 checks POLL s apart, SIGKILL, reap
 #   cp_api METHOD PATH [JSON]   an admin request (client cert in system:masters); prints the
 #                               body, fails on HTTP >= 400
 #   cp_kproxy_kubeconfig FILE   the ServiceAccount kube-system/kproxy, bound to the ClusterRole
@@ -175,13 +176,19 @@ cp_start_apiserver() {
   return 1
 }
 
+# cp_terminate PID POLL — SIGTERM to PID (a child of this shell), up to 100 checks POLL seconds
+# apart for it to exit, then SIGKILL; reaps it.
+cp_terminate() {
+  local pid="$1" poll="$2" i
+  kill -TERM "$pid" 2>/dev/null
+  for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep "$poll"; done
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+}
+
 cp_stop_apiserver() {
   [[ -n "$CP_API_PID" ]] || return 0
-  kill -TERM "$CP_API_PID" 2>/dev/null
-  local i
-  for ((i = 0; i < 100; i++)); do kill -0 "$CP_API_PID" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$CP_API_PID" 2>/dev/null
-  wait "$CP_API_PID" 2>/dev/null
+  cp_terminate "$CP_API_PID" 0.1
   CP_API_PID=""
 }
 
