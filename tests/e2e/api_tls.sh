@@ -29,14 +29,10 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -x "$KPROXY" ]] || { echo "api_tls: --kproxy BIN is required" >&2; exit 2; }
-if [[ $(id -u) -ne 0 ]]; then
-  echo "api_tls: ERROR: needs root (network namespace, nftables)" >&2
-  exit 1
-fi
-if [[ -z "${API_TLS_IN_NETNS:-}" ]]; then
-  API_TLS_IN_NETNS=1 exec unshare -n "$0" "${ARGS[@]}"
-fi
-ip link set lo up
+# shellcheck source=../program/lib.sh
+source "$HERE/../program/lib.sh"
+require_root api_tls "network namespace, nftables"
+enter_own_netns api_tls "${ARGS[@]}"
 
 # shellcheck source=control-plane.sh
 source "$HERE/control-plane.sh"
@@ -52,16 +48,6 @@ stop_kproxy() {
   nft delete table ip6 kube-proxy 2>/dev/null
 }
 trap '_rc=$?; stop_kproxy; cp_stop; [[ -n "${API_TLS_KEEP:-}" ]] && echo "logs kept in $WORK" || rm -rf "$WORK"; exit $_rc' EXIT
-
-passed=0
-failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
-wait_for() {
-  local deadline=$((SECONDS + $1)); shift
-  while ((SECONDS <= deadline)); do "$@" && return 0; sleep 0.1; done
-  return 1
-}
 
 cp_start || exit 1
 PKI="$CP_DIR/pki"
@@ -120,14 +106,13 @@ start_kproxy() {
 connected() { grep -q 'API server connection established' "$LOG"; }
 programmed() { nft list table ip kube-proxy 2>/dev/null | grep -q "$VIP"; }
 failures_with() { (($(grep 'API request failed; retrying' "$LOG" | grep -c -- "$1") >= 2)); }
-alive() { kill -0 "$KP" 2>/dev/null; }
 # Services are programmed as soon as they are listed; "connected" is logged once every watch
 # (the Node's too) is open, which may come a moment later.
 synced() { programmed && connected; }
 
 # accepted NAME: connects, and the Service reaches the ruleset.
 accepted() {
-  if wait_for 30 synced && alive; then
+  if wait_for 30 synced && kproxy_alive; then
     pass "$1"
   else
     fail "$1" "$(grep -E 'failed|error' "$LOG" | tail -3)"
@@ -137,7 +122,7 @@ accepted() {
 # refused NAME WHY: retries fail with WHY (at least twice, so it backs off and keeps failing),
 # kproxy stays up, never connects, programs nothing from the API.
 refused() {
-  if wait_for 30 failures_with "$2" && alive && ! connected && ! programmed; then
+  if wait_for 30 failures_with "$2" && kproxy_alive && ! connected && ! programmed; then
     pass "$1"
   else
     fail "$1" "connected=$(connected && echo yes || echo no) programmed=$(programmed && echo yes || echo no) $(grep -E 'failed|error' "$LOG" | tail -2)"
@@ -213,5 +198,4 @@ else
   fail "token over http" "rc=$rc $out"
 fi
 
-echo "api_tls: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish api_tls

@@ -1,7 +1,8 @@
 # shellcheck shell=bash
-# lib.sh — what the program tests share: the root check, a re-run in an anonymous network
-# namespace, a work directory removed on exit together with the processes started into it,
-# and the PASS/FAIL tally with its summary line. Source it after `set -uo pipefail`:
+# lib.sh — what the program tests (and tests/e2e/api_tls.sh) share: the root check, a re-run
+# in an anonymous network namespace, a work directory removed on exit together with the
+# processes started into it, and the PASS/FAIL tally with its summary line. Source it after
+# `set -uo pipefail`:
 #   source "$(dirname "$0")/lib.sh"
 #   require_root NAME WHY; enter_own_netns NAME "$@"; make_workdir SLUG
 #   ... pass/fail/check ...
