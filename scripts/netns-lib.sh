@@ -312,52 +312,34 @@ kp_kproxy_log_tail() { tail -n "${1:-40}" "$KP_WORKDIR/kproxy.log" 2>/dev/null; 
 
 # kp_wait_for SECONDS CMD... — run CMD every 0.1 s until it succeeds or the deadline passes.
 # Returns CMD's last status; its output is discarded except on the successful attempt.
-kp_wait_for() {
-  local timeout="$1"
-  shift
-  local deadline=$((${EPOCHREALTIME/./} + timeout * 1000000)) out
-  while true; do
-    if out="$("$@" 2>/dev/null)"; then
-      [[ -n "$out" ]] && printf '%s\n' "$out"
-      return 0
-    fi
-    ((${EPOCHREALTIME/./} >= deadline)) && return 1
-    sleep 0.1
-  done
-}
+kp_wait_for() { _kp_poll "$1" false "${@:2}"; }
 
 # kp_wait_served SECONDS URL — wait until URL answers from the node namespace. Gives up at
 # once (status 2) if kproxy exits meanwhile, so a crash is not reported as a slow start.
-kp_wait_served() {
-  local timeout="$1" url="$2"
-  local deadline=$((${EPOCHREALTIME/./} + timeout * 1000000))
-  while true; do
-    kp_curl node "$url" >/dev/null 2>&1 && return 0
-    if ! kp_kproxy_alive; then
-      kp_log "kproxy (pid ${KP_KPROXY_PID:-none}) is not running"
-      return 2
-    fi
-    ((${EPOCHREALTIME/./} >= deadline)) && return 1
-    sleep 0.1
-  done
-}
+kp_wait_served() { kp_wait_for_kproxy "$1" _kp_served "$2"; }
+_kp_served() { kp_curl node "$1" >/dev/null 2>&1; }
 
 # kp_wait_for_kproxy SECONDS CMD... — kp_wait_for, but gives up at once (status 2) when kproxy
 # exits meanwhile, so a crash is not reported as a slow change. For polling a check until the
 # state it expects is in place, instead of sleeping a fixed time before checking.
-kp_wait_for_kproxy() {
-  local timeout="$1"
-  shift
+kp_wait_for_kproxy() { _kp_poll "$1" _kp_kproxy_gone "${@:2}"; }
+_kp_kproxy_gone() {
+  kp_kproxy_alive && return 1
+  kp_log "kproxy (pid ${KP_KPROXY_PID:-none}) is not running"
+}
+
+# _kp_poll SECONDS GIVE_UP CMD... — the loop behind the kp_wait_* functions: CMD every 0.1 s
+# until it succeeds (its output printed), GIVE_UP succeeds (status 2) or the deadline passes.
+_kp_poll() {
+  local timeout="$1" give_up="$2"
+  shift 2
   local deadline=$((${EPOCHREALTIME/./} + timeout * 1000000)) out
   while true; do
     if out="$("$@" 2>/dev/null)"; then
       [[ -n "$out" ]] && printf '%s\n' "$out"
       return 0
     fi
-    if ! kp_kproxy_alive; then
-      kp_log "kproxy (pid ${KP_KPROXY_PID:-none}) is not running"
-      return 2
-    fi
+    "$give_up" && return 2
     ((${EPOCHREALTIME/./} >= deadline)) && return 1
     sleep 0.1
   done

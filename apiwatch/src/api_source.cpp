@@ -81,6 +81,14 @@ struct UnavailableError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/// Resource::decode for a decoder of one kind of object.
+template <auto decodeKind>
+core::Result<Object> decodeObject(const json& j) {
+  auto o = decodeKind(j);
+  if (!o) return std::unexpected(o.error());
+  return Object{std::move(*o)};
+}
+
 struct Resource {
   std::string kind;  // "Service", for logs
   std::string path;  // "/api/v1/services"
@@ -499,11 +507,7 @@ struct ApiSource::Impl {
     svc->kind = "Service";
     svc->path = "/api/v1/services";
     svc->labelSelector = kProxyLabelSelector;
-    svc->decode = [](const json& j) -> core::Result<Object> {
-      auto s = decodeService(j);
-      if (!s) return std::unexpected(s.error());
-      return Object{std::move(*s)};
-    };
+    svc->decode = decodeObject<decodeService>;
     svc->upsert = [this](const SharedObject& o) {
       sink.sharedServiceUpserted(
           std::shared_ptr<const core::Service>(o, &std::get<core::Service>(*o)));
@@ -523,11 +527,7 @@ struct ApiSource::Impl {
     // Upstream uses one informer factory, hence one selector, for Services and EndpointSlices;
     // the EndpointSlice controller copies both labels onto the slices of such services.
     eps->labelSelector = kProxyLabelSelector;
-    eps->decode = [](const json& j) -> core::Result<Object> {
-      auto s = decodeEndpointSlice(j);
-      if (!s) return std::unexpected(s.error());
-      return Object{std::move(*s)};
-    };
+    eps->decode = decodeObject<decodeEndpointSlice>;
     eps->upsert = [this](const SharedObject& o) {
       sink.sharedEndpointSliceUpserted(
           std::shared_ptr<const core::EndpointSlice>(o, &std::get<core::EndpointSlice>(*o)));
@@ -540,11 +540,7 @@ struct ApiSource::Impl {
     cidrs->kind = "ServiceCIDR";
     cidrs->path = "/apis/networking.k8s.io/v1/servicecidrs";
     cidrs->optional = true;
-    cidrs->decode = [](const json& j) -> core::Result<Object> {
-      auto c = decodeServiceCIDR(j);
-      if (!c) return std::unexpected(c.error());
-      return Object{std::move(*c)};
-    };
+    cidrs->decode = decodeObject<decodeServiceCIDR>;
     cidrs->upsert = [this](const SharedObject& o) { sink.serviceCIDRUpserted(std::get<core::ServiceCIDR>(*o)); };
     cidrs->remove = [this](const Key& k) { sink.serviceCIDRDeleted(k.second); };
     cidrs->firstAttemptDone = [this] {
@@ -558,11 +554,7 @@ struct ApiSource::Impl {
       node->kind = "Node";
       node->path = "/api/v1/nodes";
       node->fieldSelector = "metadata.name=" + options.nodeName;
-      node->decode = [](const json& j) -> core::Result<Object> {
-        auto n = decodeNode(j);
-        if (!n) return std::unexpected(n.error());
-        return Object{std::move(*n)};
-      };
+      node->decode = decodeObject<decodeNode>;
       node->upsert = [this](const SharedObject& o) { sink.nodeUpserted(std::get<core::Node>(*o)); };
       node->remove = [this](const Key& k) { sink.nodeDeleted(k.second); };
       resources.push_back(std::move(node));

@@ -29,14 +29,10 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -x "$KPROXY" ]] || { echo "api_tls: --kproxy BIN is required" >&2; exit 2; }
-if [[ $(id -u) -ne 0 ]]; then
-  echo "api_tls: ERROR: needs root (network namespace, nftables)" >&2
-  exit 1
-fi
-if [[ -z "${API_TLS_IN_NETNS:-}" ]]; then
-  API_TLS_IN_NETNS=1 exec unshare -n "$0" "${ARGS[@]}"
-fi
-ip link set lo up
+# shellcheck source=../program/lib.sh
+source "$HERE/../program/lib.sh"
+require_root api_tls "network namespace, nftables"
+enter_own_netns api_tls "${ARGS[@]}"
 
 # shellcheck source=control-plane.sh
 source "$HERE/control-plane.sh"
@@ -46,30 +42,15 @@ WORK=$(mktemp -d /tmp/kproxy-api-tls-XXXXXX)
 KP=""
 stop_kproxy() {
   [[ -n "$KP" ]] || return 0
-  kill -TERM "$KP" 2>/dev/null
-  local i
-  for ((i = 0; i < 100; i++)); do kill -0 "$KP" 2>/dev/null || break; sleep 0.05; done
-  kill -KILL "$KP" 2>/dev/null
-  wait "$KP" 2>/dev/null
+  cp_terminate "$KP" 0.05
   KP=""
   nft delete table ip kube-proxy 2>/dev/null
   nft delete table ip6 kube-proxy 2>/dev/null
 }
 trap '_rc=$?; stop_kproxy; cp_stop; [[ -n "${API_TLS_KEEP:-}" ]] && echo "logs kept in $WORK" || rm -rf "$WORK"; exit $_rc' EXIT
 
-passed=0
-failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
-wait_for() {
-  local deadline=$((SECONDS + $1)); shift
-  while ((SECONDS <= deadline)); do "$@" && return 0; sleep 0.1; done
-  return 1
-}
-
 cp_start || exit 1
 PKI="$CP_DIR/pki"
-SERVER="https://127.0.0.1:$CP_API_PORT"
 
 # kproxy's identity: CN=system:kube-proxy (bound to system:node-proxier by the apiserver's
 # bootstrap RBAC), signed by the cluster CA; and the same identity, expired yesterday.
@@ -108,26 +89,6 @@ cp_api POST /apis/discovery.k8s.io/v1/namespaces/default/endpointslices \
     "addressType":"IPv4","endpoints":[{"addresses":["10.244.1.2"],"conditions":{"ready":true}}],
     "ports":[{"name":"http","port":8080,"protocol":"TCP"}]}' >/dev/null || exit 1
 
-# kubeconfig FILE CLUSTER-LINES USER-LINES
-kubeconfig() {
-  cat >"$1" <<EOF
-apiVersion: v1
-kind: Config
-current-context: e2e
-contexts:
-- name: e2e
-  context: {cluster: e2e, user: kproxy}
-clusters:
-- name: e2e
-  cluster:
-    server: $SERVER
-$2
-users:
-- name: kproxy
-  user:
-$3
-EOF
-}
 CERT_USER="    client-certificate: $PKI/kproxy.crt
     client-key: $PKI/kproxy.key"
 
@@ -145,14 +106,13 @@ start_kproxy() {
 connected() { grep -q 'API server connection established' "$LOG"; }
 programmed() { nft list table ip kube-proxy 2>/dev/null | grep -q "$VIP"; }
 failures_with() { (($(grep 'API request failed; retrying' "$LOG" | grep -c -- "$1") >= 2)); }
-alive() { kill -0 "$KP" 2>/dev/null; }
 # Services are programmed as soon as they are listed; "connected" is logged once every watch
 # (the Node's too) is open, which may come a moment later.
 synced() { programmed && connected; }
 
 # accepted NAME: connects, and the Service reaches the ruleset.
 accepted() {
-  if wait_for 30 synced && alive; then
+  if wait_for 30 synced && kproxy_alive; then
     pass "$1"
   else
     fail "$1" "$(grep -E 'failed|error' "$LOG" | tail -3)"
@@ -162,7 +122,7 @@ accepted() {
 # refused NAME WHY: retries fail with WHY (at least twice, so it backs off and keeps failing),
 # kproxy stays up, never connects, programs nothing from the API.
 refused() {
-  if wait_for 30 failures_with "$2" && alive && ! connected && ! programmed; then
+  if wait_for 30 failures_with "$2" && kproxy_alive && ! connected && ! programmed; then
     pass "$1"
   else
     fail "$1" "connected=$(connected && echo yes || echo no) programmed=$(programmed && echo yes || echo no) $(grep -E 'failed|error' "$LOG" | tail -2)"
@@ -171,27 +131,27 @@ refused() {
 }
 
 # --- client-certificate authentication -------------------------------------------------------
-kubeconfig "$WORK/cert.kubeconfig" "    certificate-authority: $PKI/ca.crt" "$CERT_USER"
+cp_write_kubeconfig "$WORK/cert.kubeconfig" "    certificate-authority: $PKI/ca.crt" "$CERT_USER"
 start_kproxy cert "$WORK/cert.kubeconfig"
 accepted "client-certificate authentication works: the Service reaches the ruleset"
 
 # --- the server is verified ------------------------------------------------------------------
-kubeconfig "$WORK/wrong-ca.kubeconfig" "    certificate-authority: $PKI/other-ca.crt" "$CERT_USER"
+cp_write_kubeconfig "$WORK/wrong-ca.kubeconfig" "    certificate-authority: $PKI/other-ca.crt" "$CERT_USER"
 start_kproxy wrong-ca "$WORK/wrong-ca.kubeconfig"
 refused "a CA that did not sign the server's certificate is refused" "certificate verify failed"
 
-kubeconfig "$WORK/wrong-name.kubeconfig" "    certificate-authority: $PKI/ca.crt
+cp_write_kubeconfig "$WORK/wrong-name.kubeconfig" "    certificate-authority: $PKI/ca.crt
     tls-server-name: not-the-apiserver.example" "$CERT_USER"
 start_kproxy wrong-name "$WORK/wrong-name.kubeconfig"
 refused "a server name the certificate does not carry is refused" "certificate verify failed"
 
-kubeconfig "$WORK/right-name.kubeconfig" "    certificate-authority: $PKI/ca.crt
+cp_write_kubeconfig "$WORK/right-name.kubeconfig" "    certificate-authority: $PKI/ca.crt
     tls-server-name: kubernetes.default.svc" "$CERT_USER"
 start_kproxy right-name "$WORK/right-name.kubeconfig"
 accepted "a tls-server-name the certificate carries is accepted (the control for the case above)"
 
 # --- the client is verified by the server ------------------------------------------------------
-kubeconfig "$WORK/expired.kubeconfig" "    certificate-authority: $PKI/ca.crt" \
+cp_write_kubeconfig "$WORK/expired.kubeconfig" "    certificate-authority: $PKI/ca.crt" \
   "    client-certificate: $PKI/expired.crt
     client-key: $PKI/expired.key"
 start_kproxy expired "$WORK/expired.kubeconfig"
@@ -218,7 +178,7 @@ else
 fi
 
 # --- refused at start-up ----------------------------------------------------------------------
-kubeconfig "$WORK/insecure.kubeconfig" "    certificate-authority: $PKI/ca.crt
+cp_write_kubeconfig "$WORK/insecure.kubeconfig" "    certificate-authority: $PKI/ca.crt
     insecure-skip-tls-verify: true" "$CERT_USER"
 out=$(timeout 10 "$KPROXY" --proxy-mode=nftables --kubeconfig "$WORK/insecure.kubeconfig" --hostname-override node-a 2>&1)
 rc=$?
@@ -228,7 +188,7 @@ else
   fail "CA with insecure-skip-tls-verify" "rc=$rc $out"
 fi
 printf 'secret-token' >"$WORK/token"
-kubeconfig "$WORK/token.kubeconfig" "" "    tokenFile: $WORK/token"
+cp_write_kubeconfig "$WORK/token.kubeconfig" "" "    tokenFile: $WORK/token"
 out=$(timeout 10 "$KPROXY" --proxy-mode=nftables --kubeconfig "$WORK/token.kubeconfig" --master http://127.0.0.1:1 \
   --hostname-override node-a 2>&1)
 rc=$?
@@ -238,5 +198,4 @@ else
   fail "token over http" "rc=$rc $out"
 fi
 
-echo "api_tls: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish api_tls

@@ -10,10 +10,12 @@
 #                               waits for /readyz. Files in $CP_DIR (a temp dir).
 #   cp_stop_apiserver / cp_start_apiserver [EXTRA-FLAGS...]   restart the apiserver alone
 #   cp_stop                     stop everything and remove $CP_DIR (also on EXIT via cp_teardown)
+#   cp_terminate PID POLL       SIGTERM, up to 100 checks POLL s apart, SIGKILL, reap
 #   cp_api METHOD PATH [JSON]   an admin request (client cert in system:masters); prints the
 #                               body, fails on HTTP >= 400
 #   cp_kproxy_kubeconfig FILE   the ServiceAccount kube-system/kproxy, bound to the ClusterRole
 #                               from deploy/ (RBAC), with a TokenRequest token, as a kubeconfig
+#   cp_write_kubeconfig FILE CLUSTER-LINES USER-LINES   a kubeconfig for this apiserver
 #   cp_etcd_compact             compact etcd at its current revision (forces 410 on old watches)
 #
 # Binaries: kube-apiserver from ~/.cache/kproxy/bin (tests/e2e/build-control-plane.sh builds
@@ -174,13 +176,19 @@ cp_start_apiserver() {
   return 1
 }
 
+# cp_terminate PID POLL — SIGTERM to PID (a child of this shell), up to 100 checks POLL seconds
+# apart for it to exit, then SIGKILL; reaps it.
+cp_terminate() {
+  local pid="$1" poll="$2" i
+  kill -TERM "$pid" 2>/dev/null
+  for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep "$poll"; done
+  kill -KILL "$pid" 2>/dev/null
+  wait "$pid" 2>/dev/null
+}
+
 cp_stop_apiserver() {
   [[ -n "$CP_API_PID" ]] || return 0
-  kill -TERM "$CP_API_PID" 2>/dev/null
-  local i
-  for ((i = 0; i < 100; i++)); do kill -0 "$CP_API_PID" 2>/dev/null || break; sleep 0.1; done
-  kill -KILL "$CP_API_PID" 2>/dev/null
-  wait "$CP_API_PID" 2>/dev/null
+  cp_terminate "$CP_API_PID" 0.1
   CP_API_PID=""
 }
 
@@ -287,7 +295,14 @@ cp_kproxy_kubeconfig() {
     python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["token"])')" || return 1
   [[ -n "$token" ]] || return 1
   printf '%s' "$token" >"$CP_DIR/kproxy.token"
-  cat >"$out" <<EOF
+  cp_write_kubeconfig "$out" "    certificate-authority: $CP_DIR/pki/ca.crt" "    tokenFile: $CP_DIR/kproxy.token"
+}
+
+# cp_write_kubeconfig FILE CLUSTER-LINES USER-LINES — a kubeconfig (context e2e, user kproxy)
+# for this apiserver; CLUSTER-LINES and USER-LINES go, as given (indented four spaces), under
+# the cluster's server and under the user.
+cp_write_kubeconfig() {
+  cat >"$1" <<EOF
 apiVersion: v1
 kind: Config
 current-context: e2e
@@ -298,11 +313,11 @@ clusters:
 - name: e2e
   cluster:
     server: https://127.0.0.1:$CP_API_PORT
-    certificate-authority: $CP_DIR/pki/ca.crt
+$2
 users:
 - name: kproxy
   user:
-    tokenFile: $CP_DIR/kproxy.token
+$3
 EOF
 }
 

@@ -28,15 +28,9 @@
 using namespace kproxy;
 using kproxy::testing::FreshNetns;
 using kproxy::testing::run;
+using kproxy::testing::sh;
 
 namespace {
-
-/// Runs a shell command in the test's namespace and requires it to succeed.
-void sh(const std::string& command) {
-  auto [rc, out] = run(command);
-  INFO(command << "\n" << out);
-  REQUIRE(rc == 0);
-}
 
 /// A veth pair in the fresh namespace: the client address, the endpoint addresses (local, so
 /// DNAT'ed packets are delivered here) and a route for the service range.

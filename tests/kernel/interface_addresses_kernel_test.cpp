@@ -15,15 +15,9 @@
 
 using namespace kproxy;
 using kproxy::testing::FreshNetns;
-using kproxy::testing::run;
+using kproxy::testing::sh;
 
 namespace {
-
-void sh(const std::string& command) {
-  auto [rc, out] = run(command);
-  INFO(command << "\n" << out);
-  REQUIRE(rc == 0);
-}
 
 bool has(const std::vector<std::string>& v, const std::string& s) {
   return std::find(v.begin(), v.end(), s) != v.end();

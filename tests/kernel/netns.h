@@ -13,6 +13,9 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
+
+#include <catch2/catch.hpp>
 
 namespace kproxy::testing {
 
@@ -49,6 +52,14 @@ inline std::pair<int, std::string> run(const std::string& command) {
   while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
   int status = ::pclose(p);
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+/// Runs a shell command (in the current thread's namespace) and requires it to succeed; its
+/// output is reported when it does not.
+inline void sh(const std::string& command) {
+  auto [rc, out] = run(command);
+  INFO(command << "\n" << out);
+  REQUIRE(rc == 0);
 }
 
 }  // namespace kproxy::testing

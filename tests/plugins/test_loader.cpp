@@ -31,9 +31,11 @@ std::string readFile(const fs::path& p) {
   return ss.str();
 }
 
+const kproxy::core::ServicePortKey kWebKey{kproxy::core::IPFamily::kIPv4, "default/web:http"};
+
 kproxy::core::ServicePortState webPort(std::vector<std::string> endpointIPs) {
   kproxy::core::ServicePortState s;
-  s.key = {kproxy::core::IPFamily::kIPv4, "default/web:http"};
+  s.key = kWebKey;
   s.ns = "default";
   s.serviceName = "web";
   s.portName = "http";
@@ -52,6 +54,20 @@ kproxy::core::ServicePortState webPort(std::vector<std::string> endpointIPs) {
   s.allEndpoints = s.clusterEndpoints;
   s.hasAnyEndpoints = !s.clusterEndpoints.empty();
   return s;
+}
+
+kproxy::core::NodeInfo nodeA() {
+  kproxy::core::NodeInfo node;
+  node.name = "node-a";
+  node.known = true;
+  return node;
+}
+
+// The first snapshot a plugin sees: node-a and the web service port with these endpoints.
+kproxy::core::Snapshot webSnapshot(std::vector<std::string> endpointIPs) {
+  using kproxy::core::ServicePortState;
+  auto state = std::make_shared<const ServicePortState>(webPort(std::move(endpointIPs)));
+  return kproxy::core::Snapshot().withNode(nodeA()).with(state->key, state).withGeneration(1);
 }
 
 }  // namespace
@@ -151,12 +167,8 @@ TEST_CASE("snapshots, changed keys and options cross the ABI end to end", "[unit
   CHECK((*backend)->name() == "recorder");
 
   using namespace kproxy::core;
-  auto state = std::make_shared<const ServicePortState>(webPort({"10.244.1.2", "10.244.1.3"}));
-  NodeInfo node;
-  node.name = "node-a";
-  node.known = true;
-  Snapshot first = Snapshot().withNode(node).with(state->key, state).withGeneration(1);
-  std::vector<ServicePortKey> changed{state->key};
+  Snapshot first = webSnapshot({"10.244.1.2", "10.244.1.3"});
+  std::vector<ServicePortKey> changed{kWebKey};
   auto r1 = (*backend)->sync(SyncRequest{nullptr, &first, changed, SyncKind::kFull});
   REQUIRE(r1);
   CHECK(r1->operations == 1);
@@ -179,6 +191,7 @@ TEST_CASE("snapshots, changed keys and options cross the ABI end to end", "[unit
   CHECK_THAT(text, !Catch::Contains("nodeports"));  // not resolved: nothing crosses
 
   // NodePort addresses the host resolved (ABI 1.2) reach the plugin.
+  NodeInfo node = nodeA();
   node.nodePortAddresses.resolved = true;
   node.nodePortAddresses.addresses = {"192.168.2.20", "fd00::20"};
   node.nodePortAddresses.allLocalIPv6 = true;
@@ -240,11 +253,7 @@ TEST_CASE("explain crosses the ABI: request fields, snapshot, text back", "[unit
   CHECK((*backend)->canExplain());
 
   using namespace kproxy::core;
-  auto state = std::make_shared<const ServicePortState>(webPort({"10.244.1.2"}));
-  NodeInfo node;
-  node.name = "node-a";
-  node.known = true;
-  Snapshot snapshot = Snapshot().withNode(node).with(state->key, state).withGeneration(1);
+  Snapshot snapshot = webSnapshot({"10.244.1.2"});
 
   kproxy::plugins::ExplainRequest request;
   request.family = IPFamily::kIPv4;
@@ -294,12 +303,8 @@ TEST_CASE("a plugin built against the ABI 1.1 headers loads, syncs and explains"
   REQUIRE(backend);
 
   using namespace kproxy::core;
-  auto state = std::make_shared<const ServicePortState>(webPort({"10.244.1.2", "10.244.1.3"}));
-  NodeInfo node;
-  node.name = "node-a";
-  node.known = true;
-  Snapshot snapshot = Snapshot().withNode(node).with(state->key, state).withGeneration(1);
-  std::vector<ServicePortKey> changed{state->key};
+  Snapshot snapshot = webSnapshot({"10.244.1.2", "10.244.1.3"});
+  std::vector<ServicePortKey> changed{kWebKey};
   auto synced = (*backend)->sync(SyncRequest{nullptr, &snapshot, changed, SyncKind::kFull});
   REQUIRE(synced);
   CHECK(synced->summary == "recorded 1");

@@ -169,13 +169,9 @@ int runSync(Plugin& p, FakeHost& h, kproxy_sync_result* result, kproxy_error* er
   return sdk::detail::sync(p.backend, nullptr, snapshotOf(h), nullptr, 0, KPROXY_SYNC_FULL, result, err);
 }
 
-}  // namespace
-
-TEST_CASE("SDK: a 1.2 host's endpoints are walked with its stride", "[unit]") {
-  FakeHost h;
-  makeHost(h, sizeof(kproxy_host_api));
-  PortFixture f(sizeof(kproxy_service_port), /*wideStride=*/true);
-  h.port = &f.port;
+// Creates the probe on `h`, runs a full sync that must succeed and see one service port, and
+// returns that port as the plugin saw it.
+sdk::ServicePort syncTheOnePort(FakeHost& h) {
   Plugin p;
   kproxy_error err{};
   p.backend = sdk::detail::create<makeProbe>(&h.api, nullptr, 0, &err);
@@ -184,13 +180,24 @@ TEST_CASE("SDK: a 1.2 host's endpoints are walked with its stride", "[unit]") {
   result.struct_size = sizeof result;
   REQUIRE(runSync(p, h, &result, &err) == KPROXY_OK);
   REQUIRE(Probe::seen.size() == 1);
-  const auto& eps = Probe::seen[0].clusterEndpoints;
+  return Probe::seen[0];
+}
+
+}  // namespace
+
+TEST_CASE("SDK: a 1.2 host's endpoints are walked with its stride", "[unit]") {
+  FakeHost h;
+  makeHost(h, sizeof(kproxy_host_api));
+  PortFixture f(sizeof(kproxy_service_port), /*wideStride=*/true);
+  h.port = &f.port;
+  const sdk::ServicePort seen = syncTheOnePort(h);
+  const auto& eps = seen.clusterEndpoints;
   REQUIRE(eps.size() == 2);
   CHECK(eps[1].ip == "10.244.1.3");
   CHECK(eps[1].port == 8081);
   CHECK(eps[1].nodeName == "node-a");
   CHECK(eps[1].zone == "zone-1");
-  CHECK(Probe::seen[0].allEndpoints == eps);
+  CHECK(seen.allEndpoints == eps);
 }
 
 TEST_CASE("SDK: a 1.0 host's service port (no endpoint_size) uses the 1.0 stride", "[unit]") {
@@ -200,17 +207,10 @@ TEST_CASE("SDK: a 1.0 host's service port (no endpoint_size) uses the 1.0 stride
   PortFixture f(KPROXY_SERVICE_PORT_V1_0_SIZE, /*wideStride=*/false);
   f.port.endpoint_size = sizeof(WideEndpoint);
   h.port = &f.port;
-  Plugin p;
-  kproxy_error err{};
-  p.backend = sdk::detail::create<makeProbe>(&h.api, nullptr, 0, &err);
-  REQUIRE(p.backend != nullptr);
-  kproxy_sync_result result{};
-  result.struct_size = sizeof result;
-  REQUIRE(runSync(p, h, &result, &err) == KPROXY_OK);
-  REQUIRE(Probe::seen.size() == 1);
-  REQUIRE(Probe::seen[0].clusterEndpoints.size() == 2);
-  CHECK(Probe::seen[0].clusterEndpoints[1].ip == "10.244.1.3");
-  CHECK(Probe::seen[0].clusterIP == "10.96.0.10");
+  const sdk::ServicePort seen = syncTheOnePort(h);
+  REQUIRE(seen.clusterEndpoints.size() == 2);
+  CHECK(seen.clusterEndpoints[1].ip == "10.244.1.3");
+  CHECK(seen.clusterIP == "10.96.0.10");
 }
 
 TEST_CASE("SDK: host structs smaller than ABI 1.0's are clear errors, not reads past the end",

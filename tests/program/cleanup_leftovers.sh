@@ -18,25 +18,15 @@ case $PART in
   *) echo "cleanup_leftovers: unknown part '$PART' (iptables or ipvs)" >&2; exit 2 ;;
 esac
 
-if [[ $(id -u) -ne 0 ]]; then
-  echo "cleanup_leftovers: ERROR: needs root (own network namespace, iptables)" >&2
-  echo "cleanup_leftovers: 0 passed, 1 failed"
-  exit 1
-fi
-if [[ -z "${CLEANUP_LEFTOVERS_IN_NETNS:-}" ]]; then
-  CLEANUP_LEFTOVERS_IN_NETNS=1 exec unshare -n "$0" "$@"
-fi
-ip link set lo up
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
-WORK=$(mktemp -d /tmp/kproxy-cleanup-leftovers-XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
+require_root cleanup_leftovers "own network namespace, iptables"
+enter_own_netns cleanup_leftovers "$@"
+make_workdir cleanup-leftovers
 
-passed=0
-failed=0
 skipped=0
 SKIP_STATUS=77
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
 skip() { echo "SKIP $1: $2"; skipped=$((skipped + 1)); }
 # part NAME: whether this run checks NAME (iptables or ipvs).
 part() { [[ $PART == all || $PART == "$1" ]]; }

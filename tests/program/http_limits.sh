@@ -7,86 +7,15 @@
 # Usage: http_limits.sh KPROXY_BIN
 set -uo pipefail
 KPROXY=${1:?usage: http_limits.sh KPROXY_BIN}
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
-if [[ $(id -u) -ne 0 ]]; then
-  echo "http_limits: ERROR: needs root (own network namespace, nftables)" >&2
-  echo "http_limits: 0 passed, 1 failed"
-  exit 1
-fi
-if [[ -z "${HTTP_LIMITS_IN_NETNS:-}" ]]; then
-  HTTP_LIMITS_IN_NETNS=1 exec unshare -n "$0" "$@"
-fi
-ip link set lo up
+require_root http_limits "own network namespace, nftables"
+enter_own_netns http_limits "$@"
+make_workdir http-limits
 
-WORK=$(mktemp -d /tmp/kproxy-http-limits-XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-passed=0
-failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
-check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "${DETAIL:-}"; fi; }
-wait_for() {
-  local deadline=$((SECONDS + $1)); shift
-  while ((SECONDS <= deadline)); do "$@" && return 0; sleep 0.05; done
-  return 1
-}
-code() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$@"; }
-is_code() { local want=$1; shift; [[ $(code "$@") == "$want" ]]; }
-alive() { kill -0 "$KP" 2>/dev/null; }
-
-M="$WORK/manifests"; mkdir -p "$M"
-cat >"$M/node.yaml" <<'YAML'
-apiVersion: v1
-kind: Node
-metadata: {name: node-a}
-status:
-  addresses: [{type: InternalIP, address: 10.0.0.1}]
-YAML
-write_service() {  # NAME CLUSTER_IP: an eTP=Local LoadBalancer with health-check port 32000
-  cat >"$WORK/$1.tmp" <<YAML
-apiVersion: v1
-kind: Service
-metadata: {name: $1, namespace: default}
-spec:
-  type: LoadBalancer
-  clusterIP: $2
-  externalTrafficPolicy: Local
-  healthCheckNodePort: 32000
-  ports: [{name: http, port: 80, targetPort: 8080, nodePort: 31000, protocol: TCP}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: $1-1
-  namespace: default
-  labels: {kubernetes.io/service-name: $1}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- addresses: [10.244.1.2]
-  conditions: {ready: true}
-  nodeName: node-a
-YAML
-  mv "$WORK/$1.tmp" "$M/$1.yaml"
-}
-write_service web 10.96.0.30
-
-cat >"$WORK/config.yaml" <<'YAML'
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: nftables
-hostnameOverride: node-a
-metricsBindAddress: 127.0.0.1:10249
-healthzBindAddress: 0.0.0.0:10256
-nftables: {minSyncPeriod: 100ms, syncPeriod: 30s}
-YAML
+make_lb_fixture
+write_lb web 10.96.0.30 32000 node-a
 
 # systemd's default soft limit for a service: the budget an attacker would try to exhaust.
 (ulimit -n 1024 && exec "$KPROXY" --config "$WORK/config.yaml" --manifests "$M" -v 1) >"$WORK/kproxy.log" 2>&1 &
@@ -182,7 +111,7 @@ DETAIL="$ok of 10 within 2 s ($DETAIL)"; check "/healthz answers within 2 s whil
 check "the health-check node port answers while besieged" is_code 200 "$HC/"
 check "/metrics answers while besieged" is_code 200 "$MET/metrics"
 
-write_service extra 10.96.0.77
+write_lb extra 10.96.0.77 32000 node-a
 in_ruleset() { nft list table ip kube-proxy 2>/dev/null | grep -q 10.96.0.77; }
 DETAIL=$(tail -3 "$WORK/kproxy.log")
 check "a manifest change still reaches the ruleset" wait_for 10 in_ruleset
@@ -192,7 +121,7 @@ check "the slowloris is cut off by the read timeout (within 15 s)" wait_for 20 t
 slow=$(cat "$WORK/slowloris" 2>/dev/null)
 DETAIL="closed after ${slow:-?} s"; check "... and not after more than 15 s" test "${slow:--1}" -ge 0 -a "${slow:--1}" -le 15
 check "/healthz still answers after all that" healthz_fast
-DETAIL=$(tail -3 "$WORK/kproxy.log"); check "kproxy is still running" alive
+DETAIL=$(tail -3 "$WORK/kproxy.log"); check "kproxy is still running" kproxy_alive
 accept_errors=$(grep -c 'HTTP accept failed' "$WORK/kproxy.log")
 DETAIL="$accept_errors accept failures logged"; check "no accept failures (fd exhaustion)" test "$accept_errors" -eq 0
 
@@ -206,5 +135,4 @@ else
   fail "SIGTERM" "still running after 5 s"
 fi
 
-echo "http_limits: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish http_limits

@@ -7,15 +7,11 @@
 set -uo pipefail
 BUILD=$1
 SRC=$2
-if [[ $(id -u) -ne 0 ]]; then
-  echo "install_test: ERROR: needs root (runs kproxy in its own network namespace)" >&2
-  exit 1
-fi
-WORK=$(mktemp -d /tmp/kproxy-install-XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
-passed=0; failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+
+require_root install_test "runs kproxy in its own network namespace"
+make_workdir install
 
 if cmake --install "$BUILD" --prefix "$WORK/prefix" >"$WORK/install.log" 2>&1; then
   pass "cmake --install"
@@ -49,5 +45,4 @@ else
   fail "third-party sync" "$out"
 fi
 
-echo "install: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish install

@@ -8,31 +8,11 @@ set -uo pipefail
 KPROXY=$1
 TEST_PLUGINS=$2
 SRC=$3
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
-if [[ $(id -u) -ne 0 ]]; then
-  echo "kproxy_program: ERROR: needs root (network namespaces for --dry-run/--cleanup cases)" >&2
-  exit 1
-fi
-
-WORK=$(mktemp -d /tmp/kproxy-program-XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-passed=0
-failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
-
-# wait_for SECONDS CMD...: polls every 50 ms.
-wait_for() {
-  local deadline=$((SECONDS + $1)); shift
-  while ((SECONDS <= deadline)); do "$@" && return 0; sleep 0.05; done
-  return 1
-}
+require_root kproxy_program "network namespaces for --dry-run/--cleanup cases"
+make_workdir program
 
 # --- flags and errors -----------------------------------------------------------------------
 out=$("$KPROXY" --no-such-flag 2>&1); rc=$?
@@ -180,5 +160,4 @@ else
   fail "cleanup" "$out $(tail -5 $WORK/cleanup-run.log)"
 fi
 
-echo "program: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish program

@@ -7,40 +7,13 @@
 # Usage: ops_http.sh KPROXY_BIN
 set -uo pipefail
 KPROXY=${1:?usage: ops_http.sh KPROXY_BIN}
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
-if [[ $(id -u) -ne 0 ]]; then
-  echo "ops_http: ERROR: needs root (own network namespace, nftables)" >&2
-  echo "ops_http: 0 passed, 1 failed"
-  exit 1
-fi
-if [[ -z "${OPS_HTTP_IN_NETNS:-}" ]]; then
-  OPS_HTTP_IN_NETNS=1 exec unshare -n "$0" "$@"
-fi
-ip link set lo up
+require_root ops_http "own network namespace, nftables"
+enter_own_netns ops_http "$@"
+make_workdir ops-http
 
-WORK=$(mktemp -d /tmp/kproxy-ops-http-XXXXXX)
-PIDS=()
-cleanup() {
-  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-
-passed=0
-failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
-check() { local name=$1; shift; if "$@"; then pass "$name"; else fail "$name" "${DETAIL:-}"; fi; }
-
-# wait_for SECONDS CMD...: polls every 50 ms.
-wait_for() {
-  local deadline=$((SECONDS + $1)); shift
-  while ((SECONDS <= deadline)); do "$@" && return 0; sleep 0.05; done
-  return 1
-}
-code() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$1"; }
-is_code() { [[ $(code "$2") == "$1" ]]; }
 # connect_result PORT — how one TCP connect to 127.0.0.1:PORT ends: OK or the errno's name.
 connect_result() {
   python3 -c '
@@ -56,56 +29,9 @@ except OSError as e:
 # refused PORT — nothing listens on 127.0.0.1:PORT any more: the connection is refused (any
 # other failure, a timeout for instance, is not what is checked).
 refused() { [[ $(connect_result "$1") == ECONNREFUSED ]]; }
-kproxy_alive() { kill -0 "$KP" 2>/dev/null; }
 
-M="$WORK/manifests"; mkdir -p "$M"
-cat >"$M/node.yaml" <<'YAML'
-apiVersion: v1
-kind: Node
-metadata: {name: node-a}
-status:
-  addresses: [{type: InternalIP, address: 10.0.0.1}]
-YAML
-# write_lb NAME CLUSTER_IP HC_PORT LOCAL_NODE: an eTP=Local LoadBalancer with one endpoint on
-# LOCAL_NODE; written atomically (rename) as editors and config tools do.
-write_lb() {
-  cat >"$WORK/$1.tmp" <<YAML
-apiVersion: v1
-kind: Service
-metadata: {name: $1, namespace: default}
-spec:
-  type: LoadBalancer
-  clusterIP: $2
-  externalTrafficPolicy: Local
-  healthCheckNodePort: $3
-  ports: [{name: http, port: 80, targetPort: 8080, nodePort: $(($3 - 1000)), protocol: TCP}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  name: $1-1
-  namespace: default
-  labels: {kubernetes.io/service-name: $1}
-addressType: IPv4
-ports: [{name: http, port: 8080, protocol: TCP}]
-endpoints:
-- addresses: [10.244.1.2]
-  conditions: {ready: true}
-  nodeName: $4
-YAML
-  mv "$WORK/$1.tmp" "$M/$1.yaml"
-}
+make_lb_fixture
 write_lb web 10.96.0.30 32000 node-a
-
-cat >"$WORK/config.yaml" <<'YAML'
-apiVersion: kubeproxy.config.k8s.io/v1alpha1
-kind: KubeProxyConfiguration
-mode: nftables
-hostnameOverride: node-a
-metricsBindAddress: 127.0.0.1:10249
-healthzBindAddress: 0.0.0.0:10256
-nftables: {minSyncPeriod: 100ms, syncPeriod: 30s}
-YAML
 
 # A port someone else holds, for a second service's health check.
 python3 -c '
@@ -255,5 +181,4 @@ fi
 DETAIL=$(grep -E '^E' "$WORK/kproxy.log" | grep -v 'healthcheck' | head -3)
 check "no other errors in the log" test -z "$DETAIL"
 
-echo "ops_http: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish ops_http

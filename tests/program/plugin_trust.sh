@@ -8,19 +8,11 @@
 set -uo pipefail
 KPROXY=${1:?usage: plugin_trust.sh KPROXY_BIN TEST_PLUGIN_DIR}
 TEST_PLUGINS=${2:?usage: plugin_trust.sh KPROXY_BIN TEST_PLUGIN_DIR}
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
 
-if [[ $(id -u) -ne 0 ]]; then
-  echo "plugin_trust: ERROR: needs root (chown to another user, network namespace)" >&2
-  echo "plugin_trust: 0 passed, 1 failed"
-  exit 1
-fi
-
-WORK=$(mktemp -d /tmp/kproxy-plugin-trust-XXXXXX)
-trap 'rm -rf "$WORK"' EXIT
-passed=0
-failed=0
-pass() { echo "PASS $1"; passed=$((passed + 1)); }
-fail() { echo "FAIL $1: $2"; failed=$((failed + 1)); }
+require_root plugin_trust "chown to another user, network namespace"
+make_workdir plugin-trust
 
 D="$WORK/plugins"
 mkdir -p "$D" "$WORK/manifests"
@@ -75,5 +67,4 @@ else
   fail "symlinked directory" "$out"
 fi
 
-echo "plugin_trust: $passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish plugin_trust

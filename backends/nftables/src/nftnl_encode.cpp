@@ -65,6 +65,16 @@ class RuleEncoder {
     nftnl_expr_set(e, NFTNL_EXPR_BITWISE_XOR, xorv, len);
     add(e);
   }
+  // `fib saddr type local` or `fib daddr type local`, as `which` (NFTA_FIB_F_SADDR/DADDR) says.
+  void matchFibAddressLocal(std::uint32_t which) {
+    auto* e = expr("fib");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_DREG, NFT_REG_1);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_RESULT, NFT_FIB_RESULT_ADDRTYPE);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_FLAGS, which);
+    add(e);
+    std::uint32_t local = 2;  // RTN_LOCAL
+    cmp(NFT_CMP_EQ, &local, 4);
+  }
   void immediate(std::uint32_t dreg, const void* data, std::uint32_t len) {
     auto* e = expr("immediate");
     nftnl_expr_set_u32(e, NFTNL_EXPR_IMM_DREG, dreg);
@@ -133,24 +143,8 @@ class RuleEncoder {
     bitwise(&s.bit, &zero, 4);
     cmp(NFT_CMP_EQ, &zero, 4);
   }
-  void operator()(const MatchFibSourceLocal&) {
-    auto* e = expr("fib");
-    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_DREG, NFT_REG_1);
-    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_RESULT, NFT_FIB_RESULT_ADDRTYPE);
-    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_FLAGS, NFTA_FIB_F_SADDR);
-    add(e);
-    std::uint32_t local = 2;  // RTN_LOCAL
-    cmp(NFT_CMP_EQ, &local, 4);
-  }
-  void operator()(const MatchFibDestLocal&) {
-    auto* e = expr("fib");
-    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_DREG, NFT_REG_1);
-    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_RESULT, NFT_FIB_RESULT_ADDRTYPE);
-    nftnl_expr_set_u32(e, NFTNL_EXPR_FIB_FLAGS, NFTA_FIB_F_DADDR);
-    add(e);
-    std::uint32_t local = 2;  // RTN_LOCAL
-    cmp(NFT_CMP_EQ, &local, 4);
-  }
+  void operator()(const MatchFibSourceLocal&) { matchFibAddressLocal(NFTA_FIB_F_SADDR); }
+  void operator()(const MatchFibDestLocal&) { matchFibAddressLocal(NFTA_FIB_F_DADDR); }
   void operator()(const MatchInputInterface& s) {
     meta(NFT_META_IIFNAME, NFT_REG_1);
     // An exact name compares all IFNAMSIZ bytes (zero padded); a prefix only its own bytes.

@@ -1,17 +1,11 @@
 // How ApiSource treats an API server that refuses: 401 backs off exponentially and recovers; 429
 // and 5xx with Retry-After wait as long as the server asks (client-go's checkWait), then recover.
 // Against a scripted fake server on 127.0.0.1 (port 0) that records when each request came.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -19,6 +13,7 @@
 
 #include "kproxy/apiwatch/api_source.h"
 #include "kproxy/core/log.h"
+#include "loopback_server.h"
 
 using namespace kproxy;
 using namespace std::chrono_literals;
@@ -31,17 +26,7 @@ namespace {
 class ScriptedApiServer {
  public:
   explicit ScriptedApiServer(std::deque<std::string> serviceListAnswers) : script_(std::move(serviceListAnswers)) {
-    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(listener_ >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    REQUIRE(::listen(listener_, 16) == 0);
-    socklen_t len = sizeof addr;
-    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port = ntohs(addr.sin_port);
-    acceptor_ = std::thread([this] { acceptLoop(); });
+    port = server_.port();
   }
   ~ScriptedApiServer() {
     {
@@ -49,10 +34,6 @@ class ScriptedApiServer {
       stopping_ = true;
     }
     stopped_.notify_all();
-    ::shutdown(listener_, SHUT_RDWR);
-    ::close(listener_);
-    acceptor_.join();
-    for (auto& t : connections_) t.join();
   }
 
   int port = 0;
@@ -64,42 +45,9 @@ class ScriptedApiServer {
   }
 
  private:
-  void acceptLoop() {
-    for (;;) {
-      int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) return;
-      std::lock_guard lock(mutex_);
-      if (stopping_) {
-        ::close(fd);
-        return;
-      }
-      connections_.emplace_back([this, fd] { serve(fd); });
-    }
-  }
-
-  static void sendAll(int fd, const std::string& data) {
-    for (std::size_t off = 0; off < data.size();) {
-      ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return;
-      off += static_cast<std::size_t>(n);
-    }
-  }
-
-  void serve(int fd) {
-    std::string request;
-    char buf[4096];
-    while (request.find("\r\n\r\n") == std::string::npos) {
-      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) {
-        ::close(fd);
-        return;
-      }
-      request.append(buf, static_cast<std::size_t>(n));
-    }
-    auto sp1 = request.find(' ');
-    std::string target = request.substr(sp1 + 1, request.find(' ', sp1 + 1) - sp1 - 1);
+  void serve(int fd, const std::string& target) {
     if (target.find("watch=1") != std::string::npos) {
-      sendAll(fd, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n");
+      testing::sendAll(fd, testing::kChunkedJsonHead);
       std::unique_lock lock(mutex_);
       stopped_.wait(lock, [&] { return stopping_; });
     } else {
@@ -115,32 +63,27 @@ class ScriptedApiServer {
         }
       }
       if (answer.empty()) {
-        const std::string body = R"({"kind":"List","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]})";
-        answer = fmt::format("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
-                             "Connection: close\r\n\r\n{}",
-                             body.size(), body);
+        answer = testing::jsonResponse(
+            "200 OK", R"({"kind":"List","apiVersion":"v1","metadata":{"resourceVersion":"1"},"items":[]})");
       }
-      sendAll(fd, answer);
+      testing::sendAll(fd, answer);
     }
-    ::close(fd);
   }
 
-  int listener_ = -1;
-  std::thread acceptor_;
-  std::vector<std::thread> connections_;
   std::mutex mutex_;
   std::condition_variable stopped_;
   bool stopping_ = false;
   std::deque<std::string> script_;
   std::vector<SteadyClock::time_point> serviceLists_;
+  // Last, so that it stops (joining the connections) while the members above are still there.
+  testing::LoopbackServer server_{[this](int fd, const std::string& target) { serve(fd, target); }};
 };
 
 std::string failure(int code, const std::string& reason, const std::string& extraHeaders = "") {
   const std::string body = fmt::format(
       R"({{"kind":"Status","apiVersion":"v1","status":"Failure","message":"{}","reason":"{}","code":{}}})", reason,
       reason, code);
-  return fmt::format("HTTP/1.1 {} {}\r\nContent-Type: application/json\r\n{}Content-Length: {}\r\nConnection: close\r\n\r\n{}",
-                     code, reason, extraHeaders, body.size(), body);
+  return testing::jsonResponse(fmt::format("{} {}", code, reason), body, extraHeaders);
 }
 
 class SyncedSink final : public core::EventSink {
@@ -178,10 +121,7 @@ struct Run {
 Run runAgainst(ScriptedApiServer& server, std::chrono::milliseconds timeout) {
   auto previous = log::setSink([](log::Severity, std::string_view) {});
   SyncedSink sink;
-  apiwatch::ClientConfig config;
-  config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
-  config.server = *apiwatch::parseServerUrl(config.serverText);
-  config.qps = 0;
+  apiwatch::ClientConfig config = testing::loopbackClientConfig(server.port);
   apiwatch::ApiSourceOptions options;
   options.initialBackoff = 10ms;
   options.maxBackoff = 80ms;

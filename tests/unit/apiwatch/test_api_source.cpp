@@ -1,11 +1,6 @@
 // ApiSource against an in-process fake API server on 127.0.0.1 (plain HTTP, port 0): paging,
 // selectors, initial sync order, watch events, malformed objects, 410 → relist and reconcile,
 // reconnect after the stream ends. The real kube-apiserver is exercised by tests/e2e.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -22,6 +17,8 @@
 
 #include "kproxy/apiwatch/api_source.h"
 #include "kproxy/core/log.h"
+#include "log_capture.h"
+#include "loopback_server.h"
 
 using nlohmann::json;
 using namespace kproxy;
@@ -47,29 +44,13 @@ std::string queryParam(const std::string& target, const std::string& key) {
 /// Serves LISTs from `items` (paged by limit/continue) and WATCHes from per-path event queues.
 class FakeApiServer {
  public:
-  FakeApiServer() {
-    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(listener_ >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::bind(listener_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    REQUIRE(::listen(listener_, 16) == 0);
-    socklen_t len = sizeof addr;
-    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
-    port = ntohs(addr.sin_port);
-    acceptor_ = std::thread([this] { acceptLoop(); });
-  }
+  FakeApiServer() { port = server_.port(); }
   ~FakeApiServer() {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
     }
     changed_.notify_all();
-    ::shutdown(listener_, SHUT_RDWR);
-    ::close(listener_);
-    acceptor_.join();
-    for (auto& t : connections_) t.join();
   }
 
   int port = 0;
@@ -115,43 +96,7 @@ class FakeApiServer {
   }
 
  private:
-  void acceptLoop() {
-    for (;;) {
-      int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
-      if (fd < 0) return;
-      std::lock_guard lock(mutex_);
-      if (stopping_) {
-        ::close(fd);
-        return;
-      }
-      connections_.emplace_back([this, fd] { serve(fd); });
-    }
-  }
-
-  static bool sendAll(int fd, const std::string& data) {
-    std::size_t off = 0;
-    while (off < data.size()) {
-      ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      off += static_cast<std::size_t>(n);
-    }
-    return true;
-  }
-
-  void serve(int fd) {
-    std::string request;
-    char buf[4096];
-    while (request.find("\r\n\r\n") == std::string::npos) {
-      ssize_t n = ::recv(fd, buf, sizeof buf, 0);
-      if (n <= 0) {
-        ::close(fd);
-        return;
-      }
-      request.append(buf, static_cast<std::size_t>(n));
-    }
-    auto sp1 = request.find(' ');
-    auto sp2 = request.find(' ', sp1 + 1);
-    std::string target = request.substr(sp1 + 1, sp2 - sp1 - 1);
+  void serve(int fd, const std::string& target) {
     std::string path = target.substr(0, target.find('?'));
     {
       std::lock_guard lock(mutex_);
@@ -166,15 +111,13 @@ class FakeApiServer {
       std::string status = json{{"kind", "Status"}, {"status", "Failure"}, {"code", refusal},
                                 {"reason", refusal == 404 ? "NotFound" : "Forbidden"},
                                 {"message", "refused by the test"}}.dump();
-      sendAll(fd, fmt::format("HTTP/1.1 {} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
-                              "Connection: close\r\n\r\n{}",
-                              refusal, refusal == 404 ? "Not Found" : "Forbidden", status.size(), status));
+      const char* reason = refusal == 404 ? "Not Found" : "Forbidden";
+      testing::sendAll(fd, testing::jsonResponse(fmt::format("{} {}", refusal, reason), status));
     } else if (queryParam(target, "watch") == "1") {
       serveWatch(fd, path);
     } else {
       serveList(fd, path, target);
     }
-    ::close(fd);
   }
 
   void serveList(int fd, const std::string& path, const std::string& target) {
@@ -185,8 +128,7 @@ class FakeApiServer {
         --expireContinue_;
         std::string status = json{{"kind", "Status"}, {"status", "Failure"}, {"code", 410}, {"reason", "Expired"},
                                   {"message", "The provided continue parameter is too old"}}.dump();
-        sendAll(fd, fmt::format("HTTP/1.1 410 Gone\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
-                                "Connection: close\r\n\r\n{}", status.size(), status));
+        testing::sendAll(fd, testing::jsonResponse("410 Gone", status));
         return;
       }
       const auto& items = items_[path];
@@ -199,14 +141,11 @@ class FakeApiServer {
       for (std::size_t i = start; i < end; ++i) body["items"].push_back(items[i]);
       if (end < items.size()) body["metadata"]["continue"] = std::to_string(end);
     }
-    std::string text = body.dump();
-    sendAll(fd, fmt::format("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {}\r\n"
-                            "Connection: close\r\n\r\n{}",
-                            text.size(), text));
+    testing::sendAll(fd, testing::jsonResponse("200 OK", body.dump()));
   }
 
   void serveWatch(int fd, const std::string& path) {
-    if (!sendAll(fd, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n")) return;
+    if (!testing::sendAll(fd, testing::kChunkedJsonHead)) return;
     std::unique_lock lock(mutex_);
     ++openWatches_;
     int generation = watchGeneration_;
@@ -216,18 +155,15 @@ class FakeApiServer {
       std::string line = std::move(events_[path].front());
       events_[path].pop_front();
       lock.unlock();
-      bool ok = sendAll(fd, fmt::format("{:x}\r\n{}\r\n", line.size(), line));
+      bool ok = testing::sendAll(fd, fmt::format("{:x}\r\n{}\r\n", line.size(), line));
       lock.lock();
       if (!ok) break;
     }
     --openWatches_;
     lock.unlock();
-    sendAll(fd, "0\r\n\r\n");
+    testing::sendAll(fd, "0\r\n\r\n");
   }
 
-  int listener_ = -1;
-  std::thread acceptor_;
-  std::vector<std::thread> connections_;
   std::mutex mutex_;
   std::condition_variable changed_;
   bool stopping_ = false;
@@ -239,6 +175,8 @@ class FakeApiServer {
   std::map<std::string, std::string> listRv_;
   std::map<std::string, std::deque<std::string>> events_;
   std::vector<std::string> requests_;
+  // Last, so that it stops (joining the connections) while the members above are still there.
+  testing::LoopbackServer server_{[this](int fd, const std::string& target) { serve(fd, target); }};
 };
 
 /// Records sink calls as text lines, in order.
@@ -324,12 +262,7 @@ constexpr const char* kServiceCIDRs = "/apis/networking.k8s.io/v1/servicecidrs";
 }  // namespace
 
 TEST_CASE("ApiSource lists, syncs, watches, skips malformed objects and relists on 410", "[unit]") {
-  std::vector<std::string> warnings;
-  std::mutex logMutex;
-  auto previousSink = log::setSink([&](log::Severity, std::string_view line) {
-    std::lock_guard lock(logMutex);
-    warnings.emplace_back(line);
-  });
+  testing::LogCapture logs;
 
   FakeApiServer server;
   json broken = service("broken", 80, "4");
@@ -339,10 +272,7 @@ TEST_CASE("ApiSource lists, syncs, watches, skips malformed objects and relists 
   server.setItems(kNodes, {{{"metadata", {{"name", "n1"}, {"resourceVersion", "7"}}}}}, "10");
 
   RecordingSink sink;
-  apiwatch::ClientConfig config;
-  config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
-  config.server = *apiwatch::parseServerUrl(config.serverText);
-  config.qps = 0;  // unlimited: the test must not wait on the bucket
+  apiwatch::ClientConfig config = testing::loopbackClientConfig(server.port);
   apiwatch::ApiSourceOptions options;
   options.nodeName = "n1";
   options.pageSize = 2;
@@ -368,9 +298,9 @@ TEST_CASE("ApiSource lists, syncs, watches, skips malformed objects and relists 
   CHECK(source.stats().decodeFailures == 1);
   CHECK(eventually([&] { return source.stats().connected; }));
   {
-    std::lock_guard lock(logMutex);
+    auto warnings = logs.linesContaining("Service default/broken");
     bool named = std::any_of(warnings.begin(), warnings.end(), [](const std::string& w) {
-      return w.find("Service default/broken") != std::string::npos && w.find("protocol") != std::string::npos;
+      return w.find("protocol") != std::string::npos;
     });
     CHECK(named);
   }
@@ -448,7 +378,6 @@ TEST_CASE("ApiSource lists, syncs, watches, skips malformed objects and relists 
   }
 
   source.stop();
-  log::setSink(previousSink);
 }
 
 TEST_CASE("ApiSource restarts a LIST whose continue token expired", "[unit]") {
@@ -457,10 +386,7 @@ TEST_CASE("ApiSource restarts a LIST whose continue token expired", "[unit]") {
   server.setItems(kSlices, {}, "10");
   server.expireContinueTokens(1);
   RecordingSink sink;
-  apiwatch::ClientConfig config;
-  config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
-  config.server = *apiwatch::parseServerUrl(config.serverText);
-  config.qps = 0;
+  apiwatch::ClientConfig config = testing::loopbackClientConfig(server.port);
   apiwatch::ApiSourceOptions options;
   options.pageSize = 2;
   apiwatch::ApiSource source(config, sink, options);
@@ -485,10 +411,7 @@ TEST_CASE("ApiSource reopens a watch that outlives its timeoutSeconds", "[unit]"
   server.setItems(kServices, {}, "10");
   server.setItems(kSlices, {}, "10");
   RecordingSink sink;
-  apiwatch::ClientConfig config;
-  config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
-  config.server = *apiwatch::parseServerUrl(config.serverText);
-  config.qps = 0;
+  apiwatch::ClientConfig config = testing::loopbackClientConfig(server.port);
   apiwatch::ApiSourceOptions options;
   options.watchTimeout = 1s;
   options.watchGrace = 1s;
@@ -572,10 +495,7 @@ TEST_CASE("ApiSource lists and watches ServiceCIDRs before it says Services are 
                     {"spec", {{"cidrs", {"10.96.0.0/12", "fd00:10:96::/112"}}}}}},
                   "10");
   RecordingSink sink;
-  apiwatch::ClientConfig config;
-  config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
-  config.server = *apiwatch::parseServerUrl(config.serverText);
-  config.qps = 0;
+  apiwatch::ClientConfig config = testing::loopbackClientConfig(server.port);
   apiwatch::ApiSource source(config, sink, {});
   REQUIRE(source.start());
   REQUIRE(sink.waitFor("servicesSynced"));
@@ -595,20 +515,12 @@ TEST_CASE("ApiSource treats ServiceCIDRs it may not read (403) or the server lac
           "[unit]") {
   for (int code : {403, 404}) {
     DYNAMIC_SECTION("HTTP " << code) {
-      std::vector<std::string> lines;
-      std::mutex logMutex;
-      auto previousSink = log::setSink([&](log::Severity, std::string_view line) {
-        std::lock_guard lock(logMutex);
-        lines.emplace_back(line);
-      });
+      testing::LogCapture logs;
       FakeApiServer server;
       server.setItems(kServices, {service("a", 80, "1")}, "10");
       server.refuse(kServiceCIDRs, code);
       RecordingSink sink;
-      apiwatch::ClientConfig config;
-      config.serverText = fmt::format("http://127.0.0.1:{}", server.port);
-      config.server = *apiwatch::parseServerUrl(config.serverText);
-      config.qps = 0;
+      apiwatch::ClientConfig config = testing::loopbackClientConfig(server.port);
       apiwatch::ApiSourceOptions options;
       options.initialBackoff = 10ms;
       options.maxBackoff = 40ms;
@@ -625,11 +537,9 @@ TEST_CASE("ApiSource treats ServiceCIDRs it may not read (403) or the server lac
       server.refuse(kServiceCIDRs, 0);
       CHECK(sink.waitFor("upsert ServiceCIDR kubernetes 10.96.0.0/12"));
       source.stop();
-      log::setSink(previousSink);
-      std::lock_guard lock(logMutex);
+      auto lines = logs.linesContaining("optional resource cannot be read");
       auto warned = std::count_if(lines.begin(), lines.end(), [](const std::string& l) {
-        return l.find("optional resource cannot be read") != std::string::npos &&
-               l.find("ServiceCIDR") != std::string::npos;
+        return l.find("ServiceCIDR") != std::string::npos;
       });
       CHECK(warned == 1);
       CHECK(source.stats().requestFailures == 0);

@@ -17,11 +17,13 @@
 
 #include "kproxy/core/events.h"
 #include "kproxy/core/log.h"
+#include "log_capture.h"
 
 namespace fs = std::filesystem;
 namespace core = kproxy::core;
 namespace klog = kproxy::log;
 using kproxy::apiwatch::ManifestSource;
+using kproxy::testing::LogCapture;
 using namespace std::chrono_literals;
 
 namespace {
@@ -118,30 +120,6 @@ class RecordingSink : public core::EventSink {
   std::map<std::string, core::EndpointSlice> slices_;
   std::map<std::string, core::Node> nodes_;
   std::map<std::string, core::ServiceCIDR> serviceCIDRs_;
-};
-
-/// Captures log lines for the lifetime of the object.
-class LogCapture {
- public:
-  LogCapture() {
-    previous_ = klog::setSink([this](klog::Severity, std::string_view line) {
-      std::lock_guard lock(mu_);
-      lines_.emplace_back(line);
-    });
-  }
-  ~LogCapture() { klog::setSink(previous_); }
-  std::vector<std::string> linesContaining(std::string_view needle) const {
-    std::lock_guard lock(mu_);
-    std::vector<std::string> out;
-    for (const auto& l : lines_)
-      if (l.find(needle) != std::string::npos) out.push_back(l);
-    return out;
-  }
-
- private:
-  mutable std::mutex mu_;
-  std::vector<std::string> lines_;
-  klog::Sink previous_;
 };
 
 class TempDir {

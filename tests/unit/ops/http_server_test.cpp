@@ -85,6 +85,15 @@ struct Fixture {
 
 std::string statusLine(const std::string& response) { return response.substr(0, response.find("\r\n")); }
 
+// `rounds` probes of /healthz, one connection each, every one answered 200.
+void checkProbesAnswered(std::uint16_t port, int rounds) {
+  for (int round = 0; round < rounds; ++round) {
+    Client probe(port);
+    probe.send("GET /healthz HTTP/1.0\r\n\r\n");
+    CHECK(statusLine(probe.readAll()) == "HTTP/1.0 200 OK");
+  }
+}
+
 }  // namespace
 
 TEST_CASE("http server: only GET and HEAD; other methods get 405 with Allow", "[unit][http]") {
@@ -175,11 +184,7 @@ TEST_CASE("http server: at the connection cap the longest waiting connection mak
     idle.push_back(std::make_unique<Client>(f.port));
     std::this_thread::sleep_for(20ms);  // accepted in this order
   }
-  for (int round = 0; round < 5; ++round) {
-    Client probe(f.port);
-    probe.send("GET /healthz HTTP/1.0\r\n\r\n");
-    CHECK(statusLine(probe.readAll()) == "HTTP/1.0 200 OK");
-  }
+  checkProbesAnswered(f.port, 5);
   // The first idle connection was the longest waiting: it went first.
   CHECK(idle[0]->closedByServer());
 }
@@ -193,9 +198,5 @@ TEST_CASE("http server: hundreds of idle connections cannot starve a probe", "[u
   Fixture f(limits);
   std::vector<std::unique_ptr<Client>> idle;
   for (int i = 0; i < 500; ++i) idle.push_back(std::make_unique<Client>(f.port));
-  for (int round = 0; round < 10; ++round) {
-    Client probe(f.port);
-    probe.send("GET /healthz HTTP/1.0\r\n\r\n");
-    CHECK(statusLine(probe.readAll()) == "HTTP/1.0 200 OK");
-  }
+  checkProbesAnswered(f.port, 10);
 }
