@@ -25,6 +25,8 @@
 #   KPROXY_SOAK_SERVICES  base Services (default 300)
 #   KPROXY_SOAK_WORKERS   churn connections (default 4)
 #   KPROXY_SOAK_RSS_TOLERANCE_KIB  allowed RSS growth (default 8192 KiB plus 10%)
+#   KPROXY_SOAK_DISRUPTIONS  phase A's disruptions, in turn (default
+#                         "kill-first-sync delete kill flush elements"; "" for churn alone)
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -46,6 +48,9 @@ SERVICES=${KPROXY_SOAK_SERVICES:-300}
 WORKERS=${KPROXY_SOAK_WORKERS:-4}
 RSS_TOLERANCE_KIB=${KPROXY_SOAK_RSS_TOLERANCE_KIB:-8192}
 DRIVER="$HERE/soak_driver.py"
+# The disruptions of phase A, in turn (phase B uses delete and flush of these): a subset, or
+# none, helps to tell which one a failure needs.
+read -r -a STEPS_A <<<"${KPROXY_SOAK_DISRUPTIONS-kill-first-sync delete kill flush elements}"
 
 kp_require_root
 cp_apiserver_bin >/dev/null || exit 1
@@ -203,20 +208,27 @@ step=0
 kp_log "phase A: churn with kills and hand-made breakage until +$((PHASE_B - T0)) s"
 while (($(now_s) < PHASE_B)); do
   kill -0 "$CHURN_PID" 2>/dev/null || { fail "the churn driver exited early: $(tail -5 "$KP_WORKDIR/churn.log")"; break; }
-  case $((step % 5)) in
-    0) restart_in_first_sync ;;
-    1) break_and_wait delete ;;
-    2) restart_random ;;
-    3) break_and_wait flush ;;
-    4) break_elements ;;
-  esac
+  if ((${#STEPS_A[@]} > 0)); then
+    case "${STEPS_A[step % ${#STEPS_A[@]}]}" in
+      kill-first-sync) restart_in_first_sync ;;
+      delete) break_and_wait delete ;;
+      kill) restart_random ;;
+      flush) break_and_wait flush ;;
+      elements) break_elements ;;
+      *) kp_die "unknown disruption ${STEPS_A[step % ${#STEPS_A[@]}]} in KPROXY_SOAK_DISRUPTIONS" ;;
+    esac
+  fi
   step=$((step + 1))
   sleep "$((2 + RANDOM % 3))"
 done
 kp_log "phase B: churn and hand-made breakage, no more kills, until +$((END - T0)) s"
 while (($(now_s) < END)); do
   kill -0 "$CHURN_PID" 2>/dev/null || { fail "the churn driver exited early: $(tail -5 "$KP_WORKDIR/churn.log")"; break; }
-  if ((step % 2)); then break_and_wait delete; else break_and_wait flush; fi
+  if [[ " ${STEPS_A[*]} " == *" delete "* ]] && ((step % 2)); then
+    break_and_wait delete
+  elif [[ " ${STEPS_A[*]} " == *" flush "* ]]; then
+    break_and_wait flush
+  fi
   step=$((step + 1))
   sleep "$((3 + RANDOM % 4))"
 done
@@ -238,6 +250,16 @@ else
   MISMATCHES="$(check_now | sed -n 's/.*"mismatches": \([0-9]*\).*/\1/p')"
   fail "the kernel differs from the apiserver's objects (${MISMATCHES:-?} mismatches):"
   head -30 "$KP_WORKDIR/check.err" >&2
+  # Tell a loss in kproxy's incremental path from a wrong expectation: a fresh kproxy lists
+  # everything again and does a full sync from scratch.
+  cp "$KP_WORKDIR/check.err" "$KP_WORKDIR/check-before-restart.err"
+  kill_kproxy
+  start_kproxy
+  if kp_wait_for_kproxy 60 settled && kp_wait_for_kproxy 30 check_now >/dev/null; then
+    kp_log "after a fresh restart of kproxy the kernel matches: the running kproxy had lost changes"
+  else
+    kp_log "after a fresh restart of kproxy still $(check_now | sed -n 's/.*"mismatches": \([0-9]*\).*/\1/p') mismatches"
+  fi
 fi
 
 curled=0 curl_failed=0

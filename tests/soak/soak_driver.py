@@ -99,9 +99,15 @@ class Model:
         self.real = real_ips
         self.rng = rng
 
-    def pick_endpoints(self):
+    def pick_endpoints(self, first_slice=True):
+        """Endpoints for a service's first slice (real pods and addresses that answer nothing)
+        or for its second one (only the latter, from another range): as the EndpointSlice
+        controller does, no address is in two slices of a service. (Upstream resolves such a
+        duplicate by map order, so its readiness would be undefined.)"""
         n = self.rng.choice([0, 1, 1, 2, 2, 3, 3, 4])
-        pool = self.real + [f"10.245.{self.rng.randrange(0, 200)}.{self.rng.randrange(1, 250)}" for _ in range(3)]
+        net = "10.245" if first_slice else "10.246"
+        fake = {f"{net}.{self.rng.randrange(0, 200)}.{self.rng.randrange(1, 250)}" for _ in range(3)}
+        pool = (self.real if first_slice else []) + sorted(fake)
         addrs = self.rng.sample(pool, min(n, len(pool)))
         return [{"ip": a, "ready": self.rng.random() < 0.8} for a in addrs]
 
@@ -141,7 +147,7 @@ class Service:
         return 1 + self.put_slice(api, model, f"{self.name}-a", create=True)
 
     def put_slice(self, api, model, slice_name, create=False, endpoints=None):
-        eps = model.pick_endpoints() if endpoints is None else endpoints
+        eps = model.pick_endpoints(slice_name.endswith("-a")) if endpoints is None else endpoints
         body = slice_body(slice_name, self.name, len(self.ports), eps, model.node)
         if create:
             api.call("POST", SLICE_PATH, body)
