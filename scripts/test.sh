@@ -5,7 +5,8 @@
 #   2. the full suite (build/, Release): unit; kernel (each test in its own network namespace);
 #      program (the kproxy binary as a user runs it, install, HTTP endpoints); data path (pods in
 #      network namespaces, curl through the real rules); end to end (a real kube-apiserver +
-#      etcd, the apiserver built once into ~/.cache/kproxy from the Go module proxy).
+#      etcd, the apiserver built once into ~/.cache/kproxy from the Go module proxy); soak (the
+#      same apiserver churned for KPROXY_SOAK_SECONDS, 120 s by default, while kproxy is killed).
 # Everything but the unit tier needs root: without it the script fails loudly, never passes
 # quietly.
 set -euo pipefail

@@ -633,6 +633,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       for (const auto& c : gone) renderer_.slots(fam).release(c);
     }
   }
+  for (Family fam : kFamilies) renderer_.slots(fam).settle();
   for (auto& [fam, names] : pending) pendingDelete_[fam] = std::move(names);
   needFull_ = false;
   if (full) releaseFreeHeap();

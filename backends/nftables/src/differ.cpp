@@ -281,7 +281,9 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
   std::unordered_set<std::string> desiredElements;
   desiredElements.reserve(desired.elements.size());
   for (Element* e : desired.elements) {
-    desiredElements.insert(elementId(e->set, e->key));
+    // Several owners may want one element (a hairpin pair of a pod behind two ports; an
+    // address two ports share): a second add of it in one batch is refused (EEXIST).
+    if (!desiredElements.insert(elementId(e->set, e->key)).second) continue;
     std::string value = valueText(*e);
     std::optional<std::string_view> current;
     if (auto sit = mirror.elements.find(e->set); sit != mirror.elements.end())

@@ -118,15 +118,23 @@ void SlotRanges::reserve(const std::string& chain, std::uint32_t base) {
 void SlotRanges::release(const std::string& chain) {
   auto it = byChain_.find(chain);
   if (it == byChain_.end()) return;
-  used_[it->second] = false;
-  free_.push_back(it->second);
+  released_.push_back(it->second);
   byChain_.erase(it);
+}
+
+void SlotRanges::settle() {
+  for (std::uint32_t i : released_) {
+    used_[i] = false;
+    free_.push_back(i);
+  }
+  released_.clear();
 }
 
 void SlotRanges::clear() {
   byChain_.clear();
   used_.assign(kRanges, false);
   free_.clear();
+  released_.clear();
   next_ = 0;
 }
 

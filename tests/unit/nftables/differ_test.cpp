@@ -213,3 +213,26 @@ TEST_CASE("ElementTable behaves like a map of strings under random use", "[unit]
   CHECK(table.empty());
   CHECK(table.begin() == table.end());
 }
+
+TEST_CASE("differ: an element wanted by two service ports is added once", "[unit]") {
+  // Two ports behind one pod both want its hairpin pair; a second add of one element in a batch
+  // is refused by the kernel (EEXIST), which failed the whole sync.
+  World w;
+  auto a = clusterIP("default", "a", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080)});
+  auto b = clusterIP("default", "b", "172.30.0.11", 80, {endpoint("10.1.0.1", 8080)});
+  w.fragments.push_back(w.renderer.renderServicePort(a));
+  w.fragments.push_back(w.renderer.renderServicePort(b));
+  std::size_t wanted = 0;
+  for (const auto& f : w.fragments)
+    for (const auto& e : f.elements) wanted += e.set == names::kHairpinSet ? 1 : 0;
+  REQUIRE(wanted == 2);
+  Mirror m;
+  std::unordered_map<std::string, int> added;
+  for (const auto& o : w.fullDiff(m).ops)
+    if (o.kind == OpKind::kAddElement) ++added[o.toText()];
+  CHECK(added.size() > 0);
+  for (const auto& [text, n] : added) {
+    INFO(text);
+    CHECK(n == 1);
+  }
+}

@@ -152,7 +152,12 @@ class SlotRanges {
   std::optional<std::uint32_t> baseOf(const std::string& chain);
   /// Records a range found in the kernel; ignored if that range is taken already.
   void reserve(const std::string& chain, std::uint32_t base);
+  /// Frees the chain's range for reuse after the next settle(): the kernel still holds the
+  /// range's elements until the batch that deletes them is committed, and a range taken over
+  /// in that same batch made the kernel refuse it (EEXIST on the new layout's elements).
   void release(const std::string& chain);
+  /// The batch is committed: ranges released since the last settle() may be reused.
+  void settle();
   void clear();
   bool has(const std::string& chain) const { return byChain_.contains(chain); }
   std::size_t size() const { return byChain_.size(); }
@@ -165,6 +170,7 @@ class SlotRanges {
   std::unordered_map<std::string, std::uint32_t> byChain_;
   std::vector<bool> used_ = std::vector<bool>(kRanges, false);
   std::vector<std::uint32_t> free_;
+  std::vector<std::uint32_t> released_;  ///< still marked used until settle()
   std::uint32_t next_ = 0;
 };
 
