@@ -15,6 +15,9 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 source "$ROOT/scripts/netns-lib.sh"
+# The test command's compiler cache (scripts/test.sh), so a demo after the tests builds quickly.
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kproxy/ccache}
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$ROOT} CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-1}
 
 CLUSTER_IP=10.96.0.10
 NODEPORT=30080
