@@ -959,3 +959,41 @@ TEST_CASE("nftables: a slot range freed in a batch is taken over only after it",
     requireMirrorMatchesKernel(backend->mirror(), h.readBack());
   }
 }
+
+TEST_CASE("nftables: endpoints replaced in place in several ranges of one map", "[kernel]") {
+  // An endpoint replaced by another keeps the layout: only the interval's start changes data.
+  // A start sent without its end in a message that carries more elements was refused by the
+  // kernel (EEXIST), which the soak's churn hit about once in five syncs.
+  FreshNetns ns;
+  Harness h;
+  auto backend = h.backend();
+  VectorSnapshot snap(manyServices(300, 2, false));
+  REQUIRE(ok(backend->syncFrom(snap, {}, true)));
+  // The ports whose ranges are in one map, in the order of their ranges.
+  const auto m = h.readBack();
+  std::map<std::uint32_t, std::size_t> byRange;
+  for (std::size_t i = 0; i < snap.ports().size(); ++i) {
+    const auto& chain = m.ip.chains.at(serviceChainName(snap.ports()[i]));
+    REQUIRE(chain.slotBase);
+    if (serviceEndpointsMap(*chain.slotBase) == serviceEndpointsMap(0)) byRange[*chain.slotBase >> 16] = i;
+  }
+  REQUIRE(byRange.size() >= 4);
+  std::vector<sdk::ChangedKey> changed;
+  int n = 0;
+  for (const auto& [range, i] : byRange) {
+    auto& port = snap.ports()[i];
+    // The first endpoint replaced; the first port also gets its second replaced.
+    std::vector<sdk::Endpoint> eps = port.clusterEndpoints;
+    eps[0] = endpoint("10.9.0." + std::to_string(++n), 8080);
+    if (n == 1) eps[1] = endpoint("10.9.1.1", 8080);
+    setEndpoints(port, eps);
+    changed.push_back({sdk::Family::kIPv4, port.key});
+  }
+  auto out = backend->syncFrom(snap, changed, false);
+  INFO((out ? std::string() : out.error().message));
+  REQUIRE(out.has_value());
+  requireMirrorMatchesKernel(backend->mirror(), h.readBack());
+  auto full = backend->syncFrom(snap, {}, true);
+  REQUIRE(full.has_value());
+  CHECK(full->operations == 0);
+}

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -280,7 +281,11 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
 
   std::unordered_set<std::string> desiredElements;
   desiredElements.reserve(desired.elements.size());
+  // The interval start added last, if the element before this one was one: its end goes with
+  // it (see below).
+  const Element* startAdded = nullptr;
   for (Element* e : desired.elements) {
+    const Element* start = std::exchange(startAdded, nullptr);
     // Several owners may want one element (a hairpin pair of a pod behind two ports; an
     // address two ports share): a second add of it in one batch is refused (EEXIST).
     if (!desiredElements.insert(elementId(e->set, e->key)).second) continue;
@@ -288,7 +293,13 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
     std::optional<std::string_view> current;
     if (auto sit = mirror.elements.find(e->set); sit != mirror.elements.end())
       if (auto eit = sit->second.find(e->key); eit != sit->second.end()) current = eit->second;
-    if (current && *current == value) continue;
+    // An interval start is added with its end, even when the end is unchanged (an endpoint
+    // replaced in place), as nft itself sends intervals: under the soak's churn the kernel
+    // refused, now and then, element messages that carried a start without its end (EEXIST),
+    // and accepted the same changes sent as start-end pairs. The renderer lists each start
+    // just before its end.
+    const bool endOfAddedStart = start != nullptr && e->identitySuffix != 0 && e->intervalEnd && start->set == e->set;
+    if (current && *current == value && !endOfAddedStart) continue;
     if (current) {
       Op d = op(OpKind::kDeleteElement, e->set);
       d.element = std::make_shared<const Element>(e->identity());
@@ -299,6 +310,7 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
       a.element = std::make_shared<const Element>(std::move(*e));
     else
       a.element = std::make_shared<const Element>(*e);
+    if (a.element->identitySuffix != 0 && !a.element->intervalEnd) startAdded = a.element.get();
     addElems.push_back(std::move(a));
   }
 

@@ -236,3 +236,35 @@ TEST_CASE("differ: an element wanted by two service ports is added once", "[unit
     CHECK(n == 1);
   }
 }
+
+TEST_CASE("differ: an interval start whose endpoint changed is sent with its end", "[unit]") {
+  // An endpoint replaced in place changes only its interval's start (the end has no data).
+  // The kernel refused (EEXIST) element messages that carried such a start without its end;
+  // the soak's churn hit it about once in five syncs.
+  World w;
+  auto p = clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080), endpoint("10.1.0.2", 8080)});
+  w.fragments.push_back(w.renderer.renderServicePort(p));
+  Mirror m;
+  applyToMirror(m, w.fullDiff(m).ops);
+  testing::setEndpoints(p, {endpoint("10.1.0.1", 8080), endpoint("10.1.0.3", 8080)});
+  w.fragments.back() = w.renderer.renderServicePort(p);
+  std::vector<const Op*> added;
+  auto ops = w.fullDiff(m).ops;
+  for (const auto& o : ops)
+    if (o.kind == OpKind::kAddElement && o.element->identitySuffix != 0) added.push_back(&o);
+  std::string listing;
+  for (const auto& t : texts(ops)) listing += t + "\n";
+  INFO(listing);
+  // The second interval: its start (new data) and, right after it, its end.
+  REQUIRE(added.size() == 2);
+  CHECK_FALSE(added[0]->element->intervalEnd);
+  CHECK(added[0]->element->dataText == "10.1.0.3 . 8080");
+  CHECK(added[1]->element->intervalEnd);
+  // The kernel holds that end: it is deleted first, so the batch re-adds it.
+  std::size_t deletedEnds = 0;
+  for (const auto& o : ops)
+    if (o.kind == OpKind::kDeleteElement && o.element->intervalEnd) ++deletedEnds;
+  CHECK(deletedEnds == 1);
+  applyToMirror(m, ops);
+  CHECK(w.fullDiff(m).ops.empty());
+}
