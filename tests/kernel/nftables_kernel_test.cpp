@@ -33,12 +33,35 @@ using kproxy::testing::run;
 
 namespace {
 
+/// The netlink kernel without its ruleset generation: a foreign change is then met only when a
+/// batch runs into it, as when it lands between a sync's generation check and its commit.
+class BlindKernel final : public KernelNftables {
+ public:
+  explicit BlindKernel(std::unique_ptr<KernelNftables> inner) : inner_(std::move(inner)) {}
+  core::Result<void> apply(const std::vector<Op>& ops) override { return inner_->apply(ops); }
+  std::unique_ptr<KernelBatch> beginBatch() override { return inner_->beginBatch(); }
+  core::Result<Mirror> readBack(const std::vector<SetSpec>& ip4Sets, const std::vector<SetSpec>& ip6Sets) override {
+    return inner_->readBack(ip4Sets, ip6Sets);
+  }
+  core::Result<void> deleteTables() override { return inner_->deleteTables(); }
+  core::Result<std::vector<std::pair<std::string, std::string>>> listMap(Family family,
+                                                                         const std::string& map) override {
+    return inner_->listMap(family, map);
+  }
+
+ private:
+  std::unique_ptr<KernelNftables> inner_;
+};
+
 struct Harness {
   Harness() : kernel(makeNetlinkKernel()) {}
-  std::unique_ptr<NftablesBackend> backend(RenderConfig cfg = {}) {
+  /// `blind`: the backend cannot read the ruleset generation (see BlindKernel).
+  std::unique_ptr<NftablesBackend> backend(RenderConfig cfg = {}, bool blind = false) {
     BackendSettings s;
     s.render = std::move(cfg);
-    return std::make_unique<NftablesBackend>(sdk::Host(nullptr), std::move(s), makeNetlinkKernel());
+    std::unique_ptr<KernelNftables> k = makeNetlinkKernel();
+    if (blind) k = std::make_unique<BlindKernel>(std::move(k));
+    return std::make_unique<NftablesBackend>(sdk::Host(nullptr), std::move(s), std::move(k));
   }
   Mirror readBack() {
     NftablesRenderer r{RenderConfig{}};
@@ -229,10 +252,41 @@ TEST_CASE("nftables: foreign tables are untouched; foreign rules in our chains a
   CHECK(foreign.second.find("counter") != std::string::npos);
 }
 
+TEST_CASE("nftables: a table flushed or deleted by hand is repaired by the next partial sync",
+          "[kernel]") {
+  FreshNetns ns;
+  Harness h;
+  auto backend = h.backend(featureConfig());
+  VectorSnapshot snap(featureServices());
+  REQUIRE(ok(backend->syncFrom(snap, {}, true)));
+  // kproxy's own transactions (the full sync and its affinity clean-up) are not taken for
+  // someone else's: the next partial sync stays partial and has nothing to do.
+  auto quiet = backend->syncFrom(snap, {}, false);
+  REQUIRE(quiet.has_value());
+  CHECK(quiet->operations == 0);
+  CHECK(quiet->summary.find("full=false") != std::string::npos);
+
+  for (const char* breakage : {"nft flush table ip kube-proxy", "nft delete table ip kube-proxy"}) {
+    INFO(breakage);
+    REQUIRE(run(breakage).first == 0);
+    // A partial sync with nothing changed in the snapshot notices the foreign transaction.
+    auto repaired = backend->syncFrom(snap, {}, false);
+    REQUIRE(repaired.has_value());
+    CHECK(repaired->summary.find("full=true") != std::string::npos);
+    CHECK(repaired->operations > 0);
+    requireMirrorMatchesKernel(backend->mirror(), h.readBack());
+    auto after = backend->syncFrom(snap, {}, false);
+    REQUIRE(after.has_value());
+    CHECK(after->operations == 0);
+    CHECK(after->summary.find("full=false") != std::string::npos);
+  }
+}
+
 TEST_CASE("nftables: a refused batch changes nothing and names the object", "[kernel]") {
   FreshNetns ns;
   Harness h;
-  auto backend = h.backend();
+  // Blind to the generation, so that the conflict below is met by a partial batch.
+  auto backend = h.backend({}, true);
   VectorSnapshot snap(manyServices(20, 2, false));
   REQUIRE(ok(backend->syncFrom(snap, {}, true)));
   Mirror before = h.readBack();

@@ -331,6 +331,21 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
                                                           bool full) {
   auto started = std::chrono::steady_clock::now();
   full = full || needFull_;
+  // A transaction that was not ours since our last sync (the table flushed or deleted by hand,
+  // another program's rules): the mirror may no longer describe the kernel, so reconcile in
+  // full. Reading the generation is one small netlink round trip.
+  std::optional<std::uint32_t> generationBefore;
+  const std::uint64_t commitsBefore = ownCommits_;
+  if (!settings_.dryRun) {
+    if (auto g = kernel_->generation(); g && *g) {
+      generationBefore = **g;
+      if (!full && generation_ && *generation_ != **g) {
+        host_.info(1, fmt::format("nftables: the ruleset changed outside kproxy (generation {} -> {}); syncing in full",
+                                  *generation_, **g));
+        full = true;
+      }
+    }
+  }
   const sdk::NodeInfo node = next.node();
   renderer_.setNode(node);
   renderer_.setServiceCIDRs(next.serviceCIDRs());
@@ -641,6 +656,16 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   if (!settings_.dryRun)
     for (auto& [fam, judge] : affinity) removeStaleAffinity(fam, std::move(judge));
 
+  if (generationBefore) {
+    // Ours moved the generation by one per transaction; more means someone else committed
+    // while this sync ran, which the next sync reconciles in full.
+    auto after = kernel_->generation();
+    if (after && *after) {
+      if (**after != *generationBefore + static_cast<std::uint32_t>(ownCommits_ - commitsBefore)) needFull_ = true;
+      generation_ = **after;
+    }
+  }
+
   updateMetrics(count);
   auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
   sdk::SyncOutcome out;
@@ -694,6 +719,7 @@ void NftablesBackend::removeStaleAffinity(Family fam, AffinityJudge judge) {
     // Its own batch: a refusal here must not undo the sync.
     auto applied = kernel_->apply(ops);
     if (applied) {
+      ++ownCommits_;
       host_.info(2, fmt::format("nftables removed stale affinity entries count={}", ops.size()));
       return;
     }
@@ -761,6 +787,7 @@ sdk::Expected<void> NftablesBackend::send(KernelBatch& batch, bool full) {
   if (batch.size() == 0) return {};
   auto started = std::chrono::steady_clock::now();
   auto applied = batch.commit();
+  if (applied) ++ownCommits_;
   if (!settings_.dryRun)
     lastApplyMs_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   if (!applied) {

@@ -22,6 +22,7 @@
 #include <libnftnl/batch.h>
 #include <libnftnl/chain.h>
 #include <libnftnl/common.h>
+#include <libnftnl/gen.h>
 #include <libnftnl/expr.h>
 #include <libnftnl/rule.h>
 #include <libnftnl/set.h>
@@ -335,6 +336,22 @@ class NetlinkKernel final : public KernelNftables {
   }
 
   std::unique_ptr<KernelBatch> beginBatch() override { return std::make_unique<NetlinkBatch>(socket()); }
+
+  core::Result<std::optional<std::uint32_t>> generation() override {
+    auto sock = socket();
+    if (!sock) return std::unexpected(sock.error());
+    char req[MNL_SOCKET_BUFFER_SIZE_];
+    nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETGEN, AF_UNSPEC, NLM_F_ACK, (*sock)->nextSeq());
+    std::optional<std::uint32_t> id;
+    auto r = (*sock)->dump(nlh, [&](const nlmsghdr* msg) {
+      std::unique_ptr<nftnl_gen, decltype(&nftnl_gen_free)> gen(nftnl_gen_alloc(), &nftnl_gen_free);
+      if (gen && nftnl_gen_nlmsg_parse(msg, gen.get()) == 0 && nftnl_gen_is_set(gen.get(), NFTNL_GEN_ID))
+        id = nftnl_gen_get_u32(gen.get(), NFTNL_GEN_ID);
+      return true;
+    });
+    if (!r) return std::unexpected(r.error());
+    return id;
+  }
 
   core::Result<Mirror> readBack(const std::vector<SetSpec>& ip4Sets,
                                 const std::vector<SetSpec>& ip6Sets) override {

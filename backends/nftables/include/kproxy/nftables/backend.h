@@ -244,6 +244,10 @@ class NftablesBackend final : public sdk::BackendPlugin {
   std::unordered_map<std::string_view, std::uint8_t> setIndex_[2];
   std::map<Family, std::set<std::string>> pendingDelete_;
   bool needFull_ = true;
+  /// The ruleset generation after this backend's last sync, and how many transactions it has
+  /// committed: a generation that moved otherwise means someone else changed nftables.
+  std::optional<std::uint32_t> generation_;
+  std::uint64_t ownCommits_ = 0;
   std::vector<Op> lastOps_;
   double lastApplyMs_ = 0;
   Metrics metrics_;

@@ -60,6 +60,9 @@ class KernelNftables {
   /// entries (session affinity), which read-back skips. A missing map gives nothing.
   virtual core::Result<std::vector<std::pair<std::string, std::string>>> listMap(Family family,
                                                                                  const std::string& map) = 0;
+  /// The ruleset generation (NFT_MSG_GETGEN): every transaction committed in the network
+  /// namespace, by anyone, moves it on by one. nullopt when this kernel cannot tell.
+  virtual core::Result<std::optional<std::uint32_t>> generation() { return std::optional<std::uint32_t>{}; }
 };
 
 /// The real kernel, over one NETLINK_NETFILTER socket (opened lazily).
