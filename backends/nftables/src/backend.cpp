@@ -53,22 +53,7 @@ class PrintingBatch final : public KernelBatch {
   std::size_t count_ = 0;
 };
 
-/// The host's snapshot seen through SnapshotSource.
-class HostSnapshot final : public SnapshotSource {
- public:
-  explicit HostSnapshot(const sdk::SnapshotView& view) : view_(view) {}
-  void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const override {
-    view_.forEach([&fn](const sdk::ServicePort& p) { fn(p); });
-  }
-  std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override {
-    return view_.find(family, key);
-  }
-  sdk::NodeInfo node() const override { return view_.node(); }
-  std::vector<sdk::ServiceCIDR> serviceCIDRs() const override { return view_.serviceCIDRs(); }
-
- private:
-  sdk::SnapshotView view_;
-};
+using plan::HostSnapshot;
 
 template <typename Objects>
 void addDesired(DesiredFamily& d, Objects& o) {
@@ -289,21 +274,6 @@ void NftablesBackend::AffinityJudge::mergeOlder(const AffinityJudge& older) {
   ranges.insert(older.ranges.begin(), older.ranges.end());
   for (const auto& [id, endpoints] : older.valid) valid.try_emplace(id, endpoints);
   everything = everything || older.everything;
-}
-
-std::optional<sdk::ServicePort> VectorSnapshot::find(sdk::Family family, const std::string& key) const {
-  auto id = [](sdk::Family f, const std::string& k) {
-    return (f == sdk::Family::kIPv4 ? "4" : "6") + k;
-  };
-  if (index_.size() != ports_.size()) {
-    index_.clear();
-    for (std::size_t i = 0; i < ports_.size(); ++i) index_.emplace(id(ports_[i].family, ports_[i].key), i);
-  }
-  auto it = index_.find(id(family, key));
-  if (it == index_.end() || it->second >= ports_.size()) return std::nullopt;
-  const auto& p = ports_[it->second];
-  if (p.family != family || p.key != key) return std::nullopt;  // the vector changed under us
-  return p;
 }
 
 NftablesBackend::NftablesBackend(sdk::Host host, BackendSettings settings,

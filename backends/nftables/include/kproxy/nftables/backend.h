@@ -19,48 +19,15 @@
 #include "kproxy/nftables/differ.h"
 #include "kproxy/nftables/kernel.h"
 #include "kproxy/nftables/renderer.h"
+#include "kproxy/plan/snapshot_source.h"
 #include "kproxy/plugin/sdk.h"
 
 namespace kproxy::nftables {
 
-/// What a sync reads: the next snapshot's service ports and node. The plugin adapts the host's
-/// SnapshotView; tests and the benchmark use VectorSnapshot.
-class SnapshotSource {
- public:
-  virtual ~SnapshotSource() = default;
-  /// Calls `fn` for every service port, in any order. A full sync renders while iterating, so
-  /// the snapshot is never copied as a whole.
-  virtual void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const = 0;
-  virtual std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const = 0;
-  virtual sdk::NodeInfo node() const = 0;
-  /// The cluster's service CIDRs, both families.
-  virtual std::vector<sdk::ServiceCIDR> serviceCIDRs() const { return {}; }
-};
-
-/// A snapshot held in a vector (tests, benchmark).
-class VectorSnapshot final : public SnapshotSource {
- public:
-  VectorSnapshot() = default;
-  explicit VectorSnapshot(std::vector<sdk::ServicePort> ports, sdk::NodeInfo node = {})
-      : ports_(std::move(ports)), node_(std::move(node)) {}
-  void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const override {
-    for (const auto& p : ports_) fn(p);
-  }
-  std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override;
-  sdk::NodeInfo node() const override { return node_; }
-  std::vector<sdk::ServiceCIDR> serviceCIDRs() const override { return serviceCIDRs_; }
-  /// The ports, for changing them in place (keys must stay as they are).
-  std::vector<sdk::ServicePort>& ports() { return ports_; }
-  void setServiceCIDRs(std::vector<sdk::ServiceCIDR> cidrs) { serviceCIDRs_ = std::move(cidrs); }
-
- private:
-  std::vector<sdk::ServicePort> ports_;
-  /// family + key → index, built on the first find (a linear scan would make the
-  /// benchmark's partial syncs cost O(services)).
-  mutable std::unordered_map<std::string, std::size_t> index_;
-  sdk::NodeInfo node_;
-  std::vector<sdk::ServiceCIDR> serviceCIDRs_;
-};
+/// What a sync reads (kproxy/plan/snapshot_source.h): the host's snapshot, or a vector in tests
+/// and the benchmark.
+using plan::SnapshotSource;
+using plan::VectorSnapshot;
 
 struct BackendSettings {
   RenderConfig render;

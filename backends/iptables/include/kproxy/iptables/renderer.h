@@ -1,0 +1,182 @@
+#pragma once
+/// IptablesRenderer: sdk service ports → the iptables rules kproxy wants, in upstream kube-proxy's
+/// layout and names (pkg/proxy/iptables/proxier.go), decided by the shared service plan.
+///
+/// Per service port (nat table): KUBE-SVC-<hash> balances the cluster pool over KUBE-SEP-<hash>
+/// endpoint chains with `-m statistic --mode random --probability` (upstream's precision),
+/// KUBE-SVL-<hash> the local pool, KUBE-EXT-<hash> external traffic (masquerade, the eTP=Local
+/// short-circuit), KUBE-FW-<hash> loadBalancerSourceRanges; session affinity is `-m recent`.
+/// Its dispatch rules go to the shared chains: nat KUBE-SERVICES / KUBE-NODEPORTS capture its
+/// addresses; filter KUBE-SERVICES / KUBE-EXTERNAL-SERVICES reject or drop what has no
+/// endpoints, filter KUBE-PROXY-FIREWALL drops what the source-range firewall did not DNAT,
+/// filter KUBE-NODEPORTS accepts the health-check node port. Dispatch rules of different
+/// service ports match different packets, so their order does not matter; a dispatch chain is
+/// made of sections (per service port, per ClusterIP, fixed tail) whose order does.
+///
+/// Every rule is rendered exactly as `iptables-save` prints it back (address prefixes, option
+/// order, quoted comments, the kernel's rounding of probabilities), for iptables-nft and
+/// iptables-legacy alike, so a read-back compares as text.
+///
+/// Where kproxy differs from upstream (the README's table): a ClusterIP's unused ports are
+/// rejected and addresses inside a ServiceCIDR that no Service holds are dropped (as upstream's
+/// nftables mode); the anti-martian rule for localhost NodePorts is in KUBE-PROXY-FIREWALL, not
+/// in kubelet's KUBE-FIREWALL, which kproxy never touches.
+///
+/// Thread-safety: pure functions of their inputs.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kproxy/plan/service_plan.h"
+#include "kproxy/plugin/sdk.h"
+
+namespace kproxy::iptables {
+
+enum class Table : std::uint8_t { kFilter, kNat, kMangle };
+inline constexpr Table kTables[] = {Table::kFilter, Table::kNat, Table::kMangle};
+std::string_view tableName(Table table);  ///< "filter", "nat", "mangle"
+
+/// Settings that shape the ruleset, parsed from the plugin's options.
+struct RenderConfig {
+  /// How pod traffic is recognised (--detect-local-mode), as the nftables backend's.
+  std::string detectLocalMode = "ClusterCIDR";
+  std::vector<std::string> clusterCIDRs;
+  std::string bridgeInterface;
+  std::string interfaceNamePrefix;
+  bool masqueradeAll = false;
+  std::uint32_t masqueradeBit = 14;
+  /// --iptables-localhost-nodeports: IPv4 NodePorts answer on 127.0.0.0/8 (route_localnet).
+  bool localhostNodePorts = true;
+  /// nodeport-addresses CIDRs for a host that does not resolve them; empty: primary IPs.
+  std::vector<std::string> nodePortCIDRs;
+  /// Fallback node IPs (option node-ips) when the snapshot has no node info.
+  std::vector<std::string> nodeIPs;
+  /// MASQUERADE --random-fully (when the iptables tool and kernel support it).
+  bool randomFully = true;
+  /// Whether conntrack accepts out-of-window TCP (nf_conntrack_tcp_be_liberal): upstream then
+  /// leaves out KUBE-FORWARD's drop of INVALID packets.
+  bool conntrackTCPLiberal = false;
+  /// Above this many endpoints in total, per-endpoint rules carry no comment (upstream's
+  /// largeClusterEndpointsThreshold).
+  std::size_t largeClusterEndpoints = 1000;
+
+  std::uint32_t mark() const { return 1u << masqueradeBit; }
+  /// "0x4000".
+  std::string markHex() const;
+};
+
+/// Builds a RenderConfig from plugin options; an error names the bad option.
+sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options);
+
+/// One chain's rules, each the text after "-A CHAIN " as iptables-save prints it.
+struct ChainRules {
+  Table table = Table::kNat;
+  std::string name;
+  std::vector<std::string> rules;
+  bool operator==(const ChainRules&) const = default;
+};
+
+/// Sections of a dispatch chain, in chain order.
+enum class Section : std::uint8_t {
+  kServicePort = 0,  ///< a service port's own address/port (order among them does not matter)
+  kClusterIP = 1,    ///< per ClusterIP, after every port rule (its unused ports)
+  kTail = 2,         ///< fixed rules at the end (NodePorts jump, ServiceCIDR drops)
+};
+inline constexpr std::size_t kSections = 3;
+
+/// A rule in one of the shared dispatch chains.
+struct DispatchRule {
+  Table table = Table::kNat;
+  std::string chain;
+  Section section = Section::kServicePort;
+  std::string spec;  ///< as iptables-save prints it, after "-A CHAIN "
+  bool operator==(const DispatchRule&) const = default;
+  auto operator<=>(const DispatchRule&) const = default;
+};
+
+/// A jump from a built-in chain (PREROUTING, INPUT, ...) to one of kproxy's, inserted first in
+/// the built-in chain when missing; nothing else in a built-in chain is touched.
+struct JumpRule {
+  Table table = Table::kNat;
+  std::string chain;  ///< the built-in chain
+  std::string spec;
+  bool operator==(const JumpRule&) const = default;
+};
+
+/// What one service port of one family owns.
+struct Fragment {
+  sdk::Family family = sdk::Family::kIPv4;
+  std::string key;
+  std::vector<ChainRules> chains;  ///< nat KUBE-SVC-/SVL-/EXT-/FW-/SEP- chains
+  std::vector<DispatchRule> dispatch;
+  std::vector<std::string> problems;  ///< what could not be rendered as asked (logged)
+  std::size_t endpointChains = 0;
+};
+
+/// The fixed objects of one family.
+struct GlobalObjects {
+  sdk::Family family = sdk::Family::kIPv4;
+  /// Chains whose whole content is fixed: KUBE-POSTROUTING, KUBE-MARK-MASQ, KUBE-FORWARD and
+  /// the KUBE-PROXY-CANARY chains (empty), in filter, nat and mangle.
+  std::vector<ChainRules> chains;
+  /// The shared dispatch chains (declared even when empty), by table.
+  std::vector<std::pair<Table, std::string>> dispatchChains;
+  /// Their fixed rules (sections kTail).
+  std::vector<DispatchRule> dispatch;
+  std::vector<JumpRule> jumps;
+};
+
+/// The dispatch chains every family has: filter KUBE-SERVICES, KUBE-EXTERNAL-SERVICES,
+/// KUBE-NODEPORTS, KUBE-PROXY-FIREWALL; nat KUBE-SERVICES, KUBE-NODEPORTS.
+std::span<const std::pair<Table, std::string_view>> dispatchChainNames();
+
+/// Whether a chain of `table` is kproxy's in iptables mode (so a full sync may rewrite or delete
+/// it): the fixed chains, and in nat the per service port / endpoint chains.
+bool isOwnedChain(Table table, std::string_view chain);
+
+/// `-m statistic --probability` as iptables-save prints what upstream writes for 1/n: upstream
+/// formats 1/n with ten decimals, the kernel keeps it as a 31-bit fraction, save prints eleven.
+std::string probabilityText(std::size_t n);
+
+class IptablesRenderer {
+ public:
+  explicit IptablesRenderer(RenderConfig config);
+
+  /// The node the next renders are for (its pod CIDRs in NodeCIDR mode, its addresses for
+  /// source ranges that admit the node, its NodePort addresses).
+  void setNode(const sdk::NodeInfo& node);
+  /// The cluster's service CIDRs (both families): unallocated ClusterIPs in them are dropped.
+  void setServiceCIDRs(std::vector<sdk::ServiceCIDR> cidrs) { serviceCIDRs_ = std::move(cidrs); }
+  /// Leave comments out of per-endpoint rules (more endpoints than largeClusterEndpoints).
+  void setLargeCluster(bool large) { largeCluster_ = large; }
+  bool largeCluster() const { return largeCluster_; }
+
+  Fragment renderServicePort(const sdk::ServicePort& port) const;
+  GlobalObjects renderGlobal(sdk::Family family, const sdk::NodeInfo& node) const;
+
+  const RenderConfig& config() const { return config_; }
+  const plan::PlanConfig& planConfig() const { return planConfig_; }
+
+ private:
+  /// `-s CIDR` / `-i IF` conditions that tell this node's pods' traffic (negate: not from pods);
+  /// empty when the detector cannot tell for `family`.
+  std::string podSource(sdk::Family family, bool negate) const;
+
+  RenderConfig config_;
+  plan::PlanConfig planConfig_;
+  std::vector<sdk::ServiceCIDR> serviceCIDRs_;
+  bool largeCluster_ = false;
+};
+
+/// Everything the renderer wants for `family`, as one iptables-restore input (tables filter,
+/// nat, mangle; every chain declared; each dispatch chain's rules in section order; the jumps
+/// first in their built-in chains). It loads into an empty ruleset, and parseIptablesSave reads
+/// it (the tracer and `kproxy explain` work on it).
+std::string renderRuleset(const IptablesRenderer& renderer, sdk::Family family,
+                          std::span<const sdk::ServicePort> ports, const sdk::NodeInfo& node);
+
+}  // namespace kproxy::iptables
