@@ -26,36 +26,7 @@ enum class Flow : std::uint8_t {
 };
 bool terminal(Flow f) { return f == Flow::kAccept || f == Flow::kNat || f == Flow::kDrop || f == Flow::kReject; }
 
-/// Explores nondeterministic choices by re-running the trace: each run takes the choices
-/// recorded so far and the first alternative at every new choice point; next() moves to the
-/// next combination, depth first.
-class ChoiceOracle {
- public:
-  std::size_t choose(std::size_t alternatives) {
-    if (position_ == taken_.size()) {
-      taken_.push_back(0);
-      limits_.push_back(alternatives);
-    }
-    return taken_[position_++];
-  }
-  bool next() {
-    position_ = 0;
-    while (!taken_.empty()) {
-      if (taken_.back() + 1 < limits_.back()) {
-        ++taken_.back();
-        return true;
-      }
-      taken_.pop_back();
-      limits_.pop_back();
-    }
-    return false;
-  }
-
- private:
-  std::vector<std::size_t> taken_;
-  std::vector<std::size_t> limits_;
-  std::size_t position_ = 0;
-};
+using ChoiceOracle = plan::ChoiceExplorer;
 
 bool isLoopback(const Address& a) {
   if (a.family == Family::kIPv4) return a.bytes[0] == 127;

@@ -73,6 +73,27 @@ std::string TraceOutcome::toJson() const {
                      jsonString(rule));
 }
 
+std::size_t ChoiceExplorer::choose(std::size_t alternatives) {
+  if (position_ == taken_.size()) {
+    taken_.push_back(0);
+    limits_.push_back(alternatives);
+  }
+  return taken_[position_++];
+}
+
+bool ChoiceExplorer::next() {
+  position_ = 0;
+  while (!taken_.empty()) {
+    if (taken_.back() + 1 < limits_.back()) {
+      ++taken_.back();
+      return true;
+    }
+    taken_.pop_back();
+    limits_.pop_back();
+  }
+  return false;
+}
+
 TraceOutcome mergePaths(std::span<const TracePath> paths) {
   TraceOutcome out;
   if (paths.empty()) return out;

@@ -66,6 +66,21 @@ struct TracePath {
   TraceOutcome outcome;  ///< of this path alone (at most one endpoint)
 };
 
+/// Explores a tracer's random choices exhaustively by re-running the trace: each run takes the
+/// choices recorded so far and the first alternative at every new choice point; next() moves to
+/// the next combination, depth first, and is false when every combination was run.
+class ChoiceExplorer {
+ public:
+  /// The alternative (0 .. alternatives-1) this run takes at its next choice point.
+  std::size_t choose(std::size_t alternatives);
+  bool next();
+
+ private:
+  std::vector<std::size_t> taken_;
+  std::vector<std::size_t> limits_;
+  std::size_t position_ = 0;
+};
+
 /// The paths' outcomes merged: the endpoints of every DNAT path (sorted by address, then port,
 /// each once); otherwise the first path's verdict; masquerade if any path masquerades; mixed
 /// when the paths disagree. `paths` must not be empty.
