@@ -262,10 +262,7 @@ Fragment IptablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     ChainRules c{Table::kNat, chain, {}};
     c.rules.push_back(Spec().src(*addr).comment(comments ? name : "").jump(kMarkMasq).str());
     Spec dnat;
-    dnat.proto(proto).comment(comments ? name : "");
-    if (plan.affinity)
-      dnat.match(fmt::format("-m recent --set --name {} --mask {} --rsource", chain, recentMask(fam)));
-    dnat.match("-m " + proto).jump("DNAT --to-destination " + hostPort);
+    dnat.proto(proto).comment(comments ? name : "").match("-m " + proto).jump("DNAT --to-destination " + hostPort);
     c.rules.push_back(dnat.str());
     endpointChains.push_back(std::move(c));
     sepOf.emplace(hostPort, chain);
@@ -274,7 +271,17 @@ Fragment IptablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
 
   // A policy chain: the internal masquerade (for the internal pool's chain), affinity, then
   // one rule per endpoint with upstream's probabilities.
-  auto policyChain = [&](const std::string& chainName, std::span<const sdk::Endpoint> endpoints, bool internal) {
+  //
+  // Session affinity is kept per endpoint pool, as the service plan means it: a client's entry
+  // names the endpoint its pool chose, and another pool's choice never overrides it (eTP=Local
+  // NodePort traffic to a local endpoint must not pull the same client's ClusterIP connections
+  // away from the remote endpoint they stick to). So the recent lists are named per pool and
+  // endpoint (the cluster pool's as upstream's, the endpoint chain's name; the local pool's
+  // with "-L"), recorded by the policy chain's rules that choose the endpoint
+  // (`-m recent --set` after the statistic match), and refreshed on every hit (`--update`).
+  // Upstream records in the endpoint chain, which both pools share.
+  auto policyChain = [&](const std::string& chainName, std::span<const sdk::Endpoint> endpoints, bool internal,
+                         bool localPool) {
     ChainRules c{Table::kNat, chainName, {}};
     if (internal && !plan.clusterIP.empty()) {
       auto cip = savedPrefix(plan.clusterIP, fam);
@@ -290,12 +297,13 @@ Fragment IptablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     std::vector<std::pair<std::string, std::string>> targets;  // (sep chain, "ip:port")
     for (const auto& ep : endpoints)
       if (auto sep = sepChain(ep)) targets.emplace_back(*sep, backends::endpointHostPort(ep.ip, ep.port));
+    auto list = [&](const std::string& sep) { return localPool ? sep + "-L" : sep; };
     if (plan.affinity)
       for (const auto& [sep, hostPort] : targets)
         c.rules.push_back(Spec()
                               .comment(comments ? name + " -> " + hostPort : "")
-                              .match(fmt::format("-m recent --rcheck --seconds {} --reap --name {} --mask {} --rsource",
-                                                 plan.affinityTimeoutSeconds, sep, recentMask(fam)))
+                              .match(fmt::format("-m recent --update --seconds {} --reap --name {} --mask {} --rsource",
+                                                 plan.affinityTimeoutSeconds, list(sep), recentMask(fam)))
                               .jump(sep)
                               .str());
     for (std::size_t i = 0; i < targets.size(); ++i) {
@@ -303,14 +311,17 @@ Fragment IptablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
       s.comment(comments ? name + " -> " + targets[i].second : "");
       if (i + 1 < targets.size())
         s.match("-m statistic --mode random --probability " + probabilityText(targets.size() - i));
+      if (plan.affinity)
+        s.match(fmt::format("-m recent --set --name {} --mask {} --rsource", list(targets[i].first), recentMask(fam)));
       c.rules.push_back(s.jump(targets[i].first).str());
     }
     f.chains.push_back(std::move(c));
   };
 
   if (plan.usesClusterPool)
-    policyChain(svcChain, plan.clusterEndpoints, plan.internalPool == plan::Pool::kCluster);
-  if (plan.usesLocalPool) policyChain(svlChain, plan.localEndpoints, plan.internalPool == plan::Pool::kLocal);
+    policyChain(svcChain, plan.clusterEndpoints, plan.internalPool == plan::Pool::kCluster, false);
+  if (plan.usesLocalPool)
+    policyChain(svlChain, plan.localEndpoints, plan.internalPool == plan::Pool::kLocal, true);
   f.endpointChains = endpointChains.size();
 
   auto noEndpointComment = [&](plan::NoEndpoints what) {
