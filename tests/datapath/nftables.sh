@@ -11,7 +11,7 @@
 set -u
 source "$(dirname "$0")/testlib.sh"
 
-KP_PROXY_MODE=nftables
+KP_PROXY_MODE=${KP_PROXY_MODE:-nftables}
 WEB_IP=10.96.0.10
 MANIFESTS=""
 

@@ -166,10 +166,19 @@ class IptablesRenderer {
   /// empty when the detector cannot tell for `family`.
   std::string podSource(sdk::Family family, bool negate) const;
 
+  /// Where NodePorts of one family answer: every local address (`-m addrtype --dst-type
+  /// LOCAL`), or these addresses.
+  struct NodePorts {
+    bool allLocal = true;
+    std::vector<std::string> addresses;
+  };
+  const NodePorts& nodePortsOf(sdk::Family family) const { return nodePorts_[family == sdk::Family::kIPv6 ? 1 : 0]; }
+
   RenderConfig config_;
   plan::PlanConfig planConfig_;
   std::vector<sdk::ServiceCIDR> serviceCIDRs_;
   bool largeCluster_ = false;
+  NodePorts nodePorts_[2];
 };
 
 /// Everything the renderer wants for `family`, as one iptables-restore input (tables filter,

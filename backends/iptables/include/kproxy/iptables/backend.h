@@ -1,0 +1,116 @@
+#pragma once
+/// IptablesBackend: --proxy-mode=iptables. Renders upstream kube-proxy's chains through the
+/// shared service plan and changes the kernel with `iptables-restore --noflush`, one input per
+/// family (each table commits on its own).
+///
+/// Partial syncs never read the kernel: a mirror of what was applied (a hash of each owned
+/// chain's rules, the reference counts of the dispatch rules, and what each service port owns)
+/// tells which of the changed service ports' chains differ. Only those chains are rewritten;
+/// a dispatch chain (KUBE-SERVICES, KUBE-NODEPORTS, ...) is never rewritten by a partial sync,
+/// its rules are inserted (`-I CHAIN N`, at the end of their section) and deleted (`-D`) one
+/// by one, so an endpoint change touches the service's KUBE-SVC / KUBE-SEP chains only and a
+/// new service adds a handful of lines. Full syncs (first, hourly, after a failure, when the
+/// canary chain has gone) read the tables back with iptables-save and repair what differs;
+/// over an unchanged kernel they write nothing. A refused restore leaves the mirror as it was
+/// and makes the next sync full.
+///
+/// Thread-safety: one thread at a time (the plugin ABI guarantees it).
+
+#include <array>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "kproxy/iptables/kernel.h"
+#include "kproxy/iptables/renderer.h"
+#include "kproxy/plan/snapshot_source.h"
+#include "kproxy/plugin/sdk.h"
+
+namespace kproxy::iptables {
+
+struct BackendSettings {
+  RenderConfig render;
+  bool dryRun = false;
+  std::FILE* dryRunOutput = stdout;
+  /// Program IPv6 (ip6tables) too; off when the kernel has no IPv6 or no ip6tables exists.
+  bool ipv6 = true;
+  /// Where sysctls live (route_localnet), for tests.
+  std::string sysctlRoot = "/proc/sys";
+};
+
+class IptablesBackend final : public sdk::BackendPlugin {
+ public:
+  IptablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelIptables> kernel);
+
+  sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) override;
+  sdk::Expected<void> cleanup() override;
+  sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot, const sdk::ExplainRequest& request) override;
+
+  sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next,
+                                           const std::vector<sdk::ChangedKey>& changed, bool full);
+
+  /// The restore input of the last sync per family (empty when it wrote nothing).
+  const std::string& lastRestore(sdk::Family family) const { return lastRestore_[index(family)]; }
+  bool needsFullSync() const { return needFull_; }
+  /// Owned chains in the mirror, per family.
+  std::size_t mirroredChains(sdk::Family family) const;
+
+  struct Metrics {
+    sdk::Metric rules;            ///< gauge kproxy_iptables_rules{family,table}
+    sdk::Metric restoreFailures;  ///< counter kproxy_iptables_restore_failures_total{family}
+  };
+  static sdk::Expected<Metrics> registerMetrics(const sdk::Host& host);
+  void useMetrics(Metrics metrics) { metrics_ = std::move(metrics); }
+
+ private:
+  static std::size_t index(sdk::Family f) { return f == sdk::Family::kIPv6 ? 1 : 0; }
+  static std::size_t index(Table t) { return static_cast<std::size_t>(t); }
+
+  /// A shared dispatch chain as applied: how many owners each rule has, its section, and how
+  /// many rules each section holds (where an insert goes).
+  struct DispatchState {
+    std::unordered_map<std::string, std::pair<std::uint32_t, Section>> refs;
+    std::array<std::size_t, kSections> sizes{};
+  };
+  struct Owned {
+    std::vector<std::pair<Table, std::string>> chains;
+    std::vector<DispatchRule> dispatch;
+  };
+  struct MirrorFamily {
+    /// Owned chain → hash of its rules, per table.
+    std::unordered_map<std::string, std::uint64_t> chains[3];
+    std::map<std::pair<Table, std::string>, DispatchState> dispatch;
+    std::map<std::string, Owned> owned;  ///< per service port key ("" = the global objects)
+    std::size_t rules[3] = {};           ///< rules in owned chains, per table (metrics)
+  };
+
+  /// Restore input being built for one family.
+  struct Edit;
+
+  sdk::Expected<void> fullSync(const plan::SnapshotSource& next, sdk::Family family, MirrorFamily& out,
+                               std::string& input, std::size_t& operations);
+  void partialSync(const plan::SnapshotSource& next, sdk::Family family,
+                   const std::vector<std::string>& keys, MirrorFamily& mirror, std::string& input,
+                   std::size_t& operations);
+  sdk::Expected<void> apply(sdk::Family family, const std::string& input);
+  bool familyEnabled(sdk::Family family) const { return family == sdk::Family::kIPv4 || settings_.ipv6; }
+  void setRouteLocalnet();
+  void updateMetrics() const;
+
+  sdk::Host host_;
+  BackendSettings settings_;
+  IptablesRenderer renderer_;
+  std::unique_ptr<KernelIptables> kernel_;
+  MirrorFamily mirror_[2];
+  bool needFull_ = true;
+  std::string lastRestore_[2];
+  Metrics metrics_;
+};
+
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIptablesBackend(const sdk::Host& host,
+                                                                        const sdk::Options& options);
+
+}  // namespace kproxy::iptables

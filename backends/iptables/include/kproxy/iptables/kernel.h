@@ -1,0 +1,78 @@
+#pragma once
+/// The iptables backend's view of the kernel: `iptables-save` / `iptables-restore` of one
+/// variant (iptables-nft or iptables-legacy), IPv4 and IPv6, run without a shell through the
+/// shared process runner. Behind an interface so the backend is testable without a kernel
+/// (FakeIptables applies restore input to an in-memory ruleset).
+/// Thread-safety: one caller at a time.
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "kproxy/backends/common/process.h"
+#include "kproxy/core/error.h"
+#include "kproxy/iptables/renderer.h"
+
+namespace kproxy::iptables {
+
+enum class Variant : std::uint8_t { kNft, kLegacy };
+std::string_view variantName(Variant v);  ///< "nft", "legacy"
+
+class KernelIptables {
+ public:
+  virtual ~KernelIptables() = default;
+  /// `iptables-save -t TABLE` of `family`.
+  virtual core::Result<std::string> save(sdk::Family family, Table table) = 0;
+  /// `iptables-restore --noflush -w` of `input` (several tables, each committed on its own).
+  /// A refusal is an error of category kKernel whose message quotes the line the tool named.
+  virtual core::Result<void> restore(sdk::Family family, std::string_view input) = 0;
+  /// Whether `chain` exists in `table` (the canary check).
+  virtual core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) = 0;
+  /// "iptables-nft", "iptables-legacy", "fake".
+  virtual std::string describe() const = 0;
+};
+
+/// The programs of one variant, found in PATH or sbin: `iptables-nft-restore` and friends,
+/// or, when only the generic names exist, `iptables-restore` if its version says it is that
+/// variant. Error when a needed program is missing.
+struct VariantTools {
+  Variant variant = Variant::kNft;
+  std::string save4, restore4, iptables4, save6, restore6, iptables6;  ///< v6 ones may be empty
+};
+core::Result<VariantTools> findVariantTools(Variant variant);
+
+/// The variant a node already uses, as upstream's iptables wrapper decides: the one whose
+/// mangle table holds kubelet's KUBE-IPTABLES-HINT or KUBE-KUBELET-CANARY chain, else the one
+/// holding more rules, nft when tied (or when legacy is not installed).
+Variant detectVariant(backends::ProcessRunner& runner);
+
+std::unique_ptr<KernelIptables> makeProcessKernel(VariantTools tools, backends::ProcessRunner& runner);
+
+/// Applies restore input to an in-memory ruleset (tests, and the benchmark's mirror checks).
+class FakeIptables final : public KernelIptables {
+ public:
+  core::Result<std::string> save(sdk::Family family, Table table) override;
+  core::Result<void> restore(sdk::Family family, std::string_view input) override;
+  core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override;
+  std::string describe() const override { return "fake"; }
+
+  /// The input of every restore, in order.
+  std::vector<std::string> restores;
+  /// Refuse the next restore (as the tool would, naming line `refuseLine`).
+  bool refuseNext = false;
+  std::size_t refuseLine = 1;
+  /// The ruleset: per family and table, chain → rules ("-A" specs), in order; built-in chains
+  /// INPUT, FORWARD, OUTPUT, PREROUTING, POSTROUTING exist from the start.
+  struct Chain {
+    std::string name;
+    bool builtin = false;
+    std::vector<std::string> rules;
+  };
+  std::vector<Chain>& chains(sdk::Family family, Table table);
+
+ private:
+  std::vector<Chain> tables_[2][3];
+  bool initialized_[2][3] = {};
+};
+
+}  // namespace kproxy::iptables

@@ -1,0 +1,537 @@
+#include "kproxy/iptables/backend.h"
+
+#include <malloc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "kproxy/backends/common/chain_names.h"
+#include "kproxy/backends/common/conntrack_cleaner.h"
+#include "kproxy/backends/common/iptables_save.h"
+#include "kproxy/backends/common/sysctl.h"
+
+namespace kproxy::iptables {
+namespace {
+
+constexpr sdk::Family kFamilies[] = {sdk::Family::kIPv4, sdk::Family::kIPv6};
+
+std::string_view familyName(sdk::Family f) { return f == sdk::Family::kIPv6 ? "ipv6" : "ipv4"; }
+std::string_view toolName(sdk::Family f) { return f == sdk::Family::kIPv6 ? "ip6tables" : "iptables"; }
+
+/// FNV-1a over the rules, each ended by a newline.
+std::uint64_t hashRules(const std::vector<std::string>& rules) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& r : rules) {
+    for (unsigned char ch : r) h = (h ^ ch) * 1099511628211ull;
+    h = (h ^ '\n') * 1099511628211ull;
+  }
+  return h;
+}
+std::uint64_t hashRules(const std::vector<backends::IptablesRule>& rules) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (const auto& r : rules) {
+    for (unsigned char ch : r.spec) h = (h ^ ch) * 1099511628211ull;
+    h = (h ^ '\n') * 1099511628211ull;
+  }
+  return h;
+}
+
+void releaseFreeHeap() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
+
+sdk::Expected<void> failed(const core::Error& e, std::string_view what) {
+  const auto category = e.category == core::ErrorCategory::kKernel ? sdk::ErrorCategory::kKernelRefused
+                                                                     : sdk::ErrorCategory::kUnknown;
+  return sdk::fail(category, fmt::format("iptables: {}: {}", what, e.message()), e.errnum);
+}
+
+}  // namespace
+
+/// Restore input for one family, in the order iptables-restore needs: chain declarations
+/// (creating or flushing), the rules of rewritten chains, dispatch deletions and insertions,
+/// jumps from built-in chains, and last the deletion of chains no longer referenced.
+struct IptablesBackend::Edit {
+  std::string declare[3], rules[3], dispatch[3], jumps[3], remove[3];
+  std::size_t operations = 0;
+
+  void rewrite(Table t, const std::string& name, const std::vector<std::string>& chainRules) {
+    declare[index(t)] += fmt::format(":{} - [0:0]\n", name);
+    for (const auto& r : chainRules) rules[index(t)] += fmt::format("-A {} {}\n", name, r);
+    ++operations;
+  }
+  void drop(Table t, const std::string& name) {
+    declare[index(t)] += fmt::format(":{} - [0:0]\n", name);
+    remove[index(t)] += fmt::format("-X {}\n", name);
+    ++operations;
+  }
+  std::string text() const {
+    std::string out;
+    for (Table t : kTables) {
+      const auto i = index(t);
+      if (declare[i].empty() && rules[i].empty() && dispatch[i].empty() && jumps[i].empty() && remove[i].empty())
+        continue;
+      out += fmt::format("*{}\n", tableName(t));
+      out += declare[i];
+      out += rules[i];
+      out += dispatch[i];
+      out += jumps[i];
+      out += remove[i];
+      out += "COMMIT\n";
+    }
+    return out;
+  }
+};
+
+IptablesBackend::IptablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelIptables> kernel)
+    : host_(host), settings_(std::move(settings)), renderer_(settings_.render), kernel_(std::move(kernel)) {}
+
+std::size_t IptablesBackend::mirroredChains(sdk::Family family) const {
+  const auto& m = mirror_[index(family)];
+  return m.chains[0].size() + m.chains[1].size() + m.chains[2].size();
+}
+
+sdk::Expected<sdk::SyncOutcome> IptablesBackend::sync(const sdk::SyncContext& context) {
+  plan::HostSnapshot next(context.next);
+  auto synced = syncFrom(next, context.changed, context.full);
+  if (synced && !settings_.dryRun) backends::cleanStaleConntrackEntries(host_, context);
+  return synced;
+}
+
+sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSource& next,
+                                                          const std::vector<sdk::ChangedKey>& changed, bool full) {
+  const auto started = std::chrono::steady_clock::now();
+  full = full || needFull_;
+  // The canary: a periodic sync with nothing changed checks that the tables were not flushed
+  // behind kproxy's back (upstream's iptables monitor), and resyncs in full if they were.
+  if (!full && changed.empty() && !settings_.dryRun) {
+    for (sdk::Family fam : kFamilies) {
+      if (!familyEnabled(fam)) continue;
+      auto exists = kernel_->chainExists(fam, Table::kMangle, backends::iptables_chains::kProxyCanary);
+      if (!exists) {
+        host_.warning(fmt::format("iptables: checking the canary chain: {}", exists.error().message()));
+      } else if (!*exists) {
+        host_.info(0, fmt::format("iptables: the {} mangle table lost KUBE-PROXY-CANARY (flushed?); syncing in full",
+                                  toolName(fam)));
+        full = true;
+      }
+    }
+  }
+  const sdk::NodeInfo node = next.node();
+  renderer_.setNode(node);
+  renderer_.setServiceCIDRs(next.serviceCIDRs());
+  if (full) {
+    // Upstream leaves per-endpoint comments out above 1,000 endpoints; decided per full sync
+    // here, so that partial syncs never rewrite unrelated chains.
+    std::size_t endpoints = 0;
+    next.forEach([&](const sdk::ServicePort& p) { endpoints += p.allEndpoints.size(); });
+    renderer_.setLargeCluster(endpoints > settings_.render.largeClusterEndpoints);
+  }
+
+  std::size_t operations = 0;
+  for (sdk::Family fam : kFamilies) {
+    lastRestore_[index(fam)].clear();
+    if (!familyEnabled(fam)) continue;
+    std::string input;
+    if (full) {
+      needFull_ = true;
+      MirrorFamily fresh;
+      if (auto r = fullSync(next, fam, fresh, input, operations); !r) return std::unexpected(r.error());
+      if (auto r = apply(fam, input); !r) return std::unexpected(r.error());
+      mirror_[index(fam)] = std::move(fresh);
+    } else {
+      std::vector<std::string> keys;
+      for (const auto& c : changed)
+        if (c.family == fam) keys.push_back(c.key);
+      partialSync(next, fam, keys, mirror_[index(fam)], input, operations);
+      if (auto r = apply(fam, input); !r) {
+        needFull_ = true;  // the mirror now describes what was refused
+        return std::unexpected(r.error());
+      }
+    }
+    lastRestore_[index(fam)] = std::move(input);
+  }
+  if (full) {
+    needFull_ = false;
+    if (!settings_.dryRun) setRouteLocalnet();
+    releaseFreeHeap();
+  }
+  updateMetrics();
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  sdk::SyncOutcome outcome;
+  outcome.operations = operations;
+  outcome.summary = fmt::format("{} sync: {} chain and rule changes in {:.1f} ms ({})", full ? "full" : "partial",
+                                operations, ms, kernel_->describe());
+  return outcome;
+}
+
+sdk::Expected<void> IptablesBackend::apply(sdk::Family family, const std::string& input) {
+  if (input.empty()) return {};
+  if (settings_.dryRun) {
+    std::fprintf(settings_.dryRunOutput, "# %s-restore --noflush\n%s", std::string(toolName(family)).c_str(),
+                 input.c_str());
+    std::fflush(settings_.dryRunOutput);
+    return {};
+  }
+  auto r = kernel_->restore(family, input);
+  if (!r) {
+    if (metrics_.restoreFailures.active()) metrics_.restoreFailures.add({std::string(familyName(family))}, 1);
+    return failed(r.error(), std::string(toolName(family)) + "-restore");
+  }
+  return {};
+}
+
+void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family family,
+                                  const std::vector<std::string>& keys, MirrorFamily& mirror, std::string& input,
+                                  std::size_t& operations) {
+  Edit edit;
+  // Net change of each dispatch rule's owner count.
+  std::map<DispatchRule, int> delta;
+
+  auto update = [&](const std::string& key, std::vector<ChainRules> chains, std::vector<DispatchRule> dispatch) {
+    Owned& old = mirror.owned[key];
+    std::set<std::pair<Table, std::string>> keep;
+    for (const auto& c : chains) {
+      keep.emplace(c.table, c.name);
+      const std::uint64_t h = hashRules(c.rules);
+      auto& hashes = mirror.chains[index(c.table)];
+      auto it = hashes.find(c.name);
+      if (it != hashes.end() && it->second == h) continue;
+      edit.rewrite(c.table, c.name, c.rules);
+      hashes[c.name] = h;
+    }
+    for (const auto& [t, name] : old.chains)
+      if (!keep.contains({t, name})) {
+        edit.drop(t, name);
+        mirror.chains[index(t)].erase(name);
+      }
+    for (const auto& r : old.dispatch) --delta[r];
+    for (const auto& r : dispatch) ++delta[r];
+    Owned now;
+    for (auto& c : chains) now.chains.emplace_back(c.table, std::move(c.name));
+    now.dispatch = std::move(dispatch);
+    if (now.chains.empty() && now.dispatch.empty() && !key.empty())
+      mirror.owned.erase(key);
+    else
+      old = std::move(now);
+  };
+
+  for (const auto& key : keys) {
+    if (key.empty()) continue;
+    auto port = next.find(family, key);
+    if (!port) {
+      update(key, {}, {});
+      continue;
+    }
+    Fragment f = renderer_.renderServicePort(*port);
+    for (const auto& problem : f.problems) host_.warning(fmt::format("iptables: {}: {}", key, problem));
+    update(key, std::move(f.chains), std::move(f.dispatch));
+  }
+  // The global objects follow the node and the ServiceCIDRs, which a partial sync may bring.
+  GlobalObjects g = renderer_.renderGlobal(family, next.node());
+  update("", std::move(g.chains), std::move(g.dispatch));
+
+  // Dispatch rules: deletions first (they free positions), then insertions at the end of
+  // their section.
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const auto& [rule, d] : delta) {
+      if (d == 0 || (pass == 0) != (d < 0)) continue;
+      DispatchState& state = mirror.dispatch[{rule.table, rule.chain}];
+      auto it = state.refs.find(rule.spec);
+      if (d < 0) {
+        if (it == state.refs.end()) continue;
+        const int left = static_cast<int>(it->second.first) + d;
+        if (left > 0) {
+          it->second.first = static_cast<std::uint32_t>(left);
+          continue;
+        }
+        edit.dispatch[index(rule.table)] += fmt::format("-D {} {}\n", rule.chain, rule.spec);
+        --state.sizes[static_cast<std::size_t>(it->second.second)];
+        state.refs.erase(it);
+        ++edit.operations;
+        continue;
+      }
+      if (it != state.refs.end()) {
+        it->second.first += static_cast<std::uint32_t>(d);
+        continue;
+      }
+      state.refs.emplace(rule.spec, std::pair{static_cast<std::uint32_t>(d), rule.section});
+      const auto s = static_cast<std::size_t>(rule.section);
+      std::size_t position = 1, total = 0;
+      for (std::size_t i = 0; i < kSections; ++i) {
+        if (i <= s) position += state.sizes[i];
+        total += state.sizes[i];
+      }
+      if (position > total)
+        edit.dispatch[index(rule.table)] += fmt::format("-A {} {}\n", rule.chain, rule.spec);
+      else
+        edit.dispatch[index(rule.table)] += fmt::format("-I {} {} {}\n", rule.chain, position, rule.spec);
+      ++state.sizes[s];
+      ++edit.operations;
+    }
+  }
+  operations += edit.operations;
+  input = edit.text();
+}
+
+sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, sdk::Family family,
+                                              MirrorFamily& out, std::string& input, std::size_t& operations) {
+  // What the kernel holds (dry-run trusts an empty kernel: it reads nothing that needs
+  // privileges).
+  backends::IptablesSave kernel;
+  if (!settings_.dryRun) {
+    for (Table t : kTables) {
+      auto text = kernel_->save(family, t);
+      if (!text) return failed(text.error(), fmt::format("{}-save -t {}", toolName(family), tableName(t)));
+      auto parsed = backends::parseIptablesSave(*text);
+      if (!parsed) return failed(parsed.error(), fmt::format("reading {}-save -t {}", toolName(family), tableName(t)));
+      for (auto& table : parsed->tables) kernel.tables.push_back(std::move(table));
+    }
+  }
+  auto kernelChain = [&](Table t, std::string_view name) -> const backends::IptablesChain* {
+    const auto* table = kernel.findTable(tableName(t));
+    return table ? table->findChain(name) : nullptr;
+  };
+
+  Edit edit;
+  std::set<std::pair<Table, std::string>> desired;
+  auto addChains = [&](const std::string& key, std::vector<ChainRules>& chains, std::vector<DispatchRule>& dispatch) {
+    Owned owned;
+    for (auto& c : chains) {
+      const std::uint64_t h = hashRules(c.rules);
+      const auto* k = kernelChain(c.table, c.name);
+      if (k == nullptr || k->builtin() || hashRules(k->rules) != h) edit.rewrite(c.table, c.name, c.rules);
+      out.chains[index(c.table)][c.name] = h;
+      out.rules[index(c.table)] += c.rules.size();
+      desired.emplace(c.table, c.name);
+      owned.chains.emplace_back(c.table, std::move(c.name));
+    }
+    for (const auto& r : dispatch) {
+      DispatchState& state = out.dispatch[{r.table, r.chain}];
+      auto [it, inserted] = state.refs.try_emplace(r.spec, 0u, r.section);
+      ++it->second.first;
+      if (inserted) ++state.sizes[static_cast<std::size_t>(r.section)];
+    }
+    owned.dispatch = std::move(dispatch);
+    out.owned.emplace(key, std::move(owned));
+  };
+
+  GlobalObjects g = renderer_.renderGlobal(family, next.node());
+  next.forEach([&](const sdk::ServicePort& p) {
+    if (p.family != family) return;
+    Fragment f = renderer_.renderServicePort(p);
+    for (const auto& problem : f.problems) host_.warning(fmt::format("iptables: {}: {}", p.key, problem));
+    addChains(p.key, f.chains, f.dispatch);
+  });
+  auto globalChains = g.chains;
+  auto globalDispatch = g.dispatch;
+  addChains("", globalChains, globalDispatch);
+
+  // The dispatch chains: kept when they hold exactly the wanted rules in section order,
+  // rewritten otherwise.
+  for (const auto& [t, name] : g.dispatchChains) {
+    DispatchState& state = out.dispatch[{t, name}];
+    desired.emplace(t, name);
+    const auto* k = kernelChain(t, name);
+    bool same = k != nullptr && !k->builtin() && k->rules.size() == state.refs.size();
+    if (same) {
+      std::size_t section = 0;
+      std::set<std::string_view> seen;
+      for (const auto& r : k->rules) {
+        auto it = state.refs.find(r.spec);
+        if (it == state.refs.end() || !seen.insert(r.spec).second ||
+            static_cast<std::size_t>(it->second.second) < section) {
+          same = false;
+          break;
+        }
+        section = static_cast<std::size_t>(it->second.second);
+      }
+    }
+    out.rules[index(t)] += state.refs.size();
+    if (same) continue;
+    std::vector<std::string> ordered[kSections];
+    for (const auto& [spec, ref] : state.refs) ordered[static_cast<std::size_t>(ref.second)].push_back(spec);
+    std::vector<std::string> rules;
+    for (auto& section : ordered) {
+      std::sort(section.begin(), section.end());
+      rules.insert(rules.end(), section.begin(), section.end());
+    }
+    edit.rewrite(t, name, rules);
+  }
+
+  // Jumps from the built-in chains, each inserted first when missing (so the last of a chain's
+  // jumps ends up first, as upstream's).
+  for (const auto& j : g.jumps) {
+    const auto* k = kernelChain(j.table, j.chain);
+    const bool present = k != nullptr && std::any_of(k->rules.begin(), k->rules.end(),
+                                                     [&](const backends::IptablesRule& r) { return r.spec == j.spec; });
+    if (present) continue;
+    edit.jumps[index(j.table)] += fmt::format("-I {} 1 {}\n", j.chain, j.spec);
+    ++edit.operations;
+  }
+
+  // Chains of kproxy's that nothing wants any more.
+  for (const auto& table : kernel.tables) {
+    Table t = Table::kFilter;
+    bool known = false;
+    for (Table candidate : kTables)
+      if (tableName(candidate) == table.name) t = candidate, known = true;
+    if (!known) continue;
+    for (const auto& c : table.chains)
+      if (!c.builtin() && isOwnedChain(t, c.name) && !desired.contains({t, c.name})) edit.drop(t, c.name);
+  }
+  operations += edit.operations;
+  input = edit.text();
+  return {};
+}
+
+void IptablesBackend::setRouteLocalnet() {
+  // Localhost NodePorts (IPv4) need the kernel to route packets from 127.0.0.0/8, as upstream
+  // sets when --iptables-localhost-nodeports is on and NodePorts answer on loopback.
+  if (!settings_.render.localhostNodePorts) return;
+  backends::SysctlFiles sysctls(settings_.sysctlRoot);
+  const char* name = "net/ipv4/conf/all/route_localnet";
+  if (auto v = sysctls.readInt(name); v && *v == 1) return;
+  if (auto w = sysctls.writeInt(name, 1); !w)
+    host_.warning(fmt::format("iptables: setting {}=1 for localhost NodePorts: {}", name, w.error().message()));
+  else
+    host_.info(1, fmt::format("iptables: set {}=1 for localhost NodePorts", name));
+}
+
+sdk::Expected<void> IptablesBackend::cleanup() {
+  needFull_ = true;
+  for (auto& m : mirror_) m = MirrorFamily{};
+  for (sdk::Family fam : kFamilies) {
+    if (!familyEnabled(fam)) continue;
+    Edit edit;
+    std::set<std::string> owned[3];
+    std::vector<backends::IptablesTable> tables;
+    if (!settings_.dryRun) {
+      for (Table t : kTables) {
+        auto text = kernel_->save(fam, t);
+        if (!text) return failed(text.error(), fmt::format("{}-save -t {}", toolName(fam), tableName(t)));
+        auto parsed = backends::parseIptablesSave(*text);
+        if (!parsed) return failed(parsed.error(), "reading iptables-save");
+        for (auto& table : parsed->tables) tables.push_back(std::move(table));
+      }
+    }
+    for (const auto& table : tables) {
+      Table t = Table::kFilter;
+      for (Table candidate : kTables)
+        if (tableName(candidate) == table.name) t = candidate;
+      for (const auto& c : table.chains)
+        if (!c.builtin() && isOwnedChain(t, c.name)) owned[index(t)].insert(c.name);
+      // Jumps into kproxy's chains from chains that stay (the built-in ones).
+      for (const auto& c : table.chains) {
+        if (owned[index(t)].contains(c.name)) continue;
+        for (const auto& r : c.rules)
+          if (owned[index(t)].contains(backends::ruleJumpTarget(r.spec)))
+            edit.dispatch[index(t)] += fmt::format("-D {} {}\n", c.name, r.spec);
+      }
+      for (const auto& name : owned[index(t)]) edit.drop(t, name);
+    }
+    std::string input = edit.text();
+    if (input.empty()) continue;
+    if (auto r = apply(fam, input); !r) return r;
+    host_.info(1, fmt::format("iptables cleanup: removed kproxy's chains ({})", toolName(fam)));
+  }
+  return {};
+}
+
+sdk::Expected<std::string> IptablesBackend::explain(const sdk::SnapshotView& snapshot,
+                                                    const sdk::ExplainRequest& request) {
+  (void)snapshot;
+  (void)request;
+  return sdk::fail("iptables: explain is not available yet");
+}
+
+sdk::Expected<IptablesBackend::Metrics> IptablesBackend::registerMetrics(const sdk::Host& host) {
+  Metrics m;
+  auto rules = host.gauge("kproxy_iptables_rules", "Rules in kproxy's iptables chains after the last sync",
+                          {"family", "table"});
+  if (!rules) return std::unexpected(rules.error());
+  m.rules = *rules;
+  auto failures = host.counter("kproxy_iptables_restore_failures_total",
+                               "iptables-restore runs that the tool refused", {"family"});
+  if (!failures) return std::unexpected(failures.error());
+  m.restoreFailures = *failures;
+  return m;
+}
+
+void IptablesBackend::updateMetrics() const {
+  if (!metrics_.rules.active()) return;
+  for (sdk::Family fam : kFamilies) {
+    if (!familyEnabled(fam)) continue;
+    const auto& m = mirror_[index(fam)];
+    for (Table t : kTables)
+      metrics_.rules.set({std::string(familyName(fam)), std::string(tableName(t))},
+                         static_cast<double>(m.rules[index(t)]));
+  }
+}
+
+namespace {
+
+bool kernelHasIPv6() {
+  std::ifstream disabled("/proc/sys/net/ipv6/conf/all/disable_ipv6");
+  int value = 1;
+  return disabled && (disabled >> value) && value == 0;
+}
+
+backends::SystemProcessRunner& systemRunner() {
+  static backends::SystemProcessRunner runner;
+  return runner;
+}
+
+}  // namespace
+
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIptablesBackend(const sdk::Host& host,
+                                                                        const sdk::Options& options) {
+  auto cfg = parseRenderConfig(options);
+  if (!cfg) return std::unexpected(cfg.error());
+  auto get = [&](std::string_view key) -> std::string {
+    auto it = options.find(key);
+    return it == options.end() ? std::string() : it->second;
+  };
+  BackendSettings settings;
+  settings.dryRun = get("dry-run") == "true";
+  if (auto liberal = backends::SysctlFiles().readInt("net/netfilter/nf_conntrack_tcp_be_liberal"); liberal)
+    cfg->conntrackTCPLiberal = *liberal != 0;
+
+  std::string variantOption = get("iptables-variant");
+  if (variantOption.empty()) variantOption = "auto";
+  if (variantOption != "auto" && variantOption != "nft" && variantOption != "legacy")
+    return sdk::fail(sdk::ErrorCategory::kInvalidInput,
+                     "iptables: invalid iptables-variant \"" + variantOption + "\" (auto, nft, legacy)");
+  Variant variant = Variant::kNft;
+  if (variantOption == "legacy")
+    variant = Variant::kLegacy;
+  else if (variantOption == "auto" && !settings.dryRun)
+    variant = detectVariant(systemRunner());
+
+  std::unique_ptr<KernelIptables> kernel;
+  auto tools = findVariantTools(variant);
+  if (!tools) {
+    if (!settings.dryRun) return sdk::fail(sdk::ErrorCategory::kInvalidInput, tools.error().message());
+    kernel = std::make_unique<FakeIptables>();  // dry-run and explain never run the tools
+  } else {
+    settings.ipv6 = !tools->restore6.empty() && !tools->save6.empty() && kernelHasIPv6();
+    kernel = makeProcessKernel(std::move(*tools), systemRunner());
+  }
+  settings.render = std::move(*cfg);
+  auto metrics = IptablesBackend::registerMetrics(host);
+  if (!metrics) return std::unexpected(metrics.error());
+  host.info(0, fmt::format("iptables: using {} (iptables-variant={}){}", kernel->describe(), variantOption,
+                           settings.ipv6 ? "" : "; IPv6 is not programmed (no ip6tables or no IPv6 in the kernel)"));
+  auto backend = std::make_unique<IptablesBackend>(host, std::move(settings), std::move(kernel));
+  backend->useMetrics(std::move(*metrics));
+  return backend;
+}
+
+}  // namespace kproxy::iptables

@@ -1,0 +1,302 @@
+#include "kproxy/iptables/kernel.h"
+
+#include <algorithm>
+#include <charconv>
+
+#include <fmt/format.h>
+
+#include "kproxy/backends/common/iptables_save.h"
+
+namespace kproxy::iptables {
+namespace {
+
+using backends::ProcessOptions;
+using backends::ProcessResult;
+using core::Error;
+using core::ErrorCategory;
+
+constexpr auto kToolTimeout = std::chrono::minutes(2);
+
+bool isV6(sdk::Family family) { return family == sdk::Family::kIPv6; }
+
+core::Result<void> refused(std::string message) { return core::makeError(ErrorCategory::kKernel, std::move(message)); }
+
+/// The 1-based line `n` of `text` (empty when there is none).
+std::string_view lineOf(std::string_view text, std::size_t n) {
+  std::size_t start = 0;
+  for (std::size_t i = 1; i < n; ++i) {
+    auto nl = text.find('\n', start);
+    if (nl == std::string_view::npos) return {};
+    start = nl + 1;
+  }
+  auto nl = text.find('\n', start);
+  return text.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start);
+}
+
+/// The line number iptables-restore names in its complaint ("line 7 failed", "Error occurred
+/// at line: 7"), or 0.
+std::size_t failedLine(std::string_view err) {
+  for (std::string_view marker : {"line: ", "line "}) {
+    for (auto at = err.find(marker); at != std::string_view::npos; at = err.find(marker, at + 1)) {
+      std::size_t n = 0;
+      const char* first = err.data() + at + marker.size();
+      auto [ptr, ec] = std::from_chars(first, err.data() + err.size(), n);
+      if (ec == std::errc() && ptr != first) return n;
+    }
+  }
+  return 0;
+}
+
+std::string trimmed(std::string s) {
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+class ProcessKernel final : public KernelIptables {
+ public:
+  ProcessKernel(VariantTools tools, backends::ProcessRunner& runner) : tools_(std::move(tools)), runner_(runner) {}
+
+  core::Result<std::string> save(sdk::Family family, Table table) override {
+    const std::string& tool = isV6(family) ? tools_.save6 : tools_.save4;
+    if (tool.empty()) return core::makeError(ErrorCategory::kProcess, "no ip6tables-save for IPv6");
+    auto r = runner_.run({tool, "-t", std::string(tableName(table))}, ProcessOptions{{}, kToolTimeout});
+    if (!r) return std::unexpected(r.error());
+    if (!r->succeeded())
+      return core::makeError(ErrorCategory::kKernel,
+                                   fmt::format("{} -t {} failed ({}): {}", tool, tableName(table), r->exitCode,
+                                               trimmed(r->err)));
+    return std::move(r->out);
+  }
+
+  core::Result<void> restore(sdk::Family family, std::string_view input) override {
+    const std::string& tool = isV6(family) ? tools_.restore6 : tools_.restore4;
+    if (tool.empty()) return core::makeError(ErrorCategory::kProcess, "no ip6tables-restore for IPv6");
+    auto r = runner_.run({tool, "--noflush", "-w", "5"}, ProcessOptions{input, kToolTimeout});
+    if (!r) return std::unexpected(r.error());
+    if (r->succeeded()) return {};
+    std::string message = fmt::format("{} refused the input ({}): {}", tool, r->exitCode, trimmed(r->err));
+    if (auto n = failedLine(r->err); n != 0) message += fmt::format("; line {}: {}", n, lineOf(input, n));
+    return refused(std::move(message));
+  }
+
+  core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override {
+    const std::string& tool = isV6(family) ? tools_.iptables6 : tools_.iptables4;
+    if (tool.empty()) return core::makeError(ErrorCategory::kProcess, "no ip6tables for IPv6");
+    auto r = runner_.run({tool, "-w", "5", "-t", std::string(tableName(table)), "-S", std::string(chain)},
+                         ProcessOptions{{}, kToolTimeout});
+    if (!r) return std::unexpected(r.error());
+    if (r->succeeded()) return true;
+    if (r->err.find("No chain") != std::string::npos || r->err.find("does not exist") != std::string::npos)
+      return false;
+    return core::makeError(ErrorCategory::kKernel, fmt::format("{} -S {} failed ({}): {}", tool, chain,
+                                                                    r->exitCode, trimmed(r->err)));
+  }
+
+  std::string describe() const override { return "iptables-" + std::string(variantName(tools_.variant)); }
+
+ private:
+  VariantTools tools_;
+  backends::ProcessRunner& runner_;
+};
+
+/// Whether `tool --version` says it is `variant` ("iptables v1.8.9 (nf_tables)" / "(legacy)").
+bool versionSays(const std::string& tool, Variant variant) {
+  auto r = backends::runProcess({tool, "--version"}, ProcessOptions{{}, std::chrono::seconds(10)});
+  if (!r || !r->succeeded()) return false;
+  return r->out.find(variant == Variant::kNft ? "nf_tables" : "legacy") != std::string::npos;
+}
+
+}  // namespace
+
+std::string_view variantName(Variant v) { return v == Variant::kLegacy ? "legacy" : "nft"; }
+
+core::Result<VariantTools> findVariantTools(Variant variant) {
+  VariantTools t;
+  t.variant = variant;
+  const std::string v(variantName(variant));
+  auto find = [&](const std::string& base) -> std::string {
+    if (auto p = backends::findExecutable(base.substr(0, base.find('-')) + "-" + v + base.substr(base.find('-'))))
+      return *p;
+    if (auto generic = backends::findExecutable(base); generic && versionSays(*generic, variant)) return *generic;
+    return {};
+  };
+  auto plain = [&](const std::string& base) -> std::string {
+    if (auto p = backends::findExecutable(base + "-" + v)) return *p;
+    if (auto generic = backends::findExecutable(base); generic && versionSays(*generic, variant)) return *generic;
+    return {};
+  };
+  t.save4 = find("iptables-save");
+  t.restore4 = find("iptables-restore");
+  t.iptables4 = plain("iptables");
+  t.save6 = find("ip6tables-save");
+  t.restore6 = find("ip6tables-restore");
+  t.iptables6 = plain("ip6tables");
+  if (t.save4.empty() || t.restore4.empty() || t.iptables4.empty())
+    return core::makeError(ErrorCategory::kProcess,
+                                 fmt::format("iptables: the {0} variant's tools (iptables-{0}-restore, iptables-{0}-save, "
+                                             "iptables-{0}) are not installed",
+                                             v));
+  return t;
+}
+
+Variant detectVariant(backends::ProcessRunner& runner) {
+  struct Seen {
+    bool hint = false;
+    std::size_t rules = 0;
+    bool available = false;
+  };
+  auto look = [&](Variant variant) {
+    Seen seen;
+    auto tools = findVariantTools(variant);
+    if (!tools) return seen;
+    seen.available = true;
+    for (const auto& tool : {tools->save4, tools->save6}) {
+      if (tool.empty()) continue;
+      auto r = runner.run({tool}, ProcessOptions{{}, std::chrono::seconds(30)});
+      if (!r || !r->succeeded()) continue;
+      if (r->out.find(":KUBE-IPTABLES-HINT ") != std::string::npos ||
+          r->out.find(":KUBE-KUBELET-CANARY ") != std::string::npos)
+        seen.hint = true;
+      std::size_t at = 0;
+      while ((at = r->out.find("\n-A ", at)) != std::string::npos) {
+        ++seen.rules;
+        ++at;
+      }
+    }
+    return seen;
+  };
+  const Seen legacy = look(Variant::kLegacy);
+  const Seen nft = look(Variant::kNft);
+  if (!legacy.available) return Variant::kNft;
+  if (!nft.available) return Variant::kLegacy;
+  if (legacy.hint != nft.hint) return legacy.hint ? Variant::kLegacy : Variant::kNft;
+  return legacy.rules > nft.rules ? Variant::kLegacy : Variant::kNft;
+}
+
+std::unique_ptr<KernelIptables> makeProcessKernel(VariantTools tools, backends::ProcessRunner& runner) {
+  return std::make_unique<ProcessKernel>(std::move(tools), runner);
+}
+
+// ---- FakeIptables ----
+
+std::vector<FakeIptables::Chain>& FakeIptables::chains(sdk::Family family, Table table) {
+  const int f = isV6(family) ? 1 : 0, t = static_cast<int>(table);
+  if (!initialized_[f][t]) {
+    initialized_[f][t] = true;
+    std::vector<std::string> builtins;
+    switch (table) {
+      case Table::kFilter: builtins = {"INPUT", "FORWARD", "OUTPUT"}; break;
+      case Table::kNat: builtins = {"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"}; break;
+      case Table::kMangle: builtins = {"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING"}; break;
+    }
+    for (auto& b : builtins) tables_[f][t].push_back(Chain{b, true, {}});
+  }
+  return tables_[f][t];
+}
+
+core::Result<std::string> FakeIptables::save(sdk::Family family, Table table) {
+  auto& cs = chains(family, table);
+  std::vector<const Chain*> sorted;
+  for (const auto& c : cs) sorted.push_back(&c);
+  // As iptables-save: built-in chains first, then the others by name.
+  std::stable_sort(sorted.begin(), sorted.end(), [](const Chain* a, const Chain* b) {
+    if (a->builtin != b->builtin) return a->builtin;
+    return !a->builtin && a->name < b->name;
+  });
+  std::string out = fmt::format("# Generated by fake\n*{}\n", tableName(table));
+  for (const auto* c : sorted) out += fmt::format(":{} {} [0:0]\n", c->name, c->builtin ? "ACCEPT" : "-");
+  for (const auto* c : sorted)
+    for (const auto& r : c->rules) out += fmt::format("-A {} {}\n", c->name, r);
+  out += "COMMIT\n";
+  return out;
+}
+
+core::Result<bool> FakeIptables::chainExists(sdk::Family family, Table table, std::string_view chain) {
+  auto& cs = chains(family, table);
+  return std::any_of(cs.begin(), cs.end(), [&](const Chain& c) { return c.name == chain; });
+}
+
+core::Result<void> FakeIptables::restore(sdk::Family family, std::string_view input) {
+  restores.emplace_back(input);
+  if (std::exchange(refuseNext, false))
+    return refused(fmt::format("fake refused the input; line {}: {}", refuseLine, lineOf(input, refuseLine)));
+  // Each table is applied to a copy and committed at COMMIT, as iptables-restore does.
+  bool inTable = false;
+  Table table = Table::kFilter;
+  std::vector<Chain> work;
+  std::size_t lineNo = 0;
+  auto fail = [&](std::string_view why) {
+    return refused(fmt::format("fake refused line {} ({}): {}", lineNo, why, lineOf(input, lineNo)));
+  };
+  auto findChain = [&](std::string_view name) -> Chain* {
+    for (auto& c : work)
+      if (c.name == name) return &c;
+    return nullptr;
+  };
+  std::size_t start = 0;
+  while (start < input.size()) {
+    auto nl = input.find('\n', start);
+    std::string_view line = input.substr(start, nl == std::string_view::npos ? std::string_view::npos : nl - start);
+    start = nl == std::string_view::npos ? input.size() : nl + 1;
+    ++lineNo;
+    if (line.empty() || line.front() == '#') continue;
+    if (line.front() == '*') {
+      const std::string_view name = line.substr(1);
+      inTable = false;
+      for (Table t : kTables)
+        if (tableName(t) == name) table = t, inTable = true;
+      if (!inTable) return fail("unknown table");
+      work = chains(family, table);
+      continue;
+    }
+    if (!inTable) return fail("outside a table");
+    if (line == "COMMIT") {
+      chains(family, table) = std::move(work);
+      inTable = false;
+      continue;
+    }
+    if (line.front() == ':') {
+      const std::string name(line.substr(1, line.find(' ') - 1));
+      if (Chain* c = findChain(name))
+        c->rules.clear();  // --noflush: declaring a chain flushes it
+      else
+        work.push_back(Chain{name, false, {}});
+      continue;
+    }
+    auto words = line.substr(3);
+    const auto space = words.find(' ');
+    const std::string chain(words.substr(0, space));
+    std::string_view rest = space == std::string_view::npos ? std::string_view() : words.substr(space + 1);
+    Chain* c = findChain(chain);
+    if (c == nullptr) return fail("no such chain");
+    if (line.starts_with("-A ")) {
+      if (auto target = backends::ruleJumpTarget(rest); !target.empty() && target.find_first_of(" ") == std::string::npos &&
+                                                         target.starts_with("KUBE-") && findChain(target) == nullptr)
+        return fail("jump to a missing chain");
+      c->rules.emplace_back(rest);
+    } else if (line.starts_with("-I ")) {
+      std::size_t pos = 1;
+      auto sp = rest.find(' ');
+      std::from_chars(rest.data(), rest.data() + sp, pos);
+      rest.remove_prefix(sp + 1);
+      if (pos == 0 || pos > c->rules.size() + 1) return fail("index out of range");
+      c->rules.insert(c->rules.begin() + static_cast<std::ptrdiff_t>(pos - 1), std::string(rest));
+    } else if (line.starts_with("-D ")) {
+      auto it = std::find(c->rules.begin(), c->rules.end(), rest);
+      if (it == c->rules.end()) return fail("no such rule");
+      c->rules.erase(it);
+    } else if (line.starts_with("-X ")) {
+      if (c->builtin || !c->rules.empty()) return fail("chain not empty or built-in");
+      for (const auto& other : work)
+        for (const auto& r : other.rules)
+          if (backends::ruleJumpTarget(r) == chain) return fail("chain in use");
+      work.erase(work.begin() + (c - work.data()));
+    } else {
+      return fail("unknown command");
+    }
+  }
+  if (inTable) return fail("no COMMIT");
+  return {};
+}
+
+}  // namespace kproxy::iptables
