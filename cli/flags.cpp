@@ -261,6 +261,14 @@ const std::vector<FlagSpec>& flagSpecs() {
          boolSetter([](ParsedFlags& f, bool b) { f.config.iptables.localhostNodePorts = b; })},
         // Upstream applies --iptables-sync-period to every mode but ipvs, so it sets the
         // nftables section too.
+        {"iptables-variant", 0, Kind::kString, Scope::kProcess, "auto",
+         "iptables mode: which iptables to program, \"nft\" (iptables-nft), \"legacy\" (iptables-legacy) or "
+         "\"auto\" (the one already holding rules, as upstream's iptables wrapper; nft when neither does).",
+         [](ParsedFlags& f, std::string_view v) -> std::optional<std::string> {
+           if (v != "auto" && v != "nft" && v != "legacy") return "must be auto, nft or legacy";
+           f.config.iptablesVariant = std::string(v);
+           return std::nullopt;
+         }},
         {"iptables-sync-period", 0, Kind::kDuration, Scope::kConfig, "30s",
          "How often rules are fully resynchronized (iptables and nftables modes); > 0.",
          durationSetter([](C& c, Duration d) { c.iptables.syncPeriod = c.nftables.syncPeriod = d; })},

@@ -141,6 +141,7 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
   options["sync-period"] = seconds(config.effectiveSyncPeriod());
   options["min-sync-period"] = seconds(config.effectiveMinSyncPeriod());
   options["localhost-nodeports"] = config.iptables.localhostNodePorts ? "true" : "false";
+  options["iptables-variant"] = config.iptablesVariant;
   if (config.bindAddress != "0.0.0.0" && config.bindAddress != "::" && !config.bindAddress.empty())
     options["node-ips"] = config.bindAddress;
   return options;

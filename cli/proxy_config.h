@@ -124,6 +124,7 @@ struct ProxyConfig {
   bool allowHttpCredentials = false;  ///< --insecure-allow-http-credentials: token/password over http://
   std::vector<std::string> pluginDirs;  ///< --plugin-dir, repeatable, in the given order
   bool dryRun = false;        ///< --dry-run: print planned kernel operations, change nothing
+  std::string iptablesVariant = "auto";  ///< --iptables-variant: auto, nft or legacy (kproxy's own)
   bool cleanup = false;       ///< --cleanup: remove kproxy's kernel state and exit
   bool initOnly = false;      ///< --init-only
   bool showHelp = false;      ///< -h/--help

@@ -187,6 +187,15 @@ void IptablesRenderer::setNode(const sdk::NodeInfo& node) {
     // A host that did not resolve them (an older one, or explain): as upstream's iptables
     // mode, every local address unless CIDRs of the family are given; then the node's
     // addresses inside them.
+    if (config_.nodePortPrimary) {
+      out.allLocal = false;
+      for (const auto& ip : planConfig_.nodeIPs)
+        if (auto a = IPPrefix::parse(ip); a && a->isHost() && a->v6 == isV6(fam)) {
+          out.addresses.push_back(ip);
+          break;
+        }
+      continue;
+    }
     std::vector<IPPrefix> cidrs;
     for (const auto& c : config_.nodePortCIDRs)
       if (auto a = IPPrefix::parse(c); a && a->v6 == isV6(fam)) cidrs.push_back(*a);
@@ -658,7 +667,10 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
   }
   if (auto v = get("localhost-nodeports"); !v.empty()) cfg.localhostNodePorts = v != "false";
   for (const auto& c : splitList(get("nodeport-addresses"))) {
-    if (c == "primary") continue;
+    if (c == "primary") {
+      cfg.nodePortPrimary = true;
+      continue;
+    }
     if (!IPPrefix::parse(c)) return bad("invalid nodeport-addresses entry \"" + c + "\"");
     cfg.nodePortCIDRs.push_back(c);
   }

@@ -38,7 +38,8 @@ ProxyConfig effective(std::vector<const char*> args) {
 
 TEST_CASE("no flags give the defaults", "[unit]") {
   auto f = parseOk({});
-  CHECK(f.config == ProxyConfig{});
+  const ProxyConfig defaults;
+  CHECK(f.config == defaults);
   CHECK(f.explicitlySet.empty());
   CHECK(f.configFile.empty());
 }

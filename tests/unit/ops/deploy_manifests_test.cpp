@@ -99,7 +99,8 @@ TEST_CASE("deploy configs keep the metrics server (and /configz) on loopback, up
   auto host = kproxy::cli::decodeConfig(readFile(kDeploy + "config.yaml"), "config.yaml");
   REQUIRE(host);
   CHECK(host->metricsBindAddress == "127.0.0.1:10249");
-  CHECK(kproxy::cli::ProxyConfig{}.metricsBindAddress == "127.0.0.1:10249");
+  const kproxy::cli::ProxyConfig defaults;
+  CHECK(defaults.metricsBindAddress == "127.0.0.1:10249");
 }
 
 TEST_CASE("daemonset: host network, privileged, mounts, tolerations, probes, node name", "[unit][deploy]") {

@@ -53,6 +53,8 @@ struct RenderConfig {
   bool localhostNodePorts = true;
   /// nodeport-addresses CIDRs for a host that does not resolve them; empty: primary IPs.
   std::vector<std::string> nodePortCIDRs;
+  /// nodeport-addresses "primary": the node's first IP of each family (unresolved host).
+  bool nodePortPrimary = false;
   /// Fallback node IPs (option node-ips) when the snapshot has no node info.
   std::vector<std::string> nodeIPs;
   /// MASQUERADE --random-fully (when the iptables tool and kernel support it).
