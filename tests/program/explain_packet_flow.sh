@@ -3,7 +3,7 @@
 # inputs of TestOverallNFTablesRules and TestLoadBalancer (pkg/proxy/nftables/proxier_test.go)
 # written as manifests, the nftables plugin in dry-run (no kernel, no root), one row per kind of
 # answer, each compared as JSON (verdict, endpoints, masquerade) with upstream's answer. The
-# whole table runs through the same plugin entry point in tests/unit/nftables/packet_flow_test.cpp;
+# whole table runs through the same plugin entry point in tests/unit/packet_flow/packet_flow_test.cpp;
 # this proves the CLI path (manifest source, flags, loader, --json) gives the same answers.
 # Usage: explain_packet_flow.sh KPROXY_BIN
 set -uo pipefail

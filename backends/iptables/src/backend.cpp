@@ -13,6 +13,7 @@
 #include "kproxy/backends/common/conntrack_cleaner.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/backends/common/sysctl.h"
+#include "kproxy/iptables/explain.h"
 
 namespace kproxy::iptables {
 namespace {
@@ -447,9 +448,9 @@ sdk::Expected<void> IptablesBackend::cleanup() {
 
 sdk::Expected<std::string> IptablesBackend::explain(const sdk::SnapshotView& snapshot,
                                                     const sdk::ExplainRequest& request) {
-  (void)snapshot;
-  (void)request;
-  return sdk::fail("iptables: explain is not available yet");
+  const std::vector<sdk::ServicePort> ports = snapshot.all();
+  const std::vector<sdk::ServiceCIDR> cidrs = snapshot.serviceCIDRs();
+  return explainPacket(settings_.render, ports, snapshot.node(), request, cidrs);
 }
 
 sdk::Expected<IptablesBackend::Metrics> IptablesBackend::registerMetrics(const sdk::Host& host) {

@@ -540,7 +540,15 @@ GlobalObjects IptablesRenderer::renderGlobal(sdk::Family family, const sdk::Node
   }
   // route_localnet lets packets from 127.0.0.0/8 be routed: block martians that are not
   // DNAT'ed (upstream puts this rule in kubelet's KUBE-FIREWALL, which kproxy leaves alone).
-  if (!isV6(family) && config_.localhostNodePorts)
+  // Only where NodePorts answer on loopback: upstream turns localhost NodePorts off when the
+  // nodeport-addresses hold no IPv4 loopback address.
+  const auto loopback4 = *IPPrefix::parse("127.0.0.0/8");
+  const bool loopbackNodePorts =
+      nodePorts.allLocal || std::any_of(nodePorts.addresses.begin(), nodePorts.addresses.end(), [&](const auto& ip) {
+        auto a = IPPrefix::parse(ip);
+        return a && loopback4.contains(*a);
+      });
+  if (!isV6(family) && config_.localhostNodePorts && loopbackNodePorts)
     g.dispatch.push_back(DispatchRule{Table::kFilter, std::string(names::kProxyFirewall), Section::kTail,
                                       Spec()
                                           .src("127.0.0.0/8", true)

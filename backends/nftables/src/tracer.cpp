@@ -26,36 +26,7 @@ enum class Flow : std::uint8_t {
 };
 bool terminal(Flow f) { return f == Flow::kAccept || f == Flow::kNat || f == Flow::kDrop || f == Flow::kReject; }
 
-/// Explores nondeterministic choices by re-running the trace: each run takes the choices
-/// recorded so far and the first alternative at every new choice point; next() moves to the
-/// next combination, depth first.
-class ChoiceOracle {
- public:
-  std::size_t choose(std::size_t alternatives) {
-    if (position_ == taken_.size()) {
-      taken_.push_back(0);
-      limits_.push_back(alternatives);
-    }
-    return taken_[position_++];
-  }
-  bool next() {
-    position_ = 0;
-    while (!taken_.empty()) {
-      if (taken_.back() + 1 < limits_.back()) {
-        ++taken_.back();
-        return true;
-      }
-      taken_.pop_back();
-      limits_.pop_back();
-    }
-    return false;
-  }
-
- private:
-  std::vector<std::size_t> taken_;
-  std::vector<std::size_t> limits_;
-  std::size_t position_ = 0;
-};
+using ChoiceOracle = plan::ChoiceExplorer;
 
 bool isLoopback(const Address& a) {
   if (a.family == Family::kIPv4) return a.bytes[0] == 127;
@@ -102,25 +73,6 @@ std::optional<std::uint8_t> parseProtocol(std::string_view name) {
 
 }  // namespace
 
-std::string jsonString(std::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          out += fmt::format("\\u{:04x}", static_cast<unsigned>(c));
-        } else {
-          out += c;
-        }
-    }
-  }
-  return out + "\"";
-}
-
 // ---- Packet, outcome ---------------------------------------------------------------------
 
 std::optional<Packet> Packet::make(std::string_view source, std::string_view destination,
@@ -137,64 +89,7 @@ std::string Packet::toString() const {
                      protoName(protocol), fromNode ? "from the node" : "arriving");
 }
 
-std::string_view verdictName(TraceVerdict verdict) {
-  switch (verdict) {
-    case TraceVerdict::kAccepted: return "accept";
-    case TraceVerdict::kDnat: return "dnat";
-    case TraceVerdict::kDropped: return "drop";
-    case TraceVerdict::kRejected: return "reject";
-  }
-  return "accept";
-}
-
-std::string TraceOutcome::toText() const {
-  switch (verdict) {
-    case TraceVerdict::kAccepted: return "";
-    case TraceVerdict::kDropped: return "DROP";
-    case TraceVerdict::kRejected: return "REJECT";
-    case TraceVerdict::kDnat: break;
-  }
-  std::string out;
-  for (const auto& e : endpoints) {
-    if (!out.empty()) out += ", ";
-    out += e;
-  }
-  return out;
-}
-
-std::string TraceOutcome::toJson() const {
-  std::string eps;
-  for (const auto& e : endpoints) {
-    if (!eps.empty()) eps += ',';
-    eps += jsonString(e);
-  }
-  return fmt::format(R"({{"verdict":{},"endpoints":[{}],"masqueraded":{},"mixed":{},"chain":{},"rule":{}}})",
-                     jsonString(verdictName(verdict)), eps, masqueraded, mixed, jsonString(chain),
-                     jsonString(rule));
-}
-
-std::string Trace::toText() const {
-  std::string out = "packet " + packet.toString() + "\n";
-  for (std::size_t i = 0; i < paths.size(); ++i) {
-    const auto& path = paths[i];
-    if (paths.size() > 1) out += fmt::format("path {} of {}\n", i + 1, paths.size());
-    for (const auto& step : path.steps) {
-      if (step.rule.empty()) {
-        out += fmt::format("  [{}] {}\n", step.chain, step.detail);
-      } else if (step.detail.empty()) {
-        out += fmt::format("  {}: {}\n", step.chain, step.rule);
-      } else {
-        out += fmt::format("  {}: {}\n      {}\n", step.chain, step.rule, step.detail);
-      }
-    }
-  }
-  for (const auto& w : warnings) out += "warning: " + w + "\n";
-  std::string result = outcome.toText();
-  if (result.empty()) result = "ACCEPT (untouched)";
-  out += fmt::format("outcome: {}{}{}\n", result, outcome.masqueraded ? ", masqueraded" : "",
-                     outcome.mixed ? " (paths disagree)" : "");
-  return out;
-}
+std::string Trace::toText() const { return plan::traceText(packet.toString(), paths, warnings, outcome); }
 
 // ---- the interpreter ---------------------------------------------------------------------
 
@@ -652,34 +547,7 @@ Trace NftablesTracer::trace(const Packet& packet) const {
   } while (oracle.next());
   trace.warnings.assign(warnings.begin(), warnings.end());
 
-  // Merge: the endpoints of every DNAT path; otherwise the first path's verdict.
-  auto& out = trace.outcome;
-  const auto dnat = [](const TracePath& p) { return p.outcome.verdict == TraceVerdict::kDnat; };
-  const auto firstDnat = std::find_if(trace.paths.begin(), trace.paths.end(), dnat);
-  const TracePath& lead = firstDnat != trace.paths.end() ? *firstDnat : trace.paths.front();
-  out.verdict = lead.outcome.verdict;
-  out.chain = lead.outcome.chain;
-  out.rule = lead.outcome.rule;
-  for (const auto& p : trace.paths) {
-    out.masqueraded = out.masqueraded || p.outcome.masqueraded;
-    if (p.outcome.verdict != out.verdict) out.mixed = true;
-  }
-  if (out.verdict == TraceVerdict::kDnat) {
-    // Sort numerically (10.0.1.2 before 10.0.1.10), then print.
-    std::vector<std::tuple<std::array<std::uint8_t, 16>, int, std::string>> eps;
-    for (const auto& p : trace.paths)
-      if (dnat(p))
-        for (const auto& e : p.outcome.endpoints) {
-          auto colon = e.rfind(':');
-          std::string ip = e.substr(0, colon);
-          if (!ip.empty() && ip.front() == '[') ip = ip.substr(1, ip.size() - 2);
-          auto a = Address::parse(ip);
-          eps.emplace_back(a ? a->bytes : std::array<std::uint8_t, 16>{}, std::stoi(e.substr(colon + 1)), e);
-        }
-    std::sort(eps.begin(), eps.end());
-    eps.erase(std::unique(eps.begin(), eps.end()), eps.end());
-    for (auto& e : eps) out.endpoints.push_back(std::get<2>(e));
-  }
+  trace.outcome = mergePaths(trace.paths);
   return trace;
 }
 

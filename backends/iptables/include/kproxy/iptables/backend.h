@@ -47,6 +47,8 @@ class IptablesBackend final : public sdk::BackendPlugin {
 
   sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) override;
   sdk::Expected<void> cleanup() override;
+  /// `kproxy explain`: renders `snapshot` with this backend's settings and traces the packet
+  /// (explain.h); reads neither the kernel nor the mirror.
   sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot, const sdk::ExplainRequest& request) override;
 
   sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next,

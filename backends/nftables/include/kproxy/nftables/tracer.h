@@ -30,14 +30,21 @@
 
 #include "kproxy/nftables/ir.h"
 #include "kproxy/nftables/renderer.h"
+#include "kproxy/plan/trace.h"
 #include "kproxy/plugin/sdk.h"
 
 namespace kproxy::nftables {
 
-/// The first packet of a new connection.
-/// `s` as a JSON string literal, quotes included (the tracer's and explain's JSON output).
-std::string jsonString(std::string_view s);
+// The trace result types are the service plan's (plan/trace.h): every backend answers alike.
+using plan::jsonString;
+using plan::mergePaths;
+using plan::TraceOutcome;
+using plan::TracePath;
+using plan::TraceStep;
+using plan::TraceVerdict;
+using plan::verdictName;
 
+/// The first packet of a new connection.
 struct Packet {
   Address source;
   Address destination;
@@ -55,51 +62,6 @@ struct Packet {
                                     std::uint16_t port, std::string_view protocol = "tcp",
                                     bool fromNode = false);
   std::string toString() const;  ///< "10.0.0.2 -> 172.30.0.41:80/tcp (arriving)"
-};
-
-/// One thing the packet met: a hook entered, a rule that matched, a map hit, a choice.
-struct TraceStep {
-  std::string chain;   ///< the chain evaluated (empty for a choice made between hooks)
-  std::string rule;    ///< Rule::toText of the rule; empty for a hook entry
-  std::string detail;  ///< what matched, e.g. "service-ips: 172.30.0.41 . tcp . 80 : goto …"
-};
-
-enum class TraceVerdict : std::uint8_t {
-  kAccepted,  ///< no DNAT and nothing dropped it: not a service (or not one of kproxy's)
-  kDnat,      ///< DNAT'ed to one of `endpoints`
-  kDropped,
-  kRejected,
-};
-/// "accept", "dnat", "drop", "reject".
-std::string_view verdictName(TraceVerdict verdict);
-
-/// Where a packet ends up. Plain fields, so a caller can print them as JSON as they are.
-struct TraceOutcome {
-  TraceVerdict verdict = TraceVerdict::kAccepted;
-  /// kDnat: every endpoint reachable, "ip:port" ("[ip]:port" for IPv6), sorted and unique.
-  std::vector<std::string> endpoints;
-  /// kDropped / kRejected: the chain and rule text that decided.
-  std::string chain;
-  std::string rule;
-  /// Source NAT (masquerade) on at least one path.
-  bool masqueraded = false;
-  /// The paths disagree on the verdict (e.g. a random choice between DNAT and drop); `verdict`
-  /// is then kDnat if any path DNATs, else the first path's.
-  bool mixed = false;
-
-  /// Short text as upstream's packet-flow tests write it: "10.180.0.1:80, 10.180.2.1:80",
-  /// "DROP", "REJECT", or "" when the packet is accepted untouched.
-  std::string toText() const;
-  /// One JSON object: {"verdict":…,"endpoints":[…],"masqueraded":…,"chain":…,"rule":…}.
-  std::string toJson() const;
-  bool operator==(const TraceOutcome&) const = default;
-};
-
-/// One way through the rules: the random choices taken, what the packet met, where it ended.
-struct TracePath {
-  std::vector<std::string> choices;
-  std::vector<TraceStep> steps;
-  TraceOutcome outcome;  ///< of this path alone (at most one endpoint)
 };
 
 struct Trace {

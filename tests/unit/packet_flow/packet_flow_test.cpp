@@ -1,15 +1,18 @@
 // Upstream kube-proxy's packet-flow tables (pkg/proxy/nftables/proxier_test.go, and the
 // tables of pkg/proxy/iptables/proxier_test.go the nftables file has no twin of:
-// runPacketFlowTests), answered by `kproxy explain`'s path: core model objects → ChangeTracker
-// snapshot → the built nftables plugin (kproxy-backend-nftables.so, loaded by the real
-// PluginRegistry, created with the scenario's options and dry-run=true) → its explain entry
-// point with KPROXY_EXPLAIN_JSON → the JSON answer. The inputs (services, endpoint slices, node
-// name and addresses, cluster CIDR, nodeport-addresses) and the expected answers are upstream's;
-// the tables are written anew.
+// runPacketFlowTests), answered by `kproxy explain`'s path, by every backend that can explain:
+// core model objects → ChangeTracker snapshot → the built plugin (kproxy-backend-nftables.so,
+// kproxy-backend-iptables.so, loaded by the real PluginRegistry, created with the scenario's
+// options and dry-run=true) → its explain entry point with KPROXY_EXPLAIN_JSON → the JSON
+// answer. Every table runs once per backend (test cases tagged [nftables] / [iptables]), so the
+// backends are held to the same answers. The inputs (services, endpoint slices, node name and
+// addresses, cluster CIDR, nodeport-addresses) and the expected answers are upstream's; the
+// tables are written anew.
 //
 // Only outcomes are compared (endpoint set, DROP / REJECT / untouched, masquerade); kproxy's
-// rules are shaped differently on purpose (no endpoint chains, slot maps). The answer's
-// endpoint list must agree with its outcome (the endpoints marked "selected" are the DNAT set).
+// nftables rules are shaped differently on purpose (no endpoint chains, slot maps), its
+// iptables rules are upstream's layout. The answer's endpoint list must agree with its outcome
+// (the endpoints marked "selected" are the DNAT set).
 //
 // The cases where kproxy used to differ from upstream (eTP=Local short-circuit without local
 // endpoints, source ranges admitting the node, masquerade-all and the short-circuit) are tagged
@@ -229,21 +232,23 @@ std::string outcomeText(const nlohmann::json& answer) {
   return out;
 }
 
-/// The built nftables plugin, loaded once by the loader `kproxy` uses. The registry outlives
+/// The built backend plugins, loaded once by the loader `kproxy` uses. The registry outlives
 /// every backend created from it (a function-local static, destroyed after the tests).
-plugins::PluginRegistry& nftablesPlugin() {
+plugins::PluginRegistry& backendPlugins() {
   static plugins::PluginRegistry registry;
   static const bool loaded = [] {
-    auto info = registry.load(KPROXY_NFTABLES_PLUGIN);
-    if (!info) FAIL("cannot load " << KPROXY_NFTABLES_PLUGIN << ": " << info.error().message());
+    for (const char* path : {KPROXY_NFTABLES_PLUGIN, KPROXY_IPTABLES_PLUGIN}) {
+      auto info = registry.load(path);
+      if (!info) FAIL("cannot load " << path << ": " << info.error().message());
+    }
     return true;
   }();
   (void)loaded;
   return registry;
 }
 
-/// The backend as `kproxy explain --proxy-mode nftables` creates it for the scenario's flags.
-std::unique_ptr<plugins::PluginBackend> explainingBackend(const Scenario& scenario) {
+/// The backend as `kproxy explain --proxy-mode <mode>` creates it for the scenario's flags.
+std::unique_ptr<plugins::PluginBackend> explainingBackend(const Scenario& scenario, const std::string& mode) {
   plugins::BackendOptions options;
   options["node-name"] = kNodeName;
   options["cluster-cidr"] = joined(scenario.clusterCIDRs);
@@ -251,7 +256,7 @@ std::unique_ptr<plugins::PluginBackend> explainingBackend(const Scenario& scenar
   options["masquerade-all"] = scenario.masqueradeAll ? "true" : "false";
   options["nodeport-addresses"] = joined(scenario.nodePortAddresses);
   options["dry-run"] = "true";  // explain never touches the kernel; neither does the test
-  auto backend = nftablesPlugin().createPluginBackend("nftables", options);
+  auto backend = backendPlugins().createPluginBackend(mode, options);
   REQUIRE(backend);
   REQUIRE((*backend)->canExplain());
   return std::move(*backend);
@@ -259,7 +264,7 @@ std::unique_ptr<plugins::PluginBackend> explainingBackend(const Scenario& scenar
 
 enum class Selection { kAgreed, kKnownDifferences };
 
-void runScenario(const Scenario& scenario, Selection selection) {
+void runScenario(const Scenario& scenario, Selection selection, const std::string& mode) {
   core::TrackerConfig trackerConfig;
   trackerConfig.nodeName = kNodeName;
   trackerConfig.nodePortAddresses = scenario.nodePortAddresses;
@@ -273,7 +278,7 @@ void runScenario(const Scenario& scenario, Selection selection) {
   // NewFakeProxier's service CIDRs.
   tracker.upsertServiceCIDR(core::ServiceCIDR{"kubernetes", "1", {"172.30.0.0/16", "fd00:10:96::/112"}});
 
-  const auto backend = explainingBackend(scenario);
+  const auto backend = explainingBackend(scenario, mode);
   for (std::size_t phase = 0; phase < scenario.phases.size(); ++phase) {
     scenario.phases[phase].apply(tracker);
     auto published = tracker.publish();
@@ -291,7 +296,7 @@ void runScenario(const Scenario& scenario, Selection selection) {
       request.destinationPort = static_cast<std::uint16_t>(c.port);
       request.fromNode = std::find(kNodeIPs.begin(), kNodeIPs.end(), c.source) != kNodeIPs.end();
       request.json = true;
-      INFO(fmt::format("phase {}, case \"{}\"{}: {} -> {}:{}/{}{}", phase + 1, c.name,
+      INFO(fmt::format("{}: phase {}, case \"{}\"{}: {} -> {}:{}/{}{}", mode, phase + 1, c.name,
                        c.known == Known::kNone ? "" : " (" + knownText(c.known) + ")", c.source, c.destination,
                        c.port, c.protocol, request.fromNode ? " (from the node)" : ""));
       auto text = backend->explain(*published.snapshot, request);
@@ -342,14 +347,19 @@ Phase deleteSlicesPhase(std::string ns, std::vector<std::string> sliceNames, std
 
 }  // namespace
 
-/// Two test cases per upstream test: the cases kproxy always agreed on, and the ones it came
-/// to agree on with issue 10's fixes or deliberately answers otherwise (so a regression there
-/// names the item).
-#define PACKET_FLOW_TEST(NAME, BUILD)                                                     \
-  TEST_CASE(NAME, "[unit][packet-flow]") { runScenario(BUILD(), Selection::kAgreed); }    \
-  TEST_CASE(NAME " (issue 10)", "[unit][packet-flow][issue10]") {                          \
-    runScenario(BUILD(), Selection::kKnownDifferences);                                   \
+/// Two test cases per upstream test and backend: the cases kproxy always agreed on, and the
+/// ones it came to agree on with issue 10's fixes or deliberately answers otherwise (so a
+/// regression there names the item).
+#define PACKET_FLOW_TEST_OF(NAME, BUILD, MODE)                                                          \
+  TEST_CASE(NAME " [" MODE "]", "[unit][packet-flow][" MODE "]") {                                       \
+    runScenario(BUILD(), Selection::kAgreed, MODE);                                                      \
+  }                                                                                                      \
+  TEST_CASE(NAME " (issue 10) [" MODE "]", "[unit][packet-flow][issue10][" MODE "]") {                   \
+    runScenario(BUILD(), Selection::kKnownDifferences, MODE);                                            \
   }
+#define PACKET_FLOW_TEST(NAME, BUILD)            \
+  PACKET_FLOW_TEST_OF(NAME, BUILD, "nftables") \
+  PACKET_FLOW_TEST_OF(NAME, BUILD, "iptables")
 
 // ---- TestOverallNFTablesRules / TestTracePacket ------------------------------------------
 

@@ -1,0 +1,102 @@
+#pragma once
+/// IptablesTracer: follows one NEW connection's first packet through an iptables ruleset (as
+/// iptables-save prints it: kproxy's rendered rules, or what was read back from the kernel)
+/// and says where it would go. It interprets every rule's matches and target as the kernel
+/// would; it knows nothing of services, so what it reports is what the rules mean.
+///
+/// Tables run in the kernel's hook order (mangle before nat before filter where a hook has
+/// several; a table's built-in chain the ruleset lacks is empty, policy ACCEPT):
+///   arriving on an interface: PREROUTING (mangle, nat), then INPUT (mangle, filter, nat) when
+///   the destination is local after DNAT, else FORWARD (mangle, filter) and POSTROUTING
+///   (mangle, nat);
+///   sent by the node: OUTPUT (mangle, nat, filter), POSTROUTING (mangle, nat), and, when the
+///   destination is local, INPUT (mangle, filter) on loopback.
+/// A connection's nat chains run once per direction, as in the kernel: destination NAT at
+/// PREROUTING / OUTPUT, source NAT at POSTROUTING / INPUT.
+///
+/// The packet is the first of a new connection: conntrack state NEW (plus DNAT once it was
+/// DNAT'ed), every `-m recent` list empty. `-m statistic --mode random` is explored
+/// exhaustively: each outcome is traced as its own path and the outcome merges them, so a DNAT
+/// reports the SET of endpoints the connection can reach. The packet mark starts at 0 and is
+/// changed by MARK targets. A match or target the tracer cannot evaluate is a warning in the
+/// trace (the rule is then taken as not matching, or the target as doing nothing).
+///
+/// Thread-safety: a const tracer may be used from several threads.
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kproxy/backends/common/address.h"
+#include "kproxy/backends/common/iptables_save.h"
+#include "kproxy/core/error.h"
+#include "kproxy/plan/trace.h"
+
+namespace kproxy::iptables {
+
+using plan::TraceOutcome;
+using plan::TracePath;
+using plan::TraceStep;
+using plan::TraceVerdict;
+
+/// The first packet of a new connection.
+struct Packet {
+  backends::IPPrefix source;
+  backends::IPPrefix destination;
+  std::uint16_t destinationPort = 0;
+  std::uint8_t protocol = 6;  ///< IP protocol number: 6 tcp, 17 udp, 132 sctp
+  /// true: sent by a process on the node (OUTPUT path); false: arriving on an interface.
+  bool fromNode = false;
+  /// The interface an arriving packet came in on (`-i`); empty when sent by the node.
+  std::string inputInterface;
+
+  /// A packet from "a.b.c.d" to "e.f.g.h":port over "tcp" | "udp" | "sctp"; nullopt when an
+  /// address or the protocol does not parse, or the two addresses are of different families.
+  static std::optional<Packet> make(std::string_view source, std::string_view destination, std::uint16_t port,
+                                    std::string_view protocol = "tcp", bool fromNode = false);
+  std::string toString() const;  ///< "10.0.0.2 -> 172.30.0.41:80/tcp (arriving)"
+};
+
+struct Trace {
+  Packet packet;
+  /// Every path (at least one). Their steps are equal up to their first choice.
+  std::vector<TracePath> paths;
+  TraceOutcome outcome;  ///< the paths merged
+  /// What the tracer could not evaluate exactly (unknown match, target or chain, too many paths).
+  std::vector<std::string> warnings;
+
+  /// Multi-line, human-readable: the packet, each path's steps, the outcome.
+  std::string toText() const;
+};
+
+/// Interprets one family's ruleset.
+class IptablesTracer {
+ public:
+  /// `localAddresses`: the node's own addresses (`-m addrtype --src-type/--dst-type LOCAL`,
+  /// and INPUT vs. FORWARD after DNAT); loopback addresses are always local. Every rule is
+  /// parsed here, once.
+  IptablesTracer(const backends::IptablesSave& ruleset, std::vector<backends::IPPrefix> localAddresses);
+  /// Parses iptables-save / iptables-restore text first; fails when it does not parse.
+  static core::Result<IptablesTracer> fromText(std::string_view text,
+                                               std::vector<backends::IPPrefix> localAddresses);
+
+  IptablesTracer(IptablesTracer&&) noexcept;
+  IptablesTracer& operator=(IptablesTracer&&) noexcept;
+  ~IptablesTracer();
+
+  const std::vector<backends::IPPrefix>& localAddresses() const { return localAddresses_; }
+
+  /// Traces a packet.
+  Trace trace(const Packet& packet) const;
+
+  struct Ruleset;  ///< the parsed rules (private to the tracer)
+
+ private:
+  std::vector<backends::IPPrefix> localAddresses_;
+  std::unique_ptr<Ruleset> rules_;
+};
+
+}  // namespace kproxy::iptables

@@ -1,0 +1,88 @@
+#include "kproxy/iptables/explain.h"
+
+#include <algorithm>
+#include <vector>
+
+#include "kproxy/backends/common/address.h"
+#include "kproxy/iptables/tracer.h"
+#include "kproxy/plan/trace.h"
+
+namespace kproxy::iptables {
+namespace {
+
+using backends::IPPrefix;
+
+/// The node's own addresses as the kernel would see them: the Node's (or the configured node
+/// IPs), and the interface addresses NodePorts answer on.
+std::vector<IPPrefix> localAddresses(const RenderConfig& config, const sdk::NodeInfo& node) {
+  std::vector<IPPrefix> out;
+  auto add = [&](const std::string& ip) {
+    if (auto a = IPPrefix::parse(ip); a && a->isHost()) out.push_back(*a);
+  };
+  for (const auto& ip : node.addresses) add(ip);
+  if (out.empty())
+    for (const auto& ip : config.nodeIPs) add(ip);
+  for (const auto& ip : node.nodePortAddresses.addresses) add(ip);
+  return out;
+}
+
+// Whether NodePorts answer on `dst`: one of the node's addresses, inside a nodeport-addresses
+// CIDR, or loopback.
+bool destinationLocal(const IPPrefix& dst, const std::vector<IPPrefix>& local, const RenderConfig& config) {
+  if (std::any_of(local.begin(), local.end(), [&](const IPPrefix& a) { return a == dst; })) return true;
+  for (const auto& c : config.nodePortCIDRs)
+    if (auto cidr = IPPrefix::parse(c); cidr && cidr->contains(dst)) return true;
+  auto loopback = IPPrefix::parse(dst.v6 ? "::1" : "127.0.0.0/8");
+  return loopback && loopback->contains(dst);
+}
+
+}  // namespace
+
+sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<const sdk::ServicePort> ports,
+                                         const sdk::NodeInfo& node, const sdk::ExplainRequest& request,
+                                         std::span<const sdk::ServiceCIDR> serviceCIDRs) {
+  auto packet = Packet::make(request.sourceIP, request.destinationIP, request.destinationPort,
+                             sdk::protocolName(request.protocol), request.fromNode);
+  if (!packet) {
+    return sdk::fail("explain: cannot make a packet from " + request.sourceIP + " to " + request.destinationIP +
+                     " (addresses must be numeric and of one family)");
+  }
+  if (!request.fromNode) packet->inputInterface = request.inputInterface;
+  const sdk::Family family = packet->destination.v6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4;
+
+  // As the backend renders a full sync.
+  IptablesRenderer renderer(config);
+  renderer.setNode(node);
+  renderer.setServiceCIDRs({serviceCIDRs.begin(), serviceCIDRs.end()});
+  std::size_t endpoints = 0;
+  for (const auto& p : ports) endpoints += p.allEndpoints.size();
+  renderer.setLargeCluster(endpoints > config.largeClusterEndpoints);
+  const std::string rules = renderRuleset(renderer, family, ports, node);
+  auto tracer = IptablesTracer::fromText(rules, localAddresses(config, node));
+  if (!tracer) return sdk::fail("explain: the rendered rules do not parse: " + tracer.error().message());
+  const Trace trace = tracer->trace(*packet);
+
+  plan::Explanation x;
+  x.source = packet->source.toString();
+  x.destination = packet->destination.toString();
+  x.port = packet->destinationPort;
+  x.protocol = request.protocol;
+  x.fromNode = packet->fromNode;
+  x.inputInterface = packet->inputInterface;
+  x.packetText = packet->toString();
+  for (const auto& p : ports)
+    if (p.family == family) x.ports.push_back(&p);
+  x.destinationLocal = destinationLocal(packet->destination, tracer->localAddresses(), config);
+  x.paths = trace.paths;
+  x.outcome = trace.outcome;
+  x.warnings = trace.warnings;
+  x.traceText = trace.toText();
+  // Why a drop happened, when the rules say more than the chain: an unallocated ClusterIP
+  // (renderer.cpp's ServiceCIDR rule in filter KUBE-SERVICES).
+  if (trace.outcome.verdict == plan::TraceVerdict::kDropped &&
+      trace.outcome.rule.find("unallocated ClusterIPs of ServiceCIDR") != std::string::npos)
+    x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, family, x.destination);
+  return plan::explanationText(x, request.json);
+}
+
+}  // namespace kproxy::iptables

@@ -1,0 +1,735 @@
+#include "kproxy/iptables/tracer.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <set>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+namespace kproxy::iptables {
+
+using backends::IPPrefix;
+
+// ---- the parsed ruleset ------------------------------------------------------------------
+
+namespace {
+
+enum class MatchKind : std::uint8_t {
+  kAlways,       // -m comment, -m nfacct, recent --set: match every packet
+  kSource,       // -s
+  kDestination,  // -d
+  kInInterface,  // -i (a trailing '+' is a prefix)
+  kProtocol,     // -p
+  kDestPort,     // --dport / --dports
+  kSrcTypeLocal,  // -m addrtype --src-type LOCAL
+  kDstTypeLocal,  // -m addrtype --dst-type LOCAL
+  kCtState,      // -m conntrack --ctstate / -m state --state
+  kMark,         // -m mark --mark v/m
+  kRandom,       // -m statistic --mode random --probability p
+  kRecentHit,    // -m recent --rcheck / --update / --remove: the list holds nothing yet
+  kUnknown,      // what the tracer cannot evaluate
+};
+
+struct Match {
+  MatchKind kind = MatchKind::kAlways;
+  bool negate = false;
+  IPPrefix prefix;
+  std::string text;  // interface, or what is unknown
+  bool interfacePrefix = false;
+  std::uint8_t protocol = 0;
+  std::vector<std::pair<std::uint16_t, std::uint16_t>> ports;  // inclusive ranges
+  std::uint32_t value = 0;
+  std::uint32_t mask = 0xffffffff;
+  double probability = 0;
+  std::vector<std::string> states;
+};
+
+enum class TargetKind : std::uint8_t {
+  kNone,  // no -j: the rule only counts, evaluation goes on
+  kJump,
+  kGoto,
+  kReturn,
+  kAccept,
+  kDrop,
+  kReject,
+  kMark,
+  kDnat,
+  kSourceNat,  // MASQUERADE, SNAT
+  kNoop,       // LOG and other targets that change nothing the trace follows
+  kUnknown,
+};
+
+struct Target {
+  TargetKind kind = TargetKind::kNone;
+  std::string name;  // chain, or the target's name
+  std::uint32_t value = 0;
+  std::uint32_t mask = 0;
+  std::optional<IPPrefix> address;
+  std::optional<std::uint16_t> port;
+  std::string problem;  // kUnknown: why
+};
+
+struct Rule {
+  std::string spec;
+  std::vector<Match> matches;  // IP header matches first, then the modules in order
+  Target target;
+};
+
+struct Chain {
+  std::string name;
+  std::string policy;  // "-" for a user-defined chain
+  std::vector<Rule> rules;
+};
+
+std::optional<std::uint8_t> protocolNumber(std::string_view name) {
+  if (name == "tcp") return 6;
+  if (name == "udp") return 17;
+  if (name == "sctp") return 132;
+  if (name == "icmp") return 1;
+  if (name == "icmpv6" || name == "ipv6-icmp") return 58;
+  unsigned v = 0;
+  auto [p, ec] = std::from_chars(name.data(), name.data() + name.size(), v);
+  if (ec == std::errc() && p == name.data() + name.size() && v < 256) return static_cast<std::uint8_t>(v);
+  return std::nullopt;
+}
+
+std::string_view protocolName(std::uint8_t p) {
+  switch (p) {
+    case 6: return "tcp";
+    case 17: return "udp";
+    case 132: return "sctp";
+    default: return "ip";
+  }
+}
+
+std::optional<std::uint32_t> parseNumber(std::string_view text) {
+  int base = 10;
+  if (text.starts_with("0x") || text.starts_with("0X")) {
+    text.remove_prefix(2);
+    base = 16;
+  }
+  std::uint32_t v = 0;
+  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v, base);
+  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) return std::nullopt;
+  return v;
+}
+
+/// "v/m" or "v" (mask all ones).
+std::optional<std::pair<std::uint32_t, std::uint32_t>> parseValueMask(std::string_view text) {
+  auto slash = text.find('/');
+  auto v = parseNumber(text.substr(0, slash));
+  if (!v) return std::nullopt;
+  if (slash == std::string_view::npos) return std::pair{*v, 0xffffffffu};
+  auto m = parseNumber(text.substr(slash + 1));
+  if (!m) return std::nullopt;
+  return std::pair{*v, *m};
+}
+
+std::vector<std::string> splitList(std::string_view text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    auto comma = text.find(',', start);
+    if (comma == std::string_view::npos) comma = text.size();
+    out.emplace_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
+}
+
+/// "80", "80:90".
+std::optional<std::pair<std::uint16_t, std::uint16_t>> parsePortRange(std::string_view text) {
+  auto colon = text.find(':');
+  auto lo = parseNumber(text.substr(0, colon));
+  auto hi = colon == std::string_view::npos ? lo : parseNumber(text.substr(colon + 1));
+  if (!lo || !hi || *lo > 65535 || *hi > 65535) return std::nullopt;
+  return std::pair{static_cast<std::uint16_t>(*lo), static_cast<std::uint16_t>(*hi)};
+}
+
+/// "10.0.0.1:80", "10.0.0.1", "[fd00::1]:80", "fd00::1".
+bool parseNatDestination(std::string_view text, Target& t) {
+  std::string_view addr = text;
+  std::string_view port;
+  if (text.starts_with('[')) {
+    auto close = text.find(']');
+    if (close == std::string_view::npos) return false;
+    addr = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') return false;
+      port = text.substr(close + 2);
+    }
+  } else if (std::count(text.begin(), text.end(), ':') == 1) {
+    auto colon = text.find(':');
+    addr = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  auto a = IPPrefix::parse(addr);
+  if (!a || !a->isHost()) return false;
+  t.address = *a;
+  if (!port.empty()) {
+    auto range = parsePortRange(port);
+    if (!range || range->first != range->second) return false;  // a port range: not modelled
+    t.port = range->first;
+  }
+  return true;
+}
+
+/// Parses one rule's words. What it cannot evaluate becomes a kUnknown match or target.
+Rule parseRule(std::string spec) {
+  Rule rule;
+  rule.spec = std::move(spec);
+  const std::vector<std::string> words = backends::splitIptablesWords(rule.spec);
+  std::vector<Match> header, modules;
+  std::string module;
+  bool negate = false;
+  std::size_t i = 0;
+  auto unknown = [&](std::string what) {
+    Match m;
+    m.kind = MatchKind::kUnknown;
+    m.text = std::move(what);
+    modules.push_back(std::move(m));
+  };
+  auto next = [&]() -> std::optional<std::string> {
+    if (i + 1 < words.size()) return words[++i];
+    return std::nullopt;
+  };
+  auto add = [&](std::vector<Match>& to, Match m) {
+    m.negate = negate;
+    to.push_back(std::move(m));
+  };
+  // The words after "-j TARGET": the target's options.
+  auto parseTarget = [&](const std::string& name) {
+    Target& t = rule.target;
+    t.name = name;
+    std::vector<std::string> options(words.begin() + static_cast<std::ptrdiff_t>(i) + 1, words.end());
+    i = words.size();
+    auto option = [&](std::string_view key) -> std::optional<std::string> {
+      for (std::size_t k = 0; k + 1 < options.size(); ++k)
+        if (options[k] == key) return options[k + 1];
+      return std::nullopt;
+    };
+    if (name == "ACCEPT") {
+      t.kind = TargetKind::kAccept;
+    } else if (name == "DROP") {
+      t.kind = TargetKind::kDrop;
+    } else if (name == "RETURN") {
+      t.kind = TargetKind::kReturn;
+    } else if (name == "REJECT") {
+      t.kind = TargetKind::kReject;
+    } else if (name == "MASQUERADE" || name == "SNAT") {
+      t.kind = TargetKind::kSourceNat;
+    } else if (name == "LOG" || name == "NFLOG" || name == "TRACE") {
+      t.kind = TargetKind::kNoop;
+    } else if (name == "DNAT") {
+      auto to = option("--to-destination");
+      t.kind = to && parseNatDestination(*to, t) ? TargetKind::kDnat : TargetKind::kUnknown;
+      if (t.kind == TargetKind::kUnknown) t.problem = "DNAT without a single --to-destination address[:port]";
+    } else if (name == "MARK") {
+      t.kind = TargetKind::kMark;
+      std::optional<std::pair<std::uint32_t, std::uint32_t>> vm;
+      if (auto x = option("--set-xmark")) {
+        vm = parseValueMask(*x);
+      } else if (auto s = option("--set-mark")) {  // value/mask: mark = (mark & ~mask) | value
+        vm = parseValueMask(*s);
+        if (vm) vm = std::pair{vm->first, vm->second | vm->first};
+      } else if (auto o = option("--or-mark")) {
+        auto v = parseNumber(*o);
+        if (v) vm = std::pair{*v, *v};
+      } else if (auto x2 = option("--xor-mark")) {
+        auto v = parseNumber(*x2);
+        if (v) vm = std::pair{*v, 0u};
+      } else if (auto a = option("--and-mark")) {
+        auto v = parseNumber(*a);
+        if (v) vm = std::pair{0u, ~*v};
+      }
+      if (vm) {
+        t.value = vm->first;
+        t.mask = vm->second;
+      } else {
+        t.kind = TargetKind::kUnknown;
+        t.problem = "MARK without a mark the tracer understands";
+      }
+    } else {
+      // Not a built-in target: a user-defined chain (resolved when the rule runs).
+      t.kind = TargetKind::kJump;
+    }
+  };
+
+  for (; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w == "!") {
+      negate = true;
+      continue;
+    }
+    if (w == "-s" || w == "--source" || w == "-d" || w == "--destination") {
+      auto v = next();
+      auto p = v ? IPPrefix::parse(*v) : std::nullopt;
+      if (!p) {
+        unknown(fmt::format("{} {}", w, v.value_or("")));
+      } else {
+        Match m;
+        m.kind = w == "-s" || w == "--source" ? MatchKind::kSource : MatchKind::kDestination;
+        m.prefix = *p;
+        add(header, std::move(m));
+      }
+    } else if (w == "-i" || w == "--in-interface") {
+      Match m;
+      m.kind = MatchKind::kInInterface;
+      m.text = next().value_or("");
+      if (m.text.ends_with('+')) {
+        m.text.pop_back();
+        m.interfacePrefix = true;
+      }
+      add(header, std::move(m));
+    } else if (w == "-o" || w == "--out-interface") {
+      unknown(fmt::format("{}{} {} (the output interface is not modelled)", negate ? "! " : "", w,
+                          next().value_or("")));
+    } else if (w == "-p" || w == "--protocol") {
+      auto v = next().value_or("");
+      if (v == "all") {
+        if (negate) unknown("! -p all");
+      } else if (auto p = protocolNumber(v)) {
+        Match m;
+        m.kind = MatchKind::kProtocol;
+        m.protocol = *p;
+        add(header, std::move(m));
+      } else {
+        unknown("-p " + v);
+      }
+    } else if (w == "-m" || w == "--match") {
+      module = next().value_or("");
+      static const std::set<std::string, std::less<>> kModules{
+          "tcp", "udp", "sctp", "comment", "addrtype", "conntrack", "state", "mark", "statistic", "recent",
+          "multiport", "nfacct"};
+      if (!kModules.contains(module)) unknown("-m " + module);
+    } else if (w == "-j" || w == "--jump") {
+      parseTarget(next().value_or(""));
+    } else if (w == "-g" || w == "--goto") {
+      rule.target.kind = TargetKind::kGoto;
+      rule.target.name = next().value_or("");
+    } else if (w == "--dport" || w == "--destination-port" || w == "--dports" || w == "--destination-ports") {
+      Match m;
+      m.kind = MatchKind::kDestPort;
+      const std::string v = next().value_or("");
+      bool ok = !v.empty();
+      for (const auto& item : splitList(v)) {
+        auto r = parsePortRange(item);
+        if (!r) ok = false;
+        else m.ports.push_back(*r);
+      }
+      if (!ok) unknown(w + " " + v);
+      else add(modules, std::move(m));
+    } else if (w == "--comment" || w == "--nfacct-name" || w == "--name" || w == "--seconds" ||
+               w == "--hitcount" || w == "--mask") {
+      (void)next();  // no effect on one new connection
+    } else if (w == "--reap" || w == "--rsource" || w == "--rdest" || w == "--rttl") {
+      // flags of -m recent
+    } else if (w == "--src-type" || w == "--dst-type") {
+      const std::string v = next().value_or("");
+      if (v != "LOCAL") {
+        unknown(fmt::format("{}{} {} (only LOCAL is modelled)", negate ? "! " : "", w, v));
+      } else {
+        Match m;
+        m.kind = w == "--src-type" ? MatchKind::kSrcTypeLocal : MatchKind::kDstTypeLocal;
+        add(modules, std::move(m));
+      }
+    } else if (w == "--ctstate" || w == "--state") {
+      Match m;
+      m.kind = MatchKind::kCtState;
+      m.states = splitList(next().value_or(""));
+      add(modules, std::move(m));
+    } else if (w == "--mark" && module == "mark") {
+      const std::string v = next().value_or("");
+      auto vm = parseValueMask(v);
+      if (!vm) {
+        unknown("--mark " + v);
+      } else {
+        Match m;
+        m.kind = MatchKind::kMark;
+        m.value = vm->first;
+        m.mask = vm->second;
+        add(modules, std::move(m));
+      }
+    } else if (w == "--mode") {
+      const std::string v = next().value_or("");
+      if (v != "random") {
+        unknown("-m statistic --mode " + v);
+      } else {
+        Match m;
+        m.kind = MatchKind::kRandom;
+        m.probability = 0.5;  // xt_statistic's default
+        add(modules, std::move(m));
+      }
+    } else if (w == "--probability") {
+      const std::string v = next().value_or("");
+      char* end = nullptr;
+      const double p = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || modules.empty() || modules.back().kind != MatchKind::kRandom) {
+        unknown("--probability " + v);
+      } else {
+        modules.back().probability = p;
+        if (negate) modules.back().negate = true;
+      }
+    } else if (w == "--rcheck" || w == "--update" || w == "--remove") {
+      Match m;
+      m.kind = MatchKind::kRecentHit;
+      add(modules, std::move(m));
+    } else if (w == "--set") {
+      if (negate) unknown("! --set");  // a recent --set always matches; negated it never does
+      else add(modules, Match{});
+    } else if (w == "--syn") {
+      if (negate) unknown("! --syn");  // the first TCP packet is a SYN
+    } else {
+      unknown(fmt::format("{}{}", negate ? "! " : "", w));
+      // Skip the unknown option's arguments.
+      while (i + 1 < words.size() && !words[i + 1].starts_with('-') && words[i + 1] != "!") ++i;
+    }
+    negate = false;
+  }
+  rule.matches = std::move(header);
+  rule.matches.insert(rule.matches.end(), std::make_move_iterator(modules.begin()),
+                      std::make_move_iterator(modules.end()));
+  return rule;
+}
+
+std::string describe(const Match& m) {
+  return m.kind == MatchKind::kUnknown ? m.text : std::string("a match");
+}
+
+}  // namespace
+
+struct IptablesTracer::Ruleset {
+  /// table name → chain name → chain
+  std::unordered_map<std::string, std::unordered_map<std::string, Chain>> tables;
+
+  const Chain* find(const std::string& table, const std::string& chain) const {
+    auto t = tables.find(table);
+    if (t == tables.end()) return nullptr;
+    auto c = t->second.find(chain);
+    return c == t->second.end() ? nullptr : &c->second;
+  }
+};
+
+// ---- Packet, Trace -------------------------------------------------------------------------
+
+std::optional<Packet> Packet::make(std::string_view source, std::string_view destination, std::uint16_t port,
+                                   std::string_view protocol, bool fromNode) {
+  auto s = IPPrefix::parse(source);
+  auto d = IPPrefix::parse(destination);
+  auto proto = protocolNumber(protocol);
+  if (!s || !d || !proto || !s->isHost() || !d->isHost() || s->v6 != d->v6) return std::nullopt;
+  if (*proto != 6 && *proto != 17 && *proto != 132) return std::nullopt;
+  return Packet{*s, *d, port, *proto, fromNode, {}};
+}
+
+std::string Packet::toString() const {
+  return fmt::format("{} -> {}/{} ({})", source.toString(), plan::endpointText(destination.toString(), destinationPort),
+                     protocolName(protocol), fromNode ? "from the node" : "arriving");
+}
+
+std::string Trace::toText() const { return plan::traceText(packet.toString(), paths, warnings, outcome); }
+
+// ---- the interpreter -------------------------------------------------------------------------
+
+namespace {
+
+constexpr int kMaxJumpDepth = 64;
+constexpr std::size_t kMaxPaths = 4096;
+
+/// How evaluation of a chain (or rule) ended.
+enum class Flow : std::uint8_t {
+  kNext,    // the rule did not match, or matched without a terminal target: go on
+  kReturn,  // RETURN, end of chain, or a goto came back: back to the caller
+  kAccept,  // this table's chain of the hook is done
+  kNat,     // DNAT / MASQUERADE / SNAT: terminal like ACCEPT, the translation is recorded
+  kDrop,
+  kReject,
+};
+bool terminal(Flow f) { return f == Flow::kAccept || f == Flow::kNat || f == Flow::kDrop || f == Flow::kReject; }
+
+bool isLoopback(const IPPrefix& a) {
+  if (!a.v6) return a.bytes[0] == 127;
+  static constexpr std::array<std::uint8_t, 16> kLoopback6{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
+  return a.bytes == kLoopback6;
+}
+
+/// One run of the packet through every hook with one combination of random choices.
+class PacketRun {
+ public:
+  PacketRun(const IptablesTracer::Ruleset& rules, const std::vector<IPPrefix>& local, const Packet& packet,
+            plan::ChoiceExplorer& choices, TracePath& path, std::set<std::string>& warnings)
+      : rules_(rules),
+        local_(local),
+        choices_(choices),
+        path_(path),
+        warnings_(warnings),
+        src_(packet.source),
+        dst_(packet.destination),
+        dport_(packet.destinationPort),
+        proto_(packet.protocol),
+        fromNode_(packet.fromNode),
+        inputInterface_(packet.fromNode ? std::string() : packet.inputInterface) {}
+
+  void run() {
+    bool alive = true;
+    if (!fromNode_) {
+      alive = hook("PREROUTING", {"raw", "mangle", "nat"});
+      if (alive && isLocal(dst_)) {
+        alive = hook("INPUT", {"mangle", "filter", "nat"});
+      } else if (alive) {
+        alive = hook("FORWARD", {"mangle", "filter"}) && hook("POSTROUTING", {"mangle", "nat"});
+      }
+    } else {
+      alive = hook("OUTPUT", {"raw", "mangle", "nat", "filter"}) && hook("POSTROUTING", {"mangle", "nat"});
+      if (alive && isLocal(dst_)) {
+        // Delivered to the node itself: the packet comes back in on loopback.
+        inputInterface_ = "lo";
+        alive = hook("PREROUTING", {"raw", "mangle", "nat"}) && hook("INPUT", {"mangle", "filter", "nat"});
+      }
+    }
+    auto& out = path_.outcome;
+    out.masqueraded = masqueraded_;
+    if (!alive) return;  // verdict, chain and rule were set where it ended
+    if (dnat_) {
+      out.verdict = TraceVerdict::kDnat;
+      out.endpoints = {plan::endpointText(dst_.toString(), dport_)};
+    } else {
+      out.verdict = TraceVerdict::kAccepted;
+    }
+  }
+
+ private:
+  bool isLocal(const IPPrefix& a) const {
+    if (isLoopback(a)) return true;
+    return std::any_of(local_.begin(), local_.end(),
+                       [&](const IPPrefix& l) { return l.v6 == a.v6 && l.bytes == a.bytes; });
+  }
+
+  static std::string where(const std::string& table, const std::string& chain) { return table + " " + chain; }
+
+  void step(const std::string& table, const std::string& chain, const Rule* rule, std::string detail) {
+    path_.steps.push_back(TraceStep{where(table, chain), rule ? rule->spec : std::string(), std::move(detail)});
+  }
+  void warn(std::string message) { warnings_.insert(std::move(message)); }
+
+  void end(TraceVerdict verdict, const std::string& table, const std::string& chain, std::string rule) {
+    path_.outcome.verdict = verdict;
+    path_.outcome.chain = where(table, chain);
+    path_.outcome.rule = std::move(rule);
+  }
+
+  // Runs the built-in chain `hookName` of each table in order. False when the packet was
+  // dropped or rejected.
+  bool hook(const std::string& hookName, std::initializer_list<const char*> tables) {
+    const bool destinationNat = hookName == "PREROUTING" || hookName == "OUTPUT";
+    for (const char* tableName : tables) {
+      const std::string table = tableName;
+      const bool nat = table == "nat";
+      bool& natDone = destinationNat ? dnatSetUp_ : snatSetUp_;
+      const Chain* chain = rules_.find(table, hookName);
+      if (nat && natDone) {
+        if (chain)
+          step(table, hookName, nullptr,
+               fmt::format("not evaluated: the connection's {} NAT is already set up",
+                           destinationNat ? "destination" : "source"));
+        continue;
+      }
+      if (nat) natDone = true;  // evaluated once; without a translation the kernel binds a null NAT
+      if (chain == nullptr) continue;
+      step(table, hookName, nullptr, fmt::format("hook {}, table {}", hookName, table));
+      const Flow f = runChain(table, *chain, 0);
+      if (f == Flow::kDrop || f == Flow::kReject) return false;
+      if (!terminal(f) && chain->policy == "DROP") {
+        step(table, hookName, nullptr, "end of the chain: policy DROP");
+        end(TraceVerdict::kDropped, table, hookName, "policy DROP");
+        return false;
+      }
+    }
+    return true;
+  }
+
+  Flow runChain(const std::string& table, const Chain& chain, int depth) {
+    if (depth > kMaxJumpDepth) {
+      warn(fmt::format("jumps nested deeper than {} at chain {} of {}: not followed", kMaxJumpDepth, chain.name, table));
+      return Flow::kReturn;
+    }
+    for (const auto& rule : chain.rules) {
+      const Flow f = runRule(table, chain, rule, depth);
+      if (f == Flow::kReturn || terminal(f)) return f;
+    }
+    return Flow::kReturn;
+  }
+
+  bool matches(const std::string& table, const Chain& chain, const Rule& rule) {
+    for (const auto& m : rule.matches) {
+      bool hit = false;
+      switch (m.kind) {
+        case MatchKind::kAlways: hit = true; break;
+        case MatchKind::kSource: hit = m.prefix.contains(src_); break;
+        case MatchKind::kDestination: hit = m.prefix.contains(dst_); break;
+        case MatchKind::kInInterface:
+          hit = m.interfacePrefix ? inputInterface_.starts_with(m.text) : inputInterface_ == m.text;
+          break;
+        case MatchKind::kProtocol: hit = proto_ == m.protocol; break;
+        case MatchKind::kDestPort:
+          hit = std::any_of(m.ports.begin(), m.ports.end(),
+                            [&](const auto& r) { return dport_ >= r.first && dport_ <= r.second; });
+          break;
+        case MatchKind::kSrcTypeLocal: hit = isLocal(src_); break;
+        case MatchKind::kDstTypeLocal: hit = isLocal(dst_); break;
+        case MatchKind::kCtState:
+          // The first packet: NEW, and DNAT once its destination was translated.
+          hit = std::any_of(m.states.begin(), m.states.end(),
+                            [&](const std::string& s) { return s == "NEW" || (s == "DNAT" && dnat_); });
+          break;
+        case MatchKind::kMark: hit = (mark_ & m.mask) == m.value; break;
+        case MatchKind::kRandom: {
+          if (m.probability >= 1.0 || m.probability <= 0.0) {
+            hit = m.probability >= 1.0;
+            break;
+          }
+          hit = choices_.choose(2) == 0;
+          path_.choices.push_back(fmt::format("{} {}: random {} (probability {})", where(table, chain.name), rule.spec,
+                                              hit ? "hit" : "miss", m.probability));
+          break;
+        }
+        case MatchKind::kRecentHit: hit = false; break;  // the recent lists start empty
+        case MatchKind::kUnknown:
+          warn(fmt::format("{} rule \"{}\": cannot evaluate {}: taken as not matching", where(table, chain.name),
+                           rule.spec, describe(m)));
+          return false;
+      }
+      if (hit == m.negate) return false;
+    }
+    return true;
+  }
+
+  Flow runRule(const std::string& table, const Chain& chain, const Rule& rule, int depth) {
+    if (!matches(table, chain, rule)) return Flow::kNext;
+    const Target& t = rule.target;
+    switch (t.kind) {
+      case TargetKind::kNone:
+        step(table, chain.name, &rule, "matched, no target: evaluation goes on");
+        return Flow::kNext;
+      case TargetKind::kNoop:
+        step(table, chain.name, &rule, t.name + ": nothing the trace follows changes");
+        return Flow::kNext;
+      case TargetKind::kUnknown:
+        warn(fmt::format("{} rule \"{}\": {}: taken as doing nothing", where(table, chain.name), rule.spec, t.problem));
+        step(table, chain.name, &rule, "target not understood: taken as doing nothing");
+        return Flow::kNext;
+      case TargetKind::kJump:
+      case TargetKind::kGoto: {
+        const Chain* next = rules_.find(table, t.name);
+        if (next == nullptr || next->policy != "-") {
+          warn(fmt::format("{} rule \"{}\": jump to {}, which is not a chain of table {} nor a target the tracer "
+                           "knows: not followed",
+                           where(table, chain.name), rule.spec, t.name, table));
+          step(table, chain.name, &rule, "not followed: unknown chain or target " + t.name);
+          return Flow::kNext;
+        }
+        step(table, chain.name, &rule, {});
+        const Flow f = runChain(table, *next, depth + 1);
+        if (terminal(f)) return f;
+        // A jump comes back to the next rule; a goto returns to this chain's caller.
+        return t.kind == TargetKind::kGoto ? Flow::kReturn : Flow::kNext;
+      }
+      case TargetKind::kReturn:
+        step(table, chain.name, &rule, {});
+        return Flow::kReturn;
+      case TargetKind::kAccept:
+        step(table, chain.name, &rule, {});
+        return Flow::kAccept;
+      case TargetKind::kDrop:
+        step(table, chain.name, &rule, {});
+        end(TraceVerdict::kDropped, table, chain.name, rule.spec);
+        return Flow::kDrop;
+      case TargetKind::kReject:
+        step(table, chain.name, &rule, {});
+        end(TraceVerdict::kRejected, table, chain.name, rule.spec);
+        return Flow::kReject;
+      case TargetKind::kMark:
+        mark_ = (mark_ & ~t.mask) ^ t.value;
+        step(table, chain.name, &rule, fmt::format("mark is now {:#x}", mark_));
+        return Flow::kNext;
+      case TargetKind::kDnat:
+        dst_ = *t.address;
+        if (t.port) dport_ = *t.port;
+        dnat_ = true;
+        step(table, chain.name, &rule, "dnat to " + plan::endpointText(dst_.toString(), dport_));
+        return Flow::kNat;
+      case TargetKind::kSourceNat:
+        masqueraded_ = true;
+        step(table, chain.name, &rule, "source NAT: masqueraded");
+        return Flow::kNat;
+    }
+    return Flow::kNext;
+  }
+
+  const IptablesTracer::Ruleset& rules_;
+  const std::vector<IPPrefix>& local_;
+  plan::ChoiceExplorer& choices_;
+  TracePath& path_;
+  std::set<std::string>& warnings_;
+
+  IPPrefix src_;
+  IPPrefix dst_;
+  std::uint16_t dport_;
+  std::uint8_t proto_;
+  bool fromNode_;
+  std::string inputInterface_;
+  std::uint32_t mark_ = 0;
+  bool dnat_ = false;
+  bool masqueraded_ = false;
+  bool dnatSetUp_ = false;
+  bool snatSetUp_ = false;
+};
+
+}  // namespace
+
+// ---- IptablesTracer ------------------------------------------------------------------------
+
+IptablesTracer::IptablesTracer(const backends::IptablesSave& ruleset, std::vector<IPPrefix> localAddresses)
+    : localAddresses_(std::move(localAddresses)), rules_(std::make_unique<Ruleset>()) {
+  for (const auto& table : ruleset.tables) {
+    auto& chains = rules_->tables[table.name];
+    for (const auto& c : table.chains) {
+      Chain chain{c.name, c.policy, {}};
+      chain.rules.reserve(c.rules.size());
+      for (const auto& r : c.rules) chain.rules.push_back(parseRule(r.spec));
+      chains.insert_or_assign(c.name, std::move(chain));
+    }
+  }
+}
+
+core::Result<IptablesTracer> IptablesTracer::fromText(std::string_view text, std::vector<IPPrefix> localAddresses) {
+  auto parsed = backends::parseIptablesSave(text);
+  if (!parsed) return std::unexpected(parsed.error());
+  return IptablesTracer(*parsed, std::move(localAddresses));
+}
+
+IptablesTracer::IptablesTracer(IptablesTracer&&) noexcept = default;
+IptablesTracer& IptablesTracer::operator=(IptablesTracer&&) noexcept = default;
+IptablesTracer::~IptablesTracer() = default;
+
+Trace IptablesTracer::trace(const Packet& packet) const {
+  Trace trace;
+  trace.packet = packet;
+  plan::ChoiceExplorer choices;
+  std::set<std::string> warnings;
+  do {
+    if (trace.paths.size() == kMaxPaths) {
+      warnings.insert(fmt::format("more than {} paths: the rest are not traced", kMaxPaths));
+      break;
+    }
+    TracePath& path = trace.paths.emplace_back();
+    PacketRun(*rules_, localAddresses_, packet, choices, path, warnings).run();
+  } while (choices.next());
+  trace.warnings.assign(warnings.begin(), warnings.end());
+  trace.outcome = plan::mergePaths(trace.paths);
+  return trace;
+}
+
+}  // namespace kproxy::iptables
