@@ -396,7 +396,7 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
 void IptablesBackend::setRouteLocalnet() {
   // Localhost NodePorts (IPv4) need the kernel to route packets from 127.0.0.0/8, as upstream
   // sets when --iptables-localhost-nodeports is on and NodePorts answer on loopback.
-  if (!settings_.render.localhostNodePorts) return;
+  if (!renderer_.localhostNodePorts()) return;
   backends::SysctlFiles sysctls(settings_.sysctlRoot);
   const char* name = "net/ipv4/conf/all/route_localnet";
   if (auto v = sysctls.readInt(name); v && *v == 1) return;

@@ -471,6 +471,16 @@ Fragment IptablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
   return f;
 }
 
+bool IptablesRenderer::localhostNodePorts() const {
+  if (!config_.localhostNodePorts) return false;
+  const NodePorts& nodePorts = nodePortsOf(sdk::Family::kIPv4);
+  const auto loopback = *IPPrefix::parse("127.0.0.0/8");
+  return nodePorts.allLocal || std::any_of(nodePorts.addresses.begin(), nodePorts.addresses.end(), [&](const auto& ip) {
+           auto a = IPPrefix::parse(ip);
+           return a && loopback.contains(*a);
+         });
+}
+
 GlobalObjects IptablesRenderer::renderGlobal(sdk::Family family, const sdk::NodeInfo& node) const {
   (void)node;  // what it decides came with setNode
   GlobalObjects g;
@@ -542,13 +552,7 @@ GlobalObjects IptablesRenderer::renderGlobal(sdk::Family family, const sdk::Node
   // DNAT'ed (upstream puts this rule in kubelet's KUBE-FIREWALL, which kproxy leaves alone).
   // Only where NodePorts answer on loopback: upstream turns localhost NodePorts off when the
   // nodeport-addresses hold no IPv4 loopback address.
-  const auto loopback4 = *IPPrefix::parse("127.0.0.0/8");
-  const bool loopbackNodePorts =
-      nodePorts.allLocal || std::any_of(nodePorts.addresses.begin(), nodePorts.addresses.end(), [&](const auto& ip) {
-        auto a = IPPrefix::parse(ip);
-        return a && loopback4.contains(*a);
-      });
-  if (!isV6(family) && config_.localhostNodePorts && loopbackNodePorts)
+  if (!isV6(family) && localhostNodePorts())
     g.dispatch.push_back(DispatchRule{Table::kFilter, std::string(names::kProxyFirewall), Section::kTail,
                                       Spec()
                                           .src("127.0.0.0/8", true)

@@ -162,6 +162,9 @@ class IptablesRenderer {
 
   const RenderConfig& config() const { return config_; }
   const plan::PlanConfig& planConfig() const { return planConfig_; }
+  /// Whether IPv4 NodePorts answer on 127.0.0.0/8 (--iptables-localhost-nodeports and NodePort
+  /// addresses that hold loopback, after setNode): route_localnet and its guard rule are needed.
+  bool localhostNodePorts() const;
 
  private:
   /// `-s CIDR` / `-i IF` conditions that tell this node's pods' traffic (negate: not from pods);
