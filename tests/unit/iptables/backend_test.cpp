@@ -11,6 +11,7 @@
 #include "iptables_fixtures.h"
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/iptables_save.h"
+#include "kproxy/backends/common/process.h"
 #include "kproxy/iptables/backend.h"
 
 using namespace kproxy;
@@ -389,3 +390,76 @@ TEST_CASE("iptables backend: large clusters lose per-endpoint comments at the ne
         std::vector<std::string>{"-s 10.1.0.1/32 -j KUBE-MARK-MASQ", "-p tcp -m tcp -j DNAT --to-destination 10.1.0.1:8080"});
 }
 
+namespace {
+
+/// Answers every run with one scripted result and records the command lines.
+class ScriptedRunner final : public backends::ProcessRunner {
+ public:
+  core::Result<backends::ProcessResult> run(const std::vector<std::string>& argv,
+                                            const backends::ProcessOptions& options) override {
+    calls.push_back(argv);
+    stdinSeen = std::string(options.stdinData);
+    return result;
+  }
+  backends::ProcessResult result;
+  std::vector<std::vector<std::string>> calls;
+  std::string stdinSeen;
+};
+
+VariantTools fakeTools() {
+  VariantTools t;
+  t.save4 = "/sbin/iptables-nft-save";
+  t.restore4 = "/sbin/iptables-nft-restore";
+  t.iptables4 = "/sbin/iptables-nft";
+  t.save6 = "/sbin/ip6tables-nft-save";
+  t.restore6 = "/sbin/ip6tables-nft-restore";
+  t.iptables6 = "/sbin/ip6tables-nft";
+  return t;
+}
+
+}  // namespace
+
+TEST_CASE("iptables process kernel: the canary check and refusals as the tools report them", "[unit]") {
+  ScriptedRunner runner;
+  auto kernel = makeProcessKernel(fakeTools(), runner);
+
+  SECTION("a chain that exists") {
+    runner.result.out = "-N KUBE-PROXY-CANARY\n";
+    auto r = kernel->chainExists(kV6, Table::kMangle, "KUBE-PROXY-CANARY");
+    REQUIRE(r.has_value());
+    CHECK(*r);
+    REQUIRE(runner.calls.size() == 1);
+    CHECK(runner.calls[0] == std::vector<std::string>{"/sbin/ip6tables-nft", "-w", "5", "-t", "mangle", "-S",
+                                                      "KUBE-PROXY-CANARY"});
+  }
+  SECTION("a missing chain, as iptables-legacy and iptables-nft 1.8.9 say it") {
+    runner.result.exitCode = 1;
+    for (const char* err : {"iptables: No chain/target/match by that name.\n",
+                            "iptables v1.8.9 (nf_tables): chain `KUBE-PROXY-CANARY' in table `mangle' is "
+                            "incompatible, use 'nft' tool.\n"}) {
+      runner.result.err = err;
+      auto r = kernel->chainExists(kV4, Table::kMangle, "KUBE-PROXY-CANARY");
+      INFO(err);
+      REQUIRE(r.has_value());
+      CHECK_FALSE(*r);
+    }
+  }
+  SECTION("the lock not taken in time is an error, not a missing chain") {
+    runner.result.exitCode = 4;
+    runner.result.err = "Another app is currently holding the xtables lock. Stopped waiting after 5s.\n";
+    auto r = kernel->chainExists(kV4, Table::kMangle, "KUBE-PROXY-CANARY");
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().message().find("xtables lock") != std::string::npos);
+  }
+  SECTION("a refused restore quotes the line the tool names") {
+    runner.result.exitCode = 1;
+    runner.result.err = "iptables-nft-restore: line 3 failed: Bad rule (does a matching rule exist in that chain?).\n";
+    const std::string input = "*nat\n:KUBE-SVC-X - [0:0]\n-D KUBE-SERVICES -j KUBE-SVC-X\nCOMMIT\n";
+    auto r = kernel->restore(kV4, input);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().category == core::ErrorCategory::kKernel);
+    CHECK(r.error().message().find("; line 3: -D KUBE-SERVICES -j KUBE-SVC-X") != std::string::npos);
+    CHECK(runner.stdinSeen == input);
+    CHECK(runner.calls.back() == std::vector<std::string>{"/sbin/iptables-nft-restore", "--noflush", "-w", "5"});
+  }
+}
