@@ -11,6 +11,7 @@
 #include <fstream>
 #include <stdexcept>
 #include <map>
+#include <random>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,7 @@
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/iptables/kernel.h"
 #include "kproxy/iptables/renderer.h"
+#include "kproxy/plan/snapshot_source.h"
 
 namespace kproxy::iptables::testing {
 
@@ -139,6 +141,27 @@ inline ChainMap canonical(ChainMap chains) {
   return chains;
 }
 
+/// What differs between two chain maps, chain by chain (empty when equal).
+inline std::string chainDiff(const ChainMap& actual, const ChainMap& expected) {
+  std::string out;
+  auto dump = [&](const char* what, const std::pair<std::string, std::string>& key, const std::vector<std::string>& rules) {
+    out += std::string(what) + " " + key.first + " " + key.second + ":\n";
+    for (const auto& r : rules) out += "    " + r + "\n";
+  };
+  for (const auto& [key, rules] : expected) {
+    auto it = actual.find(key);
+    if (it == actual.end()) {
+      dump("missing", key, rules);
+    } else if (it->second != rules) {
+      dump("wanted", key, rules);
+      dump("found", key, it->second);
+    }
+  }
+  for (const auto& [key, rules] : actual)
+    if (!expected.contains(key)) dump("unwanted", key, rules);
+  return out;
+}
+
 inline RenderConfig featureConfig() {
   RenderConfig cfg;
   cfg.clusterCIDRs = {"10.0.0.0/8", "fd00:10::/64"};
@@ -221,6 +244,96 @@ inline std::vector<sdk::ServicePort> featureServices(bool v6) {
   extCluster.externalIPs = {ext(12)};
   out.push_back(extCluster);
   return out;
+}
+
+/// One random change to `ports` (endpoints, a new or removed port, a policy, affinity, type or
+/// address change), with the key it touched added to `changed`. `serial` names new things.
+inline void mutate(std::vector<sdk::ServicePort>& ports, std::mt19937& rng, std::vector<sdk::ChangedKey>& changed,
+                   int& serial) {
+  auto pick = [&](std::size_t n) { return std::uniform_int_distribution<std::size_t>(0, n - 1)(rng); };
+  auto chance = [&](int percent) { return std::uniform_int_distribution<int>(0, 99)(rng) < percent; };
+  ++serial;
+  const int what = static_cast<int>(pick(ports.empty() ? 1 : 9));
+  if (ports.empty() || what == 0) {  // a new port
+    const bool v6 = chance(40);
+    const std::string addr = v6 ? "fd00:30::1:" + std::to_string(serial) : "172.30.1." + std::to_string(serial % 250);
+    std::vector<sdk::Endpoint> eps;
+    for (std::size_t i = 0, n = pick(4); i < n; ++i)
+      eps.push_back(endpoint(v6 ? "fd00:10::2:" + std::to_string(serial * 4 + static_cast<int>(i))
+                                : "10.2." + std::to_string(serial % 250) + "." + std::to_string(i + 1),
+                             8000 + static_cast<int>(i), chance(50)));
+    auto p = clusterIP("rand", "svc-" + std::to_string(serial), addr, 80 + static_cast<int>(pick(3)), std::move(eps),
+                       chance(70) ? sdk::Protocol::kTCP : sdk::Protocol::kUDP);
+    if (chance(50)) {
+      p.type = sdk::ServiceType::kNodePort;
+      p.nodePort = 30000 + serial;
+    }
+    changed.push_back({p.family, p.key});
+    ports.push_back(std::move(p));
+    return;
+  }
+  const std::size_t i = pick(ports.size());
+  auto& p = ports[i];
+  changed.push_back({p.family, p.key});
+  const bool v6 = p.family == sdk::Family::kIPv6;
+  switch (what) {
+    case 1:  // removed
+      ports.erase(ports.begin() + static_cast<std::ptrdiff_t>(i));
+      return;
+    case 2:
+    case 3: {  // endpoints: keep some, add some, flip locality
+      std::vector<sdk::Endpoint> eps;
+      for (auto e : p.allEndpoints)
+        if (chance(70)) {
+          if (chance(20)) e.isLocal = !e.isLocal;
+          eps.push_back(e);
+        }
+      for (std::size_t n = pick(3); n > 0; --n)
+        eps.push_back(endpoint(v6 ? "fd00:10::3:" + std::to_string(serial * 3 + static_cast<int>(n))
+                                  : "10.3." + std::to_string(serial % 250) + "." + std::to_string(n),
+                               9000, chance(50)));
+      setEndpoints(p, std::move(eps));
+      return;
+    }
+    case 4:
+      p.externalPolicyLocal = !p.externalPolicyLocal;
+      p.healthCheckNodePort = p.externalPolicyLocal && p.nodePort != 0 ? p.nodePort + 1000 : 0;
+      return;
+    case 5: p.internalPolicyLocal = !p.internalPolicyLocal; return;
+    case 6:
+      p.sessionAffinityClientIP = !p.sessionAffinityClientIP;
+      p.stickyMaxAgeSeconds = p.sessionAffinityClientIP ? 100 + serial : 0;
+      return;
+    case 7:  // NodePort / LoadBalancer on and off
+      if (p.type == sdk::ServiceType::kClusterIP) {
+        p.type = sdk::ServiceType::kLoadBalancer;
+        p.nodePort = 31000 + serial;
+        p.loadBalancerIPs = {v6 ? "2001:db8::9:" + std::to_string(serial) : "198.51.101." + std::to_string(serial % 250)};
+        if (chance(50)) p.loadBalancerSourceRanges = {v6 ? "2001:db8:2::/48" : "203.0.114.0/24"};
+      } else {
+        p.type = sdk::ServiceType::kClusterIP;
+        p.nodePort = 0;
+        p.healthCheckNodePort = 0;
+        p.loadBalancerIPs.clear();
+        p.loadBalancerSourceRanges.clear();
+      }
+      return;
+    default:  // the ClusterIP or the port moves
+      if (chance(50))
+        p.clusterIP = v6 ? "fd00:30::4:" + std::to_string(serial) : "172.30.4." + std::to_string(serial % 250);
+      else
+        p.port += 1;
+      return;
+  }
+}
+
+/// `snap` with its lookup index rebuilt: VectorSnapshot indexes its ports on the first find and
+/// rebuilds only when their number changes, so a step that removes one port and adds another
+/// would look the new one up in a stale index.
+inline void reindex(plan::VectorSnapshot& snap) {
+  plan::VectorSnapshot fresh(snap.ports(), snap.node());
+  fresh.setServiceCIDRs(snap.serviceCIDRs());
+  snap = std::move(fresh);
 }
 
 /// Both families' features.
