@@ -299,6 +299,14 @@ TEST_CASE("iptables kernel: one endpoint change among 1,000 services restores th
   const auto chains = h.owned(kV4);
   CHECK_FALSE(chains.contains({"nat", gone}));
   CHECK(chains.at({"nat", added}).size() == 2);
+
+  // A restart over it (large-cluster mode decided again from the snapshot) writes nothing.
+  auto restarted = h.backend();
+  auto again = restarted->syncFrom(snap, {}, false);
+  REQUIRE(ok(again));
+  CHECK(again->summary.starts_with("full sync"));
+  CHECK(again->operations == 0);
+  CHECK(restarted->lastRestore(kV4).empty());
 }
 
 TEST_CASE("iptables kernel: foreign chains and rules stay as they were through syncs and cleanup", "[kernel]") {
