@@ -86,6 +86,11 @@ class ProcessKernel final : public KernelIptables {
                          ProcessOptions{{}, kToolTimeout});
     if (!r) return std::unexpected(r.error());
     if (r->succeeded()) return true;
+    // A missing chain is exit status 1 ("other problem"), whatever the message: iptables-nft
+    // 1.8.9 says "chain `X' in table `mangle' is incompatible, use 'nft' tool." for one that
+    // does not exist. As upstream's canary check, only a resource problem (4: the lock) or a
+    // bad invocation is an error; a false "missing" costs one full sync, a missed flush more.
+    if (r->termSignal == 0 && r->exitCode == 1) return false;
     if (r->err.find("No chain") != std::string::npos || r->err.find("does not exist") != std::string::npos)
       return false;
     return core::makeError(ErrorCategory::kKernel, fmt::format("{} -S {} failed ({}): {}", tool, chain,

@@ -1,0 +1,554 @@
+// The iptables backend against the real kernel, through iptables-nft and iptables-legacy alike;
+// each case runs in a network namespace of its own (FreshNetns), never the host's.
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "../unit/iptables/iptables_fixtures.h"
+#include "kproxy/backends/common/chain_names.h"
+#include "kproxy/backends/common/process.h"
+#include "kproxy/iptables/backend.h"
+#include "kproxy/iptables/kernel.h"
+#include "netns.h"
+
+using namespace kproxy;
+using namespace kproxy::iptables;
+using kproxy::iptables::testing::allFeatureServices;
+using kproxy::iptables::testing::canonical;
+using kproxy::iptables::testing::ChainMap;
+using kproxy::iptables::testing::chainsOf;
+using kproxy::iptables::testing::clusterIP;
+using kproxy::iptables::testing::countLines;
+using kproxy::iptables::testing::endpoint;
+using kproxy::iptables::testing::featureConfig;
+using kproxy::iptables::testing::featureNode;
+using kproxy::iptables::testing::setEndpoints;
+using kproxy::iptables::testing::TempSysctls;
+using kproxy::nftables::testing::manyServices;
+using kproxy::testing::FreshNetns;
+using kproxy::testing::run;
+using kproxy::testing::sh;
+using plan::VectorSnapshot;
+
+namespace {
+
+constexpr sdk::Family kV4 = sdk::Family::kIPv4;
+constexpr sdk::Family kV6 = sdk::Family::kIPv6;
+constexpr sdk::Family kFamilies[] = {kV4, kV6};
+
+const char* familyName(sdk::Family f) { return f == kV6 ? "IPv6" : "IPv4"; }
+
+/// The tools of one variant and a kernel adapter over them, in the calling thread's namespace
+/// (processes spawned from it inherit it).
+struct Harness {
+  explicit Harness(Variant v) {
+    auto found = findVariantTools(v);
+    if (!found) FAIL("iptables-" << variantName(v) << " is not installed: " << found.error().message());
+    tools = *found;
+    REQUIRE_FALSE(tools.save6.empty());
+    REQUIRE_FALSE(tools.restore6.empty());
+    REQUIRE_FALSE(tools.iptables6.empty());
+    kernel = makeProcessKernel(tools, runner);
+  }
+  std::unique_ptr<IptablesBackend> backend(RenderConfig cfg = featureConfig()) {
+    BackendSettings s;
+    s.render = std::move(cfg);
+    s.sysctlRoot = sysctls.root();
+    s.ipv6 = true;
+    return std::make_unique<IptablesBackend>(sdk::Host(nullptr), std::move(s), makeProcessKernel(tools, runner));
+  }
+  const std::string& iptables(sdk::Family f) const { return f == kV6 ? tools.iptables6 : tools.iptables4; }
+  /// iptables-save of every table of `family`.
+  std::string saved(sdk::Family f) {
+    std::string out;
+    for (Table t : kTables) {
+      auto text = kernel->save(f, t);
+      if (!text) FAIL("save: " << text.error().message());
+      out += *text;
+    }
+    return out;
+  }
+  ChainMap owned(sdk::Family f) { return chainsOf(saved(f), true); }
+  void restore(sdk::Family f, const std::string& input) {
+    auto r = kernel->restore(f, input);
+    if (!r) FAIL("restore: " << r.error().message() << "\n" << input);
+  }
+
+  backends::SystemProcessRunner runner;
+  VariantTools tools;
+  std::unique_ptr<KernelIptables> kernel;
+  TempSysctls sysctls;
+};
+
+/// The rules kproxy wants for `snap`, canonical.
+ChainMap wanted(VectorSnapshot& snap, sdk::Family f, RenderConfig cfg = featureConfig(), bool large = false) {
+  IptablesRenderer r(std::move(cfg));
+  r.setNode(snap.node());
+  r.setServiceCIDRs(snap.serviceCIDRs());
+  r.setLargeCluster(large);
+  return canonical(chainsOf(renderRuleset(r, f, snap.ports(), snap.node()), true));
+}
+
+/// Chain by chain, rule by rule, so a difference names the chain and the rule.
+void requireSameChains(const ChainMap& actual, const ChainMap& expected) {
+  for (const auto& [key, rules] : expected) {
+    INFO(key.first << " " << key.second);
+    auto it = actual.find(key);
+    CHECK(it != actual.end());
+    if (it == actual.end()) continue;
+    for (std::size_t i = 0; i < std::max(rules.size(), it->second.size()); ++i) {
+      INFO("rule " << i + 1);
+      CHECK((i < it->second.size() ? it->second[i] : "<none>") == (i < rules.size() ? rules[i] : "<none>"));
+    }
+  }
+  for (const auto& [key, rules] : actual) {
+    INFO(key.first << " " << key.second);
+    CHECK(expected.contains(key));
+  }
+  REQUIRE(actual == expected);
+}
+
+/// Everything not kproxy's: foreign chains whole, and the built-in chains' rules that do not
+/// jump to one of kproxy's chains.
+ChainMap foreign(const std::string& saved) {
+  ChainMap out;
+  for (auto& [key, rules] : chainsOf(saved, false)) {
+    Table t = Table::kFilter;
+    for (Table c : kTables)
+      if (tableName(c) == key.first) t = c;
+    if (isOwnedChain(t, key.second)) continue;
+    auto& kept = out[key];
+    for (const auto& r : rules)
+      if (!isOwnedChain(t, backends::ruleJumpTarget(r))) kept.push_back(r);
+  }
+  return out;
+}
+
+template <typename T>
+bool ok(const sdk::Expected<T>& r) {
+  if (!r) UNSCOPED_INFO("sync error: " << r.error().message);
+  return r.has_value();
+}
+
+VectorSnapshot featureSnapshot() {
+  VectorSnapshot snap(allFeatureServices(), featureNode());
+  snap.setServiceCIDRs({{"kubernetes", "172.30.0.0/16"}, {"kubernetes", "fd00:30::/108"}});
+  return snap;
+}
+
+std::size_t indexOf(VectorSnapshot& snap, const std::string& key) {
+  for (std::size_t i = 0; i < snap.ports().size(); ++i)
+    if (snap.ports()[i].key == key) return i;
+  FAIL("no port " << key);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("iptables kernel: the rendered ruleset reads back from iptables-save exactly as rendered", "[kernel]") {
+  const Variant variant = GENERATE(Variant::kNft, Variant::kLegacy);
+  INFO("iptables-" << variantName(variant));
+
+  struct Case {
+    const char* what;
+    RenderConfig cfg;
+    sdk::NodeInfo node;
+    bool large = false;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"ClusterCIDR, defaults", featureConfig(), featureNode()});
+  {
+    auto cfg = featureConfig();
+    cfg.detectLocalMode = "BridgeInterface";
+    cfg.bridgeInterface = "cbr0";
+    cfg.masqueradeAll = true;
+    cfg.randomFully = false;
+    cfg.masqueradeBit = 5;
+    cfg.conntrackTCPLiberal = true;
+    cases.push_back({"BridgeInterface, masquerade-all, large cluster", cfg, featureNode(), true});
+  }
+  {
+    auto cfg = featureConfig();
+    cfg.detectLocalMode = "InterfaceNamePrefix";
+    cfg.interfaceNamePrefix = "veth";
+    cfg.localhostNodePorts = false;
+    auto node = featureNode();
+    node.nodePortAddresses.resolved = true;
+    node.nodePortAddresses.addresses = {"192.168.50.10", "127.0.0.1", "fd00:50::10"};
+    cases.push_back({"InterfaceNamePrefix, NodePort addresses", cfg, node});
+  }
+  {
+    auto cfg = featureConfig();
+    cfg.detectLocalMode = "NodeCIDR";
+    auto node = featureNode();
+    node.podCIDRs = {"10.244.3.0/24", "fd00:244:3::/64"};
+    node.nodePortAddresses.resolved = true;
+    node.nodePortAddresses.addresses = {"127.0.0.1", "192.168.50.10"};
+    node.nodePortAddresses.allLocalIPv6 = true;
+    cases.push_back({"NodeCIDR, localhost NodePorts", cfg, node});
+  }
+
+  for (const auto& c : cases) {
+    INFO(c.what);
+    FreshNetns ns;
+    Harness h(variant);
+    IptablesRenderer r(c.cfg);
+    r.setNode(c.node);
+    r.setServiceCIDRs({{"kubernetes", "172.30.0.0/16"}, {"kubernetes", "fd00:30::/108"}, {"more", "172.31.0.0/24"}});
+    r.setLargeCluster(c.large);
+    const auto ports = allFeatureServices();
+    for (sdk::Family fam : kFamilies) {
+      INFO(familyName(fam));
+      const std::string text = renderRuleset(r, fam, ports, c.node);
+      h.restore(fam, text);
+      const std::string saved = h.saved(fam);
+      INFO(saved);
+      requireSameChains(chainsOf(saved, true), chainsOf(text, true));
+      // The jumps, each first in its built-in chain (the last inserted first).
+      const auto all = chainsOf(saved, false);
+      const auto rendered = chainsOf(text, false);
+      for (const char* builtin : {"INPUT", "FORWARD", "OUTPUT"}) CHECK(all.at({"filter", builtin}) == rendered.at({"filter", builtin}));
+      for (const char* builtin : {"PREROUTING", "OUTPUT", "POSTROUTING"}) CHECK(all.at({"nat", builtin}) == rendered.at({"nat", builtin}));
+    }
+  }
+}
+
+TEST_CASE("iptables kernel: a full sync, then a restart over the unchanged kernel writes nothing", "[kernel]") {
+  const Variant variant = GENERATE(Variant::kNft, Variant::kLegacy);
+  INFO("iptables-" << variantName(variant));
+  FreshNetns ns;
+  Harness h(variant);
+  VectorSnapshot snap = featureSnapshot();
+  auto backend = h.backend();
+  auto first = backend->syncFrom(snap, {}, false);
+  REQUIRE(ok(first));
+  CHECK(first->summary.starts_with("full sync"));
+  CHECK(h.sysctls.routeLocalnet() == "1");
+  for (sdk::Family fam : kFamilies) {
+    INFO(familyName(fam));
+    CHECK_FALSE(backend->lastRestore(fam).empty());
+    requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
+  }
+  const std::string before4 = h.saved(kV4), before6 = h.saved(kV6);
+
+  auto again = backend->syncFrom(snap, {}, true);
+  REQUIRE(ok(again));
+  CHECK(again->operations == 0);
+  auto restarted = h.backend();
+  auto second = restarted->syncFrom(snap, {}, false);
+  REQUIRE(ok(second));
+  CHECK(second->summary.starts_with("full sync"));
+  CHECK(second->operations == 0);
+  for (sdk::Family fam : kFamilies) CHECK(restarted->lastRestore(fam).empty());
+  CHECK(chainsOf(h.saved(kV4), false) == chainsOf(before4, false));
+  CHECK(chainsOf(h.saved(kV6), false) == chainsOf(before6, false));
+  // Periodic syncs with nothing changed: the canary is there, nothing written.
+  auto periodic = restarted->syncFrom(snap, {}, false);
+  REQUIRE(ok(periodic));
+  CHECK(periodic->summary.starts_with("partial sync"));
+  CHECK(periodic->operations == 0);
+}
+
+TEST_CASE("iptables kernel: one endpoint change among 1,000 services restores that service's chains only",
+          "[kernel]") {
+  const Variant variant = GENERATE(Variant::kNft, Variant::kLegacy);
+  INFO("iptables-" << variantName(variant));
+  FreshNetns ns;
+  Harness h(variant);
+  VectorSnapshot snap(manyServices(1000, 2), featureNode());
+  auto backend = h.backend();
+  REQUIRE(ok(backend->syncFrom(snap, {}, false)));
+  // 1,000 ClusterIP captures and the NodePorts jump.
+  REQUIRE(h.owned(kV4).at({"nat", "KUBE-SERVICES"}).size() == 1001);
+
+  auto& port = snap.ports()[500];  // svc-500: affinity (every tenth)
+  REQUIRE(port.sessionAffinityClientIP);
+  const std::string name = "ns/svc-500:p";
+  const std::string oldEp = port.allEndpoints[1].ip;
+  setEndpoints(port, {port.allEndpoints[0], endpoint("10.200.0.1", 8080)});
+  auto out = backend->syncFrom(snap, {{kV4, port.key}}, false);
+  REQUIRE(ok(out));
+  CHECK(out->summary.starts_with("partial sync"));
+  const std::string& input = backend->lastRestore(kV4);
+  INFO(input);
+  const std::string svc = backends::servicePortPolicyClusterChain(name, "tcp");
+  const std::string added = backends::servicePortEndpointChain(name, "tcp", "10.200.0.1:8080");
+  const std::string gone = backends::servicePortEndpointChain(name, "tcp", oldEp + ":8080");
+  // *nat; declarations of the policy chain, the new endpoint chain and the one going; the
+  // policy chain's masquerade + 2 affinity + 2 balancing rules; the new endpoint chain's 2;
+  // -X of the old one; COMMIT.
+  CHECK(countLines(input) == 1 + 3 + 5 + 2 + 1 + 1);
+  CHECK(countLines(input, ":") == 3);
+  CHECK(countLines(input, ":" + svc + " ") == 1);
+  CHECK(countLines(input, ":" + added + " ") == 1);
+  CHECK(countLines(input, "-X " + gone) == 1);
+  CHECK(input.find("KUBE-SERVICES") == std::string::npos);
+  CHECK(input.find("KUBE-NODEPORTS") == std::string::npos);
+  CHECK(input.find("*filter") == std::string::npos);
+  CHECK(backend->lastRestore(kV6).empty());
+
+  // The kernel holds exactly what a full render wants (2,000 endpoints: no per-endpoint
+  // comments, as upstream's large-cluster mode).
+  requireSameChains(canonical(h.owned(kV4)), wanted(snap, kV4, featureConfig(), true));
+  const auto chains = h.owned(kV4);
+  CHECK_FALSE(chains.contains({"nat", gone}));
+  CHECK(chains.at({"nat", added}).size() == 2);
+
+  // A restart over it (large-cluster mode decided again from the snapshot) writes nothing.
+  auto restarted = h.backend();
+  auto again = restarted->syncFrom(snap, {}, false);
+  REQUIRE(ok(again));
+  CHECK(again->summary.starts_with("full sync"));
+  CHECK(again->operations == 0);
+  CHECK(restarted->lastRestore(kV4).empty());
+}
+
+TEST_CASE("iptables kernel: foreign chains and rules stay as they were through syncs and cleanup", "[kernel]") {
+  const Variant variant = GENERATE(Variant::kNft, Variant::kLegacy);
+  INFO("iptables-" << variantName(variant));
+  FreshNetns ns;
+  Harness h(variant);
+  for (sdk::Family fam : kFamilies) {
+    const std::string ipt = h.iptables(fam) + " -w 5 ";
+    // kubelet's chains.
+    for (const char* table : {"mangle", "nat", "filter"}) sh(ipt + "-t " + table + " -N KUBE-KUBELET-CANARY");
+    sh(ipt + "-N KUBE-FIREWALL");
+    sh(ipt + "-A KUBE-FIREWALL -m comment --comment \"kubernetes firewall for dropping marked packets\" -m mark --mark "
+             "0x8000/0x8000 -j DROP");
+    sh(ipt + "-I INPUT -j KUBE-FIREWALL");
+    sh(ipt + "-I OUTPUT -j KUBE-FIREWALL");
+    // A user's chain.
+    sh(ipt + "-N MY-CHAIN");
+    sh(ipt + "-A MY-CHAIN -p tcp --dport 22 -j ACCEPT");
+    sh(ipt + "-A INPUT -j MY-CHAIN");
+    // Docker's.
+    sh(ipt + "-t nat -N DOCKER");
+    sh(ipt + "-t nat -A DOCKER -i docker0 -j RETURN");
+    sh(ipt + "-t nat -A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER");
+    sh(ipt + "-t nat -A OUTPUT -m addrtype --dst-type LOCAL -j DOCKER");
+    sh(ipt + "-t nat -A POSTROUTING -s " + (fam == kV6 ? "fd00:17::/64" : "172.17.0.0/16") +
+       " ! -o docker0 -j MASQUERADE");
+    sh(ipt + "-N DOCKER");
+    sh(ipt + "-N DOCKER-USER");
+    sh(ipt + "-A DOCKER-USER -j RETURN");
+    sh(ipt + "-A FORWARD -j DOCKER-USER");
+    sh(ipt + "-A FORWARD -o docker0 -j DOCKER");
+  }
+  const ChainMap foreign4 = foreign(h.saved(kV4)), foreign6 = foreign(h.saved(kV6));
+  REQUIRE(foreign4.at({"nat", "DOCKER"}).size() == 1);
+  REQUIRE(foreign6.at({"filter", "KUBE-FIREWALL"}).size() == 1);
+  auto requireForeignIntact = [&] {
+    CHECK(foreign(h.saved(kV4)) == foreign4);
+    CHECK(foreign(h.saved(kV6)) == foreign6);
+  };
+
+  VectorSnapshot snap = featureSnapshot();
+  auto backend = h.backend();
+  REQUIRE(ok(backend->syncFrom(snap, {}, false)));
+  requireForeignIntact();
+
+  // Partial syncs: an endpoint change, a new service, a removed one, in both families.
+  auto& web = snap.ports()[indexOf(snap, "four/web:p")];
+  setEndpoints(web, {endpoint("10.1.0.1", 8080)});
+  snap.ports().push_back(clusterIP("six", "late", "fd00:30::99", 80, {endpoint("fd00:10::99", 80)}));
+  snap.ports().erase(snap.ports().begin() + static_cast<std::ptrdiff_t>(indexOf(snap, "six/sticky:p")));
+  REQUIRE(ok(backend->syncFrom(snap, {{kV4, "four/web:p"}, {kV6, "six/late:p"}, {kV6, "six/sticky:p"}}, false)));
+  requireForeignIntact();
+  for (sdk::Family fam : kFamilies) requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
+  REQUIRE(ok(backend->syncFrom(snap, {}, true)));
+  requireForeignIntact();
+
+  REQUIRE(ok(backend->cleanup()));
+  for (sdk::Family fam : kFamilies) {
+    INFO(familyName(fam));
+    CHECK(h.owned(fam).empty());
+    CHECK(chainsOf(h.saved(fam), false) == (fam == kV4 ? foreign4 : foreign6));
+  }
+}
+
+TEST_CASE("iptables kernel: cleanup removes every chain and jump of kproxy's", "[kernel]") {
+  const Variant variant = GENERATE(Variant::kNft, Variant::kLegacy);
+  INFO("iptables-" << variantName(variant));
+  FreshNetns ns;
+  Harness h(variant);
+  VectorSnapshot snap = featureSnapshot();
+  auto backend = h.backend();
+  REQUIRE(ok(backend->syncFrom(snap, {}, false)));
+  REQUIRE(h.owned(kV4).size() > 30);
+  // A leftover of an earlier run that nothing wants any more: cleanup takes it too.
+  h.restore(kV4, "*nat\n:KUBE-SVC-AAAAAAAAAAAAAAAA - [0:0]\n-A KUBE-SVC-AAAAAAAAAAAAAAAA -j KUBE-MARK-MASQ\nCOMMIT\n");
+
+  auto fresh = h.backend();  // cleanup as `kproxy --cleanup` runs it: a backend that never synced
+  REQUIRE(ok(fresh->cleanup()));
+  for (sdk::Family fam : kFamilies) {
+    INFO(familyName(fam));
+    const std::string saved = h.saved(fam);
+    INFO(saved);
+    CHECK(saved.find("KUBE-") == std::string::npos);
+    for (const auto& [key, rules] : chainsOf(saved, false)) CHECK(rules.empty());
+  }
+  // Cleaning an empty ruleset again is no error and writes nothing.
+  REQUIRE(ok(fresh->cleanup()));
+}
+
+TEST_CASE("iptables kernel: a refused restore names the line, keeps the table, and the next sync repairs",
+          "[kernel]") {
+  const Variant variant = GENERATE(Variant::kNft, Variant::kLegacy);
+  INFO("iptables-" << variantName(variant));
+  FreshNetns ns;
+  Harness h(variant);
+  VectorSnapshot snap = featureSnapshot();
+  auto backend = h.backend();
+  REQUIRE(ok(backend->syncFrom(snap, {}, false)));
+
+  // Someone deletes the service's capture by hand; the backend does not know, so its partial
+  // sync's -D of that rule fails.
+  const std::string key = "four/ext:p";
+  const std::string svc = backends::servicePortPolicyClusterChain(key, "tcp");
+  std::string capture;
+  const auto natServices = h.owned(kV4).at({"nat", "KUBE-SERVICES"});
+  for (const auto& r : natServices)
+    if (r.ends_with("-j " + svc)) capture = r;
+  REQUIRE_FALSE(capture.empty());
+  h.restore(kV4, "*nat\n-D KUBE-SERVICES " + capture + "\nCOMMIT\n");
+  const ChainMap natBefore = [&] {
+    ChainMap nat;
+    for (auto& [k, rules] : chainsOf(h.saved(kV4), false))
+      if (k.first == "nat") nat[k] = rules;
+    return nat;
+  }();
+
+  snap.ports().erase(snap.ports().begin() + static_cast<std::ptrdiff_t>(indexOf(snap, key)));
+  auto out = backend->syncFrom(snap, {{kV4, key}}, false);
+  REQUIRE_FALSE(out.has_value());
+  INFO(out.error().message);
+  CHECK(out.error().category == sdk::ErrorCategory::kKernelRefused);
+  CHECK(out.error().message.find("-restore") != std::string::npos);
+  // The message quotes the line the tool named: the deletion of the missing rule.
+  CHECK(out.error().message.find(": -D KUBE-SERVICES " + capture) != std::string::npos);
+  CHECK(backend->needsFullSync());
+  // The nat table is as it was (iptables-restore commits each table on its own).
+  ChainMap natAfter;
+  for (auto& [k, rules] : chainsOf(h.saved(kV4), false))
+    if (k.first == "nat") natAfter[k] = rules;
+  CHECK(natAfter == natBefore);
+  CHECK(natAfter.contains({"nat", svc}));
+
+  // The next sync, periodic, is full and repairs.
+  auto repair = backend->syncFrom(snap, {}, false);
+  REQUIRE(ok(repair));
+  CHECK(repair->summary.starts_with("full sync"));
+  CHECK_FALSE(backend->needsFullSync());
+  for (sdk::Family fam : kFamilies) requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
+
+  // A restore the kernel refuses outright (a jump to a chain that does not exist) is named by
+  // its line too, and leaves nothing behind.
+  auto bad = h.kernel->restore(kV4, "*nat\n:KUBE-SVC-BBBBBBBBBBBBBBBB - [0:0]\n-A KUBE-SVC-BBBBBBBBBBBBBBBB -j "
+                                    "KUBE-NO-SUCH-CHAIN\nCOMMIT\n");
+  REQUIRE_FALSE(bad.has_value());
+  INFO(bad.error().message());
+  if (variant == Variant::kLegacy) {
+    CHECK(bad.error().message().find("line 3: -A KUBE-SVC-BBBBBBBBBBBBBBBB -j KUBE-NO-SUCH-CHAIN") != std::string::npos);
+  } else {
+    // iptables-nft resolves jumps when it commits the table, and names the COMMIT line.
+    CHECK(bad.error().message().find("Chain 'KUBE-NO-SUCH-CHAIN' does not exist") != std::string::npos);
+    CHECK(bad.error().message().find("line 4: COMMIT") != std::string::npos);
+  }
+  CHECK_FALSE(h.owned(kV4).contains({"nat", "KUBE-SVC-BBBBBBBBBBBBBBBB"}));
+}
+
+TEST_CASE("iptables kernel: a flushed nat table and a lost canary are repaired by the next periodic sync",
+          "[kernel]") {
+  const Variant variant = GENERATE(Variant::kNft, Variant::kLegacy);
+  INFO("iptables-" << variantName(variant));
+  FreshNetns ns;
+  Harness h(variant);
+  VectorSnapshot snap = featureSnapshot();
+  auto backend = h.backend();
+  REQUIRE(ok(backend->syncFrom(snap, {}, false)));
+  const std::string before = h.saved(kV4);
+
+  sh(h.iptables(kV4) + " -w 5 -t nat -F");
+  sh(h.iptables(kV4) + " -w 5 -t mangle -X KUBE-PROXY-CANARY");
+  REQUIRE(h.owned(kV4).at({"nat", "KUBE-SERVICES"}).empty());
+
+  auto out = backend->syncFrom(snap, {}, false);  // periodic: no changed keys
+  REQUIRE(ok(out));
+  CHECK(out->summary.starts_with("full sync"));
+  CHECK(backend->lastRestore(kV6).empty());
+  const std::string& input = backend->lastRestore(kV4);
+  CHECK(input.find("*filter") == std::string::npos);  // the filter table was not touched
+  CHECK(input.find("*mangle\n:KUBE-PROXY-CANARY - [0:0]\n") != std::string::npos);
+  requireSameChains(canonical(h.owned(kV4)), wanted(snap, kV4));
+  CHECK(chainsOf(h.saved(kV4), false) == chainsOf(before, false));
+}
+
+TEST_CASE("iptables kernel: rules deleted by hand are restored by a full sync", "[kernel]") {
+  const Variant variant = GENERATE(Variant::kNft, Variant::kLegacy);
+  INFO("iptables-" << variantName(variant));
+  FreshNetns ns;
+  Harness h(variant);
+  VectorSnapshot snap = featureSnapshot();
+  auto backend = h.backend();
+  REQUIRE(ok(backend->syncFrom(snap, {}, false)));
+  const std::string before4 = h.saved(kV4), before6 = h.saved(kV6);
+
+  const std::string svc4 = backends::servicePortPolicyClusterChain("four/web:p", "tcp");
+  const std::string fw6 = backends::serviceFirewallChain("six/lb:p", "sctp");
+  sh(h.iptables(kV4) + " -w 5 -t nat -D " + svc4 + " 2");
+  sh(h.iptables(kV4) + " -w 5 -t nat -D PREROUTING 1");
+  sh(h.iptables(kV4) + " -w 5 -t filter -D KUBE-FORWARD 1");
+  sh(h.iptables(kV6) + " -w 5 -t nat -D " + fw6 + " 1");
+  sh(h.iptables(kV6) + " -w 5 -t filter -D KUBE-EXTERNAL-SERVICES 1");
+  REQUIRE(h.saved(kV4) != before4);
+
+  auto out = backend->syncFrom(snap, {}, true);
+  REQUIRE(ok(out));
+  const std::string& in4 = backend->lastRestore(kV4);
+  const std::string& in6 = backend->lastRestore(kV6);
+  INFO(in4 << in6);
+  CHECK(countLines(in4, ":") == 2);  // KUBE-FORWARD and the policy chain are rewritten
+  CHECK(countLines(in4, ":" + svc4 + " ") == 1);
+  CHECK(countLines(in4, ":KUBE-FORWARD ") == 1);
+  CHECK(countLines(in4, "-I PREROUTING 1 ") == 1);
+  CHECK(countLines(in6, ":") == 2);
+  CHECK(countLines(in6, ":" + fw6 + " ") == 1);
+  CHECK(countLines(in6, ":KUBE-EXTERNAL-SERVICES ") == 1);
+  CHECK(chainsOf(h.saved(kV4), false) == chainsOf(before4, false));
+  for (sdk::Family fam : kFamilies) requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
+  CHECK(canonical(chainsOf(h.saved(kV6), false)) == canonical(chainsOf(before6, false)));
+}
+
+TEST_CASE("iptables kernel: random partial syncs keep the kernel equal to a full render", "[kernel]") {
+  const Variant variant = GENERATE(Variant::kNft, Variant::kLegacy);
+  INFO("iptables-" << variantName(variant));
+  FreshNetns ns;
+  Harness h(variant);
+  VectorSnapshot snap = featureSnapshot();
+  auto backend = h.backend();
+  REQUIRE(ok(backend->syncFrom(snap, {}, false)));
+  std::mt19937 rng(424242);
+  int serial = 0;
+  for (int step = 0; step < 40; ++step) {
+    std::vector<sdk::ChangedKey> changed;
+    for (int n = 1 + step % 3; n > 0; --n) kproxy::iptables::testing::mutate(snap.ports(), rng, changed, serial);
+    kproxy::iptables::testing::reindex(snap);
+    auto out = backend->syncFrom(snap, changed, false);
+    INFO("step " << step);
+    REQUIRE(ok(out));
+    REQUIRE(out->summary.starts_with("partial sync"));
+    for (sdk::Family fam : kFamilies) {
+      INFO(familyName(fam) << "\n" << backend->lastRestore(fam));
+      REQUIRE(kproxy::iptables::testing::chainDiff(canonical(h.owned(fam)), wanted(snap, fam)) == "");
+    }
+  }
+  auto full = backend->syncFrom(snap, {}, true);
+  REQUIRE(ok(full));
+  CHECK(full->operations == 0);
+}
