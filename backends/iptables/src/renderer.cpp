@@ -9,6 +9,7 @@
 
 #include "kproxy/backends/common/address.h"
 #include "kproxy/backends/common/chain_names.h"
+#include "kproxy/plan/options.h"
 
 namespace kproxy::iptables {
 namespace {
@@ -632,64 +633,20 @@ std::string renderRuleset(const IptablesRenderer& renderer, sdk::Family family,
 }
 
 sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
+  auto common = plan::parseCommonOptions(options, "iptables");
+  if (!common) return std::unexpected(common.error());
   RenderConfig cfg;
-  auto get = [&](std::string_view key) -> std::string {
-    auto it = options.find(key);
-    return it == options.end() ? std::string() : it->second;
-  };
-  auto bad = [](std::string message) { return sdk::fail(sdk::ErrorCategory::kInvalidInput, "iptables: " + message); };
-  auto splitList = [](const std::string& s) {
-    std::vector<std::string> out;
-    std::size_t start = 0;
-    while (start <= s.size()) {
-      auto comma = s.find(',', start);
-      if (comma == std::string::npos) comma = s.size();
-      std::string item = s.substr(start, comma - start);
-      item.erase(0, item.find_first_not_of(" \t"));
-      item.erase(item.find_last_not_of(" \t") + 1);
-      if (!item.empty()) out.push_back(item);
-      start = comma + 1;
-    }
-    return out;
-  };
-  for (const auto& c : splitList(get("cluster-cidr"))) {
-    if (!IPPrefix::parse(c)) return bad("invalid cluster-cidr entry \"" + c + "\"");
-    cfg.clusterCIDRs.push_back(c);
-  }
-  cfg.masqueradeAll = get("masquerade-all") == "true";
-  if (auto mode = get("detect-local-mode"); !mode.empty()) {
-    if (mode != "ClusterCIDR" && mode != "NodeCIDR" && mode != "BridgeInterface" && mode != "InterfaceNamePrefix")
-      return bad("invalid detect-local-mode \"" + mode + "\" (ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix)");
-    cfg.detectLocalMode = mode;
-  }
-  cfg.bridgeInterface = get("pod-bridge-interface");
-  cfg.interfaceNamePrefix = get("pod-interface-name-prefix");
-  for (const auto& [mode, name] : {std::pair{"BridgeInterface", &cfg.bridgeInterface},
-                                   std::pair{"InterfaceNamePrefix", &cfg.interfaceNamePrefix}}) {
-    if (cfg.detectLocalMode != mode) continue;
-    if (name->empty() || name->size() >= 16 || name->find_first_of("\"*+! ") != std::string::npos)
-      return bad(fmt::format("detect-local-mode {} needs a valid interface name, got \"{}\"", mode, *name));
-  }
-  if (auto bit = get("masquerade-bit"); !bit.empty()) {
-    std::uint32_t v = 0;
-    auto [ptr, ec] = std::from_chars(bit.data(), bit.data() + bit.size(), v);
-    if (ec != std::errc() || ptr != bit.data() + bit.size() || v > 31)
-      return bad("invalid masquerade-bit \"" + bit + "\" (0..31)");
-    cfg.masqueradeBit = v;
-  }
-  if (auto v = get("localhost-nodeports"); !v.empty()) cfg.localhostNodePorts = v != "false";
-  for (const auto& c : splitList(get("nodeport-addresses"))) {
-    if (c == "primary") {
-      cfg.nodePortPrimary = true;
-      continue;
-    }
-    if (!IPPrefix::parse(c)) return bad("invalid nodeport-addresses entry \"" + c + "\"");
-    cfg.nodePortCIDRs.push_back(c);
-  }
-  for (const auto& c : splitList(get("node-ips"))) {
-    if (!IPPrefix::parse(c)) return bad("invalid node-ips entry \"" + c + "\"");
-    cfg.nodeIPs.push_back(c);
-  }
+  cfg.clusterCIDRs = std::move(common->clusterCIDRs);
+  cfg.detectLocalMode = std::move(common->detectLocalMode);
+  cfg.bridgeInterface = std::move(common->bridgeInterface);
+  cfg.interfaceNamePrefix = std::move(common->interfaceNamePrefix);
+  cfg.masqueradeAll = common->masqueradeAll;
+  cfg.masqueradeBit = common->masqueradeBit;
+  cfg.nodePortCIDRs = std::move(common->nodePortCIDRs);
+  cfg.nodePortPrimary = common->nodePortPrimary;
+  cfg.nodeIPs = std::move(common->nodeIPs);
+  if (auto it = options.find("localhost-nodeports"); it != options.end() && !it->second.empty())
+    cfg.localhostNodePorts = it->second != "false";
   return cfg;
 }
 

@@ -1,4 +1,5 @@
 #include "kproxy/nftables/renderer.h"
+#include "kproxy/plan/options.h"
 
 #include <algorithm>
 #include <charconv>
@@ -622,64 +623,24 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
 }
 
 sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
+  auto common = plan::parseCommonOptions(options, "nftables");
+  if (!common) return std::unexpected(common.error());
   RenderConfig cfg;
-  auto get = [&](std::string_view key) -> std::string {
-    auto it = options.find(key);
-    return it == options.end() ? std::string() : it->second;
-  };
-  auto splitList = [](const std::string& s) {
-    std::vector<std::string> out;
-    std::size_t start = 0;
-    while (start <= s.size()) {
-      auto comma = s.find(',', start);
-      if (comma == std::string::npos) comma = s.size();
-      std::string item = s.substr(start, comma - start);
-      item.erase(0, item.find_first_not_of(" \t"));
-      item.erase(item.find_last_not_of(" \t") + 1);
-      if (!item.empty()) out.push_back(item);
-      start = comma + 1;
-    }
+  // parseCommonOptions validated every address.
+  auto parsed = [](const std::vector<std::string>& items) {
+    std::vector<Address> out;
+    for (const auto& item : items)
+      if (auto a = Address::parse(item)) out.push_back(*a);
     return out;
   };
-  for (const auto& c : splitList(get("cluster-cidr"))) {
-    auto a = Address::parse(c);
-    if (!a) return sdk::fail("nftables: invalid cluster-cidr entry \"" + c + "\"");
-    cfg.clusterCIDRs.push_back(*a);
-  }
-  cfg.masqueradeAll = get("masquerade-all") == "true";
-  if (auto mode = get("detect-local-mode"); !mode.empty()) {
-    if (mode != "ClusterCIDR" && mode != "NodeCIDR" && mode != "BridgeInterface" && mode != "InterfaceNamePrefix")
-      return sdk::fail("nftables: invalid detect-local-mode \"" + mode +
-                       "\" (ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix)");
-    cfg.detectLocalMode = mode;
-  }
-  cfg.bridgeInterface = get("pod-bridge-interface");
-  cfg.interfaceNamePrefix = get("pod-interface-name-prefix");
-  for (const auto& [mode, name] : {std::pair{"BridgeInterface", &cfg.bridgeInterface},
-                                   std::pair{"InterfaceNamePrefix", &cfg.interfaceNamePrefix}}) {
-    if (cfg.detectLocalMode != mode) continue;
-    if (name->empty() || name->size() >= 16 || name->find_first_of("\"* ") != std::string::npos)
-      return sdk::fail(fmt::format("nftables: detect-local-mode {} needs a valid interface name, got \"{}\"", mode,
-                                   *name));
-  }
-  if (auto bit = get("masquerade-bit"); !bit.empty()) {
-    std::uint32_t v = 0;
-    auto [ptr, ec] = std::from_chars(bit.data(), bit.data() + bit.size(), v);
-    if (ec != std::errc() || ptr != bit.data() + bit.size() || v > 31)
-      return sdk::fail("nftables: invalid masquerade-bit \"" + bit + "\" (0..31)");
-    cfg.masqueradeBit = v;
-  }
-  for (const auto& c : splitList(get("nodeport-addresses"))) {
-    if (c == "primary") continue;
-    auto a = Address::parse(c);
-    if (!a) return sdk::fail("nftables: invalid nodeport-addresses entry \"" + c + "\"");
-    cfg.nodePortCIDRs.push_back(*a);
-  }
-  for (const auto& c : splitList(get("node-ips"))) {
-    auto a = Address::parse(c);
-    if (!a) return sdk::fail("nftables: invalid node-ips entry \"" + c + "\"");
-    cfg.nodeIPs.push_back(*a);
-  }
+  cfg.clusterCIDRs = parsed(common->clusterCIDRs);
+  cfg.masqueradeAll = common->masqueradeAll;
+  cfg.detectLocalMode = std::move(common->detectLocalMode);
+  cfg.bridgeInterface = std::move(common->bridgeInterface);
+  cfg.interfaceNamePrefix = std::move(common->interfaceNamePrefix);
+  cfg.masqueradeBit = common->masqueradeBit;
+  cfg.nodePortCIDRs = parsed(common->nodePortCIDRs);
+  cfg.nodeIPs = parsed(common->nodeIPs);
   return cfg;
 }
 

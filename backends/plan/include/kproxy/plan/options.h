@@ -1,0 +1,35 @@
+#pragma once
+/// The plugin options every kernel backend reads the same way (plugins/README.md lists them):
+/// the local-traffic detector, masquerade settings, NodePort addresses and node IPs. Parsed once
+/// here so that a value means, and is refused, the same in every mode.
+/// Thread-safety: pure functions.
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kproxy/plugin/sdk.h"
+
+namespace kproxy::plan {
+
+/// "a, b,,c" → {"a", "b", "c"}: comma-separated, blanks trimmed, empty items dropped.
+std::vector<std::string> splitOptionList(std::string_view list);
+
+struct CommonOptions {
+  std::vector<std::string> clusterCIDRs;              ///< cluster-cidr, validated
+  std::string detectLocalMode = "ClusterCIDR";        ///< detect-local-mode
+  std::string bridgeInterface;                        ///< pod-bridge-interface
+  std::string interfaceNamePrefix;                    ///< pod-interface-name-prefix
+  bool masqueradeAll = false;                         ///< masquerade-all
+  std::uint32_t masqueradeBit = 14;                   ///< masquerade-bit, 0..31
+  std::vector<std::string> nodePortCIDRs;             ///< nodeport-addresses without "primary"
+  bool nodePortPrimary = false;                       ///< nodeport-addresses holds "primary"
+  std::vector<std::string> nodeIPs;                   ///< node-ips, validated
+};
+
+/// Reads the common options; an error (category kInvalidInput, prefixed "BACKEND: ") names the
+/// bad option and value.
+sdk::Expected<CommonOptions> parseCommonOptions(const sdk::Options& options, std::string_view backend);
+
+}  // namespace kproxy::plan
