@@ -8,7 +8,7 @@
 #
 # Every case checks the same behaviour in every mode; only the helpers under "Mode-specific
 # inspection" look at kernel objects (nft in nftables mode, iptables-VARIANT-save in iptables
-# mode).
+# mode). A few cases exist for one mode only and are reported as SKIP in the others.
 #
 # usage: tests/datapath/suite.sh [--proxy-mode nftables|iptables] [--iptables-variant nft|legacy]
 #                                [--kproxy PATH] [--plugin-dir DIR] [CASE...]
@@ -851,6 +851,186 @@ case_unallocated_clusterip_dropped() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# iptables mode only.
+
+# restart_kproxy [KPROXY_ARGS...] — stop kproxy (SIGTERM), start it again with these arguments
+# and wait (10 s) until the new one has synced.
+restart_kproxy() {
+  local syncs
+  kp_stop_kproxy TERM
+  syncs="$(kp_kproxy_syncs)"
+  kp_start_kproxy "$MANIFESTS" "$@" || return 1
+  kp_wait_for_kproxy 10 kp_kproxy_synced_after "$syncs" || kp_fail "the restarted kproxy did not sync within 10 s"
+}
+
+# Upstream's --iptables-localhost-nodeports (default true): with the default NodePort
+# addresses the node reaches a NodePort at 127.0.0.1 (route_localnet is set, and the
+# connection is masqueraded to a routable source); with the flag off, 127.0.0.1 is refused
+# (nothing listens there) while the node's own address still answers.
+case_localhost_nodeports() {
+  setup 2 || return 1
+  add_service web-np.yaml web-np 10.96.0.11 "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  start_kproxy_and_wait "http://10.96.0.11/" || return 1
+  kp_wait_for 5 kp_curl node http://127.0.0.1:30080/ >/dev/null ||
+    kp_fail "NodePort not answered at 127.0.0.1 (localhost NodePorts are on by default)" || return 1
+  expect_spread node http://127.0.0.1:30080/ 10 2 || return 1
+  local localnet seen
+  localnet="$(kp_exec node cat /proc/sys/net/ipv4/conf/all/route_localnet)"
+  [[ $localnet == 1 ]] || kp_fail "route_localnet=$localnet with localhost NodePorts, want 1" || return 1
+  seen="$(kp_client_seen node http://127.0.0.1:30080/)" || kp_fail "request to 127.0.0.1:30080 failed" || return 1
+  [[ "$seen" == "$KP_NODE_IP" ]] || kp_fail "localhost NodePort traffic seen from $seen, want masqueraded to $KP_NODE_IP" || return 1
+  kp_note "nodeport dispatch (default): $(nodeport_dispatch)"
+
+  restart_kproxy --iptables-localhost-nodeports=false || return 1
+  kp_note "nodeport dispatch (--iptables-localhost-nodeports=false): $(nodeport_dispatch)"
+  expect_refused node http://127.0.0.1:30080/ || return 1
+  expect_spread node "http://$KP_NODE_IP:30080/" 10 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+  expect_kproxy_alive
+}
+
+# flush_tables FAMILY TABLE... — `-F` then `-X` each table, as an administrator's or a firewall
+# manager's reload would: every rule and every user chain is gone.
+flush_tables() {
+  local family="$1" table
+  shift
+  for table in "$@"; do
+    ipt "$family" -t "$table" -F || return 1
+    ipt "$family" -t "$table" -X || return 1
+  done
+}
+
+# kproxy's rules flushed behind its back are repaired by the next periodic check (the canary
+# chain in mangle, as upstream's iptables monitor), so within the sync period: first the nat
+# table flushed and the canary deleted, then every table of both families flushed and emptied.
+case_flush_repaired() {
+  setup 2 || return 1
+  add_service web-np.yaml web-np "$WEB_IP" "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" --iptables-sync-period=2s || return 1
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  local family flushed_at ms
+  ipt iptables -t nat -F || return 1
+  ipt iptables -t mangle -X KUBE-PROXY-CANARY || return 1
+  flushed_at=${EPOCHREALTIME/./}
+  kp_wait_for_kproxy 6 answered_by node "http://$WEB_IP/" 3 1 pod1 pod2 ||
+    kp_fail "not answered within 6 s of flushing nat and deleting the canary (sync period 2 s)" || return 1
+  ms=$(((${EPOCHREALTIME/./} - flushed_at) / 1000))
+  kp_note "nat flushed, canary deleted: answered again after ${ms} ms"
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+
+  for family in iptables ip6tables; do
+    [[ $family == ip6tables ]] && ! node_has_ipv6 && continue
+    flush_tables "$family" nat filter mangle || kp_fail "flushing $family failed" || return 1
+  done
+  flushed_at=${EPOCHREALTIME/./}
+  kp_wait_for_kproxy 6 answered_by node "http://$WEB_IP/" 3 1 pod1 pod2 ||
+    kp_fail "not answered within 6 s of flushing every table (sync period 2 s)" || return 1
+  ms=$(((${EPOCHREALTIME/./} - flushed_at) / 1000))
+  kp_note "every table flushed: answered again after ${ms} ms"
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+  if node_has_ipv6; then
+    _ip6_repaired() { ipt_save ip6tables "$IPTABLES_VARIANT" -t nat | grep -q '^:KUBE-SERVICES '; }
+    kp_wait_for 4 _ip6_repaired || kp_fail "ip6tables nat has no KUBE-SERVICES after the flush" || return 1
+  fi
+  expect_kproxy_alive
+}
+
+# add_foreign_rules — what kubelet and another program put into iptables before kproxy starts:
+# kubelet's KUBE-KUBELET-CANARY chains and KUBE-FIREWALL (with its rule and jumps), a user
+# chain with a rule and a jump from INPUT, and a rule in nat POSTROUTING, where kproxy adds its
+# own jump.
+add_foreign_rules() {
+  local family net
+  for family in iptables ip6tables; do
+    [[ $family == ip6tables ]] && ! node_has_ipv6 && continue
+    net=10.250.0.0/16
+    [[ $family == ip6tables ]] && net=fd00:250::/64
+    ipt "$family" -t mangle -N KUBE-KUBELET-CANARY &&
+      ipt "$family" -t nat -N KUBE-KUBELET-CANARY &&
+      ipt "$family" -t filter -N KUBE-KUBELET-CANARY &&
+      ipt "$family" -t filter -N KUBE-FIREWALL &&
+      ipt "$family" -t filter -A KUBE-FIREWALL -m comment --comment "kubernetes firewall for dropping marked packets" \
+        -m mark --mark 0x8000/0x8000 -j DROP &&
+      ipt "$family" -t filter -A INPUT -j KUBE-FIREWALL &&
+      ipt "$family" -t filter -A OUTPUT -j KUBE-FIREWALL &&
+      ipt "$family" -t filter -N USER-INPUT &&
+      ipt "$family" -t filter -A USER-INPUT -p tcp --dport 2222 -j DROP &&
+      ipt "$family" -t filter -A INPUT -j USER-INPUT &&
+      ipt "$family" -t nat -A POSTROUTING -s "$net" ! -d "$net" -j MASQUERADE || return 1
+  done
+}
+
+# foreign_rules — add_foreign_rules' lines as iptables-save prints them, per family, in order.
+foreign_rules() {
+  local family out
+  for family in iptables ip6tables; do
+    [[ $family == ip6tables ]] && ! node_has_ipv6 && continue
+    out="$(ipt_save "$family" "$IPTABLES_VARIANT")" || return 1
+    grep -E 'KUBE-FIREWALL|KUBE-KUBELET-CANARY|USER-INPUT|10\.250\.0\.0/16|fd00:250::/64' <<<"$out" | sed "s/^/$family: /"
+  done
+}
+
+# expect_foreign_rules BEFORE WHEN — foreign_rules prints exactly BEFORE.
+expect_foreign_rules() {
+  local now
+  now="$(foreign_rules)" || kp_fail "iptables-save failed $2" || return 1
+  [[ "$now" == "$1" ]] && return 0
+  diff <(printf '%s\n' "$1") <(printf '%s\n' "$now") | sed 's/^/    /' >&2
+  kp_fail "other programs' iptables rules changed $2"
+}
+
+# kproxy never changes what it does not own: kubelet's chains and another program's rules are
+# byte for byte the same while it runs, after a restart and after --cleanup.
+case_foreign_rules_untouched() {
+  setup 2 || return 1
+  add_service web-np.yaml web-np "$WEB_IP" "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  add_foreign_rules || kp_fail "could not create the foreign rules" || return 1
+  local before
+  before="$(foreign_rules)" || return 1
+  kp_note "foreign rules: $(wc -l <<<"$before") lines"
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+  expect_foreign_rules "$before" "while kproxy runs" || return 1
+  restart_kproxy || return 1
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  expect_foreign_rules "$before" "after a restart" || return 1
+  kp_stop_kproxy TERM
+  run_kproxy_cleanup || return 1
+  expect_foreign_rules "$before" "after --cleanup" || return 1
+  local left
+  left="$(kproxy_leftovers)"
+  [[ -z "$left" ]] || { kp_fail "left after --cleanup: $(head -5 <<<"$left" | tr '\n' ';')"; return 1; }
+}
+
+# Switching modes (as upstream's platformCleanup): nftables -> iptables leaves no nftables
+# kube-proxy table, iptables -> nftables leaves no KUBE-* chain of either iptables variant.
+case_mode_switch_leaves_nothing() {
+  setup 2 || return 1
+  add_service web-np.yaml web-np "$WEB_IP" "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  KP_PROXY_MODE=nftables KP_KPROXY_MODE_ARGS="" start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  [[ -n "$(nftables_leftovers)" ]] || kp_fail "nftables mode made no kube-proxy table" || return 1
+  kp_stop_kproxy TERM
+  kp_note "after nftables mode stopped: $(nftables_leftovers | tr '\n' ';')"
+
+  restart_kproxy || return 1
+  local left
+  left="$(nftables_leftovers)"
+  [[ -z "$left" ]] || { kp_fail "nftables tables left after starting in iptables mode: $(tr '\n' ';' <<<"$left")"; return 1; }
+  kproxy_ruleset >/dev/null || kp_fail "iptables mode programmed no KUBE-SERVICES" || return 1
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+
+  KP_PROXY_MODE=nftables KP_KPROXY_MODE_ARGS="" restart_kproxy || return 1
+  left="$(iptables_leftovers)"
+  [[ -z "$left" ]] || { kp_fail "iptables chains left after starting in nftables mode: $(head -5 <<<"$left" | tr '\n' ';')"; return 1; }
+  [[ -n "$(nftables_leftovers)" ]] || kp_fail "nftables mode made no kube-proxy table" || return 1
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+  expect_kproxy_alive
+}
+
+# ---------------------------------------------------------------------------------------------
 
 # The suite's own options; the rest go to kp_suite_begin.
 suite_args=()
@@ -899,6 +1079,11 @@ mode_desc="$PROXY_MODE"
 is_iptables && mode_desc+=" (iptables-$IPTABLES_VARIANT)"
 echo "kproxy: $bin  plugin dir: ${KPROXY_PLUGIN_DIR:-(default)}  mode: $mode_desc"
 
+# iptables_case NAME FUNCTION — a case for iptables mode only; SKIP in the other modes.
+iptables_case() {
+  if is_iptables; then kp_case "$1" "$2"; else kp_skip "$1" "iptables mode only"; fi
+}
+
 kp_case clusterip_from_node case_clusterip_from_node
 kp_case clusterip_from_pod case_clusterip_from_pod
 kp_case hairpin case_hairpin
@@ -924,4 +1109,8 @@ kp_case affinity_etp_local case_affinity_etp_local
 kp_case nodeport_addresses_secondary case_nodeport_addresses_secondary
 kp_case nodeport_addresses_all_local case_nodeport_addresses_all_local
 kp_case unallocated_clusterip_dropped case_unallocated_clusterip_dropped
+iptables_case localhost_nodeports case_localhost_nodeports
+iptables_case flush_repaired case_flush_repaired
+iptables_case foreign_rules_untouched case_foreign_rules_untouched
+iptables_case mode_switch_leaves_nothing case_mode_switch_leaves_nothing
 kp_suite_end
