@@ -310,6 +310,39 @@ bool cleanUpIpsets(LeftoverSystem& system) {
 
 }  // namespace
 
+bool cleanUpNftablesLeftovers(LeftoverSystem& system) {
+  auto nft = system.findTool("nft");
+  if (!nft) {
+    log::info(2, "nft tool not installed; nftables leftovers not looked for");
+    return true;
+  }
+  auto listed = system.run({*nft, "list", "tables"}, {});
+  if (!listed || listed->exitCode != 0) {
+    // As upstream, where knftables cannot be set up: no nftables here, so nothing to remove.
+    log::info(2, "nftables not available; nftables leftovers not looked for",
+              {{"error", listed ? firstLine(listed->err) : listed.error().message()}});
+    return true;
+  }
+  bool ok = true;
+  for (std::string_view rest = listed->out; !rest.empty();) {
+    auto end = rest.find('\n');
+    auto words = backends::splitIptablesWords(rest.substr(0, end));
+    rest = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
+    if (words.size() != 3 || words[0] != "table" || words[2] != "kube-proxy") continue;
+    if (words[1] != "ip" && words[1] != "ip6") continue;
+    const std::string table = std::string(words[1]) + " kube-proxy";
+    auto deleted = system.run({*nft, "delete", "table", std::string(words[1]), "kube-proxy"}, {});
+    if (!deleted || deleted->exitCode != 0) {
+      log::error("deleting nftables table failed",
+                 {{"table", table}, {"error", deleted ? firstLine(deleted->err) : deleted.error().message()}});
+      ok = false;
+      continue;
+    }
+    log::info(0, "removed nftables leftovers", {{"table", table}});
+  }
+  return ok;
+}
+
 bool cleanUpKubeProxyLeftovers(LeftoverSystem& system) {
   bool ok = cleanUpIpvs(system);
   ok = cleanUpDummyDevice(system) && ok;

@@ -3,7 +3,8 @@
 /// iptables.CleanupLeftovers and ipvs.CleanupLeftovers (called from platformCleanup in
 /// cmd/kube-proxy/app/server_linux.go): for `kproxy --cleanup`, and at start-up in nftables
 /// mode, so that operators migrating from kube-proxy's iptables or IPVS mode are not left with
-/// two proxies' rules.
+/// two proxies' rules. The other way round, cleanUpNftablesLeftovers removes nftables mode's
+/// tables.
 ///
 /// What is removed (everything else, including kubelet's KUBE-FIREWALL, KUBE-KUBELET-CANARY and
 /// KUBE-MARK-DROP chains and every other program's rules, is kept):
@@ -77,5 +78,12 @@ class RealLeftoverSystem : public LeftoverSystem {
 /// Returns true when everything that was found was removed (nothing found is success), so a
 /// second run succeeds and removes nothing.
 bool cleanUpKubeProxyLeftovers(LeftoverSystem& system);
+
+/// Removes the nftables mode's tables (`ip kube-proxy` and `ip6 kube-proxy`, kube-proxy's and
+/// kproxy's alike), as upstream's nftables.CleanupLeftovers: at start-up in the iptables-based
+/// modes, so that a node switched from nftables mode is not left with two proxies' rules, and for
+/// `kproxy --cleanup`. Without the nft tool or nftables in the kernel there is nothing to do
+/// (logged at v=2), as upstream. Returns false when a table was found and could not be deleted.
+bool cleanUpNftablesLeftovers(LeftoverSystem& system);
 
 }  // namespace kproxy::cli

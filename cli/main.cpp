@@ -191,10 +191,11 @@ int cleanupAll(const kproxy::plugins::PluginRegistry& registry, const ProxyConfi
       log::info(0, "cleaned up", {{"mode", plugin.name}});
     }
   }
-  // What kube-proxy's iptables and IPVS modes leave, whether or not such a plugin is loaded
-  // (upstream's platformCleanup with cleanupAndExit cleans every mode).
+  // What kube-proxy's iptables, IPVS and nftables modes leave, whether or not such a plugin is
+  // loaded (upstream's platformCleanup with cleanupAndExit cleans every mode).
   kproxy::cli::RealLeftoverSystem system;
   if (!kproxy::cli::cleanUpKubeProxyLeftovers(system)) rc = 1;
+  if (!kproxy::cli::cleanUpNftablesLeftovers(system)) rc = 1;
   return rc;
 }
 
@@ -361,12 +362,16 @@ int main(int argc, char** argv) {
   if (!backend) return fail(backend.error().message());
 
   // As upstream's platformCleanup: a mode that is not iptables-based removes iptables and IPVS
-  // leftovers (a node migrating from kube-proxy's iptables or IPVS mode) before it starts.
-  // Failures are logged and not fatal, as upstream.
-  if (!config.dryRun && config.mode != "iptables" && config.mode != "ipvs") {
+  // leftovers (a node migrating from kube-proxy's iptables or IPVS mode) before it starts, and
+  // an iptables-based one removes nftables mode's tables. Failures are logged and not fatal, as
+  // upstream.
+  if (!config.dryRun) {
     kproxy::cli::RealLeftoverSystem system;
-    if (!kproxy::cli::cleanUpKubeProxyLeftovers(system))
+    const bool iptablesBased = config.mode == "iptables" || config.mode == "ipvs";
+    if (!iptablesBased && !kproxy::cli::cleanUpKubeProxyLeftovers(system))
       log::warning("some iptables or IPVS leftovers could not be removed; continuing");
+    if (iptablesBased && !kproxy::cli::cleanUpNftablesLeftovers(system))
+      log::warning("some nftables leftovers could not be removed; continuing");
   }
 
   // Conntrack sysctls, as upstream's setupConntrack (not for --dry-run, which changes nothing;

@@ -260,13 +260,18 @@ kp_kproxy_options() {
   KP_ARGS=("$@")
 }
 
-# kp_kproxy_args MANIFEST_DIR — kproxy's standard arguments for this topology.
+# kp_kproxy_args MANIFEST_DIR — kproxy's standard arguments for this topology: the mode from
+# $KP_PROXY_MODE (default nftables), then the words of $KP_KPROXY_MODE_ARGS (options every start
+# of this mode takes, e.g. "--iptables-variant=legacy"; split on blanks).
 kp_kproxy_args() {
   local args=(--proxy-mode="${KP_PROXY_MODE:-nftables}" --manifests "$1"
     --hostname-override "$KP_NODE_NAME"
     --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 0.0.0.0:10256 -v "${KP_VERBOSITY:-2}")
   [[ -n "$KP_CLUSTER_CIDR" ]] && args+=(--cluster-cidr "$KP_CLUSTER_CIDR")
   [[ -n "${KPROXY_PLUGIN_DIR:-}" ]] && args+=(--plugin-dir "$KPROXY_PLUGIN_DIR")
+  local mode_args
+  read -ra mode_args <<<"${KP_KPROXY_MODE_ARGS:-}"
+  args+=("${mode_args[@]}")
   printf '%s\n' "${args[@]}"
 }
 

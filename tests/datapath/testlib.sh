@@ -5,7 +5,7 @@
 # namespaces, work dir and cleanup trap): a failing or crashing case cannot leak state into
 # the next one. The runner prints exactly one "PASS <name>" or "FAIL <name>" line per case,
 # the failing case's output and kproxy log tail, and at the end exactly one summary line
-# "<N> passed, <M> failed".
+# "<N> passed, <M> failed" (", <K> skipped" added when a case does not apply to the run).
 #
 # Inside a case: return non-zero (or call kp_fail "why") to fail; kp_note prints context that
 # is shown only when the case fails (or always with KP_VERBOSE=1). A case that called kp_fail
@@ -19,6 +19,7 @@ source "$TESTLIB_DIR/../../scripts/netns-lib.sh"
 
 KP_PASSED=0
 KP_FAILED=0
+KP_SKIPPED=0
 KP_FAILED_NAMES=()
 KP_SELECTED=()
 KP_SUITE_DIR=""
@@ -116,12 +117,22 @@ kp_case() {
   return 0
 }
 
+# kp_skip NAME REASON — a case that does not apply to this run (e.g. another proxy mode's):
+# one "SKIP <name>: <reason>" line when it is selected. Never counted as passed.
+kp_skip() {
+  _kp_case_selected "$1" || return 0
+  KP_SKIPPED=$((KP_SKIPPED + 1))
+  echo "SKIP $1: $2"
+}
+
 # kp_suite_end — the one summary line; non-zero when anything failed or nothing ran.
 kp_suite_end() {
-  echo "$KP_PASSED passed, $KP_FAILED failed"
+  local skipped=""
+  ((KP_SKIPPED > 0)) && skipped=", $KP_SKIPPED skipped"
+  echo "$KP_PASSED passed, $KP_FAILED failed$skipped"
   if ((KP_FAILED > 0)); then return 1; fi
   if ((KP_PASSED == 0)); then
-    echo "ERROR: no case ran (unknown case name?)" >&2
+    echo "ERROR: no case ran (unknown case name, or only cases skipped in this run?)" >&2
     return 1
   fi
   return 0

@@ -492,3 +492,43 @@ TEST_CASE("the real system runs a program with stdin and reports its exit code",
   CHECK(system.pathExists("/proc/self"));
   CHECK_FALSE(system.findTool("no-such-tool-kproxy"));
 }
+
+TEST_CASE("nftables leftovers: ip and ip6 kube-proxy tables go, other tables stay", "[unit]") {
+  QuietLog log;
+  FakeSystem system;
+  system.tools = {"nft"};
+  system.outputs["/sbin/nft list tables"] = CommandResult{
+      0, "table ip nat\ntable ip kube-proxy\ntable inet kube-proxy\ntable ip6 kube-proxy\ntable ip kube-proxy-x\n", ""};
+  CHECK(kproxy::cli::cleanUpNftablesLeftovers(system));
+  CHECK(system.commands() == std::vector<std::string>{"/sbin/nft list tables", "/sbin/nft delete table ip kube-proxy",
+                                                      "/sbin/nft delete table ip6 kube-proxy"});
+  CHECK(log.has("removed nftables leftovers"));
+
+  FakeSystem clean;
+  clean.tools = {"nft"};
+  clean.outputs["/sbin/nft list tables"] = CommandResult{0, "table ip filter\n", ""};
+  CHECK(kproxy::cli::cleanUpNftablesLeftovers(clean));
+  CHECK(clean.commands() == std::vector<std::string>{"/sbin/nft list tables"});
+}
+
+TEST_CASE("nftables leftovers: no nft tool or no nftables is nothing to do; a refused delete is an error",
+          "[unit]") {
+  QuietLog log;
+  FakeSystem none;
+  CHECK(kproxy::cli::cleanUpNftablesLeftovers(none));
+  CHECK(none.commands().empty());
+  CHECK(log.has("nft tool not installed"));
+
+  FakeSystem unsupported;
+  unsupported.tools = {"nft"};
+  unsupported.outputs["/sbin/nft list tables"] = CommandResult{1, "", "Error: Operation not supported\n"};
+  CHECK(kproxy::cli::cleanUpNftablesLeftovers(unsupported));
+  CHECK(log.has("nftables not available"));
+
+  FakeSystem refused;
+  refused.tools = {"nft"};
+  refused.outputs["/sbin/nft list tables"] = CommandResult{0, "table ip kube-proxy\n", ""};
+  refused.outputs["/sbin/nft delete table ip kube-proxy"] = CommandResult{1, "", "Error: Device or resource busy\n"};
+  CHECK_FALSE(kproxy::cli::cleanUpNftablesLeftovers(refused));
+  CHECK(log.has("deleting nftables table failed"));
+}

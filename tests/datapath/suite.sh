@@ -1,17 +1,26 @@
 #!/usr/bin/env bash
-# Data-path tests for `kproxy --proxy-mode=nftables`: real packets, real kernel, real curl.
+# Data-path tests for kproxy, one suite for every kernel backend: real packets, real kernel,
+# real curl.
 #
 # Every case builds its own topology (scripts/netns-lib.sh: a node namespace running kproxy,
 # pod namespaces running tests/tools/podserver.py, an outside client, sometimes a remote node)
 # and removes it afterwards, even on failure. Needs root; refuses to run (exit 1) otherwise.
 #
-# usage: tests/datapath/nftables.sh [--kproxy PATH] [--plugin-dir DIR] [CASE...]
-#   (or KPROXY_BIN / KPROXY_PLUGIN_DIR in the environment; KP_VERBOSE=1 shows passing output)
+# Every case checks the same behaviour in every mode; only the helpers under "Mode-specific
+# inspection" look at kernel objects (nft in nftables mode, iptables-VARIANT-save in iptables
+# mode). A few cases exist for one mode only and are reported as SKIP in the others.
+#
+# usage: tests/datapath/suite.sh [--proxy-mode nftables|iptables] [--iptables-variant nft|legacy]
+#                                [--kproxy PATH] [--plugin-dir DIR] [CASE...]
+#   --proxy-mode defaults to $KP_PROXY_MODE, else nftables; --iptables-variant (iptables mode
+#   only) defaults to nft. KPROXY_BIN / KPROXY_PLUGIN_DIR may replace --kproxy / --plugin-dir;
+#   KP_VERBOSE=1 shows passing cases' output.
 
 set -u
 source "$(dirname "$0")/testlib.sh"
 
-KP_PROXY_MODE=${KP_PROXY_MODE:-nftables}
+PROXY_MODE=${KP_PROXY_MODE:-nftables}
+IPTABLES_VARIANT=nft
 WEB_IP=10.96.0.10
 MANIFESTS=""
 
@@ -147,11 +156,158 @@ answered_by() {
   (($(sort -u <<<"$out" | wc -l) >= min))
 }
 
-# kproxy_table_lacks WORD — table ip kube-proxy can be listed and does not mention WORD.
-kproxy_table_lacks() {
-  local table
-  table="$(kp_nft node list table ip kube-proxy)" || return 1
-  ! grep -qwF -- "$1" <<<"$table"
+# ---------------------------------------------------------------------------------------------
+# Mode-specific inspection: the only places that look at kernel objects rather than traffic.
+
+is_iptables() { [[ $PROXY_MODE == iptables ]]; }
+
+# node_has_ipv6 — the node namespace has IPv6 (so kproxy programs ip6tables / ip6 too).
+node_has_ipv6() { [[ "$(kp_exec node cat /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null)" == 0 ]]; }
+
+# ipt_save FAMILY VARIANT [ARGS...] — FAMILY-VARIANT-save (FAMILY: iptables or ip6tables) in the
+# node namespace.
+ipt_save() {
+  local family="$1" variant="$2"
+  shift 2
+  kp_exec node "$family-$variant-save" "$@"
+}
+
+# ipt FAMILY ARGS... — FAMILY-VARIANT (the suite's variant) in the node namespace.
+ipt() {
+  local family="$1"
+  shift
+  kp_exec node "$family-$IPTABLES_VARIANT" -w 5 "$@"
+}
+
+# kproxy_iptables_lines VARIANT FAMILY — the lines of FAMILY-VARIANT-save that declare, fill or
+# jump to a KUBE-* chain other than kubelet's (KUBE-FIREWALL, KUBE-KUBELET-CANARY,
+# KUBE-MARK-DROP), i.e. kproxy's (or kube-proxy's). Fails when the save fails.
+kproxy_iptables_lines() {
+  local out
+  out="$(ipt_save "$2" "$1")" || return 1
+  awk '{ l = $0 " "; gsub(/KUBE-(FIREWALL|KUBELET-CANARY|MARK-DROP)[^A-Za-z0-9-]/, "", l); if (l ~ /KUBE-/) print }' <<<"$out"
+}
+
+# kproxy_ruleset — what kproxy programmed for IPv4: table ip kube-proxy, or every table of
+# iptables-VARIANT-save. Fails when it cannot be read or kproxy's dispatch chain is missing.
+kproxy_ruleset() {
+  if is_iptables; then
+    local out
+    out="$(ipt_save iptables "$IPTABLES_VARIANT")" || return 1
+    grep -q '^:KUBE-SERVICES ' <<<"$out" || return 1
+    printf '%s\n' "$out"
+  else
+    kp_nft node list table ip kube-proxy
+  fi
+}
+
+# kproxy_ruleset_lacks WORD — kproxy's rules can be read and none mentions WORD (an address).
+kproxy_ruleset_lacks() {
+  local rules
+  rules="$(kproxy_ruleset)" || return 1
+  ! grep -qwF -- "$1" <<<"$rules"
+}
+
+# kproxy_leftovers — prints whatever kproxy (or kube-proxy) left in the node namespace, in any
+# mode: nftables tables named kube-proxy, and KUBE-* chains or jumps (not kubelet's) of either
+# iptables variant and either family. No output: nothing is left.
+kproxy_leftovers() {
+  nftables_leftovers
+  iptables_leftovers
+}
+
+# nftables_leftovers — prints the nftables tables named kube-proxy (any family).
+nftables_leftovers() {
+  local tables
+  tables="$(kp_nft node list tables)" || { echo "nft list tables failed"; return 0; }
+  grep -w 'kube-proxy' <<<"$tables"
+  return 0
+}
+
+# iptables_leftovers — prints the KUBE-* chains and jumps (not kubelet's) of either iptables
+# variant and either family, each line prefixed with where it is.
+iptables_leftovers() {
+  local variant family lines
+  for variant in nft legacy; do
+    for family in iptables ip6tables; do
+      [[ $family == ip6tables ]] && ! node_has_ipv6 && continue
+      lines="$(kproxy_iptables_lines "$variant" "$family")" || { echo "$family-$variant-save failed"; continue; }
+      [[ -n "$lines" ]] && sed "s/^/$family-$variant: /" <<<"$lines"
+    done
+  done
+  return 0
+}
+
+# no_kproxy_leftovers — kproxy_leftovers prints nothing.
+no_kproxy_leftovers() { [[ -z "$(kproxy_leftovers)" ]]; }
+
+# kernel_ruleset_empty — nothing at all in the node namespace's netfilter: no nftables table
+# (which also covers iptables-nft) and no iptables-legacy table in either family.
+kernel_ruleset_empty() {
+  local out family
+  out="$(kp_nft node list ruleset)" || { echo "nft list ruleset failed"; return 1; }
+  [[ -z "$out" ]] || { echo "nft: $(head -3 <<<"$out" | tr '\n' ' ')"; return 1; }
+  for family in iptables ip6tables; do
+    out="$(ipt_save "$family" legacy)" || { echo "$family-legacy-save failed"; return 1; }
+    out="$(grep -v '^#' <<<"$out")"
+    [[ -z "$out" ]] || { echo "$family-legacy: $(head -3 <<<"$out" | tr '\n' ' ')"; return 1; }
+  done
+}
+
+# add_foreign_object — something another program owns, which kproxy must never remove: a table
+# of its own (nftables), or a chain with a rule and a jump from INPUT (iptables).
+add_foreign_object() {
+  if is_iptables; then
+    ipt iptables -N BYSTANDER && ipt iptables -A BYSTANDER -s 198.51.100.0/24 -j DROP &&
+      ipt iptables -A INPUT -j BYSTANDER
+  else
+    kp_nft node add table ip bystander && kp_nft node add chain ip bystander keep
+  fi
+}
+
+# foreign_object_present — add_foreign_object's object is still there, whole.
+foreign_object_present() {
+  if is_iptables; then
+    local out
+    out="$(ipt_save iptables "$IPTABLES_VARIANT" -t filter)" || return 1
+    grep -qxF -- '-A BYSTANDER -s 198.51.100.0/24 -j DROP' <<<"$out" && grep -qxF -- '-A INPUT -j BYSTANDER' <<<"$out"
+  else
+    kp_nft node list tables | grep -q 'table ip bystander'
+  fi
+}
+
+# servicecidr_drop_present CIDR — kproxy drops new connections to CIDR's unallocated addresses.
+servicecidr_drop_present() {
+  if is_iptables; then
+    local out
+    out="$(ipt_save iptables "$IPTABLES_VARIANT" -t filter)" || return 1
+    grep -qE -- "^-A KUBE-SERVICES -d ${1//./\\.} .*-j DROP\$" <<<"$out"
+  else
+    kp_nft node list chain ip kube-proxy cluster-ips-check | grep -qF "ip daddr $1 drop"
+  fi
+}
+
+# servicecidr_drop_gone — no such drop is left (and kproxy's rules can be read).
+servicecidr_drop_gone() {
+  if is_iptables; then
+    local out
+    out="$(kproxy_ruleset)" || return 1
+    ! grep -E -- '^-A KUBE-SERVICES .*-j DROP$' <<<"$out" | grep -q .
+  else
+    local chain
+    chain="$(kp_nft node list chain ip kube-proxy cluster-ips-check)" || return 1
+    ! grep -q drop <<<"$chain"
+  fi
+}
+
+# nodeport_dispatch — for notes: how kproxy sends traffic to KUBE-NODEPORTS / @nodeport-ips.
+nodeport_dispatch() {
+  if is_iptables; then
+    ipt_save iptables "$IPTABLES_VARIANT" -t nat | grep -- '-j KUBE-NODEPORTS' | tr -s ' \n' ' '
+  else
+    kp_nft node list set ip kube-proxy nodeport-ips | tr -s ' \n' ' '
+    kp_nft node list chain ip kube-proxy services | grep -F nodeports | tr -s ' ' ' '
+  fi
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -393,8 +549,8 @@ case_endpoint_changes_within_2s() {
   # Deleting the Service's file removes the Service: its rules go, and its IP is routed away
   # like any address without rules (to the client, which drops it), not answered or refused.
   rm -f "$MANIFESTS/web.yaml"
-  kp_wait_for_kproxy 2 kproxy_table_lacks "$WEB_IP" ||
-    kp_fail "$WEB_IP still in table ip kube-proxy 2 s after its Service was deleted" || return 1
+  kp_wait_for_kproxy 2 kproxy_ruleset_lacks "$WEB_IP" ||
+    kp_fail "$WEB_IP still in kproxy's rules 2 s after its Service was deleted" || return 1
   expect_dropped node "http://$WEB_IP/" || return 1
   expect_kproxy_alive
 }
@@ -488,33 +644,36 @@ case_restart_keeps_traffic() {
   expect_kproxy_alive
 }
 
+# run_kproxy_cleanup — `kproxy --cleanup` (with this mode's standard arguments) in the node
+# namespace, to completion; its output goes to the kproxy log.
+run_kproxy_cleanup() {
+  local bin args rc
+  bin="$(kp_kproxy_bin)" || return 1
+  mapfile -t args < <(kp_kproxy_args "$MANIFESTS")
+  echo "===== kproxy --cleanup: $bin ${args[*]} =====" >>"$KP_WORKDIR/kproxy.log"
+  kp_exec node timeout 20 "$bin" "${args[@]}" --cleanup >>"$KP_WORKDIR/kproxy.log" 2>&1
+  rc=$?
+  [[ $rc -eq 0 ]] || kp_fail "kproxy --cleanup exited $rc"
+}
+
 case_cleanup_removes_table() {
   setup 1 || return 1
   add_service web.yaml web "$WEB_IP" "$(pod_eps 1)" || return 1
-  # A table kproxy does not own must survive --cleanup.
-  kp_nft node add table ip bystander || return 1
-  kp_nft node add chain ip bystander keep || return 1
+  # Something kproxy does not own must survive --cleanup.
+  add_foreign_object || return 1
   start_kproxy_and_wait "http://$WEB_IP/" || return 1
-  kp_nft node list table ip kube-proxy >/dev/null || kp_fail "no 'ip kube-proxy' table while kproxy runs" || return 1
+  kproxy_ruleset >/dev/null || kp_fail "kproxy's rules ($PROXY_MODE mode) cannot be read while it runs" || return 1
   kp_stop_kproxy TERM
-  local bin rc
-  bin="$(kp_kproxy_bin)"
-  local args
-  mapfile -t args < <(kp_kproxy_args "$MANIFESTS")
-  kp_exec node timeout 20 "$bin" "${args[@]}" --cleanup >>"$KP_WORKDIR/kproxy.log" 2>&1
-  rc=$?
-  [[ $rc -eq 0 ]] || kp_fail "kproxy --cleanup exited $rc" || return 1
-  local tables
-  tables="$(kp_nft node list tables)"
-  kp_note "tables after cleanup: $(tr '\n' ' ' <<<"$tables")"
-  grep -q 'kube-proxy' <<<"$tables" && { kp_fail "a kube-proxy table is left after --cleanup"; return 1; }
-  grep -q 'table ip bystander' <<<"$tables" || kp_fail "--cleanup removed a table it does not own" || return 1
+  run_kproxy_cleanup || return 1
+  local left
+  left="$(kproxy_leftovers)"
+  [[ -z "$left" ]] || { kp_fail "left after --cleanup: $(head -5 <<<"$left" | tr '\n' ';')"; return 1; }
+  foreign_object_present || kp_fail "--cleanup removed an object it does not own" || return 1
   # Without rules the ClusterIP is routed away (to the client, which drops it).
   expect_dropped node "http://$WEB_IP/" || return 1
   # Safe to run twice.
-  kp_exec node timeout 20 "$bin" "${args[@]}" --cleanup >>"$KP_WORKDIR/kproxy.log" 2>&1
-  rc=$?
-  [[ $rc -eq 0 ]] || kp_fail "a second kproxy --cleanup exited $rc" || return 1
+  run_kproxy_cleanup || return 1
+  foreign_object_present || kp_fail "a second --cleanup removed an object it does not own" || return 1
 }
 
 _kproxy_exited() { ! kp_kproxy_alive; }
@@ -533,9 +692,8 @@ case_dry_run_changes_nothing() {
   [[ $rc -eq 0 ]] || kp_fail "kproxy --dry-run exited $rc" || return 1
   kp_kproxy_synced_after 0 || kp_fail "kproxy --dry-run logged no sync" || return 1
   grep -q "$WEB_IP" "$KP_WORKDIR/kproxy.log" || kp_fail "--dry-run printed no planned operation for $WEB_IP" || return 1
-  local ruleset
-  ruleset="$(kp_nft node list ruleset)" || kp_fail "nft list ruleset failed" || return 1
-  [[ -z "$ruleset" ]] || { kp_fail "--dry-run changed the ruleset: $(head -5 <<<"$ruleset")"; return 1; }
+  local changed
+  changed="$(kernel_ruleset_empty)" || kp_fail "--dry-run changed the ruleset: $changed" || return 1
   expect_dropped node "http://$WEB_IP/" || return 1
 }
 
@@ -614,7 +772,7 @@ case_nodeport_addresses_secondary() {
   kp_wait_for 5 kp_curl client http://192.168.70.1:30080/ >/dev/null ||
     kp_fail "NodePort on the secondary address 192.168.70.1 (in the CIDR, not in the Node object) not answered" || return 1
   expect_spread client http://192.168.70.1:30080/ 15 2 || return 1
-  kp_note "nodeport-ips: $(kp_nft node list set ip kube-proxy nodeport-ips | tr -s ' \n' ' ')"
+  kp_note "nodeport dispatch: $(nodeport_dispatch)"
   KP_CURL_TIMEOUT=1 kp_curl client http://192.168.71.1:30080/ >/dev/null 2>&1 &&
     { kp_fail "NodePort answered on 192.168.71.1, outside --nodeport-addresses"; return 1; }
   KP_CURL_TIMEOUT=1 kp_curl client "http://$KP_NODE_IP:30080/" >/dev/null 2>&1 &&
@@ -628,7 +786,9 @@ case_nodeport_addresses_secondary() {
 }
 
 # --nodeport-addresses=0.0.0.0/0: every local address (upstream's MatchAll, `fib daddr type
-# local`), including one added while kproxy runs; never loopback.
+# local` / `addrtype --dst-type LOCAL`), including one added while kproxy runs. Loopback
+# answers in iptables mode only, unless --iptables-localhost-nodeports=false (upstream: the
+# nftables mode has no localhost NodePorts; see also case localhost_nodeports).
 case_nodeport_addresses_all_local() {
   setup 2 || return 1
   local node_ns
@@ -641,12 +801,27 @@ case_nodeport_addresses_all_local() {
     kp_wait_for 5 kp_curl client "$url" >/dev/null || kp_fail "NodePort $url not answered" || return 1
     expect_spread client "$url" 15 2 || return 1
   done
-  kp_note "services: $(kp_nft node list chain ip kube-proxy services | grep -F nodeports | tr -s ' ' ' ')"
+  kp_note "nodeport dispatch: $(nodeport_dispatch)"
   ip -n "$node_ns" addr add 192.168.72.1/32 dev eth0 || return 1
   kp_wait_for 5 kp_curl client http://192.168.72.1:30080/ >/dev/null ||
     kp_fail "NodePort on 192.168.72.1, added while kproxy runs, not answered within 5 s" || return 1
-  KP_CURL_TIMEOUT=1 kp_curl node http://127.0.0.1:30080/ >/dev/null 2>&1 &&
-    { kp_fail "NodePort answered on 127.0.0.1 (no localhost NodePorts in nftables mode)"; return 1; }
+  if ! is_iptables; then
+    KP_CURL_TIMEOUT=1 kp_curl node http://127.0.0.1:30080/ >/dev/null 2>&1 &&
+      { kp_fail "NodePort answered on 127.0.0.1 (no localhost NodePorts in nftables mode)"; return 1; }
+    expect_kproxy_alive
+    return
+  fi
+  expect_spread node http://127.0.0.1:30080/ 10 2 || return 1
+  expect_kproxy_alive || return 1
+  # The same with --iptables-localhost-nodeports=false: loopback is refused (nothing listens
+  # there), the other addresses still answer.
+  kp_stop_kproxy TERM
+  local syncs
+  syncs="$(kp_kproxy_syncs)"
+  kp_start_kproxy "$MANIFESTS" --nodeport-addresses=0.0.0.0/0 --iptables-localhost-nodeports=false || return 1
+  kp_wait_for_kproxy 10 kp_kproxy_synced_after "$syncs" || kp_fail "the restarted kproxy did not sync" || return 1
+  expect_refused node http://127.0.0.1:30080/ || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
   expect_kproxy_alive
 }
 
@@ -662,31 +837,252 @@ case_unallocated_clusterip_dropped() {
   local unallocated=10.96.0.99
   kp_exec client ip addr add "$unallocated/32" dev lo || return 1
   start_kproxy_and_wait "http://$WEB_IP/" || return 1
-  local chain
-  chain="$(kp_nft node list chain ip kube-proxy cluster-ips-check)"
-  grep -q 'ip daddr 10.96.0.0/16 drop' <<<"$chain" ||
-    kp_fail "no drop of 10.96.0.0/16 in cluster-ips-check: $chain" || return 1
+  servicecidr_drop_present 10.96.0.0/16 ||
+    kp_fail "no drop of 10.96.0.0/16 in kproxy's rules: $(kproxy_ruleset | grep -F 10.96.0.0/16)" || return 1
   expect_dropped pod2 "http://$unallocated/" || return 1
   expect_dropped node "http://$unallocated/" || return 1
   expect_refused pod2 "http://$WEB_IP:81/" || return 1
   expect_only pod2 "http://$WEB_IP/" 3 pod1 || return 1
   # The ServiceCIDR goes: so does the drop, and the client's refusal comes through again.
   rm -f "$MANIFESTS/servicecidr.yaml"
-  no_drop() { ! kp_nft node list chain ip kube-proxy cluster-ips-check | grep -q drop; }
-  kp_wait_for 5 no_drop || kp_fail "the drop stayed after the ServiceCIDR was removed" || return 1
+  kp_wait_for 5 servicecidr_drop_gone || kp_fail "the drop stayed after the ServiceCIDR was removed" || return 1
   expect_refused pod2 "http://$unallocated/" || return 1
   expect_kproxy_alive
 }
 
 # ---------------------------------------------------------------------------------------------
+# iptables mode only.
 
-kp_suite_begin "$@"
+# restart_kproxy [KPROXY_ARGS...] — stop kproxy (SIGTERM), start it again with these arguments
+# and wait (10 s) until the new one has synced.
+restart_kproxy() {
+  local syncs
+  kp_stop_kproxy TERM
+  syncs="$(kp_kproxy_syncs)"
+  kp_start_kproxy "$MANIFESTS" "$@" || return 1
+  kp_wait_for_kproxy 10 kp_kproxy_synced_after "$syncs" || kp_fail "the restarted kproxy did not sync within 10 s"
+}
+
+# Upstream's --iptables-localhost-nodeports (default true): with the default NodePort
+# addresses the node reaches a NodePort at 127.0.0.1 (route_localnet is set, and the
+# connection is masqueraded to a routable source); with the flag off, 127.0.0.1 is refused
+# (nothing listens there) while the node's own address still answers.
+case_localhost_nodeports() {
+  setup 2 || return 1
+  add_service web-np.yaml web-np 10.96.0.11 "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  start_kproxy_and_wait "http://10.96.0.11/" || return 1
+  kp_wait_for 5 kp_curl node http://127.0.0.1:30080/ >/dev/null ||
+    kp_fail "NodePort not answered at 127.0.0.1 (localhost NodePorts are on by default)" || return 1
+  expect_spread node http://127.0.0.1:30080/ 10 2 || return 1
+  local localnet seen
+  localnet="$(kp_exec node cat /proc/sys/net/ipv4/conf/all/route_localnet)"
+  [[ $localnet == 1 ]] || kp_fail "route_localnet=$localnet with localhost NodePorts, want 1" || return 1
+  seen="$(kp_client_seen node http://127.0.0.1:30080/)" || kp_fail "request to 127.0.0.1:30080 failed" || return 1
+  [[ "$seen" == "$KP_NODE_IP" ]] || kp_fail "localhost NodePort traffic seen from $seen, want masqueraded to $KP_NODE_IP" || return 1
+  kp_note "nodeport dispatch (default): $(nodeport_dispatch)"
+
+  restart_kproxy --iptables-localhost-nodeports=false || return 1
+  kp_note "nodeport dispatch (--iptables-localhost-nodeports=false): $(nodeport_dispatch)"
+  expect_refused node http://127.0.0.1:30080/ || return 1
+  expect_spread node "http://$KP_NODE_IP:30080/" 10 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+  expect_kproxy_alive
+}
+
+# flush_tables FAMILY TABLE... — `-F` then `-X` each table, as an administrator's or a firewall
+# manager's reload would: every rule and every user chain is gone.
+flush_tables() {
+  local family="$1" table
+  shift
+  for table in "$@"; do
+    ipt "$family" -t "$table" -F || return 1
+    ipt "$family" -t "$table" -X || return 1
+  done
+}
+
+# kproxy's rules flushed behind its back are repaired by the next periodic check (the canary
+# chain in mangle, as upstream's iptables monitor), so within the sync period: first the nat
+# table flushed and the canary deleted, then every table of both families flushed and emptied.
+case_flush_repaired() {
+  setup 2 || return 1
+  add_service web-np.yaml web-np "$WEB_IP" "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" --iptables-sync-period=2s || return 1
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  local family flushed_at ms
+  ipt iptables -t nat -F || return 1
+  ipt iptables -t mangle -X KUBE-PROXY-CANARY || return 1
+  flushed_at=${EPOCHREALTIME/./}
+  kp_wait_for_kproxy 6 answered_by node "http://$WEB_IP/" 3 1 pod1 pod2 ||
+    kp_fail "not answered within 6 s of flushing nat and deleting the canary (sync period 2 s)" || return 1
+  ms=$(((${EPOCHREALTIME/./} - flushed_at) / 1000))
+  kp_note "nat flushed, canary deleted: answered again after ${ms} ms"
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+
+  for family in iptables ip6tables; do
+    [[ $family == ip6tables ]] && ! node_has_ipv6 && continue
+    flush_tables "$family" nat filter mangle || kp_fail "flushing $family failed" || return 1
+  done
+  flushed_at=${EPOCHREALTIME/./}
+  kp_wait_for_kproxy 6 answered_by node "http://$WEB_IP/" 3 1 pod1 pod2 ||
+    kp_fail "not answered within 6 s of flushing every table (sync period 2 s)" || return 1
+  ms=$(((${EPOCHREALTIME/./} - flushed_at) / 1000))
+  kp_note "every table flushed: answered again after ${ms} ms"
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+  if node_has_ipv6; then
+    _ip6_repaired() { ipt_save ip6tables "$IPTABLES_VARIANT" -t nat | grep -q '^:KUBE-SERVICES '; }
+    kp_wait_for 4 _ip6_repaired || kp_fail "ip6tables nat has no KUBE-SERVICES after the flush" || return 1
+  fi
+  expect_kproxy_alive
+}
+
+# add_foreign_rules — what kubelet and another program put into iptables before kproxy starts:
+# kubelet's KUBE-KUBELET-CANARY chains and KUBE-FIREWALL (with its rule and jumps), a user
+# chain with a rule and a jump from INPUT, and a rule in nat POSTROUTING, where kproxy adds its
+# own jump.
+add_foreign_rules() {
+  local family net
+  for family in iptables ip6tables; do
+    [[ $family == ip6tables ]] && ! node_has_ipv6 && continue
+    net=10.250.0.0/16
+    [[ $family == ip6tables ]] && net=fd00:250::/64
+    ipt "$family" -t mangle -N KUBE-KUBELET-CANARY &&
+      ipt "$family" -t nat -N KUBE-KUBELET-CANARY &&
+      ipt "$family" -t filter -N KUBE-KUBELET-CANARY &&
+      ipt "$family" -t filter -N KUBE-FIREWALL &&
+      ipt "$family" -t filter -A KUBE-FIREWALL -m comment --comment "kubernetes firewall for dropping marked packets" \
+        -m mark --mark 0x8000/0x8000 -j DROP &&
+      ipt "$family" -t filter -A INPUT -j KUBE-FIREWALL &&
+      ipt "$family" -t filter -A OUTPUT -j KUBE-FIREWALL &&
+      ipt "$family" -t filter -N USER-INPUT &&
+      ipt "$family" -t filter -A USER-INPUT -p tcp --dport 2222 -j DROP &&
+      ipt "$family" -t filter -A INPUT -j USER-INPUT &&
+      ipt "$family" -t nat -A POSTROUTING -s "$net" ! -d "$net" -j MASQUERADE || return 1
+  done
+}
+
+# foreign_rules — add_foreign_rules' lines as iptables-save prints them, per family, in order.
+foreign_rules() {
+  local family out
+  for family in iptables ip6tables; do
+    [[ $family == ip6tables ]] && ! node_has_ipv6 && continue
+    out="$(ipt_save "$family" "$IPTABLES_VARIANT")" || return 1
+    grep -E 'KUBE-FIREWALL|KUBE-KUBELET-CANARY|USER-INPUT|10\.250\.0\.0/16|fd00:250::/64' <<<"$out" | sed "s/^/$family: /"
+  done
+}
+
+# expect_foreign_rules BEFORE WHEN — foreign_rules prints exactly BEFORE.
+expect_foreign_rules() {
+  local now
+  now="$(foreign_rules)" || kp_fail "iptables-save failed $2" || return 1
+  [[ "$now" == "$1" ]] && return 0
+  diff <(printf '%s\n' "$1") <(printf '%s\n' "$now") | sed 's/^/    /' >&2
+  kp_fail "other programs' iptables rules changed $2"
+}
+
+# kproxy never changes what it does not own: kubelet's chains and another program's rules are
+# byte for byte the same while it runs, after a restart and after --cleanup.
+case_foreign_rules_untouched() {
+  setup 2 || return 1
+  add_service web-np.yaml web-np "$WEB_IP" "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  add_foreign_rules || kp_fail "could not create the foreign rules" || return 1
+  local before
+  before="$(foreign_rules)" || return 1
+  kp_note "foreign rules: $(wc -l <<<"$before") lines"
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+  expect_foreign_rules "$before" "while kproxy runs" || return 1
+  restart_kproxy || return 1
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  expect_foreign_rules "$before" "after a restart" || return 1
+  kp_stop_kproxy TERM
+  run_kproxy_cleanup || return 1
+  expect_foreign_rules "$before" "after --cleanup" || return 1
+  local left
+  left="$(kproxy_leftovers)"
+  [[ -z "$left" ]] || { kp_fail "left after --cleanup: $(head -5 <<<"$left" | tr '\n' ';')"; return 1; }
+}
+
+# Switching modes (as upstream's platformCleanup): nftables -> iptables leaves no nftables
+# kube-proxy table, iptables -> nftables leaves no KUBE-* chain of either iptables variant.
+case_mode_switch_leaves_nothing() {
+  setup 2 || return 1
+  add_service web-np.yaml web-np "$WEB_IP" "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  KP_PROXY_MODE=nftables KP_KPROXY_MODE_ARGS="" start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  [[ -n "$(nftables_leftovers)" ]] || kp_fail "nftables mode made no kube-proxy table" || return 1
+  kp_stop_kproxy TERM
+  kp_note "after nftables mode stopped: $(nftables_leftovers | tr '\n' ';')"
+
+  restart_kproxy || return 1
+  local left
+  left="$(nftables_leftovers)"
+  [[ -z "$left" ]] || { kp_fail "nftables tables left after starting in iptables mode: $(tr '\n' ';' <<<"$left")"; return 1; }
+  kproxy_ruleset >/dev/null || kp_fail "iptables mode programmed no KUBE-SERVICES" || return 1
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+
+  KP_PROXY_MODE=nftables KP_KPROXY_MODE_ARGS="" restart_kproxy || return 1
+  left="$(iptables_leftovers)"
+  [[ -z "$left" ]] || { kp_fail "iptables chains left after starting in nftables mode: $(head -5 <<<"$left" | tr '\n' ';')"; return 1; }
+  [[ -n "$(nftables_leftovers)" ]] || kp_fail "nftables mode made no kube-proxy table" || return 1
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 10 2 || return 1
+  expect_kproxy_alive
+}
+
+# ---------------------------------------------------------------------------------------------
+
+# The suite's own options; the rest go to kp_suite_begin.
+suite_args=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --proxy-mode | --iptables-variant)
+      [[ $# -ge 2 ]] || { echo "$1 needs a value" >&2; exit 2; }
+      [[ $1 == --proxy-mode ]] && PROXY_MODE="$2" || IPTABLES_VARIANT_GIVEN="$2"
+      shift 2 ;;
+    --proxy-mode=*) PROXY_MODE="${1#*=}"; shift ;;
+    --iptables-variant=*) IPTABLES_VARIANT_GIVEN="${1#*=}"; shift ;;
+    *) suite_args+=("$1"); shift ;;
+  esac
+done
+case "$PROXY_MODE" in
+  nftables)
+    [[ -z "${IPTABLES_VARIANT_GIVEN:-}" ]] ||
+      { echo "--iptables-variant applies to --proxy-mode iptables only" >&2; exit 2; } ;;
+  iptables)
+    IPTABLES_VARIANT="${IPTABLES_VARIANT_GIVEN:-nft}"
+    [[ $IPTABLES_VARIANT == nft || $IPTABLES_VARIANT == legacy ]] ||
+      { echo "unknown --iptables-variant '$IPTABLES_VARIANT' (nft or legacy)" >&2; exit 2; } ;;
+  *) echo "unknown --proxy-mode '$PROXY_MODE' (nftables or iptables)" >&2; exit 2 ;;
+esac
+KP_PROXY_MODE="$PROXY_MODE"
+KP_KPROXY_MODE_ARGS=""
+is_iptables && KP_KPROXY_MODE_ARGS="--iptables-variant=$IPTABLES_VARIANT"
+
+kp_suite_begin "${suite_args[@]}"
 if ! bin="$(kp_kproxy_bin)" || [[ ! -x "$bin" ]]; then
   echo "ERROR: kproxy binary not found (give --kproxy PATH or set KPROXY_BIN); nothing was tested." >&2
   echo "0 passed, 1 failed"
   exit 1
 fi
-echo "kproxy: $bin  plugin dir: ${KPROXY_PLUGIN_DIR:-(default)}"
+# Every case may inspect both iptables variants (leftovers); a missing tool would make such a
+# check pass vacuously, so it stops the run instead.
+for tool in iptables-nft iptables-nft-save ip6tables-nft ip6tables-nft-save \
+  iptables-legacy iptables-legacy-save ip6tables-legacy ip6tables-legacy-save; do
+  command -v "$tool" >/dev/null 2>&1 || {
+    echo "ERROR: $tool not found; nothing was tested." >&2
+    echo "0 passed, 1 failed"
+    exit 1
+  }
+done
+mode_desc="$PROXY_MODE"
+is_iptables && mode_desc+=" (iptables-$IPTABLES_VARIANT)"
+echo "kproxy: $bin  plugin dir: ${KPROXY_PLUGIN_DIR:-(default)}  mode: $mode_desc"
+
+# iptables_case NAME FUNCTION — a case for iptables mode only; SKIP in the other modes.
+iptables_case() {
+  if is_iptables; then kp_case "$1" "$2"; else kp_skip "$1" "iptables mode only"; fi
+}
 
 kp_case clusterip_from_node case_clusterip_from_node
 kp_case clusterip_from_pod case_clusterip_from_pod
@@ -713,4 +1109,8 @@ kp_case affinity_etp_local case_affinity_etp_local
 kp_case nodeport_addresses_secondary case_nodeport_addresses_secondary
 kp_case nodeport_addresses_all_local case_nodeport_addresses_all_local
 kp_case unallocated_clusterip_dropped case_unallocated_clusterip_dropped
+iptables_case localhost_nodeports case_localhost_nodeports
+iptables_case flush_repaired case_flush_repaired
+iptables_case foreign_rules_untouched case_foreign_rules_untouched
+iptables_case mode_switch_leaves_nothing case_mode_switch_leaves_nothing
 kp_suite_end
