@@ -90,8 +90,8 @@ request_through_virtual_ip_reaches_pod() {
   mkdir -p /srv/pod
   echo "hello from the pod" >/srv/pod/index.html
   ip netns exec pod busybox httpd -p 8080 -h /srv/pod
-  local i
-  for i in $(seq 50); do
+
+  for _ in $(seq 50); do
     wget_in node "http://$POD_IP:8080/" >/dev/null 2>&1 && break
     sleep 0.1
   done
