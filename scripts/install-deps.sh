@@ -10,8 +10,12 @@ PACKAGES=(
   libnftnl-dev libmnl-dev libnl-3-dev libnl-genl-3-dev libnl-route-3-dev
   nftables iptables iproute2 conntrack curl python3 python3-yaml procps openssl
   etcd-server
+  qemu-system-x86 cpio kmod
   clang-19 libclang-rt-19-dev llvm-19
 )
+
+# qemu, cpio and kmod (depmod) build and boot the IPVS test VM (tests/vm/): its kernel, busybox,
+# ipvsadm and ipset are fetched with `apt-get download` into ~/.cache/kproxy/vm, not installed.
 
 # The end-to-end tier builds kube-apiserver from the Go module proxy; Debian 12's Go is too old
 # for it, so it uses the Go toolchain this machine kind ships (go 1.24 or newer on PATH).

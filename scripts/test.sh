@@ -4,7 +4,8 @@
 #      libFuzzer targets (build-fuzz/, clang), each fuzzed for FUZZ_SECONDS (10)
 #   2. the full suite (build/, Release): unit; kernel (each test in its own network namespace);
 #      program (the kproxy binary as a user runs it, install, HTTP endpoints); data path (pods in
-#      network namespaces, curl through the real rules); end to end (a real kube-apiserver +
+#      network namespaces, curl through the real rules); vm (IPVS in a Debian kernel under qemu,
+#      tests/vm/, cached in ~/.cache/kproxy/vm); end to end (a real kube-apiserver +
 #      etcd, the apiserver built once into ~/.cache/kproxy from the Go module proxy); soak (the
 #      same apiserver churned for KPROXY_SOAK_SECONDS, 120 s by default, while kproxy is killed).
 # Everything but the unit tier needs root: without it the script fails loudly, never passes
@@ -45,7 +46,7 @@ echo "== Control plane for the end-to-end tier: kube-apiserver from the Go modul
 # both cores.
 GOMAXPROCS=${GOMAXPROCS:-2} tests/e2e/build-control-plane.sh
 
-echo "== Full suite: unit, kernel, program, data path, end to end"
+echo "== Full suite: unit, kernel, program, data path, vm, end to end"
 # Release (-O3), as the benchmarks are built: g++ 12 has warnings that only -O3 shows.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKPROXY_WERROR=ON >/dev/null
 cmake --build build -j"$JOBS"
