@@ -19,8 +19,9 @@
 ///     internal traffic gets no virtual server (so node-originated packets meet filter OUTPUT
 ///     rather than IPVS, which sits before it) and a DROP in KUBE-IPVS-FILTER (INPUT) and
 ///     KUBE-IPVS-OUT-FILTER (OUTPUT); external traffic keeps the virtual server with the
-///     cluster pool for the short-circuit (below) and everything else is dropped in
-///     KUBE-IPVS-FILTER.
+///     cluster pool for the short-circuit (below) and everything that comes neither from the
+///     node nor from its pods is dropped in KUBE-IPVS-FILTER (without a cluster pool either:
+///     no virtual server, and the drop in INPUT and OUTPUT).
 ///  2. No endpoints anywhere (plan kReject): as upstream, a virtual server without real
 ///     servers; IPVS answers a new connection with ICMP port unreachable (ip_vs_leave), which
 ///     is the plan's reject.
@@ -30,7 +31,8 @@
 ///     pod traffic and node traffic to the external address is DNATed to the ClusterIP's
 ///     virtual server, which holds the cluster pool, and the node's is marked for masquerade.
 ///     When the ClusterIP does not hold the cluster pool (iTP=Local as well), this cannot be
-///     expressed: the port records a problem and keeps upstream's behaviour.
+///     expressed: the port records a problem and keeps upstream's behaviour. A DNAT in front
+///     of IPVS is nothing upstream does: the VM tier has to confirm it on a kernel.
 ///  4. Source ranges with several LoadBalancer IPs: the plan admits every allowed source to
 ///     every LB IP of the port; upstream admits only each LB IP to itself. The
 ///     KUBE-LOAD-BALANCER-SOURCE-IP entries are the product. The node is refused
