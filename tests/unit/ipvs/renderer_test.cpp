@@ -630,3 +630,39 @@ TEST_CASE("ipvs renderer: the chains kproxy owns in IPVS mode", "[unit]") {
   CHECK_FALSE(isOwnedChain(Table::kFilter, "KUBE-SERVICES"));
   CHECK_FALSE(isOwnedChain(Table::kNat, "KUBE-SVC-XPGD46QRK7WJZT7O"));
 }
+
+TEST_CASE("ipvs renderer: pod detection by interface or by the node's pod CIDRs", "[unit]") {
+  auto p = servicePort("ns6", "local", "172.30.0.46", 80, {endpoint("10.180.1.6", 80)});
+  p.nodePort = 30006;
+  p.externalPolicyLocal = true;
+  sdk::NodeInfo n = node();
+  n.nodePortAddresses.addresses = {"192.168.0.2"};
+
+  RenderConfig bridge;
+  bridge.detectLocalMode = "BridgeInterface";
+  bridge.bridgeInterface = "cbr0";
+  CHECK(rulesOf(renderer(bridge, n).renderServicePort(p), Table::kFilter, "KUBE-IPVS-FILTER") ==
+        Strings{"-d 192.168.0.2/32 ! -i cbr0 -p tcp -m comment --comment \"ns6/local:p has no local endpoints\" -m tcp "
+                "--dport 30006 -m addrtype ! --src-type LOCAL -j DROP"});
+
+  RenderConfig nodeCIDR;
+  nodeCIDR.detectLocalMode = "NodeCIDR";
+  n.podCIDRs = {"10.244.3.0/24"};
+  CHECK(rulesOf(renderer(nodeCIDR, n).renderServicePort(p), Table::kFilter, "KUBE-IPVS-FILTER") ==
+        Strings{"! -s 10.244.3.0/24 -d 192.168.0.2/32 -p tcp -m comment --comment \"ns6/local:p has no local endpoints\" "
+                "-m tcp --dport 30006 -m addrtype ! --src-type LOCAL -j DROP"});
+
+  // No detector: pods are not told apart, so they are dropped like other sources (the plan).
+  CHECK(rulesOf(renderer(RenderConfig{}, n).renderServicePort(p), Table::kFilter, "KUBE-IPVS-FILTER") ==
+        Strings{"-d 192.168.0.2/32 -p tcp -m comment --comment \"ns6/local:p has no local endpoints\" -m tcp "
+                "--dport 30006 -m addrtype ! --src-type LOCAL -j DROP"});
+}
+
+TEST_CASE("ipvs renderer: IPv6 global rules", "[unit]") {
+  const std::string text = renderIptables(renderer(), sdk::Family::kIPv6, {});
+  CHECK_THAT(text, Catch::Contains("-A KUBE-SERVICES -s ::1/128 -j RETURN\n"));
+  CHECK_THAT(text, Catch::Contains("-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-6-IPVS-IPS "
+                                   "dst -j REJECT --reject-with icmp6-port-unreachable\n"));
+  CHECK_THAT(text, Catch::Contains("-m set --match-set KUBE-6-LOAD-BALANCER-SOURCE-CID dst,dst,src -j RETURN\n"));
+  CHECK_THAT(text, !Catch::Contains(" KUBE-CLUSTER-IP "));
+}
