@@ -9,6 +9,7 @@
 
 #include "kproxy/backends/common/address.h"
 #include "kproxy/backends/common/chain_names.h"
+#include "kproxy/backends/common/iptables_rule.h"
 #include "kproxy/plan/options.h"
 
 namespace kproxy::iptables {
@@ -39,60 +40,7 @@ std::string_view protoName(sdk::Protocol p) {
   return "tcp";
 }
 
-/// One rule in iptables-save's order: addresses, interface, protocol, then the matches in the
-/// order they were added, then the target.
-class Spec {
- public:
-  Spec& src(std::string_view prefix, bool negate = false) {
-    src_ = fmt::format("{}-s {}", negate ? "! " : "", prefix);
-    return *this;
-  }
-  Spec& dst(std::string_view prefix, bool negate = false) {
-    dst_ = fmt::format("{}-d {}", negate ? "! " : "", prefix);
-    return *this;
-  }
-  Spec& in(std::string_view iface, bool negate = false) {
-    in_ = fmt::format("{}-i {}", negate ? "! " : "", iface);
-    return *this;
-  }
-  Spec& proto(std::string_view p) {
-    proto_ = p;
-    return *this;
-  }
-  Spec& comment(std::string_view text) {
-    if (!text.empty()) match(fmt::format("-m comment --comment \"{}\"", text));
-    return *this;
-  }
-  /// `-m PROTO --dport N` (needs proto()).
-  Spec& dport(int port) { return match(fmt::format("-m {} --dport {}", proto_, port)); }
-  Spec& match(std::string_view text) {
-    matches_ += ' ';
-    matches_ += text;
-    return *this;
-  }
-  Spec& jump(std::string_view target) {
-    target_ = fmt::format("-j {}", target);
-    return *this;
-  }
-  std::string str() const {
-    std::string out;
-    auto add = [&out](std::string_view part) {
-      if (part.empty()) return;
-      if (!out.empty()) out += ' ';
-      out += part;
-    };
-    add(src_);
-    add(dst_);
-    add(in_);
-    if (!proto_.empty()) add("-p " + proto_);
-    if (!matches_.empty()) add(std::string_view(matches_).substr(1));
-    add(target_);
-    return out;
-  }
-
- private:
-  std::string src_, dst_, in_, proto_, matches_, target_;
-};
+using Spec = backends::IptablesRuleSpec;
 
 std::string rejectTarget(sdk::Family family) {
   return isV6(family) ? "REJECT --reject-with icmp6-port-unreachable" : "REJECT --reject-with icmp-port-unreachable";

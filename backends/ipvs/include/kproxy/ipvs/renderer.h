@@ -1,0 +1,285 @@
+#pragma once
+/// IpvsRenderer: sdk service ports → what IPVS mode programs, as data, in upstream kube-proxy's
+/// layout and names (pkg/proxy/ipvs/proxier.go, ipset.go), decided by the shared service plan.
+///
+/// Per service port: the IPVS virtual servers (ClusterIP, each externalIP, each LoadBalancer
+/// IP, the NodePort on each NodePort address) with the real servers of the pool the plan gives
+/// that traffic; the addresses bound to the dummy interface `kube-ipvs0`; the ipset entries
+/// (upstream's sets, `add SET ENTRY` as `ipset save` prints and `ipset restore` reads them);
+/// and the few iptables rules of its own that kproxy adds (below). Globally: the fixed iptables
+/// chains and rules of upstream's IPVS mode, matching the sets with `-m set --match-set`, the
+/// jumps from the built-in chains, and the ipset definitions. Every iptables rule is rendered
+/// exactly as `iptables-save` prints it.
+///
+/// Where the rendering means what the plan says rather than what upstream's IPVS mode does
+/// (the nftables and iptables backends mean the same; each place is marked "plan:" in the
+/// source):
+///  1. No endpoints for a policy (plan kDrop): upstream IPVS falls back to the cluster-wide
+///     endpoints when iTP/eTP=Local finds no local one (its PR 97081). kproxy drops:
+///     internal traffic gets no virtual server (so node-originated packets meet filter OUTPUT
+///     rather than IPVS, which sits before it) and a DROP in KUBE-IPVS-FILTER (INPUT) and
+///     KUBE-IPVS-OUT-FILTER (OUTPUT); external traffic keeps the virtual server with the
+///     cluster pool for the short-circuit (below) and everything that comes neither from the
+///     node nor from its pods is dropped in KUBE-IPVS-FILTER (without a cluster pool either:
+///     no virtual server, and the drop in INPUT and OUTPUT).
+///  2. No endpoints anywhere (plan kReject): as upstream, a virtual server without real
+///     servers; IPVS answers a new connection with ICMP port unreachable (ip_vs_leave), which
+///     is the plan's reject.
+///  3. The eTP=Local short-circuit: upstream IPVS sends the node's and the pods' connections
+///     to an external address to the local endpoints like everyone else's. kproxy sends them
+///     to the cluster pool: in nat KUBE-SERVICES (before IPVS, which hooks LOCAL_IN/LOCAL_OUT)
+///     pod traffic and node traffic to the external address is DNATed to the ClusterIP's
+///     virtual server, which holds the cluster pool, and the node's is marked for masquerade.
+///     When the ClusterIP does not hold the cluster pool (iTP=Local as well), this cannot be
+///     expressed: the port records a problem and keeps upstream's behaviour. A DNAT in front
+///     of IPVS is nothing upstream does: the VM tier has to confirm it on a kernel.
+///  4. Source ranges with several LoadBalancer IPs: the plan admits every allowed source to
+///     every LB IP of the port; upstream admits only each LB IP to itself. The
+///     KUBE-LOAD-BALANCER-SOURCE-IP entries are the product. The node is refused
+///     (KUBE-IPVS-OUT-FILTER) exactly when no allowed source contains the LB IP it connects
+///     from, and short-circuited pod traffic to a firewalled LB IP is DNATed only when the
+///     source ranges admit it.
+///  5. Rules that match a set are rendered whether or not the set is empty (upstream leaves
+///     out some for empty sets): a rule on an empty set matches nothing, and the global rules
+///     then do not change with the services.
+///  6. KUBE-LOOP-BACK holds the local endpoints that are real servers of the port (upstream:
+///     every local endpoint of the slice, ready or not); the others receive no traffic.
+///
+/// Thread-safety: pure functions of their inputs; an IpvsRenderer is not mutated by renders.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kproxy/plan/service_plan.h"
+#include "kproxy/plugin/sdk.h"
+
+namespace kproxy::ipvs {
+
+/// The dummy interface the service addresses are bound to.
+inline constexpr std::string_view kDummyInterface = "kube-ipvs0";
+/// Upstream's default scheduler.
+inline constexpr std::string_view kDefaultScheduler = "rr";
+
+/// Settings that shape what is rendered, parsed from the plugin's options.
+struct RenderConfig {
+  std::string scheduler = std::string(kDefaultScheduler);  ///< option ipvs-scheduler
+  std::string detectLocalMode = "ClusterCIDR";
+  std::vector<std::string> clusterCIDRs;
+  std::string bridgeInterface;
+  std::string interfaceNamePrefix;
+  bool masqueradeAll = false;
+  std::uint32_t masqueradeBit = 14;
+  /// nodeport-addresses for a host that did not resolve them.
+  std::vector<std::string> nodePortCIDRs;
+  bool nodePortPrimary = false;
+  /// Fallback node IPs (option node-ips) when the node info has none.
+  std::vector<std::string> nodeIPs;
+  /// MASQUERADE --random-fully (when the iptables tool and kernel support it).
+  bool randomFully = true;
+
+  std::uint32_t mark() const { return 1u << masqueradeBit; }
+  std::string markHex() const;  ///< "0x4000"
+};
+
+/// Builds a RenderConfig from plugin options (the common ones and ipvs-scheduler, one of the
+/// kernel's schedulers); an error names the bad option.
+sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options);
+
+// ---------------------------------------------------------------------------------------
+// IPVS
+
+/// Which of the port's addresses a virtual server answers on.
+enum class Traffic : std::uint8_t { kClusterIP, kExternalIP, kLoadBalancer, kNodePort };
+
+struct RealServer {
+  std::string address;
+  std::uint16_t port = 0;
+  std::uint32_t weight = 1;  ///< upstream always programs 1
+  bool operator==(const RealServer&) const = default;
+  auto operator<=>(const RealServer&) const = default;
+};
+
+struct VirtualServer {
+  sdk::Family family = sdk::Family::kIPv4;
+  sdk::Protocol protocol = sdk::Protocol::kTCP;
+  std::string address;
+  std::uint16_t port = 0;
+  std::string scheduler;
+  /// ClientIP affinity: IPVS persistence with the affinity timeout.
+  bool persistent = false;
+  std::uint32_t timeoutSeconds = 0;
+  /// The "mh" scheduler's fallback flag (upstream sets it for mh).
+  bool sourceHashFallback = false;
+  Traffic traffic = Traffic::kClusterIP;
+  /// Sorted, each once.
+  std::vector<RealServer> realServers;
+
+  /// Upstream's VirtualServer.String(): "10.96.0.10:53/UDP", "[fd00::a]:80/TCP".
+  std::string key() const;
+  bool operator==(const VirtualServer&) const = default;
+};
+
+// ---------------------------------------------------------------------------------------
+// ipsets
+
+enum class SetId : std::uint8_t {
+  kLoopBack,
+  kClusterIP,
+  kExternalIP,
+  kExternalIPLocal,
+  kLoadBalancer,
+  kLoadBalancerFW,
+  kLoadBalancerLocal,
+  kLoadBalancerSourceIP,
+  kLoadBalancerSourceCIDR,
+  kNodePortTCP,
+  kNodePortLocalTCP,
+  kNodePortUDP,
+  kNodePortLocalUDP,
+  kNodePortSCTP,
+  kNodePortLocalSCTP,
+  kHealthCheckNodePort,
+  kIPVSIPs,
+};
+
+/// Every set, in upstream's ipsetInfo order.
+std::span<const SetId> allSets();
+
+/// The set's name: upstream's, with "KUBE-" made "KUBE-6-" for IPv6 and cut to ipset's 31
+/// characters ("KUBE-6-LOAD-BALANCER-SOURCE-CID").
+std::string setName(SetId set, sdk::Family family);
+
+struct IpsetDefinition {
+  std::string name;
+  std::string type;     ///< "hash:ip,port", "bitmap:port", ...
+  std::string family;   ///< "inet" / "inet6"; not used by bitmap:port
+  std::string comment;  ///< upstream's, used in the iptables rules that match the set
+  /// `create NAME TYPE family inet hashsize 1024 maxelem 65536`, or `create NAME bitmap:port
+  /// range 0-65535`, as upstream creates it.
+  std::string createText() const;
+  bool operator==(const IpsetDefinition&) const = default;
+};
+IpsetDefinition setDefinition(SetId set, sdk::Family family);
+
+struct IpsetEntry {
+  std::string set;    ///< the set's name
+  std::string entry;  ///< "10.96.0.10,tcp:80", "10.0.0.5,tcp:80,10.0.0.5", "30080"
+  std::string text() const { return "add " + set + " " + entry; }
+  bool operator==(const IpsetEntry&) const = default;
+  auto operator<=>(const IpsetEntry&) const = default;
+};
+
+// ---------------------------------------------------------------------------------------
+// iptables
+
+enum class Table : std::uint8_t { kNat, kFilter };
+std::string_view tableName(Table table);  ///< "nat", "filter"
+
+/// A rule a service port adds to one of the fixed chains, between the chain's fixed head and
+/// tail (GlobalChain). Rules of different ports match different packets; a port's own rules
+/// keep their order.
+struct PortRule {
+  Table table = Table::kNat;
+  std::string chain;
+  std::string spec;  ///< as iptables-save prints it, after "-A CHAIN "
+  bool operator==(const PortRule&) const = default;
+};
+
+/// One of upstream IPVS mode's chains: the fixed rules before and after the ports' rules.
+struct GlobalChain {
+  Table table = Table::kNat;
+  std::string name;
+  std::vector<std::string> head;
+  std::vector<std::string> tail;
+  bool operator==(const GlobalChain&) const = default;
+};
+
+/// A jump from a built-in chain to one of kproxy's, inserted first when missing.
+struct JumpRule {
+  Table table = Table::kNat;
+  std::string chain;  ///< the built-in chain
+  std::string spec;
+  bool operator==(const JumpRule&) const = default;
+};
+
+/// What one service port of one family owns. The ports of one service share their ClusterIP:
+/// its bound address and KUBE-IPVS-IPS entry come with each of them, so a backend counts
+/// references before it unbinds an address or deletes an entry.
+struct Fragment {
+  sdk::Family family = sdk::Family::kIPv4;
+  std::string key;
+  std::vector<VirtualServer> virtualServers;
+  /// Addresses to bind to kube-ipvs0 (each once).
+  std::vector<std::string> boundAddresses;
+  /// Sorted, each once.
+  std::vector<IpsetEntry> ipsetEntries;
+  std::vector<PortRule> rules;
+  std::vector<std::string> problems;  ///< what could not be rendered as the plan asks (logged)
+};
+
+/// The fixed objects of one family.
+struct GlobalObjects {
+  sdk::Family family = sdk::Family::kIPv4;
+  std::vector<GlobalChain> chains;  ///< every chain kproxy owns in IPVS mode
+  std::vector<JumpRule> jumps;
+  std::vector<IpsetDefinition> sets;
+};
+
+/// Whether `chain` of `table` is kproxy's in IPVS mode (upstream's iptablesChains; kubelet's
+/// KUBE-FIREWALL and the iptables mode's chains are not).
+bool isOwnedChain(Table table, std::string_view chain);
+
+class IpvsRenderer {
+ public:
+  explicit IpvsRenderer(RenderConfig config);
+
+  /// The node the next renders are for: its pod CIDRs (NodeCIDR mode), its addresses (source
+  /// ranges admitting the node, addresses not to bind), its NodePort addresses.
+  void setNode(const sdk::NodeInfo& node);
+  /// The addresses kube-ipvs0 holds now. They are not node addresses (upstream's
+  /// GetAllLocalAddressesExcept): NodePorts do not answer on them and an externalIP among them
+  /// is still bound. A backend whose host lists every interface's addresses must pass them.
+  void setDummyInterfaceAddresses(std::vector<std::string> addresses);
+
+  Fragment renderServicePort(const sdk::ServicePort& port) const;
+  GlobalObjects renderGlobal(sdk::Family family) const;
+
+  /// Where NodePorts of `family` answer: one virtual server per address.
+  const std::vector<std::string>& nodePortAddresses(sdk::Family family) const {
+    return nodePortAddresses_[family == sdk::Family::kIPv6 ? 1 : 0];
+  }
+  const RenderConfig& config() const { return config_; }
+  const plan::PlanConfig& planConfig() const { return planConfig_; }
+
+ private:
+  bool isNodeAddress(std::string_view ip) const;
+  void resolveNodePortAddresses();
+
+  RenderConfig config_;
+  plan::PlanConfig planConfig_;
+  sdk::NodeInfo node_;
+  std::vector<std::string> dummyAddresses_;
+  std::vector<std::string> nodePortAddresses_[2];
+};
+
+/// The iptables rules of `family` as one iptables-restore input (tables nat then filter, as
+/// upstream writes them; every chain declared; the jumps first in their built-in chains).
+std::string renderIptables(const IpvsRenderer& renderer, sdk::Family family, std::span<const sdk::ServicePort> ports);
+
+/// The ipsets of `family` as one `ipset restore` input: every set's create line, then every
+/// entry's add line, sorted.
+std::string renderIpsets(const IpvsRenderer& renderer, sdk::Family family, std::span<const sdk::ServicePort> ports);
+
+/// How toIpvsadm prints.
+enum class IpvsadmStyle : std::uint8_t {
+  kSave,  ///< `ipvsadm-save -n`: "-A -t 10.96.0.10:53 -s rr" / "-a -t ... -r ... -m -w 1"
+  kList,  ///< `ipvsadm -Ln`: "TCP  10.96.0.10:53 rr" / "  -> 10.244.1.5:53  Masq  1  0  0"
+};
+
+/// The virtual and real servers, in the given order, as ipvsadm prints them (for --dry-run).
+std::string toIpvsadm(std::span<const VirtualServer> servers, IpvsadmStyle style = IpvsadmStyle::kSave);
+
+}  // namespace kproxy::ipvs
