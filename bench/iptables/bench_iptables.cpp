@@ -1,7 +1,9 @@
 // kproxy-bench-iptables: the iptables backend's full and one-endpoint-change syncs at scale, per
 // variant (iptables-nft, iptables-legacy), against baselines measured in the same run:
-//   - full sync: `iptables-restore --noflush` of the backend's own full input into an empty
-//     namespace (the floor: what the tool and the kernel cost for that text);
+//   - full sync: `iptables-restore` of the backend's full-sync text as one input into an empty
+//     namespace (the floor: what the tool and the kernel cost for that text), without and with
+//     --noflush (iptables-nft 1.8.9's --noflush is quadratic in the input's size, so the backend
+//     splits its full sync for that variant; the one-input --noflush floor shows what that saves);
 //   - one-endpoint change: `iptables-restore --noflush` of the backend's partial input (the floor:
 //     the changed service's chains only) and of upstream kube-proxy's partial-sync input for the
 //     same change (the service's chains plus every dispatch and fixed chain of filter and nat
@@ -13,6 +15,7 @@
 //
 //   kproxy-bench-iptables [--variants nft,legacy] [--services 1000,10000,30000] [--endpoints 2,10]
 //                         [--max-endpoints 100000] [--full-repeat 3] [--change-repeat 11] [--ipv6]
+//                         [--noflush-floor-max N]
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -155,6 +158,7 @@ class TimedKernel final : public KernelIptables {
     return inner_->chainExists(family, table, chain);
   }
   std::string describe() const override { return inner_->describe(); }
+  std::size_t restoreChunkRules() const override { return inner_->restoreChunkRules(); }
   void reset() { saveMs = restoreMs = 0; }
 
   double saveMs = 0;
@@ -169,17 +173,25 @@ backends::SystemProcessRunner& runner() {
   return r;
 }
 
-/// `iptables-restore --noflush -w 5` of `input` by the variant's tool, as the backend runs it;
-/// milliseconds, or -1 when the tool refused it.
-double timeRestore(const VariantTools& tools, std::string_view input) {
+/// `iptables-restore --noflush -w 5` of `input` by the variant's tool, as the backend runs it
+/// (without --noflush when `flush`); milliseconds, or -1 when the tool refused it.
+double timeRestore(const VariantTools& tools, std::string_view input, bool flush = false) {
+  std::vector<std::string> argv{tools.restore4, "--noflush", "-w", "5"};
+  if (flush) argv.erase(argv.begin() + 1);
   auto t = Clock::now();
-  auto r = runner().run({tools.restore4, "--noflush", "-w", "5"}, backends::ProcessOptions{input, kToolTimeout});
+  auto r = runner().run(argv, backends::ProcessOptions{input, kToolTimeout});
   const double ms = msSince(t);
   if (!r || !r->succeeded()) {
     std::fprintf(stderr, "  restore refused: %s\n", r ? r->err.c_str() : r.error().message().c_str());
     return -1;
   }
   return ms;
+}
+
+std::size_t count(std::string_view text, std::string_view what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string_view::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
 }
 
 bool isServiceChain(std::string_view name) {
@@ -252,7 +264,8 @@ std::string upstreamPartialInput(std::string_view full, std::string_view partial
 
 struct Figures {
   bool fullOk[kMaxRepeat];
-  double fullMs[kMaxRepeat], fullRestoreMs[kMaxRepeat], fullSaveMs[kMaxRepeat], floorFullMs[kMaxRepeat];
+  double fullMs[kMaxRepeat], fullRestoreMs[kMaxRepeat], fullSaveMs[kMaxRepeat], floorFullMs[kMaxRepeat],
+      flushFloorFullMs[kMaxRepeat];
   long rssMiB, baseRssMiB, toolRssMiB;
   unsigned long fullOps, fullBytes;
   bool changeOk;
@@ -288,6 +301,9 @@ struct Config {
   int fullRepeat = 3;
   int changeRepeat = 11;
   bool ipv6 = false;
+  /// Time `iptables-restore --noflush` of the whole full-sync text as one input only up to this
+  /// many endpoints in all (iptables-nft 1.8.9 takes minutes beyond).
+  long noflushFloorMax = 1000000;
 };
 
 std::unique_ptr<IptablesBackend> makeBackend(const Config& c, TimedKernel*& timed) {
@@ -350,6 +366,25 @@ bool measureChanges(const Config& c, GeneratedSnapshot& snap, IptablesBackend& b
 
 void runConfig(const Config& c, Figures& fig) {
   const std::string fullPath = fmt::format("/tmp/kproxy-bench-iptables-{}-{}-{}.txt", getpid(), c.services, c.endpoints);
+  // The full-sync text as one input (what the backend writes into an empty kernel when it does
+  // not split it), from the same backend over an in-memory kernel, for the floors and for
+  // upstream's partial-sync input.
+  inChild(false, [&]() -> int {
+    GeneratedSnapshot snap(c.services, c.endpoints);
+    BackendSettings settings;
+    settings.ipv6 = false;
+    IptablesBackend backend(sdk::Host(nullptr), settings, std::make_unique<FakeIptables>());
+    if (!backend.syncFrom(snap, {}, true)) return 1;
+    std::ofstream(fullPath) << backend.lastRestore(sdk::Family::kIPv4);
+    return 0;
+  });
+  auto readFull = [&] {
+    std::ifstream in(fullPath);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  const bool noflushFloor = static_cast<long>(c.services) * c.endpoints <= c.noflushFloorMax;
   for (int r = 0; r < c.fullRepeat; ++r) {
     fig.fullOk[r] = inChild(true, [&]() -> int {
       // The full sync (and, the first time, the changes) in a worker forked from this small
@@ -374,10 +409,10 @@ void runConfig(const Config& c, Figures& fig) {
         }
         if (r != 0) return 0;
         fig.fullOps = full->operations;
-        const std::string fullInput = backend->lastRestore(sdk::Family::kIPv4);
-        fig.fullBytes = fullInput.size();
-        std::ofstream(fullPath) << fullInput;
-        std::fprintf(stderr, "  %s\n", full->summary.c_str());
+        fig.fullBytes = backend->lastRestore(sdk::Family::kIPv4).size();
+        const std::string fullInput = readFull();
+        std::fprintf(stderr, "  %s; %zu COMMITs\n", full->summary.c_str(),
+                     count(backend->lastRestore(sdk::Family::kIPv4), "COMMIT\n"));
         fig.changeOk = measureChanges(c, snap, *backend, *timed, fullInput, fig);
         return 0;
       });
@@ -403,15 +438,19 @@ void runConfig(const Config& c, Figures& fig) {
       });
       return 0;
     });
-    // The floor: the same text restored by the tool alone into an empty namespace.
-    fig.floorFullMs[r] = -1;
+    // The floors: the same text restored by the tool alone into an empty namespace, as one
+    // input, with --noflush (as the backend runs the tool) and without (the table is empty,
+    // so that flushes nothing).
+    fig.floorFullMs[r] = fig.flushFloorFullMs[r] = -1;
     inChild(true, [&]() -> int {
-      std::ifstream in(fullPath);
-      std::stringstream text;
-      text << in.rdbuf();
-      fig.floorFullMs[r] = timeRestore(c.tools, text.str());
+      fig.flushFloorFullMs[r] = timeRestore(c.tools, readFull(), true);
       return 0;
     });
+    if (noflushFloor)
+      inChild(true, [&]() -> int {
+        fig.floorFullMs[r] = timeRestore(c.tools, readFull());
+        return 0;
+      });
   }
   std::remove(fullPath.c_str());
 }
@@ -444,13 +483,16 @@ int main(int argc, char** argv) {
       base.fullRepeat = std::clamp(std::atoi(argv[++i]), 1, kMaxRepeat);
     } else if (a == "--change-repeat" && i + 1 < argc) {
       base.changeRepeat = std::clamp(std::atoi(argv[++i]), 1, kMaxRepeat);
+    } else if (a == "--noflush-floor-max" && i + 1 < argc) {
+      base.noflushFloorMax = std::atol(argv[++i]);
     } else if (a == "--ipv6") {
       base.ipv6 = true;
     } else {
       std::fprintf(stderr,
                    "usage: %s [--variants nft,legacy] [--services 1000,10000,30000] [--endpoints 2,10]\n"
                    "          [--max-endpoints N (skip sizes with more endpoints in all; default 100000)]\n"
-                   "          [--full-repeat N] [--change-repeat N] [--ipv6]\n",
+                   "          [--full-repeat N] [--change-repeat N] [--ipv6]\n"
+                   "          [--noflush-floor-max N (time the one-input --noflush floor up to N endpoints)]\n",
                    argv[0]);
       return 2;
     }
@@ -468,8 +510,9 @@ int main(int argc, char** argv) {
   }
   std::printf("# full and change: median [min-max] ms; full of %d runs, change of %d; load at start: %s\n",
               base.fullRepeat, base.changeRepeat, loadAverage().c_str());
-  std::printf("%-7s %-6s %-3s | %-22s %-22s %-22s %5s | %-19s %-19s %-19s %-22s %5s %5s | %7s %7s | %9s %9s %4s %7s\n",
-              "variant", "svcs", "eps", "full_ms", "full_restore_ms", "floor_full_ms", "x", "change_ms",
+  std::printf("%-7s %-6s %-3s | %-22s %-22s %-22s %-22s %5s | %-19s %-19s %-19s %-22s %5s %5s | %7s %7s | %9s %9s %4s %7s\n",
+              "variant", "svcs", "eps", "full_ms", "full_restore_ms", "floor_flush_ms", "floor_noflush_ms", "x",
+              "change_ms",
               "change_restore_ms", "floor_change_ms", "upstream_change_ms", "x_fl", "up/x", "rss_MiB", "tool_MiB",
               "restart_ms", "save_ms", "ops", "rss_MiB");
   for (const auto& v : variants) {
@@ -493,7 +536,8 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "[%s %d x %d] load %s\n", v.c_str(), n, eps, loadAverage().c_str());
         runConfig(c, *fig);
         const Stat full = stat(fig->fullMs, c.fullRepeat), fullRestore = stat(fig->fullRestoreMs, c.fullRepeat),
-                   floorFull = stat(fig->floorFullMs, c.fullRepeat);
+                   floorFull = stat(fig->floorFullMs, c.fullRepeat),
+                   flushFloorFull = stat(fig->flushFloorFullMs, c.fullRepeat);
         const Stat change = stat(fig->changeMs, fig->changeOk ? c.changeRepeat : 0),
                    changeRestore = stat(fig->changeRestoreMs, fig->changeOk ? c.changeRepeat : 0),
                    floorChange = stat(fig->floorChangeMs, fig->changeOk ? c.changeRepeat : 0),
@@ -501,9 +545,9 @@ int main(int argc, char** argv) {
         auto ratio = [](const Stat& a, const Stat& b) {
           return a.median > 0 && b.median > 0 ? fmt::format("{:.2f}", a.median / b.median) : std::string("n/a");
         };
-        std::printf("%-7s %-6d %-3d | %-22s %-22s %-22s %5s | %-19s %-19s %-19s %-22s %5s %5s | %7ld %7ld | %9s %9s %4s %7s\n",
-                    v.c_str(), n, eps, show(full, 0).c_str(), show(fullRestore, 0).c_str(), show(floorFull, 0).c_str(),
-                    ratio(full, floorFull).c_str(), show(change, 1).c_str(), show(changeRestore, 1).c_str(),
+        std::printf("%-7s %-6d %-3d | %-22s %-22s %-22s %-22s %5s | %-19s %-19s %-19s %-22s %5s %5s | %7ld %7ld | %9s %9s %4s %7s\n",
+                    v.c_str(), n, eps, show(full, 0).c_str(), show(fullRestore, 0).c_str(),
+                    show(flushFloorFull, 0).c_str(), show(floorFull, 0).c_str(), ratio(full, flushFloorFull).c_str(), show(change, 1).c_str(), show(changeRestore, 1).c_str(),
                     show(floorChange, 1).c_str(), show(upstreamChange, 1).c_str(), ratio(change, floorChange).c_str(),
                     ratio(upstreamChange, change).c_str(), fig->rssMiB, fig->toolRssMiB,
                     fig->restartOk ? fmt::format("{:.0f}", fig->restartMs).c_str() : "n/a",
