@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <optional>
+#include <unordered_map>
 
 namespace kproxy::backends {
 namespace {
@@ -56,6 +57,9 @@ core::Result<IptablesSave> parseIptablesSave(std::string_view text) {
   bool inTable = false;
   std::size_t lineNumber = 0;
   std::size_t tableLine = 0;
+  // The current table's chains by name as written in the input (views into `text`), so that a
+  // save of 30,000 chains and 100,000 rules parses in linear time.
+  std::unordered_map<std::string_view, std::size_t> chainIndex;
   while (!text.empty()) {
     ++lineNumber;
     const auto end = text.find('\n');
@@ -69,6 +73,7 @@ core::Result<IptablesSave> parseIptablesSave(std::string_view text) {
       const auto name = line.substr(1);
       if (name.empty() || name.find(' ') != std::string_view::npos) return lineError(lineNumber, "bad table name");
       save.tables.push_back(IptablesTable{std::string(name), {}});
+      chainIndex.clear();
       inTable = true;
       tableLine = lineNumber;
       continue;
@@ -86,7 +91,11 @@ core::Result<IptablesSave> parseIptablesSave(std::string_view text) {
       if (words.size() != 3 || words[0].empty()) return lineError(lineNumber, "bad chain line");
       const auto counters = parseCounters(words[2]);
       if (!counters) return lineError(lineNumber, "bad counters " + words[2]);
-      if (findMutable(table, words[0])) return lineError(lineNumber, "chain " + words[0] + " declared twice");
+      // Names written plainly (all that iptables-save prints) are indexed; others are searched.
+      const std::string_view written = line.substr(1, line.find(' ') - 1);
+      const bool twice = written == words[0] ? !chainIndex.emplace(written, table.chains.size()).second
+                                             : findMutable(table, words[0]) != nullptr;
+      if (twice) return lineError(lineNumber, "chain " + words[0] + " declared twice");
       table.chains.push_back(IptablesChain{words[0], words[1], counters->packets, counters->bytes, {}});
       continue;
     }
@@ -104,7 +113,8 @@ core::Result<IptablesSave> parseIptablesSave(std::string_view text) {
     line.remove_prefix(3);
     const auto space = line.find(' ');
     const std::string_view chainName = line.substr(0, space);
-    IptablesChain* chain = findMutable(table, chainName);
+    const auto indexed = chainIndex.find(chainName);
+    IptablesChain* chain = indexed == chainIndex.end() ? findMutable(table, chainName) : &table.chains[indexed->second];
     if (chain == nullptr) return lineError(lineNumber, "rule for undeclared chain " + std::string(chainName));
     rule.spec = space == std::string_view::npos ? std::string{} : std::string(line.substr(space + 1));
     chain->rules.push_back(std::move(rule));

@@ -61,11 +61,13 @@ sdk::Expected<void> failed(const core::Error& e, std::string_view what) {
 struct IptablesBackend::Edit {
   std::string declare[3], rules[3], dispatch[3], jumps[3], remove[3];
   std::size_t operations = 0;
+  std::size_t rewrittenRules = 0;  ///< rules and declarations of rewritten chains
 
   void rewrite(Table t, const std::string& name, const std::vector<std::string>& chainRules) {
     declare[index(t)] += fmt::format(":{} - [0:0]\n", name);
     for (const auto& r : chainRules) rules[index(t)] += fmt::format("-A {} {}\n", name, r);
     ++operations;
+    rewrittenRules += chainRules.size() + 1;
   }
   void drop(Table t, const std::string& name) {
     declare[index(t)] += fmt::format(":{} - [0:0]\n", name);
@@ -143,8 +145,18 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
     if (full) {
       needFull_ = true;
       MirrorFamily fresh;
-      if (auto r = fullSync(next, fam, fresh, input, operations); !r) return std::unexpected(r.error());
+      std::vector<std::string> chunks;
+      if (auto r = fullSync(next, fam, fresh, chunks, input, operations); !r) return std::unexpected(r.error());
+      // The service chains' chunks first, then the input that points the dispatch chains at
+      // them; each chunk leaves every service either as it was or as it is wanted, and a
+      // failure leaves needFull_ set, so the next sync repairs what was applied.
+      std::string all;
+      for (const auto& chunk : chunks) {
+        if (auto r = apply(fam, chunk); !r) return std::unexpected(r.error());
+        all += chunk;
+      }
       if (auto r = apply(fam, input); !r) return std::unexpected(r.error());
+      if (!chunks.empty()) input = all + input;
       mirror_[index(fam)] = std::move(fresh);
     } else {
       std::vector<std::string> keys;
@@ -283,7 +295,8 @@ void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family 
 }
 
 sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, sdk::Family family,
-                                              MirrorFamily& out, std::string& input, std::size_t& operations) {
+                                              MirrorFamily& out, std::vector<std::string>& chunks,
+                                              std::string& input, std::size_t& operations) {
   // What the kernel holds (dry-run trusts an empty kernel: it reads nothing that needs
   // privileges).
   backends::IptablesSave kernel;
@@ -296,19 +309,38 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
       for (auto& table : parsed->tables) kernel.tables.push_back(std::move(table));
     }
   }
+  // The kernel's chains by table and name (a linear search per chain is quadratic in the
+  // number of chains: seconds at 10,000 services).
+  std::unordered_map<std::string_view, const backends::IptablesChain*> kernelChains[3];
+  for (const auto& table : kernel.tables)
+    for (Table t : kTables)
+      if (tableName(t) == table.name)
+        for (const auto& c : table.chains) kernelChains[index(t)].emplace(c.name, &c);
   auto kernelChain = [&](Table t, std::string_view name) -> const backends::IptablesChain* {
-    const auto* table = kernel.findTable(tableName(t));
-    return table ? table->findChain(name) : nullptr;
+    auto it = kernelChains[index(t)].find(name);
+    return it == kernelChains[index(t)].end() ? nullptr : it->second;
   };
 
   Edit edit;
+  // Where the owned chains' rewrites go: the final input, or, when the kernel adapter asks for
+  // inputs of a bounded size, chunks applied before it (whole service ports each, the fixed
+  // chains they jump to in the first).
+  const std::size_t chunkRules = settings_.dryRun ? 0 : kernel_->restoreChunkRules();
+  Edit chunk;
+  Edit& chainEdit = chunkRules == 0 ? edit : chunk;
+  auto cutChunk = [&](std::size_t atLeast) {
+    if (chunkRules == 0 || chunk.rewrittenRules == 0 || chunk.rewrittenRules < atLeast) return;
+    chunks.push_back(chunk.text());
+    operations += chunk.operations;
+    chunk = Edit{};
+  };
   std::set<std::pair<Table, std::string>> desired;
   auto addChains = [&](const std::string& key, std::vector<ChainRules>& chains, std::vector<DispatchRule>& dispatch) {
     Owned owned;
     for (auto& c : chains) {
       const std::uint64_t h = hashRules(c.rules);
       const auto* k = kernelChain(c.table, c.name);
-      if (k == nullptr || k->builtin() || hashRules(k->rules) != h) edit.rewrite(c.table, c.name, c.rules);
+      if (k == nullptr || k->builtin() || hashRules(k->rules) != h) chainEdit.rewrite(c.table, c.name, c.rules);
       out.chains[index(c.table)][c.name] = h;
       out.rules[index(c.table)] += c.rules.size();
       desired.emplace(c.table, c.name);
@@ -325,15 +357,17 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
   };
 
   GlobalObjects g = renderer_.renderGlobal(family, next.node());
+  auto globalChains = g.chains;
+  auto globalDispatch = g.dispatch;
+  addChains("", globalChains, globalDispatch);
   next.forEach([&](const sdk::ServicePort& p) {
     if (p.family != family) return;
     Fragment f = renderer_.renderServicePort(p);
     for (const auto& problem : f.problems) host_.warning(fmt::format("iptables: {}: {}", p.key, problem));
     addChains(p.key, f.chains, f.dispatch);
+    cutChunk(chunkRules);
   });
-  auto globalChains = g.chains;
-  auto globalDispatch = g.dispatch;
-  addChains("", globalChains, globalDispatch);
+  cutChunk(0);
 
   // The dispatch chains: kept when they hold exactly the wanted rules in section order,
   // rewritten otherwise.

@@ -16,6 +16,9 @@ using core::Error;
 using core::ErrorCategory;
 
 constexpr auto kToolTimeout = std::chrono::minutes(2);
+/// Measured at 10k services x 2 endpoints (bench/iptables): inputs of 1,000 / 2,500 / 5,000
+/// rules cost 2.7 / 2.8 / 3.2 s in all, one input 87 s.
+constexpr std::size_t kNftChunkRules = 2000;
 
 bool isV6(sdk::Family family) { return family == sdk::Family::kIPv6; }
 
@@ -98,6 +101,7 @@ class ProcessKernel final : public KernelIptables {
   }
 
   std::string describe() const override { return "iptables-" + std::string(variantName(tools_.variant)); }
+  std::size_t restoreChunkRules() const override { return tools_.variant == Variant::kNft ? kNftChunkRules : 0; }
 
  private:
   VariantTools tools_;

@@ -92,8 +92,10 @@ class IptablesBackend final : public sdk::BackendPlugin {
   /// Restore input being built for one family.
   struct Edit;
 
+  /// The restore input of a full sync: `chunks` (owned chains only, to apply first, in order;
+  /// empty unless the kernel adapter bounds the input size) and `input` (the rest).
   sdk::Expected<void> fullSync(const plan::SnapshotSource& next, sdk::Family family, MirrorFamily& out,
-                               std::string& input, std::size_t& operations);
+                               std::vector<std::string>& chunks, std::string& input, std::size_t& operations);
   void partialSync(const plan::SnapshotSource& next, sdk::Family family,
                    const std::vector<std::string>& keys, MirrorFamily& mirror, std::string& input,
                    std::size_t& operations);

@@ -1,0 +1,567 @@
+// kproxy-bench-iptables: the iptables backend's full and one-endpoint-change syncs at scale, per
+// variant (iptables-nft, iptables-legacy), against baselines measured in the same run:
+//   - full sync: `iptables-restore` of the backend's full-sync text as one input into an empty
+//     namespace (the floor: what the tool and the kernel cost for that text), without and with
+//     --noflush (iptables-nft 1.8.9's --noflush is quadratic in the input's size, so the backend
+//     splits its full sync for that variant; the one-input --noflush floor shows what that saves);
+//   - one-endpoint change: `iptables-restore --noflush` of the backend's partial input (the floor:
+//     the changed service's chains only) and of upstream kube-proxy's partial-sync input for the
+//     same change (the service's chains plus every dispatch and fixed chain of filter and nat
+//     rewritten in full, as upstream's proxier writes on every partial sync);
+//   - a restart: a new backend's full sync over the unchanged kernel (writes nothing; its cost is
+//     reading the tables back).
+// Every measurement runs in forked processes inside a fresh network namespace (needs root).
+// Baselines go through the same process runner (pipe to stdin) as the backend's own restores.
+//
+//   kproxy-bench-iptables [--variants nft,legacy] [--services 1000,10000,30000] [--endpoints 2,10]
+//                         [--max-endpoints 100000] [--full-repeat 3] [--change-repeat 11] [--ipv6]
+//                         [--noflush-floor-max N]
+
+#include <sched.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "../../tests/unit/nftables/service_ports.h"
+#include "../nftables/bench_args.h"
+#include "kproxy/backends/common/process.h"
+#include "kproxy/iptables/backend.h"
+#include "kproxy/iptables/kernel.h"
+
+using namespace kproxy;
+using namespace kproxy::iptables;
+namespace fixtures = kproxy::nftables::testing;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double msSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+constexpr auto kToolTimeout = std::chrono::minutes(10);
+constexpr int kMaxRepeat = 64;
+
+long peakRssMiB(int who) {
+  rusage u{};
+  getrusage(who, &u);
+  return u.ru_maxrss / 1024;
+}
+
+long currentRssMiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6) / 1024;
+  return -1;
+}
+
+std::string loadAverage() {
+  double l[3] = {};
+  if (getloadavg(l, 3) != 3) return "?";
+  return fmt::format("{:.2f} {:.2f} {:.2f}", l[0], l[1], l[2]);
+}
+
+/// Runs `body` in a forked child; with `newNetns` the child first unshares its network
+/// namespace (a grandchild forked by `body` stays in it). Returns whether it exited 0.
+template <typename Fn>
+bool inChild(bool newNetns, Fn&& body) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    if (newNetns && unshare(CLONE_NEWNET) != 0) {
+      std::perror("unshare(CLONE_NEWNET)");
+      _exit(2);
+    }
+    int rc = body();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(rc);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/// The benchmark's services, generated when the backend asks for them (one port at a time, as
+/// through the plugin ABI), so that the process's resident set is the backend's own; changed
+/// ports are kept as overrides. As the nftables benchmark's.
+class GeneratedSnapshot final : public plan::SnapshotSource {
+ public:
+  GeneratedSnapshot(int services, int endpoints) : services_(services), endpoints_(endpoints) {}
+  void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const override {
+    for (int i = 0; i < services_; ++i) {
+      if (auto it = overrides_.find(i); it != overrides_.end()) {
+        fn(it->second);
+        continue;
+      }
+      fn(fixtures::manyServicesPort(i, endpoints_));
+    }
+  }
+  std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override {
+    const auto at = key.find("/svc-");
+    if (family != sdk::Family::kIPv4 || at == std::string::npos) return std::nullopt;
+    const int i = std::atoi(key.c_str() + at + 5);
+    if (i < 0 || i >= services_) return std::nullopt;
+    if (auto it = overrides_.find(i); it != overrides_.end()) return it->second;
+    auto p = fixtures::manyServicesPort(i, endpoints_);
+    if (p.key != key) return std::nullopt;
+    return p;
+  }
+  sdk::NodeInfo node() const override { return {}; }
+  sdk::ServicePort& port(int i) {
+    auto it = overrides_.find(i);
+    if (it == overrides_.end()) it = overrides_.emplace(i, fixtures::manyServicesPort(i, endpoints_)).first;
+    return it->second;
+  }
+
+ private:
+  int services_;
+  int endpoints_;
+  std::map<int, sdk::ServicePort> overrides_;
+};
+
+/// The real kernel, timing its save and restore runs (the parts of a sync spent in the tools).
+class TimedKernel final : public KernelIptables {
+ public:
+  explicit TimedKernel(std::unique_ptr<KernelIptables> inner) : inner_(std::move(inner)) {}
+  core::Result<std::string> save(sdk::Family family, Table table) override {
+    auto t = Clock::now();
+    auto r = inner_->save(family, table);
+    saveMs += msSince(t);
+    return r;
+  }
+  core::Result<void> restore(sdk::Family family, std::string_view input) override {
+    auto t = Clock::now();
+    auto r = inner_->restore(family, input);
+    restoreMs += msSince(t);
+    return r;
+  }
+  core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override {
+    return inner_->chainExists(family, table, chain);
+  }
+  std::string describe() const override { return inner_->describe(); }
+  std::size_t restoreChunkRules() const override { return inner_->restoreChunkRules(); }
+  void reset() { saveMs = restoreMs = 0; }
+
+  double saveMs = 0;
+  double restoreMs = 0;
+
+ private:
+  std::unique_ptr<KernelIptables> inner_;
+};
+
+backends::SystemProcessRunner& runner() {
+  static backends::SystemProcessRunner r;
+  return r;
+}
+
+/// `iptables-restore --noflush -w 5` of `input` by the variant's tool, as the backend runs it
+/// (without --noflush when `flush`); milliseconds, or -1 when the tool refused it.
+double timeRestore(const VariantTools& tools, std::string_view input, bool flush = false) {
+  std::vector<std::string> argv{tools.restore4, "--noflush", "-w", "5"};
+  if (flush) argv.erase(argv.begin() + 1);
+  auto t = Clock::now();
+  auto r = runner().run(argv, backends::ProcessOptions{input, kToolTimeout});
+  const double ms = msSince(t);
+  if (!r || !r->succeeded()) {
+    std::fprintf(stderr, "  restore refused: %s\n", r ? r->err.c_str() : r.error().message().c_str());
+    return -1;
+  }
+  return ms;
+}
+
+std::size_t count(std::string_view text, std::string_view what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string_view::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
+bool isServiceChain(std::string_view name) {
+  for (std::string_view prefix : {"KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"})
+    if (name.starts_with(prefix)) return true;
+  return false;
+}
+
+std::string_view chainOfLine(std::string_view line) {
+  // ":NAME - [0:0]" or "-A NAME ...".
+  std::string_view rest = line.front() == ':' ? line.substr(1) : line.substr(3);
+  return rest.substr(0, rest.find(' '));
+}
+
+/// One table's part of a restore input, split into chain declarations, appended rules and the
+/// other commands (-I, -D, -X), in order.
+struct TableText {
+  std::string declare, rules, other;
+};
+std::map<std::string, TableText> splitByTable(std::string_view input) {
+  std::map<std::string, TableText> out;
+  TableText* current = nullptr;
+  std::istringstream in{std::string(input)};
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line.front() == '#' || line == "COMMIT") continue;
+    if (line.front() == '*') {
+      current = &out[line.substr(1)];
+      continue;
+    }
+    if (current == nullptr) continue;
+    std::string& to = line.front() == ':' ? current->declare : line.starts_with("-A ") ? current->rules : current->other;
+    to += line;
+    to += '\n';
+  }
+  return out;
+}
+
+/// Upstream kube-proxy's iptables-restore input for a partial sync that changes one service
+/// (pkg/proxy/iptables/proxier.go): filter and nat, every shared chain (KUBE-SERVICES,
+/// KUBE-NODEPORTS, KUBE-EXTERNAL-SERVICES, KUBE-PROXY-FIREWALL, KUBE-FORWARD, KUBE-POSTROUTING,
+/// KUBE-MARK-MASQ) declared and written with all its rules, plus the changed service's chains
+/// and the deletion of its stale ones. `full` is the backend's full-sync input (every chain);
+/// `partial` its input for the change (the service's chains only).
+std::string upstreamPartialInput(std::string_view full, std::string_view partial) {
+  auto whole = splitByTable(full);
+  auto change = splitByTable(partial);
+  std::string out;
+  for (std::string table : {"filter", "nat"}) {
+    std::string declare, rules;
+    auto keep = [](std::string_view line) {
+      auto chain = chainOfLine(line);
+      return chain.starts_with("KUBE-") && !isServiceChain(chain) && chain != "KUBE-PROXY-CANARY";
+    };
+    std::istringstream d(whole[table].declare), r(whole[table].rules);
+    std::string line;
+    while (std::getline(d, line))
+      if (keep(line)) declare += line + "\n";
+    while (std::getline(r, line))
+      if (keep(line)) rules += line + "\n";
+    const TableText& c = change[table];
+    std::string removals;  // -X of the service's stale chains; its -I/-D are covered by the rewrite
+    std::istringstream o(c.other);
+    while (std::getline(o, line))
+      if (line.starts_with("-X ")) removals += line + "\n";
+    out += "*" + table + "\n" + declare + c.declare + rules + c.rules + removals + "COMMIT\n";
+  }
+  return out;
+}
+
+struct Figures {
+  bool fullOk[kMaxRepeat];
+  double fullMs[kMaxRepeat], fullRestoreMs[kMaxRepeat], fullSaveMs[kMaxRepeat], floorFullMs[kMaxRepeat],
+      flushFloorFullMs[kMaxRepeat];
+  long rssMiB, baseRssMiB, toolRssMiB;
+  unsigned long fullOps, fullBytes;
+  bool changeOk;
+  double changeMs[kMaxRepeat], changeRestoreMs[kMaxRepeat], floorChangeMs[kMaxRepeat],
+      upstreamChangeMs[kMaxRepeat];
+  unsigned long changeOps, changeBytes, upstreamBytes;
+  bool restartOk;
+  double restartMs, restartSaveMs;
+  unsigned long restartOps;
+  long restartRssMiB;
+};
+
+struct Stat {
+  double median = -1, min = -1, max = -1;
+};
+Stat stat(const double* values, int n) {
+  std::vector<double> v;
+  for (int i = 0; i < n; ++i)
+    if (values[i] >= 0) v.push_back(values[i]);
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front(), v.back()};
+}
+std::string show(const Stat& s, int decimals) {
+  if (s.median < 0) return "n/a";
+  return fmt::format("{:.{}f} [{:.{}f}-{:.{}f}]", s.median, decimals, s.min, decimals, s.max, decimals);
+}
+
+struct Config {
+  VariantTools tools;
+  int services = 0;
+  int endpoints = 0;
+  int fullRepeat = 3;
+  int changeRepeat = 11;
+  bool ipv6 = false;
+  /// Time `iptables-restore --noflush` of the whole full-sync text as one input only up to this
+  /// many endpoints in all (iptables-nft 1.8.9 takes minutes beyond).
+  long noflushFloorMax = 1000000;
+};
+
+std::unique_ptr<IptablesBackend> makeBackend(const Config& c, TimedKernel*& timed) {
+  BackendSettings settings;
+  settings.ipv6 = c.ipv6;
+  auto kernel = std::make_unique<TimedKernel>(makeProcessKernel(c.tools, runner()));
+  timed = kernel.get();
+  return std::make_unique<IptablesBackend>(sdk::Host(nullptr), settings, std::move(kernel));
+}
+
+/// The one-endpoint changes of service `index`: its last endpoint replaced by an address no
+/// other service uses, then put back; the backend's forward syncs are timed, and the floor and
+/// upstream inputs for the same change are restored (forward timed, back untimed) in turn.
+bool measureChanges(const Config& c, GeneratedSnapshot& snap, IptablesBackend& backend, TimedKernel& timed,
+                    const std::string& fullInput, Figures& fig) {
+  const int index = c.services / 2 + 1;  // not a tenth: no session affinity
+  auto& port = snap.port(index);
+  const auto original = port.clusterEndpoints;
+  auto replaced = original;
+  replaced.back() = fixtures::endpoint("10.200.0.1", 8080);
+  const sdk::ChangedKey key{sdk::Family::kIPv4, port.key};
+
+  auto syncTo = [&](const std::vector<sdk::Endpoint>& eps, double* ms, double* restoreMs) -> std::optional<std::string> {
+    fixtures::setEndpoints(port, eps);
+    timed.reset();
+    auto t = Clock::now();
+    auto r = backend.syncFrom(snap, {key}, false);
+    if (ms) *ms = msSince(t);
+    if (restoreMs) *restoreMs = timed.restoreMs;
+    if (!r) {
+      std::fprintf(stderr, "  change sync failed: %s\n", r.error().message.c_str());
+      return std::nullopt;
+    }
+    fig.changeOps = r->operations;
+    return backend.lastRestore(sdk::Family::kIPv4);
+  };
+  // Warm-up round trip, which also yields the backend's inputs for both directions.
+  auto forward = syncTo(replaced, nullptr, nullptr);
+  if (!forward) return false;
+  auto back = syncTo(original, nullptr, nullptr);
+  if (!back) return false;
+  const std::string upForward = upstreamPartialInput(fullInput, *forward);
+  const std::string upBack = upstreamPartialInput(fullInput, *back);
+  fig.changeBytes = forward->size();
+  fig.upstreamBytes = upForward.size();
+  std::fprintf(stderr, "  change input (%zu bytes):\n%s  upstream's input: %zu bytes, %zu lines\n", forward->size(),
+               forward->c_str(), upForward.size(),
+               static_cast<std::size_t>(std::count(upForward.begin(), upForward.end(), '\n')));
+
+  for (int r = 0; r < c.changeRepeat; ++r) {
+    if (!syncTo(replaced, &fig.changeMs[r], &fig.changeRestoreMs[r])) return false;
+    if (!syncTo(original, nullptr, nullptr)) return false;
+    fig.floorChangeMs[r] = timeRestore(c.tools, *forward);
+    if (timeRestore(c.tools, *back) < 0) return false;
+    fig.upstreamChangeMs[r] = timeRestore(c.tools, upForward);
+    if (timeRestore(c.tools, upBack) < 0) return false;
+  }
+  return true;
+}
+
+void runConfig(const Config& c, Figures& fig) {
+  const std::string fullPath = fmt::format("/tmp/kproxy-bench-iptables-{}-{}-{}.txt", getpid(), c.services, c.endpoints);
+  // The full-sync text as one input (what the backend writes into an empty kernel when it does
+  // not split it), from the same backend over an in-memory kernel, for the floors and for
+  // upstream's partial-sync input.
+  inChild(false, [&]() -> int {
+    GeneratedSnapshot snap(c.services, c.endpoints);
+    BackendSettings settings;
+    settings.ipv6 = false;
+    IptablesBackend backend(sdk::Host(nullptr), settings, std::make_unique<FakeIptables>());
+    if (!backend.syncFrom(snap, {}, true)) return 1;
+    std::ofstream(fullPath) << backend.lastRestore(sdk::Family::kIPv4);
+    return 0;
+  });
+  auto readFull = [&] {
+    std::ifstream in(fullPath);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  const bool noflushFloor = static_cast<long>(c.services) * c.endpoints <= c.noflushFloorMax;
+  for (int r = 0; r < c.fullRepeat; ++r) {
+    fig.fullOk[r] = inChild(true, [&]() -> int {
+      // The full sync (and, the first time, the changes) in a worker forked from this small
+      // process, so that its peak resident set is the sync's; the restart in another worker.
+      bool ok = inChild(false, [&]() -> int {
+        GeneratedSnapshot snap(c.services, c.endpoints);
+        fig.baseRssMiB = currentRssMiB();
+        TimedKernel* timed = nullptr;
+        auto backend = makeBackend(c, timed);
+        auto t = Clock::now();
+        auto full = backend->syncFrom(snap, {}, true);
+        fig.fullMs[r] = msSince(t);
+        fig.fullRestoreMs[r] = timed->restoreMs;
+        fig.fullSaveMs[r] = timed->saveMs;
+        if (r == 0) {
+          fig.rssMiB = peakRssMiB(RUSAGE_SELF);
+          fig.toolRssMiB = peakRssMiB(RUSAGE_CHILDREN);
+        }
+        if (!full) {
+          std::fprintf(stderr, "  full sync failed: %s\n", full.error().message.c_str());
+          return 1;
+        }
+        if (r != 0) return 0;
+        fig.fullOps = full->operations;
+        fig.fullBytes = backend->lastRestore(sdk::Family::kIPv4).size();
+        const std::string fullInput = readFull();
+        std::fprintf(stderr, "  %s; %zu COMMITs\n", full->summary.c_str(),
+                     count(backend->lastRestore(sdk::Family::kIPv4), "COMMIT\n"));
+        fig.changeOk = measureChanges(c, snap, *backend, *timed, fullInput, fig);
+        return 0;
+      });
+      if (!ok || r != 0) return ok ? 0 : 1;
+      fig.restartOk = inChild(false, [&]() -> int {
+        GeneratedSnapshot snap(c.services, c.endpoints);
+        TimedKernel* timed = nullptr;
+        auto backend = makeBackend(c, timed);
+        auto t = Clock::now();
+        auto resync = backend->syncFrom(snap, {}, true);
+        fig.restartMs = msSince(t);
+        fig.restartSaveMs = timed->saveMs;
+        fig.restartRssMiB = peakRssMiB(RUSAGE_SELF);
+        if (!resync) {
+          std::fprintf(stderr, "  restart sync failed: %s\n", resync.error().message.c_str());
+          return 1;
+        }
+        fig.restartOps = resync->operations;
+        if (resync->operations != 0)
+          std::fprintf(stderr, "  restart wrote %zu changes:\n%s", resync->operations,
+                       backend->lastRestore(sdk::Family::kIPv4).substr(0, 2000).c_str());
+        return 0;
+      });
+      return 0;
+    });
+    // The floors: the same text restored by the tool alone into an empty namespace, as one
+    // input, with --noflush (as the backend runs the tool) and without (the table is empty,
+    // so that flushes nothing).
+    fig.floorFullMs[r] = fig.flushFloorFullMs[r] = -1;
+    inChild(true, [&]() -> int {
+      fig.flushFloorFullMs[r] = timeRestore(c.tools, readFull(), true);
+      return 0;
+    });
+    if (noflushFloor)
+      inChild(true, [&]() -> int {
+        fig.floorFullMs[r] = timeRestore(c.tools, readFull());
+        return 0;
+      });
+  }
+  std::remove(fullPath.c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> variants{"nft", "legacy"};
+  std::vector<int> sizes{1000, 10000, 30000};
+  std::vector<int> endpoints{2, 10};
+  long maxEndpoints = 100000;
+  Config base;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--variants" && i + 1 < argc) {
+      variants.clear();
+      std::string s = argv[++i];
+      for (std::size_t at = 0; at <= s.size();) {
+        auto comma = std::min(s.find(',', at), s.size());
+        variants.push_back(s.substr(at, comma - at));
+        at = comma + 1;
+      }
+    } else if (a == "--services" && i + 1 < argc) {
+      sizes = bench::parseList(argv[++i]);
+    } else if (a == "--endpoints" && i + 1 < argc) {
+      endpoints = bench::parseList(argv[++i]);
+    } else if (a == "--max-endpoints" && i + 1 < argc) {
+      maxEndpoints = std::atol(argv[++i]);
+    } else if (a == "--full-repeat" && i + 1 < argc) {
+      base.fullRepeat = std::clamp(std::atoi(argv[++i]), 1, kMaxRepeat);
+    } else if (a == "--change-repeat" && i + 1 < argc) {
+      base.changeRepeat = std::clamp(std::atoi(argv[++i]), 1, kMaxRepeat);
+    } else if (a == "--noflush-floor-max" && i + 1 < argc) {
+      base.noflushFloorMax = std::atol(argv[++i]);
+    } else if (a == "--ipv6") {
+      base.ipv6 = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: %s [--variants nft,legacy] [--services 1000,10000,30000] [--endpoints 2,10]\n"
+                   "          [--max-endpoints N (skip sizes with more endpoints in all; default 100000)]\n"
+                   "          [--full-repeat N] [--change-repeat N] [--ipv6]\n"
+                   "          [--noflush-floor-max N (time the one-input --noflush floor up to N endpoints)]\n",
+                   argv[0]);
+      return 2;
+    }
+  }
+  if (geteuid() != 0) {
+    std::fprintf(stderr, "kproxy-bench-iptables needs root (it creates network namespaces)\n");
+    return 1;
+  }
+  // Results come back from the forked workers through one shared page set.
+  auto* fig = static_cast<Figures*>(
+      mmap(nullptr, sizeof(Figures), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+  if (fig == MAP_FAILED) {
+    std::perror("mmap");
+    return 1;
+  }
+  std::printf("# full and change: median [min-max] ms; full of %d runs, change of %d; load at start: %s\n",
+              base.fullRepeat, base.changeRepeat, loadAverage().c_str());
+  std::printf("%-7s %-6s %-3s | %-22s %-22s %-22s %-22s %5s | %-19s %-19s %-19s %-22s %5s %5s | %7s %7s | %9s %9s %4s %7s\n",
+              "variant", "svcs", "eps", "full_ms", "full_restore_ms", "floor_flush_ms", "floor_noflush_ms", "x",
+              "change_ms",
+              "change_restore_ms", "floor_change_ms", "upstream_change_ms", "x_fl", "up/x", "rss_MiB", "tool_MiB",
+              "restart_ms", "save_ms", "ops", "rss_MiB");
+  for (const auto& v : variants) {
+    Config c = base;
+    auto tools = findVariantTools(v == "legacy" ? Variant::kLegacy : Variant::kNft);
+    if (!tools) {
+      std::printf("%-7s skipped: %s\n", v.c_str(), tools.error().message().c_str());
+      continue;
+    }
+    c.tools = *tools;
+    for (int n : sizes) {
+      for (int eps : endpoints) {
+        if (static_cast<long>(n) * eps > maxEndpoints) {
+          std::printf("%-7s %-6d %-3d | skipped: %ld endpoints > --max-endpoints %ld\n", v.c_str(), n, eps,
+                      static_cast<long>(n) * eps, maxEndpoints);
+          continue;
+        }
+        c.services = n;
+        c.endpoints = eps;
+        *fig = Figures{};
+        std::fprintf(stderr, "[%s %d x %d] load %s\n", v.c_str(), n, eps, loadAverage().c_str());
+        runConfig(c, *fig);
+        const Stat full = stat(fig->fullMs, c.fullRepeat), fullRestore = stat(fig->fullRestoreMs, c.fullRepeat),
+                   floorFull = stat(fig->floorFullMs, c.fullRepeat),
+                   flushFloorFull = stat(fig->flushFloorFullMs, c.fullRepeat);
+        const Stat change = stat(fig->changeMs, fig->changeOk ? c.changeRepeat : 0),
+                   changeRestore = stat(fig->changeRestoreMs, fig->changeOk ? c.changeRepeat : 0),
+                   floorChange = stat(fig->floorChangeMs, fig->changeOk ? c.changeRepeat : 0),
+                   upstreamChange = stat(fig->upstreamChangeMs, fig->changeOk ? c.changeRepeat : 0);
+        auto ratio = [](const Stat& a, const Stat& b) {
+          return a.median > 0 && b.median > 0 ? fmt::format("{:.2f}", a.median / b.median) : std::string("n/a");
+        };
+        std::printf("%-7s %-6d %-3d | %-22s %-22s %-22s %-22s %5s | %-19s %-19s %-19s %-22s %5s %5s | %7ld %7ld | %9s %9s %4s %7s\n",
+                    v.c_str(), n, eps, show(full, 0).c_str(), show(fullRestore, 0).c_str(),
+                    show(flushFloorFull, 0).c_str(), show(floorFull, 0).c_str(), ratio(full, flushFloorFull).c_str(), show(change, 1).c_str(), show(changeRestore, 1).c_str(),
+                    show(floorChange, 1).c_str(), show(upstreamChange, 1).c_str(), ratio(change, floorChange).c_str(),
+                    ratio(upstreamChange, change).c_str(), fig->rssMiB, fig->toolRssMiB,
+                    fig->restartOk ? fmt::format("{:.0f}", fig->restartMs).c_str() : "n/a",
+                    fig->restartOk ? fmt::format("{:.0f}", fig->restartSaveMs).c_str() : "n/a",
+                    fig->restartOk ? std::to_string(fig->restartOps).c_str() : "n/a",
+                    fig->restartOk ? std::to_string(fig->restartRssMiB).c_str() : "n/a");
+        std::fprintf(stderr, "  base RSS %ld MiB; full input %lu bytes, %lu changes; change input %lu bytes, "
+                     "%lu changes; upstream's %lu bytes; load %s\n",
+                     fig->baseRssMiB, fig->fullBytes, fig->fullOps, fig->changeBytes, fig->changeOps,
+                     fig->upstreamBytes, loadAverage().c_str());
+        std::fflush(stdout);
+      }
+    }
+  }
+  std::printf("# load at end: %s\n", loadAverage().c_str());
+  return 0;
+}
