@@ -492,3 +492,29 @@ TEST_CASE("iptables backend: random partial syncs keep the kernel equal to a ful
     }
   }
 }
+
+TEST_CASE("iptables backend: a full sync split in chunks ends where one input would", "[unit]") {
+  // iptables-nft's --noflush restore is quadratic in its input's size, so its full syncs go in
+  // chunks of whole service ports, the dispatch chains last.
+  Fixture whole;
+  REQUIRE(ok(whole.backend->syncFrom(whole.snap, {}, true)));
+  const std::size_t wholeRestores = whole.fake.restores.size();
+
+  Fixture split;
+  split.fake.chunkRules = 10;
+  REQUIRE(ok(split.backend->syncFrom(split.snap, {}, true)));
+  CHECK(split.fake.restores.size() > wholeRestores + 2);
+  split.requireSynced();
+  for (sdk::Family fam : {kV4, kV6}) CHECK(split.kernel(fam) == whole.kernel(fam));
+  // Every chunk but the last of a family declares no dispatch chain and inserts no jump.
+  std::size_t chunksWithoutDispatch = 0;
+  for (const auto& input : split.fake.restores)
+    if (!contains(input, ":KUBE-SERVICES - [0:0]") && !contains(input, "-I PREROUTING 1 ")) ++chunksWithoutDispatch;
+  CHECK(chunksWithoutDispatch + 2 == split.fake.restores.size());
+
+  // A restart over the split result writes nothing.
+  auto restarted = split.make();
+  auto again = restarted->syncFrom(split.snap, {}, true);
+  REQUIRE(ok(again));
+  CHECK(again->operations == 0);
+}

@@ -72,6 +72,7 @@ class SharedKernel final : public KernelIptables {
     return inner_.chainExists(family, table, chain);
   }
   std::string describe() const override { return inner_.describe(); }
+  std::size_t restoreChunkRules() const override { return inner_.restoreChunkRules(); }
 
  private:
   KernelIptables& inner_;
