@@ -214,16 +214,21 @@ void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family 
     for (const auto& c : chains) {
       keep.emplace(c.table, c.name);
       const std::uint64_t h = hashRules(c.rules);
-      auto& hashes = mirror.chains[index(c.table)];
-      auto it = hashes.find(c.name);
-      if (it != hashes.end() && it->second == h) continue;
+      auto& states = mirror.chains[index(c.table)];
+      auto [it, added] = states.try_emplace(c.name);
+      if (!added && it->second.hash == h) continue;
       edit.rewrite(c.table, c.name, c.rules);
-      hashes[c.name] = h;
+      mirror.rules[index(c.table)] += c.rules.size() - it->second.rules;
+      it->second = {h, static_cast<std::uint32_t>(c.rules.size())};
     }
     for (const auto& [t, name] : old.chains)
       if (!keep.contains({t, name})) {
         edit.drop(t, name);
-        mirror.chains[index(t)].erase(name);
+        auto& states = mirror.chains[index(t)];
+        if (auto it = states.find(name); it != states.end()) {
+          mirror.rules[index(t)] -= it->second.rules;
+          states.erase(it);
+        }
       }
     for (const auto& r : old.dispatch) --delta[r];
     for (const auto& r : dispatch) ++delta[r];
@@ -266,6 +271,7 @@ void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family 
           continue;
         }
         edit.dispatch[index(rule.table)] += fmt::format("-D {} {}\n", rule.chain, rule.spec);
+        --mirror.rules[index(rule.table)];
         --state.sizes[static_cast<std::size_t>(it->second.second)];
         state.refs.erase(it);
         ++edit.operations;
@@ -276,6 +282,7 @@ void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family 
         continue;
       }
       state.refs.emplace(rule.spec, std::pair{static_cast<std::uint32_t>(d), rule.section});
+      ++mirror.rules[index(rule.table)];
       const auto s = static_cast<std::size_t>(rule.section);
       std::size_t position = 1, total = 0;
       for (std::size_t i = 0; i < kSections; ++i) {
@@ -341,7 +348,7 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
       const std::uint64_t h = hashRules(c.rules);
       const auto* k = kernelChain(c.table, c.name);
       if (k == nullptr || k->builtin() || hashRules(k->rules) != h) chainEdit.rewrite(c.table, c.name, c.rules);
-      out.chains[index(c.table)][c.name] = h;
+      out.chains[index(c.table)][c.name] = {h, static_cast<std::uint32_t>(c.rules.size())};
       out.rules[index(c.table)] += c.rules.size();
       desired.emplace(c.table, c.name);
       owned.chains.emplace_back(c.table, std::move(c.name));

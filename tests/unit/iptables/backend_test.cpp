@@ -518,3 +518,33 @@ TEST_CASE("iptables backend: a full sync split in chunks ends where one input wo
   REQUIRE(ok(again));
   CHECK(again->operations == 0);
 }
+
+TEST_CASE("iptables backend: the rule counts follow full and partial syncs", "[unit]") {
+  Fixture f;
+  auto kernelRules = [&](sdk::Family fam, Table t) {
+    std::size_t n = 0;
+    for (const auto& [key, rules] : f.kernel(fam))
+      if (key.first == tableName(t)) n += rules.size();
+    return n;
+  };
+  auto check = [&] {
+    for (sdk::Family fam : {kV4, kV6})
+      for (Table t : {Table::kFilter, Table::kNat}) {
+        INFO((fam == kV4 ? "IPv4 " : "IPv6 ") << tableName(t));
+        CHECK(f.backend->mirroredRules(fam, t) == kernelRules(fam, t));
+      }
+  };
+  REQUIRE(ok(f.backend->syncFrom(f.snap, {}, true)));
+  check();
+  // One port loses an endpoint, another goes.
+  auto& first = f.snap.ports()[0];
+  REQUIRE(first.clusterEndpoints.size() >= 1);
+  const std::string changedKey = first.key;
+  const sdk::Family changedFamily = first.family;
+  first.clusterEndpoints.pop_back();
+  first.allEndpoints = first.clusterEndpoints;
+  const auto removed = f.snap.ports().back();
+  f.snap.ports().pop_back();
+  REQUIRE(ok(f.backend->syncFrom(f.snap, {{changedFamily, changedKey}, {removed.family, removed.key}}, false)));
+  check();
+}

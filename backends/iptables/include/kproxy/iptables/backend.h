@@ -59,6 +59,10 @@ class IptablesBackend final : public sdk::BackendPlugin {
   bool needsFullSync() const { return needFull_; }
   /// Owned chains in the mirror, per family.
   std::size_t mirroredChains(sdk::Family family) const;
+  /// Rules in kproxy's chains of `table` as the mirror counts them (kproxy_iptables_rules).
+  std::size_t mirroredRules(sdk::Family family, Table table) const {
+    return mirror_[index(family)].rules[index(table)];
+  }
 
   struct Metrics {
     sdk::Metric rules;            ///< gauge kproxy_iptables_rules{family,table}
@@ -83,7 +87,11 @@ class IptablesBackend final : public sdk::BackendPlugin {
   };
   struct MirrorFamily {
     /// Owned chain → hash of its rules, per table.
-    std::unordered_map<std::string, std::uint64_t> chains[3];
+    struct ChainState {
+      std::uint64_t hash = 0;  ///< of its rules
+      std::uint32_t rules = 0;
+    };
+    std::unordered_map<std::string, ChainState> chains[3];
     std::map<std::pair<Table, std::string>, DispatchState> dispatch;
     std::map<std::string, Owned> owned;  ///< per service port key ("" = the global objects)
     std::size_t rules[3] = {};           ///< rules in owned chains, per table (metrics)
