@@ -1,15 +1,20 @@
 // KernelDummyLink over rtnetlink (libnl-route-3).
 #include "kproxy/ipvs/link.h"
 
+#include <linux/if_addr.h>
+#include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 
 #include <fmt/format.h>
 #include <netlink/addr.h>
-#include <netlink/cache.h>
+#include <netlink/attr.h>
+#include <netlink/msg.h>
 #include <netlink/netlink.h>
 #include <netlink/route/addr.h>
 #include <netlink/route/link.h>
@@ -57,18 +62,56 @@ struct AddrDeleter {
 struct NlAddrDeleter {
   void operator()(nl_addr* addr) const { nl_addr_put(addr); }
 };
-struct CacheDeleter {
-  void operator()(nl_cache* cache) const { nl_cache_free(cache); }
-};
 using Socket = std::unique_ptr<nl_sock, SocketDeleter>;
 using Link = std::unique_ptr<rtnl_link, LinkDeleter>;
+
+struct CallbackDeleter {
+  void operator()(nl_cb* cb) const { nl_cb_put(cb); }
+};
+
+/// The addresses of one link, collected from an RTM_GETADDR dump.
+struct AddressDump {
+  int ifindex = 0;
+  std::vector<backends::IPPrefix> addresses;
+  bool interrupted = false;
+};
+
+bool isLinkLocal6(const backends::IPPrefix& a) { return a.v6 && a.bytes[0] == 0xfe && (a.bytes[1] & 0xc0) == 0x80; }
+
+int onAddress(nl_msg* msg, void* arg) {
+  auto* dump = static_cast<AddressDump*>(arg);
+  nlmsghdr* hdr = nlmsg_hdr(msg);
+  if (hdr->nlmsg_type != RTM_NEWADDR) return NL_OK;
+  std::array<nlattr*, IFA_MAX + 1> tb{};
+  if (nlmsg_parse(hdr, sizeof(ifaddrmsg), tb.data(), IFA_MAX, nullptr) < 0) return NL_OK;
+  const auto* ifa = static_cast<const ifaddrmsg*>(nlmsg_data(hdr));
+  if (static_cast<int>(ifa->ifa_index) != dump->ifindex) return NL_OK;
+  if (ifa->ifa_family != AF_INET && ifa->ifa_family != AF_INET6) return NL_OK;
+  // IFA_LOCAL is the address itself (IFA_ADDRESS is the peer on a point-to-point link); IPv6
+  // sends IFA_ADDRESS alone.
+  nlattr* attr = tb[IFA_LOCAL] != nullptr ? tb[IFA_LOCAL] : tb[IFA_ADDRESS];
+  if (attr == nullptr) return NL_OK;
+  backends::IPPrefix p;
+  p.v6 = ifa->ifa_family == AF_INET6;
+  p.length = p.v6 ? 128 : 32;
+  if (nla_len(attr) != static_cast<int>(p.size())) return NL_OK;
+  std::memcpy(p.bytes.data(), nla_data(attr), p.size());
+  if (isLinkLocal6(p)) return NL_OK;
+  // One address may be bound with several prefix lengths: report it once.
+  if (std::find(dump->addresses.begin(), dump->addresses.end(), p) == dump->addresses.end())
+    dump->addresses.push_back(p);
+  return NL_OK;
+}
+
+int onInterrupted(nl_msg*, void* arg) {
+  static_cast<AddressDump*>(arg)->interrupted = true;
+  return NL_OK;
+}
 
 int captureErrno(sockaddr_nl*, nlmsgerr* err, void* arg) {
   *static_cast<int*>(arg) = -err->error;
   return NL_STOP;
 }
-
-bool isLinkLocal6(const backends::IPPrefix& a) { return a.v6 && a.bytes[0] == 0xfe && (a.bytes[1] & 0xc0) == 0x80; }
 
 class NetlinkDummyLink final : public KernelDummyLink {
  public:
@@ -114,31 +157,28 @@ class NetlinkDummyLink final : public KernelDummyLink {
   }
 
   core::Result<std::vector<backends::IPPrefix>> listAddresses(const std::string& name) override {
-    auto ifindex = indexOf(name, "list addresses of " + name);
+    const std::string what = "list addresses of " + name;
+    auto ifindex = indexOf(name, what);
     if (!ifindex) return std::unexpected(ifindex.error());
-    nl_cache* raw = nullptr;
-    kernelErrno_ = 0;
-    if (int rc = rtnl_addr_alloc_cache(sock_.get(), &raw); rc < 0)
-      return std::unexpected(
-          linkError("list addresses of " + name, kernelErrno_ != 0 ? kernelErrno_ : errnoFromLibnl(rc)));
-    std::unique_ptr<nl_cache, CacheDeleter> cache(raw);
-    std::vector<backends::IPPrefix> out;
-    for (nl_object* obj = nl_cache_get_first(cache.get()); obj != nullptr; obj = nl_cache_get_next(obj)) {
-      auto* addr = reinterpret_cast<rtnl_addr*>(obj);
-      if (rtnl_addr_get_ifindex(addr) != *ifindex) continue;
-      nl_addr* local = rtnl_addr_get_local(addr);
-      if (local == nullptr) continue;
-      backends::IPPrefix p;
-      const int family = nl_addr_get_family(local);
-      if (family != AF_INET && family != AF_INET6) continue;
-      p.v6 = family == AF_INET6;
-      p.length = p.v6 ? 128 : 32;
-      if (nl_addr_get_len(local) != p.size()) continue;
-      std::memcpy(p.bytes.data(), nl_addr_get_binary_addr(local), p.size());
-      if (isLinkLocal6(p)) continue;
-      out.push_back(p);
+    // Our own dump rather than libnl's address cache: the cache restarts an interrupted dump
+    // without emptying itself, which reports addresses twice or ones already gone.
+    for (int attempt = 0; attempt < 5; ++attempt) {
+      AddressDump dump{*ifindex, {}, false};
+      // A copy of the socket's callbacks (with the errno capture) plus the dump's own.
+      std::unique_ptr<nl_cb, CallbackDeleter> base(nl_socket_get_cb(sock_.get()));
+      std::unique_ptr<nl_cb, CallbackDeleter> cb(nl_cb_clone(base.get()));
+      if (!cb) return std::unexpected(linkError(what, ENOMEM));
+      nl_cb_set(cb.get(), NL_CB_VALID, NL_CB_CUSTOM, onAddress, &dump);
+      nl_cb_set(cb.get(), NL_CB_DUMP_INTR, NL_CB_CUSTOM, onInterrupted, &dump);
+      ifaddrmsg request{};
+      request.ifa_family = AF_UNSPEC;
+      kernelErrno_ = 0;
+      int rc = nl_send_simple(sock_.get(), RTM_GETADDR, NLM_F_DUMP, &request, sizeof request);
+      if (rc >= 0) rc = nl_recvmsgs(sock_.get(), cb.get());
+      if (rc < 0) return std::unexpected(linkError(what, kernelErrno_ != 0 ? kernelErrno_ : errnoFromLibnl(rc)));
+      if (!dump.interrupted) return std::move(dump.addresses);
     }
-    return out;
+    return std::unexpected(linkError(what + ": the dump was interrupted by changes five times", EINTR));
   }
 
   core::Result<void> addAddress(const std::string& name, const backends::IPPrefix& address) override {

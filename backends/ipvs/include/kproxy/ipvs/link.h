@@ -1,8 +1,8 @@
 #pragma once
 /// KernelDummyLink: the dummy interface (kube-ipvs0) that IPVS mode binds every service address
 /// to, so that the node accepts packets for them and IPVS sees them at INPUT. Like kube-proxy,
-/// kproxy creates it and leaves it down: the kernel still adds a local route for each IPv4
-/// address of a down link. Addresses are host prefixes (/32, /128) of scope global, as
+/// kproxy creates it and leaves it down: the kernel still adds a local route for each address
+/// of a down link (IPv4, and IPv6 on the kernels tested, 6.1). Addresses are host prefixes (/32, /128) of scope global, as
 /// kube-proxy binds them. The rtnetlink implementation (libnl-route-3) sits beside a fake.
 /// Thread-safety: an adapter is not thread-safe; one owner uses it.
 
