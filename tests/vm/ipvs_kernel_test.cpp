@@ -16,6 +16,13 @@
 
 #include <fmt/format.h>
 
+#include <linux/ip_vs.h>
+#include <netlink/genl/ctrl.h>
+#include <netlink/genl/genl.h>
+#include <netlink/msg.h>
+#include <netlink/socket.h>
+
+#include "ipvs_wire.h"
 #include "kproxy/ipvs/kernel.h"
 #include "kproxy/ipvs/link.h"
 #include "netns.h"
@@ -249,6 +256,58 @@ TEST_CASE("an IPv4 real server is EINVAL until the namespace has a local routing
   REQUIRE_OK(ipvs->addRealServer(vs, backend("10.244.1.5", 80)));
 }
 
+namespace {
+
+struct DumpOutcome {
+  int messages = 0;
+  int errnum = 0;
+};
+
+/// A raw IPVS_CMD_GET_DEST dump of `vs`, as the adapter sends it: how many destinations came
+/// back and the kernel's errno.
+DumpOutcome rawDestDump(const VirtualServer& vs) {
+  std::unique_ptr<nl_sock, void (*)(nl_sock*)> sock(nl_socket_alloc(), nl_socket_free);
+  REQUIRE(sock);
+  REQUIRE(genl_connect(sock.get()) == 0);
+  const int family = genl_ctrl_resolve(sock.get(), IPVS_GENL_NAME);
+  REQUIRE(family > 0);
+  auto msg = wire::newRequest(family, IPVS_CMD_GET_DEST, NLM_F_DUMP);
+  REQUIRE(msg);
+  REQUIRE(wire::putService(msg->get(), vs, false));
+  DumpOutcome out;
+  nl_socket_modify_cb(sock.get(), NL_CB_VALID, NL_CB_CUSTOM,
+                      [](nl_msg*, void* arg) -> int { ++static_cast<DumpOutcome*>(arg)->messages; return NL_OK; }, &out);
+  nl_socket_modify_err_cb(sock.get(), NL_CB_CUSTOM,
+                          [](sockaddr_nl*, nlmsgerr* err, void* arg) -> int {
+                            static_cast<DumpOutcome*>(arg)->errnum = -err->error;
+                            return NL_STOP;
+                          },
+                          &out);
+  REQUIRE(nl_send_auto(sock.get(), msg->get()) >= 0);
+  nl_recvmsgs_default(sock.get());
+  return out;
+}
+
+}  // namespace
+
+// Why listRealServers asks for the service when a dump comes back empty: the kernel answers a
+// destination dump of a missing service with an empty dump, not with an error.
+TEST_CASE("the kernel's destination dump of a missing virtual server is empty, not an error", "[vm]") {
+  FreshNetns netns;
+  sh("ip link set lo up");
+  auto ipvs = openIpvs();
+  auto vs = service("10.96.0.10", 80);
+  auto missing = rawDestDump(vs);
+  CHECK(missing.messages == 0);
+  CHECK(missing.errnum == 0);
+  REQUIRE_OK(ipvs->addVirtualServer(vs));
+  REQUIRE_OK(ipvs->addRealServer(vs, backend("10.244.1.5", 80)));
+  auto present = rawDestDump(vs);
+  CHECK(present.messages == 1);
+  CHECK(present.errnum == 0);
+  requireErrno(ipvs->listRealServers(service("10.96.0.11", 80)), ESRCH);
+}
+
 TEST_CASE("a real server of the other family is refused for masquerading", "[vm]") {
   FreshNetns netns;
   sh("ip link set lo up");
@@ -285,6 +344,13 @@ TEST_CASE("persistence: timeout, flags and netmask round-trip", "[vm]") {
     auto it = std::find_if(listed->begin(), listed->end(), [&](const VirtualServer& l) { return l.sameIdentity(vs); });
     REQUIRE(it != listed->end());
     CHECK(*it == vs);
+  }
+  {
+    // ipvsadm reads the same netmasks: a mask for IPv4, a prefix length for IPv6.
+    auto [rc, out] = run("ipvsadm -Ln");
+    INFO(out);
+    CHECK(out.find("10.96.0.10:80 rr persistent 10800 mask 255.255.255.0") != std::string::npos);
+    CHECK(out.find("[fd00::10]:80 rr persistent 60 mask 64") != std::string::npos);
   }
   // Persistence off again: the flags are replaced, not merged.
   v4.flags = 0;

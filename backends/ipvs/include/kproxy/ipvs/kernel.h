@@ -129,7 +129,10 @@ class KernelIpvs {
   /// Deletes it with its real servers. ESRCH when missing.
   virtual core::Result<void> deleteVirtualServer(const VirtualServer& vs) = 0;
 
-  /// ESRCH when `vs` is missing; EEXIST when the real server exists.
+  /// ESRCH when `vs` is missing; EEXIST when the real server exists. EINVAL for a masqueraded
+  /// real server of the other family, and for any IPv4 real server while the namespace has no
+  /// local routing table yet (no local address at all, not even lo up): the kernel checks the
+  /// address's type there.
   virtual core::Result<void> addRealServer(const VirtualServer& vs, const RealServer& rs) = 0;
   /// Replaces weight, forwarding and thresholds. ENOENT when the real server is missing.
   virtual core::Result<void> updateRealServer(const VirtualServer& vs, const RealServer& rs) = 0;
