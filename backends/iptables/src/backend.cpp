@@ -150,13 +150,18 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
       // The service chains' chunks first, then the input that points the dispatch chains at
       // them; each chunk leaves every service either as it was or as it is wanted, and a
       // failure leaves needFull_ set, so the next sync repairs what was applied.
+      std::size_t size = input.size();
+      for (const auto& chunk : chunks) size += chunk.size();
+      const bool keep = size <= settings_.lastRestoreKept;
       std::string all;
-      for (const auto& chunk : chunks) {
+      for (auto& chunk : chunks) {
         if (auto r = apply(fam, chunk); !r) return std::unexpected(r.error());
-        all += chunk;
+        if (keep) all += chunk;
+        std::string().swap(chunk);  // applied: its memory goes back now
       }
       if (auto r = apply(fam, input); !r) return std::unexpected(r.error());
-      if (!chunks.empty()) input = all + input;
+      if (!keep) input.clear();
+      if (!chunks.empty() && keep) input = all + input;
       mirror_[index(fam)] = std::move(fresh);
     } else {
       std::vector<std::string> keys;
@@ -168,6 +173,7 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
         return std::unexpected(r.error());
       }
     }
+    if (input.size() > settings_.lastRestoreKept) input.clear();
     lastRestore_[index(fam)] = std::move(input);
   }
   if (full) {

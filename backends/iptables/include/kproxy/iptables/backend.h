@@ -39,6 +39,9 @@ struct BackendSettings {
   bool ipv6 = true;
   /// Where sysctls live (route_localnet), for tests.
   std::string sysctlRoot = "/proc/sys";
+  /// lastRestore() keeps inputs up to this size (bytes); a bigger full sync's would otherwise
+  /// stay resident until the next sync, as much memory again as the text the tool read.
+  std::size_t lastRestoreKept = 4u << 20;
 };
 
 class IptablesBackend final : public sdk::BackendPlugin {
@@ -54,7 +57,8 @@ class IptablesBackend final : public sdk::BackendPlugin {
   sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next,
                                            const std::vector<sdk::ChangedKey>& changed, bool full);
 
-  /// The restore input of the last sync per family (empty when it wrote nothing).
+  /// The restore input of the last sync per family (empty when it wrote nothing, or when it
+  /// was bigger than BackendSettings::lastRestoreKept).
   const std::string& lastRestore(sdk::Family family) const { return lastRestore_[index(family)]; }
   bool needsFullSync() const { return needFull_; }
   /// Owned chains in the mirror, per family.
