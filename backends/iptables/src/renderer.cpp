@@ -94,28 +94,13 @@ std::string probabilityText(std::size_t n) {
   return fmt::format("{:.11f}", static_cast<double>(kept) / 2147483648.0);
 }
 
-IptablesRenderer::IptablesRenderer(RenderConfig config) : config_(std::move(config)) {
-  using Mode = plan::LocalTrafficDetector::Mode;
-  planConfig_.masqueradeAll = config_.masqueradeAll;
-  auto& detector = planConfig_.localDetector;
-  if (config_.detectLocalMode == "NodeCIDR") {
-    detector.mode = Mode::kCIDRs;  // the CIDRs come with the node (setNode)
-  } else if (config_.detectLocalMode == "BridgeInterface") {
-    detector.mode = Mode::kBridgeInterface;
-    detector.interface = config_.bridgeInterface;
-  } else if (config_.detectLocalMode == "InterfaceNamePrefix") {
-    detector.mode = Mode::kInterfaceNamePrefix;
-    detector.interface = config_.interfaceNamePrefix;
-  } else if (!config_.clusterCIDRs.empty()) {
-    detector.mode = Mode::kCIDRs;
-    detector.cidrs = config_.clusterCIDRs;
-  }
-  planConfig_.nodeIPs = config_.nodeIPs;
-}
+IptablesRenderer::IptablesRenderer(RenderConfig config)
+    : config_(std::move(config)),
+      planConfig_(plan::planConfigOf(config_.masqueradeAll, config_.detectLocalMode, config_.clusterCIDRs,
+                                     config_.bridgeInterface, config_.interfaceNamePrefix, config_.nodeIPs)) {}
 
 void IptablesRenderer::setNode(const sdk::NodeInfo& node) {
-  if (config_.detectLocalMode == "NodeCIDR") planConfig_.localDetector.cidrs = node.podCIDRs;
-  planConfig_.nodeIPs = node.addresses.empty() ? config_.nodeIPs : node.addresses;
+  plan::applyNode(planConfig_, config_.detectLocalMode, node, config_.nodeIPs);
   for (sdk::Family fam : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
     NodePorts& out = nodePorts_[isV6(fam) ? 1 : 0];
     out = NodePorts{};

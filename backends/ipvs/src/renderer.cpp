@@ -203,30 +203,15 @@ bool isOwnedChain(Table table, std::string_view chain) {
 }
 
 IpvsRenderer::IpvsRenderer(RenderConfig config) : config_(std::move(config)) {
-  using Mode = plan::LocalTrafficDetector::Mode;
   if (config_.scheduler.empty()) config_.scheduler = std::string(kDefaultScheduler);
-  planConfig_.masqueradeAll = config_.masqueradeAll;
-  auto& detector = planConfig_.localDetector;
-  if (config_.detectLocalMode == "NodeCIDR") {
-    detector.mode = Mode::kCIDRs;  // the CIDRs come with the node (setNode)
-  } else if (config_.detectLocalMode == "BridgeInterface") {
-    detector.mode = Mode::kBridgeInterface;
-    detector.interface = config_.bridgeInterface;
-  } else if (config_.detectLocalMode == "InterfaceNamePrefix") {
-    detector.mode = Mode::kInterfaceNamePrefix;
-    detector.interface = config_.interfaceNamePrefix;
-  } else if (!config_.clusterCIDRs.empty()) {
-    detector.mode = Mode::kCIDRs;
-    detector.cidrs = config_.clusterCIDRs;
-  }
-  planConfig_.nodeIPs = config_.nodeIPs;
+  planConfig_ = plan::planConfigOf(config_.masqueradeAll, config_.detectLocalMode, config_.clusterCIDRs,
+                                   config_.bridgeInterface, config_.interfaceNamePrefix, config_.nodeIPs);
   resolveNodePortAddresses();
 }
 
 void IpvsRenderer::setNode(const sdk::NodeInfo& node) {
   node_ = node;
-  if (config_.detectLocalMode == "NodeCIDR") planConfig_.localDetector.cidrs = node.podCIDRs;
-  planConfig_.nodeIPs = node.addresses.empty() ? config_.nodeIPs : node.addresses;
+  plan::applyNode(planConfig_, config_.detectLocalMode, node, config_.nodeIPs);
   resolveNodePortAddresses();
 }
 

@@ -288,31 +288,19 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
 }
 
 void NftablesRenderer::setNode(const sdk::NodeInfo& node) {
-  if (config_.detectLocalMode == "NodeCIDR") planConfig_.localDetector.cidrs = node.podCIDRs;
-  planConfig_.nodeIPs = node.addresses;
-  if (planConfig_.nodeIPs.empty())
-    for (const auto& a : config_.nodeIPs) planConfig_.nodeIPs.push_back(a.toString());
+  std::vector<std::string> fallback;
+  for (const auto& a : config_.nodeIPs) fallback.push_back(a.toString());
+  plan::applyNode(planConfig_, config_.detectLocalMode, node, fallback);
 }
 
 plan::PlanConfig NftablesRenderer::planConfigOf(const RenderConfig& config) {
-  plan::PlanConfig out;
-  out.masqueradeAll = config.masqueradeAll;
-  using Mode = plan::LocalTrafficDetector::Mode;
-  auto& detector = out.localDetector;
-  if (config.detectLocalMode == "NodeCIDR") {
-    detector.mode = Mode::kCIDRs;  // the CIDRs come with the node (setNode)
-  } else if (config.detectLocalMode == "BridgeInterface") {
-    detector.mode = Mode::kBridgeInterface;
-    detector.interface = config.bridgeInterface;
-  } else if (config.detectLocalMode == "InterfaceNamePrefix") {
-    detector.mode = Mode::kInterfaceNamePrefix;
-    detector.interface = config.interfaceNamePrefix;
-  } else if (!config.clusterCIDRs.empty()) {
-    detector.mode = Mode::kCIDRs;
-    for (const auto& c : config.clusterCIDRs) detector.cidrs.push_back(c.toString());
-  }
-  for (const auto& a : config.nodeIPs) out.nodeIPs.push_back(a.toString());
-  return out;
+  auto strings = [](const std::vector<Address>& addresses) {
+    std::vector<std::string> out;
+    for (const auto& a : addresses) out.push_back(a.toString());
+    return out;
+  };
+  return plan::planConfigOf(config.masqueradeAll, config.detectLocalMode, strings(config.clusterCIDRs),
+                            config.bridgeInterface, config.interfaceNamePrefix, strings(config.nodeIPs));
 }
 
 std::vector<std::vector<Statement>> NftablesRenderer::podTrafficMatches(sdk::Family family, bool negate) const {

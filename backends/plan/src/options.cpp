@@ -73,4 +73,33 @@ sdk::Expected<CommonOptions> parseCommonOptions(const sdk::Options& options, std
   return out;
 }
 
+PlanConfig planConfigOf(bool masqueradeAll, std::string_view detectLocalMode,
+                        const std::vector<std::string>& clusterCIDRs, const std::string& bridgeInterface,
+                        const std::string& interfaceNamePrefix, const std::vector<std::string>& nodeIPs) {
+  using Mode = LocalTrafficDetector::Mode;
+  PlanConfig out;
+  out.masqueradeAll = masqueradeAll;
+  auto& detector = out.localDetector;
+  if (detectLocalMode == "NodeCIDR") {
+    detector.mode = Mode::kCIDRs;  // the CIDRs come with the node (applyNode)
+  } else if (detectLocalMode == "BridgeInterface") {
+    detector.mode = Mode::kBridgeInterface;
+    detector.interface = bridgeInterface;
+  } else if (detectLocalMode == "InterfaceNamePrefix") {
+    detector.mode = Mode::kInterfaceNamePrefix;
+    detector.interface = interfaceNamePrefix;
+  } else if (!clusterCIDRs.empty()) {
+    detector.mode = Mode::kCIDRs;
+    detector.cidrs = clusterCIDRs;
+  }
+  out.nodeIPs = nodeIPs;
+  return out;
+}
+
+void applyNode(PlanConfig& config, std::string_view detectLocalMode, const sdk::NodeInfo& node,
+               const std::vector<std::string>& fallbackNodeIPs) {
+  if (detectLocalMode == "NodeCIDR") config.localDetector.cidrs = node.podCIDRs;
+  config.nodeIPs = node.addresses.empty() ? fallbackNodeIPs : node.addresses;
+}
+
 }  // namespace kproxy::plan

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kproxy/plan/service_plan.h"
 #include "kproxy/plugin/sdk.h"
 
 namespace kproxy::plan {
@@ -31,5 +32,16 @@ struct CommonOptions {
 /// Reads the common options; an error (category kInvalidInput, prefixed "BACKEND: ") names the
 /// bad option and value.
 sdk::Expected<CommonOptions> parseCommonOptions(const sdk::Options& options, std::string_view backend);
+
+/// The plan's node-wide settings from the options: masquerade-all, the local-traffic detector
+/// (NodeCIDR mode gets its CIDRs from the node, see applyNode) and the fallback node IPs.
+PlanConfig planConfigOf(bool masqueradeAll, std::string_view detectLocalMode,
+                        const std::vector<std::string>& clusterCIDRs, const std::string& bridgeInterface,
+                        const std::string& interfaceNamePrefix, const std::vector<std::string>& nodeIPs);
+
+/// What the node brings to the plan: its pod CIDRs (NodeCIDR mode) and its addresses (the
+/// options' node IPs when it has none).
+void applyNode(PlanConfig& config, std::string_view detectLocalMode, const sdk::NodeInfo& node,
+               const std::vector<std::string>& fallbackNodeIPs);
 
 }  // namespace kproxy::plan
