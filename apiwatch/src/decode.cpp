@@ -680,7 +680,20 @@ json scalarToJson(const YAML::Node& node, const YamlLoc& loc) {
   yamlFail(loc, node, fmt::format("unsupported tag {}", tag));
 }
 
-json yamlNodeToJson(const YAML::Node& node, const YamlLoc& loc) {
+/// Bounds on a YAML document's tree as it is converted: aliases may point at an ancestor (a
+/// cycle) or fan out exponentially ("billion laughs"), so both the nesting depth and the number
+/// of nodes visited are capped far above any Kubernetes object's.
+struct YamlBudget {
+  static constexpr std::size_t kMaxDepth = 128;
+  static constexpr std::size_t kMaxNodes = 1'000'000;
+  std::size_t nodes = 0;
+};
+
+json yamlNodeToJson(const YAML::Node& node, const YamlLoc& loc, YamlBudget& budget, std::size_t depth = 0) {
+  if (depth > YamlBudget::kMaxDepth)
+    yamlFail(loc, node, fmt::format("nested deeper than {} levels (an alias to an ancestor?)", YamlBudget::kMaxDepth));
+  if (++budget.nodes > YamlBudget::kMaxNodes)
+    yamlFail(loc, node, fmt::format("more than {} nodes (aliases expanding?)", YamlBudget::kMaxNodes));
   switch (node.Type()) {
     case YAML::NodeType::Undefined:
     case YAML::NodeType::Null:
@@ -692,7 +705,7 @@ json yamlNodeToJson(const YAML::Node& node, const YamlLoc& loc) {
       std::size_t i = 0;
       for (const auto& child : node) {
         YamlLoc childLoc{&loc, {}, i++, true};
-        out.push_back(yamlNodeToJson(child, childLoc));
+        out.push_back(yamlNodeToJson(child, childLoc, budget, depth + 1));
       }
       return out;
     }
@@ -703,7 +716,7 @@ json yamlNodeToJson(const YAML::Node& node, const YamlLoc& loc) {
         const std::string& key = kv.first.Scalar();
         YamlLoc childLoc{&loc, key, 0, false};
         if (out.contains(key)) yamlFail(childLoc, kv.first, "duplicate mapping key");
-        out[key] = yamlNodeToJson(kv.second, childLoc);
+        out[key] = yamlNodeToJson(kv.second, childLoc, budget, depth + 1);
       }
       return out;
     }
@@ -840,7 +853,8 @@ core::Result<WatchEvent> decodeWatchEvent(nlohmann::json event) {
 
 core::Result<nlohmann::json> yamlToJson(const YAML::Node& node) {
   try {
-    return yamlNodeToJson(node, YamlLoc{});
+    YamlBudget budget;
+    return yamlNodeToJson(node, YamlLoc{}, budget);
   } catch (const DecodeFailure& f) {
     return core::makeError(core::ErrorCategory::kDecode, fmt::format("{}: {}", f.path, f.reason));
   } catch (const YAML::Exception& e) {

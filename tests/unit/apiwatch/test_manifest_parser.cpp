@@ -92,3 +92,32 @@ TEST_CASE("manifest parser: a List's last items array wins, and broken JSON yiel
   REQUIRE(broken.size() == 1);
   CHECK(broken[0].starts_with("- error: JSON syntax error"));
 }
+
+TEST_CASE("manifest parser: YAML aliases that loop or fan out are errors, not a crash", "[unit]") {
+  // An alias to an ancestor makes the tree infinite; the fuzzer found one that overflowed the
+  // stack.
+  auto cycle = summary(parseManifest("kind: Service\nspec: &a\n  ports: *a\n", ManifestFormat::kYaml));
+  REQUIRE(cycle.size() == 1);
+  CHECK(cycle[0].find("error:") != std::string::npos);
+  CHECK(cycle[0].find("nested deeper than 128 levels") != std::string::npos);
+
+  // Ten aliases of ten aliases ... (10^9 leaves) stop at the node budget.
+  std::string laughs = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  std::string previous = "a";
+  for (std::string name : {"b", "c", "d", "e", "f", "g", "h", "i", "j"}) {
+    laughs += name + ": &" + name + " [";
+    for (int i = 0; i < 10; ++i) laughs += (i ? ", *" : "*") + previous;
+    laughs += "]\n";
+    previous = name;
+  }
+  auto fanOut = summary(parseManifest(laughs, ManifestFormat::kYaml));
+  REQUIRE(fanOut.size() == 1);
+  CHECK(fanOut[0].find("more than 1000000 nodes") != std::string::npos);
+
+  // An ordinary alias still works.
+  auto ok = summary(parseManifest("kind: Service\napiVersion: v1\nmetadata: {name: s, namespace: a}\n"
+                                  "spec: {clusterIP: 10.96.0.1, ports: [&p {port: 80}]}\n",
+                                  ManifestFormat::kYaml));
+  REQUIRE(ok.size() == 1);
+  CHECK(ok[0].find("error") == std::string::npos);
+}
