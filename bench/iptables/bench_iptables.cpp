@@ -156,6 +156,14 @@ class TimedKernel final : public KernelIptables {
     ++restores;
     return r;
   }
+  /// A streamed restore: timed from its start to its end (the tool runs meanwhile, while the
+  /// backend renders the rest of the input).
+  core::Result<std::unique_ptr<RestoreStream>> startRestore(sdk::Family family) override {
+    auto inner = inner_->startRestore(family);
+    if (!inner) return std::unexpected(inner.error());
+    ++restores;
+    return std::make_unique<Timed>(*this, std::move(*inner));
+  }
   core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override {
     return inner_->chainExists(family, table, chain);
   }
@@ -172,6 +180,26 @@ class TimedKernel final : public KernelIptables {
   std::size_t restores = 0;
 
  private:
+  class Timed final : public RestoreStream {
+   public:
+    Timed(TimedKernel& kernel, std::unique_ptr<RestoreStream> inner)
+        : kernel_(kernel), inner_(std::move(inner)), started_(Clock::now()) {}
+    core::Result<void> write(std::string_view text) override {
+      kernel_.restoreBytes += text.size();
+      return inner_->write(text);
+    }
+    core::Result<void> finish() override {
+      auto r = inner_->finish();
+      kernel_.restoreMs += msSince(started_);
+      return r;
+    }
+
+   private:
+    TimedKernel& kernel_;
+    std::unique_ptr<RestoreStream> inner_;
+    Clock::time_point started_;
+  };
+
   std::unique_ptr<KernelIptables> inner_;
 };
 

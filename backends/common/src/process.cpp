@@ -65,23 +65,138 @@ int waitForChild(pid_t pid, int& status) {
 
 std::string commandName(const std::vector<std::string>& argv) { return argv.front(); }
 
-}  // namespace
+/// A spawned child and our ends of its stdin, stdout and stderr.
+class ChildProcess final : public ProcessStream {
+ public:
+  ~ChildProcess() override {
+    if (pid_ > 0) {
+      // Never finished (the caller gave up): kill and reap, so no zombie is left behind.
+      ::kill(pid_, SIGKILL);
+      int status = 0;
+      waitForChild(pid_, status);
+    }
+  }
 
-core::Result<ProcessResult> runProcess(const std::vector<std::string>& argv, const ProcessOptions& options) {
+  core::Result<void> spawn(const std::vector<std::string>& argv, const ProcessOptions& options);
+
+  core::Result<void> write(std::string_view data) override {
+    if (data.empty() || stdinOurs_.get() < 0) return {};
+    pump(data);
+    return failure();
+  }
+
+  core::Result<ProcessResult> finish() override {
+    stdinOurs_.reset();
+    if (!timedOut_ && ioError_ == 0) pump({});
+    childExit_.reset();
+    if (timedOut_ || ioError_ != 0) ::kill(pid_, SIGKILL);
+    outOurs_.reset();
+    errOurs_.reset();
+    int status = 0;
+    const int e = waitForChild(pid_, status);
+    pid_ = -1;
+    if (e != 0) return makeError(ErrorCategory::kProcess, "waiting for " + name_, e);
+    if (auto f = failure(); !f) return std::unexpected(f.error());
+    if (WIFEXITED(status)) {
+      result_.exitCode = WEXITSTATUS(status);
+    } else if (WIFSIGNALED(status)) {
+      result_.termSignal = WTERMSIG(status);
+      result_.exitCode = 128 + result_.termSignal;
+    }
+    return std::move(result_);
+  }
+
+ private:
+  core::Result<void> failure() const {
+    if (timedOut_)
+      return makeError(ErrorCategory::kProcess, "killed " + name_ + " after " + std::to_string(timeout_->count()) + "ms",
+                       ETIMEDOUT);
+    if (ioError_ != 0) return makeError(ErrorCategory::kProcess, "reading output of " + name_, ioError_);
+    return {};
+  }
+
+  /// Writes `input` (while stdin is open) and reads the output meanwhile. With input, returns
+  /// once it is written or stdin closed; without, once the output is closed and the child
+  /// has exited (or the timeout passed, or the pipes failed).
+  void pump(std::string_view input) {
+    const bool writing = !input.empty();
+    while (outOurs_.get() >= 0 || errOurs_.get() >= 0 || childExit_.get() >= 0) {
+      if (writing && (input.empty() || stdinOurs_.get() < 0)) return;
+      pollfd fds[4];
+      nfds_t count = 0;
+      if (writing) fds[count++] = {stdinOurs_.get(), POLLOUT, 0};
+      if (childExit_.get() >= 0) fds[count++] = {childExit_.get(), POLLIN, 0};
+      if (outOurs_.get() >= 0) fds[count++] = {outOurs_.get(), POLLIN, 0};
+      if (errOurs_.get() >= 0) fds[count++] = {errOurs_.get(), POLLIN, 0};
+      int waitMs = -1;
+      if (timeout_) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline_ - Clock::now()).count();
+        if (left <= 0) {
+          timedOut_ = true;
+          return;
+        }
+        waitMs = left > INT_MAX ? INT_MAX : static_cast<int>(left);
+      }
+      const int ready = ::poll(fds, count, waitMs);
+      if (ready < 0) {
+        if (errno == EINTR) continue;
+        ioError_ = errno;
+        return;
+      }
+      for (nfds_t i = 0; i < count; ++i) {
+        if (fds[i].revents == 0) continue;
+        if (writing && fds[i].fd == stdinOurs_.get()) {
+          const ssize_t n = ::send(stdinOurs_.get(), input.data(), input.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+          if (n > 0) input.remove_prefix(static_cast<std::size_t>(n));
+          // EPIPE: the child closed its stdin; what it did not read is its business.
+          if (n < 0 && errno != EINTR && errno != EAGAIN) stdinOurs_.reset();
+          continue;
+        }
+        if (fds[i].fd == childExit_.get()) {
+          childExit_.reset();
+          continue;
+        }
+        FileDescriptor& source = fds[i].fd == outOurs_.get() ? outOurs_ : errOurs_;
+        char buffer[65536];
+        const ssize_t n = ::read(source.get(), buffer, sizeof buffer);
+        if (n > 0) {
+          (&source == &outOurs_ ? result_.out : result_.err).append(buffer, static_cast<std::size_t>(n));
+        } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+          source.reset();
+        }
+      }
+    }
+  }
+
+  std::string name_;
+  pid_t pid_ = -1;
+  FileDescriptor stdinOurs_, outOurs_, errOurs_, childExit_;
+  std::optional<std::chrono::milliseconds> timeout_;
+  Clock::time_point deadline_ = Clock::time_point::max();
+  ProcessResult result_;
+  bool timedOut_ = false;
+  int ioError_ = 0;
+};
+
+core::Result<void> ChildProcess::spawn(const std::vector<std::string>& argv, const ProcessOptions& options) {
   if (argv.empty() || argv.front().empty()) return makeError(ErrorCategory::kInvalidArgument, "empty command");
+  name_ = commandName(argv);
 
   // stdin is a socket, not a pipe: send(MSG_NOSIGNAL) to a child that stopped reading gets
   // EPIPE instead of raising SIGPIPE, with no signal handler touched.
   int stdinPair[2];
   if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, stdinPair) != 0)
-    return makeError(ErrorCategory::kProcess, "socketpair for " + commandName(argv), errno);
-  FileDescriptor stdinOurs(stdinPair[0]), stdinChild(stdinPair[1]);
+    return makeError(ErrorCategory::kProcess, "socketpair for " + name_, errno);
+  stdinOurs_.reset(stdinPair[0]);
+  FileDescriptor stdinChild(stdinPair[1]);
   int outPipe[2];
-  if (::pipe2(outPipe, O_CLOEXEC) != 0) return makeError(ErrorCategory::kProcess, "pipe for " + commandName(argv), errno);
-  FileDescriptor outOurs(outPipe[0]), outChild(outPipe[1]);
+  if (::pipe2(outPipe, O_CLOEXEC) != 0) return makeError(ErrorCategory::kProcess, "pipe for " + name_, errno);
+  outOurs_.reset(outPipe[0]);
+  FileDescriptor outChild(outPipe[1]);
   int errPipe[2];
-  if (::pipe2(errPipe, O_CLOEXEC) != 0) return makeError(ErrorCategory::kProcess, "pipe for " + commandName(argv), errno);
-  FileDescriptor errOurs(errPipe[0]), errChild(errPipe[1]);
+  if (::pipe2(errPipe, O_CLOEXEC) != 0) return makeError(ErrorCategory::kProcess, "pipe for " + name_, errno);
+  errOurs_.reset(errPipe[0]);
+  FileDescriptor errChild(errPipe[1]);
 
   SpawnSetup setup;
   // dup2 clears close-on-exec on the target, so the child keeps exactly 0, 1 and 2.
@@ -110,91 +225,62 @@ core::Result<ProcessResult> runProcess(const std::vector<std::string>& argv, con
   const bool hasPath = argv.front().find('/') != std::string::npos;
   const int spawned = hasPath ? posix_spawn(&pid, args[0], &setup.actions, &setup.attributes, args.data(), environ)
                               : posix_spawnp(&pid, args[0], &setup.actions, &setup.attributes, args.data(), environ);
-  if (spawned != 0) return makeError(ErrorCategory::kProcess, "could not run " + commandName(argv), spawned);
+  if (spawned != 0) return makeError(ErrorCategory::kProcess, "could not run " + name_, spawned);
+  pid_ = pid;
   stdinChild.reset();
   outChild.reset();
   errChild.reset();
 
-  const bool hasDeadline = options.timeout.has_value();
-  const Clock::time_point deadline = hasDeadline ? Clock::now() + *options.timeout : Clock::time_point::max();
-  ProcessResult result;
-  std::string_view input = options.stdinData;
-  if (input.empty()) stdinOurs.reset();
+  timeout_ = options.timeout;
+  if (timeout_) deadline_ = Clock::now() + *timeout_;
   // Readable once the child has exited, so that a child which closes its output early still
   // meets the timeout. Without pidfds (Linux < 5.3) only the output is watched.
-  FileDescriptor childExit;
 #ifdef SYS_pidfd_open
-  if (hasDeadline) childExit.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+  if (timeout_) childExit_.reset(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
 #endif
-  bool timedOut = false;
-  int ioError = 0;
-  while (outOurs.get() >= 0 || errOurs.get() >= 0 || childExit.get() >= 0) {
-    pollfd fds[4];
-    nfds_t count = 0;
-    if (stdinOurs.get() >= 0) fds[count++] = {stdinOurs.get(), POLLOUT, 0};
-    if (childExit.get() >= 0) fds[count++] = {childExit.get(), POLLIN, 0};
-    if (outOurs.get() >= 0) fds[count++] = {outOurs.get(), POLLIN, 0};
-    if (errOurs.get() >= 0) fds[count++] = {errOurs.get(), POLLIN, 0};
-    int waitMs = -1;
-    if (hasDeadline) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) {
-        timedOut = true;
-        break;
-      }
-      waitMs = left > INT_MAX ? INT_MAX : static_cast<int>(left);
-    }
-    const int ready = ::poll(fds, count, waitMs);
-    if (ready < 0) {
-      if (errno == EINTR) continue;
-      ioError = errno;
-      break;
-    }
-    for (nfds_t i = 0; i < count; ++i) {
-      if (fds[i].revents == 0) continue;
-      if (fds[i].fd == stdinOurs.get()) {
-        const ssize_t n = ::send(stdinOurs.get(), input.data(), input.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (n > 0) input.remove_prefix(static_cast<std::size_t>(n));
-        // EPIPE: the child closed its stdin; what it did not read is its business.
-        if ((n < 0 && errno != EINTR && errno != EAGAIN) || input.empty()) stdinOurs.reset();
-        continue;
-      }
-      if (fds[i].fd == childExit.get()) {
-        childExit.reset();
-        continue;
-      }
-      FileDescriptor& source = fds[i].fd == outOurs.get() ? outOurs : errOurs;
-      char buffer[65536];
-      const ssize_t n = ::read(source.get(), buffer, sizeof buffer);
-      if (n > 0) {
-        (&source == &outOurs ? result.out : result.err).append(buffer, static_cast<std::size_t>(n));
-      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
-        source.reset();
-      }
-    }
-  }
-  stdinOurs.reset();
-  childExit.reset();
-  if (timedOut || ioError != 0) ::kill(pid, SIGKILL);
-  outOurs.reset();
-  errOurs.reset();
+  return write(options.stdinData);
+}
 
-  int status = 0;
-  if (int e = waitForChild(pid, status); e != 0)
-    return makeError(ErrorCategory::kProcess, "waiting for " + commandName(argv), e);
-  if (timedOut) {
-    return makeError(ErrorCategory::kProcess,
-                     "killed " + commandName(argv) + " after " + std::to_string(options.timeout->count()) + "ms",
-                     ETIMEDOUT);
+}  // namespace
+
+core::Result<std::unique_ptr<ProcessStream>> startProcess(const std::vector<std::string>& argv,
+                                                          const ProcessOptions& options) {
+  auto child = std::make_unique<ChildProcess>();
+  if (auto r = child->spawn(argv, options); !r) return std::unexpected(r.error());
+  return child;
+}
+
+core::Result<ProcessResult> runProcess(const std::vector<std::string>& argv, const ProcessOptions& options) {
+  auto child = startProcess(argv, options);
+  if (!child) return std::unexpected(child.error());
+  return (*child)->finish();
+}
+
+namespace {
+
+/// ProcessRunner::start's default: the input is collected and the child run in finish().
+class CollectedInput final : public ProcessStream {
+ public:
+  CollectedInput(ProcessRunner& runner, std::vector<std::string> argv, const ProcessOptions& options)
+      : runner_(runner), argv_(std::move(argv)), input_(options.stdinData), timeout_(options.timeout) {}
+  core::Result<void> write(std::string_view data) override {
+    input_ += data;
+    return {};
   }
-  if (ioError != 0) return makeError(ErrorCategory::kProcess, "reading output of " + commandName(argv), ioError);
-  if (WIFEXITED(status)) {
-    result.exitCode = WEXITSTATUS(status);
-  } else if (WIFSIGNALED(status)) {
-    result.termSignal = WTERMSIG(status);
-    result.exitCode = 128 + result.termSignal;
-  }
-  return result;
+  core::Result<ProcessResult> finish() override { return runner_.run(argv_, ProcessOptions{input_, timeout_}); }
+
+ private:
+  ProcessRunner& runner_;
+  std::vector<std::string> argv_;
+  std::string input_;
+  std::optional<std::chrono::milliseconds> timeout_;
+};
+
+}  // namespace
+
+core::Result<std::unique_ptr<ProcessStream>> ProcessRunner::start(const std::vector<std::string>& argv,
+                                                                  const ProcessOptions& options) {
+  return std::make_unique<CollectedInput>(*this, argv, options);
 }
 
 std::optional<std::string> findExecutable(std::string_view name) {

@@ -55,6 +55,45 @@ std::string trimmed(std::string s) {
   return s;
 }
 
+/// One iptables-restore run fed piece by piece. Keeps the input up to kQuotedInputMax, to
+/// quote the line the tool refuses.
+class ToolRestore final : public RestoreStream {
+ public:
+  ToolRestore(std::string tool, std::unique_ptr<backends::ProcessStream> child)
+      : tool_(std::move(tool)), child_(std::move(child)) {}
+
+  core::Result<void> write(std::string_view text) override {
+    if (kept_ && input_.size() + text.size() <= kQuotedInputMax) {
+      input_ += text;
+    } else if (kept_) {
+      kept_ = false;
+      std::string().swap(input_);
+    }
+    return child_->write(text);
+  }
+
+  core::Result<void> finish() override {
+    auto r = child_->finish();
+    if (!r) return std::unexpected(r.error());
+    if (r->succeeded()) return {};
+    std::string message = fmt::format("{} refused the input ({}): {}", tool_, r->exitCode, trimmed(r->err));
+    if (auto n = failedLine(r->err); n != 0) {
+      if (kept_)
+        message += fmt::format("; line {}: {}", n, lineOf(input_, n));
+      else
+        message += fmt::format("; line {} (the input, over {} MiB, was not kept)", n, kQuotedInputMax >> 20);
+    }
+    return refused(std::move(message));
+  }
+
+ private:
+  static constexpr std::size_t kQuotedInputMax = std::size_t{4} << 20;
+  std::string tool_;
+  std::unique_ptr<backends::ProcessStream> child_;
+  std::string input_;
+  bool kept_ = true;
+};
+
 class ProcessKernel final : public KernelIptables {
  public:
   ProcessKernel(VariantTools tools, backends::ProcessRunner& runner) : tools_(std::move(tools)), runner_(runner) {}
@@ -72,14 +111,18 @@ class ProcessKernel final : public KernelIptables {
   }
 
   core::Result<void> restore(sdk::Family family, std::string_view input) override {
+    auto stream = startRestore(family);
+    if (!stream) return std::unexpected(stream.error());
+    if (auto w = (*stream)->write(input); !w) return w;
+    return (*stream)->finish();
+  }
+
+  core::Result<std::unique_ptr<RestoreStream>> startRestore(sdk::Family family) override {
     const std::string& tool = isV6(family) ? tools_.restore6 : tools_.restore4;
     if (tool.empty()) return core::makeError(ErrorCategory::kProcess, "no ip6tables-restore for IPv6");
-    auto r = runner_.run({tool, "--noflush", "-w", "5"}, ProcessOptions{input, kToolTimeout});
-    if (!r) return std::unexpected(r.error());
-    if (r->succeeded()) return {};
-    std::string message = fmt::format("{} refused the input ({}): {}", tool, r->exitCode, trimmed(r->err));
-    if (auto n = failedLine(r->err); n != 0) message += fmt::format("; line {}: {}", n, lineOf(input, n));
-    return refused(std::move(message));
+    auto child = runner_.start({tool, "--noflush", "-w", "5"}, ProcessOptions{{}, kToolTimeout});
+    if (!child) return std::unexpected(child.error());
+    return std::make_unique<ToolRestore>(tool, std::move(*child));
   }
 
   core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override {
@@ -115,7 +158,27 @@ bool versionSays(const std::string& tool, Variant variant) {
   return r->out.find(variant == Variant::kNft ? "nf_tables" : "legacy") != std::string::npos;
 }
 
+/// KernelIptables::startRestore's default: collected, restored in finish().
+class CollectedRestore final : public RestoreStream {
+ public:
+  CollectedRestore(KernelIptables& kernel, sdk::Family family) : kernel_(kernel), family_(family) {}
+  core::Result<void> write(std::string_view text) override {
+    input_ += text;
+    return {};
+  }
+  core::Result<void> finish() override { return kernel_.restore(family_, input_); }
+
+ private:
+  KernelIptables& kernel_;
+  sdk::Family family_;
+  std::string input_;
+};
+
 }  // namespace
+
+core::Result<std::unique_ptr<RestoreStream>> KernelIptables::startRestore(sdk::Family family) {
+  return std::make_unique<CollectedRestore>(*this, family);
+}
 
 std::string_view variantName(Variant v) { return v == Variant::kLegacy ? "legacy" : "nft"; }
 

@@ -114,3 +114,59 @@ TEST_CASE("executables are found in PATH and sbin", "[unit]") {
   CHECK_FALSE(findExecutable("kproxy-no-such-tool"));
   CHECK_FALSE(findExecutable(""));
 }
+
+TEST_CASE("a started child reads its input piece by piece while it is written", "[unit]") {
+  auto child = startProcess({"cat"}, {.stdinData = "first ", .timeout = 20s});
+  REQUIRE(child);
+  std::string expected = "first ";
+  // More than the socket buffer, so writes wait for cat to read and its output to be drained.
+  for (int i = 0; i < 64; ++i) {
+    const std::string piece(64 << 10, static_cast<char>('a' + i % 26));
+    REQUIRE((*child)->write(piece));
+    expected += piece;
+  }
+  auto done = (*child)->finish();
+  REQUIRE(done);
+  CHECK(done->exitCode == 0);
+  CHECK(done->out == expected);
+}
+
+TEST_CASE("a started child that exits early takes no more input and reports its status", "[unit]") {
+  auto child = startProcess({"sh", "-c", "exit 3"}, {.stdinData = {}, .timeout = 20s});
+  REQUIRE(child);
+  const std::string piece(1 << 20, 'x');
+  for (int i = 0; i < 8; ++i) REQUIRE((*child)->write(piece));
+  auto done = (*child)->finish();
+  REQUIRE(done);
+  CHECK(done->exitCode == 3);
+}
+
+TEST_CASE("the timeout also bounds a write to a child that does not read", "[unit]") {
+  const auto start = std::chrono::steady_clock::now();
+  auto child = startProcess({"sleep", "10"}, {.stdinData = {}, .timeout = 200ms});
+  REQUIRE(child);
+  auto wrote = (*child)->write(std::string(8 << 20, 'x'));
+  REQUIRE_FALSE(wrote);
+  CHECK(wrote.error().errnum == ETIMEDOUT);
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  auto done = (*child)->finish();
+  CHECK_FALSE(done);
+}
+
+TEST_CASE("a runner without its own start collects the input and runs the child once", "[unit]") {
+  struct Recording final : ProcessRunner {
+    std::vector<std::string> inputs;
+    kproxy::core::Result<ProcessResult> run(const std::vector<std::string>&, const ProcessOptions& options) override {
+      inputs.emplace_back(options.stdinData);
+      return ProcessResult{};
+    }
+  } runner;
+  auto child = runner.start({"anything"}, {.stdinData = "a", .timeout = 1s});
+  REQUIRE(child);
+  REQUIRE((*child)->write("b"));
+  REQUIRE((*child)->write("c"));
+  CHECK(runner.inputs.empty());
+  REQUIRE((*child)->finish());
+  REQUIRE(runner.inputs.size() == 1);
+  CHECK(runner.inputs[0] == "abc");
+}

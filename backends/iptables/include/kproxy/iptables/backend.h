@@ -103,15 +103,19 @@ class IptablesBackend final : public sdk::BackendPlugin {
 
   /// Restore input being built for one family.
   struct Edit;
+  /// A full sync's owned chains, written to the tool while rendered.
+  class StreamedChains;
 
-  /// The restore input of a full sync: `chunks` (owned chains only, to apply first, in order;
-  /// empty unless the kernel adapter bounds the input size) and `input` (the rest).
+  /// Renders and applies a full sync of `family`: the mirror it leaves in `out`, what it wrote
+  /// in `input` (when it fits settings_.lastRestoreKept).
   sdk::Expected<void> fullSync(const plan::SnapshotSource& next, sdk::Family family, MirrorFamily& out,
-                               std::vector<std::string>& chunks, std::string& input, std::size_t& operations);
+                               std::string& input, std::size_t& operations);
   void partialSync(const plan::SnapshotSource& next, sdk::Family family,
                    const std::vector<std::string>& keys, MirrorFamily& mirror, std::string& input,
                    std::size_t& operations);
   sdk::Expected<void> apply(sdk::Family family, const std::string& input);
+  /// Counts a refused restore and names the tool in its error.
+  sdk::Expected<void> restoreFailed(sdk::Family family, const core::Error& e);
   bool familyEnabled(sdk::Family family) const { return family == sdk::Family::kIPv4 || settings_.ipv6; }
   void setRouteLocalnet();
   void updateMetrics() const;

@@ -8,6 +8,7 @@
 /// ProcessRunner is as thread-safe as its implementation says (SystemProcessRunner is).
 
 #include <chrono>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -38,6 +39,26 @@ struct ProcessResult {
 /// when the pipes fail; a program that runs and fails is a result with its exit code.
 core::Result<ProcessResult> runProcess(const std::vector<std::string>& argv, const ProcessOptions& options = {});
 
+/// A running child whose stdin is written piece by piece: input produced while the child
+/// already reads it (a restore input rendered while iptables-restore parses its start). The
+/// child's output is read while writing, so a chatty child cannot block it.
+/// Thread-safety: one thread at a time.
+class ProcessStream {
+ public:
+  virtual ~ProcessStream() = default;
+  /// Writes `data` to the child's stdin; returns once the child has taken all of it, or has
+  /// closed its stdin (what it did not read is its business, as with ProcessOptions::stdinData).
+  /// Error (kProcess) when the timeout passed (the child is then killed) or the pipes fail.
+  virtual core::Result<void> write(std::string_view data) = 0;
+  /// Closes stdin and waits for the child, as runProcess does. Call once.
+  virtual core::Result<ProcessResult> finish() = 0;
+};
+
+/// Starts argv as runProcess does, with stdin left open for ProcessStream::write;
+/// `options.stdinData` is written first. The timeout counts from the start.
+core::Result<std::unique_ptr<ProcessStream>> startProcess(const std::vector<std::string>& argv,
+                                                          const ProcessOptions& options = {});
+
 /// The full path of an executable `name` in PATH or the sbin and bin directories (root's tools
 /// are in sbin, which a non-login PATH may lack); nullopt when there is none.
 std::optional<std::string> findExecutable(std::string_view name);
@@ -47,6 +68,10 @@ class ProcessRunner {
  public:
   virtual ~ProcessRunner() = default;
   virtual core::Result<ProcessResult> run(const std::vector<std::string>& argv, const ProcessOptions& options) = 0;
+  /// Starts a child fed piece by piece. The default collects what is written and runs the
+  /// child with all of it in finish() (enough for fakes; nothing overlaps).
+  virtual core::Result<std::unique_ptr<ProcessStream>> start(const std::vector<std::string>& argv,
+                                                             const ProcessOptions& options);
 };
 
 /// The real runner: runProcess.
@@ -54,6 +79,10 @@ class SystemProcessRunner final : public ProcessRunner {
  public:
   core::Result<ProcessResult> run(const std::vector<std::string>& argv, const ProcessOptions& options) override {
     return runProcess(argv, options);
+  }
+  core::Result<std::unique_ptr<ProcessStream>> start(const std::vector<std::string>& argv,
+                                                     const ProcessOptions& options) override {
+    return startProcess(argv, options);
   }
 };
 
