@@ -15,7 +15,7 @@
 //
 //   kproxy-bench-iptables [--variants nft,legacy] [--services 1000,10000,30000] [--endpoints 2,10]
 //                         [--max-endpoints 100000] [--full-repeat 3] [--change-repeat 11] [--ipv6]
-//                         [--noflush-floor-max N]
+//                         [--noflush-floor-max N] [--chunk-rules N]
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -168,12 +168,15 @@ class TimedKernel final : public KernelIptables {
     return inner_->chainExists(family, table, chain);
   }
   std::string describe() const override { return inner_->describe(); }
-  std::size_t restoreChunkRules() const override { return inner_->restoreChunkRules(); }
+  std::size_t restoreChunkRules() const override {
+    return chunkRules != 0 ? chunkRules : inner_->restoreChunkRules();
+  }
   void reset() {
     saveMs = restoreMs = 0;
     restoreBytes = restores = 0;
   }
 
+  std::size_t chunkRules = 0;  ///< overrides the inner adapter's when not 0
   double saveMs = 0;
   double restoreMs = 0;
   std::size_t restoreBytes = 0;  ///< of the inputs since reset()
@@ -333,6 +336,8 @@ struct Config {
   /// Time `iptables-restore --noflush` of the whole full-sync text as one input only up to this
   /// many endpoints in all (iptables-nft 1.8.9 takes minutes beyond).
   long noflushFloorMax = 1000000;
+  /// Overrides KernelIptables::restoreChunkRules (calibration); 0 keeps the adapter's.
+  std::size_t chunkRules = 0;
 };
 
 std::unique_ptr<IptablesBackend> makeBackend(const Config& c, TimedKernel*& timed) {
@@ -340,6 +345,7 @@ std::unique_ptr<IptablesBackend> makeBackend(const Config& c, TimedKernel*& time
   settings.ipv6 = c.ipv6;
   auto kernel = std::make_unique<TimedKernel>(makeProcessKernel(c.tools, runner()));
   timed = kernel.get();
+  timed->chunkRules = c.chunkRules;
   return std::make_unique<IptablesBackend>(sdk::Host(nullptr), settings, std::move(kernel));
 }
 
@@ -514,6 +520,8 @@ int main(int argc, char** argv) {
       base.changeRepeat = std::clamp(std::atoi(argv[++i]), 1, kMaxRepeat);
     } else if (a == "--noflush-floor-max" && i + 1 < argc) {
       base.noflushFloorMax = std::atol(argv[++i]);
+    } else if (a == "--chunk-rules" && i + 1 < argc) {
+      base.chunkRules = static_cast<std::size_t>(std::atol(argv[++i]));
     } else if (a == "--ipv6") {
       base.ipv6 = true;
     } else {
@@ -521,7 +529,8 @@ int main(int argc, char** argv) {
                    "usage: %s [--variants nft,legacy] [--services 1000,10000,30000] [--endpoints 2,10]\n"
                    "          [--max-endpoints N (skip sizes with more endpoints in all; default 100000)]\n"
                    "          [--full-repeat N] [--change-repeat N] [--ipv6]\n"
-                   "          [--noflush-floor-max N (time the one-input --noflush floor up to N endpoints)]\n",
+                   "          [--noflush-floor-max N (time the one-input --noflush floor up to N endpoints)]\n"
+                   "          [--chunk-rules N (iptables-nft restore chunk at 10,000 chains; calibration)]\n",
                    argv[0]);
       return 2;
     }

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <fstream>
 #include <set>
 #include <span>
@@ -108,10 +107,9 @@ struct IptablesBackend::Edit {
 /// printed instead.
 class IptablesBackend::StreamedChains {
  public:
-  /// `chunkRules`: KernelIptables::restoreChunkRules; `natChains`: chains the kernel's nat
-  /// table holds already.
-  StreamedChains(IptablesBackend& backend, sdk::Family family, std::size_t chunkRules, std::size_t natChains)
-      : backend_(backend), family_(family), chunkRules_(chunkRules), natChains_(natChains) {}
+  /// `chunkRules`: KernelIptables::restoreChunkRules.
+  StreamedChains(IptablesBackend& backend, sdk::Family family, std::size_t chunkRules)
+      : backend_(backend), family_(family), chunkRules_(chunkRules) {}
   ~StreamedChains() {
     // Abandoned after a failure: the open restore ends without COMMIT, so the tool applies
     // nothing of it.
@@ -128,7 +126,6 @@ class IptablesBackend::StreamedChains {
     declare_ += fmt::format(":{} - [0:0]\n", name);
     for (const auto& r : rules) rules_ += fmt::format("-A {} {}\n", name, r);
     ++operations;
-    ++natChains_;
     chunkSize_ += rules.size() + 1;
   }
 
@@ -144,7 +141,7 @@ class IptablesBackend::StreamedChains {
       rules_.clear();
       if (buffer_.size() >= kWriteSize) send();
     }
-    if (chunkRules_ != 0 && static_cast<double>(chunkSize_) >= chunkLimit()) commit();
+    if (chunkRules_ != 0 && chunkSize_ >= chunkRules_) commit();
   }
 
   /// The rest of the full sync's input: appended to the open nat block (no chunk limit), or
@@ -169,14 +166,6 @@ class IptablesBackend::StreamedChains {
 
  private:
   static constexpr std::size_t kWriteSize = 256 * 1024;
-
-  /// The rules of one chunk. Each commit costs the kernel time in proportion to the table
-  /// (iptables-nft on 6.x kernels: 45-55 ms at 30,000 chains) and the tool time quadratic in
-  /// the chunk, so the cheapest chunk grows with the square root of the table: the adapter's
-  /// size at 10,000 chains, twice that at 40,000.
-  double chunkLimit() const {
-    return static_cast<double>(chunkRules_) * std::max(1.0, std::sqrt(static_cast<double>(natChains_) / 10000.0));
-  }
 
   void open(bool natHeader = true) {
     if (!backend_.settings_.dryRun) {
@@ -228,7 +217,6 @@ class IptablesBackend::StreamedChains {
   IptablesBackend& backend_;
   sdk::Family family_;
   std::size_t chunkRules_;
-  std::size_t natChains_;  ///< in the kernel's nat table, counting those written (an upper bound)
   std::size_t chunkSize_ = 0;
   bool open_ = false;  ///< a nat block is being written
   bool keeping_ = true;
@@ -471,8 +459,7 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
   // The owned chains' rewrites are streamed to the tool while rendering; when the kernel adapter
   // asks for inputs of a bounded size, in chunks of whole service ports, the fixed chains they
   // jump to in the first. Each chunk leaves every service either as it was or as it is wanted.
-  StreamedChains stream(*this, family, settings_.dryRun ? 0 : kernel_->restoreChunkRules(),
-                        kernelChains[index(Table::kNat)].size());
+  StreamedChains stream(*this, family, settings_.dryRun ? 0 : kernel_->restoreChunkRules());
   std::set<std::pair<Table, std::string>> desired;
   auto addChains = [&](const std::string& key, std::vector<ChainRules>& chains, std::vector<DispatchRule>& dispatch) {
     Owned owned;

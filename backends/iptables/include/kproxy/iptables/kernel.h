@@ -48,8 +48,8 @@ class KernelIptables {
   /// iptables-nft-restore 1.8.9 with --noflush spends time quadratic in the rules and chains of
   /// one input in userspace (10,000 services x 2 endpoints: 87 s as one input, 2.7 s in inputs
   /// of 1,000-2,500 rules); iptables-legacy replaces the whole table on every commit, so there
-  /// one input is cheapest. The size for a nat table of 10,000 chains: the backend scales it
-  /// with the square root of the table's chains.
+  /// one input is cheapest. Larger chunks for larger tables (fewer kernel commits) cost more:
+  /// 30,000 services x 2 took 56 s in chunks of about 7,000 rules against 17-25 s in 2,000.
   virtual std::size_t restoreChunkRules() const { return 0; }
 };
 
