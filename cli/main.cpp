@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -22,6 +21,7 @@
 
 #include "config_file.h"
 #include "conntrack_sysctls.h"
+#include "kproxy/backends/common/sysctl.h"
 #include "explain_args.h"
 #include "flags.h"
 #include "kproxy/apiwatch/api_source.h"
@@ -164,14 +164,6 @@ void loadPlugins(kproxy::plugins::PluginRegistry& registry, const ProxyConfig& c
   };
   for (const auto& dir : kproxy::plugins::defaultPluginDirs()) loadOnce(dir);
   for (const auto& dir : config.pluginDirs) loadOnce(dir);
-}
-
-// Whether this node's kernel can carry IPv6 (as upstream, a family is programmed only where the
-// kernel supports it): IPv6 compiled in and not disabled with net.ipv6.conf.all.disable_ipv6.
-bool kernelHasIPv6() {
-  std::ifstream disabled("/proc/sys/net/ipv6/conf/all/disable_ipv6");
-  int value = 1;
-  return disabled && (disabled >> value) && value == 0;
 }
 
 // --cleanup: every loaded backend removes what it creates; safe to run twice.
@@ -388,7 +380,7 @@ int main(int argc, char** argv) {
   tracker.nodeName = nodeName(config);
   tracker.nodePortAddresses = config.nodePortAddresses;
   tracker.bindAddress = config.bindAddress;
-  tracker.ipv6 = kernelHasIPv6();
+  tracker.ipv6 = kproxy::backends::kernelHasIPv6();
   if (!tracker.ipv6) log::info(0, "IPv6 is not available in this network namespace; IPv6 service ports are skipped");
   kproxy::core::ProxierOptions options;
   options.syncPeriod = config.effectiveSyncPeriod();

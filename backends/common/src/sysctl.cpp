@@ -73,6 +73,11 @@ core::Result<void> SysctlFiles::write(std::string_view name, std::string_view va
   return {};
 }
 
+bool kernelHasIPv6(const SysctlFiles& sysctls) {
+  auto disabled = sysctls.readInt("net/ipv6/conf/all/disable_ipv6");
+  return disabled && *disabled == 0;
+}
+
 core::Result<void> SysctlFiles::writeInt(std::string_view name, std::int64_t value) const {
   return write(name, std::to_string(value));
 }

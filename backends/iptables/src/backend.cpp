@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <set>
 #include <span>
 
@@ -641,12 +640,6 @@ void IptablesBackend::updateMetrics() const {
 
 namespace {
 
-bool kernelHasIPv6() {
-  std::ifstream disabled("/proc/sys/net/ipv6/conf/all/disable_ipv6");
-  int value = 1;
-  return disabled && (disabled >> value) && value == 0;
-}
-
 backends::SystemProcessRunner& systemRunner() {
   static backends::SystemProcessRunner runner;
   return runner;
@@ -684,7 +677,7 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIptablesBackend(const sdk
     if (!settings.dryRun) return sdk::fail(sdk::ErrorCategory::kInvalidInput, tools.error().message());
     kernel = std::make_unique<FakeIptables>();  // dry-run and explain never run the tools
   } else {
-    settings.ipv6 = !tools->restore6.empty() && !tools->save6.empty() && kernelHasIPv6();
+    settings.ipv6 = !tools->restore6.empty() && !tools->save6.empty() && backends::kernelHasIPv6();
     kernel = makeProcessKernel(std::move(*tools), systemRunner());
   }
   settings.render = std::move(*cfg);

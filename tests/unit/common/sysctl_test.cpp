@@ -83,3 +83,13 @@ TEST_CASE("a read-only value reports its errno", "[unit]") {
   CHECK(written.error().errnum == EACCES);
   CHECK(root.get("net/netfilter/nf_conntrack_max") == "65536\n");
 }
+
+TEST_CASE("IPv6 counts as there only when the kernel has it and it is not disabled", "[unit]") {
+  TempRoot root;
+  SysctlFiles sysctls(root.path);
+  CHECK_FALSE(kproxy::backends::kernelHasIPv6(sysctls));  // no net/ipv6: not compiled in
+  root.put("net/ipv6/conf/all/disable_ipv6", "1\n");
+  CHECK_FALSE(kproxy::backends::kernelHasIPv6(sysctls));
+  root.put("net/ipv6/conf/all/disable_ipv6", "0\n");
+  CHECK(kproxy::backends::kernelHasIPv6(sysctls));
+}

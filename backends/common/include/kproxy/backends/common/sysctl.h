@@ -37,4 +37,8 @@ class SysctlFiles {
   std::filesystem::path root_;
 };
 
+/// Whether this kernel can carry IPv6 (as upstream, a family is programmed only where the kernel
+/// supports it): IPv6 compiled in and not disabled with net.ipv6.conf.all.disable_ipv6.
+bool kernelHasIPv6(const SysctlFiles& sysctls = SysctlFiles());
+
 }  // namespace kproxy::backends
