@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Rows of upstream kube-proxy's packet-flow tables through the `kproxy explain` program: the
 # inputs of TestOverallNFTablesRules and TestLoadBalancer (pkg/proxy/nftables/proxier_test.go)
-# written as manifests, the nftables plugin in dry-run (no kernel, no root), one row per kind of
+# written as manifests, a plugin (nftables, or the MODE given) in dry-run (no kernel, no root), one row per kind of
 # answer, each compared as JSON (verdict, endpoints, masquerade) with upstream's answer. The
 # whole table runs through the same plugin entry point in tests/unit/packet_flow/packet_flow_test.cpp;
 # this proves the CLI path (manifest source, flags, loader, --json) gives the same answers.
-# Usage: explain_packet_flow.sh KPROXY_BIN
+# Usage: explain_packet_flow.sh KPROXY_BIN [MODE]  (nftables by default; every mode must answer alike)
 set -uo pipefail
 KPROXY=$1
+MODE=${2:-nftables}
 
 WORK=$(mktemp -d /tmp/kproxy-explain-flow-XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
@@ -90,7 +91,7 @@ YAML
   service ns6 svc6 172.30.0.46 "" "" ""
 } >"$M/services.yaml"
 
-FLAGS=(--manifests "$M" --hostname-override test-node --proxy-mode nftables --cluster-cidr 10.0.0.0/8
+FLAGS=(--manifests "$M" --hostname-override test-node --proxy-mode "$MODE" --cluster-cidr 10.0.0.0/8
        --nodeport-addresses 192.168.0.2/32)
 
 # row NAME WANT ARGS...: `kproxy explain ARGS --json` answers WANT, which is
