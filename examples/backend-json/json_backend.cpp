@@ -34,11 +34,21 @@ std::string quoted(const std::string& s) {
   std::string out = "\"";
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -64,9 +74,12 @@ const char* familyName(sdk::Family f) { return f == sdk::Family::kIPv6 ? "IPv6" 
 
 const char* typeName(sdk::ServiceType t) {
   switch (t) {
-    case sdk::ServiceType::kClusterIP: return "ClusterIP";
-    case sdk::ServiceType::kNodePort: return "NodePort";
-    case sdk::ServiceType::kLoadBalancer: return "LoadBalancer";
+    case sdk::ServiceType::kClusterIP:
+      return "ClusterIP";
+    case sdk::ServiceType::kNodePort:
+      return "NodePort";
+    case sdk::ServiceType::kLoadBalancer:
+      return "LoadBalancer";
   }
   return "ClusterIP";
 }
@@ -92,7 +105,8 @@ std::string endpoints(const std::vector<sdk::Endpoint>& v) {
 std::string servicePortJSON(const sdk::ServicePort& p) {
   return "{\"family\":" + quoted(familyName(p.family)) + ",\"key\":" + quoted(p.key) +
          ",\"namespace\":" + quoted(p.ns) + ",\"service\":" + quoted(p.serviceName) +
-         ",\"portName\":" + quoted(p.portName) + ",\"protocol\":" + quoted(sdk::protocolName(p.protocol)) +
+         ",\"portName\":" + quoted(p.portName) +
+         ",\"protocol\":" + quoted(sdk::protocolName(p.protocol)) +
          ",\"type\":" + quoted(typeName(p.type)) + ",\"clusterIP\":" + quoted(p.clusterIP) +
          ",\"port\":" + std::to_string(p.port) + ",\"nodePort\":" + std::to_string(p.nodePort) +
          ",\"healthCheckNodePort\":" + std::to_string(p.healthCheckNodePort) +
@@ -158,7 +172,8 @@ class JsonBackend final : public sdk::BackendPlugin {
   sdk::Expected<void> cleanup() override {
     if (dryRun_ || path_.empty()) return {};
     if (::unlink(path_.c_str()) != 0 && errno != ENOENT) {
-      return sdk::fail(sdk::kernelErrorCategory(errno), "json: remove " + path_ + ": " + std::strerror(errno), errno);
+      return sdk::fail(sdk::kernelErrorCategory(errno),
+                       "json: remove " + path_ + ": " + std::strerror(errno), errno);
     }
     rendered_.clear();
     return {};
@@ -193,7 +208,8 @@ class JsonBackend final : public sdk::BackendPlugin {
                       ",\"podCIDRs\":" + strings(node.podCIDRs) + "},\"serviceCIDRs\":[";
     bool first = true;
     for (const auto& c : snapshot.serviceCIDRs()) {
-      out += std::string(first ? "" : ",") + "{\"name\":" + quoted(c.name) + ",\"cidr\":" + quoted(c.cidr) + "}";
+      out += std::string(first ? "" : ",") + "{\"name\":" + quoted(c.name) +
+             ",\"cidr\":" + quoted(c.cidr) + "}";
       first = false;
     }
     out += "],\"servicePorts\":[";
@@ -212,7 +228,8 @@ class JsonBackend final : public sdk::BackendPlugin {
     auto failed = [&](const std::string& what) {
       const int err = errno;
       ::unlink(tmp.c_str());
-      return sdk::fail(sdk::kernelErrorCategory(err), "json: " + what + ": " + std::strerror(err), err);
+      return sdk::fail(sdk::kernelErrorCategory(err), "json: " + what + ": " + std::strerror(err),
+                       err);
     };
     const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return failed("create " + tmp);
@@ -246,7 +263,7 @@ class JsonBackend final : public sdk::BackendPlugin {
 };
 
 sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeJsonBackend(const sdk::Host& host,
-                                                                    const sdk::Options& options) {
+                                                                   const sdk::Options& options) {
   const auto option = [&](const char* key) -> std::string {
     auto it = options.find(key);
     return it != options.end() ? it->second : std::string();
@@ -259,9 +276,11 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeJsonBackend(const sdk::Ho
   }
   if (path.empty() && !dryRun) {
     return sdk::fail(sdk::ErrorCategory::kInvalidInput,
-                     "json: no output file: set KPROXY_JSON_FILE (or the option json-file)", EINVAL);
+                     "json: no output file: set KPROXY_JSON_FILE (or the option json-file)",
+                     EINVAL);
   }
-  auto ports = host.gauge("kproxy_json_service_ports", "Service ports in the last JSON document written");
+  auto ports =
+      host.gauge("kproxy_json_service_ports", "Service ports in the last JSON document written");
   if (!ports) return std::unexpected(ports.error());
   auto writes = host.counter("kproxy_json_writes_total", "JSON documents written");
   if (!writes) return std::unexpected(writes.error());

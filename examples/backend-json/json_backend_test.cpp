@@ -60,19 +60,23 @@ int main() {
 
   {
     kt::PluginUnderTest refused(kproxy_plugin_entry(), host, {{"dry-run", "false"}});
-    check(refused.createError() && refused.createError()->category == sdk::ErrorCategory::kInvalidInput,
+    check(refused.createError() &&
+              refused.createError()->category == sdk::ErrorCategory::kInvalidInput,
           "create without an output file is refused as invalid input");
   }
 
-  kt::PluginUnderTest plugin(kproxy_plugin_entry(), host, {{"json-file", file}, {"dry-run", "false"}});
+  kt::PluginUnderTest plugin(kproxy_plugin_entry(), host,
+                             {{"json-file", file}, {"dry-run", "false"}});
   check(!plugin.createError(), "create with json-file");
 
   kt::FakeSnapshot first(node, {webPort(3)}, {{"kubernetes", "10.96.0.0/12"}});
   auto out = plugin.sync(nullptr, first, {{sdk::Family::kIPv4, "demo/web:http"}}, true);
   check(out.has_value() && out->operations == 1, "full sync writes one service port");
   std::string json = slurp(file);
-  check(json.find(R"("key":"demo/web:http")") != std::string::npos, "the file names the service port");
-  check(json.find(R"("ip":"10.244.1.13")") != std::string::npos, "the file lists the third endpoint");
+  check(json.find(R"("key":"demo/web:http")") != std::string::npos,
+        "the file names the service port");
+  check(json.find(R"("ip":"10.244.1.13")") != std::string::npos,
+        "the file lists the third endpoint");
   check(json.find(R"({"name":"kubernetes","cidr":"10.96.0.0/12"})") != std::string::npos,
         "the file lists the ServiceCIDR");
   check(host.metric("kproxy_json_service_ports") == 1.0, "gauge kproxy_json_service_ports is 1");
@@ -87,8 +91,10 @@ int main() {
   kt::FakeSnapshot third(node, {});
   out = plugin.sync(&second, third, {{sdk::Family::kIPv4, "demo/web:http"}});
   json = slurp(file);
-  check(out.has_value() && json.find("demo/web") == std::string::npos, "a removed port leaves the file");
-  check(host.metric("kproxy_json_writes_total") == 3.0, "counter kproxy_json_writes_total counts 3 writes");
+  check(out.has_value() && json.find("demo/web") == std::string::npos,
+        "a removed port leaves the file");
+  check(host.metric("kproxy_json_writes_total") == 3.0,
+        "counter kproxy_json_writes_total counts 3 writes");
 
   sdk::ExplainRequest request;
   request.destinationIP = "10.96.0.10";
@@ -104,7 +110,8 @@ int main() {
   check(!out.has_value() && out.error().message.find("missing/state.json.tmp") != std::string::npos,
         "a write failure is an error naming the file");
 
-  check(plugin.cleanup().has_value() && access(file.c_str(), F_OK) != 0, "cleanup removes the file");
+  check(plugin.cleanup().has_value() && access(file.c_str(), F_OK) != 0,
+        "cleanup removes the file");
   check(plugin.cleanup().has_value(), "cleanup twice is fine");
   rmdir(dir);
   std::cout << (failures == 0 ? "all passed" : std::to_string(failures) + " failed") << "\n";

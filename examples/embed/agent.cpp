@@ -50,8 +50,8 @@ class AgentLogSink final : public klog::LogSink {
 };
 
 std::string describe(const core::ServicePortState& port) {
-  std::string out = std::string(toString(port.protocol)) + " " + port.clusterIP + ":" +
-                    std::to_string(port.port);
+  std::string out =
+      std::string(toString(port.protocol)) + " " + port.clusterIP + ":" + std::to_string(port.port);
   if (port.nodePort != 0) out += " nodePort=" + std::to_string(port.nodePort);
   out += " endpoints=";
   const std::vector<core::Endpoint> endpoints = port.clusterEndpoints;
@@ -68,8 +68,8 @@ class ChangePrinter final : public core::Backend {
   std::string_view name() const override { return "embed-printer"; }
 
   core::Result<core::SyncResult> sync(const core::SyncRequest& request) override {
-    std::string out = "sync " + std::to_string(++syncs_) + " generation=" +
-                      std::to_string(request.next->generation()) +
+    std::string out = "sync " + std::to_string(++syncs_) +
+                      " generation=" + std::to_string(request.next->generation()) +
                       " kind=" + (request.kind == core::SyncKind::kFull ? "full" : "partial") +
                       " changed=" + std::to_string(request.changed.size()) + "\n";
     for (const auto& key : request.changed) {
@@ -85,7 +85,8 @@ class ChangePrinter final : public core::Backend {
       std::cout << out << std::flush;
     }
     if (exitAfter_ > 0 && syncs_ >= exitAfter_) done_ = true;
-    return core::SyncResult{request.changed.size(), "printed " + std::to_string(request.changed.size())};
+    return core::SyncResult{request.changed.size(),
+                            "printed " + std::to_string(request.changed.size())};
   }
   core::Result<void> cleanup() override { return {}; }
   bool done() const { return done_; }
@@ -127,7 +128,8 @@ int main(int argc, char** argv) {
   std::signal(SIGINT, [](int) { stopRequested = true; });
   std::signal(SIGTERM, [](int) { stopRequested = true; });
   std::jthread syncLoop([&proxier](std::stop_token stop) { proxier.run(stop); });
-  while (!stopRequested && !printer.done()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  while (!stopRequested && !printer.done())
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   syncLoop.request_stop();
   syncLoop.join();
   source.stop();

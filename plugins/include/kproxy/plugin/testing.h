@@ -46,7 +46,9 @@ class FakeSnapshot {
   }
 
   /// The opaque handle a plugin receives.
-  const kproxy_snapshot* handle() const { return reinterpret_cast<const kproxy_snapshot*>(data_.get()); }
+  const kproxy_snapshot* handle() const {
+    return reinterpret_cast<const kproxy_snapshot*>(data_.get());
+  }
 
  private:
   friend class FakeHost;
@@ -229,8 +231,10 @@ class FakeHost {
     for (std::size_t i = 0; i < metrics_.size(); ++i) {
       const auto& m = metrics_[i];
       if (m.name != name) continue;
-      if (m.type == spec.type && m.help == detail::str(spec.help) && m.labels == labels) return i + 1;
-      return refuse(err, "metric " + name + " is already registered with another type, help or labels");
+      if (m.type == spec.type && m.help == detail::str(spec.help) && m.labels == labels)
+        return i + 1;
+      return refuse(err,
+                    "metric " + name + " is already registered with another type, help or labels");
     }
     if (name.empty()) return refuse(err, "a metric needs a name");
     metrics_.push_back(Registered{name, detail::str(spec.help), spec.type, std::move(labels), {}});
@@ -284,7 +288,8 @@ class PluginUnderTest {
                              const std::vector<ChangedKey>& changed, bool full = false) {
     if (createError_) return std::unexpected(*createError_);
     std::vector<kproxy_changed_key> keys;
-    for (const auto& k : changed) keys.push_back({static_cast<std::uint8_t>(k.family), k.key.c_str()});
+    for (const auto& k : changed)
+      keys.push_back({static_cast<std::uint8_t>(k.family), k.key.c_str()});
     kproxy_sync_result result{};
     result.struct_size = sizeof result;
     kproxy_error err{};
@@ -334,7 +339,8 @@ class PluginUnderTest {
 
  private:
   static PluginError toError(const kproxy_error& err) {
-    return PluginError{err.errnum, std::string(err.message, strnlen(err.message, sizeof err.message)),
+    return PluginError{err.errnum,
+                       std::string(err.message, strnlen(err.message, sizeof err.message)),
                        static_cast<ErrorCategory>(err.category)};
   }
   const kproxy_plugin_descriptor* descriptor_;
