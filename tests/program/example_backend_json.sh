@@ -52,6 +52,22 @@ check "the checker refuses a document with an endpoint missing" refuses "$want_b
 DETAIL="the node names differ but the checker passed"
 check "the checker refuses another node" refuses "${want_both/demo-node/other-node}" "$WORK/dry-run.json"
 
+# kproxy explain through the plugin's explain entry point, as text and as JSON.
+out=$("$PREFIX/bin/kproxy" explain 10.244.1.5 10.96.0.10:80 --plugin-dir "$WORK/json" \
+        --proxy-mode=json --manifests "$SRC/examples/demo-manifests" \
+        --hostname-override demo-node 2>&1)
+want_text="json: demo/web:http (10.96.0.10:80), cluster endpoints: 10.244.1.11:8080 10.244.1.12:8080 10.244.1.13:8080"
+if [[ "$out" == "$want_text" ]]; then
+  pass "kproxy explain answers through the plugin"
+else
+  fail "kproxy explain" "got: $out; want: $want_text"
+fi
+DETAIL=$("$PREFIX/bin/kproxy" explain 10.244.1.5 10.96.0.11:80 --json --plugin-dir "$WORK/json" \
+           --proxy-mode=json --manifests "$SRC/examples/demo-manifests" \
+           --hostname-override demo-node 2>&1)
+check "kproxy explain --json names the service port hit" \
+  jq -e '.backend == "json" and .servicePort.key == "demo/web-nodeport:http"' <<<"$DETAIL"
+
 # For real: kproxy keeps running and rewrites the file on each sync.
 mkdir -p "$WORK/manifests"
 cp "$SRC"/examples/demo-manifests/*.yaml "$WORK/manifests/"
