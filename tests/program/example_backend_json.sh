@@ -88,4 +88,20 @@ check "the plugin's metrics are served" bash -c \
   "curl -s --max-time 2 http://127.0.0.1:10249/metrics | grep -q '^kproxy_json_service_ports 1$'"
 kproxy_alive && pass "kproxy still runs" || fail "kproxy exited" "$(tail -5 "$WORK/kproxy.log")"
 
+# Stopping kproxy leaves what it programmed; --cleanup removes it (and tolerates a second run).
+kill -TERM "$KP"
+DETAIL="kproxy did not stop on SIGTERM"
+check "kproxy stops on SIGTERM" wait_for 10 bash -c "! kill -0 $KP 2>/dev/null"
+DETAIL="the file is gone"
+check "the file stays after kproxy stopped" holds "$want_web" "$WORK/state.json"
+for run in first second; do
+  KPROXY_JSON_FILE="$WORK/state.json" "$PREFIX/bin/kproxy" --cleanup --plugin-dir "$WORK/json" \
+    >"$WORK/cleanup.log" 2>&1
+  DETAIL=$(grep -E 'json|cleanup' "$WORK/cleanup.log" | tail -3)
+  check "kproxy --cleanup ($run run) cleans up the json backend" \
+    grep -q '"cleaned up" mode=json' "$WORK/cleanup.log"
+done
+DETAIL="$WORK/state.json still exists"
+check "--cleanup removed the file" test ! -e "$WORK/state.json"
+
 finish example_backend_json
