@@ -11,16 +11,38 @@ namespace {
 
 std::atomic<int> gVerbosity{0};
 
-// One mutex serialises formatting-free output and sink replacement, so lines never interleave.
+// One mutex serialises sink calls, stderr writes and sink replacement, so lines never
+// interleave and a sink is never called after setLogSink replaced it.
 std::mutex& sinkMutex() {
   static std::mutex m;
   return m;
 }
 
-Sink& currentSink() {
-  static Sink sink;
+std::shared_ptr<LogSink>& currentSink() {
+  static std::shared_ptr<LogSink> sink;
   return sink;
 }
+
+// A Sink of formatted lines behind the LogSink interface (setSink).
+class LineSink final : public LogSink {
+ public:
+  explicit LineSink(Sink sink) : sink_(std::move(sink)) {}
+  void write(const Record& record) override { sink_(record.severity, formatLine(record)); }
+  const Sink& sink() const { return sink_; }
+
+ private:
+  Sink sink_;
+};
+
+// What setSink returns for a LogSink that is not a LineSink: it still forwards formatted lines
+// when called directly, and setSink recognises it to put the LogSink itself back.
+struct ForwardToLogSink {
+  std::shared_ptr<LogSink> sink;
+  void operator()(Severity severity, std::string_view line) const {
+    // The line is already formatted: hand it over as the message of a record.
+    sink->write(Record{severity, std::chrono::system_clock::now(), line, {}});
+  }
+};
 
 char severityLetter(Severity severity) {
   switch (severity) {
@@ -56,9 +78,8 @@ void appendQuoted(std::string& out, std::string_view value) {
   out += '"';
 }
 
-void appendHeader(std::string& out, Severity severity) {
+void appendHeader(std::string& out, Severity severity, std::chrono::system_clock::time_point now) {
   using namespace std::chrono;
-  const auto now = system_clock::now();
   const std::time_t seconds = system_clock::to_time_t(now);
   const auto micros = duration_cast<microseconds>(now.time_since_epoch()).count() % 1000000;
   std::tm local{};
@@ -72,23 +93,12 @@ void appendHeader(std::string& out, Severity severity) {
 
 }  // namespace
 
-void setVerbosity(int v) { gVerbosity.store(v, std::memory_order_relaxed); }
-
-int verbosity() { return gVerbosity.load(std::memory_order_relaxed); }
-
-Sink setSink(Sink sink) {
-  std::lock_guard lock(sinkMutex());
-  Sink previous = std::move(currentSink());
-  currentSink() = std::move(sink);
-  return previous;
-}
-
-void write(Severity severity, std::string_view message, std::initializer_list<Field> fields) {
+std::string formatLine(const Record& record) {
   std::string line;
-  line.reserve(96 + message.size());
-  appendHeader(line, severity);
-  appendQuoted(line, message);
-  for (const auto& [key, value] : fields) {
+  line.reserve(96 + record.message.size());
+  appendHeader(line, record.severity, record.time);
+  appendQuoted(line, record.message);
+  for (const auto& [key, value] : record.fields) {
     line += ' ';
     line += key;
     line += '=';
@@ -98,12 +108,40 @@ void write(Severity severity, std::string_view message, std::initializer_list<Fi
       line += value;
     }
   }
+  return line;
+}
 
+void setVerbosity(int v) { gVerbosity.store(v, std::memory_order_relaxed); }
+
+int verbosity() { return gVerbosity.load(std::memory_order_relaxed); }
+
+std::shared_ptr<LogSink> setLogSink(std::shared_ptr<LogSink> sink) {
+  std::lock_guard lock(sinkMutex());
+  return std::exchange(currentSink(), std::move(sink));
+}
+
+Sink setSink(Sink sink) {
+  std::shared_ptr<LogSink> next;
+  if (const auto* forward = sink.target<ForwardToLogSink>()) {
+    next = forward->sink;
+  } else if (sink) {
+    next = std::make_shared<LineSink>(std::move(sink));
+  }
+  std::shared_ptr<LogSink> previous = setLogSink(std::move(next));
+  if (!previous) return nullptr;
+  if (const auto* lines = dynamic_cast<const LineSink*>(previous.get())) return lines->sink();
+  return ForwardToLogSink{std::move(previous)};
+}
+
+void write(Severity severity, std::string_view message, std::initializer_list<Field> fields) {
+  const Record record{severity, std::chrono::system_clock::now(), message,
+                      std::span<const Field>(fields.begin(), fields.size())};
   std::lock_guard lock(sinkMutex());
   if (currentSink()) {
-    currentSink()(severity, line);
+    currentSink()->write(record);
     return;
   }
+  std::string line = formatLine(record);
   line += '\n';
   std::fwrite(line.data(), 1, line.size(), stderr);
 }

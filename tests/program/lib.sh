@@ -118,6 +118,41 @@ YAML
   mv "$WORK/$1.tmp" "$M/$1.yaml"
 }
 
+# --- building against an installed kproxy (install, example_*) --------------------------------
+# install_kproxy BUILD_DIR: `cmake --install` into PREFIX=$WORK/prefix; one check. After
+# make_workdir.
+install_kproxy() {
+  PREFIX="$WORK/prefix"
+  if cmake --install "$1" --prefix "$PREFIX" >"$WORK/install.log" 2>&1; then
+    pass "cmake --install"
+  else
+    fail "cmake --install" "$(tail -5 "$WORK/install.log")"
+  fi
+}
+
+# cache_value CMAKECACHE NAME: a variable of a CMakeCache.txt.
+cache_value() { sed -n "s/^$2:[A-Z]*=//p" "$1"; }
+
+# build_example BUILD_DIR SOURCE_DIR NAME: configures and builds SOURCE_DIR out of tree in
+# $WORK/NAME with find_package(kproxy) finding the kproxy in $PREFIX (searched before the
+# system's), with the main build's compiler, generator and build type, through ccache
+# (CCACHE_DIR as the main build's, by default ~/.cache/kproxy/ccache). Paths are hashed relative
+# to the build directory, so the random $WORK does not defeat the cache. Log in $WORK/NAME.log;
+# returns whether it built.
+build_example() {
+  local cache="$1/CMakeCache.txt" launcher=()
+  command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  (
+    export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/kproxy/ccache} CCACHE_BASEDIR=/ CCACHE_NOHASHDIR=1
+    cmake -S "$2" -B "$WORK/$3" -G "$(cache_value "$cache" CMAKE_GENERATOR)" \
+          -DCMAKE_CXX_COMPILER="$(cache_value "$cache" CMAKE_CXX_COMPILER)" \
+          -DCMAKE_BUILD_TYPE="$(cache_value "$cache" CMAKE_BUILD_TYPE)" "${launcher[@]}" \
+          -DCMAKE_PREFIX_PATH="$PREFIX" -DCMAKE_FIND_USE_PACKAGE_REGISTRY=OFF \
+          >"$WORK/$3.log" 2>&1 &&
+      cmake --build "$WORK/$3" -j2 >>"$WORK/$3.log" 2>&1
+  )
+}
+
 # finish LABEL: the summary line; exits 0 when nothing failed, else 1.
 finish() {
   echo "$1: $passed passed, $failed failed"

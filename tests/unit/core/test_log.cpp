@@ -1,5 +1,13 @@
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <memory>
+
 #include <mutex>
 #include <regex>
 #include <string>
@@ -85,4 +93,92 @@ TEST_CASE("setSink returns the previous sink; concurrent writers never interleav
   CHECK(other.size() == 1);
   back(klog::Severity::kInfo, "direct");
   CHECK(other.size() == 2);
+}
+
+namespace {
+
+// A structured sink as an embedder writes one: it keeps what it needs from each record.
+struct KeptRecord {
+  klog::Severity severity;
+  std::string message;
+  std::vector<std::pair<std::string, std::string>> fields;
+  std::string line;
+};
+class RecordingSink final : public klog::LogSink {
+ public:
+  void write(const klog::Record& r) override {
+    KeptRecord kept{r.severity, std::string(r.message), {}, klog::formatLine(r)};
+    for (const auto& [k, v] : r.fields) kept.fields.emplace_back(k, v);
+    records.push_back(std::move(kept));
+  }
+  std::vector<KeptRecord> records;
+};
+
+// Runs `body` with file descriptor 2 pointing at a temporary file and returns what was written.
+template <typename Body>
+std::string captureStderr(Body body) {
+  char path[] = "/tmp/kproxy-test-log-XXXXXX";
+  const int file = mkstemp(path);
+  REQUIRE(file >= 0);
+  std::fflush(stderr);
+  const int saved = dup(2);
+  REQUIRE(saved >= 0);
+  dup2(file, 2);
+  body();
+  std::fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(file);
+  std::ifstream in(path, std::ios::binary);
+  std::string out((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  unlink(path);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a LogSink receives each event unformatted, and nothing reaches stderr", "[unit][log]") {
+  auto sink = std::make_shared<RecordingSink>();
+  std::shared_ptr<klog::LogSink> previous;
+  const std::string err = captureStderr([&] {
+    previous = klog::setLogSink(sink);
+    klog::warning("backend slow", {{"mode", "json"}, {"took", "2 s"}});
+    klog::info(0, "plain");
+    klog::setLogSink(previous);
+  });
+  CHECK(err.empty());
+  REQUIRE(sink->records.size() == 2);
+  CHECK(sink->records[0].severity == klog::Severity::kWarning);
+  CHECK(sink->records[0].message == "backend slow");
+  CHECK(sink->records[0].fields ==
+        std::vector<std::pair<std::string, std::string>>{{"mode", "json"}, {"took", "2 s"}});
+  CHECK(sink->records[0].line.ends_with(R"("backend slow" mode=json took="2 s")"));
+  CHECK(sink->records[1].fields.empty());
+}
+
+TEST_CASE("the default output is the klog line on stderr, byte for byte", "[unit][log]") {
+  auto previous = klog::setLogSink(nullptr);
+  const std::string err = captureStderr([] {
+    klog::error("sync failed", {{"error", "no \"table\""}, {"n", "1"}});
+    klog::info(0, "second");
+  });
+  klog::setLogSink(previous);
+  const std::regex expected(
+      R"(^E\d{4} \d{2}:\d{2}:\d{2}\.\d{6} kproxy\] "sync failed" error="no \\"table\\"" n=1\n)"
+      R"(I\d{4} \d{2}:\d{2}:\d{2}\.\d{6} kproxy\] "second"\n$)");
+  CHECK(std::regex_match(err, expected));
+}
+
+TEST_CASE("setSink hands back a LogSink so that installing it again restores it", "[unit][log]") {
+  auto sink = std::make_shared<RecordingSink>();
+  auto original = klog::setLogSink(sink);
+  std::vector<std::string> lines;
+  auto displaced = klog::setSink([&](klog::Severity, std::string_view l) { lines.emplace_back(l); });
+  klog::info(0, "to lines");
+  klog::setSink(std::move(displaced));
+  klog::info(0, "to records");
+  CHECK(klog::setLogSink(original) == sink);
+  REQUIRE(lines.size() == 1);
+  REQUIRE(sink->records.size() == 1);
+  CHECK(sink->records[0].message == "to records");
 }

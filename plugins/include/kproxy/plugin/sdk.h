@@ -7,7 +7,8 @@
 ///   makeMyBackend(const kproxy::sdk::Host& host, const kproxy::sdk::Options& options);
 ///   KPROXY_DEFINE_PLUGIN("mybackend", "1.0", "what it programs", makeMyBackend)
 ///
-/// The SDK catches every exception at the boundary and reports it as an error.
+/// The SDK catches every exception at the boundary and reports it as an error. A plugin's unit
+/// tests drive it through a fake host: kproxy/plugin/testing.h.
 /// Everything here lives in the plugin; only C types reach the host.
 ///
 /// Built against ABI 1.2, a plugin still runs on a 1.0/1.1 host: the SDK checks the
