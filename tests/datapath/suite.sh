@@ -3,7 +3,8 @@
 # real curl.
 #
 # Every case builds its own topology (scripts/netns-lib.sh: a node namespace running kproxy,
-# pod namespaces running tests/tools/podserver.py, an outside client, sometimes a remote node)
+# pod namespaces running kproxy-podserver (tests/tools), an outside client, sometimes a remote
+# node)
 # and removes it afterwards, even on failure. Needs root; refuses to run (exit 1) otherwise.
 #
 # Every case checks the same behaviour in every mode; only the helpers under "Mode-specific
@@ -614,7 +615,7 @@ case_restart_keeps_traffic() {
   (
     end=$((${EPOCHREALTIME/./} + 7000000))
     while ((${EPOCHREALTIME/./} < end)); do
-      if who="$(kp_who node "http://$WEB_IP/")"; then echo "ok $who"; else echo "FAIL $(date +%T.%N)"; fi
+      if who="$(kp_who node "http://$WEB_IP/")"; then echo "ok $who"; else echo "FAIL $(kp_now)"; fi
       sleep 0.05
     done
   ) >"$loop_log" 2>&1 &
