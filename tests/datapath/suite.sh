@@ -651,11 +651,16 @@ case_restart_keeps_traffic() {
   add_service web.yaml web "$WEB_IP" "$(pod_eps 3)" || return 1
   start_kproxy_and_wait "http://$WEB_IP/" || return 1
   local loop_log="$KP_WORKDIR/loop.log" stream_log="$KP_WORKDIR/stream.log"
+  # The flows must outlast both restarts and the loop make its requests: under emulation (the
+  # test VM sets KP_TIME_SCALE) a request takes up to a second, so both last longer there. The
+  # deadlines of kproxy's own work stay as they are.
+  local span=$((7 * ${KP_TIME_SCALE:-1}))
   # A long-lived connection through the ClusterIP, and a loop of new connections.
-  kp_bg "$stream_log" kp_curl pod3 "http://$WEB_IP/stream?seconds=7&interval=0.2" --max-time 12 --no-buffer
+  kp_bg "$stream_log" kp_curl pod3 "http://$WEB_IP/stream?seconds=$span&interval=0.2" \
+    --max-time $((span + 5)) --no-buffer
   local stream_pid=$KP_LAST_PID
   (
-    end=$((${EPOCHREALTIME/./} + 7000000))
+    end=$((${EPOCHREALTIME/./} + span * 1000000))
     while ((${EPOCHREALTIME/./} < end)); do
       if who="$(kp_who node "http://$WEB_IP/")"; then echo "ok $who"; else echo "FAIL $(kp_now)"; fi
       sleep 0.05
@@ -664,7 +669,8 @@ case_restart_keeps_traffic() {
   local loop_pid=$!
   KP_PIDS+=("$loop_pid")
   # The loop and the stream are under way before the first restart.
-  kp_wait_for 5 _lines_at_least "$loop_log" 5 || kp_fail "the request loop did not start" || return 1
+  kp_wait_for $((5 * ${KP_TIME_SCALE:-1})) _lines_at_least "$loop_log" 5 ||
+    kp_fail "the request loop did not start" || return 1
   kp_wait_for 5 grep -q '^pod=' "$stream_log" || kp_fail "the long-lived connection did not start" || return 1
   kp_note "restart 1: SIGTERM"
   kp_stop_kproxy TERM
