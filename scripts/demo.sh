@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # demo.sh — kproxy in nftables mode on a throw-away node made of network namespaces.
 #
-# Builds kproxy (./build, unless KPROXY_BIN is set), creates a node namespace with three pod
-# namespaces and an outside client, loads examples/demo-manifests, starts
+# Builds kproxy and the pods' server (./build, unless KPROXY_BIN is set), creates a node
+# namespace with three pod namespaces and an outside client, loads examples/demo-manifests, starts
 # `kproxy --proxy-mode=nftables` inside the node namespace, and shows traffic to the ClusterIP
 # spreading over the pods and a NodePort reached from outside. Everything is removed on exit.
 # Needs root. Exits non-zero when fewer than two distinct pods answered the ClusterIP or none
 # answered the NodePort.
 #
-# Environment: KPROXY_BIN (skip the build), KPROXY_PLUGIN_DIR, KPROXY_BUILD_DIR (default
-# ./build), KP_KEEP_WORKDIR=1 (keep the kproxy log).
+# Environment: KPROXY_BIN (skip the build; kproxy-podserver is then looked for in the same build
+# or in KP_TOOLS_DIR), KPROXY_PLUGIN_DIR, KPROXY_BUILD_DIR (default ./build), KP_KEEP_WORKDIR=1
+# (keep the kproxy log).
 
 set -euo pipefail
 
@@ -25,9 +26,9 @@ CURLS=12
 
 kp_require_root_only
 # A fresh machine: install the build and run-time dependencies first (idempotent, quick when
-# present), and only then look for the tools they bring.
+# present), and only then (after the build below, which makes the pods' server) look for the
+# tools they bring.
 "$ROOT/scripts/install-deps.sh"
-kp_require_tools
 
 if [[ -z "${KPROXY_BIN:-}" ]]; then
   BUILD_DIR="${KPROXY_BUILD_DIR:-$ROOT/build}"
@@ -40,12 +41,14 @@ if [[ -z "${KPROXY_BIN:-}" ]]; then
     cmake -S "$ROOT" -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release
   fi
   echo "==> building kproxy"
-  cmake --build "$BUILD_DIR" -j2 --target kproxy kproxy-backend-nftables
+  cmake --build "$BUILD_DIR" -j2 --target kproxy kproxy-backend-nftables kproxy-podserver kproxy-netprobe
   KPROXY_BIN="$BUILD_DIR/cli/kproxy"
   : "${KPROXY_PLUGIN_DIR:=$BUILD_DIR/plugins-out}"
 fi
 [[ -x "$KPROXY_BIN" ]] || kp_die "kproxy binary not found at $KPROXY_BIN"
 export KPROXY_BIN KPROXY_PLUGIN_DIR
+# With KPROXY_BIN given, the pods' server is the one built beside it (or KP_TOOLS_DIR's).
+kp_require_tools
 
 kp_init
 MANIFESTS="$KP_WORKDIR/manifests"

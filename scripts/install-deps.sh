@@ -8,13 +8,17 @@ PACKAGES=(
   libboost-dev libboost-system-dev libssl-dev
   nlohmann-json3-dev libyaml-cpp-dev libfmt-dev catch2
   libnftnl-dev libmnl-dev libnl-3-dev libnl-genl-3-dev libnl-route-3-dev
-  nftables iptables iproute2 conntrack curl python3 python3-yaml procps openssl
+  nftables iptables iproute2 conntrack curl procps openssl
+  python3 python3-yaml
   etcd-server
   jq
   qemu-system-x86 cpio kmod
   clang-19 libclang-rt-19-dev llvm-19
 )
 
+# python3 (and python3-yaml) serve the program, end-to-end and soak tiers and bench/, which check
+# JSON and drive the API server with it; the demo and the data-path suite need no interpreter
+# (their pods run kproxy-podserver, tests/tools).
 # qemu, cpio and kmod (depmod) build and boot the IPVS test VM (tests/vm/): its kernel, busybox,
 # ipvsadm and ipset are fetched with `apt-get download` into ~/.cache/kproxy/vm, not installed.
 

@@ -43,7 +43,12 @@ KP_SOURCE_DIR="$(cd "$KP_LIB_DIR/.." && pwd)"
 : "${KP_POD_PORT:=8080}"
 : "${KP_CURL_TIMEOUT:=2}"
 : "${KP_ROUTE_LOCALNET:=0}"
-: "${KP_PODSERVER:=$KP_SOURCE_DIR/tests/tools/podserver.py}"
+# The pods' server and the socket probe are programs built with kproxy (tests/tools):
+# $KP_PODSERVER and $KP_NETPROBE when set, else found by kp_tool_bin.
+: "${KP_PODSERVER:=}"
+: "${KP_NETPROBE:=}"
+# The topology itself needs no interpreter (it also runs in the test VM, which has none); the
+# scripts that drive an API server from python (tests/soak, bench/) use this one.
 if [[ -z "${KP_PYTHON:-}" ]]; then
   # Prefer the system interpreter: version-manager shims add a noticeable start-up delay.
   if [[ -x /usr/bin/python3 ]]; then KP_PYTHON=/usr/bin/python3; else KP_PYTHON="$(command -v python3)"; fi
@@ -58,7 +63,14 @@ KP_KPROXY_STARTS=0
 KP_LOCAL_PODS=0
 KP_REMOTE_PODS=0
 
-kp_log() { printf '[netns %s] %s\n' "$(date +%H:%M:%S.%3N)" "$*" >&2; }
+# kp_now — the wall-clock time as HH:MM:SS.mmm, from bash alone (no `date`: busybox's, in the
+# test VM, has no %N, and a process per log line is slow under emulation).
+kp_now() {
+  local t=$EPOCHREALTIME ms
+  ms=${t#*.}
+  printf '%(%H:%M:%S)T.%s' "${t%.*}" "${ms:0:3}"
+}
+kp_log() { printf '[netns %s] %s\n' "$(kp_now)" "$*" >&2; }
 kp_die() { kp_log "ERROR: $*"; exit 1; }
 
 # kp_require_root — data-path work needs CAP_NET_ADMIN; refuse loudly instead of passing.
@@ -78,9 +90,38 @@ kp_require_root_only() {
 
 kp_require_tools() {
   local tool
-  for tool in ip nft curl "$KP_PYTHON"; do
+  for tool in ip nft curl; do
     command -v "$tool" >/dev/null 2>&1 || kp_die "required tool not found: $tool"
   done
+  # Resolved once and exported, so that nested shells run the same programs.
+  KP_PODSERVER="$(kp_tool_bin kproxy-podserver)" || kp_die "kproxy-podserver not found: build it" \
+    "(cmake --build build --target kproxy-podserver kproxy-netprobe) or set KP_TOOLS_DIR"
+  KP_NETPROBE="$(kp_tool_bin kproxy-netprobe)" || kp_die "kproxy-netprobe not found: build it" \
+    "(cmake --build build --target kproxy-podserver kproxy-netprobe) or set KP_TOOLS_DIR"
+  export KP_PODSERVER KP_NETPROBE
+}
+
+# kp_tool_bin NAME — a program of tests/tools (kproxy-podserver, kproxy-netprobe): $KP_PODSERVER
+# or $KP_NETPROBE when set; else in $KP_TOOLS_DIR; else beside $KPROXY_BIN's build
+# (BUILD/cli/kproxy -> BUILD/tests/tools); else in the first build dir that has it.
+kp_tool_bin() {
+  local name="$1" given d dirs=()
+  case "$name" in
+    kproxy-podserver) given="$KP_PODSERVER" ;;
+    kproxy-netprobe) given="$KP_NETPROBE" ;;
+    *) given="" ;;
+  esac
+  if [[ -n "$given" ]]; then printf '%s' "$given"; return; fi
+  if [[ -n "${KP_TOOLS_DIR:-}" ]]; then
+    dirs=("$KP_TOOLS_DIR")
+  else
+    [[ -n "${KPROXY_BIN:-}" ]] && dirs+=("$(dirname "$KPROXY_BIN")/../tests/tools")
+    dirs+=("$KP_SOURCE_DIR/build/tests/tools" "$KP_SOURCE_DIR"/build-*/tests/tools)
+  fi
+  for d in "${dirs[@]}"; do
+    if [[ -x "$d/$name" ]]; then printf '%s' "$d/$name"; return; fi
+  done
+  return 1
 }
 
 # kp_init [prefix] — choose the unique prefix, make the work dir, install the cleanup trap.
@@ -207,8 +248,9 @@ kp_bg() {
 # rpod<i>, TCP $KP_POD_PORT unless ports are given), then wait until each answers through
 # its veth from the node namespace.
 kp_start_pods() {
-  local extra=("$@") i role ip
+  local extra=("$@") i role ip server
   [[ ${#extra[@]} -gt 0 ]] || extra=(--port "$KP_POD_PORT")
+  server="$(kp_tool_bin kproxy-podserver)" || { kp_log "kproxy-podserver not found (see kp_tool_bin)"; return 1; }
   local targets=()
   for ((i = 1; i <= KP_LOCAL_PODS; i++)); do targets+=("pod$i=$(kp_pod_ip "$i")"); done
   for ((i = 1; i <= KP_REMOTE_PODS; i++)); do targets+=("rpod$i=$(kp_remote_pod_ip "$i")"); done
@@ -216,7 +258,7 @@ kp_start_pods() {
   for t in "${targets[@]}"; do
     role="${t%%=*}"
     kp_bg "$KP_WORKDIR/$role.log" ip netns exec "$(kp_ns "$role")" \
-      "$KP_PYTHON" -u "$KP_PODSERVER" --name "$role" "${extra[@]}"
+      "$server" --name "$role" "${extra[@]}"
   done
   local port
   port="$(_kp_first_port "${extra[@]}")"
@@ -385,16 +427,9 @@ kp_client_seen() {
 # how it ended: OK, or the errno name (ECONNREFUSED, ETIMEDOUT, EHOSTUNREACH, ...). curl's
 # message for a refused connection varies between versions; the errno does not. IP may be IPv6.
 kp_connect_errno() {
-  kp_exec "$1" "$KP_PYTHON" -c '
-import errno, socket, sys
-s = socket.socket(socket.AF_INET6 if ":" in sys.argv[1] else socket.AF_INET); s.settimeout(float(sys.argv[3]))
-try:
-    s.connect((sys.argv[1], int(sys.argv[2]))); print("OK")
-except socket.timeout:
-    print("ETIMEDOUT")
-except OSError as e:
-    print(errno.errorcode.get(e.errno, str(e.errno)))
-' "$2" "$3" "${4:-2}"
+  local probe
+  probe="$(kp_tool_bin kproxy-netprobe)" || { echo "kproxy-netprobe not found"; return 1; }
+  kp_exec "$1" "$probe" connect "$2" "$3" "${4:-2}"
 }
 
 # kp_nft ROLE ARGS... — nft inside a namespace (e.g. kp_nft node list table ip kube-proxy).

@@ -49,12 +49,50 @@ case_udp_echo() {
   kp_topology_up 1 || return 1
   kp_start_pods --port 8080 --udp-port 5353 || return 1
   local reply
-  reply="$(kp_exec node "$KP_PYTHON" -c '
-import socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
-s.sendto(b"hi", (sys.argv[1], 5353)); print(s.recv(200).decode().strip())' "$(kp_pod_ip 1)")" ||
-    kp_fail "no UDP echo" || return 1
+  reply="$(kp_exec node "$KP_NETPROBE" udp "$(kp_pod_ip 1)" 5353 hi 2)" || kp_fail "no UDP echo" || return 1
   [[ "$reply" == "pod=pod1 client=$KP_NODE_IP:"* ]] || kp_fail "UDP echo said '$reply'" || return 1
+}
+
+# The pods' server (tests/tools/podserver.cpp) answers exactly as the cases parse it: the
+# bodies byte for byte, keep-alive, a stream over one connection, every port on IPv4 and IPv6,
+# other methods refused, its command line checked, SIGTERM a clean exit.
+case_podserver_answers() {
+  kp_topology_up 1 || return 1
+  kp_start_pods --port 8080 --port=8081 || return 1
+  local ip body headers
+  ip="$(kp_pod_ip 1)"
+  body="$(kp_curl node "http://$ip:8080/" -D "$KP_WORKDIR/headers"; echo x)"
+  [[ "$body" =~ ^pod=pod1\ client=$KP_NODE_IP:[0-9]+$'\n'x$ ]] || kp_fail "GET / said '$body'" || return 1
+  headers="$(tr -d '\r' <"$KP_WORKDIR/headers")"
+  grep -qx 'HTTP/1.1 200 OK' <<<"$headers" && grep -qx 'Content-Type: text/plain' <<<"$headers" &&
+    grep -qx "Content-Length: $((${#body} - 1))" <<<"$headers" || kp_fail "GET / headers: $headers" || return 1
+  body="$(kp_curl node "http://$ip:8080/healthz"; echo x)"
+  [[ "$body" == $'ok\nx' ]] || kp_fail "/healthz said '$body'" || return 1
+  [[ "$(kp_who node "http://$ip:8081/any/path?q=1")" == pod1 ]] || kp_fail "second port (--port=8081)" || return 1
+  # Keep-alive: two requests over one connection come from one client port.
+  body="$(kp_curl node "http://$ip:8080/a" "http://$ip:8080/b")"
+  [[ "$(sort -u <<<"$body" | wc -l)" == 1 && "$(wc -l <<<"$body")" == 2 ]] ||
+    kp_fail "two requests on one connection: '$body'" || return 1
+  body="$(kp_curl node "http://$ip:8080/stream?seconds=0.6&interval=0.2")"
+  kp_note "stream: $(tr '\n' ';' <<<"$body")"
+  [[ "$(grep -c "^pod=pod1 client=$KP_NODE_IP:[0-9]* seq=[0-9]*$" <<<"$body")" -ge 2 ]] &&
+    [[ "$(tail -n 1 <<<"$body")" =~ \ done=([0-9]+)$ ]] &&
+    [[ "${BASH_REMATCH[1]}" == "$(grep -c ' seq=' <<<"$body")" ]] &&
+    [[ "$(sed 's/ \(seq\|done\)=.*//' <<<"$body" | sort -u | wc -l)" == 1 ]] ||
+    kp_fail "/stream said: $body" || return 1
+  body="$(kp_exec pod1 curl -sS --max-time 2 "http://[::1]:8080/")"
+  [[ "$body" =~ ^pod=pod1\ client=::1:[0-9]+$ ]] || kp_fail "over IPv6: '$body'" || return 1
+  [[ "$(kp_curl node "http://$ip:8080/" -X POST -o /dev/null -w '%{http_code}')" == 501 ]] ||
+    kp_fail "POST not answered 501" || return 1
+  local server rc
+  server="$(kp_tool_bin kproxy-podserver)"
+  "$server" --port 8080 2>/dev/null; rc=$?
+  [[ $rc == 2 ]] || kp_fail "without --name: exit $rc, want 2" || return 1
+  "$server" --name x --port 99999 2>/dev/null; rc=$?
+  [[ $rc == 2 ]] || kp_fail "--port 99999: exit $rc, want 2" || return 1
+  kill -TERM "${KP_PIDS[0]}"
+  wait "${KP_PIDS[0]}"; rc=$?
+  [[ $rc == 0 ]] || kp_fail "SIGTERM: exit $rc, want 0" || return 1
 }
 
 # A hand-written NAT table in the node namespace: proves DNAT from the node (output) and from
@@ -173,6 +211,7 @@ kp_suite_begin "$@"
 kp_case pods_reachable_from_node case_pods_reachable_from_node
 kp_case routes_between_namespaces case_routes_between_namespaces
 kp_case udp_echo case_udp_echo
+kp_case podserver_answers case_podserver_answers
 kp_case kernel_nat_in_topology case_kernel_nat_in_topology
 kp_case teardown_leaves_nothing case_teardown_leaves_nothing
 kp_case kp_fail_fails_the_case case_kp_fail_fails_the_case

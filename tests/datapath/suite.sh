@@ -3,17 +3,20 @@
 # real curl.
 #
 # Every case builds its own topology (scripts/netns-lib.sh: a node namespace running kproxy,
-# pod namespaces running tests/tools/podserver.py, an outside client, sometimes a remote node)
+# pod namespaces running kproxy-podserver (tests/tools), an outside client, sometimes a remote
+# node)
 # and removes it afterwards, even on failure. Needs root; refuses to run (exit 1) otherwise.
 #
 # Every case checks the same behaviour in every mode; only the helpers under "Mode-specific
 # inspection" look at kernel objects (nft in nftables mode, iptables-VARIANT-save in iptables
-# mode). A few cases exist for one mode only and are reported as SKIP in the others.
+# mode; ipvsadm, ipset, kube-ipvs0 and iptables-VARIANT-save in IPVS mode, which only the test
+# VM's kernel has: tests/vm/). A few cases exist for one mode only and are reported as SKIP in
+# the others.
 #
-# usage: tests/datapath/suite.sh [--proxy-mode nftables|iptables] [--iptables-variant nft|legacy]
+# usage: tests/datapath/suite.sh [--proxy-mode nftables|iptables|ipvs] [--iptables-variant nft|legacy]
 #                                [--kproxy PATH] [--plugin-dir DIR] [CASE...]
-#   --proxy-mode defaults to $KP_PROXY_MODE, else nftables; --iptables-variant (iptables mode
-#   only) defaults to nft. KPROXY_BIN / KPROXY_PLUGIN_DIR may replace --kproxy / --plugin-dir;
+#   --proxy-mode defaults to $KP_PROXY_MODE, else nftables; --iptables-variant (iptables and
+#   IPVS modes) defaults to nft. KPROXY_BIN / KPROXY_PLUGIN_DIR may replace --kproxy / --plugin-dir;
 #   KP_VERBOSE=1 shows passing cases' output.
 
 set -u
@@ -162,6 +165,9 @@ answered_by() {
 # Mode-specific inspection: the only places that look at kernel objects rather than traffic.
 
 is_iptables() { [[ $PROXY_MODE == iptables ]]; }
+is_ipvs() { [[ $PROXY_MODE == ipvs ]]; }
+# uses_iptables — the mode's filter and NAT rules are iptables rules (IPVS mode's are too).
+uses_iptables() { is_iptables || is_ipvs; }
 
 # node_has_ipv6 — the node namespace has IPv6 (so kproxy programs ip6tables / ip6 too).
 node_has_ipv6() { [[ "$(kp_exec node cat /proc/sys/net/ipv6/conf/all/disable_ipv6 2>/dev/null)" == 0 ]]; }
@@ -191,9 +197,18 @@ kproxy_iptables_lines() {
 }
 
 # kproxy_ruleset — what kproxy programmed for IPv4: table ip kube-proxy, or every table of
-# iptables-VARIANT-save. Fails when it cannot be read or kproxy's dispatch chain is missing.
+# iptables-VARIANT-save; in IPVS mode also the virtual servers, the ipsets and kube-ipvs0's
+# addresses. Fails when it cannot be read or kproxy's dispatch chain is missing.
 kproxy_ruleset() {
-  if is_iptables; then
+  if is_ipvs; then
+    local out
+    out="$(ipt_save iptables "$IPTABLES_VARIANT")" || return 1
+    grep -q '^:KUBE-SERVICES ' <<<"$out" || return 1
+    printf '%s\n' "$out"
+    kp_exec node ipvsadm -S -n || return 1
+    kp_exec node ipset list || return 1
+    kp_exec node ip -o addr show dev kube-ipvs0 || return 1
+  elif is_iptables; then
     local out
     out="$(ipt_save iptables "$IPTABLES_VARIANT")" || return 1
     grep -q '^:KUBE-SERVICES ' <<<"$out" || return 1
@@ -212,10 +227,25 @@ kproxy_ruleset_lacks() {
 
 # kproxy_leftovers — prints whatever kproxy (or kube-proxy) left in the node namespace, in any
 # mode: nftables tables named kube-proxy, and KUBE-* chains or jumps (not kubelet's) of either
-# iptables variant and either family. No output: nothing is left.
+# iptables variant and either family; in IPVS mode (where the tools and the kernel have IPVS)
+# also virtual servers, KUBE-* ipsets and kube-ipvs0. No output: nothing is left.
 kproxy_leftovers() {
   nftables_leftovers
   iptables_leftovers
+  if is_ipvs; then ipvs_leftovers; fi
+  return 0
+}
+
+# ipvs_leftovers — prints the IPVS virtual servers, the KUBE-* ipsets and kube-ipvs0 of the node
+# namespace, each line prefixed with what it is.
+ipvs_leftovers() {
+  local out
+  out="$(kp_exec node ipvsadm -S -n)" || { echo "ipvsadm -S -n failed"; return 0; }
+  [[ -n "$out" ]] && sed 's/^/ipvs: /' <<<"$out"
+  out="$(kp_exec node ipset list -n)" || { echo "ipset list -n failed"; return 0; }
+  grep '^KUBE-' <<<"$out" | sed 's/^/ipset: /'
+  kp_exec node ip -o link show dev kube-ipvs0 2>/dev/null | sed 's/^/link: /'
+  return 0
 }
 
 # nftables_leftovers — prints the nftables tables named kube-proxy (any family).
@@ -244,7 +274,8 @@ iptables_leftovers() {
 no_kproxy_leftovers() { [[ -z "$(kproxy_leftovers)" ]]; }
 
 # kernel_ruleset_empty — nothing at all in the node namespace's netfilter: no nftables table
-# (which also covers iptables-nft) and no iptables-legacy table in either family.
+# (which also covers iptables-nft) and no iptables-legacy table in either family; in IPVS mode
+# neither a virtual server, nor an ipset, nor kube-ipvs0.
 kernel_ruleset_empty() {
   local out family
   out="$(kp_nft node list ruleset)" || { echo "nft list ruleset failed"; return 1; }
@@ -254,14 +285,24 @@ kernel_ruleset_empty() {
     out="$(grep -v '^#' <<<"$out")"
     [[ -z "$out" ]] || { echo "$family-legacy: $(head -3 <<<"$out" | tr '\n' ' ')"; return 1; }
   done
+  if is_ipvs; then
+    out="$(kp_exec node ipvsadm -S -n)" || { echo "ipvsadm -S -n failed"; return 1; }
+    [[ -z "$out" ]] || { echo "ipvs: $(head -3 <<<"$out" | tr '\n' ' ')"; return 1; }
+    out="$(kp_exec node ipset list -n)" || { echo "ipset list -n failed"; return 1; }
+    [[ -z "$out" ]] || { echo "ipset: $(head -3 <<<"$out" | tr '\n' ' ')"; return 1; }
+    ! kp_exec node ip link show dev kube-ipvs0 >/dev/null 2>&1 || { echo "kube-ipvs0 exists"; return 1; }
+  fi
+  return 0
 }
 
 # add_foreign_object — something another program owns, which kproxy must never remove: a table
-# of its own (nftables), or a chain with a rule and a jump from INPUT (iptables).
+# of its own (nftables), or a chain with a rule and a jump from INPUT (iptables and IPVS), and
+# in IPVS mode an ipset not named KUBE-*.
 add_foreign_object() {
-  if is_iptables; then
+  if uses_iptables; then
     ipt iptables -N BYSTANDER && ipt iptables -A BYSTANDER -s 198.51.100.0/24 -j DROP &&
-      ipt iptables -A INPUT -j BYSTANDER
+      ipt iptables -A INPUT -j BYSTANDER || return 1
+    if is_ipvs; then kp_exec node ipset create bystander hash:ip; fi
   else
     kp_nft node add table ip bystander && kp_nft node add chain ip bystander keep
   fi
@@ -269,10 +310,12 @@ add_foreign_object() {
 
 # foreign_object_present — add_foreign_object's object is still there, whole.
 foreign_object_present() {
-  if is_iptables; then
+  if uses_iptables; then
     local out
     out="$(ipt_save iptables "$IPTABLES_VARIANT" -t filter)" || return 1
-    grep -qxF -- '-A BYSTANDER -s 198.51.100.0/24 -j DROP' <<<"$out" && grep -qxF -- '-A INPUT -j BYSTANDER' <<<"$out"
+    grep -qxF -- '-A BYSTANDER -s 198.51.100.0/24 -j DROP' <<<"$out" && grep -qxF -- '-A INPUT -j BYSTANDER' <<<"$out" ||
+      return 1
+    if is_ipvs; then kp_exec node ipset list -n | grep -qx bystander; fi
   else
     kp_nft node list tables | grep -q 'table ip bystander'
   fi
@@ -280,7 +323,7 @@ foreign_object_present() {
 
 # servicecidr_drop_present CIDR — kproxy drops new connections to CIDR's unallocated addresses.
 servicecidr_drop_present() {
-  if is_iptables; then
+  if uses_iptables; then
     local out
     out="$(ipt_save iptables "$IPTABLES_VARIANT" -t filter)" || return 1
     grep -qE -- "^-A KUBE-SERVICES -d ${1//./\\.} .*-j DROP\$" <<<"$out"
@@ -291,7 +334,7 @@ servicecidr_drop_present() {
 
 # servicecidr_drop_gone — no such drop is left (and kproxy's rules can be read).
 servicecidr_drop_gone() {
-  if is_iptables; then
+  if uses_iptables; then
     local out
     out="$(kproxy_ruleset)" || return 1
     ! grep -E -- '^-A KUBE-SERVICES .*-j DROP$' <<<"$out" | grep -q .
@@ -304,7 +347,7 @@ servicecidr_drop_gone() {
 
 # nodeport_dispatch — for notes: how kproxy sends traffic to KUBE-NODEPORTS / @nodeport-ips.
 nodeport_dispatch() {
-  if is_iptables; then
+  if uses_iptables; then
     ipt_save iptables "$IPTABLES_VARIANT" -t nat | grep -- '-j KUBE-NODEPORTS' | tr -s ' \n' ' '
   else
     kp_nft node list set ip kube-proxy nodeport-ips | tr -s ' \n' ' '
@@ -608,20 +651,26 @@ case_restart_keeps_traffic() {
   add_service web.yaml web "$WEB_IP" "$(pod_eps 3)" || return 1
   start_kproxy_and_wait "http://$WEB_IP/" || return 1
   local loop_log="$KP_WORKDIR/loop.log" stream_log="$KP_WORKDIR/stream.log"
+  # The flows must outlast both restarts and the loop make its requests: under emulation (the
+  # test VM sets KP_TIME_SCALE) a request takes up to a second, so both last longer there. The
+  # deadlines of kproxy's own work stay as they are.
+  local span=$((7 * ${KP_TIME_SCALE:-1}))
   # A long-lived connection through the ClusterIP, and a loop of new connections.
-  kp_bg "$stream_log" kp_curl pod3 "http://$WEB_IP/stream?seconds=7&interval=0.2" --max-time 12 --no-buffer
+  kp_bg "$stream_log" kp_curl pod3 "http://$WEB_IP/stream?seconds=$span&interval=0.2" \
+    --max-time $((span + 5)) --no-buffer
   local stream_pid=$KP_LAST_PID
   (
-    end=$((${EPOCHREALTIME/./} + 7000000))
+    end=$((${EPOCHREALTIME/./} + span * 1000000))
     while ((${EPOCHREALTIME/./} < end)); do
-      if who="$(kp_who node "http://$WEB_IP/")"; then echo "ok $who"; else echo "FAIL $(date +%T.%N)"; fi
+      if who="$(kp_who node "http://$WEB_IP/")"; then echo "ok $who"; else echo "FAIL $(kp_now)"; fi
       sleep 0.05
     done
   ) >"$loop_log" 2>&1 &
   local loop_pid=$!
   KP_PIDS+=("$loop_pid")
   # The loop and the stream are under way before the first restart.
-  kp_wait_for 5 _lines_at_least "$loop_log" 5 || kp_fail "the request loop did not start" || return 1
+  kp_wait_for $((5 * ${KP_TIME_SCALE:-1})) _lines_at_least "$loop_log" 5 ||
+    kp_fail "the request loop did not start" || return 1
   kp_wait_for 5 grep -q '^pod=' "$stream_log" || kp_fail "the long-lived connection did not start" || return 1
   kp_note "restart 1: SIGTERM"
   kp_stop_kproxy TERM
@@ -1051,15 +1100,15 @@ case "$PROXY_MODE" in
   nftables)
     [[ -z "${IPTABLES_VARIANT_GIVEN:-}" ]] ||
       { echo "--iptables-variant applies to --proxy-mode iptables only" >&2; exit 2; } ;;
-  iptables)
+  iptables | ipvs)
     IPTABLES_VARIANT="${IPTABLES_VARIANT_GIVEN:-nft}"
     [[ $IPTABLES_VARIANT == nft || $IPTABLES_VARIANT == legacy ]] ||
       { echo "unknown --iptables-variant '$IPTABLES_VARIANT' (nft or legacy)" >&2; exit 2; } ;;
-  *) echo "unknown --proxy-mode '$PROXY_MODE' (nftables or iptables)" >&2; exit 2 ;;
+  *) echo "unknown --proxy-mode '$PROXY_MODE' (nftables, iptables or ipvs)" >&2; exit 2 ;;
 esac
 KP_PROXY_MODE="$PROXY_MODE"
 KP_KPROXY_MODE_ARGS=""
-is_iptables && KP_KPROXY_MODE_ARGS="--iptables-variant=$IPTABLES_VARIANT"
+uses_iptables && KP_KPROXY_MODE_ARGS="--iptables-variant=$IPTABLES_VARIANT"
 
 kp_suite_begin "${suite_args[@]}"
 if ! bin="$(kp_kproxy_bin)" || [[ ! -x "$bin" ]]; then
@@ -1077,8 +1126,23 @@ for tool in iptables-nft iptables-nft-save ip6tables-nft ip6tables-nft-save \
     exit 1
   }
 done
+# IPVS mode inspects virtual servers and ipsets (only the test VM's kernel has IPVS).
+if is_ipvs; then
+  for tool in ipvsadm ipset; do
+    command -v "$tool" >/dev/null 2>&1 || {
+      echo "ERROR: $tool not found (IPVS mode); nothing was tested." >&2
+      echo "0 passed, 1 failed"
+      exit 1
+    }
+  done
+  [[ -e /proc/net/ip_vs ]] || {
+    echo "ERROR: this kernel has no IPVS (/proc/net/ip_vs); run IPVS mode in the test VM (tests/vm/)." >&2
+    echo "0 passed, 1 failed"
+    exit 1
+  }
+fi
 mode_desc="$PROXY_MODE"
-is_iptables && mode_desc+=" (iptables-$IPTABLES_VARIANT)"
+uses_iptables && mode_desc+=" (iptables-$IPTABLES_VARIANT)"
 echo "kproxy: $bin  plugin dir: ${KPROXY_PLUGIN_DIR:-(default)}  mode: $mode_desc"
 
 # iptables_case NAME FUNCTION — a case for iptables mode only; SKIP in the other modes.

@@ -25,7 +25,7 @@ KP_SELECTED=()
 KP_SUITE_DIR=""
 KP_CASE_FAILED_FILE=""
 
-kp_note() { printf '    %s %s\n' "$(date +%T.%3N)" "$*" >&2; }
+kp_note() { printf '    %s %s\n' "$(kp_now)" "$*" >&2; }
 
 # kp_fail MESSAGE — record why the case fails and return 1 (use as `... || kp_fail "msg"`,
 # then `return 1` follows naturally from `|| return` or the caller's check). The case fails

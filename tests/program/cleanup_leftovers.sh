@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # `kproxy --cleanup` on a node that ran kube-proxy in iptables or IPVS mode: kube-proxy's
-# iptables chains and jumps (IPv4 and IPv6, on the legacy and the nft back end) and the
-# kube-ipvs0 dummy interface are removed; another program's rule and chain,
-# and kubelet's KUBE-FIREWALL, are kept; a second run removes nothing and also exits 0.
+# iptables chains and jumps (IPv4 and IPv6, on the legacy and the nft back end), its IPVS
+# virtual servers and KUBE-* ipsets, and the kube-ipvs0 dummy interface are removed; another
+# program's rule, chain and ipset, and kubelet's KUBE-FIREWALL, are kept; a second run removes
+# nothing and also exits 0.
 # Everything runs in an anonymous network namespace (unshare -n), never in the machine's own.
 # What this machine cannot check (an iptables variant not installed, no IPv6, no dummy link
 # type) is named on a SKIP line; then, if nothing failed, the exit status is 77, which ctest
 # reports as skipped (SKIP_RETURN_CODE), never as passed.
-# PART limits the run to the iptables leftovers or to the IPVS ones (kube-ipvs0), so that
-# ctest can report each as passed or skipped on its own; both by default.
+# PART limits the run to the iptables leftovers or to the IPVS ones (virtual servers, ipsets,
+# kube-ipvs0), so that ctest can report each as passed or skipped on its own; both by default.
+# The IPVS part needs a kernel with IPVS and dummy links: ctest runs it in the test VM
+# (vm_cleanup_leftovers_ipvs, tests/vm/), where a SKIP fails the test.
 # Usage: cleanup_leftovers.sh KPROXY_BIN [iptables|ipvs]
 set -uo pipefail
 KPROXY=${1:?usage: cleanup_leftovers.sh KPROXY_BIN [iptables|ipvs]}
@@ -159,6 +162,7 @@ if part iptables; then
   done
 fi
 HAVE_DUMMY=0
+HAVE_IPVS=0
 if part ipvs; then
   # The dummy link type is a module some kernels lack; then the removal case is skipped (and
   # said so), and the not-a-dummy case below still runs.
@@ -167,6 +171,21 @@ if part ipvs; then
     pass "kube-ipvs0 dummy created"
   else
     skip "kube-ipvs0 removal" "this kernel has no dummy link type"
+  fi
+  # What kube-proxy's IPVS mode leaves besides kube-ipvs0: virtual servers with a real server,
+  # and its ipsets; next to them another program's ipset, which must stay.
+  if [[ ! -e /proc/net/ip_vs ]]; then
+    skip "IPVS virtual servers and ipsets removal" "this kernel has no IPVS (the test VM's has)"
+  elif ! tool ipvsadm || ! tool ipset; then
+    skip "IPVS virtual servers and ipsets removal" "ipvsadm or ipset not installed"
+  elif out=$({ ipvsadm -A -t 10.96.0.10:80 -s rr && ipvsadm -a -t 10.96.0.10:80 -r 10.244.1.5:8080 -m &&
+               ipvsadm -A -u 10.96.0.10:53 -s rr && ipset create KUBE-CLUSTER-IP hash:ip,port &&
+               ipset add KUBE-CLUSTER-IP 10.96.0.10,tcp:80 && ipset create KUBE-LOOP-BACK hash:ip,port,ip &&
+               ipset create SITE-ALLOW hash:net; } 2>&1); then
+    HAVE_IPVS=1
+    pass "kube-proxy's IPVS virtual servers and ipsets created"
+  else
+    fail "kube-proxy's IPVS virtual servers and ipsets created" "$out"
   fi
 fi
 
@@ -195,6 +214,17 @@ done
 if part ipvs && [[ $HAVE_DUMMY == 1 ]]; then
   if ip link show kube-ipvs0 >/dev/null 2>&1; then fail "kube-ipvs0 removed" "still there"; else pass "kube-ipvs0 removed"; fi
   grep -q 'removed interface.*interface=kube-ipvs0' "$WORK/first.log" && pass "removal of kube-ipvs0 logged" || fail "removal of kube-ipvs0 logged" "$(grep kube-ipvs0 "$WORK/first.log")"
+fi
+if part ipvs && [[ $HAVE_IPVS == 1 ]]; then
+  left=$(ipvsadm -S -n 2>&1)
+  [[ -z "$left" ]] && pass "IPVS virtual servers removed" || fail "IPVS virtual servers removed" "$(head -3 <<<"$left")"
+  grep -q 'removed IPVS virtual servers.*count=2' "$WORK/first.log" && pass "removal of the virtual servers logged" ||
+    fail "removal of the virtual servers logged" "$(grep -i ipvs "$WORK/first.log")"
+  sets=$(ipset list -n 2>&1)
+  grep -q '^KUBE-' <<<"$sets" && fail "KUBE-* ipsets removed" "$(grep '^KUBE-' <<<"$sets")" || pass "KUBE-* ipsets removed"
+  grep -qx SITE-ALLOW <<<"$sets" && pass "foreign ipset kept" || fail "foreign ipset kept" "$sets"
+  grep -q 'removed ipsets.*count=2' "$WORK/first.log" && pass "removal of the ipsets logged" ||
+    fail "removal of the ipsets logged" "$(grep -i ipset "$WORK/first.log")"
 fi
 part iptables && { grep -q 'removed kube-proxy iptables leftovers.*table=nat' "$WORK/first.log" && pass "iptables removal logged" || fail "iptables removal logged" "$(head -5 "$WORK/first.log")"; }
 if part ipvs && [[ ! -e /proc/net/ip_vs ]]; then

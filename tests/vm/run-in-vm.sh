@@ -103,11 +103,12 @@ APPEND="console=ttyS0 panic=-1 oops=panic rdinit=/init"
 ((VERBOSE)) || APPEND+=" loglevel=4"
 
 # The console is read line by line: the command's output (between the markers) goes to stdout
-# as it comes, the rest (the kernel's boot messages) only into the log.
+# as it comes, the rest (the kernel's boot messages) only into the log. `sed -u` strips the
+# console's carriage returns line by line (tr would hold them back in 4 KiB blocks).
 set +e
 timeout -k 10 "$TIMEOUT" qemu-system-x86_64 -accel "$ACCEL" "${QEMU_COMMON[@]}" \
     -initrd "$INITRD" -append "$APPEND" </dev/null 2>&1 |
-  tr -d '\r' | tee "$LOG" |
+  sed -u 's/\r//g' | tee "$LOG" |
   awk -v begin="KPROXY-VM-BEGIN-$NONCE" -v exit_marker="KPROXY-VM-EXIT-$NONCE=" -v verbose="$VERBOSE" '
     index($0, exit_marker) { pre = substr($0, 1, index($0, exit_marker) - 1); if (pre != "") print pre; inside = 0; fflush(); next }
     inside { print; fflush(); next }
