@@ -168,7 +168,7 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
   return cfg;
 }
 
-std::string VirtualServer::key() const {
+std::string PlannedVirtualServer::key() const {
   return fmt::format("{}/{}", hostPort(address, port), protoUpper(protocol));
 }
 
@@ -302,7 +302,7 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
   std::vector<const sdk::Endpoint*> hairpin;
   auto addVirtualServer = [&](const std::string& address, int port, Traffic traffic,
                               std::span<const sdk::Endpoint> endpoints) {
-    VirtualServer vs;
+    PlannedVirtualServer vs;
     vs.family = fam;
     vs.protocol = p.protocol;
     vs.address = address;
@@ -315,7 +315,7 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
     for (const auto& ep : endpoints) {
       auto ip = hostOf(ep.ip, fam);
       if (!ip) continue;  // another family or malformed: the core should not send it
-      vs.realServers.push_back(RealServer{*ip, static_cast<std::uint16_t>(ep.port), 1});
+      vs.realServers.push_back(PlannedRealServer{*ip, static_cast<std::uint16_t>(ep.port), 1});
       if (ep.isLocal) hairpin.push_back(&ep);
     }
     std::sort(vs.realServers.begin(), vs.realServers.end());
@@ -728,7 +728,7 @@ std::string renderIpsets(const IpvsRenderer& renderer, sdk::Family family, std::
   return out;
 }
 
-std::string toIpvsadm(std::span<const VirtualServer> servers, IpvsadmStyle style) {
+std::string toIpvsadm(std::span<const PlannedVirtualServer> servers, IpvsadmStyle style) {
   std::string out;
   if (style == IpvsadmStyle::kList) {
     out += "Prot LocalAddress:Port Scheduler Flags\n";

@@ -94,15 +94,15 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options);
 /// Which of the port's addresses a virtual server answers on.
 enum class Traffic : std::uint8_t { kClusterIP, kExternalIP, kLoadBalancer, kNodePort };
 
-struct RealServer {
+struct PlannedRealServer {
   std::string address;
   std::uint16_t port = 0;
   std::uint32_t weight = 1;  ///< upstream always programs 1
-  bool operator==(const RealServer&) const = default;
-  auto operator<=>(const RealServer&) const = default;
+  bool operator==(const PlannedRealServer&) const = default;
+  auto operator<=>(const PlannedRealServer&) const = default;
 };
 
-struct VirtualServer {
+struct PlannedVirtualServer {
   sdk::Family family = sdk::Family::kIPv4;
   sdk::Protocol protocol = sdk::Protocol::kTCP;
   std::string address;
@@ -115,11 +115,11 @@ struct VirtualServer {
   bool sourceHashFallback = false;
   Traffic traffic = Traffic::kClusterIP;
   /// Sorted, each once.
-  std::vector<RealServer> realServers;
+  std::vector<PlannedRealServer> realServers;
 
   /// Upstream's VirtualServer.String(): "10.96.0.10:53/UDP", "[fd00::a]:80/TCP".
   std::string key() const;
-  bool operator==(const VirtualServer&) const = default;
+  bool operator==(const PlannedVirtualServer&) const = default;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -211,7 +211,7 @@ struct JumpRule {
 struct Fragment {
   sdk::Family family = sdk::Family::kIPv4;
   std::string key;
-  std::vector<VirtualServer> virtualServers;
+  std::vector<PlannedVirtualServer> virtualServers;
   /// Addresses to bind to kube-ipvs0 (each once).
   std::vector<std::string> boundAddresses;
   /// Sorted, each once.
@@ -280,6 +280,6 @@ enum class IpvsadmStyle : std::uint8_t {
 };
 
 /// The virtual and real servers, in the given order, as ipvsadm prints them (for --dry-run).
-std::string toIpvsadm(std::span<const VirtualServer> servers, IpvsadmStyle style = IpvsadmStyle::kSave);
+std::string toIpvsadm(std::span<const PlannedVirtualServer> servers, IpvsadmStyle style = IpvsadmStyle::kSave);
 
 }  // namespace kproxy::ipvs
