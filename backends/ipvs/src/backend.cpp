@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include <fmt/format.h>
@@ -77,6 +78,29 @@ std::pair<int, int> kernelVersion(const std::string& release) {
   int major = 0, minor = 0;
   if (std::sscanf(release.c_str(), "%d.%d", &major, &minor) != 2) return {0, 0};
   return {major, minor};
+}
+
+/// The NodePorts IPVS mode programmed, as its NodePort sets hold them ("30080" in a bitmap:port
+/// set, "10.0.0.2,sctp:30080" in the SCTP ones): how a process that applied nothing yet (a
+/// restart, --cleanup) knows which virtual servers on the node's addresses are its own.
+std::set<std::pair<Protocol, std::uint16_t>> nodePortsOf(const IpsetState& state) {
+  std::set<std::pair<Protocol, std::uint16_t>> out;
+  const std::pair<SetId, Protocol> sets[] = {
+      {SetId::kNodePortTCP, Protocol::kTcp},   {SetId::kNodePortLocalTCP, Protocol::kTcp},
+      {SetId::kNodePortUDP, Protocol::kUdp},   {SetId::kNodePortLocalUDP, Protocol::kUdp},
+      {SetId::kNodePortSCTP, Protocol::kSctp}, {SetId::kNodePortLocalSCTP, Protocol::kSctp}};
+  for (sdk::Family fam : kFamilies)
+    for (const auto& [id, protocol] : sets) {
+      auto it = state.sets.find(setName(id, fam));
+      if (it == state.sets.end()) continue;
+      for (const auto& entry : it->second.entries) {
+        const auto colon = entry.rfind(':');
+        const std::string port = colon == std::string::npos ? entry : entry.substr(colon + 1);
+        const int value = std::atoi(port.c_str());
+        if (value > 0 && value < 65536) out.emplace(protocol, static_cast<std::uint16_t>(value));
+      }
+    }
+  return out;
 }
 
 }  // namespace
@@ -388,6 +412,11 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
     ports[tag] = std::move(f);
   });
 
+  // The sets first: their NodePorts say which virtual servers on node addresses are kproxy's.
+  auto state = kernel_.ipsets->save();
+  if (!state) return failed("ipset_save", state.error());
+  const auto nodePorts = nodePortsOf(*state);
+
   // Virtual and real servers: the kernel's against the wanted ones.
   auto listed = kernel_.ipvs->listVirtualServers();
   if (!listed) return failed("list_virtual_servers", listed.error());
@@ -400,7 +429,8 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
     const std::string key = kvs.describe();
     auto want = servers.find(key);
     if (want == servers.end()) {
-      const bool owned = servers_.contains(key) || wasBound(kvs.address) || ownsAddress(kvs.address);
+      const bool owned = servers_.contains(key) || wasBound(kvs.address) || ownsAddress(kvs.address) ||
+                         nodePorts.contains({kvs.protocol, kvs.port});
       const bool excluded = std::any_of(exclude_.begin(), exclude_.end(),
                                         [&](const IPPrefix& c) { return c.contains(kvs.address); });
       if (owned && !excluded)
@@ -452,8 +482,6 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
       if (auto r = unbindAddress(a); !r) return r;
 
   // ipsets: create the missing sets, then add and delete the entries that differ.
-  auto state = kernel_.ipsets->save();
-  if (!state) return failed("ipset_save", state.error());
   std::string creates, changes;
   std::set<std::string> sets;
   for (sdk::Family fam : kFamilies) {
@@ -704,7 +732,11 @@ sdk::Expected<void> IpvsBackend::cleanup() {
     bound = std::move(*listed);
   else if (listed.error().errnum != ENODEV)
     return failed("list_addresses", listed.error());
-  // Virtual servers on kube-ipvs0's addresses and the ones this process applied.
+  auto state = kernel_.ipsets->save();
+  if (!state) return failed("ipset_save", state.error());
+  const auto nodePorts = nodePortsOf(*state);
+  // Virtual servers on kube-ipvs0's addresses, on the NodePorts its sets name, and the ones
+  // this process applied.
   auto servers = kernel_.ipvs->listVirtualServers();
   if (!servers) {
     // No IPVS in this kernel: no virtual servers to remove.
@@ -715,7 +747,7 @@ sdk::Expected<void> IpvsBackend::cleanup() {
       const bool onLink = std::find(bound.begin(), bound.end(), vs.address) != bound.end();
       const bool excluded =
           std::any_of(exclude_.begin(), exclude_.end(), [&](const IPPrefix& c) { return c.contains(vs.address); });
-      if ((onLink || servers_.contains(vs.describe())) && !excluded)
+      if ((onLink || nodePorts.contains({vs.protocol, vs.port}) || servers_.contains(vs.describe())) && !excluded)
         if (auto r = deleteServer(vs); !r) return r;
     }
   }
@@ -736,8 +768,6 @@ sdk::Expected<void> IpvsBackend::cleanup() {
     }
     if (auto r = restoreIptables(fam, input); !r) return r;
   }
-  auto state = kernel_.ipsets->save();
-  if (!state) return failed("ipset_save", state.error());
   std::string destroy;
   for (sdk::Family fam : kFamilies)
     for (SetId id : allSets()) {

@@ -16,9 +16,10 @@
 /// mirror of what was applied, so a one-endpoint change is one or two netlink messages.
 ///
 /// Ownership: kproxy deletes only virtual servers whose address is bound to kube-ipvs0 (as
-/// upstream), is a NodePort address it serves on, or that it applied itself, and never one
-/// inside ipvs-exclude-cidrs; other virtual servers, other links and sets not named by IPVS mode
-/// are left alone.
+/// upstream), is a NodePort address it serves on, whose protocol and port are a NodePort in its
+/// KUBE-NODE-PORT-* sets (how a restart or --cleanup finds the NodePorts of services deleted
+/// meanwhile), or that it applied itself, and never one inside ipvs-exclude-cidrs. Other
+/// virtual servers, other links, and sets and chains not named by IPVS mode are left alone.
 ///
 /// Graceful termination (upstream's graceful_termination.go): a TCP real server that leaves
 /// gets weight 0 and is deleted once it has no active and no inactive connections, or after
