@@ -7,9 +7,37 @@
 
 #include "kproxy/backends/common/address.h"
 #include "kproxy/ipvs/backend.h"
+#include "kproxy/plan/service_plan.h"
 #include "kproxy/plan/trace.h"
 
 namespace kproxy::ipvs {
+namespace {
+
+/// Whether KUBE-SERVICES / KUBE-NODE-PORT / KUBE-LOAD-BALANCER mark the connection for
+/// masquerade, as the plan decides it.
+bool masqueraded(const sdk::ServicePort& port, Traffic traffic, const plan::PlanConfig& config,
+                 const sdk::ExplainRequest& request, const backends::IPPrefix& source) {
+  const plan::ServicePortPlan decided = plan::planServicePort(port, config);
+  if (traffic != Traffic::kClusterIP) return decided.externalMasqueradeAll;
+  switch (decided.internalMasquerade) {
+    case plan::InternalMasquerade::kNone: return false;
+    case plan::InternalMasquerade::kAll: return true;
+    case plan::InternalMasquerade::kNotLocal: break;
+  }
+  using Mode = plan::LocalTrafficDetector::Mode;
+  const auto& detector = config.localDetector;
+  if (request.fromNode) return true;
+  if (detector.mode == Mode::kCIDRs) {
+    for (const auto& c : detector.cidrsOf(port.family))
+      if (auto cidr = backends::IPPrefix::parse(c); cidr && cidr->contains(source)) return false;
+    return true;
+  }
+  if (detector.mode == Mode::kBridgeInterface) return request.inputInterface != detector.interface;
+  if (detector.mode == Mode::kInterfaceNamePrefix) return !request.inputInterface.starts_with(detector.interface);
+  return true;
+}
+
+}  // namespace
 
 sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapshot, const sdk::ExplainRequest& request) {
   auto src = backends::IPPrefix::parse(request.sourceIP);
@@ -61,6 +89,7 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
         return out;
       }();
       path.steps.push_back({"IPVS", ipvsadmCommand('A', k), fmt::format("{} of {}", vs.key(), p.key)});
+      path.outcome.masqueraded = masqueraded(p, vs.traffic, renderer.planConfig(), request, *src);
       if (vs.realServers.empty()) {
         path.outcome.verdict = plan::TraceVerdict::kRejected;
         path.outcome.chain = "IPVS";
