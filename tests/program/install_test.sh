@@ -31,7 +31,7 @@ else
 fi
 
 out=$("$WORK/prefix/bin/kproxy" --proxy-mode=none --manifests "$WORK" --plugin-dir "$WORK/plugin" 2>&1)
-if [[ "$out" == *'available: iptables, logonly, nftables'* ]]; then
+if [[ "$out" == *'available: iptables, ipvs, logonly, nftables'* ]]; then
   pass "installed kproxy finds the built-in and the third-party plugin"
 else
   fail "plugin discovery" "$out"
