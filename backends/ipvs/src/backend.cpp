@@ -454,10 +454,16 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
           if (auto r = updateReal(w.vs, it->second); !r) return r;
         continue;
       }
-      if (terminating_.contains(terminatingKey(w.vs, krs)) && krs.weight == 0) continue;
-      terminating_.erase(terminatingKey(w.vs, krs));
+      const std::string tkey = terminatingKey(w.vs, krs);
+      if (terminating_.contains(tkey) && krs.weight == 0) continue;
+      terminating_.erase(tkey);
       if (drains(w.vs) && krs.activeConnections + krs.inactiveConnections == 0) {
         if (auto r = deleteReal(w.vs, krs); !r) return r;
+        continue;
+      }
+      if (drains(w.vs) && krs.weight == 0) {
+        // Draining already (a restart): the clock starts again, nothing is written.
+        terminating_[tkey] = Terminating{w.vs, krs, settings_.now()};
         continue;
       }
       if (auto r = retireRealServer(w.vs, krs); !r) return r;
@@ -593,15 +599,17 @@ sdk::Expected<void> IpvsBackend::syncIptables(bool readKernel) {
   for (sdk::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
     const GlobalObjects g = renderer_.renderGlobal(fam);
-    // The owned chains' rules: fixed head, the service ports' rules, fixed tail.
+    // The owned chains' rules: fixed head, the service ports' rules (in key order), fixed tail.
+    std::map<std::pair<Table, std::string>, std::vector<std::string>> portRules;
+    for (const auto& [tag, f] : ports_)
+      if (f.family == fam)
+        for (const auto& r : f.rules) portRules[{r.table, r.chain}].push_back(r.spec);
     std::map<std::pair<Table, std::string>, std::vector<std::string>> wanted;
     for (const auto& c : g.chains) {
       auto& rules = wanted[{c.table, c.name}];
       rules = c.head;
-      for (const auto& [tag, f] : ports_)
-        if (f.family == fam)
-          for (const auto& r : f.rules)
-            if (r.table == c.table && r.chain == c.name) rules.push_back(r.spec);
+      if (auto it = portRules.find({c.table, c.name}); it != portRules.end())
+        rules.insert(rules.end(), it->second.begin(), it->second.end());
       rules.insert(rules.end(), c.tail.begin(), c.tail.end());
     }
     std::string text;

@@ -520,6 +520,15 @@ TEST_CASE("a restart finds a leaving real server and drains it", "[unit]") {
   REQUIRE(ok(f.full()));
   CHECK(f.reals("TCP 10.96.0.10:80") == std::vector<std::string>{"10.244.1.5:8080 w1", "10.244.2.6:8080 w0"});
   CHECK(f.backend->terminating().size() == 1);
+  // Restarted again while it drains: nothing is written, it keeps draining.
+  f.restart();
+  REQUIRE(ok(f.full()));
+  CHECK(f.ipvs->writes == 0);
+  CHECK(f.backend->terminating().size() == 1);
+  for (auto& e : f.ipvs->entries)
+    for (auto& rs : e.realServers) rs.activeConnections = 0;
+  REQUIRE(ok(f.partial({})));
+  CHECK(f.reals("TCP 10.96.0.10:80") == std::vector<std::string>{"10.244.1.5:8080 w1"});
 }
 
 TEST_CASE("cleanup removes what IPVS mode created and nothing else", "[unit]") {
