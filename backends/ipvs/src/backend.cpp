@@ -28,28 +28,6 @@ std::string tagOf(sdk::Family f, const std::string& key) { return (f == sdk::Fam
 std::string_view toolName(sdk::Family f) { return f == sdk::Family::kIPv6 ? "ip6tables" : "iptables"; }
 iptables::Table iptablesTable(Table t) { return t == Table::kNat ? iptables::Table::kNat : iptables::Table::kFilter; }
 
-VirtualServer toKernel(const PlannedVirtualServer& p) {
-  VirtualServer vs;
-  vs.family = p.family == sdk::Family::kIPv6 ? Family::kIPv6 : Family::kIPv4;
-  vs.protocol = p.protocol == sdk::Protocol::kUDP    ? Protocol::kUdp
-                : p.protocol == sdk::Protocol::kSCTP ? Protocol::kSctp
-                                                     : Protocol::kTcp;
-  if (auto a = IPPrefix::parse(p.address)) vs.address = *a;
-  vs.port = p.port;
-  vs.scheduler = p.scheduler;
-  vs.flags = (p.persistent ? kFlagPersistent : 0u) | (p.sourceHashFallback ? kFlagSourceHashFallback : 0u);
-  vs.timeout = p.persistent ? p.timeoutSeconds : 0;
-  return vs;
-}
-
-RealServer toKernel(const PlannedRealServer& p) {
-  RealServer rs;
-  if (auto a = IPPrefix::parse(p.address)) rs.address = *a;
-  rs.port = p.port;
-  rs.weight = static_cast<std::int32_t>(p.weight);
-  return rs;
-}
-
 /// Whether the settings one adds or updates are the same (identity aside).
 bool sameSettings(const VirtualServer& a, const VirtualServer& b) {
   return a.scheduler == b.scheduler && a.flags == b.flags && a.timeout == b.timeout && a.netmask == b.netmask;
@@ -105,6 +83,28 @@ std::set<std::pair<Protocol, std::uint16_t>> nodePortsOf(const IpsetState& state
 
 }  // namespace
 
+VirtualServer kernelVirtualServer(const PlannedVirtualServer& p) {
+  VirtualServer vs;
+  vs.family = p.family == sdk::Family::kIPv6 ? Family::kIPv6 : Family::kIPv4;
+  vs.protocol = p.protocol == sdk::Protocol::kUDP    ? Protocol::kUdp
+                : p.protocol == sdk::Protocol::kSCTP ? Protocol::kSctp
+                                                     : Protocol::kTcp;
+  if (auto a = IPPrefix::parse(p.address)) vs.address = *a;
+  vs.port = p.port;
+  vs.scheduler = p.scheduler;
+  vs.flags = (p.persistent ? kFlagPersistent : 0u) | (p.sourceHashFallback ? kFlagSourceHashFallback : 0u);
+  vs.timeout = p.persistent ? p.timeoutSeconds : 0;
+  return vs;
+}
+
+RealServer kernelRealServer(const PlannedRealServer& p) {
+  RealServer rs;
+  if (auto a = IPPrefix::parse(p.address)) rs.address = *a;
+  rs.port = p.port;
+  rs.weight = static_cast<std::int32_t>(p.weight);
+  return rs;
+}
+
 std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* rs) {
   const std::string_view kind = vs.protocol == Protocol::kUdp    ? "-u"
                                 : vs.protocol == Protocol::kSctp ? "--sctp-service"
@@ -116,7 +116,7 @@ std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* r
   if (rs == nullptr) {
     if (op == 'A' || op == 'E') {
       out += " -s " + vs.scheduler;
-      if ((vs.flags & kFlagSourceHashFallback) != 0) out += " -b sh-fallback";
+      if ((vs.flags & kFlagSourceHashFallback) != 0) out += " -b " + (vs.scheduler == "mh" ? vs.scheduler : std::string("sh")) + "-fallback";
       if ((vs.flags & kFlagPersistent) != 0) out += fmt::format(" -p {}", vs.timeout);
     }
     return out;
@@ -398,9 +398,9 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
     const std::string tag = tagOf(p.family, p.key);
     for (const auto& problem : f.problems) host_.warning(fmt::format("ipvs: {}: {}", p.key, problem));
     for (const auto& planned : f.virtualServers) {
-      AppliedServer a{toKernel(planned), {}, tag};
+      AppliedServer a{kernelVirtualServer(planned), {}, tag};
       for (const auto& rs : planned.realServers) {
-        RealServer k = toKernel(rs);
+        RealServer k = kernelRealServer(rs);
         a.real.emplace(k.describe(), k);
       }
       const std::string key = a.vs.describe();
@@ -480,20 +480,20 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
 
   // kube-ipvs0: every address on it is IPVS mode's (as upstream, which unbinds what no
   // service holds).
-  for (const auto& [a, refs] : addresses)
-    if (std::find(boundText.begin(), boundText.end(), IPPrefix::parse(a)->toString()) == boundText.end())
+  for (const auto& [a, refs] : addresses) {
+    const auto parsed = IPPrefix::parse(a);
+    if (parsed && std::find(boundText.begin(), boundText.end(), parsed->toString()) == boundText.end())
       if (auto r = bindAddress(a); !r) return r;
+  }
   for (const auto& a : boundText)
     if (!addresses.contains(a))
       if (auto r = unbindAddress(a); !r) return r;
 
   // ipsets: create the missing sets, then add and delete the entries that differ.
   std::string creates, changes;
-  std::set<std::string> sets;
   for (sdk::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
     for (const auto& def : renderer_.renderGlobal(fam).sets) {
-      sets.insert(def.name);
       auto it = state->sets.find(def.name);
       if (it == state->sets.end()) {
         creates += def.createText() + "\n";
@@ -518,7 +518,6 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
   servers_ = std::move(servers);
   addresses_ = std::move(addresses);
   ipsetEntries_ = std::move(entries);
-  sets_ = std::move(sets);
   return syncIptables(true);
 }
 
@@ -546,9 +545,9 @@ sdk::Expected<void> IpvsBackend::partialSync(const plan::SnapshotSource& next,
 
     std::set<std::string> keep;
     for (const auto& planned : now.virtualServers) {
-      AppliedServer want{toKernel(planned), {}, tag};
+      AppliedServer want{kernelVirtualServer(planned), {}, tag};
       for (const auto& rs : planned.realServers) {
-        RealServer k = toKernel(rs);
+        RealServer k = kernelRealServer(rs);
         want.real.emplace(k.describe(), k);
       }
       const std::string key = want.vs.describe();
@@ -562,7 +561,7 @@ sdk::Expected<void> IpvsBackend::partialSync(const plan::SnapshotSource& next,
       servers_[key] = std::move(want);
     }
     for (const auto& planned : before.virtualServers) {
-      const std::string key = toKernel(planned).describe();
+      const std::string key = kernelVirtualServer(planned).describe();
       if (keep.contains(key)) continue;
       auto it = servers_.find(key);
       if (it == servers_.end() || it->second.owner != tag) continue;
@@ -787,7 +786,6 @@ sdk::Expected<void> IpvsBackend::cleanup() {
   servers_.clear();
   addresses_.clear();
   ipsetEntries_.clear();
-  sets_.clear();
   terminating_.clear();
   for (auto& text : iptablesApplied_) text.clear();
   needFull_ = true;

@@ -75,19 +75,7 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
     for (const auto& vs : f.virtualServers) {
       auto a = backends::IPPrefix::parse(vs.address);
       if (!a || *a != *dst || vs.port != request.destinationPort) continue;
-      const VirtualServer k = [&] {
-        VirtualServer out;
-        out.family = family == sdk::Family::kIPv6 ? Family::kIPv6 : Family::kIPv4;
-        out.protocol = vs.protocol == sdk::Protocol::kUDP    ? Protocol::kUdp
-                       : vs.protocol == sdk::Protocol::kSCTP ? Protocol::kSctp
-                                                             : Protocol::kTcp;
-        out.address = *a;
-        out.port = vs.port;
-        out.scheduler = vs.scheduler;
-        out.flags = vs.persistent ? kFlagPersistent : 0u;
-        out.timeout = vs.timeoutSeconds;
-        return out;
-      }();
+      const VirtualServer k = kernelVirtualServer(vs);
       path.steps.push_back({"IPVS", ipvsadmCommand('A', k), fmt::format("{} of {}", vs.key(), p.key)});
       path.outcome.masqueraded = masqueraded(p, vs.traffic, renderer.planConfig(), request, *src);
       if (vs.realServers.empty()) {

@@ -164,7 +164,6 @@ class IpvsBackend final : public sdk::BackendPlugin {
   std::map<std::string, AppliedServer> servers_;     ///< VirtualServer::describe() → applied
   std::map<std::string, std::size_t> addresses_;     ///< bound address → references
   std::map<std::string, std::size_t> ipsetEntries_;  ///< "SET ENTRY" → references
-  std::set<std::string> sets_;                       ///< sets known to exist
   std::string iptablesApplied_[2];                   ///< the owned chains as last written
   std::map<std::string, Terminating> terminating_;   ///< "VS/RS" → since when
   bool needFull_ = true;
@@ -172,6 +171,11 @@ class IpvsBackend final : public sdk::BackendPlugin {
   std::size_t lastWrites_ = 0;
   Metrics metrics_;
 };
+
+/// The kernel adapter's form of a planned virtual server (its real servers not included) and of
+/// a planned real server (masqueraded).
+VirtualServer kernelVirtualServer(const PlannedVirtualServer& planned);
+RealServer kernelRealServer(const PlannedRealServer& planned);
 
 /// What `ipvsadm` would be run with to make one change (`-A -t 10.96.0.10:80 -s rr`,
 /// `-a -t 10.96.0.10:80 -r 10.244.1.5:8080 -m -w 1`, ...): the --dry-run notation.
