@@ -216,6 +216,7 @@ sdk::Expected<void> IpvsBackend::bindAddress(const std::string& address) {
   print(fmt::format("ip addr add {}/{} dev {}", a->toString(), a->v6 ? 128 : 32, kDummyLinkName));
   count("add_address");
   auto r = kernel_.link->addAddress(kDummyLinkName, *a);
+  dummyAddressesStale_ = true;
   if (!r && r.error().errnum != EEXIST) return failed("add_address", r.error());
   return {};
 }
@@ -226,6 +227,7 @@ sdk::Expected<void> IpvsBackend::unbindAddress(const std::string& address) {
   print(fmt::format("ip addr del {}/{} dev {}", a->toString(), a->v6 ? 128 : 32, kDummyLinkName));
   count("delete_address");
   auto r = kernel_.link->deleteAddress(kDummyLinkName, *a);
+  dummyAddressesStale_ = true;
   if (!r && r.error().errnum != EADDRNOTAVAIL) return failed("delete_address", r.error());
   return {};
 }
@@ -387,6 +389,7 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
   std::vector<std::string> boundText;
   for (const auto& a : *bound) boundText.push_back(a.toString());
   renderer_.setDummyInterfaceAddresses(boundText);
+  dummyAddressesStale_ = false;
 
   // What is wanted, from every service port.
   std::map<std::string, Fragment> ports;
@@ -523,10 +526,14 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
 
 sdk::Expected<void> IpvsBackend::partialSync(const plan::SnapshotSource& next,
                                              const std::vector<sdk::ChangedKey>& changed) {
-  std::vector<std::string> bound;
-  for (const auto& [a, refs] : addresses_) bound.push_back(a);
-  renderer_.setDummyInterfaceAddresses(std::move(bound));
+  if (dummyAddressesStale_) {
+    std::vector<std::string> bound;
+    for (const auto& [a, refs] : addresses_) bound.push_back(a);
+    renderer_.setDummyInterfaceAddresses(std::move(bound));
+    dummyAddressesStale_ = false;
+  }
   std::string ipsetLines;
+  bool rulesChanged = false;
   for (const auto& c : changed) {
     if (!familyEnabled(c.family) || c.key.empty()) continue;
     const std::string tag = tagOf(c.family, c.key);
@@ -585,19 +592,21 @@ sdk::Expected<void> IpvsBackend::partialSync(const plan::SnapshotSource& next,
       ipsetLines += "del " + e.set + " " + e.entry + "\n";
     }
 
+    if (now.rules != before.rules) rulesChanged = true;
     if (now.key.empty())
       ports_.erase(tag);
     else
       ports_[tag] = std::move(now);
   }
   if (auto r = restoreIpsets(ipsetLines); !r) return r;
-  return syncIptables(false);
+  return syncIptables(false, rulesChanged);
 }
 
-sdk::Expected<void> IpvsBackend::syncIptables(bool readKernel) {
+sdk::Expected<void> IpvsBackend::syncIptables(bool readKernel, bool portRulesChanged) {
   for (sdk::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
     const GlobalObjects g = renderer_.renderGlobal(fam);
+    if (!readKernel && !portRulesChanged && g.chains == globalApplied_[index(fam)]) continue;
     // The owned chains' rules: fixed head, the service ports' rules (in key order), fixed tail.
     std::map<std::pair<Table, std::string>, std::vector<std::string>> portRules;
     for (const auto& [tag, f] : ports_)
@@ -682,6 +691,7 @@ sdk::Expected<void> IpvsBackend::syncIptables(bool readKernel) {
     }
     if (auto r = restoreIptables(fam, input); !r) return r;
     iptablesApplied_[index(fam)] = std::move(text);
+    globalApplied_[index(fam)] = g.chains;
   }
   return {};
 }
@@ -788,6 +798,7 @@ sdk::Expected<void> IpvsBackend::cleanup() {
   ipsetEntries_.clear();
   terminating_.clear();
   for (auto& text : iptablesApplied_) text.clear();
+  for (auto& chains : globalApplied_) chains.clear();
   needFull_ = true;
   if (lastWrites_ > 0) host_.info(1, fmt::format("ipvs cleanup: {} kernel changes", lastWrites_));
   return {};

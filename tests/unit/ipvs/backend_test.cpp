@@ -630,3 +630,34 @@ TEST_CASE("ipvsadmCommand and the ipset save parser", "[unit]") {
   CHECK(parsed->sets["KUBE-NODE-PORT-TCP"].entries == std::set<std::string>{"30080"});
   CHECK_FALSE(parseIpsetSave("add NOPE 1\n"));
 }
+
+TEST_CASE("a partial sync rewrites the iptables chains only when a port's rules change", "[unit]") {
+  Fixture f;
+  REQUIRE(ok(f.full()));
+  f.resetCounts();
+  // eTP=Local without a local endpoint: the port gets rules of its own (the short-circuit and
+  // the drop of other external traffic).
+  auto& ext = f.port("default/ext:p");
+  ext.externalPolicyLocal = true;
+  REQUIRE(ok(f.partial({"default/ext:p"})));
+  REQUIRE(f.tables->restores.size() == 1);
+  CHECK(f.tables->restores.front().find("203.0.113.7") != std::string::npos);
+  const auto services = f.chain(iptables::Table::kNat, "KUBE-SERVICES");
+  CHECK(std::any_of(services.begin(), services.end(),
+                    [](const std::string& r) { return r.find("203.0.113.7") != std::string::npos; }));
+  // An endpoint change elsewhere writes no iptables input.
+  setEndpoints(f.port("default/web:p"), {endpoint("10.244.1.5", 8080)});
+  REQUIRE(ok(f.partial({"default/web:p"})));
+  CHECK(f.tables->restores.size() == 1);
+  // Back to Cluster: the rules go, and a restart agrees with the kernel.
+  ext.externalPolicyLocal = false;
+  REQUIRE(ok(f.partial({"default/ext:p"})));
+  CHECK(f.tables->restores.size() == 2);
+  const auto after = f.chain(iptables::Table::kNat, "KUBE-SERVICES");
+  CHECK(std::none_of(after.begin(), after.end(),
+                     [](const std::string& r) { return r.find("203.0.113.7") != std::string::npos; }));
+  f.restart();
+  REQUIRE(ok(f.full()));
+  CHECK(f.tables->restores.empty());
+  CHECK(f.ipvs->writes == 0);
+}

@@ -129,7 +129,9 @@ class IpvsBackend final : public sdk::BackendPlugin {
   sdk::Expected<void> removeServer(const AppliedServer& old);
   sdk::Expected<void> retireRealServer(const VirtualServer& vs, const RealServer& rs);
   sdk::Expected<void> drainTerminating();
-  sdk::Expected<void> syncIptables(bool readKernel);
+  /// Writes the owned chains where they differ: from what the kernel holds (readKernel), else
+  /// from what was last written; `portRulesChanged` false says no service port's rules changed.
+  sdk::Expected<void> syncIptables(bool readKernel, bool portRulesChanged = true);
   sdk::Expected<void> ensureLink();
   void setSysctls();
   void setTimeouts();
@@ -167,7 +169,11 @@ class IpvsBackend final : public sdk::BackendPlugin {
   std::string iptablesApplied_[2];                   ///< the owned chains as last written
   std::map<std::string, Terminating> terminating_;   ///< "VS/RS" → since when
   bool needFull_ = true;
-  bool sysctlsDone_ = false;
+  /// The fixed chains as last written, per family: a partial sync that changed no service
+  /// port's rules skips the iptables step unless these changed (the node did).
+  std::vector<GlobalChain> globalApplied_[2];
+  /// kube-ipvs0's addresses changed since the renderer was last told.
+  bool dummyAddressesStale_ = true;
   std::size_t lastWrites_ = 0;
   Metrics metrics_;
 };
