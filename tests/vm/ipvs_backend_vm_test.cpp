@@ -45,8 +45,10 @@ sdk::Endpoint endpoint(std::string ip, int port) {
   return e;
 }
 
-sdk::ServicePort servicePort(std::string name, std::string clusterIP, int port, std::vector<sdk::Endpoint> endpoints,
-                             sdk::Protocol protocol = sdk::Protocol::kTCP, std::string portName = "p") {
+sdk::ServicePort servicePort(std::string name, std::string clusterIP, int port,
+                             std::vector<sdk::Endpoint> endpoints,
+                             sdk::Protocol protocol = sdk::Protocol::kTCP,
+                             std::string portName = "p") {
   sdk::ServicePort p;
   p.family = clusterIP.find(':') == std::string::npos ? sdk::Family::kIPv4 : sdk::Family::kIPv6;
   p.protocol = protocol;
@@ -76,8 +78,10 @@ sdk::NodeInfo node() {
 }
 
 std::vector<sdk::ServicePort> services() {
-  auto web = servicePort("web", "10.96.0.10", 80, {endpoint("10.244.1.2", 8080), endpoint("10.244.1.3", 8080)});
-  auto dns = servicePort("dns", "10.96.0.53", 53, {endpoint("10.244.1.7", 53)}, sdk::Protocol::kUDP);
+  auto web = servicePort("web", "10.96.0.10", 80,
+                         {endpoint("10.244.1.2", 8080), endpoint("10.244.1.3", 8080)});
+  auto dns =
+      servicePort("dns", "10.96.0.53", 53, {endpoint("10.244.1.7", 53)}, sdk::Protocol::kUDP);
   auto np = servicePort("np", "10.96.0.20", 80, {endpoint("10.244.1.2", 8080)});
   np.type = sdk::ServiceType::kNodePort;
   np.nodePort = 30080;
@@ -231,7 +235,9 @@ bool eventually(const std::string& command) {
 
 }  // namespace
 
-TEST_CASE("a full sync programs what ipvsadm, ipset, iptables-save and ip show; a restart writes nothing", "[vm]") {
+TEST_CASE(
+    "a full sync programs what ipvsadm, ipset, iptables-save and ip show; a restart writes nothing",
+    "[vm]") {
   FreshNetns netns;
   sh("ip link set lo up");
   VectorSnapshot snap(services(), node());
@@ -252,8 +258,8 @@ TEST_CASE("a full sync programs what ipvsadm, ipset, iptables-save and ip show; 
                                 "UDP 10.96.0.53:53 rr",
                                 "UDP 10.96.0.53:53 rr | -> 10.244.1.7:53 Masq 1",
                             });
-  CHECK(dummyAddresses() ==
-        std::vector<std::string>{"10.96.0.10/32", "10.96.0.20/32", "10.96.0.53/32", "fd00:96::10/128"});
+  CHECK(dummyAddresses() == std::vector<std::string>{"10.96.0.10/32", "10.96.0.20/32",
+                                                     "10.96.0.53/32", "fd00:96::10/128"});
   sh("ip -d link show kube-ipvs0 | grep -q dummy");
 
   auto [src, saved] = run("ipset save");
@@ -264,17 +270,19 @@ TEST_CASE("a full sync programs what ipvsadm, ipset, iptables-save and ip show; 
         std::set<std::string>{"10.96.0.10,tcp:80", "10.96.0.20,tcp:80", "10.96.0.53,udp:53"});
   CHECK(sets->sets["KUBE-NODE-PORT-TCP"].entries == std::set<std::string>{"30080"});
   CHECK(sets->sets["KUBE-6-CLUSTER-IP"].entries == std::set<std::string>{"fd00:96::10,tcp:80"});
-  CHECK(sets->sets["KUBE-IPVS-IPS"].entries == std::set<std::string>{"10.96.0.10", "10.96.0.20", "10.96.0.53"});
+  CHECK(sets->sets["KUBE-IPVS-IPS"].entries ==
+        std::set<std::string>{"10.96.0.10", "10.96.0.20", "10.96.0.53"});
 
   // The kernel's chains are exactly the rendered ones, as iptables-save prints them.
   IpvsRenderer renderer(renderConfig());
   renderer.setNode(node());
   renderer.setDummyInterfaceAddresses({"10.96.0.10", "10.96.0.20", "10.96.0.53", "fd00:96::10"});
-  CHECK(lineDiff(ownedChains(kernelIptables("iptables")), ownedChains(renderIptables(renderer, kV4, snap.ports()))) ==
-        "");
+  CHECK(lineDiff(ownedChains(kernelIptables("iptables")),
+                 ownedChains(renderIptables(renderer, kV4, snap.ports()))) == "");
   CHECK(lineDiff(ownedChains(kernelIptables("ip6tables")),
                  ownedChains(renderIptables(renderer, sdk::Family::kIPv6, snap.ports()))) == "");
-  sh("iptables-nft-save -t nat | grep -q -- '-A OUTPUT -m comment --comment \"kubernetes service portals\" -j "
+  sh("iptables-nft-save -t nat | grep -q -- '-A OUTPUT -m comment --comment \"kubernetes service "
+     "portals\" -j "
      "KUBE-SERVICES'");
   // The sysctls upstream sets, in this namespace.
   sh("test $(cat /proc/sys/net/ipv4/vs/conntrack) = 1");
@@ -293,8 +301,10 @@ TEST_CASE("a full sync programs what ipvsadm, ipset, iptables-save and ip show; 
   CHECK(ipvsadmListing() == before);
 }
 
-TEST_CASE("one endpoint added or removed is one or two netlink messages; changes behind kproxy's back are repaired",
-          "[vm]") {
+TEST_CASE(
+    "one endpoint added or removed is one or two netlink messages; changes behind kproxy's back "
+    "are repaired",
+    "[vm]") {
   FreshNetns netns;
   sh("ip link set lo up");
   VectorSnapshot snap(services(), node());
@@ -302,26 +312,30 @@ TEST_CASE("one endpoint added or removed is one or two netlink messages; changes
   requireOk(backend->syncFrom(snap, {}, true));
 
   auto& web = snap.ports()[0];
-  setEndpoints(web, {endpoint("10.244.1.2", 8080), endpoint("10.244.1.3", 8080), endpoint("10.244.1.4", 8080)});
+  setEndpoints(web, {endpoint("10.244.1.2", 8080), endpoint("10.244.1.3", 8080),
+                     endpoint("10.244.1.4", 8080)});
   requireOk(backend->syncFrom(snap, {{kV4, web.key}}, false));
   CHECK(backend->lastWrites() == 1);
   auto listing = ipvsadmListing();
-  CHECK(std::count(listing.begin(), listing.end(), "TCP 10.96.0.10:80 rr | -> 10.244.1.4:8080 Masq 1") == 1);
+  CHECK(std::count(listing.begin(), listing.end(),
+                   "TCP 10.96.0.10:80 rr | -> 10.244.1.4:8080 Masq 1") == 1);
 
   // Removed without connections: weight 0, then deleted after a read of its counters.
   setEndpoints(web, {endpoint("10.244.1.2", 8080), endpoint("10.244.1.3", 8080)});
   requireOk(backend->syncFrom(snap, {{kV4, web.key}}, false));
   CHECK(backend->lastWrites() == 2);
   listing = ipvsadmListing();
-  CHECK(std::none_of(listing.begin(), listing.end(),
-                     [](const std::string& l) { return l.find("10.244.1.4") != std::string::npos; }));
+  CHECK(std::none_of(listing.begin(), listing.end(), [](const std::string& l) {
+    return l.find("10.244.1.4") != std::string::npos;
+  }));
 
   // Someone deletes a real server, a virtual server and an address, and flushes a set: the next
   // full sync puts back exactly those.
   sh("ipvsadm -d -t 10.96.0.10:80 -r 10.244.1.3:8080 && ipvsadm -D -u 10.96.0.53:53");
   sh("ip addr del 10.96.0.20/32 dev kube-ipvs0 && ipset flush KUBE-NODE-PORT-TCP");
   requireOk(backend->syncFrom(snap, {}, true));
-  CHECK(backend->lastWrites() == 5);  // real server, virtual server + its real server, address, ipset
+  CHECK(backend->lastWrites() ==
+        5);  // real server, virtual server + its real server, address, ipset
   CHECK(ipvsadmListing().size() == 11);
   sh("ip -o addr show dev kube-ipvs0 | grep -q 10.96.0.20/32");
   sh("ipset list KUBE-NODE-PORT-TCP | grep -qx 30080");
@@ -329,20 +343,24 @@ TEST_CASE("one endpoint added or removed is one or two netlink messages; changes
   CHECK(backend->lastWrites() == 0);
 }
 
-TEST_CASE("foreign virtual servers stay; stale ones on kube-ipvs0 go; cleanup leaves nothing of its own", "[vm]") {
+TEST_CASE(
+    "foreign virtual servers stay; stale ones on kube-ipvs0 go; cleanup leaves nothing of its own",
+    "[vm]") {
   FreshNetns netns;
   sh("ip link set lo up");
   // Another program's virtual server, and a stale one of IPVS mode's on kube-ipvs0.
   sh("ipvsadm -A -t 192.0.2.1:80 -s wlc && ipvsadm -a -t 192.0.2.1:80 -r 192.0.2.10:80 -m");
   sh("ip link add kube-ipvs0 type dummy && ip addr add 10.96.0.99/32 dev kube-ipvs0");
   sh("ipvsadm -A -t 10.96.0.99:80 -s rr");
-  sh("ipset create OTHER hash:ip && iptables-nft -N OTHER-CHAIN && iptables-nft -A INPUT -j OTHER-CHAIN");
+  sh("ipset create OTHER hash:ip && iptables-nft -N OTHER-CHAIN && iptables-nft -A INPUT -j "
+     "OTHER-CHAIN");
   VectorSnapshot snap(services(), node());
   auto backend = openBackend();
   requireOk(backend->syncFrom(snap, {}, true));
   auto listing = ipvsadmListing();
   CHECK(std::count(listing.begin(), listing.end(), "TCP 192.0.2.1:80 wlc") == 1);
-  CHECK(std::count(listing.begin(), listing.end(), "TCP 192.0.2.1:80 wlc | -> 192.0.2.10:80 Masq 1") == 1);
+  CHECK(std::count(listing.begin(), listing.end(),
+                   "TCP 192.0.2.1:80 wlc | -> 192.0.2.10:80 Masq 1") == 1);
   CHECK(std::count(listing.begin(), listing.end(), "TCP 10.96.0.99:80 rr") == 0);
   const auto bound = dummyAddresses();
   CHECK(std::count(bound.begin(), bound.end(), "10.96.0.99/32") == 0);
@@ -351,7 +369,8 @@ TEST_CASE("foreign virtual servers stay; stale ones on kube-ipvs0 go; cleanup le
   backend = openBackend();
   requireOk(backend->cleanup());
   CHECK(ipvsadmListing() ==
-        std::vector<std::string>{"TCP 192.0.2.1:80 wlc", "TCP 192.0.2.1:80 wlc | -> 192.0.2.10:80 Masq 1"});
+        std::vector<std::string>{"TCP 192.0.2.1:80 wlc",
+                                 "TCP 192.0.2.1:80 wlc | -> 192.0.2.10:80 Masq 1"});
   CHECK(run("ip link show kube-ipvs0").first != 0);
   auto [rc, sets] = run("ipset list -n");
   CHECK(rc == 0);
@@ -368,7 +387,8 @@ TEST_CASE("foreign virtual servers stay; stale ones on kube-ipvs0 go; cleanup le
   CHECK(backend->lastWrites() == 0);
 }
 
-TEST_CASE("a request reaches the pod through the virtual server; a leaving real server drains", "[vm]") {
+TEST_CASE("a request reaches the pod through the virtual server; a leaving real server drains",
+          "[vm]") {
   FreshNetns netns;
   const std::string pod = fmt::format("kp-bpod-{}", ::getpid());
   const std::string veth = fmt::format("vb-{}", ::getpid() % 10000);
@@ -389,7 +409,8 @@ TEST_CASE("a request reaches the pod through the virtual server; a leaving real 
   sh("ip netns exec " + pod + " busybox httpd -p 8080 -h /tmp/" + pod);
   REQUIRE(eventually("ip netns exec " + pod + " busybox netstat -tln | grep -q ':8080 '"));
 
-  VectorSnapshot snap({servicePort("web", "10.96.0.10", 80, {endpoint("10.244.1.2", 8080)})}, node());
+  VectorSnapshot snap({servicePort("web", "10.96.0.10", 80, {endpoint("10.244.1.2", 8080)})},
+                      node());
   auto now = std::chrono::steady_clock::now();
   BackendSettings settings;
   settings.gracefulTimeout = std::chrono::seconds(30);
@@ -403,20 +424,23 @@ TEST_CASE("a request reaches the pod through the virtual server; a leaving real 
 
   // A connection held open to a second server in the pod, then the endpoint leaves: weight 0,
   // the connection stays; past the timeout the real server is deleted.
-  sh("setsid /bin/sh -c 'sleep 60 | ip netns exec " + pod + " busybox nc -l -p 9090' >/dev/null 2>&1 & echo $! >>/tmp/" +
-     pod + ".pids");
+  sh("setsid /bin/sh -c 'sleep 60 | ip netns exec " + pod +
+     " busybox nc -l -p 9090' >/dev/null 2>&1 & echo $! >>/tmp/" + pod + ".pids");
   REQUIRE(eventually("ip netns exec " + pod + " busybox netstat -tln | grep -q ':9090 '"));
   auto hold = servicePort("hold", "10.96.0.11", 90, {endpoint("10.244.1.2", 9090)});
   snap = VectorSnapshot({snap.ports()[0], hold}, node());
   requireOk(backend->syncFrom(snap, {{kV4, hold.key}}, false));
-  sh("setsid /bin/sh -c 'sleep 60 | busybox nc 10.96.0.11 90' >/dev/null 2>&1 & echo $! >>/tmp/" + pod + ".pids");
-  REQUIRE(eventually("ipvsadm -Ln | grep -A1 '10.96.0.11:90' | grep -Eq '10.244.1.2:9090 +Masq +1 +1 '"));
+  sh("setsid /bin/sh -c 'sleep 60 | busybox nc 10.96.0.11 90' >/dev/null 2>&1 & echo $! >>/tmp/" +
+     pod + ".pids");
+  REQUIRE(eventually(
+      "ipvsadm -Ln | grep -A1 '10.96.0.11:90' | grep -Eq '10.244.1.2:9090 +Masq +1 +1 '"));
   setEndpoints(snap.ports()[1], {});
   requireOk(backend->syncFrom(snap, {{kV4, hold.key}}, false));
   {
     auto [lrc, out] = run("ipvsadm -Ln");
     INFO(out);
-    CHECK(collapse(out).find("TCP 10.96.0.11:90 rr -> 10.244.1.2:9090 Masq 0 1 0") != std::string::npos);
+    CHECK(collapse(out).find("TCP 10.96.0.11:90 rr -> 10.244.1.2:9090 Masq 0 1 0") !=
+          std::string::npos);
   }
   CHECK(backend->terminating() == std::vector<std::string>{"TCP 10.96.0.11:90/10.244.1.2:9090"});
   requireOk(backend->syncFrom(snap, {}, false));
@@ -430,7 +454,8 @@ TEST_CASE("a request reaches the pod through the virtual server; a leaving real 
   requireOk(backend->cleanup());
 }
 
-TEST_CASE("1000 services x 2 endpoints: full sync against ipvsadm --restore, one-endpoint changes", "[vm]") {
+TEST_CASE("1000 services x 2 endpoints: full sync against ipvsadm --restore, one-endpoint changes",
+          "[vm]") {
   // Figures are printed, not asserted (TCG makes absolute times meaningless; the ratio and the
   // number of writes are what matter); the writes and the result are asserted.
   constexpr int kServices = 1000;
@@ -440,9 +465,11 @@ TEST_CASE("1000 services x 2 endpoints: full sync against ipvsadm --restore, one
     const std::string vip = fmt::format("10.96.{}.{}", i / 250, i % 250 + 1);
     const std::string a = fmt::format("10.244.{}.{}", i / 250, i % 250 + 1);
     const std::string b = fmt::format("10.245.{}.{}", i / 250, i % 250 + 1);
-    ports.push_back(servicePort(fmt::format("svc{}", i), vip, 80, {endpoint(a, 8080), endpoint(b, 8080)}));
-    restore += fmt::format("-A -t {}:80 -s rr\n-a -t {}:80 -r {}:8080 -m -w 1\n-a -t {}:80 -r {}:8080 -m -w 1\n", vip,
-                           vip, a, vip, b);
+    ports.push_back(
+        servicePort(fmt::format("svc{}", i), vip, 80, {endpoint(a, 8080), endpoint(b, 8080)}));
+    restore += fmt::format(
+        "-A -t {}:80 -s rr\n-a -t {}:80 -r {}:8080 -m -w 1\n-a -t {}:80 -r {}:8080 -m -w 1\n", vip,
+        vip, a, vip, b);
   }
   double restoreMs = 0;
   {
@@ -451,7 +478,8 @@ TEST_CASE("1000 services x 2 endpoints: full sync against ipvsadm --restore, one
     std::ofstream("/tmp/kp-restore.txt") << restore;
     const auto start = std::chrono::steady_clock::now();
     sh("ipvsadm --restore < /tmp/kp-restore.txt");
-    restoreMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    restoreMs =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     CHECK(ipvsadmListing().size() == 3 * kServices);
   }
   FreshNetns netns;
@@ -460,22 +488,28 @@ TEST_CASE("1000 services x 2 endpoints: full sync against ipvsadm --restore, one
   auto backend = openBackend();
   auto start = std::chrono::steady_clock::now();
   requireOk(backend->syncFrom(snap, {}, true));
-  const double fullMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double fullMs =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   CHECK(ipvsadmListing().size() == 3 * kServices);
   // Service 500 is 10.96.2.1 with endpoints 10.244.2.1 and 10.245.2.1: one more.
   setEndpoints(snap.ports()[500], {endpoint("10.244.2.1", 8080), endpoint("10.245.2.1", 8080),
                                    endpoint("10.246.2.1", 8080)});
   start = std::chrono::steady_clock::now();
   requireOk(backend->syncFrom(snap, {{kV4, snap.ports()[500].key}}, false));
-  const double partialMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double partialMs =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   CHECK(backend->lastWrites() == 1);
   start = std::chrono::steady_clock::now();
   requireOk(backend->syncFrom(snap, {}, true));
-  const double unchangedMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double unchangedMs =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   CHECK(backend->lastWrites() == 0);
-  std::printf("ipvs scale (%d services x 2 endpoints, TCG): ipvsadm --restore %.0f ms (virtual and real servers only); "
-              "full sync from empty %.0f ms (also kube-ipvs0, ipsets, iptables); one-endpoint partial sync %.1f ms; "
-              "full sync over an unchanged kernel %.0f ms\n",
-              kServices, restoreMs, fullMs, partialMs, unchangedMs);
+  std::printf(
+      "ipvs scale (%d services x 2 endpoints, TCG): ipvsadm --restore %.0f ms (virtual and real "
+      "servers only); "
+      "full sync from empty %.0f ms (also kube-ipvs0, ipsets, iptables); one-endpoint partial sync "
+      "%.1f ms; "
+      "full sync over an unchanged kernel %.0f ms\n",
+      kServices, restoreMs, fullMs, partialMs, unchangedMs);
   std::fflush(stdout);
 }

@@ -24,13 +24,20 @@ constexpr sdk::Family kFamilies[] = {sdk::Family::kIPv4, sdk::Family::kIPv6};
 constexpr Table kIpvsTables[] = {Table::kNat, Table::kFilter};
 
 std::size_t index(sdk::Family f) { return f == sdk::Family::kIPv6 ? 1 : 0; }
-std::string tagOf(sdk::Family f, const std::string& key) { return (f == sdk::Family::kIPv6 ? "6|" : "4|") + key; }
-std::string_view toolName(sdk::Family f) { return f == sdk::Family::kIPv6 ? "ip6tables" : "iptables"; }
-iptables::Table iptablesTable(Table t) { return t == Table::kNat ? iptables::Table::kNat : iptables::Table::kFilter; }
+std::string tagOf(sdk::Family f, const std::string& key) {
+  return (f == sdk::Family::kIPv6 ? "6|" : "4|") + key;
+}
+std::string_view toolName(sdk::Family f) {
+  return f == sdk::Family::kIPv6 ? "ip6tables" : "iptables";
+}
+iptables::Table iptablesTable(Table t) {
+  return t == Table::kNat ? iptables::Table::kNat : iptables::Table::kFilter;
+}
 
 /// Whether the settings one adds or updates are the same (identity aside).
 bool sameSettings(const VirtualServer& a, const VirtualServer& b) {
-  return a.scheduler == b.scheduler && a.flags == b.flags && a.timeout == b.timeout && a.netmask == b.netmask;
+  return a.scheduler == b.scheduler && a.flags == b.flags && a.timeout == b.timeout &&
+         a.netmask == b.netmask;
 }
 
 /// Upstream's IsRsGracefulTerminationNeeded: UDP and SCTP real servers go at once.
@@ -42,12 +49,16 @@ std::string terminatingKey(const VirtualServer& vs, const RealServer& rs) {
 
 sdk::ErrorCategory categoryOf(const core::Error& e) {
   switch (e.category) {
-    case core::ErrorCategory::kTransient: return sdk::ErrorCategory::kTransient;
-    case core::ErrorCategory::kInvalidArgument: return sdk::ErrorCategory::kInvalidInput;
+    case core::ErrorCategory::kTransient:
+      return sdk::ErrorCategory::kTransient;
+    case core::ErrorCategory::kInvalidArgument:
+      return sdk::ErrorCategory::kInvalidInput;
     case core::ErrorCategory::kKernel:
     case core::ErrorCategory::kNotFound:
-    case core::ErrorCategory::kProcess: return sdk::ErrorCategory::kKernelRefused;
-    default: return sdk::ErrorCategory::kUnknown;
+    case core::ErrorCategory::kProcess:
+      return sdk::ErrorCategory::kKernelRefused;
+    default:
+      return sdk::ErrorCategory::kUnknown;
   }
 }
 
@@ -92,7 +103,8 @@ VirtualServer kernelVirtualServer(const PlannedVirtualServer& p) {
   if (auto a = IPPrefix::parse(p.address)) vs.address = *a;
   vs.port = p.port;
   vs.scheduler = p.scheduler;
-  vs.flags = (p.persistent ? kFlagPersistent : 0u) | (p.sourceHashFallback ? kFlagSourceHashFallback : 0u);
+  vs.flags =
+      (p.persistent ? kFlagPersistent : 0u) | (p.sourceHashFallback ? kFlagSourceHashFallback : 0u);
   vs.timeout = p.persistent ? p.timeoutSeconds : 0;
   return vs;
 }
@@ -116,7 +128,8 @@ std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* r
   if (rs == nullptr) {
     if (op == 'A' || op == 'E') {
       out += " -s " + vs.scheduler;
-      if ((vs.flags & kFlagSourceHashFallback) != 0) out += " -b " + (vs.scheduler == "mh" ? vs.scheduler : std::string("sh")) + "-fallback";
+      if ((vs.flags & kFlagSourceHashFallback) != 0)
+        out += " -b " + (vs.scheduler == "mh" ? vs.scheduler : std::string("sh")) + "-fallback";
       if ((vs.flags & kFlagPersistent) != 0) out += fmt::format(" -p {}", vs.timeout);
     }
     return out;
@@ -127,7 +140,10 @@ std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* r
 }
 
 IpvsBackend::IpvsBackend(sdk::Host host, BackendSettings settings, IpvsAdapters adapters)
-    : host_(host), settings_(std::move(settings)), renderer_(settings_.render), kernel_(std::move(adapters)) {
+    : host_(host),
+      settings_(std::move(settings)),
+      renderer_(settings_.render),
+      kernel_(std::move(adapters)) {
   for (const auto& c : settings_.excludeCIDRs)
     if (auto p = IPPrefix::parse(c)) exclude_.push_back(*p);
 }
@@ -170,7 +186,8 @@ sdk::Expected<void> IpvsBackend::addServer(const VirtualServer& vs) {
 sdk::Expected<void> IpvsBackend::updateServer(const VirtualServer& vs) {
   print(ipvsadmCommand('E', vs));
   count("update_virtual_server");
-  if (auto r = kernel_.ipvs->updateVirtualServer(vs); !r) return failed("update_virtual_server", r.error());
+  if (auto r = kernel_.ipvs->updateVirtualServer(vs); !r)
+    return failed("update_virtual_server", r.error());
   return {};
 }
 
@@ -197,7 +214,8 @@ sdk::Expected<void> IpvsBackend::addReal(const VirtualServer& vs, const RealServ
 sdk::Expected<void> IpvsBackend::updateReal(const VirtualServer& vs, const RealServer& rs) {
   print(ipvsadmCommand('e', vs, &rs));
   count("update_real_server");
-  if (auto r = kernel_.ipvs->updateRealServer(vs, rs); !r) return failed("update_real_server", r.error());
+  if (auto r = kernel_.ipvs->updateRealServer(vs, rs); !r)
+    return failed("update_real_server", r.error());
   return {};
 }
 
@@ -206,7 +224,8 @@ sdk::Expected<void> IpvsBackend::deleteReal(const VirtualServer& vs, const RealS
   count("delete_real_server");
   terminating_.erase(terminatingKey(vs, rs));
   auto r = kernel_.ipvs->deleteRealServer(vs, rs);
-  if (!r && r.error().errnum != ENOENT && r.error().errnum != ESRCH) return failed("delete_real_server", r.error());
+  if (!r && r.error().errnum != ENOENT && r.error().errnum != ESRCH)
+    return failed("delete_real_server", r.error());
   return {};
 }
 
@@ -245,8 +264,9 @@ sdk::Expected<void> IpvsBackend::restoreIptables(sdk::Family family, const std::
   print(fmt::format("# {}-restore --noflush\n{}", toolName(family), input));
   count("iptables_restore");
   if (auto r = kernel_.iptables->restore(family, input); !r)
-    return failed("iptables_restore", core::Error{r.error().category, r.error().errnum,
-                                                  fmt::format("{}-restore: {}", toolName(family), r.error().context)});
+    return failed("iptables_restore",
+                  core::Error{r.error().category, r.error().errnum,
+                              fmt::format("{}-restore: {}", toolName(family), r.error().context)});
   return {};
 }
 
@@ -271,7 +291,8 @@ sdk::Expected<sdk::SyncOutcome> IpvsBackend::sync(const sdk::SyncContext& contex
 }
 
 sdk::Expected<sdk::SyncOutcome> IpvsBackend::syncFrom(const plan::SnapshotSource& next,
-                                                      const std::vector<sdk::ChangedKey>& changed, bool full) {
+                                                      const std::vector<sdk::ChangedKey>& changed,
+                                                      bool full) {
   const auto started = std::chrono::steady_clock::now();
   full = full || needFull_;
   lastWrites_ = 0;
@@ -287,13 +308,15 @@ sdk::Expected<sdk::SyncOutcome> IpvsBackend::syncFrom(const plan::SnapshotSource
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   sdk::SyncOutcome outcome;
   outcome.operations = lastWrites_;
-  outcome.summary = fmt::format("{} sync: {} kernel writes in {:.1f} ms ({} virtual servers, {} draining)",
-                                full ? "full" : "partial", lastWrites_, ms, servers_.size(), terminating_.size());
+  outcome.summary =
+      fmt::format("{} sync: {} kernel writes in {:.1f} ms ({} virtual servers, {} draining)",
+                  full ? "full" : "partial", lastWrites_, ms, servers_.size(), terminating_.size());
   return outcome;
 }
 
 bool IpvsBackend::ownsAddress(const IPPrefix& address) const {
-  if (std::any_of(exclude_.begin(), exclude_.end(), [&](const IPPrefix& c) { return c.contains(address); }))
+  if (std::any_of(exclude_.begin(), exclude_.end(),
+                  [&](const IPPrefix& c) { return c.contains(address); }))
     return false;
   const std::string text = address.toString();
   if (addresses_.contains(text)) return true;
@@ -327,7 +350,9 @@ sdk::Expected<void> IpvsBackend::applyServer(const AppliedServer* old, const App
   return {};
 }
 
-sdk::Expected<void> IpvsBackend::removeServer(const AppliedServer& old) { return deleteServer(old.vs); }
+sdk::Expected<void> IpvsBackend::removeServer(const AppliedServer& old) {
+  return deleteServer(old.vs);
+}
 
 sdk::Expected<void> IpvsBackend::retireRealServer(const VirtualServer& vs, const RealServer& rs) {
   if (!drains(vs)) return deleteReal(vs, rs);
@@ -360,7 +385,8 @@ sdk::Expected<void> IpvsBackend::drainTerminating() {
     if (!listed) return failed("list_real_servers", listed.error());
     for (const auto& key : keys) {
       const Terminating t = terminating_.at(key);
-      auto it = std::find_if(listed->begin(), listed->end(), [&](const RealServer& rs) { return rs.sameIdentity(t.rs); });
+      auto it = std::find_if(listed->begin(), listed->end(),
+                             [&](const RealServer& rs) { return rs.sameIdentity(t.rs); });
       if (it == listed->end()) {
         terminating_.erase(key);
         continue;
@@ -368,10 +394,12 @@ sdk::Expected<void> IpvsBackend::drainTerminating() {
       const bool idle = it->activeConnections + it->inactiveConnections == 0;
       if (!idle && now - t.since < settings_.gracefulTimeout) continue;
       if (!idle)
-        host_.info(1, fmt::format("ipvs: real server {} of {} still has {} active and {} inactive connections "
-                                  "after {} s; deleting it",
-                                  t.rs.describe(), server, it->activeConnections, it->inactiveConnections,
-                                  settings_.gracefulTimeout.count()));
+        host_.info(1,
+                   fmt::format(
+                       "ipvs: real server {} of {} still has {} active and {} inactive connections "
+                       "after {} s; deleting it",
+                       t.rs.describe(), server, it->activeConnections, it->inactiveConnections,
+                       settings_.gracefulTimeout.count()));
       if (auto r = deleteReal(t.vs, t.rs); !r) return r;
     }
   }
@@ -399,7 +427,8 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
     if (!familyEnabled(p.family)) return;
     Fragment f = renderer_.renderServicePort(p);
     const std::string tag = tagOf(p.family, p.key);
-    for (const auto& problem : f.problems) host_.warning(fmt::format("ipvs: {}: {}", p.key, problem));
+    for (const auto& problem : f.problems)
+      host_.warning(fmt::format("ipvs: {}: {}", p.key, problem));
     for (const auto& planned : f.virtualServers) {
       AppliedServer a{kernelVirtualServer(planned), {}, tag};
       for (const auto& rs : planned.realServers) {
@@ -408,7 +437,8 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
       }
       const std::string key = a.vs.describe();
       if (!servers.emplace(key, std::move(a)).second)
-        host_.warning(fmt::format("ipvs: {}: virtual server {} is another service port's too; kept once", p.key, key));
+        host_.warning(fmt::format(
+            "ipvs: {}: virtual server {} is another service port's too; kept once", p.key, key));
     }
     for (const auto& a : f.boundAddresses) ++addresses[a];
     for (const auto& e : f.ipsetEntries) ++entries[e.text()];
@@ -432,8 +462,8 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
     const std::string key = kvs.describe();
     auto want = servers.find(key);
     if (want == servers.end()) {
-      const bool owned = servers_.contains(key) || wasBound(kvs.address) || ownsAddress(kvs.address) ||
-                         nodePorts.contains({kvs.protocol, kvs.port});
+      const bool owned = servers_.contains(key) || wasBound(kvs.address) ||
+                         ownsAddress(kvs.address) || nodePorts.contains({kvs.protocol, kvs.port});
       const bool excluded = std::any_of(exclude_.begin(), exclude_.end(),
                                         [&](const IPPrefix& c) { return c.contains(kvs.address); });
       if (owned && !excluded)
@@ -479,13 +509,15 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
     if (!seen.contains(key))
       if (auto r = applyServer(nullptr, w); !r) return r;
   // Draining real servers of virtual servers that are gone.
-  std::erase_if(terminating_, [&](const auto& t) { return !servers.contains(t.second.vs.describe()); });
+  std::erase_if(terminating_,
+                [&](const auto& t) { return !servers.contains(t.second.vs.describe()); });
 
   // kube-ipvs0: every address on it is IPVS mode's (as upstream, which unbinds what no
   // service holds).
   for (const auto& [a, refs] : addresses) {
     const auto parsed = IPPrefix::parse(a);
-    if (parsed && std::find(boundText.begin(), boundText.end(), parsed->toString()) == boundText.end())
+    if (parsed &&
+        std::find(boundText.begin(), boundText.end(), parsed->toString()) == boundText.end())
       if (auto r = bindAddress(a); !r) return r;
   }
   for (const auto& a : boundText)
@@ -513,7 +545,8 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
     const auto space = text.find(' ', 4);
     const std::string set = text.substr(4, space - 4);
     auto it = state->sets.find(set);
-    if (it == state->sets.end() || !it->second.entries.contains(text.substr(space + 1))) changes += text + "\n";
+    if (it == state->sets.end() || !it->second.entries.contains(text.substr(space + 1)))
+      changes += text + "\n";
   }
   if (auto r = restoreIpsets(creates + changes); !r) return r;
 
@@ -540,7 +573,8 @@ sdk::Expected<void> IpvsBackend::partialSync(const plan::SnapshotSource& next,
     Fragment now;
     if (auto port = next.find(c.family, c.key)) {
       now = renderer_.renderServicePort(*port);
-      for (const auto& problem : now.problems) host_.warning(fmt::format("ipvs: {}: {}", c.key, problem));
+      for (const auto& problem : now.problems)
+        host_.warning(fmt::format("ipvs: {}: {}", c.key, problem));
     }
     Fragment before;
     if (auto it = ports_.find(tag); it != ports_.end()) before = it->second;
@@ -561,7 +595,8 @@ sdk::Expected<void> IpvsBackend::partialSync(const plan::SnapshotSource& next,
       keep.insert(key);
       auto it = servers_.find(key);
       if (it != servers_.end() && it->second.owner != tag) {
-        host_.warning(fmt::format("ipvs: {}: virtual server {} is {}'s too; kept once", c.key, key, it->second.owner));
+        host_.warning(fmt::format("ipvs: {}: virtual server {} is {}'s too; kept once", c.key, key,
+                                  it->second.owner));
         continue;
       }
       if (auto r = applyServer(it == servers_.end() ? nullptr : &it->second, want); !r) return r;
@@ -636,9 +671,10 @@ sdk::Expected<void> IpvsBackend::syncIptables(bool readKernel, bool portRulesCha
         {
           auto out = kernel_.iptables->save(fam, iptablesTable(t));
           if (!out)
-            return failed("iptables_save", core::Error{out.error().category, out.error().errnum,
-                                                       fmt::format("{}-save -t {}: {}", toolName(fam), tableName(t),
-                                                                   out.error().context)});
+            return failed("iptables_save",
+                          core::Error{out.error().category, out.error().errnum,
+                                      fmt::format("{}-save -t {}: {}", toolName(fam), tableName(t),
+                                                  out.error().context)});
           auto parsed = backends::parseIptablesSave(*out);
           if (!parsed) return failed("iptables_save", parsed.error());
           saved = std::move(*parsed);
@@ -649,14 +685,17 @@ sdk::Expected<void> IpvsBackend::syncIptables(bool readKernel, bool portRulesCha
           const auto* k = table == nullptr ? nullptr : table->findChain(chain.second);
           if (k == nullptr || k->rules.size() != rules.size() ||
               !std::equal(rules.begin(), rules.end(), k->rules.begin(),
-                          [](const std::string& a, const backends::IptablesRule& b) { return a == b.spec; }))
+                          [](const std::string& a, const backends::IptablesRule& b) {
+                            return a == b.spec;
+                          }))
             rewrite = true;
         }
         for (const auto& j : g.jumps) {
           if (j.table != t) continue;
           const auto* k = table == nullptr ? nullptr : table->findChain(j.chain);
-          const bool present = k != nullptr && std::any_of(k->rules.begin(), k->rules.end(),
-                                                           [&](const auto& r) { return r.spec == j.spec; });
+          const bool present =
+              k != nullptr && std::any_of(k->rules.begin(), k->rules.end(),
+                                          [&](const auto& r) { return r.spec == j.spec; });
           if (!present) jumps.push_back(fmt::format("-I {} 1 {}\n", j.chain, j.spec));
         }
       } else {
@@ -669,7 +708,8 @@ sdk::Expected<void> IpvsBackend::syncIptables(bool readKernel, bool portRulesCha
           for (std::size_t pos = 0; pos < all.size();) {
             auto end = all.find('\n', pos);
             std::string_view line(all.data() + pos, end - pos);
-            if (line.starts_with("nat ") || line.starts_with("filter ")) in = line.starts_with(prefix);
+            if (line.starts_with("nat ") || line.starts_with("filter "))
+              in = line.starts_with(prefix);
             if (in) out.append(line).push_back('\n');
             pos = end + 1;
           }
@@ -715,7 +755,8 @@ void IpvsBackend::setSysctls() {
   }
   const auto [major, minor] = kernelVersion(release);
   if (std::pair{major, minor} < std::pair{4, 1})
-    host_.warning(fmt::format("ipvs: kernel {} is older than 4.1: net/ipv4/vs/conn_reuse_mode not set", release));
+    host_.warning(fmt::format(
+        "ipvs: kernel {} is older than 4.1: net/ipv4/vs/conn_reuse_mode not set", release));
   else if (std::pair{major, minor} < std::pair{5, 9})
     ensure("net/ipv4/vs/conn_reuse_mode", 0);
   ensure("net/ipv4/vs/expire_nodest_conn", 1);
@@ -730,8 +771,8 @@ void IpvsBackend::setTimeouts() {
   const Timeouts& t = settings_.timeouts;
   if (t.tcp == 0 && t.tcpFin == 0 && t.udp == 0) return;
   auto current = kernel_.ipvs->timeouts();
-  if (current && (t.tcp == 0 || t.tcp == current->tcp) && (t.tcpFin == 0 || t.tcpFin == current->tcpFin) &&
-      (t.udp == 0 || t.udp == current->udp))
+  if (current && (t.tcp == 0 || t.tcp == current->tcp) &&
+      (t.tcpFin == 0 || t.tcpFin == current->tcpFin) && (t.udp == 0 || t.udp == current->udp))
     return;
   print(fmt::format("ipvsadm --set {} {} {}", t.tcp, t.tcpFin, t.udp));
   count("set_timeouts");
@@ -757,19 +798,23 @@ sdk::Expected<void> IpvsBackend::cleanup() {
   auto servers = kernel_.ipvs->listVirtualServers();
   if (!servers) {
     // No IPVS in this kernel: no virtual servers to remove.
-    if (servers.error().category != core::ErrorCategory::kNotFound) return failed("list_virtual_servers", servers.error());
+    if (servers.error().category != core::ErrorCategory::kNotFound)
+      return failed("list_virtual_servers", servers.error());
   } else {
     for (const auto& vs : *servers) {
       if (vs.fwmark != 0) continue;
       const bool onLink = std::find(bound.begin(), bound.end(), vs.address) != bound.end();
-      const bool excluded =
-          std::any_of(exclude_.begin(), exclude_.end(), [&](const IPPrefix& c) { return c.contains(vs.address); });
-      if ((onLink || nodePorts.contains({vs.protocol, vs.port}) || servers_.contains(vs.describe())) && !excluded)
+      const bool excluded = std::any_of(exclude_.begin(), exclude_.end(),
+                                        [&](const IPPrefix& c) { return c.contains(vs.address); });
+      if ((onLink || nodePorts.contains({vs.protocol, vs.port}) ||
+           servers_.contains(vs.describe())) &&
+          !excluded)
         if (auto r = deleteServer(vs); !r) return r;
     }
   }
   print(fmt::format("ip link del {}", kDummyLinkName));
-  if (auto r = kernel_.link->deleteLink(kDummyLinkName); !r) return failed("delete_link", r.error());
+  if (auto r = kernel_.link->deleteLink(kDummyLinkName); !r)
+    return failed("delete_link", r.error());
   // iptables before ipsets: a set that a rule refers to cannot be destroyed.
   for (sdk::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
@@ -781,7 +826,9 @@ sdk::Expected<void> IpvsBackend::cleanup() {
       if (!parsed) return failed("iptables_save", parsed.error());
       for (const auto& table : parsed->tables)
         if (table.name == tableName(t))
-          input += backends::planChainRemoval(table, [&](std::string_view c) { return isOwnedChain(t, c); }).input;
+          input += backends::planChainRemoval(table, [&](std::string_view c) {
+                     return isOwnedChain(t, c);
+                   }).input;
     }
     if (auto r = restoreIptables(fam, input); !r) return r;
   }
@@ -809,16 +856,18 @@ sdk::Expected<void> IpvsBackend::cleanup() {
 
 sdk::Expected<IpvsBackend::Metrics> IpvsBackend::registerMetrics(const sdk::Host& host) {
   Metrics m;
-  auto ops = host.counter("kproxy_ipvs_operations_total",
-                          "Kernel changes made by the IPVS backend (netlink messages, ipset and iptables restores)",
-                          {"op"});
+  auto ops = host.counter(
+      "kproxy_ipvs_operations_total",
+      "Kernel changes made by the IPVS backend (netlink messages, ipset and iptables restores)",
+      {"op"});
   if (!ops) return std::unexpected(ops.error());
   m.operations = *ops;
-  auto failures =
-      host.counter("kproxy_ipvs_operation_failures_total", "Kernel changes the kernel or the tool refused", {"op"});
+  auto failures = host.counter("kproxy_ipvs_operation_failures_total",
+                               "Kernel changes the kernel or the tool refused", {"op"});
   if (!failures) return std::unexpected(failures.error());
   m.failures = *failures;
-  auto objects = host.gauge("kproxy_ipvs_objects", "IPVS mode's kernel objects after the last sync", {"kind"});
+  auto objects =
+      host.gauge("kproxy_ipvs_objects", "IPVS mode's kernel objects after the last sync", {"kind"});
   if (!objects) return std::unexpected(objects.error());
   m.objects = *objects;
   return m;

@@ -20,9 +20,12 @@ bool masqueraded(const sdk::ServicePort& port, Traffic traffic, const plan::Plan
   const plan::ServicePortPlan decided = plan::planServicePort(port, config);
   if (traffic != Traffic::kClusterIP) return decided.externalMasqueradeAll;
   switch (decided.internalMasquerade) {
-    case plan::InternalMasquerade::kNone: return false;
-    case plan::InternalMasquerade::kAll: return true;
-    case plan::InternalMasquerade::kNotLocal: break;
+    case plan::InternalMasquerade::kNone:
+      return false;
+    case plan::InternalMasquerade::kAll:
+      return true;
+    case plan::InternalMasquerade::kNotLocal:
+      break;
   }
   using Mode = plan::LocalTrafficDetector::Mode;
   const auto& detector = config.localDetector;
@@ -33,18 +36,20 @@ bool masqueraded(const sdk::ServicePort& port, Traffic traffic, const plan::Plan
     return true;
   }
   if (detector.mode == Mode::kBridgeInterface) return request.inputInterface != detector.interface;
-  if (detector.mode == Mode::kInterfaceNamePrefix) return !request.inputInterface.starts_with(detector.interface);
+  if (detector.mode == Mode::kInterfaceNamePrefix)
+    return !request.inputInterface.starts_with(detector.interface);
   return true;
 }
 
 }  // namespace
 
-sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapshot, const sdk::ExplainRequest& request) {
+sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapshot,
+                                                const sdk::ExplainRequest& request) {
   auto src = backends::IPPrefix::parse(request.sourceIP);
   auto dst = backends::IPPrefix::parse(request.destinationIP);
   if (!src || !dst || !src->isHost() || !dst->isHost() || src->v6 != dst->v6)
-    return sdk::fail("explain: cannot make a packet from " + request.sourceIP + " to " + request.destinationIP +
-                     " (addresses must be numeric and of one family)");
+    return sdk::fail("explain: cannot make a packet from " + request.sourceIP + " to " +
+                     request.destinationIP + " (addresses must be numeric and of one family)");
   const sdk::Family family = dst->v6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4;
   const std::vector<sdk::ServicePort> ports = snapshot.all();
 
@@ -57,15 +62,19 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
   x.protocol = request.protocol;
   x.fromNode = request.fromNode;
   x.inputInterface = request.fromNode ? std::string() : request.inputInterface;
-  x.packetText = fmt::format("{} -> {}/{} ({})", x.source, plan::endpointText(x.destination, x.port),
-                             sdk::protocolName(request.protocol), request.fromNode ? "from the node" : "arriving");
+  x.packetText = fmt::format(
+      "{} -> {}/{} ({})", x.source, plan::endpointText(x.destination, x.port),
+      sdk::protocolName(request.protocol), request.fromNode ? "from the node" : "arriving");
   const auto& nodePort = renderer.nodePortAddresses(family);
   x.destinationLocal = std::find(nodePort.begin(), nodePort.end(), x.destination) != nodePort.end();
 
   plan::TracePath path;
-  path.steps.push_back({"IPVS", "", "virtual servers planned for " + std::string(family == sdk::Family::kIPv6 ? "IPv6" : "IPv4")});
+  path.steps.push_back({"IPVS", "",
+                        "virtual servers planned for " +
+                            std::string(family == sdk::Family::kIPv6 ? "IPv6" : "IPv4")});
   std::vector<std::string> warnings{
-      "IPVS mode: the trace follows the virtual servers only; the iptables filter rules around them "
+      "IPVS mode: the trace follows the virtual servers only; the iptables filter rules around "
+      "them "
       "(source ranges, drops without local endpoints) are not traced"};
   for (const auto& p : ports) {
     if (p.family != family) continue;
@@ -76,7 +85,8 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
       auto a = backends::IPPrefix::parse(vs.address);
       if (!a || *a != *dst || vs.port != request.destinationPort) continue;
       const VirtualServer k = kernelVirtualServer(vs);
-      path.steps.push_back({"IPVS", ipvsadmCommand('A', k), fmt::format("{} of {}", vs.key(), p.key)});
+      path.steps.push_back(
+          {"IPVS", ipvsadmCommand('A', k), fmt::format("{} of {}", vs.key(), p.key)});
       path.outcome.masqueraded = masqueraded(p, vs.traffic, renderer.planConfig(), request, *src);
       if (vs.realServers.empty()) {
         path.outcome.verdict = plan::TraceVerdict::kRejected;
@@ -86,7 +96,10 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
         path.outcome.verdict = plan::TraceVerdict::kDnat;
         for (const auto& rs : vs.realServers) {
           path.outcome.endpoints.push_back(plan::endpointText(rs.address, rs.port));
-          path.steps.push_back({"IPVS", fmt::format("-> {} Masq {}", plan::endpointText(rs.address, rs.port), rs.weight), ""});
+          path.steps.push_back(
+              {"IPVS",
+               fmt::format("-> {} Masq {}", plan::endpointText(rs.address, rs.port), rs.weight),
+               ""});
         }
         std::sort(path.outcome.endpoints.begin(), path.outcome.endpoints.end());
       }

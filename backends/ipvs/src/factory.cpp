@@ -38,7 +38,8 @@ sdk::Expected<std::int32_t> secondsOption(const sdk::Options& options, std::stri
 
 }  // namespace
 
-sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Host& host, const sdk::Options& options) {
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Host& host,
+                                                                   const sdk::Options& options) {
   auto cfg = parseRenderConfig(options);
   if (!cfg) return std::unexpected(cfg.error());
   auto get = [&](std::string_view key) -> std::string {
@@ -50,9 +51,11 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Ho
   settings.dryRun = get("dry-run") == "true";
   const std::string strict = get("ipvs-strict-arp");
   if (!strict.empty() && strict != "true" && strict != "false")
-    return sdk::fail(sdk::ErrorCategory::kInvalidInput, "ipvs: invalid ipvs-strict-arp \"" + strict + "\" (true, false)");
+    return sdk::fail(sdk::ErrorCategory::kInvalidInput,
+                     "ipvs: invalid ipvs-strict-arp \"" + strict + "\" (true, false)");
   settings.strictARP = strict == "true";
-  for (auto [key, field] : {std::pair{"ipvs-tcp-timeout", &Timeouts::tcp}, std::pair{"ipvs-tcpfin-timeout", &Timeouts::tcpFin},
+  for (auto [key, field] : {std::pair{"ipvs-tcp-timeout", &Timeouts::tcp},
+                            std::pair{"ipvs-tcpfin-timeout", &Timeouts::tcpFin},
                             std::pair{"ipvs-udp-timeout", &Timeouts::udp}}) {
     auto seconds = secondsOption(options, key);
     if (!seconds) return std::unexpected(seconds.error());
@@ -60,7 +63,8 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Ho
   }
   for (const auto& c : plan::splitOptionList(get("ipvs-exclude-cidrs"))) {
     if (!backends::IPPrefix::parse(c))
-      return sdk::fail(sdk::ErrorCategory::kInvalidInput, "ipvs: invalid ipvs-exclude-cidrs entry \"" + c + "\"");
+      return sdk::fail(sdk::ErrorCategory::kInvalidInput,
+                       "ipvs: invalid ipvs-exclude-cidrs entry \"" + c + "\"");
     settings.excludeCIDRs.push_back(c);
   }
 
@@ -73,21 +77,26 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Ho
     adapters.iptables = std::make_unique<iptables::FakeIptables>();
   } else {
     auto ipvs = makeNetlinkIpvs();
-    if (!ipvs) return sdk::fail(sdk::ErrorCategory::kKernelRefused, "ipvs: " + ipvs.error().message());
+    if (!ipvs)
+      return sdk::fail(sdk::ErrorCategory::kKernelRefused, "ipvs: " + ipvs.error().message());
     auto link = makeNetlinkDummyLink();
-    if (!link) return sdk::fail(sdk::ErrorCategory::kKernelRefused, "ipvs: " + link.error().message());
+    if (!link)
+      return sdk::fail(sdk::ErrorCategory::kKernelRefused, "ipvs: " + link.error().message());
     auto ipsets = makeProcessIpsets(systemRunner());
     if (!ipsets) return sdk::fail(sdk::ErrorCategory::kInvalidInput, ipsets.error().message());
     std::string variantOption = get("iptables-variant");
     if (variantOption.empty()) variantOption = "auto";
     if (variantOption != "auto" && variantOption != "nft" && variantOption != "legacy")
-      return sdk::fail(sdk::ErrorCategory::kInvalidInput,
-                       "ipvs: invalid iptables-variant \"" + variantOption + "\" (auto, nft, legacy)");
+      return sdk::fail(
+          sdk::ErrorCategory::kInvalidInput,
+          "ipvs: invalid iptables-variant \"" + variantOption + "\" (auto, nft, legacy)");
     const iptables::Variant variant = variantOption == "legacy" ? iptables::Variant::kLegacy
-                                      : variantOption == "nft"  ? iptables::Variant::kNft
-                                                                : iptables::detectVariant(systemRunner());
+                                      : variantOption == "nft"
+                                          ? iptables::Variant::kNft
+                                          : iptables::detectVariant(systemRunner());
     auto tools = iptables::findVariantTools(variant);
-    if (!tools) return sdk::fail(sdk::ErrorCategory::kInvalidInput, "ipvs: " + tools.error().message());
+    if (!tools)
+      return sdk::fail(sdk::ErrorCategory::kInvalidInput, "ipvs: " + tools.error().message());
     settings.ipv6 = !tools->restore6.empty() && !tools->save6.empty() && kernelHasIPv6();
     adapters.ipvs = std::move(*ipvs);
     adapters.link = std::move(*link);
@@ -96,9 +105,12 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Ho
   }
   auto metrics = IpvsBackend::registerMetrics(host);
   if (!metrics) return std::unexpected(metrics.error());
-  host.info(0, fmt::format("ipvs: scheduler {}, iptables {}{}", settings.render.scheduler,
-                           adapters.iptables->describe(),
-                           settings.ipv6 ? "" : "; IPv6 is not programmed (no ip6tables or no IPv6 in the kernel)"));
+  host.info(
+      0,
+      fmt::format(
+          "ipvs: scheduler {}, iptables {}{}", settings.render.scheduler,
+          adapters.iptables->describe(),
+          settings.ipv6 ? "" : "; IPv6 is not programmed (no ip6tables or no IPv6 in the kernel)"));
   auto backend = std::make_unique<IpvsBackend>(host, std::move(settings), std::move(adapters));
   backend->useMetrics(std::move(*metrics));
   return std::unique_ptr<sdk::BackendPlugin>(std::move(backend));

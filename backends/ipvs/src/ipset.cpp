@@ -49,7 +49,8 @@ std::string firstLine(std::string_view text) {
 
 class ProcessIpsets final : public KernelIpsets {
  public:
-  ProcessIpsets(std::string tool, backends::ProcessRunner& runner) : tool_(std::move(tool)), runner_(runner) {}
+  ProcessIpsets(std::string tool, backends::ProcessRunner& runner)
+      : tool_(std::move(tool)), runner_(runner) {}
 
   core::Result<IpsetState> save() override {
     auto ran = runner_.run({tool_, "save"}, {.stdinData = {}, .timeout = kIpsetTimeout});
@@ -61,7 +62,8 @@ class ProcessIpsets final : public KernelIpsets {
 
   core::Result<void> restore(std::string_view input) override {
     if (input.empty()) return {};
-    auto ran = runner_.run({tool_, "restore", "-exist"}, {.stdinData = input, .timeout = kIpsetTimeout});
+    auto ran =
+        runner_.run({tool_, "restore", "-exist"}, {.stdinData = input, .timeout = kIpsetTimeout});
     if (!ran) return std::unexpected(ran.error());
     if (!ran->succeeded())
       return core::makeError(core::ErrorCategory::kKernel, "ipset restore: " + firstLine(ran->err));
@@ -88,8 +90,9 @@ core::Result<IpsetState> parseIpsetSave(std::string_view text) {
     } else if (line.verb == "add") {
       auto it = state.sets.find(std::string(line.name));
       if (it == state.sets.end()) {
-        error = core::Error{core::ErrorCategory::kDecode, 0,
-                            fmt::format("ipset save: entry of set {} before its create line", line.name)};
+        error = core::Error{
+            core::ErrorCategory::kDecode, 0,
+            fmt::format("ipset save: entry of set {} before its create line", line.name)};
         return;
       }
       it->second.entries.emplace(line.rest);
@@ -102,8 +105,8 @@ core::Result<IpsetState> parseIpsetSave(std::string_view text) {
 core::Result<std::unique_ptr<KernelIpsets>> makeProcessIpsets(backends::ProcessRunner& runner) {
   auto tool = backends::findExecutable("ipset");
   if (!tool)
-    return core::makeError(core::ErrorCategory::kNotFound, "ipvs: the ipset program is not installed (IPVS mode needs it)",
-                           ENOENT);
+    return core::makeError(core::ErrorCategory::kNotFound,
+                           "ipvs: the ipset program is not installed (IPVS mode needs it)", ENOENT);
   return std::unique_ptr<KernelIpsets>(std::make_unique<ProcessIpsets>(std::move(*tool), runner));
 }
 

@@ -36,8 +36,10 @@ sdk::Endpoint endpoint(std::string ip, int port, bool local = false) {
   return e;
 }
 
-sdk::ServicePort servicePort(std::string name, std::string clusterIP, int port, std::vector<sdk::Endpoint> endpoints,
-                             sdk::Protocol protocol = sdk::Protocol::kTCP, std::string portName = "p") {
+sdk::ServicePort servicePort(std::string name, std::string clusterIP, int port,
+                             std::vector<sdk::Endpoint> endpoints,
+                             sdk::Protocol protocol = sdk::Protocol::kTCP,
+                             std::string portName = "p") {
   sdk::ServicePort p;
   p.family = clusterIP.find(':') == std::string::npos ? sdk::Family::kIPv4 : sdk::Family::kIPv6;
   p.protocol = protocol;
@@ -76,9 +78,12 @@ sdk::NodeInfo node() {
 }
 
 std::vector<sdk::ServicePort> services() {
-  auto web = servicePort("web", "10.96.0.10", 80, {endpoint("10.244.1.5", 8080), endpoint("10.244.2.6", 8080)});
-  auto web443 = servicePort("web", "10.96.0.10", 443, {endpoint("10.244.1.5", 8443)}, sdk::Protocol::kTCP, "tls");
-  auto dns = servicePort("dns", "10.96.0.53", 53, {endpoint("10.244.1.7", 53)}, sdk::Protocol::kUDP);
+  auto web = servicePort("web", "10.96.0.10", 80,
+                         {endpoint("10.244.1.5", 8080), endpoint("10.244.2.6", 8080)});
+  auto web443 = servicePort("web", "10.96.0.10", 443, {endpoint("10.244.1.5", 8443)},
+                            sdk::Protocol::kTCP, "tls");
+  auto dns =
+      servicePort("dns", "10.96.0.53", 53, {endpoint("10.244.1.7", 53)}, sdk::Protocol::kUDP);
   auto np = servicePort("np", "10.96.0.20", 80, {endpoint("10.244.1.8", 80, true)});
   np.type = sdk::ServiceType::kNodePort;
   np.nodePort = 30080;
@@ -100,7 +105,8 @@ class TempSysctls {
                              "net/ipv4/vs/expire_quiescent_template", "net/ipv4/vs/conn_reuse_mode",
                              "net/ipv4/conf/all/arp_ignore", "net/ipv4/conf/all/arp_announce"}) {
       std::filesystem::create_directories((root_ / name).parent_path());
-      std::ofstream(root_ / name) << (std::string_view(name).ends_with("conn_reuse_mode") ? "1\n" : "0\n");
+      std::ofstream(root_ / name) << (std::string_view(name).ends_with("conn_reuse_mode") ? "1\n"
+                                                                                          : "0\n");
     }
   }
   ~TempSysctls() {
@@ -194,7 +200,8 @@ struct Fixture {
   std::vector<std::string> reals(const std::string& describe) const {
     std::vector<std::string> out;
     if (const auto* e = server(describe))
-      for (const auto& rs : e->realServers) out.push_back(rs.describe() + " w" + std::to_string(rs.weight));
+      for (const auto& rs : e->realServers)
+        out.push_back(rs.describe() + " w" + std::to_string(rs.weight));
     std::sort(out.begin(), out.end());
     return out;
   }
@@ -207,7 +214,8 @@ struct Fixture {
     return out;
   }
   bool hasLink() const {
-    return std::any_of(link->links.begin(), link->links.end(), [](const auto& l) { return l.first == kDummyLinkName; });
+    return std::any_of(link->links.begin(), link->links.end(),
+                       [](const auto& l) { return l.first == kDummyLinkName; });
   }
   const std::set<std::string>* entries(const std::string& set) const {
     auto it = ipsets->state.sets.find(set);
@@ -266,17 +274,21 @@ RealServer real(const std::string& address, std::uint16_t port, std::uint32_t ac
 
 }  // namespace
 
-TEST_CASE("a full sync from empty programs every virtual server, address, set and chain", "[unit]") {
+TEST_CASE("a full sync from empty programs every virtual server, address, set and chain",
+          "[unit]") {
   Fixture f;
   REQUIRE(ok(f.full()));
-  CHECK(f.servers() == std::vector<std::string>{"TCP 10.96.0.10:443", "TCP 10.96.0.10:80", "TCP 10.96.0.20:80",
-                                                "TCP 10.96.0.30:80", "TCP 192.168.0.2:30080", "TCP 203.0.113.7:80",
+  CHECK(f.servers() == std::vector<std::string>{"TCP 10.96.0.10:443", "TCP 10.96.0.10:80",
+                                                "TCP 10.96.0.20:80", "TCP 10.96.0.30:80",
+                                                "TCP 192.168.0.2:30080", "TCP 203.0.113.7:80",
                                                 "UDP 10.96.0.53:53"});
-  CHECK(f.reals("TCP 10.96.0.10:80") == std::vector<std::string>{"10.244.1.5:8080 w1", "10.244.2.6:8080 w1"});
+  CHECK(f.reals("TCP 10.96.0.10:80") ==
+        std::vector<std::string>{"10.244.1.5:8080 w1", "10.244.2.6:8080 w1"});
   CHECK(f.reals("TCP 192.168.0.2:30080") == std::vector<std::string>{"10.244.1.8:80 w1"});
   CHECK(f.server("TCP 10.96.0.10:80")->vs.scheduler == "rr");
   // The ClusterIP shared by two ports is bound once; NodePort addresses are the node's.
-  CHECK(f.addresses() == std::vector<std::string>{"10.96.0.10", "10.96.0.20", "10.96.0.30", "10.96.0.53", "203.0.113.7"});
+  CHECK(f.addresses() == std::vector<std::string>{"10.96.0.10", "10.96.0.20", "10.96.0.30",
+                                                  "10.96.0.53", "203.0.113.7"});
   REQUIRE(f.entries("KUBE-CLUSTER-IP") != nullptr);
   CHECK(f.entries("KUBE-CLUSTER-IP")->contains("10.96.0.10,tcp:80"));
   CHECK(f.entries("KUBE-CLUSTER-IP")->contains("10.96.0.53,udp:53"));
@@ -287,7 +299,9 @@ TEST_CASE("a full sync from empty programs every virtual server, address, set an
   CHECK(f.hasChain(iptables::Table::kNat, "KUBE-SERVICES"));
   CHECK(f.hasChain(iptables::Table::kFilter, "KUBE-IPVS-FILTER"));
   const auto output = f.chain(iptables::Table::kNat, "OUTPUT");
-  CHECK(std::any_of(output.begin(), output.end(), [](const std::string& r) { return r.find("KUBE-SERVICES") != std::string::npos; }));
+  CHECK(std::any_of(output.begin(), output.end(), [](const std::string& r) {
+    return r.find("KUBE-SERVICES") != std::string::npos;
+  }));
   // The kernel's ruleset is what the renderer renders, chain by chain.
   IpvsRenderer renderer([] {
     RenderConfig c;
@@ -304,7 +318,8 @@ TEST_CASE("a full sync from empty programs every virtual server, address, set an
       std::vector<std::string> specs;
       for (const auto& r : c.rules) specs.push_back(r.spec);
       INFO(table.name << " " << c.name);
-      CHECK(f.chain(table.name == "nat" ? iptables::Table::kNat : iptables::Table::kFilter, c.name) == specs);
+      CHECK(f.chain(table.name == "nat" ? iptables::Table::kNat : iptables::Table::kFilter,
+                    c.name) == specs);
     }
   // Sysctls as upstream sets them on a 5.4 kernel.
   CHECK(f.sysctls.value("net/ipv4/vs/conntrack") == "1");
@@ -332,12 +347,14 @@ TEST_CASE("a restart over an unchanged kernel writes nothing", "[unit]") {
   CHECK(f.tables->restores.empty());
 }
 
-TEST_CASE("one endpoint added or removed is one or two netlink messages, without a dump", "[unit]") {
+TEST_CASE("one endpoint added or removed is one or two netlink messages, without a dump",
+          "[unit]") {
   Fixture f;
   REQUIRE(ok(f.full()));
   f.resetCounts();
   auto& web = f.port("default/web:p");
-  setEndpoints(web, {endpoint("10.244.1.5", 8080), endpoint("10.244.2.6", 8080), endpoint("10.244.3.1", 8080)});
+  setEndpoints(web, {endpoint("10.244.1.5", 8080), endpoint("10.244.2.6", 8080),
+                     endpoint("10.244.3.1", 8080)});
   REQUIRE(ok(f.partial({"default/web:p"})));
   CHECK(f.ipvs->writes == 1);
   CHECK(f.ipvs->calls == 1);  // no list
@@ -350,7 +367,8 @@ TEST_CASE("one endpoint added or removed is one or two netlink messages, without
   const auto before = f.ipvs->writes;
   REQUIRE(ok(f.partial({"default/web:p"})));
   CHECK(f.ipvs->writes - before == 2);
-  CHECK(f.reals("TCP 10.96.0.10:80") == std::vector<std::string>{"10.244.1.5:8080 w1", "10.244.2.6:8080 w1"});
+  CHECK(f.reals("TCP 10.96.0.10:80") ==
+        std::vector<std::string>{"10.244.1.5:8080 w1", "10.244.2.6:8080 w1"});
   CHECK(f.backend->terminating().empty());
 
   // UDP: deleted at once.
@@ -363,11 +381,13 @@ TEST_CASE("one endpoint added or removed is one or two netlink messages, without
   CHECK(f.server("UDP 10.96.0.53:53") != nullptr);  // no endpoints: IPVS rejects
 }
 
-TEST_CASE("services added and removed by partial syncs share the ClusterIP's address and set entry", "[unit]") {
+TEST_CASE("services added and removed by partial syncs share the ClusterIP's address and set entry",
+          "[unit]") {
   Fixture f;
   REQUIRE(ok(f.full()));
   auto ports = f.snap.ports();
-  std::erase_if(f.snap.ports(), [](const sdk::ServicePort& p) { return p.key == "default/web:tls"; });
+  std::erase_if(f.snap.ports(),
+                [](const sdk::ServicePort& p) { return p.key == "default/web:tls"; });
   f.snap = VectorSnapshot(f.snap.ports(), node());
   REQUIRE(ok(f.partial({"default/web:tls"})));
   CHECK(f.server("TCP 10.96.0.10:443") == nullptr);
@@ -396,14 +416,17 @@ TEST_CASE("services added and removed by partial syncs share the ClusterIP's add
   CHECK(f.tables->restores.empty());
 }
 
-TEST_CASE("foreign virtual servers are left alone; stale ones on kube-ipvs0 are deleted", "[unit]") {
+TEST_CASE("foreign virtual servers are left alone; stale ones on kube-ipvs0 are deleted",
+          "[unit]") {
   Fixture f;
   // Someone else's, on an address kproxy does not own; one inside ipvs-exclude-cidrs on
   // kube-ipvs0; and a stale one of kproxy's on kube-ipvs0 (a service deleted while it was down).
   f.ipvsState.entries.push_back({foreignServer("192.0.2.1", 80), {real("192.0.2.10", 80)}});
   f.ipvsState.entries.push_back({foreignServer("10.96.99.1", 80), {}});
   f.ipvsState.entries.push_back({foreignServer("10.96.0.99", 80), {real("10.244.9.9", 80)}});
-  f.linkState.links.push_back({kDummyLinkName, {"dummy", {*IPPrefix::parse("10.96.99.1"), *IPPrefix::parse("10.96.0.99")}}});
+  f.linkState.links.push_back(
+      {kDummyLinkName,
+       {"dummy", {*IPPrefix::parse("10.96.99.1"), *IPPrefix::parse("10.96.0.99")}}});
   BackendSettings s;
   s.excludeCIDRs = {"10.96.99.0/24"};
   f.backend = f.make(s);
@@ -431,7 +454,8 @@ TEST_CASE("a failed step names the object and makes the next sync a full reconci
   Fixture f;
   REQUIRE(ok(f.full()));
   auto& web = f.port("default/web:p");
-  setEndpoints(web, {endpoint("10.244.1.5", 8080), endpoint("10.244.2.6", 8080), endpoint("10.244.3.1", 8080)});
+  setEndpoints(web, {endpoint("10.244.1.5", 8080), endpoint("10.244.2.6", 8080),
+                     endpoint("10.244.3.1", 8080)});
   f.ipvs->failNext(IpvsOperation::kAddRealServer, ENOMEM);
   auto r = f.partial({"default/web:p"});
   REQUIRE_FALSE(r);
@@ -470,7 +494,8 @@ TEST_CASE("a leaving TCP real server drains at weight 0 until idle or the timeou
   auto& port = f.port("default/web:p");
   setEndpoints(port, {endpoint("10.244.1.5", 8080)});
   REQUIRE(ok(f.partial({"default/web:p"})));
-  CHECK(f.reals("TCP 10.96.0.10:80") == std::vector<std::string>{"10.244.1.5:8080 w1", "10.244.2.6:8080 w0"});
+  CHECK(f.reals("TCP 10.96.0.10:80") ==
+        std::vector<std::string>{"10.244.1.5:8080 w1", "10.244.2.6:8080 w0"});
   CHECK(f.backend->terminating() == std::vector<std::string>{"TCP 10.96.0.10:80/10.244.2.6:8080"});
 
   // Still busy: kept, also by a full sync (which does not bring its weight back).
@@ -482,7 +507,8 @@ TEST_CASE("a leaving TCP real server drains at weight 0 until idle or the timeou
   // The endpoint comes back while draining: weight 1 again, no longer draining.
   setEndpoints(port, {endpoint("10.244.1.5", 8080), endpoint("10.244.2.6", 8080)});
   REQUIRE(ok(f.partial({"default/web:p"})));
-  CHECK(f.reals("TCP 10.96.0.10:80") == std::vector<std::string>{"10.244.1.5:8080 w1", "10.244.2.6:8080 w1"});
+  CHECK(f.reals("TCP 10.96.0.10:80") ==
+        std::vector<std::string>{"10.244.1.5:8080 w1", "10.244.2.6:8080 w1"});
   CHECK(f.backend->terminating().empty());
 
   // Leaves again; the connections end: deleted on the next sync.
@@ -518,7 +544,8 @@ TEST_CASE("a restart finds a leaving real server and drains it", "[unit]") {
   setEndpoints(f.port("default/web:p"), {endpoint("10.244.1.5", 8080)});
   f.restart();
   REQUIRE(ok(f.full()));
-  CHECK(f.reals("TCP 10.96.0.10:80") == std::vector<std::string>{"10.244.1.5:8080 w1", "10.244.2.6:8080 w0"});
+  CHECK(f.reals("TCP 10.96.0.10:80") ==
+        std::vector<std::string>{"10.244.1.5:8080 w1", "10.244.2.6:8080 w0"});
   CHECK(f.backend->terminating().size() == 1);
   // Restarted again while it drains: nothing is written, it keeps draining.
   f.restart();
@@ -537,7 +564,8 @@ TEST_CASE("cleanup removes what IPVS mode created and nothing else", "[unit]") {
   f.ipsetState.state.sets["OTHER"].createLine = "create OTHER hash:ip family inet";
   f.backend = f.make();
   REQUIRE(ok(f.full()));
-  REQUIRE(f.tables->restore(kV4, "*filter\n:OTHER-CHAIN - [0:0]\n-A INPUT -j OTHER-CHAIN\nCOMMIT\n"));
+  REQUIRE(
+      f.tables->restore(kV4, "*filter\n:OTHER-CHAIN - [0:0]\n-A INPUT -j OTHER-CHAIN\nCOMMIT\n"));
   REQUIRE(ok(f.backend->cleanup()));
   CHECK(f.servers() == std::vector<std::string>{"TCP 192.0.2.1:80"});
   CHECK_FALSE(f.hasLink());
@@ -584,7 +612,9 @@ TEST_CASE("settings: scheduler, affinity, timeouts and strict ARP", "[unit]") {
   CHECK(f.reals("TCP 10.96.0.10:80").size() == 2);
 }
 
-TEST_CASE("--dry-run prints the planned changes in ipvsadm notation with the ipset and iptables input", "[unit]") {
+TEST_CASE(
+    "--dry-run prints the planned changes in ipvsadm notation with the ipset and iptables input",
+    "[unit]") {
   Fixture f;
   std::FILE* out = std::tmpfile();
   REQUIRE(out != nullptr);
@@ -603,7 +633,8 @@ TEST_CASE("--dry-run prints the planned changes in ipvsadm notation with the ips
   CHECK(text.find("ipvsadm -a -t 10.96.0.10:80 -r 10.244.1.5:8080 -m -w 1\n") != std::string::npos);
   CHECK(text.find("ipvsadm -A -u 10.96.0.53:53 -s rr\n") != std::string::npos);
   CHECK(text.find("ip addr add 10.96.0.10/32 dev kube-ipvs0\n") != std::string::npos);
-  CHECK(text.find("# ipset restore -exist\ncreate KUBE-LOOP-BACK hash:ip,port,ip") != std::string::npos);
+  CHECK(text.find("# ipset restore -exist\ncreate KUBE-LOOP-BACK hash:ip,port,ip") !=
+        std::string::npos);
   CHECK(text.find("create KUBE-CLUSTER-IP hash:ip,port family inet") != std::string::npos);
   CHECK(text.find("add KUBE-CLUSTER-IP 10.96.0.10,tcp:80\n") != std::string::npos);
   CHECK(text.find("# iptables-restore --noflush\n*nat\n") != std::string::npos);
@@ -620,7 +651,8 @@ TEST_CASE("ipvsadmCommand and the ipset save parser", "[unit]") {
   CHECK(ipvsadmCommand('A', vs) == "ipvsadm -A -u [fd00::10]:53 -s rr");
   CHECK(ipvsadmCommand('d', vs, &rs) == "ipvsadm -d -u [fd00::10]:53 -r [fd00::5]:5353");
   auto parsed = parseIpsetSave(
-      "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 bucketsize 12 initval 0x1\n"
+      "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536 bucketsize 12 "
+      "initval 0x1\n"
       "add KUBE-CLUSTER-IP 10.96.0.10,tcp:80\n"
       "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535\n"
       "add KUBE-NODE-PORT-TCP 30080\n");
@@ -643,8 +675,9 @@ TEST_CASE("a partial sync rewrites the iptables chains only when a port's rules 
   REQUIRE(f.tables->restores.size() == 1);
   CHECK(f.tables->restores.front().find("203.0.113.7") != std::string::npos);
   const auto services = f.chain(iptables::Table::kNat, "KUBE-SERVICES");
-  CHECK(std::any_of(services.begin(), services.end(),
-                    [](const std::string& r) { return r.find("203.0.113.7") != std::string::npos; }));
+  CHECK(std::any_of(services.begin(), services.end(), [](const std::string& r) {
+    return r.find("203.0.113.7") != std::string::npos;
+  }));
   // An endpoint change elsewhere writes no iptables input.
   setEndpoints(f.port("default/web:p"), {endpoint("10.244.1.5", 8080)});
   REQUIRE(ok(f.partial({"default/web:p"})));
@@ -654,8 +687,9 @@ TEST_CASE("a partial sync rewrites the iptables chains only when a port's rules 
   REQUIRE(ok(f.partial({"default/ext:p"})));
   CHECK(f.tables->restores.size() == 2);
   const auto after = f.chain(iptables::Table::kNat, "KUBE-SERVICES");
-  CHECK(std::none_of(after.begin(), after.end(),
-                     [](const std::string& r) { return r.find("203.0.113.7") != std::string::npos; }));
+  CHECK(std::none_of(after.begin(), after.end(), [](const std::string& r) {
+    return r.find("203.0.113.7") != std::string::npos;
+  }));
   f.restart();
   REQUIRE(ok(f.full()));
   CHECK(f.tables->restores.empty());

@@ -67,7 +67,9 @@ struct BackendSettings {
   /// How long a TCP real server that left may keep connections before it is deleted anyway.
   std::chrono::seconds gracefulTimeout{std::chrono::minutes(15)};
   /// The clock of graceful termination (tests inject one).
-  std::function<std::chrono::steady_clock::time_point()> now = [] { return std::chrono::steady_clock::now(); };
+  std::function<std::chrono::steady_clock::time_point()> now = [] {
+    return std::chrono::steady_clock::now();
+  };
 };
 
 /// The kernel adapters a backend works through. In --dry-run they are fakes that start empty.
@@ -89,7 +91,8 @@ class IpvsBackend final : public sdk::BackendPlugin {
   sdk::Expected<void> cleanup() override;
   /// `kproxy explain`: renders `snapshot` and says which virtual server a packet meets and its
   /// pool; reads neither the kernel nor the mirror.
-  sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot, const sdk::ExplainRequest& request) override;
+  sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot,
+                                     const sdk::ExplainRequest& request) override;
 
   sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next,
                                            const std::vector<sdk::ChangedKey>& changed, bool full);
@@ -124,7 +127,8 @@ class IpvsBackend final : public sdk::BackendPlugin {
   struct Wanted;
 
   sdk::Expected<void> fullSync(const plan::SnapshotSource& next);
-  sdk::Expected<void> partialSync(const plan::SnapshotSource& next, const std::vector<sdk::ChangedKey>& changed);
+  sdk::Expected<void> partialSync(const plan::SnapshotSource& next,
+                                  const std::vector<sdk::ChangedKey>& changed);
   sdk::Expected<void> applyServer(const AppliedServer* old, const AppliedServer& want);
   sdk::Expected<void> removeServer(const AppliedServer& old);
   sdk::Expected<void> retireRealServer(const VirtualServer& vs, const RealServer& rs);
@@ -151,7 +155,9 @@ class IpvsBackend final : public sdk::BackendPlugin {
   void count(std::string_view op);
   void print(const std::string& text);
 
-  bool familyEnabled(sdk::Family family) const { return family == sdk::Family::kIPv4 || settings_.ipv6; }
+  bool familyEnabled(sdk::Family family) const {
+    return family == sdk::Family::kIPv4 || settings_.ipv6;
+  }
   bool ownsAddress(const backends::IPPrefix& address) const;
   void updateMetrics() const;
 
@@ -188,6 +194,7 @@ RealServer kernelRealServer(const PlannedRealServer& planned);
 std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* rs = nullptr);
 
 /// The plugin's factory: parses the options, opens the adapters (fakes in --dry-run).
-sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Host& host, const sdk::Options& options);
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Host& host,
+                                                                   const sdk::Options& options);
 
 }  // namespace kproxy::ipvs
