@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -512,4 +513,67 @@ TEST_CASE("1000 services x 2 endpoints: full sync against ipvsadm --restore, one
       "full sync over an unchanged kernel %.0f ms\n",
       kServices, restoreMs, fullMs, partialMs, unchangedMs);
   std::fflush(stdout);
+}
+
+TEST_CASE("eTP=Local: the node's connections to an external IP go to the cluster-wide pool",
+          "[vm]") {
+  // The renderer's short-circuit (renderer.h, place 3): with a local and a remote endpoint, the
+  // external IP's virtual server holds the local one only, and the node's own connections are
+  // DNATed in nat OUTPUT to the ClusterIP's virtual server, which holds both. Both pods answering
+  // the node proves the DNAT in front of IPVS works on this kernel.
+  FreshNetns netns;
+  const std::string tag = std::to_string(::getpid() % 10000);
+  const std::string podA = "kp-sa-" + tag, podB = "kp-sb-" + tag;
+  sh("ip link set lo up");
+  struct Cleanup {
+    std::vector<std::string> pods;
+    ~Cleanup() {
+      for (const auto& pod : pods) {
+        run("for p in $(ip netns pids " + pod + "); do kill $p; done");
+        run("ip netns del " + pod);
+      }
+    }
+  } cleanup{{podA, podB}};
+  int subnet = 1;
+  for (const auto& pod : {podA, podB}) {
+    const std::string veth = fmt::format("vs{}-{}", subnet, tag);
+    sh("ip netns add " + pod);
+    sh("ip link add " + veth + " type veth peer name eth0 netns " + pod);
+    sh(fmt::format("ip link set {} up && ip addr add 10.244.{}.1/24 dev {}", veth, subnet, veth));
+    sh(fmt::format("ip -n {0} link set lo up && ip -n {0} link set eth0 up && ip -n {0} addr add "
+                   "10.244.{1}.2/24 dev eth0 && ip -n {0} route add default via 10.244.{1}.1",
+                   pod, subnet));
+    sh(fmt::format("mkdir -p /tmp/{0} && echo {0} >/tmp/{0}/index.html", pod));
+    sh(fmt::format("ip netns exec {0} busybox httpd -p 8080 -h /tmp/{0}", pod));
+    REQUIRE(eventually("ip netns exec " + pod + " busybox netstat -tln | grep -q ':8080 '"));
+    ++subnet;
+  }
+  auto local = endpoint("10.244.1.2", 8080);
+  local.isLocal = true;
+  auto remote = endpoint("10.244.2.2", 8080);
+  auto ext = servicePort("ext", "10.96.0.30", 80, {local, remote});
+  ext.localEndpoints = {local};
+  ext.externalIPs = {"203.0.113.7"};
+  ext.externalPolicyLocal = true;
+  VectorSnapshot snap({ext}, node());
+  auto backend = openBackend();
+  requireOk(backend->syncFrom(snap, {}, true));
+  // The external IP's virtual server: the local endpoint only; the ClusterIP's: both.
+  const auto listing = ipvsadmListing();
+  auto has = [&](const std::string& line) {
+    return std::find(listing.begin(), listing.end(), line) != listing.end();
+  };
+  CHECK(has("TCP 203.0.113.7:80 rr | -> 10.244.1.2:8080 Masq 1"));
+  CHECK_FALSE(has("TCP 203.0.113.7:80 rr | -> 10.244.2.2:8080 Masq 1"));
+  CHECK(has("TCP 10.96.0.30:80 rr | -> 10.244.2.2:8080 Masq 1"));
+  std::set<std::string> answered;
+  for (int i = 0; i < 6; ++i) {
+    auto [rc, reply] = run("curl -sS --max-time 5 http://203.0.113.7/");
+    INFO(reply);
+    CHECK(rc == 0);
+    answered.insert(collapse(reply));
+  }
+  INFO(run("iptables-nft-save -t nat; ipvsadm -Ln --stats").second);
+  CHECK(answered == std::set<std::string>{podA, podB});
+  requireOk(backend->cleanup());
 }

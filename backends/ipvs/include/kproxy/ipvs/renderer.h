@@ -32,7 +32,8 @@
 ///     virtual server, which holds the cluster pool, and the node's is marked for masquerade.
 ///     When the ClusterIP does not hold the cluster pool (iTP=Local as well), this cannot be
 ///     expressed: the port records a problem and keeps upstream's behaviour. A DNAT in front
-///     of IPVS is nothing upstream does: the VM tier has to confirm it on a kernel.
+///     of IPVS is nothing upstream does; the VM tier confirms it on a kernel (the node reaches
+///     both pools' pods through the external IP, tests/vm/ipvs_backend_vm_test.cpp).
 ///  4. Source ranges with several LoadBalancer IPs: the plan admits every allowed source to
 ///     every LB IP of the port; upstream admits only each LB IP to itself. The
 ///     KUBE-LOAD-BALANCER-SOURCE-IP entries are the product. The node is refused
