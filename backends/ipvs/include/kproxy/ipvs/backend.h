@@ -94,9 +94,12 @@ class IpvsBackend final : public sdk::BackendPlugin {
   sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot,
                                      const sdk::ExplainRequest& request) override;
 
+  /// sync() on any snapshot source (tests, benchmarks): a full sync when `full`, after a failure
+  /// and the first time; else a partial one over `changed`.
   sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next,
                                            const std::vector<sdk::ChangedKey>& changed, bool full);
 
+  /// Whether the next sync will be full (the first one, or one after a failure).
   bool needsFullSync() const { return needFull_; }
   /// Real servers waiting to drain ("TCP 10.96.0.10:80/10.244.1.5:8080").
   std::vector<std::string> terminating() const;
@@ -122,10 +125,6 @@ class IpvsBackend final : public sdk::BackendPlugin {
     RealServer rs;
     std::chrono::steady_clock::time_point since;
   };
-  /// What one sync wants: built from the renders of every port (full) or kept up to date port
-  /// by port (partial).
-  struct Wanted;
-
   sdk::Expected<void> fullSync(const plan::SnapshotSource& next);
   sdk::Expected<void> partialSync(const plan::SnapshotSource& next,
                                   const std::vector<sdk::ChangedKey>& changed);
