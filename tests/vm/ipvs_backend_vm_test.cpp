@@ -540,9 +540,10 @@ TEST_CASE("eTP=Local: the node's connections to an external IP go to the cluster
     sh("ip netns add " + pod);
     sh("ip link add " + veth + " type veth peer name eth0 netns " + pod);
     sh(fmt::format("ip link set {} up && ip addr add 10.244.{}.1/24 dev {}", veth, subnet, veth));
-    sh(fmt::format("ip -n {0} link set lo up && ip -n {0} link set eth0 up && ip -n {0} addr add "
-                   "10.244.{1}.2/24 dev eth0 && ip -n {0} route add default via 10.244.{1}.1",
-                   pod, subnet));
+    sh(
+        fmt::format("ip -n {0} link set lo up && ip -n {0} link set eth0 up && ip -n {0} addr add "
+                    "10.244.{1}.2/24 dev eth0 && ip -n {0} route add default via 10.244.{1}.1",
+                    pod, subnet));
     sh(fmt::format("mkdir -p /tmp/{0} && echo {0} >/tmp/{0}/index.html", pod));
     sh(fmt::format("ip netns exec {0} busybox httpd -p 8080 -h /tmp/{0}", pod));
     REQUIRE(eventually("ip netns exec " + pod + " busybox netstat -tln | grep -q ':8080 '"));

@@ -695,3 +695,33 @@ TEST_CASE("a partial sync rewrites the iptables chains only when a port's rules 
   CHECK(f.tables->restores.empty());
   CHECK(f.ipvs->writes == 0);
 }
+
+TEST_CASE("the plugin's options: bad values are refused naming the option; dry-run needs no kernel",
+          "[unit]") {
+  const sdk::Options good{{"dry-run", "true"},
+                          {"ipvs-scheduler", "wlc"},
+                          {"ipvs-strict-arp", "true"},
+                          {"ipvs-tcp-timeout", "3600"},
+                          {"ipvs-tcpfin-timeout", "0.5"},
+                          {"ipvs-udp-timeout", "0"},
+                          {"ipvs-exclude-cidrs", "10.96.99.0/24, fd00::/64"},
+                          {"some-later-key", "ignored"}};
+  auto made = makeIpvsBackend(sdk::Host(nullptr), good);
+  INFO((made ? std::string("ok") : made.error().message));
+  CHECK(made);
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"ipvs-scheduler", "fastest"},
+                                                        {"ipvs-strict-arp", "yes"},
+                                                        {"ipvs-tcp-timeout", "1h"},
+                                                        {"ipvs-udp-timeout", "-5"},
+                                                        {"ipvs-exclude-cidrs", "10.96.99.0/33"},
+                                                        {"masquerade-bit", "40"}}) {
+    sdk::Options bad = good;
+    bad[key] = value;
+    auto refused = makeIpvsBackend(sdk::Host(nullptr), bad);
+    INFO(key << "=" << value);
+    REQUIRE_FALSE(refused);
+    CHECK(refused.error().message.find(key) != std::string::npos);
+    CHECK(refused.error().message.find(value) != std::string::npos);
+  }
+}
