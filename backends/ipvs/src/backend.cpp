@@ -554,6 +554,13 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
   servers_ = std::move(servers);
   addresses_ = std::move(addresses);
   ipsetEntries_ = std::move(entries);
+  // The renderer learns kube-ipvs0's addresses as they are now, here rather than in the next
+  // partial sync (an endpoint change should not cost a pass over every address).
+  std::vector<std::string> nowBound;
+  nowBound.reserve(addresses_.size());
+  for (const auto& [a, refs] : addresses_) nowBound.push_back(a);
+  renderer_.setDummyInterfaceAddresses(std::move(nowBound));
+  dummyAddressesStale_ = false;
   return syncIptables(true);
 }
 

@@ -219,6 +219,9 @@ void IpvsRenderer::setDummyInterfaceAddresses(std::vector<std::string> addresses
   dummyAddresses_.clear();
   for (const auto& a : addresses)
     if (auto p = IPPrefix::parse(a)) dummyAddresses_.push_back(p->toString());
+  // Sorted: every render looks addresses up in it, and it holds every ClusterIP.
+  std::sort(dummyAddresses_.begin(), dummyAddresses_.end());
+  dummyAddresses_.erase(std::unique(dummyAddresses_.begin(), dummyAddresses_.end()), dummyAddresses_.end());
   resolveNodePortAddresses();
 }
 
@@ -226,7 +229,7 @@ bool IpvsRenderer::isNodeAddress(std::string_view ip) const {
   auto p = IPPrefix::parse(ip);
   if (!p) return false;
   const std::string canonical = p->toString();
-  if (std::find(dummyAddresses_.begin(), dummyAddresses_.end(), canonical) != dummyAddresses_.end()) return false;
+  if (std::binary_search(dummyAddresses_.begin(), dummyAddresses_.end(), canonical)) return false;
   auto in = [&](const std::vector<std::string>& list) {
     return std::any_of(list.begin(), list.end(), [&](const std::string& a) {
       auto q = IPPrefix::parse(a);
@@ -249,7 +252,7 @@ void IpvsRenderer::resolveNodePortAddresses() {
       auto a = IPPrefix::parse(ip);
       if (!a || !a->isHost() || a->v6 != isV6(fam) || loopback.contains(*a) || linkLocal.contains(*a)) return;
       std::string canonical = a->toString();
-      if (std::find(dummyAddresses_.begin(), dummyAddresses_.end(), canonical) != dummyAddresses_.end()) return;
+      if (std::binary_search(dummyAddresses_.begin(), dummyAddresses_.end(), canonical)) return;
       if (std::find(out.begin(), out.end(), canonical) == out.end()) out.push_back(std::move(canonical));
     };
     if (resolved.resolved) {

@@ -262,7 +262,7 @@ class IpvsRenderer {
   RenderConfig config_;
   plan::PlanConfig planConfig_;
   sdk::NodeInfo node_;
-  std::vector<std::string> dummyAddresses_;
+  std::vector<std::string> dummyAddresses_;  ///< sorted, each once
   std::vector<std::string> nodePortAddresses_[2];
 };
 
