@@ -75,35 +75,11 @@ core::Result<std::vector<IptablesCleanupPlan>> planIptablesCleanup(std::string_v
   for (const auto& table : save->tables) {
     IptablesCleanupPlan plan;
     plan.table = table.name;
-    std::set<std::string, std::less<>> owned;
-    for (const auto& chain : table.chains) {
-      if (isKubeProxyChain(table.name, chain.name)) {
-        plan.deletedChains.push_back(chain.name);
-        owned.insert(chain.name);
-      }
-    }
-    // A chain that is still referenced cannot be deleted, so every rule outside kube-proxy's
-    // chains that jumps into one goes too: upstream's jumps from the built-in chains, and any
-    // other reference, which would otherwise make the whole table's restore fail.
-    std::string deletes;
-    for (const auto& chain : table.chains) {
-      if (owned.contains(chain.name)) continue;
-      for (const auto& rule : chain.rules) {
-        if (!owned.contains(backends::ruleJumpTarget(rule.spec))) continue;
-        plan.deletedRules.push_back(chain.name + " " + rule.spec);
-        deletes += "-D " + chain.name + " " + rule.spec + "\n";
-      }
-    }
-    if (!plan.deletedChains.empty() || !deletes.empty()) {
-      std::string text = "*" + table.name + "\n";
-      // ":CHAIN - [0:0]" with --noflush flushes the chain, so rules between our own chains
-      // are gone before the deletes.
-      for (const auto& chain : plan.deletedChains) text += ":" + chain + " - [0:0]\n";
-      text += deletes;
-      for (const auto& chain : plan.deletedChains) text += "-X " + chain + "\n";
-      text += "COMMIT\n";
-      plan.restoreInput = std::move(text);
-    }
+    auto removal = backends::planChainRemoval(
+        table, [&](std::string_view chain) { return isKubeProxyChain(table.name, chain); });
+    plan.deletedChains = std::move(removal.chains);
+    plan.deletedRules = std::move(removal.rules);
+    plan.restoreInput = std::move(removal.input);
     plans.push_back(std::move(plan));
   }
   return plans;

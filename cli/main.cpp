@@ -127,9 +127,10 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
   options["pod-interface-name-prefix"] = config.detectLocal.interfaceNamePrefix;
   options["masquerade-all"] = config.masqueradeAll ? "true" : "false";
   options["nodeport-addresses"] = joined(config.nodePortAddresses);
+  // IPVS mode's iptables rules use the iptables section's bit, as upstream's.
   options["masquerade-bit"] =
-      std::to_string(config.mode == "iptables" ? config.iptables.masqueradeBit
-                                               : config.nftables.masqueradeBit);
+      std::to_string(config.mode == "iptables" || config.mode == "ipvs" ? config.iptables.masqueradeBit
+                                                                        : config.nftables.masqueradeBit);
   options["dry-run"] = config.dryRun ? "true" : "false";
   options["ipvs-scheduler"] = config.ipvs.scheduler;
   options["ipvs-strict-arp"] = config.ipvs.strictARP ? "true" : "false";

@@ -153,4 +153,38 @@ std::string ruleJumpTarget(std::string_view spec) {
   return {};
 }
 
+ChainRemoval planChainRemoval(const IptablesTable& table, const std::function<bool(std::string_view)>& owned) {
+  ChainRemoval out;
+  std::vector<std::string_view> names;
+  for (const auto& chain : table.chains)
+    if (!chain.builtin() && owned(chain.name)) {
+      out.chains.push_back(chain.name);
+      names.push_back(chain.name);
+    }
+  auto isRemoved = [&](std::string_view name) {
+    for (auto n : names)
+      if (n == name) return true;
+    return false;
+  };
+  std::string deletes;
+  for (const auto& chain : table.chains) {
+    if (isRemoved(chain.name)) continue;
+    for (const auto& rule : chain.rules) {
+      if (!isRemoved(ruleJumpTarget(rule.spec))) continue;
+      out.rules.push_back(chain.name + " " + rule.spec);
+      deletes += "-D " + chain.name + " " + rule.spec + "\n";
+    }
+  }
+  if (out.chains.empty() && deletes.empty()) return out;
+  std::string text = "*" + table.name + "\n";
+  // ":CHAIN - [0:0]" with --noflush flushes the chain, so rules between the removed chains
+  // are gone before the deletes.
+  for (const auto& chain : out.chains) text += ":" + chain + " - [0:0]\n";
+  text += deletes;
+  for (const auto& chain : out.chains) text += "-X " + chain + "\n";
+  text += "COMMIT\n";
+  out.input = std::move(text);
+  return out;
+}
+
 }  // namespace kproxy::backends

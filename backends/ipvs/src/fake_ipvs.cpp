@@ -35,6 +35,9 @@ RealServer settingsOf(const RealServer& rs) {
 
 std::optional<core::Error> FakeIpvs::injected(IpvsOperation op, const VirtualServer* vs, const RealServer* rs) {
   ++calls;
+  if (op != IpvsOperation::kListVirtualServers && op != IpvsOperation::kListRealServers &&
+      op != IpvsOperation::kGetTimeouts)
+    ++writes;
   if (!failure_ || failure_->first != op) return std::nullopt;
   const int errnum = failure_->second;
   failure_.reset();

@@ -168,7 +168,7 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
   return cfg;
 }
 
-std::string VirtualServer::key() const {
+std::string PlannedVirtualServer::key() const {
   return fmt::format("{}/{}", hostPort(address, port), protoUpper(protocol));
 }
 
@@ -219,6 +219,9 @@ void IpvsRenderer::setDummyInterfaceAddresses(std::vector<std::string> addresses
   dummyAddresses_.clear();
   for (const auto& a : addresses)
     if (auto p = IPPrefix::parse(a)) dummyAddresses_.push_back(p->toString());
+  // Sorted: every render looks addresses up in it, and it holds every ClusterIP.
+  std::sort(dummyAddresses_.begin(), dummyAddresses_.end());
+  dummyAddresses_.erase(std::unique(dummyAddresses_.begin(), dummyAddresses_.end()), dummyAddresses_.end());
   resolveNodePortAddresses();
 }
 
@@ -226,7 +229,7 @@ bool IpvsRenderer::isNodeAddress(std::string_view ip) const {
   auto p = IPPrefix::parse(ip);
   if (!p) return false;
   const std::string canonical = p->toString();
-  if (std::find(dummyAddresses_.begin(), dummyAddresses_.end(), canonical) != dummyAddresses_.end()) return false;
+  if (std::binary_search(dummyAddresses_.begin(), dummyAddresses_.end(), canonical)) return false;
   auto in = [&](const std::vector<std::string>& list) {
     return std::any_of(list.begin(), list.end(), [&](const std::string& a) {
       auto q = IPPrefix::parse(a);
@@ -249,7 +252,7 @@ void IpvsRenderer::resolveNodePortAddresses() {
       auto a = IPPrefix::parse(ip);
       if (!a || !a->isHost() || a->v6 != isV6(fam) || loopback.contains(*a) || linkLocal.contains(*a)) return;
       std::string canonical = a->toString();
-      if (std::find(dummyAddresses_.begin(), dummyAddresses_.end(), canonical) != dummyAddresses_.end()) return;
+      if (std::binary_search(dummyAddresses_.begin(), dummyAddresses_.end(), canonical)) return;
       if (std::find(out.begin(), out.end(), canonical) == out.end()) out.push_back(std::move(canonical));
     };
     if (resolved.resolved) {
@@ -302,7 +305,7 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
   std::vector<const sdk::Endpoint*> hairpin;
   auto addVirtualServer = [&](const std::string& address, int port, Traffic traffic,
                               std::span<const sdk::Endpoint> endpoints) {
-    VirtualServer vs;
+    PlannedVirtualServer vs;
     vs.family = fam;
     vs.protocol = p.protocol;
     vs.address = address;
@@ -315,7 +318,7 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
     for (const auto& ep : endpoints) {
       auto ip = hostOf(ep.ip, fam);
       if (!ip) continue;  // another family or malformed: the core should not send it
-      vs.realServers.push_back(RealServer{*ip, static_cast<std::uint16_t>(ep.port), 1});
+      vs.realServers.push_back(PlannedRealServer{*ip, static_cast<std::uint16_t>(ep.port), 1});
       if (ep.isLocal) hairpin.push_back(&ep);
     }
     std::sort(vs.realServers.begin(), vs.realServers.end());
@@ -728,7 +731,7 @@ std::string renderIpsets(const IpvsRenderer& renderer, sdk::Family family, std::
   return out;
 }
 
-std::string toIpvsadm(std::span<const VirtualServer> servers, IpvsadmStyle style) {
+std::string toIpvsadm(std::span<const PlannedVirtualServer> servers, IpvsadmStyle style) {
   std::string out;
   if (style == IpvsadmStyle::kList) {
     out += "Prot LocalAddress:Port Scheduler Flags\n";

@@ -75,7 +75,7 @@ IpvsRenderer renderer(RenderConfig cfg = config(), sdk::NodeInfo n = node()) {
   return r;
 }
 
-const VirtualServer* serverAt(const Fragment& f, std::string_view key) {
+const PlannedVirtualServer* serverAt(const Fragment& f, std::string_view key) {
   for (const auto& vs : f.virtualServers)
     if (vs.key() == key) return &vs;
   return nullptr;
@@ -88,7 +88,7 @@ Strings keysOf(const Fragment& f) {
   return out;
 }
 
-Strings realServersOf(const VirtualServer* vs) {
+Strings realServersOf(const PlannedVirtualServer* vs) {
   Strings out;
   if (!vs) return out;
   for (const auto& rs : vs->realServers) out.push_back(fmt::format("{}:{}/{}", rs.address, rs.port, rs.weight));
@@ -116,7 +116,7 @@ TEST_CASE("ipvs renderer: a ClusterIP is one virtual server with the cluster poo
                        {endpoint("10.180.0.2", 8080), endpoint("10.180.0.1", 8080, true)});
   const Fragment f = r.renderServicePort(p);
   REQUIRE(keysOf(f) == Strings{"172.30.0.41:80/TCP"});
-  const VirtualServer& vs = f.virtualServers.front();
+  const PlannedVirtualServer& vs = f.virtualServers.front();
   CHECK(vs.scheduler == "rr");
   CHECK(vs.traffic == Traffic::kClusterIP);
   CHECK_FALSE(vs.persistent);
@@ -529,8 +529,8 @@ TEST_CASE("ipvs renderer: upstream's iptables rules, as iptables-save prints the
 -A KUBE-NODE-PORT -p tcp -m comment --comment "Kubernetes nodeport TCP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-TCP dst -j KUBE-MARK-MASQ
 -A KUBE-NODE-PORT -p udp -m comment --comment "Kubernetes nodeport UDP port with externalTrafficPolicy=local" -m set --match-set KUBE-NODE-PORT-LOCAL-UDP dst -j RETURN
 -A KUBE-NODE-PORT -p udp -m comment --comment "Kubernetes nodeport UDP port for masquerade purpose" -m set --match-set KUBE-NODE-PORT-UDP dst -j KUBE-MARK-MASQ
--A KUBE-NODE-PORT -p sctp -m comment --comment "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'" -m set --match-set KUBE-NODE-PORT-LOCAL-SCTP-HASH dst,dst -j RETURN
--A KUBE-NODE-PORT -p sctp -m comment --comment "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'" -m set --match-set KUBE-NODE-PORT-SCTP-HASH dst,dst -j KUBE-MARK-MASQ
+-A KUBE-NODE-PORT -p sctp -m comment --comment "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type \'hash ip:port\'" -m set --match-set KUBE-NODE-PORT-LOCAL-SCTP-HASH dst,dst -j RETURN
+-A KUBE-NODE-PORT -p sctp -m comment --comment "Kubernetes nodeport SCTP port for masquerade purpose with type \'hash ip:port\'" -m set --match-set KUBE-NODE-PORT-SCTP-HASH dst,dst -j KUBE-MARK-MASQ
 -A KUBE-LOAD-BALANCER -m comment --comment "Kubernetes service load balancer ip + port with externalTrafficPolicy=local" -m set --match-set KUBE-LOAD-BALANCER-LOCAL dst,dst -j RETURN
 -A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ
 -A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000

@@ -34,8 +34,10 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
-  /// Programs the kernel so that it matches `request.next`. On error the kernel keeps the
-  /// previous rules (the batch is atomic) and the caller retries with a full sync.
+  /// Programs the kernel so that it matches `request.next`. On error the caller retries with a
+  /// full sync. Where the kernel has transactions (nftables, iptables) the kernel keeps the
+  /// previous rules; where it has none (IPVS) some steps may be applied, and the full sync
+  /// finishes or repairs them.
   virtual Result<SyncResult> sync(const SyncRequest& request) = 0;
   /// Removes every kernel object this backend creates. Safe to call twice.
   virtual Result<void> cleanup() = 0;

@@ -331,7 +331,10 @@ typedef struct kproxy_plugin_descriptor {
   /* Makes the kernel match `next`. `previous` is the last snapshot this backend applied
    * successfully (NULL on the first call); `changed` lists the keys that differ between them.
    * With KPROXY_SYNC_FULL the plugin must reconcile everything against the kernel.
-   * Atomic: on KPROXY_ERR the kernel keeps the rules it had. */
+   * Atomic where the kernel offers transactions (nftables, iptables-restore per table): on
+   * KPROXY_ERR the kernel keeps the rules it had. Where it does not (IPVS), every step is
+   * idempotent and a failure may leave some steps applied; the host's next sync is then a full
+   * one (KPROXY_SYNC_FULL), which must finish or repair them. */
   int (*sync)(kproxy_backend* backend, const kproxy_snapshot* previous,
               const kproxy_snapshot* next, const kproxy_changed_key* changed,
               size_t changed_count, uint32_t flags, kproxy_sync_result* result,

@@ -184,7 +184,8 @@ class FakeIpvs : public KernelIpvs {
   std::vector<Entry> entries;
   /// The kernel's defaults (900 s, 120 s, 300 s).
   Timeouts currentTimeouts{900, 120, 300};
-  std::size_t calls = 0;  ///< every call, to check that a caller issued none
+  std::size_t calls = 0;   ///< every call, to check that a caller issued none
+  std::size_t writes = 0;  ///< calls that change the kernel (add, update, delete, flush, set)
 
  private:
   std::optional<core::Error> injected(IpvsOperation op, const VirtualServer* vs,

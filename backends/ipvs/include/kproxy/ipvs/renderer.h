@@ -32,7 +32,8 @@
 ///     virtual server, which holds the cluster pool, and the node's is marked for masquerade.
 ///     When the ClusterIP does not hold the cluster pool (iTP=Local as well), this cannot be
 ///     expressed: the port records a problem and keeps upstream's behaviour. A DNAT in front
-///     of IPVS is nothing upstream does: the VM tier has to confirm it on a kernel.
+///     of IPVS is nothing upstream does; the VM tier confirms it on a kernel (the node reaches
+///     both pools' pods through the external IP, tests/vm/ipvs_backend_vm_test.cpp).
 ///  4. Source ranges with several LoadBalancer IPs: the plan admits every allowed source to
 ///     every LB IP of the port; upstream admits only each LB IP to itself. The
 ///     KUBE-LOAD-BALANCER-SOURCE-IP entries are the product. The node is refused
@@ -94,15 +95,15 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options);
 /// Which of the port's addresses a virtual server answers on.
 enum class Traffic : std::uint8_t { kClusterIP, kExternalIP, kLoadBalancer, kNodePort };
 
-struct RealServer {
+struct PlannedRealServer {
   std::string address;
   std::uint16_t port = 0;
   std::uint32_t weight = 1;  ///< upstream always programs 1
-  bool operator==(const RealServer&) const = default;
-  auto operator<=>(const RealServer&) const = default;
+  bool operator==(const PlannedRealServer&) const = default;
+  auto operator<=>(const PlannedRealServer&) const = default;
 };
 
-struct VirtualServer {
+struct PlannedVirtualServer {
   sdk::Family family = sdk::Family::kIPv4;
   sdk::Protocol protocol = sdk::Protocol::kTCP;
   std::string address;
@@ -115,11 +116,11 @@ struct VirtualServer {
   bool sourceHashFallback = false;
   Traffic traffic = Traffic::kClusterIP;
   /// Sorted, each once.
-  std::vector<RealServer> realServers;
+  std::vector<PlannedRealServer> realServers;
 
   /// Upstream's VirtualServer.String(): "10.96.0.10:53/UDP", "[fd00::a]:80/TCP".
   std::string key() const;
-  bool operator==(const VirtualServer&) const = default;
+  bool operator==(const PlannedVirtualServer&) const = default;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -211,7 +212,7 @@ struct JumpRule {
 struct Fragment {
   sdk::Family family = sdk::Family::kIPv4;
   std::string key;
-  std::vector<VirtualServer> virtualServers;
+  std::vector<PlannedVirtualServer> virtualServers;
   /// Addresses to bind to kube-ipvs0 (each once).
   std::vector<std::string> boundAddresses;
   /// Sorted, each once.
@@ -261,7 +262,7 @@ class IpvsRenderer {
   RenderConfig config_;
   plan::PlanConfig planConfig_;
   sdk::NodeInfo node_;
-  std::vector<std::string> dummyAddresses_;
+  std::vector<std::string> dummyAddresses_;  ///< sorted, each once
   std::vector<std::string> nodePortAddresses_[2];
 };
 
@@ -280,6 +281,6 @@ enum class IpvsadmStyle : std::uint8_t {
 };
 
 /// The virtual and real servers, in the given order, as ipvsadm prints them (for --dry-run).
-std::string toIpvsadm(std::span<const VirtualServer> servers, IpvsadmStyle style = IpvsadmStyle::kSave);
+std::string toIpvsadm(std::span<const PlannedVirtualServer> servers, IpvsadmStyle style = IpvsadmStyle::kSave);
 
 }  // namespace kproxy::ipvs

@@ -30,10 +30,16 @@ class IptablesRuleSpec {
     proto_ = p;
     return *this;
   }
-  /// `-m comment --comment "TEXT"`; nothing for an empty text.
+  /// `-m comment --comment "TEXT"`; nothing for an empty text. A backslash, double quote or
+  /// single quote gets a backslash, as iptables-save (1.8) prints it and iptables-restore reads it.
   IptablesRuleSpec& comment(std::string_view text) {
-    if (!text.empty()) match(fmt::format("-m comment --comment \"{}\"", text));
-    return *this;
+    if (text.empty()) return *this;
+    std::string escaped;
+    for (char c : text) {
+      if (c == '\\' || c == '"' || c == '\'') escaped += '\\';
+      escaped += c;
+    }
+    return match(fmt::format("-m comment --comment \"{}\"", escaped));
   }
   /// `-m PROTO --dport N` (needs proto()).
   IptablesRuleSpec& dport(int port) { return match(fmt::format("-m {} --dport {}", proto_, port)); }

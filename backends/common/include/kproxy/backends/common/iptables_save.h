@@ -6,6 +6,7 @@
 /// Thread-safety: pure functions and value types.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -61,5 +62,18 @@ std::vector<std::string> splitIptablesWords(std::string_view spec);
 
 /// The chain a rule jumps (-j, --jump) or goes (-g, --goto) to; empty when none.
 std::string ruleJumpTarget(std::string_view spec);
+
+/// How to remove some user-defined chains of one saved table: the leftover cleanup and the
+/// backends' cleanup share it.
+struct ChainRemoval {
+  std::vector<std::string> chains;  ///< deleted, in save order
+  std::vector<std::string> rules;   ///< "CHAIN spec" of each rule elsewhere that jumps to one
+  /// `iptables-restore --noflush` input: the chains declared (which flushes them), the jumps
+  /// deleted, the chains deleted. Empty when there is nothing to remove.
+  std::string input;
+};
+/// Removes the user-defined chains of `table` for which `owned(name)` holds, and every rule of
+/// the other chains that jumps to one of them (else the chain could not be deleted).
+ChainRemoval planChainRemoval(const IptablesTable& table, const std::function<bool(std::string_view)>& owned);
 
 }  // namespace kproxy::backends

@@ -1,0 +1,199 @@
+#pragma once
+/// IpvsBackend: --proxy-mode=ipvs. Renders upstream kube-proxy's IPVS mode through the shared
+/// service plan (IpvsRenderer) and programs virtual and real servers over generic netlink, the
+/// service addresses on the kube-ipvs0 dummy link over rtnetlink, the ipsets with
+/// `ipset restore -exist` and the small fixed iptables ruleset with `iptables-restore --noflush`.
+///
+/// IPVS has no transactions: a sync is a sequence of single netlink messages. Every step is
+/// idempotent (an add that finds the object updates it, a delete that finds nothing is done),
+/// a step that fails stops the sync with an error naming the object, and the next sync is a full
+/// one, which reads the kernel back and repairs whatever the failed sync left half done.
+///
+/// Full syncs (the first, after a failure, and the host's periodic ones) dump the virtual
+/// servers and their real servers, kube-ipvs0's addresses, `ipset save` and the two iptables
+/// tables, and change only what differs; over an unchanged kernel they write nothing. Partial
+/// syncs never read the kernel: they diff the changed service ports' renders against the
+/// mirror of what was applied, so a one-endpoint change is one or two netlink messages.
+///
+/// Ownership: kproxy deletes only virtual servers whose address is bound to kube-ipvs0 (as
+/// upstream), is a NodePort address it serves on, whose protocol and port are a NodePort in its
+/// KUBE-NODE-PORT-* sets (how a restart or --cleanup finds the NodePorts of services deleted
+/// meanwhile), or that it applied itself, and never one inside ipvs-exclude-cidrs. Other
+/// virtual servers, other links, and sets and chains not named by IPVS mode are left alone.
+///
+/// Graceful termination (upstream's graceful_termination.go): a TCP real server that leaves
+/// gets weight 0 and is deleted once it has no active and no inactive connections, or after
+/// BackendSettings::gracefulTimeout; UDP and SCTP real servers are deleted at once (the kernel
+/// expires their connections on the next packet, expire_nodest_conn=1). Checked on every sync.
+///
+/// Thread-safety: one thread at a time (the plugin ABI guarantees it).
+
+#include <chrono>
+#include <cstdio>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kproxy/iptables/kernel.h"
+#include "kproxy/ipvs/ipset.h"
+#include "kproxy/ipvs/kernel.h"
+#include "kproxy/ipvs/link.h"
+#include "kproxy/ipvs/renderer.h"
+#include "kproxy/plan/snapshot_source.h"
+#include "kproxy/plugin/sdk.h"
+
+namespace kproxy::ipvs {
+
+struct BackendSettings {
+  RenderConfig render;
+  bool dryRun = false;
+  std::FILE* dryRunOutput = stdout;
+  /// Program IPv6 too (off when the kernel has no IPv6 or there is no ip6tables).
+  bool ipv6 = true;
+  /// ipvs-strict-arp: arp_ignore=1 and arp_announce=2 on all interfaces.
+  bool strictARP = false;
+  /// ipvs-tcp-timeout etc.; a 0 leaves the kernel's value.
+  Timeouts timeouts;
+  /// ipvs-exclude-cidrs: virtual servers in these are never deleted.
+  std::vector<std::string> excludeCIDRs;
+  /// Where sysctls live, for tests.
+  std::string sysctlRoot = "/proc/sys";
+  /// The running kernel's release ("6.1.0-56-cloud-amd64"; empty: uname), which decides
+  /// conn_reuse_mode as upstream.
+  std::string kernelRelease;
+  /// How long a TCP real server that left may keep connections before it is deleted anyway.
+  std::chrono::seconds gracefulTimeout{std::chrono::minutes(15)};
+  /// The clock of graceful termination (tests inject one).
+  std::function<std::chrono::steady_clock::time_point()> now = [] {
+    return std::chrono::steady_clock::now();
+  };
+};
+
+/// The kernel adapters a backend works through. In --dry-run they are fakes that start empty.
+struct IpvsAdapters {
+  std::unique_ptr<KernelIpvs> ipvs;
+  std::unique_ptr<KernelDummyLink> link;
+  std::unique_ptr<KernelIpsets> ipsets;
+  std::unique_ptr<iptables::KernelIptables> iptables;
+};
+
+class IpvsBackend final : public sdk::BackendPlugin {
+ public:
+  IpvsBackend(sdk::Host host, BackendSettings settings, IpvsAdapters adapters);
+
+  sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) override;
+  /// Removes what IPVS mode creates: its virtual servers (as in the ownership rule), the
+  /// kube-ipvs0 link, its iptables chains and the jumps to them, then its ipsets. Safe to run
+  /// twice; foreign objects stay.
+  sdk::Expected<void> cleanup() override;
+  /// `kproxy explain`: renders `snapshot` and says which virtual server a packet meets and its
+  /// pool; reads neither the kernel nor the mirror.
+  sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot,
+                                     const sdk::ExplainRequest& request) override;
+
+  /// sync() on any snapshot source (tests, benchmarks): a full sync when `full`, after a failure
+  /// and the first time; else a partial one over `changed`.
+  sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next,
+                                           const std::vector<sdk::ChangedKey>& changed, bool full);
+
+  /// Whether the next sync will be full (the first one, or one after a failure).
+  bool needsFullSync() const { return needFull_; }
+  /// Real servers waiting to drain ("TCP 10.96.0.10:80/10.244.1.5:8080").
+  std::vector<std::string> terminating() const;
+  /// Kernel writes (netlink messages, restores) of the last sync.
+  std::size_t lastWrites() const { return lastWrites_; }
+
+  struct Metrics {
+    sdk::Metric operations;  ///< counter kproxy_ipvs_operations_total{op}
+    sdk::Metric failures;    ///< counter kproxy_ipvs_operation_failures_total{op}
+    sdk::Metric objects;     ///< gauge kproxy_ipvs_objects{kind}
+  };
+  static sdk::Expected<Metrics> registerMetrics(const sdk::Host& host);
+  void useMetrics(Metrics metrics) { metrics_ = std::move(metrics); }
+
+ private:
+  struct AppliedServer {
+    VirtualServer vs;
+    std::map<std::string, RealServer> real;  ///< by RealServer::describe()
+    std::string owner;                       ///< the port key that rendered it
+  };
+  struct Terminating {
+    VirtualServer vs;
+    RealServer rs;
+    std::chrono::steady_clock::time_point since;
+  };
+  sdk::Expected<void> fullSync(const plan::SnapshotSource& next);
+  sdk::Expected<void> partialSync(const plan::SnapshotSource& next,
+                                  const std::vector<sdk::ChangedKey>& changed);
+  sdk::Expected<void> applyServer(const AppliedServer* old, const AppliedServer& want);
+  sdk::Expected<void> removeServer(const AppliedServer& old);
+  sdk::Expected<void> retireRealServer(const VirtualServer& vs, const RealServer& rs);
+  sdk::Expected<void> drainTerminating();
+  /// Writes the owned chains where they differ: from what the kernel holds (readKernel), else
+  /// from what was last written; `portRulesChanged` false says no service port's rules changed.
+  sdk::Expected<void> syncIptables(bool readKernel, bool portRulesChanged = true);
+  sdk::Expected<void> ensureLink();
+  void setSysctls();
+  void setTimeouts();
+
+  // Kernel writes: counted, printed in --dry-run, idempotent.
+  sdk::Expected<void> addServer(const VirtualServer& vs);
+  sdk::Expected<void> updateServer(const VirtualServer& vs);
+  sdk::Expected<void> deleteServer(const VirtualServer& vs);
+  sdk::Expected<void> addReal(const VirtualServer& vs, const RealServer& rs);
+  sdk::Expected<void> updateReal(const VirtualServer& vs, const RealServer& rs);
+  sdk::Expected<void> deleteReal(const VirtualServer& vs, const RealServer& rs);
+  sdk::Expected<void> bindAddress(const std::string& address);
+  sdk::Expected<void> unbindAddress(const std::string& address);
+  sdk::Expected<void> restoreIpsets(const std::string& input);
+  sdk::Expected<void> restoreIptables(sdk::Family family, const std::string& input);
+  sdk::Expected<void> failed(std::string_view op, const core::Error& error);
+  void count(std::string_view op);
+  void print(const std::string& text);
+
+  bool familyEnabled(sdk::Family family) const {
+    return family == sdk::Family::kIPv4 || settings_.ipv6;
+  }
+  bool ownsAddress(const backends::IPPrefix& address) const;
+  void updateMetrics() const;
+
+  sdk::Host host_;
+  BackendSettings settings_;
+  IpvsRenderer renderer_;
+  IpvsAdapters kernel_;
+  std::vector<backends::IPPrefix> exclude_;
+
+  // The mirror of what was applied.
+  std::map<std::string, Fragment> ports_;            ///< "4|key" / "6|key" → its last render
+  std::map<std::string, AppliedServer> servers_;     ///< VirtualServer::describe() → applied
+  std::map<std::string, std::size_t> addresses_;     ///< bound address → references
+  std::map<std::string, std::size_t> ipsetEntries_;  ///< "SET ENTRY" → references
+  std::string iptablesApplied_[2];                   ///< the owned chains as last written
+  std::map<std::string, Terminating> terminating_;   ///< "VS/RS" → since when
+  bool needFull_ = true;
+  /// The fixed chains as last written, per family: a partial sync that changed no service
+  /// port's rules skips the iptables step unless these changed (the node did).
+  std::vector<GlobalChain> globalApplied_[2];
+  /// kube-ipvs0's addresses changed since the renderer was last told.
+  bool dummyAddressesStale_ = true;
+  std::size_t lastWrites_ = 0;
+  Metrics metrics_;
+};
+
+/// The kernel adapter's form of a planned virtual server (its real servers not included) and of
+/// a planned real server (masqueraded).
+VirtualServer kernelVirtualServer(const PlannedVirtualServer& planned);
+RealServer kernelRealServer(const PlannedRealServer& planned);
+
+/// What `ipvsadm` would be run with to make one change (`-A -t 10.96.0.10:80 -s rr`,
+/// `-a -t 10.96.0.10:80 -r 10.244.1.5:8080 -m -w 1`, ...): the --dry-run notation.
+std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* rs = nullptr);
+
+/// The plugin's factory: parses the options, opens the adapters (fakes in --dry-run).
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Host& host,
+                                                                   const sdk::Options& options);
+
+}  // namespace kproxy::ipvs

@@ -1,0 +1,119 @@
+// The IPVS backend's factory: options → settings, and the kernel adapters (fakes in --dry-run,
+// which never touches the kernel).
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "kproxy/backends/common/address.h"
+#include "kproxy/ipvs/backend.h"
+#include "kproxy/plan/options.h"
+
+namespace kproxy::ipvs {
+namespace {
+
+bool kernelHasIPv6() {
+  std::ifstream disabled("/proc/sys/net/ipv6/conf/all/disable_ipv6");
+  int value = 1;
+  return disabled && (disabled >> value) && value == 0;
+}
+
+backends::SystemProcessRunner& systemRunner() {
+  static backends::SystemProcessRunner runner;
+  return runner;
+}
+
+/// A duration option ("30", "0.5") as whole seconds, rounded up (IPVS timeouts are seconds).
+sdk::Expected<std::int32_t> secondsOption(const sdk::Options& options, std::string_view key) {
+  auto it = options.find(key);
+  if (it == options.end() || it->second.empty()) return 0;
+  char* end = nullptr;
+  const double value = std::strtod(it->second.c_str(), &end);
+  if (end == it->second.c_str() || *end != '\0' || value < 0 || value > 2147483647.0)
+    return sdk::fail(sdk::ErrorCategory::kInvalidInput,
+                     fmt::format("ipvs: invalid {} \"{}\" (seconds, 0 or more)", key, it->second));
+  return static_cast<std::int32_t>(std::ceil(value));
+}
+
+}  // namespace
+
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Host& host,
+                                                                   const sdk::Options& options) {
+  auto cfg = parseRenderConfig(options);
+  if (!cfg) return std::unexpected(cfg.error());
+  auto get = [&](std::string_view key) -> std::string {
+    auto it = options.find(key);
+    return it == options.end() ? std::string() : it->second;
+  };
+  BackendSettings settings;
+  settings.render = std::move(*cfg);
+  settings.dryRun = get("dry-run") == "true";
+  const std::string strict = get("ipvs-strict-arp");
+  if (!strict.empty() && strict != "true" && strict != "false")
+    return sdk::fail(sdk::ErrorCategory::kInvalidInput,
+                     "ipvs: invalid ipvs-strict-arp \"" + strict + "\" (true, false)");
+  settings.strictARP = strict == "true";
+  for (auto [key, field] : {std::pair{"ipvs-tcp-timeout", &Timeouts::tcp},
+                            std::pair{"ipvs-tcpfin-timeout", &Timeouts::tcpFin},
+                            std::pair{"ipvs-udp-timeout", &Timeouts::udp}}) {
+    auto seconds = secondsOption(options, key);
+    if (!seconds) return std::unexpected(seconds.error());
+    settings.timeouts.*field = *seconds;
+  }
+  for (const auto& c : plan::splitOptionList(get("ipvs-exclude-cidrs"))) {
+    if (!backends::IPPrefix::parse(c))
+      return sdk::fail(sdk::ErrorCategory::kInvalidInput,
+                       "ipvs: invalid ipvs-exclude-cidrs entry \"" + c + "\"");
+    settings.excludeCIDRs.push_back(c);
+  }
+
+  IpvsAdapters adapters;
+  if (settings.dryRun) {
+    // --dry-run and explain: an empty kernel in memory; every planned change is printed.
+    adapters.ipvs = std::make_unique<FakeIpvs>();
+    adapters.link = std::make_unique<FakeDummyLink>();
+    adapters.ipsets = std::make_unique<FakeIpsets>();
+    adapters.iptables = std::make_unique<iptables::FakeIptables>();
+  } else {
+    auto ipvs = makeNetlinkIpvs();
+    if (!ipvs)
+      return sdk::fail(sdk::ErrorCategory::kKernelRefused, "ipvs: " + ipvs.error().message());
+    auto link = makeNetlinkDummyLink();
+    if (!link)
+      return sdk::fail(sdk::ErrorCategory::kKernelRefused, "ipvs: " + link.error().message());
+    auto ipsets = makeProcessIpsets(systemRunner());
+    if (!ipsets) return sdk::fail(sdk::ErrorCategory::kInvalidInput, ipsets.error().message());
+    std::string variantOption = get("iptables-variant");
+    if (variantOption.empty()) variantOption = "auto";
+    if (variantOption != "auto" && variantOption != "nft" && variantOption != "legacy")
+      return sdk::fail(
+          sdk::ErrorCategory::kInvalidInput,
+          "ipvs: invalid iptables-variant \"" + variantOption + "\" (auto, nft, legacy)");
+    const iptables::Variant variant = variantOption == "legacy" ? iptables::Variant::kLegacy
+                                      : variantOption == "nft"
+                                          ? iptables::Variant::kNft
+                                          : iptables::detectVariant(systemRunner());
+    auto tools = iptables::findVariantTools(variant);
+    if (!tools)
+      return sdk::fail(sdk::ErrorCategory::kInvalidInput, "ipvs: " + tools.error().message());
+    settings.ipv6 = !tools->restore6.empty() && !tools->save6.empty() && kernelHasIPv6();
+    adapters.ipvs = std::move(*ipvs);
+    adapters.link = std::move(*link);
+    adapters.ipsets = std::move(*ipsets);
+    adapters.iptables = iptables::makeProcessKernel(std::move(*tools), systemRunner());
+  }
+  auto metrics = IpvsBackend::registerMetrics(host);
+  if (!metrics) return std::unexpected(metrics.error());
+  host.info(
+      0,
+      fmt::format(
+          "ipvs: scheduler {}, iptables {}{}", settings.render.scheduler,
+          adapters.iptables->describe(),
+          settings.ipv6 ? "" : "; IPv6 is not programmed (no ip6tables or no IPv6 in the kernel)"));
+  auto backend = std::make_unique<IpvsBackend>(host, std::move(settings), std::move(adapters));
+  backend->useMetrics(std::move(*metrics));
+  return std::unique_ptr<sdk::BackendPlugin>(std::move(backend));
+}
+
+}  // namespace kproxy::ipvs
