@@ -192,11 +192,12 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
       return id;
     };
     auto add = [&](std::optional<Address> address, std::int32_t port, bool shortCircuit, RedirectAction::Kind kind,
-                   std::string id = {}) {
+                   std::string id = {}, bool clusterIP = false) {
       if (port <= 0 || port > 65535) return;
-      entries.push_back(PendingEntry{
-          family, RedirectEntry{proto, address, static_cast<std::uint16_t>(port), shortCircuit, RedirectAction{kind, 0}},
-          std::move(id)});
+      entries.push_back(PendingEntry{family,
+                                     RedirectEntry{proto, address, static_cast<std::uint16_t>(port), shortCircuit,
+                                                   clusterIP, RedirectAction{kind, 0}},
+                                     std::move(id)});
     };
     auto noEndpoints = [](plan::NoEndpoints n) {
       return n == plan::NoEndpoints::kDrop ? RedirectAction::Kind::kDrop : RedirectAction::Kind::kReject;
@@ -204,9 +205,9 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
 
     if (auto cip = Address::parse(plan.clusterIP); cip && !plan.clusterIP.empty()) {
       if (plan.hasInternalEndpoints)
-        add(cip, p.port, false, RedirectAction::Kind::kListener, listener(plan.internalPool));
+        add(cip, p.port, false, RedirectAction::Kind::kListener, listener(plan.internalPool), true);
       else
-        add(cip, p.port, false, noEndpoints(plan.internalNoEndpoints));
+        add(cip, p.port, false, noEndpoints(plan.internalNoEndpoints), {}, true);
     }
     if (plan.externallyAccessible) {
       std::vector<std::pair<std::optional<Address>, std::int32_t>> external;

@@ -17,6 +17,7 @@ constexpr std::string_view kNodePorts = "nodeports";
 constexpr std::string_view kShortCircuit = "shortcircuit";
 constexpr std::string_view kShortCircuitNodePorts = "shortcircuit-nodeports";
 constexpr std::string_view kRejectChain = "reject-chain";
+constexpr std::string_view kClusterIPs = "cluster-ips";
 /// nft's dstnat priority: after conntrack, where DNAT belongs.
 constexpr std::int32_t kDstNat = -100;
 
@@ -37,6 +38,7 @@ std::vector<SetSpec> userspaceSetSpecs(Family family) {
     out.push_back(SetSpec{std::string(name), {addr, DataType::kInetProto, DataType::kInetService}, {DataType::kVerdict}});
   for (auto name : {kNodePorts, kShortCircuitNodePorts})
     out.push_back(SetSpec{std::string(name), {DataType::kInetProto, DataType::kInetService}, {DataType::kVerdict}});
+  out.push_back(SetSpec{std::string(kClusterIPs), {addr}, {}});
   return out;
 }
 
@@ -65,6 +67,9 @@ RenderedTable renderUserspaceTable(Family family, const std::vector<RedirectEntr
   Chain output{"output", BaseHook{"nat", "output", kDstNat}, {}};
   for (auto& r : lookups({}, true)) output.rules.push_back(std::move(r));
   for (auto& r : lookups({}, false)) output.rules.push_back(std::move(r));
+  const Rule otherPorts{{MatchDestInSet{std::string(kClusterIPs)}, Verdict{VerdictKind::kGoto, std::string(kRejectChain)}}};
+  prerouting.rules.push_back(otherPorts);
+  output.rules.push_back(otherPorts);
   Chain reject{std::string(kRejectChain), std::nullopt,
                {Rule{{MatchL4Proto{6}, Reject{true}}}, Rule{{Reject{false}}}}};
   t.chains.push_back(std::move(prerouting));
@@ -75,6 +80,12 @@ RenderedTable renderUserspaceTable(Family family, const std::vector<RedirectEntr
   std::set<std::string> seen;
   for (const auto& e : entries) {
     if (e.address && e.address->family != family) continue;
+    if (e.address && e.clusterIP) {
+      KeyBuilder ip;
+      ip.address(*e.address);
+      if (seen.insert(std::string(kClusterIPs) + '\0' + ip.bytes).second)
+        t.elements.push_back(Element{std::string(kClusterIPs), std::move(ip.bytes), std::move(ip.text), std::nullopt});
+    }
     const std::string_view set = e.address ? (e.shortCircuit ? kShortCircuit : kServices)
                                            : (e.shortCircuit ? kShortCircuitNodePorts : kNodePorts);
     KeyBuilder key;

@@ -10,6 +10,8 @@
 ///   - base chains `prerouting` (nat, dstnat: pods and other hosts) and `output` (nat, -100:
 ///     the node's own connections) that look the packet up in those maps (NodePorts on every
 ///     local address but loopback);
+///   - a set `cluster-ips`: the other ports of a ClusterIP are refused (`reject-chain`), as
+///     the nftables mode does;
 ///   - a chain `redirect-<proto>-<port>` per listener, `redirect to :<port>`, which the maps'
 ///     elements go to; and `reject-chain` (a TCP reset, else ICMP port unreachable) for a
 ///     service without endpoints, as the plan's reject; the plan's drop is a `drop` element.
@@ -45,6 +47,8 @@ struct RedirectEntry {
   std::uint16_t port = 0;
   /// For this node's pods and the node itself only (the eTP=Local short-circuit).
   bool shortCircuit = false;
+  /// The address is a ClusterIP: connections to its other ports are refused.
+  bool clusterIP = false;
   RedirectAction action;
 };
 
