@@ -83,7 +83,6 @@ class TcpSession : public std::enable_shared_from_this<TcpSession> {
   void closeAfter(std::chrono::milliseconds grace);
   void close();
   const Target& target() const { return target_; }
-  bool relaying() const { return relay_ != nullptr; }
 
  private:
   void tryNext();
@@ -129,11 +128,10 @@ class TcpListener final : public Listener, public std::enable_shared_from_this<T
   void setPool(const ListenerSpec& spec) override {
     spec_ = spec;
     chooser_.setEndpoints(spec.endpoints, spec.affinityTimeout);
-    for (const auto& s : sessions_) {
-      if (std::find(spec.endpoints.begin(), spec.endpoints.end(), s->target()) == spec.endpoints.end() &&
-          s->relaying())
+    // Connecting sessions too: one whose endpoint left while it connected must not stay.
+    for (const auto& s : sessions_)
+      if (std::find(spec.endpoints.begin(), spec.endpoints.end(), s->target()) == spec.endpoints.end())
         s->closeAfter(shared_.settings.removedEndpointGrace);
-    }
   }
 
   void close() override {
