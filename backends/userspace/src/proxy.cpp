@@ -128,6 +128,7 @@ class TcpListener final : public Listener, public std::enable_shared_from_this<T
   void setPool(const ListenerSpec& spec) override {
     spec_ = spec;
     chooser_.setEndpoints(spec.endpoints, spec.affinityTimeout);
+    chooser_.expire(Clock::now());  // clients that did not come back (at least once a sync period)
     // Connecting sessions too: one whose endpoint left while it connected must not stay.
     for (const auto& s : sessions_)
       if (std::find(spec.endpoints.begin(), spec.endpoints.end(), s->target()) == spec.endpoints.end())
@@ -351,6 +352,7 @@ class UdpListener final : public Listener, public std::enable_shared_from_this<U
   void setPool(const ListenerSpec& spec) override {
     spec_ = spec;
     chooser_.setEndpoints(spec.endpoints, spec.affinityTimeout);
+    chooser_.expire(Clock::now());
     // A flow to an endpoint that left ends now: UDP has no connection to drain, and the
     // client's next datagram starts a flow to an endpoint that is there.
     std::vector<std::shared_ptr<UdpFlow>> gone;

@@ -59,21 +59,18 @@ void TcpRelay::start() {
 
 void TcpRelay::pump(int index) {
   Direction& d = dirs_[index];
-  d.waiting = false;
   for (int i = 0; i < kStepsPerTurn; ++i) {
     if (ended_ || d.done) return;
     const int r = step(index);
     if (r <= 0) return;
   }
   // Busy: let the other connections of the thread run, then continue.
-  d.waiting = true;
   boost::asio::post(client_.get_executor(), [self = shared_from_this(), index] { self->pump(index); });
 }
 
 int TcpRelay::step(int index) {
   Direction& d = dirs_[index];
   auto wait = [&](Socket& s, Socket::wait_type type) {
-    d.waiting = true;
     s.async_wait(type, [self = shared_from_this(), index](const boost::system::error_code& ec) {
       if (ec || self->ended_) return;
       self->pump(index);
@@ -91,12 +88,12 @@ int TcpRelay::step(int index) {
       d.total += static_cast<std::uint64_t>(n);
       d.unreported += static_cast<std::uint64_t>(n);
       lastActivity_ = std::chrono::steady_clock::now();
-      if (d.unreported >= kReportBytes) report(false);
+      if (d.unreported >= kReportBytes) report();
       return 1;
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return wait(*d.to, Socket::wait_write);
     if (n < 0 && errno == EINTR) return 1;
-    fail(index, n < 0 ? errno : EPIPE);
+    close(true);  // a reset (or any error) on one side resets the other
     return -1;
   }
   if (d.eof) {
@@ -125,16 +122,10 @@ int TcpRelay::step(int index) {
     for (auto& dir : dirs_) dir.buffer.resize(kChunk);
     return 1;
   }
-  fail(index, errno);
-  return -1;
-}
-
-void TcpRelay::fail(int index, int errnum) {
-  (void)index;
-  (void)errnum;
   // A reset (or any error) on one side resets the other: the peer must not mistake a broken
   // connection for a clean end of data.
   close(true);
+  return -1;
 }
 
 void TcpRelay::finishIfDone() {
@@ -152,7 +143,7 @@ void TcpRelay::close(bool reset) {
   idle_.cancel();
   client_.close(ec);
   endpoint_.close(ec);
-  report(true);
+  report();
   if (done_) {
     auto done = std::move(done_);
     done_ = nullptr;
@@ -173,8 +164,7 @@ void TcpRelay::armIdle() {
   });
 }
 
-void TcpRelay::report(bool all) {
-  (void)all;
+void TcpRelay::report() {
   if (dirs_[0].unreported == 0 && dirs_[1].unreported == 0) return;
   const auto a = dirs_[0].unreported, b = dirs_[1].unreported;
   dirs_[0].unreported = dirs_[1].unreported = 0;

@@ -62,17 +62,16 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
     std::vector<char> buffer;
     bool eof = false;
     bool done = false;
-    bool waiting = false;
     std::uint64_t total = 0;
     std::uint64_t unreported = 0;
   };
   void pump(int index);
   /// One step of the direction: >0 progress, 0 would block (a wait is armed), <0 ended/failed.
   int step(int index);
-  void fail(int index, int errnum);
   void finishIfDone();
   void armIdle();
-  void report(bool all);
+  /// Hands the bytes not yet reported to the owner.
+  void report();
 
   Socket client_;
   Socket endpoint_;
