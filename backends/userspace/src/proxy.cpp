@@ -588,7 +588,10 @@ class ProxyServer::Impl {
       : observer_(std::move(observer)),
         guard_(asio::make_work_guard(io_)),
         shared_{io_, settings, observer_.get()},
-        thread_([this] { io_.run(); }) {}
+        thread_([this] {
+          blockSigpipeOnThisThread();
+          io_.run();
+        }) {}
 
   ~Impl() {
     run([this] {

@@ -1,6 +1,8 @@
 #include "kproxy/userspace/relay.h"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -15,12 +17,32 @@ constexpr std::size_t kChunk = 1 << 16;  ///< bytes moved per splice or read
 /// Steps per readiness event before yielding to other connections on the thread.
 constexpr int kStepsPerTurn = 64;
 
+sigset_t sigpipeSet() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGPIPE);
+  return set;
+}
+
+/// Takes the SIGPIPE an EPIPE left pending on this thread (blocked, so it did nothing).
+void dropPendingSigpipe() {
+  const sigset_t set = sigpipeSet();
+  const timespec zero{0, 0};
+  while (::sigtimedwait(&set, nullptr, &zero) == SIGPIPE) {
+  }
+}
+
 void setLingerZero(TcpRelay::Socket& s) {
   boost::system::error_code ec;
   s.set_option(boost::asio::socket_base::linger(true, 0), ec);
 }
 
 }  // namespace
+
+void blockSigpipeOnThisThread() {
+  const sigset_t set = sigpipeSet();
+  ::pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
 
 TcpRelay::TcpRelay(Socket client, Socket endpoint, Options options, BytesReport report, Done done)
     : client_(std::move(client)),
@@ -93,6 +115,7 @@ int TcpRelay::step(int index) {
     }
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return wait(*d.to, Socket::wait_write);
     if (n < 0 && errno == EINTR) return 1;
+    if (n < 0 && errno == EPIPE) dropPendingSigpipe();
     close(true);  // a reset (or any error) on one side resets the other
     return -1;
   }

@@ -1,12 +1,18 @@
 // ProxyServer over loopback in this process: the listeners are reached directly at their
 // ports (no redirect), the endpoints are loopback servers run by the test.
 #include "kproxy/userspace/proxy.h"
+#include "kproxy/userspace/relay.h"
 
 #include <sys/socket.h>
 #include <sys/time.h>
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <string>
@@ -285,4 +291,63 @@ TEST_CASE("proxy: UDP flows, replies from the listener's port, one endpoint per 
   CHECK(proxy.udpFlows() == 0);  // idle timeout
   eio.stop();
   t.join();
+}
+
+/// Threads of this process that block SIGPIPE (/proc/self/task/*/status, SigBlk).
+int threadsBlockingSigpipe() {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream status(task.path() / "status");
+    std::string line;
+    while (std::getline(status, line))
+      if (line.starts_with("SigBlk:") && ((std::stoull(line.substr(7), nullptr, 16) >> (SIGPIPE - 1)) & 1) != 0) ++n;
+  }
+  return n;
+}
+
+TEST_CASE("proxy: its thread blocks SIGPIPE, which splice(2) into a closed peer would raise", "[unit]") {
+  // With the default disposition a SIGPIPE ends the whole process (kproxy), so the relays' thread
+  // must block it; the host's own disposition stays as it is.
+  const int before = threadsBlockingSigpipe();
+  {
+    ProxyServer proxy(ProxySettings{}, nullptr);
+    CHECK(threadsBlockingSigpipe() == before + 1);
+  }
+  // And a write to a closed peer on such a thread fails with EPIPE instead.
+  int pair[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0);
+  ::close(pair[1]);
+  int err = 0;
+  std::thread([&] {
+    blockSigpipeOnThisThread();
+    if (::write(pair[0], "x", 1) < 0) err = errno;
+  }).join();
+  ::close(pair[0]);
+  CHECK(err == EPIPE);
+}
+
+TEST_CASE("proxy: an endpoint that goes away mid-transfer ends the connection, not the process", "[unit]") {
+  // splice(2) into the closed endpoint raises SIGPIPE unless the proxy's thread blocks it; with
+  // the default disposition this test binary would die here.
+  asio::io_context eio;
+  tcp::acceptor acceptor(eio, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+  std::thread closer([&] {
+    tcp::socket s(eio);
+    acceptor.accept(s);
+    char buf[1024];
+    s.read_some(asio::buffer(buf));  // some data arrived: the relay is writing
+    s.close();
+  });
+  ProxyServer proxy(ProxySettings{}, nullptr);
+  auto ports = proxy.update({spec("l", {Target{"127.0.0.1", acceptor.local_endpoint().port()}})});
+  REQUIRE(ports);
+  asio::io_context io;
+  tcp::socket c(io);
+  c.connect(tcp::endpoint(asio::ip::address_v4::loopback(), ports->at("l")));
+  std::string chunk(1 << 16, 'x');
+  boost::system::error_code ec;
+  for (int i = 0; i < 2000 && !ec; ++i) asio::write(c, asio::buffer(chunk), ec);
+  CHECK(ec);  // the proxy reset the client
+  closer.join();
+  CHECK(eventually([&] { return proxy.tcpConnections() == 0; }));
 }

@@ -69,7 +69,11 @@ struct Fixture {
 
 /// Runs the io_context on its own thread for the test's duration.
 struct Runner {
-  explicit Runner(asio::io_context& io) : io_(io), guard_(asio::make_work_guard(io)), thread_([&io] { io.run(); }) {}
+  explicit Runner(asio::io_context& io)
+      : io_(io), guard_(asio::make_work_guard(io)), thread_([&io] {
+          blockSigpipeOnThisThread();
+          io.run();
+        }) {}
   ~Runner() {
     guard_.reset();
     io_.stop();

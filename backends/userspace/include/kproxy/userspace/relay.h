@@ -7,7 +7,9 @@
 /// on either side resets the other (SO_LINGER 0) and ends both.
 ///
 /// Thread-safety: every member runs on the io_context's thread (one thread); the relay keeps
-/// itself alive (shared_from_this) while a wait is pending.
+/// itself alive (shared_from_this) while a wait is pending. splice(2) into a socket whose peer
+/// has gone raises SIGPIPE (it has no MSG_NOSIGNAL), which would end the whole process: the
+/// thread that runs relays must call blockSigpipeOnThisThread() first.
 
 #include <chrono>
 #include <cstdint>
@@ -21,6 +23,10 @@
 #include <boost/asio/steady_timer.hpp>
 
 namespace kproxy::userspace {
+
+/// Blocks SIGPIPE for the calling thread only (the process's disposition is the host's): a write
+/// to a closed peer then fails with EPIPE, and the relay drops the pending signal.
+void blockSigpipeOnThisThread();
 
 class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
  public:
