@@ -63,6 +63,7 @@ class TcpRelay : public std::enable_shared_from_this<TcpRelay> {
     Socket* from = nullptr;
     Socket* to = nullptr;
     int pipe[2] = {-1, -1};
+    std::size_t capacity = 1 << 16;  ///< the pipe's
     std::size_t queued = 0;  ///< bytes read but not yet written (pipe or buffer)
     std::size_t offset = 0;  ///< buffer path: where the queued bytes start
     std::vector<char> buffer;
