@@ -9,7 +9,7 @@ PACKAGES=(
   nlohmann-json3-dev libyaml-cpp-dev libfmt-dev catch2
   libnftnl-dev libmnl-dev libnl-3-dev libnl-genl-3-dev libnl-route-3-dev
   nftables iptables iproute2 conntrack curl python3 python3-yaml procps openssl
-  iperf3
+  iperf3  # bench/userspace
   etcd-server
   qemu-system-x86 cpio kmod
   clang-19 libclang-rt-19-dev llvm-19
