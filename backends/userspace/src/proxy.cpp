@@ -232,7 +232,8 @@ void TcpSession::tryNext() {
                           [self = shared_from_this()](const boost::system::error_code& e) {
                             self->timer_.cancel();
                             if (self->closed_) return;
-                            if (e) return self->tryNext();
+                            // The timeout may have closed the socket just as the connect completed.
+                            if (e || !self->upstream_.is_open()) return self->tryNext();
                             self->connected();
                           });
 }
