@@ -1050,7 +1050,6 @@ userspace_skip_reason() {
       echo "checks the client's source IP, which the userspace proxy does not preserve (userspace_clusterip_from_pod and userspace_etp_local check the rest)" ;;
     source_ranges_admit_node) echo "loadBalancerSourceRanges are not enforced by the userspace proxy" ;;
     restart_keeps_traffic) echo "relayed connections live in kproxy's process and end with it" ;;
-    nodeport_addresses_secondary) echo "the userspace mode answers NodePorts on every local address but loopback" ;;
     unallocated_clusterip_dropped) echo "the userspace mode has no ServiceCIDR drop" ;;
     *) return 1 ;;
   esac

@@ -163,8 +163,9 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::sync(const sdk::SyncContext& c
 }
 
 sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotSource& next, bool full) {
+  const sdk::NodeInfo node = next.node();
   plan::PlanConfig config = settings_.plan;
-  plan::applyNode(config, settings_.detectLocalMode, next.node(), settings_.fallbackNodeIPs);
+  plan::applyNode(config, settings_.detectLocalMode, node, settings_.fallbackNodeIPs);
 
   std::vector<ListenerSpec> specs;
   std::map<std::string, std::size_t> specIndex;
@@ -257,7 +258,19 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
   for (Family family : families) {
     const auto pods = nftables::podTrafficMatches(config.localDetector,
                                                   family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, false);
-    RenderedTable table = renderUserspaceTable(family, byFamily[family], pods);
+    // Where NodePorts answer: the addresses the host resolved --nodeport-addresses to (loopback
+    // left out, as in nftables mode), or every local address (no CIDR of this family, or a host
+    // that did not resolve them).
+    std::optional<std::vector<Address>> nodePortAddresses;
+    const auto& np = node.nodePortAddresses;
+    if (np.resolved && !np.allLocal(family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6)) {
+      nodePortAddresses.emplace();
+      for (const auto& ip : np.addresses)
+        if (auto a = Address::parse(ip); a && a->family == family &&
+                                         !Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(*a))
+          nodePortAddresses->push_back(*a);
+    }
+    RenderedTable table = renderUserspaceTable(family, byFamily[family], pods, nodePortAddresses);
     nftables::DesiredFamily desired;
     desired.sets = table.sets;
     for (auto& c : table.chains) desired.chains.push_back(&c);

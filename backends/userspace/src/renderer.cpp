@@ -18,6 +18,7 @@ constexpr std::string_view kShortCircuit = "shortcircuit";
 constexpr std::string_view kShortCircuitNodePorts = "shortcircuit-nodeports";
 constexpr std::string_view kRejectChain = "reject-chain";
 constexpr std::string_view kClusterIPs = "cluster-ips";
+constexpr std::string_view kNodePortIPs = "nodeport-ips";
 /// nft's dstnat priority: after conntrack, where DNAT belongs.
 constexpr std::int32_t kDstNat = -100;
 
@@ -39,11 +40,13 @@ std::vector<SetSpec> userspaceSetSpecs(Family family) {
   for (auto name : {kNodePorts, kShortCircuitNodePorts})
     out.push_back(SetSpec{std::string(name), {DataType::kInetProto, DataType::kInetService}, {DataType::kVerdict}});
   out.push_back(SetSpec{std::string(kClusterIPs), {addr}, {}});
+  out.push_back(SetSpec{std::string(kNodePortIPs), {addr}, {}});
   return out;
 }
 
 RenderedTable renderUserspaceTable(Family family, const std::vector<RedirectEntry>& entries,
-                                   const std::vector<std::vector<Statement>>& podMatches) {
+                                   const std::vector<std::vector<Statement>>& podMatches,
+                                   const std::optional<std::vector<Address>>& nodePortAddresses) {
   RenderedTable t;
   t.sets = userspaceSetSpecs(family);
 
@@ -53,8 +56,12 @@ RenderedTable renderUserspaceTable(Family family, const std::vector<RedirectEntr
     address.push_back(VmapLookup{true, std::string(shortCircuit ? kShortCircuit : kServices)});
     rules.push_back(Rule{std::move(address)});
     std::vector<Statement> nodePort = std::move(prefix);
-    nodePort.push_back(notLoopback(family));
-    nodePort.push_back(MatchFibDestLocal{});
+    if (nodePortAddresses) {
+      nodePort.push_back(MatchDestInSet{std::string(kNodePortIPs)});
+    } else {
+      nodePort.push_back(notLoopback(family));
+      nodePort.push_back(MatchFibDestLocal{});
+    }
     nodePort.push_back(VmapLookup{false, std::string(shortCircuit ? kShortCircuitNodePorts : kNodePorts)});
     rules.push_back(Rule{std::move(nodePort)});
     return rules;
@@ -78,6 +85,14 @@ RenderedTable renderUserspaceTable(Family family, const std::vector<RedirectEntr
 
   std::set<std::pair<std::uint8_t, std::uint16_t>> listeners;
   std::set<std::string> seen;
+  if (nodePortAddresses)
+    for (const auto& a : *nodePortAddresses) {
+      if (a.family != family || !a.isHost()) continue;
+      KeyBuilder ip;
+      ip.address(a);
+      if (seen.insert(std::string(kNodePortIPs) + '\0' + ip.bytes).second)
+        t.elements.push_back(Element{std::string(kNodePortIPs), std::move(ip.bytes), std::move(ip.text), std::nullopt});
+    }
   for (const auto& e : entries) {
     if (e.address && e.address->family != family) continue;
     if (e.address && e.clusterIP) {

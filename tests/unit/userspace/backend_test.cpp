@@ -182,3 +182,34 @@ TEST_CASE("userspace options: bad values are refused by name", "[unit]") {
   CHECK(ok->proxy.idleTimeout == std::chrono::milliseconds(0));
   CHECK(ok->proxy.removedEndpointGrace == std::chrono::milliseconds(1500));
 }
+
+TEST_CASE("userspace backend: NodePorts on the addresses --nodeport-addresses resolved to", "[unit]") {
+  Harness h;
+  sdk::NodeInfo node;
+  node.name = "n";
+  node.nodePortAddresses.resolved = true;
+  node.nodePortAddresses.addresses = {"192.168.70.1", "127.0.0.1", "fd00::1"};
+  plan::VectorSnapshot snap({nodePortService({endpoint("10.244.1.1", 8080)})}, node);
+  REQUIRE(h.backend->syncFrom(snap, true));
+  const auto& table = h.kernel->tables.at(nftables::Family::kIPv4);
+  REQUIRE(table.elements.at("nodeport-ips").size() == 1);  // loopback and IPv6 left out
+  bool bySet = false, byFib = false;
+  for (const auto& r : table.chains.at("prerouting").rules) {
+    bySet = bySet || r.text.find("ip daddr @nodeport-ips meta l4proto . th dport vmap @nodeports") != std::string::npos;
+    byFib = byFib || r.text.find("fib daddr type local") != std::string::npos;
+  }
+  CHECK(bySet);
+  CHECK_FALSE(byFib);
+
+  // Every local IPv4 address (0.0.0.0/0): back to `fib daddr type local`, the set emptied.
+  node.nodePortAddresses.allLocalIPv4 = true;
+  snap.setNode(node);
+  REQUIRE(h.backend->syncFrom(snap, false));
+  const auto& after = h.kernel->tables.at(nftables::Family::kIPv4);
+  CHECK(after.elements.at("nodeport-ips").empty());
+  byFib = false;
+  for (const auto& r : after.chains.at("prerouting").rules)
+    byFib = byFib || r.text.find("ip daddr != 127.0.0.0/8 fib daddr type local meta l4proto . th dport vmap @nodeports") !=
+                         std::string::npos;
+  CHECK(byFib);
+}

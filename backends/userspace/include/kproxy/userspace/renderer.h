@@ -9,7 +9,8 @@
 ///     (the plan's short-circuit: they use the cluster-wide pool);
 ///   - base chains `prerouting` (nat, dstnat: pods and other hosts) and `output` (nat, -100:
 ///     the node's own connections) that look the packet up in those maps (NodePorts on every
-///     local address but loopback);
+///     local address but loopback, or, when --nodeport-addresses selects addresses, on those in
+///     set `nodeport-ips`);
 ///   - a set `cluster-ips`: the other ports of a ClusterIP are refused (`reject-chain`), as
 ///     the nftables mode does;
 ///   - a chain `redirect-<proto>-<port>` per listener, `redirect to :<port>`, which the maps'
@@ -64,9 +65,11 @@ std::vector<nftables::SetSpec> userspaceSetSpecs(nftables::Family family);
 
 /// Renders `family`'s table for `entries`. `podMatches` tell this node's pods' traffic
 /// (nftables::podTrafficMatches); empty when the detector cannot, and then only the node itself
-/// takes the short-circuit. An address (or NodePort) listed twice keeps its first entry.
+/// takes the short-circuit. `nodePortAddresses`: where NodePorts answer (nullopt: every local
+/// address but loopback). An address (or NodePort) listed twice keeps its first entry.
 RenderedTable renderUserspaceTable(nftables::Family family, const std::vector<RedirectEntry>& entries,
-                                   const std::vector<std::vector<nftables::Statement>>& podMatches);
+                                   const std::vector<std::vector<nftables::Statement>>& podMatches,
+                                   const std::optional<std::vector<nftables::Address>>& nodePortAddresses = std::nullopt);
 
 /// The name of a listener's redirect chain, "redirect-tcp-40123".
 std::string redirectChainName(std::uint8_t proto, std::uint16_t listenerPort);
