@@ -1048,7 +1048,6 @@ userspace_skip_reason() {
     clusterip_from_pod | etp_local | etp_local_short_circuit | etp_local_short_circuit_masquerade_all | \
       detect_local_node_cidr | detect_local_interface_prefix)
       echo "checks the client's source IP, which the userspace proxy does not preserve (userspace_clusterip_from_pod and userspace_etp_local check the rest)" ;;
-    source_ranges_admit_node) echo "loadBalancerSourceRanges are not enforced by the userspace proxy" ;;
     restart_keeps_traffic) echo "relayed connections live in kproxy's process and end with it" ;;
     unallocated_clusterip_dropped) echo "the userspace mode has no ServiceCIDR drop" ;;
     *) return 1 ;;

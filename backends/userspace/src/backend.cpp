@@ -192,12 +192,17 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
       }
       return id;
     };
+    std::vector<Address> firewall;  // loadBalancerSourceRanges, for the LoadBalancer IPs
+    if (plan.usesFirewall)
+      for (const auto& source : plan.firewallAllowedSources)
+        if (auto a = Address::parse(source)) firewall.push_back(*a);
     auto add = [&](std::optional<Address> address, std::int32_t port, bool shortCircuit, RedirectAction::Kind kind,
-                   std::string id = {}, bool clusterIP = false) {
+                   std::string id = {}, bool clusterIP = false, bool loadBalancerIP = false) {
       if (port <= 0 || port > 65535) return;
       entries.push_back(PendingEntry{family,
                                      RedirectEntry{proto, address, static_cast<std::uint16_t>(port), shortCircuit,
-                                                   clusterIP, RedirectAction{kind, 0}},
+                                                   clusterIP, RedirectAction{kind, 0},
+                                                   loadBalancerIP ? firewall : std::vector<Address>{}},
                                      std::move(id)});
     };
     auto noEndpoints = [](plan::NoEndpoints n) {
@@ -211,21 +216,26 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
         add(cip, p.port, false, noEndpoints(plan.internalNoEndpoints), {}, true);
     }
     if (plan.externallyAccessible) {
-      std::vector<std::pair<std::optional<Address>, std::int32_t>> external;
+      struct External {
+        std::optional<Address> address;
+        std::int32_t port;
+        bool loadBalancerIP;
+      };
+      std::vector<External> external;
       for (const auto& ip : plan.externalIPs)
-        if (auto a = Address::parse(ip)) external.emplace_back(a, p.port);
+        if (auto a = Address::parse(ip)) external.push_back({a, p.port, false});
       for (const auto& ip : plan.loadBalancerIPs)
-        if (auto a = Address::parse(ip)) external.emplace_back(a, p.port);
-      if (plan.nodePort != 0) external.emplace_back(std::nullopt, plan.nodePort);
-      for (const auto& [address, port] : external) {
+        if (auto a = Address::parse(ip)) external.push_back({a, p.port, true});
+      if (plan.nodePort != 0) external.push_back({std::nullopt, plan.nodePort, false});
+      for (const auto& [address, port, lb] : external) {
         if (plan.hasExternalEndpoints)
-          add(address, port, false, RedirectAction::Kind::kListener, listener(plan.externalPool));
+          add(address, port, false, RedirectAction::Kind::kListener, listener(plan.externalPool), false, lb);
         else
           add(address, port, false, noEndpoints(plan.externalNoEndpoints));
         // The short-circuit: the node and its pods reach an eTP=Local service's external
         // addresses through the cluster-wide pool.
         if (plan.shortCircuitNode && plan.usesClusterPool)
-          add(address, port, true, RedirectAction::Kind::kListener, listener(plan::Pool::kCluster));
+          add(address, port, true, RedirectAction::Kind::kListener, listener(plan::Pool::kCluster), false, lb);
       }
     }
   });

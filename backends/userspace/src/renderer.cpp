@@ -85,6 +85,7 @@ RenderedTable renderUserspaceTable(Family family, const std::vector<RedirectEntr
 
   std::set<std::pair<std::uint8_t, std::uint16_t>> listeners;
   std::set<std::string> seen;
+  std::set<std::string> firewalls;
   if (nodePortAddresses)
     for (const auto& a : *nodePortAddresses) {
       if (a.family != family || !a.isHost()) continue;
@@ -112,6 +113,18 @@ RenderedTable renderUserspaceTable(Family family, const std::vector<RedirectEntr
       case RedirectAction::Kind::kListener:
         verdict = Verdict{VerdictKind::kGoto, redirectChainName(e.proto, e.action.listenerPort)};
         listeners.emplace(e.proto, e.action.listenerPort);
+        if (!e.allowedSources.empty()) {
+          // One firewall per listener: a service port's LoadBalancer IPs share its ranges.
+          const std::string name = fmt::format("firewall-{}-{}", protoName(e.proto), e.action.listenerPort);
+          if (firewalls.insert(name).second) {
+            Chain fw{name, std::nullopt, {}};
+            for (const auto& source : e.allowedSources)
+              if (source.family == family) fw.rules.push_back(Rule{{MatchAddress{true, false, source}, verdict}});
+            fw.rules.push_back(Rule{{Verdict{VerdictKind::kDrop, {}}}});
+            t.chains.push_back(std::move(fw));
+          }
+          verdict = Verdict{VerdictKind::kGoto, name};
+        }
         break;
       case RedirectAction::Kind::kReject: verdict = Verdict{VerdictKind::kGoto, std::string(kRejectChain)}; break;
       case RedirectAction::Kind::kDrop: verdict = Verdict{VerdictKind::kDrop, {}}; break;

@@ -213,3 +213,25 @@ TEST_CASE("userspace backend: NodePorts on the addresses --nodeport-addresses re
                          std::string::npos;
   CHECK(byFib);
 }
+
+TEST_CASE("userspace backend: loadBalancerSourceRanges filter a LoadBalancer IP before its listener", "[unit]") {
+  Harness h;
+  auto lb = clusterIP("ns", "lb", "172.30.0.30", 80, {endpoint("10.244.1.1", 8080)});
+  lb.type = sdk::ServiceType::kLoadBalancer;
+  lb.nodePort = 30090;
+  lb.loadBalancerIPs = {"203.0.113.9"};
+  lb.loadBalancerSourceRanges = {"198.51.100.0/24"};
+  plan::VectorSnapshot snap({lb});
+  REQUIRE(h.backend->syncFrom(snap, true));
+  const auto port = std::to_string(h.backend->listenerPorts().at(listenerId("ns/lb:p")));
+  const auto& table = h.kernel->tables.at(nftables::Family::kIPv4);
+  std::multiset<std::string> verdicts;
+  for (const auto& [key, value] : table.elements.at("services")) verdicts.insert(value);
+  // The ClusterIP goes straight to the listener, the LoadBalancer IP through its firewall.
+  CHECK(verdicts == std::multiset<std::string>{"goto redirect-tcp-" + port, "goto firewall-tcp-" + port});
+  CHECK(table.elements.at("nodeports").begin()->second == "goto redirect-tcp-" + port);  // NodePorts unfiltered
+  const auto& fw = table.chains.at("firewall-tcp-" + port);
+  REQUIRE(fw.rules.size() == 2);
+  CHECK(fw.rules[0].text == "ip saddr 198.51.100.0/24 goto redirect-tcp-" + port);
+  CHECK(fw.rules[1].text == "drop");
+}

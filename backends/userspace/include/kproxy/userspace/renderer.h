@@ -13,6 +13,8 @@
 ///     set `nodeport-ips`);
 ///   - a set `cluster-ips`: the other ports of a ClusterIP are refused (`reject-chain`), as
 ///     the nftables mode does;
+///   - a chain `firewall-<proto>-<port>` per listener of a LoadBalancer with
+///     loadBalancerSourceRanges (the plan's allowed sources go on to the listener, others drop);
 ///   - a chain `redirect-<proto>-<port>` per listener, `redirect to :<port>`, which the maps'
 ///     elements go to; and `reject-chain` (a TCP reset, else ICMP port unreachable) for a
 ///     service without endpoints, as the plan's reject; the plan's drop is a `drop` element.
@@ -51,6 +53,9 @@ struct RedirectEntry {
   /// The address is a ClusterIP: connections to its other ports are refused.
   bool clusterIP = false;
   RedirectAction action;
+  /// loadBalancerSourceRanges (a LoadBalancer IP with a listener): only these sources reach
+  /// the listener, through chain `firewall-<proto>-<port>`; others are dropped. Empty: no filter.
+  std::vector<nftables::Address> allowedSources;
 };
 
 /// One family's table.
