@@ -1049,7 +1049,6 @@ userspace_skip_reason() {
       detect_local_node_cidr | detect_local_interface_prefix)
       echo "checks the client's source IP, which the userspace proxy does not preserve (userspace_clusterip_from_pod and userspace_etp_local check the rest)" ;;
     restart_keeps_traffic) echo "relayed connections live in kproxy's process and end with it" ;;
-    unallocated_clusterip_dropped) echo "the userspace mode has no ServiceCIDR drop" ;;
     *) return 1 ;;
   esac
 }
@@ -1261,6 +1260,12 @@ is_iptables && KP_KPROXY_MODE_ARGS="--iptables-variant=$IPTABLES_VARIANT"
 # apply are SKIP with their reason (see the userspace block above).
 if is_userspace; then
   kproxy_ruleset() { kp_nft node list table ip kproxy-userspace; }
+  servicecidr_drop_present() { kp_nft node list chain ip kproxy-userspace cluster-ips-check | grep -qF "ip daddr $1 drop"; }
+  servicecidr_drop_gone() {
+    local chain
+    chain="$(kp_nft node list chain ip kproxy-userspace cluster-ips-check)" || return 1
+    ! grep -q drop <<<"$chain"
+  }
   nftables_leftovers() {
     local tables
     tables="$(kp_nft node list tables)" || { echo "nft list tables failed"; return 0; }

@@ -164,6 +164,7 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::sync(const sdk::SyncContext& c
 
 sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotSource& next, bool full) {
   const sdk::NodeInfo node = next.node();
+  const std::vector<sdk::ServiceCIDR> serviceCIDRs = next.serviceCIDRs();
   plan::PlanConfig config = settings_.plan;
   plan::applyNode(config, settings_.detectLocalMode, node, settings_.fallbackNodeIPs);
 
@@ -280,7 +281,10 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
                                          !Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(*a))
           nodePortAddresses->push_back(*a);
     }
-    RenderedTable table = renderUserspaceTable(family, byFamily[family], pods, nodePortAddresses);
+    std::vector<Address> cidrs;
+    for (const auto& range : plan::serviceCIDRRanges(serviceCIDRs, family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6))
+      if (auto a = Address::parse(range.cidr)) cidrs.push_back(*a);
+    RenderedTable table = renderUserspaceTable(family, byFamily[family], pods, nodePortAddresses, cidrs);
     nftables::DesiredFamily desired;
     desired.sets = table.sets;
     for (auto& c : table.chains) desired.chains.push_back(&c);

@@ -46,7 +46,8 @@ std::vector<SetSpec> userspaceSetSpecs(Family family) {
 
 RenderedTable renderUserspaceTable(Family family, const std::vector<RedirectEntry>& entries,
                                    const std::vector<std::vector<Statement>>& podMatches,
-                                   const std::optional<std::vector<Address>>& nodePortAddresses) {
+                                   const std::optional<std::vector<Address>>& nodePortAddresses,
+                                   const std::vector<Address>& serviceCIDRs) {
   RenderedTable t;
   t.sets = userspaceSetSpecs(family);
 
@@ -75,13 +76,20 @@ RenderedTable renderUserspaceTable(Family family, const std::vector<RedirectEntr
   for (auto& r : lookups({}, true)) output.rules.push_back(std::move(r));
   for (auto& r : lookups({}, false)) output.rules.push_back(std::move(r));
   const Rule otherPorts{{MatchDestInSet{std::string(kClusterIPs)}, Verdict{VerdictKind::kGoto, std::string(kRejectChain)}}};
-  prerouting.rules.push_back(otherPorts);
-  output.rules.push_back(otherPorts);
+  const Rule check{{Verdict{VerdictKind::kJump, "cluster-ips-check"}}};
+  for (Chain* base : {&prerouting, &output}) {
+    base->rules.push_back(otherPorts);
+    base->rules.push_back(check);
+  }
+  Chain clusterIPsCheck{"cluster-ips-check", std::nullopt, {}};
+  for (const auto& cidr : serviceCIDRs)
+    if (cidr.family == family) clusterIPsCheck.rules.push_back(Rule{{MatchAddress{false, false, cidr}, Verdict{VerdictKind::kDrop, {}}}});
   Chain reject{std::string(kRejectChain), std::nullopt,
                {Rule{{MatchL4Proto{6}, Reject{true}}}, Rule{{Reject{false}}}}};
   t.chains.push_back(std::move(prerouting));
   t.chains.push_back(std::move(output));
   t.chains.push_back(std::move(reject));
+  t.chains.push_back(std::move(clusterIPsCheck));
 
   std::set<std::pair<std::uint8_t, std::uint16_t>> listeners;
   std::set<std::string> seen;

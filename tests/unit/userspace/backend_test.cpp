@@ -235,3 +235,21 @@ TEST_CASE("userspace backend: loadBalancerSourceRanges filter a LoadBalancer IP 
   CHECK(fw.rules[0].text == "ip saddr 198.51.100.0/24 goto redirect-tcp-" + port);
   CHECK(fw.rules[1].text == "drop");
 }
+
+TEST_CASE("userspace backend: addresses of a ServiceCIDR that no Service holds are dropped", "[unit]") {
+  Harness h;
+  plan::VectorSnapshot snap({clusterIP("ns", "web", "172.30.0.10", 80, {endpoint("10.244.1.1", 8080)})});
+  snap.setServiceCIDRs({{"kubernetes", "172.30.0.0/16"}, {"v6", "fd00:30::/108"}});
+  REQUIRE(h.backend->syncFrom(snap, true));
+  const auto& check = h.kernel->tables.at(nftables::Family::kIPv4).chains.at("cluster-ips-check");
+  REQUIRE(check.rules.size() == 1);
+  CHECK(check.rules[0].text == "ip daddr 172.30.0.0/16 drop");
+  // Checked after the services and the ClusterIPs' other ports.
+  const auto& prerouting = h.kernel->tables.at(nftables::Family::kIPv4).chains.at("prerouting").rules;
+  REQUIRE(prerouting.size() >= 2);
+  CHECK(prerouting[prerouting.size() - 2].text == "ip daddr @cluster-ips goto reject-chain");
+  CHECK(prerouting.back().text == "jump cluster-ips-check");
+  snap.setServiceCIDRs({});
+  REQUIRE(h.backend->syncFrom(snap, false));
+  CHECK(h.kernel->tables.at(nftables::Family::kIPv4).chains.at("cluster-ips-check").rules.empty());
+}

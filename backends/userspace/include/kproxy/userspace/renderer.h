@@ -12,7 +12,8 @@
 ///     local address but loopback, or, when --nodeport-addresses selects addresses, on those in
 ///     set `nodeport-ips`);
 ///   - a set `cluster-ips`: the other ports of a ClusterIP are refused (`reject-chain`), as
-///     the nftables mode does;
+///     the nftables mode does; then chain `cluster-ips-check` drops what is left inside a
+///     ServiceCIDR (an address no Service holds), as upstream;
 ///   - a chain `firewall-<proto>-<port>` per listener of a LoadBalancer with
 ///     loadBalancerSourceRanges (the plan's allowed sources go on to the listener, others drop);
 ///   - a chain `redirect-<proto>-<port>` per listener, `redirect to :<port>`, which the maps'
@@ -72,9 +73,11 @@ std::vector<nftables::SetSpec> userspaceSetSpecs(nftables::Family family);
 /// (nftables::podTrafficMatches); empty when the detector cannot, and then only the node itself
 /// takes the short-circuit. `nodePortAddresses`: where NodePorts answer (nullopt: every local
 /// address but loopback). An address (or NodePort) listed twice keeps its first entry.
+/// `serviceCIDRs`: the ServiceCIDR ranges of `family` (plan::serviceCIDRRanges).
 RenderedTable renderUserspaceTable(nftables::Family family, const std::vector<RedirectEntry>& entries,
                                    const std::vector<std::vector<nftables::Statement>>& podMatches,
-                                   const std::optional<std::vector<nftables::Address>>& nodePortAddresses = std::nullopt);
+                                   const std::optional<std::vector<nftables::Address>>& nodePortAddresses = std::nullopt,
+                                   const std::vector<nftables::Address>& serviceCIDRs = {});
 
 /// The name of a listener's redirect chain, "redirect-tcp-40123".
 std::string redirectChainName(std::uint8_t proto, std::uint16_t listenerPort);
