@@ -351,3 +351,55 @@ TEST_CASE("proxy: an endpoint that goes away mid-transfer ends the connection, n
   closer.join();
   CHECK(eventually([&] { return proxy.tcpConnections() == 0; }));
 }
+
+TEST_CASE("proxy: IPv6 listeners (v6 only) relay TCP and UDP over ::1", "[unit]") {
+  asio::io_context eio;
+  boost::system::error_code probe;
+  tcp::acceptor acceptor(eio);
+  acceptor.open(tcp::v6(), probe);
+  if (!probe) acceptor.bind(tcp::endpoint(asio::ip::address_v6::loopback(), 0), probe);
+  if (probe) {
+    WARN("no IPv6 loopback here: " << probe.message());
+    return;
+  }
+  acceptor.listen();
+  udp::socket echo(eio, udp::endpoint(asio::ip::address_v6::loopback(), 0));
+  std::thread server([&] {
+    tcp::socket s(eio);
+    acceptor.accept(s);
+    char buf[64];
+    auto n = s.read_some(asio::buffer(buf));
+    asio::write(s, asio::buffer("v6:" + std::string(buf, n)));
+    s.shutdown(tcp::socket::shutdown_send);
+    udp::endpoint from;
+    n = echo.receive_from(asio::buffer(buf), from);
+    echo.send_to(asio::buffer("v6:" + std::string(buf, n)), from);
+  });
+  ProxyServer proxy(ProxySettings{}, nullptr);
+  ListenerSpec t{"t6", true, false, "ns/svc:p", {Target{"::1", acceptor.local_endpoint().port()}}, 0s};
+  ListenerSpec u{"u6", true, true, "ns/svc:p", {Target{"::1", echo.local_endpoint().port()}}, 0s};
+  auto ports = proxy.update({t, u});
+  REQUIRE(ports);
+  asio::io_context io;
+  tcp::socket c(io);
+  c.connect(tcp::endpoint(asio::ip::address_v6::loopback(), ports->at("t6")));
+  readTimeout(c);
+  asio::write(c, asio::buffer(std::string("hi")));
+  char buf[64];
+  std::string got;
+  for (ssize_t n; (n = receive(c, buf, sizeof buf)) > 0;) got.append(buf, static_cast<std::size_t>(n));
+  CHECK(got == "v6:hi");
+  // v6 only: the IPv4 wildcard does not answer on the same port.
+  tcp::socket c4(io);
+  boost::system::error_code ec;
+  c4.connect(tcp::endpoint(asio::ip::address_v4::loopback(), ports->at("t6")), ec);
+  CHECK(ec);
+  udp::socket uc(io, udp::endpoint(asio::ip::address_v6::loopback(), 0));
+  uc.connect(udp::endpoint(asio::ip::address_v6::loopback(), ports->at("u6")));
+  readTimeout(uc);
+  uc.send(asio::buffer(std::string("ping")));
+  auto n = receive(uc, buf, sizeof buf);
+  REQUIRE(n > 0);
+  CHECK(std::string(buf, static_cast<std::size_t>(n)) == "v6:ping");
+  server.join();
+}
