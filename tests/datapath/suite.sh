@@ -1202,6 +1202,25 @@ case_userspace_udp_clusterip() {
   expect_kproxy_alive
 }
 
+# nftables mode -> userspace mode -> nftables mode on one node: each start removes the other
+# mode's table (kube-proxy, kproxy-userspace), and traffic flows after each switch.
+case_userspace_mode_switch() {
+  setup 2 || return 1
+  add_service web-np.yaml web-np "$WEB_IP" "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  KP_PROXY_MODE=nftables start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  kp_nft node list table ip kube-proxy >/dev/null || kp_fail "nftables mode made no kube-proxy table" || return 1
+  restart_kproxy || return 1
+  kp_nft node list table ip kube-proxy >/dev/null 2>&1 && { kp_fail "table ip kube-proxy left in the userspace mode"; return 1; }
+  kp_nft node list table ip kproxy-userspace >/dev/null || kp_fail "the userspace mode made no table" || return 1
+  expect_spread node "http://$WEB_IP/" 20 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
+  KP_PROXY_MODE=nftables restart_kproxy || return 1
+  kp_nft node list table ip kproxy-userspace >/dev/null 2>&1 && { kp_fail "table ip kproxy-userspace left in nftables mode"; return 1; }
+  expect_spread node "http://$WEB_IP/" 20 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
+  expect_kproxy_alive
+}
+
 # --userspace-max-connections holds under a burst: of 6 long connections at once, 3 are
 # relayed and 3 reset; once they end, new connections are served again.
 case_userspace_connection_cap() {
@@ -1344,4 +1363,5 @@ userspace_case userspace_long_transfer_survives_change case_userspace_long_trans
 userspace_case userspace_removed_endpoint_closed case_userspace_removed_endpoint_closed
 userspace_case userspace_udp_clusterip case_userspace_udp_clusterip
 userspace_case userspace_connection_cap case_userspace_connection_cap
+userspace_case userspace_mode_switch case_userspace_mode_switch
 kp_suite_end
