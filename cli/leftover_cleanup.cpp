@@ -286,7 +286,7 @@ bool cleanUpIpsets(LeftoverSystem& system) {
 
 }  // namespace
 
-bool cleanUpNftablesLeftovers(LeftoverSystem& system) {
+bool cleanUpNftablesLeftovers(LeftoverSystem& system, std::string_view tableName) {
   auto nft = system.findTool("nft");
   if (!nft) {
     log::info(2, "nft tool not installed; nftables leftovers not looked for");
@@ -304,10 +304,10 @@ bool cleanUpNftablesLeftovers(LeftoverSystem& system) {
     auto end = rest.find('\n');
     auto words = backends::splitIptablesWords(rest.substr(0, end));
     rest = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
-    if (words.size() != 3 || words[0] != "table" || words[2] != "kube-proxy") continue;
+    if (words.size() != 3 || words[0] != "table" || words[2] != tableName) continue;
     if (words[1] != "ip" && words[1] != "ip6") continue;
-    const std::string table = std::string(words[1]) + " kube-proxy";
-    auto deleted = system.run({*nft, "delete", "table", std::string(words[1]), "kube-proxy"}, {});
+    const std::string table = std::string(words[1]) + " " + std::string(tableName);
+    auto deleted = system.run({*nft, "delete", "table", std::string(words[1]), std::string(tableName)}, {});
     if (!deleted || deleted->exitCode != 0) {
       log::error("deleting nftables table failed",
                  {{"table", table}, {"error", deleted ? firstLine(deleted->err) : deleted.error().message()}});

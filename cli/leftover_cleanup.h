@@ -84,6 +84,8 @@ bool cleanUpKubeProxyLeftovers(LeftoverSystem& system);
 /// modes, so that a node switched from nftables mode is not left with two proxies' rules, and for
 /// `kproxy --cleanup`. Without the nft tool or nftables in the kernel there is nothing to do
 /// (logged at v=2), as upstream. Returns false when a table was found and could not be deleted.
-bool cleanUpNftablesLeftovers(LeftoverSystem& system);
+/// With another `table` (the userspace mode's `kproxy-userspace`), removes that one instead:
+/// what a node switched away from the userspace mode keeps redirecting otherwise.
+bool cleanUpNftablesLeftovers(LeftoverSystem& system, std::string_view table = "kube-proxy");
 
 }  // namespace kproxy::cli

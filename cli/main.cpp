@@ -143,6 +143,12 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
   options["min-sync-period"] = seconds(config.effectiveMinSyncPeriod());
   options["localhost-nodeports"] = config.iptables.localhostNodePorts ? "true" : "false";
   options["iptables-variant"] = config.iptablesVariant;
+  options["udp-timeout"] = seconds(config.userspace.udpIdleTimeout);
+  options["userspace-connect-timeout"] = seconds(config.userspace.connectTimeout);
+  options["userspace-connect-attempts"] = std::to_string(config.userspace.connectAttempts);
+  options["userspace-max-connections"] = std::to_string(config.userspace.maxConnections);
+  options["userspace-idle-timeout"] = seconds(config.userspace.idleTimeout);
+  options["userspace-endpoint-grace"] = seconds(config.userspace.endpointGrace);
   if (config.bindAddress != "0.0.0.0" && config.bindAddress != "::" && !config.bindAddress.empty())
     options["node-ips"] = config.bindAddress;
   return options;
@@ -363,8 +369,13 @@ int main(int argc, char** argv) {
     const bool iptablesBased = config.mode == "iptables" || config.mode == "ipvs";
     if (!iptablesBased && !kproxy::cli::cleanUpKubeProxyLeftovers(system))
       log::warning("some iptables or IPVS leftovers could not be removed; continuing");
-    if (iptablesBased && !kproxy::cli::cleanUpNftablesLeftovers(system))
+    // The userspace mode redirects in a table of its own: nftables mode's DNAT would win.
+    if ((iptablesBased || config.mode == "userspace") && !kproxy::cli::cleanUpNftablesLeftovers(system))
       log::warning("some nftables leftovers could not be removed; continuing");
+    // The userspace mode's redirects, left by a node switched from it, would catch the
+    // services' traffic before this mode's rules do.
+    if (config.mode != "userspace" && !kproxy::cli::cleanUpNftablesLeftovers(system, "kproxy-userspace"))
+      log::warning("the userspace mode's nftables table could not be removed; continuing");
   }
 
   // Conntrack sysctls, as upstream's setupConntrack (not for --dry-run, which changes nothing;

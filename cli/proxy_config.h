@@ -88,6 +88,19 @@ struct LoggingConfig {
   bool operator==(const LoggingConfig&) const = default;
 };
 
+/// The userspace mode's proxy (kproxy's own process options; plugins/README.md, "userspace-*").
+struct UserspaceConfig {
+  /// --udp-timeout: a UDP flow with no datagram for this long ends (upstream's userspace
+  /// default, 250ms).
+  Duration udpIdleTimeout = std::chrono::milliseconds(250);
+  Duration connectTimeout = std::chrono::milliseconds(250);  ///< per endpoint attempt
+  std::int32_t connectAttempts = 4;                          ///< endpoints a connection tries
+  std::int32_t maxConnections = 10000;                       ///< TCP connections at once
+  Duration idleTimeout{0};                                   ///< TCP idle close; 0: never
+  Duration endpointGrace = std::chrono::seconds(30);         ///< then connections to a removed endpoint close
+  bool operator==(const UserspaceConfig&) const = default;
+};
+
 struct ProxyConfig {
   // --- KubeProxyConfiguration (what --config reads, --write-config-to and /configz write) ---
   std::string mode = kDefaultProxyMode;
@@ -125,6 +138,7 @@ struct ProxyConfig {
   std::vector<std::string> pluginDirs;  ///< --plugin-dir, repeatable, in the given order
   bool dryRun = false;        ///< --dry-run: print planned kernel operations, change nothing
   std::string iptablesVariant = "auto";  ///< --iptables-variant: auto, nft or legacy (kproxy's own)
+  UserspaceConfig userspace;  ///< --udp-timeout, --userspace-*
   bool cleanup = false;       ///< --cleanup: remove kproxy's kernel state and exit
   bool initOnly = false;      ///< --init-only
   bool showHelp = false;      ///< -h/--help

@@ -10,6 +10,7 @@ PACKAGES=(
   libnftnl-dev libmnl-dev libnl-3-dev libnl-genl-3-dev libnl-route-3-dev
   nftables iptables iproute2 conntrack curl procps openssl
   python3 python3-yaml
+  iperf3  # bench/userspace
   etcd-server
   jq
   qemu-system-x86 cpio kmod

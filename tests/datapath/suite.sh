@@ -1082,6 +1082,220 @@ case_mode_switch_leaves_nothing() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# userspace mode (kproxy-backend-userspace). Connections go through kproxy's own process: table
+# kproxy-userspace redirects the services' addresses to its listeners, which connect to an
+# endpoint (the next one when it refuses or does not answer) and relay. Everything for this mode
+# is in this block and in the one after the options: what replaces a kernel-object helper, which
+# shared cases do not apply and why, and the cases of this mode only.
+
+is_userspace() { [[ $PROXY_MODE == userspace ]]; }
+
+# userspace_skip_reason NAME — prints why the shared case NAME does not apply to the userspace
+# mode; status 1 when it applies.
+userspace_skip_reason() {
+  case "$1" in
+    clusterip_from_pod | etp_local | etp_local_short_circuit | etp_local_short_circuit_masquerade_all | \
+      detect_local_node_cidr | detect_local_interface_prefix)
+      echo "checks the client's source IP, which the userspace proxy does not preserve (userspace_clusterip_from_pod and userspace_etp_local check the rest)" ;;
+    restart_keeps_traffic) echo "relayed connections live in kproxy's process and end with it" ;;
+    *) return 1 ;;
+  esac
+}
+
+# userspace_metric NAME_AND_LABELS — the value of one kproxy_userspace_* series on /metrics
+# (0 when absent), e.g. userspace_metric 'kproxy_userspace_connection_retries_total{service="test/web:http"}'.
+userspace_metric() {
+  local v
+  v="$(kp_exec node curl -sS --max-time 3 http://127.0.0.1:10249/metrics | grep -F -- "$1 " | awk '{print $2}' | head -1)"
+  printf '%s' "${v:-0}"
+}
+
+# The endpoint sees the node, not the pod (no source IP in the userspace mode); the pool and
+# the spread are as in clusterip_from_pod.
+case_userspace_clusterip_from_pod() {
+  setup 3 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 2)" || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  expect_spread pod3 "http://$WEB_IP/" 20 2 || return 1
+  expect_only pod3 "http://$WEB_IP/" 5 pod1 pod2 || return 1
+  local seen
+  seen="$(kp_client_seen pod3 "http://$WEB_IP/")" || kp_fail "request from pod3 failed" || return 1
+  [[ "$seen" == "$KP_NODE_IP" ]] || kp_fail "endpoint saw pod3's connection from $seen, want the node ($KP_NODE_IP)" || return 1
+  expect_kproxy_alive
+}
+
+# externalTrafficPolicy=Local decides the endpoints (the source is the node's, see above).
+case_userspace_etp_local() {
+  setup 2 1 || return 1
+  add_service local.yaml local-np 10.96.0.30 "$(kp_pod_ip 1) $(kp_remote_pod_ip 1)@$KP_REMOTE_NODE_NAME" \
+    type=NodePort nodePort=30081 etp=Local || return 1
+  add_service remote.yaml remote-np 10.96.0.31 "$(kp_remote_pod_ip 1)@$KP_REMOTE_NODE_NAME" \
+    type=NodePort nodePort=30082 etp=Local || return 1
+  start_kproxy_and_wait "http://10.96.0.30/" || return 1
+  local url="http://$KP_NODE_IP:30081/"
+  kp_wait_for 5 kp_curl client "$url" >/dev/null || kp_fail "NodePort $url not answered" || return 1
+  expect_only client "$url" 10 pod1 || return 1
+  expect_spread node http://10.96.0.30/ 20 2 || return 1
+  expect_dropped client "http://$KP_NODE_IP:30082/" || return 1
+  expect_only node http://10.96.0.31/ 3 rpod1 || return 1
+  # The node and its pods take the short-circuit to the cluster-wide endpoints.
+  expect_only node "http://$KP_NODE_IP:30082/" 3 rpod1 || return 1
+  expect_only pod2 "http://$KP_NODE_IP:30082/" 3 rpod1 || return 1
+  expect_kproxy_alive
+}
+
+# The retry: pod2 refuses (a TCP reset from its own firewall) and pod3 drops the SYN (a connect
+# timeout), yet every connection succeeds through pod1, and the retries are counted.
+case_userspace_retry() {
+  setup 3 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 3)" || return 1
+  kp_nft pod2 add table ip refuse && kp_nft pod2 add chain ip refuse in '{ type filter hook input priority 0 ; }' &&
+    kp_nft pod2 add rule ip refuse in tcp dport 8080 reject with tcp reset || return 1
+  kp_nft pod3 add table ip silent && kp_nft pod3 add chain ip silent in '{ type filter hook input priority 0 ; }' &&
+    kp_nft pod3 add rule ip silent in tcp dport 8080 drop || return 1
+  kp_connect_errno node "$(kp_pod_ip 2)" 8080 1 | grep -qx ECONNREFUSED || kp_fail "pod2 does not refuse" || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  expect_only node "http://$WEB_IP/" 20 pod1 || return 1
+  expect_only pod2 "http://$WEB_IP/" 5 pod1 || return 1
+  local retries refused
+  retries="$(userspace_metric 'kproxy_userspace_connection_retries_total{service="test/web:http"}')"
+  refused="$(userspace_metric 'kproxy_userspace_refused_connections_total{service="test/web:http",protocol="tcp",reason="endpoints_failed"}')"
+  kp_note "retries=$retries endpoints_failed=$refused"
+  ((${retries%.*} >= 10)) || kp_fail "only $retries retries counted for 25 connections over 3 endpoints, 2 of them failing" || return 1
+  ((${refused%.*} == 0)) || kp_fail "$refused connections found no endpoint" || return 1
+  expect_kproxy_alive
+}
+
+# A long transfer through the ClusterIP keeps going while the service's other endpoints change.
+case_userspace_long_transfer_survives_change() {
+  setup 3 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 2)" || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  local stream_log="$KP_WORKDIR/stream.log" serving other
+  kp_bg "$stream_log" kp_curl node "http://$WEB_IP/stream?seconds=4&interval=0.1" --max-time 10 --no-buffer
+  local stream_pid=$KP_LAST_PID
+  kp_wait_for 5 grep -q '^pod=' "$stream_log" || kp_fail "the stream did not start" || return 1
+  serving="$(head -1 "$stream_log" | sed -E 's/^pod=([^ ]+).*/\1/')"
+  other=pod1
+  [[ $serving == pod1 ]] && other=pod2
+  kp_note "stream served by $serving; replacing $other by pod3"
+  add_service web.yaml web "$WEB_IP" "$(kp_pod_ip "${serving#pod}") $(kp_pod_ip 3)" || return 1
+  kp_wait_for_kproxy 3 answered_by node "http://$WEB_IP/" 10 2 "$serving" pod3 ||
+    kp_fail "the endpoint change is not in effect within 3 s" || return 1
+  wait "$stream_pid"
+  grep -q ' done=' "$stream_log" || { tail -n 3 "$stream_log" >&2; kp_fail "the long transfer broke"; return 1; }
+  kp_note "stream: $(tail -n 1 "$stream_log")"
+  expect_kproxy_alive
+}
+
+# A connection to an endpoint that left the service is closed after the grace period.
+case_userspace_removed_endpoint_closed() {
+  setup 2 || return 1
+  add_service web.yaml web "$WEB_IP" "$(kp_pod_ip 1)" || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" --userspace-endpoint-grace=1s || return 1
+  local stream_log="$KP_WORKDIR/stream.log"
+  kp_bg "$stream_log" kp_curl node "http://$WEB_IP/stream?seconds=8&interval=0.1" --max-time 12 --no-buffer
+  local stream_pid=$KP_LAST_PID start
+  kp_wait_for 5 grep -q '^pod=pod1' "$stream_log" || kp_fail "the stream did not start" || return 1
+  start=${EPOCHREALTIME/./}
+  add_service web.yaml web "$WEB_IP" "$(kp_pod_ip 2)" || return 1
+  wait "$stream_pid"
+  local ms=$(((${EPOCHREALTIME/./} - start) / 1000))
+  kp_note "stream to the removed pod1 ended ${ms} ms after the change: $(tail -n 1 "$stream_log")"
+  grep -q ' done=' "$stream_log" && { kp_fail "the connection to the removed endpoint was not closed"; return 1; }
+  ((ms < 5000)) || kp_fail "closed after ${ms} ms, want about the 1 s grace period" || return 1
+  expect_only node "http://$WEB_IP/" 3 pod2 || return 1
+  expect_kproxy_alive
+}
+
+# udp_request ROLE IP PORT — one datagram from a connected UDP socket (so only a reply from
+# IP:PORT itself is received); prints the reply's first line, fails after 2 s without one.
+udp_request() {
+  kp_exec "$1" "$KP_PYTHON" -c '
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(2)
+s.connect((sys.argv[1], int(sys.argv[2]))); s.send(b"ping\n")
+print(s.recv(2048).decode().splitlines()[0])
+' "$2" "$3"
+}
+
+# UDP request/reply through a ClusterIP: replies come back from the service address, and
+# clients (source ports) are spread over the endpoints.
+case_userspace_udp_clusterip() {
+  kp_topology_up 3 0 || return 1
+  kp_start_pods --port 8080 --udp-port 5353 || return 1
+  MANIFESTS="$KP_WORKDIR/manifests"
+  mkdir -p "$MANIFESTS"
+  kp_manifest_node "$KP_NODE_NAME" "$KP_NODE_IP" | kp_install_manifest "$MANIFESTS" nodes.yaml || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 1)" || return 1
+  {
+    kp_manifest_service test dns 10.96.0.53 53 5353 protocol=UDP || return 1
+    echo ---
+    # shellcheck disable=SC2046 # a list of endpoint specs
+    kp_manifest_slice test dns dns-abcde 5353 $(pod_eps 2) protocol=UDP || return 1
+  } | kp_install_manifest "$MANIFESTS" dns.yaml || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  local role out i who
+  for role in node pod3 client; do
+    out=""
+    for ((i = 0; i < 12; i++)); do
+      who="$(udp_request "$role" 10.96.0.53 53)" || who=FAIL
+      [[ "$who" =~ ^pod=([^ ]+) ]] && who="${BASH_REMATCH[1]}"
+      out+="$who"$'\n'
+    done
+    out="${out%$'\n'}"
+    kp_note "$role -> udp 10.96.0.53:53: $(summarize <<<"$out")"
+    grep -qv -e '^pod1$' -e '^pod2$' <<<"$out" && { kp_fail "UDP requests from $role failed or reached another pod"; return 1; }
+    (($(sort -u <<<"$out" | wc -l) == 2)) || kp_fail "UDP flows from $role all reached one pod" || return 1
+  done
+  expect_kproxy_alive
+}
+
+# nftables mode -> userspace mode -> nftables mode on one node: each start removes the other
+# mode's table (kube-proxy, kproxy-userspace), and traffic flows after each switch.
+case_userspace_mode_switch() {
+  setup 2 || return 1
+  add_service web-np.yaml web-np "$WEB_IP" "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
+  KP_PROXY_MODE=nftables start_kproxy_and_wait "http://$WEB_IP/" || return 1
+  kp_nft node list table ip kube-proxy >/dev/null || kp_fail "nftables mode made no kube-proxy table" || return 1
+  restart_kproxy || return 1
+  kp_nft node list table ip kube-proxy >/dev/null 2>&1 && { kp_fail "table ip kube-proxy left in the userspace mode"; return 1; }
+  kp_nft node list table ip kproxy-userspace >/dev/null || kp_fail "the userspace mode made no table" || return 1
+  expect_spread node "http://$WEB_IP/" 20 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
+  KP_PROXY_MODE=nftables restart_kproxy || return 1
+  kp_nft node list table ip kproxy-userspace >/dev/null 2>&1 && { kp_fail "table ip kproxy-userspace left in nftables mode"; return 1; }
+  expect_spread node "http://$WEB_IP/" 20 2 || return 1
+  expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
+  expect_kproxy_alive
+}
+
+# --userspace-max-connections holds under a burst: of 6 long connections at once, 3 are
+# relayed and 3 reset; once they end, new connections are served again.
+case_userspace_connection_cap() {
+  setup 2 || return 1
+  add_service web.yaml web "$WEB_IP" "$(pod_eps 2)" || return 1
+  start_kproxy_and_wait "http://$WEB_IP/" --userspace-max-connections=3 || return 1
+  local i pids=()
+  for i in 1 2 3 4 5 6; do
+    kp_bg "$KP_WORKDIR/burst$i.log" kp_curl node "http://$WEB_IP/stream?seconds=2&interval=0.1" --max-time 8 --no-buffer
+    pids+=("$KP_LAST_PID")
+  done
+  for i in "${pids[@]}"; do wait "$i"; done
+  local served=0 reset=0
+  for i in 1 2 3 4 5 6; do
+    if grep -q ' done=' "$KP_WORKDIR/burst$i.log"; then served=$((served + 1)); else reset=$((reset + 1)); fi
+  done
+  local limited
+  limited="$(userspace_metric 'kproxy_userspace_refused_connections_total{service="test/web:http",protocol="tcp",reason="connection_limit"}')"
+  kp_note "burst of 6 with a cap of 3: $served served, $reset reset; connection_limit refusals: $limited"
+  ((served == 3 && reset == 3)) || kp_fail "$served of 6 connections served, want exactly 3 (the cap)" || return 1
+  ((${limited%.*} == 3)) || kp_fail "connection_limit refusals $limited, want 3" || return 1
+  expect_spread node "http://$WEB_IP/" 10 2 || return 1
+  expect_kproxy_alive
+}
+
+# ---------------------------------------------------------------------------------------------
 
 # The suite's own options; the rest go to kp_suite_begin.
 suite_args=()
@@ -1097,18 +1311,41 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 case "$PROXY_MODE" in
-  nftables)
+  nftables | userspace)
     [[ -z "${IPTABLES_VARIANT_GIVEN:-}" ]] ||
       { echo "--iptables-variant applies to --proxy-mode iptables only" >&2; exit 2; } ;;
   iptables | ipvs)
     IPTABLES_VARIANT="${IPTABLES_VARIANT_GIVEN:-nft}"
     [[ $IPTABLES_VARIANT == nft || $IPTABLES_VARIANT == legacy ]] ||
       { echo "unknown --iptables-variant '$IPTABLES_VARIANT' (nft or legacy)" >&2; exit 2; } ;;
-  *) echo "unknown --proxy-mode '$PROXY_MODE' (nftables, iptables or ipvs)" >&2; exit 2 ;;
+  *) echo "unknown --proxy-mode '$PROXY_MODE' (nftables, iptables, ipvs or userspace)" >&2; exit 2 ;;
 esac
 KP_PROXY_MODE="$PROXY_MODE"
 KP_KPROXY_MODE_ARGS=""
 uses_iptables && KP_KPROXY_MODE_ARGS="--iptables-variant=$IPTABLES_VARIANT"
+
+# userspace mode: its own table in the kernel-object helpers, and the shared cases that do not
+# apply are SKIP with their reason (see the userspace block above).
+if is_userspace; then
+  kproxy_ruleset() { kp_nft node list table ip kproxy-userspace; }
+  servicecidr_drop_present() { kp_nft node list chain ip kproxy-userspace cluster-ips-check | grep -qF "ip daddr $1 drop"; }
+  servicecidr_drop_gone() {
+    local chain
+    chain="$(kp_nft node list chain ip kproxy-userspace cluster-ips-check)" || return 1
+    ! grep -q drop <<<"$chain"
+  }
+  nftables_leftovers() {
+    local tables
+    tables="$(kp_nft node list tables)" || { echo "nft list tables failed"; return 0; }
+    grep -w -e 'kube-proxy' -e 'kproxy-userspace' <<<"$tables"
+    return 0
+  }
+  eval "_kp_case_shared() $(declare -f kp_case | tail -n +2)"
+  kp_case() {
+    local why
+    if why="$(userspace_skip_reason "$1")"; then kp_skip "$1" "$why"; else _kp_case_shared "$@"; fi
+  }
+fi
 
 kp_suite_begin "${suite_args[@]}"
 if ! bin="$(kp_kproxy_bin)" || [[ ! -x "$bin" ]]; then
@@ -1179,4 +1416,16 @@ iptables_case localhost_nodeports case_localhost_nodeports
 iptables_case flush_repaired case_flush_repaired
 iptables_case foreign_rules_untouched case_foreign_rules_untouched
 iptables_case mode_switch_leaves_nothing case_mode_switch_leaves_nothing
+# userspace mode only.
+userspace_case() {
+  if is_userspace; then kp_case "$1" "$2"; else kp_skip "$1" "userspace mode only"; fi
+}
+userspace_case userspace_clusterip_from_pod case_userspace_clusterip_from_pod
+userspace_case userspace_etp_local case_userspace_etp_local
+userspace_case userspace_retry case_userspace_retry
+userspace_case userspace_long_transfer_survives_change case_userspace_long_transfer_survives_change
+userspace_case userspace_removed_endpoint_closed case_userspace_removed_endpoint_closed
+userspace_case userspace_udp_clusterip case_userspace_udp_clusterip
+userspace_case userspace_connection_cap case_userspace_connection_cap
+userspace_case userspace_mode_switch case_userspace_mode_switch
 kp_suite_end

@@ -148,33 +148,33 @@ void MirrorFamily::rebuildReferences() {
       if (auto t = verdictTarget(value); !t.empty()) ++references[t];
 }
 
-std::string Op::toText() const {
+std::string Op::toText(std::string_view table) const {
   std::string_view fam = familyKeyword(family);
   switch (kind) {
-    case OpKind::kAddTable: return fmt::format("add table {} {}", fam, kTableName);
-    case OpKind::kAddSet: return "add " + set->declaration(family);
+    case OpKind::kAddTable: return fmt::format("add table {} {}", fam, table);
+    case OpKind::kAddSet: return "add " + set->declaration(family, table);
     case OpKind::kAddChain:
       if (base)
         return fmt::format("add chain {} {} {} {{ type {} hook {} priority {} ; policy accept ; }}",
-                           fam, kTableName, name, base->type, base->hook, base->priority);
-      return fmt::format("add chain {} {} {}", fam, kTableName, name);
-    case OpKind::kFlushChain: return fmt::format("flush chain {} {} {}", fam, kTableName, name);
+                           fam, table, name, base->type, base->hook, base->priority);
+      return fmt::format("add chain {} {} {}", fam, table, name);
+    case OpKind::kFlushChain: return fmt::format("flush chain {} {} {}", fam, table, name);
     case OpKind::kAddRule:
-      return fmt::format("add rule {} {} {} {}", fam, kTableName, name, rule.toText(family));
+      return fmt::format("add rule {} {} {} {}", fam, table, name, rule.toText(family));
     case OpKind::kDeleteElement:
       // An interval end goes with its start in nft syntax.
       if (element->intervalEnd) return fmt::format("# (end of an interval: {})", element->keyText);
-      return fmt::format("delete element {} {} {} {{ {} }}", fam, kTableName, name, element->keyText);
+      return fmt::format("delete element {} {} {} {{ {} }}", fam, table, name, element->keyText);
     case OpKind::kAddElement:
       if (element->intervalEnd) return fmt::format("# (end of an interval: {})", element->keyText);
       if (!element->dataText.empty())
-        return fmt::format("add element {} {} {} {{ {} : {} }}", fam, kTableName, name,
+        return fmt::format("add element {} {} {} {{ {} : {} }}", fam, table, name,
                            element->keyText, element->dataText);
       if (element->value)
-        return fmt::format("add element {} {} {} {{ {} : {} }}", fam, kTableName, name,
+        return fmt::format("add element {} {} {} {{ {} : {} }}", fam, table, name,
                            element->keyText, element->value->toString());
-      return fmt::format("add element {} {} {} {{ {} }}", fam, kTableName, name, element->keyText);
-    case OpKind::kDeleteChain: return fmt::format("delete chain {} {} {}", fam, kTableName, name);
+      return fmt::format("add element {} {} {} {{ {} }}", fam, table, name, element->keyText);
+    case OpKind::kDeleteChain: return fmt::format("delete chain {} {} {}", fam, table, name);
   }
   return {};
 }

@@ -148,6 +148,7 @@ struct TextVisitor {
         "{0} daddr . th dport }}",
         ip(), protoName(s.proto), s.map, s.id, s.timeoutSeconds);
   }
+  std::string operator()(const RedirectTo& s) const { return fmt::format("redirect to :{}", s.port); }
   std::string operator()(const Reject& s) const {
     return s.tcpReset ? "reject with tcp reset" : "reject";
   }
@@ -241,7 +242,7 @@ std::uint32_t SetSpec::typeId(const std::vector<DataType>& types) {
   return id;
 }
 
-std::string SetSpec::declaration(Family family) const {
+std::string SetSpec::declaration(Family family, std::string_view table) const {
   auto join = [](const std::vector<DataType>& types) {
     std::string s;
     for (auto t : types) {
@@ -254,13 +255,13 @@ std::string SetSpec::declaration(Family family) const {
   if (key.size() == 1 && key[0] == DataType::kSlot) {
     // Only nft's typeof can declare a key that numgen is looked up in.
     out = fmt::format("map {0} {1} {2} {{ typeof numgen random mod {3} : {0} daddr . th dport ;",
-                      familyKeyword(family), kTableName, name, kSlotsPerRange);
+                      familyKeyword(family), table, name, kSlotsPerRange);
   } else if (key.size() == 2 && key[1] == DataType::kPoolId) {
     out = fmt::format("map {0} {1} {2} {{ typeof {0} saddr . numgen random mod 1 : {0} daddr . th dport ;",
-                      familyKeyword(family), kTableName, name);
+                      familyKeyword(family), table, name);
   } else {
     out = fmt::format("{} {} {} {} {{ type {}", isMap() ? "map" : "set", familyKeyword(family),
-                      kTableName, name, join(key));
+                      table, name, join(key));
     if (isMap()) out += " : " + join(data);
     out += " ;";
   }

@@ -47,8 +47,6 @@ using ChainPtr = std::unique_ptr<nftnl_chain, Deleter<nftnl_chain, nftnl_chain_f
 using RulePtr = std::unique_ptr<nftnl_rule, Deleter<nftnl_rule, nftnl_rule_free>>;
 using SetPtr = std::unique_ptr<nftnl_set, Deleter<nftnl_set, nftnl_set_free>>;
 
-const std::string kTable(kTableName);
-
 /// A growing buffer of netlink messages, written in place by libnftnl.
 ///
 /// A full sync's batch is hundreds of MiB at scale and must reach the kernel in one sendmsg
@@ -83,10 +81,10 @@ class MessageBuffer {
   std::size_t used_ = 0;
 };
 
-SetPtr setHandle(Family family, const std::string& name) {
+SetPtr setHandle(const std::string& table, Family family, const std::string& name) {
   SetPtr s(nftnl_set_alloc());
   nftnl_set_set_u32(s.get(), NFTNL_SET_FAMILY, nfproto(family));
-  nftnl_set_set_str(s.get(), NFTNL_SET_TABLE, kTable.c_str());
+  nftnl_set_set_str(s.get(), NFTNL_SET_TABLE, table.c_str());
   nftnl_set_set_str(s.get(), NFTNL_SET_NAME, name.c_str());
   return s;
 }
@@ -125,7 +123,7 @@ std::size_t elementRun(std::span<const Op> ops, std::size_t from) {
 }
 
 /// Encodes `run` (one op, or a run of element ops of one set) as one message.
-void encodeOp(MessageBuffer& out, std::span<const Op> run, std::uint32_t seq) {
+void encodeOp(MessageBuffer& out, const std::string& table, std::span<const Op> run, std::uint32_t seq) {
   const Op& op = run.front();
   const std::uint16_t fam = nfproto(op.family);
   std::size_t room = 1 << 16;
@@ -137,19 +135,19 @@ void encodeOp(MessageBuffer& out, std::span<const Op> run, std::uint32_t seq) {
     case OpKind::kAddTable: {
       TablePtr t(nftnl_table_alloc());
       nftnl_table_set_u32(t.get(), NFTNL_TABLE_FAMILY, fam);
-      nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, kTable.c_str());
+      nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, table.c_str());
       nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_NEWTABLE, fam, NLM_F_CREATE, seq);
       nftnl_table_nlmsg_build_payload(nlh, t.get());
       break;
     }
     case OpKind::kAddSet: {
-      SetPtr s(encodeSet(op.family, *op.set));
+      SetPtr s(encodeSet(op.family, table, *op.set));
       nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_NEWSET, fam, NLM_F_CREATE, seq);
       nftnl_set_nlmsg_build_payload(nlh, s.get());
       break;
     }
     case OpKind::kAddChain: {
-      ChainPtr c(encodeChain(op.family, op.name, op.base.get()));
+      ChainPtr c(encodeChain(op.family, table, op.name, op.base.get()));
       nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_NEWCHAIN, fam, NLM_F_CREATE, seq);
       nftnl_chain_nlmsg_build_payload(nlh, c.get());
       break;
@@ -157,14 +155,14 @@ void encodeOp(MessageBuffer& out, std::span<const Op> run, std::uint32_t seq) {
     case OpKind::kFlushChain: {
       RulePtr r(nftnl_rule_alloc());
       nftnl_rule_set_u32(r.get(), NFTNL_RULE_FAMILY, fam);
-      nftnl_rule_set_str(r.get(), NFTNL_RULE_TABLE, kTable.c_str());
+      nftnl_rule_set_str(r.get(), NFTNL_RULE_TABLE, table.c_str());
       nftnl_rule_set_str(r.get(), NFTNL_RULE_CHAIN, op.name.c_str());
       nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_DELRULE, fam, 0, seq);
       nftnl_rule_nlmsg_build_payload(nlh, r.get());
       break;
     }
     case OpKind::kAddRule: {
-      RulePtr r(encodeRule(op.family, op.name, op.rule, op.ruleHash));
+      RulePtr r(encodeRule(op.family, table, op.name, op.rule, op.ruleHash));
       nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_NEWRULE, fam, NLM_F_APPEND | NLM_F_CREATE, seq);
       nftnl_rule_nlmsg_build_payload(nlh, r.get());
       break;
@@ -172,7 +170,7 @@ void encodeOp(MessageBuffer& out, std::span<const Op> run, std::uint32_t seq) {
     case OpKind::kAddElement:
     case OpKind::kDeleteElement: {
       // One message for the run of element ops on the same set (see elementRun).
-      SetPtr s = setHandle(op.family, op.name);
+      SetPtr s = setHandle(table, op.family, op.name);
       const bool add = op.kind == OpKind::kAddElement;
       for (const Op& o : run) {
         nftnl_set_elem* e = nftnl_set_elem_alloc();
@@ -191,7 +189,7 @@ void encodeOp(MessageBuffer& out, std::span<const Op> run, std::uint32_t seq) {
       break;
     }
     case OpKind::kDeleteChain: {
-      ChainPtr c(encodeChain(op.family, op.name, nullptr));
+      ChainPtr c(encodeChain(op.family, table, op.name, nullptr));
       nlh = nftnl_nlmsg_build_hdr(buf, NFT_MSG_DELCHAIN, fam, 0, seq);
       nftnl_chain_nlmsg_build_payload(nlh, c.get());
       break;
@@ -203,7 +201,7 @@ void encodeOp(MessageBuffer& out, std::span<const Op> run, std::uint32_t seq) {
 /// Names the object of an encoded message from its bytes: a full sync's batch keeps no op
 /// texts (they would cost as much as a tenth of the batch), so a refusal is described from the
 /// message the kernel refused.
-std::string describeMessage(const nlmsghdr* nlh) {
+std::string describeMessage(const std::string& table, const nlmsghdr* nlh) {
   const auto type = static_cast<std::uint16_t>(NFNL_MSG_TYPE(nlh->nlmsg_type));
   const auto* nfg = static_cast<const nfgenmsg*>(mnl_nlmsg_get_payload(nlh));
   const std::string fam = std::string(familyKeyword(nfg->nfgen_family == NFPROTO_IPV6 ? Family::kIPv6 : Family::kIPv4));
@@ -217,7 +215,7 @@ std::string describeMessage(const nlmsghdr* nlh) {
     case NFT_MSG_DELCHAIN: {
       ChainPtr c(nftnl_chain_alloc());
       if (nftnl_chain_nlmsg_parse(nlh, c.get()) < 0) break;
-      return fmt::format("{} chain {} {} {}", type == NFT_MSG_NEWCHAIN ? "add" : "delete", fam, kTable,
+      return fmt::format("{} chain {} {} {}", type == NFT_MSG_NEWCHAIN ? "add" : "delete", fam, table,
                          nftnl_chain_get_str(c.get(), NFTNL_CHAIN_NAME));
     }
     case NFT_MSG_NEWRULE:
@@ -225,7 +223,7 @@ std::string describeMessage(const nlmsghdr* nlh) {
       RulePtr r(nftnl_rule_alloc());
       if (nftnl_rule_nlmsg_parse(nlh, r.get()) < 0) break;
       return fmt::format("{} {} {} {} (a rule of that chain)", type == NFT_MSG_NEWRULE ? "add rule" : "flush chain", fam,
-                         kTable, nftnl_rule_get_str(r.get(), NFTNL_RULE_CHAIN));
+                         table, nftnl_rule_get_str(r.get(), NFTNL_RULE_CHAIN));
     }
     case NFT_MSG_NEWSETELEM:
     case NFT_MSG_DELSETELEM: {
@@ -238,7 +236,7 @@ std::string describeMessage(const nlmsghdr* nlh) {
         if (const void* key = nftnl_set_elem_get(e, NFTNL_SET_ELEM_KEY, &len)) first = hex(key, len);
       }
       nftnl_set_elems_iter_destroy(it);
-      return fmt::format("{} element {} {} {} {{ {} }}", type == NFT_MSG_NEWSETELEM ? "add" : "delete", fam, kTable,
+      return fmt::format("{} element {} {} {} {{ {} }}", type == NFT_MSG_NEWSETELEM ? "add" : "delete", fam, table,
                          nftnl_set_get_str(set.get(), NFTNL_SET_NAME), first);
     }
     default: break;
@@ -252,7 +250,8 @@ std::string describeMessage(const nlmsghdr* nlh) {
 /// sync's batch), later ones are described from their bytes if the kernel refuses them.
 class NetlinkBatch final : public KernelBatch {
  public:
-  explicit NetlinkBatch(core::Result<backends::NetlinkSocket*> sock) : sock_(std::move(sock)) {
+  NetlinkBatch(core::Result<backends::NetlinkSocket*> sock, std::string table)
+      : sock_(std::move(sock)), table_(std::move(table)) {
     if (sock_) base_ = (*sock_)->nextSeq(1);
     begin_.commit(nftnl_batch_begin(begin_.tail(), base_));
   }
@@ -262,10 +261,10 @@ class NetlinkBatch final : public KernelBatch {
       const std::size_t n = elementRun(ops, i);
       const auto phase = static_cast<std::size_t>(batchPhase(ops[i].kind));
       std::size_t first = phaseOps_[phase];
-      if (messages_.size() < kTexts) texts_.push_back(ops[i].toText());
+      if (messages_.size() < kTexts) texts_.push_back(ops[i].toText(table_));
       messages_.push_back(Message{static_cast<std::uint8_t>(phase), static_cast<std::uint32_t>(first),
                                   static_cast<std::uint32_t>(n), phases_[phase].data().size()});
-      encodeOp(phases_[phase], ops.subspan(i, n), base_ + static_cast<std::uint32_t>(messages_.size()));
+      encodeOp(phases_[phase], table_, ops.subspan(i, n), base_ + static_cast<std::uint32_t>(messages_.size()));
       phaseOps_[phase] += n;
       count_ += n;
       i += n;
@@ -294,7 +293,7 @@ class NetlinkBatch final : public KernelBatch {
       const std::string text =
           index < texts_.size()
               ? texts_[index]
-              : describeMessage(reinterpret_cast<const nlmsghdr*>(phases_[bad.phase].data().data() + bad.offset));
+              : describeMessage(table_, reinterpret_cast<const nlmsghdr*>(phases_[bad.phase].data().data() + bad.offset));
       // Ops are numbered in the order the kernel saw them: by phase.
       std::size_t first = bad.firstInPhase;
       for (std::size_t p = 0; p < bad.phase; ++p) first += phaseOps_[p];
@@ -318,6 +317,7 @@ class NetlinkBatch final : public KernelBatch {
   static constexpr std::size_t kTexts = 4096;
   std::vector<std::string> texts_;  ///< of the first kTexts messages' first ops
   core::Result<backends::NetlinkSocket*> sock_;
+  std::string table_;
   std::uint32_t base_ = 0;
   MessageBuffer begin_, end_;
   MessageBuffer phases_[kBatchPhases];
@@ -328,6 +328,8 @@ class NetlinkBatch final : public KernelBatch {
 
 class NetlinkKernel final : public KernelNftables {
  public:
+  explicit NetlinkKernel(std::string table) : table_(std::move(table)) {}
+
   core::Result<void> apply(const std::vector<Op>& ops) override {
     if (ops.empty()) return {};
     auto batch = beginBatch();
@@ -335,7 +337,7 @@ class NetlinkKernel final : public KernelNftables {
     return batch->commit();
   }
 
-  std::unique_ptr<KernelBatch> beginBatch() override { return std::make_unique<NetlinkBatch>(socket()); }
+  std::unique_ptr<KernelBatch> beginBatch() override { return std::make_unique<NetlinkBatch>(socket(), table_); }
 
   core::Result<std::optional<std::uint32_t>> generation() override {
     auto sock = socket();
@@ -371,7 +373,7 @@ class NetlinkKernel final : public KernelNftables {
     if (!sock) return std::unexpected(sock.error());
     std::vector<std::pair<std::string, std::string>> out;
     char req[MNL_SOCKET_BUFFER_SIZE_];
-    SetPtr filter = setHandle(fam, map);
+    SetPtr filter = setHandle(table_, fam, map);
     nlmsghdr* nlh =
         nftnl_nlmsg_build_hdr(req, NFT_MSG_GETSETELEM, nfproto(fam), NLM_F_DUMP, (*sock)->nextSeq());
     nftnl_set_elems_nlmsg_build_payload(nlh, filter.get());
@@ -408,7 +410,7 @@ class NetlinkKernel final : public KernelNftables {
       out(buf, nftnl_batch_begin(buf.tail(), base));
       TablePtr t(nftnl_table_alloc());
       nftnl_table_set_u32(t.get(), NFTNL_TABLE_FAMILY, nfproto(fam));
-      nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, kTable.c_str());
+      nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, table_.c_str());
       nlmsghdr* nlh = nftnl_nlmsg_build_hdr(buf.tail(), NFT_MSG_DELTABLE, nfproto(fam), 0, base + 1);
       nftnl_table_nlmsg_build_payload(nlh, t.get());
       buf.commit(nlh);
@@ -419,7 +421,7 @@ class NetlinkKernel final : public KernelNftables {
         if (f.errnum != ENOENT)
           return makeError(ErrorCategory::kKernel,
                            std::string("nftables: delete table ") +
-                               std::string(familyKeyword(fam)) + " " + kTable,
+                               std::string(familyKeyword(fam)) + " " + table_,
                            f.errnum);
     }
     return {};
@@ -445,7 +447,7 @@ class NetlinkKernel final : public KernelNftables {
     // Table: a plain get; ENOENT means there is nothing of ours in this family.
     {
       TablePtr t(nftnl_table_alloc());
-      nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, kTable.c_str());
+      nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, table_.c_str());
       nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETTABLE, nfp, NLM_F_ACK, sock.nextSeq());
       nftnl_table_nlmsg_build_payload(nlh, t.get());
       auto r = sock.dump(nlh, [](const nlmsghdr*) { return true; });
@@ -463,7 +465,7 @@ class NetlinkKernel final : public KernelNftables {
         ChainPtr c(nftnl_chain_alloc());
         if (nftnl_chain_nlmsg_parse(msg, c.get()) < 0) return false;
         const char* table = nftnl_chain_get_str(c.get(), NFTNL_CHAIN_TABLE);
-        if (table == nullptr || kTable != table) return true;
+        if (table == nullptr || table_ != table) return true;
         auto& mc = mf.chains[nftnl_chain_get_str(c.get(), NFTNL_CHAIN_NAME)];
         mc.base = nftnl_chain_is_set(c.get(), NFTNL_CHAIN_HOOKNUM);
         return true;
@@ -476,7 +478,7 @@ class NetlinkKernel final : public KernelNftables {
     // is quadratic in the table's size; a per-chain dump is a hash lookup plus that chain.
     for (auto& [chainName, mc] : mf.chains) {
       RulePtr filter(nftnl_rule_alloc());
-      nftnl_rule_set_str(filter.get(), NFTNL_RULE_TABLE, kTable.c_str());
+      nftnl_rule_set_str(filter.get(), NFTNL_RULE_TABLE, table_.c_str());
       nftnl_rule_set_str(filter.get(), NFTNL_RULE_CHAIN, chainName.c_str());
       nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETRULE, nfp, NLM_F_DUMP, sock.nextSeq());
       nftnl_rule_nlmsg_build_payload(nlh, filter.get());
@@ -486,7 +488,7 @@ class NetlinkKernel final : public KernelNftables {
         if (nftnl_rule_nlmsg_parse(msg, rule.get()) < 0) return false;
         const char* table = nftnl_rule_get_str(rule.get(), NFTNL_RULE_TABLE);
         const char* ruleChain = nftnl_rule_get_str(rule.get(), NFTNL_RULE_CHAIN);
-        if (table == nullptr || kTable != table || ruleChain == nullptr || chainName != ruleChain)
+        if (table == nullptr || table_ != table || ruleChain == nullptr || chainName != ruleChain)
           return true;
         std::uint64_t hash = 0;
         if (nftnl_rule_is_set(rule.get(), NFTNL_RULE_USERDATA)) {
@@ -518,14 +520,14 @@ class NetlinkKernel final : public KernelNftables {
     // Sets, then the elements of every set kproxy fills itself.
     {
       SetPtr filter(nftnl_set_alloc());
-      nftnl_set_set_str(filter.get(), NFTNL_SET_TABLE, kTable.c_str());
+      nftnl_set_set_str(filter.get(), NFTNL_SET_TABLE, table_.c_str());
       nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETSET, nfp, NLM_F_DUMP, sock.nextSeq());
       nftnl_set_nlmsg_build_payload(nlh, filter.get());
       auto r = sock.dump(nlh, [&](const nlmsghdr* msg) {
         SetPtr s(nftnl_set_alloc());
         if (nftnl_set_nlmsg_parse(msg, s.get()) < 0) return false;
         const char* table = nftnl_set_get_str(s.get(), NFTNL_SET_TABLE);
-        if (table == nullptr || kTable != table) return true;
+        if (table == nullptr || table_ != table) return true;
         mf.sets.insert(nftnl_set_get_str(s.get(), NFTNL_SET_NAME));
         return true;
       });
@@ -542,7 +544,7 @@ class NetlinkKernel final : public KernelNftables {
       if (dynamic) continue;
       auto& elems = mf.elements[name];
       std::vector<std::pair<std::string, std::string>> rawIntervals;
-      SetPtr filter = setHandle(fam, name);
+      SetPtr filter = setHandle(table_, fam, name);
       nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETSETELEM, nfp, NLM_F_DUMP, sock.nextSeq());
       nftnl_set_elems_nlmsg_build_payload(nlh, filter.get());
       auto r = sock.dump(nlh, [&](const nlmsghdr* msg) {
@@ -599,11 +601,14 @@ class NetlinkKernel final : public KernelNftables {
   }
 
   static constexpr std::size_t MNL_SOCKET_BUFFER_SIZE_ = 8192;
+  const std::string table_;  ///< the table this kernel reads and writes, in both families
   std::optional<backends::NetlinkSocket> socket_;
 };
 
 }  // namespace
 
-std::unique_ptr<KernelNftables> makeNetlinkKernel() { return std::make_unique<NetlinkKernel>(); }
+std::unique_ptr<KernelNftables> makeNetlinkKernel(std::string_view table) {
+  return std::make_unique<NetlinkKernel>(std::string(table));
+}
 
 }  // namespace kproxy::nftables

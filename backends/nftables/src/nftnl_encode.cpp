@@ -284,6 +284,14 @@ class RuleEncoder {
     nftnl_expr_set_str(e, NFTNL_EXPR_DYNSET_SET_NAME, s.map.c_str());
     add(e);
   }
+  void operator()(const RedirectTo& s) {
+    std::uint16_t port = htons(s.port);
+    immediate(NFT_REG_1, &port, 2);
+    auto* e = expr("redir");
+    nftnl_expr_set_u32(e, NFTNL_EXPR_REDIR_REG_PROTO_MIN, NFT_REG_1);
+    nftnl_expr_set_u32(e, NFTNL_EXPR_REDIR_FLAGS, NF_NAT_RANGE_PROTO_SPECIFIED);
+    add(e);
+  }
   void operator()(const Reject& s) {
     auto* e = expr("reject");
     if (s.tcpReset) {
@@ -409,11 +417,11 @@ std::uint32_t verdictCode(VerdictKind kind) {
   return NF_ACCEPT;
 }
 
-nftnl_rule* encodeRule(Family family, std::string_view chain, const Rule& rule,
+nftnl_rule* encodeRule(Family family, std::string_view table, std::string_view chain, const Rule& rule,
                        std::uint64_t hash) {
   nftnl_rule* r = nftnl_rule_alloc();
   nftnl_rule_set_u32(r, NFTNL_RULE_FAMILY, nfproto(family));
-  nftnl_rule_set_str(r, NFTNL_RULE_TABLE, std::string(kTableName).c_str());
+  nftnl_rule_set_str(r, NFTNL_RULE_TABLE, std::string(table).c_str());
   nftnl_rule_set_str(r, NFTNL_RULE_CHAIN, std::string(chain).c_str());
   RuleEncoder encoder(family, r);
   for (const auto& s : rule.statements) std::visit(encoder, s);
@@ -438,10 +446,10 @@ std::uint64_t decodeRuleHash(const void* data, std::uint32_t length) {
   return hash;
 }
 
-nftnl_set* encodeSet(Family family, const SetSpec& spec) {
+nftnl_set* encodeSet(Family family, std::string_view table, const SetSpec& spec) {
   nftnl_set* s = nftnl_set_alloc();
   nftnl_set_set_u32(s, NFTNL_SET_FAMILY, nfproto(family));
-  nftnl_set_set_str(s, NFTNL_SET_TABLE, std::string(kTableName).c_str());
+  nftnl_set_set_str(s, NFTNL_SET_TABLE, std::string(table).c_str());
   nftnl_set_set_str(s, NFTNL_SET_NAME, spec.name.c_str());
   // The kernel requires a transaction-local set id (it lets rules refer to a new set by id).
   static std::uint32_t nextId = 0;
@@ -477,10 +485,10 @@ nftnl_set* encodeSet(Family family, const SetSpec& spec) {
   return s;
 }
 
-nftnl_chain* encodeChain(Family family, std::string_view name, const BaseHook* base) {
+nftnl_chain* encodeChain(Family family, std::string_view table, std::string_view name, const BaseHook* base) {
   nftnl_chain* c = nftnl_chain_alloc();
   nftnl_chain_set_u32(c, NFTNL_CHAIN_FAMILY, nfproto(family));
-  nftnl_chain_set_str(c, NFTNL_CHAIN_TABLE, std::string(kTableName).c_str());
+  nftnl_chain_set_str(c, NFTNL_CHAIN_TABLE, std::string(table).c_str());
   nftnl_chain_set_str(c, NFTNL_CHAIN_NAME, std::string(name).c_str());
   if (base != nullptr) {
     std::uint32_t hook = NF_INET_PRE_ROUTING;

@@ -16,13 +16,14 @@ namespace kproxy::nftables {
 /// rule userdata types, so `nft list` still works.
 inline constexpr std::uint8_t kRuleHashUdataType = 0xa0;
 
-/// A new nftnl_rule for `rule` in `chain`, carrying `hash` in its userdata. Caller frees.
-nftnl_rule* encodeRule(Family family, std::string_view chain, const Rule& rule,
+/// A new nftnl_rule for `rule` in `chain` of `table`, carrying `hash` in its userdata. Caller
+/// frees.
+nftnl_rule* encodeRule(Family family, std::string_view table, std::string_view chain, const Rule& rule,
                        std::uint64_t hash);
-/// A new nftnl_set for `spec`. Caller frees.
-nftnl_set* encodeSet(Family family, const SetSpec& spec);
-/// A new nftnl_chain (base chains carry their hook). Caller frees.
-nftnl_chain* encodeChain(Family family, std::string_view name, const BaseHook* base);
+/// A new nftnl_set for `spec` in `table`. Caller frees.
+nftnl_set* encodeSet(Family family, std::string_view table, const SetSpec& spec);
+/// A new nftnl_chain of `table` (base chains carry their hook). Caller frees.
+nftnl_chain* encodeChain(Family family, std::string_view table, std::string_view name, const BaseHook* base);
 
 /// The kernel's verdict code (NF_ACCEPT, NF_DROP, NFT_RETURN, NFT_JUMP, NFT_GOTO).
 std::uint32_t verdictCode(VerdictKind kind);

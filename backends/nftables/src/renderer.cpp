@@ -303,9 +303,9 @@ plan::PlanConfig NftablesRenderer::planConfigOf(const RenderConfig& config) {
                             config.bridgeInterface, config.interfaceNamePrefix, strings(config.nodeIPs));
 }
 
-std::vector<std::vector<Statement>> NftablesRenderer::podTrafficMatches(sdk::Family family, bool negate) const {
+std::vector<std::vector<Statement>> podTrafficMatches(const plan::LocalTrafficDetector& detector,
+                                                      sdk::Family family, bool negate) {
   std::vector<std::vector<Statement>> out;
-  const auto& detector = planConfig_.localDetector;
   if (!detector.implemented(family)) return out;
   using Mode = plan::LocalTrafficDetector::Mode;
   if (detector.mode != Mode::kCIDRs) {

@@ -457,6 +457,11 @@ class PacketRun {
                      endpointText(dst_, dport_), s.timeoutSeconds));
     return std::nullopt;
   }
+  std::optional<Flow> evaluate(const Chain& chain, const Rule& rule, const RedirectTo& s, int) {
+    // Not rendered by the nftables mode (the userspace proxy's table): the node itself answers.
+    step(chain.name, &rule, fmt::format("redirected to this node's port {}", s.port));
+    return Flow::kNat;
+  }
   std::optional<Flow> evaluate(const Chain& chain, const Rule& rule, const Reject& s, int) {
     step(chain.name, &rule, s.tcpReset ? "rejected with a TCP reset" : "rejected (ICMP port unreachable)");
     end(TraceVerdict::kRejected, chain, rule);

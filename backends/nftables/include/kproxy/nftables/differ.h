@@ -156,8 +156,9 @@ struct Op {
   std::shared_ptr<const SetSpec> set;        ///< kAddSet
   std::shared_ptr<const Element> element;    ///< kAddElement / kDeleteElement
 
-  /// One line of nft syntax that `nft -f` accepts, e.g. "add rule ip kube-proxy services …".
-  std::string toText() const;
+  /// One line of nft syntax that `nft -f` accepts, e.g. "add rule ip kube-proxy services …",
+  /// for the ops of `table` (another backend's own table, e.g. the userspace proxy's).
+  std::string toText(std::string_view table = kTableName) const;
 };
 
 /// Applies successful ops to a mirror (after the kernel accepted the batch).

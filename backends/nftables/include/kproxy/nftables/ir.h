@@ -175,6 +175,13 @@ struct RecordAffinity {
   std::uint32_t id = 0;
   bool operator==(const RecordAffinity&) const = default;
 };
+/// `redirect to :PORT`: DNAT to the node itself at PORT (the primary address of the input
+/// interface in prerouting, loopback in output); the userspace proxy's listeners. A preceding
+/// MatchL4Proto gives nft the protocol context.
+struct RedirectTo {
+  std::uint16_t port = 0;
+  bool operator==(const RedirectTo&) const = default;
+};
 /// `reject` (ICMP port unreachable) or `reject with tcp reset`.
 struct Reject {
   bool tcpReset = false;
@@ -194,7 +201,7 @@ using Statement =
     std::variant<MatchAddress, MatchL4Proto, MatchDestPort, MatchCtStateNew, MatchCtStatusDnat, MatchMarkClear,
                  MatchFibSourceLocal, MatchFibDestLocal, MatchInputInterface, MatchNumgen, MatchDestInSet, VmapLookup, SetMark, Masquerade,
                  DnatTo, DnatFromAffinity, DnatFromSlots, MatchHairpin, VmapLookupOriginal,
-                 RecordAffinity, Reject, Verdict>;
+                 RecordAffinity, RedirectTo, Reject, Verdict>;
 
 struct Rule {
   std::vector<Statement> statements;
@@ -258,8 +265,8 @@ struct SetSpec {
   std::uint32_t dataLength() const;
   /// nft's numeric id of a (concatenated) type.
   static std::uint32_t typeId(const std::vector<DataType>& types);
-  /// "add map ip kube-proxy NAME { type ... ; }" without the leading "add ".
-  std::string declaration(Family family) const;
+  /// "add map ip kube-proxy NAME { type ... ; }" without the leading "add " (in `table`).
+  std::string declaration(Family family, std::string_view table = kTableName) const;
 };
 
 /// A set or map element. `key` holds the kernel's bytes (fields padded to 32 bits), which

@@ -65,8 +65,10 @@ class KernelNftables {
   virtual core::Result<std::optional<std::uint32_t>> generation() { return std::optional<std::uint32_t>{}; }
 };
 
-/// The real kernel, over one NETLINK_NETFILTER socket (opened lazily).
-std::unique_ptr<KernelNftables> makeNetlinkKernel();
+/// The real kernel, over one NETLINK_NETFILTER socket (opened lazily), for the ip and ip6
+/// tables named `table` (kproxy's nftables mode; the userspace proxy has a table of its own).
+/// Nothing outside those tables is read or written.
+std::unique_ptr<KernelNftables> makeNetlinkKernel(std::string_view table = kTableName);
 
 /// An in-memory nftables with the kernel's refusals that matter here (missing objects, busy
 /// chains), atomic batches, failure injection and a way to tamper like a foreign tool would.

@@ -174,7 +174,11 @@ class SlotRanges {
   std::uint32_t next_ = 0;
 };
 
-
+/// The statements that tell pod traffic of `family` to `detector` (negate: traffic not from
+/// pods), one rule's worth each (pod traffic matches any, other traffic the one negated
+/// rule); none when the detector cannot tell. Shared with the userspace proxy's table.
+std::vector<std::vector<Statement>> podTrafficMatches(const plan::LocalTrafficDetector& detector,
+                                                      sdk::Family family, bool negate);
 
 class NftablesRenderer {
  public:
@@ -212,9 +216,9 @@ class NftablesRenderer {
  private:
   std::vector<SetSpec> buildSetSpecs(Family family) const;
   static plan::PlanConfig planConfigOf(const RenderConfig& config);
-  /// The statements that tell pod traffic of `family` (negate: traffic not from pods), one
-  /// rule's worth each; none when the detector cannot tell.
-  std::vector<std::vector<Statement>> podTrafficMatches(sdk::Family family, bool negate) const;
+  std::vector<std::vector<Statement>> podTrafficMatches(sdk::Family family, bool negate) const {
+    return nftables::podTrafficMatches(planConfig_.localDetector, family, negate);
+  }
 
   RenderConfig config_;
   plan::PlanConfig planConfig_;

@@ -1,0 +1,95 @@
+#pragma once
+/// UserspaceBackend: `--proxy-mode=userspace`. Every sync turns the plan of every service port
+/// into the proxy's listeners (ProxyServer: one per service port and endpoint pool) and into the
+/// `kproxy-userspace` nftables table that redirects the service's addresses to them
+/// (renderer.h), which goes to the kernel through the nftables backend's differ and netlink
+/// kernel: element-level diffs against a mirror, one atomic batch, a read-back of the table on
+/// full syncs, nothing outside the table touched.
+///
+/// Order within a sync: new listeners and new pools first, then the table, then listeners no
+/// longer wanted are closed, so a redirect never points at a closed port. A refused batch
+/// leaves the mirror as it was and makes the next sync full. Every sync renders every service
+/// port (the table holds one element per service address, not per endpoint, so this is cheap
+/// next to relaying the traffic).
+///
+/// The client's source address is not preserved: the endpoint sees a connection from the node.
+/// Thread-safety: one sync at a time (the plugin ABI guarantees it); the proxy runs on its own
+/// thread (proxy.h).
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kproxy/nftables/differ.h"
+#include "kproxy/nftables/kernel.h"
+#include "kproxy/plan/service_plan.h"
+#include "kproxy/plan/snapshot_source.h"
+#include "kproxy/plugin/sdk.h"
+#include "kproxy/userspace/proxy.h"
+#include "kproxy/userspace/renderer.h"
+
+namespace kproxy::userspace {
+
+struct UserspaceSettings {
+  ProxySettings proxy;
+  plan::PlanConfig plan;
+  std::string detectLocalMode = "ClusterCIDR";
+  std::vector<std::string> fallbackNodeIPs;  ///< node-ips, when the node has no addresses
+  bool dryRun = false;
+  /// Where dry-run prints the listeners and the table's operations (nft syntax).
+  std::FILE* dryRunOutput = stdout;
+};
+
+/// Reads the plugin options (plugins/README.md: the common ones, `udp-timeout` and the
+/// `userspace-*` keys); an error of category invalid input names the bad option.
+sdk::Expected<UserspaceSettings> parseUserspaceSettings(const sdk::Options& options);
+
+/// The proxy's metrics on the host's /metrics (inactive on a host without plugin metrics).
+class MetricsObserver final : public ProxyObserver {
+ public:
+  static sdk::Expected<std::shared_ptr<MetricsObserver>> create(const sdk::Host& host);
+  void active(const std::string& service, bool udp, int delta) override;
+  void attempt(const std::string& service, bool retry) override;
+  void refused(const std::string& service, bool udp, RefusedReason reason) override;
+  void bytes(const std::string& service, bool udp, std::uint64_t toEndpoint, std::uint64_t toClient) override;
+  /// Gauge kproxy_userspace_listeners{protocol}: listeners open after the last sync.
+  sdk::Metric listeners;
+
+ private:
+  sdk::Metric active_, attempts_, retries_, refused_, bytes_;
+};
+
+class UserspaceBackend final : public sdk::BackendPlugin {
+ public:
+  UserspaceBackend(sdk::Host host, UserspaceSettings settings, std::unique_ptr<nftables::KernelNftables> kernel,
+                   std::shared_ptr<MetricsObserver> metrics);
+
+  sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) override;
+  /// Deletes the table in both families (the listeners close with the backend).
+  sdk::Expected<void> cleanup() override;
+
+  /// The sync on any snapshot source (tests).
+  sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next, bool full);
+
+  const nftables::Mirror& mirror() const { return mirror_; }
+  /// The listeners' ports by listener id after the last sync.
+  const std::map<std::string, std::uint16_t>& listenerPorts() const { return ports_; }
+  ProxyServer& proxy() { return *proxy_; }
+
+ private:
+  sdk::Host host_;
+  UserspaceSettings settings_;
+  std::unique_ptr<nftables::KernelNftables> kernel_;
+  std::shared_ptr<MetricsObserver> metrics_;
+  std::unique_ptr<ProxyServer> proxy_;
+  nftables::Mirror mirror_;
+  std::map<std::string, std::uint16_t> ports_;
+  bool needFull_ = true;
+};
+
+/// The factory the plugin entry uses.
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeUserspaceBackend(const sdk::Host& host,
+                                                                         const sdk::Options& options);
+
+}  // namespace kproxy::userspace

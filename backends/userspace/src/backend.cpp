@@ -1,0 +1,371 @@
+#include "kproxy/userspace/backend.h"
+
+#include <sys/resource.h>
+
+#include <charconv>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "kproxy/nftables/renderer.h"
+#include "kproxy/plan/options.h"
+
+namespace kproxy::userspace {
+
+using nftables::Address;
+using nftables::Family;
+
+namespace {
+
+constexpr std::string_view kName = "userspace";
+
+sdk::Expected<std::chrono::milliseconds> secondsOption(const sdk::Options& options, std::string_view key,
+                                                       std::chrono::milliseconds fallback, bool allowZero) {
+  auto it = options.find(key);
+  if (it == options.end() || it->second.empty()) return fallback;
+  const std::string& text = it->second;
+  double value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || ptr != text.data() + text.size() || !std::isfinite(value) || value < 0 ||
+      (!allowZero && value == 0))
+    return sdk::fail(sdk::ErrorCategory::kInvalidInput,
+                     fmt::format("userspace: invalid {} \"{}\" (seconds{})", key, text, allowZero ? ", >= 0" : ", > 0"));
+  return std::chrono::milliseconds(static_cast<std::int64_t>(std::llround(value * 1000)));
+}
+
+sdk::Expected<std::size_t> countOption(const sdk::Options& options, std::string_view key, std::size_t fallback) {
+  auto it = options.find(key);
+  if (it == options.end() || it->second.empty()) return fallback;
+  const std::string& text = it->second;
+  std::size_t value = 0;
+  auto [ptr, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  if (ec != std::errc() || ptr != text.data() + text.size() || value == 0)
+    return sdk::fail(sdk::ErrorCategory::kInvalidInput, fmt::format("userspace: invalid {} \"{}\" (> 0)", key, text));
+  return value;
+}
+
+Family familyOf(sdk::Family f) { return f == sdk::Family::kIPv6 ? Family::kIPv6 : Family::kIPv4; }
+
+std::vector<Target> targetsOf(std::span<const sdk::Endpoint> endpoints) {
+  std::vector<Target> out;
+  for (const auto& e : endpoints)
+    if (e.port > 0 && e.port < 65536) out.push_back(Target{e.ip, static_cast<std::uint16_t>(e.port)});
+  return out;
+}
+
+/// A redirect entry waiting for its listener's port.
+struct PendingEntry {
+  Family family;
+  RedirectEntry entry;
+  std::string listener;  ///< empty unless the action is kListener
+};
+
+}  // namespace
+
+sdk::Expected<UserspaceSettings> parseUserspaceSettings(const sdk::Options& options) {
+  auto common = plan::parseCommonOptions(options, kName);
+  if (!common) return std::unexpected(common.error());
+  UserspaceSettings s;
+  s.detectLocalMode = common->detectLocalMode;
+  s.fallbackNodeIPs = common->nodeIPs;
+  s.plan = plan::planConfigOf(common->masqueradeAll, common->detectLocalMode, common->clusterCIDRs,
+                              common->bridgeInterface, common->interfaceNamePrefix, common->nodeIPs);
+  auto get = [&](std::string_view key) {
+    auto it = options.find(key);
+    return it == options.end() ? std::string() : it->second;
+  };
+  s.dryRun = get("dry-run") == "true";
+  const ProxySettings defaults;
+  auto udp = secondsOption(options, "udp-timeout", defaults.udpIdleTimeout, false);
+  auto connect = secondsOption(options, "userspace-connect-timeout", defaults.connectTimeout, false);
+  auto idle = secondsOption(options, "userspace-idle-timeout", defaults.idleTimeout, true);
+  auto grace = secondsOption(options, "userspace-endpoint-grace", defaults.removedEndpointGrace, true);
+  auto attempts = countOption(options, "userspace-connect-attempts", defaults.connectAttempts);
+  auto max = countOption(options, "userspace-max-connections", defaults.maxConnections);
+  for (const auto* r : {&udp, &connect, &idle, &grace})
+    if (!*r) return std::unexpected(r->error());
+  for (const auto* r : {&attempts, &max})
+    if (!*r) return std::unexpected(r->error());
+  s.proxy.udpIdleTimeout = *udp;
+  s.proxy.connectTimeout = *connect;
+  s.proxy.idleTimeout = *idle;
+  s.proxy.removedEndpointGrace = *grace;
+  s.proxy.connectAttempts = *attempts;
+  s.proxy.maxConnections = *max;
+  s.proxy.listen = !s.dryRun;
+  return s;
+}
+
+// ---- metrics ---------------------------------------------------------------------------
+
+sdk::Expected<std::shared_ptr<MetricsObserver>> MetricsObserver::create(const sdk::Host& host) {
+  auto m = std::make_shared<MetricsObserver>();
+  struct Spec {
+    sdk::Metric* into;
+    bool counter;
+    const char* name;
+    const char* help;
+    std::vector<std::string> labels;
+  };
+  const Spec specs[] = {
+      {&m->active_, false, "kproxy_userspace_active_connections",
+       "TCP connections and UDP flows the userspace proxy relays now", {"service", "protocol"}},
+      {&m->attempts_, true, "kproxy_userspace_connection_attempts_total",
+       "Connections the userspace proxy opened (or tried to open) to endpoints", {"service"}},
+      {&m->retries_, true, "kproxy_userspace_connection_retries_total",
+       "Endpoint connection attempts after the first of a client connection (the previous endpoint refused or timed out)",
+       {"service"}},
+      {&m->refused_, true, "kproxy_userspace_refused_connections_total",
+       "Client connections or datagrams the userspace proxy did not relay, by reason", {"service", "protocol", "reason"}},
+      {&m->bytes_, true, "kproxy_userspace_bytes_total", "Bytes the userspace proxy relayed",
+       {"service", "protocol", "direction"}},
+      {&m->listeners, false, "kproxy_userspace_listeners", "Listening sockets of the userspace proxy", {"protocol"}},
+  };
+  for (const auto& s : specs) {
+    auto r = s.counter ? host.counter(s.name, s.help, s.labels) : host.gauge(s.name, s.help, s.labels);
+    if (!r) return std::unexpected(r.error());
+    *s.into = *r;
+  }
+  return m;
+}
+
+void MetricsObserver::active(const std::string& service, bool udp, int delta) {
+  active_.add({service, udp ? "udp" : "tcp"}, delta);
+}
+void MetricsObserver::attempt(const std::string& service, bool retry) {
+  attempts_.add({service}, 1);
+  if (retry) retries_.add({service}, 1);
+}
+void MetricsObserver::refused(const std::string& service, bool udp, RefusedReason reason) {
+  refused_.add({service, udp ? "udp" : "tcp", std::string(refusedReasonName(reason))}, 1);
+}
+void MetricsObserver::bytes(const std::string& service, bool udp, std::uint64_t toEndpoint, std::uint64_t toClient) {
+  const std::string proto = udp ? "udp" : "tcp";
+  if (toEndpoint > 0) bytes_.add({service, proto, "to_endpoint"}, static_cast<double>(toEndpoint));
+  if (toClient > 0) bytes_.add({service, proto, "to_client"}, static_cast<double>(toClient));
+}
+
+// ---- the backend -----------------------------------------------------------------------
+
+UserspaceBackend::UserspaceBackend(sdk::Host host, UserspaceSettings settings,
+                                   std::unique_ptr<nftables::KernelNftables> kernel,
+                                   std::shared_ptr<MetricsObserver> metrics)
+    : host_(host),
+      settings_(std::move(settings)),
+      kernel_(std::move(kernel)),
+      metrics_(std::move(metrics)),
+      proxy_(std::make_unique<ProxyServer>(settings_.proxy, metrics_)) {}
+
+sdk::Expected<sdk::SyncOutcome> UserspaceBackend::sync(const sdk::SyncContext& context) {
+  return syncFrom(plan::HostSnapshot(context.next), context.full);
+}
+
+sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotSource& next, bool full) {
+  const sdk::NodeInfo node = next.node();
+  const std::vector<sdk::ServiceCIDR> serviceCIDRs = next.serviceCIDRs();
+  plan::PlanConfig config = settings_.plan;
+  plan::applyNode(config, settings_.detectLocalMode, node, settings_.fallbackNodeIPs);
+
+  std::vector<ListenerSpec> specs;
+  std::map<std::string, std::size_t> specIndex;
+  std::vector<PendingEntry> entries;
+  std::set<Family> families{Family::kIPv4};
+  std::size_t sctp = 0;
+  next.forEach([&](const sdk::ServicePort& p) {
+    if (p.protocol == sdk::Protocol::kSCTP) {
+      ++sctp;
+      return;
+    }
+    const Family family = familyOf(p.family);
+    families.insert(family);
+    const bool udp = p.protocol == sdk::Protocol::kUDP;
+    const std::uint8_t proto = udp ? 17 : 6;
+    const plan::ServicePortPlan plan = plan::planServicePort(p, config);
+    auto listener = [&](plan::Pool pool) {
+      std::string id = fmt::format("{} {}/{} {}", family == Family::kIPv4 ? "ipv4" : "ipv6", sdk::protocolName(p.protocol),
+                                   p.key, pool == plan::Pool::kCluster ? "cluster" : "local");
+      if (!specIndex.contains(id)) {
+        specIndex.emplace(id, specs.size());
+        specs.push_back(ListenerSpec{id, family == Family::kIPv6, udp, p.key, targetsOf(plan.endpointsOf(pool)),
+                                     std::chrono::seconds(plan.affinity ? plan.affinityTimeoutSeconds : 0)});
+      }
+      return id;
+    };
+    std::vector<Address> firewall;  // loadBalancerSourceRanges, for the LoadBalancer IPs
+    if (plan.usesFirewall)
+      for (const auto& source : plan.firewallAllowedSources)
+        if (auto a = Address::parse(source)) firewall.push_back(*a);
+    auto add = [&](std::optional<Address> address, std::int32_t port, bool shortCircuit, RedirectAction::Kind kind,
+                   std::string id = {}, bool clusterIP = false, bool loadBalancerIP = false) {
+      if (port <= 0 || port > 65535) return;
+      entries.push_back(PendingEntry{family,
+                                     RedirectEntry{proto, address, static_cast<std::uint16_t>(port), shortCircuit,
+                                                   clusterIP, RedirectAction{kind, 0},
+                                                   loadBalancerIP ? firewall : std::vector<Address>{}},
+                                     std::move(id)});
+    };
+    auto noEndpoints = [](plan::NoEndpoints n) {
+      return n == plan::NoEndpoints::kDrop ? RedirectAction::Kind::kDrop : RedirectAction::Kind::kReject;
+    };
+
+    if (auto cip = Address::parse(plan.clusterIP); cip && !plan.clusterIP.empty()) {
+      if (plan.hasInternalEndpoints)
+        add(cip, p.port, false, RedirectAction::Kind::kListener, listener(plan.internalPool), true);
+      else
+        add(cip, p.port, false, noEndpoints(plan.internalNoEndpoints), {}, true);
+    }
+    if (plan.externallyAccessible) {
+      struct External {
+        std::optional<Address> address;
+        std::int32_t port;
+        bool loadBalancerIP;
+      };
+      std::vector<External> external;
+      for (const auto& ip : plan.externalIPs)
+        if (auto a = Address::parse(ip)) external.push_back({a, p.port, false});
+      for (const auto& ip : plan.loadBalancerIPs)
+        if (auto a = Address::parse(ip)) external.push_back({a, p.port, true});
+      if (plan.nodePort != 0) external.push_back({std::nullopt, plan.nodePort, false});
+      for (const auto& [address, port, lb] : external) {
+        if (plan.hasExternalEndpoints)
+          add(address, port, false, RedirectAction::Kind::kListener, listener(plan.externalPool), false, lb);
+        else
+          add(address, port, false, noEndpoints(plan.externalNoEndpoints));
+        // The short-circuit: the node and its pods reach an eTP=Local service's external
+        // addresses through the cluster-wide pool.
+        if (plan.shortCircuitNode && plan.usesClusterPool)
+          add(address, port, true, RedirectAction::Kind::kListener, listener(plan::Pool::kCluster), false, lb);
+      }
+    }
+  });
+  for (const auto& f : {Family::kIPv4, Family::kIPv6})
+    if (mirror_.of(f).tableExists) families.insert(f);
+
+  // Listeners first: the table must never send a connection to a port nobody listens on.
+  auto ports = proxy_->update(specs);
+  if (!ports) {
+    needFull_ = true;
+    return sdk::fail(sdk::ErrorCategory::kTransient, ports.error().message(), ports.error().errnum);
+  }
+
+  std::map<Family, std::vector<RedirectEntry>> byFamily;
+  for (auto& e : entries) {
+    if (!e.listener.empty()) e.entry.action.listenerPort = ports->at(e.listener);
+    byFamily[e.family].push_back(e.entry);
+  }
+
+  if ((full || needFull_) && !settings_.dryRun) {
+    auto read = kernel_->readBack(userspaceSetSpecs(Family::kIPv4), userspaceSetSpecs(Family::kIPv6));
+    if (!read) {
+      needFull_ = true;
+      return sdk::fail(sdk::kernelErrorCategory(read.error().errnum), read.error().message(), read.error().errnum);
+    }
+    mirror_ = std::move(*read);
+  }
+
+  std::vector<nftables::Op> ops;
+  for (Family family : families) {
+    const auto pods = nftables::podTrafficMatches(config.localDetector,
+                                                  family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, false);
+    // Where NodePorts answer: the addresses the host resolved --nodeport-addresses to (loopback
+    // left out, as in nftables mode), or every local address (no CIDR of this family, or a host
+    // that did not resolve them).
+    std::optional<std::vector<Address>> nodePortAddresses;
+    const auto& np = node.nodePortAddresses;
+    if (np.resolved && !np.allLocal(family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6)) {
+      nodePortAddresses.emplace();
+      for (const auto& ip : np.addresses)
+        if (auto a = Address::parse(ip); a && a->family == family &&
+                                         !Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(*a))
+          nodePortAddresses->push_back(*a);
+    }
+    std::vector<Address> cidrs;
+    for (const auto& range : plan::serviceCIDRRanges(serviceCIDRs, family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6))
+      if (auto a = Address::parse(range.cidr)) cidrs.push_back(*a);
+    RenderedTable table = renderUserspaceTable(family, byFamily[family], pods, nodePortAddresses, cidrs);
+    nftables::DesiredFamily desired;
+    desired.sets = table.sets;
+    for (auto& c : table.chains) desired.chains.push_back(&c);
+    for (auto& e : table.elements) desired.elements.push_back(&e);
+    nftables::StaleCandidates stale;
+    stale.everythingNotDesired = true;
+    auto diff = nftables::NftablesDiffer::diff(family, desired, mirror_.of(family), stale, table.sets);
+    for (auto& op : diff.ops) ops.push_back(std::move(op));
+  }
+
+  if (settings_.dryRun) {
+    std::string text = "# userspace listeners\n";
+    for (const auto& spec : specs) {
+      std::string pool;
+      for (const auto& t : spec.endpoints) pool += (pool.empty() ? "" : ", ") + t.toString();
+      text += fmt::format("# {} :{} -> {}{}\n", spec.id, ports->at(spec.id), pool.empty() ? "(none)" : pool,
+                          spec.affinityTimeout.count() > 0 ? fmt::format(" (ClientIP affinity {}s)", spec.affinityTimeout.count()) : "");
+    }
+    for (const auto& op : ops) text += op.toText(kTableName) + "\n";
+    std::fputs(text.c_str(), settings_.dryRunOutput);
+    std::fflush(settings_.dryRunOutput);
+  } else if (!ops.empty()) {
+    if (auto applied = kernel_->apply(ops); !applied) {
+      needFull_ = true;
+      return sdk::fail(sdk::kernelErrorCategory(applied.error().errnum), applied.error().message(),
+                       applied.error().errnum);
+    }
+  }
+  nftables::applyToMirror(mirror_, ops);
+  needFull_ = false;
+
+  std::set<std::string> keep;
+  for (const auto& spec : specs) keep.insert(spec.id);
+  proxy_->retain(keep);
+  ports_ = std::move(*ports);
+  std::size_t tcp = 0, udp = 0;
+  for (const auto& spec : specs) ++(spec.udp ? udp : tcp);
+  if (metrics_) {
+    metrics_->listeners.set({"tcp"}, static_cast<double>(tcp));
+    metrics_->listeners.set({"udp"}, static_cast<double>(udp));
+  }
+  std::string summary = fmt::format("userspace: {} listeners ({} tcp, {} udp), {} table operations", specs.size(), tcp,
+                                    udp, ops.size());
+  if (sctp > 0) summary += fmt::format(", {} SCTP service ports not proxied", sctp);
+  return sdk::SyncOutcome{ops.size(), summary};
+}
+
+sdk::Expected<void> UserspaceBackend::cleanup() {
+  if (settings_.dryRun) {
+    std::fprintf(settings_.dryRunOutput, "delete table ip %s\ndelete table ip6 %s\n", std::string(kTableName).c_str(),
+                 std::string(kTableName).c_str());
+    return {};
+  }
+  auto r = kernel_->deleteTables();
+  mirror_ = nftables::Mirror{};
+  needFull_ = true;
+  if (!r) return sdk::fail(sdk::kernelErrorCategory(r.error().errnum), r.error().message(), r.error().errnum);
+  return {};
+}
+
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeUserspaceBackend(const sdk::Host& host,
+                                                                         const sdk::Options& options) {
+  auto settings = parseUserspaceSettings(options);
+  if (!settings) return std::unexpected(settings.error());
+  auto metrics = MetricsObserver::create(host);
+  if (!metrics) return std::unexpected(metrics.error());
+  if (!settings->dryRun) {
+    // Each relayed TCP connection holds two sockets and two pipes: let the process have as many
+    // descriptors as its hard limit allows.
+    rlimit limit{};
+    if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+      limit.rlim_cur = limit.rlim_max;
+      ::setrlimit(RLIMIT_NOFILE, &limit);
+    }
+  }
+  host.info(0, fmt::format("userspace: table {} (ip, ip6); connect timeout {} ms, {} attempts, at most {} connections, "
+                           "UDP idle timeout {} ms",
+                           kTableName, settings->proxy.connectTimeout.count(), settings->proxy.connectAttempts,
+                           settings->proxy.maxConnections, settings->proxy.udpIdleTimeout.count()));
+  return std::make_unique<UserspaceBackend>(host, std::move(*settings), nftables::makeNetlinkKernel(kTableName),
+                                            std::move(*metrics));
+}
+
+}  // namespace kproxy::userspace

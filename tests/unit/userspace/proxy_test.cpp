@@ -1,0 +1,405 @@
+// ProxyServer over loopback in this process: the listeners are reached directly at their
+// ports (no redirect), the endpoints are loopback servers run by the test.
+#include "kproxy/userspace/proxy.h"
+#include "kproxy/userspace/relay.h"
+
+#include <sys/socket.h>
+#include <sys/time.h>
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include <utility>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/ip/udp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/write.hpp>
+
+using namespace kproxy::userspace;
+namespace asio = boost::asio;
+using tcp = asio::ip::tcp;
+using udp = asio::ip::udp;
+using namespace std::chrono_literals;
+
+namespace {
+
+class CountingObserver final : public ProxyObserver {
+ public:
+  void active(const std::string&, bool, int delta) override { add("active", delta); }
+  void attempt(const std::string&, bool retry) override {
+    add("attempts", 1);
+    if (retry) add("retries", 1);
+  }
+  void refused(const std::string&, bool, RefusedReason reason) override { add(std::string(refusedReasonName(reason)), 1); }
+  void bytes(const std::string&, bool, std::uint64_t a, std::uint64_t b) override {
+    add("toEndpoint", static_cast<int>(a));
+    add("toClient", static_cast<int>(b));
+  }
+  int get(const std::string& k) {
+    std::lock_guard lock(mu_);
+    return counts_[k];
+  }
+
+ private:
+  void add(const std::string& k, int n) {
+    std::lock_guard lock(mu_);
+    counts_[k] += n;
+  }
+  std::mutex mu_;
+  std::map<std::string, int> counts_;
+};
+
+/// A loopback TCP server on its own thread: each connection gets "NAME:" + what it sent
+/// (one read), then a close; or it is held open (hold = true) until the server stops.
+class EchoServer {
+ public:
+  EchoServer(std::string name, bool hold = false)
+      : name_(std::move(name)), hold_(hold), acceptor_(io_, tcp::endpoint(asio::ip::address_v4::loopback(), 0)) {
+    accept();
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~EchoServer() {
+    io_.stop();
+    thread_.join();
+  }
+  Target target() const { return Target{"127.0.0.1", acceptor_.local_endpoint().port()}; }
+  int accepted() const { return accepted_.load(); }
+
+ private:
+  void accept() {
+    acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket s) {
+      if (ec) return;
+      ++accepted_;
+      auto sock = std::make_shared<tcp::socket>(std::move(s));
+      held_.push_back(sock);
+      if (!hold_) {
+        auto buf = std::make_shared<std::array<char, 256>>();
+        sock->async_read_some(asio::buffer(*buf), [this, sock, buf](const boost::system::error_code& e, std::size_t n) {
+          if (e) return;
+          auto reply = std::make_shared<std::string>(name_ + ":" + std::string(buf->data(), n));
+          asio::async_write(*sock, asio::buffer(*reply), [sock, reply](const boost::system::error_code&, std::size_t) {
+            boost::system::error_code ignored;
+            sock->shutdown(tcp::socket::shutdown_send, ignored);
+          });
+        });
+      }
+      accept();
+    });
+  }
+  std::string name_;
+  bool hold_;
+  asio::io_context io_;
+  tcp::acceptor acceptor_;
+  std::vector<std::shared_ptr<tcp::socket>> held_;
+  std::atomic<int> accepted_{0};
+  std::thread thread_;
+};
+
+/// A loopback port nothing listens on: connections to it are refused.
+Target refusingTarget() {
+  asio::io_context io;
+  tcp::acceptor a(io, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+  Target t{"127.0.0.1", a.local_endpoint().port()};
+  return t;  // closed on return
+}
+
+/// Blocking reads on `s` give up after 3 s (a test fails instead of hanging). Asio's own
+/// blocking reads wait again on a timeout, so the tests read with recv(2).
+template <typename Socket>
+void readTimeout(Socket& s) {
+  timeval tv{3, 0};
+  ::setsockopt(s.native_handle(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+}
+
+/// recv(2) on `s`: bytes read, 0 at the end, -1 with errno (EAGAIN after the timeout).
+template <typename Socket>
+ssize_t receive(Socket& s, char* buf, std::size_t size) {
+  return ::recv(s.native_handle(), buf, size, 0);
+}
+
+/// Polls `done` for up to 3 s (reports of the proxy's thread may come just after a reply).
+template <typename Fn>
+bool eventually(Fn done) {
+  for (int i = 0; i < 300; ++i) {
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return done();
+}
+
+/// One request through the proxy: the reply, or "ERROR: ..." when the connection failed.
+std::string request(std::uint16_t port, const std::string& body = "hi") {
+  asio::io_context io;
+  tcp::socket s(io);
+  boost::system::error_code ec;
+  s.connect(tcp::endpoint(asio::ip::address_v4::loopback(), port), ec);
+  if (ec) return "ERROR: " + ec.message();
+  readTimeout(s);
+  asio::write(s, asio::buffer(body), ec);
+  // A reset that comes before the write is reported by the write (recv then sees the end).
+  if (ec) return "ERROR: " + ec.message();
+  std::string out;
+  char buf[512];
+  for (;;) {
+    auto n = receive(s, buf, sizeof buf);
+    if (n < 0) return std::string("ERROR: ") + std::strerror(errno);
+    if (n == 0) return out;
+    out.append(buf, static_cast<std::size_t>(n));
+  }
+}
+
+ListenerSpec spec(std::string id, std::vector<Target> endpoints, bool udp = false) {
+  return ListenerSpec{std::move(id), false, udp, "ns/svc:p", std::move(endpoints), 0s};
+}
+
+}  // namespace
+
+TEST_CASE("proxy: a refused endpoint is retried on the next; every connection succeeds", "[unit]") {
+  EchoServer b("b");
+  auto observer = std::make_shared<CountingObserver>();
+  ProxyServer proxy(ProxySettings{}, observer);
+  auto ports = proxy.update({spec("l", {refusingTarget(), b.target()})});
+  REQUIRE(ports);
+  const auto port = ports->at("l");
+  for (int i = 0; i < 4; ++i) CHECK(request(port, "x" + std::to_string(i)) == "b:x" + std::to_string(i));
+  CHECK(b.accepted() == 4);
+  // Round robin puts the refusing endpoint first for every other connection.
+  CHECK(observer->get("attempts") == 6);
+  CHECK(observer->get("retries") == 2);
+  CHECK(observer->get("endpoints_failed") == 0);
+  CHECK(eventually([&] { return observer->get("toEndpoint") == 8 && observer->get("toClient") == 16; }));
+}
+
+TEST_CASE("proxy: when every endpoint refuses, the client is reset", "[unit]") {
+  auto observer = std::make_shared<CountingObserver>();
+  ProxyServer proxy(ProxySettings{}, observer);
+  auto ports = proxy.update({spec("l", {refusingTarget(), refusingTarget()}), spec("empty", {})});
+  REQUIRE(ports);
+  CHECK(request(ports->at("l")).starts_with("ERROR"));
+  CHECK(request(ports->at("empty")).starts_with("ERROR"));
+  CHECK(eventually([&] { return observer->get("endpoints_failed") == 1 && observer->get("no_endpoints") == 1; }));
+  CHECK(observer->get("retries") == 1);
+}
+
+TEST_CASE("proxy: the connection cap resets connections over it", "[unit]") {
+  EchoServer held("held", true);
+  auto observer = std::make_shared<CountingObserver>();
+  ProxySettings settings;
+  settings.maxConnections = 2;
+  ProxyServer proxy(settings, observer);
+  auto ports = proxy.update({spec("l", {held.target()})});
+  REQUIRE(ports);
+  asio::io_context io;
+  std::vector<tcp::socket> open;
+  for (int i = 0; i < 2; ++i) {
+    open.emplace_back(io);
+    open.back().connect(tcp::endpoint(asio::ip::address_v4::loopback(), ports->at("l")));
+  }
+  for (int i = 0; i < 100 && held.accepted() < 2; ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE(held.accepted() == 2);
+  CHECK(proxy.tcpConnections() == 2);
+  CHECK(request(ports->at("l")).starts_with("ERROR"));
+  CHECK(eventually([&] { return observer->get("connection_limit") == 1; }));
+  CHECK(held.accepted() == 2);
+}
+
+TEST_CASE("proxy: a new pool keeps the listener; connections to a removed endpoint close after the grace", "[unit]") {
+  EchoServer held("held", true), other("other");
+  ProxySettings settings;
+  settings.removedEndpointGrace = 100ms;
+  ProxyServer proxy(settings, nullptr);
+  auto ports = proxy.update({spec("l", {held.target()})});
+  REQUIRE(ports);
+  asio::io_context io;
+  tcp::socket s(io);
+  s.connect(tcp::endpoint(asio::ip::address_v4::loopback(), ports->at("l")));
+  readTimeout(s);
+  for (int i = 0; i < 100 && held.accepted() < 1; ++i) std::this_thread::sleep_for(10ms);
+  REQUIRE(proxy.tcpConnections() == 1);
+  auto again = proxy.update({spec("l", {other.target()})});
+  REQUIRE(again);
+  CHECK(again->at("l") == ports->at("l"));
+  char c;
+  const auto start = std::chrono::steady_clock::now();
+  CHECK(receive(s, &c, 1) == 0);  // blocks until the proxy closes it
+  CHECK(std::chrono::steady_clock::now() - start < 3s);
+  CHECK(request(ports->at("l")) == "other:hi");
+  proxy.retain({});
+  CHECK(request(ports->at("l")).starts_with("ERROR"));
+}
+
+TEST_CASE("proxy: UDP flows, replies from the listener's port, one endpoint per client", "[unit]") {
+  asio::io_context eio;
+  auto echo = [&](const std::string& name) {
+    auto s = std::make_shared<udp::socket>(eio, udp::endpoint(asio::ip::address_v4::loopback(), 0));
+    auto buf = std::make_shared<std::array<char, 512>>();
+    auto from = std::make_shared<udp::endpoint>();
+    auto loop = std::make_shared<std::function<void()>>();
+    *loop = [s, buf, from, name, loop] {
+      s->async_receive_from(asio::buffer(*buf), *from, [s, buf, from, name, loop](const boost::system::error_code& ec, std::size_t n) {
+        if (ec) return;
+        s->send_to(asio::buffer(name + ":" + std::string(buf->data(), n)), *from);
+        (*loop)();
+      });
+    };
+    (*loop)();
+    return s;
+  };
+  auto a = echo("a"), b = echo("b");
+  std::thread t([&] { eio.run(); });
+  auto observer = std::make_shared<CountingObserver>();
+  ProxySettings settings;
+  settings.udpIdleTimeout = 200ms;
+  ProxyServer proxy(settings, observer);
+  auto ports = proxy.update({spec("u", {Target{"127.0.0.1", a->local_endpoint().port()},
+                                        Target{"127.0.0.1", b->local_endpoint().port()}},
+                                  true)});
+  REQUIRE(ports);
+  asio::io_context io;
+  std::map<std::string, int> seen;
+  for (int i = 0; i < 4; ++i) {
+    udp::socket c(io, udp::endpoint(asio::ip::address_v4::loopback(), 0));
+    c.connect(udp::endpoint(asio::ip::address_v4::loopback(), ports->at("u")));  // replies only from there
+    readTimeout(c);
+    for (int k = 0; k < 2; ++k) {
+      c.send(asio::buffer(std::string("ping")));
+      char buf[64];
+      auto n = receive(c, buf, sizeof buf);
+      REQUIRE(n > 0);
+      std::string reply(buf, static_cast<std::size_t>(n));
+      ++seen[reply.substr(0, reply.find(':'))];
+      CHECK(reply.ends_with(":ping"));
+    }
+  }
+  CHECK(seen["a"] == 4);  // a client stays with its endpoint; clients alternate
+  CHECK(seen["b"] == 4);
+  CHECK(proxy.udpFlows() == 4);
+  for (int i = 0; i < 200 && proxy.udpFlows() > 0; ++i) std::this_thread::sleep_for(10ms);
+  CHECK(proxy.udpFlows() == 0);  // idle timeout
+  eio.stop();
+  t.join();
+}
+
+/// Threads of this process that block SIGPIPE (/proc/self/task/*/status, SigBlk).
+int threadsBlockingSigpipe() {
+  int n = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream status(task.path() / "status");
+    std::string line;
+    while (std::getline(status, line))
+      if (line.starts_with("SigBlk:") && ((std::stoull(line.substr(7), nullptr, 16) >> (SIGPIPE - 1)) & 1) != 0) ++n;
+  }
+  return n;
+}
+
+TEST_CASE("proxy: its thread blocks SIGPIPE, which splice(2) into a closed peer would raise", "[unit]") {
+  // With the default disposition a SIGPIPE ends the whole process (kproxy), so the relays' thread
+  // must block it; the host's own disposition stays as it is.
+  const int before = threadsBlockingSigpipe();
+  {
+    ProxyServer proxy(ProxySettings{}, nullptr);
+    CHECK(threadsBlockingSigpipe() == before + 1);
+  }
+  // And a write to a closed peer on such a thread fails with EPIPE instead.
+  int pair[2];
+  REQUIRE(::socketpair(AF_UNIX, SOCK_STREAM, 0, pair) == 0);
+  ::close(pair[1]);
+  int err = 0;
+  std::thread([&] {
+    blockSigpipeOnThisThread();
+    if (::write(pair[0], "x", 1) < 0) err = errno;
+  }).join();
+  ::close(pair[0]);
+  CHECK(err == EPIPE);
+}
+
+TEST_CASE("proxy: an endpoint that goes away mid-transfer ends the connection, not the process", "[unit]") {
+  // splice(2) into the closed endpoint raises SIGPIPE unless the proxy's thread blocks it; with
+  // the default disposition this test binary would die here.
+  asio::io_context eio;
+  tcp::acceptor acceptor(eio, tcp::endpoint(asio::ip::address_v4::loopback(), 0));
+  std::thread closer([&] {
+    tcp::socket s(eio);
+    acceptor.accept(s);
+    char buf[1024];
+    s.read_some(asio::buffer(buf));  // some data arrived: the relay is writing
+    s.close();
+  });
+  ProxyServer proxy(ProxySettings{}, nullptr);
+  auto ports = proxy.update({spec("l", {Target{"127.0.0.1", acceptor.local_endpoint().port()}})});
+  REQUIRE(ports);
+  asio::io_context io;
+  tcp::socket c(io);
+  c.connect(tcp::endpoint(asio::ip::address_v4::loopback(), ports->at("l")));
+  std::string chunk(1 << 16, 'x');
+  boost::system::error_code ec;
+  for (int i = 0; i < 2000 && !ec; ++i) asio::write(c, asio::buffer(chunk), ec);
+  CHECK(ec);  // the proxy reset the client
+  closer.join();
+  CHECK(eventually([&] { return proxy.tcpConnections() == 0; }));
+}
+
+TEST_CASE("proxy: IPv6 listeners (v6 only) relay TCP and UDP over ::1", "[unit]") {
+  asio::io_context eio;
+  boost::system::error_code probe;
+  tcp::acceptor acceptor(eio);
+  acceptor.open(tcp::v6(), probe);
+  if (!probe) acceptor.bind(tcp::endpoint(asio::ip::address_v6::loopback(), 0), probe);
+  if (probe) {
+    WARN("no IPv6 loopback here: " << probe.message());
+    return;
+  }
+  acceptor.listen();
+  udp::socket echo(eio, udp::endpoint(asio::ip::address_v6::loopback(), 0));
+  std::thread server([&] {
+    tcp::socket s(eio);
+    acceptor.accept(s);
+    char buf[64];
+    auto n = s.read_some(asio::buffer(buf));
+    asio::write(s, asio::buffer("v6:" + std::string(buf, n)));
+    s.shutdown(tcp::socket::shutdown_send);
+    udp::endpoint from;
+    n = echo.receive_from(asio::buffer(buf), from);
+    echo.send_to(asio::buffer("v6:" + std::string(buf, n)), from);
+  });
+  ProxyServer proxy(ProxySettings{}, nullptr);
+  ListenerSpec t{"t6", true, false, "ns/svc:p", {Target{"::1", acceptor.local_endpoint().port()}}, 0s};
+  ListenerSpec u{"u6", true, true, "ns/svc:p", {Target{"::1", echo.local_endpoint().port()}}, 0s};
+  auto ports = proxy.update({t, u});
+  REQUIRE(ports);
+  asio::io_context io;
+  tcp::socket c(io);
+  c.connect(tcp::endpoint(asio::ip::address_v6::loopback(), ports->at("t6")));
+  readTimeout(c);
+  asio::write(c, asio::buffer(std::string("hi")));
+  char buf[64];
+  std::string got;
+  for (ssize_t n; (n = receive(c, buf, sizeof buf)) > 0;) got.append(buf, static_cast<std::size_t>(n));
+  CHECK(got == "v6:hi");
+  // v6 only: the IPv4 wildcard does not answer on the same port.
+  tcp::socket c4(io);
+  boost::system::error_code ec;
+  c4.connect(tcp::endpoint(asio::ip::address_v4::loopback(), ports->at("t6")), ec);
+  CHECK(ec);
+  udp::socket uc(io, udp::endpoint(asio::ip::address_v6::loopback(), 0));
+  uc.connect(udp::endpoint(asio::ip::address_v6::loopback(), ports->at("u6")));
+  readTimeout(uc);
+  uc.send(asio::buffer(std::string("ping")));
+  auto n = receive(uc, buf, sizeof buf);
+  REQUIRE(n > 0);
+  CHECK(std::string(buf, static_cast<std::size_t>(n)) == "v6:ping");
+  server.join();
+}
