@@ -323,7 +323,13 @@ foreign_object_present() {
 
 # servicecidr_drop_present CIDR — kproxy drops new connections to CIDR's unallocated addresses.
 servicecidr_drop_present() {
-  if uses_iptables; then
+  if is_ipvs; then
+    # Pods' packets (FORWARD) and the node's (OUTPUT) to addresses not bound to kube-ipvs0.
+    local out
+    out="$(ipt_save iptables "$IPTABLES_VARIANT" -t filter)" || return 1
+    grep -qE -- "^-A KUBE-PROXY-FIREWALL -d ${1//./\\.} .*-j DROP\$" <<<"$out" &&
+      grep -qE -- "^-A KUBE-IPVS-OUT-FILTER -d ${1//./\\.} .*-j DROP\$" <<<"$out"
+  elif uses_iptables; then
     local out
     out="$(ipt_save iptables "$IPTABLES_VARIANT" -t filter)" || return 1
     grep -qE -- "^-A KUBE-SERVICES -d ${1//./\\.} .*-j DROP\$" <<<"$out"
@@ -334,7 +340,11 @@ servicecidr_drop_present() {
 
 # servicecidr_drop_gone — no such drop is left (and kproxy's rules can be read).
 servicecidr_drop_gone() {
-  if uses_iptables; then
+  if is_ipvs; then
+    local out
+    out="$(kproxy_ruleset)" || return 1
+    ! grep -E -- '^-A KUBE-(PROXY-FIREWALL|IPVS-OUT-FILTER) .*unallocated ClusterIPs.*-j DROP$' <<<"$out" | grep -q .
+  elif uses_iptables; then
     local out
     out="$(kproxy_ruleset)" || return 1
     ! grep -E -- '^-A KUBE-SERVICES .*-j DROP$' <<<"$out" | grep -q .
@@ -1344,6 +1354,18 @@ if is_userspace; then
   kp_case() {
     local why
     if why="$(userspace_skip_reason "$1")"; then kp_skip "$1" "$why"; else _kp_case_shared "$@"; fi
+  }
+fi
+
+# IPVS mode: the one shared case whose meaning IPVS does not give yet.
+if is_ipvs; then
+  eval "_kp_case_ipvs() $(declare -f kp_case | tail -n +2)"
+  kp_case() {
+    if [[ $1 == affinity_across_addresses ]]; then
+      kp_skip "$1" "IPVS keeps persistence per virtual server, so stickiness does not carry from one of a service port's addresses to another (as upstream's IPVS mode); sharing it needs one firewall-mark virtual server per service port (issue 13)"
+    else
+      _kp_case_ipvs "$@"
+    fi
   }
 fi
 

@@ -297,6 +297,7 @@ sdk::Expected<sdk::SyncOutcome> IpvsBackend::syncFrom(const plan::SnapshotSource
   full = full || needFull_;
   lastWrites_ = 0;
   renderer_.setNode(next.node());
+  renderer_.setServiceCIDRs(next.serviceCIDRs());
   // Any failure below leaves needFull_ set: the next sync reads the kernel back.
   needFull_ = true;
   auto r = full ? fullSync(next) : partialSync(next, changed);

@@ -670,6 +670,20 @@ GlobalObjects IpvsRenderer::renderGlobal(sdk::Family family) const {
            .jump(config_.randomFully ? "MASQUERADE --random-fully" : "MASQUERADE"));
   tail(Table::kNat, kMarkMasq, Spec().jump(fmt::format("MARK --set-xmark {0}/{0}", mark)));
 
+  // Unallocated ClusterIPs: an address of a ServiceCIDR that no Service holds is not bound to
+  // kube-ipvs0, so it is not local; new connections to it are dropped where pods' (FORWARD)
+  // and the node's (OUTPUT) packets pass. A ClusterIP's unused port stays refused by the
+  // kernel (the address is local, nothing listens).
+  for (const auto& range : plan::serviceCIDRRanges(serviceCIDRs_, family)) {
+    std::string names;
+    for (const auto& n : range.names) names += (names.empty() ? "" : ",") + n;
+    std::string text = "unallocated ClusterIPs of ServiceCIDR " + names;
+    if (text.size() > 250) text = text.substr(0, 247) + "...";
+    for (std::string_view chain : {kProxyFirewall, kIpvsOutFilter})
+      tail(Table::kFilter, chain,
+           Spec().dst(range.cidr).comment(text).match("-m addrtype ! --dst-type LOCAL").jump("DROP"));
+  }
+
   for (const auto& [table, name] : kOwnedChains) g.chains.push_back(std::move(chains[{table, name}]));
 
   // Upstream's iptablesJumpChain, each prepended to its built-in chain.

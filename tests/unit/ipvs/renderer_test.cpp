@@ -666,3 +666,26 @@ TEST_CASE("ipvs renderer: IPv6 global rules", "[unit]") {
   CHECK_THAT(text, Catch::Contains("-m set --match-set KUBE-6-LOAD-BALANCER-SOURCE-CID dst,dst,src -j RETURN\n"));
   CHECK_THAT(text, !Catch::Contains(" KUBE-CLUSTER-IP "));
 }
+
+TEST_CASE("ipvs renderer: unallocated ClusterIPs of the ServiceCIDRs are dropped where pods and the node send", "[unit]") {
+  auto drops = [](const IpvsRenderer& r, sdk::Family family) {
+    Strings out;
+    for (const auto& c : r.renderGlobal(family).chains)
+      for (const auto& rule : c.tail)
+        if (rule.find("unallocated ClusterIPs") != std::string::npos) out.push_back(c.name + " " + rule);
+    return out;
+  };
+  IpvsRenderer r(config());
+  CHECK(drops(r, sdk::Family::kIPv4).empty());
+  r.setServiceCIDRs({{"kubernetes", "10.96.0.0/16"}, {"extra", "10.96.8.0/24"}, {"v6", "fd00:10:96::/112"}});
+  const std::string v4 =
+      " -d 10.96.0.0/16 -m comment --comment \"unallocated ClusterIPs of ServiceCIDR kubernetes,extra\" "
+      "-m addrtype ! --dst-type LOCAL -j DROP";
+  CHECK(drops(r, sdk::Family::kIPv4) == Strings{"KUBE-PROXY-FIREWALL" + v4, "KUBE-IPVS-OUT-FILTER" + v4});
+  const auto v6 = drops(r, sdk::Family::kIPv6);
+  REQUIRE(v6.size() == 2);
+  CHECK(v6[0].find("-d fd00:10:96::/112 ") != std::string::npos);
+  // Removed ServiceCIDRs take their drops with them.
+  r.setServiceCIDRs({});
+  CHECK(drops(r, sdk::Family::kIPv4).empty());
+}

@@ -244,6 +244,9 @@ class IpvsRenderer {
   /// GetAllLocalAddressesExcept): NodePorts do not answer on them and an externalIP among them
   /// is still bound. A backend whose host lists every interface's addresses must pass them.
   void setDummyInterfaceAddresses(std::vector<std::string> addresses);
+  /// The cluster's ServiceCIDRs: new connections to their addresses that no Service holds
+  /// (not bound to kube-ipvs0, so not local) are dropped, as the plan says for every mode.
+  void setServiceCIDRs(std::vector<sdk::ServiceCIDR> cidrs) { serviceCIDRs_ = std::move(cidrs); }
 
   Fragment renderServicePort(const sdk::ServicePort& port) const;
   GlobalObjects renderGlobal(sdk::Family family) const;
@@ -263,6 +266,7 @@ class IpvsRenderer {
   plan::PlanConfig planConfig_;
   sdk::NodeInfo node_;
   std::vector<std::string> dummyAddresses_;  ///< sorted, each once
+  std::vector<sdk::ServiceCIDR> serviceCIDRs_;
   std::vector<std::string> nodePortAddresses_[2];
 };
 
