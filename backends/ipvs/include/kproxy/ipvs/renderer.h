@@ -45,6 +45,12 @@
 ///     then do not change with the services.
 ///  6. KUBE-LOOP-BACK holds the local endpoints that are real servers of the port (upstream:
 ///     every local endpoint of the slice, ready or not); the others receive no traffic.
+///  7. Unallocated ClusterIPs (an address of a ServiceCIDR that no Service holds) are dropped
+///     in KUBE-PROXY-FIREWALL and KUBE-IPVS-OUT-FILTER, as the other modes do; upstream's IPVS
+///     mode routes them on.
+/// Not the plan's meaning yet: ClientIP persistence is per virtual server, so stickiness does
+/// not carry from one of a port's addresses to another (one firewall-mark virtual server per
+/// port would share it).
 ///
 /// Thread-safety: pure functions of their inputs; an IpvsRenderer is not mutated by renders.
 
