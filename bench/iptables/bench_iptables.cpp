@@ -191,6 +191,7 @@ class TimedKernel final : public KernelIptables {
       kernel_.restoreBytes += text.size();
       return inner_->write(text);
     }
+    void endInput() override { inner_->endInput(); }
     core::Result<void> finish() override {
       auto r = inner_->finish();
       kernel_.restoreMs += msSince(started_);

@@ -85,6 +85,8 @@ class ChildProcess final : public ProcessStream {
     return failure();
   }
 
+  void closeInput() override { stdinOurs_.reset(); }
+
   core::Result<ProcessResult> finish() override {
     stdinOurs_.reset();
     if (!timedOut_ && ioError_ == 0) pump({});
@@ -267,6 +269,7 @@ class CollectedInput final : public ProcessStream {
     input_ += data;
     return {};
   }
+  void closeInput() override {}
   core::Result<ProcessResult> finish() override { return runner_.run(argv_, ProcessOptions{input_, timeout_}); }
 
  private:

@@ -97,13 +97,14 @@ struct IptablesBackend::Edit {
   }
 };
 
-/// The owned nat chains of a full sync, written to iptables-restore while they are rendered, so
-/// that the tool parses the start of the input while the rest is rendered (on the other core).
-/// With a chunk limit (iptables-nft), each chunk of whole service ports is a restore of its
-/// own, committed before the next starts; without one (iptables-legacy, which replaces the
-/// whole table on every commit), the nat block stays open and the rest of the full sync's input
-/// completes it. Chains of the other tables go to the rest. In dry-run, each restore input is
-/// printed instead.
+/// The owned nat chains of a full sync, handed to iptables-restore while the rest is still being
+/// rendered, so that the tool and the renderer use both cores. Without a chunk limit
+/// (iptables-legacy, which replaces the whole table on every commit), one nat block is
+/// streamed into the tool as it is rendered and the rest of the full sync's input completes
+/// it. With one (iptables-nft), each chunk of whole service ports is a restore of its own: the
+/// tool parses and commits chunk k while chunk k+1 is rendered, and chunk k+1 starts once chunk
+/// k is committed. Chains of the other tables go to the rest. In dry-run, each restore input
+/// is printed instead.
 class IptablesBackend::StreamedChains {
  public:
   /// `chunkRules`: KernelIptables::restoreChunkRules.
@@ -111,8 +112,9 @@ class IptablesBackend::StreamedChains {
       : backend_(backend), family_(family), chunkRules_(chunkRules) {}
   ~StreamedChains() {
     // Abandoned after a failure: the open restore ends without COMMIT, so the tool applies
-    // nothing of it.
+    // nothing of it; a committed chunk still running is waited for.
     if (tool_) (void)tool_->finish();
+    if (pending_) (void)pending_->finish();
   }
 
   /// Rewrites chain `name` with `rules`: streamed when in nat (at portDone), else added to
@@ -138,7 +140,7 @@ class IptablesBackend::StreamedChains {
       buffer_ += rules_;
       declare_.clear();
       rules_.clear();
-      if (buffer_.size() >= kWriteSize) send();
+      if (chunkRules_ == 0 && buffer_.size() >= kWriteSize) send();
     }
     if (chunkRules_ != 0 && chunkSize_ >= chunkRules_) commit();
   }
@@ -148,11 +150,12 @@ class IptablesBackend::StreamedChains {
   sdk::Expected<void> finish(const Edit& rest) {
     portDone();
     if (chunkRules_ != 0) commit();
+    waitPending();
     if (error_) return std::unexpected(*error_);
     const bool natOpen = open_;
     buffer_ += rest.text(natOpen);
     if (!natOpen && buffer_.empty()) return {};
-    if (!natOpen) open(false);
+    if (!natOpen) startTool();
     open_ = false;
     close();
     if (error_) return std::unexpected(*error_);
@@ -166,17 +169,27 @@ class IptablesBackend::StreamedChains {
  private:
   static constexpr std::size_t kWriteSize = 256 * 1024;
 
-  void open(bool natHeader = true) {
-    if (!backend_.settings_.dryRun) {
-      auto started = backend_.kernel_->startRestore(family_);
-      if (!started) {
-        error_ = backend_.restoreFailed(family_, started.error()).error();
-        return;
-      }
-      tool_ = std::move(*started);
+  /// Starts a nat block: streamed into a tool started now, or (chunks) collected until commit.
+  void open() {
+    if (chunkRules_ == 0) startTool();
+    open_ = true;
+    buffer_ += "*nat\n";
+  }
+  void startTool() {
+    if (backend_.settings_.dryRun || error_) return;
+    auto started = backend_.kernel_->startRestore(family_);
+    if (!started) {
+      error_ = backend_.restoreFailed(family_, started.error()).error();
+      return;
     }
-    open_ = natHeader;
-    if (natHeader) buffer_ += "*nat\n";
+    tool_ = std::move(*started);
+  }
+  /// Waits for the chunk handed to the tool last.
+  void waitPending() {
+    if (!pending_) return;
+    auto done = pending_->finish();
+    pending_.reset();
+    if (!done && !error_) error_ = backend_.restoreFailed(family_, done.error()).error();
   }
   void send() {
     if (buffer_.empty()) return;
@@ -193,12 +206,24 @@ class IptablesBackend::StreamedChains {
     }
     buffer_.clear();
   }
+  /// Ends a chunk: once the previous one is committed, a tool gets this one and works on it
+  /// while the next is rendered.
   void commit() {
     if (!open_) return;
     buffer_ += "COMMIT\n";
     open_ = false;
-    close();
     chunkSize_ = 0;
+    if (backend_.settings_.dryRun) {
+      close();
+      return;
+    }
+    waitPending();
+    startTool();
+    send();
+    if (tool_) {
+      tool_->endInput();
+      pending_ = std::move(tool_);
+    }
   }
   void close() {
     send();
@@ -220,6 +245,7 @@ class IptablesBackend::StreamedChains {
   bool open_ = false;  ///< a nat block is being written
   bool keeping_ = true;
   std::unique_ptr<RestoreStream> tool_;
+  std::unique_ptr<RestoreStream> pending_;  ///< a committed chunk the tool may still be applying
   std::string buffer_;
   std::string declare_, rules_;  ///< of the service port being rendered
   std::string dryRun_;

@@ -72,6 +72,8 @@ class ToolRestore final : public RestoreStream {
     return child_->write(text);
   }
 
+  void endInput() override { child_->closeInput(); }
+
   core::Result<void> finish() override {
     auto r = child_->finish();
     if (!r) return std::unexpected(r.error());

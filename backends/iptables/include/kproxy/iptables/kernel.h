@@ -25,6 +25,9 @@ class RestoreStream {
   virtual ~RestoreStream() = default;
   /// Appends to the input (blocks while the tool is behind).
   virtual core::Result<void> write(std::string_view text) = 0;
+  /// Ends the input without waiting: the tool parses and commits while the caller renders the
+  /// next input. Default: nothing (finish() ends it).
+  virtual void endInput() {}
   /// Ends the input and waits for the tool; errors as KernelIptables::restore. Call once.
   virtual core::Result<void> finish() = 0;
 };

@@ -50,6 +50,10 @@ class ProcessStream {
   /// closed its stdin (what it did not read is its business, as with ProcessOptions::stdinData).
   /// Error (kProcess) when the timeout passed (the child is then killed) or the pipes fail.
   virtual core::Result<void> write(std::string_view data) = 0;
+  /// Closes stdin without waiting: the child goes on with what it has while the caller does
+  /// something else (its output is read in finish(); a child that writes more than a pipe holds
+  /// before then waits). No-op when stdin is closed already.
+  virtual void closeInput() = 0;
   /// Closes stdin and waits for the child, as runProcess does. Call once.
   virtual core::Result<ProcessResult> finish() = 0;
 };
