@@ -248,11 +248,16 @@ TEST_CASE("proxy: UDP flows, replies from the listener's port, one endpoint per 
     auto buf = std::make_shared<std::array<char, 512>>();
     auto from = std::make_shared<udp::endpoint>();
     auto loop = std::make_shared<std::function<void()>>();
-    *loop = [s, buf, from, name, loop] {
-      s->async_receive_from(asio::buffer(*buf), *from, [s, buf, from, name, loop](const boost::system::error_code& ec, std::size_t n) {
+    // The function holds itself only weakly (no cycle): the pending receive keeps it alive,
+    // and the io_context's end destroys that.
+    std::weak_ptr<std::function<void()>> weak = loop;
+    *loop = [s, buf, from, name, weak] {
+      auto self = weak.lock();
+      if (!self) return;
+      s->async_receive_from(asio::buffer(*buf), *from, [s, buf, from, name, self](const boost::system::error_code& ec, std::size_t n) {
         if (ec) return;
         s->send_to(asio::buffer(name + ":" + std::string(buf->data(), n)), *from);
-        (*loop)();
+        (*self)();
       });
     };
     (*loop)();
