@@ -213,7 +213,7 @@ for v in "${VARIANTS[@]}"; do
 done
 if part ipvs && [[ $HAVE_DUMMY == 1 ]]; then
   if ip link show kube-ipvs0 >/dev/null 2>&1; then fail "kube-ipvs0 removed" "still there"; else pass "kube-ipvs0 removed"; fi
-  grep -q 'removed interface.*interface=kube-ipvs0' "$WORK/first.log" && pass "removal of kube-ipvs0 logged" || fail "removal of kube-ipvs0 logged" "$(grep kube-ipvs0 "$WORK/first.log")"
+  grep -q 'removed interface.*kube-ipvs0' "$WORK/first.log" && pass "removal of kube-ipvs0 logged" || fail "removal of kube-ipvs0 logged" "$(grep kube-ipvs0 "$WORK/first.log")"
 fi
 if part ipvs && [[ $HAVE_IPVS == 1 ]]; then
   left=$(ipvsadm -S -n 2>&1)

@@ -794,8 +794,9 @@ void IpvsBackend::setTimeouts() {
 sdk::Expected<void> IpvsBackend::cleanup() {
   lastWrites_ = 0;
   std::vector<IPPrefix> bound;
+  bool linkExists = false;
   if (auto listed = kernel_.link->listAddresses(kDummyLinkName); listed)
-    bound = std::move(*listed);
+    bound = std::move(*listed), linkExists = true;
   else if (listed.error().errnum != ENODEV)
     return failed("list_addresses", listed.error());
   auto state = kernel_.ipsets->save();
@@ -823,6 +824,7 @@ sdk::Expected<void> IpvsBackend::cleanup() {
   print(fmt::format("ip link del {}", kDummyLinkName));
   if (auto r = kernel_.link->deleteLink(kDummyLinkName); !r)
     return failed("delete_link", r.error());
+  if (linkExists && !settings_.dryRun) host_.info(0, fmt::format("ipvs: removed interface {}", kDummyLinkName));
   // iptables before ipsets: a set that a rule refers to cannot be destroyed.
   for (sdk::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
@@ -840,13 +842,19 @@ sdk::Expected<void> IpvsBackend::cleanup() {
     }
     if (auto r = restoreIptables(fam, input); !r) return r;
   }
-  std::string destroy;
+  std::string destroy, names;
+  std::size_t destroyed = 0;
   for (sdk::Family fam : kFamilies)
     for (SetId id : allSets()) {
       const std::string name = setName(id, fam);
-      if (state->sets.contains(name)) destroy += "destroy " + name + "\n";
+      if (!state->sets.contains(name)) continue;
+      destroy += "destroy " + name + "\n";
+      names += (names.empty() ? "" : ",") + name;
+      ++destroyed;
     }
   if (auto r = restoreIpsets(destroy); !r) return r;
+  if (destroyed > 0 && !settings_.dryRun)
+    host_.info(0, fmt::format("ipvs: removed ipsets count={} names={}", destroyed, names));
   ports_.clear();
   servers_.clear();
   addresses_.clear();
