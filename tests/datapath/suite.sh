@@ -381,12 +381,14 @@ case_clusterip_from_pod() {
   setup 3 || return 1
   add_service web.yaml web "$WEB_IP" "$(pod_eps 2)" || return 1
   start_kproxy_and_wait "http://$WEB_IP/" || return 1
-  # pod3 is not an endpoint: plain pod -> service -> other pod, source kept.
+  # pod3 is not an endpoint: plain pod -> service -> other pod, source kept (the userspace
+  # mode relays the connection, so there the endpoint sees the node).
   expect_spread pod3 "http://$WEB_IP/" 20 2 || return 1
   expect_only pod3 "http://$WEB_IP/" 5 pod1 pod2 || return 1
-  local seen
+  local seen want="$(kp_pod_ip 3)" why="its pod IP (no SNAT inside the cluster)"
+  if is_userspace; then want=$KP_NODE_IP why="the node (the userspace proxy does not keep the source)"; fi
   seen="$(kp_client_seen pod3 "http://$WEB_IP/")" || kp_fail "request from pod3 failed" || return 1
-  [[ "$seen" == "$(kp_pod_ip 3)" ]] || kp_fail "endpoint saw pod3 as $seen, want its pod IP (no SNAT inside the cluster)" || return 1
+  [[ "$seen" == "$want" ]] || kp_fail "endpoint saw pod3 as $seen, want $why" || return 1
   expect_kproxy_alive
 }
 
@@ -1104,9 +1106,9 @@ is_userspace() { [[ $PROXY_MODE == userspace ]]; }
 # mode; status 1 when it applies.
 userspace_skip_reason() {
   case "$1" in
-    clusterip_from_pod | etp_local | etp_local_short_circuit | etp_local_short_circuit_masquerade_all | \
+    etp_local | etp_local_short_circuit | etp_local_short_circuit_masquerade_all | \
       detect_local_node_cidr | detect_local_interface_prefix)
-      echo "checks the client's source IP, which the userspace proxy does not preserve (userspace_clusterip_from_pod and userspace_etp_local check the rest)" ;;
+      echo "checks the client's source IP, which the userspace proxy does not preserve (userspace_etp_local checks the rest)" ;;
     restart_keeps_traffic) echo "relayed connections live in kproxy's process and end with it" ;;
     *) return 1 ;;
   esac
@@ -1120,21 +1122,7 @@ userspace_metric() {
   printf '%s' "${v:-0}"
 }
 
-# The endpoint sees the node, not the pod (no source IP in the userspace mode); the pool and
-# the spread are as in clusterip_from_pod.
-case_userspace_clusterip_from_pod() {
-  setup 3 || return 1
-  add_service web.yaml web "$WEB_IP" "$(pod_eps 2)" || return 1
-  start_kproxy_and_wait "http://$WEB_IP/" || return 1
-  expect_spread pod3 "http://$WEB_IP/" 20 2 || return 1
-  expect_only pod3 "http://$WEB_IP/" 5 pod1 pod2 || return 1
-  local seen
-  seen="$(kp_client_seen pod3 "http://$WEB_IP/")" || kp_fail "request from pod3 failed" || return 1
-  [[ "$seen" == "$KP_NODE_IP" ]] || kp_fail "endpoint saw pod3's connection from $seen, want the node ($KP_NODE_IP)" || return 1
-  expect_kproxy_alive
-}
-
-# externalTrafficPolicy=Local decides the endpoints (the source is the node's, see above).
+# externalTrafficPolicy=Local decides the endpoints (the source is the node's, as in clusterip_from_pod).
 case_userspace_etp_local() {
   setup 2 1 || return 1
   add_service local.yaml local-np 10.96.0.30 "$(kp_pod_ip 1) $(kp_remote_pod_ip 1)@$KP_REMOTE_NODE_NAME" \
@@ -1442,7 +1430,6 @@ iptables_case mode_switch_leaves_nothing case_mode_switch_leaves_nothing
 userspace_case() {
   if is_userspace; then kp_case "$1" "$2"; else kp_skip "$1" "userspace mode only"; fi
 }
-userspace_case userspace_clusterip_from_pod case_userspace_clusterip_from_pod
 userspace_case userspace_etp_local case_userspace_etp_local
 userspace_case userspace_retry case_userspace_retry
 userspace_case userspace_long_transfer_survives_change case_userspace_long_transfer_survives_change
