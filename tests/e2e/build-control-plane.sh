@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Builds a real kube-apiserver (and, if Debian's etcd is not usable, etcd) from
-# the Go module proxy into ~/.cache/kproxy/bin. Idempotent: a finished build is
+# the Go module proxy into ~/.cache/kproxy/bin; `kube-proxy` builds upstream's
+# kube-proxy the same way for the side-by-side benchmark (bench/compare). Idempotent: a finished build is
 # reused, so later runs start at once.
 #
 # kube-apiserver is built through a throwaway module that requires
@@ -22,10 +23,12 @@ mkdir -p "$BIN"
 
 log() { printf '%s build-control-plane: %s\n' "$(date +%T)" "$*" >&2; }
 
-build_apiserver() {
-    local out=$BIN/kube-apiserver
+# build_k8s_cmd NAME — cmd/NAME of k8s.io/kubernetes at K8S_VERSION (kube-apiserver for the
+# tests, kube-proxy for the side-by-side benchmark), through one shared throwaway module.
+build_k8s_cmd() {
+    local name=$1 out=$BIN/$1
     if [[ -x $out && -f $out.version && $(cat "$out.version") == "$K8S_VERSION" ]]; then
-        log "kube-apiserver $K8S_VERSION cached at $out"
+        log "$name $K8S_VERSION cached at $out"
         return
     fi
     local src=$CACHE/apiserver-src
@@ -52,16 +55,19 @@ build_apiserver() {
 
 package tools
 
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-proxy"
+)
 GO
-    log "building kube-apiserver $K8S_VERSION (staging $staging); this takes long on a cold cache"
+    log "building $name $K8S_VERSION (staging $staging); this takes long on a cold cache"
     local start=$SECONDS
     (cd "$src" && "${NICE[@]}" go mod tidy -e >/dev/null 2>&1 || true)
     (cd "$src" && "${NICE[@]}" go build -trimpath -ldflags "-s -w -X k8s.io/component-base/version.gitVersion=$K8S_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$(cut -d. -f2 <<<"$K8S_VERSION")" \
-        -o "$out.tmp" k8s.io/kubernetes/cmd/kube-apiserver)
+        -o "$out.tmp" "k8s.io/kubernetes/cmd/$name")
     mv "$out.tmp" "$out"
     echo "$K8S_VERSION" > "$out.version"
-    log "kube-apiserver built in $((SECONDS - start)) s"
+    log "$name built in $((SECONDS - start)) s"
 }
 
 build_etcd() {
@@ -89,8 +95,9 @@ GOMOD
 }
 
 case "${1:-all}" in
-    apiserver) build_apiserver ;;
+    apiserver) build_k8s_cmd kube-apiserver ;;
+    kube-proxy) build_k8s_cmd kube-proxy ;;
     etcd) build_etcd ;;
-    all) build_apiserver; if ! command -v etcd >/dev/null && [[ ! -x $BIN/etcd ]]; then build_etcd; fi ;;
-    *) echo "usage: $0 [all|apiserver|etcd]" >&2; exit 2 ;;
+    all) build_k8s_cmd kube-apiserver; if ! command -v etcd >/dev/null && [[ ! -x $BIN/etcd ]]; then build_etcd; fi ;;
+    *) echo "usage: $0 [all|apiserver|kube-proxy|etcd]" >&2; exit 2 ;;
 esac

@@ -18,6 +18,10 @@
 #   cp_write_kubeconfig FILE CLUSTER-LINES USER-LINES   a kubeconfig for this apiserver
 #   cp_etcd_compact             compact etcd at its current revision (forces 410 on old watches)
 #
+# Set before cp_start: CP_API_SANS (more subjectAltNames for the serving certificate, e.g.
+# "IP:10.255.0.1") and CP_API_HOST (the address kubeconfigs name, 127.0.0.1 by default), for
+# nodes that reach the apiserver from namespaces of their own (bench/compare).
+#
 # Binaries: kube-apiserver from ~/.cache/kproxy/bin (tests/e2e/build-control-plane.sh builds
 # it), etcd from $ETCD_BIN, ~/.cache/kproxy/bin/etcd or Debian's etcd-server.
 
@@ -84,7 +88,7 @@ _cp_certs() {
   openssl req -x509 "${ec[@]}" -keyout "$d/ca.key" -out "$d/ca.crt" -days 2 -subj /CN=kproxy-e2e-ca \
     -addext basicConstraints=critical,CA:TRUE -addext keyUsage=critical,keyCertSign,cRLSign 2>/dev/null || return 1
   _cp_leaf "$d" apiserver "/CN=kube-apiserver" \
-    "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc" serverAuth || return 1
+    "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default.svc${CP_API_SANS:+,$CP_API_SANS}" serverAuth || return 1
   _cp_leaf "$d" admin "/O=system:masters/CN=kproxy-e2e-admin" "" clientAuth || return 1
   # A deliberately wrong CA, for the "TLS is verified" check.
   openssl req -x509 "${ec[@]}" -keyout "$d/other-ca.key" -out "$d/other-ca.crt" -days 2 -subj /CN=other-ca 2>/dev/null || return 1
@@ -312,7 +316,7 @@ contexts:
 clusters:
 - name: e2e
   cluster:
-    server: https://127.0.0.1:$CP_API_PORT
+    server: https://${CP_API_HOST:-127.0.0.1}:$CP_API_PORT
 $2
 users:
 - name: kproxy

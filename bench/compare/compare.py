@@ -1,0 +1,632 @@
+#!/usr/bin/env python3
+"""kproxy and upstream kube-proxy side by side, against one real kube-apiserver.
+
+Joins the control plane's network namespace itself (bench/compare/run.sh sets it up). For each
+scale it loads a synthetic cluster into the apiserver (a realistic mix of Service kinds), then
+for each mode and run starts one program at a time in a fresh network namespace of its own, a
+node reaching the apiserver over a veth, and measures:
+
+  first sync   from the program's start to the kernel holding the complete ruleset (polled:
+               the chain count of the program's tables, complete when it reaches the value it
+               settles at), the program's own kubeproxy_sync_proxy_rules_duration_seconds, and
+               peak/steady RSS and CPU seconds (its own and its reaped children's: nft,
+               iptables-restore);
+  changes      one endpoint changed, one Service added, 100 endpoints changed at once: API write
+               to the kernel holding every new address (nft monitor in the node namespace), and
+               the sync time the program reports;
+  latency      CHANGES one-endpoint changes one after another: API write returned to the new
+               address in the kernel, p50 and p99.
+
+The programs never run at the same time, so neither slows the other. Results are JSON lines.
+"""
+import argparse
+import http.client
+import json
+import os
+import re
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+NODE = "bench-node"
+NODE_IP = "10.255.0.2"
+CP_IP = "10.255.0.1"
+CLUSTER_CIDR = "10.128.0.0/9"
+NAMESPACES = [f"bench-{i}" for i in range(10)]
+# Addresses written by the measured changes: 10.250.0.0/15, never used by the loaded cluster.
+NEW_ADDR_RE = re.compile(r"\b10\.25[01]\.\d{1,3}\.\d{1,3}\b")
+METRIC = "kubeproxy_sync_proxy_rules_duration_seconds"
+
+
+def log(msg):
+    print(f"[compare {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# The API server
+
+
+class Api:
+    """A pool of admin connections to the apiserver (one per thread)."""
+
+    def __init__(self, port, pki):
+        self.port = port
+        self.ctx = ssl.create_default_context(cafile=f"{pki}/ca.crt")
+        self.ctx.load_cert_chain(f"{pki}/admin.crt", f"{pki}/admin.key")
+        self.local = threading.local()
+
+    def conn(self):
+        c = getattr(self.local, "conn", None)
+        if c is None:
+            c = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=60)
+            self.local.conn = c
+        return c
+
+    def call(self, method, path, body=None, ctype="application/json", ok404=False):
+        for attempt in range(8):
+            c = self.conn()
+            try:
+                headers = {"Content-Type": ctype} if body is not None else {}
+                c.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
+                r = c.getresponse()
+                data = r.read()
+            except (OSError, http.client.HTTPException) as e:
+                self.local.conn = None
+                if attempt == 7:
+                    raise
+                log(f"retrying {method} {path}: {e}")
+                time.sleep(0.5)
+                continue
+            if r.status < 400 or (ok404 and r.status == 404):
+                return json.loads(data) if data else None
+            if r.status == 409 and method == "POST":
+                return None  # already there (a reload after an interrupted load)
+            if r.status not in (429, 500, 503, 504) or attempt == 7:
+                raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
+            time.sleep(0.5)
+
+
+# ---------------------------------------------------------------------------------------------
+# The synthetic cluster
+
+
+def service_shape(i):
+    """The kind of Service number i: a fixed mix, the same for every run and program."""
+    r = i % 100
+    kind = "LoadBalancer" if r < 10 else "NodePort" if r < 25 else "ClusterIP"
+    shape = {"kind": kind,
+             "external_ips": r in (25, 26, 27, 28, 29),
+             "etp_local": kind != "ClusterIP" and i % 3 == 0,
+             "affinity": i % 20 == 7,
+             "two_ports": i % 5 == 0,
+             "named": i % 2 == 1,
+             "udp": i % 50 == 13,
+             "source_ranges": kind == "LoadBalancer" and i % 30 == 1,
+             "terminating": i % 20 == 3}
+    return shape
+
+
+def service_body(i):
+    s = service_shape(i)
+    proto = "UDP" if s["udp"] else "TCP"
+    if s["two_ports"]:
+        ports = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": proto},
+                 {"name": "https", "port": 443, "targetPort": 8443, "protocol": proto}]
+    elif s["named"]:
+        ports = [{"name": "http", "port": 80, "targetPort": 8080, "protocol": proto}]
+    else:
+        ports = [{"port": 80, "targetPort": 8080, "protocol": proto}]
+    spec = {"type": s["kind"], "ports": ports, "selector": {"app": f"svc-{i}"}}
+    if s["external_ips"]:
+        spec["externalIPs"] = [f"172.20.{i // 250 % 250}.{i % 250 + 1}"]
+    if s["etp_local"]:
+        spec["externalTrafficPolicy"] = "Local"
+    if s["affinity"]:
+        spec["sessionAffinity"] = "ClientIP"
+    if s["source_ranges"]:
+        spec["loadBalancerSourceRanges"] = ["203.0.113.0/24", "198.51.100.0/24"]
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": f"svc-{i}", "namespace": NAMESPACES[i % len(NAMESPACES)]}, "spec": spec}
+
+
+def endpoint_address(i, k, endpoints):
+    n = i * endpoints + k + 1  # unique over the cluster: 10.128.0.0/10 holds 4M
+    return f"10.{128 + (n >> 16)}.{(n >> 8) & 255}.{n & 255}"
+
+
+def slice_body(i, endpoints, override=None):
+    s = service_shape(i)
+    proto = "UDP" if s["udp"] else "TCP"
+    if s["two_ports"]:
+        ports = [{"name": "http", "port": 8080, "protocol": proto}, {"name": "https", "port": 8443, "protocol": proto}]
+    elif s["named"]:
+        ports = [{"name": "http", "port": 8080, "protocol": proto}]
+    else:
+        ports = [{"name": "", "port": 8080, "protocol": proto}]
+    eps = []
+    for k in range(endpoints):
+        n = i * endpoints + k
+        node = NODE if n % 50 == 0 else f"node-{n % 50}"
+        cond = {"ready": True, "serving": True, "terminating": False}
+        if s["terminating"] and k == endpoints - 1:
+            cond = {"ready": False, "serving": True, "terminating": True}
+        addr = endpoint_address(i, k, endpoints)
+        if override and k in override:
+            addr = override[k]
+        eps.append({"addresses": [addr], "conditions": cond, "nodeName": node})
+    return {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+            "metadata": {"name": f"svc-{i}-bench", "namespace": NAMESPACES[i % len(NAMESPACES)],
+                         "labels": {"kubernetes.io/service-name": f"svc-{i}",
+                                    "endpointslice.kubernetes.io/managed-by": "kproxy-bench"}},
+            "addressType": "IPv4", "endpoints": eps, "ports": ports}
+
+
+def plain_services(count, limit):
+    """Indexes of plain single-port TCP ClusterIP Services, the targets of measured changes."""
+    out = []
+    for i in range(1, limit):
+        s = service_shape(i)
+        if s["kind"] == "ClusterIP" and not (s["external_ips"] or s["affinity"] or s["two_ports"] or s["udp"]
+                                             or s["terminating"]):
+            out.append(i)
+            if len(out) == count:
+                break
+    return out
+
+
+def load_cluster(api, start, services, endpoints, threads=6):
+    """Services [start, services) with their slices (and LoadBalancer status); the base objects."""
+    if start == 0:
+        api.call("POST", "/api/v1/nodes", {
+            "apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "labels": {"kubernetes.io/hostname": NODE}},
+            "spec": {"podCIDR": "10.128.0.0/24", "podCIDRs": ["10.128.0.0/24"]}})
+        api.call("PATCH", f"/api/v1/nodes/{NODE}/status",
+                 {"status": {"addresses": [{"type": "InternalIP", "address": NODE_IP},
+                                           {"type": "Hostname", "address": NODE}]}},
+                 ctype="application/merge-patch+json")
+        for ns in NAMESPACES:
+            api.call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}})
+    t0 = time.time()
+
+    def one(i):
+        ns = NAMESPACES[i % len(NAMESPACES)]
+        api.call("POST", f"/api/v1/namespaces/{ns}/services", service_body(i))
+        api.call("POST", f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices", slice_body(i, endpoints))
+        if service_shape(i)["kind"] == "LoadBalancer":
+            api.call("PATCH", f"/api/v1/namespaces/{ns}/services/svc-{i}/status",
+                     {"status": {"loadBalancer": {"ingress": [{"ip": f"198.18.{i // 250 % 250}.{i % 250 + 1}"}]}}},
+                     ctype="application/merge-patch+json")
+
+    with ThreadPoolExecutor(threads) as pool:
+        for n, _ in enumerate(pool.map(one, range(start, services)), 1):
+            if n % 2000 == 0:
+                log(f"loaded {start + n}/{services} services ({n / (time.time() - t0):.0f}/s)")
+    log(f"loaded services [{start}, {services}) × {endpoints} endpoints in {time.time() - t0:.0f} s")
+
+
+def delete_cluster_slices_and_services(api, services):
+    def one(i):
+        ns = NAMESPACES[i % len(NAMESPACES)]
+        api.call("DELETE", f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices/svc-{i}-bench", ok404=True)
+        api.call("DELETE", f"/api/v1/namespaces/{ns}/services/svc-{i}", ok404=True)
+    with ThreadPoolExecutor(6) as pool:
+        list(pool.map(one, range(services)))
+
+
+# ---------------------------------------------------------------------------------------------
+# A node and a program on it
+
+
+def sh(*cmd, check=True, **kw):
+    return subprocess.run(cmd, check=check, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+class Node:
+    """A fresh network namespace joined to the control plane's by a veth: 10.255.0.2 <-> .1."""
+
+    def __init__(self, name, cp_ns):
+        self.ns = name
+        self.cp_ns = cp_ns
+        # The previous node's veth goes with its namespace, but asynchronously: wait for it.
+        for _ in range(100):
+            if sh("ip", "-n", cp_ns, "link", "show", "nodelink", check=False).returncode != 0:
+                break
+            sh("ip", "-n", cp_ns, "link", "del", "nodelink", check=False)
+            time.sleep(0.1)
+        sh("ip", "netns", "add", name)
+        try:
+            sh("ip", "-n", name, "link", "set", "lo", "up")
+            sh("ip", "-n", cp_ns, "link", "add", "nodelink", "type", "veth", "peer", "name", "eth0", "netns", name)
+            sh("ip", "-n", cp_ns, "addr", "add", f"{CP_IP}/30", "dev", "nodelink")
+            sh("ip", "-n", cp_ns, "link", "set", "nodelink", "up")
+            sh("ip", "-n", name, "addr", "add", f"{NODE_IP}/30", "dev", "eth0")
+            sh("ip", "-n", name, "link", "set", "eth0", "up")
+            sh("ip", "-n", name, "route", "add", "default", "via", CP_IP)
+            sh("ip", "netns", "exec", name, "sysctl", "-q", "-w", "net.ipv4.ip_forward=1")
+        except Exception:
+            self.remove()
+            raise
+
+    def exec(self, *cmd, check=False, timeout=120):
+        return sh("ip", "netns", "exec", self.ns, *cmd, check=check, timeout=timeout)
+
+    def remove(self):
+        for pid in sh("ip", "netns", "pids", self.ns, check=False).stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except OSError:
+                pass
+        sh("ip", "-n", self.cp_ns, "link", "del", "nodelink", check=False)
+        sh("ip", "netns", "del", self.ns, check=False)
+
+
+def proc_stat(pid):
+    """(peak RSS MiB, RSS MiB, CPU seconds of the process and its reaped children)."""
+    status = open(f"/proc/{pid}/status").read()
+    hwm = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024
+    rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = sum(int(fields[k]) for k in (11, 12, 13, 14)) / ticks  # utime stime cutime cstime
+    return hwm, rss, cpu
+
+
+class Program:
+    def __init__(self, which, mode, node, args, workdir):
+        self.which, self.mode, self.node = which, mode, node
+        self.logpath = os.path.join(workdir, f"{which}-{mode}-{node.ns}.log")
+        cmd = list(args.kproxy_cmd if which == "kproxy" else args.upstream_cmd)
+        common = [f"--proxy-mode={mode}", "--kubeconfig", args.kubeconfig, "--hostname-override", NODE,
+                  "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", "127.0.0.1:10249",
+                  "--healthz-bind-address", "127.0.0.1:10256",
+                  # nf_conntrack_max is global, not per namespace: leave the host's alone.
+                  "--conntrack-max-per-core=0", "-v", "1"]
+        self.logf = open(self.logpath, "w")
+        self.start = time.time()
+        self.p = subprocess.Popen(["ip", "netns", "exec", node.ns] + cmd + common, stdout=self.logf,
+                                  stderr=subprocess.STDOUT)
+
+    def alive(self):
+        return self.p.poll() is None
+
+    def stat(self):
+        return proc_stat(self.p.pid)
+
+    def metric(self):
+        """(sum, count) of the sync duration histogram, or None."""
+        r = self.node.exec("curl", "-s", "--max-time", "5", "http://127.0.0.1:10249/metrics")
+        # Upstream labels it by ip_family (one proxier per family, syncing in parallel); the
+        # cluster here is IPv4, so its IPv4 series is the one to compare.
+        series = {}
+        for line in r.stdout.splitlines():
+            m = re.match(METRIC + r'_(sum|count)(\{[^}]*\})? (\S+)$', line)
+            if m:
+                series.setdefault(m.group(2) or "", {})[m.group(1)] = float(m.group(3))
+        for labels in ('{ip_family="IPv4"}', ""):
+            if "sum" in series.get(labels, {}) and "count" in series[labels]:
+                return series[labels]["sum"], int(series[labels]["count"])
+        return None
+
+    def stop(self):
+        if self.alive():
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(20)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait()
+        self.logf.close()
+
+    def tail(self, n=20):
+        try:
+            return "".join(open(self.logpath).readlines()[-n:])
+        except OSError:
+            return ""
+
+
+def chain_count(node, mode):
+    """How many chains the mode's table holds in the node's kernel (cheap: no rules listed)."""
+    table = "table ip kube-proxy {" if mode == "nftables" else "table ip nat {"
+    r = node.exec("nft", "list", "chains", "ip")
+    count, inside = 0, False
+    for line in r.stdout.splitlines():
+        if line.startswith("table "):
+            inside = line.strip() == table
+        elif inside and line.lstrip().startswith("chain "):
+            count += 1
+    return count
+
+
+class Monitor:
+    """`nft monitor` in the node namespace; remembers when each new address (10.250/15) appeared."""
+
+    def __init__(self, node):
+        self.seen = {}
+        self.lock = threading.Lock()
+        self.cond = threading.Condition(self.lock)
+        self.p = subprocess.Popen(["ip", "netns", "exec", node.ns, "nft", "monitor"], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True, bufsize=1)
+        self.t = threading.Thread(target=self._read, daemon=True)
+        self.t.start()
+        time.sleep(0.3)  # let it subscribe
+
+    def _read(self):
+        for line in self.p.stdout:
+            if "10.25" not in line:
+                continue
+            now = time.time()
+            with self.cond:
+                for a in NEW_ADDR_RE.findall(line):
+                    self.seen.setdefault(a, now)
+                self.cond.notify_all()
+
+    def wait_all(self, addrs, timeout):
+        """The time the last of addrs appeared, or None after timeout."""
+        deadline = time.time() + timeout
+        with self.cond:
+            while not all(a in self.seen for a in addrs):
+                left = deadline - time.time()
+                if left <= 0:
+                    return None
+                self.cond.wait(left)
+            return max(self.seen[a] for a in addrs)
+
+    def stop(self):
+        self.p.terminate()
+        try:
+            self.p.wait(5)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+
+
+class NewAddresses:
+    def __init__(self, seed):
+        self.n = seed
+
+    def next(self):
+        self.n += 1
+        n = self.n
+        return f"10.{250 + (n >> 16) % 2}.{(n >> 8) & 255}.{(n & 255) or 1}"
+
+
+# ---------------------------------------------------------------------------------------------
+# One measured run
+
+
+def first_sync(prog, node, mode, timeout):
+    """Poll the kernel until the chain count settles after the program's first sync."""
+    samples = []
+    last_change = time.time()
+    last = -1
+    next_note = time.time() + 10
+    while True:
+        now = time.time()
+        if now > next_note:
+            next_note = now + 10
+            log(f"{prog.which} {mode}: waiting for the first sync: {last} chains, metric {prog.metric()}")
+        if not prog.alive():
+            raise RuntimeError(f"{prog.which} exited during its first sync:\n{prog.tail()}")
+        c = chain_count(node, mode)
+        samples.append((now, c))
+        if c != last:
+            last, last_change = c, now
+        if now - prog.start > timeout:
+            return None, samples
+        if c > 0 and now - last_change > 3.0:
+            m = prog.metric()
+            if m and m[1] >= 1:
+                break
+        time.sleep(0.05)
+    done = next(t for t, c in samples if c == last)
+    return done - prog.start, samples
+
+
+def wait_quiet(prog, quiet=2.0, timeout=120):
+    """Until the program's sync count stops moving for `quiet` seconds."""
+    deadline = time.time() + timeout
+    m = prog.metric()
+    since = time.time()
+    while time.time() < deadline:
+        time.sleep(0.25)
+        m2 = prog.metric()
+        if m2 != m:
+            m, since = m2, time.time()
+        elif time.time() - since >= quiet:
+            return m
+    return m
+
+
+def measured_change(api, prog, mon, writes, addrs, timeout):
+    """Apply writes (callables) in parallel; time from the first write to every addr in the kernel."""
+    before = wait_quiet(prog)
+    t0 = time.time()
+    with ThreadPoolExecutor(min(len(writes), 8)) as pool:
+        list(pool.map(lambda w: w(), writes))
+    t_written = time.time()
+    t_seen = mon.wait_all(addrs, timeout)
+    after = wait_quiet(prog)
+    sync_s = None
+    if before and after and after[1] > before[1]:
+        sync_s = (after[0] - before[0]) / (after[1] - before[1])
+    return {"wall_ms": None if t_seen is None else round((t_seen - t0) * 1000, 1),
+            "after_last_write_ms": None if t_seen is None else round((t_seen - t_written) * 1000, 1),
+            "syncs": None if not (before and after) else after[1] - before[1],
+            "mean_sync_ms": None if sync_s is None else round(sync_s * 1000, 2)}
+
+
+def patch_slice(api, i, endpoints, override):
+    ns = NAMESPACES[i % len(NAMESPACES)]
+    return lambda: api.call("PUT", f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices/svc-{i}-bench",
+                            slice_body(i, endpoints, override))
+
+
+def percentile(xs, p):
+    xs = sorted(xs)
+    if not xs:
+        return None
+    k = (len(xs) - 1) * p / 100
+    lo = int(k)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def run_one(args, api, which, mode, scale, run, addrs):
+    services, endpoints = scale
+    node = Node(f"{args.prefix}{which[0]}{mode[:2]}{run}", args.cp_ns)
+    res = {"program": which, "mode": mode, "services": services, "endpoints": endpoints, "run": run,
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": args.versions[which]}
+    prog = Program(which, mode, node, args, args.workdir)
+    mon = None
+    timeout = args.upstream_timeout if which == "upstream" else args.kproxy_timeout
+    try:
+        took, samples = first_sync(prog, node, mode, timeout)
+        if took is None:
+            res["first_sync_capped_s"] = timeout
+            log(f"{which} {mode} {services}x{endpoints}: no complete first sync within {timeout} s (capped)")
+            return res
+        hwm, rss, cpu = prog.stat()
+        m = prog.metric()
+        res.update({"first_sync_s": round(took, 3), "chains": samples[-1][1],
+                    "poll_interval_ms": round(1000 * (samples[-1][0] - samples[0][0]) / max(1, len(samples) - 1), 1),
+                    "first_sync_metric_s": round(m[0] / m[1], 3) if m and m[1] == 1 else None,
+                    "first_sync_metric_sum_s": round(m[0], 3) if m else None,
+                    "cpu_first_sync_s": round(cpu, 2), "peak_rss_first_sync_mib": round(hwm, 1)})
+        log(f"{which} {mode} {services}x{endpoints} run {run}: first sync {took:.3f} s, peak {hwm:.0f} MiB")
+        mon = Monitor(node)
+        targets = plain_services(101, services)
+        # one endpoint
+        a = addrs.next()
+        res["one_endpoint"] = measured_change(api, prog, mon, [patch_slice(api, targets[0], endpoints, {0: a})], [a],
+                                              args.change_timeout)
+        # one service added
+        name = f"added-{which}-{mode}-{run}"
+        a1, a2 = addrs.next(), addrs.next()
+        svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name, "namespace": "bench-0"},
+               "spec": {"ports": [{"name": "http", "port": 80, "targetPort": 8080}]}}
+        sl = {"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+              "metadata": {"name": name, "namespace": "bench-0", "labels": {"kubernetes.io/service-name": name}},
+              "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
+              "endpoints": [{"addresses": [x], "conditions": {"ready": True}, "nodeName": "node-1"} for x in (a1, a2)]}
+
+        def add_service():
+            api.call("POST", "/api/v1/namespaces/bench-0/services", svc)
+            api.call("POST", "/apis/discovery.k8s.io/v1/namespaces/bench-0/endpointslices", sl)
+        res["service_added"] = measured_change(api, prog, mon, [add_service], [a1, a2], args.change_timeout)
+        api.call("DELETE", f"/apis/discovery.k8s.io/v1/namespaces/bench-0/endpointslices/{name}", ok404=True)
+        api.call("DELETE", f"/api/v1/namespaces/bench-0/services/{name}", ok404=True)
+        # 100 endpoints at once
+        new = [addrs.next() for _ in targets[1:101]]
+        res["hundred_endpoints"] = measured_change(
+            api, prog, mon, [patch_slice(api, i, endpoints, {0: x}) for i, x in zip(targets[1:101], new)], new,
+            args.change_timeout)
+        # programming latency
+        wait_quiet(prog)
+        lat, missing = [], 0
+        t_end = time.time() + args.latency_budget
+        for k in range(args.changes):
+            if time.time() > t_end:
+                break
+            a = addrs.next()
+            patch_slice(api, targets[k % 100 + 1], endpoints, {0: a})()
+            t_w = time.time()
+            seen = mon.wait_all([a], args.change_timeout)
+            if seen is None:
+                missing += 1
+            else:
+                lat.append((seen - t_w) * 1000)
+            time.sleep(max(0.0, 1.1 - (time.time() - t_w)))  # past the 1 s min sync period
+        res["latency"] = {"changes": len(lat) + missing, "missing": missing,
+                          "p50_ms": round(percentile(lat, 50), 1) if lat else None,
+                          "p99_ms": round(percentile(lat, 99), 1) if lat else None,
+                          "max_ms": round(max(lat), 1) if lat else None,
+                          "raw_ms": [round(x, 2) for x in lat]}
+        time.sleep(5)
+        hwm, rss, cpu = prog.stat()
+        res.update({"peak_rss_mib": round(hwm, 1), "steady_rss_mib": round(rss, 1), "cpu_total_s": round(cpu, 2),
+                    "wall_total_s": round(time.time() - prog.start, 1)})
+        log(f"{which} {mode} {services}x{endpoints} run {run}: one endpoint {res['one_endpoint']['wall_ms']} ms, "
+            f"added {res['service_added']['wall_ms']} ms, 100 endpoints {res['hundred_endpoints']['wall_ms']} ms, "
+            f"latency p50 {res['latency']['p50_ms']} p99 {res['latency']['p99_ms']} ms, peak {hwm:.0f} MiB, "
+            f"steady {rss:.0f} MiB, cpu {cpu:.1f} s")
+        return res
+    finally:
+        if mon:
+            mon.stop()
+        if not prog.alive() and "first_sync_s" in res and "peak_rss_mib" not in res:
+            res["error"] = f"{which} exited: {prog.tail(5)}"
+        prog.stop()
+        node.remove()
+
+
+def enter_netns(name):
+    """Move this (still single-threaded) process into a named network namespace, keeping the
+    host's mount namespace: `ip netns exec` would give it a private one, where the `ip netns add`
+    of the nodes could not be seen by anyone else."""
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = os.open(f"/run/netns/{name}", os.O_RDONLY)
+    if libc.setns(fd, 0x40000000) != 0:  # CLONE_NEWNET
+        raise OSError(ctypes.get_errno(), f"setns {name}")
+    os.close(fd)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--pki", required=True)
+    ap.add_argument("--kubeconfig", required=True)
+    ap.add_argument("--cp-ns", required=True)
+    ap.add_argument("--prefix", required=True, help="namespace name prefix for the nodes")
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--kproxy", required=True, help="kproxy command (words split on blanks)")
+    ap.add_argument("--upstream", required=True, help="kube-proxy command")
+    ap.add_argument("--programs", default="kproxy,upstream")
+    ap.add_argument("--modes", default="nftables,iptables")
+    ap.add_argument("--scales", default="1000x2,10000x2", help="SERVICESxENDPOINTS,... in increasing order")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--changes", type=int, default=100, help="changes timed for the programming latency")
+    ap.add_argument("--latency-budget", type=float, default=300, help="seconds at most per latency series")
+    ap.add_argument("--change-timeout", type=float, default=120)
+    ap.add_argument("--upstream-timeout", type=float, default=900, help="cap on upstream's first sync")
+    ap.add_argument("--kproxy-timeout", type=float, default=600, help="cap on kproxy's first sync")
+    ap.add_argument("--out", required=True, help="JSON lines, appended")
+    args = ap.parse_args()
+    enter_netns(args.cp_ns)
+    args.kproxy_cmd = args.kproxy.split()
+    args.upstream_cmd = args.upstream.split()
+
+    args.versions = {
+        "kproxy": " ".join(filter(None, [sh(*args.kproxy_cmd[:1], "--version", check=False).stdout.strip(),
+                                        os.environ.get("BENCH_KPROXY_COMMIT")])),
+        "upstream": sh(*args.upstream_cmd[:1], "--version", check=False).stdout.strip()}
+    api = Api(args.port, args.pki)
+    scales = [tuple(int(x) for x in s.split("x")) for s in args.scales.split(",")]
+    loaded, loaded_endpoints = 0, None
+    addrs = NewAddresses(int(time.time()) % 50000)
+    for services, endpoints in scales:
+        if loaded_endpoints not in (None, endpoints):
+            log(f"re-loading for {endpoints} endpoints per service")
+            delete_cluster_slices_and_services(api, loaded)
+            loaded = 0
+        if services > loaded:
+            load_cluster(api, loaded, services, endpoints)
+        loaded, loaded_endpoints = max(loaded, services), endpoints
+        for mode in args.modes.split(","):
+            for run in range(1, args.runs + 1):
+                for which in args.programs.split(","):
+                    try:
+                        res = run_one(args, api, which, mode, (services, endpoints), run, addrs)
+                    except Exception as e:  # one failed run is reported, the others go on
+                        log(f"{which} {mode} {services}x{endpoints} run {run} failed: {e}")
+                        res = {"program": which, "mode": mode, "services": services, "endpoints": endpoints,
+                               "run": run, "error": str(e)[:2000]}
+                    with open(args.out, "a") as f:
+                        f.write(json.dumps(res) + "\n")
+
+
+if __name__ == "__main__":
+    main()
