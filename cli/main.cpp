@@ -34,6 +34,9 @@
 #include "metrics.h"
 #include "ops_servers.h"
 #include "proxy_config.h"
+#include "service_status.h"
+#include "status_command.h"
+#include "kproxy/plan/options.h"
 
 namespace {
 
@@ -317,6 +320,7 @@ int main(int argc, char** argv) {
   std::span<const char* const> args(const_cast<const char* const*>(argv) + 1,
                                     static_cast<std::size_t>(argc - 1));
   if (!args.empty() && std::string_view(args[0]) == "explain") return explain(args.subspan(1));
+  if (!args.empty() && std::string_view(args[0]) == "status") return kproxy::cli::statusCommand(args.subspan(1));
   auto parsed = kproxy::cli::parseFlags(args);
   if (!parsed) return fail(parsed.error().message());
   if (parsed->config.showHelp) {
@@ -448,6 +452,32 @@ int main(int argc, char** argv) {
     opsOptions.extraMetrics = [&source, &registry] {
       return sourceMetrics(source) + kproxy::cli::renderPluginMetrics(registry.metrics().collect());
     };
+    // /debug/services: the shared plan's view of every service port (the same in every mode)
+    // and the sync ledger. The node-wide plan settings are the options every backend gets.
+    {
+      const kproxy::plugins::BackendOptions bo = backendOptions(config);
+      auto option = [&bo](const char* key) {
+        auto it = bo.find(key);
+        return it == bo.end() ? std::string() : it->second;
+      };
+      const auto nodeIPs = kproxy::plan::splitOptionList(option("node-ips"));
+      kproxy::plan::PlanConfig planConfig = kproxy::plan::planConfigOf(
+          config.masqueradeAll, config.detectLocalMode, kproxy::plan::splitOptionList(option("cluster-cidr")),
+          option("pod-bridge-interface"), option("pod-interface-name-prefix"), nodeIPs);
+      opsOptions.debugServices = [&proxier, planConfig, nodeIPs, mode = config.mode,
+                                  detect = config.detectLocalMode](const std::string& service) {
+        kproxy::cli::ServiceStatusInput in;
+        in.mode = mode;
+        in.snapshot = proxier.status().applied;
+        in.ledger = proxier.syncLedger();
+        in.planConfig = planConfig;
+        in.detectLocalMode = detect;
+        in.fallbackNodeIPs = nodeIPs;
+        in.nowWall = kproxy::core::systemClock().wallSeconds();
+        in.service = service;
+        return kproxy::cli::servicesStatus(in).dump();
+      };
+    }
     ops = std::make_unique<kproxy::cli::OpsServers>(std::move(opsOptions), proxier);
     proxier.setObserver([&ops](const kproxy::core::SyncObservation& o) {
       ops->observe(o);

@@ -2,6 +2,7 @@
 
 #include <charconv>
 #include <optional>
+#include <string_view>
 
 #include "health.h"
 #include "healthcheck_nodeports.h"
@@ -28,6 +29,36 @@ std::optional<BindAddress> parseBindAddress(const std::string& text) {
   if (ec != std::errc{} || ptr != hp->port.data() + hp->port.size() || port > 65535) return std::nullopt;
   if (!hp->host.empty() && parseIP(hp->host) == IPKind::kNone) return std::nullopt;
   return BindAddress{hp->host, static_cast<std::uint16_t>(port)};
+}
+
+// The value of `name` in the target's query string, percent-decoded ("" when absent).
+std::string queryValue(const std::string& target, std::string_view name) {
+  const auto q = target.find('?');
+  if (q == std::string::npos) return {};
+  std::string_view rest(target);
+  rest.remove_prefix(q + 1);
+  while (!rest.empty()) {
+    const auto amp = rest.find('&');
+    std::string_view item = rest.substr(0, amp);
+    rest = amp == std::string_view::npos ? std::string_view{} : rest.substr(amp + 1);
+    const auto eq = item.find('=');
+    if (item.substr(0, eq) != name) continue;
+    std::string out;
+    if (eq == std::string_view::npos) return out;
+    const std::string_view v = item.substr(eq + 1);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      unsigned hex = 0;
+      if (v[i] == '%' && i + 2 < v.size() &&
+          std::from_chars(v.data() + i + 1, v.data() + i + 3, hex, 16).ptr == v.data() + i + 3) {
+        out += static_cast<char>(hex);
+        i += 2;
+      } else {
+        out += v[i] == '+' ? ' ' : v[i];
+      }
+    }
+    return out;
+  }
+  return {};
 }
 
 }  // namespace
@@ -82,6 +113,12 @@ struct OpsServers::Impl {
       return r;
     }
     if (path == "/healthz") return HttpResponse{200, "text/plain; charset=utf-8", {{"X-Content-Type-Options", "nosniff"}}, "ok"};
+    if (path == "/debug/services" && options.debugServices) {
+      HttpResponse r;
+      r.contentType = "application/json";
+      r.body = options.debugServices(queryValue(req.target, "service"));
+      return r;
+    }
     if (path == "/configz") {
       HttpResponse r;
       r.contentType = "application/json";

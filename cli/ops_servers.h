@@ -1,6 +1,6 @@
 #pragma once
 /// kproxy's operator-facing HTTP side, as kube-proxy serves it: the metrics server
-/// (/metrics, /proxyMode, /healthz, /configz), the health server (/healthz, /livez) and the
+/// (/metrics, /proxyMode, /healthz, /configz, and kproxy's /debug/services), the health server (/healthz, /livez) and the
 /// per-service health-check node ports, all on one EventLoop thread, fed by the Proxier's
 /// observer and status().
 
@@ -31,6 +31,9 @@ struct OpsOptions {
   /// More Prometheus text appended to /metrics (the event source's counters). Called on the
   /// server's thread; must be thread-safe.
   std::function<std::string()> extraMetrics;
+  /// The /debug/services body for the given service ("namespace/name"; empty: every service).
+  /// Called on the server's thread; must be thread-safe. Unset: the path is not served.
+  std::function<std::string(const std::string& service)> debugServices;
 };
 
 class OpsServers {

@@ -69,6 +69,10 @@ struct Proxier::Impl {
   std::optional<bool> lastOk;
 
   std::function<void(const SyncObservation&)> observer;
+  std::uint64_t syncNumber = 0;
+  SyncLedger ledger;
+
+  void record(const SyncObservation& o, const std::vector<ServicePortKey>& changedKeys);
 
   // Call with `mutex` held after an event changed the tracker.
   void changed() {
@@ -157,6 +161,7 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
   }
 
   lock.lock();
+  record(observation, changedKeys);
   syncing = false;
   inFlightQueuedWall.reset();
   initialSyncDone = true;
@@ -183,6 +188,42 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
   if (observe) observe(observation);
   lock.lock();
   return true;
+}
+
+void Proxier::Impl::record(const SyncObservation& o, const std::vector<ServicePortKey>& changedKeys) {
+  SyncRecord r;
+  r.number = ++syncNumber;
+  r.kind = o.kind;
+  r.wall = o.wallTimestamp;
+  r.duration = o.duration;
+  r.operations = o.operations;
+  r.changedServicePorts = changedKeys.size();
+  if (o.error) r.error = o.error->message();
+  ledger.last = r;
+  if (o.ok && o.kind == SyncKind::kFull) {
+    ledger.lastFullSuccess = r;
+    ledger.lastFullFailure.reset();
+    ledger.partial.clear();
+    ledger.failed.clear();
+  } else if (o.ok) {
+    for (const auto& key : changedKeys) {
+      ledger.partial[key] = r;
+      ledger.failed.erase(key);
+    }
+  } else {
+    if (o.kind == SyncKind::kFull) ledger.lastFullFailure = r;
+    for (const auto& key : changedKeys) ledger.failed[key] = r;
+  }
+}
+
+const SyncRecord* SyncLedger::programmed(const ServicePortKey& key) const {
+  if (auto it = partial.find(key); it != partial.end()) return &it->second;
+  return lastFullSuccess ? &*lastFullSuccess : nullptr;
+}
+
+const SyncRecord* SyncLedger::failure(const ServicePortKey& key) const {
+  auto it = failed.find(key);
+  return it != failed.end() ? &it->second : nullptr;
 }
 
 Proxier::Proxier(TrackerConfig tracker, Backend& backend, ProxierOptions options, Clock& clock)
@@ -309,6 +350,11 @@ ProxierStatus Proxier::status() const {
   s.serviceChangesTotal = impl_->serviceChangesTotal;
   s.endpointChangesTotal = impl_->endpointChangesTotal;
   return s;
+}
+
+SyncLedger Proxier::syncLedger() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->ledger;
 }
 
 bool Proxier::syncOnceIfDue() {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kproxy/core/log.h"
+#include "kproxy/plugins/snapshot_view.h"
 
 namespace kproxy::plugins {
 namespace {
@@ -251,5 +252,7 @@ const kproxy_host_api* hostApi() {
   static const kproxy_host_api api = makeHostApi(nullptr);
   return &api;
 }
+
+sdk::SnapshotView sdkView(const core::Snapshot& snapshot) { return sdk::SnapshotView(hostApi(), toC(&snapshot)); }
 
 }  // namespace kproxy::plugins

@@ -418,3 +418,72 @@ TEST_CASE("a ServiceCIDR change syncs partially with no changed keys", "[unit][p
   REQUIRE(proxier.syncOnceIfDue());
   CHECK(backend.calls.back().nextServiceCIDRs == 0);
 }
+
+TEST_CASE("the sync ledger names the sync that last programmed each port, and failed changes",
+          "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  Proxier proxier(TrackerConfig{}, backend, options(), clock);
+  CHECK_FALSE(proxier.syncLedger().last.has_value());
+  CHECK(proxier.syncLedger().programmed(key("a")) == nullptr);
+
+  proxier.serviceUpserted(service("a"));
+  proxier.serviceUpserted(service("b"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+  SyncLedger l = proxier.syncLedger();
+  REQUIRE(l.lastFullSuccess.has_value());
+  CHECK(l.lastFullSuccess->number == 1);
+  CHECK(l.lastFullSuccess->operations == 2);  // the fake counts one per changed port
+  CHECK(l.lastFullSuccess->changedServicePorts == 2);
+  CHECK(l.lastFullSuccess->error.empty());
+  REQUIRE(l.programmed(key("a")) != nullptr);
+  CHECK(l.programmed(key("a"))->number == 1);
+  CHECK(l.partial.empty());
+
+  // A partial sync programs b only.
+  clock.advance(1s);
+  proxier.endpointSliceUpserted(slice("b", {"10.0.0.2"}));
+  REQUIRE(proxier.syncOnceIfDue());
+  l = proxier.syncLedger();
+  CHECK(l.last->number == 2);
+  CHECK(l.last->kind == SyncKind::kPartial);
+  CHECK(l.programmed(key("b"))->number == 2);
+  CHECK(l.programmed(key("a"))->number == 1);
+
+  // A failed change of a: recorded against a, with the error; b keeps its programming.
+  clock.advance(1s);
+  backend.failNext = 1;
+  proxier.endpointSliceUpserted(slice("a", {"10.0.0.1"}));
+  REQUIRE(proxier.syncOnceIfDue());
+  l = proxier.syncLedger();
+  REQUIRE(l.failure(key("a")) != nullptr);
+  CHECK(l.failure(key("a"))->number == 3);
+  CHECK(l.failure(key("a"))->error.find("netlink batch rejected") != std::string::npos);
+  CHECK(l.failure(key("b")) == nullptr);
+  CHECK(l.programmed(key("a"))->number == 1);
+  CHECK(l.last->number == 3);
+  CHECK_FALSE(l.lastFullFailure.has_value());  // a partial one failed
+
+  // The retry is a full sync and fails too: recorded as a failed full sync.
+  clock.advance(2s);
+  backend.failNext = 1;
+  REQUIRE(proxier.syncOnceIfDue());
+  l = proxier.syncLedger();
+  REQUIRE(l.lastFullFailure.has_value());
+  CHECK(l.lastFullFailure->number == 4);
+  CHECK(l.failure(key("a"))->number == 4);
+
+  // The next retry succeeds: every port is programmed by it, nothing is failed any more.
+  clock.advance(2s);
+  REQUIRE(proxier.syncOnceIfDue());
+  l = proxier.syncLedger();
+  CHECK(l.lastFullSuccess->number == 5);
+  CHECK_FALSE(l.lastFullFailure.has_value());
+  CHECK(l.failed.empty());
+  CHECK(l.partial.empty());
+  CHECK(l.programmed(key("a"))->number == 5);
+  CHECK(l.programmed(key("b"))->number == 5);
+}

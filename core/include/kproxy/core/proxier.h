@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stop_token>
@@ -65,6 +66,36 @@ struct ProxierStatus {
   std::uint64_t endpointChangesTotal = 0;
 };
 
+/// One sync attempt, as /debug/services and `kproxy status` report it.
+struct SyncRecord {
+  std::uint64_t number = 0;  ///< 1 for the first attempt since start
+  SyncKind kind = SyncKind::kFull;
+  double wall = 0;  ///< when it ended (wall seconds)
+  std::chrono::steady_clock::duration duration{};
+  std::size_t operations = 0;           ///< kernel operations of the whole sync
+  std::size_t changedServicePorts = 0;  ///< service ports it was asked to change
+  std::string error;                    ///< empty when it succeeded
+};
+
+/// Where the programming of each service port stands. A successful full sync reconciles every
+/// port, so only the ports partial syncs touched since then are kept one by one: the ledger
+/// stays small in steady state.
+struct SyncLedger {
+  std::optional<SyncRecord> last;             ///< the latest attempt
+  std::optional<SyncRecord> lastFullSuccess;  ///< the latest successful full sync
+  /// A full sync that failed after lastFullSuccess (the kernel kept the previous rules).
+  std::optional<SyncRecord> lastFullFailure;
+  /// Ports programmed by successful partial syncs since lastFullSuccess: their latest.
+  std::map<ServicePortKey, SyncRecord> partial;
+  /// Ports whose change failed to apply and has not been applied since: that attempt.
+  std::map<ServicePortKey, SyncRecord> failed;
+
+  /// The latest successful sync that programmed `key` (null before the first success).
+  const SyncRecord* programmed(const ServicePortKey& key) const;
+  /// The failed attempt to apply a change of `key`, when it is still not applied.
+  const SyncRecord* failure(const ServicePortKey& key) const;
+};
+
 class Proxier final : public EventSink {
  public:
   Proxier(TrackerConfig tracker, Backend& backend, ProxierOptions options,
@@ -90,6 +121,8 @@ class Proxier final : public EventSink {
   /// Called (on the sync thread) after each sync attempt.
   void setObserver(std::function<void(const SyncObservation&)> observer);
   ProxierStatus status() const;
+  /// A copy of the sync ledger (small: see SyncLedger).
+  SyncLedger syncLedger() const;
 
   /// Runs syncs until `stop` is requested (or after one sync with oneShot). Returns false when
   /// oneShot was set and that sync failed.
