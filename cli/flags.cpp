@@ -184,6 +184,11 @@ const std::vector<FlagSpec>& flagSpecs() {
         {"userspace-max-connections", 0, Kind::kInt32, Scope::kProcess, "10000",
          "userspace mode: TCP connections relayed at once; more are reset (> 0).",
          int32Setter([](C& c, std::int32_t n) { c.userspace.maxConnections = n; })},
+        {"verify-period", 0, Kind::kDuration, Scope::kProcess, "5m0s",
+         "How often the kernel state is read back and compared with the plan when nothing changed "
+         "(and 10s after a full sync that changed it); differences are logged, counted and repaired. "
+         "0 disables it.",
+         durationSetter([](C& c, Duration d) { c.verifyPeriod = d; })},
         {"userspace-idle-timeout", 0, Kind::kDuration, Scope::kProcess, "0s",
          "userspace mode: close a TCP connection idle this long (0: never).",
          durationSetter([](C& c, Duration d) { c.userspace.idleTimeout = d; })},
@@ -527,6 +532,9 @@ core::Result<ProxyConfig> effectiveConfig(const ParsedFlags& flags) {
     config.initOnly = f.initOnly;
     config.showHelp = f.showHelp;
     config.showVersion = f.showVersion;
+    config.iptablesVariant = f.iptablesVariant;
+    config.userspace = f.userspace;
+    config.verifyPeriod = f.verifyPeriod;
   }
   // upstream processHostnameOverrideFlag: a non-empty flag wins over the file, trimmed and
   // lower-cased.

@@ -402,6 +402,7 @@ int main(int argc, char** argv) {
   options.syncPeriod = config.effectiveSyncPeriod();
   options.minSyncPeriod = config.effectiveMinSyncPeriod();
   options.oneShot = config.dryRun;
+  options.verifyPeriod = config.dryRun ? kproxy::cli::Duration::zero() : config.verifyPeriod;
   kproxy::core::Proxier proxier(tracker, **backend, options);
 
   // --nodeport-addresses selects the node's interface addresses: read them now (before the

@@ -213,6 +213,10 @@ void ProxyMetrics::observeSync(const core::SyncObservation& o) {
   // Upstream observes every attempt, failed ones included.
   syncAll_.observe(seconds);
   (o.kind == core::SyncKind::kFull ? syncFull_ : syncPartial_).observe(seconds);
+  if (o.verification) {
+    ++verifications_;
+    if (o.ok) verifyMismatches_ += o.operations;
+  }
   if (!o.ok) {
     ++failures_;
     ++failuresByCategory_[failureCategoryLabel(o.error ? o.error->category
@@ -282,6 +286,14 @@ std::string ProxyMetrics::render(const core::ProxierStatus& status,
     t.sample("kproxy_sync_proxy_rules_failures_total", {{"category", category}},
              it == failuresByCategory_.end() ? 0.0 : static_cast<double>(it->second));
   }
+
+  // Self-verification (ProxierOptions::verifyPeriod): full syncs of the applied snapshot, and
+  // the kernel objects they found different from the plan (and repaired).
+  t.family("kproxy_sync_verify_total", "Self-verifications of the kernel against the plan", "counter");
+  t.sample("kproxy_sync_verify_total", {{"mode", mode_}}, static_cast<double>(verifications_));
+  t.family("kproxy_sync_verify_mismatch_total",
+           "Kernel objects a self-verification found different from the plan (and repaired)", "counter");
+  t.sample("kproxy_sync_verify_mismatch_total", {{"mode", mode_}}, static_cast<double>(verifyMismatches_));
 
   t.family("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
            "The last time a sync of proxy rules was queued", "gauge");

@@ -120,6 +120,8 @@ class ProxyMetrics {
   Histogram syncPartial_ = syncDurationHistogram();
   Histogram networkProgramming_ = networkProgrammingHistogram();
   std::uint64_t failures_ = 0;
+  std::uint64_t verifications_ = 0;
+  std::uint64_t verifyMismatches_ = 0;
   std::map<std::string, std::uint64_t> failuresByCategory_;
   std::map<int, std::uint64_t> healthz_;
   std::map<int, std::uint64_t> livez_;

@@ -138,6 +138,9 @@ struct ProxyConfig {
   std::vector<std::string> pluginDirs;  ///< --plugin-dir, repeatable, in the given order
   bool dryRun = false;        ///< --dry-run: print planned kernel operations, change nothing
   std::string iptablesVariant = "auto";  ///< --iptables-variant: auto, nft or legacy (kproxy's own)
+  /// --verify-period (kproxy's own): how often the kernel is checked against the plan (and
+  /// repaired); 0 disables it.
+  Duration verifyPeriod = std::chrono::minutes(5);
   UserspaceConfig userspace;  ///< --udp-timeout, --userspace-*
   bool cleanup = false;       ///< --cleanup: remove kproxy's kernel state and exit
   bool initOnly = false;      ///< --init-only

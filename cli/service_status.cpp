@@ -44,6 +44,10 @@ json syncRecord(const core::SyncRecord& r, double now) {
             {"operations", r.operations},
             {"changedServicePorts", r.changedServicePorts}};
   if (!r.error.empty()) j["error"] = r.error;
+  if (r.verification) {
+    j["verification"] = true;
+    j["summary"] = r.summary;
+  }
   return j;
 }
 
@@ -149,6 +153,10 @@ json servicesStatus(const ServiceStatusInput& in) {
   if (in.ledger.last) doc["lastSync"] = syncRecord(*in.ledger.last, in.nowWall);
   if (in.ledger.lastFullSuccess) doc["lastFullSync"] = syncRecord(*in.ledger.lastFullSuccess, in.nowWall);
   if (in.ledger.lastFullFailure) doc["lastFailedFullSync"] = syncRecord(*in.ledger.lastFullFailure, in.nowWall);
+  json verification = {{"count", in.ledger.verifications}, {"mismatchedObjects", in.ledger.mismatchedObjects}};
+  if (in.ledger.lastVerification) verification["last"] = syncRecord(*in.ledger.lastVerification, in.nowWall);
+  if (in.ledger.lastMismatch) verification["lastMismatch"] = syncRecord(*in.ledger.lastMismatch, in.nowWall);
+  doc["verification"] = std::move(verification);
   json services = json::array();
   if (!in.snapshot) {
     doc["programmed"] = false;
@@ -256,6 +264,13 @@ std::string servicesStatusTable(const json& status, bool wide) {
     out += ", no sync yet";
   }
   out += "\n";
+  if (status.contains("verification")) {
+    const json& v = status["verification"];
+    out += "verified " + str(v, "count", "0") + " times, " + str(v, "mismatchedObjects", "0") +
+           " differences repaired";
+    if (v.contains("lastMismatch")) out += " (last: " + ago(v["lastMismatch"]) + ": " + str(v["lastMismatch"], "summary") + ")";
+    out += "\n";
+  }
   if (status.contains("lastFailedFullSync"))
     out += "last full sync FAILED (" + ago(status["lastFailedFullSync"]) +
            "): " + str(status["lastFailedFullSync"], "error") + "\n";

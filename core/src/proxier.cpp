@@ -71,8 +71,14 @@ struct Proxier::Impl {
   std::function<void(const SyncObservation&)> observer;
   std::uint64_t syncNumber = 0;
   SyncLedger ledger;
+  std::optional<Clock::time_point> nextVerify;  // set by the first successful full sync
 
   void record(const SyncObservation& o, const std::vector<ServicePortKey>& changedKeys);
+  bool verifyDue(Clock::time_point now) const {
+    return options.verifyPeriod.count() > 0 && nextVerify && now >= *nextVerify && applied && !needFull &&
+           !oldestQueuedWall && unsyncedKeys.empty();
+  }
+  bool verify(std::unique_lock<std::mutex>& lock, Clock::time_point start);
 
   // Call with `mutex` held after an event changed the tracker.
   void changed() {
@@ -92,6 +98,7 @@ struct Proxier::Impl {
 bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
   if (!ready() || syncing) return false;
   const auto start = clock.now();
+  if (verifyDue(start)) return verify(lock, start);
   if (!scheduler.takeRun(start)) return false;
   syncing = true;
 
@@ -171,7 +178,12 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
     unsyncedKeys.clear();
     observation.triggerTimes = std::exchange(unsyncedTriggerTimes, {});
     needFull = false;
-    if (kind == SyncKind::kFull) lastFullSync = start;
+    if (kind == SyncKind::kFull) {
+      lastFullSync = start;
+      // A full sync that changed the kernel is checked soon: did the kernel keep it?
+      nextVerify = end + (observation.operations > 0 ? std::min(options.verifyAfterChange, options.verifyPeriod)
+                                                     : options.verifyPeriod);
+    }
     lastSuccessWall = observation.wallTimestamp;
   } else {
     // The kernel still holds `applied`; the retry reconciles everything from there.
@@ -190,6 +202,70 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
   return true;
 }
 
+// A full sync of the snapshot already applied: nothing changed since, so every operation the
+// backend needs after reading the kernel back is a difference someone else made. The sync
+// repairs them at once; they are logged, counted and kept in the ledger.
+bool Proxier::Impl::verify(std::unique_lock<std::mutex>& lock, Clock::time_point start) {
+  syncing = true;
+  std::shared_ptr<const Snapshot> snapshot = applied;
+  lock.unlock();
+
+  SyncRequest request;
+  request.previous = snapshot.get();
+  request.next = snapshot.get();
+  request.kind = SyncKind::kFull;
+  Result<SyncResult> result = backend.sync(request);
+
+  const auto end = clock.now();
+  SyncObservation observation;
+  observation.kind = SyncKind::kFull;
+  observation.verification = true;
+  observation.ok = result.has_value();
+  observation.duration = end - start;
+  observation.wallTimestamp = clock.wallSeconds();
+  const std::string backendName(backend.name());
+  if (result) {
+    observation.operations = result->operations;
+    observation.summary = result->summary;
+    if (result->operations == 0) {
+      log::info(2, "Verified the kernel against the plan",
+                {{"backend", backendName}, {"generation", std::to_string(snapshot->generation())},
+                 {"duration", formatDuration(observation.duration)}});
+    } else {
+      log::warning("The kernel differed from the plan; repaired",
+                   {{"backend", backendName}, {"differences", std::to_string(result->operations)},
+                    {"duration", formatDuration(observation.duration)}, {"summary", result->summary}});
+    }
+  } else {
+    observation.error = result.error();
+    log::error("Verification failed; retrying with a full sync",
+               {{"backend", backendName}, {"error", result.error().message()},
+                {"category", toString(result.error().category)},
+                {"retryIn", formatDuration(options.retryInterval)}});
+  }
+
+  lock.lock();
+  record(observation, {});
+  syncing = false;
+  lastOk = observation.ok;
+  if (result) {
+    lastFullSync = start;
+    lastSuccessWall = observation.wallTimestamp;
+    nextVerify = end + options.verifyPeriod;
+  } else {
+    needFull = true;
+    scheduler.retryAfter(end, options.retryInterval);
+  }
+  scheduler.ran(end);
+  auto observe = observer;
+  wakeRequested = true;
+  wake.notify_all();
+  lock.unlock();
+  if (observe) observe(observation);
+  lock.lock();
+  return true;
+}
+
 void Proxier::Impl::record(const SyncObservation& o, const std::vector<ServicePortKey>& changedKeys) {
   SyncRecord r;
   r.number = ++syncNumber;
@@ -199,7 +275,17 @@ void Proxier::Impl::record(const SyncObservation& o, const std::vector<ServicePo
   r.operations = o.operations;
   r.changedServicePorts = changedKeys.size();
   if (o.error) r.error = o.error->message();
+  r.verification = o.verification;
+  r.summary = o.summary;
   ledger.last = r;
+  if (o.verification) {
+    ++ledger.verifications;
+    ledger.lastVerification = r;
+    if (o.ok && o.operations > 0) {
+      ledger.lastMismatch = r;
+      ledger.mismatchedObjects += o.operations;
+    }
+  }
   if (o.ok && o.kind == SyncKind::kFull) {
     ledger.lastFullSuccess = r;
     ledger.lastFullFailure.reset();
@@ -377,7 +463,8 @@ bool Proxier::run(std::stop_token stop) {
     }
     // The scheduler speaks the injected clock's time; convert to a real deadline.
     const auto now = impl_->clock.now();
-    const auto delay = impl_->scheduler.nextWakeup(now) - now;
+    auto delay = impl_->scheduler.nextWakeup(now) - now;
+    if (impl_->options.verifyPeriod.count() > 0 && impl_->nextVerify) delay = std::min(delay, *impl_->nextVerify - now);
     impl_->wake.wait_until(lock, stop, std::chrono::steady_clock::now() + delay, pred);
   }
   return true;

@@ -8,6 +8,7 @@
 #include <span>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/conntrack_cleaner.h"
@@ -58,21 +59,30 @@ sdk::Expected<void> failed(const core::Error& e, std::string_view what) {
 /// Restore input for one family, in the order iptables-restore needs: chain declarations
 /// (creating or flushing), the rules of rewritten chains, dispatch deletions and insertions,
 /// jumps from built-in chains, and last the deletion of chains no longer referenced.
+// How many changed objects a sync names in its summary.
+constexpr std::size_t kTouchedKept = 4;
+
 struct IptablesBackend::Edit {
   std::string declare[3], rules[3], dispatch[3], jumps[3], remove[3];
   std::size_t operations = 0;
   std::size_t rewrittenRules = 0;  ///< rules and declarations of rewritten chains
+  std::vector<std::string> touched;  ///< the first objects changed, for the sync's summary
 
+  void note(Table t, std::string what) {
+    if (touched.size() < kTouchedKept) touched.push_back(fmt::format("{} {}", tableName(t), what));
+  }
   void rewrite(Table t, const std::string& name, const std::vector<std::string>& chainRules) {
     declare[index(t)] += fmt::format(":{} - [0:0]\n", name);
     for (const auto& r : chainRules) rules[index(t)] += fmt::format("-A {} {}\n", name, r);
     ++operations;
     rewrittenRules += chainRules.size() + 1;
+    note(t, "chain " + name);
   }
   void drop(Table t, const std::string& name) {
     declare[index(t)] += fmt::format(":{} - [0:0]\n", name);
     remove[index(t)] += fmt::format("-X {}\n", name);
     ++operations;
+    note(t, "chain " + name + " (deleted)");
   }
   /// The input; with `natOpen`, the nat block's header was written already (a streamed full
   /// sync) and its end is written whatever it holds.
@@ -127,6 +137,7 @@ class IptablesBackend::StreamedChains {
     declare_ += fmt::format(":{} - [0:0]\n", name);
     for (const auto& r : rules) rules_ += fmt::format("-A {} {}\n", name, r);
     ++operations;
+    if (touched.size() < kTouchedKept) touched.push_back("nat chain " + name);
     chunkSize_ += rules.size() + 1;
   }
 
@@ -165,6 +176,7 @@ class IptablesBackend::StreamedChains {
   /// What was written, when it fits BackendSettings::lastRestoreKept (else empty).
   std::string kept;
   std::size_t operations = 0;
+  std::vector<std::string> touched;  ///< the first chains written
 
  private:
   static constexpr std::size_t kWriteSize = 256 * 1024;
@@ -298,6 +310,7 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
   }
 
   std::size_t operations = 0;
+  touched_.clear();
   for (sdk::Family fam : kFamilies) {
     lastRestore_[index(fam)].clear();
     if (!familyEnabled(fam)) continue;
@@ -333,6 +346,10 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
   outcome.operations = operations;
   outcome.summary = fmt::format("{} sync: {} chain and rule changes in {:.1f} ms ({})", full ? "full" : "partial",
                                 operations, ms, kernel_->describe());
+  // A full sync asked to change nothing that still wrote something: the kernel differed from the
+  // plan (a self-verification, or a first sync). Name the first of them.
+  if (full && changed.empty() && operations > 0 && !touched_.empty())
+    outcome.summary += fmt::format(" first changes: {}", fmt::join(touched_, "; "));
   return outcome;
 }
 
@@ -561,6 +578,7 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
     if (present) continue;
     edit.jumps[index(j.table)] += fmt::format("-I {} 1 {}\n", j.chain, j.spec);
     ++edit.operations;
+    edit.note(j.table, "rule -A " + j.chain + " " + j.spec);
   }
 
   // Chains of kproxy's that nothing wants any more.
@@ -576,6 +594,9 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
   operations += edit.operations;
   auto finished = stream.finish(edit);
   operations += stream.operations;
+  for (auto* list : {&stream.touched, &edit.touched})
+    for (auto& t : *list)
+      if (touched_.size() < kTouchedKept) touched_.push_back(std::move(t));
   input = std::move(stream.kept);
   return finished;
 }

@@ -644,6 +644,15 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       "nftables sync full={} ops={} changed={} pending_delete={} ms={:.1f} kernel_ms={:.1f}{}", full,
       count, changed.size(), pendingDelete_[Family::kIPv4].size() + pendingDelete_[Family::kIPv6].size(),
       elapsed.count(), count == 0 ? 0.0 : lastApplyMs_, settings_.dryRun ? " dry_run=true" : "");
+  // A full sync asked to change nothing that still needed operations: the kernel differed from
+  // the plan (a self-verification, or a first sync). Name the first of them.
+  if (full && changed.empty() && count > 0 && !lastOps_.empty()) {
+    out.summary += " first ops:";
+    for (std::size_t i = 0; i < std::min<std::size_t>(lastOps_.size(), 3); ++i) {
+      out.summary += i ? "; " : " ";
+      out.summary += lastOps_[i].toText();
+    }
+  }
   host_.info(2, out.summary);
   return out;
 }

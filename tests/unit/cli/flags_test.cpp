@@ -230,7 +230,8 @@ logging:
   auto flags = parseOk({"--config", file.path().c_str(), "--proxy-mode=ipvs",
                         "--iptables-sync-period=5s", "--cluster-cidr=10.0.0.0/8",
                         "--masquerade-all", "--master=https://api:6443", "--manifests=/m",
-                        "--plugin-dir=/p", "--dry-run", "--insecure-allow-http-credentials"});
+                        "--plugin-dir=/p", "--dry-run", "--insecure-allow-http-credentials",
+                        "--iptables-variant=legacy", "--udp-timeout=2s", "--verify-period=30s"});
   auto r = effectiveConfig(flags);
   REQUIRE(r.has_value());
   const auto& c = *r;
@@ -247,6 +248,9 @@ logging:
   CHECK(c.pluginDirs == std::vector<std::string>{"/p"});
   CHECK(c.dryRun);
   CHECK(c.allowHttpCredentials);
+  CHECK(c.iptablesVariant == "legacy");
+  CHECK(c.userspace.udpIdleTimeout == 2s);
+  CHECK(c.verifyPeriod == 30s);
   CHECK(ignoredFlags(flags) == std::vector<std::string>{"--cluster-cidr", "--iptables-sync-period",
                                                          "--masquerade-all", "--proxy-mode"});
 }

@@ -92,6 +92,7 @@ ProxierOptions options() {
   o.minSyncPeriod = 1s;
   o.syncPeriod = 30s;
   o.retryInterval = 2s;
+  o.verifyPeriod = 0s;  // the self-verification tests turn it on
   return o;
 }
 
@@ -486,4 +487,79 @@ TEST_CASE("the sync ledger names the sync that last programmed each port, and fa
   CHECK(l.partial.empty());
   CHECK(l.programmed(key("a"))->number == 5);
   CHECK(l.programmed(key("b"))->number == 5);
+}
+
+TEST_CASE("self-verification: a full sync of the applied snapshot when nothing is pending", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  ProxierOptions o = options();
+  o.verifyPeriod = 60s;
+  o.verifyAfterChange = 5s;
+  o.syncPeriod = 1h;  // no periodic partial sync in the way
+  Proxier proxier(TrackerConfig{}, backend, o, clock);
+  std::vector<SyncObservation> observed;
+  proxier.setObserver([&](const SyncObservation& ob) { observed.push_back(ob); });
+  proxier.serviceUpserted(service("a"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());  // the first full sync changed the kernel (1 op)
+  const auto applied = proxier.status().applied->generation();
+
+  clock.advance(4s);
+  CHECK_FALSE(proxier.syncOnceIfDue());  // not yet
+  clock.advance(1s);
+  REQUIRE(proxier.syncOnceIfDue());  // verifyAfterChange after a full sync that changed things
+  REQUIRE(backend.calls.size() == 2);
+  CHECK(backend.calls[1].kind == SyncKind::kFull);
+  CHECK(backend.calls[1].changed.empty());
+  CHECK(backend.calls[1].previousGeneration == applied);
+  CHECK(backend.calls[1].nextGeneration == applied);  // the same snapshot, not a new one
+  REQUIRE(observed.size() == 2);
+  CHECK(observed[1].verification);
+  CHECK(observed[1].operations == 0);  // the fake counts changed ports: a clean kernel
+  SyncLedger l = proxier.syncLedger();
+  CHECK(l.verifications == 1);
+  CHECK(l.mismatchedObjects == 0);
+  CHECK_FALSE(l.lastMismatch.has_value());
+
+  // Then every verifyPeriod; a pending change comes first and postpones it.
+  clock.advance(59s);
+  CHECK_FALSE(proxier.syncOnceIfDue());
+  proxier.endpointSliceUpserted(slice("a", {"10.0.0.1"}));
+  clock.advance(1s);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(backend.calls.back().kind == SyncKind::kPartial);
+  CHECK_FALSE(observed.back().verification);
+  REQUIRE(proxier.syncOnceIfDue());  // now the verification, the change being applied
+  CHECK(observed.back().verification);
+
+  // A failed verification is retried as a full sync.
+  clock.advance(60s);
+  backend.failNext = 1;
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(observed.back().verification);
+  CHECK_FALSE(observed.back().ok);
+  clock.advance(2s);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(backend.calls.back().kind == SyncKind::kFull);
+  CHECK_FALSE(observed.back().verification);
+  CHECK(observed.back().ok);
+}
+
+TEST_CASE("self-verification is off with verifyPeriod 0", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  ProxierOptions o = options();
+  o.verifyPeriod = 0s;
+  Proxier proxier(TrackerConfig{}, backend, o, clock);
+  proxier.serviceUpserted(service("a"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+  clock.advance(10min);
+  proxier.syncOnceIfDue();  // the periodic partial sync, if any
+  for (const auto& c : backend.calls) CHECK((c.kind == SyncKind::kPartial || c.changed.size() == 1));
+  CHECK(proxier.syncLedger().verifications == 0);
 }

@@ -31,6 +31,13 @@ struct ProxierOptions {
   std::chrono::steady_clock::duration retryInterval = std::chrono::seconds(1);
   /// Exit run() after the first sync (used by --dry-run).
   bool oneShot = false;
+  /// Self-verification: this long after the last full sync or verification (and soon after a
+  /// full sync that changed the kernel), with no change pending, the applied snapshot is synced
+  /// again in full: the backend reads the kernel back and diffs it against the plan, so any
+  /// operation it needs is a difference someone else made, repaired at once. 0 disables it.
+  std::chrono::steady_clock::duration verifyPeriod = std::chrono::minutes(5);
+  /// How soon after a full sync that changed the kernel it is verified (at most verifyPeriod).
+  std::chrono::steady_clock::duration verifyAfterChange = std::chrono::seconds(10);
 };
 
 /// Reported after every sync attempt (metrics, health, logs).
@@ -47,6 +54,9 @@ struct SyncObservation {
   double wallTimestamp = 0;
   /// On success: trigger times (wall seconds) of the endpoint changes this sync programmed.
   std::vector<double> triggerTimes;
+  /// A self-verification (see ProxierOptions::verifyPeriod): a full sync of the snapshot
+  /// already applied. Its `operations` are differences found in the kernel (and repaired).
+  bool verification = false;
 };
 
 struct ProxierStatus {
@@ -75,6 +85,8 @@ struct SyncRecord {
   std::size_t operations = 0;           ///< kernel operations of the whole sync
   std::size_t changedServicePorts = 0;  ///< service ports it was asked to change
   std::string error;                    ///< empty when it succeeded
+  bool verification = false;            ///< a self-verification (its operations: differences)
+  std::string summary;                  ///< the backend's line for it
 };
 
 /// Where the programming of each service port stands. A successful full sync reconciles every
@@ -89,6 +101,11 @@ struct SyncLedger {
   std::map<ServicePortKey, SyncRecord> partial;
   /// Ports whose change failed to apply and has not been applied since: that attempt.
   std::map<ServicePortKey, SyncRecord> failed;
+  /// The latest self-verification, and the latest one that found differences.
+  std::optional<SyncRecord> lastVerification;
+  std::optional<SyncRecord> lastMismatch;
+  std::uint64_t verifications = 0;
+  std::uint64_t mismatchedObjects = 0;  ///< over every verification since start
 
   /// The latest successful sync that programmed `key` (null before the first success).
   const SyncRecord* programmed(const ServicePortKey& key) const;

@@ -127,6 +127,7 @@ class IptablesBackend final : public sdk::BackendPlugin {
   MirrorFamily mirror_[2];
   bool needFull_ = true;
   std::string lastRestore_[2];
+  std::vector<std::string> touched_;  ///< the first objects the current sync changed
   Metrics metrics_;
 };
 

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Self-verification of the real kproxy in MODE (nftables or iptables): with nothing changed, its
+# periodic check of the kernel against the plan finds no difference; after a rule is changed
+# behind its back, the next check reports it (log naming the object, the
+# kproxy_sync_verify_mismatch_total metric, /debug/services, kproxy status) and repairs it.
+# Runs in its own network namespace (unshare -n): nothing touches the machine's own.
+# Usage: self_verify.sh KPROXY_BIN [MODE]
+set -uo pipefail
+KPROXY=${1:?usage: self_verify.sh KPROXY_BIN [MODE]}
+MODE=${2:-nftables}
+# shellcheck source=lib.sh
+source "$(dirname "$0")/lib.sh"
+
+require_root self_verify "own network namespace, $MODE"
+enter_own_netns self_verify "$@"
+make_workdir self-verify
+
+make_lb_fixture
+sed -i "s/^mode: nftables/mode: $MODE/" "$WORK/config.yaml"
+echo "iptables: {minSyncPeriod: 100ms, syncPeriod: 30s}" >>"$WORK/config.yaml"
+cat >"$M/web.yaml" <<'YAML'
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec:
+  clusterIP: 10.96.0.50
+  ports: [{name: http, port: 80, targetPort: 8080, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: default
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.1.0.1]
+  conditions: {ready: true}
+  nodeName: node-a
+YAML
+
+"$KPROXY" --config "$WORK/config.yaml" --manifests "$M" --verify-period 2s -v 2 >"$WORK/kproxy.log" 2>&1 &
+KP=$!; PIDS+=("$KP")
+MET=http://127.0.0.1:10249
+
+metric() { curl -s --max-time 2 "$MET/metrics" | awk -v n="$1{mode=\"$MODE\"}" '$1 == n {print int($2)}'; }
+verified() { (($(metric kproxy_sync_verify_total) >= ${1:-1})); }
+
+# What the check must find and repair: the ClusterIP's dispatch.
+if [[ $MODE == nftables ]]; then
+  present() { nft list map ip kube-proxy service-ips 2>/dev/null | grep -q '10\.96\.0\.50 \. tcp \. 80'; }
+  tamper() { nft delete element ip kube-proxy service-ips '{ 10.96.0.50 . tcp . 80 }'; }
+  names_object='service-ips'
+else
+  svc_rule() { iptables-save -t nat 2>/dev/null | grep -- '-A KUBE-SERVICES .*-d 10.96.0.50/32' | head -1; }
+  present() { [[ -n "$(svc_rule)" ]]; }
+  tamper() {
+    local rule
+    rule=$(svc_rule)
+    # shellcheck disable=SC2086  # the rule's words, as iptables-save printed them
+    eval "iptables -t nat ${rule/-A /-D }"
+  }
+  names_object='KUBE-SERVICES'
+fi
+
+DETAIL="$(tail -5 "$WORK/kproxy.log")"
+check "the service is programmed ($MODE)" wait_for 15 present
+DETAIL="$(curl -s "$MET/metrics" | grep kproxy_sync_verify; tail -5 "$WORK/kproxy.log")"
+check "a verification runs within seconds of the first full sync" wait_for 15 verified 1
+DETAIL="$(grep -i 'differed' "$WORK/kproxy.log")"
+check "an untouched kernel verifies clean (no mismatch counted)" test "$(metric kproxy_sync_verify_mismatch_total)" -eq 0
+check "an untouched kernel verifies clean (nothing logged)" test -z "$(grep 'differed from the plan' "$WORK/kproxy.log")"
+
+before=$(metric kproxy_sync_verify_total)
+DETAIL="tamper failed"
+check "the rule is removed behind kproxy's back" tamper
+mismatch() { (($(metric kproxy_sync_verify_mismatch_total) > 0)); }
+DETAIL="$(curl -s "$MET/metrics" | grep kproxy_sync_verify; tail -5 "$WORK/kproxy.log")"
+check "the next verification counts the difference" wait_for 10 mismatch
+check "a verification ran after the change" verified $((before + 1))
+line=$(grep 'The kernel differed from the plan; repaired' "$WORK/kproxy.log" | head -1)
+DETAIL="$line"
+check "the difference is logged" test -n "$line"
+check "the log names the object ($names_object)" grep -q -- "$names_object" <<<"$line"
+DETAIL="$(tail -5 "$WORK/kproxy.log")"
+check "the rule is repaired" wait_for 5 present
+doc=$(curl -s --max-time 5 "$MET/debug/services")
+DETAIL="$(jq -c .verification <<<"$doc")"
+check "/debug/services shows the mismatch" test "$(jq -r '.verification.lastMismatch.operations > 0' <<<"$doc")" == true
+check "/debug/services counts the mismatched objects" test "$(jq -r '.verification.mismatchedObjects' <<<"$doc")" -gt 0
+status=$("$KPROXY" status 2>&1 | head -3)
+DETAIL="$status"
+check "kproxy status reports the repaired difference" grep -q 'verified .* times, .* differences repaired' <<<"$status"
+
+# Repaired means the next check is clean again.
+after=$(metric kproxy_sync_verify_mismatch_total)
+n=$(metric kproxy_sync_verify_total)
+DETAIL="$(curl -s "$MET/metrics" | grep kproxy_sync_verify)"
+check "the next verification after the repair runs" wait_for 10 verified $((n + 1))
+check "... and finds nothing more" test "$(metric kproxy_sync_verify_mismatch_total)" -eq "$after"
+
+DETAIL="$(tail -5 "$WORK/kproxy.log")"
+check "kproxy still runs" kproxy_alive
+finish "self_verify ($MODE)"
