@@ -478,7 +478,9 @@ def run_one(args, api, which, mode, scale, run, addrs):
     services, endpoints = scale
     node = Node(f"{args.prefix}{which[0]}{mode[:2]}{run}", args.cp_ns)
     res = {"program": which, "mode": mode, "services": services, "endpoints": endpoints, "run": run,
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": args.versions[which]}
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": args.versions[which],
+           # Other work on the machine skews a run: the load when it started.
+           "loadavg_1m": float(open("/proc/loadavg").read().split()[0])}
     prog = Program(which, mode, node, args, args.workdir)
     mon = None
     timeout = args.upstream_timeout if which == "upstream" else args.kproxy_timeout
