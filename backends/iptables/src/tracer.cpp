@@ -155,10 +155,16 @@ std::optional<std::pair<std::uint16_t, std::uint16_t>> parsePortRange(std::strin
   return std::pair{static_cast<std::uint16_t>(*lo), static_cast<std::uint16_t>(*hi)};
 }
 
-/// "10.0.0.1:80", "10.0.0.1", "[fd00::1]:80", "fd00::1".
+/// "10.0.0.1:80", "10.0.0.1", "[fd00::1]:80", "fd00::1", ":80" (the port only).
 bool parseNatDestination(std::string_view text, Target& t) {
   std::string_view addr = text;
   std::string_view port;
+  if (text.starts_with(':')) {
+    auto range = parsePortRange(text.substr(1));
+    if (!range || range->first != range->second) return false;
+    t.port = range->first;
+    return true;
+  }
   if (text.starts_with('[')) {
     auto close = text.find(']');
     if (close == std::string_view::npos) return false;
@@ -588,7 +594,10 @@ class PacketRun {
       return Scheduled::kRejected;
     }
     const std::size_t k = vs->realServers.size() == 1 ? 0 : choices_.choose(vs->realServers.size());
-    const auto& [address, port] = vs->realServers[k];
+    const auto& [address, realPort] = vs->realServers[k];
+    // A persistent firewall-mark service keeps the packet's port (the kernel's
+    // ip_vs_sched_persist): the real server's port is not used.
+    const std::uint16_t port = vs->keepsPort ? dport_ : realPort;
     const std::string to = plan::endpointText(address.toString(), port);
     if (vs->realServers.size() > 1) path_.choices.push_back(fmt::format("IPVS {}: real server {}", vs->text, to));
     virtualServer_ = VirtualConnection{proto_, dst_, dport_};
@@ -821,7 +830,7 @@ class PacketRun {
         step(table, chain.name, &rule, fmt::format("connection mark is now {:#x}", connmark_));
         return Flow::kNext;
       case TargetKind::kDnat:
-        dst_ = *t.address;
+        if (t.address) dst_ = *t.address;
         if (t.port) dport_ = *t.port;
         dnat_ = true;
         step(table, chain.name, &rule, "dnat to " + plan::endpointText(dst_.toString(), dport_));

@@ -80,6 +80,8 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
       t.protocol = protocolNumber(vs.protocol);
       if (auto a = IPPrefix::parse(vs.address)) t.address = *a;
       t.port = vs.port;
+      t.fwmark = vs.fwmark;
+      t.keepsPort = vs.fwmark != 0 && vs.persistent;
       for (const auto& rs : vs.realServers)
         if (auto a = IPPrefix::parse(rs.address)) t.realServers.emplace_back(*a, rs.port);
       t.text = ipvsadmCommand('A', kernelVirtualServer(vs));

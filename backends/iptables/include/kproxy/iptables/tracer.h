@@ -95,6 +95,9 @@ struct TracedVirtualServer {
   backends::IPPrefix address;
   std::uint16_t port = 0;
   std::vector<std::pair<backends::IPPrefix, std::uint16_t>> realServers;
+  /// A persistent firewall-mark service: connections keep the packet's destination port (the
+  /// kernel uses a real server's port only when the packet's equals the service's, 0 here).
+  bool keepsPort = false;
   std::string text;  ///< how the trace names it ("ipvsadm -A -t 10.96.0.10:80 -s rr")
 };
 
