@@ -793,3 +793,34 @@ TEST_CASE("ipvs renderer: unallocated ClusterIPs of the ServiceCIDRs are dropped
   r.setServiceCIDRs({});
   CHECK(drops(r, sdk::Family::kIPv4).empty());
 }
+
+TEST_CASE("ipvs renderer: ClientIP affinity: filter rules that see the endpoints' port", "[unit]") {
+  const auto r = renderer();
+  // eTP=Local without a local endpoint: the external virtual server holds the cluster pool for
+  // the short-circuit; what is not short-circuited is dropped by its mark (its port changed).
+  auto p = servicePort("ns11", "fw", "172.30.0.51", 80, {endpoint("10.180.1.11", 8080)});
+  p.type = sdk::ServiceType::kLoadBalancer;
+  p.nodePort = 30011;
+  p.externalPolicyLocal = true;
+  p.sessionAffinityClientIP = true;
+  p.loadBalancerIPs = {"5.6.7.11"};
+  p.loadBalancerSourceRanges = {"203.0.113.0/25"};
+  const Fragment f = r.renderServicePort(p);
+  REQUIRE(f.virtualServers.size() == 1);  // both pools are the cluster's here
+  const std::uint32_t mark = f.virtualServers.front().fwmark;
+  const Strings drops = rulesOf(f, Table::kFilter, "KUBE-IPVS-FILTER");
+  CHECK(drops.size() == 3);  // the LB IP and the two NodePort addresses
+  for (const auto& d : drops) {
+    CHECK(d.find(fmt::format("-m mark --mark {:#x} ", mark)) != std::string::npos);
+    CHECK(d.find("--dport") == std::string::npos);
+  }
+  // The source ranges hold the LB IP with the service's port and with the endpoints'.
+  const Strings entries = entriesOf(f);
+  for (const auto* e : {"add KUBE-LOAD-BALANCER-FW 5.6.7.11,tcp:80", "add KUBE-LOAD-BALANCER-FW 5.6.7.11,tcp:8080",
+                        "add KUBE-LOAD-BALANCER-SOURCE-CIDR 5.6.7.11,tcp:80,203.0.113.0/25",
+                        "add KUBE-LOAD-BALANCER-SOURCE-CIDR 5.6.7.11,tcp:8080,203.0.113.0/25"})
+    CHECK(std::find(entries.begin(), entries.end(), e) != entries.end());
+  // The short-circuit goes to the ClusterIP with the endpoints' port.
+  for (const auto& rule : rulesOf(f, Table::kNat, "KUBE-SERVICES"))
+    if (rule.find("-j DNAT") != std::string::npos) CHECK(rule.ends_with("--to-destination 172.30.0.51:8080"));
+}
