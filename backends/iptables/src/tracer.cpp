@@ -367,7 +367,9 @@ Rule parseRule(std::string spec) {
     } else if (w == "--vproto" || w == "--vaddr" || w == "--vport") {
       const std::string v = next().value_or("");
       Match m;
-      m.kind = w == "--vproto" ? MatchKind::kIpvsProto : w == "--vaddr" ? MatchKind::kIpvsAddress : MatchKind::kIpvsPort;
+      m.kind = w == "--vproto"  ? MatchKind::kIpvsProto
+               : w == "--vaddr" ? MatchKind::kIpvsAddress
+                                : MatchKind::kIpvsPort;
       auto proto = protocolNumber(v);
       auto prefix = IPPrefix::parse(v);
       auto port = parsePortRange(v);

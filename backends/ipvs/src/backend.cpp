@@ -129,8 +129,10 @@ std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* r
   // firewall-mark service is "-f MARK", with "-6" for IPv6.
   const std::string full = vs.describe();
   const std::string vip = full.substr(full.find(' ') + 1);
-  std::string out = vs.fwmark != 0 ? fmt::format("ipvsadm -{} -f {}{}", op, vs.fwmark, vs.family == Family::kIPv6 ? " -6" : "")
-                                   : fmt::format("ipvsadm -{} {} {}", op, kind, vip);
+  std::string out =
+      vs.fwmark != 0
+          ? fmt::format("ipvsadm -{} -f {}{}", op, vs.fwmark, vs.family == Family::kIPv6 ? " -6" : "")
+          : fmt::format("ipvsadm -{} {} {}", op, kind, vip);
   if (rs == nullptr) {
     if (op == 'A' || op == 'E') {
       out += " -s " + vs.scheduler;
@@ -472,9 +474,9 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
     if (want == servers.end()) {
       const bool owned = kvs.fwmark != 0 || servers_.contains(key) || wasBound(kvs.address) ||
                          ownsAddress(kvs.address) || nodePorts.contains({kvs.protocol, kvs.port});
-      const bool excluded = kvs.fwmark == 0 && std::any_of(exclude_.begin(), exclude_.end(), [&](const IPPrefix& c) {
-                              return c.contains(kvs.address);
-                            });
+      const bool excluded =
+          kvs.fwmark == 0 && std::any_of(exclude_.begin(), exclude_.end(),
+                                         [&](const IPPrefix& c) { return c.contains(kvs.address); });
       if (owned && !excluded)
         if (auto r = deleteServer(kvs); !r) return r;
       continue;

@@ -197,7 +197,8 @@ bool PlannedVirtualServer::answers(std::string_view ip, std::uint16_t p) const {
     return x && y && *x == *y;
   };
   if (fwmark == 0) return port == p && same(address);
-  return std::any_of(marked.begin(), marked.end(), [&](const MarkedAddress& m) { return m.port == p && same(m.address); });
+  return std::any_of(marked.begin(), marked.end(),
+                     [&](const MarkedAddress& m) { return m.port == p && same(m.address); });
 }
 
 std::span<const SetId> allSets() { return kSetIds; }
@@ -454,9 +455,11 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
     const std::string clusterTarget =
         clusterIP ? "DNAT --to-destination " + hostPort(*clusterIP, ipvsPort(p.port)) : "";
     if (fwmarks) {
-      const auto clusterVS = std::find_if(f.virtualServers.begin(), f.virtualServers.end(),
-                                          [](const PlannedVirtualServer& vs) { return vs.traffic == Traffic::kClusterIP; });
-      const bool sharesPool = clusterVS != f.virtualServers.end() && clusterVS->realServers == serversOf(externalEndpoints);
+      const auto clusterVS =
+          std::find_if(f.virtualServers.begin(), f.virtualServers.end(),
+                       [](const PlannedVirtualServer& vs) { return vs.traffic == Traffic::kClusterIP; });
+      const bool sharesPool =
+          clusterVS != f.virtualServers.end() && clusterVS->realServers == serversOf(externalEndpoints);
       if (!sharesPool) externalMark = config_.fwmarkOf(fam, p.key, "external");
     }
     // A short-circuit DNAT to the ClusterIP carries the ClusterIP's mark (it was marked for
@@ -622,7 +625,8 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
     std::vector<PortRule> markRules;
     for (auto& vs : f.virtualServers) {
       const std::uint32_t mark = vs.traffic == Traffic::kClusterIP ? clusterMark : externalMark;
-      auto it = std::find_if(marked.begin(), marked.end(), [&](const PlannedVirtualServer& m) { return m.fwmark == mark; });
+      auto it = std::find_if(marked.begin(), marked.end(),
+                             [&](const PlannedVirtualServer& m) { return m.fwmark == mark; });
       if (it == marked.end()) {
         PlannedVirtualServer m = vs;
         m.address.clear();
@@ -804,7 +808,9 @@ GlobalObjects IpvsRenderer::renderGlobal(sdk::Family family) const {
   // A packet with one of kproxy's IPVS firewall marks keeps its masquerade in the connection
   // mark (IPVS compares the whole packet mark): it comes back here.
   tail(Table::kNat, kPostrouting,
-       Spec().match(fmt::format("-m connmark --mark {0}/{0}", mark)).jump(fmt::format("MARK --set-xmark {0}/{0}", mark)));
+       Spec()
+           .match(fmt::format("-m connmark --mark {0}/{0}", mark))
+           .jump(fmt::format("MARK --set-xmark {0}/{0}", mark)));
   tail(Table::kNat, kPostrouting, Spec().match(fmt::format("-m mark ! --mark {0}/{0}", mark)).jump("RETURN"));
   tail(Table::kNat, kPostrouting, Spec().jump(fmt::format("MARK --set-xmark {}/0x0", mark)));
   tail(Table::kNat, kPostrouting,
@@ -812,7 +818,9 @@ GlobalObjects IpvsRenderer::renderGlobal(sdk::Family family) const {
            .comment("kubernetes service traffic requiring SNAT")
            .jump(config_.randomFully ? "MASQUERADE --random-fully" : "MASQUERADE"));
   tail(Table::kNat, kMarkMasq,
-       Spec().match(fmt::format("-m mark --mark {0}/{0}", tag)).jump(fmt::format("CONNMARK --set-xmark {0}/{0}", mark)));
+       Spec()
+           .match(fmt::format("-m mark --mark {0}/{0}", tag))
+           .jump(fmt::format("CONNMARK --set-xmark {0}/{0}", mark)));
   tail(Table::kNat, kMarkMasq, Spec().match(fmt::format("-m mark --mark {0}/{0}", tag)).jump("RETURN"));
   tail(Table::kNat, kMarkMasq, Spec().jump(fmt::format("MARK --set-xmark {0}/{0}", mark)));
 

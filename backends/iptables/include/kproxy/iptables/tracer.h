@@ -84,7 +84,8 @@ struct Trace {
 
 /// An ipset as IPVS mode's rules match it.
 struct TracedIpset {
-  std::string type;                  ///< "hash:ip", "hash:ip,port", "hash:ip,port,ip", "hash:ip,port,net", "bitmap:port"
+  /// "hash:ip", "hash:ip,port", "hash:ip,port,ip", "hash:ip,port,net" or "bitmap:port".
+  std::string type;
   std::vector<std::string> members;  ///< as `ipset save` prints them: "10.96.0.10,tcp:80", "30080"
 };
 
