@@ -769,12 +769,25 @@ case_affinity_across_addresses() {
   add_service sticky.yaml sticky 10.96.0.43 "$(pod_eps 3)" affinity=ClientIP type=LoadBalancer \
     nodePort=30085 externalIP=$ext lbIP=$lb || return 1
   start_kproxy_and_wait "http://10.96.0.43/" || return 1
-  local role url out round urls
+  local role url out round urls body
   urls=("http://10.96.0.43/" "http://$KP_NODE_IP:30085/" "http://$ext/" "http://$lb/")
+  # IPVS mode binds the service addresses to kube-ipvs0, so a connection of the node's to one
+  # of them leaves from that address itself (the kernel's source for a local destination):
+  # each address is another client IP, for ClientIP affinity as for everything else (as in
+  # upstream's IPVS mode). The node is one client when it connects from its node address.
+  local -a node_source=()
+  is_ipvs && node_source=(--interface "$KP_NODE_IP")
   for role in pod4 client node; do
     out=""
     for round in 1 2 3; do
-      for url in "${urls[@]}"; do out+="$(kp_who "$role" "$url" || echo FAIL)"$'\n'; done
+      for url in "${urls[@]}"; do
+        if [[ $role == node ]]; then
+          body="$(kp_curl node "$url" "${node_source[@]}" 2>/dev/null)" && [[ "$body" =~ ^pod=([^ $'\n']+) ]] &&
+            out+="${BASH_REMATCH[1]}"$'\n' || out+=FAIL$'\n'
+        else
+          out+="$(kp_who "$role" "$url" || echo FAIL)"$'\n'
+        fi
+      done
     done
     out="${out%$'\n'}"
     kp_note "$role -> ClusterIP, NodePort, externalIP, LB IP (3 rounds): $(summarize <<<"$out")"
@@ -1342,18 +1355,6 @@ if is_userspace; then
   kp_case() {
     local why
     if why="$(userspace_skip_reason "$1")"; then kp_skip "$1" "$why"; else _kp_case_shared "$@"; fi
-  }
-fi
-
-# IPVS mode: the one shared case whose meaning IPVS does not give yet.
-if is_ipvs; then
-  eval "_kp_case_ipvs() $(declare -f kp_case | tail -n +2)"
-  kp_case() {
-    if [[ $1 == affinity_across_addresses ]]; then
-      kp_skip "$1" "IPVS keeps persistence per virtual server, so stickiness does not carry from one of a service port's addresses to another (as upstream's IPVS mode); sharing it needs one firewall-mark virtual server per service port (issue 13)"
-    else
-      _kp_case_ipvs "$@"
-    fi
   }
 fi
 

@@ -29,6 +29,12 @@ enum class MatchKind : std::uint8_t {
   kMark,         // -m mark --mark v/m
   kRandom,       // -m statistic --mode random --probability p
   kRecentHit,    // -m recent --rcheck / --update / --remove: the list holds nothing yet
+  kSet,          // -m set --match-set NAME FLAGS (IPVS mode): text is the set, states the flags
+  kIpvsProto,    // -m ipvs --vproto N: the connection's virtual server (IPVS mode)
+  kIpvsAddress,  // -m ipvs --vaddr A
+  kIpvsPort,     // -m ipvs --vport P
+  kPhysdevIsIn,  // -m physdev --physdev-is-in: the packet came in on a bridge port (never here)
+  kConnmark,     // -m connmark --mark v/m
   kUnknown,      // what the tracer cannot evaluate
 };
 
@@ -57,6 +63,7 @@ enum class TargetKind : std::uint8_t {
   kMark,
   kDnat,
   kSourceNat,  // MASQUERADE, SNAT
+  kConnmark,   // CONNMARK --set-xmark v/m
   kNoop,       // LOG and other targets that change nothing the trace follows
   kUnknown,
 };
@@ -148,10 +155,16 @@ std::optional<std::pair<std::uint16_t, std::uint16_t>> parsePortRange(std::strin
   return std::pair{static_cast<std::uint16_t>(*lo), static_cast<std::uint16_t>(*hi)};
 }
 
-/// "10.0.0.1:80", "10.0.0.1", "[fd00::1]:80", "fd00::1".
+/// "10.0.0.1:80", "10.0.0.1", "[fd00::1]:80", "fd00::1", ":80" (the port only).
 bool parseNatDestination(std::string_view text, Target& t) {
   std::string_view addr = text;
   std::string_view port;
+  if (text.starts_with(':')) {
+    auto range = parsePortRange(text.substr(1));
+    if (!range || range->first != range->second) return false;
+    t.port = range->first;
+    return true;
+  }
   if (text.starts_with('[')) {
     auto close = text.find(']');
     if (close == std::string_view::npos) return false;
@@ -220,6 +233,11 @@ Rule parseRule(std::string spec) {
       t.kind = TargetKind::kReject;
     } else if (name == "MASQUERADE" || name == "SNAT") {
       t.kind = TargetKind::kSourceNat;
+    } else if (name == "CONNMARK") {
+      auto vm = option("--set-xmark") ? parseValueMask(*option("--set-xmark")) : std::nullopt;
+      t.kind = vm ? TargetKind::kConnmark : TargetKind::kUnknown;
+      if (vm) t.value = vm->first, t.mask = vm->second;
+      else t.problem = "CONNMARK other than --set-xmark";
     } else if (name == "LOG" || name == "NFLOG" || name == "TRACE") {
       t.kind = TargetKind::kNoop;
     } else if (name == "DNAT") {
@@ -302,7 +320,7 @@ Rule parseRule(std::string spec) {
       module = next().value_or("");
       static const std::set<std::string, std::less<>> kModules{
           "tcp", "udp", "sctp", "comment", "addrtype", "conntrack", "state", "mark", "statistic", "recent",
-          "multiport", "nfacct"};
+          "multiport", "nfacct", "set", "ipvs", "physdev", "connmark"};
       if (!kModules.contains(module)) unknown("-m " + module);
     } else if (w == "-j" || w == "--jump") {
       parseTarget(next().value_or(""));
@@ -340,6 +358,41 @@ Rule parseRule(std::string spec) {
       m.kind = MatchKind::kCtState;
       m.states = splitList(next().value_or(""));
       add(modules, std::move(m));
+    } else if (w == "--match-set") {
+      Match m;
+      m.kind = MatchKind::kSet;
+      m.text = next().value_or("");
+      m.states = splitList(next().value_or(""));
+      add(modules, std::move(m));
+    } else if (w == "--vproto" || w == "--vaddr" || w == "--vport") {
+      const std::string v = next().value_or("");
+      Match m;
+      m.kind = w == "--vproto"  ? MatchKind::kIpvsProto
+               : w == "--vaddr" ? MatchKind::kIpvsAddress
+                                : MatchKind::kIpvsPort;
+      auto proto = protocolNumber(v);
+      auto prefix = IPPrefix::parse(v);
+      auto port = parsePortRange(v);
+      if (m.kind == MatchKind::kIpvsProto && proto) m.protocol = *proto;
+      else if (m.kind == MatchKind::kIpvsAddress && prefix) m.prefix = *prefix;
+      else if (m.kind == MatchKind::kIpvsPort && port) m.ports.push_back(*port);
+      else m.kind = MatchKind::kUnknown, m.text = w + " " + v;
+      add(modules, std::move(m));
+    } else if (w == "--physdev-is-in") {
+      Match m;
+      m.kind = MatchKind::kPhysdevIsIn;
+      add(modules, std::move(m));
+    } else if (w == "--mark" && module == "connmark") {
+      const std::string v = next().value_or("");
+      if (auto vm = parseValueMask(v)) {
+        Match m;
+        m.kind = MatchKind::kConnmark;
+        m.value = vm->first;
+        m.mask = vm->second;
+        add(modules, std::move(m));
+      } else {
+        unknown("--mark " + v);
+      }
     } else if (w == "--mark" && module == "mark") {
       const std::string v = next().value_or("");
       auto vm = parseValueMask(v);
@@ -438,6 +491,12 @@ namespace {
 constexpr int kMaxJumpDepth = 64;
 constexpr std::size_t kMaxPaths = 4096;
 
+/// What IPVS mode adds to the rules (IptablesTracer::setIpvs).
+struct IpvsModel {
+  const std::vector<std::pair<std::string, TracedIpset>>& sets;
+  const std::vector<TracedVirtualServer>& servers;
+};
+
 /// How evaluation of a chain (or rule) ended.
 enum class Flow : std::uint8_t {
   kNext,    // the rule did not match, or matched without a terminal target: go on
@@ -459,8 +518,9 @@ bool isLoopback(const IPPrefix& a) {
 class PacketRun {
  public:
   PacketRun(const IptablesTracer::Ruleset& rules, const std::vector<IPPrefix>& local, const Packet& packet,
-            plan::ChoiceExplorer& choices, TracePath& path, std::set<std::string>& warnings)
-      : rules_(rules),
+            plan::ChoiceExplorer& choices, TracePath& path, std::set<std::string>& warnings, const IpvsModel* ipvs)
+      : ipvs_(ipvs),
+        rules_(rules),
         local_(local),
         choices_(choices),
         path_(path),
@@ -477,12 +537,26 @@ class PacketRun {
     if (!fromNode_) {
       alive = hook("PREROUTING", {"raw", "mangle", "nat"});
       if (alive && isLocal(dst_)) {
-        alive = hook("INPUT", {"mangle", "filter", "nat"});
+        alive = hook("INPUT", {"mangle", "filter"});
+        // IPVS's LOCAL_IN hook sits between filter and nat INPUT; a scheduled packet leaves
+        // for its real server through LOCAL_OUT and POSTROUTING.
+        const Scheduled scheduled = alive ? schedule() : Scheduled::kNo;
+        if (scheduled == Scheduled::kRejected) alive = false;
+        else if (scheduled == Scheduled::kYes)
+          alive = hook("OUTPUT", {"mangle", "filter"}) && hook("POSTROUTING", {"mangle", "nat"});
+        else if (alive)
+          alive = hook("INPUT", {"nat"});
       } else if (alive) {
         alive = hook("FORWARD", {"mangle", "filter"}) && hook("POSTROUTING", {"mangle", "nat"});
       }
     } else {
-      alive = hook("OUTPUT", {"raw", "mangle", "nat", "filter"}) && hook("POSTROUTING", {"mangle", "nat"});
+      // IPVS's LOCAL_OUT hook comes right after nat OUTPUT.
+      alive = hook("OUTPUT", {"raw", "mangle", "nat"});
+      const Scheduled scheduled = alive ? schedule() : Scheduled::kNo;
+      if (scheduled == Scheduled::kRejected) alive = false;
+      if (scheduled == Scheduled::kYes) alive = hook("OUTPUT", {"mangle", "filter"});
+      if (scheduled == Scheduled::kNo && alive) alive = hook("OUTPUT", {"filter"});
+      alive = alive && hook("POSTROUTING", {"mangle", "nat"});
       if (alive && isLocal(dst_)) {
         // Delivered to the node itself: the packet comes back in on loopback.
         inputInterface_ = "lo";
@@ -501,6 +575,86 @@ class PacketRun {
   }
 
  private:
+  enum class Scheduled : std::uint8_t { kNo, kYes, kRejected };
+
+  /// IPVS: the virtual server the packet meets (by mark, then by address), and the real
+  /// server it is scheduled to (one path each).
+  Scheduled schedule() {
+    if (ipvs_ == nullptr) return Scheduled::kNo;
+    const TracedVirtualServer* vs = nullptr;
+    for (const auto& v : ipvs_->servers)
+      if (mark_ != 0 && v.fwmark == mark_) vs = &v;
+    if (vs == nullptr)
+      for (const auto& v : ipvs_->servers)
+        if (v.fwmark == 0 && v.protocol == proto_ && v.port == dport_ && v.address == dst_) vs = &v;
+    if (vs == nullptr) return Scheduled::kNo;
+    if (vs->realServers.empty()) {
+      path_.steps.push_back(TraceStep{"IPVS", vs->text, "no real servers: ICMP port unreachable"});
+      path_.outcome.verdict = TraceVerdict::kRejected;
+      path_.outcome.chain = "IPVS";
+      path_.outcome.rule = vs->text + " (no real servers)";
+      return Scheduled::kRejected;
+    }
+    const std::size_t k = vs->realServers.size() == 1 ? 0 : choices_.choose(vs->realServers.size());
+    const auto& [address, realPort] = vs->realServers[k];
+    // A persistent firewall-mark service keeps the packet's port (the kernel's
+    // ip_vs_sched_persist): the real server's port is not used.
+    const std::uint16_t port = vs->keepsPort ? dport_ : realPort;
+    const std::string to = plan::endpointText(address.toString(), port);
+    if (vs->realServers.size() > 1) path_.choices.push_back(fmt::format("IPVS {}: real server {}", vs->text, to));
+    virtualServer_ = VirtualConnection{proto_, dst_, dport_};
+    dst_ = address;
+    dport_ = port;
+    dnat_ = true;
+    path_.steps.push_back(TraceStep{"IPVS", vs->text, "scheduled to " + to});
+    return Scheduled::kYes;
+  }
+
+  /// Whether the packet is in `set` as `flags` select its fields ("dst,dst": destination
+  /// address and port); nullopt when the set is unknown.
+  std::optional<bool> inSet(const std::string& name, const std::vector<std::string>& flags) const {
+    const TracedIpset* set = nullptr;
+    if (ipvs_ != nullptr)
+      for (const auto& [n, s] : ipvs_->sets)
+        if (n == name) set = &s;
+    if (set == nullptr) return std::nullopt;
+    auto address = [&](std::size_t k) { return k < flags.size() && flags[k] == "src" ? src_ : dst_; };
+    // The source port of a new connection is not modelled: a "src" port never matches.
+    auto port = [&](std::size_t k) { return k < flags.size() && flags[k] == "src" ? -1 : int(dport_); };
+    auto sameAddress = [](std::string_view text, const IPPrefix& a) {
+      auto p = IPPrefix::parse(text);
+      return p && *p == a;
+    };
+    auto sameProtoPort = [&](std::string_view text, std::size_t k) {  // "tcp:80"
+      const auto colon = text.find(':');
+      if (colon == std::string_view::npos || text.substr(0, colon) != protocolName(proto_)) return false;
+      auto v = parseNumber(text.substr(colon + 1));
+      return v && int(*v) == port(k);
+    };
+    for (const auto& member : set->members) {
+      const std::vector<std::string> parts = splitList(member);
+      bool hit = false;
+      if (set->type == "hash:ip") {
+        hit = parts.size() == 1 && sameAddress(parts[0], address(0));
+      } else if (set->type == "bitmap:port") {
+        auto v = parseNumber(member);
+        hit = v && int(*v) == port(0);
+      } else if (set->type == "hash:ip,port") {
+        hit = parts.size() == 2 && sameAddress(parts[0], address(0)) && sameProtoPort(parts[1], 1);
+      } else if (set->type == "hash:ip,port,ip") {
+        hit = parts.size() == 3 && sameAddress(parts[0], address(0)) && sameProtoPort(parts[1], 1) &&
+              sameAddress(parts[2], address(2));
+      } else if (set->type == "hash:ip,port,net") {
+        auto net = parts.size() == 3 ? IPPrefix::parse(parts[2]) : std::nullopt;
+        hit = net && sameAddress(parts[0], address(0)) && sameProtoPort(parts[1], 1) && net->contains(address(2));
+      } else {
+        return std::nullopt;
+      }
+      if (hit) return true;
+    }
+    return false;
+  }
+
   bool isLocal(const IPPrefix& a) const {
     if (isLoopback(a)) return true;
     return std::any_of(local_.begin(), local_.end(),
@@ -596,6 +750,25 @@ class PacketRun {
           break;
         }
         case MatchKind::kRecentHit: hit = false; break;  // the recent lists start empty
+        case MatchKind::kSet: {
+          auto in = inSet(m.text, m.states);
+          if (!in) {
+            warn(fmt::format("{} rule \"{}\": set {} is not known (or of a type the tracer does not model): taken as "
+                             "not matching",
+                             where(table, chain.name), rule.spec, m.text));
+            return false;
+          }
+          hit = *in;
+          break;
+        }
+        case MatchKind::kIpvsProto: hit = virtualServer_ && virtualServer_->protocol == m.protocol; break;
+        case MatchKind::kIpvsAddress: hit = virtualServer_ && m.prefix.contains(virtualServer_->address); break;
+        case MatchKind::kIpvsPort:
+          hit = virtualServer_ && virtualServer_->port >= m.ports.front().first &&
+                virtualServer_->port <= m.ports.front().second;
+          break;
+        case MatchKind::kPhysdevIsIn: hit = false; break;
+        case MatchKind::kConnmark: hit = (connmark_ & m.mask) == m.value; break;
         case MatchKind::kUnknown:
           warn(fmt::format("{} rule \"{}\": cannot evaluate {}: taken as not matching", where(table, chain.name),
                            rule.spec, describe(m)));
@@ -654,8 +827,12 @@ class PacketRun {
         mark_ = (mark_ & ~t.mask) ^ t.value;
         step(table, chain.name, &rule, fmt::format("mark is now {:#x}", mark_));
         return Flow::kNext;
+      case TargetKind::kConnmark:
+        connmark_ = (connmark_ & ~t.mask) ^ t.value;
+        step(table, chain.name, &rule, fmt::format("connection mark is now {:#x}", connmark_));
+        return Flow::kNext;
       case TargetKind::kDnat:
-        dst_ = *t.address;
+        if (t.address) dst_ = *t.address;
         if (t.port) dport_ = *t.port;
         dnat_ = true;
         step(table, chain.name, &rule, "dnat to " + plan::endpointText(dst_.toString(), dport_));
@@ -668,6 +845,14 @@ class PacketRun {
     return Flow::kNext;
   }
 
+  struct VirtualConnection {
+    std::uint8_t protocol;
+    IPPrefix address;
+    std::uint16_t port;
+  };
+  const IpvsModel* ipvs_;
+  std::optional<VirtualConnection> virtualServer_;  // the IPVS connection, once scheduled
+  std::uint32_t connmark_ = 0;
   const IptablesTracer::Ruleset& rules_;
   const std::vector<IPPrefix>& local_;
   plan::ChoiceExplorer& choices_;
@@ -710,6 +895,13 @@ core::Result<IptablesTracer> IptablesTracer::fromText(std::string_view text, std
   return IptablesTracer(*parsed, std::move(localAddresses));
 }
 
+void IptablesTracer::setIpvs(std::vector<std::pair<std::string, TracedIpset>> sets,
+                             std::vector<TracedVirtualServer> servers) {
+  ipvs_ = true;
+  sets_ = std::move(sets);
+  virtualServers_ = std::move(servers);
+}
+
 IptablesTracer::IptablesTracer(IptablesTracer&&) noexcept = default;
 IptablesTracer& IptablesTracer::operator=(IptablesTracer&&) noexcept = default;
 IptablesTracer::~IptablesTracer() = default;
@@ -725,7 +917,8 @@ Trace IptablesTracer::trace(const Packet& packet) const {
       break;
     }
     TracePath& path = trace.paths.emplace_back();
-    PacketRun(*rules_, localAddresses_, packet, choices, path, warnings).run();
+    const IpvsModel model{sets_, virtualServers_};
+    PacketRun(*rules_, localAddresses_, packet, choices, path, warnings, ipvs_ ? &model : nullptr).run();
   } while (choices.next());
   trace.warnings.assign(warnings.begin(), warnings.end());
   trace.outcome = plan::mergePaths(trace.paths);

@@ -100,8 +100,12 @@ VirtualServer kernelVirtualServer(const PlannedVirtualServer& p) {
   vs.protocol = p.protocol == sdk::Protocol::kUDP    ? Protocol::kUdp
                 : p.protocol == sdk::Protocol::kSCTP ? Protocol::kSctp
                                                      : Protocol::kTcp;
-  if (auto a = IPPrefix::parse(p.address)) vs.address = *a;
-  vs.port = p.port;
+  if (p.fwmark != 0) {
+    vs.fwmark = p.fwmark;  // no address or port: the kernel keys it by the mark alone
+  } else {
+    if (auto a = IPPrefix::parse(p.address)) vs.address = *a;
+    vs.port = p.port;
+  }
   vs.scheduler = p.scheduler;
   vs.flags =
       (p.persistent ? kFlagPersistent : 0u) | (p.sourceHashFallback ? kFlagSourceHashFallback : 0u);
@@ -121,10 +125,14 @@ std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* r
   const std::string_view kind = vs.protocol == Protocol::kUdp    ? "-u"
                                 : vs.protocol == Protocol::kSctp ? "--sctp-service"
                                                                  : "-t";
-  // describe() is "TCP 10.96.0.10:80": the address part is what ipvsadm takes.
+  // describe() is "TCP 10.96.0.10:80": the address part is what ipvsadm takes; a
+  // firewall-mark service is "-f MARK", with "-6" for IPv6.
   const std::string full = vs.describe();
   const std::string vip = full.substr(full.find(' ') + 1);
-  std::string out = fmt::format("ipvsadm -{} {} {}", op, kind, vip);
+  std::string out =
+      vs.fwmark != 0
+          ? fmt::format("ipvsadm -{} -f {}{}", op, vs.fwmark, vs.family == Family::kIPv6 ? " -6" : "")
+          : fmt::format("ipvsadm -{} {} {}", op, kind, vip);
   if (rs == nullptr) {
     if (op == 'A' || op == 'E') {
       out += " -s " + vs.scheduler;
@@ -459,14 +467,16 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
   };
   std::set<std::string> seen;
   for (const auto& kvs : *listed) {
-    if (kvs.fwmark != 0) continue;  // kproxy makes none
+    // Firewall-mark services: kproxy's carry its tag bit (ClientIP affinity); others' are left.
+    if (kvs.fwmark != 0 && !ownsFwmark(kvs.fwmark)) continue;
     const std::string key = kvs.describe();
     auto want = servers.find(key);
     if (want == servers.end()) {
-      const bool owned = servers_.contains(key) || wasBound(kvs.address) ||
+      const bool owned = kvs.fwmark != 0 || servers_.contains(key) || wasBound(kvs.address) ||
                          ownsAddress(kvs.address) || nodePorts.contains({kvs.protocol, kvs.port});
-      const bool excluded = std::any_of(exclude_.begin(), exclude_.end(),
-                                        [&](const IPPrefix& c) { return c.contains(kvs.address); });
+      const bool excluded =
+          kvs.fwmark == 0 && std::any_of(exclude_.begin(), exclude_.end(),
+                                         [&](const IPPrefix& c) { return c.contains(kvs.address); });
       if (owned && !excluded)
         if (auto r = deleteServer(kvs); !r) return r;
       continue;
@@ -811,7 +821,11 @@ sdk::Expected<void> IpvsBackend::cleanup() {
       return failed("list_virtual_servers", servers.error());
   } else {
     for (const auto& vs : *servers) {
-      if (vs.fwmark != 0) continue;
+      if (vs.fwmark != 0) {
+        if (ownsFwmark(vs.fwmark))
+          if (auto r = deleteServer(vs); !r) return r;
+        continue;
+      }
       const bool onLink = std::find(bound.begin(), bound.end(), vs.address) != bound.end();
       const bool excluded = std::any_of(exclude_.begin(), exclude_.end(),
                                         [&](const IPPrefix& c) { return c.contains(vs.address); });

@@ -1,11 +1,13 @@
-// `kproxy explain` in IPVS mode: which planned virtual server a new connection meets and the
-// pool IPVS balances it over. The iptables rules around IPVS (source-range firewall, drops of
-// policy-less traffic, the eTP=Local short-circuit) are not traced; the answer says so.
+// `kproxy explain` in IPVS mode: the packet is traced through what a full sync would program,
+// by the same tracer as iptables mode: the iptables rules (nat and filter, with the ipsets
+// they match), and IPVS between the hooks, scheduling over the planned virtual servers.
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
 #include "kproxy/backends/common/address.h"
+#include "kproxy/iptables/tracer.h"
 #include "kproxy/ipvs/backend.h"
 #include "kproxy/plan/service_plan.h"
 #include "kproxy/plan/trace.h"
@@ -13,105 +15,101 @@
 namespace kproxy::ipvs {
 namespace {
 
-/// Whether KUBE-SERVICES / KUBE-NODE-PORT / KUBE-LOAD-BALANCER mark the connection for
-/// masquerade, as the plan decides it.
-bool masqueraded(const sdk::ServicePort& port, Traffic traffic, const plan::PlanConfig& config,
-                 const sdk::ExplainRequest& request, const backends::IPPrefix& source) {
-  const plan::ServicePortPlan decided = plan::planServicePort(port, config);
-  if (traffic != Traffic::kClusterIP) return decided.externalMasqueradeAll;
-  switch (decided.internalMasquerade) {
-    case plan::InternalMasquerade::kNone:
-      return false;
-    case plan::InternalMasquerade::kAll:
-      return true;
-    case plan::InternalMasquerade::kNotLocal:
-      break;
+using backends::IPPrefix;
+
+std::uint8_t protocolNumber(sdk::Protocol p) {
+  switch (p) {
+    case sdk::Protocol::kUDP: return 17;
+    case sdk::Protocol::kSCTP: return 132;
+    case sdk::Protocol::kTCP: break;
   }
-  using Mode = plan::LocalTrafficDetector::Mode;
-  const auto& detector = config.localDetector;
-  if (request.fromNode) return true;
-  if (detector.mode == Mode::kCIDRs) {
-    for (const auto& c : detector.cidrsOf(port.family))
-      if (auto cidr = backends::IPPrefix::parse(c); cidr && cidr->contains(source)) return false;
-    return true;
-  }
-  if (detector.mode == Mode::kBridgeInterface) return request.inputInterface != detector.interface;
-  if (detector.mode == Mode::kInterfaceNamePrefix)
-    return !request.inputInterface.starts_with(detector.interface);
-  return true;
+  return 6;
 }
 
 }  // namespace
 
 sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapshot,
                                                 const sdk::ExplainRequest& request) {
-  auto src = backends::IPPrefix::parse(request.sourceIP);
-  auto dst = backends::IPPrefix::parse(request.destinationIP);
-  if (!src || !dst || !src->isHost() || !dst->isHost() || src->v6 != dst->v6)
+  auto packet = iptables::Packet::make(request.sourceIP, request.destinationIP, request.destinationPort,
+                                       sdk::protocolName(request.protocol), request.fromNode);
+  if (!packet)
     return sdk::fail("explain: cannot make a packet from " + request.sourceIP + " to " +
                      request.destinationIP + " (addresses must be numeric and of one family)");
-  const sdk::Family family = dst->v6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4;
+  if (!request.fromNode) packet->inputInterface = request.inputInterface;
+  const sdk::Family family = packet->destination.v6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4;
   const std::vector<sdk::ServicePort> ports = snapshot.all();
+  const std::vector<sdk::ServiceCIDR> cidrs = snapshot.serviceCIDRs();
+  const sdk::NodeInfo node = snapshot.node();
 
+  // As a full sync renders: once to learn what kube-ipvs0 would hold (its addresses are not
+  // node addresses), then with it.
   IpvsRenderer renderer(settings_.render);
-  renderer.setNode(snapshot.node());
+  renderer.setNode(node);
+  renderer.setServiceCIDRs(cidrs);
+  std::vector<std::string> bound;
+  for (const auto& p : ports)
+    if (p.family == family)
+      for (auto& a : renderer.renderServicePort(p).boundAddresses) bound.push_back(std::move(a));
+  renderer.setDummyInterfaceAddresses(bound);
+  std::vector<Fragment> fragments;
+  for (const auto& p : ports)
+    if (p.family == family) fragments.push_back(renderer.renderServicePort(p));
+
+  // The node's own addresses: the Node's (or the configured node IPs), where NodePorts answer,
+  // and kube-ipvs0's.
+  std::vector<IPPrefix> local;
+  auto addLocal = [&](const std::string& ip) {
+    if (auto a = IPPrefix::parse(ip); a && a->isHost()) local.push_back(*a);
+  };
+  for (const auto& ip : node.addresses) addLocal(ip);
+  if (node.addresses.empty())
+    for (const auto& ip : settings_.render.nodeIPs) addLocal(ip);
+  for (const auto& ip : renderer.nodePortAddresses(family)) addLocal(ip);
+  for (const auto& f : fragments)
+    for (const auto& ip : f.boundAddresses) addLocal(ip);
+
+  auto tracer = iptables::IptablesTracer::fromText(renderIptables(renderer, family, ports), local);
+  if (!tracer) return sdk::fail("explain: the rendered rules do not parse: " + tracer.error().message());
+  std::map<std::string, iptables::TracedIpset> sets;
+  for (const auto& def : renderer.renderGlobal(family).sets) sets[def.name].type = def.type;
+  std::vector<iptables::TracedVirtualServer> servers;
+  for (const auto& f : fragments) {
+    for (const auto& e : f.ipsetEntries) sets[e.set].members.push_back(e.entry);
+    for (const auto& vs : f.virtualServers) {
+      iptables::TracedVirtualServer t;
+      t.protocol = protocolNumber(vs.protocol);
+      if (auto a = IPPrefix::parse(vs.address)) t.address = *a;
+      t.port = vs.port;
+      t.fwmark = vs.fwmark;
+      t.keepsPort = vs.fwmark != 0 && vs.persistent;
+      for (const auto& rs : vs.realServers)
+        if (auto a = IPPrefix::parse(rs.address)) t.realServers.emplace_back(*a, rs.port);
+      t.text = ipvsadmCommand('A', kernelVirtualServer(vs));
+      servers.push_back(std::move(t));
+    }
+  }
+  tracer->setIpvs({sets.begin(), sets.end()}, std::move(servers));
+  const iptables::Trace trace = tracer->trace(*packet);
+
   plan::Explanation x;
-  x.source = src->toString();
-  x.destination = dst->toString();
-  x.port = request.destinationPort;
+  x.source = packet->source.toString();
+  x.destination = packet->destination.toString();
+  x.port = packet->destinationPort;
   x.protocol = request.protocol;
-  x.fromNode = request.fromNode;
-  x.inputInterface = request.fromNode ? std::string() : request.inputInterface;
-  x.packetText = fmt::format(
-      "{} -> {}/{} ({})", x.source, plan::endpointText(x.destination, x.port),
-      sdk::protocolName(request.protocol), request.fromNode ? "from the node" : "arriving");
+  x.fromNode = packet->fromNode;
+  x.inputInterface = packet->inputInterface;
+  x.packetText = packet->toString();
+  for (const auto& p : ports)
+    if (p.family == family) x.ports.push_back(&p);
   const auto& nodePort = renderer.nodePortAddresses(family);
   x.destinationLocal = std::find(nodePort.begin(), nodePort.end(), x.destination) != nodePort.end();
-
-  plan::TracePath path;
-  path.steps.push_back({"IPVS", "",
-                        "virtual servers planned for " +
-                            std::string(family == sdk::Family::kIPv6 ? "IPv6" : "IPv4")});
-  std::vector<std::string> warnings{
-      "IPVS mode: the trace follows the virtual servers only; the iptables filter rules around "
-      "them "
-      "(source ranges, drops without local endpoints) are not traced"};
-  for (const auto& p : ports) {
-    if (p.family != family) continue;
-    x.ports.push_back(&p);
-    if (p.protocol != request.protocol) continue;
-    const Fragment f = renderer.renderServicePort(p);
-    for (const auto& vs : f.virtualServers) {
-      auto a = backends::IPPrefix::parse(vs.address);
-      if (!a || *a != *dst || vs.port != request.destinationPort) continue;
-      const VirtualServer k = kernelVirtualServer(vs);
-      path.steps.push_back(
-          {"IPVS", ipvsadmCommand('A', k), fmt::format("{} of {}", vs.key(), p.key)});
-      path.outcome.masqueraded = masqueraded(p, vs.traffic, renderer.planConfig(), request, *src);
-      if (vs.realServers.empty()) {
-        path.outcome.verdict = plan::TraceVerdict::kRejected;
-        path.outcome.chain = "IPVS";
-        path.outcome.rule = "no real servers: ICMP port unreachable";
-      } else {
-        path.outcome.verdict = plan::TraceVerdict::kDnat;
-        for (const auto& rs : vs.realServers) {
-          path.outcome.endpoints.push_back(plan::endpointText(rs.address, rs.port));
-          path.steps.push_back(
-              {"IPVS",
-               fmt::format("-> {} Masq {}", plan::endpointText(rs.address, rs.port), rs.weight),
-               ""});
-        }
-        std::sort(path.outcome.endpoints.begin(), path.outcome.endpoints.end());
-      }
-      break;
-    }
-    if (path.outcome.verdict != plan::TraceVerdict::kAccepted) break;
-  }
-  std::vector<plan::TracePath> paths{path};
-  x.outcome = plan::mergePaths(paths);
-  x.paths = paths;
-  x.warnings = warnings;
-  x.traceText = plan::traceText(x.packetText, paths, warnings, x.outcome);
+  x.paths = trace.paths;
+  x.outcome = trace.outcome;
+  x.warnings = trace.warnings;
+  x.traceText = trace.toText();
+  if (trace.outcome.verdict == plan::TraceVerdict::kDropped &&
+      trace.outcome.rule.find("unallocated ClusterIPs of ServiceCIDR") != std::string::npos)
+    x.reason = plan::unallocatedClusterIPReason(cidrs, family, x.destination);
   return plan::explanationText(x, request.json);
 }
 

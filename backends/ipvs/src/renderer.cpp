@@ -29,13 +29,16 @@ constexpr std::string_view kProxyFirewall = "KUBE-PROXY-FIREWALL";
 constexpr std::string_view kSourceRangesFirewall = "KUBE-SOURCE-RANGES-FIREWALL";
 constexpr std::string_view kIpvsFilter = "KUBE-IPVS-FILTER";
 constexpr std::string_view kIpvsOutFilter = "KUBE-IPVS-OUT-FILTER";
+// kproxy's: the ports of firewall-marked connections (ClientIP affinity), changed to the
+// endpoints' before IPVS.
+constexpr std::string_view kFwmarkPorts = "KUBE-IPVS-FWMARK-PORTS";
 
 /// Upstream's iptablesChains, in its order.
 constexpr std::pair<Table, std::string_view> kOwnedChains[] = {
     {Table::kNat, kServices},         {Table::kNat, kPostrouting},     {Table::kNat, kNodePort},
     {Table::kNat, kLoadBalancer},     {Table::kNat, kMarkMasq},        {Table::kFilter, kForward},
     {Table::kFilter, kNodePort},      {Table::kFilter, kProxyFirewall}, {Table::kFilter, kSourceRangesFirewall},
-    {Table::kFilter, kIpvsFilter},    {Table::kFilter, kIpvsOutFilter},
+    {Table::kFilter, kIpvsFilter},    {Table::kFilter, kIpvsOutFilter}, {Table::kNat, kFwmarkPorts},
 };
 
 struct SetInfo {
@@ -168,8 +171,34 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
   return cfg;
 }
 
+std::uint32_t RenderConfig::fwmarkOf(sdk::Family family, std::string_view portKey, std::string_view pool) const {
+  // FNV-1a: stable across builds and restarts (std::hash is neither promised).
+  std::uint32_t h = 2166136261u;
+  auto feed = [&](std::string_view text) {
+    for (unsigned char c : text) h = (h ^ c) * 16777619u;
+    h = (h ^ 0xffu) * 16777619u;  // a separator, so ("ab", "c") and ("a", "bc") differ
+  };
+  feed(isV6(family) ? "6" : "4");
+  feed(portKey);
+  feed(pool);
+  const std::uint32_t tag = fwmarkTag();
+  return tag | (h & (tag - 1) & ~mark() & ~0x8000u);
+}
+
 std::string PlannedVirtualServer::key() const {
+  if (fwmark != 0) return fmt::format("FWM {} {}", fwmark, isV6(family) ? "IPv6" : "IPv4");
   return fmt::format("{}/{}", hostPort(address, port), protoUpper(protocol));
+}
+
+bool PlannedVirtualServer::answers(std::string_view ip, std::uint16_t p) const {
+  auto same = [&](const std::string& a) {
+    auto x = IPPrefix::parse(a);
+    auto y = IPPrefix::parse(ip);
+    return x && y && *x == *y;
+  };
+  if (fwmark == 0) return port == p && same(address);
+  return std::any_of(marked.begin(), marked.end(),
+                     [&](const MarkedAddress& m) { return m.port == p && same(m.address); });
 }
 
 std::span<const SetId> allSets() { return kSetIds; }
@@ -303,6 +332,15 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
   // The local endpoints among the real servers: KUBE-LOOP-BACK masquerades a pod reaching
   // itself through a service address (upstream's hairpin set).
   std::vector<const sdk::Endpoint*> hairpin;
+  // The real servers of a pool: sorted, each once.
+  auto serversOf = [&](std::span<const sdk::Endpoint> endpoints) {
+    std::vector<PlannedRealServer> out;
+    for (const auto& ep : endpoints)
+      if (auto ip = hostOf(ep.ip, fam)) out.push_back(PlannedRealServer{*ip, static_cast<std::uint16_t>(ep.port), 1});
+    std::sort(out.begin(), out.end());
+    out.erase(std::unique(out.begin(), out.end()), out.end());
+    return out;
+  };
   auto addVirtualServer = [&](const std::string& address, int port, Traffic traffic,
                               std::span<const sdk::Endpoint> endpoints) {
     PlannedVirtualServer vs;
@@ -315,16 +353,38 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
     vs.timeoutSeconds = plan.affinity ? plan.affinityTimeoutSeconds : 0;
     vs.sourceHashFallback = config_.scheduler == "mh";
     vs.traffic = traffic;
-    for (const auto& ep : endpoints) {
-      auto ip = hostOf(ep.ip, fam);
-      if (!ip) continue;  // another family or malformed: the core should not send it
-      vs.realServers.push_back(PlannedRealServer{*ip, static_cast<std::uint16_t>(ep.port), 1});
-      if (ep.isLocal) hairpin.push_back(&ep);
-    }
-    std::sort(vs.realServers.begin(), vs.realServers.end());
-    vs.realServers.erase(std::unique(vs.realServers.begin(), vs.realServers.end()), vs.realServers.end());
+    // Another family or malformed (the core should not send it): left out.
+    vs.realServers = serversOf(endpoints);
+    for (const auto& ep : endpoints)
+      if (ep.isLocal && hostOf(ep.ip, fam)) hairpin.push_back(&ep);
     f.virtualServers.push_back(std::move(vs));
   };
+  // plan: ClientIP affinity across the port's addresses (note 8 in renderer.h): the marks of
+  // the ClusterIP's pool and of the external addresses' (the same one when they share it).
+  // A persistent firewall-mark service keeps the packet's port, so the endpoints' one port
+  // (`targetPort`, 0 without endpoints) is put in before IPVS; endpoints on several ports
+  // cannot share it, and keep one virtual server per address.
+  std::uint16_t targetPort = 0;
+  bool fwmarks = plan.affinity;
+  if (plan.affinity) {
+    std::vector<std::uint16_t> ports;
+    for (auto pool : {plan.clusterEndpoints, plan.localEndpoints})
+      for (const auto& rs : serversOf(pool)) ports.push_back(rs.port);
+    std::sort(ports.begin(), ports.end());
+    ports.erase(std::unique(ports.begin(), ports.end()), ports.end());
+    if (ports.size() > 1) {
+      fwmarks = false;
+      f.problems.push_back(fmt::format("{}: ClientIP affinity holds per address only: its endpoints listen on {} ports",
+                                       name, ports.size()));
+    } else if (ports.size() == 1) {
+      targetPort = ports.front();
+    }
+  }
+  const std::uint32_t clusterMark = fwmarks ? config_.fwmarkOf(fam, p.key, "cluster") : 0;
+  std::uint32_t externalMark = clusterMark;
+  auto markTarget = [](std::uint32_t mark) { return fmt::format("MARK --set-xmark {:#x}/0xffffffff", mark); };
+  // The port marked traffic to `port` meets IPVS with.
+  auto ipvsPort = [&](int port) { return fwmarks && targetPort != 0 ? int(targetPort) : port; };
 
   // How pod traffic is told apart (--detect-local-mode), as a source condition; false when the
   // detector cannot tell for this family.
@@ -392,7 +452,21 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
           "{}: the node's and pods' connections to its external addresses go to the local endpoints: "
           "no virtual server holds the cluster-wide endpoints (internalTrafficPolicy Local)",
           name));
-    const std::string clusterTarget = clusterIP ? "DNAT --to-destination " + hostPort(*clusterIP, p.port) : "";
+    const std::string clusterTarget =
+        clusterIP ? "DNAT --to-destination " + hostPort(*clusterIP, ipvsPort(p.port)) : "";
+    if (fwmarks) {
+      const auto clusterVS =
+          std::find_if(f.virtualServers.begin(), f.virtualServers.end(),
+                       [](const PlannedVirtualServer& vs) { return vs.traffic == Traffic::kClusterIP; });
+      const bool sharesPool =
+          clusterVS != f.virtualServers.end() && clusterVS->realServers == serversOf(externalEndpoints);
+      if (!sharesPool) externalMark = config_.fwmarkOf(fam, p.key, "external");
+    }
+    // A short-circuit DNAT to the ClusterIP carries the ClusterIP's mark (it was marked for
+    // the external address before).
+    auto shortCircuitMark = [&](const Spec& match) {
+      if (externalMark != clusterMark) rule(Table::kNat, kServices, Spec(match).jump(markTarget(clusterMark)));
+    };
 
     // Whether the source ranges admit `source` (the node connects to a VIP it holds from it).
     std::vector<IPPrefix> allowed;
@@ -425,24 +499,31 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
           // packet past KUBE-PROXY-FIREWALL, which matches the LB IP).
           if (firewalled)
             pods.match("-m set --match-set " + setName(SetId::kLoadBalancerSourceCIDR, fam) + " dst,dst,src");
+          shortCircuitMark(pods);
           rule(Table::kNat, kServices, pods.jump(clusterTarget));
         }
-        if (nodeShortCircuit)
-          rule(Table::kNat, kServices,
-               Spec()
-                   .dst(dst)
-                   .proto(proto)
-                   .comment("route LOCAL traffic for " + name + " external destinations")
-                   .dport(port)
-                   .match("-m addrtype --src-type LOCAL")
-                   .jump(clusterTarget));
+        if (nodeShortCircuit) {
+          Spec node;
+          node.dst(dst)
+              .proto(proto)
+              .comment("route LOCAL traffic for " + name + " external destinations")
+              .dport(port)
+              .match("-m addrtype --src-type LOCAL");
+          shortCircuitMark(node);
+          rule(Table::kNat, kServices, node.jump(clusterTarget));
+        }
       }
       if (dropOthers) {
-        // plan: no local endpoint: what is not short-circuited is dropped.
+        // plan: no local endpoint: what is not short-circuited is dropped. Marked traffic had
+        // its port changed in nat: the mark says which port it was for.
         Spec drop;
         drop.dst(dst);
         if (plan.shortCircuitPods) podSource(drop, true);
-        drop.proto(proto).comment(noLocal).dport(port);
+        drop.proto(proto).comment(noLocal);
+        if (fwmarks && externalServers)
+          drop.match(fmt::format("-m mark --mark {:#x}", externalMark));
+        else
+          drop.dport(port);
         if (plan.shortCircuitNode) drop.match("-m addrtype ! --src-type LOCAL");
         rule(Table::kFilter, kIpvsFilter, drop.jump("DROP"));
         if (!externalServers)
@@ -469,14 +550,19 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
       entry(SetId::kLoadBalancer, ipp);
       if (externalLocal) entry(SetId::kLoadBalancerLocal, ipp);
       if (plan.usesFirewall) {
-        entry(SetId::kLoadBalancerFW, ipp);
-        for (const auto& source : allowed) {
-          const std::string s = source.toString();
-          // An LB IP among the admitted sources: the node connecting from the VIP it holds.
-          if (source.isHost() && std::find(lbIPs.begin(), lbIPs.end(), s) != lbIPs.end())
-            entry(SetId::kLoadBalancerSourceIP, ipp + "," + s);
-          else
-            entry(SetId::kLoadBalancerSourceCIDR, ipp + "," + withLength(source));
+        // Marked traffic meets the firewall with its port changed: the entries hold both.
+        std::vector<std::string> firewalled{ipp};
+        if (ipvsPort(p.port) != p.port) firewalled.push_back(ipPort(ip, ipvsPort(p.port)));
+        for (const auto& fw : firewalled) {
+          entry(SetId::kLoadBalancerFW, fw);
+          for (const auto& source : allowed) {
+            const std::string s = source.toString();
+            // An LB IP among the admitted sources: the node connecting from the VIP it holds.
+            if (source.isHost() && std::find(lbIPs.begin(), lbIPs.end(), s) != lbIPs.end())
+              entry(SetId::kLoadBalancerSourceIP, fw + "," + s);
+            else
+              entry(SetId::kLoadBalancerSourceCIDR, fw + "," + withLength(source));
+          }
         }
         // The node's connections to the VIP (with the VIP as source) never cross INPUT or
         // FORWARD: refuse them in OUTPUT, after IPVS, when the ranges do not admit them.
@@ -485,7 +571,7 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
                Spec()
                    .src(saved(ip, fam))
                    .match(fmt::format("-m ipvs --vproto {} --vaddr {} --vport {}", protoNumber(p.protocol),
-                                      saved(ip, fam), p.port))
+                                      saved(ip, fam), ipvsPort(p.port)))
                    .jump("DROP"));
       }
       if (externalServers) addVirtualServer(ip, p.port, Traffic::kLoadBalancer, externalEndpoints);
@@ -516,8 +602,59 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
       for (const auto& ip : nodeAddresses) {
         if (externalServers) addVirtualServer(ip, plan.nodePort, Traffic::kNodePort, externalEndpoints);
         externalRules(ip, plan.nodePort, false);
+        // Marked NodePort traffic has its port changed before KUBE-NODE-PORT would mark it
+        // for masquerade: the port marks it here.
+        if (fwmarks && externalServers && !externalLocal && ipvsPort(plan.nodePort) != plan.nodePort)
+          rule(Table::kNat, kServices,
+               Spec()
+                   .dst(saved(ip, fam))
+                   .proto(proto)
+                   .comment(name + " NodePort")
+                   .dport(plan.nodePort)
+                   .jump(kMarkMasq));
       }
     }
+  }
+
+  if (fwmarks && !f.virtualServers.empty()) {
+    // One firewall-mark virtual server per pool; each address is marked first in nat
+    // KUBE-SERVICES, before any of the port's rules (a KUBE-MARK-MASQ must see the mark),
+    // and its port changed to the endpoints' in KUBE-IPVS-FWMARK-PORTS, last (after the
+    // masquerade decisions, which look at the service's port).
+    std::vector<PlannedVirtualServer> marked;
+    std::vector<PortRule> markRules;
+    for (auto& vs : f.virtualServers) {
+      const std::uint32_t mark = vs.traffic == Traffic::kClusterIP ? clusterMark : externalMark;
+      auto it = std::find_if(marked.begin(), marked.end(),
+                             [&](const PlannedVirtualServer& m) { return m.fwmark == mark; });
+      if (it == marked.end()) {
+        PlannedVirtualServer m = vs;
+        m.address.clear();
+        m.port = 0;
+        m.fwmark = mark;
+        marked.push_back(std::move(m));
+        it = std::prev(marked.end());
+      }
+      it->marked.push_back(MarkedAddress{vs.address, vs.port, vs.traffic});
+      markRules.push_back(PortRule{Table::kNat, std::string(kServices),
+                                   Spec()
+                                       .dst(saved(vs.address, fam))
+                                       .proto(proto)
+                                       .comment(name + " sessionAffinity ClientIP")
+                                       .dport(vs.port)
+                                       .jump(markTarget(mark))
+                                       .str()});
+      if (targetPort != 0 && vs.port != targetPort)
+        rule(Table::kNat, kFwmarkPorts,
+             Spec()
+                 .dst(saved(vs.address, fam))
+                 .proto(proto)
+                 .comment(name + " sessionAffinity ClientIP")
+                 .dport(vs.port)
+                 .jump(fmt::format("DNAT --to-destination :{}", targetPort)));
+    }
+    f.virtualServers = std::move(marked);
+    f.rules.insert(f.rules.begin(), markRules.begin(), markRules.end());
   }
 
   if (p.healthCheckNodePort != 0) entry(SetId::kHealthCheckNodePort, std::to_string(p.healthCheckNodePort));
@@ -611,10 +748,14 @@ GlobalObjects IpvsRenderer::renderGlobal(sdk::Family family) const {
   }
   // externalIPs: masquerade (Cluster policy), then accept what comes from off the node or is
   // for a local address.
+  const std::string tag = fmt::format("{:#x}", config_.fwmarkTag());
   for (SetId id : {SetId::kExternalIP, SetId::kExternalIPLocal}) {
     if (id == SetId::kExternalIP) {
       Spec s;
       tail(Table::kNat, kServices, matchSet(s, id, "dst,dst").jump(kMarkMasq));
+      // Firewall-marked connections have been marked for masquerade above (or by their
+      // port's rules): their port is changed now, before the ACCEPTs below end the chain.
+      tail(Table::kNat, kServices, Spec().match(fmt::format("-m mark --mark {0}/{0}", tag)).jump(kFwmarkPorts));
     }
     Spec offNode, local;
     tail(Table::kNat, kServices,
@@ -652,6 +793,8 @@ GlobalObjects IpvsRenderer::renderGlobal(sdk::Family family) const {
     Spec s;
     tail(Table::kFilter, kIpvsFilter, matchSet(s, id, flags, false).jump("RETURN"));
   }
+  // A firewall-marked connection was for a service port (its port was changed in nat).
+  tail(Table::kFilter, kIpvsFilter, Spec().match(fmt::format("-m mark --mark {0}/{0}", tag)).jump("RETURN"));
   {
     Spec s;
     s.match("-m conntrack --ctstate NEW");
@@ -662,12 +805,23 @@ GlobalObjects IpvsRenderer::renderGlobal(sdk::Family family) const {
   }
 
   // nat KUBE-POSTROUTING / KUBE-MARK-MASQ (MARK --xor-mark / --or-mark as save prints them).
+  // A packet with one of kproxy's IPVS firewall marks keeps its masquerade in the connection
+  // mark (IPVS compares the whole packet mark): it comes back here.
+  tail(Table::kNat, kPostrouting,
+       Spec()
+           .match(fmt::format("-m connmark --mark {0}/{0}", mark))
+           .jump(fmt::format("MARK --set-xmark {0}/{0}", mark)));
   tail(Table::kNat, kPostrouting, Spec().match(fmt::format("-m mark ! --mark {0}/{0}", mark)).jump("RETURN"));
   tail(Table::kNat, kPostrouting, Spec().jump(fmt::format("MARK --set-xmark {}/0x0", mark)));
   tail(Table::kNat, kPostrouting,
        Spec()
            .comment("kubernetes service traffic requiring SNAT")
            .jump(config_.randomFully ? "MASQUERADE --random-fully" : "MASQUERADE"));
+  tail(Table::kNat, kMarkMasq,
+       Spec()
+           .match(fmt::format("-m mark --mark {0}/{0}", tag))
+           .jump(fmt::format("CONNMARK --set-xmark {0}/{0}", mark)));
+  tail(Table::kNat, kMarkMasq, Spec().match(fmt::format("-m mark --mark {0}/{0}", tag)).jump("RETURN"));
   tail(Table::kNat, kMarkMasq, Spec().jump(fmt::format("MARK --set-xmark {0}/{0}", mark)));
 
   // Unallocated ClusterIPs: an address of a ServiceCIDR that no Service holds is not bound to
@@ -752,10 +906,13 @@ std::string toIpvsadm(std::span<const PlannedVirtualServer> servers, IpvsadmStyl
     out += "  -> RemoteAddress:Port           Forward Weight ActiveConn InActConn\n";
   }
   for (const auto& vs : servers) {
-    const std::string vip = hostPort(vs.address, vs.port);
+    // ipvsadm names a firewall-mark service "-f MARK" (and "-6" for IPv6) / "FWM  MARK".
+    const std::string vip = vs.fwmark != 0 ? fmt::format("{}{}", vs.fwmark, isV6(vs.family) ? " -6" : "")
+                                           : hostPort(vs.address, vs.port);
     const std::string flags = vs.sourceHashFallback ? vs.scheduler + "-fallback" : "";
     if (style == IpvsadmStyle::kSave) {
-      std::string_view opt = vs.protocol == sdk::Protocol::kUDP    ? "-u"
+      std::string_view opt = vs.fwmark != 0                        ? "-f"
+                             : vs.protocol == sdk::Protocol::kUDP  ? "-u"
                              : vs.protocol == sdk::Protocol::kSCTP ? "--sctp-service"
                                                                   : "-t";
       out += fmt::format("-A {} {} -s {}", opt, vip, vs.scheduler);
@@ -765,7 +922,10 @@ std::string toIpvsadm(std::span<const PlannedVirtualServer> servers, IpvsadmStyl
       for (const auto& rs : vs.realServers)
         out += fmt::format("-a {} {} -r {} -m -w {}\n", opt, vip, hostPort(rs.address, rs.port), rs.weight);
     } else {
-      out += fmt::format("{}  {} {}", protoUpper(vs.protocol), vip, vs.scheduler);
+      if (vs.fwmark != 0)
+        out += fmt::format("FWM  {} {}{}", vs.fwmark, isV6(vs.family) ? "IPv6 " : "", vs.scheduler);
+      else
+        out += fmt::format("{}  {} {}", protoUpper(vs.protocol), vip, vs.scheduler);
       if (!flags.empty()) out += " (" + flags + ")";
       if (vs.persistent) out += fmt::format(" persistent {}", vs.timeoutSeconds);
       out += '\n';

@@ -377,3 +377,116 @@ COMMIT
 TEST_CASE("iptables tracer: malformed text is an error, not a tracer", "[unit]") {
   CHECK_FALSE(IptablesTracer::fromText("*nat\n-A NOPE -j ACCEPT\nCOMMIT\n", {}));
 }
+
+// ---- IPVS mode: ipsets, virtual servers between the hooks, connection marks -------------
+
+namespace {
+
+// A small IPVS-mode ruleset: a VIP 10.96.0.10:80 on kube-ipvs0 (local), a firewalled LB IP,
+// the "other ports of a VIP" reject, masquerade of what is not from the pods, and a
+// firewall-mark virtual server for 10.96.0.20:80 whose masquerade goes through the connmark.
+const char* kIpvsRules = R"(*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:POSTROUTING ACCEPT [0:0]
+:KUBE-SERVICES - [0:0]
+:KUBE-POSTROUTING - [0:0]
+:KUBE-MARK-MASQ - [0:0]
+-A PREROUTING -j KUBE-SERVICES
+-A OUTPUT -j KUBE-SERVICES
+-A POSTROUTING -j KUBE-POSTROUTING
+-A KUBE-SERVICES -d 10.96.0.20/32 -p tcp -m tcp --dport 80 -j MARK --set-xmark 0x10000001/0xffffffff
+-A KUBE-SERVICES ! -s 10.244.0.0/16 -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ
+-A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT
+-A KUBE-POSTROUTING -m connmark --mark 0x4000/0x4000 -j MARK --set-xmark 0x4000/0x4000
+-A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A KUBE-POSTROUTING -j MASQUERADE --random-fully
+-A KUBE-MARK-MASQ -m mark --mark 0x10000000/0x10000000 -j CONNMARK --set-xmark 0x4000/0x4000
+-A KUBE-MARK-MASQ -m mark --mark 0x10000000/0x10000000 -j RETURN
+-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+COMMIT
+*filter
+:INPUT ACCEPT [0:0]
+:FORWARD ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:KUBE-IPVS-FILTER - [0:0]
+:KUBE-IPVS-OUT-FILTER - [0:0]
+-A INPUT -j KUBE-IPVS-FILTER
+-A OUTPUT -j KUBE-IPVS-OUT-FILTER
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN
+-A KUBE-IPVS-FILTER -m set --match-set KUBE-IPVS-IPS dst -m conntrack --ctstate NEW -j REJECT --reject-with icmp-port-unreachable
+-A KUBE-IPVS-OUT-FILTER -s 10.96.0.10/32 -m ipvs --vproto 6 --vaddr 10.96.0.10/32 --vport 80 -j DROP
+COMMIT
+)";
+
+IptablesTracer ipvsTracer() {
+  auto t = IptablesTracer::fromText(
+      kIpvsRules, {*IPPrefix::parse(kNodeIP), *IPPrefix::parse("10.96.0.10"), *IPPrefix::parse("10.96.0.20")});
+  REQUIRE(t);
+  std::vector<std::pair<std::string, TracedIpset>> sets{
+      {"KUBE-CLUSTER-IP", {"hash:ip,port", {"10.96.0.10,tcp:80", "10.96.0.20,tcp:80"}}},
+      {"KUBE-IPVS-IPS", {"hash:ip", {"10.96.0.10", "10.96.0.20"}}}};
+  TracedVirtualServer vip;
+  vip.address = *IPPrefix::parse("10.96.0.10");
+  vip.port = 80;
+  vip.realServers = {{*IPPrefix::parse("10.244.1.5"), 8080}, {*IPPrefix::parse("10.244.2.5"), 8080}};
+  vip.text = "ipvsadm -A -t 10.96.0.10:80 -s rr";
+  TracedVirtualServer marked;
+  marked.fwmark = 0x10000001;
+  marked.realServers = {{*IPPrefix::parse("10.244.1.6"), 8080}};
+  marked.text = "ipvsadm -A -f 268435457 -s rr";
+  t->setIpvs(std::move(sets), {vip, marked});
+  return std::move(*t);
+}
+
+}  // namespace
+
+TEST_CASE("iptables tracer, IPVS mode: a pod reaches a virtual server's real servers after filter INPUT", "[unit]") {
+  const auto tracer = ipvsTracer();
+  const Trace t = tracer.trace(packet("10.244.0.7", "10.96.0.10", 80));
+  INFO(t.toText());
+  CHECK(t.warnings.empty());
+  CHECK(t.paths.size() == 2);  // one per real server
+  CHECK(t.outcome.verdict == TraceVerdict::kDnat);
+  CHECK(t.outcome.endpoints == eps({"10.244.1.5:8080", "10.244.2.5:8080"}));
+  CHECK_FALSE(t.outcome.masqueraded);
+  CHECK(metRule(t, "filter KUBE-IPVS-FILTER", "KUBE-CLUSTER-IP dst,dst -j RETURN"));
+  CHECK(metRule(t, "IPVS", "ipvsadm -A -t 10.96.0.10:80"));
+}
+
+TEST_CASE("iptables tracer, IPVS mode: another port of a VIP is rejected before IPVS", "[unit]") {
+  const Trace t = ipvsTracer().trace(packet("10.244.0.7", "10.96.0.10", 81));
+  INFO(t.toText());
+  CHECK(t.outcome.verdict == TraceVerdict::kRejected);
+  CHECK(t.outcome.chain == "filter KUBE-IPVS-FILTER");
+}
+
+TEST_CASE("iptables tracer, IPVS mode: the node is scheduled at LOCAL_OUT, -m ipvs sees the virtual server", "[unit]") {
+  const auto tracer = ipvsTracer();
+  const Trace t = tracer.trace(packet(kNodeIP, "10.96.0.10", 80, true));
+  INFO(t.toText());
+  CHECK(t.outcome.verdict == TraceVerdict::kDnat);
+  CHECK(t.outcome.masqueraded);
+  // From the VIP itself: refused by the -m ipvs rule in filter OUTPUT, after scheduling.
+  const Trace fromVip = tracer.trace(packet("10.96.0.10", "10.96.0.10", 80, true));
+  INFO(fromVip.toText());
+  CHECK(fromVip.outcome.verdict == TraceVerdict::kDropped);
+  CHECK(fromVip.outcome.chain == "filter KUBE-IPVS-OUT-FILTER");
+}
+
+TEST_CASE("iptables tracer, IPVS mode: a firewall mark selects its virtual server; masquerade via the connmark",
+          "[unit]") {
+  const auto tracer = ipvsTracer();
+  const Trace t = tracer.trace(packet("203.0.113.2", "10.96.0.20", 80));
+  INFO(t.toText());
+  CHECK(t.warnings.empty());
+  CHECK(t.outcome.verdict == TraceVerdict::kDnat);
+  CHECK(t.outcome.endpoints == eps({"10.244.1.6:8080"}));
+  CHECK(t.outcome.masqueraded);
+  CHECK(metRule(t, "nat KUBE-MARK-MASQ", "CONNMARK --set-xmark 0x4000/0x4000"));
+  CHECK(metRule(t, "IPVS", "ipvsadm -A -f 268435457"));
+  // From a pod: marked, not masqueraded.
+  const Trace pod = tracer.trace(packet("10.244.0.7", "10.96.0.20", 80));
+  CHECK(pod.outcome.endpoints == eps({"10.244.1.6:8080"}));
+  CHECK_FALSE(pod.outcome.masqueraded);
+}

@@ -595,21 +595,60 @@ TEST_CASE("settings: scheduler, affinity, timeouts and strict ARP", "[unit]") {
   s.kernelRelease = "6.1.0-56-cloud-amd64";
   f.backend = f.make(s);
   REQUIRE(ok(f.full()));
-  const auto& vs = f.server("TCP 10.96.0.10:80")->vs;
+  // ClientIP affinity: one firewall-mark virtual server for the port's addresses.
+  const std::uint32_t mark = s.render.fwmarkOf(sdk::Family::kIPv4, "default/web:p", "cluster");
+  const std::string fwm = "FWM " + std::to_string(mark) + " IPv4";
+  CHECK(f.server("TCP 10.96.0.10:80") == nullptr);
+  REQUIRE(f.server(fwm) != nullptr);
+  const auto& vs = f.server(fwm)->vs;
+  CHECK(vs.fwmark == mark);
   CHECK(vs.scheduler == "wlc");
   CHECK(vs.flags == kFlagPersistent);
   CHECK(vs.timeout == 600);
+  CHECK(f.reals(fwm).size() == 2);
+  // A restart over it writes nothing; a full sync keeps it.
+  {
+    f.resetCounts();
+    REQUIRE(ok(f.full()));
+    CHECK(f.ipvs->writes == 0);
+    f.restart(s);
+    REQUIRE(ok(f.full()));
+    CHECK(f.ipvs->writes == 0);
+  }
   CHECK(f.ipvs->currentTimeouts == Timeouts{3600, 120, 60});
   CHECK(f.sysctls.value("net/ipv4/conf/all/arp_ignore") == "1");
   CHECK(f.sysctls.value("net/ipv4/conf/all/arp_announce") == "2");
   CHECK(f.sysctls.value("net/ipv4/vs/conn_reuse_mode") == "1");  // left alone from 5.9 on
-  // Affinity off: the virtual server is edited, not recreated.
+  // Affinity off: the firewall-mark virtual server gives way to the address's.
   web.sessionAffinityClientIP = false;
   const auto before = f.ipvs->writes;
   REQUIRE(ok(f.partial({"default/web:p"})));
-  CHECK(f.ipvs->writes - before == 1);
+  CHECK(f.ipvs->writes - before == 4);  // add, its two real servers, delete the marked one
+  CHECK(f.server(fwm) == nullptr);
   CHECK(f.server("TCP 10.96.0.10:80")->vs.flags == 0);
   CHECK(f.reals("TCP 10.96.0.10:80").size() == 2);
+  // Affinity on again, then kproxy restarts without the service: its firewall-mark virtual
+  // server is found by its tag bit and deleted; a foreign one stays.
+  web.sessionAffinityClientIP = true;
+  REQUIRE(ok(f.partial({"default/web:p"})));
+  REQUIRE(f.server(fwm) != nullptr);
+  VirtualServer foreign;
+  foreign.fwmark = 7;
+  REQUIRE(f.ipvs->addVirtualServer(foreign));
+  auto kept = f.snap.ports();
+  std::erase_if(f.snap.ports(), [](const sdk::ServicePort& p) { return p.key == "default/web:p"; });
+  f.restart(s);
+  REQUIRE(ok(f.full()));
+  CHECK(f.server(fwm) == nullptr);
+  CHECK(f.server("FWM 7 IPv4") != nullptr);
+  // --cleanup likewise, by a process that applied nothing.
+  f.snap.ports() = kept;
+  REQUIRE(ok(f.full()));
+  REQUIRE(f.server(fwm) != nullptr);
+  f.restart(s);
+  REQUIRE(ok(f.backend->cleanup()));
+  CHECK(f.server(fwm) == nullptr);
+  CHECK(f.server("FWM 7 IPv4") != nullptr);
 }
 
 TEST_CASE(

@@ -379,23 +379,121 @@ TEST_CASE("ipvs renderer: no endpoints at all is a virtual server without real s
   CHECK(r.renderServicePort(p).rules.empty());
 }
 
-TEST_CASE("ipvs renderer: ClientIP affinity is persistence with the timeout", "[unit]") {
+TEST_CASE("ipvs renderer: ClientIP affinity is one persistent firewall-mark virtual server per port", "[unit]") {
   const auto r = renderer();
-  auto p = servicePort("ns9", "sticky", "172.30.0.49", 80, {endpoint("10.180.0.9", 80)});
+  auto p = servicePort("ns9", "sticky", "172.30.0.49", 80, {endpoint("10.180.0.9", 8080)});
   p.sessionAffinityClientIP = true;
   p.stickyMaxAgeSeconds = 600;
   p.nodePort = 30009;
+  p.externalIPs = {"203.0.113.9"};
   Fragment f = r.renderServicePort(p);
-  REQUIRE(f.virtualServers.size() == 3);
-  for (const auto& vs : f.virtualServers) {
-    CHECK(vs.persistent);
-    CHECK(vs.timeoutSeconds == 600);
-  }
+  const std::uint32_t mark = r.config().fwmarkOf(sdk::Family::kIPv4, "ns9/sticky:p", "cluster");
+  CHECK((mark & r.config().fwmarkTag()) != 0);
+  CHECK((mark & (r.config().mark() | 0x8000u)) == 0);
+  // Every address of the port meets one virtual server, so a client sticks across them.
+  REQUIRE(f.virtualServers.size() == 1);
+  const auto& vs = f.virtualServers.front();
+  CHECK(vs.fwmark == mark);
+  CHECK(vs.key() == fmt::format("FWM {} IPv4", mark));
+  CHECK(vs.persistent);
+  CHECK(vs.timeoutSeconds == 600);
+  CHECK(realServersOf(&vs) == Strings{"10.180.0.9:8080/1"});
+  CHECK(vs.marked == std::vector<MarkedAddress>{{"172.30.0.49", 80, Traffic::kClusterIP},
+                                                {"203.0.113.9", 80, Traffic::kExternalIP},
+                                                {"10.0.0.2", 30009, Traffic::kNodePort},
+                                                {"192.168.0.2", 30009, Traffic::kNodePort}});
+  CHECK(vs.answers("192.168.0.2", 30009));
+  CHECK_FALSE(vs.answers("192.168.0.2", 80));
+  // The marks come first among the port's rules in nat KUBE-SERVICES (then the NodePorts'
+  // masquerade, which KUBE-NODE-PORT would have decided after the port changed); the ports
+  // become the endpoints' in KUBE-IPVS-FWMARK-PORTS (a persistent firewall-mark service keeps
+  // the packet's port). The addresses are bound and in the same sets as without affinity.
+  const std::string target = fmt::format("-j MARK --set-xmark {:#x}/0xffffffff", mark);
+  const std::string comment = "-m comment --comment \"ns9/sticky:p sessionAffinity ClientIP\"";
+  const std::string nodePort = "-m comment --comment \"ns9/sticky:p NodePort\"";
+  CHECK(rulesOf(f, Table::kNat, "KUBE-SERVICES") ==
+        Strings{"-d 172.30.0.49/32 -p tcp " + comment + " -m tcp --dport 80 " + target,
+                "-d 203.0.113.9/32 -p tcp " + comment + " -m tcp --dport 80 " + target,
+                "-d 10.0.0.2/32 -p tcp " + comment + " -m tcp --dport 30009 " + target,
+                "-d 192.168.0.2/32 -p tcp " + comment + " -m tcp --dport 30009 " + target,
+                "-d 10.0.0.2/32 -p tcp " + nodePort + " -m tcp --dport 30009 -j KUBE-MARK-MASQ",
+                "-d 192.168.0.2/32 -p tcp " + nodePort + " -m tcp --dport 30009 -j KUBE-MARK-MASQ"});
+  CHECK(rulesOf(f, Table::kNat, "KUBE-IPVS-FWMARK-PORTS") ==
+        Strings{"-d 172.30.0.49/32 -p tcp " + comment + " -m tcp --dport 80 -j DNAT --to-destination :8080",
+                "-d 203.0.113.9/32 -p tcp " + comment + " -m tcp --dport 80 -j DNAT --to-destination :8080",
+                "-d 10.0.0.2/32 -p tcp " + comment + " -m tcp --dport 30009 -j DNAT --to-destination :8080",
+                "-d 192.168.0.2/32 -p tcp " + comment + " -m tcp --dport 30009 -j DNAT --to-destination :8080"});
+  auto plain = p;
+  plain.sessionAffinityClientIP = false;
+  const Fragment without = r.renderServicePort(plain);
+  CHECK(f.ipsetEntries == without.ipsetEntries);
+  CHECK(f.boundAddresses == without.boundAddresses);
+  CHECK(without.virtualServers.size() == 4);
+  for (const auto& w : without.virtualServers) CHECK(w.fwmark == 0);
+  CHECK(rulesOf(without, Table::kNat, "KUBE-SERVICES").empty());
+
   p.stickyMaxAgeSeconds = 0;
   f = r.renderServicePort(p);
   CHECK(f.virtualServers.front().timeoutSeconds == 10800);
-  CHECK(toIpvsadm(std::span(f.virtualServers).first(1)) ==
-        "-A -t 172.30.0.49:80 -s rr -p 10800\n-a -t 172.30.0.49:80 -r 10.180.0.9:80 -m -w 1\n");
+  CHECK(toIpvsadm(f.virtualServers) ==
+        fmt::format("-A -f {0} -s rr -p 10800\n-a -f {0} -r 10.180.0.9:8080 -m -w 1\n", mark));
+  CHECK(toIpvsadm(f.virtualServers, IpvsadmStyle::kList).find(fmt::format("FWM  {} rr persistent 10800\n", mark)) !=
+        std::string::npos);
+  // Endpoints on two ports cannot share one: one virtual server per address, and a problem.
+  p.allEndpoints.push_back(endpoint("10.180.1.9", 9090));
+  p.clusterEndpoints = p.allEndpoints;
+  f = r.renderServicePort(p);
+  CHECK(f.virtualServers.size() == 4);
+  CHECK(f.virtualServers.front().fwmark == 0);
+  CHECK(f.virtualServers.front().persistent);
+  CHECK(f.problems.size() == 1);
+  CHECK(rulesOf(f, Table::kNat, "KUBE-IPVS-FWMARK-PORTS").empty());
+  // The mark is the port's own: stable, and another port's differs.
+  CHECK(r.config().fwmarkOf(sdk::Family::kIPv4, "ns9/sticky:p", "cluster") == mark);
+  CHECK(r.config().fwmarkOf(sdk::Family::kIPv6, "ns9/sticky:p", "cluster") != mark);
+  CHECK(r.config().fwmarkOf(sdk::Family::kIPv4, "ns9/sticky:q", "cluster") != mark);
+}
+
+TEST_CASE("ipvs renderer: ClientIP affinity with externalTrafficPolicy=Local: one mark per pool", "[unit]") {
+  const auto r = renderer();
+  auto p = servicePort("ns6", "local", "172.30.0.46", 80, {endpoint("10.180.0.6", 80, true), endpoint("10.180.1.6", 80)});
+  p.type = sdk::ServiceType::kNodePort;
+  p.nodePort = 30006;
+  p.externalPolicyLocal = true;
+  p.sessionAffinityClientIP = true;
+  const std::uint32_t cluster = r.config().fwmarkOf(sdk::Family::kIPv4, "ns6/local:p", "cluster");
+  const std::uint32_t external = r.config().fwmarkOf(sdk::Family::kIPv4, "ns6/local:p", "external");
+  CHECK(cluster != external);
+  Fragment f = r.renderServicePort(p);
+  REQUIRE(f.virtualServers.size() == 2);
+  CHECK(f.virtualServers[0].fwmark == cluster);
+  CHECK(realServersOf(&f.virtualServers[0]) == Strings{"10.180.0.6:80/1", "10.180.1.6:80/1"});
+  CHECK(f.virtualServers[1].fwmark == external);
+  CHECK(realServersOf(&f.virtualServers[1]) == Strings{"10.180.0.6:80/1"});
+  CHECK(f.virtualServers[1].marked.size() == 2);
+  // The short-circuit to the ClusterIP carries the ClusterIP's mark: each DNAT is preceded by
+  // a rule of the same match that marks it so.
+  const Strings nat = rulesOf(f, Table::kNat, "KUBE-SERVICES");
+  const std::string toCluster = fmt::format("-j MARK --set-xmark {:#x}/0xffffffff", cluster);
+  std::size_t dnats = 0;
+  for (std::size_t i = 0; i < nat.size(); ++i) {
+    if (nat[i].find("-j DNAT") == std::string::npos) continue;
+    ++dnats;
+    REQUIRE(i > 0);
+    CHECK(nat[i - 1].substr(0, nat[i - 1].find(" -j ")) == nat[i].substr(0, nat[i].find(" -j ")));
+    CHECK(nat[i - 1].ends_with(toCluster));
+  }
+  CHECK(dnats == 4);  // pods and node, on each NodePort address
+  // Every endpoint local: the pools are one, and so is the virtual server.
+  p = servicePort("ns6", "local", "172.30.0.46", 80, {endpoint("10.180.0.6", 80, true)});
+  p.type = sdk::ServiceType::kNodePort;
+  p.nodePort = 30006;
+  p.externalPolicyLocal = true;
+  p.sessionAffinityClientIP = true;
+  f = r.renderServicePort(p);
+  REQUIRE(f.virtualServers.size() == 1);
+  CHECK(f.virtualServers[0].fwmark == cluster);
+  CHECK(f.virtualServers[0].marked.size() == 3);
 }
 
 TEST_CASE("ipvs renderer: IPv6 names, entries and rules", "[unit]") {
@@ -507,6 +605,7 @@ TEST_CASE("ipvs renderer: upstream's iptables rules, as iptables-save prints the
 :KUBE-NODE-PORT - [0:0]
 :KUBE-LOAD-BALANCER - [0:0]
 :KUBE-MARK-MASQ - [0:0]
+:KUBE-IPVS-FWMARK-PORTS - [0:0]
 -A OUTPUT -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
 -A POSTROUTING -m comment --comment "kubernetes postrouting rules" -j KUBE-POSTROUTING
 -A PREROUTING -m comment --comment "kubernetes service portals" -j KUBE-SERVICES
@@ -514,6 +613,7 @@ TEST_CASE("ipvs renderer: upstream's iptables rules, as iptables-save prints the
 -A KUBE-SERVICES -m comment --comment "Kubernetes service lb portal" -m set --match-set KUBE-LOAD-BALANCER dst,dst -j KUBE-LOAD-BALANCER
 -A KUBE-SERVICES ! -s 10.244.0.0/16 -m comment --comment "Kubernetes service cluster ip + port for masquerade purpose" -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ
 -A KUBE-SERVICES -m comment --comment "Kubernetes service external ip + port for masquerade and filter purpose" -m set --match-set KUBE-EXTERNAL-IP dst,dst -j KUBE-MARK-MASQ
+-A KUBE-SERVICES -m mark --mark 0x10000000/0x10000000 -j KUBE-IPVS-FWMARK-PORTS
 -A KUBE-SERVICES -m comment --comment "Kubernetes service external ip + port for masquerade and filter purpose" -m set --match-set KUBE-EXTERNAL-IP dst,dst -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT
 -A KUBE-SERVICES -m comment --comment "Kubernetes service external ip + port for masquerade and filter purpose" -m set --match-set KUBE-EXTERNAL-IP dst,dst -m addrtype --dst-type LOCAL -j ACCEPT
 -A KUBE-SERVICES -m comment --comment "Kubernetes service external ip + port with externalTrafficPolicy=local" -m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -m physdev ! --physdev-is-in -m addrtype ! --src-type LOCAL -j ACCEPT
@@ -522,6 +622,7 @@ TEST_CASE("ipvs renderer: upstream's iptables rules, as iptables-save prints the
 -A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT
 -A KUBE-SERVICES -m set --match-set KUBE-LOAD-BALANCER dst,dst -j ACCEPT
 -A KUBE-POSTROUTING -m comment --comment "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose" -m set --match-set KUBE-LOOP-BACK dst,dst,src -j MASQUERADE
+-A KUBE-POSTROUTING -m connmark --mark 0x4000/0x4000 -j MARK --set-xmark 0x4000/0x4000
 -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
 -A KUBE-POSTROUTING -j MARK --set-xmark 0x4000/0x0
 -A KUBE-POSTROUTING -m comment --comment "kubernetes service traffic requiring SNAT" -j MASQUERADE --random-fully
@@ -533,6 +634,8 @@ TEST_CASE("ipvs renderer: upstream's iptables rules, as iptables-save prints the
 -A KUBE-NODE-PORT -p sctp -m comment --comment "Kubernetes nodeport SCTP port for masquerade purpose with type \'hash ip:port\'" -m set --match-set KUBE-NODE-PORT-SCTP-HASH dst,dst -j KUBE-MARK-MASQ
 -A KUBE-LOAD-BALANCER -m comment --comment "Kubernetes service load balancer ip + port with externalTrafficPolicy=local" -m set --match-set KUBE-LOAD-BALANCER-LOCAL dst,dst -j RETURN
 -A KUBE-LOAD-BALANCER -j KUBE-MARK-MASQ
+-A KUBE-MARK-MASQ -m mark --mark 0x10000000/0x10000000 -j CONNMARK --set-xmark 0x4000/0x4000
+-A KUBE-MARK-MASQ -m mark --mark 0x10000000/0x10000000 -j RETURN
 -A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
 COMMIT
 *filter
@@ -563,6 +666,7 @@ COMMIT
 -A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP dst,dst -j RETURN
 -A KUBE-IPVS-FILTER -m set --match-set KUBE-EXTERNAL-IP-LOCAL dst,dst -j RETURN
 -A KUBE-IPVS-FILTER -m set --match-set KUBE-HEALTH-CHECK-NODE-PORT dst -j RETURN
+-A KUBE-IPVS-FILTER -m mark --mark 0x10000000/0x10000000 -j RETURN
 -A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable
 COMMIT
 )";
@@ -615,7 +719,7 @@ TEST_CASE("ipvs renderer: the ClusterIP masquerade rule follows the pod detector
 
   const GlobalObjects v6 = IpvsRenderer(config()).renderGlobal(sdk::Family::kIPv6);
   CHECK(v6.chains.front().head == Strings{"-s ::1/128 -j RETURN"});
-  CHECK(v6.chains.back().name == "KUBE-IPVS-OUT-FILTER");
+  CHECK(v6.chains.back().name == "KUBE-IPVS-FWMARK-PORTS");
   CHECK(v6.sets.at(1).name == "KUBE-6-CLUSTER-IP");
 }
 
@@ -688,4 +792,35 @@ TEST_CASE("ipvs renderer: unallocated ClusterIPs of the ServiceCIDRs are dropped
   // Removed ServiceCIDRs take their drops with them.
   r.setServiceCIDRs({});
   CHECK(drops(r, sdk::Family::kIPv4).empty());
+}
+
+TEST_CASE("ipvs renderer: ClientIP affinity: filter rules that see the endpoints' port", "[unit]") {
+  const auto r = renderer();
+  // eTP=Local without a local endpoint: the external virtual server holds the cluster pool for
+  // the short-circuit; what is not short-circuited is dropped by its mark (its port changed).
+  auto p = servicePort("ns11", "fw", "172.30.0.51", 80, {endpoint("10.180.1.11", 8080)});
+  p.type = sdk::ServiceType::kLoadBalancer;
+  p.nodePort = 30011;
+  p.externalPolicyLocal = true;
+  p.sessionAffinityClientIP = true;
+  p.loadBalancerIPs = {"5.6.7.11"};
+  p.loadBalancerSourceRanges = {"203.0.113.0/25"};
+  const Fragment f = r.renderServicePort(p);
+  REQUIRE(f.virtualServers.size() == 1);  // both pools are the cluster's here
+  const std::uint32_t mark = f.virtualServers.front().fwmark;
+  const Strings drops = rulesOf(f, Table::kFilter, "KUBE-IPVS-FILTER");
+  CHECK(drops.size() == 3);  // the LB IP and the two NodePort addresses
+  for (const auto& d : drops) {
+    CHECK(d.find(fmt::format("-m mark --mark {:#x} ", mark)) != std::string::npos);
+    CHECK(d.find("--dport") == std::string::npos);
+  }
+  // The source ranges hold the LB IP with the service's port and with the endpoints'.
+  const Strings entries = entriesOf(f);
+  for (const auto* e : {"add KUBE-LOAD-BALANCER-FW 5.6.7.11,tcp:80", "add KUBE-LOAD-BALANCER-FW 5.6.7.11,tcp:8080",
+                        "add KUBE-LOAD-BALANCER-SOURCE-CIDR 5.6.7.11,tcp:80,203.0.113.0/25",
+                        "add KUBE-LOAD-BALANCER-SOURCE-CIDR 5.6.7.11,tcp:8080,203.0.113.0/25"})
+    CHECK(std::find(entries.begin(), entries.end(), e) != entries.end());
+  // The short-circuit goes to the ClusterIP with the endpoints' port.
+  for (const auto& rule : rulesOf(f, Table::kNat, "KUBE-SERVICES"))
+    if (rule.find("-j DNAT") != std::string::npos) CHECK(rule.ends_with("--to-destination 172.30.0.51:8080"));
 }

@@ -237,7 +237,7 @@ std::string outcomeText(const nlohmann::json& answer) {
 plugins::PluginRegistry& backendPlugins() {
   static plugins::PluginRegistry registry;
   static const bool loaded = [] {
-    for (const char* path : {KPROXY_NFTABLES_PLUGIN, KPROXY_IPTABLES_PLUGIN}) {
+    for (const char* path : {KPROXY_NFTABLES_PLUGIN, KPROXY_IPTABLES_PLUGIN, KPROXY_IPVS_PLUGIN}) {
       auto info = registry.load(path);
       if (!info) FAIL("cannot load " << path << ": " << info.error().message());
     }
@@ -359,7 +359,8 @@ Phase deleteSlicesPhase(std::string ns, std::vector<std::string> sliceNames, std
   }
 #define PACKET_FLOW_TEST(NAME, BUILD)            \
   PACKET_FLOW_TEST_OF(NAME, BUILD, "nftables") \
-  PACKET_FLOW_TEST_OF(NAME, BUILD, "iptables")
+  PACKET_FLOW_TEST_OF(NAME, BUILD, "iptables") \
+  PACKET_FLOW_TEST_OF(NAME, BUILD, "ipvs")
 
 // ---- TestOverallNFTablesRules / TestTracePacket ------------------------------------------
 

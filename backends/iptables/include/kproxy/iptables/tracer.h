@@ -21,6 +21,16 @@
 /// changed by MARK targets. A match or target the tracer cannot evaluate is a warning in the
 /// trace (the rule is then taken as not matching, or the target as doing nothing).
 ///
+/// IPVS mode (setIpvs): the rules match ipsets (`-m set --match-set`), whose members the
+/// tracer is given, and IPVS schedules connections between the hooks as the kernel's ip_vs
+/// does: after filter INPUT for arriving packets (LOCAL_IN, before nat INPUT; not for packets
+/// on loopback) and right after nat OUTPUT for the node's own (LOCAL_OUT). A virtual server is
+/// looked up by the packet mark first (firewall-mark services), then by protocol, destination
+/// and port; each real server is a path (DNAT), none is a reject (ICMP port unreachable). A
+/// scheduled packet leaves through LOCAL_OUT again (filter OUTPUT sees the real server as the
+/// destination, `-m ipvs` matches the virtual server) and POSTROUTING. `-m connmark` and
+/// CONNMARK follow the connection mark, which starts at 0.
+///
 /// Thread-safety: a const tracer may be used from several threads.
 
 #include <cstdint>
@@ -72,6 +82,26 @@ struct Trace {
   std::string toText() const;
 };
 
+/// An ipset as IPVS mode's rules match it.
+struct TracedIpset {
+  /// "hash:ip", "hash:ip,port", "hash:ip,port,ip", "hash:ip,port,net" or "bitmap:port".
+  std::string type;
+  std::vector<std::string> members;  ///< as `ipset save` prints them: "10.96.0.10,tcp:80", "30080"
+};
+
+/// An IPVS virtual server as the tracer schedules connections to it.
+struct TracedVirtualServer {
+  std::uint32_t fwmark = 0;  ///< not 0: matched by the packet mark, not by address
+  std::uint8_t protocol = 6;
+  backends::IPPrefix address;
+  std::uint16_t port = 0;
+  std::vector<std::pair<backends::IPPrefix, std::uint16_t>> realServers;
+  /// A persistent firewall-mark service: connections keep the packet's destination port (the
+  /// kernel uses a real server's port only when the packet's equals the service's, 0 here).
+  bool keepsPort = false;
+  std::string text;  ///< how the trace names it ("ipvsadm -A -t 10.96.0.10:80 -s rr")
+};
+
 /// Interprets one family's ruleset.
 class IptablesTracer {
  public:
@@ -89,6 +119,9 @@ class IptablesTracer {
 
   const std::vector<backends::IPPrefix>& localAddresses() const { return localAddresses_; }
 
+  /// IPVS mode: the sets the rules match (by name) and the virtual servers that schedule.
+  void setIpvs(std::vector<std::pair<std::string, TracedIpset>> sets, std::vector<TracedVirtualServer> servers);
+
   /// Traces a packet.
   Trace trace(const Packet& packet) const;
 
@@ -97,6 +130,9 @@ class IptablesTracer {
  private:
   std::vector<backends::IPPrefix> localAddresses_;
   std::unique_ptr<Ruleset> rules_;
+  bool ipvs_ = false;
+  std::vector<std::pair<std::string, TracedIpset>> sets_;
+  std::vector<TracedVirtualServer> virtualServers_;
 };
 
 }  // namespace kproxy::iptables

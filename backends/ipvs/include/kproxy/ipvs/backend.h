@@ -18,7 +18,8 @@
 /// Ownership: kproxy deletes only virtual servers whose address is bound to kube-ipvs0 (as
 /// upstream), is a NodePort address it serves on, whose protocol and port are a NodePort in its
 /// KUBE-NODE-PORT-* sets (how a restart or --cleanup finds the NodePorts of services deleted
-/// meanwhile), or that it applied itself, and never one inside ipvs-exclude-cidrs. Other
+/// meanwhile), or that it applied itself, and never one inside ipvs-exclude-cidrs; and the
+/// firewall-mark virtual servers whose mark carries its tag bit (RenderConfig::fwmarkTag). Other
 /// virtual servers, other links, and sets and chains not named by IPVS mode are left alone.
 ///
 /// Graceful termination (upstream's graceful_termination.go): a TCP real server that leaves
@@ -158,6 +159,8 @@ class IpvsBackend final : public sdk::BackendPlugin {
     return family == sdk::Family::kIPv4 || settings_.ipv6;
   }
   bool ownsAddress(const backends::IPPrefix& address) const;
+  /// A firewall mark of kproxy's (its tag bit; ClientIP affinity).
+  bool ownsFwmark(std::uint32_t fwmark) const { return (fwmark & settings_.render.fwmarkTag()) != 0; }
   void updateMetrics() const;
 
   sdk::Host host_;

@@ -48,9 +48,26 @@
 ///  7. Unallocated ClusterIPs (an address of a ServiceCIDR that no Service holds) are dropped
 ///     in KUBE-PROXY-FIREWALL and KUBE-IPVS-OUT-FILTER, as the other modes do; upstream's IPVS
 ///     mode routes them on.
-/// Not the plan's meaning yet: ClientIP persistence is per virtual server, so stickiness does
-/// not carry from one of a port's addresses to another (one firewall-mark virtual server per
-/// port would share it).
+///  8. ClientIP affinity holds across the port's addresses (ClusterIP, externalIPs, LB IPs,
+///     NodePorts), as upstream's iptables `-m recent` lists do: IPVS keeps persistence per
+///     virtual server, so such a port gets firewall-mark virtual servers instead of one per
+///     address. Its addresses are marked in nat KUBE-SERVICES (the first packet is what IPVS
+///     schedules; later ones find its connection) and the marked traffic meets one persistent
+///     virtual server per distinct pool: one for the port when its addresses share a pool,
+///     else one for the ClusterIP and one for the external addresses (eTP=Local), the
+///     short-circuited connections to the external addresses being marked for the ClusterIP's.
+///     IPVS compares the whole packet mark with the virtual server's, so a marked packet must
+///     not carry the masquerade bit: KUBE-MARK-MASQ records masquerade of marked packets in the
+///     connection mark, and KUBE-POSTROUTING brings it back to the packet mark. A persistent
+///     firewall-mark service keeps the packet's destination port (ip_vs_sched_persist uses a
+///     real server's port only when the packet's equals the service's, 0 for a mark), so the
+///     port becomes the endpoints' in KUBE-IPVS-FWMARK-PORTS (`DNAT --to-destination :PORT`),
+///     jumped from KUBE-SERVICES after the masquerade decisions; filter sees the new port: a
+///     marked connection passes KUBE-IPVS-FILTER's reject of a VIP's other ports, the
+///     source-range sets hold the LB IP with both ports, the drops without local endpoints
+///     match the mark, and a NodePort's masquerade is decided by its own rule (KUBE-NODE-PORT
+///     comes after the port changed). Endpoints on several ports cannot share one virtual
+///     server: such a port keeps one per address (a problem is recorded).
 ///
 /// Thread-safety: pure functions of their inputs; an IpvsRenderer is not mutated by renders.
 
@@ -89,6 +106,14 @@ struct RenderConfig {
 
   std::uint32_t mark() const { return 1u << masqueradeBit; }
   std::string markHex() const;  ///< "0x4000"
+  /// The bit every IPVS firewall mark of kproxy's carries (bit 28, or 29 when the masquerade
+  /// bit is 28): how KUBE-MARK-MASQ tells marked packets, and a restart or --cleanup tells
+  /// kproxy's firewall-mark virtual servers from others'.
+  std::uint32_t fwmarkTag() const { return masqueradeBit == 28 ? 1u << 29 : 1u << 28; }
+  /// The firewall mark of one virtual server of a service port: the tag bit and 28 bits of a
+  /// hash of (family, port key, `pool`), without the masquerade bit and kubelet's 0x8000;
+  /// stable across restarts, so nothing is rebuilt when kproxy starts again.
+  std::uint32_t fwmarkOf(sdk::Family family, std::string_view portKey, std::string_view pool) const;
 };
 
 /// Builds a RenderConfig from plugin options (the common ones and ipvs-scheduler, one of the
@@ -109,11 +134,22 @@ struct PlannedRealServer {
   auto operator<=>(const PlannedRealServer&) const = default;
 };
 
-struct PlannedVirtualServer {
-  sdk::Family family = sdk::Family::kIPv4;
-  sdk::Protocol protocol = sdk::Protocol::kTCP;
+/// One address of a service port that a firewall-mark virtual server answers for.
+struct MarkedAddress {
   std::string address;
   std::uint16_t port = 0;
+  Traffic traffic = Traffic::kClusterIP;
+  bool operator==(const MarkedAddress&) const = default;
+};
+
+struct PlannedVirtualServer {
+  sdk::Family family = sdk::Family::kIPv4;
+  sdk::Protocol protocol = sdk::Protocol::kTCP;  ///< with fwmark: the protocol of the marked traffic
+  std::string address;     ///< empty with fwmark
+  std::uint16_t port = 0;  ///< 0 with fwmark
+  /// Not 0: a firewall-mark virtual server (ClientIP affinity) for the `marked` addresses.
+  std::uint32_t fwmark = 0;
+  std::vector<MarkedAddress> marked;
   std::string scheduler;
   /// ClientIP affinity: IPVS persistence with the affinity timeout.
   bool persistent = false;
@@ -124,8 +160,11 @@ struct PlannedVirtualServer {
   /// Sorted, each once.
   std::vector<PlannedRealServer> realServers;
 
-  /// Upstream's VirtualServer.String(): "10.96.0.10:53/UDP", "[fd00::a]:80/TCP".
+  /// Upstream's VirtualServer.String(): "10.96.0.10:53/UDP", "[fd00::a]:80/TCP"; "FWM 268435457
+  /// IPv4" for a firewall-mark virtual server (as the kernel adapter describes it).
   std::string key() const;
+  /// Whether it answers `address`:`port` (a marked address, or its own).
+  bool answers(std::string_view address, std::uint16_t port) const;
   bool operator==(const PlannedVirtualServer&) const = default;
 };
 
