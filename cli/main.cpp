@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -19,12 +20,15 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "config_file.h"
 #include "conntrack_sysctls.h"
 #include "kproxy/backends/common/sysctl.h"
 #include "explain_args.h"
 #include "flags.h"
 #include "kproxy/apiwatch/api_source.h"
+#include "kproxy/apiwatch/event_recorder.h"
 #include "kproxy/apiwatch/manifest_source.h"
 #include "kproxy/backends/common/interface_addresses.h"
 #include "kproxy/core/log.h"
@@ -232,6 +236,41 @@ kproxy::core::Result<void> startSource(EventSource& source, const ProxyConfig& c
   return source.manifests->start();
 }
 
+// Posts a Warning Event on a Service whose change has kept failing: at least kAttempts
+// attempts in a row over at least kPersist; then at most once per kRepeat while it goes on.
+struct FailureEvents {
+  static constexpr std::uint32_t kAttempts = 3;
+  static constexpr double kPersist = 5;
+  static constexpr double kRepeat = 600;
+  std::string node;
+  std::map<std::string, double> lastPosted;  // "namespace/name" -> wall seconds
+
+  void report(const kproxy::core::SyncLedger& ledger, kproxy::apiwatch::EventRecorder& recorder) {
+    std::map<std::string, const kproxy::core::SyncRecord*> failing;  // one event per Service
+    for (const auto& [key, r] : ledger.failed) {
+      if (r.failedAttempts < kAttempts || r.wall - r.failingSince < kPersist) continue;
+      const std::string service = key.name.substr(0, key.name.rfind(':'));
+      failing.try_emplace(service, &r);
+    }
+    for (const auto& [service, r] : failing) {
+      auto it = lastPosted.find(service);
+      if (it != lastPosted.end() && r->wall - it->second < kRepeat) continue;
+      lastPosted[service] = r->wall;
+      const auto slash = service.find('/');
+      kproxy::apiwatch::ServiceEvent e;
+      e.ns = service.substr(0, slash);
+      e.service = service.substr(slash + 1);
+      e.reason = "FailedToSyncProxyRules";
+      e.count = static_cast<std::int32_t>(r->failedAttempts);
+      e.firstSeenWall = r->failingSince;
+      e.message = fmt::format("kproxy on node {} could not program this Service: {} attempts failed over {:.0f}s; "
+                              "last error: {}",
+                              node, r->failedAttempts, r->wall - r->failingSince, r->error);
+      recorder.post(std::move(e));
+    }
+  }
+};
+
 // Keeps the snapshot of the first sync instead of programming anything (kproxy explain).
 class SnapshotCapture final : public kproxy::core::Backend {
  public:
@@ -284,6 +323,8 @@ int explain(std::span<const char* const> args) {
   options.oneShot = true;
   SnapshotCapture capture;
   kproxy::core::Proxier proxier(tracker, capture, options);
+  FailureEvents failureEvents{tracker.nodeName, {}};  // the sync thread's only
+
   EventSource source;
   if (auto started = startSource(source, config, std::move(*apiConfig), proxier, tracker.nodeName);
       !started)
@@ -420,6 +461,19 @@ int main(int argc, char** argv) {
                             {"node", tracker.nodeName}, {"manifests", config.manifestsDir},
                             {"dryRun", config.dryRun ? "true" : "false"}});
 
+  // Events on Services whose changes keep failing to apply (API server mode; not --dry-run).
+  std::unique_ptr<kproxy::apiwatch::EventRecorder> recorder;
+  if (*apiConfig && !config.dryRun) {
+    auto created = kproxy::apiwatch::EventRecorder::create(**apiConfig, tracker.nodeName);
+    if (created) {
+      recorder = std::move(*created);
+    } else {
+      log::warning("Events cannot be posted", {{"error", created.error().message()}});
+    }
+  }
+
+  FailureEvents failureEvents{tracker.nodeName, {}};  // the sync thread's only
+
   EventSource source;
   if (auto started = startSource(source, config, std::move(*apiConfig), proxier, tracker.nodeName);
       !started)
@@ -480,8 +534,10 @@ int main(int argc, char** argv) {
       };
     }
     ops = std::make_unique<kproxy::cli::OpsServers>(std::move(opsOptions), proxier);
-    proxier.setObserver([&ops](const kproxy::core::SyncObservation& o) {
+    // The proxier calls a copy of the observer: state lives outside it.
+    proxier.setObserver([&ops, &proxier, &recorder, &failureEvents](const kproxy::core::SyncObservation& o) {
       ops->observe(o);
+      if (!o.ok && recorder) failureEvents.report(proxier.syncLedger(), *recorder);
       // A full sync (the first above all, right after the initial list) frees far more than
       // steady state needs: decoded documents, rendered batches. malloc keeps freed pages
       // mapped unless asked, so the process would stay at its peak size.

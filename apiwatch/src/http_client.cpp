@@ -156,6 +156,14 @@ Task<void> Connection::write(http::request<http::empty_body>& request) {
   }
 }
 
+Task<void> Connection::write(http::request<http::string_body>& request) {
+  if (tls_) {
+    co_await http::async_write(*tls_, request, asio::use_awaitable);
+  } else {
+    co_await http::async_write(*plain_, request, asio::use_awaitable);
+  }
+}
+
 Task<http::response<http::string_body>> Connection::readResponse(std::uint64_t limit) {
   http::response_parser<http::string_body> parser;
   parser.body_limit(limit);

@@ -39,6 +39,7 @@ class Connection {
   /// Deadline for the next operations (reset before each read of a stream).
   void expiresAfter(std::chrono::steady_clock::duration d);
   Task<void> write(http::request<http::empty_body>& request);
+  Task<void> write(http::request<http::string_body>& request);
   /// Reads a whole response with a string body (body size capped at `limit` bytes).
   Task<http::response<http::string_body>> readResponse(std::uint64_t limit);
   /// For streamed bodies: reads the header into `parser`.

@@ -298,7 +298,15 @@ void Proxier::Impl::record(const SyncObservation& o, const std::vector<ServicePo
     }
   } else {
     if (o.kind == SyncKind::kFull) ledger.lastFullFailure = r;
-    for (const auto& key : changedKeys) ledger.failed[key] = r;
+    for (const auto& key : changedKeys) {
+      auto it = ledger.failed.find(key);
+      const double since = it != ledger.failed.end() ? it->second.failingSince : r.wall;
+      const std::uint32_t attempts = it != ledger.failed.end() ? it->second.failedAttempts + 1 : 1;
+      SyncRecord& f = ledger.failed[key];
+      f = r;
+      f.failingSince = since;
+      f.failedAttempts = attempts;
+    }
   }
 }
 

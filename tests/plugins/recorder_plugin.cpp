@@ -52,6 +52,13 @@ class RecorderBackend final : public BackendPlugin {
       return fail("recorder: refusing sync as asked (option fail-sync)", 5);
 #endif
     }
+    // KPROXY_RECORDER_FAIL_SERVICE=NAME: every sync of a snapshot holding Service NAME fails
+    // (a kernel that keeps refusing one service's rules).
+    if (const char* poison = std::getenv("KPROXY_RECORDER_FAIL_SERVICE"); poison != nullptr && *poison) {
+      bool holds = false;
+      ctx.next.forEach([&](const ServicePort& p) { holds = holds || p.serviceName == poison; });
+      if (holds) return fail(std::string("recorder: refusing the rules of Service ") + poison + " as asked", 22);
+    }
 #ifdef RECORDER_ABI_1_2
     syncs_.add({ctx.full ? "full" : "partial"}, 1);
 #endif

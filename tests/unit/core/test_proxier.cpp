@@ -563,3 +563,31 @@ TEST_CASE("self-verification is off with verifyPeriod 0", "[unit][proxier]") {
   for (const auto& c : backend.calls) CHECK((c.kind == SyncKind::kPartial || c.changed.size() == 1));
   CHECK(proxier.syncLedger().verifications == 0);
 }
+
+TEST_CASE("the ledger counts a port's failed attempts in a row and when they started", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  Proxier proxier(TrackerConfig{}, backend, options(), clock);
+  proxier.serviceUpserted(service("a"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());
+  clock.advance(1s);
+  backend.failNext = 3;
+  proxier.endpointSliceUpserted(slice("a", {"10.0.0.1"}));
+  REQUIRE(proxier.syncOnceIfDue());
+  const double first = proxier.syncLedger().failure(key("a"))->failingSince;
+  for (int i = 0; i < 2; ++i) {
+    clock.advance(2s);
+    REQUIRE(proxier.syncOnceIfDue());
+  }
+  SyncLedger l = proxier.syncLedger();
+  REQUIRE(l.failure(key("a")) != nullptr);
+  CHECK(l.failure(key("a"))->failedAttempts == 3);
+  CHECK(l.failure(key("a"))->failingSince == first);
+  CHECK(l.failure(key("a"))->wall > first);
+  clock.advance(2s);
+  REQUIRE(proxier.syncOnceIfDue());  // the fourth attempt succeeds
+  CHECK(proxier.syncLedger().failure(key("a")) == nullptr);
+}

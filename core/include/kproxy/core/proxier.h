@@ -87,6 +87,10 @@ struct SyncRecord {
   std::string error;                    ///< empty when it succeeded
   bool verification = false;            ///< a self-verification (its operations: differences)
   std::string summary;                  ///< the backend's line for it
+  /// In SyncLedger::failed only: when the port's change first failed, and how many attempts
+  /// in a row have failed since.
+  double failingSince = 0;
+  std::uint32_t failedAttempts = 0;
 };
 
 /// Where the programming of each service port stands. A successful full sync reconciles every

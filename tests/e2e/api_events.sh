@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Events against a real kube-apiserver + etcd: a Service whose rules keep failing to apply gets a
+# Warning Event from the node's kproxy, posted with the RBAC deploy/ ships (the kproxy
+# ServiceAccount), found the way `kubectl describe service` finds it (field selector on the
+# involved object's kind, namespace, name and UID); a Service that syncs fine gets none, and the
+# failing one gets one Event, not one per retry.
+# The backend is the test-plugins' recorder, told to refuse every snapshot holding the Service
+# "poison" (KPROXY_RECORDER_FAIL_SERVICE): a kernel that keeps refusing one service's rules.
+# Everything lives in an anonymous network namespace (unshare -n). Needs root and kube-apiserver
+# built by tests/e2e/build-control-plane.sh.
+#
+# usage: sudo tests/e2e/api_events.sh --kproxy BIN --test-plugins DIR
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+KPROXY=""
+PLUGINS=""
+ARGS=("$@")
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --kproxy) KPROXY="$2"; shift 2 ;;
+    --test-plugins) PLUGINS="$2"; shift 2 ;;
+    *) echo "unknown argument: $1" >&2; exit 2 ;;
+  esac
+done
+[[ -x "$KPROXY" && -d "$PLUGINS" ]] || { echo "api_events: --kproxy BIN and --test-plugins DIR are required" >&2; exit 2; }
+# shellcheck source=../program/lib.sh
+source "$HERE/../program/lib.sh"
+require_root api_events "network namespace"
+enter_own_netns api_events "${ARGS[@]}"
+# shellcheck source=control-plane.sh
+source "$HERE/control-plane.sh"
+cp_apiserver_bin >/dev/null || exit 1
+
+WORK=$(mktemp -d /tmp/kproxy-api-events-XXXXXX)
+KP=""
+trap '_rc=$?; [[ -n "$KP" ]] && cp_terminate "$KP" 0.05; cp_stop; [[ -n "${API_EVENTS_KEEP:-}" ]] && echo "logs kept in $WORK" || rm -rf "$WORK"; exit $_rc' EXIT
+
+cp_start || exit 1
+cp_kproxy_kubeconfig "$WORK/kubeconfig" || exit 1
+
+service() {  # NAME CLUSTER_IP
+  cp_api POST /api/v1/namespaces/default/services "{\"apiVersion\":\"v1\",\"kind\":\"Service\",
+    \"metadata\":{\"name\":\"$1\"},\"spec\":{\"clusterIP\":\"$2\",\"ports\":[{\"name\":\"http\",\"port\":80}]}}" >/dev/null &&
+    cp_api POST /apis/discovery.k8s.io/v1/namespaces/default/endpointslices "{\"apiVersion\":\"discovery.k8s.io/v1\",
+    \"kind\":\"EndpointSlice\",\"metadata\":{\"name\":\"$1-1\",\"labels\":{\"kubernetes.io/service-name\":\"$1\"}},
+    \"addressType\":\"IPv4\",\"ports\":[{\"name\":\"http\",\"port\":8080,\"protocol\":\"TCP\"}],
+    \"endpoints\":[{\"addresses\":[\"10.244.1.5\"],\"conditions\":{\"ready\":true}}]}" >/dev/null
+}
+# events NAME: the Events of Service NAME as kubectl describe selects them (JSON list).
+events() {
+  local uid sel
+  uid=$(cp_api GET "/api/v1/namespaces/default/services/$1" | jq -r .metadata.uid) || return 1
+  sel="involvedObject.kind=Service,involvedObject.namespace=default,involvedObject.name=$1,involvedObject.uid=$uid"
+  cp_api GET "/api/v1/namespaces/default/events?fieldSelector=$(jq -rn --arg s "$sel" '$s|@uri')"
+}
+event_count() { events "$1" | jq '.items | length'; }
+
+check "Service good created" service good 10.96.0.61
+KPROXY_RECORD_FILE="$WORK/record" KPROXY_RECORDER_FAIL_SERVICE=poison \
+  "$KPROXY" --proxy-mode=recorder --plugin-dir "$PLUGINS" --kubeconfig "$WORK/kubeconfig" \
+  --hostname-override node-a --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
+  -v 1 >"$WORK/kproxy.log" 2>&1 &
+KP=$!
+synced_good() { grep -q 'default/good:http' "$WORK/record" 2>/dev/null; }
+DETAIL="$(tail -5 "$WORK/kproxy.log")"
+check "kproxy syncs Service good" wait_for 20 synced_good
+
+check "Service poison created" service poison 10.96.0.62
+has_event() { [[ $(event_count poison) -ge 1 ]]; }
+DETAIL="$(grep -i 'event\|failed' "$WORK/kproxy.log" | tail -5)"
+check "a Warning Event is posted on Service poison" wait_for 40 has_event
+ev=$(events poison | jq -c '.items[0]')
+DETAIL="$ev"
+check "its reason is FailedToSyncProxyRules" test "$(jq -r .reason <<<"$ev")" == FailedToSyncProxyRules
+check "it is a Warning" test "$(jq -r .type <<<"$ev")" == Warning
+check "it comes from kproxy on node-a" test "$(jq -r '"\(.source.component)@\(.source.host)"' <<<"$ev")" == kproxy@node-a
+check "its message carries the error" grep -q "refusing the rules of Service poison" <<<"$(jq -r .message <<<"$ev")"
+check "it counts the failed attempts (>= 3)" test "$(jq -r .count <<<"$ev")" -ge 3
+
+sleep 10  # retries go on (one a second): still one Event, not one per retry
+DETAIL="$(events poison | jq -c '[.items[] | {count, lastTimestamp}]')"
+check "one Event while the failure goes on, not one per retry" test "$(event_count poison)" -eq 1
+DETAIL="$(events good | jq -c '.items')"
+check "Service good has no Event" test "$(event_count good)" -eq 0
+DETAIL="$(tail -5 "$WORK/kproxy.log")"
+check "kproxy still runs" kill -0 "$KP"
+finish "api_events"
