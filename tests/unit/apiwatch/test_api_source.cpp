@@ -380,6 +380,30 @@ TEST_CASE("ApiSource lists, syncs, watches, skips malformed objects and relists 
   source.stop();
 }
 
+TEST_CASE("the pages of one LIST do not wait for the client-side rate limit", "[unit]") {
+  FakeApiServer server;
+  std::vector<json> items;
+  for (int i = 0; i < 12; ++i) items.push_back(service(fmt::format("s{}", i), 80, std::to_string(i + 1)));
+  server.setItems(kServices, items, "20");
+  server.setItems(kSlices, {}, "20");
+  RecordingSink sink;
+  apiwatch::ClientConfig config = testing::loopbackClientConfig(server.port);
+  // One request every 4 s after the first two: 12 rate-limited pages would take 40 s.
+  config.qps = 0.25f;
+  config.burst = 2;
+  apiwatch::ApiSourceOptions options;
+  options.pageSize = 1;
+  apiwatch::ApiSource source(config, sink, options);
+  REQUIRE(source.start());
+  const auto started = std::chrono::steady_clock::now();
+  REQUIRE(sink.waitFor("servicesSynced"));
+  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(10));
+  auto events = sink.events();
+  CHECK(std::count_if(events.begin(), events.end(), [](const std::string& e) {
+          return e.starts_with("upsert Service default/s");
+        }) == 12);
+}
+
 TEST_CASE("ApiSource restarts a LIST whose continue token expired", "[unit]") {
   FakeApiServer server;
   server.setItems(kServices, {service("a", 80, "1"), service("b", 81, "2"), service("c", 82, "3")}, "10");
