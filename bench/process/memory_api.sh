@@ -9,7 +9,10 @@
 # variant, and the variants run in turn RUNS times against the same apiserver (the namespace's
 # nftables ruleset is flushed between runs), so that builds compare under the same load.
 #
-# usage: sudo bench/process/memory_api.sh [--runs N] [--kproxy BIN [--plugin-dir DIR]]...
+# --mix loads varied Services (LoadBalancer, NodePort, two ports, ...: see
+# bench/api/load_objects.py) instead of memory.sh's single-port ClusterIP ones.
+#
+# usage: sudo bench/process/memory_api.sh [--runs N] [--mix] [--kproxy BIN [--plugin-dir DIR]]...
 #                                         [SERVICES [ENDPOINTS]]
 # env: KPROXY_EXTRA_ARGS (words added to every kproxy command line)
 set -uo pipefail
@@ -18,11 +21,13 @@ source "$HERE/../../scripts/netns-lib.sh"
 source "$HERE/../../tests/e2e/control-plane.sh"
 
 RUNS=1
+MIX=()
 BINS=()
 PLUGIN_DIRS=()
 while [[ $# -gt 0 && "$1" == --* ]]; do
   case "$1" in
     --runs) RUNS="$2"; shift 2 ;;
+    --mix) MIX=(--mix); shift ;;
     --kproxy) BINS+=("$2"); PLUGIN_DIRS+=(""); shift 2 ;;
     --plugin-dir)
       ((${#BINS[@]} > 0)) || { echo "--plugin-dir comes after its --kproxy" >&2; exit 2; }
@@ -42,10 +47,12 @@ kp_init
 trap '_rc=$?; kp_stop_kproxy; cp_stop; (exit $_rc); kp_teardown' EXIT
 kp_topology_up 0 0 || exit 1
 NODE_NS="$(kp_ns node)"
+# A mix of 10,000 services has more NodePorts than the default range holds.
+((${#MIX[@]} > 0)) && CP_API_EXTRA=(--service-node-port-range=20000-32767)
 cp_start ip netns exec "$NODE_NS" || exit 1
 cp_kproxy_kubeconfig "$KP_WORKDIR/kproxy.kubeconfig" || exit 1
 ip netns exec "$NODE_NS" "$KP_PYTHON" "$HERE/../api/load_objects.py" --port "$CP_API_PORT" --pki "$CP_DIR/pki" \
-  --services "$SERVICES" --endpoints "$ENDPOINTS" --node "$KP_NODE_NAME" --node-ip "$KP_NODE_IP" ||
+  --services "$SERVICES" --endpoints "$ENDPOINTS" --node "$KP_NODE_NAME" --node-ip "$KP_NODE_IP" "${MIX[@]}" ||
   kp_die "loading the objects"
 
 status() { grep -E "^$1:" "/proc/$KP_KPROXY_PID/status" | awk '{printf "%d", $2 / 1024}'; }
