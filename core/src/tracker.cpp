@@ -55,7 +55,9 @@ struct ChangeTracker::Impl {
   // slice on delete and when it moves.
   std::unordered_map<std::string, std::shared_ptr<const EndpointSlice>> slicesByKey;
   // Keys each service currently has in the snapshot, so removed ports can be dropped.
-  std::unordered_map<std::string, std::vector<ServicePortKey>> keysByService;
+  // The states each service has in the current snapshot (the snapshot's own, shared), so
+  // that removed ports can be dropped; their keys are read from them.
+  std::unordered_map<std::string, std::vector<std::shared_ptr<const ServicePortState>>> statesByService;
 
   std::unordered_set<std::string> dirty;
   std::size_t serviceChanges = 0;
@@ -290,27 +292,31 @@ PublishResult ChangeTracker::publish() {
       states = resolve::resolveService(*svc->second, slices, d.config, d.node);
     }
 
-    std::vector<ServicePortKey> newKeys;
-    newKeys.reserve(states.size());
+    std::vector<std::shared_ptr<const ServicePortState>> newStates;
+    newStates.reserve(states.size());
     for (auto& state : states) {
-      newKeys.push_back(state->key);
       auto old = next.find(state->key);
-      if (old && *old == *state) continue;  // unchanged: keep sharing the old entry
+      if (old && *old == *state) {  // unchanged: keep sharing the old entry
+        newStates.push_back(std::move(old));
+        continue;
+      }
       result.changed.push_back(state->key);
       next = next.with(result.changed.back(), state);
+      newStates.push_back(std::move(state));
     }
-    auto oldKeys = d.keysByService.find(svcKey);
-    if (oldKeys != d.keysByService.end()) {
-      for (const auto& key : oldKeys->second) {
-        if (std::find(newKeys.begin(), newKeys.end(), key) != newKeys.end()) continue;
+    auto oldStates = d.statesByService.find(svcKey);
+    if (oldStates != d.statesByService.end()) {
+      for (const auto& old : oldStates->second) {
+        const ServicePortKey& key = old->key;
+        if (std::any_of(newStates.begin(), newStates.end(), [&](const auto& s) { return s->key == key; })) continue;
         result.changed.push_back(key);
         next = next.with(key, nullptr);
       }
     }
-    if (newKeys.empty()) {
-      if (oldKeys != d.keysByService.end()) d.keysByService.erase(oldKeys);
+    if (newStates.empty()) {
+      if (oldStates != d.statesByService.end()) d.statesByService.erase(oldStates);
     } else {
-      d.keysByService[svcKey] = std::move(newKeys);
+      d.statesByService[svcKey] = std::move(newStates);
     }
   }
   if (d.nodeDirty) next = next.withNode(d.node);
