@@ -48,8 +48,9 @@ constexpr std::uint64_t kTrimAfterListBytes = 4u << 20;
 /// Decoded objects are immutable: what a resource holds is shared with the sink, not copied.
 /// Each is allocated as its own kind (a variant of the kinds would size every EndpointSlice
 /// like a Service), and is never null.
-using SharedObject = std::variant<std::shared_ptr<const core::Service>, std::shared_ptr<const core::EndpointSlice>,
-                                  std::shared_ptr<const core::Node>, std::shared_ptr<const core::ServiceCIDR>>;
+using SharedObject =
+    std::variant<std::shared_ptr<const core::Service>, std::shared_ptr<const core::EndpointSlice>,
+                 std::shared_ptr<const core::Node>, std::shared_ptr<const core::ServiceCIDR>>;
 using Key = std::pair<std::string, std::string>;  // namespace (empty for Node), name
 /// A key that borrows its strings (from an object or a Key).
 using KeyView = std::pair<std::string_view, std::string_view>;
@@ -567,7 +568,9 @@ struct ApiSource::Impl {
     svc->upsert = [this](const SharedObject& o) {
       sink.sharedServiceUpserted(std::get<std::shared_ptr<const core::Service>>(o));
     };
-    svc->remove = [this](const KeyView& k) { sink.serviceDeleted(std::string(k.first), std::string(k.second)); };
+    svc->remove = [this](const KeyView& k) {
+      sink.serviceDeleted(std::string(k.first), std::string(k.second));
+    };
     // Services count as listed once the ServiceCIDRs have been asked for too, so that the
     // first sync (and `kproxy explain`) knows them when the server has them.
     svc->synced = [this] {
@@ -613,7 +616,9 @@ struct ApiSource::Impl {
       node->path = "/api/v1/nodes";
       node->fieldSelector = "metadata.name=" + options.nodeName;
       node->decode = decodeObject<decodeNode>;
-      node->upsert = [this](const SharedObject& o) { sink.nodeUpserted(*std::get<std::shared_ptr<const core::Node>>(o)); };
+      node->upsert = [this](const SharedObject& o) {
+        sink.nodeUpserted(*std::get<std::shared_ptr<const core::Node>>(o));
+      };
       node->remove = [this](const KeyView& k) { sink.nodeDeleted(std::string(k.second)); };
       resources.push_back(std::move(node));
     }

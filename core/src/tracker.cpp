@@ -77,7 +77,8 @@ struct ChangeTracker::Impl {
   static std::string ownerOf(const EndpointSlice& slice) { return joinName(slice.ns, slice.serviceName); }
 
   // The position of the slice named `name` in its service's list, or where it would go.
-  static auto slicePosition(std::vector<std::shared_ptr<const EndpointSlice>>& list, const std::string& name) {
+  static auto slicePosition(std::vector<std::shared_ptr<const EndpointSlice>>& list,
+                            const std::string& name) {
     return std::lower_bound(list.begin(), list.end(), name,
                             [](const auto& slice, const std::string& n) { return slice->name < n; });
   }
@@ -308,7 +309,8 @@ PublishResult ChangeTracker::publish() {
     if (oldStates != d.statesByService.end()) {
       for (const auto& old : oldStates->second) {
         const ServicePortKey& key = old->key;
-        if (std::any_of(newStates.begin(), newStates.end(), [&](const auto& s) { return s->key == key; })) continue;
+        auto kept = [&key](const auto& state) { return state->key == key; };
+        if (std::any_of(newStates.begin(), newStates.end(), kept)) continue;
         result.changed.push_back(key);
         next = next.with(key, nullptr);
       }

@@ -40,7 +40,8 @@ class OptionalBox {
   OptionalBox(std::optional<T> value) {
     if (value) value_ = std::make_unique<T>(std::move(*value));
   }
-  OptionalBox(const OptionalBox& other) : value_(other.value_ ? std::make_unique<T>(*other.value_) : nullptr) {}
+  OptionalBox(const OptionalBox& other)
+      : value_(other.value_ ? std::make_unique<T>(*other.value_) : nullptr) {}
   OptionalBox(OptionalBox&&) noexcept = default;
   OptionalBox& operator=(const OptionalBox& other) {
     if (this != &other) value_ = other.value_ ? std::make_unique<T>(*other.value_) : nullptr;
