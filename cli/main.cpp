@@ -402,6 +402,8 @@ int main(int argc, char** argv) {
   }
   if (config.cleanup) return cleanupAll(registry, config);
 
+  // Only the selected mode's plugin runs from here on.
+  registry.unloadAllBut(config.mode);
   auto backend = registry.createBackend(config.mode, backendOptions(config));
   if (!backend) return fail(backend.error().message());
 

@@ -1,5 +1,7 @@
 #include "kproxy/apiwatch/api_source.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <atomic>
 #include <charconv>
@@ -8,6 +10,8 @@
 #include <memory>
 #include <mutex>
 #include <random>
+#include <set>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <variant>
@@ -37,11 +41,56 @@ constexpr std::uint64_t kMaxListBody = 1ull << 30;
 constexpr std::uint64_t kMaxErrorBody = 1ull << 20;
 // One watch event (one object) larger than this is a broken stream, not an object.
 constexpr std::size_t kMaxEventLine = 64u << 20;
+// A LIST whose pages add up to this many bytes leaves that much freed heap behind (the
+// bodies, their parsed documents): past it, the freed pages go back to the system.
+constexpr std::uint64_t kTrimAfterListBytes = 4u << 20;
 
-using Object = std::variant<core::Service, core::EndpointSlice, core::Node, core::ServiceCIDR>;
 /// Decoded objects are immutable: what a resource holds is shared with the sink, not copied.
-using SharedObject = std::shared_ptr<const Object>;
+/// Each is allocated as its own kind (a variant of the kinds would size every EndpointSlice
+/// like a Service), and is never null.
+using SharedObject =
+    std::variant<std::shared_ptr<const core::Service>, std::shared_ptr<const core::EndpointSlice>,
+                 std::shared_ptr<const core::Node>, std::shared_ptr<const core::ServiceCIDR>>;
 using Key = std::pair<std::string, std::string>;  // namespace (empty for Node), name
+/// A key that borrows its strings (from an object or a Key).
+using KeyView = std::pair<std::string_view, std::string_view>;
+
+template <typename T>
+std::string_view nsOf(const T& o) {
+  if constexpr (requires { o.ns; }) {
+    return o.ns;
+  } else {
+    return {};
+  }
+}
+
+KeyView keyOf(const SharedObject& object) {
+  return std::visit([](const auto& o) { return KeyView{nsOf(*o), o->name}; }, object);
+}
+
+KeyView view(const Key& key) { return {key.first, key.second}; }
+
+/// Same kind and equal content (the same allocation, most often).
+bool sameObject(const SharedObject& a, const SharedObject& b) {
+  if (a.index() != b.index()) return false;
+  return std::visit(
+      [&b](const auto& x) {
+        const auto& y = std::get<std::decay_t<decltype(x)>>(b);
+        return x == y || *x == *y;
+      },
+      a);
+}
+
+/// Orders objects by namespace and name, read from the objects themselves: an index of them
+/// needs no copy of their keys.
+struct ByKey {
+  using is_transparent = void;
+  bool operator()(const SharedObject& a, const SharedObject& b) const { return keyOf(a) < keyOf(b); }
+  bool operator()(const SharedObject& a, const KeyView& b) const { return keyOf(a) < b; }
+  bool operator()(const KeyView& a, const SharedObject& b) const { return a < keyOf(b); }
+};
+/// Objects by namespace and name.
+using ObjectIndex = std::set<SharedObject, ByKey>;
 
 enum class WatchOutcome : std::uint8_t { kEnded, kExpired, kFailed };
 
@@ -83,10 +132,11 @@ struct UnavailableError : std::runtime_error {
 
 /// Resource::decode for a decoder of one kind of object.
 template <auto decodeKind>
-core::Result<Object> decodeObject(const json& j) {
+core::Result<SharedObject> decodeObject(const json& j) {
   auto o = decodeKind(j);
   if (!o) return std::unexpected(o.error());
-  return Object{std::move(*o)};
+  using T = std::decay_t<decltype(*o)>;
+  return SharedObject{std::make_shared<const T>(std::move(*o))};
 }
 
 struct Resource {
@@ -94,9 +144,9 @@ struct Resource {
   std::string path;  // "/api/v1/services"
   std::string labelSelector;
   std::string fieldSelector;
-  std::function<core::Result<Object>(const json&)> decode;
+  std::function<core::Result<SharedObject>(const json&)> decode;
   std::function<void(const SharedObject&)> upsert;
-  std::function<void(const Key&)> remove;
+  std::function<void(const KeyView&)> remove;
   std::function<void()> synced;  // may be empty (Node)
   /// Optional: until its first successful LIST, a server without the resource (404) or RBAC
   /// that refuses it (401, 403) means "no such objects", logged once, not a failure
@@ -107,11 +157,18 @@ struct Resource {
   /// Called once, after the first LIST attempt ends whichever way (may be empty).
   std::function<void()> firstAttemptDone;
 
-  std::map<Key, SharedObject> held;
+  ObjectIndex held;
   std::string resourceVersion;
   bool listed = false;
   bool watching = false;
 };
+
+/// Returns freed heap pages to the system.
+void releaseFreeHeap() {
+#ifdef __GLIBC__
+  malloc_trim(0);
+#endif
+}
 
 /// Namespace and name from raw metadata, tolerating a broken object (for log lines and DELETED).
 Key keyOfRaw(const json& object) {
@@ -124,7 +181,7 @@ Key keyOfRaw(const json& object) {
   return key;
 }
 
-std::string describe(const Resource& r, const Key& key) {
+std::string describe(const Resource& r, const KeyView& key) {
   if (key.first.empty()) return fmt::format("{} {}", r.kind, key.second.empty() ? "<unnamed>" : key.second);
   return fmt::format("{} {}/{}", r.kind, key.first, key.second);
 }
@@ -233,10 +290,11 @@ struct ApiSource::Impl {
 
   /// LIST all pages; on success `r.held` matches the server and deliveries are done.
   Task<void> list(Resource& r) {
-    std::map<Key, SharedObject> fresh;
+    ObjectIndex fresh;
     std::string continueToken;
     std::string listVersion;
     std::uint64_t skipped = 0;
+    std::uint64_t bodyBytes = 0;
     for (;;) {
       auto target = fmt::format("{}?limit={}{}", r.path, options.pageSize, query(r));
       if (!continueToken.empty()) target += "&continue=" + detail::queryEscape(continueToken);
@@ -246,6 +304,7 @@ struct ApiSource::Impl {
       co_await connection->write(request);
       auto response = co_await connection->readResponse(kMaxListBody);
       connection->close();
+      bodyBytes += response.body().size();
       json body = json::parse(response.body(), nullptr, false);
       if (response.result() != http::status::ok) {
         // An expired continue token (410) restarts the LIST from the beginning.
@@ -275,21 +334,18 @@ struct ApiSource::Impl {
             Key key = keyOfRaw(item);
             ++skipped;
             log::warning("skipping object that cannot be decoded",
-                         {{"object", describe(r, key)}, {"reason", decoded.error().message()}});
+                         {{"object", describe(r, view(key))}, {"reason", decoded.error().message()}});
             // An undecodable new version must not delete the last good one.
-            if (auto held = r.held.find(key); held != r.held.end()) fresh.insert(*held);
+            if (auto held = r.held.find(view(key)); held != r.held.end()) fresh.insert(*held);
             continue;
           }
-          Key key = std::visit([](const auto& o) { return Key{nsOf(o), o.name}; }, *decoded);
           // A relist returns every object again. One equal to the held one stays the held one,
           // which the sink keeps too: a fresh copy would be kept beside it from then on.
-          SharedObject object;
-          if (auto held = r.held.find(key); held != r.held.end() && *held->second == *decoded) {
-            object = held->second;
-          } else {
-            object = std::make_shared<const Object>(std::move(*decoded));
-          }
-          fresh.insert_or_assign(std::move(key), std::move(object));
+          SharedObject object = std::move(*decoded);
+          if (auto held = r.held.find(keyOf(object)); held != r.held.end() && sameObject(*held, object))
+            object = *held;
+          if (auto dup = fresh.find(keyOf(object)); dup != fresh.end()) fresh.erase(dup);
+          fresh.insert(std::move(object));
         }
       }
       if (continueToken.empty()) break;
@@ -302,15 +358,15 @@ struct ApiSource::Impl {
     });
     // Reconcile: deletes for vanished objects, upserts for new or changed ones only.
     std::size_t deleted = 0, upserted = 0;
-    for (const auto& [key, object] : r.held) {
-      if (!fresh.contains(key)) {
-        r.remove(key);
+    for (const auto& object : r.held) {
+      if (!fresh.contains(keyOf(object))) {
+        r.remove(keyOf(object));
         ++deleted;
       }
     }
-    for (const auto& [key, object] : fresh) {
-      auto held = r.held.find(key);
-      if (held == r.held.end() || (held->second != object && !(*held->second == *object))) {
+    for (const auto& object : fresh) {
+      auto held = r.held.find(keyOf(object));
+      if (held == r.held.end() || !sameObject(*held, object)) {
         r.upsert(object);
         ++upserted;
       }
@@ -325,18 +381,13 @@ struct ApiSource::Impl {
       r.unavailable = false;
       log::info(0, "optional resource is readable again", {{"resource", r.kind}, {"path", r.path}});
     }
+    // Before the sink is told: the first sync, which the initial lists let start, builds its
+    // kernel batch on top of what is resident now, and malloc keeps freed pages mapped unless
+    // asked.
+    if (bodyBytes >= kTrimAfterListBytes) releaseFreeHeap();
     if (!r.listed) {
       r.listed = true;
       if (r.synced) r.synced();
-    }
-  }
-
-  template <typename T>
-  static std::string nsOf(const T& o) {
-    if constexpr (requires { o.ns; }) {
-      return o.ns;
-    } else {
-      return {};
     }
   }
 
@@ -349,23 +400,29 @@ struct ApiSource::Impl {
     Key key = keyOfRaw(event.object);
     if (event.type == WatchEventType::kDeleted) {
       count([](ApiSourceStats& s) { ++s.watchEvents; });
-      if (r.held.erase(key) > 0) r.remove(key);
+      if (auto held = r.held.find(view(key)); held != r.held.end()) {
+        r.held.erase(held);
+        r.remove(view(key));
+      }
       return;
     }
     auto decoded = r.decode(event.object);
     if (!decoded) {
       count([](ApiSourceStats& s) { ++s.decodeFailures; });
       log::warning("skipping object that cannot be decoded",
-                   {{"object", describe(r, key)}, {"event", toString(event.type)},
+                   {{"object", describe(r, view(key))}, {"event", toString(event.type)},
                     {"reason", decoded.error().message()}});
       return;
     }
     count([](ApiSourceStats& s) { ++s.watchEvents; });
-    auto held = r.held.find(key);
-    if (held != r.held.end() && *held->second == *decoded) return;
-    auto object = std::make_shared<const Object>(std::move(*decoded));
+    SharedObject object = std::move(*decoded);
+    auto held = r.held.find(keyOf(object));
+    if (held != r.held.end()) {
+      if (sameObject(*held, object)) return;
+      r.held.erase(held);
+    }
     r.upsert(object);
-    r.held.insert_or_assign(std::move(key), std::move(object));
+    r.held.insert(std::move(object));
   }
 
   Task<WatchOutcome> watch(Resource& r) {
@@ -512,10 +569,11 @@ struct ApiSource::Impl {
     svc->labelSelector = kProxyLabelSelector;
     svc->decode = decodeObject<decodeService>;
     svc->upsert = [this](const SharedObject& o) {
-      sink.sharedServiceUpserted(
-          std::shared_ptr<const core::Service>(o, &std::get<core::Service>(*o)));
+      sink.sharedServiceUpserted(std::get<std::shared_ptr<const core::Service>>(o));
     };
-    svc->remove = [this](const Key& k) { sink.serviceDeleted(k.first, k.second); };
+    svc->remove = [this](const KeyView& k) {
+      sink.serviceDeleted(std::string(k.first), std::string(k.second));
+    };
     // Services count as listed once the ServiceCIDRs have been asked for too, so that the
     // first sync (and `kproxy explain`) knows them when the server has them.
     svc->synced = [this] {
@@ -532,10 +590,11 @@ struct ApiSource::Impl {
     eps->labelSelector = kProxyLabelSelector;
     eps->decode = decodeObject<decodeEndpointSlice>;
     eps->upsert = [this](const SharedObject& o) {
-      sink.sharedEndpointSliceUpserted(
-          std::shared_ptr<const core::EndpointSlice>(o, &std::get<core::EndpointSlice>(*o)));
+      sink.sharedEndpointSliceUpserted(std::get<std::shared_ptr<const core::EndpointSlice>>(o));
     };
-    eps->remove = [this](const Key& k) { sink.endpointSliceDeleted(k.first, k.second); };
+    eps->remove = [this](const KeyView& k) {
+      sink.endpointSliceDeleted(std::string(k.first), std::string(k.second));
+    };
     eps->synced = [this] { sink.endpointSlicesSynced(); };
     resources.push_back(std::move(eps));
 
@@ -544,8 +603,10 @@ struct ApiSource::Impl {
     cidrs->path = "/apis/networking.k8s.io/v1/servicecidrs";
     cidrs->optional = true;
     cidrs->decode = decodeObject<decodeServiceCIDR>;
-    cidrs->upsert = [this](const SharedObject& o) { sink.serviceCIDRUpserted(std::get<core::ServiceCIDR>(*o)); };
-    cidrs->remove = [this](const Key& k) { sink.serviceCIDRDeleted(k.second); };
+    cidrs->upsert = [this](const SharedObject& o) {
+      sink.serviceCIDRUpserted(*std::get<std::shared_ptr<const core::ServiceCIDR>>(o));
+    };
+    cidrs->remove = [this](const KeyView& k) { sink.serviceCIDRDeleted(std::string(k.second)); };
     cidrs->firstAttemptDone = [this] {
       serviceCIDRsAttempted = true;
       if (servicesListed) sink.servicesSynced();
@@ -558,8 +619,10 @@ struct ApiSource::Impl {
       node->path = "/api/v1/nodes";
       node->fieldSelector = "metadata.name=" + options.nodeName;
       node->decode = decodeObject<decodeNode>;
-      node->upsert = [this](const SharedObject& o) { sink.nodeUpserted(std::get<core::Node>(*o)); };
-      node->remove = [this](const Key& k) { sink.nodeDeleted(k.second); };
+      node->upsert = [this](const SharedObject& o) {
+        sink.nodeUpserted(*std::get<std::shared_ptr<const core::Node>>(o));
+      };
+      node->remove = [this](const KeyView& k) { sink.nodeDeleted(std::string(k.second)); };
       resources.push_back(std::move(node));
     }
   }

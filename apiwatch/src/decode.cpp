@@ -1,8 +1,10 @@
 #include "kproxy/apiwatch/decode.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <cmath>
+#include <initializer_list>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -285,12 +287,21 @@ core::LoadBalancerIngress decodeIngress(const json& in, const Loc& loc) {
   return ingress;
 }
 
+/// The labels of `labels` named in `wanted`. Services and EndpointSlices are held for as long
+/// as they exist, and their other labels (app, chart, managed-by, ...) mean nothing to a proxy.
+core::Labels keepLabels(core::Labels labels, std::initializer_list<std::string_view> wanted) {
+  std::erase_if(labels, [&](const auto& label) {
+    return std::find(wanted.begin(), wanted.end(), label.first) == wanted.end();
+  });
+  return labels;
+}
+
 core::Service decodeServiceBody(const json& object, std::string& label) {
   Meta meta = decodeMeta(object, "Service", true, label);
   core::Service svc;
   svc.ns = std::move(meta.ns);
   svc.name = std::move(meta.name);
-  svc.labels = std::move(meta.labels);
+  svc.labels = keepLabels(std::move(meta.labels), {core::kLabelServiceProxyName, core::kLabelHeadless});
   svc.resourceVersion = std::move(meta.resourceVersion);
 
   Loc root;
@@ -456,10 +467,11 @@ core::EndpointSlice decodeEndpointSliceBody(const json& object, std::string& lab
   core::EndpointSlice slice;
   slice.ns = std::move(meta.ns);
   slice.name = std::move(meta.name);
-  slice.labels = std::move(meta.labels);
   slice.resourceVersion = std::move(meta.resourceVersion);
-  if (auto it = slice.labels.find(core::kLabelServiceName); it != slice.labels.end())
+  if (auto it = meta.labels.find(core::kLabelServiceName); it != meta.labels.end())
     slice.serviceName = it->second;
+  // The service's name is kept once, as serviceName.
+  slice.labels = keepLabels(std::move(meta.labels), {core::kLabelHeadless});
   // The trigger time only feeds a latency metric: an unreadable one is ignored, not an error.
   if (const json* md = member(object, "metadata"); md != nullptr && md->is_object()) {
     if (const json* ann = member(*md, "annotations"); ann != nullptr && ann->is_object()) {

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <iterator>
 #include <mutex>
-#include <set>
 
 #include "kproxy/core/log.h"
 
@@ -53,7 +53,9 @@ struct Proxier::Impl {
   bool syncing = false;  // a sync is in flight (syncOnceIfDue is not re-entrant)
 
   std::shared_ptr<const Snapshot> applied;  // last successfully applied
-  std::set<ServicePortKey> unsyncedKeys;    // changed since `applied`
+  // Changed since `applied`, sorted, each once. Only syncIfDue touches it (one at a time), so
+  // the backend reads it in place while the lock is released.
+  std::vector<ServicePortKey> unsyncedKeys;
   std::vector<double> unsyncedTriggerTimes;  // of endpoint changes not yet in the kernel
   bool needFull = true;
   Clock::time_point lastFullSync;
@@ -92,6 +94,22 @@ struct Proxier::Impl {
 
   bool ready() const { return servicesSynced && slicesSynced; }
 
+  // Adds a publish's changed keys (sorted) to unsyncedKeys. The common case, nothing left
+  // from a failed sync, takes them over without a copy.
+  void addUnsynced(std::vector<ServicePortKey> changed) {
+    if (unsyncedKeys.empty()) {
+      unsyncedKeys = std::move(changed);
+      unsyncedKeys.erase(std::unique(unsyncedKeys.begin(), unsyncedKeys.end()), unsyncedKeys.end());
+      return;
+    }
+    std::vector<ServicePortKey> merged;
+    merged.reserve(unsyncedKeys.size() + changed.size());
+    std::set_union(std::make_move_iterator(unsyncedKeys.begin()), std::make_move_iterator(unsyncedKeys.end()),
+                   std::make_move_iterator(changed.begin()), std::make_move_iterator(changed.end()),
+                   std::back_inserter(merged));
+    unsyncedKeys = std::move(merged);
+  }
+
   bool syncIfDue(std::unique_lock<std::mutex>& lock);
 };
 
@@ -105,7 +123,7 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
   // Publishing happens under the lock but outside the backend call, so events keep flowing
   // while the kernel is programmed.
   PublishResult published = tracker.publish();
-  unsyncedKeys.insert(published.changed.begin(), published.changed.end());
+  addUnsynced(std::move(published.changed));
   unsyncedTriggerTimes.insert(unsyncedTriggerTimes.end(), published.triggerTimes.begin(),
                               published.triggerTimes.end());
   const std::optional<double> queuedAt = std::exchange(oldestQueuedWall, std::nullopt);
@@ -118,7 +136,7 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
   }
   std::shared_ptr<const Snapshot> previous = applied;
   std::shared_ptr<const Snapshot> next = published.snapshot;
-  std::vector<ServicePortKey> changedKeys(unsyncedKeys.begin(), unsyncedKeys.end());
+  const std::vector<ServicePortKey>& changedKeys = unsyncedKeys;
   lock.unlock();
 
   SyncRequest request;
@@ -175,7 +193,7 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
   lastOk = observation.ok;
   if (result) {
     applied = next;
-    unsyncedKeys.clear();
+    unsyncedKeys = {};  // a first sync's keys are every service port's: not kept as capacity
     observation.triggerTimes = std::exchange(unsyncedTriggerTimes, {});
     needFull = false;
     if (kind == SyncKind::kFull) {

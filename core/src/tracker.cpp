@@ -47,13 +47,17 @@ struct ChangeTracker::Impl {
 
   // Objects are immutable and may be shared with the source that delivered them.
   std::unordered_map<std::string, std::shared_ptr<const Service>> services;  // by "ns/name"
-  // Slices grouped by their service ("ns/serviceName"), by slice name for a stable order.
-  std::unordered_map<std::string, std::map<std::string, std::shared_ptr<const EndpointSlice>>>
-      slicesByService;
-  // "ns/sliceName" -> "ns/serviceName", to find a slice on delete and when it moves.
-  std::unordered_map<std::string, std::string> sliceOwner;
+  // Slices grouped by their service ("ns/serviceName"), sorted by slice name for a stable
+  // order. A vector: nearly every service has one or two slices, and a map per service would
+  // cost more than the slices' pointers.
+  std::unordered_map<std::string, std::vector<std::shared_ptr<const EndpointSlice>>> slicesByService;
+  // "ns/sliceName" -> the slice held; its owner ("ns/serviceName") is read from it, to find a
+  // slice on delete and when it moves.
+  std::unordered_map<std::string, std::shared_ptr<const EndpointSlice>> slicesByKey;
   // Keys each service currently has in the snapshot, so removed ports can be dropped.
-  std::unordered_map<std::string, std::vector<ServicePortKey>> keysByService;
+  // The states each service has in the current snapshot (the snapshot's own, shared), so
+  // that removed ports can be dropped; their keys are read from them.
+  std::unordered_map<std::string, std::vector<std::shared_ptr<const ServicePortState>>> statesByService;
 
   std::unordered_set<std::string> dirty;
   std::size_t serviceChanges = 0;
@@ -70,14 +74,36 @@ struct ChangeTracker::Impl {
 
   std::shared_ptr<const Snapshot> current;
 
+  static std::string ownerOf(const EndpointSlice& slice) { return joinName(slice.ns, slice.serviceName); }
+
+  // The position of the slice named `name` in its service's list, or where it would go.
+  static auto slicePosition(std::vector<std::shared_ptr<const EndpointSlice>>& list,
+                            const std::string& name) {
+    return std::lower_bound(list.begin(), list.end(), name,
+                            [](const auto& slice, const std::string& n) { return slice->name < n; });
+  }
+
+  // Sets (adds or replaces) a slice in its service's list.
+  void placeSlice(const std::string& owner, std::shared_ptr<const EndpointSlice> slice) {
+    auto& list = slicesByService[owner];
+    auto at = slicePosition(list, slice->name);
+    if (at != list.end() && (*at)->name == slice->name) {
+      *at = std::move(slice);
+    } else {
+      list.insert(at, std::move(slice));
+    }
+  }
+
   void removeSlice(const std::string& sliceKey, const std::string& owner,
                    const std::string& sliceName) {
     auto it = slicesByService.find(owner);
     if (it != slicesByService.end()) {
-      it->second.erase(sliceName);
-      if (it->second.empty()) slicesByService.erase(it);
+      auto& list = it->second;
+      auto at = slicePosition(list, sliceName);
+      if (at != list.end() && (*at)->name == sliceName) list.erase(at);
+      if (list.empty()) slicesByService.erase(it);
     }
-    sliceOwner.erase(sliceKey);
+    slicesByKey.erase(sliceKey);
     dirty.insert(owner);
   }
 
@@ -144,34 +170,33 @@ bool ChangeTracker::upsertEndpointSlice(std::shared_ptr<const EndpointSlice> sli
 
 bool ChangeTracker::upsertEndpointSliceImpl(std::shared_ptr<const EndpointSlice> slice) {
   const std::string sliceKey = joinName(slice->ns, slice->name);
-  auto ownerIt = impl_->sliceOwner.find(sliceKey);
+  auto heldIt = impl_->slicesByKey.find(sliceKey);
   if (auto reason = ignoredSliceReason(*slice)) {
     log::info(4, "Ignoring EndpointSlice", {{"endpointSlice", sliceKey}, {"reason", *reason}});
     // It may have been a usable slice before this update.
-    if (ownerIt == impl_->sliceOwner.end()) return false;
-    const std::string owner = ownerIt->second;
+    if (heldIt == impl_->slicesByKey.end()) return false;
+    const std::string owner = Impl::ownerOf(*heldIt->second);
     impl_->removeSlice(sliceKey, owner, slice->name);
     ++impl_->endpointChanges;
     return true;
   }
 
-  const std::string owner = joinName(slice->ns, slice->serviceName);
-  if (ownerIt != impl_->sliceOwner.end()) {
-    if (ownerIt->second == owner) {
-      auto& existing = impl_->slicesByService[owner][slice->name];
-      if (existing && sameIgnoringVersion(*slice, *existing)) return false;
-      existing = std::move(slice);
+  const std::string owner = Impl::ownerOf(*slice);
+  if (heldIt != impl_->slicesByKey.end()) {
+    const std::string previousOwner = Impl::ownerOf(*heldIt->second);
+    if (previousOwner == owner) {
+      if (sameIgnoringVersion(*slice, *heldIt->second)) return false;
+      heldIt->second = slice;
+      impl_->placeSlice(owner, std::move(slice));
       impl_->dirty.insert(owner);
       ++impl_->endpointChanges;
       return true;
     }
     // The slice now belongs to another service: both services change.
-    const std::string previousOwner = ownerIt->second;
     impl_->removeSlice(sliceKey, previousOwner, slice->name);
   }
-  impl_->sliceOwner[sliceKey] = owner;
-  const std::string name = slice->name;
-  impl_->slicesByService[owner][name] = std::move(slice);
+  impl_->slicesByKey.insert_or_assign(sliceKey, slice);
+  impl_->placeSlice(owner, std::move(slice));
   impl_->dirty.insert(owner);
   ++impl_->endpointChanges;
   return true;
@@ -179,9 +204,9 @@ bool ChangeTracker::upsertEndpointSliceImpl(std::shared_ptr<const EndpointSlice>
 
 bool ChangeTracker::deleteEndpointSlice(const std::string& ns, const std::string& name) {
   const std::string sliceKey = joinName(ns, name);
-  auto it = impl_->sliceOwner.find(sliceKey);
-  if (it == impl_->sliceOwner.end()) return false;
-  const std::string owner = it->second;
+  auto it = impl_->slicesByKey.find(sliceKey);
+  if (it == impl_->slicesByKey.end()) return false;
+  const std::string owner = Impl::ownerOf(*it->second);
   impl_->removeSlice(sliceKey, owner, name);
   ++impl_->endpointChanges;
   return true;
@@ -263,32 +288,37 @@ PublishResult ChangeTracker::publish() {
     if (auto svc = d.services.find(svcKey); svc != d.services.end()) {
       slices.clear();
       if (auto s = d.slicesByService.find(svcKey); s != d.slicesByService.end()) {
-        for (const auto& [name, slice] : s->second) slices.push_back(slice.get());
+        for (const auto& slice : s->second) slices.push_back(slice.get());
       }
       states = resolve::resolveService(*svc->second, slices, d.config, d.node);
     }
 
-    std::vector<ServicePortKey> newKeys;
-    newKeys.reserve(states.size());
+    std::vector<std::shared_ptr<const ServicePortState>> newStates;
+    newStates.reserve(states.size());
     for (auto& state : states) {
-      newKeys.push_back(state->key);
       auto old = next.find(state->key);
-      if (old && *old == *state) continue;  // unchanged: keep sharing the old entry
+      if (old && *old == *state) {  // unchanged: keep sharing the old entry
+        newStates.push_back(std::move(old));
+        continue;
+      }
       result.changed.push_back(state->key);
       next = next.with(result.changed.back(), state);
+      newStates.push_back(std::move(state));
     }
-    auto oldKeys = d.keysByService.find(svcKey);
-    if (oldKeys != d.keysByService.end()) {
-      for (const auto& key : oldKeys->second) {
-        if (std::find(newKeys.begin(), newKeys.end(), key) != newKeys.end()) continue;
+    auto oldStates = d.statesByService.find(svcKey);
+    if (oldStates != d.statesByService.end()) {
+      for (const auto& old : oldStates->second) {
+        const ServicePortKey& key = old->key;
+        auto kept = [&key](const auto& state) { return state->key == key; };
+        if (std::any_of(newStates.begin(), newStates.end(), kept)) continue;
         result.changed.push_back(key);
         next = next.with(key, nullptr);
       }
     }
-    if (newKeys.empty()) {
-      if (oldKeys != d.keysByService.end()) d.keysByService.erase(oldKeys);
+    if (newStates.empty()) {
+      if (oldStates != d.statesByService.end()) d.statesByService.erase(oldStates);
     } else {
-      d.keysByService[svcKey] = std::move(newKeys);
+      d.statesByService[svcKey] = std::move(newStates);
     }
   }
   if (d.nodeDirty) next = next.withNode(d.node);

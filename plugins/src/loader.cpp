@@ -242,6 +242,10 @@ std::vector<core::Error> PluginRegistry::loadDirectory(const std::filesystem::pa
   return errors;
 }
 
+void PluginRegistry::unloadAllBut(std::string_view name) {
+  std::erase_if(loaded_, [&](const auto& l) { return l->info.name != name; });
+}
+
 std::vector<PluginInfo> PluginRegistry::plugins() const {
   std::vector<PluginInfo> out;
   for (const auto& l : loaded_) out.push_back(l->info);

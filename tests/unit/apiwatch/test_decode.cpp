@@ -84,7 +84,7 @@ TEST_CASE("upstream Service fixture: every field kproxy uses is read", "[unit]")
   REQUIRE(svc.has_value());
   CHECK(svc->ns == "namespaceValue");
   CHECK(svc->name == "nameValue");
-  CHECK(svc->labels == core::Labels{{"labelsKey", "labelsValue"}});
+  CHECK(svc->labels.empty());  // labels a proxy does not read are not kept
   CHECK(svc->resourceVersion == "resourceVersionValue");
   CHECK(svc->type == core::ServiceType::kLoadBalancer);
   CHECK(svc->clusterIPs == std::vector<std::string>{"clusterIPsValue"});
@@ -149,7 +149,7 @@ TEST_CASE("upstream EndpointSlice fixture: every field kproxy uses is read", "[u
   REQUIRE(slice.has_value());
   CHECK(slice->ns == "namespaceValue");
   CHECK(slice->name == "nameValue");
-  CHECK(slice->labels == core::Labels{{"labelsKey", "labelsValue"}});
+  CHECK(slice->labels.empty());  // labels a proxy does not read are not kept
   CHECK(slice->serviceName.empty());  // the fixture has no kubernetes.io/service-name label
   CHECK(slice->resourceVersion == "resourceVersionValue");
   CHECK(slice->addressType == core::AddressType::kFQDN);
@@ -250,6 +250,24 @@ TEST_CASE("watch events: types, bookmarks and malformed events", "[unit]") {
   CHECK_THAT(errorOf(decodeEvent, json::array()), Catch::Contains("expected an object"));
 }
 
+TEST_CASE("Services and EndpointSlices keep the labels a proxy reads, and only those", "[unit]") {
+  auto svc = decodeService(json::parse(R"({"metadata":{"name":"a","labels":{
+      "app":"a","service.kubernetes.io/service-proxy-name":"other","service.kubernetes.io/headless":""}}})"));
+  REQUIRE(svc.has_value());
+  CHECK(svc->labels == core::Labels{{core::kLabelServiceProxyName, "other"}, {core::kLabelHeadless, ""}});
+
+  auto slice = decodeEndpointSlice(json::parse(R"({"metadata":{"name":"a-1","labels":{
+      "kubernetes.io/service-name":"a","endpointslice.kubernetes.io/managed-by":"x",
+      "service.kubernetes.io/headless":""}},"addressType":"IPv4"})"));
+  REQUIRE(slice.has_value());
+  CHECK(slice->serviceName == "a");
+  CHECK(slice->labels == core::Labels{{core::kLabelHeadless, ""}});
+
+  auto node = decodeNode(json::parse(R"({"metadata":{"name":"n","labels":{"a":"1","b":"2"}}})"));
+  REQUIRE(node.has_value());
+  CHECK(node->labels.size() == 2);
+}
+
 TEST_CASE("a realistic NodePort Service from YAML, with API defaulting", "[unit]") {
   auto svc = decodeService(fromYaml(R"(
 apiVersion: v1
@@ -274,7 +292,7 @@ spec:
 )"));
   REQUIRE(svc.has_value());
   CHECK(svc->ns == "default");
-  CHECK(svc->labels.at("tier") == "1");
+  CHECK(svc->labels.empty());  // app and tier mean nothing to a proxy
   CHECK(svc->type == core::ServiceType::kNodePort);
   CHECK(svc->clusterIPs == std::vector<std::string>{"10.96.0.10"});
   CHECK(svc->ipFamilies == std::vector<core::IPFamily>{core::IPFamily::kIPv4});

@@ -4,6 +4,10 @@
 ///
 /// Rules, for every decoder:
 ///  - Fields kproxy does not use are ignored; a JSON `null` is treated as an absent field.
+///    That includes labels: a Service keeps only service.kubernetes.io/service-proxy-name and
+///    service.kubernetes.io/headless, an EndpointSlice only the headless one (its
+///    kubernetes.io/service-name is its serviceName); a Node keeps all of them. Every label
+///    must still be a string.
 ///  - API-server defaulting is applied for omitted fields (namespace "default", type ClusterIP,
 ///    protocol TCP, targetPort = port, sessionAffinity None with a 10800 s timeout, ...), so an
 ///    object read from a hand-written manifest means what it would mean after `kubectl apply`.

@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kproxy::core {
@@ -25,6 +27,54 @@ const char* toString(ServiceType type);
 
 using Labels = std::map<std::string, std::string>;
 
+/// An optional value kept on the heap, for fields that nearly every object leaves unset: as
+/// small as a pointer when absent, where a std::optional<T> holds room for a T in every object
+/// (a cluster has hundreds of thousands of endpoints). Reads and assigns like std::optional;
+/// copies copy the value.
+template <typename T>
+class OptionalBox {
+ public:
+  OptionalBox() = default;
+  OptionalBox(std::nullopt_t) {}
+  OptionalBox(T value) : value_(std::make_unique<T>(std::move(value))) {}
+  OptionalBox(std::optional<T> value) {
+    if (value) value_ = std::make_unique<T>(std::move(*value));
+  }
+  OptionalBox(const OptionalBox& other)
+      : value_(other.value_ ? std::make_unique<T>(*other.value_) : nullptr) {}
+  OptionalBox(OptionalBox&&) noexcept = default;
+  OptionalBox& operator=(const OptionalBox& other) {
+    if (this != &other) value_ = other.value_ ? std::make_unique<T>(*other.value_) : nullptr;
+    return *this;
+  }
+  OptionalBox& operator=(OptionalBox&&) noexcept = default;
+  ~OptionalBox() = default;
+
+  bool has_value() const { return value_ != nullptr; }
+  explicit operator bool() const { return has_value(); }
+  const T& value() const {
+    if (!value_) throw std::bad_optional_access();
+    return *value_;
+  }
+  const T& operator*() const { return *value_; }
+  const T* operator->() const { return value_.get(); }
+  T& operator*() { return *value_; }
+  T* operator->() { return value_.get(); }
+  void reset() { value_.reset(); }
+
+  friend bool operator==(const OptionalBox& a, const OptionalBox& b) {
+    if (!a.value_ || !b.value_) return a.value_ == b.value_;
+    return *a.value_ == *b.value_;
+  }
+  friend bool operator==(const OptionalBox& a, const std::optional<T>& b) {
+    if (!a.value_ || !b) return !a.value_ && !b;
+    return *a.value_ == *b;
+  }
+
+ private:
+  std::unique_ptr<T> value_;
+};
+
 /// Kubernetes' default ClientIP affinity timeout (3 hours).
 inline constexpr std::int32_t kDefaultStickyMaxAgeSeconds = 10800;
 
@@ -41,7 +91,7 @@ struct ServicePortSpec {
   std::int32_t port = 0;
   TargetPort targetPort;
   std::int32_t nodePort = 0;  ///< 0 when none
-  std::optional<std::string> appProtocol;
+  OptionalBox<std::string> appProtocol;
   bool operator==(const ServicePortSpec&) const = default;
 };
 
@@ -69,7 +119,7 @@ struct Service {
   std::int32_t healthCheckNodePort = 0;
   SessionAffinity sessionAffinity = SessionAffinity::kNone;
   std::int32_t sessionAffinityTimeoutSeconds = kDefaultStickyMaxAgeSeconds;
-  std::optional<std::string> trafficDistribution;  ///< e.g. "PreferClose", "PreferSameZone"
+  OptionalBox<std::string> trafficDistribution;  ///< e.g. "PreferClose", "PreferSameZone"
   std::string externalName;
 
   bool operator==(const Service&) const = default;
@@ -93,7 +143,7 @@ struct SliceEndpoint {
   EndpointConditions conditions;
   std::optional<std::string> nodeName;
   std::optional<std::string> zone;
-  std::optional<EndpointHints> hints;
+  OptionalBox<EndpointHints> hints;
   bool operator==(const SliceEndpoint&) const = default;
 };
 
@@ -101,7 +151,7 @@ struct EndpointPort {
   std::optional<std::string> name;
   std::optional<Protocol> protocol;
   std::optional<std::int32_t> port;
-  std::optional<std::string> appProtocol;
+  OptionalBox<std::string> appProtocol;
   bool operator==(const EndpointPort&) const = default;
 };
 

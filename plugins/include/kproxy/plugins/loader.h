@@ -75,6 +75,11 @@ class PluginRegistry {
   /// directory is one error. Files that load are registered even when others fail.
   std::vector<core::Error> loadDirectory(const std::filesystem::path& dir);
 
+  /// Unloads (dlclose) every plugin but the one named `name`, whose backend the host is about
+  /// to create: the others' code, data and libraries would stay resident for nothing.
+  /// Precondition: no backend of the unloaded plugins exists.
+  void unloadAllBut(std::string_view name);
+
   std::vector<PluginInfo> plugins() const;  ///< sorted by name
   bool has(std::string_view name) const;
   /// "iptables, nftables" — for error messages.
