@@ -316,7 +316,13 @@ TEST_CASE("proxy: its thread blocks SIGPIPE, which splice(2) into a closed peer 
   const int before = threadsBlockingSigpipe();
   {
     ProxyServer proxy(ProxySettings{}, nullptr);
-    CHECK(threadsBlockingSigpipe() == before + 1);
+    // The thread blocks it first thing, but it may not have run yet: give it a moment.
+    int now = threadsBlockingSigpipe();
+    for (int i = 0; i < 200 && now != before + 1; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      now = threadsBlockingSigpipe();
+    }
+    CHECK(now == before + 1);
   }
   // And a write to a closed peer on such a thread fails with EPIPE instead.
   int pair[2];
