@@ -356,10 +356,23 @@ class Monitor:
         self.missed = 0  # changes found by the fallback poll, not by the monitor
         self.t = threading.Thread(target=self._read, daemon=True)
         self.t.start()
-        time.sleep(0.3)  # let it subscribe
+        # nft monitor reads the whole ruleset before it subscribes (seconds at 10,000 Services):
+        # a change made before that is never printed. Ready once it prints a probe table of its
+        # own (neither program touches tables it does not own).
+        self.ready = threading.Event()
+        deadline = time.time() + 120
+        while not self.ready.is_set() and time.time() < deadline:
+            node.exec("nft", "add", "table", "ip", "kproxy-bench-probe")
+            node.exec("nft", "delete", "table", "ip", "kproxy-bench-probe")
+            self.ready.wait(1.0)
+        if not self.ready.is_set():
+            raise RuntimeError("nft monitor did not start within 120 s")
 
     def _read(self):
         for line in self.p.stdout:
+            if "kproxy-bench-probe" in line:
+                self.ready.set()
+                continue
             if "10.25" not in line:
                 continue
             now = time.time()
