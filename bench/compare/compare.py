@@ -12,8 +12,9 @@ node reaching the apiserver over a veth, and measures:
                peak/steady RSS and CPU seconds (its own and its reaped children's: nft,
                iptables-restore);
   changes      one endpoint changed, one Service added, 100 endpoints changed at once: API write
-               to the kernel holding every new address (nft monitor in the node namespace), and
-               the sync time the program reports;
+               to the kernel holding every new address (nftables: nft monitor in the node
+               namespace; iptables: the service chains listed until they jump to the new
+               endpoints' chains), and the sync time the program reports;
   latency      CHANGES one-endpoint changes, each 1.1 s after the previous one reached the
                kernel: API write returned to the new address in the kernel, p50 and p99.
 
@@ -386,6 +387,7 @@ class Monitor:
         seen them within 10 s (it loses events when a huge transaction overflows its socket),
         the kernel is listed once a second; an address found that way counts from the listing
         that found it (an upper bound) and is counted in `missed`."""
+        addrs = [a[0] if isinstance(a, tuple) else a for a in addrs]
         deadline = time.time() + timeout
         poll_from = time.time() + 10
         with self.cond:
@@ -416,6 +418,51 @@ class Monitor:
             self.p.wait(5)
         except subprocess.TimeoutExpired:
             self.p.kill()
+
+
+def chain_hash(text):
+    """Upstream's iptables chain hash: base32(sha256(text))[:16] (KUBE-SVC-, KUBE-SEP-)."""
+    import base64
+    import hashlib
+    return base64.b32encode(hashlib.sha256(text.encode()).digest()).decode()[:16]
+
+
+class ChainPoller:
+    """iptables mode's change detector. nft monitor needs minutes of CPU to read a 10,000-Service
+    iptables-nft ruleset before it prints anything, so instead each awaited endpoint's service
+    chain is listed (`iptables -S KUBE-SVC-…`, about 15 ms) until it jumps to the endpoint's
+    chain (both programs name them as upstream: KUBE-SEP- + hash of port, protocol, endpoint)."""
+
+    def __init__(self, node):
+        self.node = node
+        self.missed = 0
+
+    def wait_all(self, items, timeout, mode=None):
+        pending = {}
+        for ip, port_name in items:
+            svc = "KUBE-SVC-" + chain_hash(port_name + "tcp")
+            pending[ip] = (svc, "KUBE-SEP-" + chain_hash(f"{port_name}tcp{ip}:8080"))
+        deadline = time.time() + timeout
+        last = None
+        while pending:
+            if time.time() >= deadline:
+                return None
+            for ip, (svc, sep) in list(pending.items()):
+                out = self.node.exec("iptables", "-w", "-t", "nat", "-S", svc).stdout
+                if "-j " + sep in out:
+                    del pending[ip]
+                    last = time.time()
+            if pending:
+                time.sleep(0.02)
+        return last
+
+    def stop(self):
+        pass
+
+
+def port_name_of(i):
+    """The service port name of plain Service i, as upstream writes it (namespace/name[:port])."""
+    return f"{NAMESPACES[i % len(NAMESPACES)]}/svc-{i}" + (":http" if service_shape(i)["named"] else "")
 
 
 class NewAddresses:
@@ -533,12 +580,12 @@ def run_one(args, api, which, mode, scale, run, addrs):
                     "first_sync_metric_sum_s": round(m[0], 3) if m else None,
                     "cpu_first_sync_s": round(cpu, 2), "peak_rss_first_sync_mib": round(hwm, 1)})
         log(f"{which} {mode} {services}x{endpoints} run {run}: first sync {took:.3f} s, peak {hwm:.0f} MiB")
-        mon = Monitor(node)
+        mon = Monitor(node) if mode == "nftables" else ChainPoller(node)
         targets = plain_services(101, services)
         # one endpoint
         a = addrs.next()
-        res["one_endpoint"] = measured_change(api, prog, mon, [patch_slice(api, targets[0], endpoints, {0: a})], [a],
-                                              args.change_timeout)
+        res["one_endpoint"] = measured_change(api, prog, mon, [patch_slice(api, targets[0], endpoints, {0: a})],
+                                              [(a, port_name_of(targets[0]))], args.change_timeout)
         # one service added
         name = f"added-{which}-{mode}-{run}"
         a1, a2 = addrs.next(), addrs.next()
@@ -552,14 +599,16 @@ def run_one(args, api, which, mode, scale, run, addrs):
         def add_service():
             api.call("POST", "/api/v1/namespaces/bench-0/services", svc)
             api.call("POST", "/apis/discovery.k8s.io/v1/namespaces/bench-0/endpointslices", sl)
-        res["service_added"] = measured_change(api, prog, mon, [add_service], [a1, a2], args.change_timeout)
+        res["service_added"] = measured_change(api, prog, mon, [add_service],
+                                               [(a1, f"bench-0/{name}:http"), (a2, f"bench-0/{name}:http")],
+                                               args.change_timeout)
         api.call("DELETE", f"/apis/discovery.k8s.io/v1/namespaces/bench-0/endpointslices/{name}", ok404=True)
         api.call("DELETE", f"/api/v1/namespaces/bench-0/services/{name}", ok404=True)
         # 100 endpoints at once
         new = [addrs.next() for _ in targets[1:101]]
         res["hundred_endpoints"] = measured_change(
-            api, prog, mon, [patch_slice(api, i, endpoints, {0: x}) for i, x in zip(targets[1:101], new)], new,
-            args.change_timeout)
+            api, prog, mon, [patch_slice(api, i, endpoints, {0: x}) for i, x in zip(targets[1:101], new)],
+            [(x, port_name_of(i)) for i, x in zip(targets[1:101], new)], args.change_timeout)
         # programming latency
         wait_quiet(prog)
         lat, missing = [], 0
@@ -570,7 +619,7 @@ def run_one(args, api, which, mode, scale, run, addrs):
             a = addrs.next()
             patch_slice(api, targets[k % 100 + 1], endpoints, {0: a})()
             t_w = time.time()
-            seen = mon.wait_all([a], args.change_timeout, mode)
+            seen = mon.wait_all([(a, port_name_of(targets[k % 100 + 1]))], args.change_timeout, mode)
             if seen is None:
                 missing += 1
             else:
