@@ -2,7 +2,8 @@
 # Runs inside the test VM: the kproxy program in IPVS mode, as a user runs it, in a network
 # namespace of its own: the plugin loads by --proxy-mode=ipvs, the --ipvs-* flags reach it, it
 # programs the demo manifests, /metrics and /proxyMode answer, a restart writes nothing, and
-# --cleanup leaves no IPVS, kube-ipvs0, ipset or iptables object behind.
+# self-verification finds nothing in a clean kernel and repairs a real server deleted behind its
+# back, and --cleanup leaves no IPVS, kube-ipvs0, ipset or iptables object behind.
 # Usage: ipvs_program_guest.sh KPROXY_BIN MANIFEST_DIR
 set -uo pipefail
 KPROXY=$1
@@ -39,7 +40,7 @@ until_ok() {
 }
 # Not through in_ns: $! must be kproxy's own pid (ip netns exec execs it).
 start_kproxy() {
-  ip netns exec "$NS" "$KPROXY" --proxy-mode=ipvs --manifests "$MANIFESTS" --hostname-override demo-node \
+  ip netns exec "$NS" "$KPROXY" "$@" --proxy-mode=ipvs --manifests "$MANIFESTS" --hostname-override demo-node \
     --cluster-cidr 10.244.0.0/16 --ipvs-scheduler wlc --ipvs-strict-arp --ipvs-tcp-timeout 1h \
     --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 -v=2 >"$LOG" 2>&1 &
   pid=$!
@@ -81,6 +82,21 @@ until_ok 30 grep -q "Synced rules" "$LOG" || fail "no sync after the restart"
 grep -m1 "Synced rules" "$LOG"
 grep -m1 "Synced rules" "$LOG" | grep -q 'operations=0 ' || fail "the first sync after a restart wrote something"
 echo "PASS a restart writes nothing"
+stop_kproxy
+
+# Self-verification: a clean kernel verifies clean; a real server deleted behind kproxy's back
+# is reported (log, metric) and put back.
+start_kproxy --verify-period 2s
+until_ok 60 grep -q "Verified the kernel against the plan" "$LOG" || fail "no self-verification logged"
+! grep -q "differed from the plan" "$LOG" || fail "a clean kernel did not verify clean"
+in_ns ipvsadm -d -t 10.96.0.10:80 -r 10.244.1.11:8080 || fail "cannot delete the real server"
+until_ok 60 grep -q "The kernel differed from the plan; repaired" "$LOG" || fail "the deleted real server was not reported"
+grep "differed from the plan" "$LOG" | grep -q -- "-r 10.244.1.11:8080" || fail "the log does not name the real server"
+grep -m1 "differed from the plan" "$LOG"
+until_ok 10 has "-> 10.244.1.11:8080" in_ns ipvsadm -Ln -t 10.96.0.10:80 || fail "the real server was not put back"
+has '^kproxy_sync_verify_mismatch_total{mode="ipvs"} [1-9]' in_ns curl -sS --max-time 5 http://127.0.0.1:10249/metrics ||
+  fail "/metrics: kproxy_sync_verify_mismatch_total{mode=\"ipvs\"} is not > 0"
+echo "PASS self-verification repairs a real server deleted behind kproxy's back"
 stop_kproxy
 
 in_ns "$KPROXY" --cleanup --hostname-override demo-node >"$LOG" 2>&1 || fail "--cleanup failed"

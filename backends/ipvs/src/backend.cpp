@@ -10,6 +10,7 @@
 #include <fstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kproxy/backends/common/conntrack_cleaner.h"
 #include "kproxy/backends/common/iptables_save.h"
@@ -171,6 +172,7 @@ void IpvsBackend::count(std::string_view op) {
 }
 
 void IpvsBackend::print(const std::string& text) {
+  if (firstWrites_.size() < 3) firstWrites_.push_back(text);
   if (!settings_.dryRun) return;
   std::fprintf(settings_.dryRunOutput, "%s\n", text.c_str());
   std::fflush(settings_.dryRunOutput);
@@ -304,6 +306,7 @@ sdk::Expected<sdk::SyncOutcome> IpvsBackend::syncFrom(const plan::SnapshotSource
   const auto started = std::chrono::steady_clock::now();
   full = full || needFull_;
   lastWrites_ = 0;
+  firstWrites_.clear();
   renderer_.setNode(next.node());
   renderer_.setServiceCIDRs(next.serviceCIDRs());
   // Any failure below leaves needFull_ set: the next sync reads the kernel back.
@@ -320,6 +323,10 @@ sdk::Expected<sdk::SyncOutcome> IpvsBackend::syncFrom(const plan::SnapshotSource
   outcome.summary =
       fmt::format("{} sync: {} kernel writes in {:.1f} ms ({} virtual servers, {} draining)",
                   full ? "full" : "partial", lastWrites_, ms, servers_.size(), terminating_.size());
+  // A full sync asked to change nothing that still wrote: the kernel differed from the plan (a
+  // self-verification, or a first sync). Name the first writes, in ipvsadm notation.
+  if (full && changed.empty() && lastWrites_ > 0 && !firstWrites_.empty())
+    outcome.summary += fmt::format(" first writes: {}", fmt::join(firstWrites_, "; "));
   return outcome;
 }
 

@@ -183,6 +183,7 @@ class IpvsBackend final : public sdk::BackendPlugin {
   /// kube-ipvs0's addresses changed since the renderer was last told.
   bool dummyAddressesStale_ = true;
   std::size_t lastWrites_ = 0;
+  std::vector<std::string> firstWrites_;  ///< the current sync's first writes (ipvsadm notation)
   Metrics metrics_;
 };
 
