@@ -13,15 +13,7 @@ import statistics
 import subprocess
 from collections import defaultdict
 
-
-def pct(xs, p):
-    xs = sorted(xs)
-    if not xs:
-        return None
-    k = (len(xs) - 1) * p / 100
-    lo = int(k)
-    hi = min(lo + 1, len(xs) - 1)
-    return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+from compare import percentile as pct  # the same percentile as the runs print
 
 
 def fmt(v, unit):
