@@ -713,7 +713,8 @@ def main():
                     except Exception as e:  # one failed run is reported, the others go on
                         log(f"{which} {mode} {services}x{endpoints} run {run} failed: {e}")
                         res = {"program": which, "mode": mode, "services": services, "endpoints": endpoints,
-                               "run": run, "error": str(e)[:2000]}
+                               "run": run, "error": str(e)[:2000],
+                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
                     with open(args.out, "a") as f:
                         f.write(json.dumps(res) + "\n")
 

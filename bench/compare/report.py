@@ -69,8 +69,8 @@ def main():
                    if m in ("nftables", "iptables", "ipvs") else 9)
     out = []
     versions = sorted({r.get("version", "") for r in rows if r.get("version")})
-    out.append(f"Programs: {', '.join(versions)}. Dates: {min(r['date'] for r in rows)} to "
-               f"{max(r['date'] for r in rows)}.\n")
+    dates = [r["date"] for r in rows if r.get("date")]
+    out.append(f"Programs: {', '.join(versions)}. Dates: {min(dates)} to {max(dates)}.\n")
     plots = {}
     for mode in modes:
         scales = sorted({(k[1], k[2]) for k in groups if k[0] == mode})
