@@ -15,6 +15,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <optional>
@@ -140,7 +142,13 @@ class JsonBackend final : public sdk::BackendPlugin {
       ctx.next.forEach([&](const sdk::ServicePort& p) {
         next.emplace(PortKey{p.family, p.key}, servicePortJSON(p));
       });
-      operations = next.size();
+      // Operations are what really changes (a self-verification must find 0): ports new,
+      // changed or gone since the last write, or one rewrite of a file someone else changed.
+      for (const auto& [key, json] : next) {
+        auto it = rendered_.find(key);
+        if (it == rendered_.end() || it->second != json) ++operations;
+      }
+      for (const auto& [key, json] : rendered_) operations += next.contains(key) ? 0 : 1;
     } else {
       next = rendered_;
       for (const auto& changed : ctx.changed) {
@@ -154,6 +162,7 @@ class JsonBackend final : public sdk::BackendPlugin {
       }
     }
     const std::string text = document(ctx.next, next);
+    if (ctx.full && operations == 0 && !dryRun_ && readFile() != text) operations = 1;
     if (dryRun_) {
       std::fwrite(text.data(), 1, text.size(), stdout);
       std::fflush(stdout);
@@ -223,6 +232,11 @@ class JsonBackend final : public sdk::BackendPlugin {
 
   // Writes `text` to a temporary file beside the target, flushes it to disk and renames it
   // over the target: readers see the old document or the new one, never a mix.
+  std::string readFile() const {
+    std::ifstream in(path_, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
   sdk::Expected<void> replaceFile(const std::string& text) const {
     const std::string tmp = path_ + ".tmp";
     auto failed = [&](const std::string& what) {

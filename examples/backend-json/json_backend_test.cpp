@@ -80,6 +80,17 @@ int main() {
   check(json.find(R"({"name":"kubernetes","cidr":"10.96.0.0/12"})") != std::string::npos,
         "the file lists the ServiceCIDR");
   check(host.metric("kproxy_json_service_ports") == 1.0, "gauge kproxy_json_service_ports is 1");
+  // A self-verification: the same snapshot again in full. Nothing differs: 0 operations; a
+  // file changed behind the backend's back: one rewrite, and the file is back.
+  out = plugin.sync(&first, first, {}, true);
+  check(out.has_value() && out->operations == 0, "a full sync of what is written changes nothing");
+  {
+    std::FILE* f = std::fopen(file.c_str(), "w");
+    if (f != nullptr) std::fclose(f);
+  }
+  out = plugin.sync(&first, first, {}, true);
+  check(out.has_value() && out->operations == 1 && slurp(file) == json,
+        "a full sync rewrites a file emptied behind its back");
 
   kt::FakeSnapshot second(node, {webPort(1)});
   out = plugin.sync(&first, second, {{sdk::Family::kIPv4, "demo/web:http"}});
@@ -93,8 +104,8 @@ int main() {
   json = slurp(file);
   check(out.has_value() && json.find("demo/web") == std::string::npos,
         "a removed port leaves the file");
-  check(host.metric("kproxy_json_writes_total") == 3.0,
-        "counter kproxy_json_writes_total counts 3 writes");
+  check(host.metric("kproxy_json_writes_total") == 5.0,
+        "counter kproxy_json_writes_total counts 5 writes");
 
   sdk::ExplainRequest request;
   request.destinationIP = "10.96.0.10";
