@@ -73,6 +73,11 @@ has "-A KUBE-SERVICES" in_ns iptables-save -t nat || fail "no KUBE-SERVICES in n
 [[ $(in_ns curl -sS --max-time 5 http://127.0.0.1:10249/proxyMode) == ipvs ]] || fail "/proxyMode is not ipvs"
 has '^kproxy_ipvs_objects{kind="virtual_server"} 3$' in_ns curl -sS --max-time 5 http://127.0.0.1:10249/metrics ||
   fail "/metrics: kproxy_ipvs_objects{kind=\"virtual_server\"} is not 3"
+# Per-service status, the same in every mode: /debug/services and kproxy status.
+has '"service":"demo/web"' in_ns curl -sS --max-time 5 http://127.0.0.1:10249/debug/services ||
+  fail "/debug/services does not list demo/web"
+has '"mode":"ipvs"' in_ns curl -sS --max-time 5 http://127.0.0.1:10249/debug/services || fail "/debug/services: mode is not ipvs"
+has '^demo/web .* 10.96.0.10:80' in_ns "$KPROXY" status || fail "kproxy status does not show demo/web"
 echo "PASS programs the demo manifests"
 
 # A restart over what it programmed writes nothing.
