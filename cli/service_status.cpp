@@ -13,15 +13,6 @@ namespace {
 
 using nlohmann::json;
 
-const char* typeName(sdk::ServiceType t) {
-  switch (t) {
-    case sdk::ServiceType::kClusterIP: return "ClusterIP";
-    case sdk::ServiceType::kNodePort: return "NodePort";
-    case sdk::ServiceType::kLoadBalancer: return "LoadBalancer";
-  }
-  return "ClusterIP";
-}
-
 const char* protocolUpper(sdk::Protocol p) {
   switch (p) {
     case sdk::Protocol::kTCP: return "TCP";
@@ -181,7 +172,7 @@ json servicesStatus(const ServiceStatusInput& in) {
               {"key", port.key},
               {"family", port.family == sdk::Family::kIPv6 ? "IPv6" : "IPv4"},
               {"protocol", protocolUpper(port.protocol)},
-              {"type", typeName(port.type)}};
+              {"type", sdk::serviceTypeName(port.type)}};
     json addresses = {{"port", port.port}};
     if (!port.clusterIP.empty()) addresses["clusterIP"] = port.clusterIP;
     if (port.nodePort != 0) addresses["nodePort"] = port.nodePort;

@@ -280,15 +280,6 @@ std::string outcomeLine(const TraceOutcome& o) {
   return line;
 }
 
-const char* typeName(sdk::ServiceType t) {
-  switch (t) {
-    case sdk::ServiceType::kClusterIP: return "ClusterIP";
-    case sdk::ServiceType::kNodePort: return "NodePort";
-    case sdk::ServiceType::kLoadBalancer: return "LoadBalancer";
-  }
-  return "ClusterIP";
-}
-
 }  // namespace
 
 std::string explanationText(const Explanation& x, bool json) {
@@ -305,7 +296,7 @@ std::string explanationText(const Explanation& x, bool json) {
            ",\"fromNode\":" + jsonBool(x.fromNode) + ",\"inputInterface\":" + jsonString(x.inputInterface) + "}";
     if (hit) {
       const auto& p = *hit->port;
-      out += ",\"service\":{\"key\":" + jsonString(p.key) + ",\"type\":" + jsonString(typeName(p.type)) +
+      out += ",\"service\":{\"key\":" + jsonString(p.key) + ",\"type\":" + jsonString(sdk::serviceTypeName(p.type)) +
              ",\"via\":" + jsonString(hit->via) + ",\"trafficPolicyLocal\":" + jsonBool(policyLocal) +
              ",\"shortCircuit\":" + jsonBool(shortCircuit) + "}";
     } else {
@@ -337,7 +328,7 @@ std::string explanationText(const Explanation& x, bool json) {
   std::string out = "packet:    " + x.packetText + "\n";
   if (hit) {
     const auto& p = *hit->port;
-    out += fmt::format("service:   {} ({}), via its {} {}:{}/{}\n", p.key, typeName(p.type), hit->via,
+    out += fmt::format("service:   {} ({}), via its {} {}:{}/{}\n", p.key, sdk::serviceTypeName(p.type), hit->via,
                        x.destination, x.port, sdk::protocolName(p.protocol));
   } else {
     out += "service:   none of kproxy's matches the destination\n";

@@ -49,6 +49,16 @@ enum class ServiceType : std::uint8_t {
   kLoadBalancer = KPROXY_SVC_LOAD_BALANCER
 };
 
+/// "ClusterIP", "NodePort", "LoadBalancer", as the API spells them.
+inline const char* serviceTypeName(ServiceType t) {
+  switch (t) {
+    case ServiceType::kClusterIP: return "ClusterIP";
+    case ServiceType::kNodePort: return "NodePort";
+    case ServiceType::kLoadBalancer: return "LoadBalancer";
+  }
+  return "ClusterIP";
+}
+
 inline const char* protocolName(Protocol p) {
   switch (p) {
     case Protocol::kTCP: return "tcp";
