@@ -275,6 +275,10 @@ TEST_CASE("iptables kernel: one endpoint change among 1,000 services restores th
   auto out = backend->syncFrom(snap, {{kV4, port.key}}, false);
   REQUIRE(ok(out));
   CHECK(out->summary.starts_with("partial sync"));
+  // One restore, and what it cost in user space and in the kernel.
+  INFO(out->summary);
+  CHECK(out->summary.find("; 1 tool run used ") != std::string::npos);
+  CHECK(out->summary.find(" ms kernel CPU)") != std::string::npos);
   const std::string& input = backend->lastRestore(kV4);
   INFO(input);
   const std::string svc = backends::servicePortPolicyClusterChain(name, "tcp");

@@ -35,11 +35,6 @@ std::optional<Counters> parseCounters(std::string_view text) {
   return c;
 }
 
-IptablesChain* findMutable(IptablesTable& table, std::string_view name) {
-  auto it = std::find_if(table.chains.begin(), table.chains.end(), [name](const auto& c) { return c.name == name; });
-  return it == table.chains.end() ? nullptr : &*it;
-}
-
 }  // namespace
 
 const IptablesChain* IptablesTable::findChain(std::string_view chain) const {
@@ -52,75 +47,118 @@ const IptablesTable* IptablesSave::findTable(std::string_view table) const {
   return it == tables.end() ? nullptr : &*it;
 }
 
-core::Result<IptablesSave> parseIptablesSave(std::string_view text) {
-  IptablesSave save;
-  bool inTable = false;
-  std::size_t lineNumber = 0;
-  std::size_t tableLine = 0;
-  // The current table's chains by name as written in the input (views into `text`), so that a
-  // save of 30,000 chains and 100,000 rules parses in linear time.
-  std::unordered_map<std::string_view, std::size_t> chainIndex;
-  while (!text.empty()) {
-    ++lineNumber;
-    const auto end = text.find('\n');
-    std::string_view line = text.substr(0, end);
-    text = end == std::string_view::npos ? std::string_view{} : text.substr(end + 1);
-    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-    if (line.empty() || line.front() == '#') continue;
-
-    if (line.front() == '*') {
-      if (inTable) return lineError(lineNumber, "table " + save.tables.back().name + " has no COMMIT");
-      const auto name = line.substr(1);
-      if (name.empty() || name.find(' ') != std::string_view::npos) return lineError(lineNumber, "bad table name");
-      save.tables.push_back(IptablesTable{std::string(name), {}});
-      chainIndex.clear();
-      inTable = true;
-      tableLine = lineNumber;
-      continue;
+core::Result<void> IptablesSaveReader::feed(std::string_view piece) {
+  if (error_) return std::unexpected(*error_);
+  while (!piece.empty()) {
+    const auto end = piece.find('\n');
+    if (end == std::string_view::npos) {
+      partial_.append(piece);
+      break;
     }
-    if (!inTable) return lineError(lineNumber, "outside a table: " + std::string(line.substr(0, 60)));
-    IptablesTable& table = save.tables.back();
-
-    if (line == "COMMIT") {
-      inTable = false;
-      continue;
+    core::Result<void> r;
+    if (partial_.empty()) {
+      r = line(piece.substr(0, end));
+    } else {
+      partial_.append(piece.substr(0, end));
+      r = line(partial_);
+      partial_.clear();
     }
-    if (line.front() == ':') {
-      // ":NAME POLICY [packets:bytes]"
-      const auto words = splitIptablesWords(line.substr(1));
-      if (words.size() != 3 || words[0].empty()) return lineError(lineNumber, "bad chain line");
-      const auto counters = parseCounters(words[2]);
-      if (!counters) return lineError(lineNumber, "bad counters " + words[2]);
-      // Names written plainly (all that iptables-save prints) are indexed; others are searched.
-      const std::string_view written = line.substr(1, line.find(' ') - 1);
-      const bool twice = written == words[0] ? !chainIndex.emplace(written, table.chains.size()).second
-                                             : findMutable(table, words[0]) != nullptr;
-      if (twice) return lineError(lineNumber, "chain " + words[0] + " declared twice");
-      table.chains.push_back(IptablesChain{words[0], words[1], counters->packets, counters->bytes, {}});
-      continue;
+    piece.remove_prefix(end + 1);
+    if (!r) {
+      error_ = r.error();
+      return r;
     }
-    IptablesRule rule;
-    if (line.front() == '[') {
-      const auto close = line.find(']');
-      const auto counters = close == std::string_view::npos ? std::nullopt : parseCounters(line.substr(0, close + 1));
-      if (!counters) return lineError(lineNumber, "bad rule counters");
-      rule.packets = counters->packets;
-      rule.bytes = counters->bytes;
-      line = line.substr(close + 1);
-      while (line.starts_with(' ')) line.remove_prefix(1);
-    }
-    if (!line.starts_with("-A ")) return lineError(lineNumber, "unexpected line: " + std::string(line.substr(0, 60)));
-    line.remove_prefix(3);
-    const auto space = line.find(' ');
-    const std::string_view chainName = line.substr(0, space);
-    const auto indexed = chainIndex.find(chainName);
-    IptablesChain* chain = indexed == chainIndex.end() ? findMutable(table, chainName) : &table.chains[indexed->second];
-    if (chain == nullptr) return lineError(lineNumber, "rule for undeclared chain " + std::string(chainName));
-    rule.spec = space == std::string_view::npos ? std::string{} : std::string(line.substr(space + 1));
-    chain->rules.push_back(std::move(rule));
   }
-  if (inTable) return lineError(tableLine, "table " + save.tables.back().name + " has no COMMIT");
-  return save;
+  return {};
+}
+
+core::Result<void> IptablesSaveReader::finish() {
+  if (error_) return std::unexpected(*error_);
+  if (!partial_.empty()) {
+    std::string last = std::move(partial_);
+    partial_.clear();
+    if (auto r = line(last); !r) {
+      error_ = r.error();
+      return r;
+    }
+  }
+  if (inTable_) return lineError(tableLine_, "table " + tableName_ + " has no COMMIT");
+  return {};
+}
+
+core::Result<void> IptablesSaveReader::line(std::string_view line) {
+  ++lineNumber_;
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  if (line.empty() || line.front() == '#') return {};
+
+  if (line.front() == '*') {
+    if (inTable_) return lineError(lineNumber_, "table " + tableName_ + " has no COMMIT");
+    const auto name = line.substr(1);
+    if (name.empty() || name.find(' ') != std::string_view::npos) return lineError(lineNumber_, "bad table name");
+    tableName_ = std::string(name);
+    chainIndex_.clear();
+    chainNames_.clear();
+    inTable_ = true;
+    tableLine_ = lineNumber_;
+    sink_.table(tableName_);
+    return {};
+  }
+  if (!inTable_) return lineError(lineNumber_, "outside a table: " + std::string(line.substr(0, 60)));
+
+  if (line == "COMMIT") {
+    inTable_ = false;
+    return {};
+  }
+  if (line.front() == ':') {
+    // ":NAME POLICY [packets:bytes]"
+    auto words = splitIptablesWords(line.substr(1));
+    if (words.size() != 3 || words[0].empty()) return lineError(lineNumber_, "bad chain line");
+    const auto counters = parseCounters(words[2]);
+    if (!counters) return lineError(lineNumber_, "bad counters " + words[2]);
+    const std::size_t index = chainNames_.size();
+    chainNames_.push_back(words[0]);
+    if (!chainIndex_.emplace(chainNames_.back(), index).second) {
+      chainNames_.pop_back();
+      return lineError(lineNumber_, "chain " + words[0] + " declared twice");
+    }
+    sink_.chain(index, IptablesChain{std::move(words[0]), std::move(words[1]), counters->packets, counters->bytes, {}});
+    return {};
+  }
+  IptablesRule rule;
+  if (line.front() == '[') {
+    const auto close = line.find(']');
+    const auto counters = close == std::string_view::npos ? std::nullopt : parseCounters(line.substr(0, close + 1));
+    if (!counters) return lineError(lineNumber_, "bad rule counters");
+    rule.packets = counters->packets;
+    rule.bytes = counters->bytes;
+    line = line.substr(close + 1);
+    while (line.starts_with(' ')) line.remove_prefix(1);
+  }
+  if (!line.starts_with("-A ")) return lineError(lineNumber_, "unexpected line: " + std::string(line.substr(0, 60)));
+  line.remove_prefix(3);
+  const auto space = line.find(' ');
+  const std::string_view chainName = line.substr(0, space);
+  const auto indexed = chainIndex_.find(chainName);
+  if (indexed == chainIndex_.end()) return lineError(lineNumber_, "rule for undeclared chain " + std::string(chainName));
+  rule.spec = space == std::string_view::npos ? std::string{} : std::string(line.substr(space + 1));
+  sink_.rule(indexed->second, std::move(rule));
+  return {};
+}
+
+core::Result<IptablesSave> parseIptablesSave(std::string_view text) {
+  // Builds the whole save from the reader's pieces.
+  struct Builder final : IptablesSaveReader::Sink {
+    IptablesSave save;
+    void table(std::string_view name) override { save.tables.push_back(IptablesTable{std::string(name), {}}); }
+    void chain(std::size_t, IptablesChain chain) override { save.tables.back().chains.push_back(std::move(chain)); }
+    void rule(std::size_t chainIndex, IptablesRule rule) override {
+      save.tables.back().chains[chainIndex].rules.push_back(std::move(rule));
+    }
+  } builder;
+  IptablesSaveReader reader(builder);
+  if (auto r = reader.feed(text); !r) return std::unexpected(r.error());
+  if (auto r = reader.finish(); !r) return std::unexpected(r.error());
+  return std::move(builder.save);
 }
 
 std::vector<std::string> splitIptablesWords(std::string_view spec) {

@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -56,11 +57,15 @@ struct SpawnSetup {
   }
 };
 
-int waitForChild(pid_t pid, int& status) {
-  while (::waitpid(pid, &status, 0) < 0) {
+int waitForChild(pid_t pid, int& status, rusage* usage = nullptr) {
+  while (::wait4(pid, &status, 0, usage) < 0) {
     if (errno != EINTR) return errno;
   }
   return 0;
+}
+
+std::chrono::microseconds toMicroseconds(const timeval& t) {
+  return std::chrono::seconds(t.tv_sec) + std::chrono::microseconds(t.tv_usec);
 }
 
 std::string commandName(const std::vector<std::string>& argv) { return argv.front(); }
@@ -95,7 +100,8 @@ class ChildProcess final : public ProcessStream {
     outOurs_.reset();
     errOurs_.reset();
     int status = 0;
-    const int e = waitForChild(pid_, status);
+    rusage usage{};
+    const int e = waitForChild(pid_, status, &usage);
     pid_ = -1;
     if (e != 0) return makeError(ErrorCategory::kProcess, "waiting for " + name_, e);
     if (auto f = failure(); !f) return std::unexpected(f.error());
@@ -105,6 +111,8 @@ class ChildProcess final : public ProcessStream {
       result_.termSignal = WTERMSIG(status);
       result_.exitCode = 128 + result_.termSignal;
     }
+    result_.userTime = toMicroseconds(usage.ru_utime);
+    result_.systemTime = toMicroseconds(usage.ru_stime);
     return std::move(result_);
   }
 
@@ -162,7 +170,10 @@ class ChildProcess final : public ProcessStream {
         char buffer[65536];
         const ssize_t n = ::read(source.get(), buffer, sizeof buffer);
         if (n > 0) {
-          (&source == &outOurs_ ? result_.out : result_.err).append(buffer, static_cast<std::size_t>(n));
+          if (&source == &outOurs_ && onOutput_)
+            onOutput_(std::string_view(buffer, static_cast<std::size_t>(n)));
+          else
+            (&source == &outOurs_ ? result_.out : result_.err).append(buffer, static_cast<std::size_t>(n));
         } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
           source.reset();
         }
@@ -174,6 +185,7 @@ class ChildProcess final : public ProcessStream {
   pid_t pid_ = -1;
   FileDescriptor stdinOurs_, outOurs_, errOurs_, childExit_;
   std::optional<std::chrono::milliseconds> timeout_;
+  std::function<void(std::string_view)> onOutput_;
   Clock::time_point deadline_ = Clock::time_point::max();
   ProcessResult result_;
   bool timedOut_ = false;
@@ -234,6 +246,7 @@ core::Result<void> ChildProcess::spawn(const std::vector<std::string>& argv, con
   errChild.reset();
 
   timeout_ = options.timeout;
+  onOutput_ = options.onOutput;
   if (timeout_) deadline_ = Clock::now() + *timeout_;
   // Readable once the child has exited, so that a child which closes its output early still
   // meets the timeout. Without pidfds (Linux < 5.3) only the output is watched.

@@ -24,23 +24,69 @@ constexpr sdk::Family kFamilies[] = {sdk::Family::kIPv4, sdk::Family::kIPv6};
 std::string_view familyName(sdk::Family f) { return f == sdk::Family::kIPv6 ? "ipv6" : "ipv4"; }
 std::string_view toolName(sdk::Family f) { return f == sdk::Family::kIPv6 ? "ip6tables" : "iptables"; }
 
+constexpr std::uint64_t kFnvBasis = 1469598103934665603ull;
+/// FNV-1a of one more rule, ended by a newline.
+std::uint64_t hashRule(std::uint64_t h, std::string_view rule) {
+  for (unsigned char ch : rule) h = (h ^ ch) * 1099511628211ull;
+  return (h ^ '\n') * 1099511628211ull;
+}
 /// FNV-1a over the rules, each ended by a newline.
 std::uint64_t hashRules(const std::vector<std::string>& rules) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (const auto& r : rules) {
-    for (unsigned char ch : r) h = (h ^ ch) * 1099511628211ull;
-    h = (h ^ '\n') * 1099511628211ull;
-  }
+  std::uint64_t h = kFnvBasis;
+  for (const auto& r : rules) h = hashRule(h, r);
   return h;
 }
-std::uint64_t hashRules(const std::vector<backends::IptablesRule>& rules) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (const auto& r : rules) {
-    for (unsigned char ch : r.spec) h = (h ^ ch) * 1099511628211ull;
-    h = (h ^ '\n') * 1099511628211ull;
+
+/// What a full sync needs of the kernel's tables, read straight from iptables-save's output:
+/// per table and chain, whether it is built in and a hash of its rules; the rules themselves
+/// only of built-in and dispatch chains, whose rules are compared one by one. The nat table
+/// of 10,000 Services is tens of MB as text and as parsed rules; this keeps a few.
+struct KernelChains final : backends::IptablesSaveReader::Sink {
+  struct Chain {
+    bool builtin = false;
+    bool keepRules = false;
+    std::uint64_t hash = kFnvBasis;
+    std::vector<std::string> rules;  ///< built-in and dispatch chains only
+  };
+  std::unordered_map<std::string, Chain> tables[3];
+
+  const Chain* find(Table t, std::string_view name) const {
+    const auto& m = tables[static_cast<std::size_t>(t)];
+    auto it = m.find(std::string(name));
+    return it == m.end() ? nullptr : &it->second;
   }
-  return h;
-}
+
+  void table(std::string_view name) override {
+    current_ = nullptr;
+    byIndex_.clear();
+    for (Table t : kTables)
+      if (tableName(t) == name) current_ = &tables[static_cast<std::size_t>(t)], table_ = t;
+  }
+  void chain(std::size_t index, backends::IptablesChain chain) override {
+    if (byIndex_.size() <= index) byIndex_.resize(index + 1, nullptr);
+    if (current_ == nullptr) return;
+    Chain& c = (*current_)[chain.name];
+    c.builtin = chain.builtin();
+    c.keepRules = c.builtin || isDispatch(table_, chain.name);
+    byIndex_[index] = &c;
+  }
+  void rule(std::size_t chainIndex, backends::IptablesRule rule) override {
+    Chain* c = chainIndex < byIndex_.size() ? byIndex_[chainIndex] : nullptr;
+    if (c == nullptr) return;
+    c->hash = hashRule(c->hash, rule.spec);
+    if (c->keepRules) c->rules.push_back(std::move(rule.spec));
+  }
+
+ private:
+  static bool isDispatch(Table t, std::string_view name) {
+    for (const auto& [table, chain] : dispatchChainNames())
+      if (table == t && chain == name) return true;
+    return false;
+  }
+  std::unordered_map<std::string, Chain>* current_ = nullptr;
+  Table table_ = Table::kFilter;
+  std::vector<Chain*> byIndex_;  ///< the current table's chains by declaration number
+};
 
 void releaseFreeHeap() {
 #ifdef __GLIBC__
@@ -282,6 +328,7 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::sync(const sdk::SyncContext& co
 sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSource& next,
                                                           const std::vector<sdk::ChangedKey>& changed, bool full) {
   const auto started = std::chrono::steady_clock::now();
+  kernel_->takeToolTimes();  // what a failed sync's tools cost is not this sync's
   full = full || needFull_;
   // The canary: a periodic sync with nothing changed checks that the tables were not flushed
   // behind kproxy's back (upstream's iptables monitor), and resyncs in full if they were.
@@ -317,6 +364,15 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
     std::string input;
     if (full) {
       needFull_ = true;
+      // The old mirror is not read again (a failure leaves needFull_ set, and the next full
+      // sync reads the kernel anew): freed first, it is never resident beside the new one
+      // (about 10 MB at 10,000 Services). Its rule counts stay for the metrics until then.
+      {
+        MirrorFamily& old = mirror_[index(fam)];
+        MirrorFamily counted;
+        std::copy(std::begin(old.rules), std::end(old.rules), std::begin(counted.rules));
+        old = std::move(counted);
+      }
       MirrorFamily fresh;
       // A failure leaves needFull_ set, so the next sync repairs what was applied.
       if (auto r = fullSync(next, fam, fresh, input, operations); !r) return std::unexpected(r.error());
@@ -344,8 +400,15 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   sdk::SyncOutcome outcome;
   outcome.operations = operations;
-  outcome.summary = fmt::format("{} sync: {} chain and rule changes in {:.1f} ms ({})", full ? "full" : "partial",
+  outcome.summary = fmt::format("{} sync: {} chain and rule changes in {:.1f} ms ({}", full ? "full" : "partial",
                                 operations, ms, kernel_->describe());
+  // Where the time went: the tools' own CPU, in user space (parsing, their cache of the table)
+  // and in the kernel (for iptables-nft, applying and validating each commit).
+  if (const auto tools = kernel_->takeToolTimes(); tools.runs > 0)
+    outcome.summary += fmt::format("; {} tool run{} used {:.1f} ms user and {:.1f} ms kernel CPU", tools.runs,
+                                   tools.runs == 1 ? "" : "s", tools.user.count() / 1000.0,
+                                   tools.system.count() / 1000.0);
+  outcome.summary += ")";
   // A full sync asked to change nothing that still wrote something: the kernel differed from the
   // plan (a self-verification, or a first sync). Name the first of them.
   if (full && changed.empty() && operations > 0 && !touched_.empty())
@@ -475,43 +538,34 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
                                               MirrorFamily& out, std::string& input, std::size_t& operations) {
   // What the kernel holds (dry-run trusts an empty kernel: it reads nothing that needs
   // privileges).
-  backends::IptablesSave kernel;
+  KernelChains kernel;
   if (!settings_.dryRun) {
     for (Table t : kTables) {
-      auto text = kernel_->save(family, t);
-      if (!text) return failed(text.error(), fmt::format("{}-save -t {}", toolName(family), tableName(t)));
-      auto parsed = backends::parseIptablesSave(*text);
-      if (!parsed) return failed(parsed.error(), fmt::format("reading {}-save -t {}", toolName(family), tableName(t)));
-      for (auto& table : parsed->tables) kernel.tables.push_back(std::move(table));
+      backends::IptablesSaveReader reader(kernel);
+      core::Result<void> read;
+      auto saved = kernel_->saveTo(family, t, [&](std::string_view piece) {
+        if (read) read = reader.feed(piece);
+      });
+      if (!saved) return failed(saved.error(), fmt::format("{}-save -t {}", toolName(family), tableName(t)));
+      if (read) read = reader.finish();
+      if (!read) return failed(read.error(), fmt::format("reading {}-save -t {}", toolName(family), tableName(t)));
     }
   }
-  // The kernel's chains by table and name (a linear search per chain is quadratic in the
-  // number of chains: seconds at 10,000 services).
-  std::unordered_map<std::string_view, const backends::IptablesChain*> kernelChains[3];
-  for (const auto& table : kernel.tables)
-    for (Table t : kTables)
-      if (tableName(t) == table.name)
-        for (const auto& c : table.chains) kernelChains[index(t)].emplace(c.name, &c);
-  auto kernelChain = [&](Table t, std::string_view name) -> const backends::IptablesChain* {
-    auto it = kernelChains[index(t)].find(name);
-    return it == kernelChains[index(t)].end() ? nullptr : it->second;
-  };
+  auto kernelChain = [&](Table t, std::string_view name) { return kernel.find(t, name); };
 
   Edit edit;
   // The owned chains' rewrites are streamed to the tool while rendering; when the kernel adapter
   // asks for inputs of a bounded size, in chunks of whole service ports, the fixed chains they
   // jump to in the first. Each chunk leaves every service either as it was or as it is wanted.
   StreamedChains stream(*this, family, settings_.dryRun ? 0 : kernel_->restoreChunkRules());
-  std::set<std::pair<Table, std::string>> desired;
   auto addChains = [&](const std::string& key, std::vector<ChainRules>& chains, std::vector<DispatchRule>& dispatch) {
     Owned owned;
     for (auto& c : chains) {
       const std::uint64_t h = hashRules(c.rules);
       const auto* k = kernelChain(c.table, c.name);
-      if (k == nullptr || k->builtin() || hashRules(k->rules) != h) stream.rewrite(c.table, c.name, c.rules, edit);
+      if (k == nullptr || k->builtin || k->hash != h) stream.rewrite(c.table, c.name, c.rules, edit);
       out.chains[index(c.table)][c.name] = {h, static_cast<std::uint32_t>(c.rules.size())};
       out.rules[index(c.table)] += c.rules.size();
-      desired.emplace(c.table, c.name);
       owned.chains.emplace_back(c.table, std::move(c.name));
     }
     for (const auto& r : dispatch) {
@@ -541,15 +595,14 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
   // rewritten otherwise.
   for (const auto& [t, name] : g.dispatchChains) {
     DispatchState& state = out.dispatch[{t, name}];
-    desired.emplace(t, name);
     const auto* k = kernelChain(t, name);
-    bool same = k != nullptr && !k->builtin() && k->rules.size() == state.refs.size();
+    bool same = k != nullptr && !k->builtin && k->rules.size() == state.refs.size();
     if (same) {
       std::size_t section = 0;
       std::set<std::string_view> seen;
       for (const auto& r : k->rules) {
-        auto it = state.refs.find(r.spec);
-        if (it == state.refs.end() || !seen.insert(r.spec).second ||
+        auto it = state.refs.find(r);
+        if (it == state.refs.end() || !seen.insert(r).second ||
             static_cast<std::size_t>(it->second.second) < section) {
           same = false;
           break;
@@ -573,23 +626,23 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
   // jumps ends up first, as upstream's).
   for (const auto& j : g.jumps) {
     const auto* k = kernelChain(j.table, j.chain);
-    const bool present = k != nullptr && std::any_of(k->rules.begin(), k->rules.end(),
-                                                     [&](const backends::IptablesRule& r) { return r.spec == j.spec; });
+    const bool present = k != nullptr && std::find(k->rules.begin(), k->rules.end(), j.spec) != k->rules.end();
     if (present) continue;
     edit.jumps[index(j.table)] += fmt::format("-I {} 1 {}\n", j.chain, j.spec);
     ++edit.operations;
     edit.note(j.table, "rule -A " + j.chain + " " + j.spec);
   }
 
-  // Chains of kproxy's that nothing wants any more.
-  for (const auto& table : kernel.tables) {
-    Table t = Table::kFilter;
-    bool known = false;
-    for (Table candidate : kTables)
-      if (tableName(candidate) == table.name) t = candidate, known = true;
-    if (!known) continue;
-    for (const auto& c : table.chains)
-      if (!c.builtin() && isOwnedChain(t, c.name) && !desired.contains({t, c.name})) edit.drop(t, c.name);
+  // Chains of kproxy's that nothing wants any more (by name, so the input does not depend on
+  // the order the kernel lists them in).
+  for (Table t : kTables) {
+    std::vector<std::string_view> stale;
+    for (const auto& [name, c] : kernel.tables[index(t)])
+      if (!c.builtin && isOwnedChain(t, name) && !out.chains[index(t)].contains(name) &&
+          !out.dispatch.contains({t, name}))
+        stale.push_back(name);
+    std::sort(stale.begin(), stale.end());
+    for (auto name : stale) edit.drop(t, std::string(name));
   }
   operations += edit.operations;
   auto finished = stream.finish(edit);

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <charconv>
 
+#include <utility>
+
 #include <fmt/format.h>
 
 #include "kproxy/backends/common/iptables_save.h"
@@ -55,12 +57,18 @@ std::string trimmed(std::string s) {
   return s;
 }
 
+void countToolRun(KernelIptables::ToolTimes& times, const backends::ProcessResult& r) {
+  ++times.runs;
+  times.user += r.userTime;
+  times.system += r.systemTime;
+}
+
 /// One iptables-restore run fed piece by piece. Keeps the input up to kQuotedInputMax, to
 /// quote the line the tool refuses.
 class ToolRestore final : public RestoreStream {
  public:
-  ToolRestore(std::string tool, std::unique_ptr<backends::ProcessStream> child)
-      : tool_(std::move(tool)), child_(std::move(child)) {}
+  ToolRestore(std::string tool, std::unique_ptr<backends::ProcessStream> child, KernelIptables::ToolTimes& times)
+      : tool_(std::move(tool)), child_(std::move(child)), times_(times) {}
 
   core::Result<void> write(std::string_view text) override {
     if (kept_ && input_.size() + text.size() <= kQuotedInputMax) {
@@ -77,6 +85,7 @@ class ToolRestore final : public RestoreStream {
   core::Result<void> finish() override {
     auto r = child_->finish();
     if (!r) return std::unexpected(r.error());
+    countToolRun(times_, *r);
     if (r->succeeded()) return {};
     std::string message = fmt::format("{} refused the input ({}): {}", tool_, r->exitCode, trimmed(r->err));
     if (auto n = failedLine(r->err); n != 0) {
@@ -92,6 +101,7 @@ class ToolRestore final : public RestoreStream {
   static constexpr std::size_t kQuotedInputMax = std::size_t{4} << 20;
   std::string tool_;
   std::unique_ptr<backends::ProcessStream> child_;
+  KernelIptables::ToolTimes& times_;
   std::string input_;
   bool kept_ = true;
 };
@@ -105,11 +115,26 @@ class ProcessKernel final : public KernelIptables {
     if (tool.empty()) return core::makeError(ErrorCategory::kProcess, "no ip6tables-save for IPv6");
     auto r = runner_.run({tool, "-t", std::string(tableName(table))}, ProcessOptions{{}, kToolTimeout});
     if (!r) return std::unexpected(r.error());
+    countToolRun(times_, *r);
     if (!r->succeeded())
       return core::makeError(ErrorCategory::kKernel,
                                    fmt::format("{} -t {} failed ({}): {}", tool, tableName(table), r->exitCode,
                                                trimmed(r->err)));
     return std::move(r->out);
+  }
+
+  core::Result<void> saveTo(sdk::Family family, Table table, const std::function<void(std::string_view)>& out) override {
+    const std::string& tool = isV6(family) ? tools_.save6 : tools_.save4;
+    if (tool.empty()) return core::makeError(ErrorCategory::kProcess, "no ip6tables-save for IPv6");
+    auto r = runner_.run({tool, "-t", std::string(tableName(table))}, ProcessOptions{{}, kToolTimeout, out});
+    if (!r) return std::unexpected(r.error());
+    countToolRun(times_, *r);
+    if (!r->succeeded())
+      return core::makeError(ErrorCategory::kKernel,
+                             fmt::format("{} -t {} failed ({}): {}", tool, tableName(table), r->exitCode,
+                                         trimmed(r->err)));
+    if (!r->out.empty()) out(r->out);  // a runner that does not stream
+    return {};
   }
 
   core::Result<void> restore(sdk::Family family, std::string_view input) override {
@@ -124,7 +149,7 @@ class ProcessKernel final : public KernelIptables {
     if (tool.empty()) return core::makeError(ErrorCategory::kProcess, "no ip6tables-restore for IPv6");
     auto child = runner_.start({tool, "--noflush", "-w", "5"}, ProcessOptions{{}, kToolTimeout});
     if (!child) return std::unexpected(child.error());
-    return std::make_unique<ToolRestore>(tool, std::move(*child));
+    return std::make_unique<ToolRestore>(tool, std::move(*child), times_);
   }
 
   core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override {
@@ -133,6 +158,7 @@ class ProcessKernel final : public KernelIptables {
     auto r = runner_.run({tool, "-w", "5", "-t", std::string(tableName(table)), "-S", std::string(chain)},
                          ProcessOptions{{}, kToolTimeout});
     if (!r) return std::unexpected(r.error());
+    countToolRun(times_, *r);
     if (r->succeeded()) return true;
     // A missing chain is exit status 1 ("other problem"), whatever the message: iptables-nft
     // 1.8.9 says "chain `X' in table `mangle' is incompatible, use 'nft' tool." for one that
@@ -147,10 +173,12 @@ class ProcessKernel final : public KernelIptables {
 
   std::string describe() const override { return "iptables-" + std::string(variantName(tools_.variant)); }
   std::size_t restoreChunkRules() const override { return tools_.variant == Variant::kNft ? kNftChunkRules : 0; }
+  ToolTimes takeToolTimes() override { return std::exchange(times_, ToolTimes{}); }
 
  private:
   VariantTools tools_;
   backends::ProcessRunner& runner_;
+  ToolTimes times_;  ///< since the last takeToolTimes()
 };
 
 /// Whether `tool --version` says it is `variant` ("iptables v1.8.9 (nf_tables)" / "(legacy)").
@@ -180,6 +208,14 @@ class CollectedRestore final : public RestoreStream {
 
 core::Result<std::unique_ptr<RestoreStream>> KernelIptables::startRestore(sdk::Family family) {
   return std::make_unique<CollectedRestore>(*this, family);
+}
+
+core::Result<void> KernelIptables::saveTo(sdk::Family family, Table table,
+                                          const std::function<void(std::string_view)>& out) {
+  auto text = save(family, table);
+  if (!text) return std::unexpected(text.error());
+  out(*text);
+  return {};
 }
 
 std::string_view variantName(Variant v) { return v == Variant::kLegacy ? "legacy" : "nft"; }

@@ -140,3 +140,52 @@ TEST_CASE("rule words and jump targets", "[unit]") {
   CHECK(ruleJumpTarget("--jump KUBE-MARK-MASQ") == "KUBE-MARK-MASQ");
   CHECK(ruleJumpTarget("-p tcp").empty());
 }
+
+namespace {
+
+// The save the reader builds from `text` cut into pieces of `size` bytes, or its error.
+kproxy::core::Result<IptablesSave> readInPieces(std::string_view text, std::size_t size) {
+  struct Builder final : IptablesSaveReader::Sink {
+    IptablesSave save;
+    void table(std::string_view name) override { save.tables.push_back(IptablesTable{std::string(name), {}}); }
+    void chain(std::size_t index, IptablesChain chain) override {
+      CHECK(index == save.tables.back().chains.size());
+      save.tables.back().chains.push_back(std::move(chain));
+    }
+    void rule(std::size_t chain, IptablesRule rule) override {
+      save.tables.back().chains.at(chain).rules.push_back(std::move(rule));
+    }
+  } builder;
+  IptablesSaveReader reader(builder);
+  for (std::size_t at = 0; at < text.size(); at += size)
+    if (auto r = reader.feed(text.substr(at, size)); !r) return std::unexpected(r.error());
+  if (auto r = reader.finish(); !r) return std::unexpected(r.error());
+  return std::move(builder.save);
+}
+
+}  // namespace
+
+TEST_CASE("read piece by piece, as a pipe delivers it, a save parses as read whole", "[unit]") {
+  const auto whole = parseIptablesSave(kUpstreamStyle);
+  REQUIRE(whole);
+  for (std::size_t size : {1u, 2u, 7u, 64u, 4096u}) {
+    INFO("pieces of " << size << " bytes");
+    auto pieces = readInPieces(kUpstreamStyle, size);
+    REQUIRE(pieces);
+    CHECK(*pieces == *whole);
+  }
+  // The last line without its newline, cut anywhere.
+  auto noNewline = readInPieces("*raw\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j NOTRACK\nCOMMIT", 3);
+  REQUIRE(noNewline);
+  CHECK(noNewline->tables.at(0).chains.at(0).rules.at(0).spec == "-j NOTRACK");
+  // Errors name the same line, and stick.
+  const std::string_view bad = "*filter\n:INPUT ACCEPT [0:0]\n-A FORWARD -j ACCEPT\nCOMMIT\n";
+  for (std::size_t size : {1u, 5u, 100u}) {
+    auto r = readInPieces(bad, size);
+    REQUIRE_FALSE(r);
+    CHECK(r.error().context == "iptables-save line 3: rule for undeclared chain FORWARD");
+  }
+  auto open = readInPieces("*filter\n:INPUT ACCEPT [0:0]\n", 4);
+  REQUIRE_FALSE(open);
+  CHECK(open.error().context.starts_with("iptables-save line 1: table filter has no COMMIT"));
+}

@@ -62,6 +62,34 @@ TEST_CASE("large input and output do not deadlock", "[unit]") {
   CHECK(through->out == input);
 }
 
+TEST_CASE("stdout can be taken piece by piece instead of collected", "[unit]") {
+  // Four MiB through a pipe arrive in many reads; each is handed over as it comes, none kept.
+  std::string seen;
+  std::size_t pieces = 0;
+  auto streamed = runProcess({"sh", "-c", "head -c 4194304 /dev/zero | tr '\\0' y; echo err >&2"},
+                             {.stdinData = {}, .timeout = 20s, .onOutput = [&](std::string_view piece) {
+                                seen.append(piece);
+                                ++pieces;
+                              }});
+  REQUIRE(streamed);
+  CHECK(streamed->succeeded());
+  CHECK(streamed->out.empty());
+  CHECK(streamed->err == "err\n");  // stderr is still collected
+  CHECK(seen.size() == 4194304);
+  CHECK(seen.find_first_not_of('y') == std::string::npos);
+  CHECK(pieces > 1);
+}
+
+TEST_CASE("the child's own CPU time comes back with its result", "[unit]") {
+  auto busy = runProcess({"sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i + 1)); done"}, {.stdinData = {}, .timeout = 60s});
+  REQUIRE(busy);
+  CHECK(busy->succeeded());
+  CHECK(busy->userTime + busy->systemTime >= 50ms);
+  auto idle = runProcess({"sleep", "0.3"});
+  REQUIRE(idle);
+  CHECK(idle->userTime + idle->systemTime < 100ms);  // waiting is not CPU
+}
+
 TEST_CASE("a child that does not read its input does not kill the caller", "[unit]") {
   const std::string input(4 << 20, 'x');
   auto ignored = runProcess({"true"}, {.stdinData = input, .timeout = 20s});

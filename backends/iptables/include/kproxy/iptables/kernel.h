@@ -5,6 +5,8 @@
 /// (FakeIptables applies restore input to an in-memory ruleset).
 /// Thread-safety: one caller at a time.
 
+#include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -37,6 +39,9 @@ class KernelIptables {
   virtual ~KernelIptables() = default;
   /// `iptables-save -t TABLE` of `family`.
   virtual core::Result<std::string> save(sdk::Family family, Table table) = 0;
+  /// The same, the output handed to `out` piece by piece as the tool writes it (a 10,000-Service
+  /// nat table is tens of MB of text, never held whole). The default calls save().
+  virtual core::Result<void> saveTo(sdk::Family family, Table table, const std::function<void(std::string_view)>& out);
   /// `iptables-restore --noflush -w` of `input` (several tables, each committed on its own).
   /// A refusal is an error of category kKernel whose message quotes the line the tool named.
   virtual core::Result<void> restore(sdk::Family family, std::string_view input) = 0;
@@ -47,6 +52,15 @@ class KernelIptables {
   virtual core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) = 0;
   /// "iptables-nft", "iptables-legacy", "fake".
   virtual std::string describe() const = 0;
+  /// The CPU the tools used since the last call, in user space and in the kernel (for
+  /// iptables-nft, the kernel applying and validating each commit): a sync's summary says
+  /// where its time went. Nothing for a kernel that runs no tools.
+  struct ToolTimes {
+    unsigned runs = 0;
+    std::chrono::microseconds user{0};
+    std::chrono::microseconds system{0};
+  };
+  virtual ToolTimes takeToolTimes() { return {}; }
   /// About how many rules one restore input of a full sync should carry at most (0: no limit).
   /// iptables-nft-restore 1.8.9 with --noflush spends time quadratic in the rules and chains of
   /// one input in userspace (10,000 services x 2 endpoints: 87 s as one input, 2.7 s in inputs

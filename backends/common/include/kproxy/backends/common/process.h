@@ -8,6 +8,7 @@
 /// ProcessRunner is as thread-safe as its implementation says (SystemProcessRunner is).
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -23,6 +24,9 @@ struct ProcessOptions {
   std::string_view stdinData;
   /// The child is killed (SIGKILL) once this has passed; nullopt waits for ever.
   std::optional<std::chrono::milliseconds> timeout;
+  /// When set, stdout is handed to it piece by piece as it is read, and ProcessResult::out
+  /// stays empty (a runner that cannot stream may still fill `out` instead).
+  std::function<void(std::string_view)> onOutput = {};
 };
 
 struct ProcessResult {
@@ -30,6 +34,10 @@ struct ProcessResult {
   int termSignal = 0;  ///< the signal that ended it, 0 when it exited
   std::string out;     ///< stdout
   std::string err;     ///< stderr
+  /// CPU time the child used in user space and in the kernel (its own, from wait4(2)); for a
+  /// tool that talks netlink, `systemTime` is mostly the kernel applying what it sent.
+  std::chrono::microseconds userTime{0};
+  std::chrono::microseconds systemTime{0};
   bool succeeded() const { return termSignal == 0 && exitCode == 0; }
 };
 
