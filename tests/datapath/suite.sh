@@ -255,6 +255,7 @@ nftables_leftovers() {
   grep -w 'kube-proxy' <<<"$tables"
   return 0
 }
+no_nftables_leftovers() { [[ -z "$(nftables_leftovers)" ]]; }
 
 # iptables_leftovers — prints the KUBE-* chains and jumps (not kubelet's) of either iptables
 # variant and either family, each line prefixed with where it is.
@@ -1091,6 +1092,8 @@ case_mode_switch_leaves_nothing() {
 
   restart_kproxy || return 1
   local left
+  # The table goes right after the first sync (make before break), after its log line.
+  kp_wait_for 5 no_nftables_leftovers
   left="$(nftables_leftovers)"
   [[ -z "$left" ]] || { kp_fail "nftables tables left after starting in iptables mode: $(tr '\n' ';' <<<"$left")"; return 1; }
   kproxy_ruleset >/dev/null || kp_fail "iptables mode programmed no KUBE-SERVICES" || return 1
@@ -1270,12 +1273,13 @@ case_userspace_mode_switch() {
   KP_PROXY_MODE=nftables start_kproxy_and_wait "http://$WEB_IP/" || return 1
   kp_nft node list table ip kube-proxy >/dev/null || kp_fail "nftables mode made no kube-proxy table" || return 1
   restart_kproxy || return 1
-  kp_nft node list table ip kube-proxy >/dev/null 2>&1 && { kp_fail "table ip kube-proxy left in the userspace mode"; return 1; }
+  table_gone() { ! kp_nft node list table ip "$1" >/dev/null 2>&1; }
+  kp_wait_for 5 table_gone kube-proxy || { kp_fail "table ip kube-proxy left in the userspace mode"; return 1; }
   kp_nft node list table ip kproxy-userspace >/dev/null || kp_fail "the userspace mode made no table" || return 1
   expect_spread node "http://$WEB_IP/" 20 2 || return 1
   expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
   KP_PROXY_MODE=nftables restart_kproxy || return 1
-  kp_nft node list table ip kproxy-userspace >/dev/null 2>&1 && { kp_fail "table ip kproxy-userspace left in nftables mode"; return 1; }
+  kp_wait_for 5 table_gone kproxy-userspace || { kp_fail "table ip kproxy-userspace left in nftables mode"; return 1; }
   expect_spread node "http://$WEB_IP/" 20 2 || return 1
   expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
   expect_kproxy_alive
