@@ -411,11 +411,20 @@ int main(int argc, char** argv) {
   // leftovers (a node migrating from kube-proxy's iptables or IPVS mode) before it starts, and
   // an iptables-based one removes nftables mode's tables. Failures are logged and not fatal, as
   // upstream.
+  const bool iptablesBased = config.mode == "iptables" || config.mode == "ipvs";
   if (!config.dryRun) {
     kproxy::cli::RealLeftoverSystem system;
-    const bool iptablesBased = config.mode == "iptables" || config.mode == "ipvs";
     if (!iptablesBased && !kproxy::cli::cleanUpKubeProxyLeftovers(system))
       log::warning("some iptables or IPVS leftovers could not be removed; continuing");
+  }
+  // The other modes' nftables tables go only once this mode's first sync has put its own rules
+  // in (make before break; called from the sync observer below). Removed at start, they left
+  // every service address without any rule until that sync: a connection opened in the gap got
+  // a conntrack entry without NAT, its SYNs went out by the default route, and every SYN that
+  // reused its 4-tuple matched that entry again (and kept it alive) for 120 s after the last.
+  // Until then the old table's rules (registered first) still serve the services' traffic.
+  auto removeOtherModesTables = [&config, iptablesBased] {
+    kproxy::cli::RealLeftoverSystem system;
     // The userspace mode redirects in a table of its own: nftables mode's DNAT would win.
     if ((iptablesBased || config.mode == "userspace") && !kproxy::cli::cleanUpNftablesLeftovers(system))
       log::warning("some nftables leftovers could not be removed; continuing");
@@ -423,7 +432,7 @@ int main(int argc, char** argv) {
     // services' traffic before this mode's rules do.
     if (config.mode != "userspace" && !kproxy::cli::cleanUpNftablesLeftovers(system, "kproxy-userspace"))
       log::warning("the userspace mode's nftables table could not be removed; continuing");
-  }
+  };
 
   // Conntrack sysctls, as upstream's setupConntrack (not for --dry-run, which changes nothing;
   // --cleanup returned above). Read-only or missing ones are warnings.
@@ -475,6 +484,7 @@ int main(int argc, char** argv) {
   }
 
   FailureEvents failureEvents{tracker.nodeName, {}};  // the sync thread's only
+  bool otherTablesRemoved = false;                    // the sync thread's only
 
   EventSource source;
   if (auto started = startSource(source, config, std::move(*apiConfig), proxier, tracker.nodeName);
@@ -537,7 +547,12 @@ int main(int argc, char** argv) {
     }
     ops = std::make_unique<kproxy::cli::OpsServers>(std::move(opsOptions), proxier);
     // The proxier calls a copy of the observer: state lives outside it.
-    proxier.setObserver([&ops, &proxier, &recorder, &failureEvents](const kproxy::core::SyncObservation& o) {
+    proxier.setObserver([&ops, &proxier, &recorder, &failureEvents, &removeOtherModesTables,
+                         &otherTablesRemoved](const kproxy::core::SyncObservation& o) {
+      if (o.ok && !otherTablesRemoved) {
+        otherTablesRemoved = true;
+        removeOtherModesTables();
+      }
       ops->observe(o);
       if (!o.ok && recorder) failureEvents.report(proxier.syncLedger(), *recorder);
       // A full sync (the first above all, right after the initial list) frees far more than

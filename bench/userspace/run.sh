@@ -28,8 +28,10 @@ kp_init
 kp_topology_up 2 0 || exit 1
 kp_bg "$KP_WORKDIR/iperf3-server.log" ip netns exec "$(kp_ns pod1)" iperf3 -s -p 5201
 kp_bg "$KP_WORKDIR/connrate-server.log" ip netns exec "$(kp_ns pod1)" "$CONNRATE" server 8081 2
-# The client's short connections end in TIME_WAIT on the server side; reuse keeps the client's
-# ports from running out in the userspace path, where the relay closes towards the client last.
+# The short connections end in TIME_WAIT on the server side in both paths: pod1 closes first,
+# and so does kproxy's relay towards the client once pod1's end has come through (nstat:
+# TcpExtTW counts in pod1 and the node, stays 0 in pod2). The client's ports are free again at
+# once; tcp_tw_reuse only matters should the client ever close first.
 kp_exec pod2 sysctl -qw net.ipv4.tcp_tw_reuse=1 net.ipv4.ip_local_port_range="10000 65000"
 
 M="$KP_WORKDIR/manifests"

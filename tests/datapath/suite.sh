@@ -255,6 +255,7 @@ nftables_leftovers() {
   grep -w 'kube-proxy' <<<"$tables"
   return 0
 }
+no_nftables_leftovers() { [[ -z "$(nftables_leftovers)" ]]; }
 
 # iptables_leftovers — prints the KUBE-* chains and jumps (not kubelet's) of either iptables
 # variant and either family, each line prefixed with where it is.
@@ -1091,6 +1092,8 @@ case_mode_switch_leaves_nothing() {
 
   restart_kproxy || return 1
   local left
+  # The table goes right after the first sync (make before break), after its log line.
+  kp_wait_for 5 no_nftables_leftovers
   left="$(nftables_leftovers)"
   [[ -z "$left" ]] || { kp_fail "nftables tables left after starting in iptables mode: $(tr '\n' ';' <<<"$left")"; return 1; }
   kproxy_ruleset >/dev/null || kp_fail "iptables mode programmed no KUBE-SERVICES" || return 1
@@ -1263,19 +1266,52 @@ case_userspace_udp_clusterip() {
 }
 
 # nftables mode -> userspace mode -> nftables mode on one node: each start removes the other
-# mode's table (kube-proxy, kproxy-userspace), and traffic flows after each switch.
+# mode's table (kube-proxy, kproxy-userspace), and traffic flows after each switch. The old table
+# goes only after the new mode's rules for the service are in (`nft monitor` shows the order): a
+# moment with no rule at all for the ClusterIP leaves a connection opened then with a conntrack
+# entry without NAT, which blackholes its 4-tuple for 120 s after each SYN that reuses it.
 case_userspace_mode_switch() {
   setup 2 || return 1
   add_service web-np.yaml web-np "$WEB_IP" "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
   KP_PROXY_MODE=nftables start_kproxy_and_wait "http://$WEB_IP/" || return 1
   kp_nft node list table ip kube-proxy >/dev/null || kp_fail "nftables mode made no kube-proxy table" || return 1
+  table_gone() { ! kp_nft node list table ip "$1" >/dev/null 2>&1; }
+  # switch_in_order LOG NEW_RULE OLD_TABLE — in the monitor's LOG, the first line matching
+  # NEW_RULE (the new mode serving WEB_IP) comes before OLD_TABLE's deletion.
+  switch_in_order() {
+    local served deleted
+    served="$(grep -n -m1 -E "$2" "$1" | cut -d: -f1)"
+    deleted="$(grep -n -m1 -F "delete table ip $3" "$1" | cut -d: -f1)"
+    kp_note "nft monitor: first rule for $WEB_IP at event ${served:-none}, table $3 deleted at ${deleted:-none}"
+    [[ -n "$served" && -n "$deleted" ]] || { kp_fail "nft monitor saw no rule for $WEB_IP or no deletion of $3"; return 1; }
+    ((served < deleted)) || kp_fail "table ip $3 deleted before the new mode's rule for $WEB_IP: a gap with no rule"
+  }
+  # start_monitor LOG — `nft monitor` of the node into LOG, subscribed once it returns (it has
+  # seen a throw-away table come and go); its pid in monitor_pid.
+  start_monitor() {
+    kp_bg "$1" ip netns exec "$(kp_ns node)" stdbuf -oL nft monitor
+    monitor_pid=$KP_LAST_PID
+    kp_wait_for 5 monitor_saw "$1" || kp_fail "nft monitor did not start" || return 1
+  }
+  monitor_saw() {
+    kp_nft node add table ip kp-monitor-ready && kp_nft node delete table ip kp-monitor-ready
+    grep -q "add table ip kp-monitor-ready" "$1"
+  }
+  local monitor="$KP_WORKDIR/monitor-userspace.log" monitor_pid
+  start_monitor "$monitor" || return 1
   restart_kproxy || return 1
-  kp_nft node list table ip kube-proxy >/dev/null 2>&1 && { kp_fail "table ip kube-proxy left in the userspace mode"; return 1; }
+  kp_wait_for 5 table_gone kube-proxy || { kp_fail "table ip kube-proxy left in the userspace mode"; return 1; }
+  kill "$monitor_pid" 2>/dev/null
   kp_nft node list table ip kproxy-userspace >/dev/null || kp_fail "the userspace mode made no table" || return 1
+  switch_in_order "$monitor" "add element ip kproxy-userspace services \\{ $WEB_IP " kube-proxy || return 1
   expect_spread node "http://$WEB_IP/" 20 2 || return 1
   expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
+  monitor="$KP_WORKDIR/monitor-nftables.log"
+  start_monitor "$monitor" || return 1
   KP_PROXY_MODE=nftables restart_kproxy || return 1
-  kp_nft node list table ip kproxy-userspace >/dev/null 2>&1 && { kp_fail "table ip kproxy-userspace left in nftables mode"; return 1; }
+  kp_wait_for 5 table_gone kproxy-userspace || { kp_fail "table ip kproxy-userspace left in nftables mode"; return 1; }
+  kill "$monitor_pid" 2>/dev/null
+  switch_in_order "$monitor" "add (element|rule) ip kube-proxy .*$WEB_IP" kproxy-userspace || return 1
   expect_spread node "http://$WEB_IP/" 20 2 || return 1
   expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
   expect_kproxy_alive
