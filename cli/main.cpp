@@ -424,6 +424,7 @@ int main(int argc, char** argv) {
   // reused its 4-tuple matched that entry again (and kept it alive) for 120 s after the last.
   // Until then the old table's rules (registered first) still serve the services' traffic.
   auto removeOtherModesTables = [&config, iptablesBased] {
+    if (config.dryRun) return;  // changes nothing
     kproxy::cli::RealLeftoverSystem system;
     // The userspace mode redirects in a table of its own: nftables mode's DNAT would win.
     if ((iptablesBased || config.mode == "userspace") && !kproxy::cli::cleanUpNftablesLeftovers(system))

@@ -745,6 +745,10 @@ _kproxy_exited() { ! kp_kproxy_alive; }
 case_dry_run_changes_nothing() {
   setup 1 || return 1
   add_service web.yaml web "$WEB_IP" "$(pod_eps 1)" || return 1
+  # Another mode's table, which a real run removes once its first sync is in: a dry run keeps it.
+  local other=kproxy-userspace
+  [[ $PROXY_MODE == userspace ]] && other=kube-proxy
+  kp_nft node add table ip "$other" || return 1
   kp_start_kproxy "$MANIFESTS" --dry-run || return 1
   # A dry run syncs once, prints the batch and exits. Checked after it has exited, so "nothing
   # changed" is not merely "not yet".
@@ -756,6 +760,8 @@ case_dry_run_changes_nothing() {
   [[ $rc -eq 0 ]] || kp_fail "kproxy --dry-run exited $rc" || return 1
   kp_kproxy_synced_after 0 || kp_fail "kproxy --dry-run logged no sync" || return 1
   grep -q "$WEB_IP" "$KP_WORKDIR/kproxy.log" || kp_fail "--dry-run printed no planned operation for $WEB_IP" || return 1
+  kp_nft node list table ip "$other" >/dev/null 2>&1 || kp_fail "--dry-run removed the table ip $other" || return 1
+  kp_nft node delete table ip "$other" || return 1
   local changed
   changed="$(kernel_ruleset_empty)" || kp_fail "--dry-run changed the ruleset: $changed" || return 1
   expect_dropped node "http://$WEB_IP/" || return 1
