@@ -285,7 +285,7 @@ class Program:
                   "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", "127.0.0.1:10249",
                   "--healthz-bind-address", "127.0.0.1:10256",
                   # nf_conntrack_max is global, not per namespace: leave the host's alone.
-                  "--conntrack-max-per-core=0", "-v", "1"]
+                  "--conntrack-max-per-core=0", "-v", str(args.verbosity)]
         self.logf = open(self.logpath, "w")
         self.start = time.time()
         self.p = subprocess.Popen(["ip", "netns", "exec", node.ns] + cmd + common, stdout=self.logf,
@@ -690,6 +690,8 @@ def main():
     ap.add_argument("--upstream-timeout", type=float, default=900, help="cap on upstream's first sync")
     ap.add_argument("--kproxy-timeout", type=float, default=600, help="cap on kproxy's first sync")
     ap.add_argument("--out", required=True, help="JSON lines, appended")
+    ap.add_argument("--verbosity", type=int, default=1,
+                    help="-v of both programs (kproxy logs each sync's summary, with what its tools cost, at 2)")
     args = ap.parse_args()
     enter_netns(args.cp_ns)
     args.kproxy_cmd = args.kproxy.split()
