@@ -1,12 +1,22 @@
 #include "leftover_cleanup.h"
 
+#include <arpa/inet.h>
+#include <libmnl/libmnl.h>
+#include <linux/netfilter.h>
+#include <linux/netfilter/nf_tables.h>
+#include <linux/netfilter/nfnetlink.h>
+#include <sys/socket.h>
+
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <filesystem>
 #include <set>
+#include <span>
 
 #include "kproxy/backends/common/iptables_save.h"
+#include "kproxy/backends/common/netlink_socket.h"
 #include "kproxy/backends/common/process.h"
 #include "kproxy/core/log.h"
 
@@ -92,6 +102,40 @@ std::optional<std::string> RealLeftoverSystem::findTool(std::string_view name) {
 bool RealLeftoverSystem::pathExists(const std::string& path) {
   std::error_code ec;
   return std::filesystem::exists(path, ec);
+}
+
+core::Result<bool> RealLeftoverSystem::deleteNftablesTable(std::string_view family, std::string_view name) {
+  const std::uint8_t nfproto = family == "ip6" ? NFPROTO_IPV6 : NFPROTO_IPV4;
+  auto socket = backends::NetlinkSocket::open(NETLINK_NETFILTER);
+  if (!socket) return std::unexpected(socket.error());
+  const std::uint32_t seq = socket->nextSeq(3);
+  // One transaction: batch begin, the table's deletion, batch end.
+  alignas(nlmsghdr) char buffer[512];
+  std::size_t used = 0;
+  auto message = [&](std::uint16_t type, std::uint8_t msgFamily, std::uint16_t resId, std::uint32_t n) {
+    nlmsghdr* nlh = mnl_nlmsg_put_header(buffer + used);
+    nlh->nlmsg_type = type;
+    nlh->nlmsg_flags = NLM_F_REQUEST;
+    nlh->nlmsg_seq = n;
+    auto* nfg = static_cast<nfgenmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(nfgenmsg)));
+    nfg->nfgen_family = msgFamily;
+    nfg->version = NFNETLINK_V0;
+    nfg->res_id = htons(resId);
+    return nlh;
+  };
+  used += message(NFNL_MSG_BATCH_BEGIN, AF_UNSPEC, NFNL_SUBSYS_NFTABLES, seq)->nlmsg_len;
+  nlmsghdr* del = message(static_cast<std::uint16_t>((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_DELTABLE), nfproto, 0, seq + 1);
+  mnl_attr_put_strz(del, NFTA_TABLE_NAME, std::string(name).c_str());
+  used += del->nlmsg_len;
+  used += message(NFNL_MSG_BATCH_END, AF_UNSPEC, NFNL_SUBSYS_NFTABLES, seq + 2)->nlmsg_len;
+  auto failures = socket->sendBatch(std::span<const char>(buffer, used));
+  if (!failures) return std::unexpected(failures.error());
+  for (const auto& f : *failures) {
+    if (f.errnum == ENOENT) return false;
+    return core::makeError(core::ErrorCategory::kKernel,
+                           "nftables: delete table " + std::string(family) + " " + std::string(name), f.errnum);
+  }
+  return true;
 }
 
 core::Result<CommandResult> RealLeftoverSystem::run(const std::vector<std::string>& argv,
@@ -287,34 +331,23 @@ bool cleanUpIpsets(LeftoverSystem& system) {
 }  // namespace
 
 bool cleanUpNftablesLeftovers(LeftoverSystem& system, std::string_view tableName) {
-  auto nft = system.findTool("nft");
-  if (!nft) {
-    log::info(2, "nft tool not installed; nftables leftovers not looked for");
-    return true;
-  }
-  auto listed = system.run({*nft, "list", "tables"}, {});
-  if (!listed || listed->exitCode != 0) {
-    // As upstream, where knftables cannot be set up: no nftables here, so nothing to remove.
-    log::info(2, "nftables not available; nftables leftovers not looked for",
-              {{"error", listed ? firstLine(listed->err) : listed.error().message()}});
-    return true;
-  }
   bool ok = true;
-  for (std::string_view rest = listed->out; !rest.empty();) {
-    auto end = rest.find('\n');
-    auto words = backends::splitIptablesWords(rest.substr(0, end));
-    rest = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
-    if (words.size() != 3 || words[0] != "table" || words[2] != tableName) continue;
-    if (words[1] != "ip" && words[1] != "ip6") continue;
-    const std::string table = std::string(words[1]) + " " + std::string(tableName);
-    auto deleted = system.run({*nft, "delete", "table", std::string(words[1]), std::string(tableName)}, {});
-    if (!deleted || deleted->exitCode != 0) {
-      log::error("deleting nftables table failed",
-                 {{"table", table}, {"error", deleted ? firstLine(deleted->err) : deleted.error().message()}});
+  for (std::string_view family : {"ip", "ip6"}) {
+    const std::string table = std::string(family) + " " + std::string(tableName);
+    auto deleted = system.deleteNftablesTable(family, tableName);
+    if (!deleted) {
+      const int e = deleted.error().errnum;
+      if (e == EPROTONOSUPPORT || e == EAFNOSUPPORT || e == EOPNOTSUPP) {
+        // As upstream, where knftables cannot be set up: no nftables here, so nothing to remove.
+        log::info(2, "nftables not available; nftables leftovers not looked for",
+                  {{"error", deleted.error().message()}});
+        return true;
+      }
+      log::error("deleting nftables table failed", {{"table", table}, {"error", deleted.error().message()}});
       ok = false;
       continue;
     }
-    log::info(0, "removed nftables leftovers", {{"table", table}});
+    if (*deleted) log::info(0, "removed nftables leftovers", {{"table", table}});
   }
   return ok;
 }

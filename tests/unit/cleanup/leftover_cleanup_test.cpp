@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <map>
 #include <set>
 #include <string>
@@ -351,6 +352,17 @@ class FakeSystem : public kproxy::cli::LeftoverSystem {
     auto it = outputs.find(joined);
     return it == outputs.end() ? CommandResult{} : it->second;
   }
+  // nftables tables ("ip kube-proxy") that exist; deleting one removes it. A family in
+  // nftablesErrors fails with that errno instead.
+  std::set<std::string> nftTables;
+  std::map<std::string, int> nftablesErrors;
+  kproxy::core::Result<bool> deleteNftablesTable(std::string_view family, std::string_view name) override {
+    const std::string table = std::string(family) + " " + std::string(name);
+    calls.emplace_back("netlink delete table " + table, "");
+    if (auto e = nftablesErrors.find(std::string(family)); e != nftablesErrors.end())
+      return kproxy::core::makeError(kproxy::core::ErrorCategory::kKernel, "delete table " + table, e->second);
+    return nftTables.erase(table) > 0;
+  }
   std::vector<std::string> commands() const {
     std::vector<std::string> out;
     for (const auto& c : calls) out.push_back(c.first);
@@ -496,39 +508,39 @@ TEST_CASE("the real system runs a program with stdin and reports its exit code",
 TEST_CASE("nftables leftovers: ip and ip6 kube-proxy tables go, other tables stay", "[unit]") {
   QuietLog log;
   FakeSystem system;
-  system.tools = {"nft"};
-  system.outputs["/sbin/nft list tables"] = CommandResult{
-      0, "table ip nat\ntable ip kube-proxy\ntable inet kube-proxy\ntable ip6 kube-proxy\ntable ip kube-proxy-x\n", ""};
+  system.nftTables = {"ip nat", "ip kube-proxy", "inet kube-proxy", "ip6 kube-proxy", "ip kube-proxy-x"};
   CHECK(kproxy::cli::cleanUpNftablesLeftovers(system));
-  CHECK(system.commands() == std::vector<std::string>{"/sbin/nft list tables", "/sbin/nft delete table ip kube-proxy",
-                                                      "/sbin/nft delete table ip6 kube-proxy"});
+  // Deleted by name, never listed: no tool runs.
+  CHECK(system.commands() ==
+        std::vector<std::string>{"netlink delete table ip kube-proxy", "netlink delete table ip6 kube-proxy"});
+  CHECK(system.nftTables == std::set<std::string>{"ip nat", "inet kube-proxy", "ip kube-proxy-x"});
   CHECK(log.has("removed nftables leftovers"));
 
+  QuietLog quiet;
   FakeSystem clean;
-  clean.tools = {"nft"};
-  clean.outputs["/sbin/nft list tables"] = CommandResult{0, "table ip filter\n", ""};
+  clean.nftTables = {"ip filter"};
   CHECK(kproxy::cli::cleanUpNftablesLeftovers(clean));
-  CHECK(clean.commands() == std::vector<std::string>{"/sbin/nft list tables"});
+  CHECK(clean.nftTables == std::set<std::string>{"ip filter"});
+  CHECK_FALSE(quiet.has("removed nftables leftovers"));
+
+  FakeSystem userspace;
+  userspace.nftTables = {"ip kproxy-userspace", "ip kube-proxy"};
+  CHECK(kproxy::cli::cleanUpNftablesLeftovers(userspace, "kproxy-userspace"));
+  CHECK(userspace.nftTables == std::set<std::string>{"ip kube-proxy"});
 }
 
-TEST_CASE("nftables leftovers: no nft tool or no nftables is nothing to do; a refused delete is an error",
-          "[unit]") {
+TEST_CASE("nftables leftovers: no nftables is nothing to do; a refused delete is an error", "[unit]") {
   QuietLog log;
-  FakeSystem none;
-  CHECK(kproxy::cli::cleanUpNftablesLeftovers(none));
-  CHECK(none.commands().empty());
-  CHECK(log.has("nft tool not installed"));
-
   FakeSystem unsupported;
-  unsupported.tools = {"nft"};
-  unsupported.outputs["/sbin/nft list tables"] = CommandResult{1, "", "Error: Operation not supported\n"};
+  unsupported.nftablesErrors = {{"ip", EPROTONOSUPPORT}, {"ip6", EPROTONOSUPPORT}};
   CHECK(kproxy::cli::cleanUpNftablesLeftovers(unsupported));
   CHECK(log.has("nftables not available"));
 
   FakeSystem refused;
-  refused.tools = {"nft"};
-  refused.outputs["/sbin/nft list tables"] = CommandResult{0, "table ip kube-proxy\n", ""};
-  refused.outputs["/sbin/nft delete table ip kube-proxy"] = CommandResult{1, "", "Error: Device or resource busy\n"};
+  refused.nftTables = {"ip kube-proxy", "ip6 kube-proxy"};
+  refused.nftablesErrors = {{"ip", EBUSY}};
   CHECK_FALSE(kproxy::cli::cleanUpNftablesLeftovers(refused));
   CHECK(log.has("deleting nftables table failed"));
+  // The other family is still cleaned.
+  CHECK(refused.nftTables == std::set<std::string>{"ip kube-proxy"});
 }
