@@ -458,8 +458,10 @@ class PacketRun {
     return std::nullopt;
   }
   std::optional<Flow> evaluate(const Chain& chain, const Rule& rule, const RedirectTo& s, int) {
-    // Not rendered by the nftables mode (the userspace proxy's table): the node itself answers.
+    // Not rendered by the nftables mode (the userspace proxy's table): the node itself answers,
+    // on the proxy's listener; the userspace explain turns the port into the proxy's endpoints.
     step(chain.name, &rule, fmt::format("redirected to this node's port {}", s.port));
+    path_.outcome.redirectPort = s.port;
     return Flow::kNat;
   }
   std::optional<Flow> evaluate(const Chain& chain, const Rule& rule, const Reject& s, int) {

@@ -103,6 +103,7 @@ TraceOutcome mergePaths(std::span<const TracePath> paths) {
   out.verdict = lead.outcome.verdict;
   out.chain = lead.outcome.chain;
   out.rule = lead.outcome.rule;
+  out.redirectPort = lead.outcome.redirectPort;
   for (const auto& p : paths) {
     out.masqueraded = out.masqueraded || p.outcome.masqueraded;
     if (p.outcome.verdict != out.verdict) out.mixed = true;

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -10,6 +11,8 @@
 #include <fmt/format.h>
 
 #include "kproxy/nftables/renderer.h"
+#include "kproxy/nftables/tracer.h"
+#include "kproxy/plan/trace.h"
 #include "kproxy/plan/options.h"
 
 namespace kproxy::userspace {
@@ -61,6 +64,115 @@ struct PendingEntry {
   RedirectEntry entry;
   std::string listener;  ///< empty unless the action is kListener
 };
+
+/// What the plans of the service ports ask of the proxy: its listeners (one per service port
+/// and endpoint pool) and the table's redirect entries, whose listener ports are assigned once
+/// the listeners are open. `forEach(fn)` calls fn for every service port.
+struct Redirects {
+  std::vector<ListenerSpec> specs;
+  std::vector<PendingEntry> entries;
+  std::set<Family> families{Family::kIPv4};
+  std::size_t sctp = 0;  ///< SCTP service ports, which the proxy does not carry
+};
+
+template <typename ForEach>
+Redirects planRedirects(ForEach&& forEach, const plan::PlanConfig& config) {
+  Redirects out;
+  std::vector<ListenerSpec>& specs = out.specs;
+  std::vector<PendingEntry>& entries = out.entries;
+  std::map<std::string, std::size_t> specIndex;
+  forEach([&](const sdk::ServicePort& p) {
+    if (p.protocol == sdk::Protocol::kSCTP) {
+      ++out.sctp;
+      return;
+    }
+    const Family family = familyOf(p.family);
+    out.families.insert(family);
+    const bool udp = p.protocol == sdk::Protocol::kUDP;
+    const std::uint8_t proto = udp ? 17 : 6;
+    const plan::ServicePortPlan plan = plan::planServicePort(p, config);
+    auto listener = [&](plan::Pool pool) {
+      std::string id = fmt::format("{} {}/{} {}", family == Family::kIPv4 ? "ipv4" : "ipv6", sdk::protocolName(p.protocol),
+                                   p.key, pool == plan::Pool::kCluster ? "cluster" : "local");
+      if (!specIndex.contains(id)) {
+        specIndex.emplace(id, specs.size());
+        specs.push_back(ListenerSpec{id, family == Family::kIPv6, udp, p.key, targetsOf(plan.endpointsOf(pool)),
+                                     std::chrono::seconds(plan.affinity ? plan.affinityTimeoutSeconds : 0)});
+      }
+      return id;
+    };
+    std::vector<Address> firewall;  // loadBalancerSourceRanges, for the LoadBalancer IPs
+    if (plan.usesFirewall)
+      for (const auto& source : plan.firewallAllowedSources)
+        if (auto a = Address::parse(source)) firewall.push_back(*a);
+    auto add = [&](std::optional<Address> address, std::int32_t port, bool shortCircuit, RedirectAction::Kind kind,
+                   std::string id = {}, bool clusterIP = false, bool loadBalancerIP = false) {
+      if (port <= 0 || port > 65535) return;
+      entries.push_back(PendingEntry{family,
+                                     RedirectEntry{proto, address, static_cast<std::uint16_t>(port), shortCircuit,
+                                                   clusterIP, RedirectAction{kind, 0},
+                                                   loadBalancerIP ? firewall : std::vector<Address>{}},
+                                     std::move(id)});
+    };
+    auto noEndpoints = [](plan::NoEndpoints n) {
+      return n == plan::NoEndpoints::kDrop ? RedirectAction::Kind::kDrop : RedirectAction::Kind::kReject;
+    };
+
+    if (auto cip = Address::parse(plan.clusterIP); cip && !plan.clusterIP.empty()) {
+      if (plan.hasInternalEndpoints)
+        add(cip, p.port, false, RedirectAction::Kind::kListener, listener(plan.internalPool), true);
+      else
+        add(cip, p.port, false, noEndpoints(plan.internalNoEndpoints), {}, true);
+    }
+    if (plan.externallyAccessible) {
+      struct External {
+        std::optional<Address> address;
+        std::int32_t port;
+        bool loadBalancerIP;
+      };
+      std::vector<External> external;
+      for (const auto& ip : plan.externalIPs)
+        if (auto a = Address::parse(ip)) external.push_back({a, p.port, false});
+      for (const auto& ip : plan.loadBalancerIPs)
+        if (auto a = Address::parse(ip)) external.push_back({a, p.port, true});
+      if (plan.nodePort != 0) external.push_back({std::nullopt, plan.nodePort, false});
+      for (const auto& [address, port, lb] : external) {
+        if (plan.hasExternalEndpoints)
+          add(address, port, false, RedirectAction::Kind::kListener, listener(plan.externalPool), false, lb);
+        else
+          add(address, port, false, noEndpoints(plan.externalNoEndpoints));
+        // The short-circuit: the node and its pods reach an eTP=Local service's external
+        // addresses through the cluster-wide pool.
+        if (plan.shortCircuitNode && plan.usesClusterPool)
+          add(address, port, true, RedirectAction::Kind::kListener, listener(plan::Pool::kCluster), false, lb);
+      }
+    }
+  });
+  return out;
+}
+
+/// The table of `family` for `entries` (their listener ports assigned), as a sync renders it.
+RenderedTable renderFamily(Family family, const std::vector<RedirectEntry>& entries, const plan::PlanConfig& config,
+                           const sdk::NodeInfo& node, const std::vector<sdk::ServiceCIDR>& serviceCIDRs) {
+  const auto pods = nftables::podTrafficMatches(config.localDetector,
+                                                family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, false);
+  // Where NodePorts answer: the addresses the host resolved --nodeport-addresses to (loopback
+  // left out, as in nftables mode), or every local address (no CIDR of this family, or a host
+  // that did not resolve them).
+  std::optional<std::vector<Address>> nodePortAddresses;
+  const auto& np = node.nodePortAddresses;
+  if (np.resolved && !np.allLocal(family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6)) {
+    nodePortAddresses.emplace();
+    for (const auto& ip : np.addresses)
+      if (auto a = Address::parse(ip); a && a->family == family &&
+                                       !Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(*a))
+        nodePortAddresses->push_back(*a);
+  }
+  std::vector<Address> cidrs;
+  for (const auto& range : plan::serviceCIDRRanges(serviceCIDRs, family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6))
+    if (auto a = Address::parse(range.cidr)) cidrs.push_back(*a);
+  return renderUserspaceTable(family, entries, pods, nodePortAddresses, cidrs);
+}
 
 }  // namespace
 
@@ -168,78 +280,11 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
   plan::PlanConfig config = settings_.plan;
   plan::applyNode(config, settings_.detectLocalMode, node, settings_.fallbackNodeIPs);
 
-  std::vector<ListenerSpec> specs;
-  std::map<std::string, std::size_t> specIndex;
-  std::vector<PendingEntry> entries;
-  std::set<Family> families{Family::kIPv4};
-  std::size_t sctp = 0;
-  next.forEach([&](const sdk::ServicePort& p) {
-    if (p.protocol == sdk::Protocol::kSCTP) {
-      ++sctp;
-      return;
-    }
-    const Family family = familyOf(p.family);
-    families.insert(family);
-    const bool udp = p.protocol == sdk::Protocol::kUDP;
-    const std::uint8_t proto = udp ? 17 : 6;
-    const plan::ServicePortPlan plan = plan::planServicePort(p, config);
-    auto listener = [&](plan::Pool pool) {
-      std::string id = fmt::format("{} {}/{} {}", family == Family::kIPv4 ? "ipv4" : "ipv6", sdk::protocolName(p.protocol),
-                                   p.key, pool == plan::Pool::kCluster ? "cluster" : "local");
-      if (!specIndex.contains(id)) {
-        specIndex.emplace(id, specs.size());
-        specs.push_back(ListenerSpec{id, family == Family::kIPv6, udp, p.key, targetsOf(plan.endpointsOf(pool)),
-                                     std::chrono::seconds(plan.affinity ? plan.affinityTimeoutSeconds : 0)});
-      }
-      return id;
-    };
-    std::vector<Address> firewall;  // loadBalancerSourceRanges, for the LoadBalancer IPs
-    if (plan.usesFirewall)
-      for (const auto& source : plan.firewallAllowedSources)
-        if (auto a = Address::parse(source)) firewall.push_back(*a);
-    auto add = [&](std::optional<Address> address, std::int32_t port, bool shortCircuit, RedirectAction::Kind kind,
-                   std::string id = {}, bool clusterIP = false, bool loadBalancerIP = false) {
-      if (port <= 0 || port > 65535) return;
-      entries.push_back(PendingEntry{family,
-                                     RedirectEntry{proto, address, static_cast<std::uint16_t>(port), shortCircuit,
-                                                   clusterIP, RedirectAction{kind, 0},
-                                                   loadBalancerIP ? firewall : std::vector<Address>{}},
-                                     std::move(id)});
-    };
-    auto noEndpoints = [](plan::NoEndpoints n) {
-      return n == plan::NoEndpoints::kDrop ? RedirectAction::Kind::kDrop : RedirectAction::Kind::kReject;
-    };
-
-    if (auto cip = Address::parse(plan.clusterIP); cip && !plan.clusterIP.empty()) {
-      if (plan.hasInternalEndpoints)
-        add(cip, p.port, false, RedirectAction::Kind::kListener, listener(plan.internalPool), true);
-      else
-        add(cip, p.port, false, noEndpoints(plan.internalNoEndpoints), {}, true);
-    }
-    if (plan.externallyAccessible) {
-      struct External {
-        std::optional<Address> address;
-        std::int32_t port;
-        bool loadBalancerIP;
-      };
-      std::vector<External> external;
-      for (const auto& ip : plan.externalIPs)
-        if (auto a = Address::parse(ip)) external.push_back({a, p.port, false});
-      for (const auto& ip : plan.loadBalancerIPs)
-        if (auto a = Address::parse(ip)) external.push_back({a, p.port, true});
-      if (plan.nodePort != 0) external.push_back({std::nullopt, plan.nodePort, false});
-      for (const auto& [address, port, lb] : external) {
-        if (plan.hasExternalEndpoints)
-          add(address, port, false, RedirectAction::Kind::kListener, listener(plan.externalPool), false, lb);
-        else
-          add(address, port, false, noEndpoints(plan.externalNoEndpoints));
-        // The short-circuit: the node and its pods reach an eTP=Local service's external
-        // addresses through the cluster-wide pool.
-        if (plan.shortCircuitNode && plan.usesClusterPool)
-          add(address, port, true, RedirectAction::Kind::kListener, listener(plan::Pool::kCluster), false, lb);
-      }
-    }
-  });
+  Redirects planned = planRedirects([&](const auto& fn) { next.forEach(fn); }, config);
+  std::vector<ListenerSpec>& specs = planned.specs;
+  std::vector<PendingEntry>& entries = planned.entries;
+  std::set<Family>& families = planned.families;
+  const std::size_t sctp = planned.sctp;
   for (const auto& f : {Family::kIPv4, Family::kIPv6})
     if (mirror_.of(f).tableExists) families.insert(f);
 
@@ -267,24 +312,7 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
 
   std::vector<nftables::Op> ops;
   for (Family family : families) {
-    const auto pods = nftables::podTrafficMatches(config.localDetector,
-                                                  family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, false);
-    // Where NodePorts answer: the addresses the host resolved --nodeport-addresses to (loopback
-    // left out, as in nftables mode), or every local address (no CIDR of this family, or a host
-    // that did not resolve them).
-    std::optional<std::vector<Address>> nodePortAddresses;
-    const auto& np = node.nodePortAddresses;
-    if (np.resolved && !np.allLocal(family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6)) {
-      nodePortAddresses.emplace();
-      for (const auto& ip : np.addresses)
-        if (auto a = Address::parse(ip); a && a->family == family &&
-                                         !Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(*a))
-          nodePortAddresses->push_back(*a);
-    }
-    std::vector<Address> cidrs;
-    for (const auto& range : plan::serviceCIDRRanges(serviceCIDRs, family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6))
-      if (auto a = Address::parse(range.cidr)) cidrs.push_back(*a);
-    RenderedTable table = renderUserspaceTable(family, byFamily[family], pods, nodePortAddresses, cidrs);
+    RenderedTable table = renderFamily(family, byFamily[family], config, node, serviceCIDRs);
     nftables::DesiredFamily desired;
     desired.sets = table.sets;
     for (auto& c : table.chains) desired.chains.push_back(&c);
@@ -330,6 +358,109 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
                                     udp, ops.size());
   if (sctp > 0) summary += fmt::format(", {} SCTP service ports not proxied", sctp);
   return sdk::SyncOutcome{ops.size(), summary};
+}
+
+sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& snapshot,
+                                                     const sdk::ExplainRequest& request) {
+  auto packet = nftables::Packet::make(request.sourceIP, request.destinationIP, request.destinationPort,
+                                       sdk::protocolName(request.protocol), request.fromNode);
+  if (!packet) {
+    return sdk::fail("explain: cannot make a packet from " + request.sourceIP + " to " + request.destinationIP +
+                     " (addresses must be numeric and of one family)");
+  }
+  if (!request.fromNode) packet->inputInterface = request.inputInterface;
+  const Family family = packet->destination.family;
+  const sdk::Family sdkFamily = family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6;
+  const sdk::NodeInfo node = snapshot.node();
+  const std::vector<sdk::ServicePort> ports = snapshot.all();
+  const std::vector<sdk::ServiceCIDR> serviceCIDRs = snapshot.serviceCIDRs();
+  plan::PlanConfig config = settings_.plan;
+  plan::applyNode(config, settings_.detectLocalMode, node, settings_.fallbackNodeIPs);
+
+  // The table as a sync renders it, with the listeners numbered in place of the ports the
+  // kernel would give them: the trace only needs to tell them apart.
+  Redirects planned = planRedirects(
+      [&](const auto& fn) {
+        for (const auto& p : ports) fn(p);
+      },
+      config);
+  if (planned.specs.size() > 65535) return sdk::fail("explain: more listeners than ports");
+  std::map<std::string, std::uint16_t> portOf;
+  std::map<std::uint16_t, const ListenerSpec*> specAt;
+  for (std::size_t i = 0; i < planned.specs.size(); ++i) {
+    const auto port = static_cast<std::uint16_t>(i + 1);
+    portOf.emplace(planned.specs[i].id, port);
+    specAt.emplace(port, &planned.specs[i]);
+  }
+  std::vector<RedirectEntry> entries;
+  for (auto& e : planned.entries) {
+    if (e.family != family) continue;
+    if (!e.listener.empty()) e.entry.action.listenerPort = portOf.at(e.listener);
+    entries.push_back(e.entry);
+  }
+  RenderedTable table = renderFamily(family, entries, config, node, serviceCIDRs);
+  nftables::GlobalObjects global;
+  global.family = family;
+  global.sets = table.sets;
+  global.chains = std::move(table.chains);
+  global.elements = std::move(table.elements);
+  std::vector<Address> local;
+  for (const auto& ip : node.addresses)
+    if (auto a = Address::parse(ip); a && a->isHost()) local.push_back(*a);
+  for (const auto& ip : config.nodeIPs)
+    if (auto a = Address::parse(ip); a && a->isHost() && local.empty()) local.push_back(*a);
+  for (const auto& ip : node.nodePortAddresses.addresses)
+    if (auto a = Address::parse(ip); a && a->isHost()) local.push_back(*a);
+  const nftables::NftablesTracer tracer(global, {}, local);
+  nftables::Trace trace = tracer.trace(*packet);
+
+  // The proxy's part: a connection redirected to a listener is relayed to one of its pool's
+  // endpoints (round robin, or the client's endpoint under ClientIP affinity), from the node.
+  for (auto& path : trace.paths) {
+    auto it = specAt.find(path.outcome.redirectPort);
+    if (path.outcome.redirectPort == 0 || it == specAt.end()) continue;
+    const ListenerSpec& spec = *it->second;
+    std::string pool;
+    path.outcome.endpoints.clear();
+    for (const auto& t : spec.endpoints) {
+      path.outcome.endpoints.push_back(t.toString());
+      pool += (pool.empty() ? "" : ", ") + t.toString();
+    }
+    path.outcome.verdict = spec.endpoints.empty() ? plan::TraceVerdict::kRejected : plan::TraceVerdict::kDnat;
+    path.outcome.masqueraded = true;
+    path.steps.push_back(plan::TraceStep{
+        "userspace proxy", "",
+        fmt::format("listener {} ({}; its port numbered for this trace, the running proxy's comes from the kernel) "
+                    "relays to one of {}{}, from the node: the client's source is not preserved",
+                    spec.id, spec.udp ? "udp" : "tcp", pool.empty() ? "(none)" : pool,
+                    spec.affinityTimeout.count() > 0
+                        ? fmt::format(" (ClientIP affinity {}s)", spec.affinityTimeout.count())
+                        : "")});
+  }
+  trace.outcome = plan::mergePaths(trace.paths);
+
+  plan::Explanation x;
+  x.source = packet->source.toString();
+  x.destination = packet->destination.toString();
+  x.port = packet->destinationPort;
+  x.protocol = request.protocol;
+  x.fromNode = packet->fromNode;
+  x.inputInterface = packet->inputInterface;
+  x.packetText = packet->toString();
+  for (const auto& p : ports)
+    if (p.family == sdkFamily) x.ports.push_back(&p);
+  const Address& dst = packet->destination;
+  const bool loopback = Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(dst);
+  x.destinationLocal = loopback || std::any_of(local.begin(), local.end(), [&](const Address& a) { return a == dst; });
+  x.paths = trace.paths;
+  x.outcome = trace.outcome;
+  x.warnings = trace.warnings;
+  x.traceText = trace.toText();
+  if (trace.outcome.verdict == plan::TraceVerdict::kDropped && trace.outcome.chain == "cluster-ips-check")
+    x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);
+  if (packet->protocol == 132)
+    x.reason = "the userspace proxy does not carry SCTP service ports";
+  return plan::explanationText(x, request.json);
 }
 
 sdk::Expected<void> UserspaceBackend::cleanup() {

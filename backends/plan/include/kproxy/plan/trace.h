@@ -50,6 +50,9 @@ struct TraceOutcome {
   /// The paths disagree on the verdict (e.g. a random choice between DNAT and drop); `verdict`
   /// is then kDnat if any path DNATs, else the first path's.
   bool mixed = false;
+  /// The node's port a `redirect` sent the packet to (the userspace proxy's listener, which
+  /// its explain turns into the proxy's endpoints); 0 when none. Not part of toJson().
+  std::uint16_t redirectPort = 0;
 
   /// Short text as upstream's packet-flow tests write it: "10.180.0.1:80, 10.180.2.1:80",
   /// "DROP", "REJECT", or "" when the packet is accepted untouched.

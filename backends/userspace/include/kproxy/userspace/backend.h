@@ -68,6 +68,11 @@ class UserspaceBackend final : public sdk::BackendPlugin {
   sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) override;
   /// Deletes the table in both families (the listeners close with the backend).
   sdk::Expected<void> cleanup() override;
+  /// `kproxy explain`: renders the table for `snapshot` with this backend's settings, traces the
+  /// packet through it (the nftables backend's tracer) and, where it is redirected to a
+  /// listener, answers with the endpoints the proxy relays to, always from the node. Reads
+  /// neither the kernel nor the running proxy.
+  sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot, const sdk::ExplainRequest& request) override;
 
   /// The sync on any snapshot source (tests).
   sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next, bool full);
