@@ -62,21 +62,8 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<c
   if (!tracer) return sdk::fail("explain: the rendered rules do not parse: " + tracer.error().message());
   const Trace trace = tracer->trace(*packet);
 
-  plan::Explanation x;
-  x.source = packet->source.toString();
-  x.destination = packet->destination.toString();
-  x.port = packet->destinationPort;
-  x.protocol = request.protocol;
-  x.fromNode = packet->fromNode;
-  x.inputInterface = packet->inputInterface;
-  x.packetText = packet->toString();
-  for (const auto& p : ports)
-    if (p.family == family) x.ports.push_back(&p);
+  plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, family, trace);
   x.destinationLocal = destinationLocal(packet->destination, tracer->localAddresses(), config);
-  x.paths = trace.paths;
-  x.outcome = trace.outcome;
-  x.warnings = trace.warnings;
-  x.traceText = trace.toText();
   // Why a drop happened, when the rules say more than the chain: an unallocated ClusterIP
   // (renderer.cpp's ServiceCIDR rule in filter KUBE-SERVICES).
   if (trace.outcome.verdict == plan::TraceVerdict::kDropped &&

@@ -111,16 +111,10 @@ class ProcessKernel final : public KernelIptables {
   ProcessKernel(VariantTools tools, backends::ProcessRunner& runner) : tools_(std::move(tools)), runner_(runner) {}
 
   core::Result<std::string> save(sdk::Family family, Table table) override {
-    const std::string& tool = isV6(family) ? tools_.save6 : tools_.save4;
-    if (tool.empty()) return core::makeError(ErrorCategory::kProcess, "no ip6tables-save for IPv6");
-    auto r = runner_.run({tool, "-t", std::string(tableName(table))}, ProcessOptions{{}, kToolTimeout});
-    if (!r) return std::unexpected(r.error());
-    countToolRun(times_, *r);
-    if (!r->succeeded())
-      return core::makeError(ErrorCategory::kKernel,
-                                   fmt::format("{} -t {} failed ({}): {}", tool, tableName(table), r->exitCode,
-                                               trimmed(r->err)));
-    return std::move(r->out);
+    std::string text;
+    if (auto r = saveTo(family, table, [&text](std::string_view piece) { text.append(piece); }); !r)
+      return std::unexpected(r.error());
+    return text;
   }
 
   core::Result<void> saveTo(sdk::Family family, Table table, const std::function<void(std::string_view)>& out) override {

@@ -91,22 +91,9 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
   tracer->setIpvs({sets.begin(), sets.end()}, std::move(servers));
   const iptables::Trace trace = tracer->trace(*packet);
 
-  plan::Explanation x;
-  x.source = packet->source.toString();
-  x.destination = packet->destination.toString();
-  x.port = packet->destinationPort;
-  x.protocol = request.protocol;
-  x.fromNode = packet->fromNode;
-  x.inputInterface = packet->inputInterface;
-  x.packetText = packet->toString();
-  for (const auto& p : ports)
-    if (p.family == family) x.ports.push_back(&p);
+  plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, family, trace);
   const auto& nodePort = renderer.nodePortAddresses(family);
   x.destinationLocal = std::find(nodePort.begin(), nodePort.end(), x.destination) != nodePort.end();
-  x.paths = trace.paths;
-  x.outcome = trace.outcome;
-  x.warnings = trace.warnings;
-  x.traceText = trace.toText();
   if (trace.outcome.verdict == plan::TraceVerdict::kDropped &&
       trace.outcome.rule.find("unallocated ClusterIPs of ServiceCIDR") != std::string::npos)
     x.reason = plan::unallocatedClusterIPReason(cidrs, family, x.destination);

@@ -41,21 +41,8 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
   const NftablesTracer tracer = NftablesTracer::fromServicePorts(renderer, family, ports, node);
   const Trace trace = tracer.trace(*packet);
 
-  plan::Explanation x;
-  x.source = packet->source.toString();
-  x.destination = packet->destination.toString();
-  x.port = packet->destinationPort;
-  x.protocol = request.protocol;
-  x.fromNode = packet->fromNode;
-  x.inputInterface = packet->inputInterface;
-  x.packetText = packet->toString();
-  for (const auto& p : ports)
-    if (p.family == sdkFamily) x.ports.push_back(&p);
+  plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, sdkFamily, trace);
   x.destinationLocal = destinationLocal(packet->destination, tracer.localAddresses(), config);
-  x.paths = trace.paths;
-  x.outcome = trace.outcome;
-  x.warnings = trace.warnings;
-  x.traceText = trace.toText();
   // Why a drop happened, when the rules say more than the chain: an unallocated ClusterIP.
   if (trace.outcome.verdict == TraceVerdict::kDropped && trace.outcome.chain == names::kClusterIPsCheckChain)
     x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);

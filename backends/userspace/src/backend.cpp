@@ -439,23 +439,10 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
   }
   trace.outcome = plan::mergePaths(trace.paths);
 
-  plan::Explanation x;
-  x.source = packet->source.toString();
-  x.destination = packet->destination.toString();
-  x.port = packet->destinationPort;
-  x.protocol = request.protocol;
-  x.fromNode = packet->fromNode;
-  x.inputInterface = packet->inputInterface;
-  x.packetText = packet->toString();
-  for (const auto& p : ports)
-    if (p.family == sdkFamily) x.ports.push_back(&p);
+  plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, sdkFamily, trace);
   const Address& dst = packet->destination;
   const bool loopback = Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(dst);
   x.destinationLocal = loopback || std::any_of(local.begin(), local.end(), [&](const Address& a) { return a == dst; });
-  x.paths = trace.paths;
-  x.outcome = trace.outcome;
-  x.warnings = trace.warnings;
-  x.traceText = trace.toText();
   if (trace.outcome.verdict == plan::TraceVerdict::kDropped && trace.outcome.chain == "cluster-ips-check")
     x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);
   if (packet->protocol == 132)

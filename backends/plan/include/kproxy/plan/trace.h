@@ -121,6 +121,30 @@ struct Explanation {
   std::string reason;     ///< why it was dropped, when the rules say more than the chain
 };
 
+/// An Explanation of `packet` (a backend's packet: source, destination, destinationPort,
+/// fromNode, inputInterface, toString()) against the service ports of `family`, and the
+/// `trace` of it (paths, outcome, warnings, toText(); it must outlive the Explanation). The
+/// backend adds destinationLocal and, where it can say more, the reason.
+template <typename Packet, typename Trace>
+Explanation explanationOf(const Packet& packet, sdk::Protocol protocol, std::span<const sdk::ServicePort> ports,
+                          sdk::Family family, const Trace& trace) {
+  Explanation x;
+  x.source = packet.source.toString();
+  x.destination = packet.destination.toString();
+  x.port = packet.destinationPort;
+  x.protocol = protocol;
+  x.fromNode = packet.fromNode;
+  x.inputInterface = packet.inputInterface;
+  x.packetText = packet.toString();
+  for (const auto& p : ports)
+    if (p.family == family) x.ports.push_back(&p);
+  x.paths = trace.paths;
+  x.outcome = trace.outcome;
+  x.warnings = trace.warnings;
+  x.traceText = trace.toText();
+  return x;
+}
+
 /// The answer: the service port hit, the candidate endpoints and why each is in or out, the
 /// verdict, masquerade, the trace rule by rule; text, or one JSON object when `json`.
 std::string explanationText(const Explanation& explanation, bool json);
