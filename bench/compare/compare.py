@@ -345,7 +345,7 @@ def chain_count(node, mode):
 class Monitor:
     """`nft monitor` in the node namespace; remembers when each new address (10.250/15) appeared."""
 
-    def __init__(self, node):
+    def __init__(self, node, timeout=120):
         self.seen = {}
         self.lock = threading.Lock()
         self.cond = threading.Condition(self.lock)
@@ -359,15 +359,18 @@ class Monitor:
         self.t.start()
         # nft monitor reads the whole ruleset before it subscribes (seconds at 10,000 Services):
         # a change made before that is never printed. Ready once it prints a probe table of its
-        # own (neither program touches tables it does not own).
+        # own (neither program touches tables it does not own). Each probe is a transaction that
+        # is not the program's (kproxy answers one with a full sync): one every 5 s, so that the
+        # program's full syncs do not keep the monitor from the CPU it needs to start (at
+        # 30,000 Services the monitor needed more than 120 s with one a second).
         self.ready = threading.Event()
-        deadline = time.time() + 120
+        deadline = time.time() + timeout
         while not self.ready.is_set() and time.time() < deadline:
             node.exec("nft", "add", "table", "ip", "kproxy-bench-probe")
             node.exec("nft", "delete", "table", "ip", "kproxy-bench-probe")
-            self.ready.wait(1.0)
+            self.ready.wait(5.0)
         if not self.ready.is_set():
-            raise RuntimeError("nft monitor did not start within 120 s")
+            raise RuntimeError(f"nft monitor did not start within {timeout:.0f} s")
 
     def _read(self):
         for line in self.p.stdout:
@@ -580,7 +583,8 @@ def run_one(args, api, which, mode, scale, run, addrs):
                     "first_sync_metric_sum_s": round(m[0], 3) if m else None,
                     "cpu_first_sync_s": round(cpu, 2), "peak_rss_first_sync_mib": round(hwm, 1)})
         log(f"{which} {mode} {services}x{endpoints} run {run}: first sync {took:.3f} s, peak {hwm:.0f} MiB")
-        mon = Monitor(node) if mode == "nftables" else ChainPoller(node)
+        # The monitor reads the whole ruleset before it subscribes: allow it 1 s per 100 Services.
+        mon = Monitor(node, max(120.0, services / 100)) if mode == "nftables" else ChainPoller(node)
         targets = plain_services(102, services)  # the last one for the warm-up
         # A warm-up change, not measured: the monitor's probe table was a transaction that was
         # not the program's (kproxy's nftables backend answers one with a full sync, as it
