@@ -409,8 +409,8 @@ int main(int argc, char** argv) {
 
   // As upstream's platformCleanup: a mode that is not iptables-based removes iptables and IPVS
   // leftovers (a node migrating from kube-proxy's iptables or IPVS mode) before it starts, and
-  // an iptables-based one removes nftables mode's tables. Failures are logged and not fatal, as
-  // upstream.
+  // an iptables-based one removes nftables mode's tables (below: after its first sync). Failures
+  // are logged and not fatal, as upstream.
   const bool iptablesBased = config.mode == "iptables" || config.mode == "ipvs";
   if (!config.dryRun) {
     kproxy::cli::RealLeftoverSystem system;
