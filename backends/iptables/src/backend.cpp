@@ -50,17 +50,17 @@ struct KernelChains final : backends::IptablesSaveReader::Sink {
   };
   std::unordered_map<std::string, Chain> tables[3];
 
-  const Chain* find(Table t, std::string_view name) const {
+  const Chain* find(Table t, const std::string& name) const {
     const auto& m = tables[static_cast<std::size_t>(t)];
-    auto it = m.find(std::string(name));
+    auto it = m.find(name);
     return it == m.end() ? nullptr : &it->second;
   }
 
   void table(std::string_view name) override {
-    current_ = nullptr;
     byIndex_.clear();
-    for (Table t : kTables)
-      if (tableName(t) == name) current_ = &tables[static_cast<std::size_t>(t)], table_ = t;
+    const std::optional<Table> t = tableNamed(name);
+    current_ = t ? &tables[static_cast<std::size_t>(*t)] : nullptr;
+    if (t) table_ = *t;
   }
   void chain(std::size_t index, backends::IptablesChain chain) override {
     if (byIndex_.size() <= index) byIndex_.resize(index + 1, nullptr);
@@ -551,7 +551,7 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
       if (!read) return failed(read.error(), fmt::format("reading {}-save -t {}", toolName(family), tableName(t)));
     }
   }
-  auto kernelChain = [&](Table t, std::string_view name) { return kernel.find(t, name); };
+  auto kernelChain = [&](Table t, const std::string& name) { return kernel.find(t, name); };
 
   Edit edit;
   // The owned chains' rewrites are streamed to the tool while rendering; when the kernel adapter
@@ -685,9 +685,9 @@ sdk::Expected<void> IptablesBackend::cleanup() {
       }
     }
     for (const auto& table : tables) {
-      Table t = Table::kFilter;
-      for (Table candidate : kTables)
-        if (tableName(candidate) == table.name) t = candidate;
+      const std::optional<Table> named = tableNamed(table.name);
+      if (!named) continue;  // only filter, nat and mangle were saved
+      const Table t = *named;
       for (const auto& c : table.chains)
         if (!c.builtin() && isOwnedChain(t, c.name)) owned[index(t)].insert(c.name);
       // Jumps into kproxy's chains from chains that stay (the built-in ones).

@@ -346,10 +346,10 @@ core::Result<void> FakeIptables::restore(sdk::Family family, std::string_view in
     if (line.empty() || line.front() == '#') continue;
     if (line.front() == '*') {
       const std::string_view name = line.substr(1);
-      inTable = false;
-      for (Table t : kTables)
-        if (tableName(t) == name) table = t, inTable = true;
+      const std::optional<Table> named = tableNamed(name);
+      inTable = named.has_value();
       if (!inTable) return fail("unknown table");
+      table = *named;
       work = chains(family, table);
       continue;
     }

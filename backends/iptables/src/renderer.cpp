@@ -67,6 +67,12 @@ std::string_view tableName(Table table) {
   return "filter";
 }
 
+std::optional<Table> tableNamed(std::string_view name) {
+  for (Table t : kTables)
+    if (tableName(t) == name) return t;
+  return std::nullopt;
+}
+
 std::string RenderConfig::markHex() const { return fmt::format("{:#x}", mark()); }
 
 std::span<const std::pair<Table, std::string_view>> dispatchChainNames() { return kDispatchChains; }

@@ -39,6 +39,7 @@ namespace kproxy::iptables {
 enum class Table : std::uint8_t { kFilter, kNat, kMangle };
 inline constexpr Table kTables[] = {Table::kFilter, Table::kNat, Table::kMangle};
 std::string_view tableName(Table table);  ///< "filter", "nat", "mangle"
+std::optional<Table> tableNamed(std::string_view name);  ///< tableName's inverse; nullopt for another table
 
 /// Settings that shape the ruleset, parsed from the plugin's options.
 struct RenderConfig {
