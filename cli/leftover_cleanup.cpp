@@ -1,11 +1,7 @@
 #include "leftover_cleanup.h"
 
-#include <arpa/inet.h>
-#include <libmnl/libmnl.h>
 #include <linux/netfilter.h>
-#include <linux/netfilter/nf_tables.h>
-#include <linux/netfilter/nfnetlink.h>
-#include <sys/socket.h>
+#include <linux/netlink.h>
 
 #include <algorithm>
 #include <array>
@@ -13,10 +9,10 @@
 #include <chrono>
 #include <filesystem>
 #include <set>
-#include <span>
 
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/backends/common/netlink_socket.h"
+#include "kproxy/backends/common/nftables_table.h"
 #include "kproxy/backends/common/process.h"
 #include "kproxy/core/log.h"
 
@@ -105,37 +101,9 @@ bool RealLeftoverSystem::pathExists(const std::string& path) {
 }
 
 core::Result<bool> RealLeftoverSystem::deleteNftablesTable(std::string_view family, std::string_view name) {
-  const std::uint8_t nfproto = family == "ip6" ? NFPROTO_IPV6 : NFPROTO_IPV4;
   auto socket = backends::NetlinkSocket::open(NETLINK_NETFILTER);
   if (!socket) return std::unexpected(socket.error());
-  const std::uint32_t seq = socket->nextSeq(3);
-  // One transaction: batch begin, the table's deletion, batch end.
-  alignas(nlmsghdr) char buffer[512];
-  std::size_t used = 0;
-  auto message = [&](std::uint16_t type, std::uint8_t msgFamily, std::uint16_t resId, std::uint32_t n) {
-    nlmsghdr* nlh = mnl_nlmsg_put_header(buffer + used);
-    nlh->nlmsg_type = type;
-    nlh->nlmsg_flags = NLM_F_REQUEST;
-    nlh->nlmsg_seq = n;
-    auto* nfg = static_cast<nfgenmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(nfgenmsg)));
-    nfg->nfgen_family = msgFamily;
-    nfg->version = NFNETLINK_V0;
-    nfg->res_id = htons(resId);
-    return nlh;
-  };
-  used += message(NFNL_MSG_BATCH_BEGIN, AF_UNSPEC, NFNL_SUBSYS_NFTABLES, seq)->nlmsg_len;
-  nlmsghdr* del = message(static_cast<std::uint16_t>((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_DELTABLE), nfproto, 0, seq + 1);
-  mnl_attr_put_strz(del, NFTA_TABLE_NAME, std::string(name).c_str());
-  used += del->nlmsg_len;
-  used += message(NFNL_MSG_BATCH_END, AF_UNSPEC, NFNL_SUBSYS_NFTABLES, seq + 2)->nlmsg_len;
-  auto failures = socket->sendBatch(std::span<const char>(buffer, used));
-  if (!failures) return std::unexpected(failures.error());
-  for (const auto& f : *failures) {
-    if (f.errnum == ENOENT) return false;
-    return core::makeError(core::ErrorCategory::kKernel,
-                           "nftables: delete table " + std::string(family) + " " + std::string(name), f.errnum);
-  }
-  return true;
+  return backends::deleteNftablesTable(*socket, family == "ip6" ? NFPROTO_IPV6 : NFPROTO_IPV4, name);
 }
 
 core::Result<CommandResult> RealLeftoverSystem::run(const std::vector<std::string>& argv,

@@ -29,6 +29,7 @@
 #include <libnftnl/table.h>
 
 #include "kproxy/backends/common/netlink_socket.h"
+#include "kproxy/backends/common/nftables_table.h"
 #include "kproxy/nftables/kernel.h"
 #include "nftnl_encode.h"
 
@@ -404,26 +405,8 @@ class NetlinkKernel final : public KernelNftables {
   core::Result<void> deleteTables() override {
     auto sock = socket();
     if (!sock) return std::unexpected(sock.error());
-    for (Family fam : {Family::kIPv4, Family::kIPv6}) {
-      std::uint32_t base = (*sock)->nextSeq(3);
-      MessageBuffer buf;
-      out(buf, nftnl_batch_begin(buf.tail(), base));
-      TablePtr t(nftnl_table_alloc());
-      nftnl_table_set_u32(t.get(), NFTNL_TABLE_FAMILY, nfproto(fam));
-      nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, table_.c_str());
-      nlmsghdr* nlh = nftnl_nlmsg_build_hdr(buf.tail(), NFT_MSG_DELTABLE, nfproto(fam), 0, base + 1);
-      nftnl_table_nlmsg_build_payload(nlh, t.get());
-      buf.commit(nlh);
-      out(buf, nftnl_batch_end(buf.tail(), base + 2));
-      auto failures = (*sock)->sendBatch(buf.data());
-      if (!failures) return std::unexpected(failures.error());
-      for (const auto& f : *failures)
-        if (f.errnum != ENOENT)
-          return makeError(ErrorCategory::kKernel,
-                           std::string("nftables: delete table ") +
-                               std::string(familyKeyword(fam)) + " " + table_,
-                           f.errnum);
-    }
+    for (Family fam : {Family::kIPv4, Family::kIPv6})
+      if (auto r = backends::deleteNftablesTable(**sock, static_cast<std::uint8_t>(nfproto(fam)), table_); !r) return std::unexpected(r.error());
     return {};
   }
 
