@@ -524,14 +524,19 @@ NftablesTracer NftablesTracer::fromServicePorts(NftablesRenderer& renderer, Fami
   std::vector<Fragment> fragments;
   for (const auto& p : ports)
     if (toFamily(p.family) == family) fragments.push_back(renderer.renderServicePort(p));
+  return NftablesTracer(renderer.renderGlobal(family, node), fragments,
+                        tracerLocalAddresses(node, renderer.config().nodeIPs));
+}
+
+std::vector<Address> tracerLocalAddresses(const sdk::NodeInfo& node, std::span<const Address> fallback) {
   std::vector<Address> local;
   for (const auto& ip : node.addresses)
     if (auto a = Address::parse(ip); a && a->isHost()) local.push_back(*a);
-  if (local.empty()) local = renderer.config().nodeIPs;
+  if (local.empty()) local.assign(fallback.begin(), fallback.end());
   // The interface addresses NodePorts answer on are the node's own too.
   for (const auto& ip : node.nodePortAddresses.addresses)
     if (auto a = Address::parse(ip); a && a->isHost()) local.push_back(*a);
-  return NftablesTracer(renderer.renderGlobal(family, node), fragments, std::move(local));
+  return local;
 }
 
 Trace NftablesTracer::trace(const Packet& packet) const {

@@ -404,13 +404,10 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
   global.sets = table.sets;
   global.chains = std::move(table.chains);
   global.elements = std::move(table.elements);
-  std::vector<Address> local;
-  for (const auto& ip : node.addresses)
-    if (auto a = Address::parse(ip); a && a->isHost()) local.push_back(*a);
+  std::vector<Address> fallback;  // --node-ips, where the node lists no addresses
   for (const auto& ip : config.nodeIPs)
-    if (auto a = Address::parse(ip); a && a->isHost() && local.empty()) local.push_back(*a);
-  for (const auto& ip : node.nodePortAddresses.addresses)
-    if (auto a = Address::parse(ip); a && a->isHost()) local.push_back(*a);
+    if (auto a = Address::parse(ip); a && a->isHost()) fallback.push_back(*a);
+  const std::vector<Address> local = nftables::tracerLocalAddresses(node, fallback);
   const nftables::NftablesTracer tracer(global, {}, local);
   nftables::Trace trace = tracer.trace(*packet);
 
@@ -443,7 +440,7 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
   const Address& dst = packet->destination;
   const bool loopback = Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(dst);
   x.destinationLocal = loopback || std::any_of(local.begin(), local.end(), [&](const Address& a) { return a == dst; });
-  if (trace.outcome.verdict == plan::TraceVerdict::kDropped && trace.outcome.chain == "cluster-ips-check")
+  if (trace.outcome.verdict == plan::TraceVerdict::kDropped && trace.outcome.chain == nftables::names::kClusterIPsCheckChain)
     x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);
   if (packet->protocol == 132)
     x.reason = "the userspace proxy does not carry SCTP service ports";

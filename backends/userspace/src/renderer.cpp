@@ -6,6 +6,8 @@
 
 #include <fmt/format.h>
 
+#include "kproxy/nftables/renderer.h"
+
 namespace kproxy::userspace {
 
 using namespace nftables;
@@ -76,12 +78,12 @@ RenderedTable renderUserspaceTable(Family family, const std::vector<RedirectEntr
   for (auto& r : lookups({}, true)) output.rules.push_back(std::move(r));
   for (auto& r : lookups({}, false)) output.rules.push_back(std::move(r));
   const Rule otherPorts{{MatchDestInSet{std::string(kClusterIPs)}, Verdict{VerdictKind::kGoto, std::string(kRejectChain)}}};
-  const Rule check{{Verdict{VerdictKind::kJump, "cluster-ips-check"}}};
+  const Rule check{{Verdict{VerdictKind::kJump, names::kClusterIPsCheckChain}}};
   for (Chain* base : {&prerouting, &output}) {
     base->rules.push_back(otherPorts);
     base->rules.push_back(check);
   }
-  Chain clusterIPsCheck{"cluster-ips-check", std::nullopt, {}};
+  Chain clusterIPsCheck{names::kClusterIPsCheckChain, std::nullopt, {}};
   for (const auto& cidr : serviceCIDRs)
     if (cidr.family == family) clusterIPsCheck.rules.push_back(Rule{{MatchAddress{false, false, cidr}, Verdict{VerdictKind::kDrop, {}}}});
   Chain reject{std::string(kRejectChain), std::nullopt,

@@ -76,6 +76,10 @@ struct Trace {
   std::string toText() const;
 };
 
+/// The addresses a tracer takes for the node's own: the node's host addresses (else
+/// `fallback`), and the interface addresses its NodePorts answer on.
+std::vector<Address> tracerLocalAddresses(const sdk::NodeInfo& node, std::span<const Address> fallback);
+
 /// Interprets the rendered objects of one family.
 class NftablesTracer {
  public:
