@@ -423,8 +423,8 @@ int main(int argc, char** argv) {
   // a conntrack entry without NAT, its SYNs went out by the default route, and every SYN that
   // reused its 4-tuple matched that entry again (and kept it alive) for 120 s after the last.
   // Until then the old table's rules (registered first) still serve the services' traffic.
+  // (Only the observer of a run that is not a dry run calls it; dry_run_changes_nothing checks.)
   auto removeOtherModesTables = [&config, iptablesBased] {
-    if (config.dryRun) return;  // changes nothing
     kproxy::cli::RealLeftoverSystem system;
     // The userspace mode redirects in a table of its own: nftables mode's DNAT would win.
     if ((iptablesBased || config.mode == "userspace") && !kproxy::cli::cleanUpNftablesLeftovers(system))
