@@ -408,24 +408,23 @@ int main(int argc, char** argv) {
   if (!backend) return fail(backend.error().message());
 
   // As upstream's platformCleanup: a mode that is not iptables-based removes iptables and IPVS
-  // leftovers (a node migrating from kube-proxy's iptables or IPVS mode) before it starts, and
-  // an iptables-based one removes nftables mode's tables (below: after its first sync). Failures
-  // are logged and not fatal, as upstream.
+  // leftovers (a node migrating from kube-proxy's iptables or IPVS mode), and an iptables-based
+  // one removes nftables mode's tables. Failures are logged and not fatal, as upstream.
+  //
+  // Unlike upstream, all of it happens only once this mode's first sync has put its own rules in
+  // (make before break; called from the sync observer below). Removed at start, the old rules
+  // left every service address without any rule until that sync (start-up, the initial list and
+  // the sync itself): a connection opened in the gap got a conntrack entry without NAT, its SYNs
+  // went out by the default route, and every SYN that reused its 4-tuple matched that entry
+  // again (and kept it alive) for 120 s after the last. Until then the old mode's rules, hooked
+  // first, still serve the services' traffic; the first NAT rule that matches a connection
+  // decides it, so the two never both apply. (Only the observer of a run that is not a dry run
+  // calls it; dry_run_changes_nothing checks.)
   const bool iptablesBased = config.mode == "iptables" || config.mode == "ipvs";
-  if (!config.dryRun) {
+  auto removeOtherModesLeftovers = [&config, iptablesBased] {
     kproxy::cli::RealLeftoverSystem system;
     if (!iptablesBased && !kproxy::cli::cleanUpKubeProxyLeftovers(system))
       log::warning("some iptables or IPVS leftovers could not be removed; continuing");
-  }
-  // The other modes' nftables tables go only once this mode's first sync has put its own rules
-  // in (make before break; called from the sync observer below). Removed at start, they left
-  // every service address without any rule until that sync: a connection opened in the gap got
-  // a conntrack entry without NAT, its SYNs went out by the default route, and every SYN that
-  // reused its 4-tuple matched that entry again (and kept it alive) for 120 s after the last.
-  // Until then the old table's rules (registered first) still serve the services' traffic.
-  // (Only the observer of a run that is not a dry run calls it; dry_run_changes_nothing checks.)
-  auto removeOtherModesTables = [&config, iptablesBased] {
-    kproxy::cli::RealLeftoverSystem system;
     // The userspace mode redirects in a table of its own: nftables mode's DNAT would win.
     if ((iptablesBased || config.mode == "userspace") && !kproxy::cli::cleanUpNftablesLeftovers(system))
       log::warning("some nftables leftovers could not be removed; continuing");
@@ -485,7 +484,7 @@ int main(int argc, char** argv) {
   }
 
   FailureEvents failureEvents{tracker.nodeName, {}};  // the sync thread's only
-  bool otherTablesRemoved = false;                    // the sync thread's only
+  bool otherModesRemoved = false;                    // the sync thread's only
 
   EventSource source;
   if (auto started = startSource(source, config, std::move(*apiConfig), proxier, tracker.nodeName);
@@ -548,11 +547,11 @@ int main(int argc, char** argv) {
     }
     ops = std::make_unique<kproxy::cli::OpsServers>(std::move(opsOptions), proxier);
     // The proxier calls a copy of the observer: state lives outside it.
-    proxier.setObserver([&ops, &proxier, &recorder, &failureEvents, &removeOtherModesTables,
-                         &otherTablesRemoved](const kproxy::core::SyncObservation& o) {
-      if (o.ok && !otherTablesRemoved) {
-        otherTablesRemoved = true;
-        removeOtherModesTables();
+    proxier.setObserver([&ops, &proxier, &recorder, &failureEvents, &removeOtherModesLeftovers,
+                         &otherModesRemoved](const kproxy::core::SyncObservation& o) {
+      if (o.ok && !otherModesRemoved) {
+        otherModesRemoved = true;
+        removeOtherModesLeftovers();
       }
       ops->observe(o);
       if (!o.ok && recorder) failureEvents.report(proxier.syncLedger(), *recorder);

@@ -270,6 +270,7 @@ iptables_leftovers() {
   done
   return 0
 }
+no_iptables_leftovers() { [[ -z "$(iptables_leftovers)" ]]; }
 
 # no_kproxy_leftovers — kproxy_leftovers prints nothing.
 no_kproxy_leftovers() { [[ -z "$(kproxy_leftovers)" ]]; }
@@ -1086,6 +1087,32 @@ case_foreign_rules_untouched() {
   [[ -z "$left" ]] || { kp_fail "left after --cleanup: $(head -5 <<<"$left" | tr '\n' ';')"; return 1; }
 }
 
+# start_monitor LOG — `nft monitor` of the node into LOG, subscribed once it returns (it has
+# seen a throw-away table come and go); its pid in monitor_pid (the caller's local).
+start_monitor() {
+  kp_bg "$1" ip netns exec "$(kp_ns node)" stdbuf -oL nft monitor
+  monitor_pid=$KP_LAST_PID
+  kp_wait_for 5 monitor_saw "$1" || kp_fail "nft monitor did not start" || return 1
+}
+monitor_saw() {
+  kp_nft node add table ip kp-monitor-ready && kp_nft node delete table ip kp-monitor-ready
+  grep -q "add table ip kp-monitor-ready" "$1"
+}
+
+# served_before_removal LOG NEW_RULE REMOVAL WHAT — in the monitor's LOG, the first event
+# matching NEW_RULE (the new mode serving WEB_IP) comes before the first matching REMOVAL (the
+# old mode's rules going; WHAT names them). A moment with no rule at all for the ClusterIP
+# leaves a connection opened then with a conntrack entry without NAT, which blackholes its
+# 4-tuple for 120 s after each SYN that reuses it.
+served_before_removal() {
+  local served removed
+  served="$(grep -n -m1 -E "$2" "$1" | cut -d: -f1)"
+  removed="$(grep -n -m1 -E "$3" "$1" | cut -d: -f1)"
+  kp_note "nft monitor: first rule for $WEB_IP at event ${served:-none}, $4 removed at ${removed:-none}"
+  [[ -n "$served" && -n "$removed" ]] || { kp_fail "nft monitor saw no rule for $WEB_IP or no removal of $4"; return 1; }
+  ((served < removed)) || kp_fail "$4 removed before the new mode's rule for $WEB_IP: a gap with no rule"
+}
+
 # Switching modes (as upstream's platformCleanup): nftables -> iptables leaves no nftables
 # kube-proxy table, iptables -> nftables leaves no KUBE-* chain of either iptables variant.
 case_mode_switch_leaves_nothing() {
@@ -1106,9 +1133,21 @@ case_mode_switch_leaves_nothing() {
   expect_spread node "http://$WEB_IP/" 20 2 || return 1
   expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
 
+  # The iptables rules, too, go only after nftables mode's first sync. iptables-nft's changes
+  # are nftables transactions the monitor shows (in table ip nat); iptables-legacy's are not.
+  local monitor="$KP_WORKDIR/monitor-nftables.log" monitor_pid
+  start_monitor "$monitor" || return 1
   KP_PROXY_MODE=nftables KP_KPROXY_MODE_ARGS="" restart_kproxy || return 1
+  kp_wait_for 5 no_iptables_leftovers
+  kill "$monitor_pid" 2>/dev/null
   left="$(iptables_leftovers)"
   [[ -z "$left" ]] || { kp_fail "iptables chains left after starting in nftables mode: $(head -5 <<<"$left" | tr '\n' ';')"; return 1; }
+  if [[ $IPTABLES_VARIANT == nft ]]; then
+    served_before_removal "$monitor" "add (element|rule) ip kube-proxy .*$WEB_IP" "delete (rule|chain) ip nat " \
+      "iptables mode's nat rules" || return 1
+  else
+    kp_note "iptables-legacy: its removal is not an nftables event; the order is checked with iptables-nft"
+  fi
   [[ -n "$(nftables_leftovers)" ]] || kp_fail "nftables mode made no kube-proxy table" || return 1
   expect_spread node "http://$WEB_IP/" 20 2 || return 1
   expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
@@ -1284,25 +1323,7 @@ case_userspace_mode_switch() {
   table_gone() { ! kp_nft node list table ip "$1" >/dev/null 2>&1; }
   # switch_in_order LOG NEW_RULE OLD_TABLE — in the monitor's LOG, the first line matching
   # NEW_RULE (the new mode serving WEB_IP) comes before OLD_TABLE's deletion.
-  switch_in_order() {
-    local served deleted
-    served="$(grep -n -m1 -E "$2" "$1" | cut -d: -f1)"
-    deleted="$(grep -n -m1 -F "delete table ip $3" "$1" | cut -d: -f1)"
-    kp_note "nft monitor: first rule for $WEB_IP at event ${served:-none}, table $3 deleted at ${deleted:-none}"
-    [[ -n "$served" && -n "$deleted" ]] || { kp_fail "nft monitor saw no rule for $WEB_IP or no deletion of $3"; return 1; }
-    ((served < deleted)) || kp_fail "table ip $3 deleted before the new mode's rule for $WEB_IP: a gap with no rule"
-  }
-  # start_monitor LOG — `nft monitor` of the node into LOG, subscribed once it returns (it has
-  # seen a throw-away table come and go); its pid in monitor_pid.
-  start_monitor() {
-    kp_bg "$1" ip netns exec "$(kp_ns node)" stdbuf -oL nft monitor
-    monitor_pid=$KP_LAST_PID
-    kp_wait_for 5 monitor_saw "$1" || kp_fail "nft monitor did not start" || return 1
-  }
-  monitor_saw() {
-    kp_nft node add table ip kp-monitor-ready && kp_nft node delete table ip kp-monitor-ready
-    grep -q "add table ip kp-monitor-ready" "$1"
-  }
+  switch_in_order() { served_before_removal "$1" "$2" "delete table ip $3( |\$)" "table ip $3"; }
   local monitor="$KP_WORKDIR/monitor-userspace.log" monitor_pid
   start_monitor "$monitor" || return 1
   restart_kproxy || return 1
