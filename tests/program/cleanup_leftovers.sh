@@ -244,7 +244,9 @@ done
 
 if part iptables; then
   # Start-up in nftables mode removes iptables leftovers too (upstream's platformCleanup for a
-  # mode that is not iptables-based): a node switching from kube-proxy's iptables mode.
+  # mode that is not iptables-based): a node switching from kube-proxy's iptables mode. They go
+  # right after kproxy's first sync (the data-path case mode_switch_leaves_nothing checks the
+  # order), within the 10 s this waits.
   v=${VARIANTS[0]}
   if [[ $v == ip6tables* ]]; then rules=$(ruleset 6); else rules=$(ruleset 4 | sed 's/\[\([0-9.]*\)\]/\1/'); fi
   out=$("$v-restore" <<<"$rules" 2>&1) || fail "$v: kube-proxy ruleset loaded again" "$out"
