@@ -484,7 +484,7 @@ int main(int argc, char** argv) {
   }
 
   FailureEvents failureEvents{tracker.nodeName, {}};  // the sync thread's only
-  bool otherModesRemoved = false;                    // the sync thread's only
+  bool otherModesRemoved = false;                     // the sync thread's only
 
   EventSource source;
   if (auto started = startSource(source, config, std::move(*apiConfig), proxier, tracker.nodeName);
