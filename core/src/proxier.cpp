@@ -74,6 +74,13 @@ struct Proxier::Impl {
   std::uint64_t syncNumber = 0;
   SyncLedger ledger;
   std::optional<Clock::time_point> nextVerify;  // set by the first successful full sync
+  std::chrono::steady_clock::duration verifyCost{};  // the last verification's (else full sync's) duration
+
+  // When the next verification is due after one (or a full sync) that ended at `end`: `delay`,
+  // stretched to verifyCostFactor times what a verification costs.
+  Clock::time_point verifyAfter(Clock::time_point end, std::chrono::steady_clock::duration delay) const {
+    return end + std::max(delay, verifyCost * options.verifyCostFactor);
+  }
 
   void record(const SyncObservation& o, const std::vector<ServicePortKey>& changedKeys);
   bool verifyDue(Clock::time_point now) const {
@@ -198,9 +205,12 @@ bool Proxier::Impl::syncIfDue(std::unique_lock<std::mutex>& lock) {
     needFull = false;
     if (kind == SyncKind::kFull) {
       lastFullSync = start;
+      // The cost of a verification until one has run: a full sync also reads the kernel back.
+      if (ledger.verifications == 0) verifyCost = end - start;
       // A full sync that changed the kernel is checked soon: did the kernel keep it?
-      nextVerify = end + (observation.operations > 0 ? std::min(options.verifyAfterChange, options.verifyPeriod)
-                                                     : options.verifyPeriod);
+      nextVerify = verifyAfter(end, observation.operations > 0
+                                        ? std::min(options.verifyAfterChange, options.verifyPeriod)
+                                        : options.verifyPeriod);
     }
     lastSuccessWall = observation.wallTimestamp;
   } else {
@@ -269,7 +279,13 @@ bool Proxier::Impl::verify(std::unique_lock<std::mutex>& lock, Clock::time_point
   if (result) {
     lastFullSync = start;
     lastSuccessWall = observation.wallTimestamp;
-    nextVerify = end + options.verifyPeriod;
+    verifyCost = end - start;
+    nextVerify = verifyAfter(end, options.verifyPeriod);
+    if (verifyCost * options.verifyCostFactor > options.verifyPeriod) {
+      log::info(1, "Verifications take long; the next waits longer than the verify period",
+                {{"backend", backendName}, {"duration", formatDuration(observation.duration)},
+                 {"next", formatDuration(*nextVerify - end)}});
+    }
   } else {
     needFull = true;
     scheduler.retryAfter(end, options.retryInterval);

@@ -35,6 +35,7 @@ class FakeBackend final : public Backend {
                      std::vector<ServicePortKey>(request.changed.begin(), request.changed.end()),
                      request.next->size(), request.next->serviceCIDRs().size()});
     called.notify_all();
+    if (clock) clock->advance(takes);
     if (failNext > 0) {
       --failNext;
       return makeError(failCategory, "netlink batch rejected", 22);
@@ -48,6 +49,8 @@ class FakeBackend final : public Backend {
   std::vector<Call> calls;
   int failNext = 0;
   ErrorCategory failCategory = ErrorCategory::kKernel;
+  ManualClock* clock = nullptr;  ///< when set, each sync takes `takes` on it
+  std::chrono::steady_clock::duration takes{};
 };
 
 struct QuietLog {
@@ -545,6 +548,53 @@ TEST_CASE("self-verification: a full sync of the applied snapshot when nothing i
   CHECK(backend.calls.back().kind == SyncKind::kFull);
   CHECK_FALSE(observed.back().verification);
   CHECK(observed.back().ok);
+}
+
+TEST_CASE("self-verification: at most 1% of the time when verifications take long", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  backend.clock = &clock;
+  backend.takes = 2s;  // every sync, full or not
+  ProxierOptions o = options();
+  o.verifyPeriod = 60s;
+  o.verifyAfterChange = 5s;
+  o.syncPeriod = 1h;
+  Proxier proxier(TrackerConfig{}, backend, o, clock);
+  std::vector<SyncObservation> observed;
+  proxier.setObserver([&](const SyncObservation& ob) { observed.push_back(ob); });
+  proxier.serviceUpserted(service("a"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  REQUIRE(proxier.syncOnceIfDue());  // the first full sync: 2 s, changed the kernel
+
+  // Not 5 s after it but 100 x 2 s: until a verification has run, a full sync is its cost.
+  clock.advance(199s);
+  CHECK_FALSE(proxier.syncOnceIfDue());
+  clock.advance(1s);
+  REQUIRE(proxier.syncOnceIfDue());
+  REQUIRE(observed.size() == 2);
+  CHECK(observed[1].verification);
+
+  // The next one 100 x its 2 s later, not after verifyPeriod (60 s).
+  clock.advance(199s);
+  CHECK_FALSE(proxier.syncOnceIfDue());
+  clock.advance(1s);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(observed.back().verification);
+  CHECK(observed.size() == 3);
+
+  // Cheap ones go back to the period.
+  backend.takes = 100ms;
+  clock.advance(200s);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(observed.size() == 4);
+  clock.advance(59s);
+  CHECK_FALSE(proxier.syncOnceIfDue());
+  clock.advance(1s);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(observed.size() == 5);
+  CHECK(observed.back().verification);
 }
 
 TEST_CASE("self-verification is off with verifyPeriod 0", "[unit][proxier]") {
