@@ -187,8 +187,8 @@ const std::vector<FlagSpec>& flagSpecs() {
         {"verify-period", 0, Kind::kDuration, Scope::kProcess, "5m0s",
          "How often the kernel state is read back and compared with the plan when nothing changed "
          "(and 10s after a full sync that changed it); differences are logged, counted and repaired. "
-         "Where a verification takes long, they are further apart: at least 100 times the last one's "
-         "duration. 0 disables it.",
+         "Where a verification takes long, they are further apart: at least 100 times the "
+         "last one's duration. 0 disables it.",
          durationSetter([](C& c, Duration d) { c.verifyPeriod = d; })},
         {"userspace-idle-timeout", 0, Kind::kDuration, Scope::kProcess, "0s",
          "userspace mode: close a TCP connection idle this long (0: never).",

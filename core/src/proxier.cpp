@@ -74,11 +74,13 @@ struct Proxier::Impl {
   std::uint64_t syncNumber = 0;
   SyncLedger ledger;
   std::optional<Clock::time_point> nextVerify;  // set by the first successful full sync
-  std::chrono::steady_clock::duration verifyCost{};  // the last verification's (else full sync's) duration
+  // What a verification costs: the last one's duration (before the first, the full sync's).
+  std::chrono::steady_clock::duration verifyCost{};
 
   // When the next verification is due after one (or a full sync) that ended at `end`: `delay`,
   // stretched to verifyCostFactor times what a verification costs.
-  Clock::time_point verifyAfter(Clock::time_point end, std::chrono::steady_clock::duration delay) const {
+  Clock::time_point verifyAfter(Clock::time_point end,
+                                std::chrono::steady_clock::duration delay) const {
     return end + std::max(delay, verifyCost * options.verifyCostFactor);
   }
 
