@@ -99,6 +99,23 @@ ProxierOptions options() {
   return o;
 }
 
+// The self-verification tests' options: verified 5 s after a full sync that changed the kernel,
+// then every 60 s; no periodic partial sync in the way.
+ProxierOptions verifyingOptions() {
+  ProxierOptions o = options();
+  o.verifyPeriod = 60s;
+  o.verifyAfterChange = 5s;
+  o.syncPeriod = 1h;
+  return o;
+}
+
+// One Service, both informers synced: the next sync is the first, full one.
+void readyWithOneService(Proxier& proxier) {
+  proxier.serviceUpserted(service("a"));
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+}
+
 }  // namespace
 
 TEST_CASE("no sync until services and slices are both synced; the first is full", "[unit][proxier]") {
@@ -496,16 +513,10 @@ TEST_CASE("self-verification: a full sync of the applied snapshot when nothing i
   QuietLog quiet;
   ManualClock clock;
   FakeBackend backend;
-  ProxierOptions o = options();
-  o.verifyPeriod = 60s;
-  o.verifyAfterChange = 5s;
-  o.syncPeriod = 1h;  // no periodic partial sync in the way
-  Proxier proxier(TrackerConfig{}, backend, o, clock);
+  Proxier proxier(TrackerConfig{}, backend, verifyingOptions(), clock);
   std::vector<SyncObservation> observed;
   proxier.setObserver([&](const SyncObservation& ob) { observed.push_back(ob); });
-  proxier.serviceUpserted(service("a"));
-  proxier.servicesSynced();
-  proxier.endpointSlicesSynced();
+  readyWithOneService(proxier);
   REQUIRE(proxier.syncOnceIfDue());  // the first full sync changed the kernel (1 op)
   const auto applied = proxier.status().applied->generation();
 
@@ -556,16 +567,10 @@ TEST_CASE("self-verification: at most 1% of the time when verifications take lon
   FakeBackend backend;
   backend.clock = &clock;
   backend.takes = 2s;  // every sync, full or not
-  ProxierOptions o = options();
-  o.verifyPeriod = 60s;
-  o.verifyAfterChange = 5s;
-  o.syncPeriod = 1h;
-  Proxier proxier(TrackerConfig{}, backend, o, clock);
+  Proxier proxier(TrackerConfig{}, backend, verifyingOptions(), clock);
   std::vector<SyncObservation> observed;
   proxier.setObserver([&](const SyncObservation& ob) { observed.push_back(ob); });
-  proxier.serviceUpserted(service("a"));
-  proxier.servicesSynced();
-  proxier.endpointSlicesSynced();
+  readyWithOneService(proxier);
   REQUIRE(proxier.syncOnceIfDue());  // the first full sync: 2 s, changed the kernel
 
   // Not 5 s after it but 100 x 2 s: until a verification has run, a full sync is its cost.
