@@ -283,7 +283,7 @@ bool Proxier::Impl::verify(std::unique_lock<std::mutex>& lock, Clock::time_point
     lastSuccessWall = observation.wallTimestamp;
     verifyCost = end - start;
     nextVerify = verifyAfter(end, options.verifyPeriod);
-    if (verifyCost * options.verifyCostFactor > options.verifyPeriod) {
+    if (*nextVerify - end > options.verifyPeriod) {
       log::info(1, "Verifications take long; the next waits longer than the verify period",
                 {{"backend", backendName}, {"duration", formatDuration(observation.duration)},
                  {"next", formatDuration(*nextVerify - end)}});

@@ -405,8 +405,10 @@ class NetlinkKernel final : public KernelNftables {
   core::Result<void> deleteTables() override {
     auto sock = socket();
     if (!sock) return std::unexpected(sock.error());
-    for (Family fam : {Family::kIPv4, Family::kIPv6})
-      if (auto r = backends::deleteNftablesTable(**sock, static_cast<std::uint8_t>(nfproto(fam)), table_); !r) return std::unexpected(r.error());
+    for (Family fam : {Family::kIPv4, Family::kIPv6}) {
+      auto deleted = backends::deleteNftablesTable(**sock, static_cast<std::uint8_t>(nfproto(fam)), table_);
+      if (!deleted) return std::unexpected(deleted.error());
+    }
     return {};
   }
 
