@@ -18,6 +18,10 @@ node reaching the apiserver over a veth, and measures:
   latency      CHANGES one-endpoint changes, each 1.1 s after the previous one reached the
                kernel: API write returned to the new address in the kernel, p50 and p99.
 
+IPVS mode: the host's kernel has no IPVS, so the node is the test VM (VmNode): the ruleset is
+polled as the count of virtual and real servers, ipset members and iptables rules, and changes
+are seen by kproxy-bench-ipvswait in the guest (IpvsPoller).
+
 The programs never run at the same time, so neither slows the other. Results are JSON lines.
 """
 import argparse
@@ -31,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 NODE = "bench-node"
@@ -41,6 +46,8 @@ NAMESPACES = [f"bench-{i}" for i in range(10)]
 # Addresses written by the measured changes: 10.250.0.0/15, never used by the loaded cluster.
 NEW_ADDR_RE = re.compile(r"\b10\.25[01]\.\d{1,3}\.\d{1,3}\b")
 METRIC = "kubeproxy_sync_proxy_rules_duration_seconds"
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def log(msg):
@@ -267,11 +274,14 @@ class Node:
 
 def proc_stat(pid):
     """(peak RSS MiB, RSS MiB, CPU seconds of the process and its reaped children)."""
-    status = open(f"/proc/{pid}/status").read()
+    return parse_proc_stat(open(f"/proc/{pid}/status").read(), open(f"/proc/{pid}/stat").read())
+
+
+def parse_proc_stat(status, stat):
     hwm = int(re.search(r"VmHWM:\s+(\d+)", status).group(1)) / 1024
     rss = int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
+    fields = stat.rsplit(")", 1)[1].split()
+    ticks = 100  # USER_HZ, the same on x86 hosts and guests
     cpu = sum(int(fields[k]) for k in (11, 12, 13, 14)) / ticks  # utime stime cutime cstime
     return hwm, rss, cpu
 
@@ -300,17 +310,7 @@ class Program:
     def metric(self):
         """(sum, count) of the sync duration histogram, or None."""
         r = self.node.exec("curl", "-s", "--max-time", "5", "http://127.0.0.1:10249/metrics")
-        # Upstream labels it by ip_family (one proxier per family, syncing in parallel); the
-        # cluster here is IPv4, so its IPv4 series is the one to compare.
-        series = {}
-        for line in r.stdout.splitlines():
-            m = re.match(METRIC + r'_(sum|count)(\{[^}]*\})? (\S+)$', line)
-            if m:
-                series.setdefault(m.group(2) or "", {})[m.group(1)] = float(m.group(3))
-        for labels in ('{ip_family="IPv4"}', ""):
-            if "sum" in series.get(labels, {}) and "count" in series[labels]:
-                return series[labels]["sum"], int(series[labels]["count"])
-        return None
+        return sync_metric(r.stdout)
 
     def stop(self):
         if self.alive():
@@ -329,10 +329,225 @@ class Program:
             return ""
 
 
+def sync_metric(text):
+    """(sum, count) of the sync duration histogram in a /metrics page, or None."""
+    # Upstream labels it by ip_family (one proxier per family, syncing in parallel); the
+    # cluster here is IPv4, so its IPv4 series is the one to compare.
+    series = {}
+    for line in text.splitlines():
+        m = re.match(METRIC + r'_(sum|count)(\{[^}]*\})? (\S+)$', line)
+        if m:
+            series.setdefault(m.group(2) or "", {})[m.group(1)] = float(m.group(3))
+    for labels in ('{ip_family="IPv4"}', ""):
+        if "sum" in series.get(labels, {}) and "count" in series[labels]:
+            return series[labels]["sum"], int(series[labels]["count"])
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# IPVS mode: the node is the test VM (the host's kernel has no IPVS)
+
+
+class VmNode:
+    """The test VM (tests/vm/run-in-vm.sh) as a node: qemu runs in the control plane's namespace
+    (this process's) with user networking, so the guest, 10.255.0.2, reaches the apiserver at
+    10.255.0.1; vm_node.sh in the guest starts the program when asked and answers queries over
+    HTTP, forwarded by qemu from 127.0.0.1:AGENT_PORT here, and the program's /metrics from
+    127.0.0.1:METRICS_PORT. Under TCG (no KVM here) everything in the guest is several times
+    slower than on the host: compare programs with each other, not with the other modes."""
+
+    AGENT_PORT, METRICS_PORT = 18000, 18249
+
+    def __init__(self, name, args, which, boot_timeout=300):
+        self.ns = name
+        self.logpath = os.path.join(args.workdir, f"{which}-ipvs-{name}.vm.log")
+        # Files go in under their host paths: the binary, --plugin-dir's directory.
+        cmd = [os.path.abspath(w) if os.path.exists(w) else w
+               for w in (args.kproxy_cmd if which == "kproxy" else args.upstream_cmd)]
+        files = [HERE + "/vm_node.sh", args.kubeconfig, args.ipvs_wait] + [w for w in cmd if w.startswith("/")]
+        files += re.findall(r"(?:certificate-authority|tokenFile|client-certificate|client-key):\s*(/\S+)",
+                            open(args.kubeconfig).read())
+        nic = (f"user,model=virtio-net-pci,net=10.255.0.0/24,host={CP_IP},"
+               f"hostfwd=tcp:127.0.0.1:{self.AGENT_PORT}-{NODE_IP}:8000,"
+               f"hostfwd=tcp:127.0.0.1:{self.METRICS_PORT}-{NODE_IP}:10249")
+        self.cmd = cmd
+        self.logf = open(self.logpath, "w")
+        vm = [ROOT + "/tests/vm/run-in-vm.sh", "--timeout", str(args.vm_timeout), "--memory", str(args.vm_memory),
+              "--nic", nic]
+        for f in files:
+            vm += ["--file", f]
+        self.p = subprocess.Popen(vm + ["--", HERE + "/vm_node.sh", args.ipvs_wait] + self.command(args),
+                                  stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + boot_timeout
+        while True:
+            try:
+                if "unknown query" in self.query("ping", timeout=2):
+                    break
+            except OSError:
+                pass
+            if self.p.poll() is not None or time.time() > deadline:
+                self.remove()
+                raise RuntimeError(f"the VM node did not come up:\n{self.tail()}")
+            time.sleep(0.5)
+
+    def command(self, args):
+        return self.cmd + [
+            "--proxy-mode=ipvs", "--kubeconfig", args.kubeconfig, "--hostname-override", NODE,
+            "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", f"{NODE_IP}:10249",
+            "--healthz-bind-address", "127.0.0.1:10256", "--conntrack-max-per-core=0", "-v", str(args.verbosity)]
+
+    def query(self, q, timeout=60):
+        url = f"http://127.0.0.1:{self.AGENT_PORT}/cgi-bin/q?{q}"
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.read().decode()
+
+    def metrics(self):
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.METRICS_PORT}/metrics", timeout=10) as r:
+                return r.read().decode()
+        except OSError:
+            return ""
+
+    def ipvs_objects(self, timeout=120):
+        try:
+            return int(self.query("count", timeout=timeout).strip())
+        except (OSError, ValueError):
+            return None
+
+    def tail(self, n=30):
+        try:
+            return "".join(open(self.logpath).readlines()[-n:])
+        except OSError:
+            return ""
+
+    def remove(self):
+        try:
+            self.query("stop", timeout=5)
+            self.p.wait(60)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        if self.p.poll() is None:
+            os.killpg(self.p.pid, signal.SIGKILL)
+            self.p.wait()
+        self.logf.close()
+
+
+class VmProgram:
+    """The program on a VmNode: Program's interface, answered by the guest."""
+
+    def __init__(self, which, node):
+        self.which, self.mode, self.node = which, "ipvs", node
+        self.start = time.time()
+        self.pid = node.query("start").strip()
+
+    def _proc(self):
+        text = self.node.query("stat", timeout=30)
+        status, _, stat = text.partition("\n\n")
+        return status, stat
+
+    def alive(self):
+        try:
+            status, _ = self._proc()
+        except OSError:
+            return False
+        m = re.search(r"State:\s+(\S)", status)
+        return bool(m) and m.group(1) not in "ZX"
+
+    def stat(self):
+        return parse_proc_stat(*self._proc())
+
+    def metric(self):
+        return sync_metric(self.node.metrics())
+
+    def stop(self):
+        pass  # the node's removal stops it
+
+    def tail(self, n=20):
+        try:
+            return "\n".join(self.node.query("log", timeout=10).splitlines()[-n:])
+        except OSError:
+            return self.node.tail(n)
+
+
+class IpvsPoller:
+    """IPVS mode's change detector: kproxy-bench-ipvswait in the guest asks the kernel for each
+    awaited endpoint's virtual server's real servers every 5 ms (one netlink dump each; both
+    programs add a real server with one netlink message) and streams a line as each appears,
+    timed here on arrival. Armed before the API write where the virtual server is known (every
+    change but an added Service, whose ClusterIP the write allocates), so that starting it in
+    the guest (tens of ms under TCG) is not counted."""
+
+    def __init__(self, node, api):
+        self.node, self.api = node, api
+        self.missed = 0
+        self.vips = {}
+        self.armed = None  # (items, response, time of a real server seen on the first look)
+
+    def vip(self, port_name):
+        """The ClusterIP:port of a service port named as upstream does (ns/name[:port]), or None."""
+        if port_name not in self.vips:
+            ns, _, rest = port_name.partition("/")
+            name, _, pname = rest.partition(":")
+            svc = self.api.call("GET", f"/api/v1/namespaces/{ns}/services/{name}", ok404=True)
+            ip = svc.get("spec", {}).get("clusterIP") if svc else None  # a 404 is a Status
+            if not ip:
+                return None
+            port = next(p["port"] for p in svc["spec"]["ports"] if p.get("name", "") == pname)
+            self.vips[port_name] = f"{ip}:{port}"
+        return self.vips[port_name]
+
+    def arm(self, items, timeout):
+        """Starts the guest's wait for items; returns once it polls. False when a VIP is unknown."""
+        vips = [self.vip(pn) for _, pn in items]
+        if None in vips:
+            return False
+        q = [f"{v}={ip}:8080" for v, (ip, _) in zip(vips, items)]
+        q += ["--timeout-s", str(int(timeout)), "--interval-ms", "5" if len(items) < 10 else "20"]
+        r = urllib.request.urlopen(f"http://127.0.0.1:{self.node.AGENT_PORT}/cgi-bin/q?wait&" + "&".join(q),
+                                   timeout=timeout + 30)
+        seen = None  # on its first look (an added Service's wait starts after the write)
+        while True:
+            line = r.readline().decode().strip()
+            if line == "polling":
+                break
+            if not line.startswith("seen "):
+                raise RuntimeError(f"kproxy-bench-ipvswait in the VM: {line}{r.read().decode()[:500]}")
+            seen = time.time()
+        self.armed = (list(items), r, seen)
+        return True
+
+    def wait_all(self, items, timeout, mode=None):
+        if self.armed is None or self.armed[0] != list(items):
+            deadline = time.time() + timeout
+            while not self.arm(items, timeout):  # an added Service: until its ClusterIP is known
+                if time.time() > deadline:
+                    return None
+                time.sleep(0.05)
+        _, r, last = self.armed
+        self.armed = None
+        with r:
+            for raw in r:
+                line = raw.decode().strip()
+                if line.startswith("seen "):
+                    last = time.time()
+                elif line == "done":
+                    return last
+                else:
+                    return None
+        return None
+
+    def stop(self):
+        if self.armed:
+            self.armed[1].close()
+            self.armed = None
+
+
 def chain_count(node, mode, timeout=120):
     """How many chains the mode's table holds in the node's kernel (cheap: no rules listed), or
     None when the listing did not return within `timeout` seconds: a listing waits for a
     transaction being committed (upstream's first sync at 10,000 x 10 holds it for minutes)."""
+    if mode == "ipvs":
+        return node.ipvs_objects(timeout)
     table = "table ip kube-proxy {" if mode == "nftables" else "table ip nat {"
     try:
         r = node.exec("nft", "list", "chains", "ip", timeout=timeout)
@@ -557,7 +772,8 @@ def first_sync(prog, node, mode, timeout):
             m = prog.metric()
             if m and m[1] >= 1:
                 break
-        time.sleep(0.05)
+        # The VM's queries share the guest's one CPU with the program: fewer of them.
+        time.sleep(1.0 if mode == "ipvs" else 0.05)
     done = next(t for t, c in samples if c == last)
     return done - prog.start, samples
 
@@ -580,6 +796,8 @@ def wait_quiet(prog, quiet=2.0, timeout=120):
 def measured_change(api, prog, mon, writes, addrs, timeout):
     """Apply writes (callables) in parallel; time from the first write to every addr in the kernel."""
     before = wait_quiet(prog)
+    if hasattr(mon, "arm"):
+        mon.arm(addrs, timeout)
     t0 = time.time()
     with ThreadPoolExecutor(min(len(writes), 8)) as pool:
         list(pool.map(lambda w: w(), writes))
@@ -613,15 +831,17 @@ def percentile(xs, p):
 
 def run_one(args, api, which, mode, scale, run, addrs):
     services, endpoints = scale
-    node = Node(f"{args.prefix}{which[0]}{mode[:2]}{run}", args.cp_ns)
+    name = f"{args.prefix}{which[0]}{mode[:2]}{run}"
+    node = VmNode(name, args, which) if mode == "ipvs" else Node(name, args.cp_ns)
     res = {"program": which, "mode": mode, "services": services, "endpoints": endpoints, "run": run,
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": args.versions[which],
            # Other work on the machine skews a run: the load when it started.
            "loadavg_1m": float(open("/proc/loadavg").read().split()[0])}
-    prog = Program(which, mode, node, args, args.workdir)
+    prog = None
     mon = None
     timeout = args.upstream_timeout if which == "upstream" else args.kproxy_timeout
     try:
+        prog = VmProgram(which, node) if mode == "ipvs" else Program(which, mode, node, args, args.workdir)
         took, samples = first_sync(prog, node, mode, timeout)
         if took is None:
             res["first_sync_capped_s"] = timeout
@@ -638,7 +858,9 @@ def run_one(args, api, which, mode, scale, run, addrs):
         # A failure after the first sync keeps what was measured up to it.
         try:
             # The monitor reads the whole ruleset before it subscribes: allow it 1 s per 100 Services.
-            if mode != "nftables":
+            if mode == "ipvs":
+                mon = IpvsPoller(node, api)
+            elif mode != "nftables":
                 mon = ChainPoller(node)
             elif which == "upstream" and args.upstream_nft_watch == "chains":
                 mon = NftChainPoller(node)
@@ -688,6 +910,8 @@ def run_one(args, api, which, mode, scale, run, addrs):
                 if time.time() > t_end:
                     break
                 a = addrs.next()
+                if hasattr(mon, "arm"):
+                    mon.arm([(a, port_name_of(targets[k % 100 + 1]))], args.change_timeout)
                 patch_slice(api, targets[k % 100 + 1], endpoints, {0: a})()
                 t_w = time.time()
                 seen = mon.wait_all([(a, port_name_of(targets[k % 100 + 1]))], args.change_timeout, mode)
@@ -723,9 +947,10 @@ def run_one(args, api, which, mode, scale, run, addrs):
     finally:
         if mon:
             mon.stop()
-        if not prog.alive() and "first_sync_s" in res and "peak_rss_mib" not in res:
-            res["error"] = f"{which} exited: {prog.tail(5)}"
-        prog.stop()
+        if prog:
+            if not prog.alive() and "first_sync_s" in res and "peak_rss_mib" not in res:
+                res["error"] = f"{which} exited: {prog.tail(5)}"
+            prog.stop()
         node.remove()
 
 
@@ -752,9 +977,11 @@ def main():
     ap.add_argument("--kproxy", required=True, help="kproxy command (words split on blanks)")
     ap.add_argument("--upstream", required=True, help="kube-proxy command")
     ap.add_argument("--programs", default="kproxy,upstream")
-    ap.add_argument("--modes", default="nftables,iptables")
+    ap.add_argument("--modes", default="nftables,iptables",
+                    help="nftables, iptables, ipvs (the node is then the test VM: tests/vm/run-in-vm.sh)")
     ap.add_argument("--scales", default="1000x2,10000x2", help="SERVICESxENDPOINTS,... in increasing order")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--upstream-runs", type=int, help="runs of upstream, when fewer than --runs (its capped ones)")
     ap.add_argument("--changes", type=int, default=100, help="changes timed for the programming latency")
     ap.add_argument("--latency-budget", type=float, default=300, help="seconds at most per latency series")
     ap.add_argument("--change-timeout", type=float, default=120)
@@ -763,11 +990,17 @@ def main():
     ap.add_argument("--upstream-nft-watch", choices=["monitor", "chains"], default="monitor",
                     help="how upstream's nftables changes are seen: nft monitor, or its chain names listed "
                          "(for 10 endpoints per Service and more, where the monitor cannot start)")
+    ap.add_argument("--ipvs-wait", help="kproxy-bench-ipvswait (bench/compare/ipvs_wait.cpp), for --modes ipvs")
+    ap.add_argument("--vm-memory", type=int, default=3072, help="MiB of the IPVS node's VM")
+    ap.add_argument("--vm-timeout", type=int, default=7200, help="seconds at most of one IPVS node's VM")
     ap.add_argument("--out", required=True, help="JSON lines, appended")
     ap.add_argument("--verbosity", type=int, default=1,
                     help="-v of both programs (kproxy logs each sync's summary, with what its tools cost, at 2)")
     args = ap.parse_args()
     enter_netns(args.cp_ns)
+    if "ipvs" in args.modes.split(",") and not (args.ipvs_wait and os.access(args.ipvs_wait, os.X_OK)):
+        ap.error("--modes ipvs needs --ipvs-wait BIN (BUILD/bench/compare/kproxy-bench-ipvswait)")
+    args.ipvs_wait = args.ipvs_wait and os.path.abspath(args.ipvs_wait)
     args.kproxy_cmd = args.kproxy.split()
     args.upstream_cmd = args.upstream.split()
 
@@ -790,6 +1023,8 @@ def main():
         for mode in args.modes.split(","):
             for run in range(1, args.runs + 1):
                 for which in args.programs.split(","):
+                    if which == "upstream" and args.upstream_runs is not None and run > args.upstream_runs:
+                        continue
                     try:
                         res = run_one(args, api, which, mode, (services, endpoints), run, addrs)
                     except Exception as e:  # one failed run is reported, the others go on

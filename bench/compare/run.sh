@@ -3,7 +3,9 @@
 # for what is measured). Builds upstream's kube-proxy at the apiserver's version into the same
 # cache as the apiserver (tests/e2e/build-control-plane.sh), runs the control plane in a network
 # namespace of its own and each program, one at a time, in a fresh node namespace joined to it
-# by a veth. Nothing touches the host's own network namespace.
+# by a veth. IPVS mode (--modes ipvs) runs each program in the test VM instead (tests/vm/, as the
+# host's kernel has no IPVS), reaching the apiserver through qemu's user networking from the
+# control plane's namespace. Nothing touches the host's own network namespace.
 #
 # usage: bench/compare/run.sh [--kproxy BIN] [--plugin-dir DIR] [--out DIR] [compare.py options]
 #   e.g. bench/compare/run.sh --scales 1000x2,10000x2 --modes nftables,iptables --runs 3
@@ -38,6 +40,9 @@ UPSTREAM="${KPROXY_CACHE:-$HOME/.cache/kproxy}/bin/kube-proxy"
 KPROXY="$(kp_kproxy_bin)" || kp_die "kproxy not built (cmake --build build) and no --kproxy BIN"
 PLUGINS="${KPROXY_PLUGIN_DIR:-$(dirname "$(dirname "$KPROXY")")/plugins-out}"
 [[ -f "$PLUGINS/kproxy-backend-nftables.so" ]] || kp_die "no backend plugins in $PLUGINS (--plugin-dir DIR)"
+# --modes ipvs: the change detector on the VM node, built beside kproxy.
+IPVS_WAIT="${KPROXY_IPVS_WAIT:-$(dirname "$(dirname "$KPROXY")")/bench/compare/kproxy-bench-ipvswait}"
+[[ -x "$IPVS_WAIT" ]] && PASS+=(--ipvs-wait "$IPVS_WAIT")
 
 kp_init
 mkdir -p "$OUT/logs"

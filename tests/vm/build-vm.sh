@@ -120,7 +120,9 @@ for pkg in "${EXTRA_PKGS[@]}"; do
 done
 
 # --- kernel: vmlinuz and the module subset ------------------------------------------------------
-KDIR="$CACHE/kernel-$(basename "$KERNEL_DEB" .deb)"
+# MODULE_SET names the subset below: a new one extracts the kernel again.
+MODULE_SET=2
+KDIR="$CACHE/kernel-$(basename "$KERNEL_DEB" .deb)-m$MODULE_SET"
 if [[ ! -s $KDIR/vmlinuz ]]; then
   log "extracting $(basename "$KERNEL_DEB")"
   tmp=$(mktemp -d "$CACHE/.kernel.XXXXXX")
@@ -130,9 +132,11 @@ if [[ ! -s $KDIR/vmlinuz ]]; then
   [[ -d $mods ]] || die "$KERNEL_DEB has no lib/modules/$KVER"
   depmod -b "$tmp/root" "$KVER"
   # Every netfilter module (nftables, iptables, conntrack, IPVS, ipset), the bridge (for
-  # br_netfilter), dummy and veth; modprobe adds what they depend on.
+  # br_netfilter), dummy and veth, and virtio's network card (bench/compare's IPVS node, which
+  # reaches the apiserver through qemu's user networking); modprobe adds what they depend on.
   seeds=$(cd "$mods" && find kernel/net/netfilter kernel/net/ipv4/netfilter kernel/net/ipv6/netfilter \
-            kernel/net/bridge kernel/drivers/net/dummy.ko kernel/drivers/net/veth.ko -name '*.ko*' |
+            kernel/net/bridge kernel/drivers/net/dummy.ko kernel/drivers/net/veth.ko \
+            kernel/drivers/net/virtio_net.ko kernel/drivers/virtio/virtio_pci.ko -name '*.ko*' |
           sed 's|.*/||; s|\.ko.*$||' | sort -u)
   mkdir -p "$tmp/out/modules/$KVER"
   for m in $seeds; do
@@ -143,7 +147,7 @@ if [[ ! -s $KDIR/vmlinuz ]]; then
     cp "$path" "$tmp/out/modules/$KVER/$rel"
   done
   cp "$mods"/modules.builtin "$mods"/modules.builtin.modinfo "$mods"/modules.order "$tmp/out/modules/$KVER/"
-  for m in ip_vs ip_vs_rr dummy veth nf_conntrack nf_tables; do
+  for m in ip_vs ip_vs_rr dummy veth nf_conntrack nf_tables virtio_net virtio_pci; do
     find "$tmp/out/modules/$KVER" -name "$m.ko*" | grep -q . || die "module $m is not in $KERNEL_PKG"
   done
   cp "$tmp/root/boot/vmlinuz-$KVER" "$tmp/out/vmlinuz"
@@ -151,6 +155,8 @@ if [[ ! -s $KDIR/vmlinuz ]]; then
   echo "$KERNEL_PKG $(dpkg-deb -f "$KERNEL_DEB" Version)" >"$tmp/out/VERSION"
   rm -rf "$KDIR"
   mv "$tmp/out" "$KDIR"
+  # Kernels extracted with another module set go.
+  find "$CACHE" -maxdepth 1 -name "kernel-*" ! -path "$KDIR" ! -name ".*" -exec rm -rf {} +
   rm -rf "$tmp"
 fi
 

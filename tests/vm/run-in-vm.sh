@@ -3,7 +3,7 @@
 # status.
 #
 #   tests/vm/run-in-vm.sh [--timeout S] [--memory MiB] [--keep-log FILE] [--verbose]
-#                         [--file HOST_PATH[:GUEST_PATH]]... -- COMMAND [ARG]...
+#                         [--nic SPEC] [--file HOST_PATH[:GUEST_PATH]]... -- COMMAND [ARG]...
 #
 # The guest boots a Debian cloud kernel under qemu (KVM when /dev/kvm works, else TCG), mounts
 # proc, sys, devtmpfs, loads ip_vs, its rr/wrr/sh schedulers, conntrack, nftables, iptables,
@@ -11,6 +11,9 @@
 # stdout and stderr (merged) come out on this script's stdout; the status comes back through the
 # serial console as a marker line. --file copies a file or directory into the guest (GUEST_PATH
 # defaults to the absolute host path) with the shared libraries of every ELF file in it.
+# The guest has no network card unless --nic gives qemu's -nic SPEC (bench/compare's IPVS node:
+# user networking, from inside the control plane's network namespace); its driver is
+# virtio_net (load it with virtio_pci).
 #
 # Exit status: COMMAND's; 125 when the VM cannot be built or booted, or COMMAND never reported
 # (the last console lines are printed to stderr); 124 on timeout (default 300 s).
@@ -22,6 +25,7 @@ HERE=$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")
 TIMEOUT=300
 MEMORY=1024
 KEEP_LOG=""
+NIC=none
 VERBOSE=0
 FILES=()
 
@@ -32,6 +36,7 @@ while (($#)); do
     --timeout) TIMEOUT=${2:?--timeout needs seconds}; shift 2 ;;
     --memory) MEMORY=${2:?--memory needs MiB}; shift 2 ;;
     --file) FILES+=("${2:?--file needs HOST_PATH[:GUEST_PATH]}"); shift 2 ;;
+    --nic) NIC=${2:?--nic needs a qemu -nic spec}; shift 2 ;;
     --keep-log) KEEP_LOG=${2:?--keep-log needs a file}; shift 2 ;;
     --verbose) VERBOSE=1; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$(readlink -f "${BASH_SOURCE[0]}")"; exit 0 ;;
@@ -68,7 +73,7 @@ built=$(date +%s.%N)
 
 CACHE=${KPROXY_VM_CACHE:-$HOME/.cache/kproxy/vm}
 QEMU_COMMON=(-cpu max -smp 1 -m "$MEMORY" -nographic -no-reboot -nodefaults -serial stdio
-             -display none -nic none -kernel "$KERNEL")
+             -display none -kernel "$KERNEL")
 
 # kvm_works: whether a stock guest boots under KVM here. An openable /dev/kvm is not enough: in
 # some nested setups qemu aborts on a model-specific register or the guest hangs before its
@@ -106,7 +111,7 @@ APPEND="console=ttyS0 panic=-1 oops=panic rdinit=/init"
 # as it comes, the rest (the kernel's boot messages) only into the log. `sed -u` strips the
 # console's carriage returns line by line (tr would hold them back in 4 KiB blocks).
 set +e
-timeout -k 10 "$TIMEOUT" qemu-system-x86_64 -accel "$ACCEL" "${QEMU_COMMON[@]}" \
+timeout -k 10 "$TIMEOUT" qemu-system-x86_64 -accel "$ACCEL" "${QEMU_COMMON[@]}" -nic "$NIC" \
     -initrd "$INITRD" -append "$APPEND" </dev/null 2>&1 |
   sed -u 's/\r//g' | tee "$LOG" |
   awk -v begin="KPROXY-VM-BEGIN-$NONCE" -v exit_marker="KPROXY-VM-EXIT-$NONCE=" -v verbose="$VERBOSE" '
