@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kproxy/backends/common/interface_addresses.h"
@@ -95,4 +96,44 @@ TEST_CASE("the interface address watcher follows added and removed addresses", "
   CHECK(has(seen, "10.78.0.2"));
 
   watcher->reset();  // stops its thread before the namespace goes
+}
+
+// IPVS mode binds every ClusterIP to kube-ipvs0: those are no node addresses (upstream leaves
+// them out too), and binding one must not make the proxy resync. The host kernel has no dummy
+// links; the exclusion goes by name, so a veth named kube-ipvs0 stands in.
+TEST_CASE("kube-ipvs0's addresses are neither read nor reported", "[kernel]") {
+  FreshNetns netns;
+  sh("ip link set lo up");
+  sh("ip link add kp-addr0 type veth peer name kp-addr1 && ip link set kp-addr0 up && ip link set kp-addr1 up");
+  sh("ip addr add 10.77.0.1/24 dev kp-addr0");
+  sh("ip link add kube-ipvs0 type veth peer name kp-addr2");
+  sh("ip addr add 10.96.0.10/32 dev kube-ipvs0");
+
+  auto addresses = backends::readInterfaceAddresses();
+  REQUIRE(addresses);
+  CHECK(has(*addresses, "10.77.0.1"));
+  CHECK_FALSE(has(*addresses, "10.96.0.10"));
+
+  Reports reports;
+  auto watcher = backends::InterfaceAddressWatcher::start(
+      [&](std::vector<std::string> a) { reports.add(std::move(a)); }, std::chrono::milliseconds(50));
+  REQUIRE(watcher);
+  {
+    std::lock_guard lock(reports.mutex);
+    REQUIRE(reports.lists.size() == 1);
+    CHECK_FALSE(has(reports.lists.front(), "10.96.0.10"));
+  }
+  // Many Services' addresses at once, then a real change after them: the next report is that
+  // change's, with none of kube-ipvs0's addresses.
+  sh("for i in $(seq 11 60); do ip addr add 10.96.0.$i/32 dev kube-ipvs0; done");
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // ten quiet periods
+  sh("ip addr add 10.78.0.2/24 dev kp-addr0");
+  auto seen = reports.waitFor([](const auto& a) { return has(a, "10.78.0.2"); });
+  CHECK(has(seen, "10.78.0.2"));
+  CHECK_FALSE(has(seen, "10.96.0.11"));
+  {
+    std::lock_guard lock(reports.mutex);
+    CHECK(reports.lists.size() == 2);  // the first read and 10.78.0.2: nothing for kube-ipvs0
+  }
+  watcher->reset();
 }

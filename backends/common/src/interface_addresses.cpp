@@ -5,6 +5,7 @@
 #include <linux/if_addr.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
+#include <net/if.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
@@ -25,10 +26,20 @@ namespace {
 using core::ErrorCategory;
 using core::makeError;
 
+// The interface index of kube-ipvs0 now, 0 when there is none (no interface has index 0).
+unsigned excludedIndex() { return ::if_nametoindex(kIpvsDummyInterface); }
+
+// Whether an address message is about an interface other than `excluded`.
+bool counts(const nlmsghdr* nlh, unsigned excluded) {
+  if (nlh->nlmsg_len < NLMSG_LENGTH(sizeof(ifaddrmsg))) return true;
+  const auto* ifa = static_cast<const ifaddrmsg*>(mnl_nlmsg_get_payload(nlh));
+  return excluded == 0 || ifa->ifa_index != excluded;
+}
+
 // One RTM_NEWADDR message's address; IFA_LOCAL (the own end of a point-to-point link) before
-// IFA_ADDRESS, as Go's net.InterfaceAddrs reads it.
-bool addressOf(const nlmsghdr* nlh, std::vector<std::string>& out) {
-  if (nlh->nlmsg_type != RTM_NEWADDR) return true;
+// IFA_ADDRESS, as Go's net.InterfaceAddrs reads it. Nothing for interface `excluded`.
+bool addressOf(const nlmsghdr* nlh, unsigned excluded, std::vector<std::string>& out) {
+  if (nlh->nlmsg_type != RTM_NEWADDR || !counts(nlh, excluded)) return true;
   const auto* ifa = static_cast<const ifaddrmsg*>(mnl_nlmsg_get_payload(nlh));
   if (ifa->ifa_family != AF_INET && ifa->ifa_family != AF_INET6) return true;
   const nlattr* found[IFA_MAX + 1] = {};
@@ -60,7 +71,8 @@ core::Result<std::vector<std::string>> dumpAddresses(NetlinkSocket& socket) {
   auto* ifa = static_cast<ifaddrmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(ifaddrmsg)));
   ifa->ifa_family = AF_UNSPEC;
   std::vector<std::string> out;
-  if (auto r = socket.dump(nlh, [&](const nlmsghdr* m) { return addressOf(m, out); }); !r)
+  const unsigned excluded = excludedIndex();
+  if (auto r = socket.dump(nlh, [&](const nlmsghdr* m) { return addressOf(m, excluded, out); }); !r)
     return makeError(r.error().category, "reading interface addresses: " + r.error().context,
                      r.error().errnum);
   std::sort(out.begin(), out.end());
@@ -97,14 +109,19 @@ struct InterfaceAddressWatcher::Impl {
   std::vector<std::string> last;
   std::thread thread;
 
-  // Reads every queued notification; true when there was at least one (or some were lost).
+  // Reads every queued notification; true when one was about an interface other than
+  // kube-ipvs0 (IPVS mode binds every ClusterIP there), or some were lost.
   bool drain() {
     bool any = false;
     std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE);
+    const unsigned excluded = excludedIndex();
     for (;;) {
       ssize_t n = ::recv(mnl_socket_get_fd(events), buf.data(), buf.size(), MSG_DONTWAIT);
       if (n > 0) {
-        any = true;
+        int left = static_cast<int>(n);
+        for (auto* m = reinterpret_cast<const nlmsghdr*>(buf.data()); !any && mnl_nlmsg_ok(m, left);
+             m = mnl_nlmsg_next(m, &left))
+          any = counts(m, excluded);
         continue;
       }
       if (n < 0 && errno == EINTR) continue;

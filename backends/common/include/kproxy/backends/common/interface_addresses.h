@@ -18,8 +18,13 @@
 
 namespace kproxy::backends {
 
-/// Every address of every interface, both families, numeric ("10.0.0.1", "fd00::1"), sorted
-/// and unique. The local address of a point-to-point link, not its peer.
+/// IPVS mode's dummy interface: it holds the Services' addresses, not the node's, and its
+/// addresses are left out (upstream's GetAllLocalAddressesExcept("kube-ipvs0")). Its changes
+/// are not reported either: binding a new Service's ClusterIP is no node address change.
+inline constexpr const char* kIpvsDummyInterface = "kube-ipvs0";
+
+/// Every address of every interface but kube-ipvs0, both families, numeric ("10.0.0.1",
+/// "fd00::1"), sorted and unique. The local address of a point-to-point link, not its peer.
 core::Result<std::vector<std::string>> readInterfaceAddresses();
 
 /// Follows the interface addresses of the caller's network namespace on a thread of its own.
