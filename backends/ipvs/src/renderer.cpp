@@ -565,13 +565,15 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
           }
         }
         // The node's connections to the VIP (with the VIP as source) never cross INPUT or
-        // FORWARD: refuse them in OUTPUT, after IPVS, when the ranges do not admit them.
+        // FORWARD: refuse them in OUTPUT, after IPVS, when the ranges do not admit them. The
+        // ipvs match's address as iptables-save prints it: a host without its length (a
+        // full sync compares the saved rules with these texts).
         if (!admitted(ip))
           rule(Table::kFilter, kIpvsOutFilter,
                Spec()
                    .src(saved(ip, fam))
                    .match(fmt::format("-m ipvs --vproto {} --vaddr {} --vport {}", protoNumber(p.protocol),
-                                      saved(ip, fam), ipvsPort(p.port)))
+                                      ip, ipvsPort(p.port)))
                    .jump("DROP"));
       }
       if (externalServers) addVirtualServer(ip, p.port, Traffic::kLoadBalancer, externalEndpoints);

@@ -415,7 +415,7 @@ COMMIT
 -A OUTPUT -j KUBE-IPVS-OUT-FILTER
 -A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN
 -A KUBE-IPVS-FILTER -m set --match-set KUBE-IPVS-IPS dst -m conntrack --ctstate NEW -j REJECT --reject-with icmp-port-unreachable
--A KUBE-IPVS-OUT-FILTER -s 10.96.0.10/32 -m ipvs --vproto 6 --vaddr 10.96.0.10/32 --vport 80 -j DROP
+-A KUBE-IPVS-OUT-FILTER -s 10.96.0.10/32 -m ipvs --vproto 6 --vaddr 10.96.0.10 --vport 80 -j DROP
 COMMIT
 )";
 

@@ -211,7 +211,7 @@ TEST_CASE("ipvs renderer: LoadBalancer source ranges", "[unit]") {
                   "add KUBE-LOAD-BALANCER-SOURCE-CIDR 5.6.7.8,tcp:80,198.51.100.9/32",
                   "add KUBE-LOAD-BALANCER-SOURCE-CIDR 5.6.7.8,tcp:80,203.0.113.0/25"});
     CHECK(rulesOf(f, Table::kFilter, "KUBE-IPVS-OUT-FILTER") ==
-          Strings{"-s 5.6.7.8/32 -m ipvs --vproto 6 --vaddr 5.6.7.8/32 --vport 80 -j DROP"});
+          Strings{"-s 5.6.7.8/32 -m ipvs --vproto 6 --vaddr 5.6.7.8 --vport 80 -j DROP"});
     CHECK(f.rules.size() == 1);
   }
   SECTION("a range holds a node IP: the VIP is an admitted source, no OUTPUT drop") {
@@ -332,7 +332,7 @@ TEST_CASE("ipvs renderer: externalTrafficPolicy=Local", "[unit]") {
                   "destinations\" -m tcp --dport 80 -m set --match-set KUBE-LOAD-BALANCER-SOURCE-CIDR dst,dst,src -j "
                   "DNAT --to-destination 172.30.0.46:80"});
     CHECK(rulesOf(f, Table::kFilter, "KUBE-IPVS-OUT-FILTER") ==
-          Strings{"-s 5.6.7.6/32 -m ipvs --vproto 6 --vaddr 5.6.7.6/32 --vport 80 -j DROP"});
+          Strings{"-s 5.6.7.6/32 -m ipvs --vproto 6 --vaddr 5.6.7.6 --vport 80 -j DROP"});
   }
   SECTION("iTP=Local too: no virtual server holds the cluster pool, a problem is recorded") {
     p.internalPolicyLocal = true;
@@ -517,7 +517,7 @@ TEST_CASE("ipvs renderer: IPv6 names, entries and rules", "[unit]") {
                 "add KUBE-6-LOOP-BACK fd00:10:244::5,sctp:8080,fd00:10:244::5",
                 "add KUBE-6-NODE-PORT-SCTP-HASH fd00:192::2,sctp:30010"});
   CHECK(rulesOf(f, Table::kFilter, "KUBE-IPVS-OUT-FILTER") ==
-        Strings{"-s 2001:db8::10/128 -m ipvs --vproto 132 --vaddr 2001:db8::10/128 --vport 80 -j DROP"});
+        Strings{"-s 2001:db8::10/128 -m ipvs --vproto 132 --vaddr 2001:db8::10 --vport 80 -j DROP"});
   CHECK(toIpvsadm(std::span(f.virtualServers).first(1)) ==
         "-A --sctp-service [fd00:10:96::a]:80 -s rr\n"
         "-a --sctp-service [fd00:10:96::a]:80 -r [fd00:10:244::5]:8080 -m -w 1\n");
