@@ -422,6 +422,12 @@ class VmNode:
 
     def remove(self):
         try:
+            # The program's own log, kept beside the VM's console log.
+            with open(self.logpath.replace(".vm.log", ".log"), "w") as f:
+                f.write(self.query("log", timeout=60))
+        except OSError:
+            pass
+        try:
             self.query("stop", timeout=5)
             self.p.wait(60)
         except (OSError, subprocess.TimeoutExpired):
@@ -464,7 +470,7 @@ class VmProgram:
 
     def tail(self, n=20):
         try:
-            return "\n".join(self.node.query("log", timeout=10).splitlines()[-n:])
+            return "\n".join(self.node.query("log", timeout=30).splitlines()[-n:])
         except OSError:
             return self.node.tail(n)
 
@@ -857,6 +863,11 @@ def run_one(args, api, which, mode, scale, run, addrs):
                     "first_sync_metric_sum_s": round(m[0], 3) if m else None,
                     "cpu_first_sync_s": round(cpu, 2), "peak_rss_first_sync_mib": round(hwm, 1)})
         log(f"{which} {mode} {services}x{endpoints} run {run}: first sync {took:.3f} s, peak {hwm:.0f} MiB")
+        if args.dump_state and mode == "ipvs":
+            # Both programs' state for the same cluster, to compare (upstream parity).
+            path = os.path.join(args.workdir, f"{which}-{mode}-{services}x{endpoints}-run{run}.state")
+            with open(path, "w") as f:
+                f.write(node.query("dump", timeout=300))
         # A failure after the first sync keeps what was measured up to it.
         try:
             # The monitor reads the whole ruleset before it subscribes: allow it 1 s per 100 Services.
@@ -993,6 +1004,8 @@ def main():
                     help="how upstream's nftables changes are seen: nft monitor, or its chain names listed "
                          "(for 10 endpoints per Service and more, where the monitor cannot start)")
     ap.add_argument("--ipvs-wait", help="kproxy-bench-ipvswait (bench/compare/ipvs_wait.cpp), for --modes ipvs")
+    ap.add_argument("--dump-state", action="store_true",
+                    help="ipvs: write what each program programmed after its first sync to WORKDIR/*.state")
     ap.add_argument("--vm-memory", type=int, default=3072, help="MiB of the IPVS node's VM")
     ap.add_argument("--vm-timeout", type=int, default=7200, help="seconds at most of one IPVS node's VM")
     ap.add_argument("--out", required=True, help="JSON lines, appended")

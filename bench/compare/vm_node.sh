@@ -13,7 +13,8 @@
 #   /cgi-bin/q?count          lines of /proc/net/ip_vs, ipset members and iptables rules
 #   /cgi-bin/q?wait&ARG…      WAIT_TOOL ARG…: streams "polling", then "seen REAL:PORT" lines
 #   /cgi-bin/q?stat           the program's /proc/PID/status, then /proc/PID/stat
-#   /cgi-bin/q?log            the last lines of the program's output
+#   /cgi-bin/q?log            the program's output
+#   /cgi-bin/q?dump           what the program programmed: ipvsadm -Ln, ipset list, iptables-save
 #   /cgi-bin/q?stop           stop the program and power the VM off
 set -u
 [ $# -gt 1 ] || { echo "vm_node: usage: vm_node.sh WAIT_TOOL PROGRAM [ARG]..."; exit 2; }
@@ -24,6 +25,16 @@ ip link set eth0 up &&
   ip addr add 10.255.0.2/24 dev eth0 &&
   ip route add default via 10.255.0.1 || { echo "vm_node: no network"; exit 1; }
 sysctl -q -w net.ipv4.ip_forward=1
+# eth0's IPv6 link-local address comes seconds after the link under TCG (duplicate address
+# detection): a node address change that would reach a program started before it.
+i=0
+while [ $i -lt 100 ]; do
+  if ip -6 addr show dev eth0 scope link | grep -q inet6 && ! ip -6 addr show dev eth0 | grep -q tentative; then
+    break
+  fi
+  sleep 0.1
+  i=$((i + 1))
+done
 
 {
   echo '#!/bin/sh'
@@ -54,7 +65,13 @@ case $QUERY_STRING in
             $(iptables-legacy-save 2>/dev/null | grep -c '^-A'))) ;;
   wait\&*) exec "$(cat /run/wait_tool)" $(echo "${QUERY_STRING#wait&}" | tr '&' ' ') 2>&1 ;;
   stat) cat "/proc/$pid/status" && echo && cat "/proc/$pid/stat" ;;
-  log) tail -n 40 /run/prog.log ;;
+  log) cat /run/prog.log ;;
+  dump)
+    ipvsadm -Ln
+    ipset list
+    iptables-nft-save
+    iptables-legacy-save
+    ip -o addr show dev kube-ipvs0 ;;
   stop) touch /run/stop; echo stopping ;;
   *) echo "unknown query: $QUERY_STRING" ;;
 esac
