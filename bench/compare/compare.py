@@ -323,10 +323,15 @@ class Program:
         self.logf.close()
 
     def tail(self, n=20):
-        try:
-            return "".join(open(self.logpath).readlines()[-n:])
-        except OSError:
-            return ""
+        return file_tail(self.logpath, n)
+
+
+def file_tail(path, n):
+    """The last n lines of a log file, or "" when it cannot be read."""
+    try:
+        return "".join(open(path).readlines()[-n:])
+    except OSError:
+        return ""
 
 
 def sync_metric(text):
@@ -415,10 +420,7 @@ class VmNode:
             return None
 
     def tail(self, n=30):
-        try:
-            return "".join(open(self.logpath).readlines()[-n:])
-        except OSError:
-            return ""
+        return file_tail(self.logpath, n)
 
     def remove(self):
         try:
