@@ -286,20 +286,24 @@ def parse_proc_stat(status, stat):
     return hwm, rss, cpu
 
 
+def program_flags(args, mode, metrics_host):
+    """The flags both programs get, the same for each (the metrics server on metrics_host)."""
+    return [f"--proxy-mode={mode}", "--kubeconfig", args.kubeconfig, "--hostname-override", NODE,
+            "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", f"{metrics_host}:10249",
+            "--healthz-bind-address", "127.0.0.1:10256",
+            # nf_conntrack_max is global, not per namespace: leave the host's alone.
+            "--conntrack-max-per-core=0", "-v", str(args.verbosity)]
+
+
 class Program:
     def __init__(self, which, mode, node, args, workdir):
         self.which, self.mode, self.node = which, mode, node
         self.logpath = os.path.join(workdir, f"{which}-{mode}-{node.ns}.log")
         cmd = list(args.kproxy_cmd if which == "kproxy" else args.upstream_cmd)
-        common = [f"--proxy-mode={mode}", "--kubeconfig", args.kubeconfig, "--hostname-override", NODE,
-                  "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", "127.0.0.1:10249",
-                  "--healthz-bind-address", "127.0.0.1:10256",
-                  # nf_conntrack_max is global, not per namespace: leave the host's alone.
-                  "--conntrack-max-per-core=0", "-v", str(args.verbosity)]
         self.logf = open(self.logpath, "w")
         self.start = time.time()
-        self.p = subprocess.Popen(["ip", "netns", "exec", node.ns] + cmd + common, stdout=self.logf,
-                                  stderr=subprocess.STDOUT)
+        self.p = subprocess.Popen(["ip", "netns", "exec", node.ns] + cmd + program_flags(args, mode, "127.0.0.1"),
+                                  stdout=self.logf, stderr=subprocess.STDOUT)
 
     def alive(self):
         return self.p.poll() is None
@@ -375,13 +379,14 @@ class VmNode:
         nic = (f"user,model=virtio-net-pci,net=10.255.0.0/24,host={CP_IP},"
                f"hostfwd=tcp:127.0.0.1:{self.AGENT_PORT}-{NODE_IP}:8000,"
                f"hostfwd=tcp:127.0.0.1:{self.METRICS_PORT}-{NODE_IP}:10249")
-        self.cmd = cmd
         self.logf = open(self.logpath, "w")
         vm = [ROOT + "/tests/vm/run-in-vm.sh", "--timeout", str(args.vm_timeout), "--memory", str(args.vm_memory),
               "--nic", nic]
         for f in files:
             vm += ["--file", f]
-        self.p = subprocess.Popen(vm + ["--", HERE + "/vm_node.sh", args.ipvs_wait] + self.command(args),
+        # The metrics server on the guest's address, where qemu forwards METRICS_PORT to.
+        self.p = subprocess.Popen(vm + ["--", HERE + "/vm_node.sh", args.ipvs_wait] + cmd
+                                  + program_flags(args, "ipvs", NODE_IP),
                                   stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True)
         deadline = time.time() + boot_timeout
         while True:
@@ -395,15 +400,12 @@ class VmNode:
                 raise RuntimeError(f"the VM node did not come up:\n{self.tail()}")
             time.sleep(0.5)
 
-    def command(self, args):
-        return self.cmd + [
-            "--proxy-mode=ipvs", "--kubeconfig", args.kubeconfig, "--hostname-override", NODE,
-            "--cluster-cidr", CLUSTER_CIDR, "--metrics-bind-address", f"{NODE_IP}:10249",
-            "--healthz-bind-address", "127.0.0.1:10256", "--conntrack-max-per-core=0", "-v", str(args.verbosity)]
+    def open_query(self, q, timeout=60):
+        """The agent's answer to q, as a response to read (a wait's lines come as they happen)."""
+        return urllib.request.urlopen(f"http://127.0.0.1:{self.AGENT_PORT}/cgi-bin/q?{q}", timeout=timeout)
 
     def query(self, q, timeout=60):
-        url = f"http://127.0.0.1:{self.AGENT_PORT}/cgi-bin/q?{q}"
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with self.open_query(q, timeout) as r:
             return r.read().decode()
 
     def metrics(self):
@@ -511,8 +513,7 @@ class IpvsPoller:
             return False
         q = [f"{v}={ip}:8080" for v, (ip, _) in zip(vips, items)]
         q += ["--timeout-s", str(int(timeout)), "--interval-ms", "5" if len(items) < 10 else "20"]
-        r = urllib.request.urlopen(f"http://127.0.0.1:{self.node.AGENT_PORT}/cgi-bin/q?wait&" + "&".join(q),
-                                   timeout=timeout + 30)
+        r = self.node.open_query("wait&" + "&".join(q), timeout=timeout + 30)
         seen = None  # on its first look (an added Service's wait starts after the write)
         while True:
             line = r.readline().decode().strip()
