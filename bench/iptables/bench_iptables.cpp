@@ -9,13 +9,17 @@
 //     same change (the service's chains plus every dispatch and fixed chain of filter and nat
 //     rewritten in full, as upstream's proxier writes on every partial sync);
 //   - a restart: a new backend's full sync over the unchanged kernel (writes nothing; its cost is
-//     reading the tables back).
+//     reading the tables back);
+//   - with --netlink-floor (iptables-nft): the kernel's half of writing iptables-nft's rules over
+//     netlink instead of through the tool: the floor's tables dumped and sent back as one batch
+//     into another fresh namespace (netlink_replay.h), checked by comparing iptables-nft-save of
+//     both namespaces.
 // Every measurement runs in forked processes inside a fresh network namespace (needs root).
 // Baselines go through the same process runner (pipe to stdin) as the backend's own restores.
 //
 //   kproxy-bench-iptables [--variants nft,legacy] [--services 1000,10000,30000] [--endpoints 2,10]
 //                         [--max-endpoints 100000] [--full-repeat 3] [--change-repeat 11] [--ipv6]
-//                         [--noflush-floor-max N] [--chunk-rules N]
+//                         [--noflush-floor-max N] [--chunk-rules N] [--netlink-floor]
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -41,6 +45,7 @@
 
 #include "../../tests/unit/nftables/service_ports.h"
 #include "../nftables/bench_args.h"
+#include "netlink_replay.h"
 #include "kproxy/backends/common/process.h"
 #include "kproxy/iptables/backend.h"
 #include "kproxy/iptables/kernel.h"
@@ -213,8 +218,10 @@ backends::SystemProcessRunner& runner() {
 }
 
 /// `iptables-restore --noflush -w 5` of `input` by the variant's tool, as the backend runs it
-/// (without --noflush when `flush`); milliseconds, or -1 when the tool refused it.
-double timeRestore(const VariantTools& tools, std::string_view input, bool flush = false) {
+/// (without --noflush when `flush`); milliseconds, or -1 when the tool refused it. `userMs` and
+/// `systemMs`, when given, receive the tool's CPU time (system: mostly the kernel's commit).
+double timeRestore(const VariantTools& tools, std::string_view input, bool flush = false, double* userMs = nullptr,
+                   double* systemMs = nullptr) {
   std::vector<std::string> argv{tools.restore4, "--noflush", "-w", "5"};
   if (flush) argv.erase(argv.begin() + 1);
   auto t = Clock::now();
@@ -224,6 +231,8 @@ double timeRestore(const VariantTools& tools, std::string_view input, bool flush
     std::fprintf(stderr, "  restore refused: %s\n", r ? r->err.c_str() : r.error().message().c_str());
     return -1;
   }
+  if (userMs) *userMs = static_cast<double>(r->userTime.count()) / 1e3;
+  if (systemMs) *systemMs = static_cast<double>(r->systemTime.count()) / 1e3;
   return ms;
 }
 
@@ -309,6 +318,12 @@ struct Figures {
   double restartMs, restartSaveMs;
   unsigned long restartOps;
   long restartRssMiB;
+  /// --netlink-floor: the replay's wall and system CPU time; whether the replayed namespace
+  /// saved the same text as the floor's (1), not (0), or was not checked (-1).
+  double netlinkMs[kMaxRepeat], netlinkSysMs[kMaxRepeat];
+  double flushFloorUserMs[kMaxRepeat], flushFloorSysMs[kMaxRepeat];  ///< the flushing floor's tool CPU
+  int netlinkSame;
+  unsigned long netlinkBytes, netlinkObjects;
 };
 
 struct Stat {
@@ -339,6 +354,8 @@ struct Config {
   long noflushFloorMax = 1000000;
   /// Overrides KernelIptables::restoreChunkRules (calibration); 0 keeps the adapter's.
   std::size_t chunkRules = 0;
+  /// Measure the netlink replay of the floor's tables (iptables-nft only).
+  bool netlinkFloor = false;
 };
 
 std::unique_ptr<IptablesBackend> makeBackend(const Config& c, TimedKernel*& timed) {
@@ -398,6 +415,64 @@ bool measureChanges(const Config& c, GeneratedSnapshot& snap, IptablesBackend& b
     if (timeRestore(c.tools, upBack) < 0) return false;
   }
   return true;
+}
+
+/// `iptables-save` of this namespace without its comment lines (which carry the time).
+std::optional<std::string> savedRules(const VariantTools& tools) {
+  auto r = runner().run({tools.save4}, backends::ProcessOptions{{}, kToolTimeout});
+  if (!r || !r->succeeded()) return std::nullopt;
+  std::string out;
+  std::istringstream in(r->out);
+  std::string line;
+  while (std::getline(in, line))
+    if (!line.starts_with("#")) out += line + "\n";
+  return out;
+}
+
+double cpuMs(const timeval& tv) { return static_cast<double>(tv.tv_sec) * 1e3 + static_cast<double>(tv.tv_usec) / 1e3; }
+
+/// In the floor's namespace: dumps its tables, then sends them back as one batch into another
+/// fresh namespace, timed; the first repetition compares both namespaces' saved rules.
+void measureNetlinkReplay(const Config& c, Figures& fig, int r) {
+  auto replay = bench::dumpIpv4Ruleset();
+  if (!replay) {
+    std::fprintf(stderr, "  netlink dump failed: %s\n", replay.error().message().c_str());
+    return;
+  }
+  fig.netlinkBytes = replay->messages.size();
+  fig.netlinkObjects = replay->tables + replay->chains + replay->rules;
+  std::optional<std::string> original;
+  if (r == 0) original = savedRules(c.tools);
+  inChild(true, [&]() -> int {
+    rusage before{}, after{};
+    getrusage(RUSAGE_SELF, &before);
+    auto t = Clock::now();
+    auto sent = bench::sendReplay(*replay);
+    const double ms = msSince(t);
+    getrusage(RUSAGE_SELF, &after);
+    if (!sent) {
+      std::fprintf(stderr, "  netlink replay failed: %s\n", sent.error().message().c_str());
+      return 1;
+    }
+    fig.netlinkMs[r] = ms;
+    fig.netlinkSysMs[r] = cpuMs(after.ru_stime) - cpuMs(before.ru_stime);
+    if (r != 0) return 0;
+    auto replayed = savedRules(c.tools);
+    fig.netlinkSame = original && replayed && *original == *replayed ? 1 : 0;
+    if (fig.netlinkSame == 0 && original && replayed) {
+      std::istringstream a(*original), b(*replayed);
+      std::string la, lb;
+      for (int line = 1, shown = 0; shown < 5 && (std::getline(a, la) || std::getline(b, lb)); ++line) {
+        if (!std::getline(b, lb)) lb = "<end>";
+        if (la != lb) {
+          std::fprintf(stderr, "  save differs at line %d:\n    floor:    %s\n    replayed: %s\n", line, la.c_str(),
+                       lb.c_str());
+          ++shown;
+        }
+      }
+    }
+    return 0;
+  });
 }
 
 void runConfig(const Config& c, Figures& fig) {
@@ -477,9 +552,11 @@ void runConfig(const Config& c, Figures& fig) {
     // The floors: the same text restored by the tool alone into an empty namespace, as one
     // input, with --noflush (as the backend runs the tool) and without (the table is empty,
     // so that flushes nothing).
-    fig.floorFullMs[r] = fig.flushFloorFullMs[r] = -1;
+    fig.floorFullMs[r] = fig.flushFloorFullMs[r] = fig.netlinkMs[r] = fig.netlinkSysMs[r] = -1;
     inChild(true, [&]() -> int {
-      fig.flushFloorFullMs[r] = timeRestore(c.tools, readFull(), true);
+      fig.flushFloorFullMs[r] =
+          timeRestore(c.tools, readFull(), true, &fig.flushFloorUserMs[r], &fig.flushFloorSysMs[r]);
+      if (c.netlinkFloor && fig.flushFloorFullMs[r] >= 0) measureNetlinkReplay(c, fig, r);
       return 0;
     });
     if (noflushFloor)
@@ -523,6 +600,8 @@ int main(int argc, char** argv) {
       base.noflushFloorMax = std::atol(argv[++i]);
     } else if (a == "--chunk-rules" && i + 1 < argc) {
       base.chunkRules = static_cast<std::size_t>(std::atol(argv[++i]));
+    } else if (a == "--netlink-floor") {
+      base.netlinkFloor = true;
     } else if (a == "--ipv6") {
       base.ipv6 = true;
     } else {
@@ -531,7 +610,8 @@ int main(int argc, char** argv) {
                    "          [--max-endpoints N (skip sizes with more endpoints in all; default 100000)]\n"
                    "          [--full-repeat N] [--change-repeat N] [--ipv6]\n"
                    "          [--noflush-floor-max N (time the one-input --noflush floor up to N endpoints)]\n"
-                   "          [--chunk-rules N (iptables-nft restore chunk at 10,000 chains; calibration)]\n",
+                   "          [--chunk-rules N (iptables-nft restore chunk at 10,000 chains; calibration)]\n"
+                   "          [--netlink-floor (iptables-nft: time the floor's tables sent back over netlink)]\n",
                    argv[0]);
       return 2;
     }
@@ -562,6 +642,7 @@ int main(int argc, char** argv) {
       continue;
     }
     c.tools = *tools;
+    c.netlinkFloor = base.netlinkFloor && tools->variant == Variant::kNft;
     for (int n : sizes) {
       for (int eps : endpoints) {
         if (static_cast<long>(n) * eps > maxEndpoints) {
@@ -572,6 +653,7 @@ int main(int argc, char** argv) {
         c.services = n;
         c.endpoints = eps;
         *fig = Figures{};
+        fig->netlinkSame = -1;
         std::fprintf(stderr, "[%s %d x %d] load %s\n", v.c_str(), n, eps, loadAverage().c_str());
         runConfig(c, *fig);
         const Stat full = stat(fig->fullMs, c.fullRepeat), fullRestore = stat(fig->fullRestoreMs, c.fullRepeat),
@@ -597,6 +679,18 @@ int main(int argc, char** argv) {
                      "%lu changes; upstream's %lu bytes; load %s\n",
                      fig->baseRssMiB, fig->fullBytes, fig->fullOps, fig->changeBytes, fig->changeOps,
                      fig->upstreamBytes, loadAverage().c_str());
+        if (c.netlinkFloor) {
+          const Stat netlink = stat(fig->netlinkMs, c.fullRepeat), netlinkSys = stat(fig->netlinkSysMs, c.fullRepeat),
+                     floorUser = stat(fig->flushFloorUserMs, c.fullRepeat),
+                     floorSys = stat(fig->flushFloorSysMs, c.fullRepeat);
+          std::printf("%-7s %-6d %-3d | floor flush CPU: user %s, system %s ms | netlink replay of the floor's tables: "
+                      "%s ms (system CPU %s ms), %lu objects in %lu bytes, same save: %s; full / replay %s, "
+                      "floor flush / replay %s\n",
+                      v.c_str(), n, eps, show(floorUser, 0).c_str(), show(floorSys, 0).c_str(), show(netlink, 0).c_str(),
+                      show(netlinkSys, 0).c_str(), fig->netlinkObjects,
+                      fig->netlinkBytes, fig->netlinkSame == 1 ? "yes" : fig->netlinkSame == 0 ? "NO" : "not checked",
+                      ratio(full, netlink).c_str(), ratio(flushFloorFull, netlink).c_str());
+        }
         std::fflush(stdout);
       }
     }
