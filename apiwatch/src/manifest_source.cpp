@@ -46,7 +46,7 @@ constexpr std::uint32_t kWatchMask = IN_CLOSE_WRITE | IN_MODIFY | IN_MOVED_TO | 
 // A runaway file (a log written into the directory by mistake) must not exhaust memory.
 constexpr std::uintmax_t kMaxFileBytes = 64u << 20;
 constexpr int kRewatchIntervalMs = 1000;
-constexpr std::uintmax_t kTrimAfterParsedBytes = 4u << 20;
+constexpr std::uintmax_t kTrimAfterParsedBytes = 1u << 20;  // as the API source's list trim
 constexpr int kMaxDebounceFactor = 5;
 
 enum class ObjectKind : std::uint8_t { kNode, kService, kEndpointSlice, kServiceCIDR };
