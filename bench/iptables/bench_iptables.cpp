@@ -462,8 +462,11 @@ void measureNetlinkReplay(const Config& c, Figures& fig, int r) {
     if (fig.netlinkSame == 0 && original && replayed) {
       std::istringstream a(*original), b(*replayed);
       std::string la, lb;
-      for (int line = 1, shown = 0; shown < 5 && (std::getline(a, la) || std::getline(b, lb)); ++line) {
-        if (!std::getline(b, lb)) lb = "<end>";
+      for (int line = 1, shown = 0; shown < 5; ++line) {
+        const bool inA = static_cast<bool>(std::getline(a, la)), inB = static_cast<bool>(std::getline(b, lb));
+        if (!inA && !inB) break;
+        if (!inA) la = "<end>";
+        if (!inB) lb = "<end>";
         if (la != lb) {
           std::fprintf(stderr, "  save differs at line %d:\n    floor:    %s\n    replayed: %s\n", line, la.c_str(),
                        lb.c_str());
