@@ -46,6 +46,7 @@
 #include "../../tests/unit/nftables/service_ports.h"
 #include "../nftables/bench_args.h"
 #include "netlink_replay.h"
+#include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/process.h"
 #include "kproxy/iptables/backend.h"
 #include "kproxy/iptables/kernel.h"
@@ -236,12 +237,6 @@ double timeRestore(const VariantTools& tools, std::string_view input, bool flush
   return ms;
 }
 
-bool isServiceChain(std::string_view name) {
-  for (std::string_view prefix : {"KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-"})
-    if (name.starts_with(prefix)) return true;
-  return false;
-}
-
 std::string_view chainOfLine(std::string_view line) {
   // ":NAME - [0:0]" or "-A NAME ...".
   std::string_view rest = line.front() == ':' ? line.substr(1) : line.substr(3);
@@ -286,7 +281,7 @@ std::string upstreamPartialInput(std::string_view full, std::string_view partial
     std::string declare, rules;
     auto keep = [](std::string_view line) {
       auto chain = chainOfLine(line);
-      return chain.starts_with("KUBE-") && !isServiceChain(chain) && chain != "KUBE-PROXY-CANARY";
+      return chain.starts_with("KUBE-") && !backends::isServiceChainName(chain) && chain != "KUBE-PROXY-CANARY";
     };
     std::istringstream d(whole[table].declare), r(whole[table].rules);
     std::string line;
