@@ -19,7 +19,7 @@
 //
 //   kproxy-bench-iptables [--variants nft,legacy] [--services 1000,10000,30000] [--endpoints 2,10]
 //                         [--max-endpoints 100000] [--full-repeat 3] [--change-repeat 11] [--ipv6]
-//                         [--noflush-floor-max N] [--chunk-rules N] [--netlink-floor]
+//                         [--noflush-floor-max N] [--chunk-rules N] [--netlink-floor] [--netlink on|off]
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -177,12 +177,14 @@ class TimedKernel final : public KernelIptables {
   std::size_t restoreChunkRules() const override {
     return chunkRules != 0 ? chunkRules : inner_->restoreChunkRules();
   }
+  bool netlinkRules() override { return netlink && inner_->netlinkRules(); }
   void reset() {
     saveMs = restoreMs = 0;
     restoreBytes = restores = 0;
   }
 
   std::size_t chunkRules = 0;  ///< overrides the inner adapter's when not 0
+  bool netlink = true;         ///< off: iptables-nft's full syncs through the tool only
   double saveMs = 0;
   double restoreMs = 0;
   std::size_t restoreBytes = 0;  ///< of the inputs since reset()
@@ -351,6 +353,8 @@ struct Config {
   std::size_t chunkRules = 0;
   /// Measure the netlink replay of the floor's tables (iptables-nft only).
   bool netlinkFloor = false;
+  /// Let the backend write iptables-nft's service chains over netlink (BackendSettings::netlinkRules).
+  bool netlink = true;
 };
 
 std::unique_ptr<IptablesBackend> makeBackend(const Config& c, TimedKernel*& timed) {
@@ -359,6 +363,7 @@ std::unique_ptr<IptablesBackend> makeBackend(const Config& c, TimedKernel*& time
   auto kernel = std::make_unique<TimedKernel>(makeProcessKernel(c.tools, runner()));
   timed = kernel.get();
   timed->chunkRules = c.chunkRules;
+  timed->netlink = c.netlink;
   return std::make_unique<IptablesBackend>(sdk::Host(nullptr), settings, std::move(kernel));
 }
 
@@ -596,6 +601,13 @@ int main(int argc, char** argv) {
       base.changeRepeat = std::clamp(std::atoi(argv[++i]), 1, kMaxRepeat);
     } else if (a == "--noflush-floor-max" && i + 1 < argc) {
       base.noflushFloorMax = std::atol(argv[++i]);
+    } else if (a == "--netlink" && i + 1 < argc) {
+      const std::string v = argv[++i];
+      if (v != "on" && v != "off") {
+        std::fprintf(stderr, "--netlink takes on or off\n");
+        return 2;
+      }
+      base.netlink = v == "on";
     } else if (a == "--chunk-rules" && i + 1 < argc) {
       base.chunkRules = static_cast<std::size_t>(std::atol(argv[++i]));
     } else if (a == "--netlink-floor") {
@@ -609,6 +621,7 @@ int main(int argc, char** argv) {
                    "          [--full-repeat N] [--change-repeat N] [--ipv6]\n"
                    "          [--noflush-floor-max N (time the one-input --noflush floor up to N endpoints)]\n"
                    "          [--chunk-rules N (iptables-nft restore chunk at 10,000 chains; calibration)]\n"
+                   "          [--netlink on|off (iptables-nft full syncs write service chains over netlink; on)]\n"
                    "          [--netlink-floor (iptables-nft: time the floor's tables sent back over netlink)]\n",
                    argv[0]);
       return 2;

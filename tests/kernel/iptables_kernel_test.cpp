@@ -3,18 +3,29 @@
 
 #include <catch2/catch.hpp>
 
+#include <libmnl/libmnl.h>
+#include <linux/netfilter.h>
+#include <linux/netfilter/nf_tables.h>
+#include <linux/netfilter/nfnetlink.h>
+
 #include <algorithm>
+#include <array>
+#include <map>
 #include <memory>
 #include <random>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "../unit/iptables/iptables_fixtures.h"
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/process.h"
 #include "kproxy/iptables/backend.h"
 #include "kproxy/iptables/kernel.h"
+#include "kproxy/iptables/nft_rules.h"
+#include "kproxy/backends/common/netlink_socket.h"
 #include "netns.h"
 
 using namespace kproxy;
@@ -229,6 +240,11 @@ TEST_CASE("iptables kernel: a full sync, then a restart over the unchanged kerne
   auto first = backend->syncFrom(snap, {}, false);
   REQUIRE(ok(first));
   CHECK(first->summary.starts_with("full sync"));
+  // iptables-nft: the service ports' chains went over netlink, and what follows (the restart
+  // writing nothing) holds of them as of the tool's.
+  INFO(first->summary);
+  CHECK((first->summary.find("written over netlink in 2 transactions") != std::string::npos) ==
+        (variant == Variant::kNft));
   CHECK(h.sysctls.routeLocalnet() == "1");
   for (sdk::Family fam : kFamilies) {
     INFO(familyName(fam));
@@ -555,4 +571,180 @@ TEST_CASE("iptables kernel: random partial syncs keep the kernel equal to a full
   auto full = backend->syncFrom(snap, {}, true);
   REQUIRE(ok(full));
   CHECK(full->operations == 0);
+}
+
+// ---- iptables-nft's rules written over netlink (NftRuleBatch) ----
+
+namespace {
+
+/// The objects of table `nat` of `family` as the kernel dumps them: chains, and per chain its
+/// rules, each as the hex of its attributes less the kernel's own bookkeeping (handles, use
+/// counts, positions), so that two namespaces built the same way compare equal.
+struct NatDump {
+  std::map<std::string, std::string> chains;
+  std::map<std::string, std::vector<std::string>> rules;
+};
+
+NatDump dumpNat(sdk::Family family) {
+  auto socket = backends::NetlinkSocket::open(NETLINK_NETFILTER);
+  REQUIRE(socket.has_value());
+  NatDump out;
+  for (std::uint16_t msg : {NFT_MSG_GETCHAIN, NFT_MSG_GETRULE}) {
+    std::array<char, 512> buf{};
+    nlmsghdr* nlh = mnl_nlmsg_put_header(buf.data());
+    nlh->nlmsg_type = static_cast<std::uint16_t>((NFNL_SUBSYS_NFTABLES << 8) | msg);
+    nlh->nlmsg_flags = NLM_F_REQUEST | NLM_F_DUMP;
+    nlh->nlmsg_seq = socket->nextSeq();
+    auto* nfg = static_cast<nfgenmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(nfgenmsg)));
+    nfg->nfgen_family = family == kV6 ? NFPROTO_IPV6 : NFPROTO_IPV4;
+    nfg->version = NFNETLINK_V0;
+    auto dumped = socket->dump(nlh, [&](const nlmsghdr* reply) {
+      std::string table, chain, hex;
+      const char* end = static_cast<const char*>(mnl_nlmsg_get_payload_tail(reply));
+      for (auto* a = static_cast<const nlattr*>(mnl_nlmsg_get_payload_offset(reply, sizeof(nfgenmsg)));
+           mnl_attr_ok(a, static_cast<int>(end - reinterpret_cast<const char*>(a))); a = mnl_attr_next(a)) {
+        const auto type = mnl_attr_get_type(a);
+        const bool isRule = msg == NFT_MSG_GETRULE;
+        if ((isRule && type == NFTA_RULE_TABLE) || (!isRule && type == NFTA_CHAIN_TABLE)) table = mnl_attr_get_str(a);
+        if ((isRule && type == NFTA_RULE_CHAIN) || (!isRule && type == NFTA_CHAIN_NAME)) chain = mnl_attr_get_str(a);
+        if (isRule ? (type == NFTA_RULE_HANDLE || type == NFTA_RULE_POSITION || type == NFTA_RULE_ID ||
+                      type == NFTA_RULE_POSITION_ID)
+                   : (type == NFTA_CHAIN_HANDLE || type == NFTA_CHAIN_USE || type == NFTA_CHAIN_ID))
+          continue;
+        hex += fmt::format(" {}:", type);
+        const auto* bytes = static_cast<const unsigned char*>(static_cast<const void*>(a));
+        for (std::size_t i = 0; i < a->nla_len; ++i) hex += fmt::format("{:02x}", bytes[i]);
+      }
+      if (table != "nat") return true;
+      if (msg == NFT_MSG_GETRULE)
+        out.rules[chain].push_back(hex);
+      else
+        out.chains[chain] = hex;
+      return true;
+    });
+    REQUIRE(dumped.has_value());
+  }
+  return out;
+}
+
+/// The owned nat chains of a full render (the dispatch chains too: they hold every shape the
+/// renderer writes for nat), in the order rendered.
+std::vector<std::pair<std::string, std::vector<std::string>>> natChains(VectorSnapshot& snap, sdk::Family f,
+                                                                       RenderConfig cfg, bool large) {
+  IptablesRenderer r(std::move(cfg));
+  r.setNode(snap.node());
+  r.setServiceCIDRs(snap.serviceCIDRs());
+  r.setLargeCluster(large);
+  std::vector<std::pair<std::string, std::vector<std::string>>> out;
+  for (auto& [key, rules] : chainsOf(renderRuleset(r, f, snap.ports(), snap.node()), true))
+    if (key.first == "nat") out.emplace_back(key.second, rules);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("iptables kernel: nat chains written over netlink are the kernel objects iptables-nft-restore builds",
+          "[kernel]") {
+  Harness h(Variant::kNft);
+  struct Case {
+    const char* name;
+    RenderConfig cfg;
+    bool large = false;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"ClusterCIDR", featureConfig()});
+  cases.push_back({"large cluster (no comments)", featureConfig(), true});
+  RenderConfig masq = featureConfig();
+  masq.masqueradeAll = true;
+  cases.push_back({"masquerade-all", masq});
+  RenderConfig prefix = featureConfig();
+  prefix.detectLocalMode = "InterfaceNamePrefix";
+  prefix.interfaceNamePrefix = "veth";
+  cases.push_back({"InterfaceNamePrefix", prefix});
+  RenderConfig bridge = featureConfig();
+  bridge.detectLocalMode = "BridgeInterface";
+  bridge.bridgeInterface = "cbr0";
+  cases.push_back({"BridgeInterface", bridge});
+  for (const auto& c : cases) {
+    for (sdk::Family f : kFamilies) {
+      INFO(c.name << ", " << familyName(f));
+      VectorSnapshot snap = featureSnapshot();
+      const auto chains = natChains(snap, f, c.cfg, c.large);
+      REQUIRE(chains.size() > 10);
+      NatDump byTool, byNetlink;
+      std::string saveByTool, saveByNetlink;
+      {
+        FreshNetns ns;
+        std::string input = "*nat\n";
+        for (const auto& [name, rules] : chains) input += ":" + name + " - [0:0]\n";
+        for (const auto& [name, rules] : chains)
+          for (const auto& r : rules) input += "-A " + name + " " + r + "\n";
+        h.restore(f, input + "COMMIT\n");
+        byTool = dumpNat(f);
+        saveByTool = *h.kernel->save(f, Table::kNat);
+      }
+      {
+        FreshNetns ns;
+        // The table as iptables-nft creates it, with one of the chains already there and
+        // holding a rule the batch must flush.
+        h.restore(f, "*nat\n:KUBE-MARK-MASQ - [0:0]\n-A KUBE-MARK-MASQ -j RETURN\nCOMMIT\n");
+        NftRuleBatch batch(f);
+        std::vector<NftChainRewrite> rewrites;
+        for (const auto& [name, rules] : chains) rewrites.push_back({name, rules});
+        auto added = batch.add(rewrites);
+        INFO((added ? std::string() : added.error().message()));
+        REQUIRE(added.has_value());
+        CHECK(batch.chains() == chains.size());
+        auto committed = batch.commit();
+        INFO((committed ? std::string() : committed.error().message()));
+        REQUIRE(committed.has_value());
+        CHECK(batch.empty());
+        byNetlink = dumpNat(f);
+        saveByNetlink = *h.kernel->save(f, Table::kNat);
+      }
+      std::size_t rules = 0;
+      for (const auto& [chain, list] : byTool.rules) {
+        INFO("chain " << chain);
+        rules += list.size();
+        REQUIRE(byNetlink.rules.contains(chain));
+        const auto& other = byNetlink.rules.at(chain);
+        for (std::size_t i = 0; i < std::max(list.size(), other.size()); ++i) {
+          INFO("rule " << i + 1);
+          CHECK((i < other.size() ? other[i] : "<none>") == (i < list.size() ? list[i] : "<none>"));
+        }
+      }
+      CHECK(rules > 40);
+      CHECK(byNetlink.rules == byTool.rules);
+      CHECK(byNetlink.chains == byTool.chains);
+      // The save texts less their "# Generated by ... on DATE" lines.
+      auto uncommented = [](const std::string& text) {
+        std::string out;
+        std::istringstream in(text);
+        for (std::string line; std::getline(in, line);)
+          if (!line.starts_with("#")) out += line + "\n";
+        return out;
+      };
+      CHECK(uncommented(saveByNetlink) == uncommented(saveByTool));
+    }
+  }
+}
+
+TEST_CASE("iptables kernel: a rule the kernel refuses over netlink is named, and nothing of the batch applies",
+          "[kernel]") {
+  Harness h(Variant::kNft);
+  FreshNetns ns;
+  h.restore(kV4, "*nat\n:KUBE-MARK-MASQ - [0:0]\n-A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000\nCOMMIT\n");
+  const std::string before = *h.kernel->save(kV4, Table::kNat);
+  NftRuleBatch batch(kV4);
+  const std::vector<std::string> good{"-j KUBE-MARK-MASQ"};
+  // A jump to a chain that does not exist: the kernel refuses it (ENOENT).
+  const std::vector<std::string> bad{"-s 10.1.0.1/32 -j KUBE-MARK-MASQ", "-j KUBE-SEP-MISSING"};
+  const NftChainRewrite chains[] = {{"KUBE-SVC-A", good}, {"KUBE-SVC-B", bad}};
+  REQUIRE(batch.add(chains).has_value());
+  auto committed = batch.commit();
+  REQUIRE_FALSE(committed.has_value());
+  INFO(committed.error().message());
+  CHECK(committed.error().message().find("rule 2 of chain KUBE-SVC-B") !=
+        std::string::npos);
+  CHECK(*h.kernel->save(kV4, Table::kNat) == before);
 }

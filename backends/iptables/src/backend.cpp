@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <list>
 #include <set>
 #include <span>
 
@@ -15,6 +16,7 @@
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/backends/common/sysctl.h"
 #include "kproxy/iptables/explain.h"
+#include "kproxy/iptables/nft_rules.h"
 
 namespace kproxy::iptables {
 namespace {
@@ -161,11 +163,20 @@ struct IptablesBackend::Edit {
 /// tool parses and commits chunk k while chunk k+1 is rendered, and chunk k+1 starts once chunk
 /// k is committed. Chains of the other tables go to the rest. In dry-run, each restore input
 /// is printed instead.
+///
+/// With iptables-nft and `netlink` on, the service ports' chains skip the tool: the fixed
+/// chains (the first "port", which also makes iptables-nft create the nat table) are restored
+/// and committed first, then the service ports' chains, and after them the nat dispatch
+/// chains, are encoded as the tool would encode them (NftRuleBatch) and committed in
+/// transactions of whole service ports of about BackendSettings::netlinkBatchRules rules. A
+/// port whose rules the encoder does not write goes to the tool, after the transactions before
+/// it, and so does the rest of the sync. The rest (the filter table, the jumps from the
+/// built-in chains, stale chains' deletion) is the tool's, after the last transaction.
 class IptablesBackend::StreamedChains {
  public:
   /// `chunkRules`: KernelIptables::restoreChunkRules.
-  StreamedChains(IptablesBackend& backend, sdk::Family family, std::size_t chunkRules)
-      : backend_(backend), family_(family), chunkRules_(chunkRules) {}
+  StreamedChains(IptablesBackend& backend, sdk::Family family, std::size_t chunkRules, bool netlink)
+      : backend_(backend), family_(family), chunkRules_(chunkRules), netlinkWanted_(netlink) {}
   ~StreamedChains() {
     // Abandoned after a failure: the open restore ends without COMMIT, so the tool applies
     // nothing of it; a committed chunk still running is waited for.
@@ -174,23 +185,56 @@ class IptablesBackend::StreamedChains {
   }
 
   /// Rewrites chain `name` with `rules`: streamed when in nat (at portDone), else added to
-  /// `rest`.
+  /// `rest`. Over netlink, `rules` must stay valid until portDone.
   void rewrite(Table t, const std::string& name, const std::vector<std::string>& rules, Edit& rest) {
     if (t != Table::kNat) {
       rest.rewrite(t, name, rules);
       return;
     }
-    declare_ += fmt::format(":{} - [0:0]\n", name);
-    for (const auto& r : rules) rules_ += fmt::format("-A {} {}\n", name, r);
     ++operations;
     if (touched.size() < kTouchedKept) touched.push_back("nat chain " + name);
-    chunkSize_ += rules.size() + 1;
+    if (batch_) {
+      port_.push_back(Pending{name, rules});
+      return;
+    }
+    addText(name, rules);
   }
 
   /// After each service port (and the fixed chains): its chains are written, declared before
   /// their rules (the tools take `-j CHAIN` only for a chain declared above); a chunk that is
   /// full is committed.
   void portDone() {
+    if (batch_ && !port_.empty()) {
+      std::vector<NftChainRewrite> chains;
+      chains.reserve(port_.size());
+      for (const auto& c : port_) chains.push_back({c.name, c.rules});
+      // A transaction holds about netlinkBatchRules rules, or one port's if it has more (the
+      // nat dispatch chains): its messages are what a full sync holds in memory.
+      std::size_t incoming = 0;
+      for (const auto& c : port_) incoming += c.rules.size();
+      if (!batch_->empty() && batch_->rules() + incoming > backend_.settings_.netlinkBatchRules) commitBatch();
+      const bool first = batch_->empty();
+      auto added = batch_->add(chains);
+      if (added) {
+        if (keeping_) {
+          if (first) keep("*nat\n");
+          for (const auto& c : port_) addText(c.name, c.rules);
+          keep(declare_ + rules_);
+          declare_.clear();
+          rules_.clear();
+          chunkSize_ = 0;  // kept, not restored
+        }
+        port_.clear();
+        return;
+      }
+      // The tool writes this port and everything after it, after what is in the batch.
+      backend_.host_.warning(fmt::format("iptables: {}; restoring it and the rest of the sync with {}-restore",
+                                         added.error().message(), toolName(family_)));
+      commitBatch();
+      batch_.reset();
+      for (const auto& c : port_) addText(c.name, c.rules);
+      port_.clear();
+    }
     if (!declare_.empty()) {
       if (!error_.has_value() && !open_) open();
       buffer_ += declare_;
@@ -200,12 +244,23 @@ class IptablesBackend::StreamedChains {
       if (chunkRules_ == 0 && buffer_.size() >= kWriteSize) send();
     }
     if (chunkRules_ != 0 && chunkSize_ >= chunkRules_) commit();
+    if (netlinkWanted_) {
+      // The fixed chains are committed (the nat table exists); the ports go over netlink.
+      netlinkWanted_ = false;
+      commit();
+      waitPending();
+      if (!error_) {
+        batch_.emplace(family_);
+        batch_->reserve(backend_.settings_.netlinkBatchRules + backend_.settings_.netlinkBatchRules / 8);
+      }
+    }
   }
 
   /// The rest of the full sync's input: appended to the open nat block (no chunk limit), or
   /// restored on its own after the last chunk.
   sdk::Expected<void> finish(const Edit& rest) {
     portDone();
+    commitBatch();
     if (chunkRules_ != 0) commit();
     waitPending();
     if (error_) return std::unexpected(*error_);
@@ -219,13 +274,48 @@ class IptablesBackend::StreamedChains {
     return {};
   }
 
+  /// Whether nat chains go over netlink now (after the fixed chains, until a refusal).
+  bool overNetlink() const { return batch_.has_value(); }
+
   /// What was written, when it fits BackendSettings::lastRestoreKept (else empty).
   std::string kept;
   std::size_t operations = 0;
   std::vector<std::string> touched;  ///< the first chains written
+  std::size_t netlinkRules = 0, netlinkCommits = 0;
 
  private:
   static constexpr std::size_t kWriteSize = 256 * 1024;
+
+  struct Pending {
+    std::string name;
+    std::span<const std::string> rules;
+  };
+
+  void addText(std::string_view name, std::span<const std::string> rules) {
+    declare_ += fmt::format(":{} - [0:0]\n", name);
+    for (const auto& r : rules) rules_ += fmt::format("-A {} {}\n", name, r);
+    chunkSize_ += rules.size() + 1;
+  }
+  void keep(std::string_view text) {
+    if (keeping_ && kept.size() + text.size() <= backend_.settings_.lastRestoreKept) {
+      kept += text;
+    } else if (keeping_) {
+      keeping_ = false;
+      std::string().swap(kept);
+    }
+  }
+  /// Commits the netlink batch, if any, as one transaction.
+  void commitBatch() {
+    if (!batch_ || batch_->empty() || error_) return;
+    keep("COMMIT\n");
+    const std::size_t rules = batch_->rules();
+    if (auto r = batch_->commit(); !r) {
+      error_ = backend_.netlinkFailed(family_, r.error()).error();
+      return;
+    }
+    netlinkRules += rules;
+    ++netlinkCommits;
+  }
 
   /// Starts a nat block: streamed into a tool started now, or (chunks) collected until commit.
   void open() {
@@ -251,12 +341,7 @@ class IptablesBackend::StreamedChains {
   }
   void send() {
     if (buffer_.empty()) return;
-    if (keeping_ && kept.size() + buffer_.size() <= backend_.settings_.lastRestoreKept) {
-      kept += buffer_;
-    } else if (keeping_) {
-      keeping_ = false;
-      std::string().swap(kept);
-    }
+    keep(buffer_);
     if (backend_.settings_.dryRun) {
       dryRun_ += buffer_;
     } else if (tool_ && !error_) {
@@ -299,11 +384,14 @@ class IptablesBackend::StreamedChains {
   IptablesBackend& backend_;
   sdk::Family family_;
   std::size_t chunkRules_;
+  bool netlinkWanted_;  ///< netlink after the fixed chains
   std::size_t chunkSize_ = 0;
   bool open_ = false;  ///< a nat block is being written
   bool keeping_ = true;
   std::unique_ptr<RestoreStream> tool_;
   std::unique_ptr<RestoreStream> pending_;  ///< a committed chunk the tool may still be applying
+  std::optional<NftRuleBatch> batch_;       ///< the service ports' chains, over netlink
+  std::vector<Pending> port_;               ///< the chains of the port being rendered (netlink)
   std::string buffer_;
   std::string declare_, rules_;  ///< of the service port being rendered
   std::string dryRun_;
@@ -329,6 +417,7 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
                                                           const std::vector<sdk::ChangedKey>& changed, bool full) {
   const auto started = std::chrono::steady_clock::now();
   kernel_->takeToolTimes();  // what a failed sync's tools cost is not this sync's
+  netlinkRules_ = netlinkCommits_ = 0;
   full = full || needFull_;
   // The canary: a periodic sync with nothing changed checks that the tables were not flushed
   // behind kproxy's back (upstream's iptables monitor), and resyncs in full if they were.
@@ -404,6 +493,9 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
                                 operations, ms, kernel_->describe());
   // Where the time went: the tools' own CPU, in user space (parsing, their cache of the table)
   // and in the kernel (for iptables-nft, applying and validating each commit).
+  if (netlinkCommits_ > 0)
+    outcome.summary += fmt::format("; {} rules written over netlink in {} transaction{}", netlinkRules_,
+                                   netlinkCommits_, netlinkCommits_ == 1 ? "" : "s");
   if (const auto tools = kernel_->takeToolTimes(); tools.runs > 0)
     outcome.summary += fmt::format("; {} tool run{} used {:.1f} ms user and {:.1f} ms kernel CPU", tools.runs,
                                    tools.runs == 1 ? "" : "s", tools.user.count() / 1000.0,
@@ -432,6 +524,15 @@ sdk::Expected<void> IptablesBackend::apply(sdk::Family family, const std::string
 sdk::Expected<void> IptablesBackend::restoreFailed(sdk::Family family, const core::Error& e) {
   if (metrics_.restoreFailures.active()) metrics_.restoreFailures.add({std::string(familyName(family))}, 1);
   return failed(e, std::string(toolName(family)) + "-restore");
+}
+
+sdk::Expected<void> IptablesBackend::netlinkFailed(sdk::Family family, const core::Error& e) {
+  if (metrics_.restoreFailures.active()) metrics_.restoreFailures.add({std::string(familyName(family))}, 1);
+  // The next full sync (the retry) writes everything with the tool, and so do later ones: what
+  // the kernel refused from this encoder it would refuse again.
+  netlinkRefused_ = true;
+  return failed(e, "the full sync's service chains (the next full sync writes them with " +
+                       std::string(toolName(family)) + "-restore)");
 }
 
 void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family family,
@@ -557,7 +658,8 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
   // The owned chains' rewrites are streamed to the tool while rendering; when the kernel adapter
   // asks for inputs of a bounded size, in chunks of whole service ports, the fixed chains they
   // jump to in the first. Each chunk leaves every service either as it was or as it is wanted.
-  StreamedChains stream(*this, family, settings_.dryRun ? 0 : kernel_->restoreChunkRules());
+  StreamedChains stream(*this, family, settings_.dryRun ? 0 : kernel_->restoreChunkRules(),
+                        !settings_.dryRun && settings_.netlinkRules && !netlinkRefused_ && kernel_->netlinkRules());
   auto addChains = [&](const std::string& key, std::vector<ChainRules>& chains, std::vector<DispatchRule>& dispatch) {
     Owned owned;
     for (auto& c : chains) {
@@ -592,7 +694,11 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
   });
 
   // The dispatch chains: kept when they hold exactly the wanted rules in section order,
-  // rewritten otherwise.
+  // rewritten otherwise. Over netlink, the nat ones go in the last transaction, together (the
+  // chains are created before any rule, and KUBE-SERVICES jumps to KUBE-NODEPORTS); 10,000
+  // Services make 10,000 rules of KUBE-SERVICES the tool would parse. The filter ones stay with
+  // the tool.
+  std::list<std::vector<std::string>> netlinkDispatch;  // alive until the stream's portDone
   for (const auto& [t, name] : g.dispatchChains) {
     DispatchState& state = out.dispatch[{t, name}];
     const auto* k = kernelChain(t, name);
@@ -619,8 +725,12 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
       std::sort(section.begin(), section.end());
       rules.insert(rules.end(), section.begin(), section.end());
     }
-    edit.rewrite(t, name, rules);
+    if (t == Table::kNat && stream.overNetlink())
+      stream.rewrite(t, name, netlinkDispatch.emplace_back(std::move(rules)), edit);
+    else
+      edit.rewrite(t, name, rules);
   }
+  stream.portDone();
 
   // Jumps from the built-in chains, each inserted first when missing (so the last of a chain's
   // jumps ends up first, as upstream's).
@@ -647,6 +757,8 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
   operations += edit.operations;
   auto finished = stream.finish(edit);
   operations += stream.operations;
+  netlinkRules_ += stream.netlinkRules;
+  netlinkCommits_ += stream.netlinkCommits;
   for (auto* list : {&stream.touched, &edit.touched})
     for (auto& t : *list)
       if (touched_.size() < kTouchedKept) touched_.push_back(std::move(t));

@@ -168,9 +168,21 @@ class ProcessKernel final : public KernelIptables {
   std::string describe() const override { return "iptables-" + std::string(variantName(tools_.variant)); }
   std::size_t restoreChunkRules() const override { return tools_.variant == Variant::kNft ? kNftChunkRules : 0; }
   ToolTimes takeToolTimes() override { return std::exchange(times_, ToolTimes{}); }
+  bool netlinkRules() override {
+    if (tools_.variant != Variant::kNft) return false;
+    if (!netlinkChecked_) {
+      // "iptables-nft-restore v1.8.9 (nf_tables)": the encoding NftRuleBatch was checked against.
+      netlinkChecked_ = true;
+      auto r = runner_.run({tools_.restore4, "--version"}, ProcessOptions{{}, std::chrono::seconds(10)});
+      netlink_ = r && r->succeeded() && r->out.find(" v1.8.") != std::string::npos &&
+                 r->out.find("nf_tables") != std::string::npos;
+    }
+    return netlink_;
+  }
 
  private:
   VariantTools tools_;
+  bool netlinkChecked_ = false, netlink_ = false;
   backends::ProcessRunner& runner_;
   ToolTimes times_;  ///< since the last takeToolTimes()
 };

@@ -68,6 +68,10 @@ class KernelIptables {
   /// one input is cheapest. Larger chunks for larger tables (fewer kernel commits) cost more:
   /// 30,000 services x 2 took 56 s in chunks of about 7,000 rules against 17-25 s in 2,000.
   virtual std::size_t restoreChunkRules() const { return 0; }
+  /// Whether the owned nat chains may be written over netlink in the calling thread's network
+  /// namespace (NftRuleBatch), as objects this variant's tools read as their own: iptables-nft
+  /// 1.8, whose encoding NftRuleBatch reproduces (tests/kernel compares them byte for byte).
+  virtual bool netlinkRules() { return false; }
 };
 
 /// The programs of one variant, found in PATH or sbin: `iptables-nft-restore` and friends,

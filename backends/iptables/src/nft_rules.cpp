@@ -1,0 +1,666 @@
+#include "kproxy/iptables/nft_rules.h"
+
+#include <fmt/format.h>
+
+#include <arpa/inet.h>
+#include <libmnl/libmnl.h>
+#include <linux/netfilter.h>
+#include <linux/netfilter/nf_nat.h>
+#include <linux/netfilter/nf_tables.h>
+#include <linux/netfilter/nfnetlink.h>
+#include <linux/netfilter/x_tables.h>
+#include <linux/netfilter/xt_addrtype.h>
+#include <linux/netfilter/xt_comment.h>
+#include <linux/netfilter/xt_mark.h>
+#include <linux/netfilter/xt_recent.h>
+#include <linux/netfilter/xt_sctp.h>
+#include <linux/netfilter/xt_statistic.h>
+#include <linux/netfilter/xt_tcpudp.h>
+#include <net/if.h>
+
+#include <array>
+#include <charconv>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include <libnftnl/chain.h>
+#include <libnftnl/common.h>
+#include <libnftnl/expr.h>
+#include <libnftnl/rule.h>
+
+#include "kproxy/backends/common/address.h"
+#include "kproxy/backends/common/iptables_save.h"
+#include "kproxy/backends/common/netlink_socket.h"
+
+namespace kproxy::iptables {
+namespace {
+
+using backends::IPPrefix;
+using core::ErrorCategory;
+using core::makeError;
+
+std::unexpected<core::Error> unsupported(std::string why) { return makeError(ErrorCategory::kInvalidArgument, std::move(why)); }
+
+bool isV6(sdk::Family family) { return family == sdk::Family::kIPv6; }
+
+/// An address condition (-s / -d): the address already masked, and its mask.
+struct AddressMatch {
+  bool set = false;
+  bool negate = false;
+  std::array<std::uint8_t, 16> address{};
+  std::array<std::uint8_t, 16> mask{};
+};
+
+/// A module's match, in the order of the spec: native (a port, a mark) as iptables-nft 1.8
+/// writes them, or an xtables match carrying the kernel's structure.
+struct Match {
+  enum class Kind : std::uint8_t { kXt, kDestPort, kMark } kind = Kind::kXt;
+  std::string name;  ///< kXt
+  std::uint32_t revision = 0;
+  std::vector<std::uint8_t> info;  ///< kXt: the extension's structure, XT_ALIGNed
+  std::uint16_t port = 0;          ///< kDestPort
+  std::uint32_t value = 0, mask = 0;
+  bool negate = false;  ///< kMark
+};
+
+struct Target {
+  enum class Kind : std::uint8_t { kNone, kVerdict, kJump, kXt } kind = Kind::kNone;
+  std::int32_t verdict = 0;
+  std::string chain;  ///< kJump
+  std::string name;   ///< kXt
+  std::uint32_t revision = 0;
+  std::vector<std::uint8_t> info;
+};
+
+struct ParsedRule {
+  std::string inInterface;
+  bool inNegate = false;
+  std::uint8_t protocol = 0;
+  bool protocolNegate = false;
+  AddressMatch source, destination;
+  std::vector<Match> matches;
+  Target target;
+};
+
+template <typename T>
+std::vector<std::uint8_t> bytesOf(const T& info) {
+  std::vector<std::uint8_t> out(XT_ALIGN(sizeof(T)), 0);
+  std::memcpy(out.data(), &info, sizeof(T));
+  return out;
+}
+
+std::optional<std::uint32_t> parseU32(std::string_view text) {
+  std::uint32_t v = 0;
+  int base = 10;
+  if (text.starts_with("0x") || text.starts_with("0X")) {
+    text.remove_prefix(2);
+    base = 16;
+  }
+  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, base);
+  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
+  return v;
+}
+
+std::optional<std::uint16_t> parsePort(std::string_view text) {
+  auto v = parseU32(text);
+  if (!v || *v > 65535) return std::nullopt;
+  return static_cast<std::uint16_t>(*v);
+}
+
+std::optional<std::uint8_t> protocolNumber(std::string_view name) {
+  if (name == "tcp") return IPPROTO_TCP;
+  if (name == "udp") return IPPROTO_UDP;
+  if (name == "sctp") return IPPROTO_SCTP;
+  return std::nullopt;
+}
+
+std::optional<AddressMatch> parseAddress(sdk::Family family, std::string_view text) {
+  auto p = IPPrefix::parse(text);
+  if (!p || p->v6 != isV6(family) || p->length == 0) return std::nullopt;
+  AddressMatch a;
+  a.set = true;
+  const std::size_t size = p->size();
+  for (std::size_t i = 0; i < size; ++i) {
+    const int bits = std::clamp(static_cast<int>(p->length) - static_cast<int>(i * 8), 0, 8);
+    a.mask[i] = static_cast<std::uint8_t>(0xff00 >> bits);
+    a.address[i] = p->bytes[i] & a.mask[i];
+  }
+  return a;
+}
+
+/// "ADDR:PORT" or "[ADDR]:PORT" of DNAT --to-destination.
+bool parseNatDestination(sdk::Family family, std::string_view text, nf_nat_range2& range) {
+  std::string_view host, port;
+  if (text.starts_with('[')) {
+    const auto close = text.find("]:");
+    if (close == std::string_view::npos) return false;
+    host = text.substr(1, close - 1);
+    port = text.substr(close + 2);
+  } else {
+    const auto colon = text.rfind(':');
+    if (colon == std::string_view::npos || isV6(family)) return false;
+    host = text.substr(0, colon);
+    port = text.substr(colon + 1);
+  }
+  auto p = IPPrefix::parse(host);
+  auto n = parsePort(port);
+  if (!p || !p->isHost() || p->v6 != isV6(family) || !n || *n == 0) return false;
+  range.flags = NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED;
+  std::memcpy(&range.min_addr, p->bytes.data(), p->size());
+  std::memcpy(&range.max_addr, p->bytes.data(), p->size());
+  range.min_proto.all = htons(*n);
+  range.max_proto.all = htons(*n);
+  return true;
+}
+
+/// Parses the words of a rule spec into what iptables-nft would build from them. Only the
+/// options the renderer writes are known; anything else is an error.
+core::Result<ParsedRule> parseRule(sdk::Family family, std::string_view spec) {
+  const std::vector<std::string> words = backends::splitIptablesWords(spec);
+  ParsedRule rule;
+  std::string module;
+  bool negate = false;
+  bool portSeen = false;
+  std::size_t i = 0;
+  auto value = [&]() -> std::optional<std::string_view> {
+    if (i + 1 < words.size()) return std::string_view(words[++i]);
+    return std::nullopt;
+  };
+  auto bad = [&](std::string_view what) { return unsupported(fmt::format("\"{}\" in \"{}\"", what, spec)); };
+  // The structure of the xtables match the words after `-m NAME` fill in.
+  xt_comment_info comment{};
+  xt_statistic_info statistic{};
+  xt_recent_mtinfo_v1 recent{};
+  xt_addrtype_info_v1 addrtype{};
+  xt_sctp_info sctp{};
+  auto finishModule = [&]() -> core::Result<void> {
+    if (module.empty()) return {};
+    Match m;
+    m.name = module;
+    if (module == "comment") {
+      m.info = bytesOf(comment);
+    } else if (module == "statistic") {
+      if (statistic.mode != XT_STATISTIC_MODE_RANDOM) return bad("-m statistic without --mode random");
+      // libxt_statistic's final check copies the first word of the union into the counter of
+      // the nth mode, whatever the mode.
+      statistic.u.nth.count = statistic.u.nth.every;
+      m.info = bytesOf(statistic);
+    } else if (module == "recent") {
+      m.revision = 1;
+      m.info = bytesOf(recent);
+    } else if (module == "addrtype") {
+      m.revision = 1;
+      m.info = bytesOf(addrtype);
+    } else if (module == "sctp") {
+      m.info = bytesOf(sctp);
+    } else if (module == "tcp" || module == "udp") {
+      if (portSeen) return {};  // already added, native
+      if (module == "tcp") {
+        xt_tcp tcp{};
+        tcp.spts[1] = tcp.dpts[1] = 0xffff;
+        m.info = bytesOf(tcp);
+      } else {
+        xt_udp udp{};
+        udp.spts[1] = udp.dpts[1] = 0xffff;
+        m.info = bytesOf(udp);
+      }
+    } else if (module == "mark") {
+      return {};  // added, native, at --mark
+    }
+    rule.matches.push_back(std::move(m));
+    return {};
+  };
+  auto startModule = [&](std::string_view name) -> core::Result<void> {
+    if (auto done = finishModule(); !done) return done;
+    module = std::string(name);
+    portSeen = false;
+    if (name == "comment") {
+      comment = {};
+    } else if (name == "statistic") {
+      statistic = {};
+      statistic.mode = 0xffff;  // none yet
+    } else if (name == "recent") {
+      recent = {};
+      std::strncpy(recent.name, "DEFAULT", sizeof recent.name - 1);
+      recent.side = XT_RECENT_SOURCE;
+      std::memset(&recent.mask, 0xff, sizeof recent.mask);
+    } else if (name == "addrtype") {
+      addrtype = {};
+    } else if (name == "sctp") {
+      sctp = {};
+      for (auto& flag : sctp.flag_info) flag.chunktype = 0xff;  // libxt_sctp's "none"
+    } else if (name == "tcp" || name == "udp") {
+      if (protocolNumber(name) != rule.protocol || rule.protocolNegate) return bad("-m " + module);
+    } else if (name != "mark") {
+      return bad("-m " + module);
+    }
+    return {};
+  };
+
+  for (; i < words.size(); ++i) {
+    const std::string& w = words[i];
+    if (w == "!") {
+      if (negate) return bad("! !");
+      negate = true;
+      continue;
+    }
+    const bool inverted = std::exchange(negate, false);
+    if (w == "-s" || w == "-d") {
+      auto v = value();
+      auto a = v ? parseAddress(family, *v) : std::nullopt;
+      if (!a) return bad(w + " " + std::string(v.value_or("")));
+      a->negate = inverted;
+      (w == "-s" ? rule.source : rule.destination) = *a;
+    } else if (w == "-i") {
+      auto v = value();
+      if (!v || v->empty() || v->size() >= IFNAMSIZ) return bad("-i");
+      rule.inInterface = std::string(*v);
+      rule.inNegate = inverted;
+    } else if (w == "-p") {
+      auto v = value();
+      auto p = v ? protocolNumber(*v) : std::nullopt;
+      if (!p) return bad("-p " + std::string(v.value_or("")));
+      rule.protocol = *p;
+      rule.protocolNegate = inverted;
+    } else if (w == "-m") {
+      auto v = value();
+      if (!v) return bad("-m");
+      if (inverted) return bad("! -m");
+      if (auto started = startModule(*v); !started) return std::unexpected(started.error());
+    } else if (w == "-j") {
+      auto v = value();
+      if (!v || inverted) return bad("-j");
+      if (auto done = finishModule(); !done) return std::unexpected(done.error());
+      module.clear();
+      const std::string name(*v);
+      std::vector<std::string_view> options;
+      for (++i; i < words.size(); ++i) options.emplace_back(words[i]);
+      Target& t = rule.target;
+      if (name == "RETURN" || name == "ACCEPT" || name == "DROP") {
+        if (!options.empty()) return bad("-j " + name + " with options");
+        t.kind = Target::Kind::kVerdict;
+        t.verdict = name == "RETURN" ? int{NFT_RETURN} : name == "ACCEPT" ? int{NF_ACCEPT} : int{NF_DROP};
+      } else if (name == "MARK") {
+        std::optional<std::uint32_t> mark, mask;
+        if (options.size() == 2 && options[0] == "--set-xmark") {
+          const auto slash = options[1].find('/');
+          mark = parseU32(options[1].substr(0, slash));
+          mask = slash == std::string_view::npos ? std::optional<std::uint32_t>(0xffffffff)
+                                                 : parseU32(options[1].substr(slash + 1));
+        }
+        if (!mark || !mask) return bad("-j MARK other than --set-xmark VALUE/MASK");
+        xt_mark_tginfo2 info{};
+        info.mark = *mark;
+        info.mask = *mask;
+        t.kind = Target::Kind::kXt;
+        t.name = "MARK";
+        t.revision = 2;
+        t.info = bytesOf(info);
+      } else if (name == "MASQUERADE") {
+        if (options.size() > 1 || (options.size() == 1 && options[0] != "--random-fully"))
+          return bad("-j MASQUERADE with options other than --random-fully");
+        const unsigned flags = options.empty() ? 0 : NF_NAT_RANGE_PROTO_RANDOM_FULLY;
+        t.kind = Target::Kind::kXt;
+        t.name = "MASQUERADE";
+        if (isV6(family)) {
+          nf_nat_range range{};
+          range.flags = flags;
+          t.info = bytesOf(range);
+        } else {
+          nf_nat_ipv4_multi_range_compat range{};
+          range.rangesize = 1;
+          range.range[0].flags = flags;
+          t.info = bytesOf(range);
+        }
+      } else if (name == "DNAT") {
+        nf_nat_range2 range{};
+        if (options.size() != 2 || options[0] != "--to-destination" ||
+            !parseNatDestination(family, options[1], range))
+          return bad("-j DNAT other than --to-destination ADDRESS:PORT");
+        t.kind = Target::Kind::kXt;
+        t.name = "DNAT";
+        t.revision = 2;
+        t.info = bytesOf(range);
+      } else if (!name.empty() && name.find_first_of("abcdefghijklmnopqrstuvwxyz") == std::string::npos &&
+                 name.starts_with("KUBE-") && options.empty()) {
+        t.kind = Target::Kind::kJump;
+        t.chain = name;
+      } else {
+        return bad("-j " + name);
+      }
+      break;
+    } else if (module == "comment" && w == "--comment") {
+      auto v = value();
+      if (!v || v->size() >= XT_MAX_COMMENT_LEN || inverted) return bad("--comment");
+      std::memcpy(comment.comment, v->data(), v->size());
+    } else if ((module == "tcp" || module == "udp") && w == "--dport") {
+      auto v = value();
+      auto port = v ? parsePort(*v) : std::nullopt;
+      if (!port || inverted || portSeen) return bad("--dport");
+      Match m;
+      m.kind = Match::Kind::kDestPort;
+      m.port = *port;
+      rule.matches.push_back(std::move(m));
+      portSeen = true;
+    } else if (module == "sctp" && w == "--dport") {
+      auto v = value();
+      auto port = v ? parsePort(*v) : std::nullopt;
+      if (!port || inverted) return bad("--dport");
+      sctp.dpts[0] = sctp.dpts[1] = *port;
+      sctp.flags |= XT_SCTP_DEST_PORTS;
+    } else if (module == "mark" && w == "--mark") {
+      auto v = value();
+      const auto slash = v ? v->find('/') : std::string_view::npos;
+      auto mark = v ? parseU32(v->substr(0, slash)) : std::nullopt;
+      auto mask = slash == std::string_view::npos ? std::optional<std::uint32_t>(0xffffffff)
+                                                  : parseU32(v->substr(slash + 1));
+      if (!mark || !mask) return bad("--mark");
+      Match m;
+      m.kind = Match::Kind::kMark;
+      m.value = *mark;
+      m.mask = *mask;
+      m.negate = inverted;
+      rule.matches.push_back(std::move(m));
+    } else if (module == "statistic" && w == "--mode") {
+      auto v = value();
+      if (!v || *v != "random" || inverted) return bad("--mode");
+      statistic.mode = XT_STATISTIC_MODE_RANDOM;
+    } else if (module == "statistic" && w == "--probability") {
+      auto v = value();
+      if (!v) return bad("--probability");
+      const std::string text(*v);
+      char* end = nullptr;
+      const double p = std::strtod(text.c_str(), &end);
+      if (end == text.c_str() || *end != '\0' || p < 0 || p > 1) return bad("--probability " + text);
+      statistic.u.random.probability = static_cast<std::uint32_t>(std::lround(2147483648.0 * p));
+      if (inverted) statistic.flags |= XT_STATISTIC_INVERT;
+    } else if (module == "recent" && (w == "--set" || w == "--update" || w == "--rcheck" || w == "--remove")) {
+      const int flag = w == "--set"      ? int{XT_RECENT_SET}
+                       : w == "--update" ? int{XT_RECENT_UPDATE}
+                       : w == "--rcheck" ? int{XT_RECENT_CHECK}
+                                         : int{XT_RECENT_REMOVE};
+      recent.check_set = static_cast<std::uint8_t>(recent.check_set | flag);
+      if (inverted) recent.invert = 1;
+    } else if (module == "recent" && w == "--seconds") {
+      auto v = value();
+      auto s = v ? parseU32(*v) : std::nullopt;
+      if (!s) return bad("--seconds");
+      recent.seconds = *s;
+      if (inverted) recent.invert = 1;
+    } else if (module == "recent" && w == "--reap") {
+      recent.check_set |= XT_RECENT_REAP;
+    } else if (module == "recent" && w == "--name") {
+      auto v = value();
+      if (!v || v->empty() || v->size() >= XT_RECENT_NAME_LEN) return bad("--name");
+      std::memset(recent.name, 0, sizeof recent.name);
+      std::memcpy(recent.name, v->data(), v->size());
+    } else if (module == "recent" && w == "--mask") {
+      auto v = value();
+      auto p = v ? IPPrefix::parse(*v) : std::nullopt;
+      if (!p || !p->isHost() || p->v6 != isV6(family)) return bad("--mask");
+      std::memset(&recent.mask, 0, sizeof recent.mask);
+      std::memcpy(&recent.mask, p->bytes.data(), p->size());
+    } else if (module == "recent" && (w == "--rsource" || w == "--rdest")) {
+      recent.side = w == "--rsource" ? XT_RECENT_SOURCE : XT_RECENT_DEST;
+    } else if (module == "addrtype" && (w == "--src-type" || w == "--dst-type")) {
+      auto v = value();
+      if (!v || *v != "LOCAL") return bad(w);
+      if (w == "--src-type") {
+        addrtype.source |= XT_ADDRTYPE_LOCAL;
+        if (inverted) addrtype.flags |= XT_ADDRTYPE_INVERT_SOURCE;
+      } else {
+        addrtype.dest |= XT_ADDRTYPE_LOCAL;
+        if (inverted) addrtype.flags |= XT_ADDRTYPE_INVERT_DEST;
+      }
+    } else {
+      return bad(w);
+    }
+  }
+  if (negate) return bad("a trailing !");
+  if (auto done = finishModule(); !done) return std::unexpected(done.error());
+  return rule;
+}
+
+// ---- encoding, as iptables-nft 1.8 builds a rule (nft_ipv4_add / nft_ipv6_add) ----
+
+using ExprPtr = nftnl_expr*;
+
+void cmp(nftnl_rule* r, std::uint32_t op, const void* data, std::uint32_t len) {
+  ExprPtr e = nftnl_expr_alloc("cmp");
+  nftnl_expr_set_u32(e, NFTNL_EXPR_CMP_SREG, NFT_REG_1);
+  nftnl_expr_set_u32(e, NFTNL_EXPR_CMP_OP, op);
+  nftnl_expr_set(e, NFTNL_EXPR_CMP_DATA, data, len);
+  nftnl_rule_add_expr(r, e);
+}
+void meta(nftnl_rule* r, std::uint32_t key) {
+  ExprPtr e = nftnl_expr_alloc("meta");
+  nftnl_expr_set_u32(e, NFTNL_EXPR_META_KEY, key);
+  nftnl_expr_set_u32(e, NFTNL_EXPR_META_DREG, NFT_REG_1);
+  nftnl_rule_add_expr(r, e);
+}
+void payload(nftnl_rule* r, std::uint32_t base, std::uint32_t offset, std::uint32_t len) {
+  ExprPtr e = nftnl_expr_alloc("payload");
+  nftnl_expr_set_u32(e, NFTNL_EXPR_PAYLOAD_BASE, base);
+  nftnl_expr_set_u32(e, NFTNL_EXPR_PAYLOAD_DREG, NFT_REG_1);
+  nftnl_expr_set_u32(e, NFTNL_EXPR_PAYLOAD_OFFSET, offset);
+  nftnl_expr_set_u32(e, NFTNL_EXPR_PAYLOAD_LEN, len);
+  nftnl_rule_add_expr(r, e);
+}
+void bitwise(nftnl_rule* r, const void* mask, std::uint32_t len) {
+  const std::array<std::uint8_t, 16> zero{};
+  ExprPtr e = nftnl_expr_alloc("bitwise");
+  nftnl_expr_set_u32(e, NFTNL_EXPR_BITWISE_SREG, NFT_REG_1);
+  nftnl_expr_set_u32(e, NFTNL_EXPR_BITWISE_DREG, NFT_REG_1);
+  nftnl_expr_set_u32(e, NFTNL_EXPR_BITWISE_LEN, len);
+  nftnl_expr_set(e, NFTNL_EXPR_BITWISE_MASK, mask, len);
+  nftnl_expr_set(e, NFTNL_EXPR_BITWISE_XOR, zero.data(), len);
+  nftnl_rule_add_expr(r, e);
+}
+void xt(nftnl_rule* r, const char* kind, const std::string& name, std::uint32_t revision,
+        const std::vector<std::uint8_t>& info) {
+  const bool match = std::strcmp(kind, "match") == 0;
+  ExprPtr e = nftnl_expr_alloc(kind);
+  const auto len = static_cast<std::uint32_t>(info.size());
+  // libnftnl keeps the info's pointer and frees it with the expression.
+  void* copy = std::calloc(1, info.size());
+  std::memcpy(copy, info.data(), info.size());
+  if (match) {
+    nftnl_expr_set_str(e, NFTNL_EXPR_MT_NAME, name.c_str());
+    nftnl_expr_set_u32(e, NFTNL_EXPR_MT_REV, revision);
+    nftnl_expr_set(e, NFTNL_EXPR_MT_INFO, copy, len);
+  } else {
+    nftnl_expr_set_str(e, NFTNL_EXPR_TG_NAME, name.c_str());
+    nftnl_expr_set_u32(e, NFTNL_EXPR_TG_REV, revision);
+    nftnl_expr_set(e, NFTNL_EXPR_TG_INFO, copy, len);
+  }
+  nftnl_rule_add_expr(r, e);
+}
+
+/// add_addr: a prefix on a byte boundary compares only its leading bytes; any other mask
+/// loads the whole address and masks it.
+void address(nftnl_rule* r, std::uint32_t offset, std::uint32_t size, const AddressMatch& a) {
+  std::uint32_t len = 0;
+  while (len < size && a.mask[len] == 0xff) ++len;
+  bool masked = false;
+  for (std::uint32_t j = len; j < size; ++j) masked = masked || a.mask[j] != 0;
+  if (masked) len = size;
+  payload(r, NFT_PAYLOAD_NETWORK_HEADER, offset, len);
+  if (masked) bitwise(r, a.mask.data(), len);
+  cmp(r, a.negate ? NFT_CMP_NEQ : NFT_CMP_EQ, a.address.data(), len);
+}
+
+void encode(sdk::Family family, const ParsedRule& p, nftnl_rule* r) {
+  if (!p.inInterface.empty()) {
+    meta(r, NFT_META_IIFNAME);
+    const std::uint32_t op = p.inNegate ? NFT_CMP_NEQ : NFT_CMP_EQ;
+    if (p.inInterface.ends_with('+')) {
+      if (p.inInterface.size() > 1)
+        cmp(r, op, p.inInterface.data(), static_cast<std::uint32_t>(p.inInterface.size() - 1));
+      else if (op != NFT_CMP_EQ)
+        cmp(r, NFT_CMP_EQ, "INVAL/D", sizeof "INVAL/D");
+    } else {
+      cmp(r, op, p.inInterface.c_str(), static_cast<std::uint32_t>(p.inInterface.size() + 1));
+    }
+  }
+  if (p.protocol != 0) {
+    meta(r, NFT_META_L4PROTO);
+    cmp(r, p.protocolNegate ? NFT_CMP_NEQ : NFT_CMP_EQ, &p.protocol, 1);
+  }
+  const std::uint32_t size = isV6(family) ? 16 : 4;
+  if (p.source.set) address(r, isV6(family) ? 8 : 12, size, p.source);
+  if (p.destination.set) address(r, isV6(family) ? 24 : 16, size, p.destination);
+  nftnl_rule_set_u32(r, NFTNL_RULE_COMPAT_PROTO, p.protocol);
+  nftnl_rule_set_u32(r, NFTNL_RULE_COMPAT_FLAGS, p.protocolNegate ? NFT_RULE_COMPAT_F_INV : 0);
+  for (const auto& m : p.matches) {
+    switch (m.kind) {
+      case Match::Kind::kXt: xt(r, "match", m.name, m.revision, m.info); break;
+      case Match::Kind::kDestPort: {
+        payload(r, NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2);
+        const std::uint16_t port = htons(m.port);
+        cmp(r, NFT_CMP_EQ, &port, 2);
+        break;
+      }
+      case Match::Kind::kMark: {
+        meta(r, NFT_META_MARK);
+        if (m.mask != 0xffffffff) bitwise(r, &m.mask, 4);
+        cmp(r, m.negate ? NFT_CMP_NEQ : NFT_CMP_EQ, &m.value, 4);
+        break;
+      }
+    }
+  }
+  ExprPtr counter = nftnl_expr_alloc("counter");
+  nftnl_expr_set_u64(counter, NFTNL_EXPR_CTR_PACKETS, 0);
+  nftnl_expr_set_u64(counter, NFTNL_EXPR_CTR_BYTES, 0);
+  nftnl_rule_add_expr(r, counter);
+  const Target& t = p.target;
+  switch (t.kind) {
+    case Target::Kind::kNone: break;
+    case Target::Kind::kVerdict:
+    case Target::Kind::kJump: {
+      ExprPtr e = nftnl_expr_alloc("immediate");
+      nftnl_expr_set_u32(e, NFTNL_EXPR_IMM_DREG, NFT_REG_VERDICT);
+      nftnl_expr_set_u32(e, NFTNL_EXPR_IMM_VERDICT,
+                         static_cast<std::uint32_t>(t.kind == Target::Kind::kJump ? int{NFT_JUMP} : t.verdict));
+      if (t.kind == Target::Kind::kJump) nftnl_expr_set_str(e, NFTNL_EXPR_IMM_CHAIN, t.chain.c_str());
+      nftnl_rule_add_expr(r, e);
+      break;
+    }
+    case Target::Kind::kXt: xt(r, "target", t.name, t.revision, t.info); break;
+  }
+}
+
+struct RuleDeleter {
+  void operator()(nftnl_rule* r) const { nftnl_rule_free(r); }
+};
+struct ChainDeleter {
+  void operator()(nftnl_chain* c) const { nftnl_chain_free(c); }
+};
+
+/// Room for one message: the largest rule the renderer writes is well under 2 KiB.
+constexpr std::size_t kMessageRoom = 16 * 1024;
+
+}  // namespace
+
+core::Result<void> checkNftRuleSpec(sdk::Family family, std::string_view spec) {
+  auto parsed = parseRule(family, spec);
+  if (!parsed) return std::unexpected(parsed.error());
+  return {};
+}
+
+NftRuleBatch::NftRuleBatch(sdk::Family family, std::string table) : family_(family), table_(std::move(table)) {}
+
+core::Result<void> NftRuleBatch::add(std::span<const NftChainRewrite> chains) {
+  // Parsed first: a refusal leaves the batch as it was.
+  std::vector<std::vector<ParsedRule>> parsed(chains.size());
+  for (std::size_t c = 0; c < chains.size(); ++c) {
+    parsed[c].reserve(chains[c].rules.size());
+    for (const auto& spec : chains[c].rules) {
+      auto p = parseRule(family_, spec);
+      if (!p)
+        return makeError(ErrorCategory::kInvalidArgument,
+                         fmt::format("chain {}: not written over netlink: {}", chains[c].name, p.error().message()));
+      parsed[c].push_back(std::move(*p));
+    }
+  }
+  const std::uint16_t family = isV6(family_) ? NFPROTO_IPV6 : NFPROTO_IPV4;
+  std::array<char, kMessageRoom> room;
+  auto append = [&](nlmsghdr* nlh, std::uint32_t chain, std::uint32_t rule) {
+    messages_.insert(messages_.end(), reinterpret_cast<const char*>(nlh),
+                     reinterpret_cast<const char*>(nlh) + nlh->nlmsg_len);
+    sent_.push_back(Sent{chain, rule});
+  };
+  auto seq = [&]() { return static_cast<std::uint32_t>(sent_.size() + 1); };
+  const std::size_t firstName = names_.size();
+  for (const auto& c : chains) {
+    const auto index = static_cast<std::uint32_t>(names_.size());
+    names_.emplace_back(c.name);
+    std::unique_ptr<nftnl_chain, ChainDeleter> chain(nftnl_chain_alloc());
+    nftnl_chain_set_str(chain.get(), NFTNL_CHAIN_TABLE, table_.c_str());
+    nftnl_chain_set_str(chain.get(), NFTNL_CHAIN_NAME, names_.back().c_str());
+    nlmsghdr* nlh = nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_NEWCHAIN, family, NLM_F_CREATE, seq());
+    nftnl_chain_nlmsg_build_payload(nlh, chain.get());
+    append(nlh, index, 0);
+    // Emptied: a chain kept from before holds its old rules.
+    std::unique_ptr<nftnl_rule, RuleDeleter> flush(nftnl_rule_alloc());
+    nftnl_rule_set_str(flush.get(), NFTNL_RULE_TABLE, table_.c_str());
+    nftnl_rule_set_str(flush.get(), NFTNL_RULE_CHAIN, names_.back().c_str());
+    nlh = nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_DELRULE, family, 0, seq());
+    nftnl_rule_nlmsg_build_payload(nlh, flush.get());
+    append(nlh, index, 0);
+    ++chains_;
+  }
+  for (std::size_t c = 0; c < chains.size(); ++c) {
+    const auto index = static_cast<std::uint32_t>(firstName + c);
+    for (std::size_t k = 0; k < parsed[c].size(); ++k) {
+      std::unique_ptr<nftnl_rule, RuleDeleter> rule(nftnl_rule_alloc());
+      nftnl_rule_set_u32(rule.get(), NFTNL_RULE_FAMILY, family);
+      nftnl_rule_set_str(rule.get(), NFTNL_RULE_TABLE, table_.c_str());
+      nftnl_rule_set_str(rule.get(), NFTNL_RULE_CHAIN, names_[index].c_str());
+      encode(family_, parsed[c][k], rule.get());
+      nlmsghdr* nlh =
+          nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_NEWRULE, family, NLM_F_APPEND | NLM_F_CREATE, seq());
+      nftnl_rule_nlmsg_build_payload(nlh, rule.get());
+      append(nlh, index, static_cast<std::uint32_t>(k + 1));
+      ++rules_;
+    }
+  }
+  return {};
+}
+
+core::Result<void> NftRuleBatch::commit() {
+  if (messages_.empty()) return {};
+  auto socket = backends::NetlinkSocket::open(NETLINK_NETFILTER);
+  if (!socket) return std::unexpected(socket.error());
+  std::array<char, 256> begin{}, end{};
+  nlmsghdr* b = nftnl_batch_begin(begin.data(), 0);
+  nlmsghdr* e = nftnl_batch_end(end.data(), static_cast<std::uint32_t>(sent_.size() + 1));
+  const std::span<const char> parts[] = {{begin.data(), b->nlmsg_len}, messages_, {end.data(), e->nlmsg_len}};
+  auto failures = socket->sendBatch(parts);
+  messages_.clear();  // the capacity stays for the next transaction
+  auto sent = std::move(sent_);
+  auto names = std::move(names_);
+  sent_.clear();
+  names_.clear();
+  const std::size_t rules = std::exchange(rules_, 0);
+  chains_ = 0;
+  if (!failures) return std::unexpected(failures.error());
+  if (failures->empty()) return {};
+  // The first refusal is the cause; the kernel applied nothing of the batch.
+  const auto& f = failures->front();
+  std::string what = "the batch";
+  if (f.seq >= 1 && f.seq <= sent.size()) {
+    const Sent& s = sent[f.seq - 1];
+    what = s.rule == 0 ? fmt::format("chain {} (its creation or flush)", names[s.chain])
+                       : fmt::format("rule {} of chain {}", s.rule, names[s.chain]);
+  }
+  return makeError(ErrorCategory::kKernel,
+                   fmt::format("iptables-nft over netlink: the kernel refused {} ({} rules in one transaction, none "
+                               "applied)",
+                               what, rules),
+                   f.errnum);
+}
+
+}  // namespace kproxy::iptables
