@@ -115,6 +115,23 @@ struct IptablesBackend::Edit {
   std::size_t operations = 0;
   std::size_t rewrittenRules = 0;  ///< rules and declarations of rewritten chains
   std::vector<std::string> touched;  ///< the first objects changed, for the sync's summary
+  /// With `keepNat` (a partial sync that may go over netlink): the nat chains rewritten, with
+  /// their rules, and those deleted.
+  bool keepNat = false;
+  std::vector<std::pair<std::string, std::vector<std::string>>> natRewrites;
+  std::vector<std::string> natDrops;
+
+  /// Whether the edit changes nat chains only, by rewriting or deleting whole chains (no
+  /// dispatch rule inserted or deleted, no jump, nothing in filter or mangle).
+  bool natChainsOnly() const {
+    if (!keepNat || (natRewrites.empty() && natDrops.empty())) return false;
+    for (Table t : kTables) {
+      const auto i = index(t);
+      if (!dispatch[i].empty() || !jumps[i].empty()) return false;
+      if (t != Table::kNat && (!declare[i].empty() || !remove[i].empty())) return false;
+    }
+    return true;
+  }
 
   void note(Table t, std::string what) {
     if (touched.size() < kTouchedKept) touched.push_back(fmt::format("{} {}", tableName(t), what));
@@ -125,10 +142,12 @@ struct IptablesBackend::Edit {
     ++operations;
     rewrittenRules += chainRules.size() + 1;
     note(t, "chain " + name);
+    if (keepNat && t == Table::kNat) natRewrites.emplace_back(name, chainRules);
   }
   void drop(Table t, const std::string& name) {
     declare[index(t)] += fmt::format(":{} - [0:0]\n", name);
     remove[index(t)] += fmt::format("-X {}\n", name);
+    if (keepNat && t == Table::kNat) natDrops.push_back(name);
     ++operations;
     note(t, "chain " + name + " (deleted)");
   }
@@ -470,8 +489,11 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
       std::vector<std::string> keys;
       for (const auto& c : changed)
         if (c.family == fam) keys.push_back(c.key);
-      partialSync(next, fam, keys, mirror_[index(fam)], input, operations);
-      if (auto r = apply(fam, input); !r) {
+      Edit edit;
+      edit.keepNat = !settings_.dryRun && settings_.netlinkRules && !netlinkRefused_ && kernel_->netlinkRules();
+      partialSync(next, fam, keys, mirror_[index(fam)], edit, operations);
+      input = edit.text();
+      if (auto r = applyPartial(fam, edit, input); !r) {
         needFull_ = true;  // the mirror now describes what was refused
         return std::unexpected(r.error());
       }
@@ -531,14 +553,13 @@ sdk::Expected<void> IptablesBackend::netlinkFailed(sdk::Family family, const cor
   // The next full sync (the retry) writes everything with the tool, and so do later ones: what
   // the kernel refused from this encoder it would refuse again.
   netlinkRefused_ = true;
-  return failed(e, "the full sync's service chains (the next full sync writes them with " +
+  return failed(e, "nat chains over netlink (the next full sync, and every sync after it, writes them with " +
                        std::string(toolName(family)) + "-restore)");
 }
 
 void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family family,
-                                  const std::vector<std::string>& keys, MirrorFamily& mirror, std::string& input,
+                                  const std::vector<std::string>& keys, MirrorFamily& mirror, Edit& edit,
                                   std::size_t& operations) {
-  Edit edit;
   // Net change of each dispatch rule's owner count.
   std::map<DispatchRule, int> delta;
 
@@ -632,7 +653,28 @@ void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family 
     }
   }
   operations += edit.operations;
-  input = edit.text();
+}
+
+sdk::Expected<void> IptablesBackend::applyPartial(sdk::Family family, const Edit& edit, const std::string& input) {
+  if (!edit.natChainsOnly()) return apply(family, input);
+  // Only whole nat chains change (an endpoint added, removed or changed): one netlink
+  // transaction, without the tool's start and its fetch of the table.
+  NftRuleBatch batch(family);
+  std::vector<NftChainRewrite> chains;
+  chains.reserve(edit.natRewrites.size());
+  for (const auto& [name, rules] : edit.natRewrites) chains.push_back({name, rules});
+  if (auto added = batch.add(chains); !added) {
+    host_.warning(fmt::format("iptables: {}; restoring the change with {}-restore", added.error().message(),
+                              toolName(family)));
+    return apply(family, input);
+  }
+  std::vector<std::string_view> drops(edit.natDrops.begin(), edit.natDrops.end());
+  batch.remove(drops);
+  const std::size_t rules = batch.rules();
+  if (auto r = batch.commit(); !r) return netlinkFailed(family, r.error());
+  netlinkRules_ += rules;
+  ++netlinkCommits_;
+  return {};
 }
 
 sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, sdk::Family family,

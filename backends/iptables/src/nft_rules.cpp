@@ -630,6 +630,33 @@ core::Result<void> NftRuleBatch::add(std::span<const NftChainRewrite> chains) {
   return {};
 }
 
+void NftRuleBatch::remove(std::span<const std::string_view> names) {
+  const std::uint16_t family = isV6(family_) ? NFPROTO_IPV6 : NFPROTO_IPV4;
+  std::array<char, kMessageRoom> room;
+  auto append = [&](nlmsghdr* nlh, std::uint32_t chain) {
+    messages_.insert(messages_.end(), reinterpret_cast<const char*>(nlh),
+                     reinterpret_cast<const char*>(nlh) + nlh->nlmsg_len);
+    sent_.push_back(Sent{chain, 0});
+  };
+  for (const auto name : names) {
+    const auto index = static_cast<std::uint32_t>(names_.size());
+    names_.emplace_back(name);
+    std::unique_ptr<nftnl_rule, RuleDeleter> flush(nftnl_rule_alloc());
+    nftnl_rule_set_str(flush.get(), NFTNL_RULE_TABLE, table_.c_str());
+    nftnl_rule_set_str(flush.get(), NFTNL_RULE_CHAIN, names_.back().c_str());
+    nlmsghdr* nlh = nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_DELRULE, family, 0,
+                                          static_cast<std::uint32_t>(sent_.size() + 1));
+    nftnl_rule_nlmsg_build_payload(nlh, flush.get());
+    append(nlh, index);
+    std::unique_ptr<nftnl_chain, ChainDeleter> chain(nftnl_chain_alloc());
+    nftnl_chain_set_str(chain.get(), NFTNL_CHAIN_TABLE, table_.c_str());
+    nftnl_chain_set_str(chain.get(), NFTNL_CHAIN_NAME, names_.back().c_str());
+    nlh = nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_DELCHAIN, family, 0, static_cast<std::uint32_t>(sent_.size() + 1));
+    nftnl_chain_nlmsg_build_payload(nlh, chain.get());
+    append(nlh, index);
+  }
+}
+
 core::Result<void> NftRuleBatch::commit() {
   if (messages_.empty()) return {};
   auto socket = backends::NetlinkSocket::open(NETLINK_NETFILTER);
@@ -653,7 +680,7 @@ core::Result<void> NftRuleBatch::commit() {
   std::string what = "the batch";
   if (f.seq >= 1 && f.seq <= sent.size()) {
     const Sent& s = sent[f.seq - 1];
-    what = s.rule == 0 ? fmt::format("chain {} (its creation or flush)", names[s.chain])
+    what = s.rule == 0 ? fmt::format("chain {} (its creation, flush or deletion)", names[s.chain])
                        : fmt::format("rule {} of chain {}", s.rule, names[s.chain]);
   }
   return makeError(ErrorCategory::kKernel,

@@ -117,12 +117,15 @@ class IptablesBackend final : public sdk::BackendPlugin {
   sdk::Expected<void> fullSync(const plan::SnapshotSource& next, sdk::Family family, MirrorFamily& out,
                                std::string& input, std::size_t& operations);
   void partialSync(const plan::SnapshotSource& next, sdk::Family family,
-                   const std::vector<std::string>& keys, MirrorFamily& mirror, std::string& input,
+                   const std::vector<std::string>& keys, MirrorFamily& mirror, Edit& edit,
                    std::size_t& operations);
   sdk::Expected<void> apply(sdk::Family family, const std::string& input);
+  /// Applies a partial sync's edit (`input`, its text): over netlink when it only rewrites or
+  /// deletes nat chains and the kernel adapter allows it, else through the tool.
+  sdk::Expected<void> applyPartial(sdk::Family family, const Edit& edit, const std::string& input);
   /// Counts a refused restore and names the tool in its error.
   sdk::Expected<void> restoreFailed(sdk::Family family, const core::Error& e);
-  /// Counts a refused netlink transaction; later full syncs use the tool only.
+  /// Counts a refused netlink transaction; later syncs use the tool only.
   sdk::Expected<void> netlinkFailed(sdk::Family family, const core::Error& e);
   bool familyEnabled(sdk::Family family) const { return family == sdk::Family::kIPv4 || settings_.ipv6; }
   void setRouteLocalnet();

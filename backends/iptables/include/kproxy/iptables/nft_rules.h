@@ -39,6 +39,9 @@ class NftRuleBatch {
   /// rules, so rules may jump to any of them. All or nothing: an error names the first rule
   /// of a shape this encoder does not write, and the batch is as it was.
   core::Result<void> add(std::span<const NftChainRewrite> chains);
+  /// Appends the deletion of chains `names`: each emptied, then deleted (after whatever the
+  /// batch holds before, so rules rewritten there no longer jump to them).
+  void remove(std::span<const std::string_view> names);
 
   /// Room for about `rules` rules: a transaction's messages are never copied as they grow
   /// (only the pages written are resident).
