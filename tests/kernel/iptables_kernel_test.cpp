@@ -489,6 +489,57 @@ TEST_CASE("iptables kernel: a refused restore names the line, keeps the table, a
   CHECK_FALSE(h.owned(kV4).contains({"nat", "KUBE-SVC-BBBBBBBBBBBBBBBB"}));
 }
 
+TEST_CASE("iptables kernel: a refused netlink transaction applies nothing, names the chain, and later syncs use "
+          "the tool",
+          "[kernel]") {
+  FreshNetns ns;
+  Harness h(Variant::kNft);
+  VectorSnapshot snap(manyServices(100, 2), featureNode());
+  auto backend = h.backend();
+  auto first = backend->syncFrom(snap, {}, false);
+  REQUIRE(ok(first));
+  INFO(first->summary);
+  REQUIRE(first->summary.find("over netlink") != std::string::npos);
+
+  // An operator's rule jumps to one of the service's endpoint chains; the partial sync that
+  // replaces that endpoint deletes the chain, which the kernel refuses while it is referenced.
+  auto& port = snap.ports()[50];
+  const std::string name = "ns/svc-50:p";
+  const std::string gone =
+      backends::servicePortEndpointChain(name, "tcp", backends::endpointHostPort(port.allEndpoints[1].ip, 8080));
+  REQUIRE(h.owned(kV4).contains({"nat", gone}));
+  h.restore(kV4, "*nat\n-A PREROUTING -s 203.0.113.9/32 -j " + gone + "\nCOMMIT\n");
+  const std::string before = h.saved(kV4);
+  setEndpoints(port, {port.allEndpoints[0], endpoint("10.200.0.7", 8080)});
+  auto out = backend->syncFrom(snap, {{kV4, port.key}}, false);
+  REQUIRE_FALSE(out.has_value());
+  INFO(out.error().message);
+  CHECK(out.error().category == sdk::ErrorCategory::kKernelRefused);
+  CHECK(out.error().message.find("over netlink") != std::string::npos);
+  CHECK(out.error().message.find("chain " + gone) != std::string::npos);
+  CHECK(backend->needsFullSync());
+  // Nothing of the transaction applied: the service's chains are as they were.
+  CHECK(chainsOf(h.saved(kV4), false) == chainsOf(before, false));
+
+  // The operator's rule goes; the next sync is full, through the tool, and repairs.
+  h.restore(kV4, "*nat\n-D PREROUTING -s 203.0.113.9/32 -j " + gone + "\nCOMMIT\n");
+  auto repair = backend->syncFrom(snap, {}, false);
+  REQUIRE(ok(repair));
+  INFO(repair->summary);
+  CHECK(repair->summary.starts_with("full sync"));
+  CHECK(repair->summary.find("over netlink") == std::string::npos);
+  CHECK(repair->summary.find("tool run") != std::string::npos);
+  requireSameChains(canonical(h.owned(kV4)), wanted(snap, kV4));
+  // And so is the next endpoint change.
+  setEndpoints(port, {port.allEndpoints[0], endpoint("10.200.0.8", 8080)});
+  auto next = backend->syncFrom(snap, {{kV4, port.key}}, false);
+  REQUIRE(ok(next));
+  INFO(next->summary);
+  CHECK(next->summary.find("over netlink") == std::string::npos);
+  CHECK(next->summary.find("1 tool run") != std::string::npos);
+  requireSameChains(canonical(h.owned(kV4)), wanted(snap, kV4));
+}
+
 TEST_CASE("iptables kernel: a flushed nat table and a lost canary are repaired by the next periodic sync",
           "[kernel]") {
   const Variant variant = GENERATE(Variant::kNft, Variant::kLegacy);
