@@ -20,6 +20,7 @@
 //   kproxy-bench-iptables [--variants nft,legacy] [--services 1000,10000,30000] [--endpoints 2,10]
 //                         [--max-endpoints 100000] [--full-repeat 3] [--change-repeat 11] [--ipv6]
 //                         [--noflush-floor-max N] [--chunk-rules N] [--netlink-floor] [--netlink on|off]
+//                         [--netlink-batch N]
 
 #include <sched.h>
 #include <sys/mman.h>
@@ -355,11 +356,14 @@ struct Config {
   bool netlinkFloor = false;
   /// Let the backend write iptables-nft's service chains over netlink (BackendSettings::netlinkRules).
   bool netlink = true;
+  /// Overrides BackendSettings::netlinkBatchRules when not 0 (calibration).
+  std::size_t netlinkBatch = 0;
 };
 
 std::unique_ptr<IptablesBackend> makeBackend(const Config& c, TimedKernel*& timed) {
   BackendSettings settings;
   settings.ipv6 = c.ipv6;
+  if (c.netlinkBatch != 0) settings.netlinkBatchRules = c.netlinkBatch;
   auto kernel = std::make_unique<TimedKernel>(makeProcessKernel(c.tools, runner()));
   timed = kernel.get();
   timed->chunkRules = c.chunkRules;
@@ -608,6 +612,8 @@ int main(int argc, char** argv) {
         return 2;
       }
       base.netlink = v == "on";
+    } else if (a == "--netlink-batch" && i + 1 < argc) {
+      base.netlinkBatch = static_cast<std::size_t>(std::atol(argv[++i]));
     } else if (a == "--chunk-rules" && i + 1 < argc) {
       base.chunkRules = static_cast<std::size_t>(std::atol(argv[++i]));
     } else if (a == "--netlink-floor") {
@@ -622,6 +628,7 @@ int main(int argc, char** argv) {
                    "          [--noflush-floor-max N (time the one-input --noflush floor up to N endpoints)]\n"
                    "          [--chunk-rules N (iptables-nft restore chunk at 10,000 chains; calibration)]\n"
                    "          [--netlink on|off (iptables-nft full syncs write service chains over netlink; on)]\n"
+                   "          [--netlink-batch N (rules per netlink transaction; calibration)]\n"
                    "          [--netlink-floor (iptables-nft: time the floor's tables sent back over netlink)]\n",
                    argv[0]);
       return 2;

@@ -45,9 +45,11 @@ struct BackendSettings {
   /// iptables-nft: a full sync writes the service ports' nat chains over netlink (NftRuleBatch)
   /// rather than through iptables-nft-restore, in transactions of whole service ports of about
   /// this many rules. The tool's parse of the text and its commit per chunk of 2,000 rules
-  /// are what made a full sync cost 1.4-1.8x a single restore of the same text.
+  /// are what made a full sync cost 1.1-2.2x a single restore of the same text. 10,000 rules
+  /// (about 3 MB of messages) cost the same time as 25,000 at 10k and 30k Services x 2 and
+  /// 10 MiB less peak RSS at 1k x 10 (bench/iptables, BENCHMARKS.md).
   bool netlinkRules = true;
-  std::size_t netlinkBatchRules = 25000;
+  std::size_t netlinkBatchRules = 10000;
 };
 
 class IptablesBackend final : public sdk::BackendPlugin {
