@@ -2,6 +2,8 @@
 
 #include <malloc.h>
 
+#include <cerrno>
+
 #include <algorithm>
 #include <chrono>
 #include <list>
@@ -223,6 +225,15 @@ class IptablesBackend::StreamedChains {
   /// their rules (the tools take `-j CHAIN` only for a chain declared above); a chunk that is
   /// full is committed.
   void portDone() {
+    if (error_) {
+      // The sync has failed; nothing more is written, so nothing more is held.
+      port_.clear();
+      declare_.clear();
+      rules_.clear();
+      buffer_.clear();
+      chunkSize_ = 0;
+      return;
+    }
     if (batch_ && !port_.empty()) {
       std::vector<NftChainRewrite> chains;
       chains.reserve(port_.size());
@@ -550,11 +561,15 @@ sdk::Expected<void> IptablesBackend::restoreFailed(sdk::Family family, const cor
 
 sdk::Expected<void> IptablesBackend::netlinkFailed(sdk::Family family, const core::Error& e) {
   if (metrics_.restoreFailures.active()) metrics_.restoreFailures.add({std::string(familyName(family))}, 1);
-  // The next full sync (the retry) writes everything with the tool, and so do later ones: what
-  // the kernel refused from this encoder it would refuse again.
-  netlinkRefused_ = true;
-  return failed(e, "nat chains over netlink (the next full sync, and every sync after it, writes them with " +
-                       std::string(toolName(family)) + "-restore)");
+  // A refusal of what was encoded (an invalid or unsupported expression) would come again:
+  // every later sync uses the tool. Others (a chain someone's rule still jumps to, a table
+  // flushed meanwhile, no memory) are the state's, and the full sync that follows retries.
+  const bool encoding = e.errnum == EINVAL || e.errnum == EOPNOTSUPP || e.errnum == EPROTONOSUPPORT ||
+                        e.errnum == EAFNOSUPPORT || e.errnum == ERANGE;
+  if (encoding) netlinkRefused_ = true;
+  return failed(e, encoding ? "nat chains over netlink (every later sync writes them with " +
+                                  std::string(toolName(family)) + "-restore)"
+                            : std::string("nat chains over netlink"));
 }
 
 void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family family,

@@ -171,11 +171,14 @@ class ProcessKernel final : public KernelIptables {
   bool netlinkRules() override {
     if (tools_.variant != Variant::kNft) return false;
     if (!netlinkChecked_) {
-      // "iptables-nft-restore v1.8.9 (nf_tables)": the encoding NftRuleBatch was checked against.
+      // "iptables-nft-restore v1.8.9 (nf_tables)": the version whose encoding NftRuleBatch was
+      // compared with byte for byte (tests/kernel). Others encode some matches differently (1.8.7
+      // has no native port match, so its save would print these rules without --dport); they
+      // keep the tool until the same test has passed against them.
       netlinkChecked_ = true;
       auto r = runner_.run({tools_.restore4, "--version"}, ProcessOptions{{}, std::chrono::seconds(10)});
-      netlink_ = r && r->succeeded() && r->out.find(" v1.8.") != std::string::npos &&
-                 r->out.find("nf_tables") != std::string::npos;
+      netlink_ = r && r->succeeded() && r->out.find(" v1.8.9 ") != std::string::npos &&
+                 r->out.find("(nf_tables)") != std::string::npos;
     }
     return netlink_;
   }

@@ -156,6 +156,8 @@ bool parseNatDestination(sdk::Family family, std::string_view text, nf_nat_range
   return true;
 }
 
+constexpr std::size_t kMaxMatches = 8;
+
 /// Parses the words of a rule spec into what iptables-nft would build from them. Only the
 /// options the renderer writes are known; anything else is an error.
 core::Result<ParsedRule> parseRule(sdk::Family family, std::string_view spec) {
@@ -421,6 +423,9 @@ core::Result<ParsedRule> parseRule(sdk::Family family, std::string_view spec) {
   }
   if (negate) return bad("a trailing !");
   if (auto done = finishModule(); !done) return std::unexpected(done.error());
+  // A message is built in a buffer of kMessageRoom bytes: the renderer's rules carry at most
+  // four matches of at most 296 bytes.
+  if (rule.matches.size() > kMaxMatches) return bad("more than 8 matches");
   return rule;
 }
 
@@ -574,17 +579,9 @@ NftRuleBatch::NftRuleBatch(sdk::Family family, std::string table) : family_(fami
 
 core::Result<void> NftRuleBatch::add(std::span<const NftChainRewrite> chains) {
   // Parsed first: a refusal leaves the batch as it was.
-  std::vector<std::vector<ParsedRule>> parsed(chains.size());
-  for (std::size_t c = 0; c < chains.size(); ++c) {
-    parsed[c].reserve(chains[c].rules.size());
-    for (const auto& spec : chains[c].rules) {
-      auto p = parseRule(family_, spec);
-      if (!p)
-        return makeError(ErrorCategory::kInvalidArgument,
-                         fmt::format("chain {}: not written over netlink: {}", chains[c].name, p.error().message()));
-      parsed[c].push_back(std::move(*p));
-    }
-  }
+  // Encoded straight into the batch; a refusal cuts it back to where it was.
+  const std::size_t bytesBefore = messages_.size(), sentBefore = sent_.size(), namesBefore = names_.size();
+  const std::size_t rulesBefore = rules_, chainsBefore = chains_;
   const std::uint16_t family = isV6(family_) ? NFPROTO_IPV6 : NFPROTO_IPV4;
   std::array<char, kMessageRoom> room;
   auto append = [&](nlmsghdr* nlh, std::uint32_t chain, std::uint32_t rule) {
@@ -614,12 +611,22 @@ core::Result<void> NftRuleBatch::add(std::span<const NftChainRewrite> chains) {
   }
   for (std::size_t c = 0; c < chains.size(); ++c) {
     const auto index = static_cast<std::uint32_t>(firstName + c);
-    for (std::size_t k = 0; k < parsed[c].size(); ++k) {
+    for (std::size_t k = 0; k < chains[c].rules.size(); ++k) {
+      auto parsed = parseRule(family_, chains[c].rules[k]);
+      if (!parsed) {
+        messages_.resize(bytesBefore);
+        sent_.resize(sentBefore);
+        names_.resize(namesBefore);
+        rules_ = rulesBefore;
+        chains_ = chainsBefore;
+        return makeError(ErrorCategory::kInvalidArgument, fmt::format("chain {}: not written over netlink: {}",
+                                                                      chains[c].name, parsed.error().message()));
+      }
       std::unique_ptr<nftnl_rule, RuleDeleter> rule(nftnl_rule_alloc());
       nftnl_rule_set_u32(rule.get(), NFTNL_RULE_FAMILY, family);
       nftnl_rule_set_str(rule.get(), NFTNL_RULE_TABLE, table_.c_str());
       nftnl_rule_set_str(rule.get(), NFTNL_RULE_CHAIN, names_[index].c_str());
-      encode(family_, parsed[c][k], rule.get());
+      encode(family_, *parsed, rule.get());
       nlmsghdr* nlh =
           nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_NEWRULE, family, NLM_F_APPEND | NLM_F_CREATE, seq());
       nftnl_rule_nlmsg_build_payload(nlh, rule.get());
@@ -641,6 +648,15 @@ void NftRuleBatch::remove(std::span<const std::string_view> names) {
   for (const auto name : names) {
     const auto index = static_cast<std::uint32_t>(names_.size());
     names_.emplace_back(name);
+    // Created first, as the tool's ":CHAIN" before "-X CHAIN": a chain someone deleted already
+    // is no error.
+    std::unique_ptr<nftnl_chain, ChainDeleter> created(nftnl_chain_alloc());
+    nftnl_chain_set_str(created.get(), NFTNL_CHAIN_TABLE, table_.c_str());
+    nftnl_chain_set_str(created.get(), NFTNL_CHAIN_NAME, names_.back().c_str());
+    nlmsghdr* made = nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_NEWCHAIN, family, NLM_F_CREATE,
+                                           static_cast<std::uint32_t>(sent_.size() + 1));
+    nftnl_chain_nlmsg_build_payload(made, created.get());
+    append(made, index);
     std::unique_ptr<nftnl_rule, RuleDeleter> flush(nftnl_rule_alloc());
     nftnl_rule_set_str(flush.get(), NFTNL_RULE_TABLE, table_.c_str());
     nftnl_rule_set_str(flush.get(), NFTNL_RULE_CHAIN, names_.back().c_str());

@@ -127,7 +127,8 @@ class IptablesBackend final : public sdk::BackendPlugin {
   sdk::Expected<void> applyPartial(sdk::Family family, const Edit& edit, const std::string& input);
   /// Counts a refused restore and names the tool in its error.
   sdk::Expected<void> restoreFailed(sdk::Family family, const core::Error& e);
-  /// Counts a refused netlink transaction; later syncs use the tool only.
+  /// Counts a refused netlink transaction; when the kernel refused the encoding itself, later
+  /// syncs use the tool only.
   sdk::Expected<void> netlinkFailed(sdk::Family family, const core::Error& e);
   bool familyEnabled(sdk::Family family) const { return family == sdk::Family::kIPv4 || settings_.ipv6; }
   void setRouteLocalnet();
@@ -141,7 +142,7 @@ class IptablesBackend final : public sdk::BackendPlugin {
   bool needFull_ = true;
   std::string lastRestore_[2];
   std::vector<std::string> touched_;  ///< the first objects the current sync changed
-  bool netlinkRefused_ = false;       ///< the kernel refused a netlink transaction once
+  bool netlinkRefused_ = false;       ///< the kernel refused NftRuleBatch's encoding once
   std::size_t netlinkRules_ = 0, netlinkCommits_ = 0;  ///< of the current sync
   Metrics metrics_;
 };

@@ -70,7 +70,7 @@ class KernelIptables {
   virtual std::size_t restoreChunkRules() const { return 0; }
   /// Whether the owned nat chains may be written over netlink in the calling thread's network
   /// namespace (NftRuleBatch), as objects this variant's tools read as their own: iptables-nft
-  /// 1.8, whose encoding NftRuleBatch reproduces (tests/kernel compares them byte for byte).
+  /// 1.8.9, whose encoding NftRuleBatch reproduces (tests/kernel compares them byte for byte).
   virtual bool netlinkRules() { return false; }
 };
 
