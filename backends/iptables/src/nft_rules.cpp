@@ -594,19 +594,8 @@ core::Result<void> NftRuleBatch::add(std::span<const NftChainRewrite> chains) {
   for (const auto& c : chains) {
     const auto index = static_cast<std::uint32_t>(names_.size());
     names_.emplace_back(c.name);
-    std::unique_ptr<nftnl_chain, ChainDeleter> chain(nftnl_chain_alloc());
-    nftnl_chain_set_str(chain.get(), NFTNL_CHAIN_TABLE, table_.c_str());
-    nftnl_chain_set_str(chain.get(), NFTNL_CHAIN_NAME, names_.back().c_str());
-    nlmsghdr* nlh = nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_NEWCHAIN, family, NLM_F_CREATE, seq());
-    nftnl_chain_nlmsg_build_payload(nlh, chain.get());
-    append(nlh, index, 0);
-    // Emptied: a chain kept from before holds its old rules.
-    std::unique_ptr<nftnl_rule, RuleDeleter> flush(nftnl_rule_alloc());
-    nftnl_rule_set_str(flush.get(), NFTNL_RULE_TABLE, table_.c_str());
-    nftnl_rule_set_str(flush.get(), NFTNL_RULE_CHAIN, names_.back().c_str());
-    nlh = nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_DELRULE, family, 0, seq());
-    nftnl_rule_nlmsg_build_payload(nlh, flush.get());
-    append(nlh, index, 0);
+    chainMessage(NFT_MSG_NEWCHAIN, NLM_F_CREATE, index);
+    chainMessage(NFT_MSG_DELRULE, 0, index);  // emptied: a chain kept from before holds its old rules
     ++chains_;
   }
   for (std::size_t c = 0; c < chains.size(); ++c) {
@@ -638,39 +627,36 @@ core::Result<void> NftRuleBatch::add(std::span<const NftChainRewrite> chains) {
 }
 
 void NftRuleBatch::remove(std::span<const std::string_view> names) {
-  const std::uint16_t family = isV6(family_) ? NFPROTO_IPV6 : NFPROTO_IPV4;
-  std::array<char, kMessageRoom> room;
-  auto append = [&](nlmsghdr* nlh, std::uint32_t chain) {
-    messages_.insert(messages_.end(), reinterpret_cast<const char*>(nlh),
-                     reinterpret_cast<const char*>(nlh) + nlh->nlmsg_len);
-    sent_.push_back(Sent{chain, 0});
-  };
   for (const auto name : names) {
     const auto index = static_cast<std::uint32_t>(names_.size());
     names_.emplace_back(name);
     // Created first, as the tool's ":CHAIN" before "-X CHAIN": a chain someone deleted already
-    // is no error.
-    std::unique_ptr<nftnl_chain, ChainDeleter> created(nftnl_chain_alloc());
-    nftnl_chain_set_str(created.get(), NFTNL_CHAIN_TABLE, table_.c_str());
-    nftnl_chain_set_str(created.get(), NFTNL_CHAIN_NAME, names_.back().c_str());
-    nlmsghdr* made = nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_NEWCHAIN, family, NLM_F_CREATE,
-                                           static_cast<std::uint32_t>(sent_.size() + 1));
-    nftnl_chain_nlmsg_build_payload(made, created.get());
-    append(made, index);
+    // is no error. Then emptied and deleted.
+    chainMessage(NFT_MSG_NEWCHAIN, NLM_F_CREATE, index);
+    chainMessage(NFT_MSG_DELRULE, 0, index);
+    chainMessage(NFT_MSG_DELCHAIN, 0, index);
+  }
+}
+
+void NftRuleBatch::chainMessage(std::uint16_t type, std::uint16_t flags, std::uint32_t index) {
+  const std::uint16_t family = isV6(family_) ? NFPROTO_IPV6 : NFPROTO_IPV4;
+  std::array<char, kMessageRoom> room;
+  nlmsghdr* nlh =
+      nftnl_nlmsg_build_hdr(room.data(), type, family, flags, static_cast<std::uint32_t>(sent_.size() + 1));
+  if (type == NFT_MSG_DELRULE) {  // a flush: the chain's every rule
     std::unique_ptr<nftnl_rule, RuleDeleter> flush(nftnl_rule_alloc());
     nftnl_rule_set_str(flush.get(), NFTNL_RULE_TABLE, table_.c_str());
-    nftnl_rule_set_str(flush.get(), NFTNL_RULE_CHAIN, names_.back().c_str());
-    nlmsghdr* nlh = nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_DELRULE, family, 0,
-                                          static_cast<std::uint32_t>(sent_.size() + 1));
+    nftnl_rule_set_str(flush.get(), NFTNL_RULE_CHAIN, names_[index].c_str());
     nftnl_rule_nlmsg_build_payload(nlh, flush.get());
-    append(nlh, index);
+  } else {
     std::unique_ptr<nftnl_chain, ChainDeleter> chain(nftnl_chain_alloc());
     nftnl_chain_set_str(chain.get(), NFTNL_CHAIN_TABLE, table_.c_str());
-    nftnl_chain_set_str(chain.get(), NFTNL_CHAIN_NAME, names_.back().c_str());
-    nlh = nftnl_nlmsg_build_hdr(room.data(), NFT_MSG_DELCHAIN, family, 0, static_cast<std::uint32_t>(sent_.size() + 1));
+    nftnl_chain_set_str(chain.get(), NFTNL_CHAIN_NAME, names_[index].c_str());
     nftnl_chain_nlmsg_build_payload(nlh, chain.get());
-    append(nlh, index);
   }
+  messages_.insert(messages_.end(), reinterpret_cast<const char*>(nlh),
+                   reinterpret_cast<const char*>(nlh) + nlh->nlmsg_len);
+  sent_.push_back(Sent{index, 0});
 }
 
 core::Result<void> NftRuleBatch::commit() {

@@ -65,6 +65,10 @@ class NftRuleBatch {
     std::uint32_t chain = 0;  ///< index in names_
     std::uint32_t rule = 0;   ///< 0: the chain's creation or flush; else the rule's 1-based number
   };
+  /// Appends a message about chain names_[index]: NFT_MSG_NEWCHAIN, NFT_MSG_DELCHAIN, or
+  /// NFT_MSG_DELRULE (its flush).
+  void chainMessage(std::uint16_t type, std::uint16_t flags, std::uint32_t index);
+
   sdk::Family family_;
   std::string table_;
   std::vector<char> messages_;
