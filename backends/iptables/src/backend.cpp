@@ -501,7 +501,7 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
       for (const auto& c : changed)
         if (c.family == fam) keys.push_back(c.key);
       Edit edit;
-      edit.keepNat = !settings_.dryRun && settings_.netlinkRules && !netlinkRefused_ && kernel_->netlinkRules();
+      edit.keepNat = netlinkAllowed();
       partialSync(next, fam, keys, mirror_[index(fam)], edit, operations);
       input = edit.text();
       if (auto r = applyPartial(fam, edit, input); !r) {
@@ -716,7 +716,7 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
   // asks for inputs of a bounded size, in chunks of whole service ports, the fixed chains they
   // jump to in the first. Each chunk leaves every service either as it was or as it is wanted.
   StreamedChains stream(*this, family, settings_.dryRun ? 0 : kernel_->restoreChunkRules(),
-                        !settings_.dryRun && settings_.netlinkRules && !netlinkRefused_ && kernel_->netlinkRules());
+                        netlinkAllowed());
   auto addChains = [&](const std::string& key, std::vector<ChainRules>& chains, std::vector<DispatchRule>& dispatch) {
     Owned owned;
     for (auto& c : chains) {

@@ -130,6 +130,10 @@ class IptablesBackend final : public sdk::BackendPlugin {
   /// Counts a refused netlink transaction; when the kernel refused the encoding itself, later
   /// syncs use the tool only.
   sdk::Expected<void> netlinkFailed(sdk::Family family, const core::Error& e);
+  /// Whether this sync may write nat chains over netlink (NftRuleBatch).
+  bool netlinkAllowed() {
+    return !settings_.dryRun && settings_.netlinkRules && !netlinkRefused_ && kernel_->netlinkRules();
+  }
   bool familyEnabled(sdk::Family family) const { return family == sdk::Family::kIPv4 || settings_.ipv6; }
   void setRouteLocalnet();
   void updateMetrics() const;
