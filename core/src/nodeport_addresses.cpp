@@ -46,6 +46,10 @@ std::optional<Prefix> parsePrefix(std::string_view text) {
   return p;
 }
 
+bool isLinkLocalIPv6(const Prefix& host) {
+  return host.family == IPFamily::kIPv6 && host.bytes[0] == 0xfe && (host.bytes[1] & 0xc0) == 0x80;
+}
+
 bool isLoopback(const resolve::ParsedIP& ip) {
   if (ip.family == IPFamily::kIPv6) return ip.text == "::1";
   return ip.text.starts_with("127.");
@@ -111,6 +115,9 @@ NodePortAddresses resolveNodePortAddresses(std::span<const std::string> spec,
       if (!ip || ip->family != family) continue;
       auto host = parsePrefix(ip->text);
       if (!host) continue;
+      // Every local address: no backend programs an IPv6 link-local one then, and every pod's
+      // host-side veth brings one (the node would change, and sync in full, at each pod start).
+      if (all && isLinkLocalIPv6(*host)) continue;
       if (all || std::any_of(prefixes.begin(), prefixes.end(),
                              [&](const Prefix& p) { return p.contains(*host); }))
         out.addresses.push_back(ip->text);

@@ -1,5 +1,6 @@
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -45,7 +46,8 @@ TEST_CASE("nodePortAddresses CIDRs select interface addresses, per family", "[un
   CHECK_FALSE(r.allLocalIPv4);
   // No IPv6 CIDR: IPv6 NodePorts answer on every local address (upstream adds ::/0).
   CHECK(r.allLocalIPv6);
-  CHECK(r.addresses == Strings{"192.168.2.20", "::1", "fd00:1::10", "fd00:2::20", "fe80::1"});
+  // ... but for the link-local one (below).
+  CHECK(r.addresses == Strings{"192.168.2.20", "::1", "fd00:1::10", "fd00:2::20"});
 
   r = resolved({"192.168.0.0/16", "fd00:2::/64"}, kInterfaces);
   CHECK_FALSE(r.allLocalIPv4);
@@ -55,12 +57,12 @@ TEST_CASE("nodePortAddresses CIDRs select interface addresses, per family", "[un
   // A CIDR that holds no interface address: NodePorts of that family answer nowhere.
   r = resolved({"172.16.0.0/12"}, kInterfaces);
   CHECK_FALSE(r.allLocalIPv4);
-  CHECK(r.addresses == Strings{"::1", "fd00:1::10", "fd00:2::20", "fe80::1"});
+  CHECK(r.addresses == Strings{"::1", "fd00:1::10", "fd00:2::20"});
 }
 
 TEST_CASE("nodePortAddresses keeps loopback addresses a CIDR holds, for the backend to judge", "[unit]") {
   auto r = resolved({"127.0.0.0/8", "10.0.0.0/8"}, kInterfaces);
-  CHECK(r.addresses == Strings{"10.0.0.5", "127.0.0.1", "::1", "fd00:1::10", "fd00:2::20", "fe80::1"});
+  CHECK(r.addresses == Strings{"10.0.0.5", "127.0.0.1", "::1", "fd00:1::10", "fd00:2::20"});
 }
 
 TEST_CASE("nodePortAddresses with a zero CIDR or none at all matches every local address", "[unit]") {
@@ -68,11 +70,46 @@ TEST_CASE("nodePortAddresses with a zero CIDR or none at all matches every local
     auto r = resolved(spec, kInterfaces);
     CHECK(r.allLocalIPv4);
     CHECK(r.allLocalIPv6);
-    CHECK(r.addresses.size() == kInterfaces.size());
+    CHECK(r.addresses.size() == kInterfaces.size() - 1);  // all but fe80::1
   }
   auto r = resolved({"::/0", "192.168.1.0/24"}, kInterfaces);
   CHECK_FALSE(r.allLocalIPv4);
   CHECK(r.allLocalIPv6);
+}
+
+TEST_CASE("nodePortAddresses lists IPv6 link-local addresses only when a CIDR selects them", "[unit]") {
+  // Every local IPv6 address: the link-local one is not listed (every backend matches it
+  // without the list, or leaves it out as upstream's IPVS mode).
+  auto r = resolved({}, kInterfaces);
+  CHECK(r.allLocalIPv6);
+  CHECK(std::find(r.addresses.begin(), r.addresses.end(), "fe80::1") == r.addresses.end());
+  // A CIDR that holds it: listed, as upstream's GetNodeIPs lists it.
+  r = resolved({"fe80::/10"}, kInterfaces);
+  CHECK_FALSE(r.allLocalIPv6);
+  // (IPv4 has no CIDR: every IPv4 address.)
+  CHECK(r.addresses == Strings{"10.0.0.5", "127.0.0.1", "192.168.1.10", "192.168.2.20", "fe80::1"});
+  r = resolved({"fe80::/10", "fd00:1::/64"}, {"fd00:1::10", "fe80::1", "fe80::abcd:1"});
+  CHECK(r.addresses == Strings{"fd00:1::10", "fe80::1", "fe80::abcd:1"});
+}
+
+TEST_CASE("a pod's veth bringing a link-local address does not change the node", "[unit]") {
+  TrackerConfig config;
+  config.nodeName = "node-a";
+  ChangeTracker tracker(config);
+  Node node;
+  node.name = "node-a";
+  node.addresses = {{"InternalIP", "192.168.1.10"}};
+  REQUIRE(tracker.upsertNode(node));
+  REQUIRE(tracker.setInterfaceAddresses({"127.0.0.1", "192.168.1.10", "::1", "fe80::1"}));
+  const NodeInfo before = tracker.publish().snapshot->node();
+  CHECK(before.nodePortAddresses.addresses == Strings{"127.0.0.1", "192.168.1.10", "::1"});
+  // New veths' link-local addresses come and go: nothing to sync.
+  CHECK_FALSE(tracker.setInterfaceAddresses({"127.0.0.1", "192.168.1.10", "::1", "fe80::1", "fe80::42:aff:fe00:1"}));
+  CHECK_FALSE(tracker.setInterfaceAddresses({"127.0.0.1", "192.168.1.10", "::1"}));
+  CHECK_FALSE(tracker.hasPendingChanges());
+  // A global address is a change (IPVS serves NodePorts on each).
+  CHECK(tracker.setInterfaceAddresses({"127.0.0.1", "192.168.1.10", "192.168.1.11", "::1"}));
+  CHECK(tracker.hasPendingChanges());
 }
 
 TEST_CASE("nodePortAddresses primary is the node IP of each family", "[unit]") {

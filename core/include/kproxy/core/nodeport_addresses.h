@@ -36,7 +36,9 @@ struct NodePortAddresses {
   /// backend serves NodePorts on them is its own business (nftables does not, as upstream).
   std::vector<std::string> addresses;
   /// Upstream's MatchAll: every local address of the family, including ones added later
-  /// (`addresses` then lists those known now).
+  /// (`addresses` then lists those known now, but for IPv6 link-local ones: nftables and
+  /// iptables match any local destination, and IPVS leaves them out as upstream does, so that
+  /// a pod's veth appearing on the node changes nothing).
   bool allLocalIPv4 = false;
   bool allLocalIPv6 = false;
 
