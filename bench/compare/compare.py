@@ -589,9 +589,9 @@ class Monitor:
         # nft monitor reads the whole ruleset before it subscribes (seconds at 10,000 Services):
         # a change made before that is never printed. Ready once it prints a probe table of its
         # own (neither program touches tables it does not own). Each probe is a transaction that
-        # is not the program's (kproxy answers one with a full sync): one every 5 s, so that the
-        # program's full syncs do not keep the monitor from the CPU it needs to start (at
-        # 30,000 Services the monitor needed more than 120 s with one a second).
+        # is not the program's (kproxy before 2026-11-27 answered one with a full sync): one
+        # every 5 s, so that the program's full syncs do not keep the monitor from the CPU it
+        # needs to start (at 30,000 Services the monitor needed more than 120 s with one a second).
         self.ready = threading.Event()
         deadline = time.time() + timeout
         while not self.ready.is_set() and time.time() < deadline:
@@ -885,8 +885,9 @@ def run_one(args, api, which, mode, scale, run, addrs):
             res["watch"] = type(mon).__name__
             targets = plain_services(102, services)  # the last one for the warm-up
             # A warm-up change, not measured: the monitor's probe table was a transaction that was
-            # not the program's (kproxy's nftables backend answers one with a full sync, as it
-            # should), and neither program should pay for the harness.
+            # not the program's (kproxy's nftables backend answered one with a full sync before
+            # it told other tables' transactions from its own), and neither program should pay
+            # for the harness.
             a = addrs.next()
             measured_change(api, prog, mon, [patch_slice(api, targets[-1], endpoints, {0: a})],
                             [(a, port_name_of(targets[-1]))], args.change_timeout)

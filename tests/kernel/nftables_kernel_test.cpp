@@ -282,6 +282,41 @@ TEST_CASE("nftables: a table flushed or deleted by hand is repaired by the next 
   }
 }
 
+TEST_CASE("nftables: other programs' transactions on other tables do not force a full sync", "[kernel]") {
+  FreshNetns ns;
+  Harness h;
+  auto backend = h.backend(featureConfig());
+  VectorSnapshot snap(featureServices());
+  REQUIRE(ok(backend->syncFrom(snap, {}, true)));
+  // kproxy's own notifications (a full sync's thousands) are not taken for anyone else's.
+  auto quiet = backend->syncFrom(snap, {}, false);
+  REQUIRE(quiet.has_value());
+  CHECK(quiet->summary.find("full=false") != std::string::npos);
+
+  // A CNI plugin's iptables-nft rule, another table, kproxy's table name in another family.
+  for (const char* other : {"iptables-nft -w -t nat -A POSTROUTING -s 10.9.0.0/16 -j MASQUERADE",
+                            "nft add table ip other && nft add chain ip other c && nft delete table ip other",
+                            "nft add table inet kube-proxy && nft add chain inet kube-proxy services",
+                            "nft delete table inet kube-proxy"}) {
+    INFO(other);
+    REQUIRE(run(other).first == 0);
+    auto after = backend->syncFrom(snap, {}, false);
+    REQUIRE(after.has_value());
+    CHECK(after->summary.find("full=false") != std::string::npos);
+    CHECK(after->operations == 0);
+  }
+
+  // Someone's change to kproxy's own table, in a transaction with another table's: repaired.
+  REQUIRE(run("printf 'add table ip other\\nadd chain ip kube-proxy intruder\\n' | nft -f -").first == 0);
+  auto repaired = backend->syncFrom(snap, {}, false);
+  REQUIRE(repaired.has_value());
+  CHECK(repaired->summary.find("full=true") != std::string::npos);
+  requireMirrorMatchesKernel(backend->mirror(), h.readBack());
+  auto after = backend->syncFrom(snap, {}, false);
+  REQUIRE(after.has_value());
+  CHECK(after->summary.find("full=false") != std::string::npos);
+}
+
 TEST_CASE("nftables: a refused batch changes nothing and names the object", "[kernel]") {
   FreshNetns ns;
   Harness h;

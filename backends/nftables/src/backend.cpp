@@ -310,9 +310,20 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
     if (auto g = kernel_->generation(); g && *g) {
       generationBefore = **g;
       if (!full && generation_ && *generation_ != **g) {
-        host_.info(1, fmt::format("nftables: the ruleset changed outside kproxy (generation {} -> {}); syncing in full",
-                                  *generation_, **g));
-        full = true;
+        // Someone else committed since: every transaction in between is theirs, so the
+        // kernel's notifications of them say whether one touched kproxy's tables.
+        if (auto touched = kernel_->foreignTouched(**g); touched && !*touched) {
+          host_.info(2, fmt::format("nftables: the ruleset changed outside kproxy (generation {} -> {}), not "
+                                    "its tables",
+                                    *generation_, **g));
+        } else {
+          host_.info(1, fmt::format("nftables: the ruleset changed outside kproxy (generation {} -> {}){}; "
+                                    "syncing in full",
+                                    *generation_, **g, touched ? ", its tables too" : ""));
+          full = true;
+        }
+      } else if (full) {
+        (void)kernel_->foreignTouched(std::nullopt);  // a full sync reads everything anyway
       }
     }
   }

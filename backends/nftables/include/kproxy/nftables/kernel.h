@@ -63,6 +63,11 @@ class KernelNftables {
   /// The ruleset generation (NFT_MSG_GETGEN): every transaction committed in the network
   /// namespace, by anyone, moves it on by one. nullopt when this kernel cannot tell.
   virtual core::Result<std::optional<std::uint32_t>> generation() { return std::optional<std::uint32_t>{}; }
+  /// Whether a transaction committed by someone else since the last call touched the ip or
+  /// ip6 table of this kernel; `until`: the generation whose transaction must have been seen
+  /// (when it is known to be someone else's), else what has arrived. nullopt: cannot tell
+  /// (then take it as touched). Watches from the first generation() on.
+  virtual std::optional<bool> foreignTouched(std::optional<std::uint32_t> /*until*/) { return std::nullopt; }
 };
 
 /// The real kernel, over one NETLINK_NETFILTER socket (opened lazily), for the ip and ip6
