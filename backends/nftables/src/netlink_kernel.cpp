@@ -254,10 +254,128 @@ std::string describeMessage(const std::string& table, const nlmsghdr* nlh) {
 /// phase order, by one sendmsg). Each message records where it is and how many ops it
 /// carries; the first kTexts messages also keep the nft text of their first op (a partial
 /// sync's batch), later ones are described from their bytes if the kernel refuses them.
+// Other programs' nftables transactions, from the kernel's notifications (NFNLGRP_NFTABLES).
+// A socket filter drops kproxy's own: a transaction's notifications carry its sender's port id
+// and are queued in buffers of that transaction only, so the first message of each decides.
+class ForeignWatch {
+ public:
+  static std::unique_ptr<ForeignWatch> open(std::uint32_t ownPortId, std::string table) {
+    mnl_socket* sock = mnl_socket_open2(NETLINK_NETFILTER, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (sock == nullptr) return nullptr;
+    auto watch = std::unique_ptr<ForeignWatch>(new ForeignWatch(sock, std::move(table)));
+    const int fd = mnl_socket_get_fd(sock);
+    // BPF_ABS loads are big-endian; nlmsg_pid is in host order.
+    sock_filter code[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(nlmsghdr, nlmsg_pid)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, htobe32(ownPortId), 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, 0),
+        BPF_STMT(BPF_RET | BPF_K, 0xffffffffu),
+    };
+    sock_fprog program{static_cast<unsigned short>(std::size(code)), code};
+    int group = NFNLGRP_NFTABLES;
+    const int buffer = 4 << 20;  // foreign transactions only; an overflow means "cannot tell"
+    if (::setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &program, sizeof program) != 0 ||
+        mnl_socket_bind(sock, 0, MNL_SOCKET_AUTOPID) != 0 ||
+        ::setsockopt(fd, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, &group, sizeof group) != 0)
+      return nullptr;
+    if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer) != 0)
+      (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
+    return watch;
+  }
+  ~ForeignWatch() { mnl_socket_close(sock_); }
+
+  /// Leaves the group while kproxy commits: without a listener the kernel builds no
+  /// notifications of its transactions (thousands in a full sync). Someone else's commit in
+  /// that window goes unseen here, but moves the generation past kproxy's own, which the
+  /// backend checks after every sync.
+  void pause() { membership(NETLINK_DROP_MEMBERSHIP); }
+  void resume() { membership(NETLINK_ADD_MEMBERSHIP); }
+  ForeignWatch(const ForeignWatch&) = delete;
+  ForeignWatch& operator=(const ForeignWatch&) = delete;
+
+  /// Reads the queued notifications. With `until`, waits (up to `patience`) for the one that
+  /// ends transaction `until`: the generation moves before a transaction's notifications are
+  /// queued. True: one of them touched the ip or ip6 table `table`; nullopt: cannot tell
+  /// (notifications were lost, one without a table, or `until` did not come).
+  std::optional<bool> drain(std::optional<std::uint32_t> until, std::chrono::milliseconds patience) {
+    const auto deadline = std::chrono::steady_clock::now() + patience;
+    bool touched = false, known = true;
+    std::vector<char> buf(64 * 1024);
+    for (;;) {
+      const ssize_t n = ::recv(mnl_socket_get_fd(sock_), buf.data(), buf.size(), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && errno == ENOBUFS) {
+        known = false;
+        continue;
+      }
+      if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return std::nullopt;
+        if (!until || reached(*until)) break;
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return std::nullopt;
+        pollfd pfd{mnl_socket_get_fd(sock_), POLLIN, 0};
+        (void)::poll(&pfd, 1, static_cast<int>(left.count()));
+        continue;
+      }
+      int left = static_cast<int>(n);
+      for (auto* m = reinterpret_cast<const nlmsghdr*>(buf.data()); mnl_nlmsg_ok(m, left); m = mnl_nlmsg_next(m, &left))
+        note(m, touched, known);
+    }
+    if (!known) return std::nullopt;
+    return touched;
+  }
+
+ private:
+  ForeignWatch(mnl_socket* sock, std::string table) : sock_(sock), table_(std::move(table)) {}
+
+  void membership(int option) {
+    int group = NFNLGRP_NFTABLES;
+    (void)::setsockopt(mnl_socket_get_fd(sock_), SOL_NETLINK, option, &group, sizeof group);
+  }
+
+  bool reached(std::uint32_t generation) const {
+    return lastGeneration_ && static_cast<std::int32_t>(*lastGeneration_ - generation) >= 0;
+  }
+
+  void note(const nlmsghdr* m, bool& touched, bool& known) {
+    if (NFNL_SUBSYS_ID(m->nlmsg_type) != NFNL_SUBSYS_NFTABLES) return;
+    if (m->nlmsg_len < NLMSG_LENGTH(sizeof(nfgenmsg))) {
+      known = false;
+      return;
+    }
+    const auto* gen = static_cast<const nfgenmsg*>(mnl_nlmsg_get_payload(m));
+    const nlattr* first = nullptr;  // NFTA_GEN_ID, or every object message's table name
+    mnl_attr_parse(
+        m, sizeof(nfgenmsg),
+        [](const nlattr* attr, void* data) -> int {
+          if (mnl_attr_get_type(attr) == 1) *static_cast<const nlattr**>(data) = attr;
+          return MNL_CB_OK;
+        },
+        &first);
+    if (NFNL_MSG_TYPE(m->nlmsg_type) == NFT_MSG_NEWGEN) {
+      if (first != nullptr && mnl_attr_get_payload_len(first) == 4) lastGeneration_ = be32toh(mnl_attr_get_u32(first));
+      return;
+    }
+    if (first == nullptr) {
+      known = false;
+      return;
+    }
+    if (gen->nfgen_family != NFPROTO_IPV4 && gen->nfgen_family != NFPROTO_IPV6) return;
+    const std::string_view name(static_cast<const char*>(mnl_attr_get_payload(first)),
+                                strnlen(static_cast<const char*>(mnl_attr_get_payload(first)),
+                                        mnl_attr_get_payload_len(first)));
+    if (name == table_) touched = true;
+  }
+
+  mnl_socket* sock_;
+  const std::string table_;
+  std::optional<std::uint32_t> lastGeneration_;
+};
+
 class NetlinkBatch final : public KernelBatch {
  public:
-  NetlinkBatch(core::Result<backends::NetlinkSocket*> sock, std::string table)
-      : sock_(std::move(sock)), table_(std::move(table)) {
+  NetlinkBatch(core::Result<backends::NetlinkSocket*> sock, std::string table, ForeignWatch* watch)
+      : sock_(std::move(sock)), table_(std::move(table)), watch_(watch) {
     if (sock_) base_ = (*sock_)->nextSeq(1);
     begin_.commit(nftnl_batch_begin(begin_.tail(), base_));
   }
@@ -287,7 +405,9 @@ class NetlinkBatch final : public KernelBatch {
     (*sock_)->nextSeq(messages + 1);  // the numbers this batch used
     const std::span<const char> parts[] = {begin_.data(), phases_[0].data(), phases_[1].data(),
                                            phases_[2].data(), phases_[3].data(), end_.data()};
+    if (watch_ != nullptr) watch_->pause();
     auto failures = (*sock_)->sendBatch(parts);
+    if (watch_ != nullptr) watch_->resume();
     if (!failures) return std::unexpected(failures.error());
     if (failures->empty()) return {};
     // The first refusal is the cause; the kernel aborted the whole transaction.
@@ -330,112 +450,7 @@ class NetlinkBatch final : public KernelBatch {
   std::size_t phaseOps_[kBatchPhases] = {};
   std::vector<Message> messages_;  ///< by sequence number (base + 1 + index)
   std::size_t count_ = 0;
-};
-
-// Other programs' nftables transactions, from the kernel's notifications (NFNLGRP_NFTABLES).
-// A socket filter drops kproxy's own: a transaction's notifications carry its sender's port id
-// and are queued in buffers of that transaction only, so the first message of each decides.
-class ForeignWatch {
- public:
-  static std::unique_ptr<ForeignWatch> open(std::uint32_t ownPortId, std::string table) {
-    mnl_socket* sock = mnl_socket_open2(NETLINK_NETFILTER, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (sock == nullptr) return nullptr;
-    auto watch = std::unique_ptr<ForeignWatch>(new ForeignWatch(sock, std::move(table)));
-    const int fd = mnl_socket_get_fd(sock);
-    // BPF_ABS loads are big-endian; nlmsg_pid is in host order.
-    sock_filter code[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(nlmsghdr, nlmsg_pid)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, htobe32(ownPortId), 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, 0),
-        BPF_STMT(BPF_RET | BPF_K, 0xffffffffu),
-    };
-    sock_fprog program{static_cast<unsigned short>(std::size(code)), code};
-    int group = NFNLGRP_NFTABLES;
-    const int buffer = 4 << 20;  // foreign transactions only; an overflow means "cannot tell"
-    if (::setsockopt(fd, SOL_SOCKET, SO_ATTACH_FILTER, &program, sizeof program) != 0 ||
-        mnl_socket_bind(sock, 0, MNL_SOCKET_AUTOPID) != 0 ||
-        ::setsockopt(fd, SOL_NETLINK, NETLINK_ADD_MEMBERSHIP, &group, sizeof group) != 0)
-      return nullptr;
-    if (::setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &buffer, sizeof buffer) != 0)
-      (void)::setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer, sizeof buffer);
-    return watch;
-  }
-  ~ForeignWatch() { mnl_socket_close(sock_); }
-  ForeignWatch(const ForeignWatch&) = delete;
-  ForeignWatch& operator=(const ForeignWatch&) = delete;
-
-  /// Reads the queued notifications. With `until`, waits (up to `patience`) for the one that
-  /// ends transaction `until`: the generation moves before a transaction's notifications are
-  /// queued. True: one of them touched the ip or ip6 table `table`; nullopt: cannot tell
-  /// (notifications were lost, one without a table, or `until` did not come).
-  std::optional<bool> drain(std::optional<std::uint32_t> until, std::chrono::milliseconds patience) {
-    const auto deadline = std::chrono::steady_clock::now() + patience;
-    bool touched = false, known = true;
-    std::vector<char> buf(64 * 1024);
-    for (;;) {
-      const ssize_t n = ::recv(mnl_socket_get_fd(sock_), buf.data(), buf.size(), 0);
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0 && errno == ENOBUFS) {
-        known = false;
-        continue;
-      }
-      if (n < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return std::nullopt;
-        if (!until || reached(*until)) break;
-        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-        if (left.count() <= 0) return std::nullopt;
-        pollfd pfd{mnl_socket_get_fd(sock_), POLLIN, 0};
-        (void)::poll(&pfd, 1, static_cast<int>(left.count()));
-        continue;
-      }
-      int left = static_cast<int>(n);
-      for (auto* m = reinterpret_cast<const nlmsghdr*>(buf.data()); mnl_nlmsg_ok(m, left); m = mnl_nlmsg_next(m, &left))
-        note(m, touched, known);
-    }
-    if (!known) return std::nullopt;
-    return touched;
-  }
-
- private:
-  ForeignWatch(mnl_socket* sock, std::string table) : sock_(sock), table_(std::move(table)) {}
-
-  bool reached(std::uint32_t generation) const {
-    return lastGeneration_ && static_cast<std::int32_t>(*lastGeneration_ - generation) >= 0;
-  }
-
-  void note(const nlmsghdr* m, bool& touched, bool& known) {
-    if (NFNL_SUBSYS_ID(m->nlmsg_type) != NFNL_SUBSYS_NFTABLES) return;
-    if (m->nlmsg_len < NLMSG_LENGTH(sizeof(nfgenmsg))) {
-      known = false;
-      return;
-    }
-    const auto* gen = static_cast<const nfgenmsg*>(mnl_nlmsg_get_payload(m));
-    const nlattr* first = nullptr;  // NFTA_GEN_ID, or every object message's table name
-    mnl_attr_parse(
-        m, sizeof(nfgenmsg),
-        [](const nlattr* attr, void* data) -> int {
-          if (mnl_attr_get_type(attr) == 1) *static_cast<const nlattr**>(data) = attr;
-          return MNL_CB_OK;
-        },
-        &first);
-    if (NFNL_MSG_TYPE(m->nlmsg_type) == NFT_MSG_NEWGEN) {
-      if (first != nullptr && mnl_attr_get_payload_len(first) == 4) lastGeneration_ = be32toh(mnl_attr_get_u32(first));
-      return;
-    }
-    if (first == nullptr) {
-      known = false;
-      return;
-    }
-    if (gen->nfgen_family != NFPROTO_IPV4 && gen->nfgen_family != NFPROTO_IPV6) return;
-    const std::string_view name(static_cast<const char*>(mnl_attr_get_payload(first)),
-                                strnlen(static_cast<const char*>(mnl_attr_get_payload(first)),
-                                        mnl_attr_get_payload_len(first)));
-    if (name == table_) touched = true;
-  }
-
-  mnl_socket* sock_;
-  const std::string table_;
-  std::optional<std::uint32_t> lastGeneration_;
+  ForeignWatch* watch_;  ///< paused while the batch commits; may be null
 };
 
 class NetlinkKernel final : public KernelNftables {
@@ -449,7 +464,7 @@ class NetlinkKernel final : public KernelNftables {
     return batch->commit();
   }
 
-  std::unique_ptr<KernelBatch> beginBatch() override { return std::make_unique<NetlinkBatch>(socket(), table_); }
+  std::unique_ptr<KernelBatch> beginBatch() override { return std::make_unique<NetlinkBatch>(socket(), table_, watch_.get()); }
 
   core::Result<std::optional<std::uint32_t>> generation() override {
     auto sock = socket();
