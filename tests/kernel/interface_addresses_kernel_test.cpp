@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
@@ -136,4 +138,48 @@ TEST_CASE("kube-ipvs0's addresses are neither read nor reported", "[kernel]") {
     CHECK(reports.lists.size() == 2);  // the first read and 10.78.0.2: nothing for kube-ipvs0
   }
   watcher->reset();
+}
+
+TEST_CASE("interface addresses are read while they change, and the watcher starts anyway", "[kernel]") {
+  FreshNetns netns;
+  sh("ip link set lo up");
+  sh("ip link add kp-addr0 type veth peer name kp-addr1 && ip link set kp-addr0 up && ip link set kp-addr1 up");
+  // Enough addresses that a dump takes several messages, and so can be interrupted.
+  std::string batch;
+  for (int i = 0; i < 1500; ++i)
+    batch += "addr add 10.66." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1) + "/32 dev kp-addr0\n";
+  {
+    FILE* p = ::popen("ip -batch -", "w");
+    REQUIRE(p != nullptr);
+    std::fputs(batch.c_str(), p);
+    REQUIRE(::pclose(p) == 0);
+  }
+  // Someone changes addresses all along (a pod's veth coming up, DHCP): each change during a
+  // dump interrupts it (NLM_F_DUMP_INTR).
+  std::atomic<bool> stop{false};
+  std::thread churn([&] {
+    for (int i = 0; !stop; ++i)
+      (void)kproxy::testing::run("ip addr " + std::string(i % 2 == 0 ? "add" : "del") +
+                                 " 10.99.0.1/32 dev kp-addr1");
+  });
+  int failures = 0;
+  for (int i = 0; i < 300; ++i) {
+    auto addresses = backends::readInterfaceAddresses();
+    if (!addresses) {
+      ++failures;
+      UNSCOPED_INFO(addresses.error().message());
+      continue;
+    }
+    // 1500 + loopback's two + the link-local ones, with or without the churned address.
+    CHECK(addresses->size() >= 1502);
+  }
+  Reports reports;
+  auto watcher = backends::InterfaceAddressWatcher::start(
+      [&](std::vector<std::string> a) { reports.add(std::move(a)); }, std::chrono::milliseconds(50));
+  stop = true;
+  churn.join();
+  CHECK(failures == 0);
+  REQUIRE(watcher);
+  sh("ip addr add 10.98.0.1/32 dev kp-addr1");
+  CHECK(has(reports.waitFor([](const auto& a) { return has(a, "10.98.0.1"); }), "10.98.0.1"));
 }

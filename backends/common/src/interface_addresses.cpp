@@ -62,7 +62,7 @@ bool addressOf(const nlmsghdr* nlh, unsigned excluded, std::vector<std::string>&
   return true;
 }
 
-core::Result<std::vector<std::string>> dumpAddresses(NetlinkSocket& socket) {
+core::Result<std::vector<std::string>> dumpAddressesOnce(NetlinkSocket& socket) {
   char buf[MNL_SOCKET_BUFFER_SIZE];
   nlmsghdr* nlh = mnl_nlmsg_put_header(buf);
   nlh->nlmsg_type = RTM_GETADDR;
@@ -78,6 +78,15 @@ core::Result<std::vector<std::string>> dumpAddresses(NetlinkSocket& socket) {
   std::sort(out.begin(), out.end());
   out.erase(std::unique(out.begin(), out.end()), out.end());
   return out;
+}
+
+// An address added or removed during a dump interrupts it (a pod's veth getting its
+// link-local address, say): read again, a few times.
+core::Result<std::vector<std::string>> dumpAddresses(NetlinkSocket& socket) {
+  for (int attempt = 1;; ++attempt) {
+    auto out = dumpAddressesOnce(socket);
+    if (out || out.error().errnum != EINTR || attempt == 20) return out;
+  }
 }
 
 }  // namespace
@@ -201,10 +210,15 @@ core::Result<std::unique_ptr<InterfaceAddressWatcher>> InterfaceAddressWatcher::
   }
   auto impl = std::make_unique<Impl>(std::move(*dump), events, stopFd, std::move(onChange), quiet);
   // Subscribed first, read second: a change in between is both in the read and queued.
-  auto first = dumpAddresses(impl->dump);
-  if (!first) return std::unexpected(first.error());
-  impl->last = *first;
-  impl->onChange(std::move(*first));
+  // A failed read is retried by the thread (after `quiet`, as after a change).
+  if (auto first = dumpAddresses(impl->dump)) {
+    impl->last = *first;
+    impl->onChange(std::move(*first));
+  } else {
+    log::error("interface addresses could not be read; retrying", {{"error", first.error().message()}});
+    impl->failing = true;
+    impl->pending = true;
+  }
   impl->thread = std::thread([raw = impl.get()] { raw->run(); });
   return std::unique_ptr<InterfaceAddressWatcher>(new InterfaceAddressWatcher(std::move(impl)));
 }

@@ -105,6 +105,22 @@ core::Result<std::vector<NetlinkFailure>> NetlinkSocket::sendBatch(std::span<con
   return failures;
 }
 
+void NetlinkSocket::drainDump(std::vector<char>& buf, std::size_t filled, std::uint32_t seq) {
+  // Whether `len` bytes of buf hold the dump's last message (NLMSG_DONE, or an error).
+  auto ends = [seq](const char* data, std::size_t len) {
+    int left = static_cast<int>(len);
+    for (auto* m = reinterpret_cast<const nlmsghdr*>(data); mnl_nlmsg_ok(m, left); m = mnl_nlmsg_next(m, &left))
+      if (m->nlmsg_seq == seq && (m->nlmsg_type == NLMSG_DONE || m->nlmsg_type == NLMSG_ERROR)) return true;
+    return false;
+  };
+  if (ends(buf.data(), filled)) return;
+  for (;;) {
+    ssize_t n = mnl_socket_recvfrom(socket_, buf.data(), buf.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || ends(buf.data(), static_cast<std::size_t>(n))) return;
+  }
+}
+
 core::Result<void> NetlinkSocket::dump(const nlmsghdr* request,
                                        const std::function<bool(const nlmsghdr*)>& onMessage) {
   if (mnl_socket_sendto(socket_, request, request->nlmsg_len) < 0)
@@ -130,8 +146,13 @@ core::Result<void> NetlinkSocket::dump(const nlmsghdr* request,
         &ctx);
     if (r == MNL_CB_STOP) break;
     if (r < 0) {
+      const int err = errno;
+      // EINTR: what was dumped changed while it was read (NLM_F_DUMP_INTR); the caller reads
+      // again. The rest of this dump is still queued: read it away, or the next request on
+      // this socket would get it.
+      if (err == EINTR) drainDump(buf, static_cast<std::size_t>(n), request->nlmsg_seq);
       // ENOENT: the table/set asked for does not exist; report it to the caller.
-      return makeError(ErrorCategory::kKernel, "netlink: dump", errno);
+      return makeError(ErrorCategory::kKernel, "netlink: dump", err);
     }
   }
   if (!ctx.ok) return makeError(ErrorCategory::kDecode, "netlink: could not decode a dump reply");

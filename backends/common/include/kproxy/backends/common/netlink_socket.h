@@ -39,6 +39,8 @@ class NetlinkSocket {
 
   /// Sends one dump request and calls `onMessage` for each reply until NLMSG_DONE.
   /// `onMessage` returns false to report a decoding failure (the dump is still drained).
+  /// An error with errnum EINTR: the objects changed during the dump (NLM_F_DUMP_INTR), so
+  /// what `onMessage` got may be inconsistent; the caller dumps again.
   core::Result<void> dump(const nlmsghdr* request,
                           const std::function<bool(const nlmsghdr*)>& onMessage);
 
@@ -48,6 +50,8 @@ class NetlinkSocket {
 
  private:
   explicit NetlinkSocket(mnl_socket* socket);
+  /// Reads away the rest of an interrupted dump (`filled` bytes of `buf` already read).
+  void drainDump(std::vector<char>& buf, std::size_t filled, std::uint32_t seq);
   mnl_socket* socket_ = nullptr;
   std::uint32_t seq_ = 0;
 };
