@@ -137,6 +137,15 @@ bool ok(const sdk::Expected<T>& r) {
   return r.has_value();
 }
 
+/// A sync of `snap` as a partial one with nothing changed: whether the backend made it full
+/// (it noticed a transaction not its own) is checked against `full`.
+sdk::SyncOutcome unchangedSync(NftablesBackend& backend, const VectorSnapshot& snap, bool full) {
+  auto out = backend.syncFrom(snap, {}, false);
+  REQUIRE(ok(out));
+  CHECK(out->summary.find(full ? "full=true" : "full=false") != std::string::npos);
+  return *out;
+}
+
 }  // namespace
 
 TEST_CASE("nftables: a full sync is read back identically and nft lists it", "[kernel]") {
@@ -261,24 +270,15 @@ TEST_CASE("nftables: a table flushed or deleted by hand is repaired by the next 
   REQUIRE(ok(backend->syncFrom(snap, {}, true)));
   // kproxy's own transactions (the full sync and its affinity clean-up) are not taken for
   // someone else's: the next partial sync stays partial and has nothing to do.
-  auto quiet = backend->syncFrom(snap, {}, false);
-  REQUIRE(quiet.has_value());
-  CHECK(quiet->operations == 0);
-  CHECK(quiet->summary.find("full=false") != std::string::npos);
+  CHECK(unchangedSync(*backend, snap, false).operations == 0);
 
   for (const char* breakage : {"nft flush table ip kube-proxy", "nft delete table ip kube-proxy"}) {
     INFO(breakage);
     REQUIRE(run(breakage).first == 0);
     // A partial sync with nothing changed in the snapshot notices the foreign transaction.
-    auto repaired = backend->syncFrom(snap, {}, false);
-    REQUIRE(repaired.has_value());
-    CHECK(repaired->summary.find("full=true") != std::string::npos);
-    CHECK(repaired->operations > 0);
+    CHECK(unchangedSync(*backend, snap, true).operations > 0);
     requireMirrorMatchesKernel(backend->mirror(), h.readBack());
-    auto after = backend->syncFrom(snap, {}, false);
-    REQUIRE(after.has_value());
-    CHECK(after->operations == 0);
-    CHECK(after->summary.find("full=false") != std::string::npos);
+    CHECK(unchangedSync(*backend, snap, false).operations == 0);
   }
 }
 
@@ -289,9 +289,7 @@ TEST_CASE("nftables: other programs' transactions on other tables do not force a
   VectorSnapshot snap(featureServices());
   REQUIRE(ok(backend->syncFrom(snap, {}, true)));
   // kproxy's own notifications (a full sync's thousands) are not taken for anyone else's.
-  auto quiet = backend->syncFrom(snap, {}, false);
-  REQUIRE(quiet.has_value());
-  CHECK(quiet->summary.find("full=false") != std::string::npos);
+  unchangedSync(*backend, snap, false);
 
   // A CNI plugin's iptables-nft rule, another table, kproxy's table name in another family.
   for (const char* other : {"iptables-nft -w -t nat -A POSTROUTING -s 10.9.0.0/16 -j MASQUERADE",
@@ -300,21 +298,14 @@ TEST_CASE("nftables: other programs' transactions on other tables do not force a
                             "nft delete table inet kube-proxy"}) {
     INFO(other);
     REQUIRE(run(other).first == 0);
-    auto after = backend->syncFrom(snap, {}, false);
-    REQUIRE(after.has_value());
-    CHECK(after->summary.find("full=false") != std::string::npos);
-    CHECK(after->operations == 0);
+    CHECK(unchangedSync(*backend, snap, false).operations == 0);
   }
 
   // Someone's change to kproxy's own table, in a transaction with another table's: repaired.
   REQUIRE(run("printf 'add table ip other\\nadd chain ip kube-proxy intruder\\n' | nft -f -").first == 0);
-  auto repaired = backend->syncFrom(snap, {}, false);
-  REQUIRE(repaired.has_value());
-  CHECK(repaired->summary.find("full=true") != std::string::npos);
+  unchangedSync(*backend, snap, true);
   requireMirrorMatchesKernel(backend->mirror(), h.readBack());
-  auto after = backend->syncFrom(snap, {}, false);
-  REQUIRE(after.has_value());
-  CHECK(after->summary.find("full=false") != std::string::npos);
+  unchangedSync(*backend, snap, false);
 }
 
 TEST_CASE("nftables: a refused batch changes nothing and names the object", "[kernel]") {
