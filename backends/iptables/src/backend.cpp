@@ -1,6 +1,5 @@
 #include "kproxy/iptables/backend.h"
 
-#include <malloc.h>
 
 #include <cerrno>
 
@@ -15,6 +14,7 @@
 
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/conntrack_cleaner.h"
+#include "kproxy/backends/common/heap.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/backends/common/sysctl.h"
 #include "kproxy/iptables/explain.h"
@@ -91,12 +91,6 @@ struct KernelChains final : backends::IptablesSaveReader::Sink {
   Table table_ = Table::kFilter;
   std::vector<Chain*> byIndex_;  ///< the current table's chains by declaration number
 };
-
-void releaseFreeHeap() {
-#ifdef __GLIBC__
-  malloc_trim(0);
-#endif
-}
 
 sdk::Expected<void> failed(const core::Error& e, std::string_view what) {
   const auto category = e.category == core::ErrorCategory::kKernel ? sdk::ErrorCategory::kKernelRefused
@@ -515,7 +509,7 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
   if (full) {
     needFull_ = false;
     if (!settings_.dryRun) setRouteLocalnet();
-    releaseFreeHeap();
+    backends::releaseFreeHeap();
   }
   updateMetrics();
   const double ms =

@@ -1,7 +1,5 @@
 #include "kproxy/ipvs/backend.h"
 
-#include <malloc.h>
-
 #include <sys/utsname.h>
 
 #include <algorithm>
@@ -15,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "kproxy/backends/common/conntrack_cleaner.h"
+#include "kproxy/backends/common/heap.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/backends/common/sysctl.h"
 #include "kproxy/plan/options.h"
@@ -299,12 +298,10 @@ sdk::Expected<sdk::SyncOutcome> IpvsBackend::sync(const sdk::SyncContext& contex
   plan::HostSnapshot next(context.next);
   auto synced = syncFrom(next, context.changed, context.full);
   if (synced && !settings_.dryRun) backends::cleanStaleConntrackEntries(host_, context);
-#ifdef __GLIBC__
   // As the other backends: a full sync's freed heap goes back to the system. Not after
   // partial syncs, where it would cost every endpoint change a walk of the heap (2 ms under
   // the test VM's emulation at 1,000 Services).
-  if (context.full) malloc_trim(0);
-#endif
+  if (context.full) backends::releaseFreeHeap();
   return synced;
 }
 

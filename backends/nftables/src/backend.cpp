@@ -1,7 +1,6 @@
 #include "kproxy/nftables/backend.h"
 #include "kproxy/nftables/explain.h"
 
-#include <malloc.h>
 
 #include <algorithm>
 #include <chrono>
@@ -11,19 +10,12 @@
 #include <fmt/format.h>
 
 #include "kproxy/backends/common/conntrack_cleaner.h"
+#include "kproxy/backends/common/heap.h"
 
 namespace kproxy::nftables {
 namespace {
 
 constexpr Family kFamilies[] = {Family::kIPv4, Family::kIPv6};
-
-/// Returns freed heap pages to the system. glibc keeps freed memory of the heap's arenas
-/// resident; after a full sync that is hundreds of MiB at scale.
-void releaseFreeHeap() {
-#ifdef __GLIBC__
-  malloc_trim(0);
-#endif
-}
 
 /// Dry-run: prints the ops as nft syntax, in the order a kernel batch sends them.
 class PrintingBatch final : public KernelBatch {
@@ -580,7 +572,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   }
   const std::size_t count = batch->size();
   // Hand the chunks' freed memory back to the system before the batch is sent.
-  if (full) releaseFreeHeap();
+  if (full) backends::releaseFreeHeap();
   auto committed = send(*batch, full);
   batch.reset();
   if (!committed) return std::unexpected(committed.error());
@@ -632,7 +624,7 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
   for (Family fam : kFamilies) renderer_.slots(fam).settle();
   for (auto& [fam, names] : pending) pendingDelete_[fam] = std::move(names);
   needFull_ = false;
-  if (full) releaseFreeHeap();
+  if (full) backends::releaseFreeHeap();
 
   if (!settings_.dryRun)
     for (auto& [fam, judge] : affinity) removeStaleAffinity(fam, std::move(judge));
