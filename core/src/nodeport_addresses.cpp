@@ -47,7 +47,8 @@ std::optional<Prefix> parsePrefix(std::string_view text) {
 }
 
 bool isLinkLocalIPv6(const Prefix& host) {
-  return host.family == IPFamily::kIPv6 && host.bytes[0] == 0xfe && (host.bytes[1] & 0xc0) == 0x80;
+  static const Prefix linkLocal = *parsePrefix("fe80::/10");
+  return linkLocal.contains(host);
 }
 
 bool isLoopback(const resolve::ParsedIP& ip) {

@@ -250,13 +250,9 @@ std::string describeMessage(const std::string& table, const nlmsghdr* nlh) {
   return fmt::format("netlink message type {}", type);
 }
 
-/// A transaction encoded as its ops are appended, one buffer per phase (sent together, in
-/// phase order, by one sendmsg). Each message records where it is and how many ops it
-/// carries; the first kTexts messages also keep the nft text of their first op (a partial
-/// sync's batch), later ones are described from their bytes if the kernel refuses them.
-// Other programs' nftables transactions, from the kernel's notifications (NFNLGRP_NFTABLES).
-// A socket filter drops kproxy's own: a transaction's notifications carry its sender's port id
-// and are queued in buffers of that transaction only, so the first message of each decides.
+/// Other programs' nftables transactions, from the kernel's notifications (NFNLGRP_NFTABLES).
+/// A socket filter drops kproxy's own: a transaction's notifications carry its sender's port id
+/// and are queued in buffers of that transaction only, so the first message of each decides.
 class ForeignWatch {
  public:
   static std::unique_ptr<ForeignWatch> open(std::uint32_t ownPortId, std::string table) {
@@ -372,6 +368,10 @@ class ForeignWatch {
   std::optional<std::uint32_t> lastGeneration_;
 };
 
+/// A transaction encoded as its ops are appended, one buffer per phase (sent together, in
+/// phase order, by one sendmsg). Each message records where it is and how many ops it
+/// carries; the first kTexts messages also keep the nft text of their first op (a partial
+/// sync's batch), later ones are described from their bytes if the kernel refuses them.
 class NetlinkBatch final : public KernelBatch {
  public:
   NetlinkBatch(core::Result<backends::NetlinkSocket*> sock, std::string table, ForeignWatch* watch)
