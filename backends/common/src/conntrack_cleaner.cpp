@@ -7,6 +7,7 @@
 #include <chrono>
 #include <exception>
 #include <map>
+#include <optional>
 #include <set>
 #include <tuple>
 
@@ -50,10 +51,12 @@ struct ServingIndex {
   bool empty() const { return protocols.empty(); }
 };
 
-ServingIndex indexServing(std::span<const sdk::ServicePort> ports, const ConntrackCleaner& cleaner) {
+/// `family`: only its ports (nullopt: every port, all of one family).
+ServingIndex indexServing(std::span<const sdk::ServicePort> ports, const ConntrackCleaner& cleaner,
+                          std::optional<sdk::Family> family = std::nullopt) {
   ServingIndex index;
   for (const auto& port : ports) {
-    if (!cleaner.cleans(port.protocol)) continue;
+    if (!cleaner.cleans(port.protocol) || (family && port.family != *family)) continue;
     EndpointIPs serving;
     // Every serving endpoint, whatever the traffic policy, topology or termination: existing
     // flows keep going to an endpoint that still serves, as for TCP.
@@ -117,10 +120,7 @@ core::Result<ConntrackCleanupReport> ConntrackCleaner::reconcile(std::span<const
   ConntrackCleanupReport report;
   report.ran = true;
   for (sdk::Family family : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
-    std::vector<sdk::ServicePort> ofFamily;
-    for (const auto& p : ports)
-      if (p.family == family) ofFamily.push_back(p);
-    ServingIndex index = indexServing(ofFamily, *this);
+    ServingIndex index = indexServing(ports, *this, family);
     for (core::Protocol protocol : index.protocols) {
       auto flows = table_.list(toCore(family), protocol);
       if (!flows) return std::unexpected(flows.error());
@@ -134,51 +134,61 @@ core::Result<ConntrackCleanupReport> ConntrackCleaner::reconcile(std::span<const
   return report;
 }
 
-bool ConntrackCleaner::required(std::span<const sdk::ServicePort> before,
-                                std::span<const sdk::ServicePort> after, bool full,
-                                bool anyCleanedPort) const {
-  auto usesCleaned = [this](const sdk::ServicePort& p) { return cleans(p.protocol); };
-  return std::any_of(before.begin(), before.end(), usesCleaned) ||
-         std::any_of(after.begin(), after.end(), usesCleaned) || (full && anyCleanedPort);
+namespace {
+
+/// Both afterSync versions: whether the sync requires a cleanup, and the cleanup. A partial sync
+/// requires one when a changed key is, or was, a port of a cleaned protocol (upstream's
+/// ConntrackCleanupRequired); a full sync also when any port uses one. `changedKeyCleaned()`
+/// answers the first, `forEachNext(fn)` walks the next snapshot's ports. Neither keeps copies of
+/// the ports it looks at: a first sync changes every key, and copies of every port with its
+/// endpoints were once the largest allocation of a first sync.
+template <class ChangedKeyCleaned, class ForEachNext>
+core::Result<ConntrackCleanupReport> cleanAfterSync(ConntrackCleaner& cleaner, bool full,
+                                                    ChangedKeyCleaned changedKeyCleaned,
+                                                    ForEachNext forEachNext) {
+  // Only a required cleanup, or a full sync, pays for a walk over the whole snapshot.
+  if (!full && !changedKeyCleaned()) return ConntrackCleanupReport{};
+  std::vector<sdk::ServicePort> cleaned;
+  forEachNext([&](const sdk::ServicePort& p) {
+    if (cleaner.cleans(p.protocol)) cleaned.push_back(p);
+  });
+  if (full && cleaned.empty() && !changedKeyCleaned()) return ConntrackCleanupReport{};
+  return cleaner.reconcile(cleaned);
 }
+
+}  // namespace
 
 core::Result<ConntrackCleanupReport> ConntrackCleaner::afterSync(
     const std::vector<sdk::ServicePort>& previous, const std::vector<sdk::ServicePort>& next,
     const std::vector<sdk::ChangedKey>& changed, bool full) {
-  auto find = [](const std::vector<sdk::ServicePort>& ports, const sdk::ChangedKey& key) {
-    return std::find_if(ports.begin(), ports.end(), [&key](const sdk::ServicePort& p) {
-      return p.family == key.family && p.key == key.key;
+  auto cleanedIn = [this](const std::vector<sdk::ServicePort>& ports, const sdk::ChangedKey& key) {
+    return std::any_of(ports.begin(), ports.end(), [&](const sdk::ServicePort& p) {
+      return p.family == key.family && p.key == key.key && cleans(p.protocol);
     });
   };
-  std::vector<sdk::ServicePort> before;
-  std::vector<sdk::ServicePort> after;
-  for (const auto& key : changed) {
-    if (auto it = find(previous, key); it != previous.end()) before.push_back(*it);
-    if (auto it = find(next, key); it != next.end()) after.push_back(*it);
-  }
-  std::vector<sdk::ServicePort> cleaned;
-  for (const auto& p : next)
-    if (cleans(p.protocol)) cleaned.push_back(p);
-  if (!required(before, after, full, !cleaned.empty())) return ConntrackCleanupReport{};
-  return reconcile(cleaned);
+  return cleanAfterSync(
+      *this, full,
+      [&] {
+        return std::any_of(changed.begin(), changed.end(), [&](const sdk::ChangedKey& key) {
+          return cleanedIn(previous, key) || cleanedIn(next, key);
+        });
+      },
+      [&](const auto& fn) {
+        for (const auto& p : next) fn(p);
+      });
 }
 
 core::Result<ConntrackCleanupReport> ConntrackCleaner::afterSync(const sdk::SyncContext& context) {
-  std::vector<sdk::ServicePort> before;
-  std::vector<sdk::ServicePort> after;
-  for (const auto& key : context.changed) {
-    if (auto p = context.previous.find(key.family, key.key)) before.push_back(std::move(*p));
-    if (auto p = context.next.find(key.family, key.key)) after.push_back(std::move(*p));
-  }
-  bool needed = required(before, after, false, false);
-  // Only a required cleanup, or a full sync, pays for a walk over the whole snapshot.
-  if (!needed && !context.full) return ConntrackCleanupReport{};
-  std::vector<sdk::ServicePort> cleaned;
-  context.next.forEach([&](const sdk::ServicePort& p) {
-    if (cleans(p.protocol)) cleaned.push_back(p);
-  });
-  if (!required(before, after, context.full, !cleaned.empty())) return ConntrackCleanupReport{};
-  return reconcile(cleaned);
+  return cleanAfterSync(
+      *this, context.full,
+      [&] {
+        for (const auto& key : context.changed) {
+          if (auto p = context.previous.find(key.family, key.key); p && cleans(p->protocol)) return true;
+          if (auto p = context.next.find(key.family, key.key); p && cleans(p->protocol)) return true;
+        }
+        return false;
+      },
+      [&](const auto& fn) { context.next.forEach(fn); });
 }
 
 void cleanStaleConntrackEntries(const sdk::Host& host, const sdk::SyncContext& context,

@@ -56,12 +56,6 @@ class ConntrackCleaner {
   /// has a serving endpoint is not listed at all: no flow of it could be stale.
   core::Result<ConntrackCleanupReport> reconcile(std::span<const sdk::ServicePort> ports);
 
-  /// Whether a sync requires cleanup: some changed key is a port of a cleaned protocol in
-  /// `before` or `after` (the changed ports as they were / are; missing ones omitted), or the
-  /// sync was full and `anyCleanedPort`.
-  bool required(std::span<const sdk::ServicePort> before, std::span<const sdk::ServicePort> after,
-                bool full, bool anyCleanedPort) const;
-
   /// The whole step after a successful sync, on plain vectors (tests): `previous` and `next`
   /// hold every service port of the two snapshots.
   core::Result<ConntrackCleanupReport> afterSync(const std::vector<sdk::ServicePort>& previous,
