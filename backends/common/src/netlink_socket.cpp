@@ -105,7 +105,7 @@ core::Result<std::vector<NetlinkFailure>> NetlinkSocket::sendBatch(std::span<con
   return failures;
 }
 
-void NetlinkSocket::drainDump(std::vector<char>& buf, std::size_t filled, std::uint32_t seq) {
+void NetlinkSocket::drainDump(std::span<char> buf, std::size_t filled, std::uint32_t seq) {
   // Whether `len` bytes of buf hold the dump's last message (NLMSG_DONE, or an error).
   auto ends = [seq](const char* data, std::size_t len) {
     int left = static_cast<int>(len);
@@ -129,7 +129,11 @@ core::Result<void> NetlinkSocket::dump(const nlmsghdr* request,
     const std::function<bool(const nlmsghdr*)>* fn;
     bool ok = true;
   } ctx{&onMessage};
-  std::vector<char> buf(1 << 20);
+  // Room for any datagram a dump sends (the kernel's are usually at most 32 KiB), left
+  // uninitialised: only the pages a reply fills become resident, not the whole megabyte.
+  constexpr std::size_t kDumpBuffer = 1 << 20;
+  std::unique_ptr<char[]> storage(new char[kDumpBuffer]);
+  const std::span<char> buf(storage.get(), kDumpBuffer);
   for (;;) {
     ssize_t n = mnl_socket_recvfrom(socket_, buf.data(), buf.size());
     if (n < 0) {

@@ -51,7 +51,7 @@ class NetlinkSocket {
  private:
   explicit NetlinkSocket(mnl_socket* socket);
   /// Reads away the rest of an interrupted dump (`filled` bytes of `buf` already read).
-  void drainDump(std::vector<char>& buf, std::size_t filled, std::uint32_t seq);
+  void drainDump(std::span<char> buf, std::size_t filled, std::uint32_t seq);
   mnl_socket* socket_ = nullptr;
   std::uint32_t seq_ = 0;
 };
