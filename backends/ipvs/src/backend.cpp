@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <tuple>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -115,6 +116,13 @@ VirtualServer kernelVirtualServer(const PlannedVirtualServer& p) {
   return vs;
 }
 
+/// A render as the mirror keeps it: its real servers are in the applied virtual servers, and a
+/// later partial sync compares everything else.
+Fragment withoutRealServers(Fragment f) {
+  for (auto& planned : f.virtualServers) std::vector<PlannedRealServer>().swap(planned.realServers);
+  return f;
+}
+
 RealServer kernelRealServer(const PlannedRealServer& p) {
   RealServer rs;
   if (auto a = IPPrefix::parse(p.address)) rs.address = *a;
@@ -147,6 +155,33 @@ std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* r
   out += " -r " + rs->describe();
   if (op == 'a' || op == 'e') out += fmt::format(" -m -w {}", rs->weight);
   return out;
+}
+
+namespace {
+bool identityBefore(const RealServer& a, const RealServer& b) {
+  return std::tie(a.address.v6, a.address.bytes, a.address.length, a.port) <
+         std::tie(b.address.v6, b.address.bytes, b.address.length, b.port);
+}
+}  // namespace
+
+IpvsBackend::RealServers::RealServers(std::vector<RealServer> all) : sorted_(std::move(all)) {
+  std::stable_sort(sorted_.begin(), sorted_.end(), identityBefore);
+  sorted_.erase(std::unique(sorted_.begin(), sorted_.end(),
+                            [](const RealServer& a, const RealServer& b) { return a.sameIdentity(b); }),
+                sorted_.end());
+  sorted_.shrink_to_fit();
+}
+
+IpvsBackend::RealServers IpvsBackend::realServersOf(const PlannedVirtualServer& planned) {
+  std::vector<RealServer> all;
+  all.reserve(planned.realServers.size());
+  for (const auto& rs : planned.realServers) all.push_back(kernelRealServer(rs));
+  return RealServers(std::move(all));
+}
+
+const RealServer* IpvsBackend::RealServers::find(const RealServer& identity) const {
+  auto it = std::lower_bound(sorted_.begin(), sorted_.end(), identity, identityBefore);
+  return it != sorted_.end() && it->sameIdentity(identity) ? &*it : nullptr;
 }
 
 IpvsBackend::IpvsBackend(sdk::Host host, BackendSettings settings, IpvsAdapters adapters)
@@ -351,22 +386,22 @@ bool IpvsBackend::ownsAddress(const IPPrefix& address) const {
 sdk::Expected<void> IpvsBackend::applyServer(const AppliedServer* old, const AppliedServer& want) {
   if (old == nullptr) {
     if (auto r = addServer(want.vs); !r) return r;
-    for (const auto& [key, rs] : want.real)
+    for (const auto& rs : want.real)
       if (auto r = addReal(want.vs, rs); !r) return r;
     return {};
   }
   if (!sameSettings(old->vs, want.vs))
     if (auto r = updateServer(want.vs); !r) return r;
-  for (const auto& [key, rs] : want.real) {
-    auto it = old->real.find(key);
-    if (it == old->real.end()) {
+  for (const auto& rs : want.real) {
+    const RealServer* had = old->real.find(rs);
+    if (had == nullptr) {
       if (auto r = addReal(want.vs, rs); !r) return r;
-    } else if (!it->second.sameSettings(rs)) {
+    } else if (!had->sameSettings(rs)) {
       if (auto r = updateReal(want.vs, rs); !r) return r;
     }
   }
-  for (const auto& [key, rs] : old->real)
-    if (!want.real.contains(key))
+  for (const auto& rs : old->real)
+    if (!want.real.contains(rs))
       if (auto r = retireRealServer(want.vs, rs); !r) return r;
   return {};
 }
@@ -451,11 +486,7 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
     for (const auto& problem : f.problems)
       host_.warning(fmt::format("ipvs: {}: {}", p.key, problem));
     for (const auto& planned : f.virtualServers) {
-      AppliedServer a{kernelVirtualServer(planned), {}, tag};
-      for (const auto& rs : planned.realServers) {
-        RealServer k = kernelRealServer(rs);
-        a.real.emplace(k.describe(), k);
-      }
+      AppliedServer a{kernelVirtualServer(planned), realServersOf(planned), tag};
       const std::string key = a.vs.describe();
       if (!servers.emplace(key, std::move(a)).second)
         host_.warning(fmt::format(
@@ -463,7 +494,7 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
     }
     for (const auto& a : f.boundAddresses) ++addresses[a];
     for (const auto& e : f.ipsetEntries) ++entries[e.text()];
-    ports[tag] = std::move(f);
+    ports[tag] = withoutRealServers(std::move(f));
   });
 
   // The sets first: their NodePorts say which virtual servers on node addresses are kproxy's.
@@ -499,15 +530,11 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
       if (auto r = updateServer(w.vs); !r) return r;
     auto real = kernel_.ipvs->listRealServers(kvs);
     if (!real) return failed("list_real_servers", real.error());
-    std::set<std::string> present;
     for (const auto& krs : *real) {
-      const std::string rkey = krs.describe();
-      present.insert(rkey);
-      auto it = w.real.find(rkey);
-      if (it != w.real.end()) {
+      if (const RealServer* wanted = w.real.find(krs)) {
         terminating_.erase(terminatingKey(w.vs, krs));
-        if (!krs.sameSettings(it->second))
-          if (auto r = updateReal(w.vs, it->second); !r) return r;
+        if (!krs.sameSettings(*wanted))
+          if (auto r = updateReal(w.vs, *wanted); !r) return r;
         continue;
       }
       const std::string tkey = terminatingKey(w.vs, krs);
@@ -524,8 +551,9 @@ sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
       }
       if (auto r = retireRealServer(w.vs, krs); !r) return r;
     }
-    for (const auto& [rkey, rs] : w.real)
-      if (!present.contains(rkey))
+    const RealServers present(std::move(*real));
+    for (const auto& rs : w.real)
+      if (!present.contains(rs))
         if (auto r = addReal(w.vs, rs); !r) return r;
   }
   for (const auto& [key, w] : servers)
@@ -616,11 +644,7 @@ sdk::Expected<void> IpvsBackend::partialSync(const plan::SnapshotSource& next,
 
     std::set<std::string> keep;
     for (const auto& planned : now.virtualServers) {
-      AppliedServer want{kernelVirtualServer(planned), {}, tag};
-      for (const auto& rs : planned.realServers) {
-        RealServer k = kernelRealServer(rs);
-        want.real.emplace(k.describe(), k);
-      }
+      AppliedServer want{kernelVirtualServer(planned), realServersOf(planned), tag};
       const std::string key = want.vs.describe();
       keep.insert(key);
       auto it = servers_.find(key);
@@ -661,7 +685,7 @@ sdk::Expected<void> IpvsBackend::partialSync(const plan::SnapshotSource& next,
     if (now.key.empty())
       ports_.erase(tag);
     else
-      ports_[tag] = std::move(now);
+      ports_[tag] = withoutRealServers(std::move(now));
   }
   if (auto r = restoreIpsets(ipsetLines); !r) return r;
   return syncIptables(false, rulesChanged);

@@ -116,11 +116,29 @@ class IpvsBackend final : public sdk::BackendPlugin {
   void useMetrics(Metrics metrics) { metrics_ = std::move(metrics); }
 
  private:
+  /// A virtual server's real servers, sorted by identity (address, then port): a flat array,
+  /// not a map keyed by their text, which took about twice the memory per real server.
+  class RealServers {
+   public:
+    RealServers() = default;
+    /// The first of each identity in `all`.
+    explicit RealServers(std::vector<RealServer> all);
+    const RealServer* find(const RealServer& identity) const;
+    bool contains(const RealServer& identity) const { return find(identity) != nullptr; }
+    std::size_t size() const { return sorted_.size(); }
+    std::vector<RealServer>::const_iterator begin() const { return sorted_.begin(); }
+    std::vector<RealServer>::const_iterator end() const { return sorted_.end(); }
+
+   private:
+    std::vector<RealServer> sorted_;
+  };
   struct AppliedServer {
     VirtualServer vs;
-    std::map<std::string, RealServer> real;  ///< by RealServer::describe()
-    std::string owner;                       ///< the port key that rendered it
+    RealServers real;
+    std::string owner;  ///< the port key that rendered it
   };
+  /// The kernel's view of a planned virtual server's real servers.
+  static RealServers realServersOf(const PlannedVirtualServer& planned);
   struct Terminating {
     VirtualServer vs;
     RealServer rs;
