@@ -297,6 +297,25 @@ struct ApiSource::Impl {
     std::string listVersion;
     std::uint64_t skipped = 0;
     std::uint64_t bodyBytes = 0;
+    auto take = [&](const json& item) {
+      auto decoded = r.decode(item);
+      if (!decoded) {
+        Key key = keyOfRaw(item);
+        ++skipped;
+        log::warning("skipping object that cannot be decoded",
+                     {{"object", describe(r, view(key))}, {"reason", decoded.error().message()}});
+        // An undecodable new version must not delete the last good one.
+        if (auto held = r.held.find(view(key)); held != r.held.end()) fresh.insert(*held);
+        return;
+      }
+      // A relist returns every object again. One equal to the held one stays the held one,
+      // which the sink keeps too: a fresh copy would be kept beside it from then on.
+      SharedObject object = std::move(*decoded);
+      if (auto held = r.held.find(keyOf(object)); held != r.held.end() && sameObject(*held, object))
+        object = *held;
+      if (auto dup = fresh.find(keyOf(object)); dup != fresh.end()) fresh.erase(dup);
+      fresh.insert(std::move(object));
+    };
     for (;;) {
       auto target = fmt::format("{}?limit={}{}", r.path, options.pageSize, query(r));
       if (!continueToken.empty()) target += "&continue=" + detail::queryEscape(continueToken);
@@ -307,8 +326,21 @@ struct ApiSource::Impl {
       auto response = co_await connection->readResponse(kMaxListBody);
       connection->close();
       bodyBytes += response.body().size();
-      json body = json::parse(response.body(), nullptr, false);
-      if (response.result() != http::status::ok) {
+      const bool listed = response.result() == http::status::ok;
+      // Each item is decoded when the parser has read it, then dropped from the document: a
+      // page never exists as one tree (500 EndpointSlices of 10 endpoints were 7 MiB of one).
+      std::string topKey;
+      auto eachItem = [&](int depth, json::parse_event_t event, json& parsed) {
+        if (depth == 1 && event == json::parse_event_t::key && parsed.is_string())
+          topKey = parsed.get<std::string>();
+        if (listed && depth == 2 && event == json::parse_event_t::object_end && topKey == "items") {
+          take(parsed);
+          return false;
+        }
+        return true;
+      };
+      json body = json::parse(response.body(), eachItem, false);
+      if (!listed) {
         // An expired continue token (410) restarts the LIST from the beginning.
         if (isExpired(response.result(), body) && !continueToken.empty()) {
           log::info(1, "list continue token expired; restarting the list", {{"resource", r.kind}});
@@ -326,30 +358,12 @@ struct ApiSource::Impl {
       }
       if (!body.is_object() || !body.contains("items") || !(body["items"].is_array() || body["items"].is_null()))
         throw std::runtime_error(fmt::format("LIST {}: the answer is not a list", r.path));
+      // The parser kept only the items that are not objects; they fail to decode as ever.
+      if (body["items"].is_array())
+        for (const auto& item : body["items"]) take(item);
       const json& meta = body.contains("metadata") && body["metadata"].is_object() ? body["metadata"] : json::object();
       listVersion = meta.value("resourceVersion", std::string{});
       continueToken = meta.value("continue", std::string{});
-      if (body["items"].is_array()) {
-        for (const auto& item : body["items"]) {
-          auto decoded = r.decode(item);
-          if (!decoded) {
-            Key key = keyOfRaw(item);
-            ++skipped;
-            log::warning("skipping object that cannot be decoded",
-                         {{"object", describe(r, view(key))}, {"reason", decoded.error().message()}});
-            // An undecodable new version must not delete the last good one.
-            if (auto held = r.held.find(view(key)); held != r.held.end()) fresh.insert(*held);
-            continue;
-          }
-          // A relist returns every object again. One equal to the held one stays the held one,
-          // which the sink keeps too: a fresh copy would be kept beside it from then on.
-          SharedObject object = std::move(*decoded);
-          if (auto held = r.held.find(keyOf(object)); held != r.held.end() && sameObject(*held, object))
-            object = *held;
-          if (auto dup = fresh.find(keyOf(object)); dup != fresh.end()) fresh.erase(dup);
-          fresh.insert(std::move(object));
-        }
-      }
       if (continueToken.empty()) break;
     }
 

@@ -404,6 +404,26 @@ TEST_CASE("the pages of one LIST do not wait for the client-side rate limit", "[
         }) == 12);
 }
 
+TEST_CASE("a LIST page's items are decoded as they are parsed, whatever their shape", "[unit]") {
+  // Items are taken from the parser one by one; one that is not an object, or an object that
+  // holds objects of its own, is still decoded (or skipped) as one item.
+  FakeApiServer server;
+  json nested = service("nested", 80, "2");
+  nested["metadata"]["annotations"] = {{"a", "b"}};
+  server.setItems(kServices, {service("first", 80, "1"), json(7), nested, json::array()}, "20");
+  server.setItems(kSlices, {}, "20");
+  RecordingSink sink;
+  apiwatch::ApiSourceOptions options;
+  options.pageSize = 3;
+  apiwatch::ApiSource source(testing::loopbackClientConfig(server.port), sink, options);
+  REQUIRE(source.start());
+  REQUIRE(sink.waitFor("servicesSynced"));
+  auto events = sink.events();
+  CHECK(std::count(events.begin(), events.end(), "upsert Service default/first port=80") == 1);
+  CHECK(std::count(events.begin(), events.end(), "upsert Service default/nested port=80") == 1);
+  CHECK(source.stats().decodeFailures == 2);
+}
+
 TEST_CASE("ApiSource restarts a LIST whose continue token expired", "[unit]") {
   FakeApiServer server;
   server.setItems(kServices, {service("a", 80, "1"), service("b", 81, "2"), service("c", 82, "3")}, "10");
