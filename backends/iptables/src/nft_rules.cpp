@@ -585,8 +585,7 @@ core::Result<void> NftRuleBatch::add(std::span<const NftChainRewrite> chains) {
   const std::uint16_t family = isV6(family_) ? NFPROTO_IPV6 : NFPROTO_IPV4;
   std::array<char, kMessageRoom> room;
   auto append = [&](nlmsghdr* nlh, std::uint32_t chain, std::uint32_t rule) {
-    messages_.insert(messages_.end(), reinterpret_cast<const char*>(nlh),
-                     reinterpret_cast<const char*>(nlh) + nlh->nlmsg_len);
+    messages_.append({reinterpret_cast<const char*>(nlh), nlh->nlmsg_len});
     sent_.push_back(Sent{chain, rule});
   };
   auto seq = [&]() { return static_cast<std::uint32_t>(sent_.size() + 1); };
@@ -603,7 +602,7 @@ core::Result<void> NftRuleBatch::add(std::span<const NftChainRewrite> chains) {
     for (std::size_t k = 0; k < chains[c].rules.size(); ++k) {
       auto parsed = parseRule(family_, chains[c].rules[k]);
       if (!parsed) {
-        messages_.resize(bytesBefore);
+        messages_.truncate(bytesBefore);
         sent_.resize(sentBefore);
         names_.resize(namesBefore);
         rules_ = rulesBefore;
@@ -654,8 +653,7 @@ void NftRuleBatch::chainMessage(std::uint16_t type, std::uint16_t flags, std::ui
     nftnl_chain_set_str(chain.get(), NFTNL_CHAIN_NAME, names_[index].c_str());
     nftnl_chain_nlmsg_build_payload(nlh, chain.get());
   }
-  messages_.insert(messages_.end(), reinterpret_cast<const char*>(nlh),
-                   reinterpret_cast<const char*>(nlh) + nlh->nlmsg_len);
+  messages_.append({reinterpret_cast<const char*>(nlh), nlh->nlmsg_len});
   sent_.push_back(Sent{index, 0});
 }
 
@@ -666,7 +664,7 @@ core::Result<void> NftRuleBatch::commit() {
   std::array<char, 256> begin{}, end{};
   nlmsghdr* b = nftnl_batch_begin(begin.data(), 0);
   nlmsghdr* e = nftnl_batch_end(end.data(), static_cast<std::uint32_t>(sent_.size() + 1));
-  const std::span<const char> parts[] = {{begin.data(), b->nlmsg_len}, messages_, {end.data(), e->nlmsg_len}};
+  const std::span<const char> parts[] = {{begin.data(), b->nlmsg_len}, messages_.data(), {end.data(), e->nlmsg_len}};
   auto failures = socket->sendBatch(parts);
   messages_.clear();  // the capacity stays for the next transaction
   auto sent = std::move(sent_);

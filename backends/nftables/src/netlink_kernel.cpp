@@ -33,6 +33,7 @@
 #include <libnftnl/set.h>
 #include <libnftnl/table.h>
 
+#include "kproxy/backends/common/message_buffer.h"
 #include "kproxy/backends/common/netlink_socket.h"
 #include "kproxy/backends/common/nftables_table.h"
 #include "kproxy/nftables/kernel.h"
@@ -53,39 +54,12 @@ using ChainPtr = std::unique_ptr<nftnl_chain, Deleter<nftnl_chain, nftnl_chain_f
 using RulePtr = std::unique_ptr<nftnl_rule, Deleter<nftnl_rule, nftnl_rule_free>>;
 using SetPtr = std::unique_ptr<nftnl_set, Deleter<nftnl_set, nftnl_set_free>>;
 
-/// A growing buffer of netlink messages, written in place by libnftnl.
-///
-/// A full sync's batch is hundreds of MiB at scale and must reach the kernel in one sendmsg
-/// (nfnetlink commits a batch only if its begin and end are in the same skb). So the buffer is
-/// grown with realloc, which moves big blocks with mremap instead of copying them, and is never
-/// zero-filled: only the bytes written count in the resident set, and growing never holds the
-/// old and the new block at once.
-class MessageBuffer {
- public:
-  MessageBuffer() = default;
-  MessageBuffer(const MessageBuffer&) = delete;
-  MessageBuffer& operator=(const MessageBuffer&) = delete;
-  ~MessageBuffer() { std::free(buf_); }
-
-  /// Room for one message of at most `room` bytes at the end of the buffer.
-  char* tail(std::size_t room = 1 << 16) {
-    if (capacity_ < used_ + room) {
-      std::size_t want = std::max(capacity_ + capacity_ / 2, used_ + room);
-      void* grown = std::realloc(buf_, want);
-      if (grown == nullptr) throw std::bad_alloc();
-      buf_ = static_cast<char*>(grown);
-      capacity_ = want;
-    }
-    return buf_ + used_;
-  }
-  void commit(const nlmsghdr* nlh) { used_ += NLMSG_ALIGN(nlh->nlmsg_len); }
-  std::span<const char> data() const { return {buf_, used_}; }
-
- private:
-  char* buf_ = nullptr;
-  std::size_t capacity_ = 0;
-  std::size_t used_ = 0;
-};
+/// Netlink messages, written in place by libnftnl. A full sync's batch is hundreds of MiB at
+/// scale and must reach the kernel in one sendmsg (nfnetlink commits a batch only if its begin
+/// and end are in the same skb), so it is held whole, in a mapping of its own that grows
+/// without copies. (realloc did that only for blocks above glibc's mmap threshold, which rises
+/// to the size of the largest block freed, up to 32 MiB.)
+using backends::MessageBuffer;
 
 SetPtr setHandle(const std::string& table, Family family, const std::string& name) {
   SetPtr s(nftnl_set_alloc());

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kproxy/backends/common/message_buffer.h"
 #include "kproxy/core/error.h"
 #include "kproxy/plugin/sdk.h"
 
@@ -43,15 +44,15 @@ class NftRuleBatch {
   /// batch holds before, so rules rewritten there no longer jump to them).
   void remove(std::span<const std::string_view> names);
 
-  /// Room for about `rules` rules: a transaction's messages are never copied as they grow
-  /// (only the pages written are resident).
+  /// Room for about `rules` rules (only the pages written are resident; the messages are
+  /// never copied as they grow).
   void reserve(std::size_t rules) { messages_.reserve(rules * kBytesPerRule); }
 
   std::size_t rules() const { return rules_; }
   std::size_t chains() const { return chains_; }
   bool empty() const { return messages_.empty(); }
   /// The encoded messages, without the batch's begin and end (tests).
-  std::span<const char> messages() const { return messages_; }
+  std::span<const char> messages() const { return messages_.data(); }
 
   /// Sends the batch as one nfnetlink transaction in the calling thread's network namespace
   /// and empties it. The kernel applies all of it or, when it refuses any message, nothing;
@@ -71,7 +72,7 @@ class NftRuleBatch {
 
   sdk::Family family_;
   std::string table_;
-  std::vector<char> messages_;
+  backends::MessageBuffer messages_;
   std::vector<Sent> sent_;  ///< per message, in order
   std::vector<std::string> names_;
   std::size_t rules_ = 0, chains_ = 0;
