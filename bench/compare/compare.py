@@ -29,6 +29,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import ssl
 import subprocess
@@ -295,11 +296,44 @@ def program_flags(args, mode, metrics_host):
             "--conntrack-max-per-core=0", "-v", str(args.verbosity)]
 
 
+HEAPTRACK_PRELOAD = "/usr/lib/heaptrack/libheaptrack_preload.so"
+
+
+def heaptrack_wrap(cmd, raw):
+    """cmd under heaptrack's preload, its data written raw to `raw`: the process keeps its pid
+    (its peak then includes heaptrack's own memory, a few MiB)."""
+    if not os.path.exists(HEAPTRACK_PRELOAD):
+        raise SystemExit(f"--heaptrack needs {HEAPTRACK_PRELOAD} (apt-get install -y heaptrack)")
+    return ["env", f"LD_PRELOAD={HEAPTRACK_PRELOAD}", f"DUMP_HEAPTRACK_OUTPUT={raw}"] + cmd
+
+
+def heaptrack_report(raw):
+    """RAW (or RAW.gz) → RAW's stem .heaptrack.gz (for heaptrack_print or heaptrack_gui) and
+    .heaptrack.txt: the 25 largest contributors to the heap's peak, and the totals."""
+    stem = re.sub(r"\.heaptrack\.raw(\.gz)?$", "", raw)
+    interpret = os.path.join(os.path.dirname(HEAPTRACK_PRELOAD), "libexec", "heaptrack_interpret")
+    if not os.path.exists(raw):
+        log(f"heaptrack: no data in {raw}")
+        return
+    src = f"gzip -dc '{raw}'" if raw.endswith(".gz") else f"cat '{raw}'"
+    sh("sh", "-c", f"{src} | '{interpret}' | gzip > '{stem}.heaptrack.gz'", check=False)
+    out = sh("heaptrack_print", "-f", f"{stem}.heaptrack.gz", "--print-peaks", "1", "--print-allocators", "0",
+             "--print-temporary", "0", "--print-leaks", "0", "--peak-limit", "25", check=False).stdout
+    with open(f"{stem}.heaptrack.txt", "w") as f:
+        f.write(out)
+    os.unlink(raw)
+    peak = re.search(r"peak heap memory consumption: (\S+)", out)
+    log(f"heaptrack: {stem}.heaptrack.txt (peak heap {peak.group(1) if peak else '?'})")
+
+
 class Program:
     def __init__(self, which, mode, node, args, workdir):
         self.which, self.mode, self.node = which, mode, node
         self.logpath = os.path.join(workdir, f"{which}-{mode}-{node.ns}.log")
         cmd = list(args.kproxy_cmd if which == "kproxy" else args.upstream_cmd)
+        if which == "kproxy" and args.heaptrack:
+            self.heaptrack_raw = self.logpath.replace(".log", ".heaptrack.raw")
+            cmd = heaptrack_wrap(cmd, self.heaptrack_raw)
         self.logf = open(self.logpath, "w")
         self.start = time.time()
         self.p = subprocess.Popen(["ip", "netns", "exec", node.ns] + cmd + program_flags(args, mode, "127.0.0.1"),
@@ -325,6 +359,8 @@ class Program:
                 self.p.kill()
                 self.p.wait()
         self.logf.close()
+        if getattr(self, "heaptrack_raw", None):
+            heaptrack_report(self.heaptrack_raw)
 
     def tail(self, n=20):
         return file_tail(self.logpath, n)
@@ -374,6 +410,10 @@ class VmNode:
         cmd = [os.path.abspath(w) if os.path.exists(w) else w
                for w in (args.kproxy_cmd if which == "kproxy" else args.upstream_cmd)]
         files = [HERE + "/vm_node.sh", args.kubeconfig, args.ipvs_wait] + [w for w in cmd if w.startswith("/")]
+        self.heaptrack = which == "kproxy" and args.heaptrack
+        if self.heaptrack:
+            cmd = heaptrack_wrap(cmd, "/run/heaptrack.raw")
+            files.append(HEAPTRACK_PRELOAD)
         files += re.findall(r"(?:certificate-authority|tokenFile|client-certificate|client-key):\s*(/\S+)",
                             open(args.kubeconfig).read())
         nic = (f"user,model=virtio-net-pci,net=10.255.0.0/24,host={CP_IP},"
@@ -431,6 +471,14 @@ class VmNode:
                 f.write(self.query("log", timeout=60))
         except OSError:
             pass
+        if self.heaptrack:
+            raw = self.logpath.replace(".vm.log", ".heaptrack.raw.gz")
+            try:
+                with self.open_query("heaptrack", timeout=600) as r, open(raw, "wb") as f:
+                    shutil.copyfileobj(r, f)
+                heaptrack_report(raw)
+            except OSError as e:
+                log(f"heaptrack: could not fetch the guest's data: {e}")
         try:
             self.query("stop", timeout=5)
             self.p.wait(60)
@@ -1010,6 +1058,9 @@ def main():
     ap.add_argument("--ipvs-wait", help="kproxy-bench-ipvswait (bench/compare/ipvs_wait.cpp), for --modes ipvs")
     ap.add_argument("--dump-state", action="store_true",
                     help="ipvs: write what each program programmed after its first sync to WORKDIR/*.state")
+    ap.add_argument("--heaptrack", action="store_true",
+                    help="run kproxy under heaptrack's preload; WORKDIR/kproxy-*.heaptrack.txt names what its "
+                         "heap's peak holds (its peak RSS then includes heaptrack's own memory)")
     ap.add_argument("--vm-memory", type=int, default=3072, help="MiB of the IPVS node's VM")
     ap.add_argument("--vm-timeout", type=int, default=7200, help="seconds at most of one IPVS node's VM")
     ap.add_argument("--out", required=True, help="JSON lines, appended")

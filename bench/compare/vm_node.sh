@@ -15,6 +15,7 @@
 #   /cgi-bin/q?stat           the program's /proc/PID/status, then /proc/PID/stat
 #   /cgi-bin/q?log            the program's output
 #   /cgi-bin/q?dump           what the program programmed: ipvsadm -Ln, ipset list, iptables-save
+#   /cgi-bin/q?heaptrack      the program's heaptrack data (compare.py --heaptrack), gzipped
 #   /cgi-bin/q?stop           stop the program and power the VM off
 set -u
 [ $# -gt 1 ] || { echo "vm_node: usage: vm_node.sh WAIT_TOOL PROGRAM [ARG]..."; exit 2; }
@@ -72,6 +73,7 @@ case $QUERY_STRING in
     iptables-nft-save
     iptables-legacy-save
     ip -o addr show dev kube-ipvs0 ;;
+  heaptrack) gzip -c /run/heaptrack.raw ;;  # compare.py --heaptrack
   stop) touch /run/stop; echo stopping ;;
   *) echo "unknown query: $QUERY_STRING" ;;
 esac
