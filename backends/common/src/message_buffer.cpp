@@ -1,8 +1,6 @@
 #include "kproxy/backends/common/message_buffer.h"
 
-#include <sys/mman.h>
-#include <unistd.h>
-
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <utility>
@@ -16,7 +14,7 @@ MessageBuffer::MessageBuffer(MessageBuffer&& other) noexcept
 
 MessageBuffer& MessageBuffer::operator=(MessageBuffer&& other) noexcept {
   if (this != &other) {
-    if (buf_ != nullptr) ::munmap(buf_, capacity_);
+    std::free(buf_);
     buf_ = std::exchange(other.buf_, nullptr);
     capacity_ = std::exchange(other.capacity_, 0);
     used_ = std::exchange(other.used_, 0);
@@ -24,18 +22,13 @@ MessageBuffer& MessageBuffer::operator=(MessageBuffer&& other) noexcept {
   return *this;
 }
 
-MessageBuffer::~MessageBuffer() {
-  if (buf_ != nullptr) ::munmap(buf_, capacity_);
-}
+MessageBuffer::~MessageBuffer() { std::free(buf_); }
 
 void MessageBuffer::grow(std::size_t atLeast) {
-  static const auto page = static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
   std::size_t want = capacity_ + capacity_ / 2;
   if (want < atLeast) want = atLeast;
-  want = (want + page - 1) / page * page;
-  void* p = buf_ == nullptr ? ::mmap(nullptr, want, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
-                            : ::mremap(buf_, capacity_, want, MREMAP_MAYMOVE);
-  if (p == MAP_FAILED) throw std::bad_alloc();
+  void* p = std::realloc(buf_, want);
+  if (p == nullptr) throw std::bad_alloc();
   buf_ = static_cast<char*>(p);
   capacity_ = want;
 }

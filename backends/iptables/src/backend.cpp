@@ -1,6 +1,5 @@
 #include "kproxy/iptables/backend.h"
 
-
 #include <cerrno>
 
 #include <algorithm>

@@ -1,7 +1,6 @@
 #include "kproxy/nftables/backend.h"
 #include "kproxy/nftables/explain.h"
 
-
 #include <algorithm>
 #include <chrono>
 #include <cstring>

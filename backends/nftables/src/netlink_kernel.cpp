@@ -56,9 +56,7 @@ using SetPtr = std::unique_ptr<nftnl_set, Deleter<nftnl_set, nftnl_set_free>>;
 
 /// Netlink messages, written in place by libnftnl. A full sync's batch is hundreds of MiB at
 /// scale and must reach the kernel in one sendmsg (nfnetlink commits a batch only if its begin
-/// and end are in the same skb), so it is held whole, in a mapping of its own that grows
-/// without copies. (realloc did that only for blocks above glibc's mmap threshold, which rises
-/// to the size of the largest block freed, up to 32 MiB.)
+/// and end are in the same skb), so it is held whole.
 using backends::MessageBuffer;
 
 SetPtr setHandle(const std::string& table, Family family, const std::string& name) {

@@ -1,4 +1,4 @@
-// MessageBuffer: a netlink batch's bytes in a mapping of their own. What is written survives
+// MessageBuffer: a netlink batch's bytes as they are encoded. What is written survives
 // every growth, a cut-back drops only what follows, and a moved buffer owns the bytes.
 #include "kproxy/backends/common/message_buffer.h"
 

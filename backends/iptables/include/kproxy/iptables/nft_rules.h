@@ -44,8 +44,7 @@ class NftRuleBatch {
   /// batch holds before, so rules rewritten there no longer jump to them).
   void remove(std::span<const std::string_view> names);
 
-  /// Room for about `rules` rules (only the pages written are resident; the messages are
-  /// never copied as they grow).
+  /// Room for about `rules` rules (only the pages written are resident).
   void reserve(std::size_t rules) { messages_.reserve(rules * kBytesPerRule); }
 
   std::size_t rules() const { return rules_; }
