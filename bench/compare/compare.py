@@ -904,6 +904,13 @@ def run_one(args, api, which, mode, scale, run, addrs):
         took, samples = first_sync(prog, node, mode, timeout)
         if took is None:
             res["first_sync_capped_s"] = timeout
+            # What it held and used until the cap: lower bounds of its peak and its CPU.
+            try:
+                hwm, rss, cpu = prog.stat()
+                res.update({"peak_rss_at_cap_mib": round(hwm, 1), "rss_at_cap_mib": round(rss, 1),
+                            "cpu_at_cap_s": round(cpu, 2)})
+            except Exception as e:  # a program gone by now: the cap alone
+                log(f"{which} {mode} {services}x{endpoints}: no figures at the cap: {e}")
             log(f"{which} {mode} {services}x{endpoints}: no complete first sync within {timeout} s (capped)")
             return res
         hwm, rss, cpu = prog.stat()

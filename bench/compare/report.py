@@ -103,6 +103,10 @@ def capped(rs):
     return max(caps) if rs and all(caps) else None
 
 
+# What a capped run records instead, for the rows that have it (compare.py).
+AT_CAP = {"peak RSS": "peak_rss_at_cap_mib", "CPU over the run": "cpu_at_cap_s"}
+
+
 def first_sync_cell(rs, get, unit):
     """The first sync's summary, or "> cap" when every run gave up on it at the cap."""
     cap = capped(rs)
@@ -149,6 +153,11 @@ def table(groups, mode, scales, sources):
                 elif label.startswith("first sync"):
                     text, meds[prog], caps[prog] = first_sync_cell(rs, get, unit)
                     cells.append(text)
+                elif label in AT_CAP and capped(rs) is not None:
+                    # Every run capped: what the program held or used until the cap, a lower bound.
+                    text, caps[prog] = summary([r.get(AT_CAP[label]) for r in rs], unit)
+                    cells.append("–" if caps[prog] is None else f"≥ {text} (at the cap)")
+                    meds[prog] = None
                 else:
                     text, meds[prog] = summary([get(r) for r in rs], unit)
                     cells.append(text)
@@ -156,7 +165,8 @@ def table(groups, mode, scales, sources):
             if k and u:
                 cells.append(f"{u / k:.1f}×")
             elif k and caps.get("upstream"):
-                cells.append(f"> {caps['upstream'] / k:.0f}×")
+                bound = ">" if label.startswith("first sync") else "≥"
+                cells.append(f"{bound} {caps['upstream'] / k:.1f}×")
             else:
                 cells.append("")
         out.append(f"| {label} | " + " | ".join(cells) + " |")
