@@ -812,6 +812,17 @@ class NewAddresses:
 # One measured run
 
 
+def count_changes(samples, start):
+    """[(seconds after start, count)] at each change of the polled count, and the last sample."""
+    out = []
+    for t, c in samples:
+        if not out or out[-1][1] != c:
+            out.append((round(t - start, 3), c))
+    if samples and out[-1][0] != round(samples[-1][0] - start, 3):
+        out.append((round(samples[-1][0] - start, 3), samples[-1][1]))
+    return out[:200] + out[-1:] if len(out) > 201 else out
+
+
 class CapWatchdog:
     """Enforces the cap on a first sync: at the cap it reads the program's figures and stops it
     with all its children. Without it a listing can wait past the cap: upstream's single `nft -f`
@@ -963,6 +974,8 @@ def run_one(args, api, which, mode, scale, run, addrs):
         hwm, rss, cpu = prog.stat()
         m = prog.metric()
         res.update({"first_sync_s": round(took, 3), "chains": samples[-1][1],
+                    # When the kernel showed what: each change of the count, seconds after the start.
+                    "first_sync_counts": count_changes(samples, prog.start),
                     "poll_interval_ms": round(1000 * (samples[-1][0] - samples[0][0]) / max(1, len(samples) - 1), 1),
                     "first_sync_metric_s": round(m[0] / m[1], 3) if m and m[1] == 1 else None,
                     "first_sync_metric_sum_s": round(m[0], 3) if m else None,
