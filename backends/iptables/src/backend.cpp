@@ -1,5 +1,7 @@
 #include "kproxy/iptables/backend.h"
 
+#include <linux/netlink.h>
+
 #include <cerrno>
 
 #include <algorithm>
@@ -332,7 +334,7 @@ class IptablesBackend::StreamedChains {
     if (!batch_ || batch_->empty() || error_) return;
     keep("COMMIT\n");
     const std::size_t rules = batch_->rules();
-    if (auto r = batch_->commit(); !r) {
+    if (auto r = backend_.commitOverNetlink(*batch_); !r) {
       error_ = backend_.netlinkFailed(family_, r.error()).error();
       return;
     }
@@ -663,6 +665,17 @@ void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family 
   operations += edit.operations;
 }
 
+core::Result<void> IptablesBackend::commitOverNetlink(NftRuleBatch& batch) {
+  if (!netlinkSocket_) {
+    auto opened = backends::NetlinkSocket::open(NETLINK_NETFILTER);
+    if (!opened) return std::unexpected(opened.error());
+    netlinkSocket_.emplace(std::move(*opened));
+  }
+  auto r = batch.commit(*netlinkSocket_);
+  if (!r) netlinkSocket_.reset();  // whatever the socket holds after a failure, the next one starts clean
+  return r;
+}
+
 sdk::Expected<void> IptablesBackend::applyPartial(sdk::Family family, const Edit& edit, const std::string& input) {
   if (!edit.natChainsOnly()) return apply(family, input);
   // Only whole nat chains change (an endpoint added, removed or changed): one netlink
@@ -679,7 +692,7 @@ sdk::Expected<void> IptablesBackend::applyPartial(sdk::Family family, const Edit
   std::vector<std::string_view> drops(edit.natDrops.begin(), edit.natDrops.end());
   batch.remove(drops);
   const std::size_t rules = batch.rules();
-  if (auto r = batch.commit(); !r) return netlinkFailed(family, r.error());
+  if (auto r = commitOverNetlink(batch); !r) return netlinkFailed(family, r.error());
   netlinkRules_ += rules;
   ++netlinkCommits_;
   return {};

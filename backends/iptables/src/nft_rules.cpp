@@ -661,11 +661,16 @@ core::Result<void> NftRuleBatch::commit() {
   if (messages_.empty()) return {};
   auto socket = backends::NetlinkSocket::open(NETLINK_NETFILTER);
   if (!socket) return std::unexpected(socket.error());
+  return commit(*socket);
+}
+
+core::Result<void> NftRuleBatch::commit(backends::NetlinkSocket& socket) {
+  if (messages_.empty()) return {};
   std::array<char, 256> begin{}, end{};
   nlmsghdr* b = nftnl_batch_begin(begin.data(), 0);
   nlmsghdr* e = nftnl_batch_end(end.data(), static_cast<std::uint32_t>(sent_.size() + 1));
   const std::span<const char> parts[] = {{begin.data(), b->nlmsg_len}, messages_.data(), {end.data(), e->nlmsg_len}};
-  auto failures = socket->sendBatch(parts);
+  auto failures = socket.sendBatch(parts);
   messages_.clear();  // the capacity stays for the next transaction
   auto sent = std::move(sent_);
   auto names = std::move(names_);

@@ -19,12 +19,14 @@
 #include <array>
 #include <cstdio>
 #include <map>
+#include <optional>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "kproxy/iptables/kernel.h"
+#include "kproxy/iptables/nft_rules.h"
 #include "kproxy/iptables/renderer.h"
 #include "kproxy/plan/snapshot_source.h"
 #include "kproxy/plugin/sdk.h"
@@ -130,6 +132,9 @@ class IptablesBackend final : public sdk::BackendPlugin {
   /// Counts a refused netlink transaction; when the kernel refused the encoding itself, later
   /// syncs use the tool only.
   sdk::Expected<void> netlinkFailed(sdk::Family family, const core::Error& e);
+  /// Commits `batch` on the backend's netfilter socket, opened on first use and kept: closing
+  /// one after a commit waits for the kernel to release what the commit replaced.
+  core::Result<void> commitOverNetlink(NftRuleBatch& batch);
   /// Whether this sync may write nat chains over netlink (NftRuleBatch).
   bool netlinkAllowed() {
     return !settings_.dryRun && settings_.netlinkRules && !netlinkRefused_ && kernel_->netlinkRules();
@@ -147,6 +152,7 @@ class IptablesBackend final : public sdk::BackendPlugin {
   std::string lastRestore_[2];
   std::vector<std::string> touched_;  ///< the first objects the current sync changed
   bool netlinkRefused_ = false;       ///< the kernel refused NftRuleBatch's encoding once
+  std::optional<backends::NetlinkSocket> netlinkSocket_;  ///< for NftRuleBatch's transactions
   std::size_t netlinkRules_ = 0, netlinkCommits_ = 0;  ///< of the current sync
   Metrics metrics_;
 };

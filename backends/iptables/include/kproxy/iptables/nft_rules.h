@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "kproxy/backends/common/message_buffer.h"
+#include "kproxy/backends/common/netlink_socket.h"
 #include "kproxy/core/error.h"
 #include "kproxy/plugin/sdk.h"
 
@@ -53,9 +54,13 @@ class NftRuleBatch {
   /// The encoded messages, without the batch's begin and end (tests).
   std::span<const char> messages() const { return messages_.data(); }
 
-  /// Sends the batch as one nfnetlink transaction in the calling thread's network namespace
-  /// and empties it. The kernel applies all of it or, when it refuses any message, nothing;
-  /// the error then names the chain and rule it refused.
+  /// Sends the batch as one nfnetlink transaction on `socket` and empties it. The kernel
+  /// applies all of it or, when it refuses any message, nothing; the error then names the
+  /// chain and rule it refused. Keep the socket for the next transaction: closing a netfilter
+  /// socket waits for the kernel to release what the last commit replaced (an RCU grace
+  /// period, 15–20 ms here), which a socket per commit adds to every change.
+  core::Result<void> commit(backends::NetlinkSocket& socket);
+  /// The same on a socket of its own, opened in the calling thread's network namespace.
   core::Result<void> commit();
 
  private:
