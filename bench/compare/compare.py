@@ -962,7 +962,8 @@ def run_one(args, api, which, mode, scale, run, addrs):
         took, samples = first_sync(prog, node, mode, timeout)
         if took is None:
             res["first_sync_capped_s"] = timeout
-            # What it held and used until the cap: lower bounds of its peak and its CPU.
+            # What it held until the cap (a lower bound of its peak), and its own CPU until then,
+            # which leaves out the children it has not reaped (`nft`, `iptables-restore`).
             try:
                 hwm, rss, cpu = getattr(prog, "at_cap", None) or prog.stat()
                 res.update({"peak_rss_at_cap_mib": round(hwm, 1), "rss_at_cap_mib": round(rss, 1),
