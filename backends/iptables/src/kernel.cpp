@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <charconv>
-
+#include <string>
+#include <unordered_map>
 #include <utility>
 
 #include <fmt/format.h>
@@ -347,10 +348,16 @@ core::Result<void> FakeIptables::restore(sdk::Family family, std::string_view in
   auto fail = [&](std::string_view why) {
     return refused(fmt::format("fake refused line {} ({}): {}", lineNo, why, lineOf(input, lineNo)));
   };
+  // Chains by name: a linear search made a full sync's text quadratic in its chains (hours at
+  // 30,000 Services × 10 endpoints, 400,000 chains).
+  std::unordered_map<std::string, std::size_t> byName;
+  auto index = [&] {
+    byName.clear();
+    for (std::size_t i = 0; i < work.size(); ++i) byName.emplace(work[i].name, i);
+  };
   auto findChain = [&](std::string_view name) -> Chain* {
-    for (auto& c : work)
-      if (c.name == name) return &c;
-    return nullptr;
+    auto it = byName.find(std::string(name));
+    return it == byName.end() ? nullptr : &work[it->second];
   };
   std::size_t start = 0;
   while (start < input.size()) {
@@ -366,6 +373,7 @@ core::Result<void> FakeIptables::restore(sdk::Family family, std::string_view in
       if (!inTable) return fail("unknown table");
       table = *named;
       work = chains(family, table);
+      index();
       continue;
     }
     if (!inTable) return fail("outside a table");
@@ -378,8 +386,10 @@ core::Result<void> FakeIptables::restore(sdk::Family family, std::string_view in
       const std::string name(line.substr(1, line.find(' ') - 1));
       if (Chain* c = findChain(name))
         c->rules.clear();  // --noflush: declaring a chain flushes it
-      else
+      else {
+        byName.emplace(name, work.size());
         work.push_back(Chain{name, false, {}});
+      }
       continue;
     }
     auto words = line.substr(3);
@@ -410,6 +420,7 @@ core::Result<void> FakeIptables::restore(sdk::Family family, std::string_view in
         for (const auto& r : other.rules)
           if (backends::ruleJumpTarget(r) == chain) return fail("chain in use");
       work.erase(work.begin() + (c - work.data()));
+      index();
     } else {
       return fail("unknown command");
     }
