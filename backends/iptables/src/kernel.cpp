@@ -18,7 +18,12 @@ using backends::ProcessResult;
 using core::Error;
 using core::ErrorCategory;
 
-constexpr auto kToolTimeout = std::chrono::minutes(2);
+/// A tool run that is still going after this is killed and the sync fails (and is retried).
+/// Upstream kube-proxy sets no limit; ours is only for a wedged tool, so it is far above the
+/// slowest honest run measured: iptables-legacy at 30,000 Services x 10 endpoints, where
+/// libiptc takes minutes for one restore (bench/iptables, BENCHMARKS.md). The lock wait is
+/// bounded separately (-w 5).
+constexpr auto kToolTimeout = std::chrono::minutes(15);
 /// Measured at 10k services x 2 endpoints (bench/iptables): inputs of 1,000 / 2,500 / 5,000
 /// rules cost 2.7 / 2.8 / 3.2 s in all, one input 87 s.
 constexpr std::size_t kNftChunkRules = 2000;
