@@ -10,6 +10,9 @@
 //     rewritten in full, as upstream's proxier writes on every partial sync);
 //   - a restart: a new backend's full sync over the unchanged kernel (writes nothing; its cost is
 //     reading the tables back);
+//   - with iptables-legacy, after each change: the kernel's replacement of the unchanged nat
+//     table (IPT_SO_SET_REPLACE of the entries IPT_SO_GET_ENTRIES returned), the least any
+//     legacy writer pays for a change, since the kernel takes only whole tables;
 //   - with --netlink-floor (iptables-nft): the kernel's half of writing iptables-nft's rules over
 //     netlink instead of through the tool: the floor's tables dumped and sent back as one batch
 //     into another fresh namespace (netlink_replay.h), checked by comparing iptables-nft-save of
@@ -19,11 +22,20 @@
 //
 //   kproxy-bench-iptables [--variants nft,legacy] [--services 1000,10000,30000] [--endpoints 2,10]
 //                         [--max-endpoints 100000] [--full-repeat 3] [--change-repeat 11] [--ipv6]
+//                         [--no-affinity]
 //                         [--noflush-floor-max N] [--chunk-rules N] [--netlink-floor] [--netlink on|off]
 //                         [--netlink-batch N]
 
+// netinet/in.h before the kernel's header, which would otherwise define in_addr itself.
+#include <netinet/in.h>
+// clang-format off
+#include <linux/netfilter_ipv4/ip_tables.h>
+// clang-format on
+#include <fcntl.h>
 #include <sched.h>
+#include <sys/file.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -32,6 +44,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -112,14 +125,15 @@ bool inChild(bool newNetns, Fn&& body) {
 /// ports are kept as overrides. As the nftables benchmark's.
 class GeneratedSnapshot final : public plan::SnapshotSource {
  public:
-  GeneratedSnapshot(int services, int endpoints) : services_(services), endpoints_(endpoints) {}
+  GeneratedSnapshot(int services, int endpoints, bool affinity)
+      : services_(services), endpoints_(endpoints), affinity_(affinity) {}
   void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const override {
     for (int i = 0; i < services_; ++i) {
       if (auto it = overrides_.find(i); it != overrides_.end()) {
         fn(it->second);
         continue;
       }
-      fn(fixtures::manyServicesPort(i, endpoints_));
+      fn(fixtures::manyServicesPort(i, endpoints_, affinity_));
     }
   }
   std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override {
@@ -128,20 +142,21 @@ class GeneratedSnapshot final : public plan::SnapshotSource {
     const int i = std::atoi(key.c_str() + at + 5);
     if (i < 0 || i >= services_) return std::nullopt;
     if (auto it = overrides_.find(i); it != overrides_.end()) return it->second;
-    auto p = fixtures::manyServicesPort(i, endpoints_);
+    auto p = fixtures::manyServicesPort(i, endpoints_, affinity_);
     if (p.key != key) return std::nullopt;
     return p;
   }
   sdk::NodeInfo node() const override { return {}; }
   sdk::ServicePort& port(int i) {
     auto it = overrides_.find(i);
-    if (it == overrides_.end()) it = overrides_.emplace(i, fixtures::manyServicesPort(i, endpoints_)).first;
+    if (it == overrides_.end()) it = overrides_.emplace(i, fixtures::manyServicesPort(i, endpoints_, affinity_)).first;
     return it->second;
   }
 
  private:
   int services_;
   int endpoints_;
+  bool affinity_;  ///< every tenth service with ClientIP session affinity
   std::map<int, sdk::ServicePort> overrides_;
 };
 
@@ -240,6 +255,58 @@ double timeRestore(const VariantTools& tools, std::string_view input, bool flush
   return ms;
 }
 
+/// The kernel's replacement of this namespace's IPv4 `table` (iptables-legacy) by the entries it
+/// holds, unchanged: IPT_SO_GET_INFO and IPT_SO_GET_ENTRIES, then IPT_SO_SET_REPLACE of the same
+/// entries, timed alone. Every legacy writer (iptables-restore through libiptc, or any other)
+/// ends in this call with the whole table, so its time is the floor of a one-endpoint change.
+/// Holds the xtables lock meanwhile, as the tool does. Milliseconds, or -1 (and why on stderr).
+double timeKernelReplace(const char* table) {
+  const int lock = open("/run/xtables.lock", O_CREAT | O_RDWR | O_CLOEXEC, 0600);
+  if (lock < 0 || flock(lock, LOCK_EX) != 0) {
+    std::perror("  kernel replace: /run/xtables.lock");
+    if (lock >= 0) close(lock);
+    return -1;
+  }
+  double ms = -1;
+  const int fd = socket(AF_INET, SOCK_RAW | SOCK_CLOEXEC, IPPROTO_RAW);
+  ipt_getinfo info{};
+  std::snprintf(info.name, sizeof info.name, "%s", table);
+  socklen_t length = sizeof info;
+  if (fd < 0 || getsockopt(fd, IPPROTO_IP, IPT_SO_GET_INFO, &info, &length) != 0) {
+    std::perror("  kernel replace: IPT_SO_GET_INFO");
+  } else {
+    std::vector<char> got(sizeof(ipt_get_entries) + info.size);
+    auto* entries = reinterpret_cast<ipt_get_entries*>(got.data());
+    std::snprintf(entries->name, sizeof entries->name, "%s", table);
+    entries->size = info.size;
+    length = static_cast<socklen_t>(got.size());
+    std::vector<char> replaceBuffer(sizeof(ipt_replace) + info.size);
+    std::vector<xt_counters> counters(info.num_entries);
+    if (getsockopt(fd, IPPROTO_IP, IPT_SO_GET_ENTRIES, entries, &length) != 0) {
+      std::perror("  kernel replace: IPT_SO_GET_ENTRIES");
+    } else {
+      auto* replace = reinterpret_cast<ipt_replace*>(replaceBuffer.data());
+      std::snprintf(replace->name, sizeof replace->name, "%s", table);
+      replace->valid_hooks = info.valid_hooks;
+      replace->num_entries = info.num_entries;
+      replace->size = info.size;
+      std::copy(std::begin(info.hook_entry), std::end(info.hook_entry), std::begin(replace->hook_entry));
+      std::copy(std::begin(info.underflow), std::end(info.underflow), std::begin(replace->underflow));
+      replace->num_counters = info.num_entries;
+      replace->counters = counters.data();
+      std::memcpy(replace->entries, entries->entrytable, info.size);
+      const auto t = Clock::now();
+      if (setsockopt(fd, IPPROTO_IP, IPT_SO_SET_REPLACE, replace, static_cast<socklen_t>(replaceBuffer.size())) != 0)
+        std::perror("  kernel replace: IPT_SO_SET_REPLACE");
+      else
+        ms = msSince(t);
+    }
+  }
+  if (fd >= 0) close(fd);
+  close(lock);
+  return ms;
+}
+
 std::string_view chainOfLine(std::string_view line) {
   // ":NAME - [0:0]" or "-A NAME ...".
   std::string_view rest = line.front() == ':' ? line.substr(1) : line.substr(3);
@@ -311,6 +378,7 @@ struct Figures {
   bool changeOk;
   double changeMs[kMaxRepeat], changeRestoreMs[kMaxRepeat], floorChangeMs[kMaxRepeat],
       upstreamChangeMs[kMaxRepeat];
+  double kernelReplaceMs[kMaxRepeat];  ///< iptables-legacy: the nat table replaced, unchanged
   unsigned long changeOps, changeBytes, upstreamBytes;
   bool restartOk;
   double restartMs, restartSaveMs;
@@ -327,7 +395,7 @@ struct Figures {
 struct Stat {
   double median = -1, min = -1, max = -1;
 };
-Stat stat(const double* values, int n) {
+Stat summarize(const double* values, int n) {
   std::vector<double> v;
   for (int i = 0; i < n; ++i)
     if (values[i] >= 0) v.push_back(values[i]);
@@ -347,6 +415,8 @@ struct Config {
   int fullRepeat = 3;
   int changeRepeat = 11;
   bool ipv6 = false;
+  /// Every tenth service with ClientIP session affinity (off: --no-affinity).
+  bool affinity = true;
   /// Time `iptables-restore --noflush` of the whole full-sync text as one input only up to this
   /// many endpoints in all (iptables-nft 1.8.9 takes minutes beyond).
   long noflushFloorMax = 1000000;
@@ -417,6 +487,7 @@ bool measureChanges(const Config& c, GeneratedSnapshot& snap, IptablesBackend& b
     if (timeRestore(c.tools, *back) < 0) return false;
     fig.upstreamChangeMs[r] = timeRestore(c.tools, upForward);
     if (timeRestore(c.tools, upBack) < 0) return false;
+    fig.kernelReplaceMs[r] = c.tools.variant == Variant::kLegacy ? timeKernelReplace("nat") : -1;
   }
   return true;
 }
@@ -488,7 +559,7 @@ void runConfig(const Config& c, Figures& fig) {
   // not split it), from the same backend over an in-memory kernel, for the floors and for
   // upstream's partial-sync input.
   inChild(false, [&]() -> int {
-    GeneratedSnapshot snap(c.services, c.endpoints);
+    GeneratedSnapshot snap(c.services, c.endpoints, c.affinity);
     BackendSettings settings;
     settings.lastRestoreKept = SIZE_MAX;  // the baselines restore the same text
     settings.ipv6 = false;
@@ -509,7 +580,7 @@ void runConfig(const Config& c, Figures& fig) {
       // The full sync (and, the first time, the changes) in a worker forked from this small
       // process, so that its peak resident set is the sync's; the restart in another worker.
       bool ok = inChild(false, [&]() -> int {
-        GeneratedSnapshot snap(c.services, c.endpoints);
+        GeneratedSnapshot snap(c.services, c.endpoints, c.affinity);
         fig.baseRssMiB = currentRssMiB();
         TimedKernel* timed = nullptr;
         auto backend = makeBackend(c, timed);
@@ -536,7 +607,7 @@ void runConfig(const Config& c, Figures& fig) {
       });
       if (!ok || r != 0) return ok ? 0 : 1;
       fig.restartOk = inChild(false, [&]() -> int {
-        GeneratedSnapshot snap(c.services, c.endpoints);
+        GeneratedSnapshot snap(c.services, c.endpoints, c.affinity);
         TimedKernel* timed = nullptr;
         auto backend = makeBackend(c, timed);
         auto t = Clock::now();
@@ -618,6 +689,8 @@ int main(int argc, char** argv) {
       base.chunkRules = static_cast<std::size_t>(std::atol(argv[++i]));
     } else if (a == "--netlink-floor") {
       base.netlinkFloor = true;
+    } else if (a == "--no-affinity") {
+      base.affinity = false;
     } else if (a == "--ipv6") {
       base.ipv6 = true;
     } else {
@@ -625,6 +698,7 @@ int main(int argc, char** argv) {
                    "usage: %s [--variants nft,legacy] [--services 1000,10000,30000] [--endpoints 2,10]\n"
                    "          [--max-endpoints N (skip sizes with more endpoints in all; default 100000)]\n"
                    "          [--full-repeat N] [--change-repeat N] [--ipv6]\n"
+                   "          [--no-affinity (no service with session affinity; else every tenth)]\n"
                    "          [--noflush-floor-max N (time the one-input --noflush floor up to N endpoints)]\n"
                    "          [--chunk-rules N (iptables-nft restore chunk at 10,000 chains; calibration)]\n"
                    "          [--netlink on|off (iptables-nft full syncs write service chains over netlink; on)]\n"
@@ -645,8 +719,10 @@ int main(int argc, char** argv) {
     std::perror("mmap");
     return 1;
   }
-  std::printf("# full and change: median [min-max] ms; full of %d runs, change of %d; load at start: %s\n",
-              base.fullRepeat, base.changeRepeat, loadAverage().c_str());
+  std::printf("# full and change: median [min-max] ms; full of %d runs, change of %d; session affinity on %s; "
+              "load at start: %s\n",
+              base.fullRepeat, base.changeRepeat, base.affinity ? "every tenth service" : "no service",
+              loadAverage().c_str());
   std::printf("%-7s %-6s %-3s | %-22s %-22s %-22s %-22s %5s | %-19s %-19s %-19s %-22s %5s %5s | %7s %7s | %9s %9s %4s %7s\n",
               "variant", "svcs", "eps", "full_ms", "full_restore_ms", "floor_flush_ms", "floor_noflush_ms", "x",
               "change_ms",
@@ -674,13 +750,13 @@ int main(int argc, char** argv) {
         fig->netlinkSame = -1;
         std::fprintf(stderr, "[%s %d x %d] load %s\n", v.c_str(), n, eps, loadAverage().c_str());
         runConfig(c, *fig);
-        const Stat full = stat(fig->fullMs, c.fullRepeat), fullRestore = stat(fig->fullRestoreMs, c.fullRepeat),
-                   floorFull = stat(fig->floorFullMs, c.fullRepeat),
-                   flushFloorFull = stat(fig->flushFloorFullMs, c.fullRepeat);
-        const Stat change = stat(fig->changeMs, fig->changeOk ? c.changeRepeat : 0),
-                   changeRestore = stat(fig->changeRestoreMs, fig->changeOk ? c.changeRepeat : 0),
-                   floorChange = stat(fig->floorChangeMs, fig->changeOk ? c.changeRepeat : 0),
-                   upstreamChange = stat(fig->upstreamChangeMs, fig->changeOk ? c.changeRepeat : 0);
+        const Stat full = summarize(fig->fullMs, c.fullRepeat), fullRestore = summarize(fig->fullRestoreMs, c.fullRepeat),
+                   floorFull = summarize(fig->floorFullMs, c.fullRepeat),
+                   flushFloorFull = summarize(fig->flushFloorFullMs, c.fullRepeat);
+        const Stat change = summarize(fig->changeMs, fig->changeOk ? c.changeRepeat : 0),
+                   changeRestore = summarize(fig->changeRestoreMs, fig->changeOk ? c.changeRepeat : 0),
+                   floorChange = summarize(fig->floorChangeMs, fig->changeOk ? c.changeRepeat : 0),
+                   upstreamChange = summarize(fig->upstreamChangeMs, fig->changeOk ? c.changeRepeat : 0);
         auto ratio = [](const Stat& a, const Stat& b) {
           return a.median > 0 && b.median > 0 ? fmt::format("{:.2f}", a.median / b.median) : std::string("n/a");
         };
@@ -697,10 +773,17 @@ int main(int argc, char** argv) {
                      "%lu changes; upstream's %lu bytes; load %s\n",
                      fig->baseRssMiB, fig->fullBytes, fig->fullOps, fig->changeBytes, fig->changeOps,
                      fig->upstreamBytes, loadAverage().c_str());
+        if (c.tools.variant == Variant::kLegacy) {
+          const Stat replace = summarize(fig->kernelReplaceMs, fig->changeOk ? c.changeRepeat : 0);
+          std::printf("%-7s %-6d %-3d | kernel replace of the unchanged nat table (any legacy writer's floor): %s ms; "
+                      "change / replace %s, upstream's input / replace %s\n",
+                      v.c_str(), n, eps, show(replace, 1).c_str(), ratio(change, replace).c_str(),
+                      ratio(upstreamChange, replace).c_str());
+        }
         if (c.netlinkFloor) {
-          const Stat netlink = stat(fig->netlinkMs, c.fullRepeat), netlinkSys = stat(fig->netlinkSysMs, c.fullRepeat),
-                     floorUser = stat(fig->flushFloorUserMs, c.fullRepeat),
-                     floorSys = stat(fig->flushFloorSysMs, c.fullRepeat);
+          const Stat netlink = summarize(fig->netlinkMs, c.fullRepeat), netlinkSys = summarize(fig->netlinkSysMs, c.fullRepeat),
+                     floorUser = summarize(fig->flushFloorUserMs, c.fullRepeat),
+                     floorSys = summarize(fig->flushFloorSysMs, c.fullRepeat);
           std::printf("%-7s %-6d %-3d | floor flush CPU: user %s, system %s ms | netlink replay of the floor's tables: "
                       "%s ms (system CPU %s ms), %lu objects in %lu bytes, same save: %s; full / replay %s, "
                       "floor flush / replay %s\n",
