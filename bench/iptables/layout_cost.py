@@ -102,9 +102,11 @@ def main():
         return subprocess.run(["ip", "netns", "exec", ns, *cmd], input=text, text=True, check=True,
                               capture_output=True)
 
-    def restore(text):
+    def restore(text, noflush=True):
+        # The full table goes in without --noflush (the table was just emptied; iptables-nft
+        # 1.8.9's --noflush is quadratic in one input's size), each change with it.
         started = time.perf_counter()
-        run("iptables-nft-restore", "--noflush", "-w", text=text)
+        run("iptables-nft-restore", *(["--noflush"] if noflush else []), "-w", text=text)
         return (time.perf_counter() - started) * 1000
 
     print(f"# {args.services} services x {args.endpoints} endpoints, {args.changes} changes; "
@@ -117,7 +119,7 @@ def main():
                 sys.exit(f"layout_cost.py: unknown layout {layout!r} ({', '.join(LAYOUTS)})")
             run("iptables-nft", "-t", "nat", "-F")
             run("iptables-nft", "-t", "nat", "-X")
-            full = restore(full_table(layout, args.services, args.endpoints))
+            full = restore(full_table(layout, args.services, args.endpoints), noflush=False)
             empty = [restore("*nat\nCOMMIT\n") for _ in range(10)]
             step = max(1, args.services // args.changes)
             changes = [restore(change(layout, k * step, args.endpoints)) for k in range(args.changes)]
