@@ -194,6 +194,7 @@ class TimedKernel final : public KernelIptables {
     return chunkRules != 0 ? chunkRules : inner_->restoreChunkRules();
   }
   bool netlinkRules() override { return netlink && inner_->netlinkRules(); }
+  bool replacesWholeTables() const override { return inner_->replacesWholeTables(); }
   void reset() {
     saveMs = restoreMs = 0;
     restoreBytes = restores = 0;

@@ -468,6 +468,7 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
     std::size_t endpoints = 0;
     next.forEach([&](const sdk::ServicePort& p) { endpoints += p.allEndpoints.size(); });
     renderer_.setLargeCluster(endpoints > settings_.render.largeClusterEndpoints);
+    recentLists_ = 0;
   }
 
   std::size_t operations = 0;
@@ -509,6 +510,7 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
   }
   if (full) {
     needFull_ = false;
+    warnAboutRecentLists();
     if (!settings_.dryRun) setRouteLocalnet();
     backends::releaseFreeHeap();
   }
@@ -752,6 +754,7 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
     if (p.family != family) return;
     Fragment f = renderer_.renderServicePort(p);
     for (const auto& problem : f.problems) host_.warning(fmt::format("iptables: {}: {}", p.key, problem));
+    recentLists_ += f.recentLists;
     addChains(p.key, f.chains, f.dispatch);
     stream.portDone();
   });
@@ -827,6 +830,22 @@ sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, 
       if (touched_.size() < kTouchedKept) touched_.push_back(std::move(t));
   input = std::move(stream.kept);
   return finished;
+}
+
+void IptablesBackend::warnAboutRecentLists() {
+  if (!kernel_->replacesWholeTables() || settings_.recentListsWarning == 0 ||
+      recentLists_ < settings_.recentListsWarning) {
+    recentWarned_ = false;
+    return;
+  }
+  if (recentWarned_) return;
+  recentWarned_ = true;
+  host_.warning(fmt::format(
+      "iptables: {} session-affinity lists (-m recent) with {}: every change replaces the whole nat table, "
+      "and the kernel looks each list up by a linear search when it does, so changes grow with the square "
+      "of the lists (over two minutes per change at 30,000 measured); iptables-nft or --proxy-mode=nftables "
+      "do not pay this per change",
+      recentLists_, kernel_->describe()));
 }
 
 void IptablesBackend::setRouteLocalnet() {

@@ -173,6 +173,7 @@ class ProcessKernel final : public KernelIptables {
 
   std::string describe() const override { return "iptables-" + std::string(variantName(tools_.variant)); }
   std::size_t restoreChunkRules() const override { return tools_.variant == Variant::kNft ? kNftChunkRules : 0; }
+  bool replacesWholeTables() const override { return tools_.variant == Variant::kLegacy; }
   ToolTimes takeToolTimes() override { return std::exchange(times_, ToolTimes{}); }
   bool netlinkRules() override {
     if (tools_.variant != Variant::kNft) return false;

@@ -247,6 +247,7 @@ Fragment IptablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     for (const auto& ep : endpoints)
       if (auto sep = sepChain(ep)) targets.emplace_back(*sep, backends::endpointHostPort(ep.ip, ep.port));
     auto list = [&](const std::string& sep) { return localPool ? sep + "-L" : sep; };
+    if (plan.affinity) f.recentLists += targets.size();
     if (plan.affinity)
       for (const auto& [sep, hostPort] : targets)
         c.rules.push_back(Spec()

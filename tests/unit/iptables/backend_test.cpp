@@ -548,3 +548,64 @@ TEST_CASE("iptables backend: the rule counts follow full and partial syncs", "[u
   REQUIRE(ok(f.backend->syncFrom(f.snap, {{changedFamily, changedKey}, {removed.family, removed.key}}, false)));
   check();
 }
+
+TEST_CASE("iptables backend: many affinity lists with a whole-table variant warn once per crossing", "[unit]") {
+  Fixture f;
+  struct Captured {
+    std::vector<std::string> warnings;
+  } captured;
+  kproxy_host_api api{};
+  api.struct_size = sizeof api;
+  api.host_ctx = &captured;
+  api.log = [](void* ctx, int level, const char* message) {
+    if (level == KPROXY_LOG_WARNING) static_cast<Captured*>(ctx)->warnings.emplace_back(message);
+  };
+  auto make = [&](std::size_t threshold) {
+    BackendSettings s;
+    s.render = kproxy::iptables::testing::featureConfig();
+    s.sysctlRoot = f.sysctls.root();
+    s.recentListsWarning = threshold;
+    return std::make_unique<IptablesBackend>(sdk::Host(&api), std::move(s), std::make_unique<SharedKernel>(f.fake));
+  };
+  auto affinityWarnings = [&] {
+    return std::count_if(captured.warnings.begin(), captured.warnings.end(),
+                         [](const std::string& w) { return w.find("session-affinity lists") != std::string::npos; });
+  };
+  // The lists the fixture's affinity services make: one `--set` rule each, in either family.
+  REQUIRE(ok(make(0)->syncFrom(f.snap, {}, true)));
+  std::size_t lists = 0;
+  for (sdk::Family fam : {kV4, kV6})
+    for (const auto& [key, rules] : f.kernel(fam))
+      for (const auto& r : rules) lists += r.find("-m recent --set") != std::string::npos ? 1 : 0;
+  REQUIRE(lists >= 2);
+
+  SECTION("iptables-nft's commits do not replace whole tables: no warning") {
+    auto backend = make(1);
+    REQUIRE(ok(backend->syncFrom(f.snap, {}, true)));
+    CHECK(affinityWarnings() == 0);
+  }
+  SECTION("legacy, below the threshold: no warning") {
+    f.fake.wholeTables = true;
+    auto backend = make(lists + 1);
+    REQUIRE(ok(backend->syncFrom(f.snap, {}, true)));
+    CHECK(affinityWarnings() == 0);
+  }
+  SECTION("legacy, at the threshold: one warning naming the count, not repeated by the next full sync") {
+    f.fake.wholeTables = true;
+    auto backend = make(lists);
+    REQUIRE(ok(backend->syncFrom(f.snap, {}, true)));
+    REQUIRE(affinityWarnings() == 1);
+    CHECK(captured.warnings.back().find(std::to_string(lists) + " session-affinity lists") != std::string::npos);
+    REQUIRE(ok(backend->syncFrom(f.snap, {}, true)));
+    CHECK(affinityWarnings() == 1);
+    // Every affinity service loses its affinity: below the threshold, and warned again once
+    // the lists come back.
+    auto withAffinity = f.snap.ports();
+    for (auto& p : f.snap.ports()) p.sessionAffinityClientIP = false;
+    REQUIRE(ok(backend->syncFrom(f.snap, {}, true)));
+    CHECK(affinityWarnings() == 1);
+    f.snap.ports() = withAffinity;
+    REQUIRE(ok(backend->syncFrom(f.snap, {}, true)));
+    CHECK(affinityWarnings() == 2);
+  }
+}

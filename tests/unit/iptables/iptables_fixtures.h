@@ -73,6 +73,7 @@ class SharedKernel final : public KernelIptables {
   }
   std::string describe() const override { return inner_.describe(); }
   std::size_t restoreChunkRules() const override { return inner_.restoreChunkRules(); }
+  bool replacesWholeTables() const override { return inner_.replacesWholeTables(); }
 
  private:
   KernelIptables& inner_;

@@ -52,6 +52,13 @@ struct BackendSettings {
   /// 10 MiB less peak RSS at 1k x 10 (bench/iptables, BENCHMARKS.md).
   bool netlinkRules = true;
   std::size_t netlinkBatchRules = 10000;
+  /// With a variant whose commits replace whole tables (iptables-legacy), a full sync that
+  /// leaves at least this many xt_recent lists (session-affinity endpoints) warns once: the
+  /// kernel looks each `-m recent` rule's list up by a linear search on every replace, so every
+  /// change costs about the square of the lists. Measured (bench/iptables, BENCHMARKS.md): at
+  /// 10,000 Services x 10 endpoints a replace took 4.5 s with 10,000 lists and 0.65 s with none;
+  /// at 30,000 lists a one-endpoint change took over two minutes.
+  std::size_t recentListsWarning = 5000;
 };
 
 class IptablesBackend final : public sdk::BackendPlugin {
@@ -135,6 +142,9 @@ class IptablesBackend final : public sdk::BackendPlugin {
   /// Commits `batch` on the backend's netfilter socket, opened on first use and kept: closing
   /// one after a commit waits for the kernel to release what the commit replaced.
   core::Result<void> commitOverNetlink(NftRuleBatch& batch);
+  /// After a full sync: warns once when settings_.recentListsWarning applies (and again after
+  /// the count has fallen below it and risen back).
+  void warnAboutRecentLists();
   /// Whether this sync may write nat chains over netlink (NftRuleBatch).
   bool netlinkAllowed() {
     return !settings_.dryRun && settings_.netlinkRules && !netlinkRefused_ && kernel_->netlinkRules();
@@ -154,6 +164,8 @@ class IptablesBackend final : public sdk::BackendPlugin {
   bool netlinkRefused_ = false;       ///< the kernel refused NftRuleBatch's encoding once
   std::optional<backends::NetlinkSocket> netlinkSocket_;  ///< for NftRuleBatch's transactions
   std::size_t netlinkRules_ = 0, netlinkCommits_ = 0;  ///< of the current sync
+  std::size_t recentLists_ = 0;  ///< xt_recent lists the current full sync rendered
+  bool recentWarned_ = false;    ///< warnAboutRecentLists() has warned for the current count
   Metrics metrics_;
 };
 

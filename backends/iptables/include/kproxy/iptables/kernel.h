@@ -72,6 +72,10 @@ class KernelIptables {
   /// namespace (NftRuleBatch), as objects this variant's tools read as their own: iptables-nft
   /// 1.8.9, whose encoding NftRuleBatch reproduces (tests/kernel compares them byte for byte).
   virtual bool netlinkRules() { return false; }
+  /// Whether every commit replaces each table it touches whole in the kernel (iptables-legacy:
+  /// IPT_SO_SET_REPLACE re-checks every rule of the new table and destroys every rule of the
+  /// old one), so a one-endpoint change costs what the table costs.
+  virtual bool replacesWholeTables() const { return false; }
 };
 
 /// The programs of one variant, found in PATH or sbin: `iptables-nft-restore` and friends,
@@ -98,8 +102,11 @@ class FakeIptables final : public KernelIptables {
   core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override;
   std::string describe() const override { return "fake"; }
   std::size_t restoreChunkRules() const override { return chunkRules; }
+  bool replacesWholeTables() const override { return wholeTables; }
   /// What restoreChunkRules says (tests of split full syncs).
   std::size_t chunkRules = 0;
+  /// What replacesWholeTables says (tests of the legacy variant's warnings).
+  bool wholeTables = false;
 
   /// The input of every restore, in order.
   std::vector<std::string> restores;

@@ -118,6 +118,8 @@ struct Fragment {
   std::vector<DispatchRule> dispatch;
   std::vector<std::string> problems;  ///< what could not be rendered as asked (logged)
   std::size_t endpointChains = 0;
+  /// The xt_recent lists its rules name (session affinity: one per endpoint of each pool).
+  std::size_t recentLists = 0;
 };
 
 /// The fixed objects of one family.
