@@ -20,9 +20,10 @@ using core::ErrorCategory;
 
 /// A tool run that is still going after this is killed and the sync fails (and is retried).
 /// Upstream kube-proxy sets no limit; ours is only for a wedged tool, so it is far above the
-/// slowest honest run measured: iptables-legacy at 30,000 Services x 10 endpoints, where
-/// libiptc takes minutes for one restore (bench/iptables, BENCHMARKS.md). The lock wait is
-/// bounded separately (-w 5).
+/// slowest honest run measured: iptables-legacy at 30,000 Services x 10 endpoints, where one
+/// restore takes over two minutes, nearly all of it the kernel replacing the nat table
+/// (xt_recent's lookups; bench/iptables, BENCHMARKS.md). The lock wait is bounded separately
+/// (-w 5).
 constexpr auto kToolTimeout = std::chrono::minutes(15);
 /// Measured at 10k services x 2 endpoints (bench/iptables): inputs of 1,000 / 2,500 / 5,000
 /// rules cost 2.7 / 2.8 / 3.2 s in all, one input 87 s.

@@ -247,8 +247,8 @@ Fragment IptablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
     for (const auto& ep : endpoints)
       if (auto sep = sepChain(ep)) targets.emplace_back(*sep, backends::endpointHostPort(ep.ip, ep.port));
     auto list = [&](const std::string& sep) { return localPool ? sep + "-L" : sep; };
-    if (plan.affinity) f.recentLists += targets.size();
-    if (plan.affinity)
+    if (plan.affinity) {
+      f.recentLists += targets.size();
       for (const auto& [sep, hostPort] : targets)
         c.rules.push_back(Spec()
                               .comment(comments ? name + " -> " + hostPort : "")
@@ -256,6 +256,7 @@ Fragment IptablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
                                                  plan.affinityTimeoutSeconds, list(sep), recentMask(fam)))
                               .jump(sep)
                               .str());
+    }
     for (std::size_t i = 0; i < targets.size(); ++i) {
       Spec s;
       s.comment(comments ? name + " -> " + targets[i].second : "");
