@@ -204,10 +204,7 @@ class NetlinkConntrackTable final : public ConntrackTable {
 
  private:
   core::Result<void> ensureOpen() {
-    if (socket_) return {};
-    auto opened = NetlinkSocket::open(NETLINK_NETFILTER);
-    if (!opened) return std::unexpected(opened.error());
-    socket_.emplace(std::move(*opened));
+    if (auto opened = keptSocket(socket_, NETLINK_NETFILTER); !opened) return std::unexpected(opened.error());
     return {};
   }
 

@@ -33,6 +33,15 @@ NetlinkSocket::~NetlinkSocket() {
   if (socket_ != nullptr) mnl_socket_close(socket_);
 }
 
+core::Result<NetlinkSocket*> keptSocket(std::optional<NetlinkSocket>& kept, int bus) {
+  if (!kept) {
+    auto opened = NetlinkSocket::open(bus);
+    if (!opened) return std::unexpected(opened.error());
+    kept.emplace(std::move(*opened));
+  }
+  return &*kept;
+}
+
 core::Result<NetlinkSocket> NetlinkSocket::open(int bus) {
   mnl_socket* s = mnl_socket_open(bus);
   if (s == nullptr) return makeError(ErrorCategory::kKernel, "netlink: socket", errno);

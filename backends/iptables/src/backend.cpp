@@ -668,12 +668,9 @@ void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family 
 }
 
 core::Result<void> IptablesBackend::commitOverNetlink(NftRuleBatch& batch) {
-  if (!netlinkSocket_) {
-    auto opened = backends::NetlinkSocket::open(NETLINK_NETFILTER);
-    if (!opened) return std::unexpected(opened.error());
-    netlinkSocket_.emplace(std::move(*opened));
-  }
-  auto r = batch.commit(*netlinkSocket_);
+  auto socket = backends::keptSocket(netlinkSocket_, NETLINK_NETFILTER);
+  if (!socket) return std::unexpected(socket.error());
+  auto r = batch.commit(**socket);
   if (!r) netlinkSocket_.reset();  // whatever the socket holds after a failure, the next one starts clean
   return r;
 }

@@ -523,14 +523,7 @@ class NetlinkKernel final : public KernelNftables {
  private:
   static void out(MessageBuffer& buf, nlmsghdr* nlh) { buf.commit(nlh); }
 
-  core::Result<backends::NetlinkSocket*> socket() {
-    if (!socket_) {
-      auto s = backends::NetlinkSocket::open(NETLINK_NETFILTER);
-      if (!s) return std::unexpected(s.error());
-      socket_.emplace(std::move(*s));
-    }
-    return &*socket_;
-  }
+  core::Result<backends::NetlinkSocket*> socket() { return backends::keptSocket(socket_, NETLINK_NETFILTER); }
 
   core::Result<void> readFamily(backends::NetlinkSocket& sock, Family fam,
                                 const std::vector<SetSpec>& specs, MirrorFamily& mf) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -55,5 +56,10 @@ class NetlinkSocket {
   mnl_socket* socket_ = nullptr;
   std::uint32_t seq_ = 0;
 };
+
+/// The socket on `bus` held in `kept`, opened there on first use. Owners keep one for their
+/// life: closing a netfilter socket after a commit waits for the kernel to release what the
+/// commit replaced (an RCU grace period).
+core::Result<NetlinkSocket*> keptSocket(std::optional<NetlinkSocket>& kept, int bus);
 
 }  // namespace kproxy::backends
