@@ -103,7 +103,9 @@ kp_require_tools() {
 
 # kp_tool_bin NAME — a program of tests/tools (kproxy-podserver, kproxy-netprobe): $KP_PODSERVER
 # or $KP_NETPROBE when set; else in $KP_TOOLS_DIR; else beside $KPROXY_BIN's build
-# (BUILD/cli/kproxy -> BUILD/tests/tools); else in the first build dir that has it.
+# (BUILD/cli/kproxy -> BUILD/tests/tools), and only there: the tools of the build under test,
+# wherever it is, never another build's; with none of these, in the first build dir of the
+# source tree that has it (a script run by hand).
 kp_tool_bin() {
   local name="$1" given d dirs=()
   case "$name" in
@@ -114,9 +116,10 @@ kp_tool_bin() {
   if [[ -n "$given" ]]; then printf '%s' "$given"; return; fi
   if [[ -n "${KP_TOOLS_DIR:-}" ]]; then
     dirs=("$KP_TOOLS_DIR")
+  elif [[ -n "${KPROXY_BIN:-}" ]]; then
+    dirs=("$(dirname "$KPROXY_BIN")/../tests/tools")
   else
-    [[ -n "${KPROXY_BIN:-}" ]] && dirs+=("$(dirname "$KPROXY_BIN")/../tests/tools")
-    dirs+=("$KP_SOURCE_DIR/build/tests/tools" "$KP_SOURCE_DIR"/build-*/tests/tools)
+    dirs=("$KP_SOURCE_DIR/build/tests/tools" "$KP_SOURCE_DIR"/build-*/tests/tools)
   fi
   for d in "${dirs[@]}"; do
     if [[ -x "$d/$name" ]]; then printf '%s' "$d/$name"; return; fi

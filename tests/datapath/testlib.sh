@@ -42,7 +42,6 @@ kp_fail() {
 #   --plugin-dir DIR     passed to kproxy as --plugin-dir (else $KPROXY_PLUGIN_DIR)
 #   CASE...              run only these cases (default: all)
 kp_suite_begin() {
-  kp_require_root
   while [[ $# -gt 0 ]]; do
     case "$1" in
       --kproxy) KPROXY_BIN="$2"; shift 2 ;;
@@ -57,6 +56,9 @@ kp_suite_begin() {
     esac
   done
   export KPROXY_BIN KPROXY_PLUGIN_DIR
+  # After the arguments: the tools are looked for beside the kproxy under test (kp_tool_bin), so
+  # that a build directory anywhere, not only inside the source tree, brings its own.
+  kp_require_root
   KP_SUITE_DIR="$(mktemp -d "${TMPDIR:-/tmp}/kpsuite$$.XXXXXX")"
   trap 'rm -rf "$KP_SUITE_DIR"' EXIT
   trap 'exit 130' INT
