@@ -27,13 +27,21 @@ if [[ $(id -u) -ne 0 ]]; then
   exit 1
 fi
 
-echo "== ASan+UBSan build: unit tests"
+# stage NAME: one line naming what runs now, with the time, so that a log shows where the time went.
+STAGE_START=$SECONDS
+stage() {
+  if [[ -n "${STAGE_NAME:-}" ]]; then echo "== took $((SECONDS - STAGE_START)) s: $STAGE_NAME"; fi
+  STAGE_NAME=$1 STAGE_START=$SECONDS
+  echo "== $(date +%T) $1"
+}
+
+stage "ASan+UBSan build: unit tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DKPROXY_SANITIZE=ON -DKPROXY_WERROR=ON >/dev/null
 cmake --build build-asan -j"$JOBS"
 (cd build-asan && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest -L unit --output-on-failure -j"$JOBS")
 
-echo "== Fuzz targets (clang 19, libFuzzer, ASan+UBSan): each for a bounded time"
+stage "Fuzz targets (clang 19, libFuzzer, ASan+UBSan): each for a bounded time"
 # Only the libraries the targets need are built. Inputs found are kept in build-fuzz/ for the
 # next run; any crash, leak, timeout or sanitizer report fails.
 cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKPROXY_FUZZ=ON -DKPROXY_BUILD_TESTS=OFF \
@@ -41,16 +49,53 @@ cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKPROXY_FUZ
 cmake --build build-fuzz -j"$JOBS" --target kproxy_fuzzers
 (cd build-fuzz && ctest -L fuzz --output-on-failure -j1)
 
-echo "== Control plane for the end-to-end tier: kube-apiserver from the Go module proxy (cached)"
+stage "Control plane for the end-to-end tier: kube-apiserver from the Go module proxy (cached)"
 # Cached in ~/.cache/kproxy after the first build; with the whole machine to itself CI may use
 # both cores.
 GOMAXPROCS=${GOMAXPROCS:-2} tests/e2e/build-control-plane.sh
 
-echo "== Full suite: unit, kernel, program, data path, vm, end to end"
+# The Release build's tiers, in this order; every test carries exactly one of these labels.
+TIERS=(unit kernel program datapath vm e2e soak)
+stage "Release build for the tiers ${TIERS[*]}"
 # Release (-O3), as the benchmarks are built: g++ 12 has warnings that only -O3 shows.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKPROXY_WERROR=ON >/dev/null
 cmake --build build -j"$JOBS"
-# Tiers run one after another: kernel and data-path tests make their own namespaces but share
-# the machine's two cores, and timing-sensitive data-path checks should not compete.
 cd build
-ctest --output-on-failure -j1
+# A test in none of the tiers would never run: that is an error, not a quiet gap.
+tier_regex="^($(IFS='|'; echo "${TIERS[*]}"))\$"
+untiered=$(ctest -N -LE "$tier_regex" | sed -n 's/^Total Tests: //p')
+if [[ "${untiered:-0}" != 0 ]]; then
+  echo "test.sh: ERROR: $untiered test(s) carry none of the labels ${TIERS[*]}:" >&2
+  ctest -N -LE "$tier_regex" >&2
+  exit 1
+fi
+# Tiers run one after another, each with -j1: kernel and data-path tests make their own
+# namespaces but share the machine's two cores. A failed tier does not stop the others; the
+# script fails at the end, with one line that counts every tier's tests.
+total_passed=0 total_failed=0 total_skipped=0 failed_tiers=()
+for i in "${!TIERS[@]}"; do
+  tier=${TIERS[$i]}
+  stage "Tier $((i + 1)) of ${#TIERS[@]}: $tier"
+  log="Testing/tier-$tier.log"
+  mkdir -p Testing
+  set +e
+  ctest -L "^$tier\$" --output-on-failure -j1 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  failed_n=0 total_n=0
+  read -r failed_n total_n < <(sed -nE 's/^[0-9]+% tests passed, ([0-9]+) tests? failed out of ([0-9]+)$/\1 \2/p' "$log" | tail -1) || true
+  skipped_n=$(grep -cE '\(Skipped\)$' "$log" || true)
+  if [[ -z "${total_n:-}" || "$total_n" == 0 ]]; then
+    echo "test.sh: ERROR: tier $tier ran no test" >&2
+    failed_tiers+=("$tier (no test)")
+    continue
+  fi
+  total_failed=$((total_failed + failed_n))
+  total_skipped=$((total_skipped + skipped_n))
+  total_passed=$((total_passed + total_n - failed_n - skipped_n))
+  ((rc == 0)) || failed_tiers+=("$tier")
+done
+stage "done"
+if ((${#failed_tiers[@]})); then echo "test.sh: failed tiers: ${failed_tiers[*]}"; fi
+echo "test.sh: $total_passed passed, $total_failed failed, $total_skipped skipped"
+((${#failed_tiers[@]} == 0))
