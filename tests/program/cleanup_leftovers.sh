@@ -246,7 +246,7 @@ if part iptables; then
   # Start-up in nftables mode removes iptables leftovers too (upstream's platformCleanup for a
   # mode that is not iptables-based): a node switching from kube-proxy's iptables mode. They go
   # right after kproxy's first sync (the data-path case mode_switch_leaves_nothing checks the
-  # order), within the 10 s this waits.
+  # order); this waits for that (up to $HANG_CEILING s, a hang).
   v=${VARIANTS[0]}
   if [[ $v == ip6tables* ]]; then rules=$(ruleset 6); else rules=$(ruleset 4 | sed 's/\[\([0-9.]*\)\]/\1/'); fi
   out=$("$v-restore" <<<"$rules" 2>&1) || fail "$v: kube-proxy ruleset loaded again" "$out"
@@ -254,10 +254,8 @@ if part iptables; then
   "$KPROXY" --proxy-mode=nftables --manifests "$WORK/manifests" --hostname-override node-a >"$WORK/startup.log" 2>&1 &
   KPID=$!
   gone=0
-  for _ in $(seq 1 100); do
-    if ! saved_has "$v" '^:KUBE-SVC-'; then gone=1; break; fi
-    sleep 0.1
-  done
+  leftovers_gone() { ! saved_has "$v" '^:KUBE-SVC-'; }
+  wait_for "$HANG_CEILING" leftovers_gone && gone=1
   kill "$KPID" 2>/dev/null; wait "$KPID" 2>/dev/null
   if [[ $gone == 1 ]] && saved_has "$v" 'site redirect'; then
     pass "$v: nftables start-up removes kube-proxy leftovers, keeps foreign rules"

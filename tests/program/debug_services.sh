@@ -55,10 +55,10 @@ service empty 10.96.0.42 ClusterIP "" >"$M/empty.yaml"
 KP=$!; PIDS+=("$KP")
 URL=http://127.0.0.1:10249/debug/services
 
-doc() { curl -s --max-time 5 "$URL"; }
+doc() { curl -s --max-time "$REQUEST_CEILING" "$URL"; }
 programmed() { [[ $(doc | jq -r '.programmed') == true ]]; }
 DETAIL="$(tail -5 "$WORK/kproxy.log")"
-check "/debug/services answers once the first sync is done ($MODE)" wait_for 15 programmed
+check "/debug/services answers once the first sync is done ($MODE)" wait_for "$HANG_CEILING" programmed
 
 # q JQ-FILTER: the filter's raw output over the current document.
 q() { doc | jq -r "$1"; }
@@ -89,13 +89,17 @@ expect "local-only: its remote endpoint serves internal traffic" "cluster" \
 expect "every port was programmed by the first full sync" "full full full" '[.services[].lastProgrammed.kind] | join(" ")'
 full=$(q '.lastFullSync.sync')
 DETAIL="$(q '.lastFullSync')"
+# The comparisons below need it: in jq, `x > null` holds for any x, and null == null.
+check "the last full sync is reported with its number" grep -Eqx '[1-9][0-9]*' <<<"$full"
 check "the full sync's kernel operations are reported (> 0)" test "$(q '.lastFullSync.operations')" -gt 0
-expect "no errors" "null null null" '[.services[].lastError] | map(tostring) | join(" ")'
+# Present and null: a port without the field would read as null too.
+expect "no errors" "null null null" \
+  '[.services[] | if has("lastError") then .lastError | tostring else "missing" end] | join(" ")'
 
 # A change to one service: only that port is programmed by the new (partial) sync.
 write_mixed "true true false"
 changed() { [[ $(q "$(svc mixed) | .endpointCounts.used") == 3 ]]; }
-check "mixed: the endpoint made ready is used after the next sync" wait_for 10 changed
+check "mixed: the endpoint made ready is used after the next sync" wait_for "$HANG_CEILING" changed
 expect "mixed: programmed by a partial sync after the full one" "partial true" \
   "$(svc mixed) | \"\(.lastProgrammed.kind) \(.lastProgrammed.sync > $full)\""
 expect "empty: still last programmed by the full sync" "$full" "$(svc empty) | .lastProgrammed.sync"

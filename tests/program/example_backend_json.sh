@@ -76,22 +76,22 @@ KPROXY_JSON_FILE="$WORK/state.json" "${kproxy[@]}" --manifests "$WORK/manifests"
   --metrics-bind-address=127.0.0.1:10249 -v 2 >"$WORK/kproxy.log" 2>&1 &
 KP=$!; PIDS+=("$KP")
 DETAIL=$(tail -5 "$WORK/kproxy.log"; cat "$WORK/state.json" 2>/dev/null)
-check "the first sync writes both demo services to the file" wait_for 15 holds "$want_both" "$WORK/state.json"
+check "the first sync writes both demo services to the file" wait_for "$HANG_CEILING" holds "$want_both" "$WORK/state.json"
 rm "$WORK/manifests/web-nodeport.yaml"
 DETAIL=$(tail -5 "$WORK/kproxy.log"; cat "$WORK/state.json" 2>/dev/null)
-check "a partial sync removes the deleted service from the file" wait_for 15 holds "$want_web" "$WORK/state.json"
+check "a partial sync removes the deleted service from the file" wait_for "$HANG_CEILING" holds "$want_web" "$WORK/state.json"
 DETAIL=$(grep 'Synced rules' "$WORK/kproxy.log" | tail -2)
 check "kproxy logged the partial sync of the json backend" \
   grep -q 'Synced rules.*backend=json kind=partial.*summary="partial 1 service ports"' "$WORK/kproxy.log"
-DETAIL=$(curl -s --max-time 2 http://127.0.0.1:10249/metrics | grep kproxy_json)
+DETAIL=$(curl -s --max-time "$REQUEST_CEILING" http://127.0.0.1:10249/metrics | grep kproxy_json)
 check "the plugin's metrics are served" bash -c \
-  "curl -s --max-time 2 http://127.0.0.1:10249/metrics | grep -q '^kproxy_json_service_ports 1$'"
+  "curl -s --max-time $REQUEST_CEILING http://127.0.0.1:10249/metrics | grep -q '^kproxy_json_service_ports 1$'"
 kproxy_alive && pass "kproxy still runs" || fail "kproxy exited" "$(tail -5 "$WORK/kproxy.log")"
 
 # Stopping kproxy leaves what it programmed; --cleanup removes it (and tolerates a second run).
 kill -TERM "$KP"
 DETAIL="kproxy did not stop on SIGTERM"
-check "kproxy stops on SIGTERM" wait_for 10 bash -c "! kill -0 $KP 2>/dev/null"
+check "kproxy stops on SIGTERM" wait_for "$HANG_CEILING" bash -c "! kill -0 $KP 2>/dev/null"
 DETAIL="the file is gone"
 check "the file stays after kproxy stopped" holds "$want_web" "$WORK/state.json"
 for run in first second; do

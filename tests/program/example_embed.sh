@@ -26,10 +26,10 @@ OUT="$WORK/agent.out"
 "$WORK/embed/kproxy-embed-agent" "$WORK/manifests" demo-node 2 >"$OUT" 2>"$WORK/agent.err" &
 AGENT=$!; PIDS+=("$AGENT")
 DETAIL=$(cat "$OUT" "$WORK/agent.err")
-check "the agent prints its first sync" wait_for 15 grep -q '^sync 1 ' "$OUT"
+check "the agent prints its first sync" wait_for "$HANG_CEILING" grep -q '^sync 1 ' "$OUT"
 rm "$WORK/manifests/web-nodeport.yaml"
 DETAIL="the agent did not exit after its second sync: $(tail -5 "$OUT")"
-check "the agent exits after its second sync" wait_for 15 bash -c "! kill -0 $AGENT 2>/dev/null"
+check "the agent exits after its second sync" wait_for "$HANG_CEILING" bash -c "! kill -0 $AGENT 2>/dev/null"
 wait "$AGENT"; rc=$?
 [[ $rc -eq 0 ]] && pass "the agent exits 0" || fail "the agent's exit status" "$rc: $(cat "$WORK/agent.err")"
 

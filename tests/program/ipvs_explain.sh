@@ -31,8 +31,8 @@ check not_a_service "$out" "accepted untouched"
 out=$("$KPROXY" explain 10.244.1.5 10.96.0.10:80 --json "${FLAGS[@]}" 2>/dev/null)
 check json "$out" '"verdict":"dnat"'
 
-# --dry-run: the first sync's plan, then stop it (it keeps running like the real proxy).
-out=$(timeout 5 "$KPROXY" --dry-run "${FLAGS[@]}" 2>/dev/null)
+# --dry-run: the first sync's plan; it exits after it (the timeout only ends a hang).
+out=$(timeout 120 "$KPROXY" --dry-run "${FLAGS[@]}" 2>/dev/null)
 check dry_run "$out" "ip link add kube-ipvs0 type dummy" "ipvsadm -A -t 10.96.0.10:80 -s rr" \
   "ipvsadm -a -t 10.96.0.10:80 -r 10.244.1.11:8080 -m -w 1" "ip addr add 10.96.0.10/32 dev kube-ipvs0" \
   "# ipset restore -exist" "add KUBE-CLUSTER-IP 10.96.0.10,tcp:80" "# iptables-restore --noflush" \

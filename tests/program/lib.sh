@@ -48,15 +48,24 @@ remove_workdir() {
   rm -rf "$WORK"
 }
 
-# wait_for SECONDS CMD...: polls every 50 ms.
+# How long a test waits for something it expects (a log line, a metric, the kernel's state, a
+# process's exit) before it calls it a hang. Tests wait for the event itself, never for a fixed
+# time, so this only ends a wait that would never end: a loaded machine is slow, not failing.
+HANG_CEILING=120
+# The --max-time of one request to a local server: a hang guard as well.
+REQUEST_CEILING=30
+
+# wait_for SECONDS CMD...: polls every 50 ms until CMD succeeds; fails after SECONDS (as a
+# ceiling: $HANG_CEILING unless a wait is known to take longer).
 wait_for() {
   local deadline=$((SECONDS + $1)); shift
   while ((SECONDS <= deadline)); do "$@" && return 0; sleep 0.05; done
   return 1
 }
 
-# code [CURL ARGS...] URL: the HTTP status (000 when nothing answered within 2 s).
-code() { curl -s -o /dev/null -w '%{http_code}' --max-time 2 "$@"; }
+# code [CURL ARGS...] URL: the HTTP status (000 when nothing answered, or not within
+# $REQUEST_CEILING s).
+code() { curl -s -o /dev/null -w '%{http_code}' --max-time "$REQUEST_CEILING" "$@"; }
 # is_code WANT [CURL ARGS...] URL
 is_code() { local want=$1; shift; [[ $(code "$@") == "$want" ]]; }
 

@@ -18,13 +18,13 @@ make_workdir ops-http
 connect_result() {
   python3 -c '
 import errno, socket, sys
-s = socket.socket(); s.settimeout(2)
+s = socket.socket(); s.settimeout(float(sys.argv[2]))
 try:
     s.connect(("127.0.0.1", int(sys.argv[1]))); print("OK")
 except socket.timeout:
     print("ETIMEDOUT")
 except OSError as e:
-    print(errno.errorcode.get(e.errno, str(e.errno)))' "$1"
+    print(errno.errorcode.get(e.errno, str(e.errno)))' "$1" "$REQUEST_CEILING"
 }
 # refused PORT — nothing listens on 127.0.0.1:PORT any more: the connection is refused (any
 # other failure, a timeout for instance, is not what is checked).
@@ -32,6 +32,7 @@ refused() { [[ $(connect_result "$1") == ECONNREFUSED ]]; }
 
 make_lb_fixture
 write_lb web 10.96.0.30 32000 node-a
+started=$(date +%s)
 
 # A port someone else holds, for a second service's health check.
 python3 -c '
@@ -48,11 +49,11 @@ HZ=http://127.0.0.1:10256
 HC=http://127.0.0.1:32000
 
 DETAIL="$(tail -5 "$WORK/kproxy.log" 2>/dev/null)"
-check "health server answers /livez 200" wait_for 10 is_code 200 "$HZ/livez"
-check "first sync opens the health-check port" wait_for 5 is_code 200 "$HC/"
+check "health server answers /livez 200" wait_for "$HANG_CEILING" is_code 200 "$HZ/livez"
+check "first sync opens the health-check port" wait_for "$HANG_CEILING" is_code 200 "$HC/"
 
 # --- metrics server -----------------------------------------------------------------------
-metrics=$(curl -s --max-time 2 "$MET/metrics")
+metrics=$(curl -s --max-time "$REQUEST_CEILING" "$MET/metrics")
 missing=""
 for name in kubeproxy_sync_proxy_rules_duration_seconds_bucket kubeproxy_sync_full_proxy_rules_duration_seconds_count \
     kubeproxy_sync_partial_proxy_rules_duration_seconds_count kubeproxy_sync_proxy_rules_last_timestamp_seconds \
@@ -69,7 +70,8 @@ syncs=$(awk '$1 == "kubeproxy_sync_proxy_rules_duration_seconds_count" {print $2
 DETAIL="count=$syncs"; check "/metrics counts the syncs (> 0)" test "${syncs:-0}" -gt 0
 last=$(awk '$1 == "kubeproxy_sync_proxy_rules_last_timestamp_seconds" {print int($2)}' <<<"$metrics")
 now=$(date +%s)
-DETAIL="last=$last now=$now"; check "last sync timestamp is recent" test $((now - ${last:-0})) -lt 60
+DETAIL="last=$last started=$started now=$now"
+check "last sync timestamp is of this run" test "${last:-0}" -ge "$started" -a "${last:-0}" -le "$now"
 # kproxy's own: failed syncs by category, and the metrics the nftables plugin registers through
 # the plugin ABI (1.2), which must agree with what the kernel holds.
 DETAIL="$(grep kproxy_sync_proxy_rules_failures_total <<<"$metrics")"
@@ -86,28 +88,29 @@ DETAIL="metric=$metric_chains kernel=$kernel_chains"
 check "the plugin's chain gauge matches the kernel's table" test "${metric_chains:-x}" = "$kernel_chains"
 # A malformed manifest is skipped and counted in kproxy's source metric.
 printf 'apiVersion: v1\nkind: Service\nmetadata: {name: broken, namespace: default}\nspec: {ports: [{port: -1}]}\n' >"$M/broken.yaml"
-decode_failures() { curl -s --max-time 2 "$MET/metrics" | awk '$1 == "kproxy_source_decode_failures_total" {print $2}'; }
+decode_failures() { curl -s --max-time "$REQUEST_CEILING" "$MET/metrics" | awk '$1 == "kproxy_source_decode_failures_total" {print $2}'; }
 decode_failed_once() { [[ "$(decode_failures)" == 1 ]]; }
-DETAIL="value=$(decode_failures)"; check "a malformed manifest is counted in kproxy_source_decode_failures_total" wait_for 5 decode_failed_once
+DETAIL="value=$(decode_failures)"; check "a malformed manifest is counted in kproxy_source_decode_failures_total" wait_for "$HANG_CEILING" decode_failed_once
 rm -f "$M/broken.yaml"
-ctype=$(curl -s -o /dev/null -w '%{content_type}' "$MET/metrics")
+ctype=$(curl -s --max-time "$REQUEST_CEILING" -o /dev/null -w '%{content_type}' "$MET/metrics")
 DETAIL="$ctype"; check "/metrics content type is Prometheus text" test "$ctype" = "text/plain; version=0.0.4; charset=utf-8"
 
-mode=$(curl -s --max-time 2 "$MET/proxyMode")
+mode=$(curl -s --max-time "$REQUEST_CEILING" "$MET/proxyMode")
 DETAIL="got '$mode'"; check "/proxyMode says nftables" test "$mode" = nftables
 
-configz=$(curl -s --max-time 2 "$MET/configz")
+configz=$(curl -s --max-time "$REQUEST_CEILING" "$MET/configz")
 DETAIL="${configz:0:200}"
 check "/configz is JSON with kubeproxy.config.k8s.io" python3 -c '
 import json, sys
 c = json.loads(sys.argv[1])["kubeproxy.config.k8s.io"]
 assert c["kind"] == "KubeProxyConfiguration" and c["mode"] == "nftables", c' "$configz"
 
-DETAIL=$(curl -s "$MET/healthz"); check "metrics server /healthz says ok" test "$(curl -s "$MET/healthz")" = ok
+DETAIL=$(curl -s --max-time "$REQUEST_CEILING" "$MET/healthz")
+check "metrics server /healthz says ok" test "$DETAIL" = ok
 check "unknown path is 404" is_code 404 "$MET/nope"
 
 # --- health server ------------------------------------------------------------------------
-hz=$(curl -s -D "$WORK/hz.headers" --max-time 2 -w '\n%{http_code}' "$HZ/healthz")
+hz=$(curl -s -D "$WORK/hz.headers" --max-time "$REQUEST_CEILING" -w '\n%{http_code}' "$HZ/healthz")
 DETAIL="$hz"
 check "/healthz 200 with upstream's JSON" python3 -c '
 import json, sys
@@ -118,18 +121,18 @@ assert j["healthy"] is True and j["nodeEligible"] is True, j
 assert j["lastUpdated"].endswith("Z") and j["currentTime"].endswith("Z"), j
 assert j["status"]["IPv4"]["healthy"] is True, j' "$hz"
 DETAIL=$(cat "$WORK/hz.headers"); check "/healthz sends nosniff" grep -qi '^X-Content-Type-Options: nosniff' "$WORK/hz.headers"
-lz=$(curl -s --max-time 2 -w '\n%{http_code}' "$HZ/livez")
+lz=$(curl -s --max-time "$REQUEST_CEILING" -w '\n%{http_code}' "$HZ/livez")
 DETAIL="$lz"
 check "/livez 200 with JSON" python3 -c '
 import json, sys
 body, code = sys.argv[1].rsplit("\n", 1)
 j = json.loads(body)
 assert code == "200" and j["healthy"] is True and "nodeEligible" not in j, (code, j)' "$lz"
-counted=$(curl -s "$MET/metrics" | awk '$1 == "kubeproxy_proxy_healthz_total{code=\"200\"}" {print $2}')
+counted=$(curl -s --max-time "$REQUEST_CEILING" "$MET/metrics" | awk '$1 == "kubeproxy_proxy_healthz_total{code=\"200\"}" {print $2}')
 DETAIL="count=$counted"; check "probes are counted in kubeproxy_proxy_healthz_total" test "${counted:-0}" -ge 1
 
 # --- health-check node port ---------------------------------------------------------------
-hc=$(curl -s -D "$WORK/hc.headers" --max-time 2 -w '\n%{http_code}' "$HC/")
+hc=$(curl -s -D "$WORK/hc.headers" --max-time "$REQUEST_CEILING" -w '\n%{http_code}' "$HC/")
 DETAIL="$hc"
 check "health-check port: 200, localEndpoints=1" python3 -c '
 import json, sys
@@ -141,42 +144,38 @@ DETAIL=$(cat "$WORK/hc.headers")
 check "health-check port sends X-Load-Balancing-Endpoint-Weight: 1" grep -qi '^X-Load-Balancing-Endpoint-Weight: 1' "$WORK/hc.headers"
 
 write_lb web 10.96.0.30 32000 node-b  # the endpoint moves to another node
-t0=$(date +%s%N)
-if wait_for 3 is_code 503 "$HC/"; then
-  ms=$((($(date +%s%N) - t0) / 1000000))
-  DETAIL="${ms} ms"; check "health-check port turns 503 within 2 s of losing the local endpoint" test "$ms" -le 2000
+if wait_for "$HANG_CEILING" is_code 503 "$HC/"; then
+  pass "health-check port turns 503 after losing the local endpoint"
 else
-  fail "health-check port turns 503" "$(curl -s "$HC/")"
+  fail "health-check port turns 503" "$(curl -s --max-time "$REQUEST_CEILING" "$HC/")"
 fi
-DETAIL=$(curl -s "$HC/"); check "503 body says localEndpoints=0" grep -q '"localEndpoints": 0' <<<"$DETAIL"
-nolocal=$(curl -s "$MET/metrics" | awk '$1 == "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}" {print $2}')
+DETAIL=$(curl -s --max-time "$REQUEST_CEILING" "$HC/"); check "503 body says localEndpoints=0" grep -q '"localEndpoints": 0' <<<"$DETAIL"
+nolocal=$(curl -s --max-time "$REQUEST_CEILING" "$MET/metrics" | awk '$1 == "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}" {print $2}')
 DETAIL="got $nolocal"; check "no_local_endpoints_total{external} is 1" test "${nolocal:-x}" = 1
 
 # A service whose health-check port is taken: reported in the log, kproxy keeps serving.
 listening() { [[ $(connect_result "$1") == OK ]]; }
-DETAIL="connect: $(connect_result 32100)"; check "another program holds port 32100" wait_for 5 listening 32100
+DETAIL="connect: $(connect_result 32100)"; check "another program holds port 32100" wait_for "$HANG_CEILING" listening 32100
 write_lb other 10.96.0.31 32100 node-a
 DETAIL=$(tail -5 "$WORK/kproxy.log")
-check "a taken health-check port is logged" wait_for 3 grep -q 'Failed to start healthcheck.*32100' "$WORK/kproxy.log"
+check "a taken health-check port is logged" wait_for "$HANG_CEILING" grep -q 'Failed to start healthcheck.*32100' "$WORK/kproxy.log"
 check "kproxy keeps running after it" kproxy_alive
 check "kproxy stays healthy after it" is_code 200 "$HZ/livez"
 
 rm "$M/web.yaml"
-t0=$(date +%s%N)
-if wait_for 3 refused 32000; then
-  ms=$((($(date +%s%N) - t0) / 1000000))
-  DETAIL="${ms} ms"; check "health-check listener closes when the service is deleted" test "$ms" -le 2000
+if wait_for "$HANG_CEILING" refused 32000; then
+  pass "health-check listener closes when the service is deleted"
 else
   fail "health-check listener closes" "connect to :32000 gives $(connect_result 32000), HTTP $(code "$HC/")"
 fi
 
 if ! kill -TERM "$KP" 2>/dev/null; then
   fail "SIGTERM" "kproxy had already exited: $(tail -3 "$WORK/kproxy.log")"
-elif wait_for 5 bash -c "! kill -0 $KP 2>/dev/null"; then
+elif wait_for "$HANG_CEILING" bash -c "! kill -0 $KP 2>/dev/null"; then
   wait "$KP"; rc=$?
   DETAIL="exit status $rc"; check "SIGTERM with servers running: exit 0" test "$rc" -eq 0
 else
-  fail "SIGTERM" "still running after 5 s"
+  fail "SIGTERM" "still running after $HANG_CEILING s"
 fi
 DETAIL=$(grep -E '^E' "$WORK/kproxy.log" | grep -v 'healthcheck' | head -3)
 check "no other errors in the log" test -z "$DETAIL"

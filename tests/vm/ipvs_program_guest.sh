@@ -32,7 +32,11 @@ has() {
   out=$("$@" 2>&1)
   grep -q -- "$pattern" <<<"$out"
 }
-# until SECONDS COMMAND...: retries COMMAND every 0.2 s (TCG is slow).
+# until_ok TRIES COMMAND...: retries COMMAND every 0.2 s, up to TRIES * 5 times (with the
+# command's own time, longer than TRIES seconds). Every wait is for an event, under a ceiling
+# that only ends a hang: TCG is slow, and a verification there can take most of a second,
+# which puts the next one 100 times that away (ProxierOptions::verifyCostFactor).
+HANG=300
 until_ok() {
   local limit=$1; shift
   for _ in $(seq $((limit * 5))); do "$@" >/dev/null 2>&1 && return 0; sleep 0.2; done
@@ -58,8 +62,8 @@ in_ns ip addr add 192.168.50.1/24 dev eth0
 in_ns ip link set eth0 up
 
 start_kproxy
-until_ok 30 has '10.96.0.10:80 wlc' in_ns ipvsadm -Ln || fail "no virtual server 10.96.0.10:80 wlc"
-until_ok 10 grep -q "Synced rules" "$LOG" || fail "no sync logged"
+until_ok $HANG has '10.96.0.10:80 wlc' in_ns ipvsadm -Ln || fail "no virtual server 10.96.0.10:80 wlc"
+until_ok $HANG grep -q "Synced rules" "$LOG" || fail "no sync logged"
 listing=$(in_ns ipvsadm -Ln)
 echo "$listing"
 for want in "TCP  10.96.0.10:80 wlc" "TCP  192.168.50.1:30080 wlc" "-> 10.244.1.11:8080" "-> 10.244.1.13:8080"; do
@@ -70,20 +74,20 @@ has "10.96.0.10/32" in_ns ip -o addr show dev kube-ipvs0 || fail "10.96.0.10 not
 has "Timeout (tcp tcpfin udp): 3600 " in_ns ipvsadm -L --timeout || fail "the IPVS TCP timeout is not 3600 s (--ipvs-tcp-timeout 1h)"
 has "^10.96.0.10,tcp:80$" in_ns ipset list KUBE-CLUSTER-IP || fail "KUBE-CLUSTER-IP lacks 10.96.0.10,tcp:80"
 has "-A KUBE-SERVICES" in_ns iptables-save -t nat || fail "no KUBE-SERVICES in nat"
-[[ $(in_ns curl -sS --max-time 5 http://127.0.0.1:10249/proxyMode) == ipvs ]] || fail "/proxyMode is not ipvs"
-has '^kproxy_ipvs_objects{kind="virtual_server"} 3$' in_ns curl -sS --max-time 5 http://127.0.0.1:10249/metrics ||
+[[ $(in_ns curl -sS --max-time 30 http://127.0.0.1:10249/proxyMode) == ipvs ]] || fail "/proxyMode is not ipvs"
+has '^kproxy_ipvs_objects{kind="virtual_server"} 3$' in_ns curl -sS --max-time 30 http://127.0.0.1:10249/metrics ||
   fail "/metrics: kproxy_ipvs_objects{kind=\"virtual_server\"} is not 3"
 # Per-service status, the same in every mode: /debug/services and kproxy status.
-has '"service":"demo/web"' in_ns curl -sS --max-time 5 http://127.0.0.1:10249/debug/services ||
+has '"service":"demo/web"' in_ns curl -sS --max-time 30 http://127.0.0.1:10249/debug/services ||
   fail "/debug/services does not list demo/web"
-has '"mode":"ipvs"' in_ns curl -sS --max-time 5 http://127.0.0.1:10249/debug/services || fail "/debug/services: mode is not ipvs"
+has '"mode":"ipvs"' in_ns curl -sS --max-time 30 http://127.0.0.1:10249/debug/services || fail "/debug/services: mode is not ipvs"
 has '^demo/web .* 10.96.0.10:80' in_ns "$KPROXY" status || fail "kproxy status does not show demo/web"
 echo "PASS programs the demo manifests"
 
 # A restart over what it programmed writes nothing.
 stop_kproxy
 start_kproxy
-until_ok 30 grep -q "Synced rules" "$LOG" || fail "no sync after the restart"
+until_ok $HANG grep -q "Synced rules" "$LOG" || fail "no sync after the restart"
 grep -m1 "Synced rules" "$LOG"
 grep -m1 "Synced rules" "$LOG" | grep -q 'operations=0 ' || fail "the first sync after a restart wrote something"
 echo "PASS a restart writes nothing"
@@ -92,14 +96,14 @@ stop_kproxy
 # Self-verification: a clean kernel verifies clean; a real server deleted behind kproxy's back
 # is reported (log, metric) and put back.
 start_kproxy --verify-period 2s
-until_ok 60 grep -q "Verified the kernel against the plan" "$LOG" || fail "no self-verification logged"
+until_ok $HANG grep -q "Verified the kernel against the plan" "$LOG" || fail "no self-verification logged"
 ! grep -q "differed from the plan" "$LOG" || fail "a clean kernel did not verify clean"
 in_ns ipvsadm -d -t 10.96.0.10:80 -r 10.244.1.11:8080 || fail "cannot delete the real server"
-until_ok 60 grep -q "The kernel differed from the plan; repaired" "$LOG" || fail "the deleted real server was not reported"
+until_ok $HANG grep -q "The kernel differed from the plan; repaired" "$LOG" || fail "the deleted real server was not reported"
 grep "differed from the plan" "$LOG" | grep -q -- "-r 10.244.1.11:8080" || fail "the log does not name the real server"
 grep -m1 "differed from the plan" "$LOG"
-until_ok 10 has "-> 10.244.1.11:8080" in_ns ipvsadm -Ln -t 10.96.0.10:80 || fail "the real server was not put back"
-has '^kproxy_sync_verify_mismatch_total{mode="ipvs"} [1-9]' in_ns curl -sS --max-time 5 http://127.0.0.1:10249/metrics ||
+until_ok $HANG has "-> 10.244.1.11:8080" in_ns ipvsadm -Ln -t 10.96.0.10:80 || fail "the real server was not put back"
+has '^kproxy_sync_verify_mismatch_total{mode="ipvs"} [1-9]' in_ns curl -sS --max-time 30 http://127.0.0.1:10249/metrics ||
   fail "/metrics: kproxy_sync_verify_mismatch_total{mode=\"ipvs\"} is not > 0"
 echo "PASS self-verification repairs a real server deleted behind kproxy's back"
 stop_kproxy
