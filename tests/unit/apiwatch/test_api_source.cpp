@@ -26,6 +26,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
+/// How long a test waits for an event before it takes it for a hang: a ceiling, never a measure
+/// (the machine may be slow, loaded, or running sanitizers).
+constexpr std::chrono::milliseconds kHang = 60s;
+
 std::string queryParam(const std::string& target, const std::string& key) {
   auto q = target.find('?');
   if (q == std::string::npos) return {};
@@ -207,7 +211,7 @@ class RecordingSink final : public core::EventSink {
     std::lock_guard lock(mutex_);
     return events_;
   }
-  bool waitFor(const std::string& line, std::chrono::milliseconds timeout = 5s) {
+  bool waitFor(const std::string& line, std::chrono::milliseconds timeout = kHang) {
     std::unique_lock lock(mutex_);
     return cv_.wait_for(lock, timeout, [&] { return std::find(events_.begin(), events_.end(), line) != events_.end(); });
   }
@@ -245,7 +249,7 @@ json slice(const std::string& name, const std::string& rv) {
 json event(const std::string& type, json object) { return {{"type", type}, {"object", std::move(object)}}; }
 
 template <typename F>
-bool eventually(F f, std::chrono::milliseconds timeout = 5s) {
+bool eventually(F f, std::chrono::milliseconds timeout = kHang) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     if (f()) return true;
@@ -388,16 +392,17 @@ TEST_CASE("the pages of one LIST do not wait for the client-side rate limit", "[
   server.setItems(kSlices, {}, "20");
   RecordingSink sink;
   apiwatch::ClientConfig config = testing::loopbackClientConfig(server.port);
-  // One request every 4 s after the first two: 12 rate-limited pages would take 40 s.
-  config.qps = 0.25f;
-  config.burst = 2;
+  // One request every 100 s after the first three (the Service, EndpointSlice and ServiceCIDR
+  // LISTs): 11 rate-limited pages would take over 18 min, far past kHang.
+  config.qps = 0.01f;
+  config.burst = 3;
   apiwatch::ApiSourceOptions options;
   options.pageSize = 1;
   apiwatch::ApiSource source(config, sink, options);
   REQUIRE(source.start());
   const auto started = std::chrono::steady_clock::now();
   REQUIRE(sink.waitFor("servicesSynced"));
-  CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(10));
+  CHECK(std::chrono::steady_clock::now() - started < kHang);
   auto events = sink.events();
   CHECK(std::count_if(events.begin(), events.end(), [](const std::string& e) {
           return e.starts_with("upsert Service default/s");
@@ -468,7 +473,7 @@ TEST_CASE("ApiSource reopens a watch that outlives its timeoutSeconds", "[unit]"
       return t.starts_with(std::string(kServices) + "?watch=1") && t.find("timeoutSeconds=1&") != std::string::npos;
     });
   };
-  CHECK(eventually([&] { return watches() >= 2; }, 8s));
+  CHECK(eventually([&] { return watches() >= 2; }));
   CHECK(source.stats().lists == 3);  // Services, EndpointSlices, ServiceCIDRs: resumed, not relisted
   source.stop();
 }

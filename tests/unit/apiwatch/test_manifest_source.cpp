@@ -153,8 +153,12 @@ class TempDir {
   fs::path path_;
 };
 
+/// How long a test waits for the watcher before it takes it for a hang: a ceiling, never a
+/// measure (the machine may be slow, loaded, or running sanitizers).
+constexpr std::chrono::milliseconds kHang = 60s;
+
 /// Polls until `done` holds or the deadline passes; returns whether it holds.
-bool waitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout = 5s) {
+bool waitUntil(const std::function<bool()>& done, std::chrono::milliseconds timeout = kHang) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   while (!done()) {
     if (std::chrono::steady_clock::now() >= deadline) return false;
@@ -402,7 +406,9 @@ TEST_CASE("manifest source: duplicates, last one wins with a warning", "[unit]")
   REQUIRE(waitUntil([&] { return sink.service("default/dup2").value().ports.at(0).port == 3; }));
 }
 
-TEST_CASE("manifest source: a change is seen within one second", "[unit]") {
+// The directory is watched (inotify), never polled: each change is delivered soon after it is
+// written; one that is not arrives never, which the ceiling catches.
+TEST_CASE("manifest source: each change is seen as it is written", "[unit]") {
   TempDir dir;
   RecordingSink sink;
   ManifestSource source(dir.path(), sink);
@@ -410,16 +416,11 @@ TEST_CASE("manifest source: a change is seen within one second", "[unit]") {
   CHECK(sink.takeEvents() == std::vector<std::string>{"servicesSynced", "endpointSlicesSynced"});
 
   for (int port : {80, 81, 82}) {
-    const auto t0 = std::chrono::steady_clock::now();
     dir.writeAtomic("svc.yaml", service("fast", port));
-    REQUIRE(waitUntil(
-        [&] {
-          auto s = sink.service("default/fast");
-          return s.has_value() && s->ports.at(0).port == port;
-        },
-        1000ms));
-    const auto elapsed = std::chrono::steady_clock::now() - t0;
-    CHECK(elapsed < 1s);
+    REQUIRE(waitUntil([&] {
+      auto s = sink.service("default/fast");
+      return s.has_value() && s->ports.at(0).port == port;
+    }));
   }
 }
 

@@ -10,6 +10,16 @@
 using namespace kproxy::backends;
 using namespace std::chrono_literals;
 
+namespace {
+
+/// How long a test waits for a child before it takes it for a hang: a ceiling, never a measure
+/// (the machine may be slow, loaded, or running sanitizers).
+constexpr auto kHang = 60s;
+/// sleep(1)'s argument for a child that must be killed: twice kHang.
+constexpr const char* kSleepPastHang = "120";
+
+}  // namespace
+
 TEST_CASE("exit codes come back as results", "[unit]") {
   auto ok = runProcess({"true"});
   REQUIRE(ok);
@@ -97,20 +107,23 @@ TEST_CASE("a child that does not read its input does not kill the caller", "[uni
   CHECK(ignored->exitCode == 0);
 }
 
-TEST_CASE("the timeout kills the child within the bound", "[unit]") {
+// The children below would sleep twice kHang: a caller that waited for them instead of killing
+// them at the timeout would take longer than kHang, a ceiling no loaded machine comes near.
+TEST_CASE("the timeout kills the child", "[unit]") {
   const auto start = std::chrono::steady_clock::now();
-  auto slept = runProcess({"sleep", "10"}, {.stdinData = {}, .timeout = 200ms});
+  auto slept = runProcess({"sleep", kSleepPastHang}, {.stdinData = {}, .timeout = 200ms});
   const auto took = std::chrono::steady_clock::now() - start;
   REQUIRE_FALSE(slept);
   CHECK(slept.error().category == kproxy::core::ErrorCategory::kProcess);
   CHECK(slept.error().errnum == ETIMEDOUT);
   CHECK(took >= 200ms);
-  CHECK(took < 3s);
+  CHECK(took < kHang);
   // A child that closed its output still meets the timeout.
   const auto start2 = std::chrono::steady_clock::now();
-  auto quiet = runProcess({"sh", "-c", "exec >&- 2>&-; sleep 10"}, {.stdinData = {}, .timeout = 200ms});
+  auto quiet = runProcess({"sh", "-c", std::string("exec >&- 2>&-; sleep ") + kSleepPastHang},
+                          {.stdinData = {}, .timeout = 200ms});
   CHECK_FALSE(quiet);
-  CHECK(std::chrono::steady_clock::now() - start2 < 3s);
+  CHECK(std::chrono::steady_clock::now() - start2 < kHang);
 }
 
 TEST_CASE("a missing program is a clear error", "[unit]") {
@@ -171,12 +184,12 @@ TEST_CASE("a started child that exits early takes no more input and reports its 
 
 TEST_CASE("the timeout also bounds a write to a child that does not read", "[unit]") {
   const auto start = std::chrono::steady_clock::now();
-  auto child = startProcess({"sleep", "10"}, {.stdinData = {}, .timeout = 200ms});
+  auto child = startProcess({"sleep", kSleepPastHang}, {.stdinData = {}, .timeout = 200ms});
   REQUIRE(child);
   auto wrote = (*child)->write(std::string(8 << 20, 'x'));
   REQUIRE_FALSE(wrote);
   CHECK(wrote.error().errnum == ETIMEDOUT);
-  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  CHECK(std::chrono::steady_clock::now() - start < kHang);
   auto done = (*child)->finish();
   CHECK_FALSE(done);
 }

@@ -1,6 +1,9 @@
 #include "kproxy/backends/common/sysctl.h"
 
+#include <grp.h>
+#include <pwd.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -71,16 +74,61 @@ TEST_CASE("values are written, never created", "[unit]") {
 }
 
 TEST_CASE("a read-only value reports its errno", "[unit]") {
-  if (::geteuid() == 0) {
-    WARN("root writes read-only files; not checked");
-    return;
-  }
+  // Root writes read-only files (CAP_DAC_OVERRIDE), so as root the write is tried by a child
+  // that became nobody, and the files are nobody's: only the mode stands in its way.
   TempRoot root;
   root.put("net/netfilter/nf_conntrack_max", "65536\n");
-  ::chmod((root.path / "net/netfilter/nf_conntrack_max").c_str(), 0444);
-  auto written = SysctlFiles(root.path).writeInt("net/netfilter/nf_conntrack_max", 131072);
-  REQUIRE_FALSE(written);
-  CHECK(written.error().errnum == EACCES);
+  const fs::path file = root.path / "net/netfilter/nf_conntrack_max";
+  const bool asRoot = ::geteuid() == 0;
+  const passwd* nobody = asRoot ? ::getpwnam("nobody") : nullptr;
+  const uid_t uid = nobody ? nobody->pw_uid : 65534;
+  const gid_t gid = nobody ? nobody->pw_gid : 65534;
+  if (asRoot)
+    for (const auto& p : {root.path, root.path / "net", root.path / "net/netfilter", file})
+      REQUIRE(::chown(p.c_str(), uid, gid) == 0);
+  REQUIRE(::chmod(file.c_str(), 0444) == 0);
+
+  // What the writer saw, from the child: whether it ran unprivileged, whether it could read
+  // the value (so a refusal is the file's mode, not a directory in the way), and the errno.
+  struct Seen {
+    bool unprivileged = false;
+    bool readable = false;
+    bool written = false;
+    int errnum = 0;
+  } seen;
+  int pipefd[2];
+  REQUIRE(::pipe(pipefd) == 0);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // The child never returns into Catch: it reports through the pipe and _exit()s.
+    ::close(pipefd[0]);
+    Seen s;
+    if (!asRoot || (::setgroups(0, nullptr) == 0 && ::setgid(gid) == 0 && ::setuid(uid) == 0))
+      s.unprivileged = ::geteuid() != 0;
+    if (s.unprivileged) {
+      SysctlFiles sysctls(root.path);
+      auto value = sysctls.read("net/netfilter/nf_conntrack_max");
+      s.readable = value && *value == "65536";
+      auto written = sysctls.writeInt("net/netfilter/nf_conntrack_max", 131072);
+      s.written = written.has_value();
+      s.errnum = written ? 0 : written.error().errnum;
+    }
+    const bool sent = ::write(pipefd[1], &s, sizeof s) == static_cast<ssize_t>(sizeof s);
+    ::_exit(sent ? 0 : 1);
+  }
+  ::close(pipefd[1]);
+  const ssize_t got = ::read(pipefd[0], &seen, sizeof seen);
+  ::close(pipefd[0]);
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  REQUIRE(got == static_cast<ssize_t>(sizeof seen));
+  REQUIRE(seen.unprivileged);
+  REQUIRE(seen.readable);
+  CHECK_FALSE(seen.written);
+  CHECK(seen.errnum == EACCES);
   CHECK(root.get("net/netfilter/nf_conntrack_max") == "65536\n");
 }
 

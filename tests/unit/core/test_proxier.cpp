@@ -366,7 +366,7 @@ TEST_CASE("run() on its own thread syncs on events and stops on request", "[unit
 
   auto waitCalls = [&](std::size_t n) {
     std::unique_lock lock(backend.mutex);
-    return backend.called.wait_for(lock, 10s, [&] { return backend.calls.size() >= n; });
+    return backend.called.wait_for(lock, 60s, [&] { return backend.calls.size() >= n; });
   };
   proxier.serviceUpserted(service("a"));
   proxier.servicesSynced();

@@ -9,25 +9,35 @@
 // the node (so what it relays counts as masqueraded) and carries no SCTP; nothing else differs.
 // The inputs (services, endpoint slices, node name and addresses, cluster CIDR,
 // nodeport-addresses) and the expected answers are upstream's; the tables are written anew.
+// The rows are those of Kubernetes v1.34.4 (tag v1.34.4 of k8s.io/kubernetes, the version the
+// project builds for its e2e tests and benchmarks: K8S_VERSION in
+// tests/e2e/build-control-plane.sh), files pkg/proxy/nftables/proxier_test.go and
+// pkg/proxy/iptables/proxier_test.go; each table below names its upstream test function.
 //
 // Only outcomes are compared (endpoint set, DROP / REJECT / untouched, masquerade); kproxy's
 // nftables rules are shaped differently on purpose (no endpoint chains, slot maps), its
 // iptables rules are upstream's layout. The answer's endpoint list must agree with its outcome
 // (the endpoints marked "selected" are the DNAT set).
 //
-// The cases where kproxy used to differ from upstream (eTP=Local short-circuit without local
-// endpoints, source ranges admitting the node, masquerade-all and the short-circuit) are tagged
-// `// issue 10 item N` and run in the "(issue 10)" test cases ([issue10]); they are checked like
-// every other case. As upstream's fake proxier, every scenario has the ServiceCIDR objects of
-// 172.30.0.0/16 and fd00:10:96::/112 (issue 10 item 4: unallocated ClusterIPs are dropped).
-// Where kproxy deliberately answers otherwise than upstream (README, "Meaning the same as
-// kube-proxy"), the case asserts kproxy's documented answer and is tagged Known::kDeliberate.
+// The rows where kproxy used to answer otherwise than upstream (the eTP=Local short-circuit
+// without local endpoints, source ranges admitting the node, masquerade-all and the
+// short-circuit, dropping unallocated ClusterIPs) name the behaviour (Known) and run in their
+// own test cases (", known differences", tagged [known-difference]); they are checked like
+// every other row. As upstream's fake proxier, every scenario has the ServiceCIDR objects of
+// 172.30.0.0/16 and fd00:10:96::/112. Where kproxy deliberately answers otherwise than upstream
+// (README, "Meaning the same as kube-proxy"), the row asserts kproxy's documented answer and is
+// marked Known::kDeliberate.
+//
+// A test case is registered only for a table and kind that has rows, and fails unless it
+// checked every one of them.
 //
 // Upstream traces every packet as arriving on an interface; here a packet whose source is one
 // of the node's addresses is sent by the node (output path), as it would be in reality.
 
 #include <algorithm>
+#include <deque>
 #include <functional>
+#include <stdexcept>
 #include <catch2/catch.hpp>
 
 #include <fmt/format.h>
@@ -53,13 +63,14 @@ constexpr const char* kExternalClient = "203.0.113.2";
 constexpr const char* kExternalClientBlocked = "203.0.113.130";
 const std::vector<std::string> kNodeIPs{kNodeIP, kNodeIPAlt, kExternalIP, kNodeIPv6, kNodeIPv6Alt};
 
-/// Why kproxy's answer may differ from upstream's in a case.
+/// The behaviour a row holds kproxy to where its answer once differed from upstream's, or
+/// differs on purpose.
 enum class Known {
   kNone,
-  kItem1,  // eTP=Local without local endpoints: pod / node traffic must short-circuit
-  kItem5,  // loadBalancerSourceRanges: node traffic allowed when a range holds a node IP
-  kItem6,  // --masquerade-all must not masquerade the eTP=Local short-circuit
-  kItem4,  // ServiceCIDR: drop of unallocated ClusterIPs
+  kLocalShortCircuit,           // eTP=Local without local endpoints: pod / node traffic short-circuits
+  kSourceRangesAdmitNode,       // loadBalancerSourceRanges holding a node IP admit the node's traffic
+  kShortCircuitNotMasqueraded,  // --masquerade-all does not masquerade the eTP=Local short-circuit
+  kUnallocatedClusterIPDropped, // ServiceCIDRs: a ClusterIP no Service holds is dropped
   // A case upstream's tables do not have, asserting kproxy's answer where the README says it
   // deliberately differs from upstream's nftables mode.
   kDeliberate,
@@ -183,10 +194,10 @@ core::Node testNode() {
 std::string knownText(Known k) {
   switch (k) {
     case Known::kNone: return "";
-    case Known::kItem1: return "issue 10 item 1";
-    case Known::kItem5: return "issue 10 item 5";
-    case Known::kItem6: return "issue 10 item 6";
-    case Known::kItem4: return "issue 10 item 4";
+    case Known::kLocalShortCircuit: return "eTP=Local short-circuit without local endpoints";
+    case Known::kSourceRangesAdmitNode: return "source ranges holding a node IP admit the node";
+    case Known::kShortCircuitNotMasqueraded: return "--masquerade-all leaves the eTP=Local short-circuit alone";
+    case Known::kUnallocatedClusterIPDropped: return "unallocated ClusterIP in a ServiceCIDR dropped";
     case Known::kDeliberate: return "kproxy's answer; README: deliberately differs from upstream";
   }
   return "";
@@ -265,7 +276,17 @@ std::unique_ptr<plugins::PluginBackend> explainingBackend(const Scenario& scenar
 
 enum class Selection { kAgreed, kKnownDifferences };
 
-void runScenario(const Scenario& scenario, Selection selection, const std::string& mode) {
+/// The rows of `scenario` of one kind.
+std::size_t rowsOf(const Scenario& scenario, Selection selection) {
+  std::size_t n = 0;
+  for (const auto& p : scenario.phases)
+    for (const auto& c : p.cases) n += (selection == Selection::kKnownDifferences) == (c.known != Known::kNone);
+  return n;
+}
+
+/// Traces the rows of one kind through `mode`'s backend; returns how many it checked.
+std::size_t runScenario(const Scenario& scenario, Selection selection, const std::string& mode) {
+  std::size_t checked = 0;
   core::TrackerConfig trackerConfig;
   trackerConfig.nodeName = kNodeName;
   trackerConfig.nodePortAddresses = scenario.nodePortAddresses;
@@ -301,6 +322,7 @@ void runScenario(const Scenario& scenario, Selection selection, const std::strin
                        c.known == Known::kNone ? "" : " (" + knownText(c.known) + ")", c.source, c.destination,
                        c.port, c.protocol, request.fromNode ? " (from the node)" : ""));
       auto text = backend->explain(*published.snapshot, request);
+      ++checked;
       REQUIRE(text);
       nlohmann::json answer;
       REQUIRE_NOTHROW(answer = nlohmann::json::parse(*text));
@@ -338,6 +360,7 @@ void runScenario(const Scenario& scenario, Selection selection, const std::strin
       CHECK(selected == splitOutput(actual));
     }
   }
+  return checked;
 }
 
 Phase phase(std::vector<core::Service> services, std::vector<core::EndpointSlice> slices, std::vector<FlowCase> cases) {
@@ -357,21 +380,79 @@ Phase deleteSlicesPhase(std::string ns, std::vector<std::string> sliceNames, std
 
 }  // namespace
 
-/// Two test cases per upstream test and backend: the cases kproxy always agreed on, and the
-/// ones it came to agree on with issue 10's fixes or deliberately answers otherwise (so a
-/// regression there names the item).
-#define PACKET_FLOW_TEST_OF(NAME, BUILD, MODE)                                                          \
-  TEST_CASE(NAME " [" MODE "]", "[unit][packet-flow][" MODE "]") {                                       \
-    runScenario(BUILD(), Selection::kAgreed, MODE);                                                      \
-  }                                                                                                      \
-  TEST_CASE(NAME " (issue 10) [" MODE "]", "[unit][packet-flow][issue10][" MODE "]") {                   \
-    runScenario(BUILD(), Selection::kKnownDifferences, MODE);                                            \
+namespace {
+
+/// One of upstream's tables run through one backend: the rows of one kind, all of them (a
+/// case that checks no row, or fewer than the table has, fails).
+class TableInvoker final : public Catch::ITestInvoker {
+ public:
+  TableInvoker(Scenario (*build)(), Selection selection, std::string mode, std::size_t rows)
+      : build_(build), selection_(selection), mode_(std::move(mode)), rows_(rows) {}
+  void invoke() const override {
+    REQUIRE(rows_ > 0);
+    CHECK(runScenario(build_(), selection_, mode_) == rows_);
   }
-#define PACKET_FLOW_TEST(NAME, BUILD)            \
-  PACKET_FLOW_TEST_OF(NAME, BUILD, "nftables") \
-  PACKET_FLOW_TEST_OF(NAME, BUILD, "iptables") \
-  PACKET_FLOW_TEST_OF(NAME, BUILD, "ipvs")     \
-  PACKET_FLOW_TEST_OF(NAME, BUILD, "userspace")
+
+ private:
+  Scenario (*build_)();
+  Selection selection_;
+  std::string mode_;
+  std::size_t rows_;
+};
+
+/// A table whose scenario cannot be built: the case says why.
+class BrokenTableInvoker final : public Catch::ITestInvoker {
+ public:
+  explicit BrokenTableInvoker(std::string why) : why_(std::move(why)) {}
+  void invoke() const override { FAIL(why_); }
+
+ private:
+  std::string why_;
+};
+
+/// Registers the test cases of one of upstream's tables: per backend, one for the rows kproxy
+/// and upstream always agreed on, and one for the rows whose answer kproxy came to share or
+/// deliberately gives otherwise (Known), so a regression there names the behaviour. A kind
+/// without rows in the table gets no test case.
+int registerTable(const char* name, Scenario (*build)(), const char* file, std::size_t line) {
+  // Catch keeps the names and tags by reference.
+  static std::deque<std::string> texts;
+  auto add = [&](Catch::ITestInvoker* invoker, std::string caseName, std::string tags) {
+    texts.push_back(std::move(caseName));
+    const std::string& n = texts.back();
+    texts.push_back(std::move(tags));
+    const std::string& t = texts.back();
+    const Catch::AutoReg registered(invoker, Catch::SourceLineInfo(file, line), "", Catch::NameAndTags(n, t));
+    (void)registered;
+  };
+  Scenario scenario;
+  try {
+    scenario = build();
+  } catch (const std::exception& e) {
+    add(new BrokenTableInvoker(std::string("building the table: ") + e.what()), name, "[unit][packet-flow]");
+    return 0;
+  }
+  for (const char* mode : {"nftables", "iptables", "ipvs", "userspace"}) {
+    if (auto rows = rowsOf(scenario, Selection::kAgreed); rows > 0)
+      add(new TableInvoker(build, Selection::kAgreed, mode, rows), fmt::format("{} [{}]", name, mode),
+          fmt::format("[unit][packet-flow][{}]", mode));
+    if (auto rows = rowsOf(scenario, Selection::kKnownDifferences); rows > 0)
+      add(new TableInvoker(build, Selection::kKnownDifferences, mode, rows),
+          fmt::format("{}, known differences [{}]", name, mode),
+          fmt::format("[unit][packet-flow][known-difference][{}]", mode));
+  }
+  return 0;
+}
+
+}  // namespace
+
+#define PACKET_FLOW_CONCAT2(a, b) a##b
+#define PACKET_FLOW_CONCAT(a, b) PACKET_FLOW_CONCAT2(a, b)
+#define PACKET_FLOW_TEST(NAME, BUILD)                                                           \
+  namespace {                                                                                   \
+  const int PACKET_FLOW_CONCAT(packetFlowTable, __COUNTER__) =                                  \
+      registerTable(NAME, [] { return BUILD(); }, __FILE__, __LINE__);                           \
+  }
 
 // ---- TestOverallNFTablesRules / TestTracePacket ------------------------------------------
 
@@ -418,12 +499,12 @@ Scenario overall() {
       {"single endpoint", "10.0.0.2", "172.30.0.41", 80, "10.180.0.1:80"},
       {"multiple endpoints", "10.0.0.2", "172.30.0.44", 80, "10.180.0.4:80, 10.180.0.5:80"},
       {"local, mark for masquerade", kNodeIP, "192.168.99.22", 80, "10.180.0.2:80", true, "tcp",
-       Known::kItem1},  // issue 10 item 1
+       Known::kLocalShortCircuit},
       {"DROP", kExternalClient, "192.168.99.22", 80, "DROP"},
       {"REJECT", "10.0.0.2", "172.30.0.46", 80, "REJECT"},
       {"blocked external to loadbalancer IP", kExternalClientBlocked, "5.6.7.8", 80, "DROP"},
       {"pod to nodePort", "10.0.0.2", kNodeIP, 3001, "10.180.0.2:80", false, "tcp",
-       Known::kItem1},  // issue 10 item 1
+       Known::kLocalShortCircuit},
       // Not in upstream's table. Upstream's nftables code drops the node's own connections to
       // an eTP=Local LB IP / NodePort without a local endpoint (filter-output, before DNAT);
       // kproxy short-circuits them as iptables mode does (README, deliberate differences).
@@ -494,7 +575,7 @@ Scenario clusterIPGeneral() {
       {"TCP-only port does not match UDP traffic", "10.180.0.2", "172.30.0.42", 80, "REJECT", false, "udp"},
       {"svc1 does not accept svc2's ports", "10.180.0.2", "172.30.0.41", 443, "REJECT"},
       {"packet to unallocated cluster ip", "10.180.0.2", "172.30.0.50", 80, "DROP", false, "tcp",
-       Known::kItem4},  // issue 10 item 4
+       Known::kUnallocatedClusterIPDropped},
   };
   Scenario s;
   s.phases.push_back(phase(services, slices, cases));
@@ -527,9 +608,9 @@ Scenario loadBalancerScenario() {
       {"node to LB1 (allowed by LoadBalancerSourceRanges)", kNodeIP, "1.2.3.4", 80, ep, true},
       {"node to LB2 (allowed by LoadBalancerSourceRanges)", kNodeIP, "5.6.7.8", 80, ep, true},
       {"same node to LB1, SNATted to LB1 (implicitly allowed)", "1.2.3.4", "1.2.3.4", 80, ep, true, "tcp",
-       Known::kItem5},  // issue 10 item 5
+       Known::kSourceRangesAdmitNode},
       {"same node to LB2, SNATted to LB2 (implicitly allowed)", "5.6.7.8", "5.6.7.8", 80, ep, true, "tcp",
-       Known::kItem5},  // issue 10 item 5
+       Known::kSourceRangesAdmitNode},
   };
   Scenario s;
   s.phases.push_back(phase({svc}, {eps}, cases));
@@ -895,7 +976,7 @@ Scenario internalExternalMasquerade(bool masqueradeAll, bool localDetector) {
   auto override = [&](const std::string& name, std::optional<std::string> output, std::optional<bool> masq,
                        Known known = Known::kNone) {
     auto it = std::find_if(cases.begin(), cases.end(), [&](const FlowCase& c) { return c.name == name; });
-    REQUIRE(it != cases.end());
+    if (it == cases.end()) throw std::logic_error("no row named \"" + name + "\"");
     if (output) it->output = *output;
     if (masq) it->masq = *masq;
     it->known = known;
@@ -915,8 +996,8 @@ Scenario internalExternalMasquerade(bool masqueradeAll, bool localDetector) {
       override(name, std::nullopt, true);
     if (localDetector) {
       // The short-circuit reaches the service chain, whose masquerade-all rule must not apply.
-      override("pod to NodePort with eTP:Local", std::nullopt, std::nullopt, Known::kItem6);  // issue 10 item 6
-      override("pod to LB with eTP:Local", std::nullopt, std::nullopt, Known::kItem6);        // issue 10 item 6
+      override("pod to NodePort with eTP:Local", std::nullopt, std::nullopt, Known::kShortCircuitNotMasqueraded);
+      override("pod to LB with eTP:Local", std::nullopt, std::nullopt, Known::kShortCircuitNotMasqueraded);
     }
   }
   Scenario s;

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <chrono>
 #include <future>
 #include <string>
 #include <thread>
@@ -20,6 +21,10 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 
 namespace {
+
+/// How long a test waits for the relay to finish before it takes it for a hang: a ceiling,
+/// never a measure (the machine may be slow, loaded, or running sanitizers).
+constexpr auto kHang = std::chrono::seconds(60);
 
 /// A connected pair of loopback TCP sockets.
 std::pair<tcp::socket, tcp::socket> connectedPair(asio::io_context& io) {
@@ -103,7 +108,7 @@ TEST_CASE("relay: both directions, half-close passed on, end when both sides clo
       asio::write(f.endpoint, asio::buffer(reply));
       f.endpoint.shutdown(tcp::socket::shutdown_send);
       CHECK(readAll(f.client) == reply);
-      REQUIRE(finished.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+      REQUIRE(finished.wait_for(kHang) == std::future_status::ready);
       CHECK(f.toEndpoint.load() == request.size());
       CHECK(f.toClient.load() == reply.size());
     }
@@ -120,7 +125,7 @@ TEST_CASE("relay: a reset on one side resets the other", "[unit]") {
   asio::read(f.endpoint, asio::buffer(buf));
   f.endpoint.set_option(asio::socket_base::linger(true, 0));
   f.endpoint.close();
-  REQUIRE(finished.wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+  REQUIRE(finished.wait_for(kHang) == std::future_status::ready);
   boost::system::error_code ec;
   char one;
   f.client.read_some(asio::buffer(&one, 1), ec);
@@ -138,7 +143,7 @@ TEST_CASE("relay: the idle timeout closes a silent connection", "[unit]") {
                                           [&] { done.set_value(); });
   relay->start();
   Runner run(io);
-  REQUIRE(done.get_future().wait_for(std::chrono::seconds(5)) == std::future_status::ready);
+  REQUIRE(done.get_future().wait_for(kHang) == std::future_status::ready);
   CHECK(readAll(c).empty());  // closed without data
   CHECK(readAll(e).empty());
 }
