@@ -24,9 +24,10 @@ namespace core = kproxy::core;
 
 namespace {
 
+/// A fixture recorded from the real kube-apiserver (tests/unit/apiwatch/fixtures/record.sh).
 json loadFixture(const std::string& name) {
   const std::filesystem::path path = std::filesystem::path(KPROXY_FIXTURES_DIR) / name;
-  INFO("fixture " << path.string() << " (set KPROXY_K8S_FIXTURES_DIR when configuring)");
+  INFO("fixture " << path.string() << " (re-record with fixtures/record.sh)");
   REQUIRE(std::filesystem::exists(path));
   std::ifstream in(path);
   std::stringstream text;
@@ -54,77 +55,63 @@ auto svcDecoder = [](const json& j) { return decodeService(j); };
 auto sliceDecoder = [](const json& j) { return decodeEndpointSlice(j); };
 auto nodeDecoder = [](const json& j) { return decodeNode(j); };
 
-/// The upstream Service fixture with its placeholder enum values replaced by valid ones (and
-/// clusterIP made consistent with clusterIPs), so that everything else can be checked.
-json validServiceFixture() {
-  json j = loadFixture("core.v1.Service.json");
-  j["spec"]["type"] = "LoadBalancer";
-  j["spec"]["ports"][0]["protocol"] = "SCTP";
-  j["spec"]["clusterIP"] = "clusterIPsValue";
-  j["spec"]["ipFamilies"][0] = "IPv6";
-  j["spec"]["sessionAffinity"] = "ClientIP";
-  j["spec"]["externalTrafficPolicy"] = "Local";
-  j["spec"]["internalTrafficPolicy"] = "Local";
-  j["status"]["loadBalancer"]["ingress"][0]["ipMode"] = "Proxy";
-  return j;
-}
-
-json validSliceFixture() {
-  json j = loadFixture("discovery.k8s.io.v1.EndpointSlice.json");
-  j["addressType"] = "FQDN";
-  j["ports"][0]["protocol"] = "UDP";
-  return j;
-}
-
 }  // namespace
 
-TEST_CASE("upstream Service fixture: every field kproxy uses is read", "[unit]") {
-  auto svc = decodeService(validServiceFixture());
+TEST_CASE("a Service as the apiserver sends it: every field kproxy uses is read", "[unit]") {
+  const json recorded = loadFixture("core.v1.Service.json");
+  auto svc = decodeService(recorded);
   INFO((svc ? std::string() : svc.error().message()));
   REQUIRE(svc.has_value());
-  CHECK(svc->ns == "namespaceValue");
-  CHECK(svc->name == "nameValue");
-  CHECK(svc->labels.empty());  // labels a proxy does not read are not kept
-  CHECK(svc->resourceVersion == "resourceVersionValue");
+  CHECK(svc->ns == "default");
+  CHECK(svc->name == "web");
+  // Of its labels only the one a proxy reads is kept.
+  CHECK(svc->labels == core::Labels{{core::kLabelServiceProxyName, "kproxy-test"}});
+  CHECK(svc->resourceVersion == recorded["metadata"]["resourceVersion"].get<std::string>());
   CHECK(svc->type == core::ServiceType::kLoadBalancer);
-  CHECK(svc->clusterIPs == std::vector<std::string>{"clusterIPsValue"});
-  CHECK(svc->ipFamilies == std::vector<core::IPFamily>{core::IPFamily::kIPv6});
-  REQUIRE(svc->ports.size() == 1);
-  const auto& port = svc->ports[0];
-  CHECK(port.name == "nameValue");
-  CHECK(port.protocol == core::Protocol::kSCTP);
-  CHECK(port.port == 3);
-  CHECK(port.targetPort.name == "targetPortValue");
-  CHECK(port.targetPort.number == 0);
-  CHECK(port.nodePort == 5);
-  CHECK(port.appProtocol == std::optional<std::string>("appProtocolValue"));
-  CHECK(svc->externalIPs == std::vector<std::string>{"externalIPsValue"});
-  REQUIRE(svc->loadBalancerIngress.size() == 1);
-  CHECK(svc->loadBalancerIngress[0].ip == "ipValue");
-  CHECK(svc->loadBalancerIngress[0].hostname == "hostnameValue");
+  // Allocated by the apiserver, IPv6 first as asked.
+  REQUIRE(svc->clusterIPs.size() == 2);
+  CHECK_THAT(svc->clusterIPs[0], Catch::StartsWith("fd00:10:96::"));
+  CHECK_THAT(svc->clusterIPs[1], Catch::StartsWith("10.96."));
+  CHECK(svc->ipFamilies == std::vector<core::IPFamily>{core::IPFamily::kIPv6, core::IPFamily::kIPv4});
+  REQUIRE(svc->ports.size() == 2);
+  const auto& http = svc->ports[0];
+  CHECK(http.name == "http");
+  CHECK(http.protocol == core::Protocol::kTCP);
+  CHECK(http.port == 80);
+  CHECK(http.targetPort.name == "web-http");
+  CHECK(http.targetPort.number == 0);
+  CHECK(http.nodePort == 30080);
+  CHECK(http.appProtocol == std::optional<std::string>("kubernetes.io/h2c"));
+  const auto& sctp = svc->ports[1];
+  CHECK(sctp.protocol == core::Protocol::kSCTP);
+  CHECK(sctp.port == 9000);
+  CHECK(sctp.targetPort.number == 9000);
+  CHECK(sctp.nodePort >= 30000);  // allocated from the default node-port range
+  CHECK(sctp.nodePort <= 32767);
+  CHECK_FALSE(sctp.appProtocol.has_value());
+  CHECK(svc->externalIPs == std::vector<std::string>{"203.0.113.10"});
+  REQUIRE(svc->loadBalancerIngress.size() == 2);
+  CHECK(svc->loadBalancerIngress[0].ip == "192.0.2.10");
   CHECK(svc->loadBalancerIngress[0].ipMode == core::LoadBalancerIPMode::kProxy);
-  CHECK(svc->loadBalancerSourceRanges == std::vector<std::string>{"loadBalancerSourceRangesValue"});
+  CHECK(svc->loadBalancerIngress[1].ip.empty());
+  CHECK(svc->loadBalancerIngress[1].hostname == "lb.example.com");
+  CHECK(svc->loadBalancerSourceRanges == std::vector<std::string>{"198.51.100.0/24"});
   CHECK(svc->externalTrafficPolicy == core::TrafficPolicy::kLocal);
   CHECK(svc->internalTrafficPolicy == core::TrafficPolicy::kLocal);
-  CHECK(svc->healthCheckNodePort == 12);
+  CHECK(svc->healthCheckNodePort == recorded["spec"]["healthCheckNodePort"].get<int>());
+  CHECK(svc->healthCheckNodePort >= 30000);
   CHECK(svc->sessionAffinity == core::SessionAffinity::kClientIP);
-  CHECK(svc->sessionAffinityTimeoutSeconds == 1);
-  CHECK(svc->trafficDistribution == std::optional<std::string>("trafficDistributionValue"));
-  CHECK(svc->externalName == "externalNameValue");
+  CHECK(svc->sessionAffinityTimeoutSeconds == 600);
+  CHECK(svc->trafficDistribution == std::optional<std::string>("PreferClose"));
+  CHECK(svc->externalName.empty());
 }
 
-TEST_CASE("upstream Service fixture: placeholder enum values are errors naming the field",
+TEST_CASE("a recorded Service with an enum value Kubernetes does not define is an error naming "
+          "the field",
           "[unit]") {
-  // As shipped, the fixture holds values Kubernetes itself would reject.
-  const std::string asShipped = errorOf(svcDecoder, loadFixture("core.v1.Service.json"));
-  CHECK_THAT(asShipped, Catch::Contains("Service namespaceValue/nameValue"));
-
-  // Put each placeholder back, one at a time, into the otherwise valid object.
-  const json original = loadFixture("core.v1.Service.json");
-  const std::vector<std::pair<json::json_pointer, std::string>> placeholders = {
+  const std::vector<std::pair<json::json_pointer, std::string>> enums = {
       {json::json_pointer("/spec/type"), "spec.type"},
-      {json::json_pointer("/spec/ports/0/protocol"), "spec.ports[0].protocol"},
-      {json::json_pointer("/spec/clusterIP"), "spec.clusterIP"},
+      {json::json_pointer("/spec/ports/1/protocol"), "spec.ports[1].protocol"},
       {json::json_pointer("/spec/ipFamilies/0"), "spec.ipFamilies[0]"},
       {json::json_pointer("/spec/sessionAffinity"), "spec.sessionAffinity"},
       {json::json_pointer("/spec/externalTrafficPolicy"), "spec.externalTrafficPolicy"},
@@ -132,90 +119,146 @@ TEST_CASE("upstream Service fixture: placeholder enum values are errors naming t
       {json::json_pointer("/status/loadBalancer/ingress/0/ipMode"),
        "status.loadBalancer.ingress[0].ipMode"},
   };
-  for (const auto& [pointer, path] : placeholders) {
-    json j = validServiceFixture();
-    j[pointer] = original[pointer];
+  for (const auto& [pointer, path] : enums) {
+    json j = loadFixture("core.v1.Service.json");
+    REQUIRE(j.contains(pointer));
+    j[pointer] = "BogusValue";
     const std::string error = errorOf(svcDecoder, j);
     INFO(error);
-    CHECK_THAT(error, Catch::StartsWith("Service namespaceValue/nameValue: " + path + ": "));
-    CHECK_THAT(error, Catch::Contains(original[pointer].get<std::string>()));
+    CHECK_THAT(error, Catch::StartsWith("Service default/web: " + path + ": "));
+    CHECK_THAT(error, Catch::Contains("BogusValue"));
   }
-  CHECK(asShipped.find("spec.type") != std::string::npos);
+  // spec.clusterIP is spec.clusterIPs[0]; a recorded object where they differ is refused.
+  json j = loadFixture("core.v1.Service.json");
+  j["spec"]["clusterIP"] = j["spec"]["clusterIPs"][1];
+  CHECK_THAT(errorOf(svcDecoder, j), Catch::StartsWith("Service default/web: spec.clusterIP: "));
 }
 
-TEST_CASE("upstream EndpointSlice fixture: every field kproxy uses is read", "[unit]") {
-  auto slice = decodeEndpointSlice(validSliceFixture());
+TEST_CASE("an EndpointSlice as the apiserver sends it: every field kproxy uses is read",
+          "[unit]") {
+  const json recorded = loadFixture("discovery.k8s.io.v1.EndpointSlice.json");
+  auto slice = decodeEndpointSlice(recorded);
   INFO((slice ? std::string() : slice.error().message()));
   REQUIRE(slice.has_value());
-  CHECK(slice->ns == "namespaceValue");
-  CHECK(slice->name == "nameValue");
-  CHECK(slice->labels.empty());  // labels a proxy does not read are not kept
-  CHECK(slice->serviceName.empty());  // the fixture has no kubernetes.io/service-name label
-  CHECK(slice->resourceVersion == "resourceVersionValue");
-  CHECK(slice->addressType == core::AddressType::kFQDN);
+  CHECK(slice->ns == "default");
+  CHECK(slice->name == "web-abc12");
+  CHECK(slice->labels.empty());  // managed-by is not a label a proxy reads
+  CHECK(slice->serviceName == "web");
+  CHECK(slice->resourceVersion == recorded["metadata"]["resourceVersion"].get<std::string>());
+  CHECK(slice->addressType == core::AddressType::kIPv4);
   REQUIRE(slice->ports.size() == 1);
-  CHECK(slice->ports[0].name == std::optional<std::string>("nameValue"));
-  CHECK(slice->ports[0].protocol == core::Protocol::kUDP);
-  CHECK(slice->ports[0].port == 3);
-  CHECK(slice->ports[0].appProtocol == std::optional<std::string>("appProtocolValue"));
-  REQUIRE(slice->endpoints.size() == 1);
-  const auto& ep = slice->endpoints[0];
-  CHECK(ep.addresses == std::vector<std::string>{"addressesValue"});
-  CHECK(ep.conditions.ready == true);
-  CHECK(ep.conditions.serving == true);
-  CHECK(ep.conditions.terminating == true);
-  CHECK(ep.nodeName == std::optional<std::string>("nodeNameValue"));
-  CHECK(ep.zone == std::optional<std::string>("zoneValue"));
-  REQUIRE(ep.hints.has_value());
-  CHECK(ep.hints->forZones == std::vector<std::string>{"nameValue"});
-  CHECK(ep.hints->forNodes == std::vector<std::string>{"nameValue"});
+  CHECK(slice->ports[0].name == std::optional<std::string>("http"));
+  CHECK(slice->ports[0].protocol == core::Protocol::kTCP);
+  CHECK(slice->ports[0].port == 8080);
+  CHECK(slice->ports[0].appProtocol == std::optional<std::string>("kubernetes.io/h2c"));
+  REQUIRE(slice->endpoints.size() == 2);
+  const auto& ready = slice->endpoints[0];
+  CHECK(ready.addresses == std::vector<std::string>{"10.244.1.5"});
+  CHECK(ready.conditions.ready == true);
+  CHECK(ready.conditions.serving == true);
+  CHECK(ready.conditions.terminating == false);
+  CHECK(ready.nodeName == std::optional<std::string>("node-a"));
+  CHECK(ready.zone == std::optional<std::string>("zone-a"));
+  REQUIRE(ready.hints.has_value());
+  CHECK(ready.hints->forZones == std::vector<std::string>{"zone-a"});
+  CHECK(ready.hints->forNodes == std::vector<std::string>{"node-a"});
+  const auto& terminating = slice->endpoints[1];
+  CHECK(terminating.addresses == std::vector<std::string>{"10.244.2.7"});
+  CHECK(terminating.conditions.ready == false);
+  CHECK(terminating.conditions.serving == true);
+  CHECK(terminating.conditions.terminating == true);
+  CHECK(terminating.nodeName == std::optional<std::string>("node-b"));
+  CHECK_FALSE(terminating.hints.has_value());
 }
 
-TEST_CASE("upstream EndpointSlice fixture: placeholder enum values are errors", "[unit]") {
+TEST_CASE("a recorded EndpointSlice with an enum value Kubernetes does not define is an error",
+          "[unit]") {
   json j = loadFixture("discovery.k8s.io.v1.EndpointSlice.json");
+  j["addressType"] = "BogusType";
   CHECK_THAT(errorOf(sliceDecoder, j),
-             Catch::StartsWith("EndpointSlice namespaceValue/nameValue: addressType: "));
+             Catch::StartsWith("EndpointSlice default/web-abc12: addressType: "));
   j["addressType"] = "IPv4";
+  j["ports"][0]["protocol"] = "BogusProtocol";
   const std::string error = errorOf(sliceDecoder, j);
-  CHECK_THAT(error,
-             Catch::StartsWith("EndpointSlice namespaceValue/nameValue: ports[0].protocol: "));
-  CHECK_THAT(error, Catch::Contains("\"protocolValue\""));
+  CHECK_THAT(error, Catch::StartsWith("EndpointSlice default/web-abc12: ports[0].protocol: "));
+  CHECK_THAT(error, Catch::Contains("\"BogusProtocol\""));
 }
 
-TEST_CASE("upstream WatchEvent and Status fixtures", "[unit]") {
-  json event = loadFixture("core.v1.WatchEvent.json");
-  const std::string error = errorOf([](const json& j) { return decodeWatchEvent(j); }, event);
-  CHECK_THAT(error, Catch::Contains("type"));
-  CHECK_THAT(error, Catch::Contains("typeValue"));
+TEST_CASE("a Node as the apiserver sends it", "[unit]") {
+  const json recorded = loadFixture("core.v1.Node.json");
+  auto node = decodeNode(recorded);
+  INFO((node ? std::string() : node.error().message()));
+  REQUIRE(node.has_value());
+  CHECK(node->name == "node-a");
+  CHECK(node->resourceVersion == recorded["metadata"]["resourceVersion"].get<std::string>());
+  CHECK(node->labels.at(core::kLabelTopologyZone) == "zone-a");
+  CHECK(node->podCIDRs == std::vector<std::string>{"10.244.1.0/24", "fd00:10:244:1::/64"});
+  CHECK(node->addresses == std::vector<core::NodeAddress>{{"InternalIP", "10.0.0.1"},
+                                                          {"InternalIP", "fd00::1"},
+                                                          {"Hostname", "node-a"}});
+  CHECK_FALSE(node->deleting);
+}
 
-  event["type"] = "MODIFIED";
+TEST_CASE("watch events and Status objects as the apiserver sends them", "[unit]") {
+  // The Service's status change, as a watcher from the version before it receives it.
+  json event = loadFixture("core.v1.WatchEvent.json");
   auto decoded = decodeWatchEvent(event);
+  INFO((decoded ? std::string() : decoded.error().message()));
   REQUIRE(decoded.has_value());
   CHECK(decoded->type == WatchEventType::kModified);
   CHECK(decoded->object == event["object"]);
+  CHECK(decoded->resourceVersion == event["object"]["metadata"]["resourceVersion"].get<std::string>());
   CHECK_FALSE(decoded->status.has_value());
-  // The object is a custom resource: decodeObject reports it as unknown rather than failing.
   auto object = decodeObject(decoded->object);
   REQUIRE(object.has_value());
-  REQUIRE(std::holds_alternative<UnknownObject>(*object));
-  CHECK(std::get<UnknownObject>(*object).kind == "CustomType");
-  CHECK(std::get<UnknownObject>(*object).apiVersion == "example.com/v1");
+  REQUIRE(std::holds_alternative<core::Service>(*object));
+  CHECK(std::get<core::Service>(*object).loadBalancerIngress.size() == 2);
 
-  const json statusJson = loadFixture("core.v1.Status.json");
-  auto status = decodeStatus(statusJson);
-  REQUIRE(status.has_value());
-  CHECK(status->status == "statusValue");
-  CHECK(status->code == 6);
-  CHECK(status->reason == "reasonValue");
-  CHECK(status->message == "messageValue");
-  CHECK(status->retryAfterSeconds == 5);
+  // An event type the API does not define is an error naming it.
+  event["type"] = "BogusEvent";
+  const std::string error = errorOf([](const json& j) { return decodeWatchEvent(j); }, event);
+  CHECK_THAT(error, Catch::Contains("type"));
+  CHECK_THAT(error, Catch::Contains("BogusEvent"));
 
-  auto errorEvent = decodeWatchEvent(json{{"type", "ERROR"}, {"object", statusJson}});
-  REQUIRE(errorEvent.has_value());
-  CHECK(errorEvent->type == WatchEventType::kError);
-  REQUIRE(errorEvent->status.has_value());
-  CHECK(*errorEvent->status == *status);
-  CHECK(errorEvent->resourceVersion == "resourceVersionValue");
+  // A kind kproxy does not decode is reported as unknown rather than failing.
+  json custom = loadFixture("core.v1.WatchEvent.json")["object"];
+  custom["apiVersion"] = "example.com/v1";
+  custom["kind"] = "CustomType";
+  auto unknown = decodeObject(custom);
+  REQUIRE(unknown.has_value());
+  REQUIRE(std::holds_alternative<UnknownObject>(*unknown));
+  CHECK(std::get<UnknownObject>(*unknown).kind == "CustomType");
+  CHECK(std::get<UnknownObject>(*unknown).apiVersion == "example.com/v1");
+  CHECK(std::get<UnknownObject>(*unknown).name == "web");
+
+  // The answer to a GET of a Service that does not exist.
+  auto notFound = decodeStatus(loadFixture("core.v1.Status.json"));
+  REQUIRE(notFound.has_value());
+  CHECK(notFound->status == "Failure");
+  CHECK(notFound->code == 404);
+  CHECK(notFound->reason == "NotFound");
+  CHECK_THAT(notFound->message, Catch::Contains("\"absent\""));
+  CHECK_FALSE(notFound->retryAfterSeconds.has_value());
+
+  // A watch from a version the apiserver no longer has: an ERROR event carrying 410 Expired.
+  const json expiredEvent = loadFixture("core.v1.WatchEvent.expired.json");
+  auto expired = decodeWatchEvent(expiredEvent);
+  REQUIRE(expired.has_value());
+  CHECK(expired->type == WatchEventType::kError);
+  REQUIRE(expired->status.has_value());
+  CHECK(expired->status->status == "Failure");
+  CHECK(expired->status->code == 410);
+  CHECK(expired->status->reason == "Expired");
+  CHECK(*expired->status == *decodeStatus(expiredEvent["object"]));
+
+  // What the apiserver's in-flight limit answers (no fixture: a test apiserver is not easily
+  // overloaded); details.retryAfterSeconds is read.
+  auto tooMany = decodeStatus(json::parse(R"({"kind":"Status","apiVersion":"v1","metadata":{},
+      "status":"Failure","message":"Too many requests, please try again later.",
+      "reason":"TooManyRequests","details":{"retryAfterSeconds":1},"code":429})"));
+  REQUIRE(tooMany.has_value());
+  CHECK(tooMany->code == 429);
+  CHECK(tooMany->retryAfterSeconds == std::optional<std::int32_t>(1));
 }
 
 TEST_CASE("watch events: types, bookmarks and malformed events", "[unit]") {
