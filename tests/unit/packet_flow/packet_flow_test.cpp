@@ -9,10 +9,13 @@
 // the node (so what it relays counts as masqueraded) and carries no SCTP; nothing else differs.
 // The inputs (services, endpoint slices, node name and addresses, cluster CIDR,
 // nodeport-addresses) and the expected answers are upstream's; the tables are written anew.
-// The rows are those of Kubernetes v1.34.4 (tag v1.34.4 of k8s.io/kubernetes, the version the
-// project builds for its e2e tests and benchmarks: K8S_VERSION in
-// tests/e2e/build-control-plane.sh), files pkg/proxy/nftables/proxier_test.go and
-// pkg/proxy/iptables/proxier_test.go; each table below names its upstream test function.
+// The rows are those of Kubernetes v1.34.4: module k8s.io/kubernetes@v1.34.4 from the Go module
+// proxy, h1:Yy6R4QB8C9kJPp25GFqEvX5XQwY5qzKeqD0Xx6oAcmk= (the build the project uses for its e2e
+// tests and benchmarks: K8S_VERSION in tests/e2e/build-control-plane.sh), files
+// pkg/proxy/nftables/proxier_test.go and pkg/proxy/iptables/proxier_test.go; each table below
+// names its upstream test function. The two TestOnlyLocalNodePorts tables are older: upstream
+// removed them in v1.29.0; they are those of k8s.io/kubernetes@v1.28.0,
+// h1:p8qq/VoNHnBWinLEi5LO2IvCfzFouN7Jhdz8+L++V+U=, pkg/proxy/iptables/proxier_test.go.
 //
 // Only outcomes are compared (endpoint set, DROP / REJECT / untouched, masquerade); kproxy's
 // nftables rules are shaped differently on purpose (no endpoint chains, slot maps), its
@@ -877,7 +880,7 @@ PACKET_FLOW_TEST("packet flow: TestTerminatingEndpointsTrafficPolicyCluster term
 PACKET_FLOW_TEST("packet flow: TestTerminatingEndpointsTrafficPolicyCluster no usable endpoints on any node",
                  terminatingClusterNoneUsable)
 
-// ---- pkg/proxy/iptables: TestOnlyLocalNodePorts / TestOnlyLocalNodePortsNoClusterCIDR -----
+// ---- pkg/proxy/iptables (v1.28.0): TestOnlyLocalNodePorts / TestOnlyLocalNodePortsNoClusterCIDR
 
 namespace {
 Scenario onlyLocalNodePorts(bool localDetector) {
