@@ -25,6 +25,8 @@ source "$(dirname "$0")/testlib.sh"
 PROXY_MODE=${KP_PROXY_MODE:-nftables}
 IPTABLES_VARIANT=nft
 WEB_IP=10.96.0.10
+# WEB_IP in an extended regular expression, matching that address only (not 10.96.0.100).
+WEB_IP_RE="(^|[^0-9.])${WEB_IP//./\\.}([^0-9]|\$)"
 MANIFESTS=""
 
 # ---------------------------------------------------------------------------------------------
@@ -807,7 +809,7 @@ case_dry_run_changes_nothing() {
   KP_KPROXY_PID=""
   [[ $rc -eq 0 ]] || kp_fail "kproxy --dry-run exited $rc" || return 1
   kp_kproxy_synced_after 0 || kp_fail "kproxy --dry-run logged no sync" || return 1
-  grep -q "$WEB_IP" "$KP_WORKDIR/kproxy.log" || kp_fail "--dry-run printed no planned operation for $WEB_IP" || return 1
+  grep -qwF -- "$WEB_IP" "$KP_WORKDIR/kproxy.log" || kp_fail "--dry-run printed no planned operation for $WEB_IP" || return 1
   kp_nft node list table ip "$other" >/dev/null 2>&1 || kp_fail "--dry-run removed the table ip $other" || return 1
   kp_nft node delete table ip "$other" || return 1
   local changed
@@ -1193,7 +1195,7 @@ case_mode_switch_leaves_nothing() {
   left="$(iptables_leftovers)"
   [[ -z "$left" ]] || { kp_fail "iptables chains left after starting in nftables mode: $(head -5 <<<"$left" | tr '\n' ';')"; return 1; }
   if [[ $IPTABLES_VARIANT == nft ]]; then
-    served_before_removal "$monitor" "add (element|rule) ip kube-proxy .*$WEB_IP" "delete (rule|chain) ip nat " \
+    served_before_removal "$monitor" "add (element|rule) ip kube-proxy .*$WEB_IP_RE" "delete (rule|chain) ip nat " \
       "iptables mode's nat rules" || return 1
   else
     kp_note "iptables-legacy: its removal is not an nftables event; the order is checked with iptables-nft"
@@ -1387,7 +1389,7 @@ case_userspace_mode_switch() {
   kp_wait_for "$KP_CEILING" table_gone kube-proxy || { kp_fail "table ip kube-proxy left in the userspace mode"; return 1; }
   kill "$monitor_pid" 2>/dev/null
   kp_nft node list table ip kproxy-userspace >/dev/null || kp_fail "the userspace mode made no table" || return 1
-  switch_in_order "$monitor" "add element ip kproxy-userspace services \\{ $WEB_IP " kube-proxy || return 1
+  switch_in_order "$monitor" "add element ip kproxy-userspace services \\{ ${WEB_IP//./\\.} " kube-proxy || return 1
   expect_spread node "http://$WEB_IP/" 20 2 || return 1
   expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
   monitor="$KP_WORKDIR/monitor-nftables.log"
@@ -1395,7 +1397,7 @@ case_userspace_mode_switch() {
   KP_PROXY_MODE=nftables restart_kproxy || return 1
   kp_wait_for "$KP_CEILING" table_gone kproxy-userspace || { kp_fail "table ip kproxy-userspace left in nftables mode"; return 1; }
   kill "$monitor_pid" 2>/dev/null
-  switch_in_order "$monitor" "add (element|rule) ip kube-proxy .*$WEB_IP" kproxy-userspace || return 1
+  switch_in_order "$monitor" "add (element|rule) ip kube-proxy .*$WEB_IP_RE" kproxy-userspace || return 1
   expect_spread node "http://$WEB_IP/" 20 2 || return 1
   expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
   expect_kproxy_alive
