@@ -702,8 +702,18 @@ stream_stop() {
   return 0
 }
 
+# syn_retransmits ROLE — how many SYNs the kernel of ROLE's namespace has sent again (TcpExt
+# TCPSynRetrans): a connection whose first SYN met no rule was dropped, however soon it then
+# succeeded.
+syn_retransmits() {
+  kp_exec "$1" awk '/^TcpExt:/ { if (!h) { for (i = 1; i <= NF; i++) n[$i] = i; h = 1 } else print $n["TCPSynRetrans"] }' \
+    /proc/net/netstat
+}
+
 # Connections keep working across a SIGTERM and a SIGKILL restart of kproxy: a long-lived one
-# still carries data after both, and none of a loop of new ones made all along fails.
+# still carries data after both, and none of a loop of new ones made all along fails or even
+# loses a SYN (a new connection waits up to the ceiling, so a moment without rules would only
+# delay it: the retransmitted SYN shows that moment).
 case_restart_keeps_traffic() {
   setup 3 || return 1
   add_service web.yaml web "$WEB_IP" "$(pod_eps 3)" || return 1
@@ -725,6 +735,8 @@ case_restart_keeps_traffic() {
   kp_wait_for "$KP_CEILING" _lines_at_least "$loop_log" 5 || kp_fail "the request loop did not start" || return 1
   kp_wait_for "$KP_CEILING" _stream_lines_at_least "$stream_log" 1 ||
     kp_fail "the long-lived connection did not start" || return 1
+  local retransmits
+  retransmits="$(syn_retransmits node)"
   kp_note "restart 1: SIGTERM"
   kp_stop_kproxy TERM
   local syncs
@@ -749,9 +761,11 @@ case_restart_keeps_traffic() {
   local total failed
   total="$(wc -l <"$loop_log")"
   failed="$(grep -c '^FAIL' "$loop_log")"
-  kp_note "loop: $total requests ($((total - after)) after the second restart's sync), $failed failed;" \
-    "stream: $(grep -c '^pod=' "$stream_log") lines"
+  retransmits=$(($(syn_retransmits node) - retransmits))
+  kp_note "loop: $total requests ($((total - after)) after the second restart's sync), $failed failed," \
+    "$retransmits SYNs sent again; stream: $(grep -c '^pod=' "$stream_log") lines"
   ((failed == 0)) || { grep '^FAIL' "$loop_log" | head -5 >&2; kp_fail "$failed requests failed across restarts"; return 1; }
+  ((retransmits == 0)) || kp_fail "$retransmits SYNs of the loop's connections were dropped across the restarts" || return 1
   ((total >= after + 5)) || kp_fail "the request loop made $((total - after)) requests after the second restart" || return 1
   ((stream_ok == 0)) || return 1
   expect_spread node "http://$WEB_IP/" 20 2 || return 1
