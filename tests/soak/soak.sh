@@ -112,6 +112,9 @@ settled() {
 }
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$KP_KPROXY_PID/status"; }
 count_log() { grep -c -- "$1" "$LOG" 2>/dev/null || true; }
+# nft_elements MAP... — "MAP KEY" for each element of the maps (soak_driver.py elements; fails
+# on an element it cannot read).
+nft_elements() { kp_exec node "$KP_PYTHON" "$DRIVER" elements "$@"; }
 
 start_kproxy
 kp_wait_for_kproxy 60 settled || { fail "kproxy did not settle after its first start"; kp_kproxy_log_tail 30 >&2; exit 1; }
@@ -135,7 +138,11 @@ table_ok() { # the table is back with its dispatch rule and its maps' elements
   kp_nft node list chain ip kube-proxy services 2>/dev/null | grep -q 'vmap @service-ips' &&
     [[ "$(kp_nft node list map ip kube-proxy service-ips 2>/dev/null | grep -c ' : goto ')" -gt 0 ]]
 }
-element_back() { kp_nft node list map ip kube-proxy "$1" 2>/dev/null | grep -qF -- "$2"; }
+# element_back MAP KEY — the element MAP KEY (as nft_elements prints it) is in the kernel.
+element_back() {
+  local all
+  all="$(nft_elements "$1")" && grep -qxF -- "$1 $2" <<<"$all"
+}
 # break_and_wait WHAT — break the table by hand, then wait (20 s at most) for kproxy to repair it.
 break_and_wait() {
   BREAKS=$((BREAKS + 1))
@@ -155,21 +162,25 @@ break_and_wait() {
 # partial sync repairs what it touches; what it does not is left to a restart's full sync,
 # which follows at once.
 break_elements() {
-  local elem map line
+  local elem ep all
   BREAKS=$((BREAKS + 1))
-  line="$(kp_nft node list map ip kube-proxy service-ips | grep -o '[0-9.]* \. tcp \. [0-9]* : goto [^ ,}]*' | shuf -n1)"
-  elem="${line%% : *}"
-  [[ -n "$elem" ]] && kp_nft node delete element ip kube-proxy service-ips "{ $elem }"
-  map="service-endpoints-$((RANDOM % 64))"
-  line="$(kp_nft node list map ip kube-proxy "$map" | grep -o '[0-9]*-[0-9]* : [0-9.]* \. [0-9]*' | shuf -n1)"
-  [[ -n "$line" ]] && kp_nft node delete element ip kube-proxy "$map" "{ ${line%% : *} }"
+  if ! all="$(nft_elements service-ips --prefix service-endpoints- 2>&1)"; then
+    fail "the elements of table ip kube-proxy could not be read: $all"
+    return
+  fi
+  elem="$(grep '^service-ips ' <<<"$all" | shuf -n1)"
+  ep="$(grep '^service-endpoints-' <<<"$all" | shuf -n1)"
+  [[ -n "$elem" && -n "$ep" ]] || { fail "no element to delete by hand (service-ips: '$elem', endpoint maps: '$ep')"; return; }
+  elem="${elem#service-ips }"
+  kp_nft node delete element ip kube-proxy service-ips "{ $elem }"
+  kp_nft node delete element ip kube-proxy "${ep%% *}" "{ ${ep#* } }"
   # kproxy's next restart must bring them back (or the churn deleted the Service meanwhile;
   # the final check decides).
   sleep 1
   restart_random
-  if [[ -z "$elem" ]] || kp_wait_for_kproxy 20 element_back service-ips "$elem"; then
+  if kp_wait_for_kproxy 20 element_back service-ips "$elem"; then
     REPAIRED=$((REPAIRED + 1))
-    kp_log "elements deleted by hand: repaired ($elem; $map ${line%% : *})"
+    kp_log "elements deleted by hand: repaired (service-ips $elem; $ep)"
   else
     # The churn may have changed or deleted that Service port meanwhile: the final check says
     # whether anything was lost.
@@ -287,12 +298,16 @@ fi
 
 # --- the check can fail: an element deleted after kproxy stopped, so nothing repairs it -------
 kill_kproxy
-line="$(kp_nft node list map ip kube-proxy service-ips | grep -o '[0-9.]* \. tcp \. [0-9]* : goto [^ ,}]*' | head -1)"
-if [[ -n "$line" ]] && kp_nft node delete element ip kube-proxy service-ips "{ ${line%% : *} }" && ! check_now >/dev/null &&
-  grep -qF "${line%% .*}" "$KP_WORKDIR/check.err"; then
-  pass "with kproxy stopped, an element deleted by hand ($line) is reported as a mismatch"
+elem="$(nft_elements service-ips | sed -n 1p)"
+elem="${elem#service-ips }"
+read -r e_ip _ e_proto _ e_port <<<"$elem"
+# The mismatch names exactly this service port (10.96.0.1 port 80 is neither 10.96.0.10 nor port 8080).
+e_key="('svc', '$e_ip', '$e_proto', $e_port)"
+if [[ -n "$elem" ]] && kp_nft node delete element ip kube-proxy service-ips "{ $elem }" && ! check_now >/dev/null &&
+  grep -qF "MISMATCH $e_key " "$KP_WORKDIR/check.err"; then
+  pass "with kproxy stopped, an element deleted by hand ($elem) is reported as a mismatch"
 else
-  fail "the check did not notice an element deleted by hand after kproxy stopped ($line)"
+  fail "the check did not notice an element deleted by hand after kproxy stopped ($elem; want a mismatch of $e_key)"
 fi
 
 churn="$(cat "$KP_WORKDIR/churn.json" 2>/dev/null)"
