@@ -14,8 +14,12 @@
 #            that the last kproxy lives through churn and repairs (its memory is measured).
 #   end:     churn stops; kproxy settles; soak_driver.py check compares table ip kube-proxy with
 #            the state computed from the apiserver's objects; curl a sample of services from a
-#            pod; compare kproxy's RSS; then show that the check fails when the kernel is
-#            wrong (an element deleted by hand after kproxy stopped).
+#            pod; compare the last kproxy's RSS with its own at the start of phase B; then show
+#            that the check fails when the kernel is wrong (an element deleted by hand after
+#            kproxy stopped).
+#
+# Every wait is for an event (the kernel's state, kproxy's sync log or metrics) under KP_CEILING
+# (scripts/netns-lib.sh), which only catches a hang.
 #
 # Everything runs in the network namespaces of scripts/netns-lib.sh (the control plane on the
 # node namespace's loopback). Needs root and tests/e2e/build-control-plane.sh.
@@ -92,9 +96,14 @@ LOG="$KP_WORKDIR/kproxy.log"
 RESTARTS=0
 start_kproxy() {
   echo "===== kproxy start: $KPROXY ${KARGS[*]} =====" >>"$LOG"
+  START_OFFSET=$(stat -c %s "$LOG")
   kp_bg "$LOG" ip netns exec "$(kp_ns node)" "$KPROXY" "${KARGS[@]}"
   KP_KPROXY_PID=$KP_LAST_PID
 }
+# full_synced_since OFFSET — kproxy logged a successful full sync after the log's first OFFSET
+# bytes (e.g. the running kproxy's first, with START_OFFSET).
+# (grep -c, not -q: an early exit would break the pipe, and pipefail would report the failure.)
+full_synced_since() { (($(tail -c +$(($1 + 1)) "$LOG" | grep -F '"Synced rules"' | grep -cF 'kind=full') > 0)); }
 kill_kproxy() {
   kill -KILL "$KP_KPROXY_PID" 2>/dev/null
   wait "$KP_KPROXY_PID" 2>/dev/null
@@ -117,7 +126,7 @@ count_log() { grep -c -- "$1" "$LOG" 2>/dev/null || true; }
 nft_elements() { kp_exec node "$KP_PYTHON" "$DRIVER" elements "$@"; }
 
 start_kproxy
-kp_wait_for_kproxy 60 settled || { fail "kproxy did not settle after its first start"; kp_kproxy_log_tail 30 >&2; exit 1; }
+kp_wait_for_kproxy "$KP_CEILING" settled || { fail "kproxy did not settle after its first start"; kp_kproxy_log_tail 30 >&2; exit 1; }
 RSS_FIRST=$(rss_kib)
 kp_log "kproxy settled on the base (RSS ${RSS_FIRST} KiB)"
 if driver check "${PODS[@]}" --node-ip "$KP_NODE_IP" --curl-list "$KP_WORKDIR/curl0.txt" >/dev/null; then
@@ -130,7 +139,7 @@ fi
 STOP="$KP_WORKDIR/churn.stop"
 kp_bg "$KP_WORKDIR/churn.log" ip netns exec "$(kp_ns node)" "$KP_PYTHON" -u "$DRIVER" churn \
   --port "$CP_API_PORT" --pki "$CP_DIR/pki" --services "$SERVICES" --node "$KP_NODE_NAME" "${REAL[@]}" \
-  --seconds $((SECONDS_TOTAL + 60)) --workers "$WORKERS" --stop-file "$STOP" --out "$KP_WORKDIR/churn.json"
+  --seconds $((SECONDS_TOTAL + 4 * KP_CEILING)) --workers "$WORKERS" --stop-file "$STOP" --out "$KP_WORKDIR/churn.json"
 CHURN_PID=$KP_LAST_PID
 
 KILLS_FIRST_SYNC=0 KILLS_AFTER_FIRST_SYNC=0 KILLS_RANDOM=0 BREAKS=0 REPAIRED=0 UNREPAIRED=0 SUPERSEDED=0
@@ -143,24 +152,24 @@ element_back() {
   local all
   all="$(nft_elements "$1")" && grep -qxF -- "$1 $2" <<<"$all"
 }
-# break_and_wait WHAT — break the table by hand, then wait (20 s at most) for kproxy to repair it.
+# break_and_wait WHAT — break the table by hand, then wait for kproxy to repair it.
 break_and_wait() {
   BREAKS=$((BREAKS + 1))
   case "$1" in
     delete) kp_nft node delete table ip kube-proxy ;;
     flush) kp_nft node flush table ip kube-proxy ;;
   esac
-  if kp_wait_for_kproxy 20 table_ok; then
+  if kp_wait_for_kproxy "$KP_CEILING" table_ok; then
     REPAIRED=$((REPAIRED + 1))
     kp_log "table ${1}d by hand: repaired"
   else
     UNREPAIRED=$((UNREPAIRED + 1))
-    kp_log "table ${1}d by hand: not repaired within 20 s"
+    kp_log "table ${1}d by hand: not repaired within $KP_CEILING s"
   fi
 }
 # break_elements — delete by hand one service-ips element and one endpoint-map element. A
 # partial sync repairs what it touches; what it does not is left to a restart's full sync,
-# which follows at once.
+# which follows at once and is waited for.
 break_elements() {
   local elem ep all
   BREAKS=$((BREAKS + 1))
@@ -178,14 +187,17 @@ break_elements() {
   # the final check decides).
   sleep 1
   restart_random
-  if kp_wait_for_kproxy 20 element_back service-ips "$elem"; then
+  if ! kp_wait_for_kproxy "$KP_CEILING" full_synced_since "$START_OFFSET"; then
+    UNREPAIRED=$((UNREPAIRED + 1))
+    kp_log "elements deleted by hand: the restarted kproxy did not complete a full sync within $KP_CEILING s"
+  elif element_back service-ips "$elem"; then
     REPAIRED=$((REPAIRED + 1))
     kp_log "elements deleted by hand: repaired (service-ips $elem; $ep)"
   else
     # The churn may have changed or deleted that Service port meanwhile: the final check says
     # whether anything was lost.
     SUPERSEDED=$((SUPERSEDED + 1))
-    kp_log "elements deleted by hand: service-ips $elem not back, the Service port changed since"
+    kp_log "elements deleted by hand: service-ips $elem not back after the restart's full sync, the Service port changed since"
   fi
 }
 restart_in_first_sync() {
@@ -194,10 +206,11 @@ restart_in_first_sync() {
   offset=$(stat -c %s "$LOG")
   start_kproxy
   RESTARTS=$((RESTARTS + 1))
-  case "$(kp_exec node "$KP_PYTHON" "$DRIVER" kill-in-first-sync --pid "$KP_KPROXY_PID" --log "$LOG" --offset "$offset")" in
+  case "$(kp_exec node "$KP_PYTHON" "$DRIVER" kill-in-first-sync --pid "$KP_KPROXY_PID" --log "$LOG" --offset "$offset" \
+    --timeout "$KP_CEILING")" in
     in-first-sync) KILLS_FIRST_SYNC=$((KILLS_FIRST_SYNC + 1)) ;;
     after-first-sync) KILLS_AFTER_FIRST_SYNC=$((KILLS_AFTER_FIRST_SYNC + 1)) ;;
-    *) fail "kproxy did not list Services and EndpointSlices within 30 s of a restart" ;;
+    *) fail "kproxy did not list Services and EndpointSlices within $KP_CEILING s of a restart" ;;
   esac
   wait "$KP_KPROXY_PID" 2>/dev/null
   start_kproxy
@@ -232,7 +245,15 @@ while (($(now_s) < PHASE_B)); do
   step=$((step + 1))
   sleep "$((2 + RANDOM % 3))"
 done
-kp_log "phase B: churn and hand-made breakage, no more kills, until +$((END - T0)) s"
+# The kproxy of phase B lives to the end: its RSS once it has done its first full sync is what
+# its RSS at the end is compared with (the same process, through the same churn).
+RSS_PID=$KP_KPROXY_PID RSS_B=""
+if kp_wait_for_kproxy "$KP_CEILING" full_synced_since "$START_OFFSET"; then
+  RSS_B=$(rss_kib)
+else
+  fail "the kproxy of phase B did not complete a full sync within $KP_CEILING s"
+fi
+kp_log "phase B: churn and hand-made breakage, no more kills, until +$((END - T0)) s (kproxy pid $RSS_PID, RSS ${RSS_B:-?} KiB)"
 while (($(now_s) < END)); do
   kill -0 "$CHURN_PID" 2>/dev/null || { fail "the churn driver exited early: $(tail -5 "$KP_WORKDIR/churn.log")"; break; }
   if [[ " ${STEPS_A[*]} " == *" delete "* ]] && ((step % 2)); then
@@ -248,13 +269,28 @@ wait "$CHURN_PID" || fail "the churn driver reported errors: $(tail -5 "$KP_WORK
 
 # --- the end state ----------------------------------------------------------------------------
 kp_kproxy_alive || fail "kproxy exited during the soak"
-if ! kp_wait_for_kproxy 60 settled; then
-  fail "kproxy did not settle within 60 s after the churn stopped; its last sync: $(grep 'Synced rules\|Sync failed' "$LOG" | tail -1)"
+if ! kp_wait_for_kproxy "$KP_CEILING" settled; then
+  fail "kproxy did not settle within $KP_CEILING s after the churn stopped; its last sync: $(grep 'Synced rules\|Sync failed' "$LOG" | tail -1)"
   kp_nft node list table ip kube-proxy >"$KP_WORKDIR/unsettled-table.nft" 2>&1
   kp_log "the table as it was then: $KP_WORKDIR/unsettled-table.nft (KP_KEEP_WORKDIR=1 keeps it)"
 fi
+
+# Memory: the same process as at the start of phase B, now that it has settled.
+RSS_END=""
+if [[ "$KP_KPROXY_PID" != "$RSS_PID" ]] || ! kp_kproxy_alive; then
+  fail "the kproxy of phase B (pid $RSS_PID) is not the one running at the end (${KP_KPROXY_PID:-none}): no RSS to compare"
+elif [[ -n "$RSS_B" ]]; then
+  RSS_END=$(rss_kib)
+  allowed=$((RSS_B + RSS_B / 10 + RSS_TOLERANCE_KIB))
+  if ((RSS_END <= allowed)); then
+    pass "kproxy's RSS ${RSS_END} KiB at the end, ${RSS_B} KiB at the start of phase B (pid $RSS_PID; allowed ${allowed})"
+  else
+    fail "kproxy's RSS grew: ${RSS_END} KiB at the end, ${RSS_B} KiB at the start of phase B (pid $RSS_PID; allowed ${allowed})"
+  fi
+fi
+
 check_now() { driver check "${PODS[@]}" --node-ip "$KP_NODE_IP" --curl-list "$KP_WORKDIR/curl.txt" 2>"$KP_WORKDIR/check.err"; }
-if summary="$(kp_wait_for_kproxy 30 check_now)"; then
+if summary="$(kp_wait_for_kproxy "$KP_CEILING" check_now)"; then
   MISMATCHES=0
   pass "the kernel holds what the apiserver's objects say: $summary"
 else
@@ -266,13 +302,14 @@ else
   cp "$KP_WORKDIR/check.err" "$KP_WORKDIR/check-before-restart.err"
   kill_kproxy
   start_kproxy
-  if kp_wait_for_kproxy 60 settled && kp_wait_for_kproxy 30 check_now >/dev/null; then
+  if kp_wait_for_kproxy "$KP_CEILING" settled && kp_wait_for_kproxy "$KP_CEILING" check_now >/dev/null; then
     kp_log "after a fresh restart of kproxy the kernel matches: the running kproxy had lost changes"
   else
     kp_log "after a fresh restart of kproxy still $(check_now | sed -n 's/.*"mismatches": \([0-9]*\).*/\1/p') mismatches"
   fi
 fi
 
+# Each request waits up to the ceiling for its answer; the first that fails ends the round.
 curled=0 curl_failed=0
 while read -r _ url pods; do
   curled=$((curled + 1))
@@ -280,20 +317,13 @@ while read -r _ url pods; do
   if [[ -z "$who" || ",$pods," != *",$who,"* ]]; then
     curl_failed=$((curl_failed + 1))
     kp_log "curl $url from pod1: answered by '${who:-nobody}', want one of $pods"
+    break
   fi
 done <"$KP_WORKDIR/curl.txt"
 if ((curled > 0 && curl_failed == 0)); then
   pass "curl from pod1 through $curled services (ClusterIPs and NodePorts) reached their pods"
 else
-  fail "curl through services: $curl_failed of $curled failed"
-fi
-
-RSS_END=$(rss_kib)
-allowed=$((RSS_FIRST + RSS_FIRST / 10 + RSS_TOLERANCE_KIB))
-if ((RSS_END <= allowed)); then
-  pass "kproxy's RSS ${RSS_END} KiB at the end, ${RSS_FIRST} KiB after its first settle (allowed ${allowed})"
-else
-  fail "kproxy's RSS grew: ${RSS_END} KiB at the end, ${RSS_FIRST} KiB after its first settle (allowed ${allowed})"
+  fail "curl through services: request $curled of $(wc -l <"$KP_WORKDIR/curl.txt") failed (or none to make)"
 fi
 
 # --- the check can fail: an element deleted after kproxy stopped, so nothing repairs it -------
@@ -318,7 +348,8 @@ kp_log "figures: seconds=$SECONDS_TOTAL services=$SERVICES changes=${changes:-?}
   "restarts=$RESTARTS kills_in_first_sync=$KILLS_FIRST_SYNC kills_just_after_first_sync=$KILLS_AFTER_FIRST_SYNC" \
   "kills_random=$KILLS_RANDOM hand_breakages=$BREAKS repaired=$REPAIRED superseded=$SUPERSEDED unrepaired=$UNREPAIRED" \
   "kproxy_failed_syncs=$(count_log 'Sync failed; retrying') kproxy_full_syncs=$(count_log 'kind=full')" \
-  "final_mismatches=${MISMATCHES:-?} curl=$((curled - curl_failed))/$curled rss_first_kib=$RSS_FIRST rss_end_kib=$RSS_END"
-((UNREPAIRED == 0)) || fail "$UNREPAIRED hand-made breakages were not repaired within 20 s"
+  "final_mismatches=${MISMATCHES:-?} curl=$((curled - curl_failed))/$curled rss_first_kib=$RSS_FIRST" \
+  "rss_phase_b_kib=${RSS_B:-?} rss_end_kib=${RSS_END:-?}"
+((UNREPAIRED == 0)) || fail "$UNREPAIRED hand-made breakages were not repaired within $KP_CEILING s"
 kp_log "failed=$FAILED"
 ((FAILED == 0))

@@ -602,7 +602,7 @@ def kill_in_first_sync(args):
     (after the log's first `offset` bytes), then SIGKILLs it after a random 0..max-delay ms.
     Prints whether its first sync had been reported by then."""
     rng = random.Random()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + args.timeout
     listed = set()
     buf = ""
     with open(args.log) as f:
@@ -656,6 +656,7 @@ def main():
     p.add_argument("--log", required=True)
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--max-delay-ms", type=float, default=40)
+    p.add_argument("--timeout", type=float, default=120, help="a ceiling: only a hang takes this long")
     p = sub.add_parser("elements")
     p.add_argument("map", nargs="*", help="a map of table ip kube-proxy")
     p.add_argument("--prefix", default="", help="also every map whose name starts with this")
