@@ -18,8 +18,12 @@
 #            that the check fails when the kernel is wrong (an element deleted by hand after
 #            kproxy stopped).
 #
-# Every wait is for an event (the kernel's state, kproxy's sync log or metrics) under KP_CEILING
-# (scripts/netns-lib.sh), which only catches a hang.
+# The soak checks its own load and disruptions too: a churn of at least KPROXY_SOAK_MIN_RATE
+# changes a second over the churn (the driver's count and duration), at least one kill inside
+# a first sync when that disruption is on, every hand-made breakage repaired, and no more failed
+# syncs logged by kproxy than breakages made by hand. Every wait is for an event (the kernel's
+# state, kproxy's sync log or metrics) under KP_CEILING (scripts/netns-lib.sh), which only
+# catches a hang.
 #
 # Everything runs in the network namespaces of scripts/netns-lib.sh (the control plane on the
 # node namespace's loopback). Needs root and tests/e2e/build-control-plane.sh.
@@ -29,6 +33,7 @@
 #   KPROXY_SOAK_SERVICES  base Services (default 300)
 #   KPROXY_SOAK_WORKERS   churn connections (default 4)
 #   KPROXY_SOAK_RSS_TOLERANCE_KIB  allowed RSS growth (default 8192 KiB plus 10%)
+#   KPROXY_SOAK_MIN_RATE  the churn's least rate, changes a second (default 100)
 #   KPROXY_SOAK_DISRUPTIONS  phase A's disruptions, in turn (default
 #                         "kill-first-sync delete kill flush elements"; "" for churn alone)
 set -uo pipefail
@@ -51,6 +56,7 @@ SECONDS_TOTAL=${KPROXY_SOAK_SECONDS:-120}
 SERVICES=${KPROXY_SOAK_SERVICES:-300}
 WORKERS=${KPROXY_SOAK_WORKERS:-4}
 RSS_TOLERANCE_KIB=${KPROXY_SOAK_RSS_TOLERANCE_KIB:-8192}
+MIN_RATE=${KPROXY_SOAK_MIN_RATE:-100}
 DRIVER="$HERE/soak_driver.py"
 # The disruptions of phase A, in turn (phase B uses delete and flush of these): a subset, or
 # none, helps to tell which one a failure needs.
@@ -200,16 +206,31 @@ break_elements() {
     kp_log "elements deleted by hand: service-ips $elem not back after the restart's full sync, the Service port changed since"
   fi
 }
+# The kill comes 0 to FIRST_SYNC_DELAY_MS after kproxy has listed everything; a kill that found
+# the first sync done already halves that range for the next one (on a fast machine the first
+# sync may take less than the range), so that kills inside a first sync do happen.
+FIRST_SYNC_DELAY_MS=40
 restart_in_first_sync() {
   kill_kproxy
-  local offset
+  local offset killer out="$KP_WORKDIR/kill.out" ready="$KP_WORKDIR/kill.ready" pidf="$KP_WORKDIR/kill.pid"
+  rm -f "$out" "$ready" "$pidf"
   offset=$(stat -c %s "$LOG")
+  # The killer reads the log before kproxy starts: its own start-up takes longer than kproxy's
+  # list and first sync.
+  kp_exec node "$KP_PYTHON" "$DRIVER" kill-in-first-sync --pid-file "$pidf" --ready-file "$ready" --log "$LOG" \
+    --offset "$offset" --max-delay-ms "$FIRST_SYNC_DELAY_MS" --timeout "$KP_CEILING" >"$out" &
+  killer=$!
+  kp_wait_for "$KP_CEILING" test -e "$ready" || fail "the first-sync killer did not start within $KP_CEILING s"
   start_kproxy
+  echo "$KP_KPROXY_PID" >"$pidf.tmp" && mv "$pidf.tmp" "$pidf"
   RESTARTS=$((RESTARTS + 1))
-  case "$(kp_exec node "$KP_PYTHON" "$DRIVER" kill-in-first-sync --pid "$KP_KPROXY_PID" --log "$LOG" --offset "$offset" \
-    --timeout "$KP_CEILING")" in
+  wait "$killer"
+  case "$(cat "$out")" in
     in-first-sync) KILLS_FIRST_SYNC=$((KILLS_FIRST_SYNC + 1)) ;;
-    after-first-sync) KILLS_AFTER_FIRST_SYNC=$((KILLS_AFTER_FIRST_SYNC + 1)) ;;
+    after-first-sync)
+      KILLS_AFTER_FIRST_SYNC=$((KILLS_AFTER_FIRST_SYNC + 1))
+      FIRST_SYNC_DELAY_MS=$((FIRST_SYNC_DELAY_MS / 2))
+      ;;
     *) fail "kproxy did not list Services and EndpointSlices within $KP_CEILING s of a restart" ;;
   esac
   wait "$KP_KPROXY_PID" 2>/dev/null
@@ -340,16 +361,41 @@ else
   fail "the check did not notice an element deleted by hand after kproxy stopped ($elem; want a mismatch of $e_key)"
 fi
 
+# --- the soak's own load and disruptions --------------------------------------------------------
 churn="$(cat "$KP_WORKDIR/churn.json" 2>/dev/null)"
-changes="$(sed -n 's/.*"changes": \([0-9]*\).*/\1/p' <<<"$churn")"
-rate="$(sed -n 's/.*"rate_per_s": \([0-9.]*\).*/\1/p' <<<"$churn")"
-kp_log "churn: $churn"
-kp_log "figures: seconds=$SECONDS_TOTAL services=$SERVICES changes=${changes:-?} rate_per_s=${rate:-?}" \
+kp_log "churn: ${churn:-none}"
+# changes (the driver's counts) and seconds (the churn's duration, from its start to the stop file)
+read -r changes churn_s rate < <("$KP_PYTHON" -c '
+import json, sys
+d = json.load(open(sys.argv[1]))
+n = sum(d["by_kind"].values())
+print(n, d["seconds"], "%.1f" % (n / d["seconds"]))' "$KP_WORKDIR/churn.json" 2>/dev/null)
+if [[ -z "${rate:-}" ]]; then
+  fail "no churn counts in $KP_WORKDIR/churn.json"
+elif awk -v r="$rate" -v m="$MIN_RATE" 'BEGIN { exit !(r >= m) }'; then
+  pass "churn: $changes changes in $churn_s s, $rate a second (at least $MIN_RATE)"
+else
+  fail "churn: $changes changes in $churn_s s, $rate a second, fewer than $MIN_RATE: the soak did not make its load"
+fi
+if [[ " ${STEPS_A[*]} " == *" kill-first-sync "* ]]; then
+  ((KILLS_FIRST_SYNC >= 1)) && pass "$KILLS_FIRST_SYNC kills inside a first sync ($KILLS_AFTER_FIRST_SYNC came after it)" ||
+    fail "no kill inside a first sync ($KILLS_AFTER_FIRST_SYNC came after it), though kill-first-sync is on"
+fi
+((UNREPAIRED == 0)) || fail "$UNREPAIRED hand-made breakages were not repaired within $KP_CEILING s"
+# A breakage by hand may fail the sync that meets it (then a full sync repairs it); nothing else
+# should fail one.
+failed_syncs=$(count_log 'Sync failed; retrying\|Verification failed; retrying')
+if ((failed_syncs <= BREAKS)); then
+  pass "kproxy logged $failed_syncs failed syncs, no more than the $BREAKS breakages made by hand"
+else
+  fail "kproxy logged $failed_syncs failed syncs, more than the $BREAKS breakages made by hand:"
+  grep 'Sync failed; retrying\|Verification failed; retrying' "$LOG" | tail -5 >&2
+fi
+kp_log "figures: seconds=$SECONDS_TOTAL services=$SERVICES changes=${changes:-?} churn_seconds=${churn_s:-?} rate_per_s=${rate:-?}" \
   "restarts=$RESTARTS kills_in_first_sync=$KILLS_FIRST_SYNC kills_just_after_first_sync=$KILLS_AFTER_FIRST_SYNC" \
   "kills_random=$KILLS_RANDOM hand_breakages=$BREAKS repaired=$REPAIRED superseded=$SUPERSEDED unrepaired=$UNREPAIRED" \
-  "kproxy_failed_syncs=$(count_log 'Sync failed; retrying') kproxy_full_syncs=$(count_log 'kind=full')" \
+  "kproxy_failed_syncs=$failed_syncs kproxy_full_syncs=$(count_log 'kind=full')" \
   "final_mismatches=${MISMATCHES:-?} curl=$((curled - curl_failed))/$curled rss_first_kib=$RSS_FIRST" \
   "rss_phase_b_kib=${RSS_B:-?} rss_end_kib=${RSS_END:-?}"
-((UNREPAIRED == 0)) || fail "$UNREPAIRED hand-made breakages were not repaired within $KP_CEILING s"
 kp_log "failed=$FAILED"
 ((FAILED == 0))

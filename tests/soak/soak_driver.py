@@ -598,15 +598,18 @@ def check(args):
 
 # --- a kill timed into the first full sync -----------------------------------------------------
 def kill_in_first_sync(args):
-    """Waits for the restarted kproxy (pid) to log that it listed Services and EndpointSlices
-    (after the log's first `offset` bytes), then SIGKILLs it after a random 0..max-delay ms.
-    Prints whether its first sync had been reported by then."""
+    """Waits for the restarted kproxy to log that it listed Services and EndpointSlices (after
+    the log's first `offset` bytes), then SIGKILLs it after a random 0..max-delay ms. Prints
+    whether its first sync had been reported by then. Started before kproxy, it creates
+    --ready-file once it reads the log, and takes kproxy's pid from --pid-file (so that its own
+    start-up does not let kproxy's first sync pass unseen)."""
     rng = random.Random()
     deadline = time.monotonic() + args.timeout
     listed = set()
     buf = ""
     with open(args.log) as f:
         f.seek(args.offset)
+        open(args.ready_file, "w").close()
         while time.monotonic() < deadline:
             chunk = f.read()
             if not chunk:
@@ -621,8 +624,17 @@ def kill_in_first_sync(args):
         else:
             print("timeout")
             return 1
+    pid = None
+    while pid is None and time.monotonic() < deadline:
+        try:
+            pid = int(open(args.pid_file).read())
+        except (OSError, ValueError):
+            time.sleep(0.001)
+    if pid is None:
+        print("timeout")
+        return 1
     time.sleep(rng.uniform(0, args.max_delay_ms) / 1000)
-    os.kill(args.pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     with open(args.log) as f:
         f.seek(args.offset)
         synced = '"Synced rules"' in f.read()
@@ -652,7 +664,8 @@ def main():
     p.add_argument("--curl-list", required=True)
     p.add_argument("--curl-sample", type=int, default=20)
     p = sub.add_parser("kill-in-first-sync")
-    p.add_argument("--pid", type=int, required=True)
+    p.add_argument("--pid-file", required=True, help="kproxy's pid, written once it started")
+    p.add_argument("--ready-file", required=True, help="created once the log is being read")
     p.add_argument("--log", required=True)
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--max-delay-ms", type=float, default=40)
