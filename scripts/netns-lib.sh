@@ -25,7 +25,7 @@
 #   kp_topology_up 3 1            # 3 local pods, 1 remote pod
 #   kp_start_pods                 # podserver on :8080 in every pod
 #   kp_start_kproxy "$dir"        # in the node ns, log in $KP_WORKDIR
-#   kp_wait_for 10 kp_curl node http://10.96.0.10/
+#   kp_wait_served "$KP_CEILING" http://10.96.0.10/
 #   kp_curl client http://192.168.50.1:30080/
 
 KP_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -41,8 +41,18 @@ KP_SOURCE_DIR="$(cd "$KP_LIB_DIR/.." && pwd)"
 : "${KP_REMOTE_POD_NET:=10.244.2}"     # remote pods are $KP_REMOTE_POD_NET.(10+i)
 : "${KP_CLUSTER_CIDR:=10.244.0.0/16}"
 : "${KP_POD_PORT:=8080}"
-: "${KP_CURL_TIMEOUT:=2}"
 : "${KP_ROUTE_LOCALNET:=0}"
+# The ceiling of a wait for an event (an answer, a state of the kernel, a log line, a counter):
+# it only catches a hang. Tests wait for the event itself and never assert how soon it came, so
+# this is far above what anything takes, also on a loaded two-core machine or under emulation
+# (the test VM, 10-50x slower). A failing check takes this long to report; a passing one does not.
+: "${KP_CEILING:=120}"
+# One request (kp_curl) waits for its answer up to KP_CURL_TIMEOUT. An attempt inside a poll
+# (kp_poll_curl, kp_wait_served) gives up after KP_POLL_TIMEOUT instead, as the poll tries again
+# with a new connection: one sent before the rules were in is lost for good (its conntrack entry
+# without NAT holds its 4-tuple), so waiting longer for it would only delay the next attempt.
+: "${KP_CURL_TIMEOUT:=$KP_CEILING}"
+: "${KP_POLL_TIMEOUT:=2}"
 # The pods' server and the socket probe are programs built with kproxy (tests/tools):
 # $KP_PODSERVER and $KP_NETPROBE when set, else found by kp_tool_bin.
 : "${KP_PODSERVER:=}"
@@ -268,7 +278,7 @@ kp_start_pods() {
   for t in "${targets[@]}"; do
     role="${t%%=*}"
     ip="${t#*=}"
-    kp_wait_for 10 kp_curl node "http://$ip:$port/healthz" >/dev/null ||
+    kp_wait_for "$KP_CEILING" kp_poll_curl node "http://$ip:$port/healthz" >/dev/null ||
       { kp_log "pod $role ($ip:$port) did not come up; its log:"; cat "$KP_WORKDIR/$role.log" >&2; return 1; }
   done
 }
@@ -367,7 +377,7 @@ kp_wait_for() { _kp_poll "$1" false "${@:2}"; }
 # kp_wait_served SECONDS URL — wait until URL answers from the node namespace. Gives up at
 # once (status 2) if kproxy exits meanwhile, so a crash is not reported as a slow start.
 kp_wait_served() { kp_wait_for_kproxy "$1" _kp_served "$2"; }
-_kp_served() { kp_curl node "$1" >/dev/null 2>&1; }
+_kp_served() { kp_poll_curl node "$1" >/dev/null 2>&1; }
 
 # kp_wait_for_kproxy SECONDS CMD... — kp_wait_for, but gives up at once (status 2) when kproxy
 # exits meanwhile, so a crash is not reported as a slow change. For polling a check until the
@@ -408,6 +418,10 @@ kp_curl() {
   shift 2
   ip netns exec "$(kp_ns "$role")" curl -sS --max-time "$KP_CURL_TIMEOUT" --connect-timeout "$KP_CURL_TIMEOUT" "$@" "$url"
 }
+
+# kp_poll_curl ROLE URL [CURL_ARGS...] — kp_curl as one attempt of a poll (kp_wait_for ...
+# kp_poll_curl ROLE URL), bounded by $KP_POLL_TIMEOUT.
+kp_poll_curl() { KP_CURL_TIMEOUT=$KP_POLL_TIMEOUT kp_curl "$@"; }
 
 # kp_who ROLE URL — which pod answered (e.g. "pod2"), or nothing and a failure status.
 kp_who() {

@@ -80,7 +80,7 @@ case_podserver_answers() {
     [[ "${BASH_REMATCH[1]}" == "$(grep -c ' seq=' <<<"$body")" ]] &&
     [[ "$(sed 's/ \(seq\|done\)=.*//' <<<"$body" | sort -u | wc -l)" == 1 ]] ||
     kp_fail "/stream said: $body" || return 1
-  body="$(kp_exec pod1 curl -sS --max-time 2 "http://[::1]:8080/")"
+  body="$(kp_exec pod1 curl -sS --max-time "$KP_CEILING" "http://[::1]:8080/")"
   [[ "$body" =~ ^pod=pod1\ client=::1:[0-9]+$ ]] || kp_fail "over IPv6: '$body'" || return 1
   [[ "$(kp_curl node "http://$ip:8080/" -X POST -o /dev/null -w '%{http_code}')" == 501 ]] ||
     kp_fail "POST not answered 501" || return 1
@@ -166,10 +166,10 @@ case_teardown_leaves_nothing() {
   bash -c 'source "$1"; kp_init; kp_topology_up 2 >/dev/null 2>&1; kp_start_pods >/dev/null 2>&1; kp_exec pod1 sleep 60 & echo "$KP_PREFIX" >"$2"; wait' \
     _ "$KP_LIB_DIR/netns-lib.sh" "$KP_WORKDIR/p3" &
   local pid=$!
-  kp_wait_for 15 test -s "$KP_WORKDIR/p3" >/dev/null || kp_fail "killed script never came up" || return 1
+  kp_wait_for "$KP_CEILING" test -s "$KP_WORKDIR/p3" >/dev/null || kp_fail "killed script never came up" || return 1
   prefix="$(cat "$KP_WORKDIR/p3")"
   [[ "$(_ns_with_prefix "$prefix")" -ge 3 ]] || kp_fail "killed script had no namespaces" || return 1
-  kp_wait_for 5 _sleeper_in "${prefix}pod1" || kp_fail "the sleeper never started in ${prefix}pod1" || return 1
+  kp_wait_for "$KP_CEILING" _sleeper_in "${prefix}pod1" || kp_fail "the sleeper never started in ${prefix}pod1" || return 1
   kill -TERM "$pid"
   wait "$pid"
   rc=$?

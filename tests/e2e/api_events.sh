@@ -33,6 +33,9 @@ source "$HERE/control-plane.sh"
 cp_apiserver_bin >/dev/null || exit 1
 
 WORK=$(mktemp -d /tmp/kproxy-api-events-XXXXXX)
+# The ceiling of every wait for an event (it only catches a hang; how soon the event came is
+# not checked).
+CEILING=${KP_CEILING:-120}
 KP=""
 trap '_rc=$?; [[ -n "$KP" ]] && cp_terminate "$KP" 0.05; cp_stop; [[ -n "${API_EVENTS_KEEP:-}" ]] && echo "logs kept in $WORK" || rm -rf "$WORK"; exit $_rc' EXIT
 
@@ -64,12 +67,12 @@ KPROXY_RECORD_FILE="$WORK/record" KPROXY_RECORDER_FAIL_SERVICE=poison \
 KP=$!
 synced_good() { grep -q 'default/good:http' "$WORK/record" 2>/dev/null; }
 DETAIL="$(tail -5 "$WORK/kproxy.log")"
-check "kproxy syncs Service good" wait_for 20 synced_good
+check "kproxy syncs Service good" wait_for "$CEILING" synced_good
 
 check "Service poison created" service poison 10.96.0.62
 has_event() { [[ $(event_count poison) -ge 1 ]]; }
 DETAIL="$(grep -i 'event\|failed' "$WORK/kproxy.log" | tail -5)"
-check "a Warning Event is posted on Service poison" wait_for 40 has_event
+check "a Warning Event is posted on Service poison" wait_for "$CEILING" has_event
 ev=$(events poison | jq -c '.items[0]')
 DETAIL="$ev"
 check "its reason is FailedToSyncProxyRules" test "$(jq -r .reason <<<"$ev")" == FailedToSyncProxyRules
@@ -78,8 +81,12 @@ check "it comes from kproxy on node-a" test "$(jq -r '"\(.source.component)@\(.s
 check "its message carries the error" grep -q "refusing the rules of Service poison" <<<"$(jq -r .message <<<"$ev")"
 check "it counts the failed attempts (>= 3)" test "$(jq -r .count <<<"$ev")" -ge 3
 
-sleep 10  # retries go on (one a second): still one Event, not one per retry
-DETAIL="$(events poison | jq -c '[.items[] | {count, lastTimestamp}]')"
+# The retries go on (one a second): after five more of them, still one Event, not one per retry.
+failed_syncs() { grep -c 'Sync failed; retrying' "$WORK/kproxy.log"; }
+retried() { (($(failed_syncs) >= $1)); }
+DETAIL="$(failed_syncs) failed syncs logged; $(tail -3 "$WORK/kproxy.log")"
+check "kproxy keeps retrying Service poison" wait_for "$CEILING" retried $(($(failed_syncs) + 5))
+DETAIL="$(events poison | jq -c '[.items[] | {count, lastTimestamp}]'); $(grep -c 'posted an event' "$WORK/kproxy.log") posted"
 check "one Event while the failure goes on, not one per retry" test "$(event_count poison)" -eq 1
 DETAIL="$(events good | jq -c '.items')"
 check "Service good has no Event" test "$(event_count good)" -eq 0

@@ -69,10 +69,14 @@ set_slice() { # NAME SERVICE POD-INDEX... — replace the endpoints (merge patch
   cp_api PATCH "/apis/discovery.k8s.io/v1/namespaces/default/endpointslices/$name" "$(slice_json "$@")" >/dev/null
 }
 
-# who_all URL N — the set of pods answering N requests (sorted, unique, space separated).
+# who_all URL N — the set of pods answering N requests (sorted, unique, space separated);
+# "none" for a request nobody answered (each waits up to the ceiling; the first ends the round).
 who_all() {
   local i out=()
-  for ((i = 0; i < $2; i++)); do out+=("$(kp_who node "$1" || echo none)"); done
+  for ((i = 0; i < $2; i++)); do
+    out+=("$(kp_who node "$1" || echo none)")
+    [[ "${out[-1]}" == none ]] && break
+  done
   printf '%s\n' "${out[@]}" | sort -u | tr '\n' ' ' | sed 's/ $//'
 }
 
@@ -94,8 +98,9 @@ table_has() {
   local t
   t="$(kp_nft node list table "$1" kube-proxy 2>/dev/null)" && grep -qwF -- "$2" <<<"$t"
 }
-# served_by URL POD — one request to URL from the node is answered by POD.
-served_by() { [[ "$(kp_who node "$1")" == "$2" ]]; }
+# served_by URL POD — one request to URL from the node is answered by POD. A predicate for the
+# waits: the request is one attempt of the poll (KP_POLL_TIMEOUT).
+served_by() { [[ "$(KP_CURL_TIMEOUT=$KP_POLL_TIMEOUT kp_who node "$1")" == "$2" ]]; }
 
 # --- set-up -----------------------------------------------------------------------------------
 kp_topology_up 3 0 || exit 1
@@ -121,7 +126,7 @@ start_kproxy() {
 start_kproxy
 
 # --- 1. Service + EndpointSlice created through the API → the ClusterIP answers -----------------
-if kp_wait_served 20 "http://$VIP/" && [[ "$(who_all "http://$VIP/" 12)" == "pod1 pod2" ]] &&
+if kp_wait_served "$KP_CEILING" "http://$VIP/" && [[ "$(who_all "http://$VIP/" 12)" == "pod1 pod2" ]] &&
   [[ "$(who_all "http://$VIP2/" 4)" == "pod3" ]]; then
   pass "ClusterIPs created through the API answer from their endpoints"
 else
@@ -136,7 +141,7 @@ service_cidr="${CP_SERVICE_CIDRS:-10.96.0.0/16,fd00:10:96::/112}"
 service_cidr="${service_cidr%%,*}"
 cluster_ips_check() { kp_nft node list chain ip kube-proxy cluster-ips-check; }
 drops() { cluster_ips_check 2>/dev/null | grep -qF "ip daddr $1 drop"; }
-if kp_wait_for 10 drops "$service_cidr"; then
+if kp_wait_for "$KP_CEILING" drops "$service_cidr"; then
   pass "the default ServiceCIDR $service_cidr is dropped for unallocated ClusterIPs"
 else
   fail "no drop of $service_cidr in cluster-ips-check: $(cluster_ips_check 2>&1 | tr '\n' ' ')"
@@ -144,7 +149,7 @@ fi
 cp_api POST /apis/networking.k8s.io/v1/servicecidrs \
   '{"apiVersion":"networking.k8s.io/v1","kind":"ServiceCIDR","metadata":{"name":"e2e-extra"},"spec":{"cidrs":["10.97.0.0/24"]}}' \
   >/dev/null || fail "create ServiceCIDR e2e-extra"
-if kp_wait_for 5 drops 10.97.0.0/24; then
+if kp_wait_for "$KP_CEILING" drops 10.97.0.0/24; then
   pass "a ServiceCIDR created through the API is watched: 10.97.0.0/24 is dropped too"
 else
   fail "ServiceCIDR e2e-extra not programmed: $(cluster_ips_check 2>&1 | tr '\n' ' ')"
@@ -159,19 +164,21 @@ else
   fail "authorization failures: $(grep -m3 -i 'forbidden\| 403' "$KP_WORKDIR/kproxy.log")"
 fi
 
-# --- 2. endpoint change effective within a second --------------------------------------------
+# --- 2. an endpoint change through the API reaches the kernel -----------------------------------
+# Waited for (the ceiling only catches a change that never comes); how long it took is printed,
+# not checked: bench/ measures it.
 start=$(now_us)
 set_slice web-1 web 3 || fail "PATCH endpoint slice"
 written=$(now_us)
-until [[ "$(kp_who node "http://$VIP/")" == pod3 ]]; do
-  (($(now_us) - written > 3000000)) && break
-  sleep 0.02
-done
-took_ms=$((($(now_us) - written) / 1000))
-if ((took_ms < 1000)) && [[ "$(who_all "http://$VIP/" 8)" == "pod3" ]]; then
-  pass "endpoint change effective ${took_ms} ms after the API write returned (write took $(((written - start) / 1000)) ms)"
+if kp_wait_for_kproxy "$KP_CEILING" served_by "http://$VIP/" pod3; then
+  took_ms=$((($(now_us) - written) / 1000))
+  if [[ "$(who_all "http://$VIP/" 8)" == "pod3" ]]; then
+    pass "endpoint change in effect (seen ${took_ms} ms after the API write returned; the write took $(((written - start) / 1000)) ms)"
+  else
+    fail "endpoint change only partly in effect: answered by $(who_all "http://$VIP/" 8), want pod3 alone"
+  fi
 else
-  fail "endpoint change not effective within 1 s (${took_ms} ms; now $(who_all "http://$VIP/" 6))"
+  fail "endpoint change not in effect after $KP_CEILING s (or kproxy exited): answered by $(who_all "http://$VIP/" 6)"
 fi
 
 # --- 3. apiserver restart → kproxy reconnects, no rule churn ------------------------------------
@@ -180,18 +187,18 @@ connects=$(count_log 'API server connection established')
 interrupts=$(count_log 'API server watch interrupted')
 cp_stop_apiserver
 # Checked once kproxy has noticed that the apiserver is gone.
-if ! kp_wait_for_kproxy 20 log_count_above 'API server watch interrupted' "$interrupts"; then
-  fail "kproxy did not notice the apiserver going away within 20 s (or exited)"
-elif kp_wait_for 1 served_by "http://$VIP/" pod3 && kp_kproxy_alive; then
+if ! kp_wait_for_kproxy "$KP_CEILING" log_count_above 'API server watch interrupted' "$interrupts"; then
+  fail "kproxy did not notice the apiserver going away within $KP_CEILING s (or exited)"
+elif [[ "$(who_all "http://$VIP/" 3)" == pod3 ]] && kp_kproxy_alive; then
   pass "service keeps working while the apiserver is down"
 else
   fail "service broke while the apiserver was down (answered by: $(who_all "http://$VIP/" 3))"
 fi
 cp_start_apiserver || exit 1
-if kp_wait_for_kproxy 45 log_count_above 'API server connection established' "$connects"; then
+if kp_wait_for_kproxy "$KP_CEILING" log_count_above 'API server connection established' "$connects"; then
   # Still live after the reconnect: a change goes through. Once it is in effect, kproxy has
   # synced everything it learnt from its relist too, so any rule churn would show by then.
-  if set_slice web-1 web 1 && kp_wait_for_kproxy 3 served_by "http://$VIP/" pod1; then
+  if set_slice web-1 web 1 && kp_wait_for_kproxy "$KP_CEILING" served_by "http://$VIP/" pod1; then
     pass "watch works again after the reconnect"
   else
     fail "change after reconnect not applied"
@@ -203,7 +210,7 @@ if kp_wait_for_kproxy 45 log_count_above 'API server connection established' "$c
     fail "rules churned across the apiserver restart: $(diff <(echo "$before") <(echo "$after") | head -20)"
   fi
 else
-  fail "kproxy did not reconnect within 45 s (or exited)"
+  fail "kproxy did not reconnect within $KP_CEILING s (or exited)"
 fi
 
 # --- 4. 410 Expired → relist reconciles changes missed while disconnected ---------------------
@@ -221,23 +228,23 @@ cp_stop_apiserver
 cp_etcd_compact || fail "etcd compaction"
 cp_start_apiserver || exit 1
 kill -CONT "$KP_KPROXY_PID"
-if kp_wait_for 45 bash -c "(( \$(grep -c 'expired; relisting' '$KP_WORKDIR/kproxy.log') > $expired && \$(grep -c '\"relisted\" resource=Service ' '$KP_WORKDIR/kproxy.log') > $relists ))"; then
+if kp_wait_for "$KP_CEILING" bash -c "(( \$(grep -c 'expired; relisting' '$KP_WORKDIR/kproxy.log') > $expired && \$(grep -c '\"relisted\" resource=Service ' '$KP_WORKDIR/kproxy.log') > $relists ))"; then
   pass "watch from a compacted resourceVersion got 410 and kproxy relisted"
 else
   fail "no 410 → relist seen"
 fi
 # Each resource relists when its own backoff ends (up to the 30 s cap).
-if kp_wait_for_kproxy 45 table_lacks "$VIP2" && kp_wait_for_kproxy 45 served_by "http://$VIP/" pod2 &&
+if kp_wait_for_kproxy "$KP_CEILING" table_lacks "$VIP2" && kp_wait_for_kproxy "$KP_CEILING" served_by "http://$VIP/" pod2 &&
   [[ "$(who_all "http://$VIP/" 6)" == "pod2" ]] &&
   [[ "$(grep '"relisted" resource=Service ' "$KP_WORKDIR/kproxy.log" | tail -1)" == *deleted=1* ]]; then
   pass "relist reconciled: the Service deleted while disconnected is gone, the missed endpoint change applied"
 else
-  fail "relist did not reconcile (web=$(who_all "http://$VIP/" 4); web2 in table: $(nft_handles | grep -c "$VIP2"); $(grep '"relisted" resource=Service ' "$KP_WORKDIR/kproxy.log" | tail -1))"
+  fail "relist did not reconcile (web=$(who_all "http://$VIP/" 4); web2 in table: $(nft_handles | grep -cwF -- "$VIP2"); $(grep '"relisted" resource=Service ' "$KP_WORKDIR/kproxy.log" | tail -1))"
 fi
 
 # --- 5. deleting a Service removes its rules -------------------------------------------------
 cp_api DELETE /api/v1/namespaces/default/services/web >/dev/null || fail "DELETE web"
-if kp_wait_for_kproxy 3 table_lacks "$VIP"; then
+if kp_wait_for_kproxy "$KP_CEILING" table_lacks "$VIP"; then
   pass "deleted Service's rules are gone from table ip kube-proxy"
 else
   fail "rules of the deleted Service remain"
@@ -264,19 +271,19 @@ elif ! cp_api POST /api/v1/namespaces/default/services \
   fail "create IPv6 Service"
 else
   v6ip="$(cp_api GET /api/v1/namespaces/default/services/v6only | python3 -c 'import json,sys; print(json.load(sys.stdin)["spec"]["clusterIP"])')"
-  if kp_wait_for_kproxy 10 table_has ip6 "$v6ip"; then
+  if kp_wait_for_kproxy "$KP_CEILING" table_has ip6 "$v6ip"; then
     pass "IPv6 Service $v6ip programmed in table ip6 kube-proxy"
   else
-    fail "IPv6 Service $v6ip not in table ip6 kube-proxy within 10 s"
+    fail "IPv6 Service $v6ip not in table ip6 kube-proxy within $KP_CEILING s"
     kp_nft node list table ip6 kube-proxy >&2
   fi
-  how="$(kp_connect_errno node "$v6ip" 80 2)"
+  how="$(kp_connect_errno node "$v6ip" 80 "$KP_CEILING")"
   [[ "$how" == ECONNREFUSED ]] && pass "a connection to [$v6ip]:80 (no endpoints) is refused by kproxy's rules" ||
     fail "a connection to [$v6ip]:80 ended $how, want ECONNREFUSED (kproxy's reject for no endpoints)"
 fi
 if ! kp_kproxy_alive; then
   fail "kproxy exited after an IPv6 Service was created"
-elif kp_wait_for_kproxy 5 served_by "http://$VIP/" pod1 && [[ "$(who_all "http://$VIP/" 12)" == "pod1 pod2" ]]; then
+elif kp_wait_for_kproxy "$KP_CEILING" served_by "http://$VIP/" pod1 && [[ "$(who_all "http://$VIP/" 12)" == "pod1 pod2" ]]; then
   pass "IPv4 Service served next to an IPv6 one"
 else
   fail "IPv4 Service not served next to an IPv6 one: $(who_all "http://$VIP/" 6)"
@@ -284,13 +291,10 @@ fi
 
 # After the apiserver restarts above, a watch may still be in its backoff (up to 1.5 × 30 s
 # with jitter); kproxy logs "established" once every watch is open again.
-last_state=""
-for _ in $(seq 1 100); do
-  last_state="$(grep 'API server connection established\|API server watch interrupted' "$KP_WORKDIR/kproxy.log" | tail -1)"
-  [[ "$last_state" == *established* ]] && break
-  sleep 0.5
-done
-[[ "$last_state" == *established* ]] && pass "kproxy ends connected" || fail "kproxy not connected at the end: $last_state"
+last_state() { grep 'API server connection established\|API server watch interrupted' "$KP_WORKDIR/kproxy.log" | tail -1; }
+ends_connected() { [[ "$(last_state)" == *established* ]]; }
+kp_wait_for_kproxy "$KP_CEILING" ends_connected && pass "kproxy ends connected" ||
+  fail "kproxy not connected at the end: $(last_state)"
 kp_kproxy_alive || fail "kproxy exited"
 kp_stop_kproxy
 kp_log "passed=$PASSED failed=$FAILED skipped=$SKIPPED"

@@ -39,6 +39,9 @@ source "$HERE/control-plane.sh"
 cp_apiserver_bin >/dev/null || exit 1
 
 WORK=$(mktemp -d /tmp/kproxy-api-tls-XXXXXX)
+# The ceiling of every wait for an event (it only catches a hang; how soon the event came is
+# not checked).
+CEILING=${KP_CEILING:-120}
 KP=""
 stop_kproxy() {
   [[ -n "$KP" ]] || return 0
@@ -104,7 +107,7 @@ start_kproxy() {
   KP=$!
 }
 connected() { grep -q 'API server connection established' "$LOG"; }
-programmed() { nft list table ip kube-proxy 2>/dev/null | grep -q "$VIP"; }
+programmed() { nft list table ip kube-proxy 2>/dev/null | grep -qwF -- "$VIP"; }
 failures_with() { (($(grep 'API request failed; retrying' "$LOG" | grep -c -- "$1") >= 2)); }
 # Services are programmed as soon as they are listed; "connected" is logged once every watch
 # (the Node's too) is open, which may come a moment later.
@@ -112,7 +115,7 @@ synced() { programmed && connected; }
 
 # accepted NAME: connects, and the Service reaches the ruleset.
 accepted() {
-  if wait_for 30 synced && kproxy_alive; then
+  if wait_for "$CEILING" synced && kproxy_alive; then
     pass "$1"
   else
     fail "$1" "$(grep -E 'failed|error' "$LOG" | tail -3)"
@@ -122,7 +125,7 @@ accepted() {
 # refused NAME WHY: retries fail with WHY (at least twice, so it backs off and keeps failing),
 # kproxy stays up, never connects, programs nothing from the API.
 refused() {
-  if wait_for 30 failures_with "$2" && kproxy_alive && ! connected && ! programmed; then
+  if wait_for "$CEILING" failures_with "$2" && kproxy_alive && ! connected && ! programmed; then
     pass "$1"
   else
     fail "$1" "connected=$(connected && echo yes || echo no) programmed=$(programmed && echo yes || echo no) $(grep -E 'failed|error' "$LOG" | tail -2)"
@@ -165,7 +168,7 @@ if cp_kproxy_kubeconfig "$WORK/sa.kubeconfig"; then
   printf 'not-a-valid-token' >"$CP_DIR/kproxy.token"
   start_kproxy token-rotation "$WORK/sa.kubeconfig"
   pid=$KP
-  if wait_for 30 failures_with ": 401 Unauthorized" && ! connected; then
+  if wait_for "$CEILING" failures_with ": 401 Unauthorized" && ! connected; then
     printf '%s' "$good" >"$CP_DIR/kproxy.token.new" && mv "$CP_DIR/kproxy.token.new" "$CP_DIR/kproxy.token"
     KP=$pid
     accepted "a rotated tokenFile is picked up without a restart (401 before, synced after)"
@@ -180,7 +183,7 @@ fi
 # --- refused at start-up ----------------------------------------------------------------------
 cp_write_kubeconfig "$WORK/insecure.kubeconfig" "    certificate-authority: $PKI/ca.crt
     insecure-skip-tls-verify: true" "$CERT_USER"
-out=$(timeout 10 "$KPROXY" --proxy-mode=nftables --kubeconfig "$WORK/insecure.kubeconfig" --hostname-override node-a 2>&1)
+out=$(timeout "$CEILING" "$KPROXY" --proxy-mode=nftables --kubeconfig "$WORK/insecure.kubeconfig" --hostname-override node-a 2>&1)
 rc=$?
 if [[ $rc -eq 1 && "$out" == *"specifying a root certificates file with the insecure flag is not supported"* ]]; then
   pass "a CA with insecure-skip-tls-verify stops kproxy at start-up with client-go's message"
@@ -189,7 +192,7 @@ else
 fi
 printf 'secret-token' >"$WORK/token"
 cp_write_kubeconfig "$WORK/token.kubeconfig" "" "    tokenFile: $WORK/token"
-out=$(timeout 10 "$KPROXY" --proxy-mode=nftables --kubeconfig "$WORK/token.kubeconfig" --master http://127.0.0.1:1 \
+out=$(timeout "$CEILING" "$KPROXY" --proxy-mode=nftables --kubeconfig "$WORK/token.kubeconfig" --master http://127.0.0.1:1 \
   --hostname-override node-a 2>&1)
 rc=$?
 if [[ $rc -eq 1 && "$out" == *"refusing to send a bearer token in clear text to http://127.0.0.1:1"* ]]; then

@@ -132,8 +132,9 @@ cp_start_etcd() {
     --initial-cluster "e2e=http://127.0.0.1:$peer" --quota-backend-bytes=$((2 << 30))
   CP_ETCD_PID=$CP_LAST_PID
   local i
-  for ((i = 0; i < 100; i++)); do
-    "${CP_EXEC[@]}" curl -sf "http://127.0.0.1:$CP_ETCD_PORT/health" >/dev/null 2>&1 && return 0
+  # Up to 1200 polls (two minutes and more), as for the apiserver below: only a hang is too long.
+  for ((i = 0; i < 1200; i++)); do
+    "${CP_EXEC[@]}" curl -sf --max-time 5 "http://127.0.0.1:$CP_ETCD_PORT/health" >/dev/null 2>&1 && return 0
     kill -0 "$CP_ETCD_PID" 2>/dev/null || break
     sleep 0.1
   done

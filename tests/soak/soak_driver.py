@@ -10,9 +10,11 @@ kproxy's table lives). Sub-commands:
          until --seconds have passed or --stop-file exists; writes the counts as JSON
   check  compute the desired kernel state from the objects in the apiserver (not from kproxy's
          renderer), read table ip kube-proxy back with `nft -j`, and list every difference;
-         exit 1 when there is one. Also prints services to curl and the pods that may answer.
+         exit 1 when there is one. An element or expression the reader does not understand is
+         a difference, as is an endpoint-map element that no balancing chain's range holds. Also prints services to curl and the pods that may answer.
   kill-in-first-sync  SIGKILL a freshly started kproxy once it has listed Services and
          EndpointSlices, i.e. while it is building or committing its first full sync
+  elements  list the elements of maps of table ip kube-proxy as `nft delete element` takes them
 
 The reader of the kernel knows kproxy's table layout (map names, one balancing chain per
 service port ending in `dnat ... numgen random mod 65535 offset BASE map @service-endpoints-N`),
@@ -315,22 +317,76 @@ def desired_state(api):
 
 
 # --- the kernel's state, from `nft -j list table ip kube-proxy` --------------------------------
+class Unparsed(ValueError):
+    """An element or expression of the listing that this reader does not understand: reported
+    as a mismatch, never skipped."""
+
+
+def unwrap(elem):
+    """A set or map element's key: `{"elem": {"val": KEY, ...}}` (an element with a timeout, a
+    counter or a comment) is KEY."""
+    if isinstance(elem, dict) and "elem" in elem:
+        if not isinstance(elem["elem"], dict) or "val" not in elem["elem"]:
+            raise Unparsed(f"element {json.dumps(elem)}")
+        return elem["elem"]["val"]
+    return elem
+
+
+def map_elements(name, elems):
+    """The (key, value) pairs of map NAME's elements as `nft -j` lists them."""
+    pairs = []
+    for elem in elems:
+        if not isinstance(elem, list) or len(elem) != 2:
+            raise Unparsed(f"map {name}: element {json.dumps(elem)}")
+        pairs.append((unwrap(elem[0]), elem[1]))
+    return pairs
+
+
+def concat(name, key, n):
+    """The N parts of a concatenated key."""
+    if not isinstance(key, dict) or not isinstance(key.get("concat"), list) or len(key["concat"]) != n:
+        raise Unparsed(f"map {name}: key {json.dumps(key)} is not a concatenation of {n}")
+    return key["concat"]
+
+
+def goto_target(name, verdict):
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("goto"), dict) or "target" not in verdict["goto"]:
+        raise Unparsed(f"map {name}: value {json.dumps(verdict)} is not a goto")
+    return verdict["goto"]["target"]
+
+
 def interval(key):
-    if isinstance(key, int):
+    if isinstance(key, int) and not isinstance(key, bool):
         return key, key
-    if "range" in key:
+    if isinstance(key, dict) and isinstance(key.get("range"), list) and len(key["range"]) == 2:
         return key["range"][0], key["range"][1]
-    if "prefix" in key:
-        addr, length = key["prefix"]["addr"], key["prefix"]["len"]
-        return addr, addr + (1 << (32 - length)) - 1
-    raise ValueError(f"unexpected interval key {key!r}")
+    if isinstance(key, dict) and isinstance(key.get("prefix"), dict):
+        addr, length = key["prefix"].get("addr"), key["prefix"].get("len")
+        if isinstance(addr, int) and isinstance(length, int):
+            return addr, addr + (1 << (32 - length)) - 1
+    raise Unparsed(f"interval key {json.dumps(key)}")
+
+
+def endpoint(name, val):
+    """An endpoint map's value, "ip:port"."""
+    parts = concat(name, val, 2)
+    if not isinstance(parts[0], str) or not isinstance(parts[1], int):
+        raise Unparsed(f"map {name}: value {json.dumps(val)} is not address . port")
+    return f"{parts[0]}:{parts[1]}"
+
+
+def list_table():
+    """(objects of table ip kube-proxy, None) or (None, why)."""
+    out = subprocess.run(["nft", "-j", "list", "table", "ip", "kube-proxy"], capture_output=True, text=True)
+    if out.returncode != 0:
+        return None, f"table ip kube-proxy cannot be listed: {out.stderr.strip()}"
+    return json.loads(out.stdout)["nftables"], None
 
 
 def kernel_state():
-    out = subprocess.run(["nft", "-j", "list", "table", "ip", "kube-proxy"], capture_output=True, text=True)
-    if out.returncode != 0:
-        return None, None, [f"table ip kube-proxy cannot be listed: {out.stderr.strip()}"]
-    objs = json.loads(out.stdout)["nftables"]
+    objs, why = list_table()
+    if objs is None:
+        return None, None, [why]
     maps, sets, chains = {}, {}, {}
     for o in objs:
         if "map" in o:
@@ -343,6 +399,51 @@ def kernel_state():
             chains.setdefault(o["rule"]["chain"], []).append(o["rule"]["expr"])
     problems = []
 
+    # The endpoint maps' elements as slot intervals; one that cannot be read is a problem.
+    slots = {}  # map name -> [(lo, hi, "ip:port")]
+    for name, elems in maps.items():
+        if not name.startswith("service-endpoints"):
+            continue
+        slots[name] = []
+        try:
+            pairs = map_elements(name, elems)
+        except Unparsed as e:
+            problems.append(f"unparsed {e}")
+            continue
+        for key, val in pairs:
+            try:
+                lo, hi = interval(key)
+                slots[name].append((lo, hi, endpoint(name, val)))
+            except Unparsed as e:
+                problems.append(f"unparsed: map {name}: {e}")
+
+    def balancing(chain, e):
+        """The (map, base) a dnat expression balances over, or None and a problem."""
+        m = e["dnat"].get("addr", {}).get("map", {}) if isinstance(e["dnat"], dict) else {}
+        ng = m.get("key", {}).get("numgen", {}) if isinstance(m, dict) else {}
+        name = str(m.get("data", "")).lstrip("@") if isinstance(m, dict) else ""
+        if ng.get("mod") != SLOTS or name not in slots:
+            problems.append(f"chain {chain}: unexpected dnat {json.dumps(e)}")
+            return None
+        return name, ng.get("offset", 0)
+
+    # Every slot range a balancing chain (a dnat through numgen and a map) owns, in any chain;
+    # an endpoint-map element outside all of them is stale.
+    claimed = {}
+    for chain, rules in chains.items():
+        for expr in rules:
+            for e in expr:
+                addr = e.get("dnat", {}).get("addr") if isinstance(e, dict) and isinstance(e.get("dnat"), dict) else None
+                if isinstance(addr, dict) and isinstance(addr.get("map"), dict) and "numgen" in addr["map"].get("key", {}):
+                    b = balancing(chain, e)
+                    if b:
+                        claimed.setdefault(b[0], []).append(b[1])
+    for name, elems in slots.items():
+        bases = claimed.get(name, [])
+        for lo, hi, ep in elems:
+            if not any(base <= lo and hi < base + SLOTS for base in bases):
+                problems.append(f"@{name}: element {lo}-{hi} : {ep} is in no balancing chain's slot range")
+
     def endpoints_of(chain, depth=0):
         """The endpoint set a chain balances over, or None (and a problem) when it does not."""
         if depth > 4 or chain not in chains:
@@ -351,19 +452,17 @@ def kernel_state():
         for expr in chains[chain]:
             for e in expr:
                 if "dnat" in e:
-                    m = e["dnat"].get("addr", {}).get("map", {})
-                    ng = m.get("key", {}).get("numgen", {})
-                    name = str(m.get("data", "")).lstrip("@")
-                    if ng.get("mod") != SLOTS or name not in maps:
-                        problems.append(f"chain {chain}: unexpected dnat {json.dumps(e)}")
+                    b = balancing(chain, e)
+                    if b is None:
                         return None
-                    base = ng.get("offset", 0)
+                    name, base = b
                     got, spans = set(), []
-                    for key, val in maps[name]:
-                        lo, hi = interval(key)
+                    for lo, hi, ep in slots[name]:
                         if base <= lo and hi < base + SLOTS:
                             spans.append((lo, hi))
-                            got.add(f"{val['concat'][0]}:{val['concat'][1]}")
+                            got.add(ep)
+                        elif lo < base + SLOTS and hi >= base:
+                            problems.append(f"chain {chain}: element {lo}-{hi} of @{name} straddles its range")
                     # Every slot of the chain's range must lead to an endpoint, or a connection
                     # would find no element and fall through.
                     spans.sort()
@@ -391,22 +490,78 @@ def kernel_state():
             problems.append(f"{key} is in two maps (also {where})")
         have[key] = value
 
-    for key, verdict in maps.get("service-ips", []):
-        ip, proto, port = key["concat"]
-        add(("svc", ip, proto, port), endpoints_of(verdict["goto"]["target"]), "service-ips")
-    for key, verdict in maps.get("no-endpoint-services", []):
-        ip, proto, port = key["concat"]
-        add(("svc", ip, proto, port), frozenset() if verdict.get("goto", {}).get("target") == "reject-chain" else None,
-            "no-endpoint-services")
-    for key, verdict in maps.get("service-nodeports", []):
-        proto, port = key["concat"]
-        add(("nodeport", proto, port), endpoints_of(verdict["goto"]["target"]), "service-nodeports")
-    for key, verdict in maps.get("no-endpoint-nodeports", []):
-        proto, port = key["concat"]
-        add(("nodeport", proto, port), frozenset() if verdict.get("goto", {}).get("target") == "reject-chain" else None,
-            "no-endpoint-nodeports")
-    cluster_ips = {e if isinstance(e, str) else json.dumps(e) for e in sets.get("cluster-ips", [])}
-    return have, cluster_ips, problems
+    def each(name, n):
+        """The (key parts, value) of map NAME's elements; what cannot be read is a problem."""
+        try:
+            pairs = map_elements(name, maps.get(name, []))
+        except Unparsed as e:
+            problems.append(f"unparsed {e}")
+            return
+        for key, val in pairs:
+            try:
+                yield concat(name, key, n), val
+            except Unparsed as e:
+                problems.append(f"unparsed {e}")
+
+    def target(name, verdict):
+        try:
+            return goto_target(name, verdict)
+        except Unparsed as e:
+            problems.append(f"unparsed {e}")
+            return None
+
+    for (ip, proto, port), verdict in each("service-ips", 3):
+        t = target("service-ips", verdict)
+        add(("svc", ip, proto, port), endpoints_of(t) if t else None, "service-ips")
+    for (ip, proto, port), verdict in each("no-endpoint-services", 3):
+        t = target("no-endpoint-services", verdict)
+        add(("svc", ip, proto, port), frozenset() if t == "reject-chain" else None, "no-endpoint-services")
+    for (proto, port), verdict in each("service-nodeports", 2):
+        t = target("service-nodeports", verdict)
+        add(("nodeport", proto, port), endpoints_of(t) if t else None, "service-nodeports")
+    for (proto, port), verdict in each("no-endpoint-nodeports", 2):
+        t = target("no-endpoint-nodeports", verdict)
+        add(("nodeport", proto, port), frozenset() if t == "reject-chain" else None, "no-endpoint-nodeports")
+    cluster_ips = set()
+    for e in sets.get("cluster-ips", []):
+        try:
+            ip = unwrap(e)
+        except Unparsed as u:
+            problems.append(f"unparsed: set cluster-ips: {u}")
+            continue
+        if isinstance(ip, str):
+            cluster_ips.add(ip)
+        else:
+            problems.append(f"unparsed: set cluster-ips: element {json.dumps(e)}")
+    return have, cluster_ips, list(dict.fromkeys(problems))
+
+
+def elements(args):
+    """Prints "MAP KEY" for every element of the maps named (or starting with --prefix), KEY
+    as nft writes it in `nft delete element` ("10.96.0.1 . tcp . 80", "0-16383"). Exit 1, with
+    the reason, for an element it cannot read."""
+    objs, why = list_table()
+    if objs is None:
+        print(why, file=sys.stderr)
+        return 1
+    for o in objs:
+        name = o.get("map", {}).get("name")
+        if name is None or not (name in args.map or (args.prefix and name.startswith(args.prefix))):
+            continue
+        try:
+            for key, _ in map_elements(name, o["map"].get("elem", [])):
+                if isinstance(key, dict) and "concat" in key:
+                    parts = key["concat"]
+                    if not all(isinstance(p, (str, int)) and not isinstance(p, bool) for p in parts):
+                        raise Unparsed(f"map {name}: key {json.dumps(key)}")
+                    print(name, " . ".join(str(p) for p in parts))
+                else:
+                    lo, hi = interval(key)
+                    print(name, f"{lo}-{hi}" if hi != lo else lo)
+        except Unparsed as e:
+            print(f"unparsed {e}", file=sys.stderr)
+            return 1
+    return 0
 
 
 def check(args):
@@ -443,15 +598,18 @@ def check(args):
 
 # --- a kill timed into the first full sync -----------------------------------------------------
 def kill_in_first_sync(args):
-    """Waits for the restarted kproxy (pid) to log that it listed Services and EndpointSlices
-    (after the log's first `offset` bytes), then SIGKILLs it after a random 0..max-delay ms.
-    Prints whether its first sync had been reported by then."""
+    """Waits for the restarted kproxy to log that it listed Services and EndpointSlices (after
+    the log's first `offset` bytes), then SIGKILLs it after a random 0..max-delay ms. Prints
+    whether its first sync had been reported by then. Started before kproxy, it creates
+    --ready-file once it reads the log, and takes kproxy's pid from --pid-file (so that its own
+    start-up does not let kproxy's first sync pass unseen)."""
     rng = random.Random()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + args.timeout
     listed = set()
     buf = ""
     with open(args.log) as f:
         f.seek(args.offset)
+        open(args.ready_file, "w").close()
         while time.monotonic() < deadline:
             chunk = f.read()
             if not chunk:
@@ -466,8 +624,17 @@ def kill_in_first_sync(args):
         else:
             print("timeout")
             return 1
+    pid = None
+    while pid is None and time.monotonic() < deadline:
+        try:
+            pid = int(open(args.pid_file).read())
+        except (OSError, ValueError):
+            time.sleep(0.001)
+    if pid is None:
+        print("timeout")
+        return 1
     time.sleep(rng.uniform(0, args.max_delay_ms) / 1000)
-    os.kill(args.pid, signal.SIGKILL)
+    os.kill(pid, signal.SIGKILL)
     with open(args.log) as f:
         f.seek(args.offset)
         synced = '"Synced rules"' in f.read()
@@ -497,12 +664,18 @@ def main():
     p.add_argument("--curl-list", required=True)
     p.add_argument("--curl-sample", type=int, default=20)
     p = sub.add_parser("kill-in-first-sync")
-    p.add_argument("--pid", type=int, required=True)
+    p.add_argument("--pid-file", required=True, help="kproxy's pid, written once it started")
+    p.add_argument("--ready-file", required=True, help="created once the log is being read")
     p.add_argument("--log", required=True)
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--max-delay-ms", type=float, default=40)
+    p.add_argument("--timeout", type=float, default=120, help="a ceiling: only a hang takes this long")
+    p = sub.add_parser("elements")
+    p.add_argument("map", nargs="*", help="a map of table ip kube-proxy")
+    p.add_argument("--prefix", default="", help="also every map whose name starts with this")
     args = ap.parse_args()
-    return {"load": load, "churn": churn, "check": check, "kill-in-first-sync": kill_in_first_sync}[args.cmd](args) or 0
+    return {"load": load, "churn": churn, "check": check, "kill-in-first-sync": kill_in_first_sync,
+            "elements": elements}[args.cmd](args) or 0
 
 
 if __name__ == "__main__":

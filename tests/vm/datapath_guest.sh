@@ -15,13 +15,9 @@ shift
 # needs /dev/fd.
 [[ -e /dev/fd ]] || ln -s /proc/self/fd /dev/fd
 
-# One emulated CPU (TCG): a request through a namespace takes up to a second, so the cases whose
-# flows must last long enough for some requests (restart_keeps_traffic) stretch them by this.
-export KP_TIME_SCALE=${KP_TIME_SCALE:-4}
-
 read -r uptime _ </proc/uptime
 memory=$(awk '$1 == "MemTotal:" { printf "%d MiB", $2 / 1024 }' /proc/meminfo)
-echo "datapath_guest: kernel $(uname -r), $(nproc) CPU, $memory, up ${uptime} s, KP_TIME_SCALE=$KP_TIME_SCALE"
+echo "datapath_guest: kernel $(uname -r), $(nproc) CPU, $memory, up ${uptime} s"
 start=$SECONDS
 "$suite" "$@"
 rc=$?
