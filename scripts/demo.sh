@@ -63,8 +63,8 @@ echo "==> starting kproxy --proxy-mode=nftables in namespace $(kp_ns node)"
 kp_start_kproxy "$MANIFESTS"
 
 echo "==> waiting for the rules"
-if ! kp_wait_served 20 "http://$CLUSTER_IP/"; then
-  echo "kproxy did not make $CLUSTER_IP reachable within 20 s (or exited); its log:" >&2
+if ! kp_wait_served "$KP_CEILING" "http://$CLUSTER_IP/"; then
+  echo "kproxy did not make $CLUSTER_IP reachable within $KP_CEILING s (or exited); its log:" >&2
   kp_kproxy_log_tail 40 >&2
   exit 1
 fi
