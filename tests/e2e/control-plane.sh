@@ -183,12 +183,14 @@ cp_start_apiserver() {
 
 # cp_terminate PID POLL — SIGTERM to PID (a child of this shell), up to 100 checks POLL seconds
 # apart for it to exit, then SIGKILL; reaps it.
+# Each step may fail (the process gone already, its status the signal's): none ends a caller
+# that runs under set -e before the teardown is done.
 cp_terminate() {
   local pid="$1" poll="$2" i
-  kill -TERM "$pid" 2>/dev/null
+  kill -TERM "$pid" 2>/dev/null || true
   for ((i = 0; i < 100; i++)); do kill -0 "$pid" 2>/dev/null || break; sleep "$poll"; done
-  kill -KILL "$pid" 2>/dev/null
-  wait "$pid" 2>/dev/null
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
 }
 
 cp_stop_apiserver() {
@@ -208,8 +210,8 @@ cp_start() {
 cp_stop() {
   cp_stop_apiserver
   if [[ -n "$CP_ETCD_PID" ]]; then
-    kill -TERM "$CP_ETCD_PID" 2>/dev/null
-    wait "$CP_ETCD_PID" 2>/dev/null
+    kill -TERM "$CP_ETCD_PID" 2>/dev/null || true
+    wait "$CP_ETCD_PID" 2>/dev/null || true
     CP_ETCD_PID=""
   fi
   [[ "${CP_ETCD_DATA:-}" == /dev/shm/kproxy-etcd-* ]] && rm -rf "$CP_ETCD_DATA"
