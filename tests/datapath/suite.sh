@@ -790,7 +790,10 @@ case_cleanup_removes_table() {
   # Something kproxy does not own must survive --cleanup.
   add_foreign_object || return 1
   start_kproxy_and_wait "http://$WEB_IP/" || return 1
-  kproxy_ruleset >/dev/null || kp_fail "kproxy's rules ($PROXY_MODE mode) cannot be read while it runs" || return 1
+  # The service answering does not mean every rule is in: IPVS mode answers through its virtual
+  # server before its iptables part is committed, so the rules are waited for.
+  kp_wait_for_kproxy "$KP_CEILING" kproxy_ruleset >/dev/null ||
+    kp_fail "kproxy's rules ($PROXY_MODE mode) cannot be read while it runs" || return 1
   kp_stop_kproxy TERM
   run_kproxy_cleanup || return 1
   local left
@@ -984,7 +987,8 @@ case_unallocated_clusterip_dropped() {
   local unallocated=10.96.0.99
   kp_exec client ip addr add "$unallocated/32" dev lo || return 1
   start_kproxy_and_wait "http://$WEB_IP/" || return 1
-  servicecidr_drop_present 10.96.0.0/16 ||
+  # Waited for, as above: in IPVS mode the service answers before the iptables part is in.
+  kp_wait_for_kproxy "$KP_CEILING" servicecidr_drop_present 10.96.0.0/16 ||
     kp_fail "no drop of 10.96.0.0/16 in kproxy's rules: $(kproxy_ruleset | grep -F 10.96.0.0/16)" || return 1
   expect_dropped pod2 "http://$unallocated/" || return 1
   expect_dropped node "http://$unallocated/" || return 1
