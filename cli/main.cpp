@@ -161,6 +161,16 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
   return options;
 }
 
+// What the tracker is told: the same for the daemon and for `kproxy explain`, so that explain
+// decides node semantics (where NodePorts answer) as the running daemon would.
+kproxy::core::TrackerConfig trackerConfigOf(const ProxyConfig& config) {
+  kproxy::core::TrackerConfig tracker;
+  tracker.nodeName = nodeName(config);
+  tracker.nodePortAddresses = config.nodePortAddresses;
+  tracker.bindAddress = config.bindAddress;
+  return tracker;
+}
+
 // Loads the built-in plugins (no flag needed) and every --plugin-dir. A directory that cannot
 // be read or a plugin that is refused is logged; only a missing selected mode is fatal.
 void loadPlugins(kproxy::plugins::PluginRegistry& registry, const ProxyConfig& config) {
@@ -315,8 +325,7 @@ int explain(std::span<const char* const> args) {
 
   auto apiConfig = apiClientConfig(config);
   if (!apiConfig) return fail(apiConfig.error().message());
-  kproxy::core::TrackerConfig tracker;
-  tracker.nodeName = nodeName(config);
+  kproxy::core::TrackerConfig tracker = trackerConfigOf(config);
   tracker.ipv6 = true;  // nothing is programmed, so the node's kernel does not matter
   kproxy::core::ProxierOptions options;
   options.minSyncPeriod = std::chrono::milliseconds(0);
@@ -444,10 +453,7 @@ int main(int argc, char** argv) {
   auto apiConfig = apiClientConfig(config);
   if (!apiConfig) return fail(apiConfig.error().message());
 
-  kproxy::core::TrackerConfig tracker;
-  tracker.nodeName = nodeName(config);
-  tracker.nodePortAddresses = config.nodePortAddresses;
-  tracker.bindAddress = config.bindAddress;
+  kproxy::core::TrackerConfig tracker = trackerConfigOf(config);
   tracker.ipv6 = kproxy::backends::kernelHasIPv6();
   if (!tracker.ipv6) log::info(0, "IPv6 is not available in this network namespace; IPv6 service ports are skipped");
   kproxy::core::ProxierOptions options;
@@ -522,24 +528,16 @@ int main(int argc, char** argv) {
     // /debug/services: the shared plan's view of every service port (the same in every mode)
     // and the sync ledger. The node-wide plan settings are the options every backend gets.
     {
-      const kproxy::plugins::BackendOptions bo = backendOptions(config);
-      auto option = [&bo](const char* key) {
-        auto it = bo.find(key);
-        return it == bo.end() ? std::string() : it->second;
-      };
-      const auto nodeIPs = kproxy::plan::splitOptionList(option("node-ips"));
-      kproxy::plan::PlanConfig planConfig = kproxy::plan::planConfigOf(
-          config.masqueradeAll, config.detectLocalMode, kproxy::plan::splitOptionList(option("cluster-cidr")),
-          option("pod-bridge-interface"), option("pod-interface-name-prefix"), nodeIPs);
-      opsOptions.debugServices = [&proxier, planConfig, nodeIPs, mode = config.mode,
-                                  detect = config.detectLocalMode](const std::string& service) {
+      const kproxy::plugins::BackendOptions given = backendOptions(config);
+      auto commonOptions = kproxy::plan::parseCommonOptions(kproxy::sdk::Options(given.begin(), given.end()), "kproxy");
+      if (!commonOptions) return fail(commonOptions.error().message);
+      opsOptions.debugServices = [&proxier, common = std::move(*commonOptions),
+                                  mode = config.mode](const std::string& service) {
         kproxy::cli::ServiceStatusInput in;
         in.mode = mode;
         in.snapshot = proxier.status().applied;
         in.ledger = proxier.syncLedger();
-        in.planConfig = planConfig;
-        in.detectLocalMode = detect;
-        in.fallbackNodeIPs = nodeIPs;
+        in.common = common;
         in.nowWall = kproxy::core::systemClock().wallSeconds();
         in.service = service;
         return kproxy::cli::servicesStatus(in).dump();

@@ -2,6 +2,8 @@
 
 #include "net_util.h"
 
+#include "kproxy/core/nodeport_addresses.h"
+
 namespace kproxy::cli {
 
 Duration ProxyConfig::effectiveSyncPeriod() const {
@@ -19,9 +21,8 @@ Duration ProxyConfig::effectiveMinSyncPeriod() const {
 void applyPlatformDefaults(ProxyConfig& config) {
   if (config.mode.empty()) config.mode = kDefaultProxyMode;
   if (config.detectLocalMode.empty()) config.detectLocalMode = "ClusterCIDR";
-  if (config.mode == "nftables" && config.nodePortAddresses.empty()) {
-    config.nodePortAddresses = {"primary"};
-  }
+  if (config.nodePortAddresses.empty())
+    config.nodePortAddresses = kproxy::core::defaultNodePortAddresses(config.mode);
 }
 
 std::string appendPortIfNeeded(const std::string& address, std::int32_t port) {

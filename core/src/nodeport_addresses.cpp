@@ -83,9 +83,20 @@ NodeIPs detectNodeIPs(std::span<const NodeAddress> nodeAddresses, std::string_vi
   return ips;
 }
 
-NodePortAddresses resolveNodePortAddresses(std::span<const std::string> spec,
-                                           std::span<const std::string> interfaceAddresses,
-                                           const NodeIPs& nodeIPs) {
+std::vector<std::string> defaultNodePortAddresses(std::string_view mode) {
+  if (mode == "nftables") return {"primary"};
+  return {};
+}
+
+NodePortAddresses noNodePortAddresses() {
+  NodePortAddresses out;
+  out.resolved = true;
+  return out;
+}
+
+NodePortAddresses decideNodePortAddresses(std::span<const std::string> spec,
+                                          std::span<const std::string> localAddresses,
+                                          const NodeIPs& nodeIPs) {
   std::vector<std::string> cidrs;
   if (spec.size() == 1 && spec.front() == "primary") {
     for (IPFamily family : {IPFamily::kIPv4, IPFamily::kIPv6}) {
@@ -111,7 +122,7 @@ NodePortAddresses resolveNodePortAddresses(std::span<const std::string> spec,
     // No CIDR of this family: upstream adds 0.0.0.0/0 (::/0) for it.
     if (prefixes.empty()) all = true;
     (family == IPFamily::kIPv4 ? out.allLocalIPv4 : out.allLocalIPv6) = all;
-    for (const auto& text : interfaceAddresses) {
+    for (const auto& text : localAddresses) {
       auto ip = resolve::parseIP(text);
       if (!ip || ip->family != family) continue;
       auto host = parsePrefix(ip->text);

@@ -40,6 +40,7 @@ std::optional<std::string> ignoredSliceReason(const EndpointSlice& slice) {
 struct ChangeTracker::Impl {
   explicit Impl(TrackerConfig c) : config(std::move(c)) {
     node.name = config.nodeName;
+    resolveNodePorts(node);
     current = std::make_shared<const Snapshot>(Snapshot().withNode(node));
   }
 
@@ -107,17 +108,26 @@ struct ChangeTracker::Impl {
     dirty.insert(owner);
   }
 
-  // Fills in what --nodeport-addresses resolves to, once the interface addresses are known.
-  // "primary" waits for the Node object (upstream waits for it at start-up): resolving without
-  // it would open NodePorts on every local address until it arrives.
+  // Decides where NodePorts answer (core/nodeport_addresses.h): against the interface
+  // addresses once the host has read them, else against the Node object's addresses (and a
+  // specific --bind-address), as `kproxy explain` and a host that cannot read them do.
+  // "primary" waits for the Node object (upstream waits for it at start-up).
   void resolveNodePorts(NodeInfo& info) const {
-    info.nodePortAddresses = {};
-    if (!interfaceAddresses) return;
     const auto& spec = config.nodePortAddresses;
-    if (spec.size() == 1 && spec[0] == "primary" && !info.known) return;
-    info.nodePortAddresses = resolveNodePortAddresses(
-        config.nodePortAddresses, *interfaceAddresses,
-        detectNodeIPs(nodeAddresses, config.bindAddress));
+    if (spec.size() == 1 && spec[0] == "primary" && !info.known) {
+      info.nodePortAddresses = noNodePortAddresses();
+      return;
+    }
+    const NodeIPs nodeIPs = detectNodeIPs(nodeAddresses, config.bindAddress);
+    if (interfaceAddresses) {
+      info.nodePortAddresses = decideNodePortAddresses(spec, *interfaceAddresses, nodeIPs);
+      return;
+    }
+    std::vector<std::string> local;
+    for (const auto& a : nodeAddresses) local.push_back(a.address);
+    for (const auto* ip : {&nodeIPs.ipv4, &nodeIPs.ipv6})
+      if (!ip->empty()) local.push_back(*ip);
+    info.nodePortAddresses = decideNodePortAddresses(spec, local, nodeIPs);
   }
 
   void setNode(NodeInfo next) {

@@ -14,7 +14,7 @@ namespace {
 using Strings = std::vector<std::string>;
 
 NodePortAddresses resolved(Strings spec, Strings interfaces, NodeIPs nodeIPs = {}) {
-  return resolveNodePortAddresses(spec, interfaces, nodeIPs);
+  return decideNodePortAddresses(spec, interfaces, nodeIPs);
 }
 
 const Strings kInterfaces = {"127.0.0.1", "::1", "192.168.1.10", "192.168.2.20", "10.0.0.5",
@@ -133,14 +133,16 @@ TEST_CASE("nodePortAddresses primary is the node IP of each family", "[unit]") {
   CHECK(r.allLocalIPv6);
 }
 
-TEST_CASE("the tracker resolves nodePortAddresses once interface addresses are known", "[unit]") {
+TEST_CASE("the tracker decides nodePortAddresses against interface addresses once known", "[unit]") {
   TrackerConfig config;
   config.nodeName = "node-a";
   config.nodePortAddresses = {"primary"};
   ChangeTracker tracker(config);
-  // "primary" before the Node object: not resolved (not "every local address" meanwhile).
+  // "primary" before the Node object: decided, nowhere (not "every local address" meanwhile).
   CHECK_FALSE(tracker.setInterfaceAddresses({"192.168.1.10"}));
-  CHECK_FALSE(tracker.current()->node().nodePortAddresses.resolved);
+  CHECK(tracker.current()->node().nodePortAddresses == noNodePortAddresses());
+  CHECK(tracker.current()->node().nodePortAddresses.resolved);
+  CHECK_FALSE(tracker.current()->node().nodePortAddresses.allLocalIPv4);
 
   Node node;
   node.name = "node-a";
@@ -163,23 +165,54 @@ TEST_CASE("the tracker resolves nodePortAddresses once interface addresses are k
   CHECK_FALSE(tracker.hasPendingChanges());
 }
 
-TEST_CASE("the tracker leaves nodePortAddresses unresolved without interface addresses", "[unit]") {
+TEST_CASE("without interface addresses the tracker decides against the Node object's", "[unit]") {
   TrackerConfig config;
   config.nodeName = "node-a";
   config.nodePortAddresses = {"192.168.0.0/16"};
   ChangeTracker tracker(config);
+  // No Node object and no interface addresses yet: CIDRs select nothing, and the family
+  // without a CIDR answers on every local address, as it will later.
+  CHECK(tracker.current()->node().nodePortAddresses.resolved);
+  CHECK(tracker.current()->node().nodePortAddresses.addresses.empty());
+  CHECK(tracker.current()->node().nodePortAddresses.allLocalIPv6);
   Node node;
   node.name = "node-a";
-  node.addresses = {{"InternalIP", "192.168.1.10"}};
+  node.addresses = {{"InternalIP", "192.168.1.10"}, {"ExternalIP", "203.0.113.7"}};
   REQUIRE(tracker.upsertNode(node));
-  // As in `kproxy explain`: the backend decides from the Node object.
-  CHECK_FALSE(tracker.publish().snapshot->node().nodePortAddresses.resolved);
+  // As in `kproxy explain`: the Node object's addresses stand for the interfaces'.
+  NodePortAddresses np = tracker.publish().snapshot->node().nodePortAddresses;
+  CHECK(np.resolved);
+  CHECK(np.addresses == Strings{"192.168.1.10"});
   REQUIRE(tracker.setInterfaceAddresses({"192.168.1.10", "192.168.2.20", "10.0.0.1"}));
-  const NodePortAddresses np = tracker.publish().snapshot->node().nodePortAddresses;
+  np = tracker.publish().snapshot->node().nodePortAddresses;
   CHECK(np.resolved);
   CHECK(np.addresses == Strings{"192.168.1.10", "192.168.2.20"});
   CHECK(np.allLocalIPv6);
   // The Node object goes: CIDRs do not need it.
   REQUIRE(tracker.deleteNode("node-a"));
   CHECK(tracker.publish().snapshot->node().nodePortAddresses.addresses == Strings{"192.168.1.10", "192.168.2.20"});
+}
+
+TEST_CASE("\"primary\" with a --bind-address takes it as the node IP of its family", "[unit]") {
+  TrackerConfig config;
+  config.nodeName = "node-a";
+  config.nodePortAddresses = {"primary"};
+  config.bindAddress = "192.168.2.20";
+  ChangeTracker tracker(config);
+  Node node;
+  node.name = "node-a";
+  node.addresses = {{"InternalIP", "192.168.1.10"}, {"InternalIP", "fd00:1::10"}};
+  REQUIRE(tracker.upsertNode(node));
+  // Without interface addresses (explain), and with them (the daemon): the same answer.
+  CHECK(tracker.publish().snapshot->node().nodePortAddresses.addresses == Strings{"192.168.2.20", "fd00:1::10"});
+  tracker.setInterfaceAddresses({"192.168.1.10", "192.168.2.20", "fd00:1::10", "fd00:2::20"});
+  CHECK(tracker.current()->node().nodePortAddresses.addresses == Strings{"192.168.2.20", "fd00:1::10"});
+}
+
+TEST_CASE("a mode without --nodeport-addresses gets upstream's default for it", "[unit]") {
+  CHECK(defaultNodePortAddresses("nftables") == Strings{"primary"});
+  for (const char* mode : {"iptables", "ipvs", "userspace"}) {
+    INFO(mode);
+    CHECK(defaultNodePortAddresses(mode).empty());
+  }
 }

@@ -1,8 +1,10 @@
 #pragma once
-/// `--nodeport-addresses` resolved on this node, with upstream kube-proxy's meaning
-/// (pkg/proxy/util/nodeport_addresses.go, and "primary" / the node IPs of
-/// cmd/kube-proxy/app/server.go): the node's own interface addresses that NodePorts answer on,
-/// per family. The host reads the interface addresses; these functions only decide.
+/// Where NodePorts answer on this node: `--nodeport-addresses` decided with upstream kube-proxy's
+/// meaning (pkg/proxy/util/nodeport_addresses.go, and "primary" / the node IPs of
+/// cmd/kube-proxy/app/server.go). This is the one place that decides it: the tracker calls it
+/// for the daemon and for `kproxy explain`, and a backend under a host too old to send the
+/// decision calls it through the plan. The host reads the interface addresses; these functions
+/// only decide.
 /// Thread-safety: pure functions on value types.
 
 #include <span>
@@ -28,8 +30,8 @@ NodeIPs detectNodeIPs(std::span<const NodeAddress> nodeAddresses, std::string_vi
 
 /// Where NodePorts answer on this node.
 struct NodePortAddresses {
-  /// false until the host has read the node's interface addresses (and always in `kproxy
-  /// explain`, which does not run on the node): a backend then decides from the Node object.
+  /// true once decided (decideNodePortAddresses). A current host always decides; false only
+  /// comes from a host older than plugin ABI 1.2, and a backend then decides through the plan.
   bool resolved = false;
   /// The node's interface addresses NodePorts answer on, both families, canonical text,
   /// sorted and unique. Loopback addresses are listed when a CIDR holds them; whether a
@@ -48,16 +50,28 @@ struct NodePortAddresses {
   bool operator==(const NodePortAddresses&) const = default;
 };
 
-/// Resolves `spec` (the validated --nodeport-addresses: CIDRs of either family, or the one
-/// keyword "primary") against the node's `interfaceAddresses` (numeric, either family;
-/// malformed entries are ignored). Per family, as upstream:
+/// The --nodeport-addresses of a mode that was given none: upstream's nftables mode defaults
+/// to "primary"; iptables and IPVS (and kproxy's userspace mode) to none, every local address.
+std::vector<std::string> defaultNodePortAddresses(std::string_view mode);
+
+/// Decides `spec` (the validated --nodeport-addresses: CIDRs of either family, or the one
+/// keyword "primary") against `localAddresses` (numeric, either family; malformed entries are
+/// ignored). Per family, as upstream:
 ///  - "primary" becomes the node IP of each family (/32, /128), skipping a loopback or
 ///    unknown one;
 ///  - a family without any CIDR, or with 0.0.0.0/0 (::/0), answers on every local address;
-///  - otherwise on the interface addresses inside one of the family's CIDRs.
-/// The result has `resolved` set.
-NodePortAddresses resolveNodePortAddresses(std::span<const std::string> spec,
-                                           std::span<const std::string> interfaceAddresses,
-                                           const NodeIPs& nodeIPs);
+///  - otherwise on the local addresses inside one of the family's CIDRs.
+/// `localAddresses` are the node's interface addresses where the host can read them; where it
+/// cannot (`kproxy explain`, which does not run on the node, or a host whose address watcher
+/// failed) they are the Node object's addresses, which every node holds. The result has
+/// `resolved` set.
+NodePortAddresses decideNodePortAddresses(std::span<const std::string> spec,
+                                          std::span<const std::string> localAddresses,
+                                          const NodeIPs& nodeIPs);
+
+/// Where NodePorts answer before the Node object is known with "primary": nowhere (upstream
+/// waits for the Node object at start-up; answering on every local address meanwhile would
+/// open NodePorts the operator closed). Decided (`resolved` set), with no address.
+NodePortAddresses noNodePortAddresses();
 
 }  // namespace kproxy::core

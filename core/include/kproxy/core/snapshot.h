@@ -148,7 +148,7 @@ struct NodeInfo {
   std::vector<std::string> podCIDRs;
   bool deleting = false;
   bool known = false;  ///< a Node object has been seen
-  /// --nodeport-addresses resolved against the node's interface addresses (by the host).
+  /// Where NodePorts answer, decided by the tracker (core/nodeport_addresses.h).
   NodePortAddresses nodePortAddresses;
   bool operator==(const NodeInfo&) const = default;
 };

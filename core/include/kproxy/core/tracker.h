@@ -20,8 +20,9 @@ struct TrackerConfig {
   /// Honour service.kubernetes.io/service-proxy-name: services carrying it are skipped unless it
   /// equals this value (empty: skip every labelled service, as upstream does by default).
   std::string serviceProxyName;
-  /// --nodeport-addresses as validated (CIDRs, or "primary"), and --bind-address, which
-  /// "primary" takes as the node IP of its family. Used once interface addresses are set.
+  /// --nodeport-addresses as validated and defaulted for the mode (CIDRs, or "primary"), and
+  /// --bind-address, which "primary" takes as the node IP of its family. Every snapshot's node
+  /// carries where NodePorts answer, decided from them (core/nodeport_addresses.h).
   std::vector<std::string> nodePortAddresses;
   std::string bindAddress;
 };
@@ -53,7 +54,8 @@ class ChangeTracker {
   bool upsertNode(Node node);
   bool deleteNode(const std::string& name);
   /// The node's interface addresses (numeric, both families), read by the host; from the
-  /// first call on, snapshots carry resolved NodePort addresses. True when they changed.
+  /// first call on, NodePort addresses are decided against them instead of the Node object's
+  /// addresses. True when they changed.
   bool setInterfaceAddresses(std::vector<std::string> addresses);
   /// ServiceCIDR objects: the snapshot's serviceCIDRs() are the CIDRs of all of them.
   bool upsertServiceCIDR(ServiceCIDR cidr);

@@ -148,10 +148,11 @@ typedef struct kproxy_node_info {
 
   /* ---- appended in ABI 1.2; read only when struct_size covers the field ---- */
 
-  /* Where NodePorts answer, as the host resolved --nodeport-addresses against the node's
-   * interface addresses (upstream's meaning). Only with KPROXY_NODEPORT_RESOLVED in
-   * `nodeport_flags`; without it (an older host, or `kproxy explain`, which does not run on
-   * the node) a backend decides from `addresses`. `nodeport_addresses` lists the interface
+  /* Where NodePorts answer, as the host decided --nodeport-addresses (upstream's meaning)
+   * against the node's interface addresses, or, where it cannot read them (`kproxy explain`),
+   * the Node object's. Only with KPROXY_NODEPORT_RESOLVED in `nodeport_flags`, which every
+   * host of ABI 1.2 or newer sets; without it (an older host) a backend decides from
+   * `addresses` with the same rules. `nodeport_addresses` lists the interface
    * addresses of both families that NodePorts answer on (loopback ones included when a CIDR
    * holds them; a backend may refuse those). With KPROXY_NODEPORT_ALL_LOCAL_IPV4 (_IPV6)
    * NodePorts of that family answer on every local address, including ones added later

@@ -154,9 +154,10 @@ struct ServicePort {
   bool operator==(const ServicePort&) const = default;
 };
 
-/// Where NodePorts answer, as the host resolved --nodeport-addresses (abi.h, ABI 1.2).
+/// Where NodePorts answer, as the host decided --nodeport-addresses (abi.h, ABI 1.2).
 struct NodePortAddresses {
-  /// false: the host did not resolve them (older host, or explain); decide from the node.
+  /// false: a host older than ABI 1.2 sent no decision; decide from the node (kproxy's own
+  /// backends: plan::nodePortAddressesOf).
   bool resolved = false;
   std::vector<std::string> addresses;  ///< both families; loopback ones when a CIDR holds them
   bool allLocalIPv4 = false;           ///< every local IPv4 address, also ones added later
