@@ -5,6 +5,7 @@
 
 #include "kproxy/backends/common/address.h"
 #include "kproxy/iptables/tracer.h"
+#include "kproxy/plan/options.h"
 #include "kproxy/plan/trace.h"
 
 namespace kproxy::iptables {
@@ -24,16 +25,6 @@ std::vector<IPPrefix> localAddresses(const RenderConfig& config, const sdk::Node
     for (const auto& ip : config.nodeIPs) add(ip);
   for (const auto& ip : node.nodePortAddresses.addresses) add(ip);
   return out;
-}
-
-// Whether NodePorts answer on `dst`: one of the node's addresses, inside a nodeport-addresses
-// CIDR, or loopback.
-bool destinationLocal(const IPPrefix& dst, const std::vector<IPPrefix>& local, const RenderConfig& config) {
-  if (std::any_of(local.begin(), local.end(), [&](const IPPrefix& a) { return a == dst; })) return true;
-  for (const auto& c : config.nodePortCIDRs)
-    if (auto cidr = IPPrefix::parse(c); cidr && cidr->contains(dst)) return true;
-  auto loopback = IPPrefix::parse(dst.v6 ? "::1" : "127.0.0.0/8");
-  return loopback && loopback->contains(dst);
 }
 
 }  // namespace
@@ -63,7 +54,11 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<c
   const Trace trace = tracer->trace(*packet);
 
   plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, family, trace);
-  x.destinationLocal = destinationLocal(packet->destination, tracer->localAddresses(), config);
+  std::vector<std::string> local;
+  for (const auto& a : tracer->localAddresses()) local.push_back(a.toString());
+  x.destinationLocal = plan::nodePortAnswersOn(
+      plan::nodePortAddressesOf(node, config.nodePortAddresses, config.nodeIPs), local, x.destination,
+      /*loopback=*/true);
   // Why a drop happened, when the rules say more than the chain: an unallocated ClusterIP
   // (renderer.cpp's ServiceCIDR rule in filter KUBE-SERVICES).
   if (trace.outcome.verdict == plan::TraceVerdict::kDropped &&

@@ -107,49 +107,21 @@ IptablesRenderer::IptablesRenderer(RenderConfig config)
 
 void IptablesRenderer::setNode(const sdk::NodeInfo& node) {
   plan::applyNode(planConfig_, config_.detectLocalMode, node, config_.nodeIPs);
+  const sdk::NodePortAddresses nodePorts =
+      plan::nodePortAddressesOf(node, config_.nodePortAddresses, config_.nodeIPs);
   for (sdk::Family fam : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
     NodePorts& out = nodePorts_[isV6(fam) ? 1 : 0];
     out = NodePorts{};
-    const auto& resolved = node.nodePortAddresses;
     // Loopback NodePorts: IPv4 only, with --iptables-localhost-nodeports (route_localnet).
     auto usable = [&](const IPPrefix& a) {
       const auto loopback = *IPPrefix::parse(isV6(fam) ? "::1/128" : "127.0.0.0/8");
       return !loopback.contains(a) || (!isV6(fam) && config_.localhostNodePorts);
     };
-    if (resolved.resolved) {
-      out.allLocal = resolved.allLocal(fam);
-      if (out.allLocal) continue;
-      for (const auto& ip : resolved.addresses)
-        if (auto a = IPPrefix::parse(ip); a && a->isHost() && a->v6 == isV6(fam) && usable(*a))
-          out.addresses.push_back(ip);
-      continue;
-    }
-    // A host that did not resolve them (an older one, or explain): as upstream's iptables
-    // mode, every local address unless CIDRs of the family are given; then the node's
-    // addresses inside them.
-    if (config_.nodePortPrimary) {
-      out.allLocal = false;
-      for (const auto& ip : planConfig_.nodeIPs)
-        if (auto a = IPPrefix::parse(ip); a && a->isHost() && a->v6 == isV6(fam)) {
-          out.addresses.push_back(ip);
-          break;
-        }
-      continue;
-    }
-    std::vector<IPPrefix> cidrs;
-    for (const auto& c : config_.nodePortCIDRs)
-      if (auto a = IPPrefix::parse(c); a && a->v6 == isV6(fam)) cidrs.push_back(*a);
-    if (cidrs.empty()) continue;
-    out.allLocal = false;
-    for (const auto& ip : planConfig_.nodeIPs) {
-      auto a = IPPrefix::parse(ip);
-      if (!a || !a->isHost() || a->v6 != isV6(fam) || !usable(*a)) continue;
-      for (const auto& c : cidrs)
-        if (c.contains(*a)) {
-          out.addresses.push_back(ip);
-          break;
-        }
-    }
+    out.allLocal = nodePorts.allLocal(fam);
+    if (out.allLocal) continue;
+    for (const auto& ip : nodePorts.addresses)
+      if (auto a = IPPrefix::parse(ip); a && a->isHost() && a->v6 == isV6(fam) && usable(*a))
+        out.addresses.push_back(ip);
   }
 }
 
@@ -583,8 +555,7 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
   cfg.interfaceNamePrefix = std::move(common->interfaceNamePrefix);
   cfg.masqueradeAll = common->masqueradeAll;
   cfg.masqueradeBit = common->masqueradeBit;
-  cfg.nodePortCIDRs = std::move(common->nodePortCIDRs);
-  cfg.nodePortPrimary = common->nodePortPrimary;
+  cfg.nodePortAddresses = std::move(common->nodePortAddresses);
   cfg.nodeIPs = std::move(common->nodeIPs);
   if (auto it = options.find("localhost-nodeports"); it != options.end() && !it->second.empty())
     cfg.localhostNodePorts = it->second != "false";

@@ -159,8 +159,7 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
   cfg.interfaceNamePrefix = std::move(common->interfaceNamePrefix);
   cfg.masqueradeAll = common->masqueradeAll;
   cfg.masqueradeBit = common->masqueradeBit;
-  cfg.nodePortCIDRs = std::move(common->nodePortCIDRs);
-  cfg.nodePortPrimary = common->nodePortPrimary;
+  cfg.nodePortAddresses = std::move(common->nodePortAddresses);
   cfg.nodeIPs = std::move(common->nodeIPs);
   if (auto it = options.find("ipvs-scheduler"); it != options.end() && !it->second.empty()) {
     if (std::find(std::begin(kSchedulers), std::end(kSchedulers), it->second) == std::end(kSchedulers))
@@ -269,7 +268,8 @@ bool IpvsRenderer::isNodeAddress(std::string_view ip) const {
 }
 
 void IpvsRenderer::resolveNodePortAddresses() {
-  const auto& resolved = node_.nodePortAddresses;
+  const sdk::NodePortAddresses nodePorts =
+      plan::nodePortAddressesOf(node_, config_.nodePortAddresses, config_.nodeIPs);
   for (sdk::Family fam : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
     std::vector<std::string>& out = nodePortAddresses_[isV6(fam) ? 1 : 0];
     out.clear();
@@ -284,28 +284,7 @@ void IpvsRenderer::resolveNodePortAddresses() {
       if (std::binary_search(dummyAddresses_.begin(), dummyAddresses_.end(), canonical)) return;
       if (std::find(out.begin(), out.end(), canonical) == out.end()) out.push_back(std::move(canonical));
     };
-    if (resolved.resolved) {
-      for (const auto& ip : resolved.addresses) add(ip);
-      continue;
-    }
-    // A host that did not resolve them (an older one, or explain): decide from the node's IPs.
-    if (config_.nodePortPrimary) {
-      for (const auto& ip : planConfig_.nodeIPs)
-        if (auto a = IPPrefix::parse(ip); a && a->isHost() && a->v6 == isV6(fam)) {
-          add(ip);
-          break;
-        }
-      continue;
-    }
-    std::vector<IPPrefix> cidrs;
-    for (const auto& c : config_.nodePortCIDRs)
-      if (auto a = IPPrefix::parse(c); a && a->v6 == isV6(fam)) cidrs.push_back(*a);
-    for (const auto& ip : planConfig_.nodeIPs) {
-      auto a = IPPrefix::parse(ip);
-      if (!a) continue;
-      if (cidrs.empty() || std::any_of(cidrs.begin(), cidrs.end(), [&](const IPPrefix& c) { return c.contains(*a); }))
-        add(ip);
-    }
+    for (const auto& ip : nodePorts.addresses) add(ip);
     std::sort(out.begin(), out.end());
   }
 }

@@ -4,22 +4,10 @@
 #include <vector>
 
 #include "kproxy/nftables/tracer.h"
+#include "kproxy/plan/options.h"
 #include "kproxy/plan/trace.h"
 
 namespace kproxy::nftables {
-namespace {
-
-// Whether NodePorts answer on `dst`: one of the node's addresses, inside a nodeport-addresses
-// CIDR, or loopback.
-bool destinationLocal(const Address& dst, const std::vector<Address>& localAddresses, const RenderConfig& config) {
-  bool local = std::any_of(localAddresses.begin(), localAddresses.end(), [&](const Address& a) { return a == dst; }) ||
-               std::any_of(config.nodePortCIDRs.begin(), config.nodePortCIDRs.end(),
-                           [&](const Address& c) { return c.contains(dst); });
-  auto loopback = Address::parse(dst.family == Family::kIPv4 ? "127.0.0.0/8" : "::1");
-  return local || (loopback && loopback->contains(dst));
-}
-
-}  // namespace
 
 sdk::Expected<std::string> explainPacket(const RenderConfig& config,
                                          std::span<const sdk::ServicePort> ports,
@@ -42,7 +30,10 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
   const Trace trace = tracer.trace(*packet);
 
   plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, sdkFamily, trace);
-  x.destinationLocal = destinationLocal(packet->destination, tracer.localAddresses(), config);
+  std::vector<std::string> local;
+  for (const auto& a : tracer.localAddresses()) local.push_back(a.toString());
+  x.destinationLocal =
+      plan::nodePortAnswersOn(renderer.nodePortAddresses(node), local, x.destination, /*loopback=*/true);
   // Why a drop happened, when the rules say more than the chain: an unallocated ClusterIP.
   if (trace.outcome.verdict == TraceVerdict::kDropped && trace.outcome.chain == names::kClusterIPsCheckChain)
     x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);

@@ -216,9 +216,9 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
   // Where NodePorts answer: the addresses in nodeport-ips, or, when --nodeport-addresses
   // matches every local address of the family (upstream's MatchAll), any local destination
   // but loopback, as upstream.
-  const auto& resolved = node.nodePortAddresses;
+  const sdk::NodePortAddresses nodePorts = nodePortAddresses(node);
   const sdk::Family sdkFamily = family == Family::kIPv6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4;
-  const bool allLocal = resolved.resolved && resolved.allLocal(sdkFamily);
+  const bool allLocal = nodePorts.allLocal(sdkFamily);
   const Address loopback = *Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1");
   auto nodePortDestination = [&](Statement then) {
     if (allLocal)
@@ -244,47 +244,25 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
   // TCP clients get a reset, everyone else ICMP port unreachable: "connection refused" at once.
   chain(kRejectChain, {rule({MatchL4Proto{6}, Reject{true}}), rule({Reject{false}})});
 
+  // nodeport-ips: the addresses NodePorts answer on (with all-local, every local address known
+  // now, which session affinity's record chain looks up). No NodePorts on loopback addresses,
+  // as upstream's nftables mode.
   std::set<std::string> seen;
-  if (resolved.resolved) {
-    // nodeport-ips: the interface addresses the host resolved (with all-local, every local
-    // address known now, which session affinity's record chain looks up). No NodePorts on
-    // loopback addresses, as upstream's nftables mode.
-    for (const auto& ip : resolved.addresses) {
-      auto a = parseHostOf(ip, family);
-      if (!a || loopback.contains(*a)) continue;
-      KeyBuilder k;
-      k.address(*a);
-      if (!seen.insert(k.bytes).second) continue;
-      g.elements.push_back(Element{kNodePortIPsSet, k.bytes, k.text, std::nullopt});
-    }
-    return g;
-  }
-
-  // A host that did not resolve them (an older one, or explain): the Node object's addresses
-  // of this family, filtered by nodeport-addresses.
-  std::vector<Address> candidates;
-  for (const auto& ip : node.addresses)
-    if (auto a = parseHostOf(ip, family)) candidates.push_back(*a);
-  if (candidates.empty())
-    for (const auto& a : config_.nodeIPs)
-      if (a.family == family && a.isHost()) candidates.push_back(a);
-  for (const auto& a : candidates) {
-    bool wanted = config_.nodePortCIDRs.empty();
-    bool anyOfFamily = false;
-    for (const auto& cidr : config_.nodePortCIDRs) {
-      if (cidr.family != family) continue;
-      anyOfFamily = true;
-      if (cidr.contains(a)) wanted = true;
-    }
-    // With CIDRs given only for the other family, this family keeps its primary IPs.
-    if (!config_.nodePortCIDRs.empty() && !anyOfFamily) wanted = true;
-    if (!wanted) continue;
+  for (const auto& ip : nodePorts.addresses) {
+    auto a = parseHostOf(ip, family);
+    if (!a || loopback.contains(*a)) continue;
     KeyBuilder k;
-    k.address(a);
+    k.address(*a);
     if (!seen.insert(k.bytes).second) continue;
     g.elements.push_back(Element{kNodePortIPsSet, k.bytes, k.text, std::nullopt});
   }
   return g;
+}
+
+sdk::NodePortAddresses NftablesRenderer::nodePortAddresses(const sdk::NodeInfo& node) const {
+  std::vector<std::string> nodeIPs;
+  for (const auto& a : config_.nodeIPs) nodeIPs.push_back(a.toString());
+  return plan::nodePortAddressesOf(node, config_.nodePortAddresses, nodeIPs);
 }
 
 void NftablesRenderer::setNode(const sdk::NodeInfo& node) {
@@ -627,7 +605,7 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
   cfg.bridgeInterface = std::move(common->bridgeInterface);
   cfg.interfaceNamePrefix = std::move(common->interfaceNamePrefix);
   cfg.masqueradeBit = common->masqueradeBit;
-  cfg.nodePortCIDRs = parsed(common->nodePortCIDRs);
+  cfg.nodePortAddresses = std::move(common->nodePortAddresses);
   cfg.nodeIPs = parsed(common->nodeIPs);
   return cfg;
 }

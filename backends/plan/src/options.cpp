@@ -1,11 +1,13 @@
 #include "kproxy/plan/options.h"
 
+#include <algorithm>
 #include <charconv>
 #include <utility>
 
 #include <fmt/format.h>
 
 #include "kproxy/backends/common/address.h"
+#include "kproxy/core/nodeport_addresses.h"
 
 namespace kproxy::plan {
 
@@ -36,17 +38,20 @@ sdk::Expected<CommonOptions> parseCommonOptions(const sdk::Options& options, std
     return sdk::fail(sdk::ErrorCategory::kInvalidInput, fmt::format("{}: {}", backend, message));
   };
   for (auto [option, into] : {std::pair{"cluster-cidr", &out.clusterCIDRs},
-                              std::pair{"nodeport-addresses", &out.nodePortCIDRs},
+                              std::pair{"nodeport-addresses", &out.nodePortAddresses},
                               std::pair{"node-ips", &out.nodeIPs}}) {
     for (auto& item : splitOptionList(get(option))) {
-      if (into == &out.nodePortCIDRs && item == "primary") {
-        out.nodePortPrimary = true;
+      if (into == &out.nodePortAddresses && item == "primary") {
+        into->push_back(std::move(item));
         continue;
       }
       if (!backends::IPPrefix::parse(item)) return bad(fmt::format("invalid {} entry \"{}\"", option, item));
       into->push_back(std::move(item));
     }
   }
+  if (out.nodePortAddresses.size() > 1 &&
+      std::find(out.nodePortAddresses.begin(), out.nodePortAddresses.end(), "primary") != out.nodePortAddresses.end())
+    return bad("nodeport-addresses \"primary\" cannot be combined with CIDRs");
   out.masqueradeAll = get("masquerade-all") == "true";
   if (auto mode = get("detect-local-mode"); !mode.empty()) {
     if (mode != "ClusterCIDR" && mode != "NodeCIDR" && mode != "BridgeInterface" && mode != "InterfaceNamePrefix")
@@ -94,6 +99,55 @@ PlanConfig planConfigOf(bool masqueradeAll, std::string_view detectLocalMode,
   }
   out.nodeIPs = nodeIPs;
   return out;
+}
+
+PlanConfig planConfigOf(const CommonOptions& options) {
+  return planConfigOf(options.masqueradeAll, options.detectLocalMode, options.clusterCIDRs, options.bridgeInterface,
+                      options.interfaceNamePrefix, options.nodeIPs);
+}
+
+sdk::NodePortAddresses nodePortAddressesOf(const sdk::NodeInfo& node,
+                                           const std::vector<std::string>& nodePortAddresses,
+                                           const std::vector<std::string>& nodeIPs) {
+  if (node.nodePortAddresses.resolved) return node.nodePortAddresses;
+  // A host older than ABI 1.2: it sends the Node object's addresses in the node's order, and
+  // the option's node IPs stand for a --bind-address.
+  std::vector<core::NodeAddress> typed;
+  for (const auto& a : node.addresses) typed.push_back(core::NodeAddress{"InternalIP", a});
+  std::vector<std::string> local = node.addresses;
+  core::NodeIPs ips = core::detectNodeIPs(typed, "");
+  for (const auto& ip : nodeIPs) {
+    auto p = backends::IPPrefix::parse(ip);
+    if (!p || !p->isHost()) continue;
+    (p->v6 ? ips.ipv6 : ips.ipv4) = p->toString();
+    local.push_back(p->toString());
+  }
+  const bool primary = nodePortAddresses.size() == 1 && nodePortAddresses.front() == "primary";
+  // "primary" waits for the Node object, as the host's tracker does.
+  const core::NodePortAddresses decided = primary && node.addresses.empty()
+                                              ? core::noNodePortAddresses()
+                                              : core::decideNodePortAddresses(nodePortAddresses, local, ips);
+  sdk::NodePortAddresses out;
+  out.resolved = decided.resolved;
+  out.addresses = decided.addresses;
+  out.allLocalIPv4 = decided.allLocalIPv4;
+  out.allLocalIPv6 = decided.allLocalIPv6;
+  return out;
+}
+
+bool nodePortAnswersOn(const sdk::NodePortAddresses& nodePorts, std::span<const std::string> localAddresses,
+                       std::string_view destination, bool loopback) {
+  auto dst = backends::IPPrefix::parse(destination);
+  if (!dst || !dst->isHost()) return false;
+  auto same = [&](const std::string& a) {
+    auto p = backends::IPPrefix::parse(a);
+    return p && *p == *dst;
+  };
+  if (std::any_of(nodePorts.addresses.begin(), nodePorts.addresses.end(), same)) return true;
+  const auto loopbackNet = *backends::IPPrefix::parse(dst->v6 ? "::1/128" : "127.0.0.0/8");
+  if (loopbackNet.contains(*dst)) return loopback;
+  if (!nodePorts.allLocal(dst->v6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4)) return false;
+  return std::any_of(localAddresses.begin(), localAddresses.end(), same);
 }
 
 void applyNode(PlanConfig& config, std::string_view detectLocalMode, const sdk::NodeInfo& node,

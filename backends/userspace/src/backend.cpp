@@ -153,17 +153,14 @@ Redirects planRedirects(ForEach&& forEach, const plan::PlanConfig& config) {
 
 /// The table of `family` for `entries` (their listener ports assigned), as a sync renders it.
 RenderedTable renderFamily(Family family, const std::vector<RedirectEntry>& entries, const plan::PlanConfig& config,
-                           const sdk::NodeInfo& node, const std::vector<sdk::ServiceCIDR>& serviceCIDRs) {
+                           const sdk::NodePortAddresses& nodePorts, const std::vector<sdk::ServiceCIDR>& serviceCIDRs) {
   const auto pods = nftables::podTrafficMatches(config.localDetector,
                                                 family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, false);
-  // Where NodePorts answer: the addresses the host resolved --nodeport-addresses to (loopback
-  // left out, as in nftables mode), or every local address (no CIDR of this family, or a host
-  // that did not resolve them).
+  // Where NodePorts answer (loopback left out, as in nftables mode), or every local address.
   std::optional<std::vector<Address>> nodePortAddresses;
-  const auto& np = node.nodePortAddresses;
-  if (np.resolved && !np.allLocal(family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6)) {
+  if (!nodePorts.allLocal(family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6)) {
     nodePortAddresses.emplace();
-    for (const auto& ip : np.addresses)
+    for (const auto& ip : nodePorts.addresses)
       if (auto a = Address::parse(ip); a && a->family == family &&
                                        !Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(*a))
         nodePortAddresses->push_back(*a);
@@ -182,6 +179,7 @@ sdk::Expected<UserspaceSettings> parseUserspaceSettings(const sdk::Options& opti
   UserspaceSettings s;
   s.detectLocalMode = common->detectLocalMode;
   s.fallbackNodeIPs = common->nodeIPs;
+  s.nodePortAddresses = common->nodePortAddresses;
   s.plan = plan::planConfigOf(common->masqueradeAll, common->detectLocalMode, common->clusterCIDRs,
                               common->bridgeInterface, common->interfaceNamePrefix, common->nodeIPs);
   auto get = [&](std::string_view key) {
@@ -279,6 +277,8 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
   const std::vector<sdk::ServiceCIDR> serviceCIDRs = next.serviceCIDRs();
   plan::PlanConfig config = settings_.plan;
   plan::applyNode(config, settings_.detectLocalMode, node, settings_.fallbackNodeIPs);
+  const sdk::NodePortAddresses nodePorts =
+      plan::nodePortAddressesOf(node, settings_.nodePortAddresses, settings_.fallbackNodeIPs);
 
   Redirects planned = planRedirects([&](const auto& fn) { next.forEach(fn); }, config);
   std::vector<ListenerSpec>& specs = planned.specs;
@@ -312,7 +312,7 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
 
   std::vector<nftables::Op> ops;
   for (Family family : families) {
-    RenderedTable table = renderFamily(family, byFamily[family], config, node, serviceCIDRs);
+    RenderedTable table = renderFamily(family, byFamily[family], config, nodePorts, serviceCIDRs);
     nftables::DesiredFamily desired;
     desired.sets = table.sets;
     for (auto& c : table.chains) desired.chains.push_back(&c);
@@ -398,7 +398,9 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
     if (!e.listener.empty()) e.entry.action.listenerPort = portOf.at(e.listener);
     entries.push_back(e.entry);
   }
-  RenderedTable table = renderFamily(family, entries, config, node, serviceCIDRs);
+  const sdk::NodePortAddresses nodePorts =
+      plan::nodePortAddressesOf(node, settings_.nodePortAddresses, settings_.fallbackNodeIPs);
+  RenderedTable table = renderFamily(family, entries, config, nodePorts, serviceCIDRs);
   nftables::GlobalObjects global;
   global.family = family;
   global.sets = table.sets;
@@ -437,9 +439,9 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
   trace.outcome = plan::mergePaths(trace.paths);
 
   plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, sdkFamily, trace);
-  const Address& dst = packet->destination;
-  const bool loopback = Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(dst);
-  x.destinationLocal = loopback || std::any_of(local.begin(), local.end(), [&](const Address& a) { return a == dst; });
+  std::vector<std::string> localText;
+  for (const auto& a : local) localText.push_back(a.toString());
+  x.destinationLocal = plan::nodePortAnswersOn(nodePorts, localText, x.destination, /*loopback=*/true);
   if (trace.outcome.verdict == plan::TraceVerdict::kDropped && trace.outcome.chain == nftables::names::kClusterIPsCheckChain)
     x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);
   if (packet->protocol == 132)

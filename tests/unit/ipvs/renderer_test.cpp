@@ -165,9 +165,9 @@ TEST_CASE("ipvs renderer: a NodePort is one virtual server per NodePort address"
         Strings{"add KUBE-CLUSTER-IP 172.30.0.42,sctp:80", "add KUBE-IPVS-IPS 172.30.0.42",
                 "add KUBE-NODE-PORT-SCTP-HASH 10.0.0.2,sctp:30080", "add KUBE-NODE-PORT-SCTP-HASH 192.168.0.2,sctp:30080"});
 
-  // A host that did not resolve the NodePort addresses: the node's IPs inside the CIDRs.
+  // A host older than ABI 1.2 sends no decision: the plan decides from the node's addresses.
   auto cfg = config();
-  cfg.nodePortCIDRs = {"192.168.0.0/24"};
+  cfg.nodePortAddresses = {"192.168.0.0/24"};
   sdk::NodeInfo unresolved = node();
   unresolved.nodePortAddresses = {};
   unresolved.addresses = {"192.168.0.2", "10.0.0.2"};

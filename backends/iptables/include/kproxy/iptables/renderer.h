@@ -52,10 +52,9 @@ struct RenderConfig {
   std::uint32_t masqueradeBit = 14;
   /// --iptables-localhost-nodeports: IPv4 NodePorts answer on 127.0.0.0/8 (route_localnet).
   bool localhostNodePorts = true;
-  /// nodeport-addresses CIDRs for a host that does not resolve them; empty: primary IPs.
-  std::vector<std::string> nodePortCIDRs;
-  /// nodeport-addresses "primary": the node's first IP of each family (unresolved host).
-  bool nodePortPrimary = false;
+  /// nodeport-addresses as given (CIDRs, or "primary"): only for a host too old to send where
+  /// NodePorts answer (plan::nodePortAddressesOf decides then).
+  std::vector<std::string> nodePortAddresses;
   /// Fallback node IPs (option node-ips) when the snapshot has no node info.
   std::vector<std::string> nodeIPs;
   /// MASQUERADE --random-fully (when the iptables tool and kernel support it).

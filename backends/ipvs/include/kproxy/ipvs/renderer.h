@@ -96,9 +96,9 @@ struct RenderConfig {
   std::string interfaceNamePrefix;
   bool masqueradeAll = false;
   std::uint32_t masqueradeBit = 14;
-  /// nodeport-addresses for a host that did not resolve them.
-  std::vector<std::string> nodePortCIDRs;
-  bool nodePortPrimary = false;
+  /// nodeport-addresses as given (CIDRs, or "primary"): only for a host too old to send where
+  /// NodePorts answer (plan::nodePortAddressesOf decides then).
+  std::vector<std::string> nodePortAddresses;
   /// Fallback node IPs (option node-ips) when the node info has none.
   std::vector<std::string> nodeIPs;
   /// MASQUERADE --random-fully (when the iptables tool and kernel support it).

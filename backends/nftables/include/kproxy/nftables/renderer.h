@@ -50,8 +50,9 @@ struct RenderConfig {
   std::string interfaceNamePrefix;    ///< InterfaceNamePrefix mode
   bool masqueradeAll = false;
   std::uint32_t masqueradeBit = 14;
-  /// nodeport-addresses as CIDRs; empty means "the node's primary IPs".
-  std::vector<Address> nodePortCIDRs;
+  /// nodeport-addresses as given (CIDRs, or "primary"): only for a host too old to send where
+  /// NodePorts answer (plan::nodePortAddressesOf decides then).
+  std::vector<std::string> nodePortAddresses;
   /// Fallback node IPs (option node-ips) when the snapshot has no node info.
   std::vector<Address> nodeIPs;
   std::uint32_t affinityMapSize = 1u << 20;
@@ -203,6 +204,8 @@ class NftablesRenderer {
   /// service CIDR of the family (setServiceCIDRs): one `ip daddr CIDR drop` rule per range, so a
   /// ServiceCIDR change rewrites that one small chain and nothing else.
   GlobalObjects renderGlobal(Family family, const sdk::NodeInfo& node) const;
+  /// Where NodePorts answer on `node` (plan::nodePortAddressesOf with this mode's options).
+  sdk::NodePortAddresses nodePortAddresses(const sdk::NodeInfo& node) const;
   /// The fixed sets/maps of `family` (used to decode read-back elements).
   const std::vector<SetSpec>& setSpecs(Family family) const {
     return setSpecs_[family == Family::kIPv4 ? 0 : 1];

@@ -5,6 +5,7 @@
 /// Thread-safety: pure functions.
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -24,8 +25,7 @@ struct CommonOptions {
   std::string interfaceNamePrefix;                    ///< pod-interface-name-prefix
   bool masqueradeAll = false;                         ///< masquerade-all
   std::uint32_t masqueradeBit = 14;                   ///< masquerade-bit, 0..31
-  std::vector<std::string> nodePortCIDRs;             ///< nodeport-addresses without "primary"
-  bool nodePortPrimary = false;                       ///< nodeport-addresses holds "primary"
+  std::vector<std::string> nodePortAddresses;         ///< nodeport-addresses: CIDRs, or "primary"
   std::vector<std::string> nodeIPs;                   ///< node-ips, validated
 };
 
@@ -38,6 +38,24 @@ sdk::Expected<CommonOptions> parseCommonOptions(const sdk::Options& options, std
 PlanConfig planConfigOf(bool masqueradeAll, std::string_view detectLocalMode,
                         const std::vector<std::string>& clusterCIDRs, const std::string& bridgeInterface,
                         const std::string& interfaceNamePrefix, const std::vector<std::string>& nodeIPs);
+
+/// Where NodePorts answer on `node`: the host's decision, which every host of plugin ABI 1.2 or
+/// newer sends; under an older host, the same decision (core::decideNodePortAddresses) from the
+/// Node object's addresses, `nodePortAddresses` (the option as given) and the option's node
+/// IPs. Backends render from this and nothing else.
+sdk::NodePortAddresses nodePortAddressesOf(const sdk::NodeInfo& node,
+                                           const std::vector<std::string>& nodePortAddresses,
+                                           const std::vector<std::string>& nodeIPs);
+
+/// Whether a packet to `destination` (numeric) reaches the node's NodePorts in `kproxy explain`:
+/// one of the addresses NodePorts answer on, or, where they answer on every local address of
+/// the family, one of the node's (`localAddresses`) or loopback. A backend whose mode never
+/// serves NodePorts on loopback passes `loopback` false.
+bool nodePortAnswersOn(const sdk::NodePortAddresses& nodePorts, std::span<const std::string> localAddresses,
+                       std::string_view destination, bool loopback);
+
+/// planConfigOf for the parsed common options.
+PlanConfig planConfigOf(const CommonOptions& options);
 
 /// What the node brings to the plan: its pod CIDRs (NodeCIDR mode) and its addresses (the
 /// options' node IPs when it has none).

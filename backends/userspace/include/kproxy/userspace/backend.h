@@ -36,6 +36,9 @@ struct UserspaceSettings {
   plan::PlanConfig plan;
   std::string detectLocalMode = "ClusterCIDR";
   std::vector<std::string> fallbackNodeIPs;  ///< node-ips, when the node has no addresses
+  /// nodeport-addresses as given (CIDRs, or "primary"): only for a host too old to send where
+  /// NodePorts answer (plan::nodePortAddressesOf decides then).
+  std::vector<std::string> nodePortAddresses;
   bool dryRun = false;
   /// Where dry-run prints the listeners and the table's operations (nft syntax).
   std::FILE* dryRunOutput = stdout;
