@@ -159,8 +159,14 @@ json servicesStatus(const ServiceStatusInput& in) {
   const sdk::SnapshotView view = plugins::sdkView(*in.snapshot);
   const sdk::NodeInfo node = view.node();
   doc["node"] = node.name;
-  plan::PlanConfig config = in.planConfig;
-  plan::applyNode(config, in.detectLocalMode, node, in.fallbackNodeIPs);
+  plan::PlanConfig config = plan::planConfigOf(in.common);
+  plan::applyNode(config, in.common.detectLocalMode, node, in.common.nodeIPs);
+  // Where NodePorts answer, as every backend decides it.
+  const sdk::NodePortAddresses nodePorts =
+      plan::nodePortAddressesOf(node, in.common.nodePortAddresses, in.common.nodeIPs);
+  doc["nodePortAddresses"] = {{"addresses", nodePorts.addresses},
+                              {"allLocalIPv4", nodePorts.allLocalIPv4},
+                              {"allLocalIPv6", nodePorts.allLocalIPv6}};
 
   std::vector<std::pair<std::string, json>> rows;
   view.forEach([&](const sdk::ServicePort& port) {

@@ -14,6 +14,7 @@
 
 #include "kproxy/core/proxier.h"
 #include "kproxy/core/snapshot.h"
+#include "kproxy/plan/options.h"
 #include "kproxy/plan/service_plan.h"
 
 namespace kproxy::cli {
@@ -22,11 +23,10 @@ struct ServiceStatusInput {
   std::string mode;
   std::shared_ptr<const core::Snapshot> snapshot;  ///< the last applied one; null before any
   core::SyncLedger ledger;
-  /// The plan's node-wide settings from the options (plan::planConfigOf); the node's part is
-  /// added from the snapshot (plan::applyNode).
-  plan::PlanConfig planConfig;
-  std::string detectLocalMode;
-  std::vector<std::string> fallbackNodeIPs;
+  /// The options every backend gets, parsed as every backend parses them: the plan's
+  /// node-wide settings (plan::planConfigOf), with the node's part from the snapshot
+  /// (plan::applyNode), and where NodePorts answer (plan::nodePortAddressesOf).
+  plan::CommonOptions common;
   double nowWall = 0;
   /// Only this service ("namespace/name"), when not empty.
   std::string service;
