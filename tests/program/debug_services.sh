@@ -84,6 +84,13 @@ expect "empty: internal traffic is rejected" "rejected: the service has no usabl
 expect "local-only: eTP=Local with no local endpoint drops external traffic" "dropped: no local endpoint" \
   "$(svc local-only) | .externalTraffic.meets"
 expect "local-only: NodePort reported" "30500" "$(svc local-only) | .addresses.nodePort"
+# Where NodePorts answer, as every backend decides it: the namespace has loopback only, and
+# the Node's IP 10.0.0.1 is on no interface. nftables' default "primary" selects no IPv4
+# address; the other modes' default is every local address (127.0.0.1 listed, for the
+# backend to judge).
+[[ $MODE == nftables ]] && want_np="false 0" || want_np="true 1"
+expect "NodePort addresses: this mode's default, decided" "$want_np" \
+  '.nodePortAddresses | "\(.allLocalIPv4) \([.addresses[] | select(contains(":") | not)] | length)"' 
 expect "local-only: its remote endpoint serves internal traffic" "cluster" \
   "$(svc local-only) | .endpoints[0].usedFor | join(\",\")"
 expect "every port was programmed by the first full sync" "full full full" '[.services[].lastProgrammed.kind] | join(" ")'

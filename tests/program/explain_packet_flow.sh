@@ -92,8 +92,8 @@ YAML
   service ns6 svc6 172.30.0.46 "" "" ""
 } >"$M/services.yaml"
 
-FLAGS=(--manifests "$M" --hostname-override test-node --proxy-mode "$MODE" --cluster-cidr 10.0.0.0/8
-       --nodeport-addresses 192.168.0.2/32)
+BASE_FLAGS=(--manifests "$M" --hostname-override test-node --proxy-mode "$MODE" --cluster-cidr 10.0.0.0/8)
+FLAGS=("${BASE_FLAGS[@]}" --nodeport-addresses 192.168.0.2/32)
 
 # row NAME WANT ARGS...: `kproxy explain ARGS --json` answers WANT, which is
 # "VERDICT ENDPOINT,ENDPOINT MASQUERADED" (verdict dnat / drop / reject / accept; "-" for no
@@ -141,6 +141,25 @@ row "--masquerade-all: pod to ClusterIP masqueraded" "dnat 10.180.0.1:80 true" \
 # TestInternalExternalMasquerade, masqueradeAll: the eTP=Local short-circuit stays unmasqueraded.
 row "--masquerade-all: eTP=Local short-circuit not masqueraded" "dnat 10.180.0.2:80 false" \
   10.0.0.2 192.168.0.2:3001 --masquerade-all
+
+# Where NodePorts answer, decided as the daemon decides from the Node object's addresses
+# (tests/unit/packet_flow has the daemon's side): svc3's NodePort 3003 on the node IP
+# 192.168.0.2 and on the secondary address 192.168.1.2, for each --nodeport-addresses.
+# nodeports NAME PRIMARY SECONDARY FLAGS...: PRIMARY / SECONDARY are "yes" where NodePorts answer.
+nodeports() {
+  local name=$1 primary=$2 secondary=$3; shift 3
+  local yes="dnat 10.180.0.3:80 true" no="accept - false"
+  FLAGS=("${BASE_FLAGS[@]}" "$@")
+  row "NodePorts, $name: node IP" "$([[ $primary == yes ]] && echo "$yes" || echo "$no")" 203.0.113.2 192.168.0.2:3003
+  row "NodePorts, $name: secondary address" "$([[ $secondary == yes ]] && echo "$yes" || echo "$no")" \
+    203.0.113.2 192.168.1.2:3003
+}
+# No flag: nftables' default is "primary"; iptables', IPVS' and userspace's every local address.
+if [[ $MODE == nftables ]]; then nodeports "no flag" yes no; else nodeports "no flag" yes yes; fi
+nodeports "primary" yes no --nodeport-addresses primary
+nodeports "primary with --bind-address" no yes --nodeport-addresses primary --bind-address 192.168.1.2
+nodeports "a CIDR of the secondary address" no yes --nodeport-addresses 192.168.1.0/24
+nodeports "0.0.0.0/0" yes yes --nodeport-addresses 0.0.0.0/0
 
 echo "explain packet flow: $passed passed, $failed failed"
 [[ $failed -eq 0 && $passed -gt 0 ]]

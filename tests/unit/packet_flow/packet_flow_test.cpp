@@ -40,12 +40,14 @@
 #include <algorithm>
 #include <deque>
 #include <functional>
+#include <optional>
 #include <stdexcept>
 #include <catch2/catch.hpp>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "kproxy/core/nodeport_addresses.h"
 #include "kproxy/core/tracker.h"
 #include "kproxy/plugin/sdk.h"
 #include "kproxy/plugins/loader.h"
@@ -88,6 +90,14 @@ struct FlowCase {
   bool masq = false;
   std::string protocol = "tcp";
   Known known = Known::kNone;
+  /// Modes whose answer is another (output, masq): where the mode's own default decides (no
+  /// --nodeport-addresses), as upstream's modes differ there.
+  struct ModeAnswer {
+    std::string mode;
+    std::string output;
+    bool masq = false;
+  };
+  std::vector<ModeAnswer> outputIn = {};
 };
 
 /// Objects applied to the tracker, then the cases traced over the published snapshot.
@@ -102,7 +112,22 @@ struct Scenario {
   std::vector<std::string> clusterCIDRs{"10.0.0.0/8"};
   bool masqueradeAll = false;
   std::vector<std::string> nodePortAddresses{std::string(kNodeIP) + "/32", std::string(kNodeIPv6) + "/128"};
+  /// No --nodeport-addresses: each mode gets its default (core::defaultNodePortAddresses), as
+  /// kproxy's flags give it, in place of nodePortAddresses.
+  bool nodePortAddressesUnset = false;
+  std::string bindAddress;  ///< --bind-address; "" for the default
+  /// The node's interface addresses, read by the running daemon (upstream's fake interfaces:
+  /// the node IPs, and loopback). nullopt: none read, as in `kproxy explain`, which decides
+  /// from the Node object's addresses.
+  std::optional<std::vector<std::string>> interfaceAddresses = interfacesWith({});
   std::vector<Phase> phases;
+
+  static std::vector<std::string> interfacesWith(std::vector<std::string> more) {
+    std::vector<std::string> out = kNodeIPs;
+    out.insert(out.end(), {"127.0.0.1", "::1"});
+    out.insert(out.end(), more.begin(), more.end());
+    return out;
+  }
 };
 
 // ---- model builders ----------------------------------------------------------------------
@@ -263,13 +288,18 @@ plugins::PluginRegistry& backendPlugins() {
 }
 
 /// The backend as `kproxy explain --proxy-mode <mode>` creates it for the scenario's flags.
+std::vector<std::string> nodePortSpec(const Scenario& scenario, const std::string& mode) {
+  return scenario.nodePortAddressesUnset ? core::defaultNodePortAddresses(mode) : scenario.nodePortAddresses;
+}
+
 std::unique_ptr<plugins::PluginBackend> explainingBackend(const Scenario& scenario, const std::string& mode) {
   plugins::BackendOptions options;
   options["node-name"] = kNodeName;
   options["cluster-cidr"] = joined(scenario.clusterCIDRs);
   options["detect-local-mode"] = "ClusterCIDR";
   options["masquerade-all"] = scenario.masqueradeAll ? "true" : "false";
-  options["nodeport-addresses"] = joined(scenario.nodePortAddresses);
+  options["nodeport-addresses"] = joined(nodePortSpec(scenario, mode));
+  if (!scenario.bindAddress.empty()) options["node-ips"] = scenario.bindAddress;
   options["dry-run"] = "true";  // explain never touches the kernel; neither does the test
   auto backend = backendPlugins().createPluginBackend(mode, options);
   REQUIRE(backend);
@@ -292,14 +322,13 @@ std::size_t runScenario(const Scenario& scenario, Selection selection, const std
   std::size_t checked = 0;
   core::TrackerConfig trackerConfig;
   trackerConfig.nodeName = kNodeName;
-  trackerConfig.nodePortAddresses = scenario.nodePortAddresses;
+  trackerConfig.nodePortAddresses = nodePortSpec(scenario, mode);
+  trackerConfig.bindAddress = scenario.bindAddress;
   core::ChangeTracker tracker(trackerConfig);
   tracker.upsertNode(testNode());
-  // As kproxy runs: NodePort addresses resolved against the node's interface addresses (those
-  // of upstream's fake network interfacer: the node IPs, and loopback).
-  std::vector<std::string> interfaces = kNodeIPs;
-  interfaces.insert(interfaces.end(), {"127.0.0.1", "::1"});
-  tracker.setInterfaceAddresses(interfaces);
+  // As kproxy runs: NodePort addresses decided against the node's interface addresses, or,
+  // as explain does, against the Node object's.
+  if (scenario.interfaceAddresses) tracker.setInterfaceAddresses(*scenario.interfaceAddresses);
   // NewFakeProxier's service CIDRs.
   tracker.upsertServiceCIDR(core::ServiceCIDR{"kubernetes", "1", {"172.30.0.0/16", "fd00:10:96::/112"}});
 
@@ -337,11 +366,18 @@ std::size_t runScenario(const Scenario& scenario, Selection selection, const std
         CHECK(splitOutput(actual).empty());
         continue;
       }
-      const std::string expected = normalized(c.output);
+      std::string output = c.output;
+      bool masq = c.masq;
+      for (const auto& other : c.outputIn)
+        if (other.mode == mode) {
+          output = other.output;
+          masq = other.masq;
+        }
+      const std::string expected = normalized(output);
       const bool masqueraded = answer.at("masqueraded").get<bool>();
       // The userspace proxy relays every connection from the node: it never preserves the
       // client's source (README), so whatever it relays is masqueraded in upstream's terms.
-      const bool expectMasq = mode == "userspace" ? !splitOutput(expected).empty() : c.masq;
+      const bool expectMasq = mode == "userspace" ? !splitOutput(expected).empty() : masq;
       // On a mismatch, the answer as an operator reads it: endpoints in / out, rule by rule.
       std::string readable;
       if (actual != expected || masqueraded != expectMasq) {
@@ -668,6 +704,105 @@ PACKET_FLOW_TEST("packet flow: TestNodePorts ipv4", nodePortsV4)
 PACKET_FLOW_TEST("packet flow: TestNodePorts ipv4, multiple nodeport-addresses", nodePortsV4Multiple)
 PACKET_FLOW_TEST("packet flow: TestNodePorts ipv6", nodePortsV6)
 PACKET_FLOW_TEST("packet flow: TestNodePorts ipv6, multiple nodeport-addresses", nodePortsV6Multiple)
+
+// ---- kproxy's own: where NodePorts answer, by --nodeport-addresses -------------------------
+//
+// Not an upstream table: upstream's tables always give nodeport-addresses, so these rows hold
+// every mode to one decision (core::decideNodePortAddresses) for the inputs upstream's own
+// server.go and NodePortAddresses give meaning to: no flag (nftables' default is "primary",
+// the other modes' every local address), "primary", "primary" with a --bind-address, a CIDR
+// that selects the node's secondary address, a CIDR that selects an address only an interface
+// holds, and 0.0.0.0/0. Each runs as the daemon decides (interface addresses read) and as
+// `kproxy explain` does (the Node object's addresses): both answer alike, but that explain
+// does not know an address the Node object does not list.
+
+namespace {
+constexpr const char* kInterfaceOnlyIP = "172.16.5.5";  // an interface's, not in the Node object
+
+/// Which of the three node addresses NodePorts answer on, per variant.
+struct NodePortAnswers {
+  bool primary = false;        // 192.168.0.2, the node IP
+  bool secondary = false;      // 192.168.1.2, another InternalIP
+  bool interfaceOnly = false;  // 172.16.5.5, on an interface only (the daemon's view)
+  std::vector<std::string> otherwiseIn = {};  // modes that answer the opposite on secondary and interface-only
+};
+
+Scenario nodePortAddressesScenario(std::vector<std::string> spec, bool unset, std::string bindAddress, bool daemon,
+                                   NodePortAnswers answers) {
+  auto svc = service("ns1", "svc1", "172.30.0.41", {port("p80", 80, 3001)},
+                     [](core::Service& s) { s.type = core::ServiceType::kNodePort; });
+  auto eps = slice("ns1", "svc1", {slicePort("p80", 80)},
+                   {sliceEndpoint("10.180.0.1"), sliceEndpoint("10.180.2.1", kNodeName)});
+  const std::string both = "10.180.0.1:80, 10.180.2.1:80";
+  auto row = [&](std::string name, const char* destination, bool answered, bool modeDependent) {
+    FlowCase c{std::move(name), kExternalClient, destination, 3001, answered ? both : "", answered};
+    if (modeDependent)
+      for (const auto& mode : answers.otherwiseIn)
+        c.outputIn.push_back(FlowCase::ModeAnswer{mode, answered ? "" : both, !answered});
+    return c;
+  };
+  std::vector<FlowCase> cases{
+      row("external to NodePort on the node IP", kNodeIP, answers.primary, false),
+      row("external to NodePort on the secondary node address", kNodeIPAlt, answers.secondary, true),
+      // Explain knows the Node object's addresses only: an interface's own is not the node's.
+      row("external to NodePort on an interface-only address", kInterfaceOnlyIP, daemon && answers.interfaceOnly,
+          daemon),
+      {"pod to cluster IP", "10.0.0.2", "172.30.0.41", 80, both, false},
+  };
+  Scenario s;
+  s.nodePortAddresses = std::move(spec);
+  s.nodePortAddressesUnset = unset;
+  s.bindAddress = std::move(bindAddress);
+  if (daemon)
+    s.interfaceAddresses = Scenario::interfacesWith({kInterfaceOnlyIP});
+  else
+    s.interfaceAddresses.reset();
+  s.phases.push_back(phase({svc}, {eps}, cases));
+  return s;
+}
+
+// No flag: nftables answers on the node IP only ("primary"), every other mode on every local
+// address.
+const NodePortAnswers kUnsetAnswers{true, true, true, {"nftables"}};
+Scenario nodePortsUnsetDaemon() { return nodePortAddressesScenario({}, true, "", true, kUnsetAnswers); }
+Scenario nodePortsUnsetExplain() { return nodePortAddressesScenario({}, true, "", false, kUnsetAnswers); }
+Scenario nodePortsPrimaryDaemon() { return nodePortAddressesScenario({"primary"}, false, "", true, {true, false, false}); }
+Scenario nodePortsPrimaryExplain() { return nodePortAddressesScenario({"primary"}, false, "", false, {true, false, false}); }
+// --bind-address replaces the node IP of its family (upstream's detectNodeIPs).
+Scenario nodePortsPrimaryBindDaemon() {
+  return nodePortAddressesScenario({"primary"}, false, kNodeIPAlt, true, {false, true, false});
+}
+Scenario nodePortsPrimaryBindExplain() {
+  return nodePortAddressesScenario({"primary"}, false, kNodeIPAlt, false, {false, true, false});
+}
+Scenario nodePortsSecondaryCIDRDaemon() {
+  return nodePortAddressesScenario({"192.168.1.0/24"}, false, "", true, {false, true, false});
+}
+Scenario nodePortsSecondaryCIDRExplain() {
+  return nodePortAddressesScenario({"192.168.1.0/24"}, false, "", false, {false, true, false});
+}
+Scenario nodePortsInterfaceCIDRDaemon() {
+  return nodePortAddressesScenario({"172.16.0.0/16"}, false, "", true, {false, false, true});
+}
+Scenario nodePortsInterfaceCIDRExplain() {
+  return nodePortAddressesScenario({"172.16.0.0/16"}, false, "", false, {false, false, true});
+}
+Scenario nodePortsAllDaemon() { return nodePortAddressesScenario({"0.0.0.0/0"}, false, "", true, {true, true, true}); }
+Scenario nodePortsAllExplain() { return nodePortAddressesScenario({"0.0.0.0/0"}, false, "", false, {true, true, true}); }
+}  // namespace
+PACKET_FLOW_TEST("packet flow: NodePort addresses, no flag (each mode's default), daemon", nodePortsUnsetDaemon)
+PACKET_FLOW_TEST("packet flow: NodePort addresses, no flag (each mode's default), explain", nodePortsUnsetExplain)
+PACKET_FLOW_TEST("packet flow: NodePort addresses, primary, daemon", nodePortsPrimaryDaemon)
+PACKET_FLOW_TEST("packet flow: NodePort addresses, primary, explain", nodePortsPrimaryExplain)
+PACKET_FLOW_TEST("packet flow: NodePort addresses, primary with --bind-address, daemon", nodePortsPrimaryBindDaemon)
+PACKET_FLOW_TEST("packet flow: NodePort addresses, primary with --bind-address, explain", nodePortsPrimaryBindExplain)
+PACKET_FLOW_TEST("packet flow: NodePort addresses, a CIDR of the secondary address, daemon", nodePortsSecondaryCIDRDaemon)
+PACKET_FLOW_TEST("packet flow: NodePort addresses, a CIDR of the secondary address, explain", nodePortsSecondaryCIDRExplain)
+PACKET_FLOW_TEST("packet flow: NodePort addresses, a CIDR of an interface-only address, daemon", nodePortsInterfaceCIDRDaemon)
+PACKET_FLOW_TEST("packet flow: NodePort addresses, a CIDR of an interface-only address, explain",
+                 nodePortsInterfaceCIDRExplain)
+PACKET_FLOW_TEST("packet flow: NodePort addresses, 0.0.0.0/0, daemon", nodePortsAllDaemon)
+PACKET_FLOW_TEST("packet flow: NodePort addresses, 0.0.0.0/0, explain", nodePortsAllExplain)
 
 // ---- TestExternalTrafficPolicyLocal / Cluster ----------------------------------------------
 
