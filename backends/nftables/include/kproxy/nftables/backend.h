@@ -220,7 +220,7 @@ class NftablesBackend final : public sdk::BackendPlugin {
   Metrics metrics_;
 };
 
-/// The factory the plugin entry uses.
+/// The factory the plugin entry uses (factory.cpp).
 sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeNftablesBackend(const sdk::Host& host,
                                                                         const sdk::Options& options);
 
