@@ -287,307 +287,390 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::sync(const sdk::SyncContext& co
   return synced;
 }
 
+/// What one sync builds for the kernel and, once the kernel has accepted it, what the
+/// bookkeeping becomes. A full sync appends to `batch` as it renders; a partial sync collects
+/// `ops`, which the mirror follows after the commit.
+struct NftablesBackend::SyncWork {
+  std::unique_ptr<KernelBatch> batch;
+  std::vector<Op> ops;  ///< a partial sync's
+  /// The chains flushed because no longer wanted, to delete in a later sync.
+  std::map<Family, std::set<std::string>> pending;
+  /// Which session-affinity entries this sync can judge (see removeStaleAffinity).
+  std::map<Family, AffinityJudge> affinity;
+  /// What the owner bookkeeping becomes if the kernel accepts the batch (partial syncs; a full
+  /// sync rebuilds it after the batch).
+  std::map<OwnerKey, std::optional<Owned>> ownedUpdates;
+
+  /// A full sync's owner counts (family + set + key → owners), built as it renders.
+  OwnerCounts fullOwners;
+  /// A full sync's second pass: the ports in key order, and what it keeps of the kernel's table.
+  std::map<Family, std::vector<std::string>> fullKeys;
+  /// Per family whose table is wanted, the sets the kernel had (ours or not).
+  std::map<Family, std::set<std::string>> fullTables;
+  /// The stale chains a full sync leaves for a later sync that are base chains in the kernel.
+  std::map<Family, std::set<std::string>> fullPendingBase;
+
+  /// Moves `more` into the ops lastOps() reports, as long as the sync has at most kLastOpsKept.
+  void keep(std::vector<Op>& more) {
+    if (keptAll_ && kept_.size() + more.size() <= kLastOpsKept) {
+      for (auto& o : more) kept_.push_back(std::move(o));
+    } else {
+      keptAll_ = false;
+      kept_.clear();
+    }
+  }
+  /// The sync's ops if it kept them all, else none.
+  std::vector<Op> takeKept() { return keptAll_ ? std::move(kept_) : std::vector<Op>{}; }
+
+ private:
+  std::vector<Op> kept_;  ///< the first kLastOpsKept ops
+  bool keptAll_ = true;
+};
+
 sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& next,
                                                           const std::vector<sdk::ChangedKey>& changed,
                                                           bool full) {
   auto started = std::chrono::steady_clock::now();
   full = full || needFull_;
-  // A transaction that was not ours since our last sync (the table flushed or deleted by hand,
-  // another program's rules): the mirror may no longer describe the kernel, so reconcile in
-  // full. Reading the generation is one small netlink round trip.
-  std::optional<std::uint32_t> generationBefore;
   const std::uint64_t commitsBefore = ownCommits_;
-  if (!settings_.dryRun) {
-    if (auto g = kernel_->generation(); g && *g) {
-      generationBefore = **g;
-      if (!full && generation_ && *generation_ != **g) {
-        // Someone else committed since: every transaction in between is theirs, so the
-        // kernel's notifications of them say whether one touched kproxy's tables.
-        if (auto touched = kernel_->foreignTouched(**g); touched && !*touched) {
-          host_.info(2, fmt::format("nftables: the ruleset changed outside kproxy (generation {} -> {}), not "
-                                    "its tables",
-                                    *generation_, **g));
-        } else {
-          host_.info(1, fmt::format("nftables: the ruleset changed outside kproxy (generation {} -> {}){}; "
-                                    "syncing in full",
-                                    *generation_, **g, touched ? ", its tables too" : ""));
-          full = true;
-        }
-      } else if (full) {
-        (void)kernel_->foreignTouched(std::nullopt);  // a full sync reads everything anyway
-      }
-    }
-  }
+  const GenerationCheck generation = checkGeneration(full);
+  full = full || generation.changedOutside;
   const sdk::NodeInfo node = next.node();
   renderer_.setNode(node);
   renderer_.setServiceCIDRs(next.serviceCIDRs());
-  std::vector<Op> ops;  // a partial sync's (a full sync appends to the batch as it goes)
-  std::unique_ptr<KernelBatch> batch;
-  std::vector<Op> kept;  // the first kLastOpsKept ops, for lastOps()
-  bool keptAll = true;
-  auto keep = [&](std::vector<Op>& into, std::vector<Op>& more) {
-    if (keptAll && into.size() + more.size() <= kLastOpsKept) {
-      for (auto& o : more) into.push_back(std::move(o));
-    } else {
-      keptAll = false;
-      into.clear();
-    }
-  };
-  std::map<Family, std::set<std::string>> pending;
-  // A full sync's owner counts (family + set + key → owners), built as it renders.
-  OwnerCounts fullOwners;
 
-  // What the owner bookkeeping becomes if the kernel accepts the batch (partial syncs; a full
-  // sync rebuilds it after the batch).
-  std::map<OwnerKey, std::optional<Owned>> ownedUpdates;
-  // A full sync's second pass: the ports in key order, and what it keeps of the kernel's table.
-  std::map<Family, std::vector<std::string>> fullKeys;
-  // Per family whose table is wanted, the sets the kernel had (ours or not).
-  std::map<Family, std::set<std::string>> fullTables;
-  // The stale chains a full sync leaves for a later sync that are base chains in the kernel.
-  std::map<Family, std::set<std::string>> fullPendingBase;
-  // Which session-affinity entries this sync can judge (see removeStaleAffinity).
-  std::map<Family, AffinityJudge> affinity;
-
+  SyncWork work;
   if (full) {
-    Mirror base;
-    // dry-run reads nothing that needs privileges: it trusts the simulation.
-    if (settings_.dryRun) base = std::move(mirror_);
-    // A full sync rebuilds the mirror and the ownership records from what it reads and renders
-    // (and a failed one leaves the next sync full): the old ones go before the read-back.
-    // Until this sync succeeds, nothing else may trust them.
-    needFull_ = true;
-    mirror_ = Mirror{};
-    owned_.clear();
-    elementOwners_ = {};
-    if (!settings_.dryRun) {
-      auto read = kernel_->readBack(renderer_.setSpecs(Family::kIPv4), renderer_.setSpecs(Family::kIPv6));
-      if (!read) {
-        return sdk::fail(sdk::kernelErrorCategory(read.error().errnum),
-                         "nftables: reading the kube-proxy tables back: " + read.error().message(),
-                         read.error().errnum);
-      }
-      base = std::move(*read);
-    }
-    // Balancing chains keep the slot ranges the kernel has for them.
-    for (Family fam : kFamilies) {
-      auto& slots = renderer_.slots(fam);
-      slots.clear();
-      for (const auto& [name, chain] : base.of(fam).chains)
-        if (chain.slotBase) slots.reserve(name, *chain.slotBase);
-    }
-    // Two passes, so that the batch and the new mirror never exist at once. This one builds the
-    // batch in key order (the host iterates in its own), a chunk of service ports at a time:
-    // each chunk is rendered, diffed against what the kernel holds, encoded into the batch and
-    // dropped. It keeps only what the stale sweep needs (owner counts, slot layouts, chains).
-    // Once the kernel has accepted the batch, its table is what was rendered, and the second
-    // pass renders again to build the mirror and the ownership records (rebuildAfterFullSync).
-    next.forEach([&](const sdk::ServicePort& port) { fullKeys[toFamily(port.family)].push_back(port.key); });
-    for (auto& [fam, k] : fullKeys) std::sort(k.begin(), k.end());
-    batch = beginBatch();
-    auto emit = [&](Family fam, DiffResult result) {
-      batch->append(result.ops);
-      keep(kept, result.ops);
-      pending[fam].merge(result.pendingDelete);
-    };
-    for (Family fam : kFamilies) {
-      const auto& famKeys = fullKeys[fam];
-      MirrorFamily& mf = base.of(fam);
-      const auto& specs = renderer_.setSpecs(fam);
-      std::unordered_set<std::string> ownedChains;
-      // Slot ranges in use and their layouts' sizes: slot-map elements are not counted (each
-      // range has one owner), so these tell which of them stay.
-      std::unordered_map<std::uint32_t, std::uint32_t> layouts;
-      // Notes what the objects own and adds them to `desired`; an element of a counted set
-      // that an earlier port wanted is not added twice (the batch has it already).
-      auto want = [&](DesiredFamily& desired, auto& objects) {
-        for (auto& c : objects.chains) {
-          ownedChains.insert(c.name);
-          desired.chains.push_back(&c);
-        }
-        for (auto& e : objects.elements) {
-          const std::uint8_t set = setIndex(fam, e.set);
-          if (counted(fam, set)) {
-            auto id = elementId(fam, set, e.key);
-            const bool first = !fullOwners.contains(id);
-            fullOwners.add(id);
-            if (!first) continue;
-          } else if (auto k = slotKeyOf(e.key)) {
-            layouts[k->range] = k->intervals;
-          }
-          desired.elements.push_back(&e);
-        }
-      };
-      if (fam == Family::kIPv4 || !famKeys.empty() || mf.tableExists) {
-        fullTables[fam] = mf.sets;
-        GlobalObjects global = renderer_.renderGlobal(fam, node);
-        DesiredFamily desired;
-        desired.sets = global.sets;
-        want(desired, global);
-        desired.moveRules = true;
-        auto result = NftablesDiffer::diff(fam, desired, mf, {}, specs);
-        applyToMirror(base, result.ops);  // the table and sets, which the chunks' diffs build on
-        emit(fam, std::move(result));
-      }
-      for (std::size_t from = 0; from < famKeys.size(); from += kFullSyncChunk) {
-        std::vector<Fragment> frags;
-        for (std::size_t i = from; i < std::min(famKeys.size(), from + kFullSyncChunk); ++i) {
-          auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, famKeys[i]);
-          if (!port) continue;
-          Fragment f = renderer_.renderServicePort(*port);
-          for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
-          affinity[fam].add(f);
-          frags.push_back(std::move(f));
-        }
-        DesiredFamily desired;
-        for (auto& f : frags) want(desired, f);
-        desired.moveRules = true;
-        emit(fam, NftablesDiffer::diff(fam, desired, mf, {}, specs));
-      }
-      // What the kernel holds and no service port owns any more (the batch sends these
-      // deletions before every addition: see KernelBatch).
-      StaleCandidates stale;
-      for (const auto& [name, chain] : mf.chains)
-        if (!ownedChains.contains(name)) stale.chains.insert(name);
-      const auto& declared = setIndex_[fam == Family::kIPv4 ? 0 : 1];
-      for (const auto& [set, elems] : mf.elements) {
-        auto declaredAt = declared.find(set);
-        if (declaredAt == declared.end()) {
-          // A set kproxy does not declare (an older kproxy's, upstream kube-proxy's): nothing
-          // in it is wanted, as for any other object of the table that is not rendered.
-          for (const auto& [key, value] : elems) stale.elements.push_back(Element{set, std::string(key), {}, std::nullopt});
-          continue;
-        }
-        const std::uint8_t index = declaredAt->second;
-        const SetSpec& spec = specs[index];
-        if (spec.dynamic) continue;  // filled by the data path, not by us
-        for (const auto& [key, value] : elems) {
-          bool owned = false;
-          if (!counted(fam, index)) {
-            auto k = slotKeyOf(key);
-            auto layout = k ? layouts.find(k->range) : layouts.end();
-            owned = layout != layouts.end() && layout->second == k->intervals &&
-                    inSlotLayout(k->offset, k->end, k->intervals);
-          } else {
-            owned = fullOwners.contains(elementId(fam, index, key));
-          }
-          if (!owned) stale.elements.push_back(Element{set, std::string(key), keyToText(spec, key, fam), std::nullopt});
-        }
-      }
-      emit(fam, NftablesDiffer::diff(fam, DesiredFamily{}, mf, stale, specs));
-      for (const auto& name : pending[fam])
-        if (auto c = mf.chains.find(name); c != mf.chains.end() && c->second.base) fullPendingBase[fam].insert(name);
-      affinity[fam].everything = true;
-    }
+    if (auto built = buildFullSync(next, node, work); !built) return std::unexpected(built.error());
   } else {
-    std::map<Family, std::vector<std::string>> keysByFamily;
-    for (const auto& c : changed) {
-      auto& keys = keysByFamily[toFamily(c.family)];
-      if (std::find(keys.begin(), keys.end(), c.key) == keys.end()) keys.push_back(c.key);
-    }
-    for (Family fam : kFamilies) {
-      const auto& keys = keysByFamily[fam];
-      const MirrorFamily& mf = mirror_.of(fam);
-      std::vector<Fragment> frags;
-      for (const auto& key : keys) {
-        auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, key);
-        if (port) frags.push_back(renderer_.renderServicePort(*port));
-      }
-      // Only ports whose entries may have gone stale are judged (judging lists the whole
-      // affinity map): an endpoint left a chain, or an entry address went.
-      for (const auto& key : keys) {
-        auto it = owned_.find({fam, key});
-        if (it == owned_.end()) continue;
-        const Fragment* now = nullptr;
-        for (const auto& f : frags)
-          if (f.key == key) now = &f;
-        if (!affinityMayBeStale(fam, it->second, now)) continue;
-        // The pool IDs the port had: their ranges are those of its balancing chains.
-        for (const auto& c : it->second.chains)
-          if (auto mc = mf.chains.find(c); mc != mf.chains.end() && mc->second.slotBase)
-            affinity[fam].judge(*mc->second.slotBase >> 16);
-        if (now != nullptr) affinity[fam].add(*now);
-      }
-      for (const auto& f : frags)
-        for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
-      bool needed = fam == Family::kIPv4 || !frags.empty() || mf.tableExists;
-      if (!needed && keys.empty()) continue;
-      DesiredFamily desired;
-      std::optional<GlobalObjects> global;
-      std::vector<std::pair<OwnerKey, Owned>> newOwned;
-      if (needed) {
-        global = renderer_.renderGlobal(fam, node);
-        desired.sets = global->sets;
-        addDesired(desired, *global);
-        newOwned.emplace_back(OwnerKey{fam, ""}, ownedOf(fam, *global));
-      }
-      for (auto& f : frags) {
-        addDesired(desired, f);
-        newOwned.emplace_back(OwnerKey{fam, f.key}, ownedOf(fam, f));
-      }
-      desired.moveRules = true;
-
-      // Stale candidates: what the re-rendered owners held before and no longer hold.
-      StaleCandidates stale;
-      stale.chains = pendingDelete_[fam];
-      std::unordered_map<std::string, int> delta;
-      std::vector<OwnerKey> touched;
-      if (needed) touched.emplace_back(fam, "");
-      for (const auto& k : keys) touched.emplace_back(fam, k);
-      for (const auto& ok : touched) {
-        auto it = owned_.find(ok);
-        if (it == owned_.end()) continue;
-        for (const auto& c : it->second.chains) stale.chains.insert(c);
-        it->second.elements.forEach([&](const PackedElements::Ref& e) { --delta[elementId(fam, e.set, e.key)]; });
-      }
-      for (const auto& [ok, o] : newOwned)
-        o.elements.forEach([&](const PackedElements::Ref& e) { ++delta[elementId(fam, e.set, e.key)]; });
-      // An element shared by several touched owners (a hairpin pair of a pod behind two
-      // ports) can be listed once per owner; the differ deletes it once.
-      for (const auto& ok : touched) {
-        auto it = owned_.find(ok);
-        if (it == owned_.end()) continue;
-        it->second.elements.forEach([&](const PackedElements::Ref& e) {
-          auto id = elementId(fam, e.set, e.key);
-          int owners = 1;  // a slot-map element's one owner is its range's chain
-          if (counted(fam, e.set)) {
-            owners = static_cast<int>(elementOwners_.count(id));
-          }
-          int now = owners + delta[id];
-          if (now <= 0) stale.elements.push_back(identityOf(fam, e));
-        });
-      }
-      auto result = NftablesDiffer::diff(fam, desired, mf, stale, renderer_.setSpecs(fam));
-      for (auto& op : result.ops) ops.push_back(std::move(op));
-      pending[fam] = std::move(result.pendingDelete);
-      for (const auto& ok : touched) ownedUpdates[ok] = std::nullopt;
-      for (auto& [ok, o] : newOwned) ownedUpdates[ok] = std::move(o);
-    }
+    buildPartialSync(next, node, changed, work);
+    work.batch = beginBatch();
+    work.batch->append(work.ops);
   }
-
-  if (!full) {
-    batch = beginBatch();
-    batch->append(ops);
-  }
-  const std::size_t count = batch->size();
+  const std::size_t count = work.batch->size();
   // Hand the chunks' freed memory back to the system before the batch is sent.
   if (full) backends::releaseFreeHeap();
-  auto committed = send(*batch, full);
-  batch.reset();
+  auto committed = send(*work.batch, full);
+  work.batch.reset();
   if (!committed) return std::unexpected(committed.error());
-  if (!full) {
-    applyToMirror(mirror_, ops);  // a full sync's base followed its ops already
-    keep(kept, ops);
-  }
-  lastOps_ = keptAll ? std::move(kept) : std::vector<Op>{};
+  recordAcceptedSync(next, node, work, full);
 
-  // Accepted: the bookkeeping follows the kernel.
+  if (!settings_.dryRun)
+    for (auto& [fam, judge] : work.affinity) removeStaleAffinity(fam, std::move(judge));
+  if (generation.before) checkGenerationAfter(*generation.before, commitsBefore);
+
+  updateMetrics(count);
+  auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
+  return syncOutcome(full, count, changed.size(), elapsed.count());
+}
+
+NftablesBackend::GenerationCheck NftablesBackend::checkGeneration(bool full) {
+  // A transaction that was not ours since our last sync (the table flushed or deleted by hand,
+  // another program's rules): the mirror may no longer describe the kernel, so reconcile in
+  // full. Reading the generation is one small netlink round trip.
+  GenerationCheck check;
+  if (settings_.dryRun) return check;
+  auto g = kernel_->generation();
+  if (!g || !*g) return check;
+  check.before = **g;
+  if (!full && generation_ && *generation_ != **g) {
+    // Someone else committed since: every transaction in between is theirs, so the
+    // kernel's notifications of them say whether one touched kproxy's tables.
+    if (auto touched = kernel_->foreignTouched(**g); touched && !*touched) {
+      host_.info(2, fmt::format("nftables: the ruleset changed outside kproxy (generation {} -> {}), not "
+                                "its tables",
+                                *generation_, **g));
+    } else {
+      host_.info(1, fmt::format("nftables: the ruleset changed outside kproxy (generation {} -> {}){}; "
+                                "syncing in full",
+                                *generation_, **g, touched ? ", its tables too" : ""));
+      check.changedOutside = true;
+    }
+  } else if (full) {
+    (void)kernel_->foreignTouched(std::nullopt);  // a full sync reads everything anyway
+  }
+  return check;
+}
+
+void NftablesBackend::checkGenerationAfter(std::uint32_t before, std::uint64_t commitsBefore) {
+  // Ours moved the generation by one per transaction; more means someone else committed
+  // while this sync ran, which the next sync reconciles in full.
+  auto after = kernel_->generation();
+  if (after && *after) {
+    if (**after != before + static_cast<std::uint32_t>(ownCommits_ - commitsBefore)) needFull_ = true;
+    generation_ = **after;
+  }
+}
+
+sdk::Expected<void> NftablesBackend::buildFullSync(const SnapshotSource& next, const sdk::NodeInfo& node,
+                                                   SyncWork& work) {
+  Mirror base;
+  // dry-run reads nothing that needs privileges: it trusts the simulation.
+  if (settings_.dryRun) base = std::move(mirror_);
+  // A full sync rebuilds the mirror and the ownership records from what it reads and renders
+  // (and a failed one leaves the next sync full): the old ones go before the read-back.
+  // Until this sync succeeds, nothing else may trust them.
+  needFull_ = true;
+  mirror_ = Mirror{};
+  owned_.clear();
+  elementOwners_ = {};
+  if (!settings_.dryRun) {
+    auto read = kernel_->readBack(renderer_.setSpecs(Family::kIPv4), renderer_.setSpecs(Family::kIPv6));
+    if (!read) {
+      return sdk::fail(sdk::kernelErrorCategory(read.error().errnum),
+                       "nftables: reading the kube-proxy tables back: " + read.error().message(),
+                       read.error().errnum);
+    }
+    base = std::move(*read);
+  }
+  // Balancing chains keep the slot ranges the kernel has for them.
+  for (Family fam : kFamilies) {
+    auto& slots = renderer_.slots(fam);
+    slots.clear();
+    for (const auto& [name, chain] : base.of(fam).chains)
+      if (chain.slotBase) slots.reserve(name, *chain.slotBase);
+  }
+  // Two passes, so that the batch and the new mirror never exist at once. This one builds the
+  // batch in key order (the host iterates in its own), a chunk of service ports at a time:
+  // each chunk is rendered, diffed against what the kernel holds, encoded into the batch and
+  // dropped. It keeps only what the stale sweep needs (owner counts, slot layouts, chains).
+  // Once the kernel has accepted the batch, its table is what was rendered, and the second
+  // pass renders again to build the mirror and the ownership records (rebuildAfterFullSync).
+  next.forEach([&](const sdk::ServicePort& port) { work.fullKeys[toFamily(port.family)].push_back(port.key); });
+  for (auto& [fam, k] : work.fullKeys) std::sort(k.begin(), k.end());
+  work.batch = beginBatch();
+  for (Family fam : kFamilies) buildFullSyncFamily(fam, next, node, base, work);
+  return {};
+}
+
+void NftablesBackend::buildFullSyncFamily(Family fam, const SnapshotSource& next, const sdk::NodeInfo& node,
+                                          Mirror& base, SyncWork& work) {
+  auto emit = [&](DiffResult result) {
+    work.batch->append(result.ops);
+    work.keep(result.ops);
+    work.pending[fam].merge(result.pendingDelete);
+  };
+  const auto& famKeys = work.fullKeys[fam];
+  MirrorFamily& mf = base.of(fam);
+  const auto& specs = renderer_.setSpecs(fam);
+  std::unordered_set<std::string> ownedChains;
+  // Slot ranges in use and their layouts' sizes: slot-map elements are not counted (each
+  // range has one owner), so these tell which of them stay.
+  std::unordered_map<std::uint32_t, std::uint32_t> layouts;
+  // Notes what the objects own and adds them to `desired`; an element of a counted set
+  // that an earlier port wanted is not added twice (the batch has it already).
+  auto want = [&](DesiredFamily& desired, auto& objects) {
+    for (auto& c : objects.chains) {
+      ownedChains.insert(c.name);
+      desired.chains.push_back(&c);
+    }
+    for (auto& e : objects.elements) {
+      const std::uint8_t set = setIndex(fam, e.set);
+      if (counted(fam, set)) {
+        auto id = elementId(fam, set, e.key);
+        const bool first = !work.fullOwners.contains(id);
+        work.fullOwners.add(id);
+        if (!first) continue;
+      } else if (auto k = slotKeyOf(e.key)) {
+        layouts[k->range] = k->intervals;
+      }
+      desired.elements.push_back(&e);
+    }
+  };
+  if (fam == Family::kIPv4 || !famKeys.empty() || mf.tableExists) {
+    work.fullTables[fam] = mf.sets;
+    GlobalObjects global = renderer_.renderGlobal(fam, node);
+    DesiredFamily desired;
+    desired.sets = global.sets;
+    want(desired, global);
+    desired.moveRules = true;
+    auto result = NftablesDiffer::diff(fam, desired, mf, {}, specs);
+    applyToMirror(base, result.ops);  // the table and sets, which the chunks' diffs build on
+    emit(std::move(result));
+  }
+  for (std::size_t from = 0; from < famKeys.size(); from += kFullSyncChunk) {
+    std::vector<Fragment> frags;
+    for (std::size_t i = from; i < std::min(famKeys.size(), from + kFullSyncChunk); ++i) {
+      auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, famKeys[i]);
+      if (!port) continue;
+      Fragment f = renderer_.renderServicePort(*port);
+      for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
+      work.affinity[fam].add(f);
+      frags.push_back(std::move(f));
+    }
+    DesiredFamily desired;
+    for (auto& f : frags) want(desired, f);
+    desired.moveRules = true;
+    emit(NftablesDiffer::diff(fam, desired, mf, {}, specs));
+  }
+  // What the kernel holds and no service port owns any more (the batch sends these
+  // deletions before every addition: see KernelBatch).
+  emit(NftablesDiffer::diff(fam, DesiredFamily{}, mf, staleAfterFullSync(fam, mf, ownedChains, layouts, work),
+                            specs));
+  for (const auto& name : work.pending[fam])
+    if (auto c = mf.chains.find(name); c != mf.chains.end() && c->second.base) work.fullPendingBase[fam].insert(name);
+  work.affinity[fam].everything = true;
+}
+
+StaleCandidates NftablesBackend::staleAfterFullSync(
+    Family fam, const MirrorFamily& mf, const std::unordered_set<std::string>& ownedChains,
+    const std::unordered_map<std::uint32_t, std::uint32_t>& layouts, const SyncWork& work) const {
+  StaleCandidates stale;
+  for (const auto& [name, chain] : mf.chains)
+    if (!ownedChains.contains(name)) stale.chains.insert(name);
+  const auto& specs = renderer_.setSpecs(fam);
+  const auto& declared = setIndex_[fam == Family::kIPv4 ? 0 : 1];
+  for (const auto& [set, elems] : mf.elements) {
+    auto declaredAt = declared.find(set);
+    if (declaredAt == declared.end()) {
+      // A set kproxy does not declare (an older kproxy's, upstream kube-proxy's): nothing
+      // in it is wanted, as for any other object of the table that is not rendered.
+      for (const auto& [key, value] : elems) stale.elements.push_back(Element{set, std::string(key), {}, std::nullopt});
+      continue;
+    }
+    const std::uint8_t index = declaredAt->second;
+    const SetSpec& spec = specs[index];
+    if (spec.dynamic) continue;  // filled by the data path, not by us
+    for (const auto& [key, value] : elems) {
+      bool owned = false;
+      if (!counted(fam, index)) {
+        auto k = slotKeyOf(key);
+        auto layout = k ? layouts.find(k->range) : layouts.end();
+        owned = layout != layouts.end() && layout->second == k->intervals &&
+                inSlotLayout(k->offset, k->end, k->intervals);
+      } else {
+        owned = work.fullOwners.contains(elementId(fam, index, key));
+      }
+      if (!owned) stale.elements.push_back(Element{set, std::string(key), keyToText(spec, key, fam), std::nullopt});
+    }
+  }
+  return stale;
+}
+
+void NftablesBackend::buildPartialSync(const SnapshotSource& next, const sdk::NodeInfo& node,
+                                       const std::vector<sdk::ChangedKey>& changed, SyncWork& work) {
+  std::map<Family, std::vector<std::string>> keysByFamily;
+  for (const auto& c : changed) {
+    auto& keys = keysByFamily[toFamily(c.family)];
+    if (std::find(keys.begin(), keys.end(), c.key) == keys.end()) keys.push_back(c.key);
+  }
+  for (Family fam : kFamilies) buildPartialSyncFamily(fam, keysByFamily[fam], next, node, work);
+}
+
+void NftablesBackend::buildPartialSyncFamily(Family fam, const std::vector<std::string>& keys,
+                                             const SnapshotSource& next, const sdk::NodeInfo& node,
+                                             SyncWork& work) {
+  const MirrorFamily& mf = mirror_.of(fam);
+  std::vector<Fragment> frags;
+  for (const auto& key : keys) {
+    auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, key);
+    if (port) frags.push_back(renderer_.renderServicePort(*port));
+  }
+  judgeAffinityOfChangedPorts(fam, keys, frags, work);
+  for (const auto& f : frags)
+    for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
+  bool needed = fam == Family::kIPv4 || !frags.empty() || mf.tableExists;
+  if (!needed && keys.empty()) return;
+  DesiredFamily desired;
+  std::optional<GlobalObjects> global;
+  std::vector<std::pair<OwnerKey, Owned>> newOwned;
+  if (needed) {
+    global = renderer_.renderGlobal(fam, node);
+    desired.sets = global->sets;
+    addDesired(desired, *global);
+    newOwned.emplace_back(OwnerKey{fam, ""}, ownedOf(fam, *global));
+  }
+  for (auto& f : frags) {
+    addDesired(desired, f);
+    newOwned.emplace_back(OwnerKey{fam, f.key}, ownedOf(fam, f));
+  }
+  desired.moveRules = true;
+
+  std::vector<OwnerKey> touched;
+  if (needed) touched.emplace_back(fam, "");
+  for (const auto& k : keys) touched.emplace_back(fam, k);
+  auto result =
+      NftablesDiffer::diff(fam, desired, mf, staleAfterPartialSync(fam, touched, newOwned), renderer_.setSpecs(fam));
+  for (auto& op : result.ops) work.ops.push_back(std::move(op));
+  work.pending[fam] = std::move(result.pendingDelete);
+  for (const auto& ok : touched) work.ownedUpdates[ok] = std::nullopt;
+  for (auto& [ok, o] : newOwned) work.ownedUpdates[ok] = std::move(o);
+}
+
+void NftablesBackend::judgeAffinityOfChangedPorts(Family fam, const std::vector<std::string>& keys,
+                                                  const std::vector<Fragment>& frags, SyncWork& work) const {
+  // Only ports whose entries may have gone stale are judged (judging lists the whole
+  // affinity map): an endpoint left a chain, or an entry address went.
+  const MirrorFamily& mf = mirror_.of(fam);
+  for (const auto& key : keys) {
+    auto it = owned_.find({fam, key});
+    if (it == owned_.end()) continue;
+    const Fragment* now = nullptr;
+    for (const auto& f : frags)
+      if (f.key == key) now = &f;
+    if (!affinityMayBeStale(fam, it->second, now)) continue;
+    // The pool IDs the port had: their ranges are those of its balancing chains.
+    for (const auto& c : it->second.chains)
+      if (auto mc = mf.chains.find(c); mc != mf.chains.end() && mc->second.slotBase)
+        work.affinity[fam].judge(*mc->second.slotBase >> 16);
+    if (now != nullptr) work.affinity[fam].add(*now);
+  }
+}
+
+StaleCandidates NftablesBackend::staleAfterPartialSync(Family fam, const std::vector<OwnerKey>& touched,
+                                                       const std::vector<std::pair<OwnerKey, Owned>>& newOwned) {
+  // Stale candidates: what the re-rendered owners held before and no longer hold.
+  StaleCandidates stale;
+  stale.chains = pendingDelete_[fam];
+  std::unordered_map<std::string, int> delta;
+  for (const auto& ok : touched) {
+    auto it = owned_.find(ok);
+    if (it == owned_.end()) continue;
+    for (const auto& c : it->second.chains) stale.chains.insert(c);
+    it->second.elements.forEach([&](const PackedElements::Ref& e) { --delta[elementId(fam, e.set, e.key)]; });
+  }
+  for (const auto& [ok, o] : newOwned)
+    o.elements.forEach([&](const PackedElements::Ref& e) { ++delta[elementId(fam, e.set, e.key)]; });
+  // An element shared by several touched owners (a hairpin pair of a pod behind two
+  // ports) can be listed once per owner; the differ deletes it once.
+  for (const auto& ok : touched) {
+    auto it = owned_.find(ok);
+    if (it == owned_.end()) continue;
+    it->second.elements.forEach([&](const PackedElements::Ref& e) {
+      auto id = elementId(fam, e.set, e.key);
+      int owners = 1;  // a slot-map element's one owner is its range's chain
+      if (counted(fam, e.set)) {
+        owners = static_cast<int>(elementOwners_.count(id));
+      }
+      int now = owners + delta[id];
+      if (now <= 0) stale.elements.push_back(identityOf(fam, e));
+    });
+  }
+  return stale;
+}
+
+void NftablesBackend::recordAcceptedSync(const SnapshotSource& next, const sdk::NodeInfo& node, SyncWork& work,
+                                         bool full) {
+  if (!full) {
+    applyToMirror(mirror_, work.ops);  // a full sync's base followed its ops already
+    work.keep(work.ops);
+  }
+  lastOps_ = work.takeKept();
   if (full) {
-    fullOwners = {};
-    rebuildAfterFullSync(next, node, fullKeys, fullTables, pending, fullPendingBase);
+    work.fullOwners = {};
+    rebuildAfterFullSync(next, node, work.fullKeys, work.fullTables, work.pending, work.fullPendingBase);
     pendingDelete_.clear();
   }
-  for (auto& [ok, o] : ownedUpdates) {
+  applyOwnedUpdates(work.ownedUpdates);
+  if (full) releaseRangesOfUnownedChains();
+  for (Family fam : kFamilies) renderer_.slots(fam).settle();
+  for (auto& [fam, names] : work.pending) pendingDelete_[fam] = std::move(names);
+  needFull_ = false;
+  if (full) backends::releaseFreeHeap();
+}
+
+void NftablesBackend::applyOwnedUpdates(std::map<OwnerKey, std::optional<Owned>>& updates) {
+  for (auto& [ok, o] : updates) {
     auto it = owned_.find(ok);
     if (it != owned_.end()) {
       // A balancing chain that went away frees its slot range (its elements went with it).
@@ -607,48 +690,33 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
       });
     owned_[ok] = std::move(*o);
   }
-  if (full) {
-    // Ranges read back for chains no longer wanted are free again.
-    for (Family fam : kFamilies) {
-      std::unordered_set<std::string> live;
-      for (const auto& [ok, o] : owned_)
-        if (ok.first == fam) live.insert(o.chains.begin(), o.chains.end());
-      std::vector<std::string> gone;
-      renderer_.slots(fam).forEach([&](const std::string& c) {
-        if (!live.contains(c)) gone.push_back(c);
-      });
-      for (const auto& c : gone) renderer_.slots(fam).release(c);
-    }
+}
+
+void NftablesBackend::releaseRangesOfUnownedChains() {
+  // Ranges read back for chains no longer wanted are free again.
+  for (Family fam : kFamilies) {
+    std::unordered_set<std::string> live;
+    for (const auto& [ok, o] : owned_)
+      if (ok.first == fam) live.insert(o.chains.begin(), o.chains.end());
+    std::vector<std::string> gone;
+    renderer_.slots(fam).forEach([&](const std::string& c) {
+      if (!live.contains(c)) gone.push_back(c);
+    });
+    for (const auto& c : gone) renderer_.slots(fam).release(c);
   }
-  for (Family fam : kFamilies) renderer_.slots(fam).settle();
-  for (auto& [fam, names] : pending) pendingDelete_[fam] = std::move(names);
-  needFull_ = false;
-  if (full) backends::releaseFreeHeap();
+}
 
-  if (!settings_.dryRun)
-    for (auto& [fam, judge] : affinity) removeStaleAffinity(fam, std::move(judge));
-
-  if (generationBefore) {
-    // Ours moved the generation by one per transaction; more means someone else committed
-    // while this sync ran, which the next sync reconciles in full.
-    auto after = kernel_->generation();
-    if (after && *after) {
-      if (**after != *generationBefore + static_cast<std::uint32_t>(ownCommits_ - commitsBefore)) needFull_ = true;
-      generation_ = **after;
-    }
-  }
-
-  updateMetrics(count);
-  auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
+sdk::SyncOutcome NftablesBackend::syncOutcome(bool full, std::size_t count, std::size_t changed,
+                                              double elapsedMs) {
   sdk::SyncOutcome out;
   out.operations = count;
   out.summary = fmt::format(
       "nftables sync full={} ops={} changed={} pending_delete={} ms={:.1f} kernel_ms={:.1f}{}", full,
-      count, changed.size(), pendingDelete_[Family::kIPv4].size() + pendingDelete_[Family::kIPv6].size(),
-      elapsed.count(), count == 0 ? 0.0 : lastApplyMs_, settings_.dryRun ? " dry_run=true" : "");
+      count, changed, pendingDelete_[Family::kIPv4].size() + pendingDelete_[Family::kIPv6].size(),
+      elapsedMs, count == 0 ? 0.0 : lastApplyMs_, settings_.dryRun ? " dry_run=true" : "");
   // A full sync asked to change nothing that still needed operations: the kernel differed from
   // the plan (a self-verification, or a first sync). Name the first of them.
-  if (full && changed.empty() && count > 0 && !lastOps_.empty()) {
+  if (full && changed == 0 && count > 0 && !lastOps_.empty()) {
     out.summary += " first ops:";
     for (std::size_t i = 0; i < std::min<std::size_t>(lastOps_.size(), 3); ++i) {
       out.summary += i ? "; " : " ";
@@ -833,25 +901,6 @@ void NftablesBackend::updateMetrics(std::size_t operations) const {
     metrics_.objects.set({family, "set"}, static_cast<double>(m.sets.size()));
     metrics_.objects.set({family, "element"}, static_cast<double>(elements));
   }
-}
-
-sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeNftablesBackend(const sdk::Host& host,
-                                                                        const sdk::Options& options) {
-  auto cfg = parseRenderConfig(options);
-  if (!cfg) {
-    // Every refusal of parseRenderConfig is about an option's value.
-    sdk::PluginError e = cfg.error();
-    if (e.category == sdk::ErrorCategory::kUnknown) e.category = sdk::ErrorCategory::kInvalidInput;
-    return std::unexpected(std::move(e));
-  }
-  BackendSettings settings;
-  settings.render = std::move(*cfg);
-  if (auto it = options.find("dry-run"); it != options.end()) settings.dryRun = it->second == "true";
-  auto metrics = NftablesBackend::registerMetrics(host);
-  if (!metrics) return std::unexpected(metrics.error());
-  auto backend = std::make_unique<NftablesBackend>(host, std::move(settings), makeNetlinkKernel());
-  backend->useMetrics(std::move(*metrics));
-  return backend;
 }
 
 }  // namespace kproxy::nftables

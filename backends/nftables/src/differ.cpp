@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <stdexcept>
+#include <unordered_set>
 #include <utility>
 
 #include <fmt/format.h>
@@ -228,104 +229,162 @@ void applyToMirror(Mirror& mirror, const std::vector<Op>& ops) {
   }
 }
 
-DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
-                                const MirrorFamily& mirror, const StaleCandidates& stale,
-                                const std::vector<SetSpec>& setSpecs) {
-  DiffResult out;
-  std::vector<Op> tables, sets, addChains, flushes, rules, delElems, addElems, delChains;
-  auto op = [&](OpKind kind, std::string name) {
+namespace {
+
+/// One diff of a family: the ops by kind, and what the desired objects claim, so that stale
+/// candidates the sync still wants are kept.
+class FamilyDiff {
+ public:
+  FamilyDiff(Family family, const MirrorFamily& mirror, const std::vector<SetSpec>& setSpecs)
+      : family_(family), mirror_(mirror), setSpecs_(setSpecs) {}
+
+  void addTableAndSets(const DesiredFamily& desired) {
+    bool wantsAnything = !desired.sets.empty() || !desired.chains.empty() || !desired.elements.empty();
+    if (wantsAnything && !mirror_.tableExists) tables_.push_back(op(OpKind::kAddTable, {}));
+    for (const auto& s : desired.sets) {
+      if (mirror_.sets.contains(s.name)) continue;
+      Op o = op(OpKind::kAddSet, s.name);
+      o.set = std::make_shared<const SetSpec>(s);
+      sets_.push_back(std::move(o));
+    }
+  }
+
+  /// A chain whose rules differ is flushed and filled again; a new one is added.
+  void addChains(const DesiredFamily& desired) {
+    desiredChains_.reserve(desired.chains.size());
+    for (Chain* c : desired.chains) {
+      desiredChains_.insert(c->name);
+      std::vector<std::uint64_t> hashes;
+      hashes.reserve(c->rules.size());
+      for (const auto& r : c->rules) hashes.push_back(ruleHash(family_, c->name, r));
+      auto it = mirror_.chains.find(c->name);
+      if (it == mirror_.chains.end()) {
+        Op o = op(OpKind::kAddChain, c->name);
+        if (c->base) o.base = std::make_shared<const BaseHook>(*c->base);
+        addChains_.push_back(std::move(o));
+      } else if (it->second.rules == hashes) {
+        continue;
+      } else if (!it->second.rules.empty()) {
+        flushes_.push_back(op(OpKind::kFlushChain, c->name));
+      }
+      for (std::size_t i = 0; i < c->rules.size(); ++i) {
+        Op o = op(OpKind::kAddRule, c->name);
+        if (desired.moveRules)
+          o.rule = std::move(c->rules[i]);
+        else
+          o.rule = c->rules[i];
+        o.ruleHash = hashes[i];
+        rules_.push_back(std::move(o));
+      }
+    }
+  }
+
+  /// An element whose value differs is deleted and added again; a new one is added.
+  void addElements(const DesiredFamily& desired) {
+    desiredElements_.reserve(desired.elements.size());
+    // The interval start added last, if the element before this one was one: its end goes with
+    // it (see below).
+    const Element* startAdded = nullptr;
+    for (Element* e : desired.elements) {
+      const Element* start = std::exchange(startAdded, nullptr);
+      // Several owners may want one element (a hairpin pair of a pod behind two ports; an
+      // address two ports share): a second add of it in one batch is refused (EEXIST).
+      if (!desiredElements_.insert(elementId(e->set, e->key)).second) continue;
+      std::string value = valueText(*e);
+      std::optional<std::string_view> current;
+      if (auto sit = mirror_.elements.find(e->set); sit != mirror_.elements.end())
+        if (auto eit = sit->second.find(e->key); eit != sit->second.end()) current = eit->second;
+      // An interval start is added with its end, even when the end is unchanged (an endpoint
+      // replaced in place), as nft itself sends intervals: under the soak's churn the kernel
+      // refused, now and then, element messages that carried a start without its end (EEXIST),
+      // and accepted the same changes sent as start-end pairs. The renderer lists each start
+      // just before its end.
+      const bool endOfAddedStart =
+          start != nullptr && e->identitySuffix != 0 && e->intervalEnd && start->set == e->set;
+      if (current && *current == value && !endOfAddedStart) continue;
+      if (current) {
+        Op d = op(OpKind::kDeleteElement, e->set);
+        d.element = std::make_shared<const Element>(e->identity());
+        delElems_.push_back(std::move(d));
+      }
+      Op a = op(OpKind::kAddElement, e->set);
+      if (desired.moveRules)
+        a.element = std::make_shared<const Element>(std::move(*e));
+      else
+        a.element = std::make_shared<const Element>(*e);
+      if (a.element->identitySuffix != 0 && !a.element->intervalEnd) startAdded = a.element.get();
+      addElems_.push_back(std::move(a));
+    }
+  }
+
+  void deleteStaleElements(const StaleCandidates& stale) {
+    if (stale.everythingNotDesired) {
+      for (const auto& [set, elems] : mirror_.elements) {
+        const SetSpec* spec = specOf(set);
+        if (spec != nullptr && spec->dynamic) continue;  // filled by the data path, not by us
+        for (const auto& [key, value] : elems) {
+          std::string text = spec != nullptr ? keyToText(*spec, key, family_) : std::string();
+          deleteElement(set, std::string(key), std::move(text));
+        }
+      }
+    } else {
+      for (const auto& e : stale.elements) deleteElement(e.set, e.key, e.keyText);
+    }
+  }
+
+  /// Stale chains: flush now, delete once empty and unreferenced.
+  void retireStaleChains(const StaleCandidates& stale) {
+    if (stale.everythingNotDesired) {
+      std::vector<std::string> names;
+      for (const auto& [name, chain] : mirror_.chains) names.push_back(name);
+      std::sort(names.begin(), names.end());  // deterministic batches
+      for (const auto& n : names) retire(n);
+    } else {
+      for (const auto& n : stale.chains) retire(n);
+    }
+  }
+
+  /// The ops in the order a batch sends them.
+  DiffResult result() && {
+    // Interval elements are deleted in key order, an interval's end before the next one's start
+    // at the same key: the kernel's rbtree looks a deleted element up among those the batch
+    // already deactivated, and in another order it can miss one and refuse (ENOENT).
+    std::stable_sort(delElems_.begin(), delElems_.end(), [](const Op& a, const Op& b) {
+      if (a.name != b.name) return a.name < b.name;
+      if (a.element->identitySuffix == 0 || b.element->identitySuffix == 0) return false;
+      auto ka = a.element->kernelKey(), kb = b.element->kernelKey();
+      if (ka != kb) return ka < kb;
+      return a.element->intervalEnd && !b.element->intervalEnd;
+    });
+    // Additions do not depend on each other: grouped by set (each set's in render order), runs
+    // of one set share a netlink message, which makes the batch smaller and spares the kernel a
+    // set lookup by name per message.
+    std::stable_sort(addElems_.begin(), addElems_.end(), [](const Op& a, const Op& b) { return a.name < b.name; });
+    for (auto* bucket : {&tables_, &sets_, &addChains_, &flushes_, &rules_, &delElems_, &addElems_, &delChains_})
+      for (auto& o : *bucket) out_.ops.push_back(std::move(o));
+    return std::move(out_);
+  }
+
+ private:
+  Op op(OpKind kind, std::string name) const {
     Op o;
     o.kind = kind;
-    o.family = family;
+    o.family = family_;
     o.name = std::move(name);
     return o;
-  };
-
-  bool wantsAnything = !desired.sets.empty() || !desired.chains.empty() || !desired.elements.empty();
-  if (wantsAnything && !mirror.tableExists) tables.push_back(op(OpKind::kAddTable, {}));
-
-  for (const auto& s : desired.sets) {
-    if (mirror.sets.contains(s.name)) continue;
-    Op o = op(OpKind::kAddSet, s.name);
-    o.set = std::make_shared<const SetSpec>(s);
-    sets.push_back(std::move(o));
   }
 
-  std::unordered_set<std::string_view> desiredChains;
-  desiredChains.reserve(desired.chains.size());
-  for (Chain* c : desired.chains) {
-    desiredChains.insert(c->name);
-    std::vector<std::uint64_t> hashes;
-    hashes.reserve(c->rules.size());
-    for (const auto& r : c->rules) hashes.push_back(ruleHash(family, c->name, r));
-    auto it = mirror.chains.find(c->name);
-    if (it == mirror.chains.end()) {
-      Op o = op(OpKind::kAddChain, c->name);
-      if (c->base) o.base = std::make_shared<const BaseHook>(*c->base);
-      addChains.push_back(std::move(o));
-    } else if (it->second.rules == hashes) {
-      continue;
-    } else if (!it->second.rules.empty()) {
-      flushes.push_back(op(OpKind::kFlushChain, c->name));
-    }
-    for (std::size_t i = 0; i < c->rules.size(); ++i) {
-      Op o = op(OpKind::kAddRule, c->name);
-      if (desired.moveRules)
-        o.rule = std::move(c->rules[i]);
-      else
-        o.rule = c->rules[i];
-      o.ruleHash = hashes[i];
-      rules.push_back(std::move(o));
-    }
-  }
-
-  std::unordered_set<std::string> desiredElements;
-  desiredElements.reserve(desired.elements.size());
-  // The interval start added last, if the element before this one was one: its end goes with
-  // it (see below).
-  const Element* startAdded = nullptr;
-  for (Element* e : desired.elements) {
-    const Element* start = std::exchange(startAdded, nullptr);
-    // Several owners may want one element (a hairpin pair of a pod behind two ports; an
-    // address two ports share): a second add of it in one batch is refused (EEXIST).
-    if (!desiredElements.insert(elementId(e->set, e->key)).second) continue;
-    std::string value = valueText(*e);
-    std::optional<std::string_view> current;
-    if (auto sit = mirror.elements.find(e->set); sit != mirror.elements.end())
-      if (auto eit = sit->second.find(e->key); eit != sit->second.end()) current = eit->second;
-    // An interval start is added with its end, even when the end is unchanged (an endpoint
-    // replaced in place), as nft itself sends intervals: under the soak's churn the kernel
-    // refused, now and then, element messages that carried a start without its end (EEXIST),
-    // and accepted the same changes sent as start-end pairs. The renderer lists each start
-    // just before its end.
-    const bool endOfAddedStart = start != nullptr && e->identitySuffix != 0 && e->intervalEnd && start->set == e->set;
-    if (current && *current == value && !endOfAddedStart) continue;
-    if (current) {
-      Op d = op(OpKind::kDeleteElement, e->set);
-      d.element = std::make_shared<const Element>(e->identity());
-      delElems.push_back(std::move(d));
-    }
-    Op a = op(OpKind::kAddElement, e->set);
-    if (desired.moveRules)
-      a.element = std::make_shared<const Element>(std::move(*e));
-    else
-      a.element = std::make_shared<const Element>(*e);
-    if (a.element->identitySuffix != 0 && !a.element->intervalEnd) startAdded = a.element.get();
-    addElems.push_back(std::move(a));
-  }
-
-  // Stale elements.
-  auto specOf = [&](const std::string& set) -> const SetSpec* {
-    for (const auto& s : setSpecs)
+  const SetSpec* specOf(const std::string& set) const {
+    for (const auto& s : setSpecs_)
       if (s.name == set) return &s;
     return nullptr;
-  };
-  std::unordered_set<std::string> deleted;
-  auto deleteElement = [&](const std::string& set, const std::string& key, std::string keyText) {
-    if (desiredElements.contains(elementId(set, key))) return;
-    if (!deleted.insert(elementId(set, key)).second) return;  // listed twice: delete once
-    auto sit = mirror.elements.find(set);
-    if (sit == mirror.elements.end()) return;
+  }
+
+  void deleteElement(const std::string& set, const std::string& key, std::string keyText) {
+    if (desiredElements_.contains(elementId(set, key))) return;
+    if (!deleted_.insert(elementId(set, key)).second) return;  // listed twice: delete once
+    auto sit = mirror_.elements.find(set);
+    if (sit == mirror_.elements.end()) return;
     auto eit = sit->second.find(key);
     if (eit == sit->second.end()) return;
     const SetSpec* spec = specOf(set);
@@ -334,63 +393,47 @@ DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
                  interval ? kIntervalIdentitySize : std::uint8_t{0}};
     Op d = op(OpKind::kDeleteElement, set);
     d.element = std::make_shared<const Element>(std::move(gone));
-    delElems.push_back(std::move(d));
-  };
-  if (stale.everythingNotDesired) {
-    for (const auto& [set, elems] : mirror.elements) {
-      const SetSpec* spec = specOf(set);
-      if (spec != nullptr && spec->dynamic) continue;  // filled by the data path, not by us
-      for (const auto& [key, value] : elems) {
-        std::string text = spec != nullptr ? keyToText(*spec, key, family) : std::string();
-        deleteElement(set, std::string(key), std::move(text));
-      }
-    }
-  } else {
-    for (const auto& e : stale.elements) deleteElement(e.set, e.key, e.keyText);
+    delElems_.push_back(std::move(d));
   }
 
-  // Stale chains: flush now, delete once empty and unreferenced.
-  auto retire = [&](const std::string& name) {
-    if (desiredChains.contains(name)) return;
-    auto it = mirror.chains.find(name);
-    if (it == mirror.chains.end()) return;
-    auto refs = mirror.references.find(name);
-    bool referenced = refs != mirror.references.end() && refs->second > 0;
+  void retire(const std::string& name) {
+    if (desiredChains_.contains(name)) return;
+    auto it = mirror_.chains.find(name);
+    if (it == mirror_.chains.end()) return;
+    auto refs = mirror_.references.find(name);
+    bool referenced = refs != mirror_.references.end() && refs->second > 0;
     if (!it->second.rules.empty()) {
-      flushes.push_back(op(OpKind::kFlushChain, name));
-      out.pendingDelete.insert(name);
+      flushes_.push_back(op(OpKind::kFlushChain, name));
+      out_.pendingDelete.insert(name);
     } else if (referenced) {
-      out.pendingDelete.insert(name);
+      out_.pendingDelete.insert(name);
     } else {
-      delChains.push_back(op(OpKind::kDeleteChain, name));
+      delChains_.push_back(op(OpKind::kDeleteChain, name));
     }
-  };
-  if (stale.everythingNotDesired) {
-    std::vector<std::string> names;
-    for (const auto& [name, chain] : mirror.chains) names.push_back(name);
-    std::sort(names.begin(), names.end());  // deterministic batches
-    for (const auto& n : names) retire(n);
-  } else {
-    for (const auto& n : stale.chains) retire(n);
   }
 
-  // Interval elements are deleted in key order, an interval's end before the next one's start
-  // at the same key: the kernel's rbtree looks a deleted element up among those the batch
-  // already deactivated, and in another order it can miss one and refuse (ENOENT).
-  std::stable_sort(delElems.begin(), delElems.end(), [](const Op& a, const Op& b) {
-    if (a.name != b.name) return a.name < b.name;
-    if (a.element->identitySuffix == 0 || b.element->identitySuffix == 0) return false;
-    auto ka = a.element->kernelKey(), kb = b.element->kernelKey();
-    if (ka != kb) return ka < kb;
-    return a.element->intervalEnd && !b.element->intervalEnd;
-  });
-  // Additions do not depend on each other: grouped by set (each set's in render order), runs of
-  // one set share a netlink message, which makes the batch smaller and spares the kernel a
-  // set lookup by name per message.
-  std::stable_sort(addElems.begin(), addElems.end(), [](const Op& a, const Op& b) { return a.name < b.name; });
-  for (auto* bucket : {&tables, &sets, &addChains, &flushes, &rules, &delElems, &addElems, &delChains})
-    for (auto& o : *bucket) out.ops.push_back(std::move(o));
-  return out;
+  const Family family_;
+  const MirrorFamily& mirror_;
+  const std::vector<SetSpec>& setSpecs_;
+  DiffResult out_;
+  std::vector<Op> tables_, sets_, addChains_, flushes_, rules_, delElems_, addElems_, delChains_;
+  std::unordered_set<std::string_view> desiredChains_;  ///< names owned by the desired chains
+  std::unordered_set<std::string> desiredElements_;     ///< elementId of each desired element
+  std::unordered_set<std::string> deleted_;             ///< elementId of each stale deletion
+};
+
+}  // namespace
+
+DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
+                                const MirrorFamily& mirror, const StaleCandidates& stale,
+                                const std::vector<SetSpec>& setSpecs) {
+  FamilyDiff d(family, mirror, setSpecs);
+  d.addTableAndSets(desired);
+  d.addChains(desired);
+  d.addElements(desired);
+  d.deleteStaleElements(stale);
+  d.retireStaleChains(stale);
+  return std::move(d).result();
 }
 
 }  // namespace kproxy::nftables

@@ -304,28 +304,54 @@ std::vector<std::vector<Statement>> podTrafficMatches(const plan::LocalTrafficDe
   return out;
 }
 
-Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
-  using namespace names;
-  const plan::ServicePortPlan plan = plan::planServicePort(p, planConfig_);
-  Fragment f;
-  f.family = toFamily(p.family);
-  f.key = p.key;
-  const Family fam = f.family;
-  const std::uint8_t proto = ipProto(p.protocol);
-  const auto port = static_cast<std::uint16_t>(p.port);
-  auto& slotRanges = slots(fam);
+namespace {
 
-  // Hairpin pairs: every endpoint a balancing chain of this port may pick.
-  std::set<std::string> hairpins;
-  for (auto pool : {plan::Pool::kCluster, plan::Pool::kLocal}) {
-    if (!(pool == plan::Pool::kCluster ? plan.usesClusterPool : plan.usesLocalPool)) continue;
-    for (const auto& ep : plan.endpointsOf(pool)) {
-      auto addr = parseHostOf(ep.ip, fam);
-      if (!addr) continue;  // another family or malformed: the core should not send it
-      KeyBuilder k;
-      k.address(*addr).address(*addr);
-      if (hairpins.insert(k.bytes).second)
-        f.elements.push_back(Element{kHairpinSet, k.bytes, k.text, std::nullopt, {}, {}, false});
+/// One renderServicePort call: the port's plan, the fragment it fills and what the steps
+/// share (its balancing chains, their affinity pool IDs, the record chains).
+class ServicePortRender {
+ public:
+  ServicePortRender(const NftablesRenderer& renderer, const sdk::ServicePort& port)
+      : renderer_(renderer),
+        p_(port),
+        plan_(plan::planServicePort(port, renderer.planConfig())),
+        fam_(toFamily(port.family)),
+        proto_(ipProto(port.protocol)),
+        port_(static_cast<std::uint16_t>(port.port)),
+        slotRanges_(renderer.slots(fam_)) {
+    f_.family = fam_;
+    f_.key = port.key;
+  }
+
+  Fragment render() {
+    addHairpins();
+    renderBalancingChains();
+    renderClusterIP();
+    if (!plan_.externallyAccessible) {
+      slotRanges_.release(externalChainName(p_));
+      return std::move(f_);
+    }
+    renderExternalChain();
+    renderExternalRecordChain();
+    addExternalAddresses();
+    addNodePort();
+    renderFirewall();
+    return std::move(f_);
+  }
+
+ private:
+  /// Hairpin pairs: every endpoint a balancing chain of this port may pick.
+  void addHairpins() {
+    std::set<std::string> hairpins;
+    for (auto pool : {plan::Pool::kCluster, plan::Pool::kLocal}) {
+      if (!(pool == plan::Pool::kCluster ? plan_.usesClusterPool : plan_.usesLocalPool)) continue;
+      for (const auto& ep : plan_.endpointsOf(pool)) {
+        auto addr = parseHostOf(ep.ip, fam_);
+        if (!addr) continue;  // another family or malformed: the core should not send it
+        KeyBuilder k;
+        k.address(*addr).address(*addr);
+        if (hairpins.insert(k.bytes).second)
+          f_.elements.push_back(Element{names::kHairpinSet, k.bytes, k.text, std::nullopt, {}, {}, false});
+      }
     }
   }
 
@@ -334,115 +360,127 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
   // that lead to a pool share the client's endpoint (as upstream's per-endpoint sets do), and
   // a pool never hands out another pool's endpoint (eTP=Local: never a remote one). A pool's
   // ID comes from its first balancing chain's slot range (see affinityPoolId).
-  std::optional<std::uint32_t> poolIds[2];
-  std::map<std::string, std::uint32_t> poolIdOfChain;
 
-  // Affinity hit first, then the endpoint by slot. False when there is nothing to balance
-  // over (or, beyond 65,536 balancing chains in a family, no range is left).
-  auto appendBalancing = [&](Chain& c, std::span<const sdk::Endpoint> eps, plan::Pool pool) {
+  /// Affinity hit first, then the endpoint by slot. False when there is nothing to balance
+  /// over (or, beyond 65,536 balancing chains in a family, no range is left).
+  bool appendBalancing(Chain& c, std::span<const sdk::Endpoint> eps, plan::Pool pool) {
     std::vector<std::pair<Address, std::uint16_t>> targets;
     for (const auto& ep : eps)
-      if (auto addr = parseHostOf(ep.ip, fam)) targets.emplace_back(*addr, static_cast<std::uint16_t>(ep.port));
+      if (auto addr = parseHostOf(ep.ip, fam_)) targets.emplace_back(*addr, static_cast<std::uint16_t>(ep.port));
     if (targets.empty()) {
-      slotRanges.release(c.name);  // a chain that no longer balances frees its range
+      slotRanges_.release(c.name);  // a chain that no longer balances frees its range
       return false;
     }
-    auto base = slotRanges.baseOf(c.name);
+    auto base = slotRanges_.baseOf(c.name);
     if (!base) {
-      f.problems.push_back(fmt::format(
+      f_.problems.push_back(fmt::format(
           "all {} endpoint slot ranges of this family are in use; {} is treated as having no endpoints",
           SlotRanges::kRanges, c.name));
       return false;
     }
-    if (plan.affinity) {
-      auto& id = poolIds[pool == plan::Pool::kCluster ? 0 : 1];
-      if (!id) id = affinityPoolId(*base, p, pool);
-      poolIdOfChain[c.name] = *id;
-      c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromAffinity{kAffinityMap, *id}}));
+    if (plan_.affinity) {
+      auto& id = poolIds_[pool == plan::Pool::kCluster ? 0 : 1];
+      if (!id) id = affinityPoolId(*base, p_, pool);
+      poolIdOfChain_[c.name] = *id;
+      c.rules.push_back(rule({MatchL4Proto{proto_}, DnatFromAffinity{names::kAffinityMap, *id}}));
     }
     const std::string map = serviceEndpointsMap(*base);
-    c.rules.push_back(rule({MatchL4Proto{proto}, DnatFromSlots{map, *base}}));
+    c.rules.push_back(rule({MatchL4Proto{proto_}, DnatFromSlots{map, *base}}));
+    addSlotLayout(map, *base, targets);
+    return true;
+  }
+
+  /// The K endpoints split the range at `base` into K intervals, each an element pair.
+  void addSlotLayout(const std::string& map, std::uint32_t base,
+                     const std::vector<std::pair<Address, std::uint16_t>>& targets) {
     const auto k = static_cast<std::uint64_t>(targets.size());
-    auto slotKey = [&](std::uint64_t i) { return *base + slotOffset(i, k); };
+    auto slotKey = [&](std::uint64_t i) { return base + slotOffset(i, k); };
     for (std::uint64_t i = 0; i < k; ++i) {
       std::uint32_t first = slotKey(i);
-      std::uint32_t end = i + 1 == k ? *base + kSlotsPerRange : slotKey(i + 1);
+      std::uint32_t end = i + 1 == k ? base + kSlotsPerRange : slotKey(i + 1);
       KeyBuilder start;
       start.slot(first);
       KeyBuilder data;
       data.address(targets[i].first).port(targets[i].second);
-      f.elements.push_back(Element{map,
-                                   start.bytes + intervalIdentity(false, static_cast<std::uint32_t>(k)),
-                                   fmt::format("{}-{}", first, end - 1), std::nullopt, data.bytes,
-                                   data.text, false, kIntervalIdentitySize});
+      f_.elements.push_back(Element{map,
+                                    start.bytes + intervalIdentity(false, static_cast<std::uint32_t>(k)),
+                                    fmt::format("{}-{}", first, end - 1), std::nullopt, data.bytes,
+                                    data.text, false, kIntervalIdentitySize});
       KeyBuilder stop;
       stop.slot(end);
-      f.elements.push_back(Element{map,
-                                   stop.bytes + intervalIdentity(true, static_cast<std::uint32_t>(k)),
-                                   stop.text, std::nullopt, {}, {}, true, kIntervalIdentitySize});
+      f_.elements.push_back(Element{map,
+                                    stop.bytes + intervalIdentity(true, static_cast<std::uint32_t>(k)),
+                                    stop.text, std::nullopt, {}, {}, true, kIntervalIdentitySize});
     }
-    return true;
-  };
+  }
 
-  auto addMapElement = [&](const char* map, const Address& a, Verdict v) {
+  void addMapElement(const char* map, const Address& a, Verdict v) {
     KeyBuilder k;
-    k.address(a).proto(proto).port(port);
-    f.elements.push_back(Element{map, k.bytes, k.text, std::move(v)});
-  };
-  auto noEndpointVerdict = [&](plan::NoEndpoints what) {
-    return what == plan::NoEndpoints::kReject ? goTo(kRejectChain) : Verdict{VerdictKind::kDrop, {}};
-  };
+    k.address(a).proto(proto_).port(port_);
+    f_.elements.push_back(Element{map, k.bytes, k.text, std::move(v)});
+  }
+  static Verdict noEndpointVerdict(plan::NoEndpoints what) {
+    return what == plan::NoEndpoints::kReject ? goTo(names::kRejectChain) : Verdict{VerdictKind::kDrop, {}};
+  }
 
   // The pools: `service-…` balances the cluster pool, `local-…` the local pool of internal
   // traffic (internalTrafficPolicy Local), as upstream names them. ClusterIP traffic from
   // outside the node's pods is masqueraded in the internal chain (masquerade-all: all traffic
   // to the ClusterIP, which leaves the eTP=Local short-circuit alone).
-  auto internalMasquerade = [&](Chain& c) {
-    switch (plan.internalMasquerade) {
+  void internalMasquerade(Chain& c) {
+    switch (plan_.internalMasquerade) {
       case plan::InternalMasquerade::kNone: break;
       case plan::InternalMasquerade::kAll:
-        if (auto cip = parseHostOf(plan.clusterIP, fam))
-          c.rules.push_back(rule({MatchAddress{false, false, *cip}, jump(kMarkMasqChain)}));
+        if (auto cip = parseHostOf(plan_.clusterIP, fam_))
+          c.rules.push_back(rule({MatchAddress{false, false, *cip}, jump(names::kMarkMasqChain)}));
         break;
       case plan::InternalMasquerade::kNotLocal:
-        for (auto st : podTrafficMatches(p.family, true)) {
-          st.push_back(jump(kMarkMasqChain));
+        for (auto st : podTrafficMatches(renderer_.planConfig().localDetector, p_.family, true)) {
+          st.push_back(jump(names::kMarkMasqChain));
           c.rules.push_back(rule(std::move(st)));
         }
         break;
     }
-  };
-  auto balancingChain = [&](std::string name, std::span<const sdk::Endpoint> eps, plan::Pool pool, bool internal) {
+  }
+  std::string balancingChain(std::string name, std::span<const sdk::Endpoint> eps, plan::Pool pool, bool internal) {
     Chain c{std::move(name), std::nullopt, {}};
     if (internal) internalMasquerade(c);
     if (!appendBalancing(c, eps, pool)) return std::string();
     std::string out = c.name;
-    f.chains.push_back(std::move(c));
+    f_.chains.push_back(std::move(c));
     return out;
-  };
-  std::string clusterChain, localChain;
-  if (plan.usesClusterPool)
-    clusterChain = balancingChain(serviceChainName(p), plan.clusterEndpoints, plan::Pool::kCluster,
-                                  plan.internalPool == plan::Pool::kCluster);
-  else
-    slotRanges.release(serviceChainName(p));
-  if (plan.usesLocalPool && plan.internalPool == plan::Pool::kLocal)
-    localChain = balancingChain(localChainName(p), plan.localEndpoints, plan::Pool::kLocal, true);
-  else
-    slotRanges.release(localChainName(p));
-  const std::string& internalChain = plan.internalPool == plan::Pool::kCluster ? clusterChain : localChain;
-
-  // Internal traffic: the ClusterIP.
-  auto clusterIP = parseHostOf(plan.clusterIP, fam);
-  if (clusterIP) {
-    KeyBuilder k;
-    k.address(*clusterIP);
-    f.elements.push_back(Element{kClusterIPsSet, k.bytes, k.text, std::nullopt});
-    if (!internalChain.empty())
-      addMapElement(kServiceIPsMap, *clusterIP, goTo(internalChain));
+  }
+  void renderBalancingChains() {
+    if (plan_.usesClusterPool)
+      clusterChain_ = balancingChain(serviceChainName(p_), plan_.clusterEndpoints, plan::Pool::kCluster,
+                                     plan_.internalPool == plan::Pool::kCluster);
     else
-      addMapElement(kNoEndpointServicesMap, *clusterIP,
-                    noEndpointVerdict(plan.hasEndpoints ? plan::NoEndpoints::kDrop : plan::NoEndpoints::kReject));
+      slotRanges_.release(serviceChainName(p_));
+    if (plan_.usesLocalPool && plan_.internalPool == plan::Pool::kLocal)
+      localChain_ = balancingChain(localChainName(p_), plan_.localEndpoints, plan::Pool::kLocal, true);
+    else
+      slotRanges_.release(localChainName(p_));
+  }
+
+  /// Internal traffic: the ClusterIP, and its affinity record chain.
+  void renderClusterIP() {
+    const std::string& internalChain = plan_.internalPool == plan::Pool::kCluster ? clusterChain_ : localChain_;
+    clusterIP_ = parseHostOf(plan_.clusterIP, fam_);
+    if (clusterIP_) {
+      KeyBuilder k;
+      k.address(*clusterIP_);
+      f_.elements.push_back(Element{names::kClusterIPsSet, k.bytes, k.text, std::nullopt});
+      if (!internalChain.empty())
+        addMapElement(names::kServiceIPsMap, *clusterIP_, goTo(internalChain));
+      else
+        addMapElement(names::kNoEndpointServicesMap, *clusterIP_,
+                      noEndpointVerdict(plan_.hasEndpoints ? plan::NoEndpoints::kDrop : plan::NoEndpoints::kReject));
+    }
+    if (clusterIP_ && !internalChain.empty()) internalRecord_ = recordRules(internalChain);
+    if (!internalRecord_.empty()) {
+      f_.chains.push_back(Chain{affinityChainName(p_), std::nullopt, internalRecord_});
+      addMapElement(names::kAffinityServicesMap, *clusterIP_, goTo(affinityChainName(p_)));
+    }
   }
 
   // Session affinity is recorded after DNAT (only then is the endpoint known) by a chain of
@@ -451,22 +489,22 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
   // record under the ID of the pool that chose the endpoint, so it replays the conditions of
   // the chain that address's dispatch goes to (the eTP=Local short-circuit: pods and the node
   // use the cluster pool). Those conditions look at the source only, which DNAT keeps.
-  auto recordRules = [&](const std::string& dispatched) {
+  std::vector<Rule> recordRules(const std::string& dispatched) {
     std::vector<Rule> out;
     const Chain* c = nullptr;
-    for (const auto& ch : f.chains)
+    for (const auto& ch : f_.chains)
       if (ch.name == dispatched) c = &ch;
-    if (c == nullptr || !plan.affinity) return out;
+    if (c == nullptr || !plan_.affinity) return out;
     for (const auto& r : c->rules) {
       std::vector<Statement> conditions;
       std::optional<std::uint32_t> id;
       bool replayable = true;
       for (const auto& st : r.statements) {
         if (const auto* v = std::get_if<Verdict>(&st)) {
-          if (auto it = poolIdOfChain.find(v->chain); v->kind == VerdictKind::kGoto && it != poolIdOfChain.end())
+          if (auto it = poolIdOfChain_.find(v->chain); v->kind == VerdictKind::kGoto && it != poolIdOfChain_.end())
             id = it->second;
         } else if (std::holds_alternative<DnatFromSlots>(st)) {
-          if (auto it = poolIdOfChain.find(c->name); it != poolIdOfChain.end()) id = it->second;
+          if (auto it = poolIdOfChain_.find(c->name); it != poolIdOfChain_.end()) id = it->second;
         } else if (const auto* a = std::get_if<MatchAddress>(&st); a != nullptr && a->source) {
           conditions.push_back(st);
         } else if (std::holds_alternative<MatchInputInterface>(st) || std::holds_alternative<MatchFibSourceLocal>(st)) {
@@ -477,115 +515,131 @@ Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
       }
       if (!id) continue;
       if (!replayable) {
-        f.problems.push_back(fmt::format("session affinity of {} is not recorded: a rule of it cannot be replayed "
-                                         "after DNAT",
-                                         c->name));
+        f_.problems.push_back(fmt::format("session affinity of {} is not recorded: a rule of it cannot be replayed "
+                                          "after DNAT",
+                                          c->name));
         break;
       }
       const bool unconditional = conditions.empty();
-      conditions.push_back(RecordAffinity{proto, kAffinityMap, plan.affinityTimeoutSeconds, *id});
+      conditions.push_back(RecordAffinity{proto_, names::kAffinityMap, plan_.affinityTimeoutSeconds, *id});
       if (!unconditional) conditions.push_back(Verdict{VerdictKind::kReturn, {}});
       out.push_back(rule(std::move(conditions)));
       if (unconditional) break;  // nothing after it is reached
     }
     return out;
-  };
-  std::vector<Rule> internalRecord;
-  if (clusterIP && !internalChain.empty()) internalRecord = recordRules(internalChain);
-  if (!internalRecord.empty()) {
-    f.chains.push_back(Chain{affinityChainName(p), std::nullopt, internalRecord});
-    addMapElement(kAffinityServicesMap, *clusterIP, goTo(affinityChainName(p)));
-  }
-
-  if (!plan.externallyAccessible) {
-    slotRanges.release(externalChainName(p));
-    return f;
   }
 
   // External traffic: NodePort, externalIPs, LoadBalancer ingress IPs. The external chain
   // exists whenever the service has endpoints somewhere: with eTP=Local and no local
   // endpoint it still sends the node and its pods to the cluster pool, and drops the rest.
-  std::string extChain;
-  if (plan.capturesExternal) {
-    Chain c{externalChainName(p), std::nullopt, {}};
+  void renderExternalChain() {
+    if (!plan_.capturesExternal) {
+      slotRanges_.release(externalChainName(p_));
+      return;
+    }
+    Chain c{externalChainName(p_), std::nullopt, {}};
     bool balanced = false;
-    if (plan.externalMasqueradeAll) {
-      c.rules.push_back(rule({jump(kMarkMasqChain)}));
-      if (!clusterChain.empty()) c.rules.push_back(rule({goTo(clusterChain)}));
-      slotRanges.release(c.name);
+    if (plan_.externalMasqueradeAll) {
+      c.rules.push_back(rule({jump(names::kMarkMasqChain)}));
+      if (!clusterChain_.empty()) c.rules.push_back(rule({goTo(clusterChain_)}));
+      slotRanges_.release(c.name);
     } else {
-      if (!clusterChain.empty()) {
-        if (plan.shortCircuitPods)
-          for (auto st : podTrafficMatches(p.family, false)) {
-            st.push_back(goTo(clusterChain));
+      if (!clusterChain_.empty()) {
+        if (plan_.shortCircuitPods)
+          for (auto st : podTrafficMatches(renderer_.planConfig().localDetector, p_.family, false)) {
+            st.push_back(goTo(clusterChain_));
             c.rules.push_back(rule(std::move(st)));
           }
-        if (plan.shortCircuitNode) {
-          c.rules.push_back(rule({MatchFibSourceLocal{}, jump(kMarkMasqChain)}));
-          c.rules.push_back(rule({MatchFibSourceLocal{}, goTo(clusterChain)}));
+        if (plan_.shortCircuitNode) {
+          c.rules.push_back(rule({MatchFibSourceLocal{}, jump(names::kMarkMasqChain)}));
+          c.rules.push_back(rule({MatchFibSourceLocal{}, goTo(clusterChain_)}));
         }
       }
-      if (plan.hasExternalEndpoints) balanced = appendBalancing(c, plan.localEndpoints, plan::Pool::kLocal);
-      else slotRanges.release(c.name);
+      if (plan_.hasExternalEndpoints) balanced = appendBalancing(c, plan_.localEndpoints, plan::Pool::kLocal);
+      else slotRanges_.release(c.name);
       // Anything not short-circuited meets the drop here, at DNAT: a filter-stage drop would
       // also catch the node's own connections before their short-circuit.
       if (!balanced) c.rules.push_back(rule({Verdict{VerdictKind::kDrop, {}}}));
     }
-    extChain = c.name;
-    f.chains.push_back(std::move(c));
-  } else {
-    slotRanges.release(externalChainName(p));
+    extChain_ = c.name;
+    f_.chains.push_back(std::move(c));
   }
 
-  // External addresses share the ClusterIP's record chain when they record the same way.
-  std::string externalRecordChain;
-  if (!extChain.empty()) {
-    std::vector<Rule> externalRecord = recordRules(extChain);
-    if (!externalRecord.empty() && externalRecord == internalRecord) {
-      externalRecordChain = affinityChainName(p);
+  /// External addresses share the ClusterIP's record chain when they record the same way.
+  void renderExternalRecordChain() {
+    if (extChain_.empty()) return;
+    std::vector<Rule> externalRecord = recordRules(extChain_);
+    if (!externalRecord.empty() && externalRecord == internalRecord_) {
+      externalRecordChain_ = affinityChainName(p_);
     } else if (!externalRecord.empty()) {
-      externalRecordChain = externalAffinityChainName(p);
-      f.chains.push_back(Chain{externalRecordChain, std::nullopt, std::move(externalRecord)});
+      externalRecordChain_ = externalAffinityChainName(p_);
+      f_.chains.push_back(Chain{externalRecordChain_, std::nullopt, std::move(externalRecord)});
     }
   }
 
-  std::vector<Address> externalAddrs;
-  for (const auto* list : {&plan.externalIPs, &plan.loadBalancerIPs})
-    for (const auto& ip : *list)
-      if (auto a = parseHostOf(ip, fam)) externalAddrs.push_back(*a);
-  for (const auto& a : externalAddrs) {
-    if (!extChain.empty()) {
-      addMapElement(kServiceIPsMap, a, goTo(extChain));
-      if (!externalRecordChain.empty()) addMapElement(kAffinityServicesMap, a, goTo(externalRecordChain));
-    } else {
-      addMapElement(kNoEndpointServicesMap, a, noEndpointVerdict(plan::NoEndpoints::kReject));
+  void addExternalAddresses() {
+    std::vector<Address> externalAddrs;
+    for (const auto* list : {&plan_.externalIPs, &plan_.loadBalancerIPs})
+      for (const auto& ip : *list)
+        if (auto a = parseHostOf(ip, fam_)) externalAddrs.push_back(*a);
+    for (const auto& a : externalAddrs) {
+      if (!extChain_.empty()) {
+        addMapElement(names::kServiceIPsMap, a, goTo(extChain_));
+        if (!externalRecordChain_.empty()) addMapElement(names::kAffinityServicesMap, a, goTo(externalRecordChain_));
+      } else {
+        addMapElement(names::kNoEndpointServicesMap, a, noEndpointVerdict(plan::NoEndpoints::kReject));
+      }
     }
   }
-  if (plan.nodePort != 0) {
+
+  void addNodePort() {
+    if (plan_.nodePort == 0) return;
     KeyBuilder k;
-    k.proto(proto).port(static_cast<std::uint16_t>(plan.nodePort));
-    if (!extChain.empty()) {
-      f.elements.push_back(Element{kServiceNodePortsMap, k.bytes, k.text, goTo(extChain)});
-      if (!externalRecordChain.empty())
-        f.elements.push_back(Element{kAffinityNodePortsMap, k.bytes, k.text, goTo(externalRecordChain)});
+    k.proto(proto_).port(static_cast<std::uint16_t>(plan_.nodePort));
+    if (!extChain_.empty()) {
+      f_.elements.push_back(Element{names::kServiceNodePortsMap, k.bytes, k.text, goTo(extChain_)});
+      if (!externalRecordChain_.empty())
+        f_.elements.push_back(Element{names::kAffinityNodePortsMap, k.bytes, k.text, goTo(externalRecordChain_)});
     } else {
-      f.elements.push_back(Element{kNoEndpointNodePortsMap, k.bytes, k.text,
-                                   noEndpointVerdict(plan::NoEndpoints::kReject)});
+      f_.elements.push_back(Element{names::kNoEndpointNodePortsMap, k.bytes, k.text,
+                                    noEndpointVerdict(plan::NoEndpoints::kReject)});
     }
   }
 
-  // loadBalancerSourceRanges: rules in one firewall chain per service port, no set.
-  if (plan.usesFirewall) {
-    Chain c{firewallChainName(p), std::nullopt, {}};
-    for (const auto& source : plan.firewallAllowedSources)
-      if (auto a = Address::parse(source); a && a->family == fam)
+  /// loadBalancerSourceRanges: rules in one firewall chain per service port, no set.
+  void renderFirewall() {
+    if (!plan_.usesFirewall) return;
+    Chain c{firewallChainName(p_), std::nullopt, {}};
+    for (const auto& source : plan_.firewallAllowedSources)
+      if (auto a = Address::parse(source); a && a->family == fam_)
         c.rules.push_back(rule({MatchAddress{true, false, *a}, Verdict{VerdictKind::kReturn, {}}}));
     c.rules.push_back(rule({Verdict{VerdictKind::kDrop, {}}}));
-    for (const auto& ip : plan.loadBalancerIPs)
-      if (auto a = parseHostOf(ip, fam)) addMapElement(kFirewallIPsMap, *a, goTo(c.name));
-    f.chains.push_back(std::move(c));
+    for (const auto& ip : plan_.loadBalancerIPs)
+      if (auto a = parseHostOf(ip, fam_)) addMapElement(names::kFirewallIPsMap, *a, goTo(c.name));
+    f_.chains.push_back(std::move(c));
   }
-  return f;
+
+  const NftablesRenderer& renderer_;
+  const sdk::ServicePort& p_;
+  const plan::ServicePortPlan plan_;
+  const Family fam_;
+  const std::uint8_t proto_;
+  const std::uint16_t port_;
+  SlotRanges& slotRanges_;
+  Fragment f_;
+  std::optional<std::uint32_t> poolIds_[2];  ///< per pool (cluster, local), once it has a chain
+  std::map<std::string, std::uint32_t> poolIdOfChain_;
+  std::string clusterChain_, localChain_;  ///< the balancing chains ("": none)
+  std::optional<Address> clusterIP_;
+  std::vector<Rule> internalRecord_;  ///< the ClusterIP's affinity record rules
+  std::string extChain_;              ///< "": external addresses have no chain
+  std::string externalRecordChain_;   ///< "": external addresses record no affinity
+};
+
+}  // namespace
+
+Fragment NftablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
+  return ServicePortRender(*this, p).render();
 }
 
 sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {

@@ -14,6 +14,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kproxy/nftables/differ.h"
@@ -152,6 +153,51 @@ class NftablesBackend final : public sdk::BackendPlugin {
   /// Sends the batch; on refusal the next sync is full (and a full sync's mirror is dropped).
   sdk::Expected<void> send(KernelBatch& batch, bool full);
 
+  // One sync in steps: syncFrom checks the generation, builds a full or a partial sync into a
+  // SyncWork, sends its batch and, once the kernel has accepted it, records what it holds.
+  struct SyncWork;
+  struct GenerationCheck {
+    std::optional<std::uint32_t> before;  ///< the generation before the sync, when known
+    bool changedOutside = false;          ///< someone else touched kproxy's tables: sync in full
+  };
+  GenerationCheck checkGeneration(bool full);
+  /// After a sync that started at generation `before`: a generation that moved by more than
+  /// this backend's own commits makes the next sync full.
+  void checkGenerationAfter(std::uint32_t before, std::uint64_t commitsBefore);
+  /// Reads the kernel's tables back (the mirror and the ownership records go first) and fills
+  /// the batch, family by family, in chunks of kFullSyncChunk ports.
+  sdk::Expected<void> buildFullSync(const SnapshotSource& next, const sdk::NodeInfo& node, SyncWork& work);
+  void buildFullSyncFamily(Family family, const SnapshotSource& next, const sdk::NodeInfo& node, Mirror& base,
+                           SyncWork& work);
+  /// What the kernel holds (`mirror`) that no port of the full sync owns: chains not in
+  /// `ownedChains`, slot-map elements outside `layouts` (range → intervals), elements of
+  /// counted sets without owner, every element of a set kproxy does not declare.
+  StaleCandidates staleAfterFullSync(Family family, const MirrorFamily& mirror,
+                                     const std::unordered_set<std::string>& ownedChains,
+                                     const std::unordered_map<std::uint32_t, std::uint32_t>& layouts,
+                                     const SyncWork& work) const;
+  /// Renders the changed ports only and diffs them against the mirror (no kernel reads).
+  void buildPartialSync(const SnapshotSource& next, const sdk::NodeInfo& node,
+                        const std::vector<sdk::ChangedKey>& changed, SyncWork& work);
+  void buildPartialSyncFamily(Family family, const std::vector<std::string>& keys, const SnapshotSource& next,
+                              const sdk::NodeInfo& node, SyncWork& work);
+  /// Adds to the sync's affinity judge the changed ports (`keys`, now `fragments`) whose
+  /// entries may have gone stale.
+  void judgeAffinityOfChangedPorts(Family family, const std::vector<std::string>& keys,
+                                   const std::vector<Fragment>& fragments, SyncWork& work) const;
+  /// What the `touched` owners held before and none of them (`newOwned`) holds now, plus the
+  /// chains left from earlier syncs.
+  StaleCandidates staleAfterPartialSync(Family family, const std::vector<OwnerKey>& touched,
+                                        const std::vector<std::pair<OwnerKey, Owned>>& newOwned);
+  /// The kernel accepted the batch: the mirror, the ownership records and the slot ranges
+  /// follow it.
+  void recordAcceptedSync(const SnapshotSource& next, const sdk::NodeInfo& node, SyncWork& work, bool full);
+  void applyOwnedUpdates(std::map<OwnerKey, std::optional<Owned>>& updates);
+  /// After a full sync: the slot ranges read back for chains no port owns are free again.
+  void releaseRangesOfUnownedChains();
+  /// The sync's outcome and its one-line summary (logged at -v=2).
+  sdk::SyncOutcome syncOutcome(bool full, std::size_t count, std::size_t changed, double elapsedMs);
+
   /// Session-affinity entries point at an endpoint; when the endpoint leaves its service (or
   /// the service goes), upstream drops them with the endpoint's affinity set. Here the data
   /// path owns the shared `session-affinity` map, so after a sync kproxy lists it and deletes
@@ -220,7 +266,7 @@ class NftablesBackend final : public sdk::BackendPlugin {
   Metrics metrics_;
 };
 
-/// The factory the plugin entry uses.
+/// The factory the plugin entry uses (factory.cpp).
 sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeNftablesBackend(const sdk::Host& host,
                                                                         const sdk::Options& options);
 

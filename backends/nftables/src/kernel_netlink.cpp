@@ -528,40 +528,63 @@ class NetlinkKernel final : public KernelNftables {
   core::Result<void> readFamily(backends::NetlinkSocket& sock, Family fam,
                                 const std::vector<SetSpec>& specs, MirrorFamily& mf) {
     const std::uint16_t nfp = nfproto(fam);
+    auto exists = readTable(sock, nfp);
+    if (!exists) return std::unexpected(exists.error());
+    if (!*exists) return {};  // nothing of ours in this family
+    mf.tableExists = true;
+    if (auto r = readChains(sock, nfp, mf); !r) return r;
+    if (auto r = readRules(sock, nfp, mf); !r) return r;
+    // Sets, then the elements of every set kproxy fills itself.
+    if (auto r = readSets(sock, nfp, mf); !r) return r;
+    for (const auto& name : mf.sets) {
+      bool dynamic = false;
+      bool interval = false;
+      for (const auto& s : specs)
+        if (s.name == name) {
+          dynamic = s.dynamic;
+          interval = s.interval;
+        }
+      if (dynamic) continue;
+      if (auto r = readElements(sock, fam, name, interval, mf.elements[name]); !r) return r;
+    }
+    mf.rebuildReferences();
+    return {};
+  }
+
+  /// Whether the table exists in the family: a plain get, ENOENT meaning no.
+  core::Result<bool> readTable(backends::NetlinkSocket& sock, std::uint16_t nfp) {
     char req[MNL_SOCKET_BUFFER_SIZE_];
-
-    // Table: a plain get; ENOENT means there is nothing of ours in this family.
-    {
-      TablePtr t(nftnl_table_alloc());
-      nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, table_.c_str());
-      nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETTABLE, nfp, NLM_F_ACK, sock.nextSeq());
-      nftnl_table_nlmsg_build_payload(nlh, t.get());
-      auto r = sock.dump(nlh, [](const nlmsghdr*) { return true; });
-      if (!r) {
-        if (r.error().errnum == ENOENT) return {};
-        return std::unexpected(r.error());
-      }
-      mf.tableExists = true;
+    TablePtr t(nftnl_table_alloc());
+    nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, table_.c_str());
+    nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETTABLE, nfp, NLM_F_ACK, sock.nextSeq());
+    nftnl_table_nlmsg_build_payload(nlh, t.get());
+    auto r = sock.dump(nlh, [](const nlmsghdr*) { return true; });
+    if (!r) {
+      if (r.error().errnum == ENOENT) return false;
+      return std::unexpected(r.error());
     }
+    return true;
+  }
 
-    // Chains.
-    {
-      nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETCHAIN, nfp, NLM_F_DUMP, sock.nextSeq());
-      auto r = sock.dump(nlh, [&](const nlmsghdr* msg) {
-        ChainPtr c(nftnl_chain_alloc());
-        if (nftnl_chain_nlmsg_parse(msg, c.get()) < 0) return false;
-        const char* table = nftnl_chain_get_str(c.get(), NFTNL_CHAIN_TABLE);
-        if (table == nullptr || table_ != table) return true;
-        auto& mc = mf.chains[nftnl_chain_get_str(c.get(), NFTNL_CHAIN_NAME)];
-        mc.base = nftnl_chain_is_set(c.get(), NFTNL_CHAIN_HOOKNUM);
-        return true;
-      });
-      if (!r) return std::unexpected(r.error());
-    }
+  core::Result<void> readChains(backends::NetlinkSocket& sock, std::uint16_t nfp, MirrorFamily& mf) {
+    char req[MNL_SOCKET_BUFFER_SIZE_];
+    nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETCHAIN, nfp, NLM_F_DUMP, sock.nextSeq());
+    return sock.dump(nlh, [&](const nlmsghdr* msg) {
+      ChainPtr c(nftnl_chain_alloc());
+      if (nftnl_chain_nlmsg_parse(msg, c.get()) < 0) return false;
+      const char* table = nftnl_chain_get_str(c.get(), NFTNL_CHAIN_TABLE);
+      if (table == nullptr || table_ != table) return true;
+      auto& mc = mf.chains[nftnl_chain_get_str(c.get(), NFTNL_CHAIN_NAME)];
+      mc.base = nftnl_chain_is_set(c.get(), NFTNL_CHAIN_HOOKNUM);
+      return true;
+    });
+  }
 
-    // Rules: only their kproxy hash and jump targets, no decoding of matches. One dump per
-    // chain: a table-wide dump restarts its walk over every rule for each 32 KiB reply, which
-    // is quadratic in the table's size; a per-chain dump is a hash lookup plus that chain.
+  /// Rules: only their kproxy hash and jump targets, no decoding of matches. One dump per
+  /// chain: a table-wide dump restarts its walk over every rule for each 32 KiB reply, which
+  /// is quadratic in the table's size; a per-chain dump is a hash lookup plus that chain.
+  core::Result<void> readRules(backends::NetlinkSocket& sock, std::uint16_t nfp, MirrorFamily& mf) {
+    char req[MNL_SOCKET_BUFFER_SIZE_];
     for (auto& [chainName, mc] : mf.chains) {
       RulePtr filter(nftnl_rule_alloc());
       nftnl_rule_set_str(filter.get(), NFTNL_RULE_TABLE, table_.c_str());
@@ -576,114 +599,120 @@ class NetlinkKernel final : public KernelNftables {
         const char* ruleChain = nftnl_rule_get_str(rule.get(), NFTNL_RULE_CHAIN);
         if (table == nullptr || table_ != table || ruleChain == nullptr || chainName != ruleChain)
           return true;
-        std::uint64_t hash = 0;
-        if (nftnl_rule_is_set(rule.get(), NFTNL_RULE_USERDATA)) {
-          std::uint32_t len = 0;
-          const void* ud = nftnl_rule_get_data(rule.get(), NFTNL_RULE_USERDATA, &len);
-          hash = decodeRuleHash(ud, len);
-        }
-        chain->rules.push_back(hash);
-        nftnl_expr_foreach(
-            rule.get(),
-            [](nftnl_expr* e, void* data) -> int {
-              const char* name = nftnl_expr_get_str(e, NFTNL_EXPR_NAME);
-              auto* into = static_cast<MirrorChain*>(data);
-              if (name != nullptr && std::strcmp(name, "immediate") == 0 &&
-                  nftnl_expr_is_set(e, NFTNL_EXPR_IMM_CHAIN))
-                into->targets.emplace_back(nftnl_expr_get_str(e, NFTNL_EXPR_IMM_CHAIN));
-              // The slot range a balancing chain uses (see DnatFromSlots).
-              if (name != nullptr && std::strcmp(name, "numgen") == 0 &&
-                  nftnl_expr_get_u32(e, NFTNL_EXPR_NG_MODULUS) == kSlotsPerRange)
-                into->slotBase = nftnl_expr_get_u32(e, NFTNL_EXPR_NG_OFFSET);
-              return 0;
-            },
-            chain);
+        readRule(rule.get(), *chain);
         return true;
       });
       if (!r) return std::unexpected(r.error());
     }
-
-    // Sets, then the elements of every set kproxy fills itself.
-    {
-      SetPtr filter(nftnl_set_alloc());
-      nftnl_set_set_str(filter.get(), NFTNL_SET_TABLE, table_.c_str());
-      nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETSET, nfp, NLM_F_DUMP, sock.nextSeq());
-      nftnl_set_nlmsg_build_payload(nlh, filter.get());
-      auto r = sock.dump(nlh, [&](const nlmsghdr* msg) {
-        SetPtr s(nftnl_set_alloc());
-        if (nftnl_set_nlmsg_parse(msg, s.get()) < 0) return false;
-        const char* table = nftnl_set_get_str(s.get(), NFTNL_SET_TABLE);
-        if (table == nullptr || table_ != table) return true;
-        mf.sets.insert(nftnl_set_get_str(s.get(), NFTNL_SET_NAME));
-        return true;
-      });
-      if (!r) return std::unexpected(r.error());
-    }
-    for (const auto& name : mf.sets) {
-      bool dynamic = false;
-      bool interval = false;
-      for (const auto& s : specs)
-        if (s.name == name) {
-          dynamic = s.dynamic;
-          interval = s.interval;
-        }
-      if (dynamic) continue;
-      auto& elems = mf.elements[name];
-      std::vector<std::pair<std::string, std::string>> rawIntervals;
-      SetPtr filter = setHandle(table_, fam, name);
-      nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETSETELEM, nfp, NLM_F_DUMP, sock.nextSeq());
-      nftnl_set_elems_nlmsg_build_payload(nlh, filter.get());
-      auto r = sock.dump(nlh, [&](const nlmsghdr* msg) {
-        SetPtr s(nftnl_set_alloc());
-        if (nftnl_set_elems_nlmsg_parse(msg, s.get()) < 0) return false;
-        nftnl_set_elems_iter* it = nftnl_set_elems_iter_create(s.get());
-        for (nftnl_set_elem* e = nftnl_set_elems_iter_next(it); e != nullptr;
-             e = nftnl_set_elems_iter_next(it)) {
-          std::uint32_t len = 0;
-          const void* key = nftnl_set_elem_get(e, NFTNL_SET_ELEM_KEY, &len);
-          if (key == nullptr) continue;
-          std::string value;
-          std::string keyBytes(static_cast<const char*>(key), len);
-          if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_FLAGS) &&
-              (nftnl_set_elem_get_u32(e, NFTNL_SET_ELEM_FLAGS) & NFT_SET_ELEM_INTERVAL_END) != 0) {
-            value = "end";
-          } else if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_DATA)) {
-            std::uint32_t dlen = 0;
-            const void* data = nftnl_set_elem_get(e, NFTNL_SET_ELEM_DATA, &dlen);
-            value.reserve(dlen + 1);  // (not "=" + string: GCC 12 -O3 warns, -Wrestrict)
-            value.push_back('=');
-            value.append(static_cast<const char*>(data), dlen);
-          } else if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_VERDICT)) {
-            const char* chain = nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_CHAIN)
-                                    ? nftnl_set_elem_get_str(e, NFTNL_SET_ELEM_CHAIN)
-                                    : nullptr;
-            value = verdictText(
-                static_cast<std::int32_t>(nftnl_set_elem_get_u32(e, NFTNL_SET_ELEM_VERDICT)), chain);
-          }
-          if (interval)
-            rawIntervals.emplace_back(std::move(keyBytes), std::move(value));
-          else
-            elems.set(keyBytes, value);
-        }
-        nftnl_set_elems_iter_destroy(it);
-        return true;
-      });
-      if (!r) return std::unexpected(r.error());
-      // Interval elements get their identity back: a layout is the elements of one 65,536-key
-      // range (see renderer.h), and its number of intervals is its number of starts.
-      std::unordered_map<std::string, std::uint32_t> starts;
-      auto rangeOf = [](const std::string& key) { return key.substr(0, key.size() >= 2 ? 2 : key.size()); };
-      for (const auto& [key, value] : rawIntervals)
-        if (value != "end") ++starts[rangeOf(key)];
-      for (auto& [key, value] : rawIntervals) {
-        bool end = value == "end";
-        // The end of a range's last interval is its last key, in the same range.
-        std::uint32_t intervals = starts[rangeOf(key)];
-        elems.set(key + intervalIdentity(end, intervals), value);
-      }
-    }
-    mf.rebuildReferences();
     return {};
+  }
+
+  /// One rule into its chain's mirror: its hash, the chains it jumps or goes to, a balancing
+  /// chain's slot range.
+  static void readRule(nftnl_rule* rule, MirrorChain& chain) {
+    std::uint64_t hash = 0;
+    if (nftnl_rule_is_set(rule, NFTNL_RULE_USERDATA)) {
+      std::uint32_t len = 0;
+      const void* ud = nftnl_rule_get_data(rule, NFTNL_RULE_USERDATA, &len);
+      hash = decodeRuleHash(ud, len);
+    }
+    chain.rules.push_back(hash);
+    nftnl_expr_foreach(
+        rule,
+        [](nftnl_expr* e, void* data) -> int {
+          const char* name = nftnl_expr_get_str(e, NFTNL_EXPR_NAME);
+          auto* into = static_cast<MirrorChain*>(data);
+          if (name != nullptr && std::strcmp(name, "immediate") == 0 &&
+              nftnl_expr_is_set(e, NFTNL_EXPR_IMM_CHAIN))
+            into->targets.emplace_back(nftnl_expr_get_str(e, NFTNL_EXPR_IMM_CHAIN));
+          // The slot range a balancing chain uses (see DnatFromSlots).
+          if (name != nullptr && std::strcmp(name, "numgen") == 0 &&
+              nftnl_expr_get_u32(e, NFTNL_EXPR_NG_MODULUS) == kSlotsPerRange)
+            into->slotBase = nftnl_expr_get_u32(e, NFTNL_EXPR_NG_OFFSET);
+          return 0;
+        },
+        &chain);
+  }
+
+  core::Result<void> readSets(backends::NetlinkSocket& sock, std::uint16_t nfp, MirrorFamily& mf) {
+    char req[MNL_SOCKET_BUFFER_SIZE_];
+    SetPtr filter(nftnl_set_alloc());
+    nftnl_set_set_str(filter.get(), NFTNL_SET_TABLE, table_.c_str());
+    nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETSET, nfp, NLM_F_DUMP, sock.nextSeq());
+    nftnl_set_nlmsg_build_payload(nlh, filter.get());
+    return sock.dump(nlh, [&](const nlmsghdr* msg) {
+      SetPtr s(nftnl_set_alloc());
+      if (nftnl_set_nlmsg_parse(msg, s.get()) < 0) return false;
+      const char* table = nftnl_set_get_str(s.get(), NFTNL_SET_TABLE);
+      if (table == nullptr || table_ != table) return true;
+      mf.sets.insert(nftnl_set_get_str(s.get(), NFTNL_SET_NAME));
+      return true;
+    });
+  }
+
+  /// The elements of one set (key bytes → value text, as the mirror keeps them); an interval
+  /// set's keys get their identity suffix back.
+  core::Result<void> readElements(backends::NetlinkSocket& sock, Family fam, const std::string& name,
+                                  bool interval, ElementTable& elems) {
+    char req[MNL_SOCKET_BUFFER_SIZE_];
+    std::vector<std::pair<std::string, std::string>> rawIntervals;
+    SetPtr filter = setHandle(table_, fam, name);
+    nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETSETELEM, nfproto(fam), NLM_F_DUMP, sock.nextSeq());
+    nftnl_set_elems_nlmsg_build_payload(nlh, filter.get());
+    auto r = sock.dump(nlh, [&](const nlmsghdr* msg) {
+      SetPtr s(nftnl_set_alloc());
+      if (nftnl_set_elems_nlmsg_parse(msg, s.get()) < 0) return false;
+      nftnl_set_elems_iter* it = nftnl_set_elems_iter_create(s.get());
+      for (nftnl_set_elem* e = nftnl_set_elems_iter_next(it); e != nullptr; e = nftnl_set_elems_iter_next(it)) {
+        std::uint32_t len = 0;
+        const void* key = nftnl_set_elem_get(e, NFTNL_SET_ELEM_KEY, &len);
+        if (key == nullptr) continue;
+        std::string value = elementValueText(e);
+        std::string keyBytes(static_cast<const char*>(key), len);
+        if (interval)
+          rawIntervals.emplace_back(std::move(keyBytes), std::move(value));
+        else
+          elems.set(keyBytes, value);
+      }
+      nftnl_set_elems_iter_destroy(it);
+      return true;
+    });
+    if (!r) return std::unexpected(r.error());
+    // Interval elements get their identity back: a layout is the elements of one 65,536-key
+    // range (see renderer.h), and its number of intervals is its number of starts.
+    std::unordered_map<std::string, std::uint32_t> starts;
+    auto rangeOf = [](const std::string& key) { return key.substr(0, key.size() >= 2 ? 2 : key.size()); };
+    for (const auto& [key, value] : rawIntervals)
+      if (value != "end") ++starts[rangeOf(key)];
+    for (auto& [key, value] : rawIntervals) {
+      bool end = value == "end";
+      // The end of a range's last interval is its last key, in the same range.
+      std::uint32_t intervals = starts[rangeOf(key)];
+      elems.set(key + intervalIdentity(end, intervals), value);
+    }
+    return {};
+  }
+
+  /// An element's value as the mirror keeps it: "end" for an interval's end, "=" and the data
+  /// bytes, a verdict's text, or nothing.
+  static std::string elementValueText(nftnl_set_elem* e) {
+    std::string value;
+    if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_FLAGS) &&
+        (nftnl_set_elem_get_u32(e, NFTNL_SET_ELEM_FLAGS) & NFT_SET_ELEM_INTERVAL_END) != 0) {
+      value = "end";
+    } else if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_DATA)) {
+      std::uint32_t dlen = 0;
+      const void* data = nftnl_set_elem_get(e, NFTNL_SET_ELEM_DATA, &dlen);
+      value.reserve(dlen + 1);  // (not "=" + string: GCC 12 -O3 warns, -Wrestrict)
+      value.push_back('=');
+      value.append(static_cast<const char*>(data), dlen);
+    } else if (nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_VERDICT)) {
+      const char* chain = nftnl_set_elem_is_set(e, NFTNL_SET_ELEM_CHAIN)
+                              ? nftnl_set_elem_get_str(e, NFTNL_SET_ELEM_CHAIN)
+                              : nullptr;
+      value = verdictText(static_cast<std::int32_t>(nftnl_set_elem_get_u32(e, NFTNL_SET_ELEM_VERDICT)), chain);
+    }
+    return value;
   }
 
   static constexpr std::size_t MNL_SOCKET_BUFFER_SIZE_ = 8192;
