@@ -65,8 +65,9 @@ class LeftoverSystem {
   virtual core::Result<CommandResult> run(const std::vector<std::string>& argv, std::string_view input) = 0;
   /// Deletes the nftables table `name` of `family` ("ip" or "ip6") in one netlink transaction;
   /// whether it existed. Never lists the ruleset: `nft list tables` (nft 1.0.6) reads every
-  /// rule, 20 s of CPU on a node holding iptables-nft's rules for 10,000 Services. An error of
-  /// errno EPROTONOSUPPORT / EAFNOSUPPORT when the kernel has no nftables.
+  /// rule, which costs seconds of CPU on a node holding iptables-nft's rules (BENCHMARKS.md,
+  /// "Figures behind the code"). An error of errno EPROTONOSUPPORT / EAFNOSUPPORT when the
+  /// kernel has no nftables.
   virtual core::Result<bool> deleteNftablesTable(std::string_view family, std::string_view name) = 0;
 };
 

@@ -422,13 +422,13 @@ int main(int argc, char** argv) {
   //
   // Unlike upstream, all of it happens only once this mode's first sync has put its own rules in
   // (make before break; called from the sync observer below). Removed at start, the old rules
-  // left every service address without any rule until that sync (start-up, the initial list and
-  // the sync itself): a connection opened in the gap got a conntrack entry without NAT, its SYNs
-  // went out by the default route, and every SYN that reused its 4-tuple matched that entry
-  // again (and kept it alive) for 120 s after the last. Until then the old mode's rules, hooked
-  // first, still serve the services' traffic; the first NAT rule that matches a connection
-  // decides it, so the two never both apply. (Only the observer of a run that is not a dry run
-  // calls it; dry_run_changes_nothing checks.)
+  // would leave every service address without any rule until that sync (start-up, the initial
+  // list and the sync itself): a connection opened in the gap gets a conntrack entry without
+  // NAT, its SYNs go out by the default route, and every SYN that reuses its 4-tuple matches
+  // that entry again (and keeps it alive) for 120 s after the last. Until then the old mode's
+  // rules, hooked first, still serve the services' traffic; the first NAT rule that matches a
+  // connection decides it, so the two never both apply. (Only the observer of a run that is not
+  // a dry run calls it; dry_run_changes_nothing checks.)
   const bool iptablesBased = config.mode == "iptables" || config.mode == "ipvs";
   auto removeOtherModesLeftovers = [&config, iptablesBased] {
     kproxy::cli::RealLeftoverSystem system;

@@ -3,15 +3,7 @@
 /// prefix, types, help texts and histogram buckets) plus the standard process metrics, rendered
 /// in the Prometheus text exposition format (version 0.0.4).
 ///
-/// kproxy differences, by necessity:
-///  - kubeproxy_network_programming_duration_seconds is observed once per EndpointSlice change
-///    that carries the endpoints.kubernetes.io/last-change-trigger-time annotation (upstream
-///    observes the earliest per service); manifests without it add nothing.
-///  - The histograms have no ip_family label: one kproxy proxier programs both families.
-///  - The backend failure counter is named after the mode: nftables →
-///    kubeproxy_sync_proxy_rules_nftables_sync_failures_total, iptables and ipvs →
-///    kubeproxy_sync_proxy_rules_iptables_restore_failures_total (upstream's names), any other
-///    plugin → kubeproxy_sync_proxy_rules_<mode>_sync_failures_total.
+/// Where these differ from upstream's, by necessity: docs/upstream-differences.md, "Metrics".
 ///
 /// kproxy additions (kproxy_ prefix; upstream has no such metrics):
 ///  - kproxy_sync_proxy_rules_failures_total{category}: the same failures by the category the

@@ -4,10 +4,9 @@
 /// process options. A plain value type; copy it freely.
 ///
 /// Defaults follow upstream pkg/proxy/apis/config/v1alpha1/defaults.go and
-/// cmd/kube-proxy/app/server_linux.go (platformApplyDefaults), with one deliberate difference:
-/// kproxy's default proxy mode is "nftables" (upstream's Linux default is still "iptables"),
-/// because nftables is kproxy's primary backend. As upstream does for nftables mode, an empty
-/// nodePortAddresses then defaults to ["primary"].
+/// cmd/kube-proxy/app/server_linux.go (platformApplyDefaults), but for the default proxy mode,
+/// "nftables" (why: docs/upstream-differences.md, "Configuration"). As upstream does for
+/// nftables mode, an empty nodePortAddresses then defaults to ["primary"].
 
 #include <chrono>
 #include <cstdint>

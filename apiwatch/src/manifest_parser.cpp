@@ -153,8 +153,8 @@ void addSyntaxError(const json::exception& e, std::vector<ManifestEntry>& out) {
 // have a second "items"), it is parsed again the ordinary way.
 //
 // A SAX handler around nlohmann's own tree builder rather than json::parse's callback: that
-// parser searches the enclosing array for discarded values after every object, which made a
-// List of n items cost n² (a 64 MiB List of Services took 20 s instead of 1).
+// parser searches the enclosing array for discarded values after every object, which makes a
+// List of n items cost n² (a 64 MiB List of Services: 20 s instead of 1).
 class EagerListDecoder {
  public:
   using Sax = nlohmann::detail::json_sax_dom_parser<json>;

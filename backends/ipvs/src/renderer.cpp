@@ -338,8 +338,9 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
       if (ep.isLocal && hostOf(ep.ip, fam)) hairpin.push_back(&ep);
     f.virtualServers.push_back(std::move(vs));
   };
-  // plan: ClientIP affinity across the port's addresses (note 8 in renderer.h): the marks of
-  // the ClusterIP's pool and of the external addresses' (the same one when they share it).
+  // plan: ClientIP affinity across the port's addresses (docs/upstream-differences.md, IPVS
+  // note 8): the marks of the ClusterIP's pool and of the external addresses' (the same one
+  // when they share it).
   // A persistent firewall-mark service keeps the packet's port, so the endpoints' one port
   // (`targetPort`, 0 without endpoints) is put in before IPVS; endpoints on several ports
   // cannot share it, and keep one virtual server per address.

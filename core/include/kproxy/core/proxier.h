@@ -41,8 +41,8 @@ struct ProxierOptions {
   /// Both delays above stretch to at least this many times what a verification costs (the last
   /// one's duration; before the first, the last full sync's), so that verifications take at most
   /// 1% of the sync loop's time. A change that arrives during one waits for it, and where one
-  /// takes seconds (iptables-nft at 10,000 Services: `iptables-save` alone takes 2-9 s) that would
-  /// otherwise show in every percentile of the programming latency above the 97th.
+  /// takes seconds (iptables-nft at 10,000 Services; BENCHMARKS.md, "Figures behind the code")
+  /// that would otherwise show in every percentile of the programming latency above the 97th.
   unsigned verifyCostFactor = 100;
 };
 

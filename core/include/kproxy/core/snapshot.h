@@ -63,8 +63,8 @@ class EndpointList {
   using iterator = const_iterator;
 
   EndpointList() = default;
-  // Implicit conversions both ways, so code written for the std::vector these sets used to be
-  // keeps compiling.
+  // Implicit conversions both ways, so code that builds or reads an endpoint set as a
+  // std::vector<Endpoint> works with it unchanged.
   EndpointList(std::vector<Endpoint> endpoints);
   EndpointList(std::initializer_list<Endpoint> endpoints);
   EndpointList& operator=(std::vector<Endpoint> endpoints);

@@ -46,18 +46,15 @@ struct BackendSettings {
   std::size_t lastRestoreKept = 4u << 20;
   /// iptables-nft: a full sync writes the service ports' nat chains over netlink (NftRuleBatch)
   /// rather than through iptables-nft-restore, in transactions of whole service ports of about
-  /// this many rules. The tool's parse of the text and its commit per chunk of 2,000 rules
-  /// are what made a full sync cost 1.1-2.2x a single restore of the same text. 10,000 rules
-  /// (about 3 MB of messages) cost the same time as 25,000 at 10k and 30k Services x 2 and
-  /// 10 MiB less peak RSS at 1k x 10 (bench/iptables, BENCHMARKS.md).
+  /// this many rules: the tool's parse of the text and its commit per chunk are what a full
+  /// sync through it costs. Why this size: BENCHMARKS.md, "Figures behind the code".
   bool netlinkRules = true;
   std::size_t netlinkBatchRules = 10000;
   /// With a variant whose commits replace whole tables (iptables-legacy), a full sync that
   /// leaves at least this many xt_recent lists (session-affinity endpoints) warns once: the
   /// kernel looks each `-m recent` rule's list up by a linear search on every replace, so every
-  /// change costs about the square of the lists. Measured (bench/iptables, BENCHMARKS.md): at
-  /// 10,000 Services x 10 endpoints a replace took 4.5 s with 10,000 lists and 0.65 s with none;
-  /// at 30,000 lists a one-endpoint change took over two minutes.
+  /// change costs about the square of the lists. Measured: BENCHMARKS.md, "Figures behind the
+  /// code".
   std::size_t recentListsWarning = 5000;
 };
 

@@ -63,10 +63,9 @@ class KernelIptables {
   virtual ToolTimes takeToolTimes() { return {}; }
   /// About how many rules one restore input of a full sync should carry at most (0: no limit).
   /// iptables-nft-restore 1.8.9 with --noflush spends time quadratic in the rules and chains of
-  /// one input in userspace (10,000 services x 2 endpoints: 87 s as one input, 2.7 s in inputs
-  /// of 1,000-2,500 rules); iptables-legacy replaces the whole table on every commit, so there
-  /// one input is cheapest. Larger chunks for larger tables (fewer kernel commits) cost more:
-  /// 30,000 services x 2 took 56 s in chunks of about 7,000 rules against 17-25 s in 2,000.
+  /// one input in userspace; iptables-legacy replaces the whole table on every commit, so there
+  /// one input is cheapest. Larger chunks for larger tables (fewer kernel commits) cost more.
+  /// The figures: BENCHMARKS.md, "Figures behind the code".
   virtual std::size_t restoreChunkRules() const { return 0; }
   /// Whether the owned nat chains may be written over netlink in the calling thread's network
   /// namespace (NftRuleBatch), as objects this variant's tools read as their own: iptables-nft

@@ -58,7 +58,8 @@ class NftRuleBatch {
   /// applies all of it or, when it refuses any message, nothing; the error then names the
   /// chain and rule it refused. Keep the socket for the next transaction: closing a netfilter
   /// socket waits for the kernel to release what the last commit replaced (an RCU grace
-  /// period, 15–20 ms here), which a socket per commit adds to every change.
+  /// period), which a socket per commit adds to every change. Measured: BENCHMARKS.md,
+  /// "Figures behind the code".
   core::Result<void> commit(backends::NetlinkSocket& socket);
   /// The same on a socket of its own, opened in the calling thread's network namespace.
   core::Result<void> commit();

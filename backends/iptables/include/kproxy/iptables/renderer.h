@@ -17,10 +17,7 @@
 /// order, quoted comments, the kernel's rounding of probabilities), for iptables-nft and
 /// iptables-legacy alike, so a read-back compares as text.
 ///
-/// Where kproxy differs from upstream (the README's table): a ClusterIP's unused ports are
-/// rejected and addresses inside a ServiceCIDR that no Service holds are dropped (as upstream's
-/// nftables mode); the anti-martian rule for localhost NodePorts is in KUBE-PROXY-FIREWALL, not
-/// in kubelet's KUBE-FIREWALL, which kproxy never touches.
+/// Where this differs from upstream's iptables mode, and why: docs/upstream-differences.md.
 ///
 /// Thread-safety: pure functions of their inputs.
 

@@ -117,7 +117,7 @@ class IpvsBackend final : public sdk::BackendPlugin {
 
  private:
   /// A virtual server's real servers, sorted by identity (address, then port): a flat array,
-  /// not a map keyed by their text, which took about twice the memory per real server.
+  /// since a map keyed by their text takes about twice the memory per real server.
   class RealServers {
    public:
     RealServers() = default;

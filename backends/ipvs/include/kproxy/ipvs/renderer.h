@@ -6,68 +6,13 @@
 /// IP, the NodePort on each NodePort address) with the real servers of the pool the plan gives
 /// that traffic; the addresses bound to the dummy interface `kube-ipvs0`; the ipset entries
 /// (upstream's sets, `add SET ENTRY` as `ipset save` prints and `ipset restore` reads them);
-/// and the few iptables rules of its own that kproxy adds (below). Globally: the fixed iptables
+/// and the few iptables rules of its own that kproxy adds. Globally: the fixed iptables
 /// chains and rules of upstream's IPVS mode, matching the sets with `-m set --match-set`, the
 /// jumps from the built-in chains, and the ipset definitions. Every iptables rule is rendered
 /// exactly as `iptables-save` prints it.
 ///
-/// Where the rendering means what the plan says rather than what upstream's IPVS mode does
-/// (the nftables and iptables backends mean the same; each place is marked "plan:" in the
-/// source):
-///  1. No endpoints for a policy (plan kDrop): upstream IPVS falls back to the cluster-wide
-///     endpoints when iTP/eTP=Local finds no local one (its PR 97081). kproxy drops:
-///     internal traffic gets no virtual server (so node-originated packets meet filter OUTPUT
-///     rather than IPVS, which sits before it) and a DROP in KUBE-IPVS-FILTER (INPUT) and
-///     KUBE-IPVS-OUT-FILTER (OUTPUT); external traffic keeps the virtual server with the
-///     cluster pool for the short-circuit (below) and everything that comes neither from the
-///     node nor from its pods is dropped in KUBE-IPVS-FILTER (without a cluster pool either:
-///     no virtual server, and the drop in INPUT and OUTPUT).
-///  2. No endpoints anywhere (plan kReject): as upstream, a virtual server without real
-///     servers; IPVS answers a new connection with ICMP port unreachable (ip_vs_leave), which
-///     is the plan's reject.
-///  3. The eTP=Local short-circuit: upstream IPVS sends the node's and the pods' connections
-///     to an external address to the local endpoints like everyone else's. kproxy sends them
-///     to the cluster pool: in nat KUBE-SERVICES (before IPVS, which hooks LOCAL_IN/LOCAL_OUT)
-///     pod traffic and node traffic to the external address is DNATed to the ClusterIP's
-///     virtual server, which holds the cluster pool, and the node's is marked for masquerade.
-///     When the ClusterIP does not hold the cluster pool (iTP=Local as well), this cannot be
-///     expressed: the port records a problem and keeps upstream's behaviour. A DNAT in front
-///     of IPVS is nothing upstream does; the VM tier confirms it on a kernel (the node reaches
-///     both pools' pods through the external IP, tests/vm/ipvs_backend_vm_test.cpp).
-///  4. Source ranges with several LoadBalancer IPs: the plan admits every allowed source to
-///     every LB IP of the port; upstream admits only each LB IP to itself. The
-///     KUBE-LOAD-BALANCER-SOURCE-IP entries are the product. The node is refused
-///     (KUBE-IPVS-OUT-FILTER) exactly when no allowed source contains the LB IP it connects
-///     from, and short-circuited pod traffic to a firewalled LB IP is DNATed only when the
-///     source ranges admit it.
-///  5. Rules that match a set are rendered whether or not the set is empty (upstream leaves
-///     out some for empty sets): a rule on an empty set matches nothing, and the global rules
-///     then do not change with the services.
-///  6. KUBE-LOOP-BACK holds the local endpoints that are real servers of the port (upstream:
-///     every local endpoint of the slice, ready or not); the others receive no traffic.
-///  7. Unallocated ClusterIPs (an address of a ServiceCIDR that no Service holds) are dropped
-///     in KUBE-PROXY-FIREWALL and KUBE-IPVS-OUT-FILTER, as the other modes do; upstream's IPVS
-///     mode routes them on.
-///  8. ClientIP affinity holds across the port's addresses (ClusterIP, externalIPs, LB IPs,
-///     NodePorts), as upstream's iptables `-m recent` lists do: IPVS keeps persistence per
-///     virtual server, so such a port gets firewall-mark virtual servers instead of one per
-///     address. Its addresses are marked in nat KUBE-SERVICES (the first packet is what IPVS
-///     schedules; later ones find its connection) and the marked traffic meets one persistent
-///     virtual server per distinct pool: one for the port when its addresses share a pool,
-///     else one for the ClusterIP and one for the external addresses (eTP=Local), the
-///     short-circuited connections to the external addresses being marked for the ClusterIP's.
-///     IPVS compares the whole packet mark with the virtual server's, so a marked packet must
-///     not carry the masquerade bit: KUBE-MARK-MASQ records masquerade of marked packets in the
-///     connection mark, and KUBE-POSTROUTING brings it back to the packet mark. A persistent
-///     firewall-mark service keeps the packet's destination port (ip_vs_sched_persist uses a
-///     real server's port only when the packet's equals the service's, 0 for a mark), so the
-///     port becomes the endpoints' in KUBE-IPVS-FWMARK-PORTS (`DNAT --to-destination :PORT`),
-///     jumped from KUBE-SERVICES after the masquerade decisions; filter sees the new port: a
-///     marked connection passes KUBE-IPVS-FILTER's reject of a VIP's other ports, the
-///     source-range sets hold the LB IP with both ports, the drops without local endpoints
-///     match the mark, and a NodePort's masquerade is decided by its own rule (KUBE-NODE-PORT
-///     comes after the port changed). Endpoints on several ports cannot share one virtual
-///     server: such a port keeps one per address (a problem is recorded).
+/// Where this follows the service plan rather than upstream's IPVS mode, and why: the numbered
+/// notes of docs/upstream-differences.md, "IPVS mode" (each place is marked "plan:" in the source).
 ///
 /// Thread-safety: pure functions of their inputs; an IpvsRenderer is not mutated by renders.
 

@@ -9,9 +9,10 @@
 /// externalIPs / LoadBalancer), `firewall-…` (source ranges) and, with session affinity,
 /// `affinity-…`.
 ///
-/// Unlike upstream, choosing an endpoint is data, not rules. Each balancing chain owns a
-/// range of 65,536 keys in the one interval map `service-endpoints` and ends with
-/// `dnat to numgen random mod 65535 offset BASE map @service-endpoints`; its K endpoints split
+/// Choosing an endpoint is data, not rules (why, against upstream's endpoint chains:
+/// docs/upstream-differences.md). Each balancing chain owns a range of 65,536 keys in one of
+/// the interval maps `service-endpoints-N` (kEndpointMapShards) and ends with
+/// `dnat to numgen random mod 65535 offset BASE map @service-endpoints-N`; its K endpoints split
 /// the range's 65,535 slots into K intervals (sizes differ by at most one slot). There are no
 /// per-endpoint chains. So an endpoint change is a handful of element changes in a data map,
 /// which the kernel commits without re-validating the table (a rule or a goto element would

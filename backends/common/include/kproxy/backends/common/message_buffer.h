@@ -2,9 +2,8 @@
 /// MessageBuffer: the bytes of one netlink batch, as they are encoded, shared by the nftables
 /// backend and iptables-nft's writer. It is never zero-filled (only the bytes written become
 /// resident) and grows with realloc, which glibc does in place at the heap's end or, for
-/// blocks above its mmap threshold, by mremap. (A mapping of its own per buffer, grown by
-/// mremap, was tried: no lower peak at 10,000 or 30,000 Services, and a map and an unmap per
-/// buffer in every small transaction.)
+/// blocks above its mmap threshold, by mremap; why not a mapping of its own: BENCHMARKS.md,
+/// "Figures behind the code".
 /// Thread-safety: a value owned by one thread.
 
 #include <linux/netlink.h>
