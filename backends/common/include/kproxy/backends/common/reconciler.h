@@ -1,0 +1,72 @@
+#pragma once
+/// The one reconcile skeleton every backend plugs into: the backend implements a full pass and
+/// a partial pass over the plan's snapshot, nothing around them. The skeleton decides which
+/// pass runs (the host asks for a full sync, the last sync failed, the last pass said the
+/// kernel may differ from what the backend believes, or the backend finds so before a
+/// partial pass), times it, writes the sync summary in one format for every mode, cleans
+/// stale conntrack flows after a successful sync and hands freed heap back after a full one.
+/// Thread-safety: as sdk::BackendPlugin, one call at a time.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kproxy/plan/snapshot_source.h"
+#include "kproxy/plugin/sdk.h"
+
+namespace kproxy::backends {
+
+/// What one pass did.
+struct PassOutcome {
+  std::uint64_t operations = 0;  ///< kernel operations the pass sent (0: nothing differed)
+  /// The backend's own fields for the summary ("kernel_ms=0.4 pending_delete=2"), may be empty.
+  std::string detail;
+  /// The pass succeeded but the kernel may now differ from what the backend believes (another
+  /// program wrote while it ran): the next sync is full.
+  bool fullNext = false;
+};
+
+struct ReconcilerOptions {
+  std::string mode;          ///< the summary's first word: "nftables", "iptables", …
+  bool dryRun = false;       ///< no conntrack cleanup, " dry_run=true" in the summary
+  bool cleanConntrack = true;  ///< clean stale UDP/SCTP flows after each sync
+  bool releaseHeapAfterFull = true;
+};
+
+class Reconciler : public sdk::BackendPlugin {
+ public:
+  /// The sync: the pass, then the bookkeeping around it. A failed pass leaves the next sync
+  /// full, so that it reads the kernel back and repairs what was applied.
+  sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) final;
+  /// The same on any snapshot source (benchmarks, tests), without the conntrack cleanup, which
+  /// needs the host's two snapshots. `changed` is ignored by a full pass.
+  sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next,
+                                           const std::vector<sdk::ChangedKey>& changed, bool full);
+  /// Whether the next sync will be full (first sync, after a failure, after cleanup).
+  bool needsFullSync() const { return needFull_; }
+
+ protected:
+  Reconciler(const sdk::Host& host, ReconcilerOptions options);
+
+  /// Reads the kernel back and makes it what `next` says, repairing whatever differs.
+  virtual sdk::Expected<PassOutcome> fullSync(const plan::SnapshotSource& next) = 0;
+  /// Applies the service ports in `changed` (and node-wide changes) against the backend's
+  /// mirror of the kernel.
+  virtual sdk::Expected<PassOutcome> partialSync(const plan::SnapshotSource& next,
+                                                 const std::vector<sdk::ChangedKey>& changed) = 0;
+  /// Asked before a partial pass: whether the kernel changed outside the backend since its last
+  /// sync, so that only a full pass can trust it. The default: no.
+  virtual bool kernelChangedOutside() { return false; }
+
+  /// The next sync is full (for what the backend learns outside a pass, e.g. a cleanup).
+  void requireFullSync() { needFull_ = true; }
+
+  const sdk::Host& host() const { return host_; }
+
+ private:
+  sdk::Host host_;
+  ReconcilerOptions options_;
+  bool needFull_ = true;  ///< nothing is known of the kernel before the first full pass
+};
+
+}  // namespace kproxy::backends

@@ -1,0 +1,47 @@
+#include "kproxy/backends/common/reconciler.h"
+
+#include <chrono>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "kproxy/backends/common/conntrack_cleaner.h"
+#include "kproxy/backends/common/heap.h"
+
+namespace kproxy::backends {
+
+Reconciler::Reconciler(const sdk::Host& host, ReconcilerOptions options)
+    : host_(host), options_(std::move(options)) {}
+
+sdk::Expected<sdk::SyncOutcome> Reconciler::sync(const sdk::SyncContext& context) {
+  auto synced = syncFrom(plan::HostSnapshot(context.next), context.changed, context.full);
+  // UDP flows already DNAT'ed to a removed endpoint would keep going there; best effort, it
+  // logs its own failures and never fails the sync.
+  if (synced && options_.cleanConntrack && !options_.dryRun) cleanStaleConntrackEntries(host_, context);
+  return synced;
+}
+
+sdk::Expected<sdk::SyncOutcome> Reconciler::syncFrom(const plan::SnapshotSource& next,
+                                                     const std::vector<sdk::ChangedKey>& changed, bool full) {
+  const auto started = std::chrono::steady_clock::now();
+  full = full || needFull_;
+  if (!full && kernelChangedOutside()) full = true;
+  // Whatever fails below leaves the next sync full.
+  needFull_ = true;
+  auto pass = full ? fullSync(next) : partialSync(next, changed);
+  if (!pass) return std::unexpected(pass.error());
+  needFull_ = pass->fullNext;
+  // A full pass frees far more than steady state needs (rendered batches, read-back mirrors).
+  if (full && options_.releaseHeapAfterFull) releaseFreeHeap();
+
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  sdk::SyncOutcome out;
+  out.operations = pass->operations;
+  out.summary = fmt::format("{} sync full={} ops={} changed={} ms={:.1f}{}{}{}", options_.mode, full,
+                            pass->operations, changed.size(), ms, pass->detail.empty() ? "" : " ", pass->detail,
+                            options_.dryRun ? " dry_run=true" : "");
+  host_.info(2, out.summary);
+  return out;
+}
+
+}  // namespace kproxy::backends
