@@ -8,7 +8,6 @@
 
 #include <fmt/format.h>
 
-#include "kproxy/backends/common/conntrack_cleaner.h"
 #include "kproxy/backends/common/heap.h"
 
 namespace kproxy::nftables {
@@ -269,7 +268,11 @@ void NftablesBackend::AffinityJudge::mergeOlder(const AffinityJudge& older) {
 
 NftablesBackend::NftablesBackend(sdk::Host host, BackendSettings settings,
                                  std::unique_ptr<KernelNftables> kernel)
-    : host_(host), settings_(std::move(settings)), renderer_(settings_.render), kernel_(std::move(kernel)) {
+    : Reconciler(host, backends::ReconcilerOptions{"nftables", settings.dryRun, true, true}),
+      host_(host),
+      settings_(std::move(settings)),
+      renderer_(settings_.render),
+      kernel_(std::move(kernel)) {
   for (Family fam : kFamilies) {
     const auto& specs = renderer_.setSpecs(fam);
     static_assert(kEndpointMapShards < 200, "set indexes are one byte");
@@ -278,13 +281,18 @@ NftablesBackend::NftablesBackend(sdk::Host host, BackendSettings settings,
   }
 }
 
-sdk::Expected<sdk::SyncOutcome> NftablesBackend::sync(const sdk::SyncContext& context) {
-  HostSnapshot next(context.next);
-  auto synced = syncFrom(next, context.changed, context.full);
-  // UDP flows already DNAT'ed to a removed endpoint would keep going there; best effort, it
-  // logs its own failures and never fails the sync.
-  if (synced && !settings_.dryRun) backends::cleanStaleConntrackEntries(host_, context);
-  return synced;
+sdk::Expected<backends::PassOutcome> NftablesBackend::fullSync(const SnapshotSource& next) {
+  return pass(next, {}, true);
+}
+
+sdk::Expected<backends::PassOutcome> NftablesBackend::partialSync(const SnapshotSource& next,
+                                                                  const std::vector<sdk::ChangedKey>& changed) {
+  return pass(next, changed, false);
+}
+
+bool NftablesBackend::kernelChangedOutside() {
+  checkedGeneration_ = checkGeneration(false);
+  return checkedGeneration_->changedOutside;
 }
 
 /// What one sync builds for the kernel and, once the kernel has accepted it, what the
@@ -327,14 +335,11 @@ struct NftablesBackend::SyncWork {
   bool keptAll_ = true;
 };
 
-sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& next,
-                                                          const std::vector<sdk::ChangedKey>& changed,
-                                                          bool full) {
-  auto started = std::chrono::steady_clock::now();
-  full = full || needFull_;
+sdk::Expected<backends::PassOutcome> NftablesBackend::pass(const SnapshotSource& next,
+                                                           const std::vector<sdk::ChangedKey>& changed, bool full) {
   const std::uint64_t commitsBefore = ownCommits_;
-  const GenerationCheck generation = checkGeneration(full);
-  full = full || generation.changedOutside;
+  const GenerationCheck generation = !full && checkedGeneration_ ? *checkedGeneration_ : checkGeneration(full);
+  checkedGeneration_.reset();
   const sdk::NodeInfo node = next.node();
   renderer_.setNode(node);
   renderer_.setServiceCIDRs(next.serviceCIDRs());
@@ -357,11 +362,10 @@ sdk::Expected<sdk::SyncOutcome> NftablesBackend::syncFrom(const SnapshotSource& 
 
   if (!settings_.dryRun)
     for (auto& [fam, judge] : work.affinity) removeStaleAffinity(fam, std::move(judge));
-  if (generation.before) checkGenerationAfter(*generation.before, commitsBefore);
-
   updateMetrics(count);
-  auto elapsed = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started);
-  return syncOutcome(full, count, changed.size(), elapsed.count());
+  backends::PassOutcome outcome = passOutcome(full, count, changed.size());
+  if (generation.before) outcome.fullNext = checkGenerationAfter(*generation.before, commitsBefore);
+  return outcome;
 }
 
 NftablesBackend::GenerationCheck NftablesBackend::checkGeneration(bool full) {
@@ -392,14 +396,13 @@ NftablesBackend::GenerationCheck NftablesBackend::checkGeneration(bool full) {
   return check;
 }
 
-void NftablesBackend::checkGenerationAfter(std::uint32_t before, std::uint64_t commitsBefore) {
+bool NftablesBackend::checkGenerationAfter(std::uint32_t before, std::uint64_t commitsBefore) {
   // Ours moved the generation by one per transaction; more means someone else committed
   // while this sync ran, which the next sync reconciles in full.
   auto after = kernel_->generation();
-  if (after && *after) {
-    if (**after != before + static_cast<std::uint32_t>(ownCommits_ - commitsBefore)) needFull_ = true;
-    generation_ = **after;
-  }
+  if (!after || !*after) return false;
+  generation_ = **after;
+  return **after != before + static_cast<std::uint32_t>(ownCommits_ - commitsBefore);
 }
 
 sdk::Expected<void> NftablesBackend::buildFullSync(const SnapshotSource& next, const sdk::NodeInfo& node,
@@ -410,7 +413,6 @@ sdk::Expected<void> NftablesBackend::buildFullSync(const SnapshotSource& next, c
   // A full sync rebuilds the mirror and the ownership records from what it reads and renders
   // (and a failed one leaves the next sync full): the old ones go before the read-back.
   // Until this sync succeeds, nothing else may trust them.
-  needFull_ = true;
   mirror_ = Mirror{};
   owned_.clear();
   elementOwners_ = {};
@@ -665,8 +667,6 @@ void NftablesBackend::recordAcceptedSync(const SnapshotSource& next, const sdk::
   if (full) releaseRangesOfUnownedChains();
   for (Family fam : kFamilies) renderer_.slots(fam).settle();
   for (auto& [fam, names] : work.pending) pendingDelete_[fam] = std::move(names);
-  needFull_ = false;
-  if (full) backends::releaseFreeHeap();
 }
 
 void NftablesBackend::applyOwnedUpdates(std::map<OwnerKey, std::optional<Owned>>& updates) {
@@ -706,24 +706,21 @@ void NftablesBackend::releaseRangesOfUnownedChains() {
   }
 }
 
-sdk::SyncOutcome NftablesBackend::syncOutcome(bool full, std::size_t count, std::size_t changed,
-                                              double elapsedMs) {
-  sdk::SyncOutcome out;
+backends::PassOutcome NftablesBackend::passOutcome(bool full, std::size_t count, std::size_t changed) const {
+  backends::PassOutcome out;
   out.operations = count;
-  out.summary = fmt::format(
-      "nftables sync full={} ops={} changed={} pending_delete={} ms={:.1f} kernel_ms={:.1f}{}", full,
-      count, changed, pendingDelete_[Family::kIPv4].size() + pendingDelete_[Family::kIPv6].size(),
-      elapsedMs, count == 0 ? 0.0 : lastApplyMs_, settings_.dryRun ? " dry_run=true" : "");
+  std::size_t pending = 0;
+  for (const auto& [fam, names] : pendingDelete_) pending += names.size();
+  out.detail = fmt::format("pending_delete={} kernel_ms={:.1f}", pending, count == 0 ? 0.0 : lastApplyMs_);
   // A full sync asked to change nothing that still needed operations: the kernel differed from
   // the plan (a self-verification, or a first sync). Name the first of them.
   if (full && changed == 0 && count > 0 && !lastOps_.empty()) {
-    out.summary += " first ops:";
+    out.detail += " first ops:";
     for (std::size_t i = 0; i < std::min<std::size_t>(lastOps_.size(), 3); ++i) {
-      out.summary += i ? "; " : " ";
-      out.summary += lastOps_[i].toText();
+      out.detail += i ? "; " : " ";
+      out.detail += lastOps_[i].toText();
     }
   }
-  host_.info(2, out.summary);
   return out;
 }
 
@@ -840,7 +837,8 @@ sdk::Expected<void> NftablesBackend::send(KernelBatch& batch, bool full) {
   if (!settings_.dryRun)
     lastApplyMs_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   if (!applied) {
-    needFull_ = true;  // the mirror still describes the kernel, but re-read it anyway
+    // The mirror still describes the kernel, but the next sync (full: the skeleton's rule
+    // after a failure) reads it anyway.
     if (full) mirror_ = Mirror{};
     host_.error(fmt::format("nftables sync failed ops={} error=\"{}\"", batch.size(), applied.error().message()));
     return sdk::fail(sdk::kernelErrorCategory(applied.error().errnum), applied.error().message(),
@@ -850,7 +848,7 @@ sdk::Expected<void> NftablesBackend::send(KernelBatch& batch, bool full) {
 }
 
 sdk::Expected<void> NftablesBackend::cleanup() {
-  needFull_ = true;
+  requireFullSync();
   mirror_ = Mirror{};
   owned_.clear();
   elementOwners_ = {};

@@ -262,17 +262,14 @@ void MetricsObserver::bytes(const std::string& service, bool udp, std::uint64_t 
 UserspaceBackend::UserspaceBackend(sdk::Host host, UserspaceSettings settings,
                                    std::unique_ptr<nftables::KernelNftables> kernel,
                                    std::shared_ptr<MetricsObserver> metrics)
-    : host_(host),
+    : Reconciler(host, backends::ReconcilerOptions{"userspace", settings.dryRun, false, false}),
+      host_(host),
       settings_(std::move(settings)),
       kernel_(std::move(kernel)),
       metrics_(std::move(metrics)),
       proxy_(std::make_unique<ProxyServer>(settings_.proxy, metrics_)) {}
 
-sdk::Expected<sdk::SyncOutcome> UserspaceBackend::sync(const sdk::SyncContext& context) {
-  return syncFrom(plan::HostSnapshot(context.next), context.full);
-}
-
-sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotSource& next, bool full) {
+sdk::Expected<backends::PassOutcome> UserspaceBackend::pass(const plan::SnapshotSource& next, bool full) {
   const sdk::NodeInfo node = next.node();
   const std::vector<sdk::ServiceCIDR> serviceCIDRs = next.serviceCIDRs();
   plan::PlanConfig config = settings_.plan;
@@ -291,7 +288,6 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
   // Listeners first: the table must never send a connection to a port nobody listens on.
   auto ports = proxy_->update(specs);
   if (!ports) {
-    needFull_ = true;
     return sdk::fail(sdk::ErrorCategory::kTransient, ports.error().message(), ports.error().errnum);
   }
 
@@ -301,10 +297,9 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
     byFamily[e.family].push_back(e.entry);
   }
 
-  if ((full || needFull_) && !settings_.dryRun) {
+  if (full && !settings_.dryRun) {
     auto read = kernel_->readBack(userspaceSetSpecs(Family::kIPv4), userspaceSetSpecs(Family::kIPv6));
     if (!read) {
-      needFull_ = true;
       return sdk::fail(sdk::kernelErrorCategory(read.error().errnum), read.error().message(), read.error().errnum);
     }
     mirror_ = std::move(*read);
@@ -336,13 +331,11 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
     std::fflush(settings_.dryRunOutput);
   } else if (!ops.empty()) {
     if (auto applied = kernel_->apply(ops); !applied) {
-      needFull_ = true;
       return sdk::fail(sdk::kernelErrorCategory(applied.error().errnum), applied.error().message(),
                        applied.error().errnum);
     }
   }
   nftables::applyToMirror(mirror_, ops);
-  needFull_ = false;
 
   std::set<std::string> keep;
   for (const auto& spec : specs) keep.insert(spec.id);
@@ -354,10 +347,11 @@ sdk::Expected<sdk::SyncOutcome> UserspaceBackend::syncFrom(const plan::SnapshotS
     metrics_->listeners.set({"tcp"}, static_cast<double>(tcp));
     metrics_->listeners.set({"udp"}, static_cast<double>(udp));
   }
-  std::string summary = fmt::format("userspace: {} listeners ({} tcp, {} udp), {} table operations", specs.size(), tcp,
-                                    udp, ops.size());
-  if (sctp > 0) summary += fmt::format(", {} SCTP service ports not proxied", sctp);
-  return sdk::SyncOutcome{ops.size(), summary};
+  backends::PassOutcome outcome;
+  outcome.operations = ops.size();
+  outcome.detail = fmt::format("listeners={} tcp={} udp={}", specs.size(), tcp, udp);
+  if (sctp > 0) outcome.detail += fmt::format(" sctp_not_proxied={}", sctp);
+  return outcome;
 }
 
 sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& snapshot,
@@ -457,7 +451,7 @@ sdk::Expected<void> UserspaceBackend::cleanup() {
   }
   auto r = kernel_->deleteTables();
   mirror_ = nftables::Mirror{};
-  needFull_ = true;
+  requireFullSync();
   if (!r) return sdk::fail(sdk::kernelErrorCategory(r.error().errnum), r.error().message(), r.error().errnum);
   return {};
 }

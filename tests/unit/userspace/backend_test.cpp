@@ -34,7 +34,7 @@ struct Harness {
   }
   /// The ops of one sync as nft text, one per line.
   std::string sync(const plan::SnapshotSource& snap, bool full = false) {
-    auto out = backend->syncFrom(snap, full);
+    auto out = backend->syncFrom(snap, {}, full);
     REQUIRE(out);
     return lastText;
   }
@@ -56,7 +56,7 @@ TEST_CASE("userspace backend: listeners and their redirects; no change, no opera
   Harness h;
   plan::VectorSnapshot snap({clusterIP("ns", "web", "172.30.0.10", 80, {endpoint("10.244.1.1", 8080), endpoint("10.244.1.2", 8080)}),
                              nodePortService({})});
-  auto first = h.backend->syncFrom(snap, true);
+  auto first = h.backend->syncFrom(snap, {}, true);
   REQUIRE(first);
   CHECK(first->operations > 0);
   const auto& ports = h.backend->listenerPorts();
@@ -77,11 +77,11 @@ TEST_CASE("userspace backend: listeners and their redirects; no change, no opera
   CHECK(table.chains.at("prerouting").base);
   CHECK(table.chains.at("output").base);
 
-  auto again = h.backend->syncFrom(snap, false);
+  auto again = h.backend->syncFrom(snap, {}, false);
   REQUIRE(again);
   CHECK(again->operations == 0);
   // A full sync reads the table back and finds nothing to change.
-  auto full = h.backend->syncFrom(snap, true);
+  auto full = h.backend->syncFrom(snap, {}, true);
   REQUIRE(full);
   CHECK(full->operations == 0);
   CHECK(h.kernel->readBacks == 2);
@@ -90,10 +90,10 @@ TEST_CASE("userspace backend: listeners and their redirects; no change, no opera
 TEST_CASE("userspace backend: an endpoint change keeps the listener and touches no rule", "[unit]") {
   Harness h;
   plan::VectorSnapshot snap({clusterIP("ns", "web", "172.30.0.10", 80, {endpoint("10.244.1.1", 8080)})});
-  REQUIRE(h.backend->syncFrom(snap, true));
+  REQUIRE(h.backend->syncFrom(snap, {}, true));
   const auto port = h.backend->listenerPorts().at(listenerId("ns/web:p"));
   setEndpoints(snap.ports()[0], {endpoint("10.244.1.2", 8080), endpoint("10.244.1.3", 8080)});
-  auto out = h.backend->syncFrom(snap, false);
+  auto out = h.backend->syncFrom(snap, {}, false);
   REQUIRE(out);
   CHECK(out->operations == 0);
   CHECK(h.backend->listenerPorts().at(listenerId("ns/web:p")) == port);
@@ -101,11 +101,11 @@ TEST_CASE("userspace backend: an endpoint change keeps the listener and touches 
   // The last endpoint goes: reject instead of the listener, whose chain is flushed (and deleted
   // by the next sync, once nothing refers to it).
   setEndpoints(snap.ports()[0], {});
-  REQUIRE(h.backend->syncFrom(snap, false));
+  REQUIRE(h.backend->syncFrom(snap, {}, false));
   CHECK(h.backend->listenerPorts().empty());
   const auto& table = h.kernel->tables.at(nftables::Family::kIPv4);
   CHECK(table.elements.at("services").begin()->second == "goto reject-chain");
-  REQUIRE(h.backend->syncFrom(snap, false));
+  REQUIRE(h.backend->syncFrom(snap, {}, false));
   CHECK_FALSE(h.kernel->tables.at(nftables::Family::kIPv4).chains.contains("redirect-tcp-" + std::to_string(port)));
 }
 
@@ -113,9 +113,9 @@ TEST_CASE("userspace backend: a refused batch makes the next sync full", "[unit]
   Harness h;
   plan::VectorSnapshot snap({clusterIP("ns", "web", "172.30.0.10", 80, {endpoint("10.244.1.1", 8080)})});
   h.kernel->failNextBatchAt(0);
-  CHECK_FALSE(h.backend->syncFrom(snap, false));
+  CHECK_FALSE(h.backend->syncFrom(snap, {}, false));
   CHECK(h.kernel->tables.empty());
-  auto out = h.backend->syncFrom(snap, false);
+  auto out = h.backend->syncFrom(snap, {}, false);
   REQUIRE(out);
   CHECK(h.kernel->readBacks == 2);  // the first sync and the retry both read back
   CHECK(h.kernel->tables.at(nftables::Family::kIPv4).elements.at("services").size() == 1);
@@ -127,7 +127,7 @@ TEST_CASE("userspace backend: eTP=Local short-circuit and UDP listeners", "[unit
   np.externalPolicyLocal = true;
   auto dns = clusterIP("ns", "dns", "172.30.0.53", 53, {endpoint("10.244.1.5", 5353)}, sdk::Protocol::kUDP);
   plan::VectorSnapshot snap({np, dns});
-  REQUIRE(h.backend->syncFrom(snap, true));
+  REQUIRE(h.backend->syncFrom(snap, {}, true));
   const auto& ports = h.backend->listenerPorts();
   CHECK(ports.contains("ipv4 tcp/ns/np:p cluster"));
   CHECK(ports.contains("ipv4 tcp/ns/np:p local"));
@@ -156,7 +156,7 @@ TEST_CASE("userspace backend: dry-run prints listeners and the table, changes no
   s.dryRunOutput = out;
   Harness h(std::move(s));
   plan::VectorSnapshot snap({clusterIP("ns", "web", "172.30.0.10", 80, {endpoint("10.244.1.1", 8080)})});
-  REQUIRE(h.backend->syncFrom(snap, true));
+  REQUIRE(h.backend->syncFrom(snap, {}, true));
   std::fclose(out);
   std::string text(buf, size);
   std::free(buf);
@@ -190,7 +190,7 @@ TEST_CASE("userspace backend: NodePorts on the addresses --nodeport-addresses re
   node.nodePortAddresses.resolved = true;
   node.nodePortAddresses.addresses = {"192.168.70.1", "127.0.0.1", "fd00::1"};
   plan::VectorSnapshot snap({nodePortService({endpoint("10.244.1.1", 8080)})}, node);
-  REQUIRE(h.backend->syncFrom(snap, true));
+  REQUIRE(h.backend->syncFrom(snap, {}, true));
   const auto& table = h.kernel->tables.at(nftables::Family::kIPv4);
   REQUIRE(table.elements.at("nodeport-ips").size() == 1);  // loopback and IPv6 left out
   bool bySet = false, byFib = false;
@@ -204,7 +204,7 @@ TEST_CASE("userspace backend: NodePorts on the addresses --nodeport-addresses re
   // Every local IPv4 address (0.0.0.0/0): back to `fib daddr type local`, the set emptied.
   node.nodePortAddresses.allLocalIPv4 = true;
   snap.setNode(node);
-  REQUIRE(h.backend->syncFrom(snap, false));
+  REQUIRE(h.backend->syncFrom(snap, {}, false));
   const auto& after = h.kernel->tables.at(nftables::Family::kIPv4);
   CHECK(after.elements.at("nodeport-ips").empty());
   byFib = false;
@@ -222,7 +222,7 @@ TEST_CASE("userspace backend: loadBalancerSourceRanges filter a LoadBalancer IP 
   lb.loadBalancerIPs = {"203.0.113.9"};
   lb.loadBalancerSourceRanges = {"198.51.100.0/24"};
   plan::VectorSnapshot snap({lb});
-  REQUIRE(h.backend->syncFrom(snap, true));
+  REQUIRE(h.backend->syncFrom(snap, {}, true));
   const auto port = std::to_string(h.backend->listenerPorts().at(listenerId("ns/lb:p")));
   const auto& table = h.kernel->tables.at(nftables::Family::kIPv4);
   std::multiset<std::string> verdicts;
@@ -240,7 +240,7 @@ TEST_CASE("userspace backend: addresses of a ServiceCIDR that no Service holds a
   Harness h;
   plan::VectorSnapshot snap({clusterIP("ns", "web", "172.30.0.10", 80, {endpoint("10.244.1.1", 8080)})});
   snap.setServiceCIDRs({{"kubernetes", "172.30.0.0/16"}, {"v6", "fd00:30::/108"}});
-  REQUIRE(h.backend->syncFrom(snap, true));
+  REQUIRE(h.backend->syncFrom(snap, {}, true));
   const auto& check = h.kernel->tables.at(nftables::Family::kIPv4).chains.at("cluster-ips-check");
   REQUIRE(check.rules.size() == 1);
   CHECK(check.rules[0].text == "ip daddr 172.30.0.0/16 drop");
@@ -250,6 +250,6 @@ TEST_CASE("userspace backend: addresses of a ServiceCIDR that no Service holds a
   CHECK(prerouting[prerouting.size() - 2].text == "ip daddr @cluster-ips goto reject-chain");
   CHECK(prerouting.back().text == "jump cluster-ips-check");
   snap.setServiceCIDRs({});
-  REQUIRE(h.backend->syncFrom(snap, false));
+  REQUIRE(h.backend->syncFrom(snap, {}, false));
   CHECK(h.kernel->tables.at(nftables::Family::kIPv4).chains.at("cluster-ips-check").rules.empty());
 }

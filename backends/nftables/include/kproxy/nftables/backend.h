@@ -17,6 +17,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "kproxy/backends/common/reconciler.h"
 #include "kproxy/nftables/differ.h"
 #include "kproxy/nftables/kernel.h"
 #include "kproxy/nftables/renderer.h"
@@ -89,20 +90,17 @@ class PackedElements {
   std::string bytes_;
 };
 
-class NftablesBackend final : public sdk::BackendPlugin {
+/// The nftables backend: its full and partial passes under the one reconcile skeleton
+/// (backends/common/reconciler.h), which owns the sync around them.
+class NftablesBackend final : public backends::Reconciler {
  public:
   NftablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelNftables> kernel);
 
-  sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) override;
   sdk::Expected<void> cleanup() override;
   /// `kproxy explain`: renders `snapshot` with this backend's settings and traces the packet
   /// (explain.h); reads neither the kernel nor the mirror.
   sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot,
                                      const sdk::ExplainRequest& request) override;
-
-  /// The sync itself, on any snapshot source. `changed` is ignored when `full`.
-  sdk::Expected<sdk::SyncOutcome> syncFrom(const SnapshotSource& next,
-                                           const std::vector<sdk::ChangedKey>& changed, bool full);
 
   /// The ops of the last successful (or dry-run) sync, for tests and the benchmark, when it had
   /// at most kLastOpsKept ops; empty after a bigger one (a full sync's ops would otherwise stay
@@ -112,8 +110,6 @@ class NftablesBackend final : public sdk::BackendPlugin {
   const Mirror& mirror() const { return mirror_; }
   /// Wall time of the last batch in the kernel (sendmsg to the last ack), ms.
   double lastApplyMs() const { return lastApplyMs_; }
-  /// Whether the next sync will be full (first sync, after a failure, after cleanup).
-  bool needsFullSync() const { return needFull_; }
 
   /// The metrics this backend keeps on the host's /metrics (inactive ones do nothing).
   struct Metrics {
@@ -128,7 +124,18 @@ class NftablesBackend final : public sdk::BackendPlugin {
   static sdk::Expected<Metrics> registerMetrics(const sdk::Host& host);
   void useMetrics(Metrics metrics) { metrics_ = std::move(metrics); }
 
+ protected:
+  sdk::Expected<backends::PassOutcome> fullSync(const SnapshotSource& next) override;
+  sdk::Expected<backends::PassOutcome> partialSync(const SnapshotSource& next,
+                                                   const std::vector<sdk::ChangedKey>& changed) override;
+  /// Another program's transaction touched kproxy's tables since the last sync.
+  bool kernelChangedOutside() override;
+
  private:
+  /// One pass: checks the generation, builds a full or a partial sync into a SyncWork, sends
+  /// its batch and, once the kernel has accepted it, records what it holds.
+  sdk::Expected<backends::PassOutcome> pass(const SnapshotSource& next, const std::vector<sdk::ChangedKey>& changed,
+                                            bool full);
   /// Publishes the mirror's object counts and the sync's operations.
   void updateMetrics(std::size_t operations) const;
 
@@ -153,17 +160,15 @@ class NftablesBackend final : public sdk::BackendPlugin {
   /// Sends the batch; on refusal the next sync is full (and a full sync's mirror is dropped).
   sdk::Expected<void> send(KernelBatch& batch, bool full);
 
-  // One sync in steps: syncFrom checks the generation, builds a full or a partial sync into a
-  // SyncWork, sends its batch and, once the kernel has accepted it, records what it holds.
   struct SyncWork;
   struct GenerationCheck {
     std::optional<std::uint32_t> before;  ///< the generation before the sync, when known
     bool changedOutside = false;          ///< someone else touched kproxy's tables: sync in full
   };
   GenerationCheck checkGeneration(bool full);
-  /// After a sync that started at generation `before`: a generation that moved by more than
-  /// this backend's own commits makes the next sync full.
-  void checkGenerationAfter(std::uint32_t before, std::uint64_t commitsBefore);
+  /// After a sync that started at generation `before`: true when the generation moved by more
+  /// than this backend's own commits (the next sync must be full).
+  bool checkGenerationAfter(std::uint32_t before, std::uint64_t commitsBefore);
   /// Reads the kernel's tables back (the mirror and the ownership records go first) and fills
   /// the batch, family by family, in chunks of kFullSyncChunk ports.
   sdk::Expected<void> buildFullSync(const SnapshotSource& next, const sdk::NodeInfo& node, SyncWork& work);
@@ -195,8 +200,8 @@ class NftablesBackend final : public sdk::BackendPlugin {
   void applyOwnedUpdates(std::map<OwnerKey, std::optional<Owned>>& updates);
   /// After a full sync: the slot ranges read back for chains no port owns are free again.
   void releaseRangesOfUnownedChains();
-  /// The sync's outcome and its one-line summary (logged at -v=2).
-  sdk::SyncOutcome syncOutcome(bool full, std::size_t count, std::size_t changed, double elapsedMs);
+  /// The pass's outcome: its operations and its fields of the sync summary.
+  backends::PassOutcome passOutcome(bool full, std::size_t count, std::size_t changed) const;
 
   /// Session-affinity entries point at an endpoint; when the endpoint leaves its service (or
   /// the service goes), upstream drops them with the endpoint's affinity set. Here the data
@@ -256,7 +261,8 @@ class NftablesBackend final : public sdk::BackendPlugin {
   OwnerCounts elementOwners_;
   std::unordered_map<std::string_view, std::uint8_t> setIndex_[2];
   std::map<Family, std::set<std::string>> pendingDelete_;
-  bool needFull_ = true;
+  /// The generation check kernelChangedOutside made for the partial pass that follows it.
+  std::optional<GenerationCheck> checkedGeneration_;
   /// The ruleset generation after this backend's last sync, and how many transactions it has
   /// committed: a generation that moved otherwise means someone else changed nftables.
   std::optional<std::uint32_t> generation_;

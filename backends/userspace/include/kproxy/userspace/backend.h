@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "kproxy/backends/common/reconciler.h"
 #include "kproxy/nftables/differ.h"
 #include "kproxy/nftables/kernel.h"
 #include "kproxy/plan/service_plan.h"
@@ -63,12 +64,13 @@ class MetricsObserver final : public ProxyObserver {
   sdk::Metric active_, attempts_, retries_, refused_, bytes_;
 };
 
-class UserspaceBackend final : public sdk::BackendPlugin {
+/// The userspace backend: one pass (listeners, then the redirect table) under the one
+/// reconcile skeleton (backends/common/reconciler.h); a full pass reads the table back first.
+class UserspaceBackend final : public backends::Reconciler {
  public:
   UserspaceBackend(sdk::Host host, UserspaceSettings settings, std::unique_ptr<nftables::KernelNftables> kernel,
                    std::shared_ptr<MetricsObserver> metrics);
 
-  sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) override;
   /// Deletes the table in both families (the listeners close with the backend).
   sdk::Expected<void> cleanup() override;
   /// `kproxy explain`: renders the table for `snapshot` with this backend's settings, traces the
@@ -77,15 +79,24 @@ class UserspaceBackend final : public sdk::BackendPlugin {
   /// neither the kernel nor the running proxy.
   sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot, const sdk::ExplainRequest& request) override;
 
-  /// The sync on any snapshot source (tests).
-  sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next, bool full);
-
   const nftables::Mirror& mirror() const { return mirror_; }
   /// The listeners' ports by listener id after the last sync.
   const std::map<std::string, std::uint16_t>& listenerPorts() const { return ports_; }
   ProxyServer& proxy() { return *proxy_; }
 
+ protected:
+  sdk::Expected<backends::PassOutcome> fullSync(const plan::SnapshotSource& next) override {
+    return pass(next, true);
+  }
+  sdk::Expected<backends::PassOutcome> partialSync(const plan::SnapshotSource& next,
+                                                   const std::vector<sdk::ChangedKey>&) override {
+    return pass(next, false);
+  }
+
  private:
+  /// Every pass renders every port; an endpoint change touches only the proxy's pools.
+  sdk::Expected<backends::PassOutcome> pass(const plan::SnapshotSource& next, bool full);
+
   sdk::Host host_;
   UserspaceSettings settings_;
   std::unique_ptr<nftables::KernelNftables> kernel_;
@@ -93,7 +104,6 @@ class UserspaceBackend final : public sdk::BackendPlugin {
   std::unique_ptr<ProxyServer> proxy_;
   nftables::Mirror mirror_;
   std::map<std::string, std::uint16_t> ports_;
-  bool needFull_ = true;
 };
 
 /// The factory the plugin entry uses.
