@@ -1,4 +1,4 @@
-#include "kproxy/iptables/nft_rules.h"
+#include "kproxy/iptables/kernel_netlink.h"
 
 #include <fmt/format.h>
 
