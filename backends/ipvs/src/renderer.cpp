@@ -268,7 +268,9 @@ class ServicePortObjects {
  private:
   static std::string markTarget(std::uint32_t mark) { return fmt::format("MARK --set-xmark {:#x}/0xffffffff", mark); }
 
-  void entry(SetId set, std::string text) { f_.ipsetEntries.push_back(IpsetEntry{setName(set, fam_), std::move(text)}); }
+  void entry(SetId set, std::string text) {
+    f_.ipsetEntries.push_back(IpsetEntry{setName(set, fam_), std::move(text)});
+  }
   std::string ipPort(const std::string& ip, int port) const { return fmt::format("{},{}:{}", ip, proto_, port); }
   void rule(Table table, std::string_view chain, const Spec& spec) {
     f_.rules.push_back(PortRule{table, std::string(chain), spec.str()});
@@ -290,7 +292,8 @@ class ServicePortObjects {
     return out;
   }
 
-  void addVirtualServer(const std::string& address, int port, Traffic traffic, std::span<const sdk::Endpoint> endpoints) {
+  void addVirtualServer(const std::string& address, int port, Traffic traffic,
+                        std::span<const sdk::Endpoint> endpoints) {
     PlannedVirtualServer vs;
     vs.family = fam_;
     vs.protocol = p_.protocol;
@@ -732,7 +735,9 @@ class GlobalChains {
  private:
   static std::string markMatch(const std::string& bits) { return fmt::format("-m mark --mark {0}/{0}", bits); }
 
-  void tail(Table table, std::string_view chain, const Spec& spec) { chains_[{table, chain}].tail.push_back(spec.str()); }
+  void tail(Table table, std::string_view chain, const Spec& spec) {
+    chains_[{table, chain}].tail.push_back(spec.str());
+  }
 
   /// `-m comment --comment "<the set's comment>" -m set --match-set NAME FLAGS`.
   Spec& matchSet(Spec& spec, SetId id, std::string_view flags, bool withComment = true) const {
@@ -853,8 +858,6 @@ IpsetDefinition setDefinition(SetId set, sdk::Family family) {
   return IpsetDefinition{setName(set, family), std::string(info.type), isV6(family) ? "inet6" : "inet",
                          std::string(info.comment)};
 }
-
-std::string_view tableName(Table table) { return table == Table::kNat ? "nat" : "filter"; }
 
 bool isOwnedChain(Table table, std::string_view chain) {
   return std::any_of(std::begin(kOwnedChains), std::end(kOwnedChains),
