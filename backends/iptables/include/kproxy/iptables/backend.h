@@ -97,7 +97,8 @@ class IptablesBackend final : public sdk::BackendPlugin {
   static std::size_t index(sdk::Family f) { return f == sdk::Family::kIPv6 ? 1 : 0; }
   static std::size_t index(Table t) { return static_cast<std::size_t>(t); }
 
-  /// A full sync's owned chains, written to the tool while rendered (differ.cpp).
+  // The differ (differ.cpp).
+  /// A full sync's owned chains, written to the tool while rendered.
   class StreamedChains;
 
   /// Renders and applies a full sync of `family`: the mirror it leaves in `out`, what it wrote
@@ -107,6 +108,7 @@ class IptablesBackend final : public sdk::BackendPlugin {
   void partialSync(const plan::SnapshotSource& next, sdk::Family family,
                    const std::vector<std::string>& keys, FamilyMirror& mirror, RestoreEdit& edit,
                    std::size_t& operations);
+
   sdk::Expected<void> apply(sdk::Family family, const std::string& input);
   /// Applies a partial sync's edit (`input`, its text): over netlink when it only rewrites or
   /// deletes nat chains and the kernel adapter allows it, else through the tool.
