@@ -24,7 +24,7 @@
 #include "kproxy/backends/common/process.h"
 #include "kproxy/iptables/backend.h"
 #include "kproxy/iptables/kernel.h"
-#include "kproxy/iptables/nft_rules.h"
+#include "kproxy/iptables/kernel_netlink.h"
 #include "kproxy/backends/common/netlink_socket.h"
 #include "netns.h"
 

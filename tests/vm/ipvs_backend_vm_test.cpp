@@ -189,7 +189,7 @@ std::string ownedChains(std::string_view saved) {
   for (const auto& table : parsed->tables)
     for (const auto& c : table.chains) {
       const Table t = table.name == "nat" ? Table::kNat : Table::kFilter;
-      if ((table.name != "nat" && table.name != "filter") || !isOwnedChain(t, c.name)) continue;
+      if ((table.name != "nat" && table.name != "filter") || !ipvs::isOwnedChain(t, c.name)) continue;
       out += table.name + " " + c.name + "\n";
       for (const auto& r : c.rules) out += "  " + r.spec + "\n";
     }

@@ -24,7 +24,6 @@
 
 #include "ipvs_wire.h"
 #include "kproxy/ipvs/kernel.h"
-#include "kproxy/ipvs/link.h"
 #include "netns.h"
 
 using namespace kproxy::ipvs;

@@ -56,6 +56,308 @@ constexpr std::pair<Table, std::string_view> kDispatchChains[] = {
     {Table::kNat, names::kServices},        {Table::kNat, names::kNodePorts},
 };
 
+/// One service port's chains and dispatch rules, rendered part by part: its policy and endpoint
+/// chains, its ClusterIP, and when it is externally accessible its external and firewall
+/// chains, external addresses, NodePort and health-check node port.
+class ServicePortRules {
+ public:
+  /// What the renderer knows of the node that shapes a port's rules.
+  struct Node {
+    std::string podSource;     ///< "-s CIDR" / "-i IF" of pod traffic; empty when unknown
+    std::string notPodSource;  ///< the same, negated
+    bool nodePortsAllLocal = true;
+    std::span<const std::string> nodePortAddresses;
+  };
+
+  ServicePortRules(const sdk::ServicePort& port, const plan::ServicePortPlan& plan, bool comments, Node node)
+      : p_(port),
+        plan_(plan),
+        fam_(port.family),
+        name_(backends::servicePortNameString(port.ns, port.serviceName, port.portName)),
+        proto_(protoName(port.protocol)),
+        svcChain_(backends::servicePortPolicyClusterChain(name_, proto_)),
+        svlChain_(backends::servicePortPolicyLocalChain(name_, proto_)),
+        extChain_(backends::serviceExternalChain(name_, proto_)),
+        fwChain_(backends::serviceFirewallChain(name_, proto_)),
+        comments_(comments),
+        node_(std::move(node)) {
+    f_.family = port.family;
+    f_.key = port.key;
+  }
+
+  /// The cluster and local pools' chains (KUBE-SVC-, KUBE-SVL-) and their endpoint chains.
+  void addPolicyChains() {
+    if (plan_.usesClusterPool)
+      policyChain(svcChain_, plan_.clusterEndpoints, plan_.internalPool == plan::Pool::kCluster, false);
+    if (plan_.usesLocalPool)
+      policyChain(svlChain_, plan_.localEndpoints, plan_.internalPool == plan::Pool::kLocal, true);
+    f_.endpointChains = endpointChains_.size();
+  }
+
+  /// Internal traffic: the ClusterIP's capture (or its reject or drop without endpoints) and the
+  /// refusal of its other ports.
+  void addClusterIP() {
+    auto cip = plan_.clusterIP.empty() ? std::nullopt : savedPrefix(plan_.clusterIP, fam_);
+    if (!cip) return;
+    const std::string& internalChain = plan_.internalPool == plan::Pool::kCluster ? svcChain_ : svlChain_;
+    if (plan_.hasInternalEndpoints) {
+      dispatch(Table::kNat, names::kServices,
+               Spec().dst(*cip).proto(proto_).comment(name_ + " cluster IP").dport(p_.port).jump(internalChain));
+    } else {
+      dispatch(Table::kFilter, names::kServices,
+               Spec()
+                   .dst(*cip)
+                   .proto(proto_)
+                   .comment(noEndpointComment(plan_.internalNoEndpoints))
+                   .dport(p_.port)
+                   .jump(noEndpointTarget(plan_.internalNoEndpoints)));
+    }
+    // The ClusterIP's other ports are refused (as upstream's nftables mode): after every port
+    // rule, one rule per ClusterIP, shared by the service's ports.
+    dispatch(Table::kFilter, names::kServices,
+             Spec().dst(*cip).comment("ClusterIP without a service on this port").jump(rejectTarget(fam_)),
+             Section::kClusterIP);
+  }
+
+  /// KUBE-EXT-: masquerade, the short-circuits of pod and node traffic, the external pool.
+  void addExternalChain() {
+    if (!plan_.capturesExternal) return;
+    ChainRules c{Table::kNat, extChain_, {}};
+    if (plan_.externalMasqueradeAll) {
+      c.rules.push_back(
+          Spec().comment("masquerade traffic for " + name_ + " external destinations").jump(kMarkMasq).str());
+    } else if (plan_.usesClusterPool) {
+      if (plan_.shortCircuitPods) {
+        Spec pods;
+        withPodSource(pods, node_.podSource);
+        c.rules.push_back(pods.comment("pod traffic for " + name_ + " external destinations").jump(svcChain_).str());
+      }
+      if (plan_.shortCircuitNode) {
+        c.rules.push_back(Spec()
+                              .comment("masquerade LOCAL traffic for " + name_ + " external destinations")
+                              .match("-m addrtype --src-type LOCAL")
+                              .jump(kMarkMasq)
+                              .str());
+        c.rules.push_back(Spec()
+                              .comment("route LOCAL traffic for " + name_ + " external destinations")
+                              .match("-m addrtype --src-type LOCAL")
+                              .jump(svcChain_)
+                              .str());
+      }
+    }
+    if (plan_.hasExternalEndpoints)
+      c.rules.push_back(Spec().jump(plan_.externalPool == plan::Pool::kCluster ? svcChain_ : svlChain_).str());
+    f_.chains.push_back(std::move(c));
+  }
+
+  /// KUBE-FW-: loadBalancerSourceRanges.
+  void addFirewallChain() {
+    if (!usesFirewall()) return;
+    ChainRules c{Table::kNat, fwChain_, {}};
+    for (const auto& source : plan_.firewallAllowedSources)
+      if (auto s = savedPrefix(source, fam_))
+        c.rules.push_back(Spec().src(*s).comment(name_ + " loadbalancer IP").jump(extChain_).str());
+    c.rules.push_back(
+        Spec().comment("other traffic to " + name_ + " will be dropped by KUBE-PROXY-FIREWALL").str());
+    f_.chains.push_back(std::move(c));
+  }
+
+  /// externalIPs and LoadBalancer IPs: captured, rejected or dropped without endpoints, and
+  /// dropped when the source-range firewall did not accept them.
+  void addExternalAddresses() {
+    for (const auto& ip : plan_.externalIPs) externalAddress(ip, "external IP", extChain_);
+    for (const auto& ip : plan_.loadBalancerIPs) {
+      externalAddress(ip, "loadbalancer IP", usesFirewall() ? fwChain_ : extChain_);
+      if (usesFirewall())
+        if (auto addr = savedPrefix(ip, fam_))
+          dispatch(Table::kFilter, names::kProxyFirewall,
+                   Spec()
+                       .dst(*addr)
+                       .proto(proto_)
+                       .comment(name_ + " traffic not accepted by " + fwChain_)
+                       .dport(p_.port)
+                       .jump("DROP"));
+    }
+  }
+
+  /// The NodePort: captured in nat KUBE-NODEPORTS, rejected or dropped without endpoints where
+  /// NodePorts answer.
+  void addNodePort() {
+    if (plan_.nodePort == 0) return;
+    if (plan_.capturesExternal)
+      dispatch(Table::kNat, names::kNodePorts,
+               Spec().proto(proto_).comment(name_).dport(plan_.nodePort).jump(extChain_));
+    if (plan_.hasExternalEndpoints) return;
+    // Where NodePorts answer: any local address, or the NodePort addresses (renderGlobal's
+    // decision, repeated here so the reject meets exactly the packets the capture would).
+    const std::string comment = noEndpointComment(plan_.externalNoEndpoints);
+    const std::string target = noEndpointTarget(plan_.externalNoEndpoints);
+    if (node_.nodePortsAllLocal) {
+      dispatch(Table::kFilter, names::kExternalServices,
+               Spec()
+                   .proto(proto_)
+                   .comment(comment)
+                   .match("-m addrtype --dst-type LOCAL")
+                   .dport(plan_.nodePort)
+                   .jump(target));
+      return;
+    }
+    for (const auto& a : node_.nodePortAddresses)
+      if (auto addr = savedPrefix(a, fam_))
+        dispatch(Table::kFilter, names::kExternalServices,
+                 Spec().dst(*addr).proto(proto_).comment(comment).dport(plan_.nodePort).jump(target));
+  }
+
+  /// The health-check node port, accepted in filter KUBE-NODEPORTS.
+  void addHealthCheck() {
+    if (p_.healthCheckNodePort == 0) return;
+    dispatch(Table::kFilter, names::kNodePorts,
+             Spec()
+                 .proto("tcp")
+                 .comment(name_ + " health check node port")
+                 .dport(p_.healthCheckNodePort)
+                 .jump("ACCEPT"));
+  }
+
+  /// The fragment, endpoint chains last.
+  Fragment finish() && {
+    f_.chains.insert(f_.chains.end(), std::make_move_iterator(endpointChains_.begin()),
+                     std::make_move_iterator(endpointChains_.end()));
+    return std::move(f_);
+  }
+
+ private:
+  bool usesFirewall() const { return plan_.capturesExternal && plan_.usesFirewall; }
+
+  void dispatch(Table table, std::string_view chain, const Spec& spec, Section section = Section::kServicePort) {
+    f_.dispatch.push_back(DispatchRule{table, std::string(chain), section, spec.str()});
+  }
+
+  /// Adds a source condition from the local-traffic detector ("-s CIDR" or "-i IF") where
+  /// iptables-save prints it.
+  static void withPodSource(Spec& spec, const std::string& condition) {
+    if (condition.empty()) return;
+    const bool negate = condition.starts_with("! ");
+    std::string_view rest(condition);
+    if (negate) rest.remove_prefix(2);
+    if (rest.starts_with("-s "))
+      spec.src(rest.substr(3), negate);
+    else
+      spec.in(rest.substr(3), negate);
+  }
+
+  std::string noEndpointComment(plan::NoEndpoints what) const {
+    return what == plan::NoEndpoints::kReject ? name_ + " has no endpoints" : name_ + " has no local endpoints";
+  }
+  std::string noEndpointTarget(plan::NoEndpoints what) const {
+    return what == plan::NoEndpoints::kReject ? rejectTarget(fam_) : std::string("DROP");
+  }
+
+  /// The KUBE-SEP- chain of `ep`, rendered the first time it is named.
+  std::optional<std::string> sepChain(const sdk::Endpoint& ep) {
+    auto addr = savedPrefix(ep.ip, fam_);
+    if (!addr) return std::nullopt;  // another family or malformed: the core should not send it
+    const std::string hostPort = backends::endpointHostPort(ep.ip, ep.port);
+    if (auto it = sepOf_.find(hostPort); it != sepOf_.end()) return it->second;
+    std::string chain = backends::servicePortEndpointChain(name_, proto_, hostPort);
+    ChainRules c{Table::kNat, chain, {}};
+    c.rules.push_back(Spec().src(*addr).comment(comments_ ? name_ : "").jump(kMarkMasq).str());
+    Spec dnat;
+    dnat.proto(proto_)
+        .comment(comments_ ? name_ : "")
+        .match("-m " + proto_)
+        .jump("DNAT --to-destination " + hostPort);
+    c.rules.push_back(dnat.str());
+    endpointChains_.push_back(std::move(c));
+    sepOf_.emplace(hostPort, chain);
+    return chain;
+  }
+
+  /// A policy chain: the internal masquerade (for the internal pool's chain), affinity, then
+  /// one rule per endpoint with upstream's probabilities.
+  ///
+  /// Session affinity is kept per endpoint pool, as the service plan means it: a client's entry
+  /// names the endpoint its pool chose, and another pool's choice never overrides it (eTP=Local
+  /// NodePort traffic to a local endpoint must not pull the same client's ClusterIP connections
+  /// away from the remote endpoint they stick to). So the recent lists are named per pool and
+  /// endpoint (the cluster pool's as upstream's, the endpoint chain's name; the local pool's
+  /// with "-L"), recorded by the policy chain's rules that choose the endpoint
+  /// (`-m recent --set` after the statistic match), and refreshed on every hit (`--update`).
+  /// Upstream records in the endpoint chain, which both pools share.
+  void policyChain(const std::string& chainName, std::span<const sdk::Endpoint> endpoints, bool internal,
+                   bool localPool) {
+    ChainRules c{Table::kNat, chainName, {}};
+    if (internal && !plan_.clusterIP.empty()) internalMasquerade(c);
+    std::vector<std::pair<std::string, std::string>> targets;  // (sep chain, "ip:port")
+    for (const auto& ep : endpoints)
+      if (auto sep = sepChain(ep)) targets.emplace_back(*sep, backends::endpointHostPort(ep.ip, ep.port));
+    auto list = [&](const std::string& sep) { return localPool ? sep + "-L" : sep; };
+    if (plan_.affinity) {
+      f_.recentLists += targets.size();
+      for (const auto& [sep, hostPort] : targets)
+        c.rules.push_back(
+            Spec()
+                .comment(comments_ ? name_ + " -> " + hostPort : "")
+                .match(fmt::format("-m recent --update --seconds {} --reap --name {} --mask {} --rsource",
+                                   plan_.affinityTimeoutSeconds, list(sep), recentMask(fam_)))
+                .jump(sep)
+                .str());
+    }
+    for (std::size_t i = 0; i < targets.size(); ++i) {
+      Spec s;
+      s.comment(comments_ ? name_ + " -> " + targets[i].second : "");
+      if (i + 1 < targets.size())
+        s.match("-m statistic --mode random --probability " + probabilityText(targets.size() - i));
+      if (plan_.affinity)
+        s.match(fmt::format("-m recent --set --name {} --mask {} --rsource", list(targets[i].first),
+                            recentMask(fam_)));
+      c.rules.push_back(s.jump(targets[i].first).str());
+    }
+    f_.chains.push_back(std::move(c));
+  }
+
+  /// The masquerade of ClusterIP traffic at the head of the internal pool's chain.
+  void internalMasquerade(ChainRules& c) const {
+    auto cip = savedPrefix(plan_.clusterIP, fam_);
+    Spec masq;
+    masq.dst(*cip).proto(proto_).comment(name_ + " cluster IP").dport(p_.port).jump(kMarkMasq);
+    if (plan_.internalMasquerade == plan::InternalMasquerade::kAll) {
+      c.rules.push_back(masq.str());
+    } else if (plan_.internalMasquerade == plan::InternalMasquerade::kNotLocal) {
+      withPodSource(masq, node_.notPodSource);
+      c.rules.push_back(masq.str());
+    }
+  }
+
+  void externalAddress(const std::string& ip, const std::string& what, const std::string& capture) {
+    auto addr = savedPrefix(ip, fam_);
+    if (!addr) return;
+    if (plan_.capturesExternal)
+      dispatch(Table::kNat, names::kServices,
+               Spec().dst(*addr).proto(proto_).comment(name_ + " " + what).dport(p_.port).jump(capture));
+    if (!plan_.hasExternalEndpoints)
+      dispatch(Table::kFilter, names::kExternalServices,
+               Spec()
+                   .dst(*addr)
+                   .proto(proto_)
+                   .comment(noEndpointComment(plan_.externalNoEndpoints))
+                   .dport(p_.port)
+                   .jump(noEndpointTarget(plan_.externalNoEndpoints)));
+  }
+
+  const sdk::ServicePort& p_;
+  const plan::ServicePortPlan& plan_;
+  const sdk::Family fam_;
+  const std::string name_;
+  const std::string proto_;
+  const std::string svcChain_, svlChain_, extChain_, fwChain_;
+  const bool comments_;
+  const Node node_;
+  Fragment f_;
+  std::map<std::string, std::string> sepOf_;  ///< "ip:port" → KUBE-SEP chain
+  std::vector<ChainRules> endpointChains_;
+};
+
 }  // namespace
 
 std::string_view tableName(Table table) {
@@ -142,247 +444,20 @@ std::string IptablesRenderer::podSource(sdk::Family family, bool negate) const {
 
 Fragment IptablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
   const plan::ServicePortPlan plan = plan::planServicePort(p, planConfig_);
-  Fragment f;
-  f.family = p.family;
-  f.key = p.key;
-  const sdk::Family fam = p.family;
-  const std::string name = backends::servicePortNameString(p.ns, p.serviceName, p.portName);
-  const std::string proto(protoName(p.protocol));
-  const std::string svcChain = backends::servicePortPolicyClusterChain(name, proto);
-  const std::string svlChain = backends::servicePortPolicyLocalChain(name, proto);
-  const std::string extChain = backends::serviceExternalChain(name, proto);
-  const std::string fwChain = backends::serviceFirewallChain(name, proto);
-  const bool comments = !largeCluster_;
-
-  auto dispatch = [&](Table table, std::string_view chain, const Spec& spec,
-                      Section section = Section::kServicePort) {
-    f.dispatch.push_back(DispatchRule{table, std::string(chain), section, spec.str()});
-  };
-  // A rule whose source condition comes from the local-traffic detector ("-s CIDR" or
-  // "-i IF"), placed where iptables-save prints it.
-  auto withPodSource = [&](Spec& spec, const std::string& condition) {
-    if (condition.empty()) return;
-    const bool negate = condition.starts_with("! ");
-    std::string_view rest(condition);
-    if (negate) rest.remove_prefix(2);
-    if (rest.starts_with("-s "))
-      spec.src(rest.substr(3), negate);
-    else
-      spec.in(rest.substr(3), negate);
-  };
-
-  // ---- endpoint chains ----
-  std::map<std::string, std::string> sepOf;  // "ip:port" → KUBE-SEP chain
-  std::vector<ChainRules> endpointChains;
-  auto sepChain = [&](const sdk::Endpoint& ep) -> std::optional<std::string> {
-    auto addr = savedPrefix(ep.ip, fam);
-    if (!addr) return std::nullopt;  // another family or malformed: the core should not send it
-    const std::string hostPort = backends::endpointHostPort(ep.ip, ep.port);
-    if (auto it = sepOf.find(hostPort); it != sepOf.end()) return it->second;
-    std::string chain = backends::servicePortEndpointChain(name, proto, hostPort);
-    ChainRules c{Table::kNat, chain, {}};
-    c.rules.push_back(Spec().src(*addr).comment(comments ? name : "").jump(kMarkMasq).str());
-    Spec dnat;
-    dnat.proto(proto).comment(comments ? name : "").match("-m " + proto).jump("DNAT --to-destination " + hostPort);
-    c.rules.push_back(dnat.str());
-    endpointChains.push_back(std::move(c));
-    sepOf.emplace(hostPort, chain);
-    return chain;
-  };
-
-  // A policy chain: the internal masquerade (for the internal pool's chain), affinity, then
-  // one rule per endpoint with upstream's probabilities.
-  //
-  // Session affinity is kept per endpoint pool, as the service plan means it: a client's entry
-  // names the endpoint its pool chose, and another pool's choice never overrides it (eTP=Local
-  // NodePort traffic to a local endpoint must not pull the same client's ClusterIP connections
-  // away from the remote endpoint they stick to). So the recent lists are named per pool and
-  // endpoint (the cluster pool's as upstream's, the endpoint chain's name; the local pool's
-  // with "-L"), recorded by the policy chain's rules that choose the endpoint
-  // (`-m recent --set` after the statistic match), and refreshed on every hit (`--update`).
-  // Upstream records in the endpoint chain, which both pools share.
-  auto policyChain = [&](const std::string& chainName, std::span<const sdk::Endpoint> endpoints, bool internal,
-                         bool localPool) {
-    ChainRules c{Table::kNat, chainName, {}};
-    if (internal && !plan.clusterIP.empty()) {
-      auto cip = savedPrefix(plan.clusterIP, fam);
-      Spec masq;
-      masq.dst(*cip).proto(proto).comment(name + " cluster IP").dport(p.port).jump(kMarkMasq);
-      if (plan.internalMasquerade == plan::InternalMasquerade::kAll) {
-        c.rules.push_back(masq.str());
-      } else if (plan.internalMasquerade == plan::InternalMasquerade::kNotLocal) {
-        withPodSource(masq, podSource(fam, true));
-        c.rules.push_back(masq.str());
-      }
-    }
-    std::vector<std::pair<std::string, std::string>> targets;  // (sep chain, "ip:port")
-    for (const auto& ep : endpoints)
-      if (auto sep = sepChain(ep)) targets.emplace_back(*sep, backends::endpointHostPort(ep.ip, ep.port));
-    auto list = [&](const std::string& sep) { return localPool ? sep + "-L" : sep; };
-    if (plan.affinity) {
-      f.recentLists += targets.size();
-      for (const auto& [sep, hostPort] : targets)
-        c.rules.push_back(Spec()
-                              .comment(comments ? name + " -> " + hostPort : "")
-                              .match(fmt::format("-m recent --update --seconds {} --reap --name {} --mask {} --rsource",
-                                                 plan.affinityTimeoutSeconds, list(sep), recentMask(fam)))
-                              .jump(sep)
-                              .str());
-    }
-    for (std::size_t i = 0; i < targets.size(); ++i) {
-      Spec s;
-      s.comment(comments ? name + " -> " + targets[i].second : "");
-      if (i + 1 < targets.size())
-        s.match("-m statistic --mode random --probability " + probabilityText(targets.size() - i));
-      if (plan.affinity)
-        s.match(fmt::format("-m recent --set --name {} --mask {} --rsource", list(targets[i].first), recentMask(fam)));
-      c.rules.push_back(s.jump(targets[i].first).str());
-    }
-    f.chains.push_back(std::move(c));
-  };
-
-  if (plan.usesClusterPool)
-    policyChain(svcChain, plan.clusterEndpoints, plan.internalPool == plan::Pool::kCluster, false);
-  if (plan.usesLocalPool)
-    policyChain(svlChain, plan.localEndpoints, plan.internalPool == plan::Pool::kLocal, true);
-  f.endpointChains = endpointChains.size();
-
-  auto noEndpointComment = [&](plan::NoEndpoints what) {
-    return what == plan::NoEndpoints::kReject ? name + " has no endpoints" : name + " has no local endpoints";
-  };
-  auto noEndpointTarget = [&](plan::NoEndpoints what) {
-    return what == plan::NoEndpoints::kReject ? rejectTarget(fam) : std::string("DROP");
-  };
-
-  // ---- internal traffic: the ClusterIP ----
-  if (auto cip = plan.clusterIP.empty() ? std::nullopt : savedPrefix(plan.clusterIP, fam)) {
-    const std::string& internalChain = plan.internalPool == plan::Pool::kCluster ? svcChain : svlChain;
-    if (plan.hasInternalEndpoints) {
-      dispatch(Table::kNat, names::kServices,
-               Spec().dst(*cip).proto(proto).comment(name + " cluster IP").dport(p.port).jump(internalChain));
-    } else {
-      dispatch(Table::kFilter, names::kServices,
-               Spec()
-                   .dst(*cip)
-                   .proto(proto)
-                   .comment(noEndpointComment(plan.internalNoEndpoints))
-                   .dport(p.port)
-                   .jump(noEndpointTarget(plan.internalNoEndpoints)));
-    }
-    // The ClusterIP's other ports are refused (as upstream's nftables mode): after every port
-    // rule, one rule per ClusterIP, shared by the service's ports.
-    dispatch(Table::kFilter, names::kServices,
-             Spec().dst(*cip).comment("ClusterIP without a service on this port").jump(rejectTarget(fam)),
-             Section::kClusterIP);
+  const NodePorts& nodePorts = nodePortsOf(p.family);
+  ServicePortRules rules(p, plan, !largeCluster_,
+                         {podSource(p.family, false), podSource(p.family, true), nodePorts.allLocal,
+                          nodePorts.addresses});
+  rules.addPolicyChains();
+  rules.addClusterIP();
+  if (plan.externallyAccessible) {
+    rules.addExternalChain();
+    rules.addFirewallChain();
+    rules.addExternalAddresses();
+    rules.addNodePort();
+    rules.addHealthCheck();
   }
-
-  if (!plan.externallyAccessible) {
-    f.chains.insert(f.chains.end(), std::make_move_iterator(endpointChains.begin()),
-                    std::make_move_iterator(endpointChains.end()));
-    return f;
-  }
-
-  // ---- external traffic: NodePort, externalIPs, LoadBalancer IPs ----
-  const bool usesFW = plan.capturesExternal && plan.usesFirewall;
-  if (plan.capturesExternal) {
-    ChainRules c{Table::kNat, extChain, {}};
-    if (plan.externalMasqueradeAll) {
-      c.rules.push_back(
-          Spec().comment("masquerade traffic for " + name + " external destinations").jump(kMarkMasq).str());
-    } else if (plan.usesClusterPool) {
-      if (plan.shortCircuitPods) {
-        Spec pods;
-        withPodSource(pods, podSource(fam, false));
-        c.rules.push_back(pods.comment("pod traffic for " + name + " external destinations").jump(svcChain).str());
-      }
-      if (plan.shortCircuitNode) {
-        c.rules.push_back(Spec()
-                              .comment("masquerade LOCAL traffic for " + name + " external destinations")
-                              .match("-m addrtype --src-type LOCAL")
-                              .jump(kMarkMasq)
-                              .str());
-        c.rules.push_back(Spec()
-                              .comment("route LOCAL traffic for " + name + " external destinations")
-                              .match("-m addrtype --src-type LOCAL")
-                              .jump(svcChain)
-                              .str());
-      }
-    }
-    if (plan.hasExternalEndpoints)
-      c.rules.push_back(Spec().jump(plan.externalPool == plan::Pool::kCluster ? svcChain : svlChain).str());
-    f.chains.push_back(std::move(c));
-  }
-
-  if (usesFW) {
-    ChainRules c{Table::kNat, fwChain, {}};
-    for (const auto& source : plan.firewallAllowedSources)
-      if (auto s = savedPrefix(source, fam))
-        c.rules.push_back(Spec().src(*s).comment(name + " loadbalancer IP").jump(extChain).str());
-    c.rules.push_back(Spec().comment("other traffic to " + name + " will be dropped by KUBE-PROXY-FIREWALL").str());
-    f.chains.push_back(std::move(c));
-  }
-
-  auto externalAddress = [&](const std::string& ip, const std::string& what, const std::string& capture) {
-    auto addr = savedPrefix(ip, fam);
-    if (!addr) return;
-    if (plan.capturesExternal)
-      dispatch(Table::kNat, names::kServices,
-               Spec().dst(*addr).proto(proto).comment(name + " " + what).dport(p.port).jump(capture));
-    if (!plan.hasExternalEndpoints)
-      dispatch(Table::kFilter, names::kExternalServices,
-               Spec()
-                   .dst(*addr)
-                   .proto(proto)
-                   .comment(noEndpointComment(plan.externalNoEndpoints))
-                   .dport(p.port)
-                   .jump(noEndpointTarget(plan.externalNoEndpoints)));
-  };
-  for (const auto& ip : plan.externalIPs) externalAddress(ip, "external IP", extChain);
-  for (const auto& ip : plan.loadBalancerIPs) {
-    externalAddress(ip, "loadbalancer IP", usesFW ? fwChain : extChain);
-    if (usesFW)
-      if (auto addr = savedPrefix(ip, fam))
-        dispatch(Table::kFilter, names::kProxyFirewall,
-                 Spec()
-                     .dst(*addr)
-                     .proto(proto)
-                     .comment(name + " traffic not accepted by " + fwChain)
-                     .dport(p.port)
-                     .jump("DROP"));
-  }
-
-  if (plan.nodePort != 0) {
-    if (plan.capturesExternal)
-      dispatch(Table::kNat, names::kNodePorts, Spec().proto(proto).comment(name).dport(plan.nodePort).jump(extChain));
-    if (!plan.hasExternalEndpoints) {
-      // Where NodePorts answer: any local address, or the NodePort addresses (renderGlobal's
-      // decision, repeated here so the reject meets exactly the packets the capture would).
-      const std::string comment = noEndpointComment(plan.externalNoEndpoints);
-      const std::string target = noEndpointTarget(plan.externalNoEndpoints);
-      if (nodePortsOf(fam).allLocal) {
-        dispatch(Table::kFilter, names::kExternalServices,
-                 Spec()
-                     .proto(proto)
-                     .comment(comment)
-                     .match("-m addrtype --dst-type LOCAL")
-                     .dport(plan.nodePort)
-                     .jump(target));
-      } else {
-        for (const auto& a : nodePortsOf(fam).addresses)
-          if (auto addr = savedPrefix(a, fam))
-            dispatch(Table::kFilter, names::kExternalServices,
-                     Spec().dst(*addr).proto(proto).comment(comment).dport(plan.nodePort).jump(target));
-      }
-    }
-  }
-
-  if (p.healthCheckNodePort != 0)
-    dispatch(Table::kFilter, names::kNodePorts,
-             Spec().proto("tcp").comment(name + " health check node port").dport(p.healthCheckNodePort).jump("ACCEPT"));
-
-  f.chains.insert(f.chains.end(), std::make_move_iterator(endpointChains.begin()),
-                  std::make_move_iterator(endpointChains.end()));
-  return f;
+  return std::move(rules).finish();
 }
 
 bool IptablesRenderer::localhostNodePorts() const {

@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "rule_words.h"
+
 namespace kproxy::iptables {
 
 using backends::IPPrefix;
@@ -111,29 +113,6 @@ std::string_view protocolName(std::uint8_t p) {
   }
 }
 
-std::optional<std::uint32_t> parseNumber(std::string_view text) {
-  int base = 10;
-  if (text.starts_with("0x") || text.starts_with("0X")) {
-    text.remove_prefix(2);
-    base = 16;
-  }
-  std::uint32_t v = 0;
-  auto [p, ec] = std::from_chars(text.data(), text.data() + text.size(), v, base);
-  if (ec != std::errc() || p != text.data() + text.size() || text.empty()) return std::nullopt;
-  return v;
-}
-
-/// "v/m" or "v" (mask all ones).
-std::optional<std::pair<std::uint32_t, std::uint32_t>> parseValueMask(std::string_view text) {
-  auto slash = text.find('/');
-  auto v = parseNumber(text.substr(0, slash));
-  if (!v) return std::nullopt;
-  if (slash == std::string_view::npos) return std::pair{*v, 0xffffffffu};
-  auto m = parseNumber(text.substr(slash + 1));
-  if (!m) return std::nullopt;
-  return std::pair{*v, *m};
-}
-
 std::vector<std::string> splitList(std::string_view text) {
   std::vector<std::string> out;
   std::size_t start = 0;
@@ -149,8 +128,8 @@ std::vector<std::string> splitList(std::string_view text) {
 /// "80", "80:90".
 std::optional<std::pair<std::uint16_t, std::uint16_t>> parsePortRange(std::string_view text) {
   auto colon = text.find(':');
-  auto lo = parseNumber(text.substr(0, colon));
-  auto hi = colon == std::string_view::npos ? lo : parseNumber(text.substr(colon + 1));
+  auto lo = parseRuleNumber(text.substr(0, colon));
+  auto hi = colon == std::string_view::npos ? lo : parseRuleNumber(text.substr(colon + 1));
   if (!lo || !hi || *lo > 65535 || *hi > 65535) return std::nullopt;
   return std::pair{static_cast<std::uint16_t>(*lo), static_cast<std::uint16_t>(*hi)};
 }
@@ -189,100 +168,125 @@ bool parseNatDestination(std::string_view text, Target& t) {
   return true;
 }
 
+/// The word after `key` among a target's options.
+std::optional<std::string_view> optionValue(const std::vector<std::string_view>& options, std::string_view key) {
+  for (std::size_t k = 0; k + 1 < options.size(); ++k)
+    if (options[k] == key) return options[k + 1];
+  return std::nullopt;
+}
+
+/// The value and mask a MARK target sets (mark = (mark & ~mask) ^ value), from whichever of
+/// its options it has.
+void parseMarkTarget(const std::vector<std::string_view>& options, Target& t) {
+  t.kind = TargetKind::kMark;
+  std::optional<std::pair<std::uint32_t, std::uint32_t>> vm;
+  if (auto x = optionValue(options, "--set-xmark")) {
+    vm = parseValueMask(*x);
+  } else if (auto s = optionValue(options, "--set-mark")) {  // value/mask: mark = (mark & ~mask) | value
+    vm = parseValueMask(*s);
+    if (vm) vm = std::pair{vm->first, vm->second | vm->first};
+  } else if (auto o = optionValue(options, "--or-mark")) {
+    auto v = parseRuleNumber(*o);
+    if (v) vm = std::pair{*v, *v};
+  } else if (auto x2 = optionValue(options, "--xor-mark")) {
+    auto v = parseRuleNumber(*x2);
+    if (v) vm = std::pair{*v, 0u};
+  } else if (auto a = optionValue(options, "--and-mark")) {
+    auto v = parseRuleNumber(*a);
+    if (v) vm = std::pair{0u, ~*v};
+  }
+  if (vm) {
+    t.value = vm->first;
+    t.mask = vm->second;
+  } else {
+    t.kind = TargetKind::kUnknown;
+    t.problem = "MARK without a mark the tracer understands";
+  }
+}
+
+/// A rule's target from "-j NAME" and the words after it. What the tracer cannot follow is a
+/// kUnknown target that says why.
+Target parseTarget(std::string_view name, const std::vector<std::string_view>& options) {
+  Target t;
+  t.name = std::string(name);
+  auto option = [&](std::string_view key) { return optionValue(options, key); };
+  if (name == "ACCEPT") {
+    t.kind = TargetKind::kAccept;
+  } else if (name == "DROP") {
+    t.kind = TargetKind::kDrop;
+  } else if (name == "RETURN") {
+    t.kind = TargetKind::kReturn;
+  } else if (name == "REJECT") {
+    t.kind = TargetKind::kReject;
+  } else if (name == "MASQUERADE" || name == "SNAT") {
+    t.kind = TargetKind::kSourceNat;
+  } else if (name == "CONNMARK") {
+    auto vm = option("--set-xmark") ? parseValueMask(*option("--set-xmark")) : std::nullopt;
+    t.kind = vm ? TargetKind::kConnmark : TargetKind::kUnknown;
+    if (vm) t.value = vm->first, t.mask = vm->second;
+    else t.problem = "CONNMARK other than --set-xmark";
+  } else if (name == "LOG" || name == "NFLOG" || name == "TRACE") {
+    t.kind = TargetKind::kNoop;
+  } else if (name == "DNAT") {
+    auto to = option("--to-destination");
+    t.kind = to && parseNatDestination(*to, t) ? TargetKind::kDnat : TargetKind::kUnknown;
+    if (t.kind == TargetKind::kUnknown) t.problem = "DNAT without a single --to-destination address[:port]";
+  } else if (name == "MARK") {
+    parseMarkTarget(options, t);
+  } else {
+    // Not a built-in target: a user-defined chain (resolved when the rule runs).
+    t.kind = TargetKind::kJump;
+  }
+  return t;
+}
+
 /// Parses one rule's words. What it cannot evaluate becomes a kUnknown match or target.
-Rule parseRule(std::string spec) {
-  Rule rule;
-  rule.spec = std::move(spec);
-  const std::vector<std::string> words = backends::splitIptablesWords(rule.spec);
-  std::vector<Match> header, modules;
-  std::string module;
-  bool negate = false;
-  std::size_t i = 0;
-  auto unknown = [&](std::string what) {
+class TracedRuleParser {
+ public:
+  explicit TracedRuleParser(std::string spec) : words_(spec) { rule_.spec = std::move(spec); }
+
+  Rule parse() && {
+    for (; !words_.atEnd(); words_.step()) {
+      const std::string& w = words_.word();
+      if (w == "!") {
+        negate_ = true;
+        continue;
+      }
+      if (!headerOption(w) && !matchOption(w) && !moduleOption(w)) {
+        unknown(fmt::format("{}{}", negate_ ? "! " : "", w));
+        words_.skipArguments();
+      }
+      negate_ = false;
+    }
+    rule_.matches = std::move(header_);
+    rule_.matches.insert(rule_.matches.end(), std::make_move_iterator(modules_.begin()),
+                         std::make_move_iterator(modules_.end()));
+    return std::move(rule_);
+  }
+
+ private:
+  /// The next word, consumed ("" at the end).
+  std::string next() { return std::string(words_.value().value_or("")); }
+  void unknown(std::string what) {
     Match m;
     m.kind = MatchKind::kUnknown;
     m.text = std::move(what);
-    modules.push_back(std::move(m));
-  };
-  auto next = [&]() -> std::optional<std::string> {
-    if (i + 1 < words.size()) return words[++i];
-    return std::nullopt;
-  };
-  auto add = [&](std::vector<Match>& to, Match m) {
-    m.negate = negate;
+    modules_.push_back(std::move(m));
+  }
+  void add(std::vector<Match>& to, Match m) const {
+    m.negate = negate_;
     to.push_back(std::move(m));
-  };
-  // The words after "-j TARGET": the target's options.
-  auto parseTarget = [&](const std::string& name) {
-    Target& t = rule.target;
-    t.name = name;
-    std::vector<std::string> options(words.begin() + static_cast<std::ptrdiff_t>(i) + 1, words.end());
-    i = words.size();
-    auto option = [&](std::string_view key) -> std::optional<std::string> {
-      for (std::size_t k = 0; k + 1 < options.size(); ++k)
-        if (options[k] == key) return options[k + 1];
-      return std::nullopt;
-    };
-    if (name == "ACCEPT") {
-      t.kind = TargetKind::kAccept;
-    } else if (name == "DROP") {
-      t.kind = TargetKind::kDrop;
-    } else if (name == "RETURN") {
-      t.kind = TargetKind::kReturn;
-    } else if (name == "REJECT") {
-      t.kind = TargetKind::kReject;
-    } else if (name == "MASQUERADE" || name == "SNAT") {
-      t.kind = TargetKind::kSourceNat;
-    } else if (name == "CONNMARK") {
-      auto vm = option("--set-xmark") ? parseValueMask(*option("--set-xmark")) : std::nullopt;
-      t.kind = vm ? TargetKind::kConnmark : TargetKind::kUnknown;
-      if (vm) t.value = vm->first, t.mask = vm->second;
-      else t.problem = "CONNMARK other than --set-xmark";
-    } else if (name == "LOG" || name == "NFLOG" || name == "TRACE") {
-      t.kind = TargetKind::kNoop;
-    } else if (name == "DNAT") {
-      auto to = option("--to-destination");
-      t.kind = to && parseNatDestination(*to, t) ? TargetKind::kDnat : TargetKind::kUnknown;
-      if (t.kind == TargetKind::kUnknown) t.problem = "DNAT without a single --to-destination address[:port]";
-    } else if (name == "MARK") {
-      t.kind = TargetKind::kMark;
-      std::optional<std::pair<std::uint32_t, std::uint32_t>> vm;
-      if (auto x = option("--set-xmark")) {
-        vm = parseValueMask(*x);
-      } else if (auto s = option("--set-mark")) {  // value/mask: mark = (mark & ~mask) | value
-        vm = parseValueMask(*s);
-        if (vm) vm = std::pair{vm->first, vm->second | vm->first};
-      } else if (auto o = option("--or-mark")) {
-        auto v = parseNumber(*o);
-        if (v) vm = std::pair{*v, *v};
-      } else if (auto x2 = option("--xor-mark")) {
-        auto v = parseNumber(*x2);
-        if (v) vm = std::pair{*v, 0u};
-      } else if (auto a = option("--and-mark")) {
-        auto v = parseNumber(*a);
-        if (v) vm = std::pair{0u, ~*v};
-      }
-      if (vm) {
-        t.value = vm->first;
-        t.mask = vm->second;
-      } else {
-        t.kind = TargetKind::kUnknown;
-        t.problem = "MARK without a mark the tracer understands";
-      }
-    } else {
-      // Not a built-in target: a user-defined chain (resolved when the rule runs).
-      t.kind = TargetKind::kJump;
-    }
-  };
+  }
+  void addModule(MatchKind kind) {
+    Match m;
+    m.kind = kind;
+    add(modules_, std::move(m));
+  }
 
-  for (; i < words.size(); ++i) {
-    const std::string& w = words[i];
-    if (w == "!") {
-      negate = true;
-      continue;
-    }
+  /// The IP header's options, -m, and the target (-j, -g).
+  bool headerOption(const std::string& w) {
     if (w == "-s" || w == "--source" || w == "-d" || w == "--destination") {
-      auto v = next();
+      auto v = words_.value();
       auto p = v ? IPPrefix::parse(*v) : std::nullopt;
       if (!p) {
         unknown(fmt::format("{} {}", w, v.value_or("")));
@@ -290,47 +294,59 @@ Rule parseRule(std::string spec) {
         Match m;
         m.kind = w == "-s" || w == "--source" ? MatchKind::kSource : MatchKind::kDestination;
         m.prefix = *p;
-        add(header, std::move(m));
+        add(header_, std::move(m));
       }
     } else if (w == "-i" || w == "--in-interface") {
       Match m;
       m.kind = MatchKind::kInInterface;
-      m.text = next().value_or("");
+      m.text = next();
       if (m.text.ends_with('+')) {
         m.text.pop_back();
         m.interfacePrefix = true;
       }
-      add(header, std::move(m));
+      add(header_, std::move(m));
     } else if (w == "-o" || w == "--out-interface") {
-      unknown(fmt::format("{}{} {} (the output interface is not modelled)", negate ? "! " : "", w,
-                          next().value_or("")));
+      unknown(fmt::format("{}{} {} (the output interface is not modelled)", negate_ ? "! " : "", w, next()));
     } else if (w == "-p" || w == "--protocol") {
-      auto v = next().value_or("");
-      if (v == "all") {
-        if (negate) unknown("! -p all");
-      } else if (auto p = protocolNumber(v)) {
-        Match m;
-        m.kind = MatchKind::kProtocol;
-        m.protocol = *p;
-        add(header, std::move(m));
-      } else {
-        unknown("-p " + v);
-      }
+      protocol(next());
     } else if (w == "-m" || w == "--match") {
-      module = next().value_or("");
+      module_ = next();
       static const std::set<std::string, std::less<>> kModules{
           "tcp", "udp", "sctp", "comment", "addrtype", "conntrack", "state", "mark", "statistic", "recent",
           "multiport", "nfacct", "set", "ipvs", "physdev", "connmark"};
-      if (!kModules.contains(module)) unknown("-m " + module);
+      if (!kModules.contains(module_)) unknown("-m " + module_);
     } else if (w == "-j" || w == "--jump") {
-      parseTarget(next().value_or(""));
+      const std::string name = next();
+      rule_.target = parseTarget(name, words_.remaining());
     } else if (w == "-g" || w == "--goto") {
-      rule.target.kind = TargetKind::kGoto;
-      rule.target.name = next().value_or("");
-    } else if (w == "--dport" || w == "--destination-port" || w == "--dports" || w == "--destination-ports") {
+      rule_.target.kind = TargetKind::kGoto;
+      rule_.target.name = next();
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  void protocol(const std::string& v) {
+    if (v == "all") {
+      if (negate_) unknown("! -p all");
+    } else if (auto p = protocolNumber(v)) {
+      Match m;
+      m.kind = MatchKind::kProtocol;
+      m.protocol = *p;
+      add(header_, std::move(m));
+    } else {
+      unknown("-p " + v);
+    }
+  }
+
+  /// Options that match on the packet or its connection: ports, address types, states, sets,
+  /// IPVS, bridge ports.
+  bool matchOption(const std::string& w) {
+    if (w == "--dport" || w == "--destination-port" || w == "--dports" || w == "--destination-ports") {
       Match m;
       m.kind = MatchKind::kDestPort;
-      const std::string v = next().value_or("");
+      const std::string v = next();
       bool ok = !v.empty();
       for (const auto& item : splitList(v)) {
         auto r = parsePortRange(item);
@@ -338,114 +354,107 @@ Rule parseRule(std::string spec) {
         else m.ports.push_back(*r);
       }
       if (!ok) unknown(w + " " + v);
-      else add(modules, std::move(m));
-    } else if (w == "--comment" || w == "--nfacct-name" || w == "--name" || w == "--seconds" ||
-               w == "--hitcount" || w == "--mask") {
-      (void)next();  // no effect on one new connection
-    } else if (w == "--reap" || w == "--rsource" || w == "--rdest" || w == "--rttl") {
-      // flags of -m recent
+      else add(modules_, std::move(m));
     } else if (w == "--src-type" || w == "--dst-type") {
-      const std::string v = next().value_or("");
-      if (v != "LOCAL") {
-        unknown(fmt::format("{}{} {} (only LOCAL is modelled)", negate ? "! " : "", w, v));
-      } else {
-        Match m;
-        m.kind = w == "--src-type" ? MatchKind::kSrcTypeLocal : MatchKind::kDstTypeLocal;
-        add(modules, std::move(m));
-      }
+      const std::string v = next();
+      if (v != "LOCAL") unknown(fmt::format("{}{} {} (only LOCAL is modelled)", negate_ ? "! " : "", w, v));
+      else addModule(w == "--src-type" ? MatchKind::kSrcTypeLocal : MatchKind::kDstTypeLocal);
     } else if (w == "--ctstate" || w == "--state") {
       Match m;
       m.kind = MatchKind::kCtState;
-      m.states = splitList(next().value_or(""));
-      add(modules, std::move(m));
+      m.states = splitList(next());
+      add(modules_, std::move(m));
     } else if (w == "--match-set") {
       Match m;
       m.kind = MatchKind::kSet;
-      m.text = next().value_or("");
-      m.states = splitList(next().value_or(""));
-      add(modules, std::move(m));
+      m.text = next();
+      m.states = splitList(next());
+      add(modules_, std::move(m));
     } else if (w == "--vproto" || w == "--vaddr" || w == "--vport") {
-      const std::string v = next().value_or("");
-      Match m;
-      m.kind = w == "--vproto"  ? MatchKind::kIpvsProto
-               : w == "--vaddr" ? MatchKind::kIpvsAddress
-                                : MatchKind::kIpvsPort;
-      auto proto = protocolNumber(v);
-      auto prefix = IPPrefix::parse(v);
-      auto port = parsePortRange(v);
-      if (m.kind == MatchKind::kIpvsProto && proto) m.protocol = *proto;
-      else if (m.kind == MatchKind::kIpvsAddress && prefix) m.prefix = *prefix;
-      else if (m.kind == MatchKind::kIpvsPort && port) m.ports.push_back(*port);
-      else m.kind = MatchKind::kUnknown, m.text = w + " " + v;
-      add(modules, std::move(m));
+      ipvsMatch(w, next());
     } else if (w == "--physdev-is-in") {
-      Match m;
-      m.kind = MatchKind::kPhysdevIsIn;
-      add(modules, std::move(m));
-    } else if (w == "--mark" && module == "connmark") {
-      const std::string v = next().value_or("");
+      addModule(MatchKind::kPhysdevIsIn);
+    } else {
+      return false;
+    }
+    return true;
+  }
+
+  void ipvsMatch(const std::string& w, const std::string& v) {
+    Match m;
+    m.kind = w == "--vproto" ? MatchKind::kIpvsProto : w == "--vaddr" ? MatchKind::kIpvsAddress : MatchKind::kIpvsPort;
+    auto proto = protocolNumber(v);
+    auto prefix = IPPrefix::parse(v);
+    auto port = parsePortRange(v);
+    if (m.kind == MatchKind::kIpvsProto && proto) m.protocol = *proto;
+    else if (m.kind == MatchKind::kIpvsAddress && prefix) m.prefix = *prefix;
+    else if (m.kind == MatchKind::kIpvsPort && port) m.ports.push_back(*port);
+    else m.kind = MatchKind::kUnknown, m.text = w + " " + v;
+    add(modules_, std::move(m));
+  }
+
+  /// The options of -m comment, nfacct, recent, mark, connmark and statistic.
+  bool moduleOption(const std::string& w) {
+    if (w == "--comment" || w == "--nfacct-name" || w == "--name" || w == "--seconds" || w == "--hitcount" ||
+        w == "--mask") {
+      (void)next();  // no effect on one new connection
+    } else if (w == "--reap" || w == "--rsource" || w == "--rdest" || w == "--rttl") {
+      // flags of -m recent
+    } else if (w == "--mark" && (module_ == "connmark" || module_ == "mark")) {
+      const std::string v = next();
       if (auto vm = parseValueMask(v)) {
         Match m;
-        m.kind = MatchKind::kConnmark;
+        m.kind = module_ == "connmark" ? MatchKind::kConnmark : MatchKind::kMark;
         m.value = vm->first;
         m.mask = vm->second;
-        add(modules, std::move(m));
+        add(modules_, std::move(m));
       } else {
         unknown("--mark " + v);
-      }
-    } else if (w == "--mark" && module == "mark") {
-      const std::string v = next().value_or("");
-      auto vm = parseValueMask(v);
-      if (!vm) {
-        unknown("--mark " + v);
-      } else {
-        Match m;
-        m.kind = MatchKind::kMark;
-        m.value = vm->first;
-        m.mask = vm->second;
-        add(modules, std::move(m));
       }
     } else if (w == "--mode") {
-      const std::string v = next().value_or("");
+      const std::string v = next();
       if (v != "random") {
         unknown("-m statistic --mode " + v);
       } else {
         Match m;
         m.kind = MatchKind::kRandom;
         m.probability = 0.5;  // xt_statistic's default
-        add(modules, std::move(m));
+        add(modules_, std::move(m));
       }
     } else if (w == "--probability") {
-      const std::string v = next().value_or("");
-      char* end = nullptr;
-      const double p = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || modules.empty() || modules.back().kind != MatchKind::kRandom) {
-        unknown("--probability " + v);
-      } else {
-        modules.back().probability = p;
-        if (negate) modules.back().negate = true;
-      }
+      probability(next());
     } else if (w == "--rcheck" || w == "--update" || w == "--remove") {
-      Match m;
-      m.kind = MatchKind::kRecentHit;
-      add(modules, std::move(m));
+      addModule(MatchKind::kRecentHit);
     } else if (w == "--set") {
-      if (negate) unknown("! --set");  // a recent --set always matches; negated it never does
-      else add(modules, Match{});
+      if (negate_) unknown("! --set");  // a recent --set always matches; negated it never does
+      else add(modules_, Match{});
     } else if (w == "--syn") {
-      if (negate) unknown("! --syn");  // the first TCP packet is a SYN
+      if (negate_) unknown("! --syn");  // the first TCP packet is a SYN
     } else {
-      unknown(fmt::format("{}{}", negate ? "! " : "", w));
-      // Skip the unknown option's arguments.
-      while (i + 1 < words.size() && !words[i + 1].starts_with('-') && words[i + 1] != "!") ++i;
+      return false;
     }
-    negate = false;
+    return true;
   }
-  rule.matches = std::move(header);
-  rule.matches.insert(rule.matches.end(), std::make_move_iterator(modules.begin()),
-                      std::make_move_iterator(modules.end()));
-  return rule;
-}
+
+  void probability(const std::string& v) {
+    char* end = nullptr;
+    const double p = std::strtod(v.c_str(), &end);
+    if (end == v.c_str() || *end != '\0' || modules_.empty() || modules_.back().kind != MatchKind::kRandom) {
+      unknown("--probability " + v);
+      return;
+    }
+    modules_.back().probability = p;
+    if (negate_) modules_.back().negate = true;
+  }
+
+  RuleWords words_;
+  Rule rule_;
+  std::vector<Match> header_, modules_;
+  std::string module_;
+  bool negate_ = false;
+};
+
+Rule parseRule(std::string spec) { return TracedRuleParser(std::move(spec)).parse(); }
 
 std::string describe(const Match& m) {
   return m.kind == MatchKind::kUnknown ? m.text : std::string("a match");
@@ -628,7 +637,7 @@ class PacketRun {
     auto sameProtoPort = [&](std::string_view text, std::size_t k) {  // "tcp:80"
       const auto colon = text.find(':');
       if (colon == std::string_view::npos || text.substr(0, colon) != protocolName(proto_)) return false;
-      auto v = parseNumber(text.substr(colon + 1));
+      auto v = parseRuleNumber(text.substr(colon + 1));
       return v && int(*v) == port(k);
     };
     for (const auto& member : set->members) {
@@ -637,7 +646,7 @@ class PacketRun {
       if (set->type == "hash:ip") {
         hit = parts.size() == 1 && sameAddress(parts[0], address(0));
       } else if (set->type == "bitmap:port") {
-        auto v = parseNumber(member);
+        auto v = parseRuleNumber(member);
         hit = v && int(*v) == port(0);
       } else if (set->type == "hash:ip,port") {
         hit = parts.size() == 2 && sameAddress(parts[0], address(0)) && sameProtoPort(parts[1], 1);

@@ -1,3 +1,5 @@
+// The IPVS backend around its differ: the sync (full or partial, graceful termination, summary),
+// the kernel writes (counted, printed in --dry-run, idempotent), sysctls, cleanup and metrics.
 #include "kproxy/ipvs/backend.h"
 
 #include <sys/utsname.h>
@@ -18,37 +20,12 @@
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/backends/common/sysctl.h"
 #include "kproxy/plan/options.h"
+#include "sync_rules.h"
 
 namespace kproxy::ipvs {
 namespace {
 
 using backends::IPPrefix;
-constexpr sdk::Family kFamilies[] = {sdk::Family::kIPv4, sdk::Family::kIPv6};
-constexpr Table kIpvsTables[] = {Table::kNat, Table::kFilter};
-
-std::size_t index(sdk::Family f) { return f == sdk::Family::kIPv6 ? 1 : 0; }
-std::string tagOf(sdk::Family f, const std::string& key) {
-  return (f == sdk::Family::kIPv6 ? "6|" : "4|") + key;
-}
-std::string_view toolName(sdk::Family f) {
-  return f == sdk::Family::kIPv6 ? "ip6tables" : "iptables";
-}
-iptables::Table iptablesTable(Table t) {
-  return t == Table::kNat ? iptables::Table::kNat : iptables::Table::kFilter;
-}
-
-/// Whether the settings one adds or updates are the same (identity aside).
-bool sameSettings(const VirtualServer& a, const VirtualServer& b) {
-  return a.scheduler == b.scheduler && a.flags == b.flags && a.timeout == b.timeout &&
-         a.netmask == b.netmask;
-}
-
-/// Upstream's IsRsGracefulTerminationNeeded: UDP and SCTP real servers go at once.
-bool drains(const VirtualServer& vs) { return vs.protocol == Protocol::kTcp; }
-
-std::string terminatingKey(const VirtualServer& vs, const RealServer& rs) {
-  return vs.describe() + "/" + rs.describe();
-}
 
 sdk::ErrorCategory categoryOf(const core::Error& e) {
   switch (e.category) {
@@ -72,29 +49,6 @@ std::pair<int, int> kernelVersion(const std::string& release) {
   return {major, minor};
 }
 
-/// The NodePorts IPVS mode programmed, as its NodePort sets hold them ("30080" in a bitmap:port
-/// set, "10.0.0.2,sctp:30080" in the SCTP ones): how a process that applied nothing yet (a
-/// restart, --cleanup) knows which virtual servers on the node's addresses are its own.
-std::set<std::pair<Protocol, std::uint16_t>> nodePortsOf(const IpsetState& state) {
-  std::set<std::pair<Protocol, std::uint16_t>> out;
-  const std::pair<SetId, Protocol> sets[] = {
-      {SetId::kNodePortTCP, Protocol::kTcp},   {SetId::kNodePortLocalTCP, Protocol::kTcp},
-      {SetId::kNodePortUDP, Protocol::kUdp},   {SetId::kNodePortLocalUDP, Protocol::kUdp},
-      {SetId::kNodePortSCTP, Protocol::kSctp}, {SetId::kNodePortLocalSCTP, Protocol::kSctp}};
-  for (sdk::Family fam : kFamilies)
-    for (const auto& [id, protocol] : sets) {
-      auto it = state.sets.find(setName(id, fam));
-      if (it == state.sets.end()) continue;
-      for (const auto& entry : it->second.entries) {
-        const auto colon = entry.rfind(':');
-        const std::string port = colon == std::string::npos ? entry : entry.substr(colon + 1);
-        const int value = std::atoi(port.c_str());
-        if (value > 0 && value < 65536) out.emplace(protocol, static_cast<std::uint16_t>(value));
-      }
-    }
-  return out;
-}
-
 }  // namespace
 
 VirtualServer kernelVirtualServer(const PlannedVirtualServer& p) {
@@ -114,13 +68,6 @@ VirtualServer kernelVirtualServer(const PlannedVirtualServer& p) {
       (p.persistent ? kFlagPersistent : 0u) | (p.sourceHashFallback ? kFlagSourceHashFallback : 0u);
   vs.timeout = p.persistent ? p.timeoutSeconds : 0;
   return vs;
-}
-
-/// A render as the mirror keeps it: its real servers are in the applied virtual servers, and a
-/// later partial sync compares everything else.
-Fragment withoutRealServers(Fragment f) {
-  for (auto& planned : f.virtualServers) std::vector<PlannedRealServer>().swap(planned.realServers);
-  return f;
 }
 
 RealServer kernelRealServer(const PlannedRealServer& p) {
@@ -370,46 +317,6 @@ sdk::Expected<sdk::SyncOutcome> IpvsBackend::syncFrom(const plan::SnapshotSource
   return outcome;
 }
 
-bool IpvsBackend::ownsAddress(const IPPrefix& address) const {
-  if (std::any_of(exclude_.begin(), exclude_.end(),
-                  [&](const IPPrefix& c) { return c.contains(address); }))
-    return false;
-  const std::string text = address.toString();
-  if (addresses_.contains(text)) return true;
-  for (sdk::Family fam : kFamilies) {
-    const auto& np = renderer_.nodePortAddresses(fam);
-    if (std::find(np.begin(), np.end(), text) != np.end()) return true;
-  }
-  return false;
-}
-
-sdk::Expected<void> IpvsBackend::applyServer(const AppliedServer* old, const AppliedServer& want) {
-  if (old == nullptr) {
-    if (auto r = addServer(want.vs); !r) return r;
-    for (const auto& rs : want.real)
-      if (auto r = addReal(want.vs, rs); !r) return r;
-    return {};
-  }
-  if (!sameSettings(old->vs, want.vs))
-    if (auto r = updateServer(want.vs); !r) return r;
-  for (const auto& rs : want.real) {
-    const RealServer* had = old->real.find(rs);
-    if (had == nullptr) {
-      if (auto r = addReal(want.vs, rs); !r) return r;
-    } else if (!had->sameSettings(rs)) {
-      if (auto r = updateReal(want.vs, rs); !r) return r;
-    }
-  }
-  for (const auto& rs : old->real)
-    if (!want.real.contains(rs))
-      if (auto r = retireRealServer(want.vs, rs); !r) return r;
-  return {};
-}
-
-sdk::Expected<void> IpvsBackend::removeServer(const AppliedServer& old) {
-  return deleteServer(old.vs);
-}
-
 sdk::Expected<void> IpvsBackend::retireRealServer(const VirtualServer& vs, const RealServer& rs) {
   if (!drains(vs)) return deleteReal(vs, rs);
   const std::string key = terminatingKey(vs, rs);
@@ -458,334 +365,6 @@ sdk::Expected<void> IpvsBackend::drainTerminating() {
                        settings_.gracefulTimeout.count()));
       if (auto r = deleteReal(t.vs, t.rs); !r) return r;
     }
-  }
-  return {};
-}
-
-sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
-  if (!settings_.dryRun) {
-    setSysctls();
-    setTimeouts();
-  }
-  if (auto r = ensureLink(); !r) return r;
-  auto bound = kernel_.link->listAddresses(kDummyLinkName);
-  if (!bound) return failed("list_addresses", bound.error());
-  std::vector<std::string> boundText;
-  for (const auto& a : *bound) boundText.push_back(a.toString());
-  renderer_.setDummyInterfaceAddresses(boundText);
-  dummyAddressesStale_ = false;
-
-  // What is wanted, from every service port.
-  std::map<std::string, Fragment> ports;
-  std::map<std::string, AppliedServer> servers;
-  std::map<std::string, std::size_t> addresses, entries;
-  next.forEach([&](const sdk::ServicePort& p) {
-    if (!familyEnabled(p.family)) return;
-    Fragment f = renderer_.renderServicePort(p);
-    const std::string tag = tagOf(p.family, p.key);
-    for (const auto& problem : f.problems)
-      host_.warning(fmt::format("ipvs: {}: {}", p.key, problem));
-    for (const auto& planned : f.virtualServers) {
-      AppliedServer a{kernelVirtualServer(planned), realServersOf(planned), tag};
-      const std::string key = a.vs.describe();
-      if (!servers.emplace(key, std::move(a)).second)
-        host_.warning(fmt::format(
-            "ipvs: {}: virtual server {} is another service port's too; kept once", p.key, key));
-    }
-    for (const auto& a : f.boundAddresses) ++addresses[a];
-    for (const auto& e : f.ipsetEntries) ++entries[e.text()];
-    ports[tag] = withoutRealServers(std::move(f));
-  });
-
-  // The sets first: their NodePorts say which virtual servers on node addresses are kproxy's.
-  auto state = kernel_.ipsets->save();
-  if (!state) return failed("ipset_save", state.error());
-  const auto nodePorts = nodePortsOf(*state);
-
-  // Virtual and real servers: the kernel's against the wanted ones.
-  auto listed = kernel_.ipvs->listVirtualServers();
-  if (!listed) return failed("list_virtual_servers", listed.error());
-  const auto wasBound = [&](const IPPrefix& a) {
-    return std::find(bound->begin(), bound->end(), a) != bound->end();
-  };
-  std::set<std::string> seen;
-  for (const auto& kvs : *listed) {
-    // Firewall-mark services: kproxy's carry its tag bit (ClientIP affinity); others' are left.
-    if (kvs.fwmark != 0 && !ownsFwmark(kvs.fwmark)) continue;
-    const std::string key = kvs.describe();
-    auto want = servers.find(key);
-    if (want == servers.end()) {
-      const bool owned = kvs.fwmark != 0 || servers_.contains(key) || wasBound(kvs.address) ||
-                         ownsAddress(kvs.address) || nodePorts.contains({kvs.protocol, kvs.port});
-      const bool excluded =
-          kvs.fwmark == 0 && std::any_of(exclude_.begin(), exclude_.end(),
-                                         [&](const IPPrefix& c) { return c.contains(kvs.address); });
-      if (owned && !excluded)
-        if (auto r = deleteServer(kvs); !r) return r;
-      continue;
-    }
-    seen.insert(key);
-    const AppliedServer& w = want->second;
-    if (!sameSettings(kvs, w.vs))
-      if (auto r = updateServer(w.vs); !r) return r;
-    auto real = kernel_.ipvs->listRealServers(kvs);
-    if (!real) return failed("list_real_servers", real.error());
-    for (const auto& krs : *real) {
-      if (const RealServer* wanted = w.real.find(krs)) {
-        terminating_.erase(terminatingKey(w.vs, krs));
-        if (!krs.sameSettings(*wanted))
-          if (auto r = updateReal(w.vs, *wanted); !r) return r;
-        continue;
-      }
-      const std::string tkey = terminatingKey(w.vs, krs);
-      if (terminating_.contains(tkey) && krs.weight == 0) continue;
-      terminating_.erase(tkey);
-      if (drains(w.vs) && krs.activeConnections + krs.inactiveConnections == 0) {
-        if (auto r = deleteReal(w.vs, krs); !r) return r;
-        continue;
-      }
-      if (drains(w.vs) && krs.weight == 0) {
-        // Draining already (a restart): the clock starts again, nothing is written.
-        terminating_[tkey] = Terminating{w.vs, krs, settings_.now()};
-        continue;
-      }
-      if (auto r = retireRealServer(w.vs, krs); !r) return r;
-    }
-    const RealServers present(std::move(*real));
-    for (const auto& rs : w.real)
-      if (!present.contains(rs))
-        if (auto r = addReal(w.vs, rs); !r) return r;
-  }
-  for (const auto& [key, w] : servers)
-    if (!seen.contains(key))
-      if (auto r = applyServer(nullptr, w); !r) return r;
-  // Draining real servers of virtual servers that are gone.
-  std::erase_if(terminating_,
-                [&](const auto& t) { return !servers.contains(t.second.vs.describe()); });
-
-  // kube-ipvs0: every address on it is IPVS mode's (as upstream, which unbinds what no
-  // service holds).
-  for (const auto& [a, refs] : addresses) {
-    const auto parsed = IPPrefix::parse(a);
-    if (parsed &&
-        std::find(boundText.begin(), boundText.end(), parsed->toString()) == boundText.end())
-      if (auto r = bindAddress(a); !r) return r;
-  }
-  for (const auto& a : boundText)
-    if (!addresses.contains(a))
-      if (auto r = unbindAddress(a); !r) return r;
-
-  // ipsets: create the missing sets, then add and delete the entries that differ.
-  std::string creates, changes;
-  for (sdk::Family fam : kFamilies) {
-    if (!familyEnabled(fam)) continue;
-    for (const auto& def : renderer_.renderGlobal(fam).sets) {
-      auto it = state->sets.find(def.name);
-      if (it == state->sets.end()) {
-        creates += def.createText() + "\n";
-        continue;
-      }
-      for (const auto& e : it->second.entries) {
-        const std::string text = "add " + def.name + " " + e;
-        if (!entries.contains(text)) changes += "del " + def.name + " " + e + "\n";
-      }
-    }
-  }
-  for (const auto& [text, refs] : entries) {
-    // "add SET ENTRY"
-    const auto space = text.find(' ', 4);
-    const std::string set = text.substr(4, space - 4);
-    auto it = state->sets.find(set);
-    if (it == state->sets.end() || !it->second.entries.contains(text.substr(space + 1)))
-      changes += text + "\n";
-  }
-  if (auto r = restoreIpsets(creates + changes); !r) return r;
-
-  ports_ = std::move(ports);
-  servers_ = std::move(servers);
-  addresses_ = std::move(addresses);
-  ipsetEntries_ = std::move(entries);
-  // The renderer learns kube-ipvs0's addresses as they are now, here rather than in the next
-  // partial sync (an endpoint change should not cost a pass over every address).
-  std::vector<std::string> nowBound;
-  nowBound.reserve(addresses_.size());
-  for (const auto& [a, refs] : addresses_) nowBound.push_back(a);
-  renderer_.setDummyInterfaceAddresses(std::move(nowBound));
-  dummyAddressesStale_ = false;
-  return syncIptables(true);
-}
-
-sdk::Expected<void> IpvsBackend::partialSync(const plan::SnapshotSource& next,
-                                             const std::vector<sdk::ChangedKey>& changed) {
-  if (dummyAddressesStale_) {
-    std::vector<std::string> bound;
-    for (const auto& [a, refs] : addresses_) bound.push_back(a);
-    renderer_.setDummyInterfaceAddresses(std::move(bound));
-    dummyAddressesStale_ = false;
-  }
-  std::string ipsetLines;
-  bool rulesChanged = false;
-  for (const auto& c : changed) {
-    if (!familyEnabled(c.family) || c.key.empty()) continue;
-    const std::string tag = tagOf(c.family, c.key);
-    Fragment now;
-    if (auto port = next.find(c.family, c.key)) {
-      now = renderer_.renderServicePort(*port);
-      for (const auto& problem : now.problems)
-        host_.warning(fmt::format("ipvs: {}: {}", c.key, problem));
-    }
-    Fragment before;
-    if (auto it = ports_.find(tag); it != ports_.end()) before = it->second;
-
-    // Addresses first: a virtual server's address is bound before it answers.
-    for (const auto& a : now.boundAddresses)
-      if (addresses_[a]++ == 0)
-        if (auto r = bindAddress(a); !r) return r;
-
-    std::set<std::string> keep;
-    for (const auto& planned : now.virtualServers) {
-      AppliedServer want{kernelVirtualServer(planned), realServersOf(planned), tag};
-      const std::string key = want.vs.describe();
-      keep.insert(key);
-      auto it = servers_.find(key);
-      if (it != servers_.end() && it->second.owner != tag) {
-        host_.warning(fmt::format("ipvs: {}: virtual server {} is {}'s too; kept once", c.key, key,
-                                  it->second.owner));
-        continue;
-      }
-      if (auto r = applyServer(it == servers_.end() ? nullptr : &it->second, want); !r) return r;
-      servers_[key] = std::move(want);
-    }
-    for (const auto& planned : before.virtualServers) {
-      const std::string key = kernelVirtualServer(planned).describe();
-      if (keep.contains(key)) continue;
-      auto it = servers_.find(key);
-      if (it == servers_.end() || it->second.owner != tag) continue;
-      if (auto r = removeServer(it->second); !r) return r;
-      servers_.erase(it);
-    }
-
-    for (const auto& a : before.boundAddresses) {
-      auto it = addresses_.find(a);
-      if (it == addresses_.end() || --it->second > 0) continue;
-      addresses_.erase(it);
-      if (auto r = unbindAddress(a); !r) return r;
-    }
-
-    for (const auto& e : now.ipsetEntries)
-      if (ipsetEntries_[e.text()]++ == 0) ipsetLines += e.text() + "\n";
-    for (const auto& e : before.ipsetEntries) {
-      auto it = ipsetEntries_.find(e.text());
-      if (it == ipsetEntries_.end() || --it->second > 0) continue;
-      ipsetEntries_.erase(it);
-      ipsetLines += "del " + e.set + " " + e.entry + "\n";
-    }
-
-    if (now.rules != before.rules) rulesChanged = true;
-    if (now.key.empty())
-      ports_.erase(tag);
-    else
-      ports_[tag] = withoutRealServers(std::move(now));
-  }
-  if (auto r = restoreIpsets(ipsetLines); !r) return r;
-  return syncIptables(false, rulesChanged);
-}
-
-sdk::Expected<void> IpvsBackend::syncIptables(bool readKernel, bool portRulesChanged) {
-  for (sdk::Family fam : kFamilies) {
-    if (!familyEnabled(fam)) continue;
-    const GlobalObjects g = renderer_.renderGlobal(fam);
-    if (!readKernel && !portRulesChanged && g.chains == globalApplied_[index(fam)]) continue;
-    // The owned chains' rules: fixed head, the service ports' rules (in key order), fixed tail.
-    std::map<std::pair<Table, std::string>, std::vector<std::string>> portRules;
-    for (const auto& [tag, f] : ports_)
-      if (f.family == fam)
-        for (const auto& r : f.rules) portRules[{r.table, r.chain}].push_back(r.spec);
-    std::map<std::pair<Table, std::string>, std::vector<std::string>> wanted;
-    for (const auto& c : g.chains) {
-      auto& rules = wanted[{c.table, c.name}];
-      rules = c.head;
-      if (auto it = portRules.find({c.table, c.name}); it != portRules.end())
-        rules.insert(rules.end(), it->second.begin(), it->second.end());
-      rules.insert(rules.end(), c.tail.begin(), c.tail.end());
-    }
-    std::string text;
-    for (const auto& [chain, rules] : wanted) {
-      text += fmt::format("{} {}\n", tableName(chain.first), chain.second);
-      for (const auto& r : rules) text += r + "\n";
-    }
-    if (!readKernel && text == iptablesApplied_[index(fam)]) continue;
-
-    std::string input;
-    for (Table t : kIpvsTables) {
-      bool rewrite = !readKernel;
-      std::vector<std::string> jumps;
-      if (readKernel) {
-        backends::IptablesSave saved;
-        {
-          auto out = kernel_.iptables->save(fam, iptablesTable(t));
-          if (!out)
-            return failed("iptables_save",
-                          core::Error{out.error().category, out.error().errnum,
-                                      fmt::format("{}-save -t {}: {}", toolName(fam), tableName(t),
-                                                  out.error().context)});
-          auto parsed = backends::parseIptablesSave(*out);
-          if (!parsed) return failed("iptables_save", parsed.error());
-          saved = std::move(*parsed);
-        }
-        const backends::IptablesTable* table = saved.findTable(tableName(t));
-        for (const auto& [chain, rules] : wanted) {
-          if (chain.first != t) continue;
-          const auto* k = table == nullptr ? nullptr : table->findChain(chain.second);
-          if (k == nullptr || k->rules.size() != rules.size() ||
-              !std::equal(rules.begin(), rules.end(), k->rules.begin(),
-                          [](const std::string& a, const backends::IptablesRule& b) {
-                            return a == b.spec;
-                          }))
-            rewrite = true;
-        }
-        for (const auto& j : g.jumps) {
-          if (j.table != t) continue;
-          const auto* k = table == nullptr ? nullptr : table->findChain(j.chain);
-          const bool present =
-              k != nullptr && std::any_of(k->rules.begin(), k->rules.end(),
-                                          [&](const auto& r) { return r.spec == j.spec; });
-          if (!present) jumps.push_back(fmt::format("-I {} 1 {}\n", j.chain, j.spec));
-        }
-      } else {
-        // A partial sync rewrites a table only when its chains changed.
-        std::string before, after;
-        const std::string prefix = std::string(tableName(t)) + " ";
-        auto section = [&](const std::string& all) {
-          std::string out;
-          bool in = false;
-          for (std::size_t pos = 0; pos < all.size();) {
-            auto end = all.find('\n', pos);
-            std::string_view line(all.data() + pos, end - pos);
-            if (line.starts_with("nat ") || line.starts_with("filter "))
-              in = line.starts_with(prefix);
-            if (in) out.append(line).push_back('\n');
-            pos = end + 1;
-          }
-          return out;
-        };
-        rewrite = section(text) != section(iptablesApplied_[index(fam)]);
-      }
-      if (!rewrite && jumps.empty()) continue;
-      input += fmt::format("*{}\n", tableName(t));
-      if (rewrite) {
-        for (const auto& [chain, rules] : wanted)
-          if (chain.first == t) input += fmt::format(":{} - [0:0]\n", chain.second);
-        for (const auto& [chain, rules] : wanted)
-          if (chain.first == t)
-            for (const auto& r : rules) input += fmt::format("-A {} {}\n", chain.second, r);
-      }
-      for (const auto& j : jumps) input += j;
-      input += "COMMIT\n";
-    }
-    if (auto r = restoreIptables(fam, input); !r) return r;
-    iptablesApplied_[index(fam)] = std::move(text);
-    globalApplied_[index(fam)] = g.chains;
   }
   return {};
 }
@@ -880,14 +459,14 @@ sdk::Expected<void> IpvsBackend::cleanup() {
     if (!familyEnabled(fam)) continue;
     std::string input;
     for (Table t : kIpvsTables) {
-      auto out = kernel_.iptables->save(fam, iptablesTable(t));
+      auto out = kernel_.iptables->save(fam, t);
       if (!out) return failed("iptables_save", out.error());
       auto parsed = backends::parseIptablesSave(*out);
       if (!parsed) return failed("iptables_save", parsed.error());
       for (const auto& table : parsed->tables)
         if (table.name == tableName(t))
           input += backends::planChainRemoval(table, [&](std::string_view c) {
-                     return isOwnedChain(t, c);
+                     return ipvs::isOwnedChain(t, c);
                    }).input;
     }
     if (auto r = restoreIptables(fam, input); !r) return r;

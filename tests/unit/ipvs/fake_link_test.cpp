@@ -1,5 +1,5 @@
 // FakeDummyLink refuses what rtnetlink refuses.
-#include "kproxy/ipvs/link.h"
+#include "kproxy/ipvs/kernel.h"
 
 #include <catch2/catch.hpp>
 

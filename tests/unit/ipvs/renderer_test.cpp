@@ -724,15 +724,15 @@ TEST_CASE("ipvs renderer: the ClusterIP masquerade rule follows the pod detector
 }
 
 TEST_CASE("ipvs renderer: the chains kproxy owns in IPVS mode", "[unit]") {
-  CHECK(isOwnedChain(Table::kNat, "KUBE-SERVICES"));
-  CHECK(isOwnedChain(Table::kNat, "KUBE-LOAD-BALANCER"));
-  CHECK(isOwnedChain(Table::kFilter, "KUBE-IPVS-OUT-FILTER"));
-  CHECK(isOwnedChain(Table::kFilter, "KUBE-SOURCE-RANGES-FIREWALL"));
+  CHECK(ipvs::isOwnedChain(Table::kNat, "KUBE-SERVICES"));
+  CHECK(ipvs::isOwnedChain(Table::kNat, "KUBE-LOAD-BALANCER"));
+  CHECK(ipvs::isOwnedChain(Table::kFilter, "KUBE-IPVS-OUT-FILTER"));
+  CHECK(ipvs::isOwnedChain(Table::kFilter, "KUBE-SOURCE-RANGES-FIREWALL"));
   // kubelet's, and the iptables mode's.
-  CHECK_FALSE(isOwnedChain(Table::kFilter, "KUBE-FIREWALL"));
-  CHECK_FALSE(isOwnedChain(Table::kNat, "KUBE-NODEPORTS"));
-  CHECK_FALSE(isOwnedChain(Table::kFilter, "KUBE-SERVICES"));
-  CHECK_FALSE(isOwnedChain(Table::kNat, "KUBE-SVC-XPGD46QRK7WJZT7O"));
+  CHECK_FALSE(ipvs::isOwnedChain(Table::kFilter, "KUBE-FIREWALL"));
+  CHECK_FALSE(ipvs::isOwnedChain(Table::kNat, "KUBE-NODEPORTS"));
+  CHECK_FALSE(ipvs::isOwnedChain(Table::kFilter, "KUBE-SERVICES"));
+  CHECK_FALSE(ipvs::isOwnedChain(Table::kNat, "KUBE-SVC-XPGD46QRK7WJZT7O"));
 }
 
 TEST_CASE("ipvs renderer: pod detection by interface or by the node's pod CIDRs", "[unit]") {

@@ -25,8 +25,9 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kproxy/iptables/differ.h"
 #include "kproxy/iptables/kernel.h"
-#include "kproxy/iptables/nft_rules.h"
+#include "kproxy/iptables/kernel_netlink.h"
 #include "kproxy/iptables/renderer.h"
 #include "kproxy/plan/snapshot_source.h"
 #include "kproxy/plugin/sdk.h"
@@ -93,44 +94,22 @@ class IptablesBackend final : public sdk::BackendPlugin {
   static std::size_t index(sdk::Family f) { return f == sdk::Family::kIPv6 ? 1 : 0; }
   static std::size_t index(Table t) { return static_cast<std::size_t>(t); }
 
-  /// A shared dispatch chain as applied: how many owners each rule has, its section, and how
-  /// many rules each section holds (where an insert goes).
-  struct DispatchState {
-    std::unordered_map<std::string, std::pair<std::uint32_t, Section>> refs;
-    std::array<std::size_t, kSections> sizes{};
-  };
-  struct Owned {
-    std::vector<std::pair<Table, std::string>> chains;
-    std::vector<DispatchRule> dispatch;
-  };
-  struct MirrorFamily {
-    /// Owned chain → hash of its rules, per table.
-    struct ChainState {
-      std::uint64_t hash = 0;  ///< of its rules
-      std::uint32_t rules = 0;
-    };
-    std::unordered_map<std::string, ChainState> chains[3];
-    std::map<std::pair<Table, std::string>, DispatchState> dispatch;
-    std::map<std::string, Owned> owned;  ///< per service port key ("" = the global objects)
-    std::size_t rules[3] = {};           ///< rules in owned chains, per table (metrics)
-  };
-
-  /// Restore input being built for one family.
-  struct Edit;
+  // The differ (differ.cpp).
   /// A full sync's owned chains, written to the tool while rendered.
   class StreamedChains;
 
   /// Renders and applies a full sync of `family`: the mirror it leaves in `out`, what it wrote
   /// in `input` (when it fits settings_.lastRestoreKept).
-  sdk::Expected<void> fullSync(const plan::SnapshotSource& next, sdk::Family family, MirrorFamily& out,
+  sdk::Expected<void> fullSync(const plan::SnapshotSource& next, sdk::Family family, FamilyMirror& out,
                                std::string& input, std::size_t& operations);
   void partialSync(const plan::SnapshotSource& next, sdk::Family family,
-                   const std::vector<std::string>& keys, MirrorFamily& mirror, Edit& edit,
+                   const std::vector<std::string>& keys, FamilyMirror& mirror, RestoreEdit& edit,
                    std::size_t& operations);
+
   sdk::Expected<void> apply(sdk::Family family, const std::string& input);
   /// Applies a partial sync's edit (`input`, its text): over netlink when it only rewrites or
   /// deletes nat chains and the kernel adapter allows it, else through the tool.
-  sdk::Expected<void> applyPartial(sdk::Family family, const Edit& edit, const std::string& input);
+  sdk::Expected<void> applyPartial(sdk::Family family, const RestoreEdit& edit, const std::string& input);
   /// Counts a refused restore and names the tool in its error.
   sdk::Expected<void> restoreFailed(sdk::Family family, const core::Error& e);
   /// Counts a refused netlink transaction; when the kernel refused the encoding itself, later
@@ -154,7 +133,7 @@ class IptablesBackend final : public sdk::BackendPlugin {
   BackendSettings settings_;
   IptablesRenderer renderer_;
   std::unique_ptr<KernelIptables> kernel_;
-  MirrorFamily mirror_[2];
+  FamilyMirror mirror_[2];
   bool needFull_ = true;
   std::string lastRestore_[2];
   std::vector<std::string> touched_;  ///< the first objects the current sync changed

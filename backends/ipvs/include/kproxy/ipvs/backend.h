@@ -39,9 +39,7 @@
 #include <vector>
 
 #include "kproxy/iptables/kernel.h"
-#include "kproxy/ipvs/ipset.h"
 #include "kproxy/ipvs/kernel.h"
-#include "kproxy/ipvs/link.h"
 #include "kproxy/ipvs/renderer.h"
 #include "kproxy/plan/snapshot_source.h"
 #include "kproxy/plugin/sdk.h"
@@ -144,9 +142,31 @@ class IpvsBackend final : public sdk::BackendPlugin {
     RealServer rs;
     std::chrono::steady_clock::time_point since;
   };
+  /// What a full sync wants, from every service port.
+  struct Wanted {
+    std::map<std::string, Fragment> ports;
+    std::map<std::string, AppliedServer> servers;
+    std::map<std::string, std::size_t> addresses, entries;  ///< with their references
+  };
+  /// The protocols and ports IPVS mode's NodePort sets hold.
+  using NodePorts = std::set<std::pair<Protocol, std::uint16_t>>;
+
+  // The differ (differ.cpp): each difference is written as it is found.
   sdk::Expected<void> fullSync(const plan::SnapshotSource& next);
   sdk::Expected<void> partialSync(const plan::SnapshotSource& next,
                                   const std::vector<sdk::ChangedKey>& changed);
+  Wanted renderWanted(const plan::SnapshotSource& next);
+  /// The kernel's virtual servers against `servers`: kproxy's unwanted ones deleted, the
+  /// wanted ones updated or added.
+  sdk::Expected<void> syncVirtualServers(const std::map<std::string, AppliedServer>& servers,
+                                         const std::vector<backends::IPPrefix>& bound,
+                                         const NodePorts& nodePorts);
+  /// The real servers of the kernel's virtual server `kernel` against `want`'s.
+  sdk::Expected<void> syncRealServers(const VirtualServer& kernel, const AppliedServer& want);
+  sdk::Expected<void> syncDummyAddresses(const std::map<std::string, std::size_t>& addresses,
+                                         const std::vector<std::string>& bound);
+  sdk::Expected<void> syncIpsets(const std::map<std::string, std::size_t>& entries,
+                                 const IpsetState& state);
   sdk::Expected<void> applyServer(const AppliedServer* old, const AppliedServer& want);
   sdk::Expected<void> removeServer(const AppliedServer& old);
   sdk::Expected<void> retireRealServer(const VirtualServer& vs, const RealServer& rs);

@@ -1,16 +1,25 @@
 #pragma once
-/// KernelIpvs: the only way the IPVS backend reaches the kernel's IPVS tables (virtual servers,
-/// their real servers, the connection timeouts). The generic-netlink implementation sits beside
-/// an in-memory fake with the kernel's error semantics, for unit tests.
+/// The IPVS backend's view of the kernel, three interfaces with a real adapter and an in-memory
+/// fake each (fake_kernel.cpp):
+///  - KernelIpvs: the only way the backend reaches the kernel's IPVS tables (virtual servers,
+///    their real servers, the connection timeouts), over generic netlink (kernel_netlink.cpp);
+///  - KernelDummyLink: the kube-ipvs0 dummy link and its addresses, over rtnetlink
+///    (kernel_link.cpp);
+///  - KernelIpsets: the ipsets, with `ipset save` / `ipset restore -exist` (kernel_ipset.cpp).
+/// The fakes report the kernel's and the tools' errors.
 /// Thread-safety: an adapter is not thread-safe; one owner uses it.
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kproxy/backends/common/address.h"
+#include "kproxy/backends/common/process.h"
 #include "kproxy/core/error.h"
 
 namespace kproxy::ipvs {
@@ -192,6 +201,118 @@ class FakeIpvs : public KernelIpvs {
                                       const RealServer* rs);
   Entry* find(const VirtualServer& vs);
   std::optional<std::pair<IpvsOperation, int>> failure_;
+};
+
+// ---------------------------------------------------------------------------------------
+// kube-ipvs0
+
+// KernelDummyLink: the dummy interface (kube-ipvs0) that IPVS mode binds every service address
+// to, so that the node accepts packets for them and IPVS sees them at INPUT. Like kube-proxy,
+// kproxy creates it and leaves it down: the kernel still adds a local route for each address
+// of a down link (IPv4, and IPv6 on the kernels tested, 6.1). Addresses are host prefixes
+// (/32, /128) of scope global, as kube-proxy binds them.
+
+/// The interface name kube-proxy uses and runbooks look for.
+inline constexpr const char* kDummyLinkName = "kube-ipvs0";
+
+class KernelDummyLink {
+ public:
+  virtual ~KernelDummyLink() = default;
+
+  /// Creates dummy link `name` unless it exists. Returns whether it existed. An existing link
+  /// of another type is an error (EEXIST): kproxy never takes over someone else's interface.
+  virtual core::Result<bool> ensureLink(const std::string& name) = 0;
+  /// Deletes dummy link `name` with its addresses; a missing link is not an error, a link of
+  /// another type is (EINVAL, left alone).
+  virtual core::Result<void> deleteLink(const std::string& name) = 0;
+  /// The addresses on `name` (both families, without link-local IPv6 ones), as host prefixes.
+  /// ENODEV when the link is missing.
+  virtual core::Result<std::vector<backends::IPPrefix>> listAddresses(const std::string& name) = 0;
+  /// Binds `address` (a host address) to `name`. EEXIST when it is bound already; ENODEV
+  /// when the link is missing.
+  virtual core::Result<void> addAddress(const std::string& name, const backends::IPPrefix& address) = 0;
+  /// Unbinds `address` from `name`. EADDRNOTAVAIL when it is not bound; ENODEV when the link
+  /// is missing.
+  virtual core::Result<void> deleteAddress(const std::string& name,
+                                           const backends::IPPrefix& address) = 0;
+};
+
+/// The real kernel over one NETLINK_ROUTE socket (libnl-route-3), in the calling thread's
+/// network namespace when made.
+core::Result<std::unique_ptr<KernelDummyLink>> makeNetlinkDummyLink();
+
+/// In-memory links with the kernel's refusals.
+class FakeDummyLink : public KernelDummyLink {
+ public:
+  struct FakeLink {
+    std::string kind = "dummy";
+    std::vector<backends::IPPrefix> addresses;
+  };
+
+  core::Result<bool> ensureLink(const std::string& name) override;
+  core::Result<void> deleteLink(const std::string& name) override;
+  core::Result<std::vector<backends::IPPrefix>> listAddresses(const std::string& name) override;
+  core::Result<void> addAddress(const std::string& name, const backends::IPPrefix& address) override;
+  core::Result<void> deleteAddress(const std::string& name,
+                                   const backends::IPPrefix& address) override;
+
+  std::vector<std::pair<std::string, FakeLink>> links;  ///< name → link, in creation order
+
+ private:
+  FakeLink* find(const std::string& name);
+};
+
+/// The error for `errnum` returned for `what` ("add address 10.0.0.1 to kube-ipvs0"): ENODEV,
+/// EEXIST, EADDRNOTAVAIL named. Shared by the adapter and the fake.
+core::Error linkError(const std::string& what, int errnum);
+
+// ---------------------------------------------------------------------------------------
+// ipsets
+
+// KernelIpsets: the ipsets IPVS mode matches in iptables, read with `ipset save` and changed
+// with `ipset restore -exist` through the shared process runner (no shell). `-exist` makes
+// every line idempotent: creating an existing set of the same type, adding a present entry and
+// deleting an absent one are not errors, so a restore can be repeated after a failure.
+// FakeIpsets applies restore input to an in-memory table, for unit tests and --dry-run.
+
+/// What `ipset save` says: each set's create line and its entries ("10.96.0.10,tcp:80").
+struct IpsetState {
+  struct Set {
+    std::string createLine;  ///< as saved, with the kernel's extra settings
+    std::set<std::string> entries;
+  };
+  std::map<std::string, Set> sets;
+};
+
+/// Parses `ipset save` output ("create NAME TYPE ..." and "add NAME ENTRY" lines; others are
+/// ignored). An "add" for a set not created before it is an error (kDecode).
+core::Result<IpsetState> parseIpsetSave(std::string_view text);
+
+class KernelIpsets {
+ public:
+  virtual ~KernelIpsets() = default;
+  /// `ipset save`: every set of the namespace.
+  virtual core::Result<IpsetState> save() = 0;
+  /// `ipset restore -exist` of `input` ("create ...", "add ...", "del ...", "destroy ..." lines).
+  /// A refusal is an error of category kKernel quoting what the tool said.
+  virtual core::Result<void> restore(std::string_view input) = 0;
+  virtual std::string describe() const = 0;
+};
+
+/// The ipset program found in PATH or sbin, run through `runner`. Error when it is missing.
+core::Result<std::unique_ptr<KernelIpsets>> makeProcessIpsets(backends::ProcessRunner& runner);
+
+/// In memory: restore lines applied in order with `-exist`'s meaning; an unknown set in "add",
+/// "del" or "destroy" is refused as the tool refuses it, and nothing of that input is kept.
+class FakeIpsets final : public KernelIpsets {
+ public:
+  core::Result<IpsetState> save() override;
+  core::Result<void> restore(std::string_view input) override;
+  std::string describe() const override { return "fake ipset"; }
+
+  IpsetState state;
+  std::vector<std::string> restores;  ///< every input, in order
+  bool refuseNext = false;            ///< refuse the next restore
 };
 
 }  // namespace kproxy::ipvs

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kproxy/iptables/renderer.h"
 #include "kproxy/plan/service_plan.h"
 #include "kproxy/plugin/sdk.h"
 
@@ -166,8 +167,11 @@ struct IpsetEntry {
 // ---------------------------------------------------------------------------------------
 // iptables
 
-enum class Table : std::uint8_t { kNat, kFilter };
-std::string_view tableName(Table table);  ///< "nat", "filter"
+// The rule types are iptables mode's: IPVS mode's iptables part is written and diffed by the
+// iptables backend's pieces (kproxy/iptables/differ.h).
+using iptables::JumpRule;
+using iptables::Table;
+using iptables::tableName;
 
 /// A rule a service port adds to one of the fixed chains, between the chain's fixed head and
 /// tail (GlobalChain). Rules of different ports match different packets; a port's own rules
@@ -186,14 +190,6 @@ struct GlobalChain {
   std::vector<std::string> head;
   std::vector<std::string> tail;
   bool operator==(const GlobalChain&) const = default;
-};
-
-/// A jump from a built-in chain to one of kproxy's, inserted first when missing.
-struct JumpRule {
-  Table table = Table::kNat;
-  std::string chain;  ///< the built-in chain
-  std::string spec;
-  bool operator==(const JumpRule&) const = default;
 };
 
 /// What one service port of one family owns. The ports of one service share their ClusterIP:

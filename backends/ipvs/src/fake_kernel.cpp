@@ -1,12 +1,14 @@
-// In-memory IPVS and dummy links with the kernel's refusals, for unit tests.
+// The IPVS backend's fakes: in-memory IPVS, dummy links and ipsets with the kernel's and the
+// tools' refusals, for unit tests and --dry-run.
 #include <algorithm>
 #include <cerrno>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "ipset_lines.h"
 #include "ipvs_wire.h"
 #include "kproxy/ipvs/kernel.h"
-#include "kproxy/ipvs/link.h"
 
 namespace kproxy::ipvs {
 namespace {
@@ -224,6 +226,50 @@ core::Result<void> FakeDummyLink::deleteAddress(const std::string& name, const b
   auto it = std::find(link->addresses.begin(), link->addresses.end(), host);
   if (it == link->addresses.end()) return std::unexpected(linkError(what, EADDRNOTAVAIL));
   link->addresses.erase(it);
+  return {};
+}
+
+// --- FakeIpsets ----------------------------------------------------------------------------
+
+core::Result<IpsetState> FakeIpsets::save() { return state; }
+
+core::Result<void> FakeIpsets::restore(std::string_view input) {
+  restores.emplace_back(input);
+  if (refuseNext) {
+    refuseNext = false;
+    return core::makeError(core::ErrorCategory::kKernel, "ipset restore: refused (fake)");
+  }
+  IpsetState next = state;
+  std::optional<core::Error> error;
+  std::size_t number = 0;
+  forEachLine(input, [&](std::string_view raw) {
+    ++number;
+    if (error || raw.empty()) return;
+    IpsetLine line = splitLine(raw);
+    const std::string name(line.name);
+    auto refuse = [&](std::string_view why) {
+      error = core::Error{core::ErrorCategory::kKernel, 0,
+                          fmt::format("ipset restore: line {}: {} (fake)", number, why)};
+    };
+    if (line.verb == "create") {
+      next.sets.try_emplace(name).first->second.createLine = std::string(raw);
+      return;
+    }
+    auto it = next.sets.find(name);
+    if (it == next.sets.end()) return refuse("The set with the given name does not exist");
+    if (line.verb == "add")
+      it->second.entries.emplace(line.rest);
+    else if (line.verb == "del")
+      it->second.entries.erase(std::string(line.rest));
+    else if (line.verb == "flush")
+      it->second.entries.clear();
+    else if (line.verb == "destroy")
+      next.sets.erase(it);
+    else
+      refuse("unknown command");
+  });
+  if (error) return std::unexpected(*error);
+  state = std::move(next);
   return {};
 }
 

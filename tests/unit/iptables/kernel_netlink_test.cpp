@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "iptables_fixtures.h"
-#include "kproxy/iptables/nft_rules.h"
+#include "kproxy/iptables/kernel_netlink.h"
 #include "kproxy/iptables/renderer.h"
 
 using namespace kproxy;

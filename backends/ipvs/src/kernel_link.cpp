@@ -1,5 +1,5 @@
 // KernelDummyLink over rtnetlink (libnl-route-3).
-#include "kproxy/ipvs/link.h"
+#include "kproxy/ipvs/kernel.h"
 
 #include <linux/if_addr.h>
 #include <linux/rtnetlink.h>

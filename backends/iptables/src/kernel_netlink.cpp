@@ -1,4 +1,4 @@
-#include "kproxy/iptables/nft_rules.h"
+#include "kproxy/iptables/kernel_netlink.h"
 
 #include <fmt/format.h>
 
@@ -25,6 +25,7 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include <libnftnl/chain.h>
 #include <libnftnl/common.h>
@@ -34,6 +35,7 @@
 #include "kproxy/backends/common/address.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/backends/common/netlink_socket.h"
+#include "rule_words.h"
 
 namespace kproxy::iptables {
 namespace {
@@ -92,24 +94,6 @@ std::vector<std::uint8_t> bytesOf(const T& info) {
   return out;
 }
 
-std::optional<std::uint32_t> parseU32(std::string_view text) {
-  std::uint32_t v = 0;
-  int base = 10;
-  if (text.starts_with("0x") || text.starts_with("0X")) {
-    text.remove_prefix(2);
-    base = 16;
-  }
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v, base);
-  if (ec != std::errc() || end != text.data() + text.size() || text.empty()) return std::nullopt;
-  return v;
-}
-
-std::optional<std::uint16_t> parsePort(std::string_view text) {
-  auto v = parseU32(text);
-  if (!v || *v > 65535) return std::nullopt;
-  return static_cast<std::uint16_t>(*v);
-}
-
 std::optional<std::uint8_t> protocolNumber(std::string_view name) {
   if (name == "tcp") return IPPROTO_TCP;
   if (name == "udp") return IPPROTO_UDP;
@@ -146,7 +130,7 @@ bool parseNatDestination(sdk::Family family, std::string_view text, nf_nat_range
     port = text.substr(colon + 1);
   }
   auto p = IPPrefix::parse(host);
-  auto n = parsePort(port);
+  auto n = parseRulePort(port);
   if (!p || !p->isHost() || p->v6 != isV6(family) || !n || *n == 0) return false;
   range.flags = NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED;
   std::memcpy(&range.min_addr, p->bytes.data(), p->size());
@@ -160,273 +144,318 @@ constexpr std::size_t kMaxMatches = 8;
 
 /// Parses the words of a rule spec into what iptables-nft would build from them. Only the
 /// options the renderer writes are known; anything else is an error.
-core::Result<ParsedRule> parseRule(sdk::Family family, std::string_view spec) {
-  const std::vector<std::string> words = backends::splitIptablesWords(spec);
-  ParsedRule rule;
-  std::string module;
-  bool negate = false;
-  bool portSeen = false;
-  std::size_t i = 0;
-  auto value = [&]() -> std::optional<std::string_view> {
-    if (i + 1 < words.size()) return std::string_view(words[++i]);
-    return std::nullopt;
-  };
-  auto bad = [&](std::string_view what) { return unsupported(fmt::format("\"{}\" in \"{}\"", what, spec)); };
-  // The structure of the xtables match the words after `-m NAME` fill in.
-  xt_comment_info comment{};
-  xt_statistic_info statistic{};
-  xt_recent_mtinfo_v1 recent{};
-  xt_addrtype_info_v1 addrtype{};
-  xt_sctp_info sctp{};
-  auto finishModule = [&]() -> core::Result<void> {
-    if (module.empty()) return {};
-    Match m;
-    m.name = module;
-    if (module == "comment") {
-      m.info = bytesOf(comment);
-    } else if (module == "statistic") {
-      if (statistic.mode != XT_STATISTIC_MODE_RANDOM) return bad("-m statistic without --mode random");
-      // libxt_statistic's final check copies the first word of the union into the counter of
-      // the nth mode, whatever the mode.
-      statistic.u.nth.count = statistic.u.nth.every;
-      m.info = bytesOf(statistic);
-    } else if (module == "recent") {
-      m.revision = 1;
-      m.info = bytesOf(recent);
-    } else if (module == "addrtype") {
-      m.revision = 1;
-      m.info = bytesOf(addrtype);
-    } else if (module == "sctp") {
-      m.info = bytesOf(sctp);
-    } else if (module == "tcp" || module == "udp") {
-      if (portSeen) return {};  // already added, native
-      if (module == "tcp") {
-        xt_tcp tcp{};
-        tcp.spts[1] = tcp.dpts[1] = 0xffff;
-        m.info = bytesOf(tcp);
-      } else {
-        xt_udp udp{};
-        udp.spts[1] = udp.dpts[1] = 0xffff;
-        m.info = bytesOf(udp);
-      }
-    } else if (module == "mark") {
-      return {};  // added, native, at --mark
-    }
-    rule.matches.push_back(std::move(m));
-    return {};
-  };
-  auto startModule = [&](std::string_view name) -> core::Result<void> {
-    if (auto done = finishModule(); !done) return done;
-    module = std::string(name);
-    portSeen = false;
-    if (name == "comment") {
-      comment = {};
-    } else if (name == "statistic") {
-      statistic = {};
-      statistic.mode = 0xffff;  // none yet
-    } else if (name == "recent") {
-      recent = {};
-      std::strncpy(recent.name, "DEFAULT", sizeof recent.name - 1);
-      recent.side = XT_RECENT_SOURCE;
-      std::memset(&recent.mask, 0xff, sizeof recent.mask);
-    } else if (name == "addrtype") {
-      addrtype = {};
-    } else if (name == "sctp") {
-      sctp = {};
-      for (auto& flag : sctp.flag_info) flag.chunktype = 0xff;  // libxt_sctp's "none"
-    } else if (name == "tcp" || name == "udp") {
-      if (protocolNumber(name) != rule.protocol || rule.protocolNegate) return bad("-m " + module);
-    } else if (name != "mark") {
-      return bad("-m " + module);
-    }
-    return {};
-  };
+class NftRuleParser {
+ public:
+  NftRuleParser(sdk::Family family, std::string_view spec) : family_(family), spec_(spec), words_(spec) {}
 
-  for (; i < words.size(); ++i) {
-    const std::string& w = words[i];
-    if (w == "!") {
-      if (negate) return bad("! !");
-      negate = true;
-      continue;
+  core::Result<ParsedRule> parse() && {
+    bool negate = false;
+    for (; !words_.atEnd(); words_.step()) {
+      const std::string& w = words_.word();
+      if (w == "!") {
+        if (negate) return bad("! !");
+        negate = true;
+        continue;
+      }
+      const bool inverted = std::exchange(negate, false);
+      if (w == "-j") {
+        if (auto t = target(inverted); !t) return std::unexpected(t.error());
+        break;
+      }
+      const bool header = w == "-s" || w == "-d" || w == "-i" || w == "-p" || w == "-m";
+      if (auto r = header ? headerOption(w, inverted) : moduleOption(w, inverted); !r)
+        return std::unexpected(r.error());
     }
-    const bool inverted = std::exchange(negate, false);
+    if (negate) return bad("a trailing !");
+    if (auto done = finishModule(); !done) return std::unexpected(done.error());
+    // A message is built in a buffer of kMessageRoom bytes: the renderer's rules carry at most
+    // four matches of at most 296 bytes.
+    if (rule_.matches.size() > kMaxMatches) return bad("more than 8 matches");
+    return std::move(rule_);
+  }
+
+ private:
+  std::unexpected<core::Error> bad(std::string_view what) const {
+    return unsupported(fmt::format("\"{}\" in \"{}\"", what, spec_));
+  }
+
+  /// -s, -d, -i, -p and -m.
+  core::Result<void> headerOption(const std::string& w, bool inverted) {
+    auto v = words_.value();
     if (w == "-s" || w == "-d") {
-      auto v = value();
-      auto a = v ? parseAddress(family, *v) : std::nullopt;
+      auto a = v ? parseAddress(family_, *v) : std::nullopt;
       if (!a) return bad(w + " " + std::string(v.value_or("")));
       a->negate = inverted;
-      (w == "-s" ? rule.source : rule.destination) = *a;
+      (w == "-s" ? rule_.source : rule_.destination) = *a;
     } else if (w == "-i") {
-      auto v = value();
       if (!v || v->empty() || v->size() >= IFNAMSIZ) return bad("-i");
-      rule.inInterface = std::string(*v);
-      rule.inNegate = inverted;
+      rule_.inInterface = std::string(*v);
+      rule_.inNegate = inverted;
     } else if (w == "-p") {
-      auto v = value();
       auto p = v ? protocolNumber(*v) : std::nullopt;
       if (!p) return bad("-p " + std::string(v.value_or("")));
-      rule.protocol = *p;
-      rule.protocolNegate = inverted;
-    } else if (w == "-m") {
-      auto v = value();
+      rule_.protocol = *p;
+      rule_.protocolNegate = inverted;
+    } else {
       if (!v) return bad("-m");
       if (inverted) return bad("! -m");
-      if (auto started = startModule(*v); !started) return std::unexpected(started.error());
-    } else if (w == "-j") {
-      auto v = value();
-      if (!v || inverted) return bad("-j");
-      if (auto done = finishModule(); !done) return std::unexpected(done.error());
-      module.clear();
-      const std::string name(*v);
-      std::vector<std::string_view> options;
-      for (++i; i < words.size(); ++i) options.emplace_back(words[i]);
-      Target& t = rule.target;
-      if (name == "RETURN" || name == "ACCEPT" || name == "DROP") {
-        if (!options.empty()) return bad("-j " + name + " with options");
-        t.kind = Target::Kind::kVerdict;
-        t.verdict = name == "RETURN" ? int{NFT_RETURN} : name == "ACCEPT" ? int{NF_ACCEPT} : int{NF_DROP};
-      } else if (name == "MARK") {
-        std::optional<std::uint32_t> mark, mask;
-        if (options.size() == 2 && options[0] == "--set-xmark") {
-          const auto slash = options[1].find('/');
-          mark = parseU32(options[1].substr(0, slash));
-          mask = slash == std::string_view::npos ? std::optional<std::uint32_t>(0xffffffff)
-                                                 : parseU32(options[1].substr(slash + 1));
-        }
-        if (!mark || !mask) return bad("-j MARK other than --set-xmark VALUE/MASK");
-        xt_mark_tginfo2 info{};
-        info.mark = *mark;
-        info.mask = *mask;
-        t.kind = Target::Kind::kXt;
-        t.name = "MARK";
-        t.revision = 2;
-        t.info = bytesOf(info);
-      } else if (name == "MASQUERADE") {
-        if (options.size() > 1 || (options.size() == 1 && options[0] != "--random-fully"))
-          return bad("-j MASQUERADE with options other than --random-fully");
-        const unsigned flags = options.empty() ? 0 : NF_NAT_RANGE_PROTO_RANDOM_FULLY;
-        t.kind = Target::Kind::kXt;
-        t.name = "MASQUERADE";
-        if (isV6(family)) {
-          nf_nat_range range{};
-          range.flags = flags;
-          t.info = bytesOf(range);
-        } else {
-          nf_nat_ipv4_multi_range_compat range{};
-          range.rangesize = 1;
-          range.range[0].flags = flags;
-          t.info = bytesOf(range);
-        }
-      } else if (name == "DNAT") {
-        nf_nat_range2 range{};
-        if (options.size() != 2 || options[0] != "--to-destination" ||
-            !parseNatDestination(family, options[1], range))
-          return bad("-j DNAT other than --to-destination ADDRESS:PORT");
-        t.kind = Target::Kind::kXt;
-        t.name = "DNAT";
-        t.revision = 2;
-        t.info = bytesOf(range);
-      } else if (!name.empty() && name.find_first_of("abcdefghijklmnopqrstuvwxyz") == std::string::npos &&
-                 name.starts_with("KUBE-") && options.empty()) {
-        t.kind = Target::Kind::kJump;
-        t.chain = name;
-      } else {
-        return bad("-j " + name);
-      }
-      break;
-    } else if (module == "comment" && w == "--comment") {
-      auto v = value();
+      return startModule(*v);
+    }
+    return {};
+  }
+
+  /// An option of the current module (-m NAME).
+  core::Result<void> moduleOption(const std::string& w, bool inverted) {
+    if (module_ == "comment" && w == "--comment") {
+      auto v = words_.value();
       if (!v || v->size() >= XT_MAX_COMMENT_LEN || inverted) return bad("--comment");
-      std::memcpy(comment.comment, v->data(), v->size());
-    } else if ((module == "tcp" || module == "udp") && w == "--dport") {
-      auto v = value();
-      auto port = v ? parsePort(*v) : std::nullopt;
-      if (!port || inverted || portSeen) return bad("--dport");
+      std::memcpy(comment_.comment, v->data(), v->size());
+    } else if ((module_ == "tcp" || module_ == "udp") && w == "--dport") {
+      auto v = words_.value();
+      auto port = v ? parseRulePort(*v) : std::nullopt;
+      if (!port || inverted || portSeen_) return bad("--dport");
       Match m;
       m.kind = Match::Kind::kDestPort;
       m.port = *port;
-      rule.matches.push_back(std::move(m));
-      portSeen = true;
-    } else if (module == "sctp" && w == "--dport") {
-      auto v = value();
-      auto port = v ? parsePort(*v) : std::nullopt;
+      rule_.matches.push_back(std::move(m));
+      portSeen_ = true;
+    } else if (module_ == "sctp" && w == "--dport") {
+      auto v = words_.value();
+      auto port = v ? parseRulePort(*v) : std::nullopt;
       if (!port || inverted) return bad("--dport");
-      sctp.dpts[0] = sctp.dpts[1] = *port;
-      sctp.flags |= XT_SCTP_DEST_PORTS;
-    } else if (module == "mark" && w == "--mark") {
-      auto v = value();
-      const auto slash = v ? v->find('/') : std::string_view::npos;
-      auto mark = v ? parseU32(v->substr(0, slash)) : std::nullopt;
-      auto mask = slash == std::string_view::npos ? std::optional<std::uint32_t>(0xffffffff)
-                                                  : parseU32(v->substr(slash + 1));
-      if (!mark || !mask) return bad("--mark");
+      sctp_.dpts[0] = sctp_.dpts[1] = *port;
+      sctp_.flags |= XT_SCTP_DEST_PORTS;
+    } else if (module_ == "mark" && w == "--mark") {
+      auto v = words_.value();
+      auto vm = v ? parseValueMask(*v) : std::nullopt;
+      if (!vm) return bad("--mark");
       Match m;
       m.kind = Match::Kind::kMark;
-      m.value = *mark;
-      m.mask = *mask;
+      m.value = vm->first;
+      m.mask = vm->second;
       m.negate = inverted;
-      rule.matches.push_back(std::move(m));
-    } else if (module == "statistic" && w == "--mode") {
-      auto v = value();
+      rule_.matches.push_back(std::move(m));
+    } else if (module_ == "statistic") {
+      return statisticOption(w, inverted);
+    } else if (module_ == "recent") {
+      return recentOption(w, inverted);
+    } else if (module_ == "addrtype" && (w == "--src-type" || w == "--dst-type")) {
+      auto v = words_.value();
+      if (!v || *v != "LOCAL") return bad(w);
+      if (w == "--src-type") {
+        addrtype_.source |= XT_ADDRTYPE_LOCAL;
+        if (inverted) addrtype_.flags |= XT_ADDRTYPE_INVERT_SOURCE;
+      } else {
+        addrtype_.dest |= XT_ADDRTYPE_LOCAL;
+        if (inverted) addrtype_.flags |= XT_ADDRTYPE_INVERT_DEST;
+      }
+    } else {
+      return bad(w);
+    }
+    return {};
+  }
+
+  core::Result<void> statisticOption(const std::string& w, bool inverted) {
+    if (w == "--mode") {
+      auto v = words_.value();
       if (!v || *v != "random" || inverted) return bad("--mode");
-      statistic.mode = XT_STATISTIC_MODE_RANDOM;
-    } else if (module == "statistic" && w == "--probability") {
-      auto v = value();
+      statistic_.mode = XT_STATISTIC_MODE_RANDOM;
+    } else if (w == "--probability") {
+      auto v = words_.value();
       if (!v) return bad("--probability");
       const std::string text(*v);
       char* end = nullptr;
       const double p = std::strtod(text.c_str(), &end);
       if (end == text.c_str() || *end != '\0' || p < 0 || p > 1) return bad("--probability " + text);
-      statistic.u.random.probability = static_cast<std::uint32_t>(std::lround(2147483648.0 * p));
-      if (inverted) statistic.flags |= XT_STATISTIC_INVERT;
-    } else if (module == "recent" && (w == "--set" || w == "--update" || w == "--rcheck" || w == "--remove")) {
+      statistic_.u.random.probability = static_cast<std::uint32_t>(std::lround(2147483648.0 * p));
+      if (inverted) statistic_.flags |= XT_STATISTIC_INVERT;
+    } else {
+      return bad(w);
+    }
+    return {};
+  }
+
+  core::Result<void> recentOption(const std::string& w, bool inverted) {
+    if (w == "--set" || w == "--update" || w == "--rcheck" || w == "--remove") {
       const int flag = w == "--set"      ? int{XT_RECENT_SET}
                        : w == "--update" ? int{XT_RECENT_UPDATE}
                        : w == "--rcheck" ? int{XT_RECENT_CHECK}
                                          : int{XT_RECENT_REMOVE};
-      recent.check_set = static_cast<std::uint8_t>(recent.check_set | flag);
-      if (inverted) recent.invert = 1;
-    } else if (module == "recent" && w == "--seconds") {
-      auto v = value();
-      auto s = v ? parseU32(*v) : std::nullopt;
+      recent_.check_set = static_cast<std::uint8_t>(recent_.check_set | flag);
+      if (inverted) recent_.invert = 1;
+    } else if (w == "--seconds") {
+      auto v = words_.value();
+      auto s = v ? parseRuleNumber(*v) : std::nullopt;
       if (!s) return bad("--seconds");
-      recent.seconds = *s;
-      if (inverted) recent.invert = 1;
-    } else if (module == "recent" && w == "--reap") {
-      recent.check_set |= XT_RECENT_REAP;
-    } else if (module == "recent" && w == "--name") {
-      auto v = value();
+      recent_.seconds = *s;
+      if (inverted) recent_.invert = 1;
+    } else if (w == "--reap") {
+      recent_.check_set |= XT_RECENT_REAP;
+    } else if (w == "--name") {
+      auto v = words_.value();
       if (!v || v->empty() || v->size() >= XT_RECENT_NAME_LEN) return bad("--name");
-      std::memset(recent.name, 0, sizeof recent.name);
-      std::memcpy(recent.name, v->data(), v->size());
-    } else if (module == "recent" && w == "--mask") {
-      auto v = value();
+      std::memset(recent_.name, 0, sizeof recent_.name);
+      std::memcpy(recent_.name, v->data(), v->size());
+    } else if (w == "--mask") {
+      auto v = words_.value();
       auto p = v ? IPPrefix::parse(*v) : std::nullopt;
-      if (!p || !p->isHost() || p->v6 != isV6(family)) return bad("--mask");
-      std::memset(&recent.mask, 0, sizeof recent.mask);
-      std::memcpy(&recent.mask, p->bytes.data(), p->size());
-    } else if (module == "recent" && (w == "--rsource" || w == "--rdest")) {
-      recent.side = w == "--rsource" ? XT_RECENT_SOURCE : XT_RECENT_DEST;
-    } else if (module == "addrtype" && (w == "--src-type" || w == "--dst-type")) {
-      auto v = value();
-      if (!v || *v != "LOCAL") return bad(w);
-      if (w == "--src-type") {
-        addrtype.source |= XT_ADDRTYPE_LOCAL;
-        if (inverted) addrtype.flags |= XT_ADDRTYPE_INVERT_SOURCE;
-      } else {
-        addrtype.dest |= XT_ADDRTYPE_LOCAL;
-        if (inverted) addrtype.flags |= XT_ADDRTYPE_INVERT_DEST;
-      }
+      if (!p || !p->isHost() || p->v6 != isV6(family_)) return bad("--mask");
+      std::memset(&recent_.mask, 0, sizeof recent_.mask);
+      std::memcpy(&recent_.mask, p->bytes.data(), p->size());
+    } else if (w == "--rsource" || w == "--rdest") {
+      recent_.side = w == "--rsource" ? XT_RECENT_SOURCE : XT_RECENT_DEST;
     } else {
       return bad(w);
     }
+    return {};
   }
-  if (negate) return bad("a trailing !");
-  if (auto done = finishModule(); !done) return std::unexpected(done.error());
-  // A message is built in a buffer of kMessageRoom bytes: the renderer's rules carry at most
-  // four matches of at most 296 bytes.
-  if (rule.matches.size() > kMaxMatches) return bad("more than 8 matches");
-  return rule;
+
+  /// `-m NAME`: ends the module before it and starts filling in NAME's structure.
+  core::Result<void> startModule(std::string_view name) {
+    if (auto done = finishModule(); !done) return done;
+    module_ = std::string(name);
+    portSeen_ = false;
+    if (name == "comment") {
+      comment_ = {};
+    } else if (name == "statistic") {
+      statistic_ = {};
+      statistic_.mode = 0xffff;  // none yet
+    } else if (name == "recent") {
+      recent_ = {};
+      std::strncpy(recent_.name, "DEFAULT", sizeof recent_.name - 1);
+      recent_.side = XT_RECENT_SOURCE;
+      std::memset(&recent_.mask, 0xff, sizeof recent_.mask);
+    } else if (name == "addrtype") {
+      addrtype_ = {};
+    } else if (name == "sctp") {
+      sctp_ = {};
+      for (auto& flag : sctp_.flag_info) flag.chunktype = 0xff;  // libxt_sctp's "none"
+    } else if (name == "tcp" || name == "udp") {
+      if (protocolNumber(name) != rule_.protocol || rule_.protocolNegate) return bad("-m " + module_);
+    } else if (name != "mark") {
+      return bad("-m " + module_);
+    }
+    return {};
+  }
+
+  /// Adds the current module's match, its structure filled in by the options that followed.
+  core::Result<void> finishModule() {
+    if (module_.empty()) return {};
+    Match m;
+    m.name = module_;
+    if (module_ == "comment") {
+      m.info = bytesOf(comment_);
+    } else if (module_ == "statistic") {
+      if (statistic_.mode != XT_STATISTIC_MODE_RANDOM) return bad("-m statistic without --mode random");
+      // libxt_statistic's final check copies the first word of the union into the counter of
+      // the nth mode, whatever the mode.
+      statistic_.u.nth.count = statistic_.u.nth.every;
+      m.info = bytesOf(statistic_);
+    } else if (module_ == "recent") {
+      m.revision = 1;
+      m.info = bytesOf(recent_);
+    } else if (module_ == "addrtype") {
+      m.revision = 1;
+      m.info = bytesOf(addrtype_);
+    } else if (module_ == "sctp") {
+      m.info = bytesOf(sctp_);
+    } else if (module_ == "tcp" || module_ == "udp") {
+      if (portSeen_) return {};  // already added, native
+      m.info = module_ == "tcp" ? tcpMatchInfo() : udpMatchInfo();
+    } else if (module_ == "mark") {
+      return {};  // added, native, at --mark
+    }
+    rule_.matches.push_back(std::move(m));
+    return {};
+  }
+
+  static std::vector<std::uint8_t> tcpMatchInfo() {
+    xt_tcp tcp{};
+    tcp.spts[1] = tcp.dpts[1] = 0xffff;
+    return bytesOf(tcp);
+  }
+  static std::vector<std::uint8_t> udpMatchInfo() {
+    xt_udp udp{};
+    udp.spts[1] = udp.dpts[1] = 0xffff;
+    return bytesOf(udp);
+  }
+
+  /// `-j NAME OPTIONS…`: the rest of the spec.
+  core::Result<void> target(bool inverted) {
+    auto v = words_.value();
+    if (!v || inverted) return bad("-j");
+    if (auto done = finishModule(); !done) return done;
+    module_.clear();
+    const std::string name(*v);
+    const std::vector<std::string_view> options = words_.remaining();
+    Target& t = rule_.target;
+    if (name == "RETURN" || name == "ACCEPT" || name == "DROP") {
+      if (!options.empty()) return bad("-j " + name + " with options");
+      t.kind = Target::Kind::kVerdict;
+      t.verdict = name == "RETURN" ? int{NFT_RETURN} : name == "ACCEPT" ? int{NF_ACCEPT} : int{NF_DROP};
+    } else if (name == "MARK") {
+      auto vm = options.size() == 2 && options[0] == "--set-xmark" ? parseValueMask(options[1]) : std::nullopt;
+      if (!vm) return bad("-j MARK other than --set-xmark VALUE/MASK");
+      xt_mark_tginfo2 info{};
+      info.mark = vm->first;
+      info.mask = vm->second;
+      t.kind = Target::Kind::kXt;
+      t.name = "MARK";
+      t.revision = 2;
+      t.info = bytesOf(info);
+    } else if (name == "MASQUERADE") {
+      if (options.size() > 1 || (options.size() == 1 && options[0] != "--random-fully"))
+        return bad("-j MASQUERADE with options other than --random-fully");
+      t.kind = Target::Kind::kXt;
+      t.name = "MASQUERADE";
+      t.info = masqueradeInfo(options.empty() ? 0 : NF_NAT_RANGE_PROTO_RANDOM_FULLY);
+    } else if (name == "DNAT") {
+      nf_nat_range2 range{};
+      if (options.size() != 2 || options[0] != "--to-destination" ||
+          !parseNatDestination(family_, options[1], range))
+        return bad("-j DNAT other than --to-destination ADDRESS:PORT");
+      t.kind = Target::Kind::kXt;
+      t.name = "DNAT";
+      t.revision = 2;
+      t.info = bytesOf(range);
+    } else if (!name.empty() && name.find_first_of("abcdefghijklmnopqrstuvwxyz") == std::string::npos &&
+               name.starts_with("KUBE-") && options.empty()) {
+      t.kind = Target::Kind::kJump;
+      t.chain = name;
+    } else {
+      return bad("-j " + name);
+    }
+    return {};
+  }
+
+  std::vector<std::uint8_t> masqueradeInfo(unsigned flags) const {
+    if (isV6(family_)) {
+      nf_nat_range range{};
+      range.flags = flags;
+      return bytesOf(range);
+    }
+    nf_nat_ipv4_multi_range_compat range{};
+    range.rangesize = 1;
+    range.range[0].flags = flags;
+    return bytesOf(range);
+  }
+
+  sdk::Family family_;
+  std::string_view spec_;
+  RuleWords words_;
+  ParsedRule rule_;
+  std::string module_;
+  bool portSeen_ = false;
+  // The structure of the xtables match the words after `-m NAME` fill in.
+  xt_comment_info comment_{};
+  xt_statistic_info statistic_{};
+  xt_recent_mtinfo_v1 recent_{};
+  xt_addrtype_info_v1 addrtype_{};
+  xt_sctp_info sctp_{};
+};
+
+core::Result<ParsedRule> parseRule(sdk::Family family, std::string_view spec) {
+  return NftRuleParser(family, spec).parse();
 }
 
 // ---- encoding, as iptables-nft 1.8 builds a rule (nft_ipv4_add / nft_ipv6_add) ----

@@ -1,0 +1,61 @@
+// The plugin's factory: its options parsed into the backend's settings, the iptables variant
+// chosen and its tools found (or a fake for --dry-run and explain without them).
+#include <fmt/format.h>
+
+#include "kproxy/backends/common/sysctl.h"
+#include "kproxy/iptables/backend.h"
+
+namespace kproxy::iptables {
+namespace {
+
+backends::SystemProcessRunner& systemRunner() {
+  static backends::SystemProcessRunner runner;
+  return runner;
+}
+
+}  // namespace
+
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIptablesBackend(const sdk::Host& host,
+                                                                        const sdk::Options& options) {
+  auto cfg = parseRenderConfig(options);
+  if (!cfg) return std::unexpected(cfg.error());
+  auto get = [&](std::string_view key) -> std::string {
+    auto it = options.find(key);
+    return it == options.end() ? std::string() : it->second;
+  };
+  BackendSettings settings;
+  settings.dryRun = get("dry-run") == "true";
+  if (auto liberal = backends::SysctlFiles().readInt("net/netfilter/nf_conntrack_tcp_be_liberal"); liberal)
+    cfg->conntrackTCPLiberal = *liberal != 0;
+
+  std::string variantOption = get("iptables-variant");
+  if (variantOption.empty()) variantOption = "auto";
+  if (variantOption != "auto" && variantOption != "nft" && variantOption != "legacy")
+    return sdk::fail(sdk::ErrorCategory::kInvalidInput,
+                     "iptables: invalid iptables-variant \"" + variantOption + "\" (auto, nft, legacy)");
+  Variant variant = Variant::kNft;
+  if (variantOption == "legacy")
+    variant = Variant::kLegacy;
+  else if (variantOption == "auto" && !settings.dryRun)
+    variant = detectVariant(systemRunner());
+
+  std::unique_ptr<KernelIptables> kernel;
+  auto tools = findVariantTools(variant);
+  if (!tools) {
+    if (!settings.dryRun) return sdk::fail(sdk::ErrorCategory::kInvalidInput, tools.error().message());
+    kernel = std::make_unique<FakeIptables>();  // dry-run and explain never run the tools
+  } else {
+    settings.ipv6 = !tools->restore6.empty() && !tools->save6.empty() && backends::kernelHasIPv6();
+    kernel = makeProcessKernel(std::move(*tools), systemRunner());
+  }
+  settings.render = std::move(*cfg);
+  auto metrics = IptablesBackend::registerMetrics(host);
+  if (!metrics) return std::unexpected(metrics.error());
+  host.info(0, fmt::format("iptables: using {} (iptables-variant={}){}", kernel->describe(), variantOption,
+                           settings.ipv6 ? "" : "; IPv6 is not programmed (no ip6tables or no IPv6 in the kernel)"));
+  auto backend = std::make_unique<IptablesBackend>(host, std::move(settings), std::move(kernel));
+  backend->useMetrics(std::move(*metrics));
+  return backend;
+}
+
+}  // namespace kproxy::iptables
