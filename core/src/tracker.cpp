@@ -114,11 +114,15 @@ struct ChangeTracker::Impl {
   // "primary" waits for the Node object (upstream waits for it at start-up).
   void resolveNodePorts(NodeInfo& info) const {
     const auto& spec = config.nodePortAddresses;
+    const NodeIPs nodeIPs = detectNodeIPs(nodeAddresses, config.bindAddress);
     if (spec.size() == 1 && spec[0] == "primary" && !info.known) {
+      // Until the Node arrives, a --bind-address is the only node IP known: NodePorts answer
+      // on it alone (nothing opens on every local address meanwhile).
       info.nodePortAddresses = noNodePortAddresses();
+      for (const auto* ip : {&nodeIPs.ipv4, &nodeIPs.ipv6})
+        if (!ip->empty()) info.nodePortAddresses.addresses.push_back(*ip);
       return;
     }
-    const NodeIPs nodeIPs = detectNodeIPs(nodeAddresses, config.bindAddress);
     if (interfaceAddresses) {
       info.nodePortAddresses = decideNodePortAddresses(spec, *interfaceAddresses, nodeIPs);
       return;

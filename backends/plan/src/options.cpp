@@ -123,10 +123,16 @@ sdk::NodePortAddresses nodePortAddressesOf(const sdk::NodeInfo& node,
     local.push_back(p->toString());
   }
   const bool primary = nodePortAddresses.size() == 1 && nodePortAddresses.front() == "primary";
-  // "primary" waits for the Node object, as the host's tracker does.
-  const core::NodePortAddresses decided = primary && node.addresses.empty()
-                                              ? core::noNodePortAddresses()
-                                              : core::decideNodePortAddresses(nodePortAddresses, local, ips);
+  // "primary" waits for the Node object, answering on a --bind-address alone meanwhile, as the
+  // host's tracker does.
+  core::NodePortAddresses decided;
+  if (primary && node.addresses.empty()) {
+    decided = core::noNodePortAddresses();
+    for (const auto* ip : {&ips.ipv4, &ips.ipv6})
+      if (!ip->empty()) decided.addresses.push_back(*ip);
+  } else {
+    decided = core::decideNodePortAddresses(nodePortAddresses, local, ips);
+  }
   sdk::NodePortAddresses out;
   out.resolved = decided.resolved;
   out.addresses = decided.addresses;

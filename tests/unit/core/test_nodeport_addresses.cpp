@@ -199,6 +199,10 @@ TEST_CASE("\"primary\" with a --bind-address takes it as the node IP of its fami
   config.nodePortAddresses = {"primary"};
   config.bindAddress = "192.168.2.20";
   ChangeTracker tracker(config);
+  // Before the Node object: the bind address alone, not every local address of either family.
+  CHECK(tracker.current()->node().nodePortAddresses.addresses == Strings{"192.168.2.20"});
+  CHECK_FALSE(tracker.current()->node().nodePortAddresses.allLocalIPv4);
+  CHECK_FALSE(tracker.current()->node().nodePortAddresses.allLocalIPv6);
   Node node;
   node.name = "node-a";
   node.addresses = {{"InternalIP", "192.168.1.10"}, {"InternalIP", "fd00:1::10"}};
