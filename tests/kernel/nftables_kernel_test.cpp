@@ -74,8 +74,8 @@ struct Harness {
 
 RenderConfig featureConfig() {
   RenderConfig cfg;
-  cfg.clusterCIDRs.push_back(*Address::parse("10.0.0.0/8"));
-  cfg.nodeIPs.push_back(*Address::parse("192.168.50.10"));
+  cfg.common.clusterCIDRs.push_back("10.0.0.0/8");
+  cfg.common.nodeIPs.push_back("192.168.50.10");
   return cfg;
 }
 
@@ -851,8 +851,8 @@ class RandomCluster {
 
 RenderConfig dualStackConfig() {
   RenderConfig cfg = featureConfig();
-  cfg.clusterCIDRs.push_back(*Address::parse("fd00:1::/64"));
-  cfg.nodeIPs.push_back(*Address::parse("fd00:50::10"));
+  cfg.common.clusterCIDRs.push_back("fd00:1::/64");
+  cfg.common.nodeIPs.push_back("fd00:50::10");
   return cfg;
 }
 

@@ -260,25 +260,15 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
 }
 
 sdk::NodePortAddresses NftablesRenderer::nodePortAddresses(const sdk::NodeInfo& node) const {
-  std::vector<std::string> nodeIPs;
-  for (const auto& a : config_.nodeIPs) nodeIPs.push_back(a.toString());
-  return plan::nodePortAddressesOf(node, config_.nodePortAddresses, nodeIPs);
+  return plan::nodePortAddressesOf(node, config_.common.nodePortAddresses, config_.common.nodeIPs);
 }
 
 void NftablesRenderer::setNode(const sdk::NodeInfo& node) {
-  std::vector<std::string> fallback;
-  for (const auto& a : config_.nodeIPs) fallback.push_back(a.toString());
-  plan::applyNode(planConfig_, config_.detectLocalMode, node, fallback);
+  plan::applyNode(planConfig_, config_.common.detectLocalMode, node, config_.common.nodeIPs);
 }
 
 plan::PlanConfig NftablesRenderer::planConfigOf(const RenderConfig& config) {
-  auto strings = [](const std::vector<Address>& addresses) {
-    std::vector<std::string> out;
-    for (const auto& a : addresses) out.push_back(a.toString());
-    return out;
-  };
-  return plan::planConfigOf(config.masqueradeAll, config.detectLocalMode, strings(config.clusterCIDRs),
-                            config.bridgeInterface, config.interfaceNamePrefix, strings(config.nodeIPs));
+  return plan::planConfigOf(config.common);
 }
 
 std::vector<std::vector<Statement>> podTrafficMatches(const plan::LocalTrafficDetector& detector,
@@ -646,21 +636,7 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
   auto common = plan::parseCommonOptions(options, "nftables");
   if (!common) return std::unexpected(common.error());
   RenderConfig cfg;
-  // parseCommonOptions validated every address.
-  auto parsed = [](const std::vector<std::string>& items) {
-    std::vector<Address> out;
-    for (const auto& item : items)
-      if (auto a = Address::parse(item)) out.push_back(*a);
-    return out;
-  };
-  cfg.clusterCIDRs = parsed(common->clusterCIDRs);
-  cfg.masqueradeAll = common->masqueradeAll;
-  cfg.detectLocalMode = std::move(common->detectLocalMode);
-  cfg.bridgeInterface = std::move(common->bridgeInterface);
-  cfg.interfaceNamePrefix = std::move(common->interfaceNamePrefix);
-  cfg.masqueradeBit = common->masqueradeBit;
-  cfg.nodePortAddresses = std::move(common->nodePortAddresses);
-  cfg.nodeIPs = parsed(common->nodeIPs);
+  cfg.common = std::move(*common);
   return cfg;
 }
 

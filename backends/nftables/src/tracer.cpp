@@ -524,8 +524,10 @@ NftablesTracer NftablesTracer::fromServicePorts(NftablesRenderer& renderer, Fami
   std::vector<Fragment> fragments;
   for (const auto& p : ports)
     if (toFamily(p.family) == family) fragments.push_back(renderer.renderServicePort(p));
-  return NftablesTracer(renderer.renderGlobal(family, node), fragments,
-                        tracerLocalAddresses(node, renderer.config().nodeIPs));
+  std::vector<Address> fallback;  // node-ips, where the node lists no addresses
+  for (const auto& ip : renderer.config().common.nodeIPs)
+    if (auto a = Address::parse(ip); a && a->isHost()) fallback.push_back(*a);
+  return NftablesTracer(renderer.renderGlobal(family, node), fragments, tracerLocalAddresses(node, fallback));
 }
 
 std::vector<Address> tracerLocalAddresses(const sdk::NodeInfo& node, std::span<const Address> fallback) {

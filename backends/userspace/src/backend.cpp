@@ -177,11 +177,8 @@ sdk::Expected<UserspaceSettings> parseUserspaceSettings(const sdk::Options& opti
   auto common = plan::parseCommonOptions(options, kName);
   if (!common) return std::unexpected(common.error());
   UserspaceSettings s;
-  s.detectLocalMode = common->detectLocalMode;
-  s.fallbackNodeIPs = common->nodeIPs;
-  s.nodePortAddresses = common->nodePortAddresses;
-  s.plan = plan::planConfigOf(common->masqueradeAll, common->detectLocalMode, common->clusterCIDRs,
-                              common->bridgeInterface, common->interfaceNamePrefix, common->nodeIPs);
+  s.common = std::move(*common);
+  s.plan = plan::planConfigOf(s.common);
   auto get = [&](std::string_view key) {
     auto it = options.find(key);
     return it == options.end() ? std::string() : it->second;
@@ -273,9 +270,9 @@ sdk::Expected<backends::PassOutcome> UserspaceBackend::pass(const plan::Snapshot
   const sdk::NodeInfo node = next.node();
   const std::vector<sdk::ServiceCIDR> serviceCIDRs = next.serviceCIDRs();
   plan::PlanConfig config = settings_.plan;
-  plan::applyNode(config, settings_.detectLocalMode, node, settings_.fallbackNodeIPs);
+  plan::applyNode(config, settings_.common.detectLocalMode, node, settings_.common.nodeIPs);
   const sdk::NodePortAddresses nodePorts =
-      plan::nodePortAddressesOf(node, settings_.nodePortAddresses, settings_.fallbackNodeIPs);
+      plan::nodePortAddressesOf(node, settings_.common.nodePortAddresses, settings_.common.nodeIPs);
 
   Redirects planned = planRedirects([&](const auto& fn) { next.forEach(fn); }, config);
   std::vector<ListenerSpec>& specs = planned.specs;
@@ -369,7 +366,7 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
   const std::vector<sdk::ServicePort> ports = snapshot.all();
   const std::vector<sdk::ServiceCIDR> serviceCIDRs = snapshot.serviceCIDRs();
   plan::PlanConfig config = settings_.plan;
-  plan::applyNode(config, settings_.detectLocalMode, node, settings_.fallbackNodeIPs);
+  plan::applyNode(config, settings_.common.detectLocalMode, node, settings_.common.nodeIPs);
 
   // The table as a sync renders it, with the listeners numbered in place of the ports the
   // kernel would give them: the trace only needs to tell them apart.
@@ -393,7 +390,7 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
     entries.push_back(e.entry);
   }
   const sdk::NodePortAddresses nodePorts =
-      plan::nodePortAddressesOf(node, settings_.nodePortAddresses, settings_.fallbackNodeIPs);
+      plan::nodePortAddressesOf(node, settings_.common.nodePortAddresses, settings_.common.nodeIPs);
   RenderedTable table = renderFamily(family, entries, config, nodePorts, serviceCIDRs);
   nftables::GlobalObjects global;
   global.family = family;
@@ -401,7 +398,7 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
   global.chains = std::move(table.chains);
   global.elements = std::move(table.elements);
   std::vector<Address> fallback;  // --node-ips, where the node lists no addresses
-  for (const auto& ip : config.nodeIPs)
+  for (const auto& ip : settings_.common.nodeIPs)
     if (auto a = Address::parse(ip); a && a->isHost()) fallback.push_back(*a);
   const std::vector<Address> local = nftables::tracerLocalAddresses(node, fallback);
   const nftables::NftablesTracer tracer(global, {}, local);

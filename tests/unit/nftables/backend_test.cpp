@@ -252,7 +252,7 @@ TEST_CASE("backend: affinity entries are judged by the pool they were recorded f
   auto k = std::make_unique<FakeKernelNftables>();
   auto* kernel = k.get();
   BackendSettings settings;
-  settings.render.clusterCIDRs.push_back(*Address::parse("10.0.0.0/8"));
+  settings.render.common.clusterCIDRs.push_back("10.0.0.0/8");
   NftablesBackend backend(sdk::Host(nullptr), settings, std::move(k));
   auto lb = clusterIP("ns", "lb", "172.30.7.1", 443,
                       {endpoint("10.7.0.1", 443, true), endpoint("10.7.0.2", 443, false)});

@@ -52,7 +52,7 @@ std::uint32_t slotBaseOf(const Chain& c) {
 
 RenderConfig config() {
   RenderConfig cfg;
-  cfg.clusterCIDRs.push_back(*Address::parse("10.0.0.0/8"));
+  cfg.common.clusterCIDRs.push_back("10.0.0.0/8");
   return cfg;
 }
 
@@ -125,8 +125,8 @@ TEST_CASE("slot ranges: lowest free range, stable per chain, reused after releas
 
 TEST_CASE("masquerade-all marks every connection to the ClusterIP", "[unit]") {
   RenderConfig cfg;
-  cfg.masqueradeAll = true;
-  cfg.masqueradeBit = 5;
+  cfg.common.masqueradeAll = true;
+  cfg.common.masqueradeBit = 5;
   NftablesRenderer r(cfg);
   auto p = clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080)});
   auto f = r.renderServicePort(p);

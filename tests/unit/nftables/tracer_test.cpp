@@ -385,7 +385,7 @@ namespace {
 
 RenderConfig renderConfig() {
   RenderConfig cfg;
-  cfg.clusterCIDRs.push_back(*Address::parse("10.0.0.0/8"));
+  cfg.common.clusterCIDRs.push_back("10.0.0.0/8");
   return cfg;
 }
 

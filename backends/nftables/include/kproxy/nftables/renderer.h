@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "kproxy/nftables/ir.h"
+#include "kproxy/plan/options.h"
 #include "kproxy/plan/service_plan.h"
 #include "kproxy/plugin/sdk.h"
 
@@ -43,22 +44,13 @@ namespace kproxy::nftables {
 
 /// Settings that shape the ruleset, parsed from the plugin's options.
 struct RenderConfig {
-  /// How pod traffic is recognised (--detect-local-mode): "ClusterCIDR" (clusterCIDRs),
-  /// "NodeCIDR" (the Node's spec.podCIDRs), "BridgeInterface", "InterfaceNamePrefix".
-  std::string detectLocalMode = "ClusterCIDR";
-  std::vector<Address> clusterCIDRs;  ///< traffic to ClusterIPs from outside is masqueraded
-  std::string bridgeInterface;        ///< BridgeInterface mode
-  std::string interfaceNamePrefix;    ///< InterfaceNamePrefix mode
-  bool masqueradeAll = false;
-  std::uint32_t masqueradeBit = 14;
-  /// nodeport-addresses as given (CIDRs, or "primary"): only for a host too old to send where
-  /// NodePorts answer (plan::nodePortAddressesOf decides then).
-  std::vector<std::string> nodePortAddresses;
-  /// Fallback node IPs (option node-ips) when the snapshot has no node info.
-  std::vector<Address> nodeIPs;
+  /// The options every backend reads alike (detect-local-mode and its CIDRs or interface,
+  /// masquerade-all and the masquerade bit, nodeport-addresses, node-ips), parsed once by the
+  /// plan (plan/options.h) and carried whole.
+  plan::CommonOptions common;
   std::uint32_t affinityMapSize = 1u << 20;
 
-  std::uint32_t mark() const { return 1u << masqueradeBit; }
+  std::uint32_t mark() const { return 1u << common.masqueradeBit; }
 };
 
 /// Objects owned by one service port in one family.

@@ -23,6 +23,7 @@
 
 #include "kproxy/backends/common/reconciler.h"
 #include "kproxy/nftables/differ.h"
+#include "kproxy/plan/options.h"
 #include "kproxy/nftables/kernel.h"
 #include "kproxy/plan/service_plan.h"
 #include "kproxy/plan/snapshot_source.h"
@@ -34,12 +35,9 @@ namespace kproxy::userspace {
 
 struct UserspaceSettings {
   ProxySettings proxy;
-  plan::PlanConfig plan;
-  std::string detectLocalMode = "ClusterCIDR";
-  std::vector<std::string> fallbackNodeIPs;  ///< node-ips, when the node has no addresses
-  /// nodeport-addresses as given (CIDRs, or "primary"): only for a host too old to send where
-  /// NodePorts answer (plan::nodePortAddressesOf decides then).
-  std::vector<std::string> nodePortAddresses;
+  /// The options every backend reads alike, parsed once by the plan (plan/options.h).
+  plan::CommonOptions common;
+  plan::PlanConfig plan;  ///< plan::planConfigOf(common), before the node's part
   bool dryRun = false;
   /// Where dry-run prints the listeners and the table's operations (nft syntax).
   std::FILE* dryRunOutput = stdout;
