@@ -35,6 +35,7 @@
 #include "kproxy/core/proxier.h"
 #include "kproxy/plugins/loader.h"
 #include "leftover_cleanup.h"
+#include "kproxy/nftables/leftovers.h"
 #include "metrics.h"
 #include "ops_servers.h"
 #include "proxy_config.h"
@@ -209,9 +210,9 @@ int cleanupAll(const kproxy::plugins::PluginRegistry& registry, const ProxyConfi
   }
   // What kube-proxy's iptables, IPVS and nftables modes leave, whether or not such a plugin is
   // loaded (upstream's platformCleanup with cleanupAndExit cleans every mode).
-  kproxy::cli::RealLeftoverSystem system;
+  kproxy::backends::RealLeftoverSystem system;
   if (!kproxy::cli::cleanUpKubeProxyLeftovers(system)) rc = 1;
-  if (!kproxy::cli::cleanUpNftablesLeftovers(system)) rc = 1;
+  if (!kproxy::nftables::cleanUpNftablesLeftovers(system)) rc = 1;
   return rc;
 }
 
@@ -431,15 +432,15 @@ int main(int argc, char** argv) {
   // a dry run calls it; dry_run_changes_nothing checks.)
   const bool iptablesBased = config.mode == "iptables" || config.mode == "ipvs";
   auto removeOtherModesLeftovers = [&config, iptablesBased] {
-    kproxy::cli::RealLeftoverSystem system;
+    kproxy::backends::RealLeftoverSystem system;
     if (!iptablesBased && !kproxy::cli::cleanUpKubeProxyLeftovers(system))
       log::warning("some iptables or IPVS leftovers could not be removed; continuing");
     // The userspace mode redirects in a table of its own: nftables mode's DNAT would win.
-    if ((iptablesBased || config.mode == "userspace") && !kproxy::cli::cleanUpNftablesLeftovers(system))
+    if ((iptablesBased || config.mode == "userspace") && !kproxy::nftables::cleanUpNftablesLeftovers(system))
       log::warning("some nftables leftovers could not be removed; continuing");
     // The userspace mode's redirects, left by a node switched from it, would catch the
     // services' traffic before this mode's rules do.
-    if (config.mode != "userspace" && !kproxy::cli::cleanUpNftablesLeftovers(system, "kproxy-userspace"))
+    if (config.mode != "userspace" && !kproxy::nftables::cleanUpNftablesLeftovers(system, "kproxy-userspace"))
       log::warning("the userspace mode's nftables table could not be removed; continuing");
   };
 

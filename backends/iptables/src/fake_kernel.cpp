@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/iptables/kernel.h"
 #include "restore_refusal.h"
@@ -121,7 +122,7 @@ core::Result<void> FakeIptables::restore(sdk::Family family, std::string_view in
     if (c == nullptr) return fail("no such chain");
     if (line.starts_with("-A ")) {
       if (auto target = backends::ruleJumpTarget(rest); !target.empty() && target.find_first_of(" ") == std::string::npos &&
-                                                         target.starts_with("KUBE-") && findChain(target) == nullptr)
+                                                         target.starts_with(backends::kKubePrefix) && findChain(target) == nullptr)
         return fail("jump to a missing chain");
       c->rules.emplace_back(rest);
     } else if (line.starts_with("-I ")) {

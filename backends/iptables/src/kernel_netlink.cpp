@@ -33,6 +33,7 @@
 #include <libnftnl/rule.h>
 
 #include "kproxy/backends/common/address.h"
+#include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/backends/common/netlink_socket.h"
 #include "rule_words.h"
@@ -419,7 +420,7 @@ class NftRuleParser {
       t.revision = 2;
       t.info = bytesOf(range);
     } else if (!name.empty() && name.find_first_of("abcdefghijklmnopqrstuvwxyz") == std::string::npos &&
-               name.starts_with("KUBE-") && options.empty()) {
+               name.starts_with(backends::kKubePrefix) && options.empty()) {
       t.kind = Target::Kind::kJump;
       t.chain = name;
     } else {

@@ -19,20 +19,18 @@ namespace {
 using backends::IPPrefix;
 using Spec = backends::IptablesRuleSpec;
 
-// Upstream IPVS mode's chains (pkg/proxy/ipvs/proxier.go).
-constexpr std::string_view kServices = "KUBE-SERVICES";
-constexpr std::string_view kPostrouting = "KUBE-POSTROUTING";
-constexpr std::string_view kMarkMasq = "KUBE-MARK-MASQ";
-constexpr std::string_view kNodePort = "KUBE-NODE-PORT";
-constexpr std::string_view kLoadBalancer = "KUBE-LOAD-BALANCER";
-constexpr std::string_view kForward = "KUBE-FORWARD";
-constexpr std::string_view kProxyFirewall = "KUBE-PROXY-FIREWALL";
-constexpr std::string_view kSourceRangesFirewall = "KUBE-SOURCE-RANGES-FIREWALL";
-constexpr std::string_view kIpvsFilter = "KUBE-IPVS-FILTER";
-constexpr std::string_view kIpvsOutFilter = "KUBE-IPVS-OUT-FILTER";
-// kproxy's: the ports of firewall-marked connections (ClientIP affinity), changed to the
-// endpoints' before IPVS.
-constexpr std::string_view kFwmarkPorts = "KUBE-IPVS-FWMARK-PORTS";
+// Upstream IPVS mode's chains (pkg/proxy/ipvs/proxier.go), from the catalogue.
+using backends::iptables_chains::kForward;
+using backends::iptables_chains::kIpvsFilter;
+using backends::iptables_chains::kIpvsOutFilter;
+using backends::iptables_chains::kLoadBalancer;
+using backends::iptables_chains::kMarkMasq;
+using backends::iptables_chains::kNodePort;
+using backends::iptables_chains::kPostrouting;
+using backends::iptables_chains::kProxyFirewall;
+using backends::iptables_chains::kServices;
+using backends::iptables_chains::kSourceRangesFirewall;
+constexpr std::string_view kFwmarkPorts = backends::iptables_chains::kIpvsFwmarkPorts;
 
 /// Upstream's iptablesChains, in its order.
 constexpr std::pair<Table, std::string_view> kOwnedChains[] = {
@@ -49,36 +47,43 @@ struct SetInfo {
   std::string_view comment;
 };
 
-// Upstream's ipsetInfo: names, types and comments.
+// Upstream's ipsetInfo: names (the catalogue's), types and comments.
+namespace ipsets = backends::ipsets;
 constexpr SetInfo kSets[] = {
-    {SetId::kLoopBack, "KUBE-LOOP-BACK", "hash:ip,port,ip",
+    {SetId::kLoopBack, ipsets::kLoopBack, "hash:ip,port,ip",
      "Kubernetes endpoints dst ip:port, source ip for solving hairpin purpose"},
-    {SetId::kClusterIP, "KUBE-CLUSTER-IP", "hash:ip,port", "Kubernetes service cluster ip + port for masquerade purpose"},
-    {SetId::kExternalIP, "KUBE-EXTERNAL-IP", "hash:ip,port",
+    {SetId::kClusterIP, ipsets::kClusterIP, "hash:ip,port",
+     "Kubernetes service cluster ip + port for masquerade purpose"},
+    {SetId::kExternalIP, ipsets::kExternalIP, "hash:ip,port",
      "Kubernetes service external ip + port for masquerade and filter purpose"},
-    {SetId::kExternalIPLocal, "KUBE-EXTERNAL-IP-LOCAL", "hash:ip,port",
+    {SetId::kExternalIPLocal, ipsets::kExternalIPLocal, "hash:ip,port",
      "Kubernetes service external ip + port with externalTrafficPolicy=local"},
-    {SetId::kLoadBalancer, "KUBE-LOAD-BALANCER", "hash:ip,port", "Kubernetes service lb portal"},
-    {SetId::kLoadBalancerFW, "KUBE-LOAD-BALANCER-FW", "hash:ip,port",
+    {SetId::kLoadBalancer, ipsets::kLoadBalancer, "hash:ip,port",
+     "Kubernetes service lb portal"},
+    {SetId::kLoadBalancerFW, ipsets::kLoadBalancerFW, "hash:ip,port",
      "Kubernetes service load balancer ip + port for load balancer with sourceRange"},
-    {SetId::kLoadBalancerLocal, "KUBE-LOAD-BALANCER-LOCAL", "hash:ip,port",
+    {SetId::kLoadBalancerLocal, ipsets::kLoadBalancerLocal, "hash:ip,port",
      "Kubernetes service load balancer ip + port with externalTrafficPolicy=local"},
-    {SetId::kLoadBalancerSourceIP, "KUBE-LOAD-BALANCER-SOURCE-IP", "hash:ip,port,ip",
+    {SetId::kLoadBalancerSourceIP, ipsets::kLoadBalancerSourceIP, "hash:ip,port,ip",
      "Kubernetes service load balancer ip + port + source IP for packet filter purpose"},
-    {SetId::kLoadBalancerSourceCIDR, "KUBE-LOAD-BALANCER-SOURCE-CIDR", "hash:ip,port,net",
+    {SetId::kLoadBalancerSourceCIDR, ipsets::kLoadBalancerSourceCIDR, "hash:ip,port,net",
      "Kubernetes service load balancer ip + port + source cidr for packet filter purpose"},
-    {SetId::kNodePortTCP, "KUBE-NODE-PORT-TCP", "bitmap:port", "Kubernetes nodeport TCP port for masquerade purpose"},
-    {SetId::kNodePortLocalTCP, "KUBE-NODE-PORT-LOCAL-TCP", "bitmap:port",
+    {SetId::kNodePortTCP, ipsets::kNodePortTCP, "bitmap:port",
+     "Kubernetes nodeport TCP port for masquerade purpose"},
+    {SetId::kNodePortLocalTCP, ipsets::kNodePortLocalTCP, "bitmap:port",
      "Kubernetes nodeport TCP port with externalTrafficPolicy=local"},
-    {SetId::kNodePortUDP, "KUBE-NODE-PORT-UDP", "bitmap:port", "Kubernetes nodeport UDP port for masquerade purpose"},
-    {SetId::kNodePortLocalUDP, "KUBE-NODE-PORT-LOCAL-UDP", "bitmap:port",
+    {SetId::kNodePortUDP, ipsets::kNodePortUDP, "bitmap:port",
+     "Kubernetes nodeport UDP port for masquerade purpose"},
+    {SetId::kNodePortLocalUDP, ipsets::kNodePortLocalUDP, "bitmap:port",
      "Kubernetes nodeport UDP port with externalTrafficPolicy=local"},
-    {SetId::kNodePortSCTP, "KUBE-NODE-PORT-SCTP-HASH", "hash:ip,port",
+    {SetId::kNodePortSCTP, ipsets::kNodePortSCTP, "hash:ip,port",
      "Kubernetes nodeport SCTP port for masquerade purpose with type 'hash ip:port'"},
-    {SetId::kNodePortLocalSCTP, "KUBE-NODE-PORT-LOCAL-SCTP-HASH", "hash:ip,port",
+    {SetId::kNodePortLocalSCTP, ipsets::kNodePortLocalSCTP, "hash:ip,port",
      "Kubernetes nodeport SCTP port with externalTrafficPolicy=local with type 'hash ip:port'"},
-    {SetId::kHealthCheckNodePort, "KUBE-HEALTH-CHECK-NODE-PORT", "bitmap:port", "Kubernetes health check node port"},
-    {SetId::kIPVSIPs, "KUBE-IPVS-IPS", "hash:ip", "Addresses on the ipvs interface"},
+    {SetId::kHealthCheckNodePort, ipsets::kHealthCheckNodePort, "bitmap:port",
+     "Kubernetes health check node port"},
+    {SetId::kIPVSIPs, ipsets::kIPVSIPs, "hash:ip",
+     "Addresses on the ipvs interface"},
 };
 
 constexpr std::array<SetId, std::size(kSets)> kSetIds = [] {
@@ -841,8 +846,8 @@ std::string setName(SetId set, sdk::Family family) {
   std::string name(infoOf(set).name);
   if (isV6(family)) {
     // Upstream's dual-stack naming: "KUBE-" becomes "KUBE-6-", cut to ipset's 31 characters.
-    name.replace(0, 5, "KUBE-6-");
-    if (name.size() > 31) name.resize(31);
+    name.replace(0, backends::kKubePrefix.size(), backends::ipsets::kIPv6Prefix);
+    if (name.size() > backends::ipsets::kMaxNameLength) name.resize(backends::ipsets::kMaxNameLength);
   }
   return name;
 }

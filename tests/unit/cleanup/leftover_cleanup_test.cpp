@@ -9,15 +9,17 @@
 #include <vector>
 
 #include "kproxy/core/log.h"
+#include "kproxy/iptables/leftovers.h"
+#include "kproxy/nftables/leftovers.h"
 
 namespace {
 
-using kproxy::cli::CommandResult;
-using kproxy::cli::IptablesCleanupPlan;
+using kproxy::backends::CommandResult;
+using kproxy::iptables::IptablesCleanupPlan;
 
 // The plans for a dump the parser accepts.
 std::vector<IptablesCleanupPlan> planned(std::string_view save) {
-  auto plans = kproxy::cli::planIptablesCleanup(save);
+  auto plans = kproxy::iptables::planIptablesCleanup(save);
   REQUIRE(plans);
   return *plans;
 }
@@ -154,7 +156,7 @@ bool mentions(const std::string& text, const std::string& what) { return text.fi
 }  // namespace
 
 TEST_CASE("kube-proxy's chains are told apart from kubelet's and others'", "[unit]") {
-  using kproxy::cli::isKubeProxyChain;
+  using kproxy::iptables::isKubeProxyChain;
   CHECK(isKubeProxyChain("nat", "KUBE-SERVICES"));
   CHECK(isKubeProxyChain("nat", "KUBE-SVC-WEB0000000000000"));
   CHECK(isKubeProxyChain("nat", "KUBE-SEP-AAAAAAAAAAAAAAAA"));
@@ -327,13 +329,13 @@ COMMIT
 }
 
 TEST_CASE("iptables-save output that does not parse plans nothing and says where", "[unit]") {
-  auto plans = kproxy::cli::planIptablesCleanup("*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-NOPE -j ACCEPT\nCOMMIT\n");
+  auto plans = kproxy::iptables::planIptablesCleanup("*nat\n:KUBE-SERVICES - [0:0]\n-A KUBE-NOPE -j ACCEPT\nCOMMIT\n");
   REQUIRE_FALSE(plans);
   CHECK(plans.error().message().find("line 3") != std::string::npos);
 }
 
 // A system with a recorded set of tools and paths and scripted outputs.
-class FakeSystem : public kproxy::cli::LeftoverSystem {
+class FakeSystem : public kproxy::backends::LeftoverSystem {
  public:
   std::set<std::string> tools;
   std::set<std::string> paths;
@@ -492,7 +494,7 @@ TEST_CASE("IPVS with ipvsadm: virtual servers flushed, none means nothing to do"
 }
 
 TEST_CASE("the real system runs a program with stdin and reports its exit code", "[unit]") {
-  kproxy::cli::RealLeftoverSystem system;
+  kproxy::backends::RealLeftoverSystem system;
   auto sh = system.findTool("sh");
   REQUIRE(sh);
   auto r = system.run({*sh, "-c", "tr a-z A-Z; echo oops >&2; exit 3"}, "hello\n");
@@ -509,7 +511,7 @@ TEST_CASE("nftables leftovers: ip and ip6 kube-proxy tables go, other tables sta
   QuietLog log;
   FakeSystem system;
   system.nftTables = {"ip nat", "ip kube-proxy", "inet kube-proxy", "ip6 kube-proxy", "ip kube-proxy-x"};
-  CHECK(kproxy::cli::cleanUpNftablesLeftovers(system));
+  CHECK(kproxy::nftables::cleanUpNftablesLeftovers(system));
   // Deleted by name, never listed: no tool runs.
   CHECK(system.commands() ==
         std::vector<std::string>{"netlink delete table ip kube-proxy", "netlink delete table ip6 kube-proxy"});
@@ -519,13 +521,13 @@ TEST_CASE("nftables leftovers: ip and ip6 kube-proxy tables go, other tables sta
   QuietLog quiet;
   FakeSystem clean;
   clean.nftTables = {"ip filter"};
-  CHECK(kproxy::cli::cleanUpNftablesLeftovers(clean));
+  CHECK(kproxy::nftables::cleanUpNftablesLeftovers(clean));
   CHECK(clean.nftTables == std::set<std::string>{"ip filter"});
   CHECK_FALSE(quiet.has("removed nftables leftovers"));
 
   FakeSystem userspace;
   userspace.nftTables = {"ip kproxy-userspace", "ip kube-proxy"};
-  CHECK(kproxy::cli::cleanUpNftablesLeftovers(userspace, "kproxy-userspace"));
+  CHECK(kproxy::nftables::cleanUpNftablesLeftovers(userspace, "kproxy-userspace"));
   CHECK(userspace.nftTables == std::set<std::string>{"ip kube-proxy"});
 }
 
@@ -533,13 +535,13 @@ TEST_CASE("nftables leftovers: no nftables is nothing to do; a refused delete is
   QuietLog log;
   FakeSystem unsupported;
   unsupported.nftablesErrors = {{"ip", EPROTONOSUPPORT}, {"ip6", EPROTONOSUPPORT}};
-  CHECK(kproxy::cli::cleanUpNftablesLeftovers(unsupported));
+  CHECK(kproxy::nftables::cleanUpNftablesLeftovers(unsupported));
   CHECK(log.has("nftables not available"));
 
   FakeSystem refused;
   refused.nftTables = {"ip kube-proxy", "ip6 kube-proxy"};
   refused.nftablesErrors = {{"ip", EBUSY}};
-  CHECK_FALSE(kproxy::cli::cleanUpNftablesLeftovers(refused));
+  CHECK_FALSE(kproxy::nftables::cleanUpNftablesLeftovers(refused));
   CHECK(log.has("deleting nftables table failed"));
   // The other family is still cleaned.
   CHECK(refused.nftTables == std::set<std::string>{"ip kube-proxy"});

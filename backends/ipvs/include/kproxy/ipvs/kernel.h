@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kproxy/backends/common/address.h"
+#include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/process.h"
 #include "kproxy/core/error.h"
 
@@ -212,8 +213,8 @@ class FakeIpvs : public KernelIpvs {
 // of a down link (IPv4, and IPv6 on the kernels tested, 6.1). Addresses are host prefixes
 // (/32, /128) of scope global, as kube-proxy binds them.
 
-/// The interface name kube-proxy uses and runbooks look for.
-inline constexpr const char* kDummyLinkName = "kube-ipvs0";
+/// The interface name kube-proxy uses and runbooks look for (the catalogue's, chain_names.h).
+inline constexpr const char* kDummyLinkName = backends::kIpvsDummyInterface;
 
 class KernelDummyLink {
  public:

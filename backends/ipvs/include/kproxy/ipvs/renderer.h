@@ -28,8 +28,6 @@
 
 namespace kproxy::ipvs {
 
-/// The dummy interface the service addresses are bound to.
-inline constexpr std::string_view kDummyInterface = "kube-ipvs0";
 /// Upstream's default scheduler.
 inline constexpr std::string_view kDefaultScheduler = "rr";
 

@@ -14,14 +14,15 @@
 #include <string>
 #include <vector>
 
+#include "kproxy/backends/common/chain_names.h"
 #include "kproxy/core/error.h"
 
 namespace kproxy::backends {
 
-/// IPVS mode's dummy interface: it holds the Services' addresses, not the node's, and its
-/// addresses are left out (upstream's GetAllLocalAddressesExcept("kube-ipvs0")). Its changes
-/// are not reported either: binding a new Service's ClusterIP is no node address change.
-inline constexpr const char* kIpvsDummyInterface = "kube-ipvs0";
+/// IPVS mode's dummy interface (kIpvsDummyInterface, chain_names.h) holds the Services'
+/// addresses, not the node's: its addresses are left out (upstream's
+/// GetAllLocalAddressesExcept("kube-ipvs0")), and its changes are not reported either: binding a
+/// new Service's ClusterIP is no node address change.
 
 /// Every address of every interface but kube-ipvs0, both families, numeric ("10.0.0.1",
 /// "fd00::1"), sorted and unique. The local address of a point-to-point link, not its peer.

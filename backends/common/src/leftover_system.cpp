@@ -1,0 +1,55 @@
+#include "kproxy/backends/common/leftover_system.h"
+
+#include <linux/netfilter.h>
+#include <linux/netlink.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "kproxy/backends/common/netlink_socket.h"
+#include "kproxy/backends/common/nftables_table.h"
+#include "kproxy/backends/common/process.h"
+
+namespace kproxy::backends {
+
+namespace {
+// No tool the cleanup runs should take more than seconds; a hung one must not hang --cleanup or
+// the start-up.
+constexpr std::chrono::seconds kCommandTimeout{60};
+}  // namespace
+
+std::optional<std::string> RealLeftoverSystem::findTool(std::string_view name) { return findExecutable(name); }
+
+bool RealLeftoverSystem::pathExists(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::exists(path, ec);
+}
+
+core::Result<bool> RealLeftoverSystem::deleteNftablesTable(std::string_view family, std::string_view name) {
+  auto socket = NetlinkSocket::open(NETLINK_NETFILTER);
+  if (!socket) return std::unexpected(socket.error());
+  return backends::deleteNftablesTable(*socket, family == "ip6" ? NFPROTO_IPV6 : NFPROTO_IPV4, name);
+}
+
+core::Result<CommandResult> RealLeftoverSystem::run(const std::vector<std::string>& argv, std::string_view input) {
+  auto ran = runProcess(argv, {.stdinData = input, .timeout = kCommandTimeout});
+  if (!ran) return std::unexpected(ran.error());
+  return CommandResult{ran->exitCode, std::move(ran->out), std::move(ran->err)};
+}
+
+std::string firstLine(std::string_view text) {
+  while (!text.empty() && (text.front() == '\n' || text.front() == ' ')) text.remove_prefix(1);
+  return std::string(text.substr(0, text.find('\n')));
+}
+
+std::string joinNames(const std::vector<std::string>& names, std::size_t limit) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size() && i < limit; ++i) {
+    if (!out.empty()) out += ",";
+    out += names[i];
+  }
+  if (names.size() > limit) out += ",...";
+  return out;
+}
+
+}  // namespace kproxy::backends
