@@ -176,18 +176,18 @@ TEST_CASE("iptables kernel: the rendered ruleset reads back from iptables-save e
   cases.push_back({"ClusterCIDR, defaults", featureConfig(), featureNode()});
   {
     auto cfg = featureConfig();
-    cfg.detectLocalMode = "BridgeInterface";
-    cfg.bridgeInterface = "cbr0";
-    cfg.masqueradeAll = true;
+    cfg.common.detectLocalMode = "BridgeInterface";
+    cfg.common.bridgeInterface = "cbr0";
+    cfg.common.masqueradeAll = true;
     cfg.randomFully = false;
-    cfg.masqueradeBit = 5;
+    cfg.common.masqueradeBit = 5;
     cfg.conntrackTCPLiberal = true;
     cases.push_back({"BridgeInterface, masquerade-all, large cluster", cfg, featureNode(), true});
   }
   {
     auto cfg = featureConfig();
-    cfg.detectLocalMode = "InterfaceNamePrefix";
-    cfg.interfaceNamePrefix = "veth";
+    cfg.common.detectLocalMode = "InterfaceNamePrefix";
+    cfg.common.interfaceNamePrefix = "veth";
     cfg.localhostNodePorts = false;
     auto node = featureNode();
     node.nodePortAddresses.resolved = true;
@@ -196,7 +196,7 @@ TEST_CASE("iptables kernel: the rendered ruleset reads back from iptables-save e
   }
   {
     auto cfg = featureConfig();
-    cfg.detectLocalMode = "NodeCIDR";
+    cfg.common.detectLocalMode = "NodeCIDR";
     auto node = featureNode();
     node.podCIDRs = {"10.244.3.0/24", "fd00:244:3::/64"};
     node.nodePortAddresses.resolved = true;
@@ -723,15 +723,15 @@ TEST_CASE("iptables kernel: nat chains written over netlink are the kernel objec
   cases.push_back({"ClusterCIDR", featureConfig()});
   cases.push_back({"large cluster (no comments)", featureConfig(), true});
   RenderConfig masq = featureConfig();
-  masq.masqueradeAll = true;
+  masq.common.masqueradeAll = true;
   cases.push_back({"masquerade-all", masq});
   RenderConfig prefix = featureConfig();
-  prefix.detectLocalMode = "InterfaceNamePrefix";
-  prefix.interfaceNamePrefix = "veth";
+  prefix.common.detectLocalMode = "InterfaceNamePrefix";
+  prefix.common.interfaceNamePrefix = "veth";
   cases.push_back({"InterfaceNamePrefix", prefix});
   RenderConfig bridge = featureConfig();
-  bridge.detectLocalMode = "BridgeInterface";
-  bridge.bridgeInterface = "cbr0";
+  bridge.common.detectLocalMode = "BridgeInterface";
+  bridge.common.bridgeInterface = "cbr0";
   cases.push_back({"BridgeInterface", bridge});
   for (const auto& c : cases) {
     for (sdk::Family f : kFamilies) {

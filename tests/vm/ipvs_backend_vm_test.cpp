@@ -98,7 +98,7 @@ backends::SystemProcessRunner& runner() {
 
 RenderConfig renderConfig() {
   RenderConfig c;
-  c.clusterCIDRs = {"10.244.0.0/16", "fd00:244::/56"};
+  c.common.clusterCIDRs = {"10.244.0.0/16", "fd00:244::/56"};
   return c;
 }
 

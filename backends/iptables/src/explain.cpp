@@ -22,7 +22,7 @@ std::vector<IPPrefix> localAddresses(const RenderConfig& config, const sdk::Node
   };
   for (const auto& ip : node.addresses) add(ip);
   if (out.empty())
-    for (const auto& ip : config.nodeIPs) add(ip);
+    for (const auto& ip : config.common.nodeIPs) add(ip);
   for (const auto& ip : node.nodePortAddresses.addresses) add(ip);
   return out;
 }
@@ -57,7 +57,7 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<c
   std::vector<std::string> local;
   for (const auto& a : tracer->localAddresses()) local.push_back(a.toString());
   x.destinationLocal = plan::nodePortAnswersOn(
-      plan::nodePortAddressesOf(node, config.nodePortAddresses, config.nodeIPs), local, x.destination,
+      plan::nodePortAddressesOf(node, config.common.nodePortAddresses, config.common.nodeIPs), local, x.destination,
       /*loopback=*/true);
   // Why a drop happened, when the rules say more than the chain: an unallocated ClusterIP
   // (renderer.cpp's ServiceCIDR rule in filter KUBE-SERVICES).

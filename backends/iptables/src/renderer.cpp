@@ -404,13 +404,12 @@ std::string probabilityText(std::size_t n) {
 
 IptablesRenderer::IptablesRenderer(RenderConfig config)
     : config_(std::move(config)),
-      planConfig_(plan::planConfigOf(config_.masqueradeAll, config_.detectLocalMode, config_.clusterCIDRs,
-                                     config_.bridgeInterface, config_.interfaceNamePrefix, config_.nodeIPs)) {}
+      planConfig_(plan::planConfigOf(config_.common)) {}
 
 void IptablesRenderer::setNode(const sdk::NodeInfo& node) {
-  plan::applyNode(planConfig_, config_.detectLocalMode, node, config_.nodeIPs);
+  plan::applyNode(planConfig_, config_.common.detectLocalMode, node, config_.common.nodeIPs);
   const sdk::NodePortAddresses nodePorts =
-      plan::nodePortAddressesOf(node, config_.nodePortAddresses, config_.nodeIPs);
+      plan::nodePortAddressesOf(node, config_.common.nodePortAddresses, config_.common.nodeIPs);
   for (sdk::Family fam : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
     NodePorts& out = nodePorts_[isV6(fam) ? 1 : 0];
     out = NodePorts{};
@@ -624,14 +623,7 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
   auto common = plan::parseCommonOptions(options, "iptables");
   if (!common) return std::unexpected(common.error());
   RenderConfig cfg;
-  cfg.clusterCIDRs = std::move(common->clusterCIDRs);
-  cfg.detectLocalMode = std::move(common->detectLocalMode);
-  cfg.bridgeInterface = std::move(common->bridgeInterface);
-  cfg.interfaceNamePrefix = std::move(common->interfaceNamePrefix);
-  cfg.masqueradeAll = common->masqueradeAll;
-  cfg.masqueradeBit = common->masqueradeBit;
-  cfg.nodePortAddresses = std::move(common->nodePortAddresses);
-  cfg.nodeIPs = std::move(common->nodeIPs);
+  cfg.common = std::move(*common);
   if (auto it = options.find("localhost-nodeports"); it != options.end() && !it->second.empty())
     cfg.localhostNodePorts = it->second != "false";
   return cfg;

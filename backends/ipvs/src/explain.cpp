@@ -63,7 +63,7 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
   };
   for (const auto& ip : node.addresses) addLocal(ip);
   if (node.addresses.empty())
-    for (const auto& ip : settings_.render.nodeIPs) addLocal(ip);
+    for (const auto& ip : settings_.render.common.nodeIPs) addLocal(ip);
   for (const auto& ip : renderer.nodePortAddresses(family)) addLocal(ip);
   for (const auto& f : fragments)
     for (const auto& ip : f.boundAddresses) addLocal(ip);

@@ -625,7 +625,7 @@ class GlobalChains {
   /// node's pods, or (no pod detector) the node's connections, which leave from a VIP.
   void addClusterIPMasquerade() {
     Spec s;
-    if (config_.masqueradeAll) {
+    if (config_.common.masqueradeAll) {
       matchSet(s, SetId::kClusterIP, "dst,dst");
     } else if (planConfig_.localDetector.implemented(family_)) {
       const auto& detector = planConfig_.localDetector;
@@ -793,14 +793,7 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
   auto common = plan::parseCommonOptions(options, "ipvs");
   if (!common) return std::unexpected(common.error());
   RenderConfig cfg;
-  cfg.clusterCIDRs = std::move(common->clusterCIDRs);
-  cfg.detectLocalMode = std::move(common->detectLocalMode);
-  cfg.bridgeInterface = std::move(common->bridgeInterface);
-  cfg.interfaceNamePrefix = std::move(common->interfaceNamePrefix);
-  cfg.masqueradeAll = common->masqueradeAll;
-  cfg.masqueradeBit = common->masqueradeBit;
-  cfg.nodePortAddresses = std::move(common->nodePortAddresses);
-  cfg.nodeIPs = std::move(common->nodeIPs);
+  cfg.common = std::move(*common);
   if (auto it = options.find("ipvs-scheduler"); it != options.end() && !it->second.empty()) {
     if (std::find(std::begin(kSchedulers), std::end(kSchedulers), it->second) == std::end(kSchedulers))
       return sdk::fail(sdk::ErrorCategory::kInvalidInput,
@@ -870,14 +863,13 @@ bool isOwnedChain(Table table, std::string_view chain) {
 
 IpvsRenderer::IpvsRenderer(RenderConfig config) : config_(std::move(config)) {
   if (config_.scheduler.empty()) config_.scheduler = std::string(kDefaultScheduler);
-  planConfig_ = plan::planConfigOf(config_.masqueradeAll, config_.detectLocalMode, config_.clusterCIDRs,
-                                   config_.bridgeInterface, config_.interfaceNamePrefix, config_.nodeIPs);
+  planConfig_ = plan::planConfigOf(config_.common);
   resolveNodePortAddresses();
 }
 
 void IpvsRenderer::setNode(const sdk::NodeInfo& node) {
   node_ = node;
-  plan::applyNode(planConfig_, config_.detectLocalMode, node, config_.nodeIPs);
+  plan::applyNode(planConfig_, config_.common.detectLocalMode, node, config_.common.nodeIPs);
   resolveNodePortAddresses();
 }
 
@@ -907,7 +899,7 @@ bool IpvsRenderer::isNodeAddress(std::string_view ip) const {
 
 void IpvsRenderer::resolveNodePortAddresses() {
   const sdk::NodePortAddresses nodePorts =
-      plan::nodePortAddressesOf(node_, config_.nodePortAddresses, config_.nodeIPs);
+      plan::nodePortAddressesOf(node_, config_.common.nodePortAddresses, config_.common.nodeIPs);
   for (sdk::Family fam : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
     std::vector<std::string>& out = nodePortAddresses_[isV6(fam) ? 1 : 0];
     out.clear();

@@ -18,7 +18,7 @@ namespace {
 
 RenderConfig config() {
   RenderConfig cfg;
-  cfg.clusterCIDRs.push_back("10.0.0.0/8");
+  cfg.common.clusterCIDRs.push_back("10.0.0.0/8");
   return cfg;
 }
 

@@ -166,8 +166,8 @@ inline std::string chainDiff(const ChainMap& actual, const ChainMap& expected) {
 
 inline RenderConfig featureConfig() {
   RenderConfig cfg;
-  cfg.clusterCIDRs = {"10.0.0.0/8", "fd00:10::/64"};
-  cfg.nodeIPs = {"192.168.50.10", "fd00:50::10"};
+  cfg.common.clusterCIDRs = {"10.0.0.0/8", "fd00:10::/64"};
+  cfg.common.nodeIPs = {"192.168.50.10", "fd00:50::10"};
   return cfg;
 }
 

@@ -320,16 +320,16 @@ TEST_CASE("renderer: masquerade-all and the local traffic detectors", "[unit]") 
                            "KUBE-MARK-MASQ";
   RenderConfig cfg;
   SECTION("masquerade-all") {
-    cfg.masqueradeAll = true;
-    cfg.clusterCIDRs = {"10.0.0.0/8"};
+    cfg.common.masqueradeAll = true;
+    cfg.common.clusterCIDRs = {"10.0.0.0/8"};
     CHECK(masqueradeRule(cfg) == tail);
   }
   SECTION("ClusterCIDR") {
-    cfg.clusterCIDRs = {"10.0.0.0/8"};
+    cfg.common.clusterCIDRs = {"10.0.0.0/8"};
     CHECK(masqueradeRule(cfg) == "! -s 10.0.0.0/8 " + tail);
   }
   SECTION("ClusterCIDR without a CIDR of the family: no masquerade rule") {
-    cfg.clusterCIDRs = {"fd00::/64"};
+    cfg.common.clusterCIDRs = {"fd00::/64"};
     auto r = makeRenderer(cfg);
     auto f = r.renderServicePort(p);
     const auto* svc = chainOf(f, backends::servicePortPolicyClusterChain("ns/m:p", "tcp"));
@@ -338,21 +338,21 @@ TEST_CASE("renderer: masquerade-all and the local traffic detectors", "[unit]") 
     CHECK(svc->rules[0].find("KUBE-MARK-MASQ") == std::string::npos);
   }
   SECTION("NodeCIDR: the node's pod CIDR") {
-    cfg.detectLocalMode = "NodeCIDR";
-    cfg.clusterCIDRs = {"10.0.0.0/8"};
+    cfg.common.detectLocalMode = "NodeCIDR";
+    cfg.common.clusterCIDRs = {"10.0.0.0/8"};
     auto node = kproxy::iptables::testing::featureNode();
     node.podCIDRs = {"10.244.3.0/24", "fd00:244:3::/64"};
     CHECK(masqueradeRule(cfg, node) == "! -s 10.244.3.0/24 " + tail);
   }
   SECTION("BridgeInterface") {
-    cfg.detectLocalMode = "BridgeInterface";
-    cfg.bridgeInterface = "cbr0";
+    cfg.common.detectLocalMode = "BridgeInterface";
+    cfg.common.bridgeInterface = "cbr0";
     CHECK(masqueradeRule(cfg) == "-d 172.30.0.5/32 ! -i cbr0 -p tcp -m comment --comment \"ns/m:p cluster IP\" -m tcp "
                                  "--dport 80 -j KUBE-MARK-MASQ");
   }
   SECTION("InterfaceNamePrefix") {
-    cfg.detectLocalMode = "InterfaceNamePrefix";
-    cfg.interfaceNamePrefix = "veth";
+    cfg.common.detectLocalMode = "InterfaceNamePrefix";
+    cfg.common.interfaceNamePrefix = "veth";
     CHECK(masqueradeRule(cfg) == "-d 172.30.0.5/32 ! -i veth+ -p tcp -m comment --comment \"ns/m:p cluster IP\" -m tcp "
                                  "--dport 80 -j KUBE-MARK-MASQ");
   }
@@ -452,7 +452,7 @@ TEST_CASE("renderer: the fixed chains and the jumps from built-in chains", "[uni
                                   "connections\" -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -j DROP"}) == 1);
   }
   SECTION("another mark, no --random-fully, liberal conntrack, no localhost NodePorts") {
-    cfg.masqueradeBit = 5;
+    cfg.common.masqueradeBit = 5;
     cfg.randomFully = false;
     cfg.conntrackTCPLiberal = true;
     cfg.localhostNodePorts = false;

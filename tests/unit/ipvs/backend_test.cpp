@@ -133,7 +133,7 @@ struct Fixture {
   Fixture() : snap(services(), node()) { backend = make(); }
 
   std::unique_ptr<IpvsBackend> make(BackendSettings settings = {}) {
-    settings.render.clusterCIDRs = {"10.244.0.0/16"};
+    settings.render.common.clusterCIDRs = {"10.244.0.0/16"};
     settings.sysctlRoot = sysctls.root();
     if (settings.kernelRelease.empty()) settings.kernelRelease = "5.4.0";
     settings.ipv6 = false;
@@ -305,7 +305,7 @@ TEST_CASE("a full sync from empty programs every virtual server, address, set an
   // The kernel's ruleset is what the renderer renders, chain by chain.
   IpvsRenderer renderer([] {
     RenderConfig c;
-    c.clusterCIDRs = {"10.244.0.0/16"};
+    c.common.clusterCIDRs = {"10.244.0.0/16"};
     return c;
   }());
   renderer.setNode(node());

@@ -54,7 +54,7 @@ sdk::ServicePort servicePort(std::string ns, std::string name, std::string clust
 
 RenderConfig config() {
   RenderConfig cfg;
-  cfg.clusterCIDRs = {"10.244.0.0/16", "fd00:10:244::/56"};
+  cfg.common.clusterCIDRs = {"10.244.0.0/16", "fd00:10:244::/56"};
   return cfg;
 }
 
@@ -167,7 +167,7 @@ TEST_CASE("ipvs renderer: a NodePort is one virtual server per NodePort address"
 
   // A host older than ABI 1.2 sends no decision: the plan decides from the node's addresses.
   auto cfg = config();
-  cfg.nodePortAddresses = {"192.168.0.0/24"};
+  cfg.common.nodePortAddresses = {"192.168.0.0/24"};
   sdk::NodeInfo unresolved = node();
   unresolved.nodePortAddresses = {};
   unresolved.addresses = {"192.168.0.2", "10.0.0.2"};
@@ -566,7 +566,7 @@ TEST_CASE("ipvs renderer: the scheduler option", "[unit]") {
   auto cfg = parseRenderConfig({{"ipvs-scheduler", "wlc"}, {"cluster-cidr", "10.244.0.0/16"}});
   REQUIRE(cfg);
   CHECK(cfg->scheduler == "wlc");
-  CHECK(cfg->clusterCIDRs == Strings{"10.244.0.0/16"});
+  CHECK(cfg->common.clusterCIDRs == Strings{"10.244.0.0/16"});
   auto p = servicePort("ns", "s", "10.96.0.30", 80, {endpoint("10.244.0.30", 80)});
   CHECK(IpvsRenderer(*cfg).renderServicePort(p).virtualServers.front().scheduler == "wlc");
 
@@ -708,13 +708,13 @@ TEST_CASE("ipvs renderer: the ClusterIP masquerade rule follows the pod detector
   RenderConfig cfg = config();
   CHECK(clusterIPRule(cfg, sdk::Family::kIPv6) ==
         "! -s fd00:10:244::/56 " + comment + "KUBE-6-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ");
-  cfg.masqueradeAll = true;
+  cfg.common.masqueradeAll = true;
   CHECK(clusterIPRule(cfg, sdk::Family::kIPv4) == comment + "KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ");
   // No detector: the node's connections, which leave from a VIP on kube-ipvs0.
   CHECK(clusterIPRule(RenderConfig{}, sdk::Family::kIPv4) == comment + "KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ");
   RenderConfig bridge;
-  bridge.detectLocalMode = "InterfaceNamePrefix";
-  bridge.interfaceNamePrefix = "veth";
+  bridge.common.detectLocalMode = "InterfaceNamePrefix";
+  bridge.common.interfaceNamePrefix = "veth";
   CHECK(clusterIPRule(bridge, sdk::Family::kIPv4) == "! -i veth+ " + comment + "KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ");
 
   const GlobalObjects v6 = IpvsRenderer(config()).renderGlobal(sdk::Family::kIPv6);
@@ -743,14 +743,14 @@ TEST_CASE("ipvs renderer: pod detection by interface or by the node's pod CIDRs"
   n.nodePortAddresses.addresses = {"192.168.0.2"};
 
   RenderConfig bridge;
-  bridge.detectLocalMode = "BridgeInterface";
-  bridge.bridgeInterface = "cbr0";
+  bridge.common.detectLocalMode = "BridgeInterface";
+  bridge.common.bridgeInterface = "cbr0";
   CHECK(rulesOf(renderer(bridge, n).renderServicePort(p), Table::kFilter, "KUBE-IPVS-FILTER") ==
         Strings{"-d 192.168.0.2/32 ! -i cbr0 -p tcp -m comment --comment \"ns6/local:p has no local endpoints\" -m tcp "
                 "--dport 30006 -m addrtype ! --src-type LOCAL -j DROP"});
 
   RenderConfig nodeCIDR;
-  nodeCIDR.detectLocalMode = "NodeCIDR";
+  nodeCIDR.common.detectLocalMode = "NodeCIDR";
   n.podCIDRs = {"10.244.3.0/24"};
   CHECK(rulesOf(renderer(nodeCIDR, n).renderServicePort(p), Table::kFilter, "KUBE-IPVS-FILTER") ==
         Strings{"! -s 10.244.3.0/24 -d 192.168.0.2/32 -p tcp -m comment --comment \"ns6/local:p has no local endpoints\" "

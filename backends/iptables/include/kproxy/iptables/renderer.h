@@ -28,6 +28,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kproxy/plan/options.h"
 #include "kproxy/plan/service_plan.h"
 #include "kproxy/plugin/sdk.h"
 
@@ -40,20 +41,12 @@ std::optional<Table> tableNamed(std::string_view name);  ///< tableName's invers
 
 /// Settings that shape the ruleset, parsed from the plugin's options.
 struct RenderConfig {
-  /// How pod traffic is recognised (--detect-local-mode), as the nftables backend's.
-  std::string detectLocalMode = "ClusterCIDR";
-  std::vector<std::string> clusterCIDRs;
-  std::string bridgeInterface;
-  std::string interfaceNamePrefix;
-  bool masqueradeAll = false;
-  std::uint32_t masqueradeBit = 14;
+  /// The options every backend reads alike (detect-local-mode and its CIDRs or interface,
+  /// masquerade-all and the masquerade bit, nodeport-addresses, node-ips), parsed once by the
+  /// plan (plan/options.h) and carried whole.
+  plan::CommonOptions common;
   /// --iptables-localhost-nodeports: IPv4 NodePorts answer on 127.0.0.0/8 (route_localnet).
   bool localhostNodePorts = true;
-  /// nodeport-addresses as given (CIDRs, or "primary"): only for a host too old to send where
-  /// NodePorts answer (plan::nodePortAddressesOf decides then).
-  std::vector<std::string> nodePortAddresses;
-  /// Fallback node IPs (option node-ips) when the snapshot has no node info.
-  std::vector<std::string> nodeIPs;
   /// MASQUERADE --random-fully (when the iptables tool and kernel support it).
   bool randomFully = true;
   /// Whether conntrack accepts out-of-window TCP (nf_conntrack_tcp_be_liberal): upstream then
@@ -63,7 +56,7 @@ struct RenderConfig {
   /// largeClusterEndpointsThreshold).
   std::size_t largeClusterEndpoints = 1000;
 
-  std::uint32_t mark() const { return 1u << masqueradeBit; }
+  std::uint32_t mark() const { return 1u << common.masqueradeBit; }
   /// "0x4000".
   std::string markHex() const;
 };

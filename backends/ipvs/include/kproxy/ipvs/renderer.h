@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kproxy/plan/options.h"
 #include "kproxy/iptables/renderer.h"
 #include "kproxy/plan/service_plan.h"
 #include "kproxy/plugin/sdk.h"
@@ -34,26 +35,19 @@ inline constexpr std::string_view kDefaultScheduler = "rr";
 /// Settings that shape what is rendered, parsed from the plugin's options.
 struct RenderConfig {
   std::string scheduler = std::string(kDefaultScheduler);  ///< option ipvs-scheduler
-  std::string detectLocalMode = "ClusterCIDR";
-  std::vector<std::string> clusterCIDRs;
-  std::string bridgeInterface;
-  std::string interfaceNamePrefix;
-  bool masqueradeAll = false;
-  std::uint32_t masqueradeBit = 14;
-  /// nodeport-addresses as given (CIDRs, or "primary"): only for a host too old to send where
-  /// NodePorts answer (plan::nodePortAddressesOf decides then).
-  std::vector<std::string> nodePortAddresses;
-  /// Fallback node IPs (option node-ips) when the node info has none.
-  std::vector<std::string> nodeIPs;
+  /// The options every backend reads alike (detect-local-mode and its CIDRs or interface,
+  /// masquerade-all and the masquerade bit, nodeport-addresses, node-ips), parsed once by the
+  /// plan (plan/options.h) and carried whole.
+  plan::CommonOptions common;
   /// MASQUERADE --random-fully (when the iptables tool and kernel support it).
   bool randomFully = true;
 
-  std::uint32_t mark() const { return 1u << masqueradeBit; }
+  std::uint32_t mark() const { return 1u << common.masqueradeBit; }
   std::string markHex() const;  ///< "0x4000"
   /// The bit every IPVS firewall mark of kproxy's carries (bit 28, or 29 when the masquerade
   /// bit is 28): how KUBE-MARK-MASQ tells marked packets, and a restart or --cleanup tells
   /// kproxy's firewall-mark virtual servers from others'.
-  std::uint32_t fwmarkTag() const { return masqueradeBit == 28 ? 1u << 29 : 1u << 28; }
+  std::uint32_t fwmarkTag() const { return common.masqueradeBit == 28 ? 1u << 29 : 1u << 28; }
   /// The firewall mark of one virtual server of a service port: the tag bit and 28 bits of a
   /// hash of (family, port key, `pool`), without the masquerade bit and kubelet's 0x8000;
   /// stable across restarts, so nothing is rebuilt when kproxy starts again.
