@@ -239,11 +239,11 @@ TEST_CASE("iptables kernel: a full sync, then a restart over the unchanged kerne
   auto backend = h.backend();
   auto first = backend->syncFrom(snap, {}, false);
   REQUIRE(ok(first));
-  CHECK(first->summary.starts_with("full sync"));
+  CHECK(first->summary.starts_with("iptables sync full=true "));
   // iptables-nft: the service ports' chains went over netlink, and what follows (the restart
   // writing nothing) holds of them as of the tool's.
   INFO(first->summary);
-  CHECK((first->summary.find("written over netlink in 2 transactions") != std::string::npos) ==
+  CHECK((first->summary.find(" netlink_commits=2") != std::string::npos) ==
         (variant == Variant::kNft));
   CHECK(h.sysctls.routeLocalnet() == "1");
   for (sdk::Family fam : kFamilies) {
@@ -259,7 +259,7 @@ TEST_CASE("iptables kernel: a full sync, then a restart over the unchanged kerne
   auto restarted = h.backend();
   auto second = restarted->syncFrom(snap, {}, false);
   REQUIRE(ok(second));
-  CHECK(second->summary.starts_with("full sync"));
+  CHECK(second->summary.starts_with("iptables sync full=true "));
   CHECK(second->operations == 0);
   for (sdk::Family fam : kFamilies) CHECK(restarted->lastRestore(fam).empty());
   CHECK(chainsOf(h.saved(kV4), false) == chainsOf(before4, false));
@@ -267,7 +267,7 @@ TEST_CASE("iptables kernel: a full sync, then a restart over the unchanged kerne
   // Periodic syncs with nothing changed: the canary is there, nothing written.
   auto periodic = restarted->syncFrom(snap, {}, false);
   REQUIRE(ok(periodic));
-  CHECK(periodic->summary.starts_with("partial sync"));
+  CHECK(periodic->summary.starts_with("iptables sync full=false "));
   CHECK(periodic->operations == 0);
 }
 
@@ -290,16 +290,16 @@ TEST_CASE("iptables kernel: one endpoint change among 1,000 services restores th
   setEndpoints(port, {port.allEndpoints[0], endpoint("10.200.0.1", 8080)});
   auto out = backend->syncFrom(snap, {{kV4, port.key}}, false);
   REQUIRE(ok(out));
-  CHECK(out->summary.starts_with("partial sync"));
+  CHECK(out->summary.starts_with("iptables sync full=false "));
   // iptables-nft: one netlink transaction (whole nat chains only); legacy: one restore, and
   // what it cost in user space and in the kernel.
   INFO(out->summary);
   if (variant == Variant::kNft) {
-    CHECK(out->summary.find("; 7 rules written over netlink in 1 transaction") != std::string::npos);
-    CHECK(out->summary.find("tool run") == std::string::npos);
+    CHECK(out->summary.find(" netlink_rules=7 netlink_commits=1") != std::string::npos);
+    CHECK(out->summary.find("tool_runs=") == std::string::npos);
   } else {
-    CHECK(out->summary.find("; 1 tool run used ") != std::string::npos);
-    CHECK(out->summary.find(" ms kernel CPU)") != std::string::npos);
+    CHECK(out->summary.find(" tool_runs=1 tool_user_ms=") != std::string::npos);
+    CHECK(out->summary.find(" tool_kernel_ms=") != std::string::npos);
   }
   const std::string& input = backend->lastRestore(kV4);
   INFO(input);
@@ -330,7 +330,7 @@ TEST_CASE("iptables kernel: one endpoint change among 1,000 services restores th
   auto restarted = h.backend();
   auto again = restarted->syncFrom(snap, {}, false);
   REQUIRE(ok(again));
-  CHECK(again->summary.starts_with("full sync"));
+  CHECK(again->summary.starts_with("iptables sync full=true "));
   CHECK(again->operations == 0);
   CHECK(restarted->lastRestore(kV4).empty());
 }
@@ -469,7 +469,7 @@ TEST_CASE("iptables kernel: a refused restore names the line, keeps the table, a
   // The next sync, periodic, is full and repairs.
   auto repair = backend->syncFrom(snap, {}, false);
   REQUIRE(ok(repair));
-  CHECK(repair->summary.starts_with("full sync"));
+  CHECK(repair->summary.starts_with("iptables sync full=true "));
   CHECK_FALSE(backend->needsFullSync());
   for (sdk::Family fam : kFamilies) requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
 
@@ -499,7 +499,7 @@ TEST_CASE("iptables kernel: a refused netlink transaction applies nothing, names
   auto first = backend->syncFrom(snap, {}, false);
   REQUIRE(ok(first));
   INFO(first->summary);
-  REQUIRE(first->summary.find("over netlink") != std::string::npos);
+  REQUIRE(first->summary.find(" netlink_rules=") != std::string::npos);
 
   // An operator's rule jumps to one of the service's endpoint chains; the partial sync that
   // replaces that endpoint deletes the chain, which the kernel refuses while it is referenced.
@@ -533,7 +533,7 @@ TEST_CASE("iptables kernel: a refused netlink transaction applies nothing, names
   auto repair = backend->syncFrom(snap, {}, false);
   REQUIRE(ok(repair));
   INFO(repair->summary);
-  CHECK(repair->summary.starts_with("full sync"));
+  CHECK(repair->summary.starts_with("iptables sync full=true "));
   requireSameChains(canonical(h.owned(kV4)), wanted(snap, kV4));
   CHECK_FALSE(h.owned(kV4).contains({"nat", gone}));
   // The refusal was the state's (the chain was busy), not the encoding's, so changes go over
@@ -547,7 +547,7 @@ TEST_CASE("iptables kernel: a refused netlink transaction applies nothing, names
   auto after = backend->syncFrom(snap, {{kV4, port.key}}, false);
   REQUIRE(ok(after));
   INFO(after->summary);
-  CHECK(after->summary.find("over netlink in 1 transaction") != std::string::npos);
+  CHECK(after->summary.find(" netlink_commits=1") != std::string::npos);
   requireSameChains(canonical(h.owned(kV4)), wanted(snap, kV4));
 }
 
@@ -568,7 +568,7 @@ TEST_CASE("iptables kernel: a flushed nat table and a lost canary are repaired b
 
   auto out = backend->syncFrom(snap, {}, false);  // periodic: no changed keys
   REQUIRE(ok(out));
-  CHECK(out->summary.starts_with("full sync"));
+  CHECK(out->summary.starts_with("iptables sync full=true "));
   CHECK(backend->lastRestore(kV6).empty());
   const std::string& input = backend->lastRestore(kV4);
   CHECK(input.find("*filter") == std::string::npos);  // the filter table was not touched
@@ -630,7 +630,7 @@ TEST_CASE("iptables kernel: random partial syncs keep the kernel equal to a full
     auto out = backend->syncFrom(snap, changed, false);
     INFO("step " << step);
     REQUIRE(ok(out));
-    REQUIRE(out->summary.starts_with("partial sync"));
+    REQUIRE(out->summary.starts_with("iptables sync full=false "));
     for (sdk::Family fam : kFamilies) {
       INFO(familyName(fam) << "\n" << backend->lastRestore(fam));
       REQUIRE(kproxy::iptables::testing::chainDiff(canonical(h.owned(fam)), wanted(snap, fam)) == "");

@@ -25,7 +25,7 @@ sdk::Expected<sdk::SyncOutcome> Reconciler::syncFrom(const plan::SnapshotSource&
                                                      const std::vector<sdk::ChangedKey>& changed, bool full) {
   const auto started = std::chrono::steady_clock::now();
   full = full || needFull_;
-  if (!full && kernelChangedOutside()) full = true;
+  if (!full && kernelChangedOutside(changed)) full = true;
   // Whatever fails below leaves the next sync full.
   needFull_ = true;
   auto pass = full ? fullSync(next) : partialSync(next, changed);

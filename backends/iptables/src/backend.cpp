@@ -1,4 +1,4 @@
-// The backend around the differ: the sync (canary, full or partial, summary), applying restore
+// The backend around the differ: its full and partial passes and the canary, applying restore
 // input and netlink transactions, route_localnet, cleanup and metrics.
 #include "kproxy/iptables/backend.h"
 
@@ -7,15 +7,12 @@
 #include <cerrno>
 
 #include <algorithm>
-#include <chrono>
 #include <set>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "kproxy/backends/common/chain_names.h"
-#include "kproxy/backends/common/conntrack_cleaner.h"
-#include "kproxy/backends/common/heap.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/backends/common/sysctl.h"
 #include "kproxy/iptables/explain.h"
@@ -30,41 +27,39 @@ constexpr sdk::Family kFamilies[] = {sdk::Family::kIPv4, sdk::Family::kIPv6};
 }  // namespace
 
 IptablesBackend::IptablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelIptables> kernel)
-    : host_(host), settings_(std::move(settings)), renderer_(settings_.render), kernel_(std::move(kernel)) {}
+    : Reconciler(host, backends::ReconcilerOptions{"iptables", settings.dryRun, true, true}),
+      host_(host),
+      settings_(std::move(settings)),
+      renderer_(settings_.render),
+      kernel_(std::move(kernel)) {}
 
 std::size_t IptablesBackend::mirroredChains(sdk::Family family) const {
   const auto& m = mirror_[index(family)];
   return m.chains[0].size() + m.chains[1].size() + m.chains[2].size();
 }
 
-sdk::Expected<sdk::SyncOutcome> IptablesBackend::sync(const sdk::SyncContext& context) {
-  plan::HostSnapshot next(context.next);
-  auto synced = syncFrom(next, context.changed, context.full);
-  if (synced && !settings_.dryRun) backends::cleanStaleConntrackEntries(host_, context);
-  return synced;
-}
-
-sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSource& next,
-                                                          const std::vector<sdk::ChangedKey>& changed, bool full) {
-  const auto started = std::chrono::steady_clock::now();
-  kernel_->takeToolTimes();  // what a failed sync's tools cost is not this sync's
-  netlinkRules_ = netlinkCommits_ = 0;
-  full = full || needFull_;
-  // The canary: a periodic sync with nothing changed checks that the tables were not flushed
-  // behind kproxy's back (upstream's iptables monitor), and resyncs in full if they were.
-  if (!full && changed.empty() && !settings_.dryRun) {
-    for (sdk::Family fam : kFamilies) {
-      if (!familyEnabled(fam)) continue;
-      auto exists = kernel_->chainExists(fam, Table::kMangle, backends::iptables_chains::kProxyCanary);
-      if (!exists) {
-        host_.warning(fmt::format("iptables: checking the canary chain: {}", exists.error().message()));
-      } else if (!*exists) {
-        host_.info(0, fmt::format("iptables: the {} mangle table lost KUBE-PROXY-CANARY (flushed?); syncing in full",
-                                  toolName(fam)));
-        full = true;
-      }
+bool IptablesBackend::kernelChangedOutside(const std::vector<sdk::ChangedKey>& changed) {
+  // Checked on periodic syncs only (nothing changed): each check runs the tool, once per family.
+  if (!changed.empty()) return false;
+  bool flushed = false;
+  for (sdk::Family fam : kFamilies) {
+    if (!familyEnabled(fam)) continue;
+    auto exists = kernel_->chainExists(fam, Table::kMangle, backends::iptables_chains::kProxyCanary);
+    if (!exists) {
+      host_.warning(fmt::format("iptables: checking the canary chain: {}", exists.error().message()));
+    } else if (!*exists) {
+      host_.info(0, fmt::format("iptables: the {} mangle table lost KUBE-PROXY-CANARY (flushed?); syncing in full",
+                                toolName(fam)));
+      flushed = true;
     }
   }
+  return flushed;
+}
+
+void IptablesBackend::beginPass(const plan::SnapshotSource& next, bool full) {
+  kernel_->takeToolTimes();  // what a failed sync's tools cost is not this sync's
+  netlinkRules_ = netlinkCommits_ = 0;
+  touched_.clear();
   const sdk::NodeInfo node = next.node();
   renderer_.setNode(node);
   renderer_.setServiceCIDRs(next.serviceCIDRs());
@@ -76,82 +71,79 @@ sdk::Expected<sdk::SyncOutcome> IptablesBackend::syncFrom(const plan::SnapshotSo
     renderer_.setLargeCluster(endpoints > settings_.render.largeClusterEndpoints);
     recentLists_ = 0;
   }
+}
 
+sdk::Expected<backends::PassOutcome> IptablesBackend::fullSync(const plan::SnapshotSource& next) {
+  beginPass(next, true);
   std::size_t operations = 0;
-  touched_.clear();
   for (sdk::Family fam : kFamilies) {
     lastRestore_[index(fam)].clear();
     if (!familyEnabled(fam)) continue;
-    std::string input;
-    if (full) {
-      needFull_ = true;
-      // The old mirror is not read again (a failure leaves needFull_ set, and the next full
-      // sync reads the kernel anew): freed first, it is never resident beside the new one
-      // (about 10 MB at 10,000 Services). Its rule counts stay for the metrics until then.
-      {
-        FamilyMirror& old = mirror_[index(fam)];
-        FamilyMirror counted;
-        std::copy(std::begin(old.rules), std::end(old.rules), std::begin(counted.rules));
-        old = std::move(counted);
-      }
-      FamilyMirror fresh;
-      // A failure leaves needFull_ set, so the next sync repairs what was applied.
-      if (auto r = fullSync(next, fam, fresh, input, operations); !r) return std::unexpected(r.error());
-      mirror_[index(fam)] = std::move(fresh);
-    } else {
-      std::vector<std::string> keys;
-      for (const auto& c : changed)
-        if (c.family == fam) keys.push_back(c.key);
-      RestoreEdit edit;
-      edit.keepNat = netlinkAllowed();
-      partialSync(next, fam, keys, mirror_[index(fam)], edit, operations);
-      input = edit.text();
-      if (auto r = applyPartial(fam, edit, input); !r) {
-        needFull_ = true;  // the mirror now describes what was refused
-        return std::unexpected(r.error());
-      }
+    // The old mirror is not read again (a failure leaves the next sync full, and it reads the
+    // kernel anew): freed first, it is never resident beside the new one (about 10 MB at
+    // 10,000 Services). Its rule counts stay for the metrics until then.
+    {
+      FamilyMirror& old = mirror_[index(fam)];
+      FamilyMirror counted;
+      std::copy(std::begin(old.rules), std::end(old.rules), std::begin(counted.rules));
+      old = std::move(counted);
     }
+    FamilyMirror fresh;
+    std::string input;
+    if (auto r = fullSyncFamily(next, fam, fresh, input, operations); !r) return std::unexpected(r.error());
+    mirror_[index(fam)] = std::move(fresh);
     if (input.size() > settings_.lastRestoreKept) input.clear();
     lastRestore_[index(fam)] = std::move(input);
   }
-  if (full) {
-    needFull_ = false;
-    warnAboutRecentLists();
-    if (!settings_.dryRun) setRouteLocalnet();
-    backends::releaseFreeHeap();
+  warnAboutRecentLists();
+  if (!settings_.dryRun) setRouteLocalnet();
+  updateMetrics();
+  return passOutcome(true, operations);
+}
+
+sdk::Expected<backends::PassOutcome> IptablesBackend::partialSync(const plan::SnapshotSource& next,
+                                                                  const std::vector<sdk::ChangedKey>& changed) {
+  beginPass(next, false);
+  std::size_t operations = 0;
+  for (sdk::Family fam : kFamilies) {
+    lastRestore_[index(fam)].clear();
+    if (!familyEnabled(fam)) continue;
+    std::vector<std::string> keys;
+    for (const auto& c : changed)
+      if (c.family == fam) keys.push_back(c.key);
+    RestoreEdit edit;
+    edit.keepNat = netlinkAllowed();
+    partialSyncFamily(next, fam, keys, mirror_[index(fam)], edit, operations);
+    std::string input = edit.text();
+    // A refusal leaves the next sync full: the mirror now describes what was refused.
+    if (auto r = applyPartial(fam, edit, input); !r) return std::unexpected(r.error());
+    if (input.size() > settings_.lastRestoreKept) input.clear();
+    lastRestore_[index(fam)] = std::move(input);
   }
   updateMetrics();
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-  sdk::SyncOutcome outcome;
-  outcome.operations = operations;
-  outcome.summary = fmt::format("{} sync: {} chain and rule changes in {:.1f} ms ({}", full ? "full" : "partial",
-                                operations, ms, kernel_->describe());
+  return passOutcome(false, operations);
+}
+
+backends::PassOutcome IptablesBackend::passOutcome(bool full, std::size_t operations) {
+  backends::PassOutcome out;
+  out.operations = operations;
+  out.detail = fmt::format("kernel={}", kernel_->describe());
   // Where the time went: the tools' own CPU, in user space (parsing, their cache of the table)
   // and in the kernel (for iptables-nft, applying and validating each commit).
   if (netlinkCommits_ > 0)
-    outcome.summary += fmt::format("; {} rules written over netlink in {} transaction{}", netlinkRules_,
-                                   netlinkCommits_, netlinkCommits_ == 1 ? "" : "s");
+    out.detail += fmt::format(" netlink_rules={} netlink_commits={}", netlinkRules_, netlinkCommits_);
   if (const auto tools = kernel_->takeToolTimes(); tools.runs > 0)
-    outcome.summary += fmt::format("; {} tool run{} used {:.1f} ms user and {:.1f} ms kernel CPU", tools.runs,
-                                   tools.runs == 1 ? "" : "s", tools.user.count() / 1000.0,
-                                   tools.system.count() / 1000.0);
-  outcome.summary += ")";
-  // A full sync asked to change nothing that still wrote something: the kernel differed from the
-  // plan (a self-verification, or a first sync). Name the first of them.
-  if (full && changed.empty() && operations > 0 && !touched_.empty())
-    outcome.summary += fmt::format(" first changes: {}", fmt::join(touched_, "; "));
-  return outcome;
+    out.detail += fmt::format(" tool_runs={} tool_user_ms={:.1f} tool_kernel_ms={:.1f}", tools.runs,
+                              tools.user.count() / 1000.0, tools.system.count() / 1000.0);
+  // A full pass that still wrote something: the kernel differed from the plan (a
+  // self-verification, or a first sync). Name the first of them.
+  if (full && operations > 0 && !touched_.empty())
+    out.detail += fmt::format(" first changes: {}", fmt::join(touched_, "; "));
+  return out;
 }
 
 sdk::Expected<void> IptablesBackend::apply(sdk::Family family, const std::string& input) {
   if (input.empty()) return {};
-  if (settings_.dryRun) {
-    std::fprintf(settings_.dryRunOutput, "# %s-restore --noflush\n%s", std::string(toolName(family)).c_str(),
-                 input.c_str());
-    std::fflush(settings_.dryRunOutput);
-    return {};
-  }
   auto r = kernel_->restore(family, input);
   if (!r) return restoreFailed(family, r.error());
   return {};
@@ -235,7 +227,7 @@ void IptablesBackend::setRouteLocalnet() {
 }
 
 sdk::Expected<void> IptablesBackend::cleanup() {
-  needFull_ = true;
+  requireFullSync();
   for (auto& m : mirror_) m = FamilyMirror{};
   for (sdk::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;

@@ -352,7 +352,7 @@ class IptablesBackend::StreamedChains {
     buffer_ += "*nat\n";
   }
   void startTool() {
-    if (backend_.settings_.dryRun || error_) return;
+    if (error_) return;
     auto started = backend_.kernel_->startRestore(family_);
     if (!started) {
       error_ = backend_.restoreFailed(family_, started.error()).error();
@@ -370,9 +370,7 @@ class IptablesBackend::StreamedChains {
   void send() {
     if (buffer_.empty()) return;
     keep(buffer_);
-    if (backend_.settings_.dryRun) {
-      dryRun_ += buffer_;
-    } else if (tool_ && !error_) {
+    if (tool_ && !error_) {
       if (auto w = tool_->write(buffer_); !w) error_ = backend_.restoreFailed(family_, w.error()).error();
     }
     buffer_.clear();
@@ -384,10 +382,6 @@ class IptablesBackend::StreamedChains {
     buffer_ += "COMMIT\n";
     open_ = false;
     chunkSize_ = 0;
-    if (backend_.settings_.dryRun) {
-      close();
-      return;
-    }
     waitPending();
     startTool();
     send();
@@ -398,11 +392,6 @@ class IptablesBackend::StreamedChains {
   }
   void close() {
     send();
-    if (backend_.settings_.dryRun) {
-      if (auto r = backend_.apply(family_, dryRun_); !r && !error_) error_ = r.error();
-      dryRun_.clear();
-      return;
-    }
     if (!tool_) return;
     auto done = tool_->finish();
     tool_.reset();
@@ -422,7 +411,6 @@ class IptablesBackend::StreamedChains {
   std::vector<Pending> port_;               ///< the chains of the port being rendered (netlink)
   std::string buffer_;
   std::string declare_, rules_;  ///< of the service port being rendered
-  std::string dryRun_;
   std::optional<sdk::PluginError> error_;
 };
 
@@ -532,9 +520,9 @@ bool holdsDispatchChain(const KernelChains::Chain* chain, const FamilyMirror::Di
 
 // ---- the backend's syncs ----
 
-void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family family,
-                                  const std::vector<std::string>& keys, FamilyMirror& mirror, RestoreEdit& edit,
-                                  std::size_t& operations) {
+void IptablesBackend::partialSyncFamily(const plan::SnapshotSource& next, sdk::Family family,
+                                        const std::vector<std::string>& keys, FamilyMirror& mirror,
+                                        RestoreEdit& edit, std::size_t& operations) {
   DispatchDelta delta;
   for (const auto& key : keys) {
     if (key.empty()) continue;
@@ -554,21 +542,19 @@ void IptablesBackend::partialSync(const plan::SnapshotSource& next, sdk::Family 
   operations += edit.operations;
 }
 
-sdk::Expected<void> IptablesBackend::fullSync(const plan::SnapshotSource& next, sdk::Family family,
-                                              FamilyMirror& out, std::string& input, std::size_t& operations) {
-  // What the kernel holds (dry-run trusts an empty kernel: it reads nothing that needs
-  // privileges).
+sdk::Expected<void> IptablesBackend::fullSyncFamily(const plan::SnapshotSource& next, sdk::Family family,
+                                                    FamilyMirror& out, std::string& input,
+                                                    std::size_t& operations) {
+  // What the kernel holds (in --dry-run, what PrintingIptables' ruleset in memory holds).
   KernelChains kernel;
-  if (!settings_.dryRun)
-    for (Table t : kTables)
-      if (auto read = kernel.read(*kernel_, family, t); !read) return failed(read.error());
+  for (Table t : kTables)
+    if (auto read = kernel.read(*kernel_, family, t); !read) return failed(read.error());
 
   RestoreEdit edit;
   // The owned chains' rewrites are streamed to the tool while rendering; when the kernel adapter
   // asks for inputs of a bounded size, in chunks of whole service ports, the fixed chains they
   // jump to in the first. Each chunk leaves every service either as it was or as it is wanted.
-  StreamedChains stream(*this, family, settings_.dryRun ? 0 : kernel_->restoreChunkRules(),
-                        netlinkAllowed());
+  StreamedChains stream(*this, family, kernel_->restoreChunkRules(), netlinkAllowed());
   auto addChains = [&](const std::string& key, std::vector<ChainRules>& chains, std::vector<DispatchRule>& dispatch) {
     FamilyMirror::Owned owned;
     for (auto& c : chains) {

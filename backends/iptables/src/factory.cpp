@@ -41,11 +41,16 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIptablesBackend(const sdk
 
   std::unique_ptr<KernelIptables> kernel;
   auto tools = findVariantTools(variant);
-  if (!tools) {
-    if (!settings.dryRun) return sdk::fail(sdk::ErrorCategory::kInvalidInput, tools.error().message());
-    kernel = std::make_unique<FakeIptables>();  // dry-run and explain never run the tools
+  if (!tools && !settings.dryRun) return sdk::fail(sdk::ErrorCategory::kInvalidInput, tools.error().message());
+  if (tools) settings.ipv6 = !tools->restore6.empty() && !tools->save6.empty() && backends::kernelHasIPv6();
+  if (settings.dryRun) {
+    // Dry-run and explain never run the tools: what would be restored is printed, over an
+    // empty ruleset in memory that learns what the dry run wrote.
+    auto empty = std::make_unique<FakeIptables>();
+    empty->wholeTables = variant == Variant::kLegacy;
+    kernel = std::make_unique<PrintingIptables>(std::move(empty), settings.dryRunOutput,
+                                                "iptables-" + std::string(variantName(variant)));
   } else {
-    settings.ipv6 = !tools->restore6.empty() && !tools->save6.empty() && backends::kernelHasIPv6();
     kernel = makeProcessKernel(std::move(*tools), systemRunner());
   }
   settings.render = std::move(*cfg);

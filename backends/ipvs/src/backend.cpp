@@ -1,4 +1,4 @@
-// The IPVS backend around its differ: the sync (full or partial, graceful termination, summary),
+// The IPVS backend around its differ: its passes (full or partial, graceful termination),
 // the kernel writes (counted, printed in --dry-run, idempotent), sysctls, cleanup and metrics.
 #include "kproxy/ipvs/backend.h"
 
@@ -15,8 +15,6 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "kproxy/backends/common/conntrack_cleaner.h"
-#include "kproxy/backends/common/heap.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/backends/common/sysctl.h"
 #include "kproxy/plan/options.h"
@@ -132,7 +130,8 @@ const RealServer* IpvsBackend::RealServers::find(const RealServer& identity) con
 }
 
 IpvsBackend::IpvsBackend(sdk::Host host, BackendSettings settings, IpvsAdapters adapters)
-    : host_(host),
+    : Reconciler(host, backends::ReconcilerOptions{"ipvs", settings.dryRun, true, true}),
+      host_(host),
       settings_(std::move(settings)),
       renderer_(settings_.render),
       kernel_(std::move(adapters)) {
@@ -162,7 +161,7 @@ void IpvsBackend::print(const std::string& text) {
 }
 
 sdk::Expected<void> IpvsBackend::failed(std::string_view op, const core::Error& error) {
-  needFull_ = true;
+  requireFullSync();  // the next sync reads the kernel back (a failed pass's already is full)
   if (metrics_.failures.active()) metrics_.failures.add({std::string(op)}, 1);
   return sdk::fail(categoryOf(error), "ipvs: " + error.message(), error.errnum);
 }
@@ -276,44 +275,23 @@ sdk::Expected<void> IpvsBackend::ensureLink() {
 // ---------------------------------------------------------------------------------------
 // Sync
 
-sdk::Expected<sdk::SyncOutcome> IpvsBackend::sync(const sdk::SyncContext& context) {
-  plan::HostSnapshot next(context.next);
-  auto synced = syncFrom(next, context.changed, context.full);
-  if (synced && !settings_.dryRun) backends::cleanStaleConntrackEntries(host_, context);
-  // As the other backends: a full sync's freed heap goes back to the system. Not after
-  // partial syncs, where it would cost every endpoint change a walk of the heap (2 ms under
-  // the test VM's emulation at 1,000 Services).
-  if (context.full) backends::releaseFreeHeap();
-  return synced;
-}
-
-sdk::Expected<sdk::SyncOutcome> IpvsBackend::syncFrom(const plan::SnapshotSource& next,
-                                                      const std::vector<sdk::ChangedKey>& changed,
-                                                      bool full) {
-  const auto started = std::chrono::steady_clock::now();
-  full = full || needFull_;
+sdk::Expected<backends::PassOutcome> IpvsBackend::pass(const plan::SnapshotSource& next,
+                                                       const std::vector<sdk::ChangedKey>& changed, bool full) {
   lastWrites_ = 0;
   firstWrites_.clear();
   renderer_.setNode(next.node());
   renderer_.setServiceCIDRs(next.serviceCIDRs());
-  // Any failure below leaves needFull_ set: the next sync reads the kernel back.
-  needFull_ = true;
-  auto r = full ? fullSync(next) : partialSync(next, changed);
+  auto r = full ? repairAll(next) : applyChanged(next, changed);
   if (!r) return std::unexpected(r.error());
   if (auto d = drainTerminating(); !d) return std::unexpected(d.error());
-  needFull_ = false;
   updateMetrics();
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
-  sdk::SyncOutcome outcome;
+  backends::PassOutcome outcome;
   outcome.operations = lastWrites_;
-  outcome.summary =
-      fmt::format("{} sync: {} kernel writes in {:.1f} ms ({} virtual servers, {} draining)",
-                  full ? "full" : "partial", lastWrites_, ms, servers_.size(), terminating_.size());
-  // A full sync asked to change nothing that still wrote: the kernel differed from the plan (a
-  // self-verification, or a first sync). Name the first writes, in ipvsadm notation.
-  if (full && changed.empty() && lastWrites_ > 0 && !firstWrites_.empty())
-    outcome.summary += fmt::format(" first writes: {}", fmt::join(firstWrites_, "; "));
+  outcome.detail = fmt::format("virtual_servers={} draining={}", servers_.size(), terminating_.size());
+  // A full pass that still wrote: the kernel differed from the plan (a self-verification, or a
+  // first sync). Name the first writes, in ipvsadm notation.
+  if (full && lastWrites_ > 0 && !firstWrites_.empty())
+    outcome.detail += fmt::format(" first writes: {}", fmt::join(firstWrites_, "; "));
   return outcome;
 }
 
@@ -491,7 +469,7 @@ sdk::Expected<void> IpvsBackend::cleanup() {
   terminating_.clear();
   for (auto& text : iptablesApplied_) text.clear();
   for (auto& chains : globalApplied_) chains.clear();
-  needFull_ = true;
+  requireFullSync();
   if (lastWrites_ > 0) host_.info(1, fmt::format("ipvs cleanup: {} kernel changes", lastWrites_));
   return {};
 }

@@ -184,7 +184,7 @@ IpvsBackend::Wanted IpvsBackend::renderWanted(const plan::SnapshotSource& next) 
   return wanted;
 }
 
-sdk::Expected<void> IpvsBackend::fullSync(const plan::SnapshotSource& next) {
+sdk::Expected<void> IpvsBackend::repairAll(const plan::SnapshotSource& next) {
   if (!settings_.dryRun) {
     setSysctls();
     setTimeouts();
@@ -336,8 +336,8 @@ sdk::Expected<void> IpvsBackend::syncIpsets(const std::map<std::string, std::siz
 // ---------------------------------------------------------------------------------------
 // Partial syncs
 
-sdk::Expected<void> IpvsBackend::partialSync(const plan::SnapshotSource& next,
-                                             const std::vector<sdk::ChangedKey>& changed) {
+sdk::Expected<void> IpvsBackend::applyChanged(const plan::SnapshotSource& next,
+                                              const std::vector<sdk::ChangedKey>& changed) {
   if (dummyAddressesStale_) {
     std::vector<std::string> bound;
     for (const auto& [a, refs] : addresses_) bound.push_back(a);

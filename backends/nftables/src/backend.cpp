@@ -290,7 +290,7 @@ sdk::Expected<backends::PassOutcome> NftablesBackend::partialSync(const Snapshot
   return pass(next, changed, false);
 }
 
-bool NftablesBackend::kernelChangedOutside() {
+bool NftablesBackend::kernelChangedOutside(const std::vector<sdk::ChangedKey>& /*changed*/) {
   checkedGeneration_ = checkGeneration(false);
   return checkedGeneration_->changedOutside;
 }

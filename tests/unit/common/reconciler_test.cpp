@@ -33,7 +33,7 @@ class ScriptedBackend final : public backends::Reconciler {
     passes.push_back("partial " + std::to_string(changed.size()));
     return next();
   }
-  bool kernelChangedOutside() override { return changedOutside; }
+  bool kernelChangedOutside(const std::vector<sdk::ChangedKey>&) override { return changedOutside; }
 
  private:
   sdk::Expected<backends::PassOutcome> next() {

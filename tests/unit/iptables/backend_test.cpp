@@ -106,7 +106,7 @@ TEST_CASE("iptables backend: the first sync is full, and a restart writes nothin
   REQUIRE(f.backend->needsFullSync());
   auto first = f.backend->syncFrom(f.snap, {}, false);  // full whatever was asked
   REQUIRE(ok(first));
-  CHECK(first->summary.starts_with("full sync"));
+  CHECK(first->summary.starts_with("iptables sync full=true "));
   CHECK(first->operations > 40);
   CHECK_FALSE(f.backend->needsFullSync());
   REQUIRE(f.fake.restores.size() == 2);  // one per family
@@ -129,7 +129,7 @@ TEST_CASE("iptables backend: the first sync is full, and a restart writes nothin
   auto restarted = f.make();
   auto second = restarted->syncFrom(f.snap, {}, false);
   REQUIRE(ok(second));
-  CHECK(second->summary.starts_with("full sync"));
+  CHECK(second->summary.starts_with("iptables sync full=true "));
   CHECK(second->operations == 0);
   CHECK(restarted->lastRestore(kV4).empty());
   CHECK(restarted->lastRestore(kV6).empty());
@@ -144,7 +144,7 @@ TEST_CASE("iptables backend: a one-endpoint change rewrites that service's chain
   setEndpoints(web, {endpoint("10.1.0.1", 8080), endpoint("10.1.0.2", 8080), endpoint("10.1.0.99", 8080)});
   auto out = f.backend->syncFrom(f.snap, {{kV4, web.key}}, false);
   REQUIRE(ok(out));
-  CHECK(out->summary.starts_with("partial sync"));
+  CHECK(out->summary.starts_with("iptables sync full=false "));
   const std::string& input = f.backend->lastRestore(kV4);
   INFO(input);
   CHECK(f.fake.restores.back() == input);
@@ -262,7 +262,7 @@ TEST_CASE("iptables backend: a refused restore names the line and makes the next
   const auto restores = f.fake.restores.size();
   auto repair = f.backend->syncFrom(f.snap, {}, false);
   REQUIRE(ok(repair));
-  CHECK(repair->summary.starts_with("full sync"));
+  CHECK(repair->summary.starts_with("iptables sync full=true "));
   CHECK(f.fake.restores.size() == restores + 1);  // IPv6 had nothing to repair
   const std::string& input = f.backend->lastRestore(kV4);
   INFO(input);
@@ -322,7 +322,7 @@ TEST_CASE("iptables backend: a flushed table is noticed by the canary and repair
                mangle.end());
   auto out = f.backend->syncFrom(f.snap, {}, false);  // periodic: no changed keys
   REQUIRE(ok(out));
-  CHECK(out->summary.starts_with("full sync"));
+  CHECK(out->summary.starts_with("iptables sync full=true "));
   CHECK(f.backend->lastRestore(kV4).empty());
   CHECK(contains(f.backend->lastRestore(kV6), "*mangle\n:KUBE-PROXY-CANARY - [0:0]\n"));
   f.requireSynced();
@@ -480,7 +480,7 @@ TEST_CASE("iptables backend: random partial syncs keep the kernel equal to a ful
     for (const auto& c : changed) keys += (c.family == kV6 ? " v6:" : " v4:") + c.key;
     INFO("step " << step << ", changed" << keys);
     REQUIRE(ok(out));
-    REQUIRE(out->summary.starts_with("partial sync"));
+    REQUIRE(out->summary.starts_with("iptables sync full=false "));
     for (sdk::Family fam : {kV4, kV6}) {
       INFO((fam == kV4 ? "IPv4" : "IPv6") << "\n" << f.backend->lastRestore(fam));
       REQUIRE(kproxy::iptables::testing::chainDiff(f.kernel(fam), f.wanted(fam)) == "");
@@ -608,4 +608,41 @@ TEST_CASE("iptables backend: many affinity lists with a whole-table variant warn
     REQUIRE(ok(backend->syncFrom(f.snap, {}, true)));
     CHECK(affinityWarnings() == 2);
   }
+}
+
+TEST_CASE("iptables backend: --dry-run prints each restore input and applies it to the ruleset in memory only",
+          "[unit]") {
+  Fixture f;
+  std::FILE* out = std::tmpfile();
+  REQUIRE(out != nullptr);
+  BackendSettings s;
+  s.render = kproxy::iptables::testing::featureConfig();
+  s.sysctlRoot = f.sysctls.root();
+  s.dryRun = true;
+  s.dryRunOutput = out;
+  auto memory = std::make_unique<FakeIptables>();
+  FakeIptables* ruleset = memory.get();
+  IptablesBackend backend(sdk::Host(nullptr), std::move(s),
+                          std::make_unique<PrintingIptables>(std::move(memory), out, "iptables-nft"));
+  auto first = backend.syncFrom(f.snap, {}, true);
+  REQUIRE(ok(first));
+  CHECK(first->summary.starts_with("iptables sync full=true "));
+  CHECK(first->summary.ends_with(" dry_run=true"));
+  // The periodic sync that follows finds the canary in the ruleset in memory and prints nothing.
+  auto periodic = backend.syncFrom(f.snap, {}, false);
+  REQUIRE(ok(periodic));
+  CHECK(periodic->summary.starts_with("iptables sync full=false ops=0 "));
+  std::rewind(out);
+  std::string text;
+  char buffer[4096];
+  while (auto n = std::fread(buffer, 1, sizeof buffer, out)) text.append(buffer, n);
+  std::fclose(out);
+  INFO(text);
+  CHECK(text.starts_with("# iptables-restore --noflush\n"));
+  CHECK(contains(text, "# ip6tables-restore --noflush\n"));
+  CHECK(text == "# iptables-restore --noflush\n" + ruleset->restores.at(0) + "# ip6tables-restore --noflush\n" +
+                    ruleset->restores.at(1));
+  CHECK(ruleset->restores.size() == 2);
+  CHECK(f.fake.restores.empty());  // the fixture's kernel was never touched
+  CHECK(f.sysctls.routeLocalnet() != "1");
 }

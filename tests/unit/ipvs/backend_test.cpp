@@ -466,7 +466,7 @@ TEST_CASE("a failed step names the object and makes the next sync a full reconci
   f.resetCounts();
   auto again = f.partial({});
   REQUIRE(ok(again));
-  CHECK(again->summary.starts_with("full"));
+  CHECK(again->summary.starts_with("ipvs sync full=true "));
   CHECK(f.ipvs->writes == 1);
   CHECK(f.ipvs->calls > 8);  // it listed every virtual server
   CHECK(f.reals("TCP 10.96.0.10:80").size() == 3);

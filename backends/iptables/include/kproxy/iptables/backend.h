@@ -25,6 +25,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kproxy/backends/common/reconciler.h"
 #include "kproxy/iptables/differ.h"
 #include "kproxy/iptables/kernel.h"
 #include "kproxy/iptables/kernel_netlink.h"
@@ -36,6 +37,7 @@ namespace kproxy::iptables {
 
 struct BackendSettings {
   RenderConfig render;
+  /// No conntrack cleanup and no sysctls; the factory then gives the backend a PrintingIptables.
   bool dryRun = false;
   std::FILE* dryRunOutput = stdout;
   /// Program IPv6 (ip6tables) too; off when the kernel has no IPv6 or no ip6tables exists.
@@ -59,23 +61,20 @@ struct BackendSettings {
   std::size_t recentListsWarning = 5000;
 };
 
-class IptablesBackend final : public sdk::BackendPlugin {
+/// The iptables backend: its full and partial passes under the one reconcile skeleton
+/// (backends/common/reconciler.h), which owns the sync around them.
+class IptablesBackend final : public backends::Reconciler {
  public:
   IptablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelIptables> kernel);
 
-  sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) override;
   sdk::Expected<void> cleanup() override;
   /// `kproxy explain`: renders `snapshot` with this backend's settings and traces the packet
   /// (explain.h); reads neither the kernel nor the mirror.
   sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot, const sdk::ExplainRequest& request) override;
 
-  sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next,
-                                           const std::vector<sdk::ChangedKey>& changed, bool full);
-
   /// The restore input of the last sync per family (empty when it wrote nothing, or when it
   /// was bigger than BackendSettings::lastRestoreKept).
   const std::string& lastRestore(sdk::Family family) const { return lastRestore_[index(family)]; }
-  bool needsFullSync() const { return needFull_; }
   /// Owned chains in the mirror, per family.
   std::size_t mirroredChains(sdk::Family family) const;
   /// Rules in kproxy's chains of `table` as the mirror counts them (kproxy_iptables_rules).
@@ -90,6 +89,14 @@ class IptablesBackend final : public sdk::BackendPlugin {
   static sdk::Expected<Metrics> registerMetrics(const sdk::Host& host);
   void useMetrics(Metrics metrics) { metrics_ = std::move(metrics); }
 
+ protected:
+  sdk::Expected<backends::PassOutcome> fullSync(const plan::SnapshotSource& next) override;
+  sdk::Expected<backends::PassOutcome> partialSync(const plan::SnapshotSource& next,
+                                                   const std::vector<sdk::ChangedKey>& changed) override;
+  /// The canary: on a periodic sync (nothing changed), whether a table lost KUBE-PROXY-CANARY,
+  /// i.e. was flushed behind kproxy's back (upstream's iptables monitor).
+  bool kernelChangedOutside(const std::vector<sdk::ChangedKey>& changed) override;
+
  private:
   static std::size_t index(sdk::Family f) { return f == sdk::Family::kIPv6 ? 1 : 0; }
   static std::size_t index(Table t) { return static_cast<std::size_t>(t); }
@@ -98,13 +105,19 @@ class IptablesBackend final : public sdk::BackendPlugin {
   /// A full sync's owned chains, written to the tool while rendered.
   class StreamedChains;
 
+  /// What every pass does first: the renderer learns the node (and, in a full pass, whether
+  /// the cluster is large), the pass's counters start at zero.
+  void beginPass(const plan::SnapshotSource& next, bool full);
   /// Renders and applies a full sync of `family`: the mirror it leaves in `out`, what it wrote
   /// in `input` (when it fits settings_.lastRestoreKept).
-  sdk::Expected<void> fullSync(const plan::SnapshotSource& next, sdk::Family family, FamilyMirror& out,
-                               std::string& input, std::size_t& operations);
-  void partialSync(const plan::SnapshotSource& next, sdk::Family family,
-                   const std::vector<std::string>& keys, FamilyMirror& mirror, RestoreEdit& edit,
-                   std::size_t& operations);
+  sdk::Expected<void> fullSyncFamily(const plan::SnapshotSource& next, sdk::Family family, FamilyMirror& out,
+                                     std::string& input, std::size_t& operations);
+  void partialSyncFamily(const plan::SnapshotSource& next, sdk::Family family,
+                         const std::vector<std::string>& keys, FamilyMirror& mirror, RestoreEdit& edit,
+                         std::size_t& operations);
+  /// The pass's outcome: its operations and its fields of the sync summary (the variant, what
+  /// went over netlink, the tools' CPU, and after a full pass the first changes).
+  backends::PassOutcome passOutcome(bool full, std::size_t operations);
 
   sdk::Expected<void> apply(sdk::Family family, const std::string& input);
   /// Applies a partial sync's edit (`input`, its text): over netlink when it only rewrites or
@@ -122,9 +135,7 @@ class IptablesBackend final : public sdk::BackendPlugin {
   /// the count has fallen below it and risen back).
   void warnAboutRecentLists();
   /// Whether this sync may write nat chains over netlink (NftRuleBatch).
-  bool netlinkAllowed() {
-    return !settings_.dryRun && settings_.netlinkRules && !netlinkRefused_ && kernel_->netlinkRules();
-  }
+  bool netlinkAllowed() { return settings_.netlinkRules && !netlinkRefused_ && kernel_->netlinkRules(); }
   bool familyEnabled(sdk::Family family) const { return family == sdk::Family::kIPv4 || settings_.ipv6; }
   void setRouteLocalnet();
   void updateMetrics() const;
@@ -134,7 +145,6 @@ class IptablesBackend final : public sdk::BackendPlugin {
   IptablesRenderer renderer_;
   std::unique_ptr<KernelIptables> kernel_;
   FamilyMirror mirror_[2];
-  bool needFull_ = true;
   std::string lastRestore_[2];
   std::vector<std::string> touched_;  ///< the first objects the current sync changed
   bool netlinkRefused_ = false;       ///< the kernel refused NftRuleBatch's encoding once

@@ -6,6 +6,7 @@
 /// Thread-safety: one caller at a time.
 
 #include <chrono>
+#include <cstdio>
 #include <functional>
 #include <memory>
 #include <string>
@@ -92,6 +93,32 @@ core::Result<VariantTools> findVariantTools(Variant variant);
 Variant detectVariant(backends::ProcessRunner& runner);
 
 std::unique_ptr<KernelIptables> makeProcessKernel(VariantTools tools, backends::ProcessRunner& runner);
+
+/// --dry-run: the kernel interface that prints each restore input (`# iptables-restore
+/// --noflush` and the input) instead of running the tool, and applies it to `inner`, which
+/// answers every read: a dry run over an empty FakeIptables plans as on an empty node, and its
+/// later syncs see what the earlier ones would have written. Never writes over netlink.
+class PrintingIptables final : public KernelIptables {
+ public:
+  /// `name`: what describe() says (the variant the host would use).
+  PrintingIptables(std::unique_ptr<KernelIptables> inner, std::FILE* out, std::string name);
+  core::Result<std::string> save(sdk::Family family, Table table) override { return inner_->save(family, table); }
+  core::Result<void> saveTo(sdk::Family family, Table table,
+                            const std::function<void(std::string_view)>& out) override {
+    return inner_->saveTo(family, table, out);
+  }
+  core::Result<void> restore(sdk::Family family, std::string_view input) override;
+  core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override {
+    return inner_->chainExists(family, table, chain);
+  }
+  std::string describe() const override { return name_; }
+  bool replacesWholeTables() const override { return inner_->replacesWholeTables(); }
+
+ private:
+  std::unique_ptr<KernelIptables> inner_;
+  std::FILE* out_;
+  std::string name_;
+};
 
 /// Applies restore input to an in-memory ruleset (tests, and the benchmark's mirror checks).
 class FakeIptables final : public KernelIptables {

@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "kproxy/backends/common/reconciler.h"
 #include "kproxy/iptables/kernel.h"
 #include "kproxy/ipvs/kernel.h"
 #include "kproxy/ipvs/renderer.h"
@@ -79,11 +80,12 @@ struct IpvsAdapters {
   std::unique_ptr<iptables::KernelIptables> iptables;
 };
 
-class IpvsBackend final : public sdk::BackendPlugin {
+/// The IPVS backend: its full and partial passes under the one reconcile skeleton
+/// (backends/common/reconciler.h), which owns the sync around them.
+class IpvsBackend final : public backends::Reconciler {
  public:
   IpvsBackend(sdk::Host host, BackendSettings settings, IpvsAdapters adapters);
 
-  sdk::Expected<sdk::SyncOutcome> sync(const sdk::SyncContext& context) override;
   /// Removes what IPVS mode creates: its virtual servers (as in the ownership rule), the
   /// kube-ipvs0 link, its iptables chains and the jumps to them, then its ipsets. Safe to run
   /// twice; foreign objects stay.
@@ -93,13 +95,6 @@ class IpvsBackend final : public sdk::BackendPlugin {
   sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot,
                                      const sdk::ExplainRequest& request) override;
 
-  /// sync() on any snapshot source (tests, benchmarks): a full sync when `full`, after a failure
-  /// and the first time; else a partial one over `changed`.
-  sdk::Expected<sdk::SyncOutcome> syncFrom(const plan::SnapshotSource& next,
-                                           const std::vector<sdk::ChangedKey>& changed, bool full);
-
-  /// Whether the next sync will be full (the first one, or one after a failure).
-  bool needsFullSync() const { return needFull_; }
   /// Real servers waiting to drain ("TCP 10.96.0.10:80/10.244.1.5:8080").
   std::vector<std::string> terminating() const;
   /// Kernel writes (netlink messages, restores) of the last sync.
@@ -112,6 +107,15 @@ class IpvsBackend final : public sdk::BackendPlugin {
   };
   static sdk::Expected<Metrics> registerMetrics(const sdk::Host& host);
   void useMetrics(Metrics metrics) { metrics_ = std::move(metrics); }
+
+ protected:
+  sdk::Expected<backends::PassOutcome> fullSync(const plan::SnapshotSource& next) override {
+    return pass(next, {}, true);
+  }
+  sdk::Expected<backends::PassOutcome> partialSync(const plan::SnapshotSource& next,
+                                                   const std::vector<sdk::ChangedKey>& changed) override {
+    return pass(next, changed, false);
+  }
 
  private:
   /// A virtual server's real servers, sorted by identity (address, then port): a flat array,
@@ -151,10 +155,18 @@ class IpvsBackend final : public sdk::BackendPlugin {
   /// The protocols and ports IPVS mode's NodePort sets hold.
   using NodePorts = std::set<std::pair<Protocol, std::uint16_t>>;
 
+  /// One pass: the differ's full or partial walk, then graceful termination's check; its
+  /// summary fields are the virtual servers, the draining real servers and, after a full
+  /// pass that wrote, the first writes in ipvsadm notation.
+  sdk::Expected<backends::PassOutcome> pass(const plan::SnapshotSource& next,
+                                            const std::vector<sdk::ChangedKey>& changed, bool full);
+
   // The differ (differ.cpp): each difference is written as it is found.
-  sdk::Expected<void> fullSync(const plan::SnapshotSource& next);
-  sdk::Expected<void> partialSync(const plan::SnapshotSource& next,
-                                  const std::vector<sdk::ChangedKey>& changed);
+  /// Reads the kernel back and repairs whatever differs from `next`.
+  sdk::Expected<void> repairAll(const plan::SnapshotSource& next);
+  /// Diffs the changed service ports' renders against the mirror.
+  sdk::Expected<void> applyChanged(const plan::SnapshotSource& next,
+                                   const std::vector<sdk::ChangedKey>& changed);
   Wanted renderWanted(const plan::SnapshotSource& next);
   /// The kernel's virtual servers against `servers`: kproxy's unwanted ones deleted, the
   /// wanted ones updated or added.
@@ -214,7 +226,6 @@ class IpvsBackend final : public sdk::BackendPlugin {
   std::map<std::string, std::size_t> ipsetEntries_;  ///< "SET ENTRY" → references
   std::string iptablesApplied_[2];                   ///< the owned chains as last written
   std::map<std::string, Terminating> terminating_;   ///< "VS/RS" → since when
-  bool needFull_ = true;
   /// The fixed chains as last written, per family: a partial sync that changed no service
   /// port's rules skips the iptables step unless these changed (the node did).
   std::vector<GlobalChain> globalApplied_[2];

@@ -129,7 +129,7 @@ class NftablesBackend final : public backends::Reconciler {
   sdk::Expected<backends::PassOutcome> partialSync(const SnapshotSource& next,
                                                    const std::vector<sdk::ChangedKey>& changed) override;
   /// Another program's transaction touched kproxy's tables since the last sync.
-  bool kernelChangedOutside() override;
+  bool kernelChangedOutside(const std::vector<sdk::ChangedKey>& changed) override;
 
  private:
   /// One pass: checks the generation, builds a full or a partial sync into a SyncWork, sends

@@ -54,9 +54,10 @@ class Reconciler : public sdk::BackendPlugin {
   /// mirror of the kernel.
   virtual sdk::Expected<PassOutcome> partialSync(const plan::SnapshotSource& next,
                                                  const std::vector<sdk::ChangedKey>& changed) = 0;
-  /// Asked before a partial pass: whether the kernel changed outside the backend since its last
-  /// sync, so that only a full pass can trust it. The default: no.
-  virtual bool kernelChangedOutside() { return false; }
+  /// Asked before a partial pass over `changed`: whether the kernel changed outside the backend
+  /// since its last sync, so that only a full pass can trust it. A check that costs a tool run
+  /// may be left to periodic syncs (`changed` empty). The default: no.
+  virtual bool kernelChangedOutside(const std::vector<sdk::ChangedKey>& /*changed*/) { return false; }
 
   /// The next sync is full (for what the backend learns outside a pass, e.g. a cleanup).
   void requireFullSync() { needFull_ = true; }
