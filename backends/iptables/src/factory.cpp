@@ -2,6 +2,7 @@
 // chosen and its tools found (or a fake for --dry-run and explain without them).
 #include <fmt/format.h>
 
+#include "kproxy/plan/options.h"
 #include "kproxy/backends/common/sysctl.h"
 #include "kproxy/iptables/backend.h"
 
@@ -19,10 +20,7 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIptablesBackend(const sdk
                                                                         const sdk::Options& options) {
   auto cfg = parseRenderConfig(options);
   if (!cfg) return std::unexpected(cfg.error());
-  auto get = [&](std::string_view key) -> std::string {
-    auto it = options.find(key);
-    return it == options.end() ? std::string() : it->second;
-  };
+  auto get = [&](std::string_view key) { return plan::optionValue(options, key); };
   BackendSettings settings;
   settings.dryRun = get("dry-run") == "true";
   if (auto liberal = backends::SysctlFiles().readInt("net/netfilter/nf_conntrack_tcp_be_liberal"); liberal)

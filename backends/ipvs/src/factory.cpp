@@ -42,10 +42,7 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Ho
                                                                    const sdk::Options& options) {
   auto cfg = parseRenderConfig(options);
   if (!cfg) return std::unexpected(cfg.error());
-  auto get = [&](std::string_view key) -> std::string {
-    auto it = options.find(key);
-    return it == options.end() ? std::string() : it->second;
-  };
+  auto get = [&](std::string_view key) { return plan::optionValue(options, key); };
   BackendSettings settings;
   settings.render = std::move(*cfg);
   settings.dryRun = get("dry-run") == "true";

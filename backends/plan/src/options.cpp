@@ -11,6 +11,11 @@
 
 namespace kproxy::plan {
 
+std::string optionValue(const sdk::Options& options, std::string_view key) {
+  auto it = options.find(key);
+  return it == options.end() ? std::string() : it->second;
+}
+
 std::vector<std::string> splitOptionList(std::string_view list) {
   std::vector<std::string> out;
   std::size_t start = 0;
@@ -30,10 +35,7 @@ std::vector<std::string> splitOptionList(std::string_view list) {
 
 sdk::Expected<CommonOptions> parseCommonOptions(const sdk::Options& options, std::string_view backend) {
   CommonOptions out;
-  auto get = [&](std::string_view key) -> std::string {
-    auto it = options.find(key);
-    return it == options.end() ? std::string() : it->second;
-  };
+  auto get = [&](std::string_view key) { return optionValue(options, key); };
   auto bad = [&](std::string message) {
     return sdk::fail(sdk::ErrorCategory::kInvalidInput, fmt::format("{}: {}", backend, message));
   };

@@ -179,10 +179,7 @@ sdk::Expected<UserspaceSettings> parseUserspaceSettings(const sdk::Options& opti
   UserspaceSettings s;
   s.common = std::move(*common);
   s.plan = plan::planConfigOf(s.common);
-  auto get = [&](std::string_view key) {
-    auto it = options.find(key);
-    return it == options.end() ? std::string() : it->second;
-  };
+  auto get = [&](std::string_view key) { return plan::optionValue(options, key); };
   s.dryRun = get("dry-run") == "true";
   const ProxySettings defaults;
   auto udp = secondsOption(options, "udp-timeout", defaults.udpIdleTimeout, false);

@@ -15,6 +15,9 @@
 
 namespace kproxy::plan {
 
+/// The value of option `key`, "" when it is not given.
+std::string optionValue(const sdk::Options& options, std::string_view key);
+
 /// "a, b,,c" → {"a", "b", "c"}: comma-separated, blanks trimmed, empty items dropped.
 std::vector<std::string> splitOptionList(std::string_view list);
 
