@@ -189,6 +189,8 @@ def churn_worker(args, worker, stats, lock, stop):
 
     def count(kind, n):
         counts[kind] = counts.get(kind, 0) + n
+        with lock:
+            stats["live"] += n  # what churn() watches while the workers run
 
     kinds = ["endpoints", "ready_flip", "service_port", "service_type", "recreate", "second_slice"]
     weights = [40, 25, 10, 8, 7, 10]
@@ -245,7 +247,7 @@ def churn_worker(args, worker, stats, lock, stop):
 
 
 def churn(args):
-    stats = {"by_kind": {}, "errors": 0, "retries": 0}
+    stats = {"by_kind": {}, "errors": 0, "retries": 0, "live": 0}
     lock = threading.Lock()
     stop = threading.Event()
     workers = [threading.Thread(target=churn_worker, args=(args, w, stats, lock, stop)) for w in range(args.workers)]
@@ -253,12 +255,21 @@ def churn(args):
     for w in workers:
         w.start()
     end = t0 + args.seconds
-    while time.monotonic() < end and not os.path.exists(args.stop_file):
+
+    def changes():
+        with lock:
+            return stats["live"]
+
+    # The stop file ends the churn once it has made --min-changes: on a busy machine the same
+    # load takes longer, and the soak waits for it rather than racing the clock (--seconds is
+    # the ceiling).
+    while time.monotonic() < end and not (os.path.exists(args.stop_file) and changes() >= args.min_changes):
         time.sleep(0.2)
     stop.set()
     for w in workers:
         w.join()
     took = time.monotonic() - t0
+    del stats["live"]
     stats["changes"] = sum(stats["by_kind"].values())
     stats["seconds"] = round(took, 1)
     stats["rate_per_s"] = round(stats["changes"] / took, 1)
@@ -657,6 +668,7 @@ def main():
     p.add_argument("--seconds", type=float, required=True)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--stop-file", default="/nonexistent")
+    p.add_argument("--min-changes", type=int, default=0, help="the stop file waits for this many changes")
     p.add_argument("--out", required=True)
     p = sub.choices["check"]
     p.add_argument("--node-ip", required=True)
