@@ -88,9 +88,11 @@ std::vector<std::string> defaultNodePortAddresses(std::string_view mode) {
   return {};
 }
 
-NodePortAddresses noNodePortAddresses() {
+NodePortAddresses nodePortAddressesBeforeNode(const NodeIPs& nodeIPs) {
   NodePortAddresses out;
   out.resolved = true;
+  for (const auto* ip : {&nodeIPs.ipv4, &nodeIPs.ipv6})
+    if (!ip->empty()) out.addresses.push_back(*ip);
   return out;
 }
 

@@ -118,9 +118,7 @@ struct ChangeTracker::Impl {
     if (spec.size() == 1 && spec[0] == "primary" && !info.known) {
       // Until the Node arrives, a --bind-address is the only node IP known: NodePorts answer
       // on it alone (nothing opens on every local address meanwhile).
-      info.nodePortAddresses = noNodePortAddresses();
-      for (const auto* ip : {&nodeIPs.ipv4, &nodeIPs.ipv6})
-        if (!ip->empty()) info.nodePortAddresses.addresses.push_back(*ip);
+      info.nodePortAddresses = nodePortAddressesBeforeNode(nodeIPs);
       return;
     }
     if (interfaceAddresses) {

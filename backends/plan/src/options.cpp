@@ -127,14 +127,9 @@ sdk::NodePortAddresses nodePortAddressesOf(const sdk::NodeInfo& node,
   const bool primary = nodePortAddresses.size() == 1 && nodePortAddresses.front() == "primary";
   // "primary" waits for the Node object, answering on a --bind-address alone meanwhile, as the
   // host's tracker does.
-  core::NodePortAddresses decided;
-  if (primary && node.addresses.empty()) {
-    decided = core::noNodePortAddresses();
-    for (const auto* ip : {&ips.ipv4, &ips.ipv6})
-      if (!ip->empty()) decided.addresses.push_back(*ip);
-  } else {
-    decided = core::decideNodePortAddresses(nodePortAddresses, local, ips);
-  }
+  const core::NodePortAddresses decided = primary && node.addresses.empty()
+                                              ? core::nodePortAddressesBeforeNode(ips)
+                                              : core::decideNodePortAddresses(nodePortAddresses, local, ips);
   sdk::NodePortAddresses out;
   out.resolved = decided.resolved;
   out.addresses = decided.addresses;

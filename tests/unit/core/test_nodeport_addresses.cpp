@@ -140,7 +140,7 @@ TEST_CASE("the tracker decides nodePortAddresses against interface addresses onc
   ChangeTracker tracker(config);
   // "primary" before the Node object: decided, nowhere (not "every local address" meanwhile).
   CHECK_FALSE(tracker.setInterfaceAddresses({"192.168.1.10"}));
-  CHECK(tracker.current()->node().nodePortAddresses == noNodePortAddresses());
+  CHECK(tracker.current()->node().nodePortAddresses == nodePortAddressesBeforeNode({}));
   CHECK(tracker.current()->node().nodePortAddresses.resolved);
   CHECK_FALSE(tracker.current()->node().nodePortAddresses.allLocalIPv4);
 

@@ -69,10 +69,10 @@ NodePortAddresses decideNodePortAddresses(std::span<const std::string> spec,
                                           std::span<const std::string> localAddresses,
                                           const NodeIPs& nodeIPs);
 
-/// Where NodePorts answer before the Node object is known with "primary": nowhere but a
-/// --bind-address, which the caller adds (upstream waits for the Node object at start-up;
-/// answering on every local address meanwhile would open NodePorts the operator closed).
-/// Decided (`resolved` set), with no address.
-NodePortAddresses noNodePortAddresses();
+/// Where NodePorts answer before the Node object is known with "primary": on `nodeIPs` alone
+/// (a --bind-address, the only node IP known then), else nowhere (upstream waits for the Node
+/// object at start-up; answering on every local address meanwhile would open NodePorts the
+/// operator closed). Decided (`resolved` set).
+NodePortAddresses nodePortAddressesBeforeNode(const NodeIPs& nodeIPs);
 
 }  // namespace kproxy::core

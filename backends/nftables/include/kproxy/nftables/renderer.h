@@ -212,9 +212,6 @@ class NftablesRenderer {
  private:
   std::vector<SetSpec> buildSetSpecs(Family family) const;
   static plan::PlanConfig planConfigOf(const RenderConfig& config);
-  std::vector<std::vector<Statement>> podTrafficMatches(sdk::Family family, bool negate) const {
-    return nftables::podTrafficMatches(planConfig_.localDetector, family, negate);
-  }
 
   RenderConfig config_;
   plan::PlanConfig planConfig_;
