@@ -695,17 +695,24 @@ json scalarToJson(const YAML::Node& node, const YamlLoc& loc) {
 /// Bounds on a YAML document's tree as it is converted: aliases may point at an ancestor (a
 /// cycle) or fan out exponentially ("billion laughs"), so both the nesting depth and the number
 /// of nodes visited are capped far above any Kubernetes object's.
+// Aliases let a few hundred bytes name a billion nodes. Without them a document has fewer
+// nodes than bytes, so the budget is a multiple of the document's size (with a floor for
+// ordinary anchors in small files): the work is linear in the input, whatever it says.
 struct YamlBudget {
   static constexpr std::size_t kMaxDepth = 128;
-  static constexpr std::size_t kMaxNodes = 1'000'000;
+  static constexpr std::size_t kNodesPerByte = 4;
+  static constexpr std::size_t kMinNodes = 10'000;
+  std::size_t maxNodes;
   std::size_t nodes = 0;
 };
 
 json yamlNodeToJson(const YAML::Node& node, const YamlLoc& loc, YamlBudget& budget, std::size_t depth = 0) {
   if (depth > YamlBudget::kMaxDepth)
     yamlFail(loc, node, fmt::format("nested deeper than {} levels (an alias to an ancestor?)", YamlBudget::kMaxDepth));
-  if (++budget.nodes > YamlBudget::kMaxNodes)
-    yamlFail(loc, node, fmt::format("more than {} nodes (aliases expanding?)", YamlBudget::kMaxNodes));
+  if (++budget.nodes > budget.maxNodes)
+    yamlFail(loc, node,
+             fmt::format("more than {} nodes, {} per byte of the document (aliases expanding?)",
+                         budget.maxNodes, YamlBudget::kNodesPerByte));
   switch (node.Type()) {
     case YAML::NodeType::Undefined:
     case YAML::NodeType::Null:
@@ -863,9 +870,9 @@ core::Result<WatchEvent> decodeWatchEvent(nlohmann::json event) {
   });
 }
 
-core::Result<nlohmann::json> yamlToJson(const YAML::Node& node) {
+core::Result<nlohmann::json> yamlToJson(const YAML::Node& node, std::size_t sourceBytes) {
   try {
-    YamlBudget budget;
+    YamlBudget budget{std::max(YamlBudget::kMinNodes, YamlBudget::kNodesPerByte * sourceBytes)};
     return yamlNodeToJson(node, YamlLoc{}, budget);
   } catch (const DecodeFailure& f) {
     return core::makeError(core::ErrorCategory::kDecode, fmt::format("{}: {}", f.path, f.reason));

@@ -260,7 +260,7 @@ core::Result<ClientConfig> loadKubeconfig(const fs::path& path, const std::strin
   json root;
   try {
     YAML::Node node = YAML::Load(*text);
-    auto converted = yamlToJson(node);
+    auto converted = yamlToJson(node, text->size());
     if (!converted) return fail(converted.error());
     root = std::move(*converted);
   } catch (const YAML::Exception& e) {

@@ -306,7 +306,7 @@ void parseYaml(std::string_view text, std::vector<ManifestEntry>& out) {
                            fmt::format("YAML syntax error at line {}: {}", line, e.msg))});
       continue;
     }
-    auto value = yamlToJson(node);
+    auto value = yamlToJson(node, chunk.text.size());
     if (!value) {
       out.push_back({document, chunk.firstLine, std::nullopt, std::unexpected(value.error())});
       continue;

@@ -36,7 +36,7 @@ json loadFixture(const std::string& name) {
 }
 
 json fromYaml(const std::string& text) {
-  auto converted = yamlToJson(YAML::Load(text));
+  auto converted = yamlToJson(YAML::Load(text), text.size());
   INFO((converted ? std::string() : converted.error().message()));
   REQUIRE(converted.has_value());
   return *converted;
@@ -636,13 +636,13 @@ nested: {a: {b: [true]}}
   CHECK(fromYaml("").is_null());
   CHECK(fromYaml("- 1\n- x\n") == json::array({1, "x"}));
 
-  auto badInt = yamlToJson(YAML::Load("spec:\n  port: !!int eighty\n"));
+  auto badInt = yamlToJson(YAML::Load("spec:\n  port: !!int eighty\n"), 64);
   REQUIRE_FALSE(badInt.has_value());
   CHECK(badInt.error().category == core::ErrorCategory::kDecode);
   CHECK_THAT(badInt.error().context,
              Catch::StartsWith("spec.port (line 2): \"eighty\" is not an integer"));
 
-  auto complexKey = yamlToJson(YAML::Load("? [a, b]\n: 1\n"));
+  auto complexKey = yamlToJson(YAML::Load("? [a, b]\n: 1\n"), 64);
   REQUIRE_FALSE(complexKey.has_value());
   CHECK_THAT(complexKey.error().context, Catch::Contains("mapping keys must be scalars"));
 }

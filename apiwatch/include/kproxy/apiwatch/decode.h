@@ -104,7 +104,9 @@ core::Result<WatchEvent> decodeWatchEvent(nlohmann::json event);
 /// Converts one YAML document to JSON following the YAML 1.2 core schema, as Kubernetes users
 /// expect: a plain (unquoted) 80 is a number, a quoted "80" stays a string, true/false are
 /// booleans, null/~/empty are null; explicit tags (!!str, !!int, ...) are honoured. Mapping
-/// keys must be scalars. Errors name the path of the offending node.
-core::Result<nlohmann::json> yamlToJson(const YAML::Node& node);
+/// keys must be scalars. Errors name the path of the offending node. `sourceBytes`, the size of
+/// the document's text, bounds the nodes that aliases may expand to (4 per byte, at least
+/// 10,000), so that the work stays linear in the input.
+core::Result<nlohmann::json> yamlToJson(const YAML::Node& node, std::size_t sourceBytes);
 
 }  // namespace kproxy::apiwatch
