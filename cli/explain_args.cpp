@@ -13,10 +13,10 @@ namespace {
 using core::ErrorCategory;
 using core::makeError;
 
-std::optional<core::IPFamily> familyOf(const std::string& ip) {
+std::optional<net::Family> familyOf(const std::string& ip) {
   unsigned char buf[16];
-  if (inet_pton(AF_INET, ip.c_str(), buf) == 1) return core::IPFamily::kIPv4;
-  if (inet_pton(AF_INET6, ip.c_str(), buf) == 1) return core::IPFamily::kIPv6;
+  if (inet_pton(AF_INET, ip.c_str(), buf) == 1) return net::Family::kIPv4;
+  if (inet_pton(AF_INET6, ip.c_str(), buf) == 1) return net::Family::kIPv6;
   return std::nullopt;
 }
 

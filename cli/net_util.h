@@ -1,12 +1,17 @@
 #pragma once
-/// Small address helpers shared by the flag parser, the config decoder and validation.
+/// Small address checks shared by the flag parser, the config decoder and validation, over
+/// net/'s types.
 
-#include <cstdint>
 #include <optional>
-#include <string>
 #include <string_view>
 
+#include "kproxy/net/host_port.h"
+#include "kproxy/net/ip.h"
+
 namespace kproxy::cli {
+
+using net::HostPort;
+using net::splitHostPort;
 
 enum class IPKind { kNone, kIPv4, kIPv6 };
 
@@ -15,13 +20,5 @@ IPKind parseIP(std::string_view text);
 
 /// True for "a.b.c.d/n" and "x::/n" with n in range (like Go's net.ParseCIDR).
 bool isCIDR(std::string_view text);
-
-struct HostPort {
-  std::string host;  ///< without brackets
-  std::string port;
-};
-
-/// Splits "host:port" / "[v6]:port" like Go's net.SplitHostPort; nullopt when malformed.
-std::optional<HostPort> splitHostPort(std::string_view text);
 
 }  // namespace kproxy::cli

@@ -15,4 +15,4 @@ add_library(kproxy_cli_options STATIC
 target_include_directories(kproxy_cli_options PUBLIC ${CMAKE_CURRENT_LIST_DIR})
 target_link_libraries(kproxy_cli_options
   PUBLIC kproxy_core
-  PRIVATE kproxy_address yaml-cpp nlohmann_json::nlohmann_json fmt::fmt kproxy_warnings)
+  PRIVATE kproxy_net yaml-cpp nlohmann_json::nlohmann_json fmt::fmt kproxy_warnings)

@@ -22,8 +22,8 @@ const char* protocolUpper(sdk::Protocol p) {
   return "TCP";
 }
 
-core::IPFamily coreFamily(sdk::Family f) {
-  return f == sdk::Family::kIPv6 ? core::IPFamily::kIPv6 : core::IPFamily::kIPv4;
+net::Family coreFamily(net::Family f) {
+  return f == net::Family::kIPv6 ? net::Family::kIPv6 : net::Family::kIPv4;
 }
 
 json syncRecord(const core::SyncRecord& r, double now) {
@@ -176,7 +176,7 @@ json servicesStatus(const ServiceStatusInput& in) {
     json j = {{"service", service},
               {"port", port.portName},
               {"key", port.key},
-              {"family", port.family == sdk::Family::kIPv6 ? "IPv6" : "IPv4"},
+              {"family", port.family == net::Family::kIPv6 ? "IPv6" : "IPv4"},
               {"protocol", protocolUpper(port.protocol)},
               {"type", sdk::serviceTypeName(port.type)}};
     json addresses = {{"port", port.port}};

@@ -201,8 +201,8 @@ constexpr std::pair<std::string_view, core::AddressType> kAddressTypes[] = {
     {"IPv4", core::AddressType::kIPv4},
     {"IPv6", core::AddressType::kIPv6},
     {"FQDN", core::AddressType::kFQDN}};
-constexpr std::pair<std::string_view, core::IPFamily> kIPFamilies[] = {
-    {"IPv4", core::IPFamily::kIPv4}, {"IPv6", core::IPFamily::kIPv6}};
+constexpr std::pair<std::string_view, net::Family> kIPFamilies[] = {
+    {"IPv4", net::Family::kIPv4}, {"IPv6", net::Family::kIPv6}};
 
 constexpr std::int64_t kMaxPort = 65535;
 // Upstream validation: ClientIP affinity timeout in (0, 86400].
@@ -331,8 +331,8 @@ core::Service decodeServiceBody(const json& object, std::string& label) {
     if (svc.ipFamilies.empty()) {
       for (const auto& ip : svc.clusterIPs) {
         if (ip == "None") continue;
-        svc.ipFamilies.push_back(ip.find(':') != std::string::npos ? core::IPFamily::kIPv6
-                                                                   : core::IPFamily::kIPv4);
+        svc.ipFamilies.push_back(ip.find(':') != std::string::npos ? net::Family::kIPv6
+                                                                   : net::Family::kIPv4);
       }
     }
 

@@ -21,10 +21,10 @@
 
 #include "kproxy/ipvs/kernel.h"
 
+namespace net = kproxy::net;
+
 namespace {
 
-using kproxy::backends::IPPrefix;
-using kproxy::ipvs::Family;
 using kproxy::ipvs::RealServer;
 using kproxy::ipvs::VirtualServer;
 
@@ -38,14 +38,14 @@ using kproxy::ipvs::VirtualServer;
 }
 
 /// "10.96.0.10:80" or "[fd00::10]:80" into an address and a port.
-bool parseEndpoint(std::string_view text, IPPrefix& address, std::uint16_t& port) {
+bool parseEndpoint(std::string_view text, net::Prefix& address, std::uint16_t& port) {
   auto colon = text.rfind(':');
   if (colon == std::string_view::npos || colon + 1 == text.size())
     return false;
   auto host = text.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']')
     host = host.substr(1, host.size() - 2);
-  auto parsed = IPPrefix::parse(host);
+  auto parsed = net::Prefix::parse(host);
   if (!parsed || !parsed->isHost())
     return false;
   unsigned long value = 0;
@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
     if (eq == std::string_view::npos || !parseEndpoint(arg.substr(0, eq), a.vs.address, a.vs.port) ||
         !parseEndpoint(arg.substr(eq + 1), a.real.address, a.real.port))
       usage(arg, "not VIP:PORT=REAL:PORT");
-    a.vs.family = a.vs.address.v6 ? Family::kIPv6 : Family::kIPv4;
+    a.vs.family = a.vs.address.v6() ? net::Family::kIPv6 : net::Family::kIPv4;
     a.text = std::string(arg.substr(eq + 1));
     awaited.push_back(std::move(a));
   }

@@ -136,9 +136,9 @@ class GeneratedSnapshot final : public plan::SnapshotSource {
       fn(fixtures::manyServicesPort(i, endpoints_, affinity_));
     }
   }
-  std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override {
+  std::optional<sdk::ServicePort> find(net::Family family, const std::string& key) const override {
     const auto at = key.find("/svc-");
-    if (family != sdk::Family::kIPv4 || at == std::string::npos) return std::nullopt;
+    if (family != net::Family::kIPv4 || at == std::string::npos) return std::nullopt;
     const int i = std::atoi(key.c_str() + at + 5);
     if (i < 0 || i >= services_) return std::nullopt;
     if (auto it = overrides_.find(i); it != overrides_.end()) return it->second;
@@ -164,13 +164,13 @@ class GeneratedSnapshot final : public plan::SnapshotSource {
 class TimedKernel final : public KernelIptables {
  public:
   explicit TimedKernel(std::unique_ptr<KernelIptables> inner) : inner_(std::move(inner)) {}
-  core::Result<std::string> save(sdk::Family family, Table table) override {
+  core::Result<std::string> save(net::Family family, Table table) override {
     auto t = Clock::now();
     auto r = inner_->save(family, table);
     saveMs += msSince(t);
     return r;
   }
-  core::Result<void> restore(sdk::Family family, std::string_view input) override {
+  core::Result<void> restore(net::Family family, std::string_view input) override {
     auto t = Clock::now();
     auto r = inner_->restore(family, input);
     restoreMs += msSince(t);
@@ -180,13 +180,13 @@ class TimedKernel final : public KernelIptables {
   }
   /// A streamed restore: timed from its start to its end (the tool runs meanwhile, while the
   /// backend renders the rest of the input).
-  core::Result<std::unique_ptr<RestoreStream>> startRestore(sdk::Family family) override {
+  core::Result<std::unique_ptr<RestoreStream>> startRestore(net::Family family) override {
     auto inner = inner_->startRestore(family);
     if (!inner) return std::unexpected(inner.error());
     ++restores;
     return std::make_unique<Timed>(*this, std::move(*inner));
   }
-  core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override {
+  core::Result<bool> chainExists(net::Family family, Table table, std::string_view chain) override {
     return inner_->chainExists(family, table, chain);
   }
   std::string describe() const override { return inner_->describe(); }
@@ -452,7 +452,7 @@ bool measureChanges(const Config& c, GeneratedSnapshot& snap, IptablesBackend& b
   const auto original = port.clusterEndpoints;
   auto replaced = original;
   replaced.back() = fixtures::endpoint("10.200.0.1", 8080);
-  const sdk::ChangedKey key{sdk::Family::kIPv4, port.key};
+  const sdk::ChangedKey key{net::Family::kIPv4, port.key};
 
   auto syncTo = [&](const std::vector<sdk::Endpoint>& eps, double* ms, double* restoreMs) -> std::optional<std::string> {
     fixtures::setEndpoints(port, eps);
@@ -466,7 +466,7 @@ bool measureChanges(const Config& c, GeneratedSnapshot& snap, IptablesBackend& b
       return std::nullopt;
     }
     fig.changeOps = r->operations;
-    return backend.lastRestore(sdk::Family::kIPv4);
+    return backend.lastRestore(net::Family::kIPv4);
   };
   // Warm-up round trip, which also yields the backend's inputs for both directions.
   auto forward = syncTo(replaced, nullptr, nullptr);
@@ -566,7 +566,7 @@ void runConfig(const Config& c, Figures& fig) {
     settings.ipv6 = false;
     IptablesBackend backend(sdk::Host(nullptr), settings, std::make_unique<FakeIptables>());
     if (!backend.syncFrom(snap, {}, true)) return 1;
-    std::ofstream(fullPath) << backend.lastRestore(sdk::Family::kIPv4);
+    std::ofstream(fullPath) << backend.lastRestore(net::Family::kIPv4);
     return 0;
   });
   auto readFull = [&] {
@@ -623,7 +623,7 @@ void runConfig(const Config& c, Figures& fig) {
         fig.restartOps = resync->operations;
         if (resync->operations != 0)
           std::fprintf(stderr, "  restart wrote %zu changes:\n%s", resync->operations,
-                       backend->lastRestore(sdk::Family::kIPv4).substr(0, 2000).c_str());
+                       backend->lastRestore(net::Family::kIPv4).substr(0, 2000).c_str());
         return 0;
       });
       return 0;

@@ -93,10 +93,10 @@ class GeneratedSnapshot final : public SnapshotSource {
       fn(testing::manyServicesPort(i, endpoints_));
     }
   }
-  std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override {
+  std::optional<sdk::ServicePort> find(net::Family family, const std::string& key) const override {
     // Keys are "ns/svc-I:p".
     const auto at = key.find("/svc-");
-    if (family != sdk::Family::kIPv4 || at == std::string::npos) return std::nullopt;
+    if (family != net::Family::kIPv4 || at == std::string::npos) return std::nullopt;
     const int i = std::atoi(key.c_str() + at + 5);
     if (i < 0 || i >= services_) return std::nullopt;
     if (auto it = overrides_.find(i); it != overrides_.end()) return it->second;
@@ -212,7 +212,7 @@ int main(int argc, char** argv) {
         for (int r = 0; r < changeRepeat; ++r) {
           testing::setEndpoints(p, {allEndpoints.begin(), allEndpoints.end() - 1});
           t = Clock::now();
-          change = backend->syncFrom(snap, {{sdk::Family::kIPv4, p.key}}, false);
+          change = backend->syncFrom(snap, {{net::Family::kIPv4, p.key}}, false);
           removals.push_back(msSince(t));
           removalKernel.push_back(backend->lastApplyMs());
           if (!change) {
@@ -221,7 +221,7 @@ int main(int argc, char** argv) {
           }
           if (r + 1 == changeRepeat) break;  // leave it removed, as the restart below expects
           testing::setEndpoints(p, allEndpoints);
-          auto back = backend->syncFrom(snap, {{sdk::Family::kIPv4, p.key}}, false);
+          auto back = backend->syncFrom(snap, {{net::Family::kIPv4, p.key}}, false);
           if (!back) {
             std::printf("restore sync failed: %s\n", back.error().message.c_str());
             return 1;

@@ -38,14 +38,14 @@ using Clock = std::chrono::steady_clock;
 Op makeOp(OpKind kind, std::string name) {
   Op o;
   o.kind = kind;
-  o.family = Family::kIPv4;
+  o.family = net::Family::kIPv4;
   o.name = std::move(name);
   return o;
 }
 Op addRule(const std::string& chain, std::vector<Statement> statements) {
   Op o = makeOp(OpKind::kAddRule, chain);
   o.rule = Rule{std::move(statements)};
-  o.ruleHash = ruleHash(Family::kIPv4, chain, o.rule);
+  o.ruleHash = ruleHash(net::Family::kIPv4, chain, o.rule);
   return o;
 }
 Op element(OpKind kind, const Element& e, bool withValue) {
@@ -133,7 +133,7 @@ int probe(int n, int eps, int repeat) {
   for (const auto& r : svcChain->rules) {
     Op o = makeOp(OpKind::kAddRule, svcChain->name);
     o.rule = r;
-    o.ruleHash = ruleHash(Family::kIPv4, svcChain->name, r);
+    o.ruleHash = ruleHash(net::Family::kIPv4, svcChain->name, r);
     svcRefill.push_back(std::move(o));
   }
   const Op flushProbe = makeOp(OpKind::kFlushChain, probeChain);
@@ -153,14 +153,14 @@ int probe(int n, int eps, int repeat) {
        {element(OpKind::kDeleteElement, gotoElem, false)}},
       {"add rule: numgen match, no verdict", {addRule(probeChain, {MatchNumgen{2}})}, {flushProbe}},
       {"add rule: ip saddr match, no verdict",
-       {addRule(probeChain, {MatchAddress{true, false, *Address::parse("10.1.2.3")}})},
+       {addRule(probeChain, {MatchAddress{true, false, *net::Prefix::parse("10.1.2.3")}})},
        {flushProbe}},
       {"add rule: accept (immediate verdict)",
        {addRule(probeChain, {Verdict{VerdictKind::kAccept, {}}})}, {flushProbe}},
       {"add rule: goto a service chain",
        {addRule(probeChain, {Verdict{VerdictKind::kGoto, svcChain->name}})}, {flushProbe}},
       {"add rule: dnat (immediate + nat)",
-       {addRule(probeChain, {MatchL4Proto{6}, DnatTo{*Address::parse("10.1.2.3"), 80}})},
+       {addRule(probeChain, {MatchL4Proto{6}, DnatTo{*net::Prefix::parse("10.1.2.3"), 80}})},
        {flushProbe}},
       {"flush chain (delete rules)", {flushProbe},
        {addRule(probeChain, {Verdict{VerdictKind::kGoto, svcChain->name}})}},

@@ -19,6 +19,8 @@
 
 #include "kproxy/core/tracker.h"
 
+namespace net = kproxy::net;
+
 using namespace kproxy::core;
 
 // Heap allocations made while a change is applied: a count that does not depend on the
@@ -77,7 +79,7 @@ Service makeService(int i) {
   s.name = serviceName(i);
   s.resourceVersion = std::string("1");  // (assigning a literal trips g++ 12 -Wrestrict at -O3)
   s.clusterIPs = {ipv4(0x0A600000u + static_cast<std::uint32_t>(i))};  // 10.96.0.0/12
-  s.ipFamilies = {IPFamily::kIPv4};
+  s.ipFamilies = {net::Family::kIPv4};
   ServicePortSpec p;
   p.name = "http";
   p.port = 80;

@@ -2,14 +2,6 @@
 
 namespace kproxy::core {
 
-const char* toString(IPFamily family) {
-  switch (family) {
-    case IPFamily::kIPv4: return "IPv4";
-    case IPFamily::kIPv6: return "IPv6";
-  }
-  return "unknown";
-}
-
 const char* toString(Protocol protocol) {
   switch (protocol) {
     case Protocol::kTCP: return "TCP";

@@ -1,7 +1,5 @@
 #include "kproxy/core/nodeport_addresses.h"
 
-#include <arpa/inet.h>
-
 #include <algorithm>
 #include <array>
 #include <cstdint>
@@ -12,48 +10,14 @@
 namespace kproxy::core {
 namespace {
 
-struct Prefix {
-  IPFamily family = IPFamily::kIPv4;
-  std::array<std::uint8_t, 16> bytes{};
-  int length = 0;
-
-  bool contains(const Prefix& host) const {
-    if (host.family != family) return false;
-    for (int i = 0; i < length / 8; ++i)
-      if (bytes[i] != host.bytes[i]) return false;
-    if (const int rest = length % 8; rest != 0) {
-      const auto mask = static_cast<std::uint8_t>(0xff00u >> rest);
-      if ((bytes[length / 8] & mask) != (host.bytes[length / 8] & mask)) return false;
-    }
-    return true;
-  }
-};
-
-// "10.0.0.1" (a host prefix) or "10.0.0.0/8", as Go's sloppy parsers read them.
-std::optional<Prefix> parsePrefix(std::string_view text) {
-  std::optional<resolve::ParsedIP> parsed =
-      text.find('/') == std::string_view::npos ? resolve::parseIP(text) : resolve::parseCIDR(text);
-  if (!parsed) return std::nullopt;
-  Prefix p;
-  p.family = parsed->family;
-  const std::string& canonical = parsed->text;
-  const auto slash = canonical.find('/');
-  const std::string ip = canonical.substr(0, slash);
-  const int af = p.family == IPFamily::kIPv4 ? AF_INET : AF_INET6;
-  if (inet_pton(af, ip.c_str(), p.bytes.data()) != 1) return std::nullopt;
-  const int bits = p.family == IPFamily::kIPv4 ? 32 : 128;
-  p.length = slash == std::string::npos ? bits : std::stoi(canonical.substr(slash + 1));
-  return p;
-}
-
-bool isLinkLocalIPv6(const Prefix& host) {
-  static const Prefix linkLocal = *parsePrefix("fe80::/10");
+bool isLinkLocalIPv6(const net::Prefix& host) {
+  static const net::Prefix linkLocal = *net::Prefix::parse("fe80::/10");
   return linkLocal.contains(host);
 }
 
-bool isLoopback(const resolve::ParsedIP& ip) {
-  if (ip.family == IPFamily::kIPv6) return ip.text == "::1";
-  return ip.text.starts_with("127.");
+bool isLoopback(const net::Prefix& ip) {
+  if (ip.v6()) return ip.addressText() == "::1";
+  return ip.bytes[0] == 127;
 }
 
 }  // namespace
@@ -62,23 +26,23 @@ NodeIPs detectNodeIPs(std::span<const NodeAddress> nodeAddresses, std::string_vi
   NodeIPs ips;
   // Upstream's GetNodeHostIPs: InternalIPs before ExternalIPs; the first address is the
   // primary one, then the first of the other family.
-  std::optional<IPFamily> primary;
+  std::optional<net::Family> primary;
   for (const char* type : {"InternalIP", "ExternalIP"}) {
     for (const auto& a : nodeAddresses) {
       if (a.type != type) continue;
-      auto ip = resolve::parseIP(a.address);
+      auto ip = net::parseIPSloppy(a.address);
       if (!ip) continue;
       if (!primary) {
         primary = ip->family;
-        (ip->family == IPFamily::kIPv4 ? ips.ipv4 : ips.ipv6) = ip->text;
+        (ip->family == net::Family::kIPv4 ? ips.ipv4 : ips.ipv6) = ip->addressText();
       } else if (ip->family != *primary && ips.of(ip->family).empty()) {
-        (ip->family == IPFamily::kIPv4 ? ips.ipv4 : ips.ipv6) = ip->text;
+        (ip->family == net::Family::kIPv4 ? ips.ipv4 : ips.ipv6) = ip->addressText();
       }
     }
   }
-  if (auto bind = resolve::parseIP(bindAddress);
-      bind && bind->text != "0.0.0.0" && bind->text != "::") {
-    (bind->family == IPFamily::kIPv4 ? ips.ipv4 : ips.ipv6) = bind->text;
+  if (auto bind = net::parseIPSloppy(bindAddress);
+      bind && bind->addressText() != "0.0.0.0" && bind->addressText() != "::") {
+    (bind->family == net::Family::kIPv4 ? ips.ipv4 : ips.ipv6) = bind->addressText();
   }
   return ips;
 }
@@ -101,10 +65,10 @@ NodePortAddresses decideNodePortAddresses(std::span<const std::string> spec,
                                           const NodeIPs& nodeIPs) {
   std::vector<std::string> cidrs;
   if (spec.size() == 1 && spec.front() == "primary") {
-    for (IPFamily family : {IPFamily::kIPv4, IPFamily::kIPv6}) {
-      auto ip = resolve::parseIP(nodeIPs.of(family));
+    for (net::Family family : {net::Family::kIPv4, net::Family::kIPv6}) {
+      auto ip = net::parseIPSloppy(nodeIPs.of(family));
       if (!ip || ip->family != family || isLoopback(*ip)) continue;
-      cidrs.push_back(ip->text + (family == IPFamily::kIPv4 ? "/32" : "/128"));
+      cidrs.push_back(ip->addressText() + (family == net::Family::kIPv4 ? "/32" : "/128"));
     }
   } else {
     cidrs.assign(spec.begin(), spec.end());
@@ -112,29 +76,27 @@ NodePortAddresses decideNodePortAddresses(std::span<const std::string> spec,
 
   NodePortAddresses out;
   out.resolved = true;
-  for (IPFamily family : {IPFamily::kIPv4, IPFamily::kIPv6}) {
-    std::vector<Prefix> prefixes;
+  for (net::Family family : {net::Family::kIPv4, net::Family::kIPv6}) {
+    std::vector<net::Prefix> prefixes;
     bool all = false;
     for (const auto& text : cidrs) {
-      auto p = parsePrefix(text);
+      auto p = net::parseSloppy(text);
       if (!p || p->family != family) continue;
       if (p->length == 0) all = true;
       prefixes.push_back(*p);
     }
     // No CIDR of this family: upstream adds 0.0.0.0/0 (::/0) for it.
     if (prefixes.empty()) all = true;
-    (family == IPFamily::kIPv4 ? out.allLocalIPv4 : out.allLocalIPv6) = all;
+    (family == net::Family::kIPv4 ? out.allLocalIPv4 : out.allLocalIPv6) = all;
     for (const auto& text : localAddresses) {
-      auto ip = resolve::parseIP(text);
+      auto ip = net::parseIPSloppy(text);
       if (!ip || ip->family != family) continue;
-      auto host = parsePrefix(ip->text);
-      if (!host) continue;
       // Every local address: no backend programs an IPv6 link-local one then, and every pod's
       // host-side veth brings one (the node would change, and sync in full, at each pod start).
-      if (all && isLinkLocalIPv6(*host)) continue;
+      if (all && isLinkLocalIPv6(*ip)) continue;
       if (all || std::any_of(prefixes.begin(), prefixes.end(),
-                             [&](const Prefix& p) { return p.contains(*host); }))
-        out.addresses.push_back(ip->text);
+                             [&](const net::Prefix& p) { return p.contains(*ip); }))
+        out.addresses.push_back(ip->addressText());
     }
   }
   std::sort(out.addresses.begin(), out.addresses.end());

@@ -16,61 +16,15 @@ namespace {
 
 std::string serviceName(const Service& service) { return service.ns + "/" + service.name; }
 
-std::optional<ParsedIP> parseIPv4Sloppy(std::string_view text) {
-  std::array<unsigned, 4> parts{};
-  std::size_t part = 0;
-  std::size_t pos = 0;
-  while (true) {
-    const std::size_t start = pos;
-    unsigned value = 0;
-    while (pos < text.size() && text[pos] >= '0' && text[pos] <= '9') {
-      value = value * 10 + static_cast<unsigned>(text[pos] - '0');
-      if (value > 255) return std::nullopt;
-      ++pos;
-    }
-    if (pos == start) return std::nullopt;
-    parts[part++] = value;
-    if (part == 4) break;
-    if (pos >= text.size() || text[pos] != '.') return std::nullopt;
-    ++pos;
-  }
-  if (pos != text.size()) return std::nullopt;
-  std::string out = std::to_string(parts[0]);
-  for (std::size_t i = 1; i < 4; ++i) {
-    out += '.';
-    out += std::to_string(parts[i]);
-  }
-  return ParsedIP{IPFamily::kIPv4, std::move(out)};
-}
-
-std::optional<ParsedIP> parseIPv6(std::string_view text) {
-  if (text.find(':') == std::string_view::npos || text.size() > INET6_ADDRSTRLEN) {
-    return std::nullopt;
-  }
-  std::string copy(text);
-  in6_addr addr{};
-  if (inet_pton(AF_INET6, copy.c_str(), &addr) != 1) return std::nullopt;
-  // Go treats IPv4-mapped IPv6 addresses as IPv4.
-  static constexpr unsigned char kMappedPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  if (std::memcmp(addr.s6_addr, kMappedPrefix, sizeof kMappedPrefix) == 0) {
-    const unsigned char* b = addr.s6_addr + 12;
-    return ParsedIP{IPFamily::kIPv4, std::to_string(b[0]) + "." + std::to_string(b[1]) + "." +
-                                         std::to_string(b[2]) + "." + std::to_string(b[3])};
-  }
-  char buf[INET6_ADDRSTRLEN];
-  if (inet_ntop(AF_INET6, &addr, buf, sizeof buf) == nullptr) return std::nullopt;
-  return ParsedIP{IPFamily::kIPv6, buf};
-}
-
 // Process-wide: "family X is disabled" is said once at v=0, then per service only at v=4.
 std::atomic<bool> gLoggedFamilyDisabled[2];
 
-bool familyEnabled(IPFamily family, const TrackerConfig& config) {
-  return family == IPFamily::kIPv4 ? config.ipv4 : config.ipv6;
+bool familyEnabled(net::Family family, const TrackerConfig& config) {
+  return family == net::Family::kIPv4 ? config.ipv4 : config.ipv6;
 }
 
-void logFamilyDisabled(const Service& service, IPFamily family) {
-  auto& once = gLoggedFamilyDisabled[family == IPFamily::kIPv4 ? 0 : 1];
+void logFamilyDisabled(const Service& service, net::Family family) {
+  auto& once = gLoggedFamilyDisabled[family == net::Family::kIPv4 ? 0 : 1];
   if (!once.exchange(true)) {
     log::info(0, "IP family disabled on this node; its service ports are not programmed",
               {{"family", toString(family)}});
@@ -165,37 +119,6 @@ bool servingTerminating(const Endpoint& e) { return e.serving && e.terminating; 
 
 }  // namespace
 
-std::optional<ParsedIP> parseIP(std::string_view text) {
-  if (auto v4 = parseIPv4Sloppy(text)) return v4;
-  return parseIPv6(text);
-}
-
-std::optional<ParsedIP> parseCIDR(std::string_view text) {
-  const auto slash = text.find('/');
-  if (slash == std::string_view::npos) return std::nullopt;
-  auto ip = parseIP(text.substr(0, slash));
-  if (!ip) return std::nullopt;
-  const std::string_view lenText = text.substr(slash + 1);
-  int prefix = -1;
-  auto [end, ec] = std::from_chars(lenText.data(), lenText.data() + lenText.size(), prefix);
-  if (ec != std::errc{} || end != lenText.data() + lenText.size() || lenText.empty()) {
-    return std::nullopt;
-  }
-  const int bits = ip->family == IPFamily::kIPv4 ? 32 : 128;
-  if (prefix < 0 || prefix > bits) return std::nullopt;
-
-  unsigned char bytes[16] = {};
-  const int af = ip->family == IPFamily::kIPv4 ? AF_INET : AF_INET6;
-  if (inet_pton(af, ip->text.c_str(), bytes) != 1) return std::nullopt;
-  for (int i = 0; i < bits / 8; ++i) {
-    const int keep = std::clamp(prefix - i * 8, 0, 8);
-    bytes[i] &= static_cast<unsigned char>(0xff00u >> keep);
-  }
-  char buf[INET6_ADDRSTRLEN];
-  if (inet_ntop(af, bytes, buf, sizeof buf) == nullptr) return std::nullopt;
-  return ParsedIP{ip->family, std::string(buf) + "/" + std::to_string(prefix)};
-}
-
 std::optional<std::string> skipReason(const Service& service, const TrackerConfig& config) {
   if (auto it = service.labels.find(kLabelServiceProxyName); it != service.labels.end()) {
     if (config.serviceProxyName.empty() || it->second != config.serviceProxyName) {
@@ -221,18 +144,18 @@ std::vector<ServicePortState> servicePorts(const Service& service, const Tracker
   for (std::size_t i = 0; i < service.clusterIPs.size(); ++i) {
     const std::string& raw = service.clusterIPs[i];
     if (raw.empty() || raw == "None") continue;
-    auto clusterIP = parseIP(raw);
+    auto clusterIP = net::parseIPSloppy(raw);
     if (!clusterIP) {
       log::error("Skipping invalid cluster IP of service", {{"service", svcName}, {"clusterIP", raw}});
       continue;
     }
-    const IPFamily family = clusterIP->family;
+    const net::Family family = clusterIP->family;
     if (i < service.ipFamilies.size() && service.ipFamilies[i] != family) {
       log::error("Skipping cluster IP whose family does not match spec.ipFamilies",
                  {{"service", svcName}, {"clusterIP", raw}, {"ipFamily", toString(service.ipFamilies[i])}});
       continue;
     }
-    bool& familySeen = seen[family == IPFamily::kIPv4 ? 0 : 1];
+    bool& familySeen = seen[family == net::Family::kIPv4 ? 0 : 1];
     if (familySeen) {
       log::error("Skipping second cluster IP of the same family",
                  {{"service", svcName}, {"clusterIP", raw}});
@@ -247,25 +170,25 @@ std::vector<ServicePortState> servicePorts(const Service& service, const Tracker
     // Family-filtered addresses shared by every port of this family.
     std::vector<std::string> externalIPs;
     for (const auto& ip : service.externalIPs) {
-      auto parsed = parseIP(ip);
+      auto parsed = net::parseIPSloppy(ip);
       if (!parsed) {
         log::error("Ignoring invalid external IP of service", {{"service", svcName}, {"externalIP", ip}});
         continue;
       }
-      if (parsed->family == family) externalIPs.push_back(std::move(parsed->text));
+      if (parsed->family == family) externalIPs.push_back(parsed->addressText());
     }
     std::vector<std::string> lbVIPs;
     for (const auto& ingress : service.loadBalancerIngress) {
       if (ingress.ip.empty()) continue;
       // Proxy-mode load balancers deliver traffic to the node, not to the VIP.
       if (ingress.ipMode == LoadBalancerIPMode::kProxy) continue;
-      auto parsed = parseIP(ingress.ip);
+      auto parsed = net::parseIPSloppy(ingress.ip);
       if (!parsed) {
         log::error("Ignoring invalid load balancer ingress IP of service",
                    {{"service", svcName}, {"ip", ingress.ip}});
         continue;
       }
-      if (parsed->family == family) lbVIPs.push_back(std::move(parsed->text));
+      if (parsed->family == family) lbVIPs.push_back(parsed->addressText());
     }
     std::vector<std::string> sourceRanges;
     for (const auto& range : service.loadBalancerSourceRanges) {
@@ -274,13 +197,13 @@ std::vector<ServicePortState> servicePorts(const Service& service, const Tracker
       const auto last = range.find_last_not_of(" \t\r\n");
       const std::string trimmed =
           first == std::string::npos ? std::string() : range.substr(first, last - first + 1);
-      auto parsed = parseCIDR(trimmed);
+      auto parsed = net::parseCIDRSloppy(trimmed);
       if (!parsed) {
         log::error("Ignoring invalid loadBalancerSourceRange of service",
                    {{"service", svcName}, {"range", range}});
         continue;
       }
-      if (parsed->family == family) sourceRanges.push_back(std::move(parsed->text));
+      if (parsed->family == family) sourceRanges.push_back(parsed->cidrText());
     }
 
     const bool externalLocal = externallyAccessibleService(service) &&
@@ -314,7 +237,7 @@ std::vector<ServicePortState> servicePorts(const Service& service, const Tracker
       state.portName = spec.name;
       state.type = service.type;
       state.protocol = spec.protocol;
-      state.clusterIP = clusterIP->text;
+      state.clusterIP = clusterIP->addressText();
       state.port = spec.port;
       state.nodePort = spec.nodePort;
       state.externalIPs = externalIPs;
@@ -336,7 +259,7 @@ std::vector<EndpointCandidate> gatherEndpoints(const ServicePortState& port,
                                                std::span<const EndpointSlice* const> slices,
                                                const std::string& nodeName) {
   const AddressType wanted =
-      port.key.family == IPFamily::kIPv4 ? AddressType::kIPv4 : AddressType::kIPv6;
+      port.key.family == net::Family::kIPv4 ? AddressType::kIPv4 : AddressType::kIPv6;
   std::map<std::string, EndpointCandidate> byAddress;  // key: ip:port
   for (const EndpointSlice* slice : slices) {
     if (slice->addressType != wanted) continue;  // other family, or FQDN (never proxied)
@@ -357,14 +280,14 @@ std::vector<EndpointCandidate> gatherEndpoints(const ServicePortState& port,
       }
       for (const auto& se : slice->endpoints) {
         if (se.addresses.empty()) continue;
-        auto ip = parseIP(se.addresses.front());
+        auto ip = net::parseIPSloppy(se.addresses.front());
         if (!ip || ip->family != port.key.family) {
           log::info(2, "Ignoring endpoint with an invalid address or one of the wrong family",
                     {{"endpointSlice", slice->ns + "/" + slice->name}, {"address", se.addresses.front()}});
           continue;
         }
         EndpointCandidate c;
-        c.endpoint.ip = std::move(ip->text);
+        c.endpoint.ip = ip->addressText();
         c.endpoint.port = *slicePort.port;
         c.endpoint.nodeName = se.nodeName.value_or("");
         c.endpoint.isLocal = !nodeName.empty() && se.nodeName && *se.nodeName == nodeName;

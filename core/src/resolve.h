@@ -19,16 +19,6 @@
 
 namespace kproxy::core::resolve {
 
-/// An address parsed the way Go's ParseIPSloppy does (IPv4 parts may have leading zeros),
-/// returned in canonical text form.
-struct ParsedIP {
-  IPFamily family;
-  std::string text;
-};
-std::optional<ParsedIP> parseIP(std::string_view text);
-/// A CIDR in canonical masked form ("10.0.0.0/8").
-std::optional<ParsedIP> parseCIDR(std::string_view text);
-
 /// An endpoint with the topology hints CategorizeEndpoints needs.
 struct EndpointCandidate {
   Endpoint endpoint;

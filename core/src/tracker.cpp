@@ -339,12 +339,12 @@ PublishResult ChangeTracker::publish() {
     for (const auto& [name, object] : d.serviceCIDRs)
       for (const auto& cidr : object.cidrs) {
         // The API server validates them; a hand-written manifest may not.
-        auto parsed = resolve::parseCIDR(cidr);
+        auto parsed = net::parseCIDRSloppy(cidr);
         if (!parsed) {
           log::warning("Ignoring invalid CIDR of a ServiceCIDR", {{"serviceCIDR", name}, {"cidr", cidr}});
           continue;
         }
-        ranges.push_back(ServiceCIDRRange{name, std::move(parsed->text)});
+        ranges.push_back(ServiceCIDRRange{name, parsed->cidrText()});
       }
     std::sort(ranges.begin(), ranges.end());
     ranges.erase(std::unique(ranges.begin(), ranges.end()), ranges.end());

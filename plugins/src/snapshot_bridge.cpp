@@ -148,7 +148,7 @@ void snapshotForeach(const kproxy_snapshot* snapshot, kproxy_service_port_visito
 int snapshotFind(const kproxy_snapshot* snapshot, uint8_t family, const char* key,
                  kproxy_service_port_visitor visit, void* user) {
   if (key == nullptr || (family != KPROXY_FAMILY_IPV4 && family != KPROXY_FAMILY_IPV6)) return 0;
-  auto state = fromC(snapshot)->find(core::ServicePortKey{static_cast<core::IPFamily>(family), key});
+  auto state = fromC(snapshot)->find(core::ServicePortKey{static_cast<net::Family>(family), key});
   if (!state) return 0;
   ServicePortView view(*state);
   visit(user, view.get());

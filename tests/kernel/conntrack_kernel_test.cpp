@@ -111,7 +111,7 @@ std::map<int, std::string> flowsTo(const std::string& dst) {
 
 std::shared_ptr<const core::ServicePortState> dnsPort(const std::vector<std::string>& endpointIPs) {
   auto s = std::make_shared<core::ServicePortState>();
-  s->key = core::ServicePortKey{core::IPFamily::kIPv4, "default/dns:dns"};
+  s->key = core::ServicePortKey{net::Family::kIPv4, "default/dns:dns"};
   s->ns = "default";
   s->serviceName = "dns";
   s->portName = "dns";
@@ -147,7 +147,7 @@ TEST_CASE("the ctnetlink table lists a real UDP flow and deletes exactly it", "[
   REQUIRE(flowsTo("172.30.0.10").size() == 2);
 
   auto table = backends::makeNetlinkConntrackTable();
-  auto flows = table->list(core::IPFamily::kIPv4, core::Protocol::kUDP);
+  auto flows = table->list(net::Family::kIPv4, core::Protocol::kUDP);
   REQUIRE(flows.has_value());
   const backends::ConntrackFlow* first = nullptr;
   for (const auto& f : *flows)
@@ -158,7 +158,7 @@ TEST_CASE("the ctnetlink table lists a real UDP flow and deletes exactly it", "[
   CHECK(first->original.dstPort == 53);
   CHECK(first->reply.srcIP == "172.30.0.10");  // no DNAT here
   CHECK(first->reply.dstPort == 40000);
-  auto tcp = table->list(core::IPFamily::kIPv4, core::Protocol::kTCP);
+  auto tcp = table->list(net::Family::kIPv4, core::Protocol::kTCP);
   REQUIRE(tcp.has_value());
   CHECK(tcp->empty());
 
@@ -200,7 +200,7 @@ TEST_CASE("nftables plugin: after a sync, flows to a removed UDP endpoint go and
   core::NodeInfo node;
   node.name = "node-a";
   node.known = true;
-  std::vector<core::ServicePortKey> changed{core::ServicePortKey{core::IPFamily::kIPv4, "default/dns:dns"}};
+  std::vector<core::ServicePortKey> changed{core::ServicePortKey{net::Family::kIPv4, "default/dns:dns"}};
 
   // 1. The service gets endpoint E1: the never-DNAT'ed flow is stale (upstream rule for a
   //    service going from no endpoints to some).

@@ -49,11 +49,11 @@ using plan::VectorSnapshot;
 
 namespace {
 
-constexpr sdk::Family kV4 = sdk::Family::kIPv4;
-constexpr sdk::Family kV6 = sdk::Family::kIPv6;
-constexpr sdk::Family kFamilies[] = {kV4, kV6};
+constexpr net::Family kV4 = net::Family::kIPv4;
+constexpr net::Family kV6 = net::Family::kIPv6;
+constexpr net::Family kFamilies[] = {kV4, kV6};
 
-const char* familyName(sdk::Family f) { return f == kV6 ? "IPv6" : "IPv4"; }
+const char* familyName(net::Family f) { return f == kV6 ? "IPv6" : "IPv4"; }
 
 /// The tools of one variant and a kernel adapter over them, in the calling thread's namespace
 /// (processes spawned from it inherit it).
@@ -74,9 +74,9 @@ struct Harness {
     s.ipv6 = true;
     return std::make_unique<IptablesBackend>(sdk::Host(nullptr), std::move(s), makeProcessKernel(tools, runner));
   }
-  const std::string& iptables(sdk::Family f) const { return f == kV6 ? tools.iptables6 : tools.iptables4; }
+  const std::string& iptables(net::Family f) const { return f == kV6 ? tools.iptables6 : tools.iptables4; }
   /// iptables-save of every table of `family`.
-  std::string saved(sdk::Family f) {
+  std::string saved(net::Family f) {
     std::string out;
     for (Table t : kTables) {
       auto text = kernel->save(f, t);
@@ -85,8 +85,8 @@ struct Harness {
     }
     return out;
   }
-  ChainMap owned(sdk::Family f) { return chainsOf(saved(f), true); }
-  void restore(sdk::Family f, const std::string& input) {
+  ChainMap owned(net::Family f) { return chainsOf(saved(f), true); }
+  void restore(net::Family f, const std::string& input) {
     auto r = kernel->restore(f, input);
     if (!r) FAIL("restore: " << r.error().message() << "\n" << input);
   }
@@ -98,7 +98,7 @@ struct Harness {
 };
 
 /// The rules kproxy wants for `snap`, canonical.
-ChainMap wanted(VectorSnapshot& snap, sdk::Family f, RenderConfig cfg = featureConfig(), bool large = false) {
+ChainMap wanted(VectorSnapshot& snap, net::Family f, RenderConfig cfg = featureConfig(), bool large = false) {
   IptablesRenderer r(std::move(cfg));
   r.setNode(snap.node());
   r.setServiceCIDRs(snap.serviceCIDRs());
@@ -214,7 +214,7 @@ TEST_CASE("iptables kernel: the rendered ruleset reads back from iptables-save e
     r.setServiceCIDRs({{"kubernetes", "172.30.0.0/16"}, {"kubernetes", "fd00:30::/108"}, {"more", "172.31.0.0/24"}});
     r.setLargeCluster(c.large);
     const auto ports = allFeatureServices();
-    for (sdk::Family fam : kFamilies) {
+    for (net::Family fam : kFamilies) {
       INFO(familyName(fam));
       const std::string text = renderRuleset(r, fam, ports, c.node);
       h.restore(fam, text);
@@ -246,7 +246,7 @@ TEST_CASE("iptables kernel: a full sync, then a restart over the unchanged kerne
   CHECK((first->summary.find(" netlink_commits=2") != std::string::npos) ==
         (variant == Variant::kNft));
   CHECK(h.sysctls.routeLocalnet() == "1");
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     INFO(familyName(fam));
     CHECK_FALSE(backend->lastRestore(fam).empty());
     requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
@@ -261,7 +261,7 @@ TEST_CASE("iptables kernel: a full sync, then a restart over the unchanged kerne
   REQUIRE(ok(second));
   CHECK(second->summary.starts_with("iptables sync full=true "));
   CHECK(second->operations == 0);
-  for (sdk::Family fam : kFamilies) CHECK(restarted->lastRestore(fam).empty());
+  for (net::Family fam : kFamilies) CHECK(restarted->lastRestore(fam).empty());
   CHECK(chainsOf(h.saved(kV4), false) == chainsOf(before4, false));
   CHECK(chainsOf(h.saved(kV6), false) == chainsOf(before6, false));
   // Periodic syncs with nothing changed: the canary is there, nothing written.
@@ -340,7 +340,7 @@ TEST_CASE("iptables kernel: foreign chains and rules stay as they were through s
   INFO("iptables-" << variantName(variant));
   FreshNetns ns;
   Harness h(variant);
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     const std::string ipt = h.iptables(fam) + " -w 5 ";
     // kubelet's chains.
     for (const char* table : {"mangle", "nat", "filter"}) sh(ipt + "-t " + table + " -N KUBE-KUBELET-CANARY");
@@ -386,12 +386,12 @@ TEST_CASE("iptables kernel: foreign chains and rules stay as they were through s
   snap.ports().erase(snap.ports().begin() + static_cast<std::ptrdiff_t>(indexOf(snap, "six/sticky:p")));
   REQUIRE(ok(backend->syncFrom(snap, {{kV4, "four/web:p"}, {kV6, "six/late:p"}, {kV6, "six/sticky:p"}}, false)));
   requireForeignIntact();
-  for (sdk::Family fam : kFamilies) requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
+  for (net::Family fam : kFamilies) requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
   REQUIRE(ok(backend->syncFrom(snap, {}, true)));
   requireForeignIntact();
 
   REQUIRE(ok(backend->cleanup()));
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     INFO(familyName(fam));
     CHECK(h.owned(fam).empty());
     CHECK(chainsOf(h.saved(fam), false) == (fam == kV4 ? foreign4 : foreign6));
@@ -412,7 +412,7 @@ TEST_CASE("iptables kernel: cleanup removes every chain and jump of kproxy's", "
 
   auto fresh = h.backend();  // cleanup as `kproxy --cleanup` runs it: a backend that never synced
   REQUIRE(ok(fresh->cleanup()));
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     INFO(familyName(fam));
     const std::string saved = h.saved(fam);
     INFO(saved);
@@ -471,7 +471,7 @@ TEST_CASE("iptables kernel: a refused restore names the line, keeps the table, a
   REQUIRE(ok(repair));
   CHECK(repair->summary.starts_with("iptables sync full=true "));
   CHECK_FALSE(backend->needsFullSync());
-  for (sdk::Family fam : kFamilies) requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
+  for (net::Family fam : kFamilies) requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
 
   // A restore the kernel refuses outright (a jump to a chain that does not exist) is named by
   // its line too, and leaves nothing behind.
@@ -609,7 +609,7 @@ TEST_CASE("iptables kernel: rules deleted by hand are restored by a full sync", 
   CHECK(countLines(in6, ":" + fw6 + " ") == 1);
   CHECK(countLines(in6, ":KUBE-EXTERNAL-SERVICES ") == 1);
   CHECK(chainsOf(h.saved(kV4), false) == chainsOf(before4, false));
-  for (sdk::Family fam : kFamilies) requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
+  for (net::Family fam : kFamilies) requireSameChains(canonical(h.owned(fam)), wanted(snap, fam));
   CHECK(canonical(chainsOf(h.saved(kV6), false)) == canonical(chainsOf(before6, false)));
 }
 
@@ -631,7 +631,7 @@ TEST_CASE("iptables kernel: random partial syncs keep the kernel equal to a full
     INFO("step " << step);
     REQUIRE(ok(out));
     REQUIRE(out->summary.starts_with("iptables sync full=false "));
-    for (sdk::Family fam : kFamilies) {
+    for (net::Family fam : kFamilies) {
       INFO(familyName(fam) << "\n" << backend->lastRestore(fam));
       REQUIRE(kproxy::iptables::testing::chainDiff(canonical(h.owned(fam)), wanted(snap, fam)) == "");
     }
@@ -653,7 +653,7 @@ struct NatDump {
   std::map<std::string, std::vector<std::string>> rules;
 };
 
-NatDump dumpNat(sdk::Family family) {
+NatDump dumpNat(net::Family family) {
   auto socket = backends::NetlinkSocket::open(NETLINK_NETFILTER);
   REQUIRE(socket.has_value());
   NatDump out;
@@ -697,7 +697,7 @@ NatDump dumpNat(sdk::Family family) {
 
 /// The owned nat chains of a full render (the dispatch chains too: they hold every shape the
 /// renderer writes for nat), in the order rendered.
-std::vector<std::pair<std::string, std::vector<std::string>>> natChains(VectorSnapshot& snap, sdk::Family f,
+std::vector<std::pair<std::string, std::vector<std::string>>> natChains(VectorSnapshot& snap, net::Family f,
                                                                        RenderConfig cfg, bool large) {
   IptablesRenderer r(std::move(cfg));
   r.setNode(snap.node());
@@ -734,7 +734,7 @@ TEST_CASE("iptables kernel: nat chains written over netlink are the kernel objec
   bridge.common.bridgeInterface = "cbr0";
   cases.push_back({"BridgeInterface", bridge});
   for (const auto& c : cases) {
-    for (sdk::Family f : kFamilies) {
+    for (net::Family f : kFamilies) {
       INFO(c.name << ", " << familyName(f));
       VectorSnapshot snap = featureSnapshot();
       const auto chains = natChains(snap, f, c.cfg, c.large);

@@ -44,7 +44,7 @@ class BlindKernel final : public KernelNftables {
     return inner_->readBack(ip4Sets, ip6Sets);
   }
   core::Result<void> deleteTables() override { return inner_->deleteTables(); }
-  core::Result<std::vector<std::pair<std::string, std::string>>> listMap(Family family,
+  core::Result<std::vector<std::pair<std::string, std::string>>> listMap(net::Family family,
                                                                          const std::string& map) override {
     return inner_->listMap(family, map);
   }
@@ -65,7 +65,7 @@ struct Harness {
   }
   Mirror readBack() {
     NftablesRenderer r{RenderConfig{}};
-    auto m = kernel->readBack(r.setSpecs(Family::kIPv4), r.setSpecs(Family::kIPv6));
+    auto m = kernel->readBack(r.setSpecs(net::Family::kIPv4), r.setSpecs(net::Family::kIPv6));
     REQUIRE(m.has_value());
     return *m;
   }
@@ -108,7 +108,7 @@ std::vector<sdk::ServicePort> featureServices() {
 /// The kernel holds exactly what the backend's mirror says (chains, rule identities, sets and
 /// elements of the sets kproxy fills).
 void requireMirrorMatchesKernel(const Mirror& mirror, const Mirror& kernel) {
-  for (Family fam : {Family::kIPv4, Family::kIPv6}) {
+  for (net::Family fam : {net::Family::kIPv4, net::Family::kIPv6}) {
     const auto& m = mirror.of(fam);
     const auto& k = kernel.of(fam);
     REQUIRE(m.tableExists == k.tableExists);
@@ -195,7 +195,7 @@ TEST_CASE("nftables: one endpoint removal changes map elements only", "[kernel]"
 
   auto& port = snap.ports()[5];
   setEndpoints(port, {port.clusterEndpoints[0]});
-  auto out = backend->syncFrom(snap, {{sdk::Family::kIPv4, port.key}}, false);
+  auto out = backend->syncFrom(snap, {{net::Family::kIPv4, port.key}}, false);
   REQUIRE(out.has_value());
   // The two-interval layout out (2 starts, 2 ends), the one-interval layout in (start, end),
   // the removed endpoint's hairpin pair out: 7 element ops, no rule, no chain.
@@ -207,7 +207,7 @@ TEST_CASE("nftables: one endpoint removal changes map elements only", "[kernel]"
 
   // And back: the endpoint returns the same way; then nothing is left to do.
   setEndpoints(port, {port.clusterEndpoints[0], endpoint("10.200.0.1", 8080)});
-  auto back = backend->syncFrom(snap, {{sdk::Family::kIPv4, port.key}}, false);
+  auto back = backend->syncFrom(snap, {{net::Family::kIPv4, port.key}}, false);
   REQUIRE(back.has_value());
   CHECK(back->operations == 7);
   requireMirrorMatchesKernel(backend->mirror(), h.readBack());
@@ -356,7 +356,7 @@ TEST_CASE("nftables: a refused batch changes nothing and names the object", "[ke
     badElement.kind = OpKind::kDeleteElement;
     badElement.name = names::kServiceIPsMap;
     KeyBuilder k;
-    k.address(*Address::parse("172.31.255.254")).proto(6).port(8);
+    k.address(*net::Prefix::parse("172.31.255.254")).proto(6).port(8);
     badElement.element = std::make_shared<const Element>(Element{names::kServiceIPsMap, k.bytes, k.text, std::nullopt});
     ops.push_back(badElement);
     r = h.kernel->apply(ops);
@@ -372,7 +372,7 @@ TEST_CASE("nftables: a refused batch changes nothing and names the object", "[ke
     auto fresh = clusterIP("ns", "late", "172.30.9.9", 80, {endpoint("10.9.9.9", 80)});
     REQUIRE(run("nft add element ip kube-proxy service-ips '{ 172.30.9.9 . tcp . 80 : drop }'").first == 0);
     snap.ports().push_back(fresh);
-    auto out = backend->syncFrom(snap, {{sdk::Family::kIPv4, fresh.key}}, false);
+    auto out = backend->syncFrom(snap, {{net::Family::kIPv4, fresh.key}}, false);
     REQUIRE_FALSE(out.has_value());
     INFO(out.error().message);
     CHECK(out.error().message.find("add element ip kube-proxy service-ips { 172.30.9.9 . tcp . 80") !=
@@ -546,11 +546,11 @@ TEST_CASE("nftables: affinity entries pointing at a removed endpoint are deleted
   CHECK(affinityEntriesOf("192.168.50.11").entries[0].find(": 10.5.0.1 . ") != std::string::npos);
   // An endpoint joins: the entry stays valid.
   setEndpoints(snap.ports()[0], {endpoint("10.5.0.1", 53), endpoint("10.5.0.2", 53)});
-  REQUIRE(ok(backend->syncFrom(snap, {{sdk::Family::kIPv4, snap.ports()[0].key}}, false)));
+  REQUIRE(ok(backend->syncFrom(snap, {{net::Family::kIPv4, snap.ports()[0].key}}, false)));
   CHECK(affinityEntriesOf("192.168.50.11").entries.size() == 1);
   // Its endpoint leaves: the entry goes, and the client is balanced afresh.
   setEndpoints(snap.ports()[0], {endpoint("10.5.0.2", 53)});
-  REQUIRE(ok(backend->syncFrom(snap, {{sdk::Family::kIPv4, snap.ports()[0].key}}, false)));
+  REQUIRE(ok(backend->syncFrom(snap, {{net::Family::kIPv4, snap.ports()[0].key}}, false)));
   CHECK(affinityEntriesOf("192.168.50.11").entries.empty());
   sendUdp("192.168.50.11", "172.30.5.1", 53);
   REQUIRE(affinityEntriesOf("192.168.50.11").entries.size() == 1);
@@ -622,8 +622,8 @@ class RandomCluster {
       pods6_.push_back({"fd00:1::" + std::to_string(i), i % 3 == 0});
     }
     // The first shapes in a fixed pattern, so every kind is there from the full sync on.
-    for (int i = 0; i < 30; ++i) add(makeService(sdk::Family::kIPv4, i));
-    for (int i = 0; i < 3; ++i) add(makeService(sdk::Family::kIPv6, i));
+    for (int i = 0; i < 30; ++i) add(makeService(net::Family::kIPv4, i));
+    for (int i = 0; i < 3; ++i) add(makeService(net::Family::kIPv6, i));
   }
 
   /// The snapshot as the core would hand it over.
@@ -680,7 +680,7 @@ class RandomCluster {
     bool local = false;
   };
   struct Service {
-    sdk::Family family = sdk::Family::kIPv4;
+    net::Family family = net::Family::kIPv4;
     std::vector<sdk::ServicePort> ports;
   };
   // Port-level changes first, then service-wide ones (see step()).
@@ -700,8 +700,8 @@ class RandomCluster {
   static constexpr std::size_t kMutations = static_cast<std::size_t>(Mutation::kAddService) + 1;
 
   std::size_t pick(std::size_t n) { return rng_() % n; }
-  const std::vector<Pod>& pods(sdk::Family fam) const {
-    return fam == sdk::Family::kIPv4 ? pods4_ : pods6_;
+  const std::vector<Pod>& pods(net::Family fam) const {
+    return fam == net::Family::kIPv4 ? pods4_ : pods6_;
   }
   static int targetPort(const sdk::ServicePort& p) { return p.port + 8000; }
   sdk::Endpoint endpointOf(const Pod& pod, const sdk::ServicePort& p) const {
@@ -711,7 +711,7 @@ class RandomCluster {
     return std::any_of(p.allEndpoints.begin(), p.allEndpoints.end(),
                        [&](const sdk::Endpoint& e) { return e.ip == pod.ip; });
   }
-  std::vector<const Pod*> randomPods(sdk::Family fam, std::size_t count) {
+  std::vector<const Pod*> randomPods(net::Family fam, std::size_t count) {
     std::vector<const Pod*> out;
     while (out.size() < count) {
       const Pod* pod = &pods(fam)[pick(pods(fam).size())];
@@ -728,9 +728,9 @@ class RandomCluster {
   /// Service `variant` of a fixed pattern: two ports for every third, NodePort or
   /// LoadBalancer for two in five, affinity for one in four, eTP=Local for half the external
   /// ones, iTP=Local for one in eight, source ranges for some load balancers.
-  Service makeService(sdk::Family fam, int variant) {
+  Service makeService(net::Family fam, int variant) {
     const int id = nextId_++;
-    const bool v4 = fam == sdk::Family::kIPv4;
+    const bool v4 = fam == net::Family::kIPv4;
     const std::string name = (v4 ? "svc-" : "svc6-") + std::to_string(id);
     const std::string address =
         v4 ? "172.30." + std::to_string(id / 250) + "." + std::to_string(id % 250 + 1)
@@ -780,7 +780,7 @@ class RandomCluster {
       deleted_.erase(it);
       return svc;
     }
-    return makeService(pick(6) == 0 ? sdk::Family::kIPv6 : sdk::Family::kIPv4,
+    return makeService(pick(6) == 0 ? net::Family::kIPv6 : net::Family::kIPv4,
                        static_cast<int>(pick(120)));
   }
 
@@ -864,7 +864,7 @@ std::string opsText(const std::vector<Op>& ops) {
 
 std::string keysText(const std::vector<sdk::ChangedKey>& keys) {
   std::string out;
-  for (const auto& k : keys) out += (k.family == sdk::Family::kIPv4 ? " ip:" : " ip6:") + k.key;
+  for (const auto& k : keys) out += (k.family == net::Family::kIPv4 ? " ip:" : " ip6:") + k.key;
   return out;
 }
 
@@ -896,7 +896,7 @@ TEST_CASE("nftables: random partial syncs match the kernel; full syncs then chan
 
     // A full sync finds nothing to change. It may only delete the chains the partial sync just
     // flushed: a chain goes in the batch after the one that empties it (see differ.h).
-    std::set<std::pair<Family, std::string>> flushed;
+    std::set<std::pair<net::Family, std::string>> flushed;
     for (const auto& op : backend->lastOps())
       if (op.kind == OpKind::kFlushChain) flushed.emplace(op.family, op.name);
     auto full = backend->syncFrom(snap, {}, true);
@@ -1035,14 +1035,14 @@ TEST_CASE("nftables: a slot range freed in a batch is taken over only after it",
                            {endpoint("10.1.0.3", 8080), endpoint("10.1.0.4", 8080), endpoint("10.1.0.5", 8080),
                             endpoint("10.1.0.6", 8080)});
     VectorSnapshot after(std::vector<sdk::ServicePort>{freed, taker});
-    auto out = backend->syncFrom(after, {{sdk::Family::kIPv4, freed.key}, {sdk::Family::kIPv4, taker.key}}, false);
+    auto out = backend->syncFrom(after, {{net::Family::kIPv4, freed.key}, {net::Family::kIPv4, taker.key}}, false);
     INFO((out ? std::string() : out.error().message));
     REQUIRE(out.has_value());
     requireMirrorMatchesKernel(backend->mirror(), h.readBack());
     // The range is free again once that batch is in: a third port may take it.
     auto third = clusterIP("ns", "n", "172.30.0.3", 80, {endpoint("10.1.0.7", 8080)});
     VectorSnapshot last(std::vector<sdk::ServicePort>{freed, taker, third});
-    REQUIRE(ok(backend->syncFrom(last, {{sdk::Family::kIPv4, third.key}}, false)));
+    REQUIRE(ok(backend->syncFrom(last, {{net::Family::kIPv4, third.key}}, false)));
     CHECK(*h.readBack().ip.chains.at(serviceChainName(third)).slotBase == 0u);
     requireMirrorMatchesKernel(backend->mirror(), h.readBack());
   }
@@ -1075,7 +1075,7 @@ TEST_CASE("nftables: endpoints replaced in place in several ranges of one map", 
     eps[0] = endpoint("10.9.0." + std::to_string(++n), 8080);
     if (n == 1) eps[1] = endpoint("10.9.1.1", 8080);
     setEndpoints(port, eps);
-    changed.push_back({sdk::Family::kIPv4, port.key});
+    changed.push_back({net::Family::kIPv4, port.key});
   }
   auto out = backend->syncFrom(snap, changed, false);
   INFO((out ? std::string() : out.error().message));

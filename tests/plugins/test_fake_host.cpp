@@ -9,6 +9,8 @@
 #include <sstream>
 #include <string>
 
+namespace net = kproxy::net;
+
 extern "C" const kproxy_plugin_descriptor* kproxy_plugin_entry(void);
 
 namespace sdk = kproxy::sdk;
@@ -66,13 +68,13 @@ TEST_CASE("fake host: syncs reach the plugin as kproxy sends them", "[unit][fake
   REQUIRE_FALSE(plugin.createError());
 
   kt::FakeSnapshot first(node(), {port("10.0.0.5")}, {{"kubernetes", "10.96.0.0/12"}});
-  auto out = plugin.sync(nullptr, first, {{sdk::Family::kIPv4, "ns/svc:http"}}, true);
+  auto out = plugin.sync(nullptr, first, {{net::Family::kIPv4, "ns/svc:http"}}, true);
   REQUIRE(out.has_value());
   CHECK(out->operations == 1);
   CHECK(out->summary == "recorded 1");
 
   kt::FakeSnapshot second(node(), {});
-  REQUIRE(plugin.sync(&first, second, {{sdk::Family::kIPv4, "ns/svc:http"}}).has_value());
+  REQUIRE(plugin.sync(&first, second, {{net::Family::kIPv4, "ns/svc:http"}}).has_value());
 
   const std::string text = record.text();
   CHECK_THAT(text, Catch::Contains("option record-file=" + record.path));

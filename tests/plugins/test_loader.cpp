@@ -10,6 +10,8 @@
 #include <sstream>
 #include <string>
 
+namespace net = kproxy::net;
+
 namespace fs = std::filesystem;
 using kproxy::plugins::PluginRegistry;
 
@@ -33,7 +35,7 @@ std::string readFile(const fs::path& p) {
   return ss.str();
 }
 
-const kproxy::core::ServicePortKey kWebKey{kproxy::core::IPFamily::kIPv4, "default/web:http"};
+const kproxy::core::ServicePortKey kWebKey{kproxy::net::Family::kIPv4, "default/web:http"};
 
 kproxy::core::ServicePortState webPort(std::vector<std::string> endpointIPs) {
   kproxy::core::ServicePortState s;
@@ -179,7 +181,7 @@ TEST_CASE("snapshots, changed keys and options cross the ABI end to end", "[unit
   // Remove one endpoint and delete nothing else: the plugin sees exactly that.
   auto smaller = std::make_shared<const ServicePortState>(webPort({"10.244.1.3"}));
   Snapshot second = first.with(smaller->key, smaller).withGeneration(2);
-  ServicePortKey gone{IPFamily::kIPv4, "default/gone:dns"};
+  ServicePortKey gone{net::Family::kIPv4, "default/gone:dns"};
   std::vector<ServicePortKey> changed2{smaller->key, gone};
   REQUIRE((*backend)->sync(SyncRequest{&first, &second, changed2, SyncKind::kPartial}));
 
@@ -258,7 +260,7 @@ TEST_CASE("explain crosses the ABI: request fields, snapshot, text back", "[unit
   Snapshot snapshot = webSnapshot({"10.244.1.2"});
 
   kproxy::plugins::ExplainRequest request;
-  request.family = IPFamily::kIPv4;
+  request.family = net::Family::kIPv4;
   request.protocol = Protocol::kUDP;
   request.sourceIP = "10.244.0.5";
   request.destinationIP = "10.96.0.10";

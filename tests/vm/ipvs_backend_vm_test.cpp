@@ -36,7 +36,7 @@ using plan::VectorSnapshot;
 
 namespace {
 
-constexpr sdk::Family kV4 = sdk::Family::kIPv4;
+constexpr net::Family kV4 = net::Family::kIPv4;
 
 sdk::Endpoint endpoint(std::string ip, int port) {
   sdk::Endpoint e;
@@ -52,7 +52,7 @@ sdk::ServicePort servicePort(std::string name, std::string clusterIP, int port,
                              sdk::Protocol protocol = sdk::Protocol::kTCP,
                              std::string portName = "p") {
   sdk::ServicePort p;
-  p.family = clusterIP.find(':') == std::string::npos ? sdk::Family::kIPv4 : sdk::Family::kIPv6;
+  p.family = clusterIP.find(':') == std::string::npos ? net::Family::kIPv4 : net::Family::kIPv6;
   p.protocol = protocol;
   p.ns = "default";
   p.serviceName = std::move(name);
@@ -282,7 +282,7 @@ TEST_CASE(
   CHECK(lineDiff(ownedChains(kernelIptables("iptables")),
                  ownedChains(renderIptables(renderer, kV4, snap.ports()))) == "");
   CHECK(lineDiff(ownedChains(kernelIptables("ip6tables")),
-                 ownedChains(renderIptables(renderer, sdk::Family::kIPv6, snap.ports()))) == "");
+                 ownedChains(renderIptables(renderer, net::Family::kIPv6, snap.ports()))) == "");
   sh("iptables-nft-save -t nat | grep -q -- '-A OUTPUT -m comment --comment \"kubernetes service "
      "portals\" -j "
      "KUBE-SERVICES'");

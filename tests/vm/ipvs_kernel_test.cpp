@@ -26,8 +26,9 @@
 #include "kproxy/ipvs/kernel.h"
 #include "netns.h"
 
+namespace net = kproxy::net;
+
 using namespace kproxy::ipvs;
-using kproxy::backends::IPPrefix;
 using kproxy::core::ErrorCategory;
 using kproxy::testing::FreshNetns;
 using kproxy::testing::run;
@@ -37,17 +38,17 @@ namespace {
 
 VirtualServer service(const std::string& address, std::uint16_t port, Protocol protocol = Protocol::kTcp) {
   VirtualServer vs;
-  auto parsed = IPPrefix::parse(address);
+  auto parsed = net::Prefix::parse(address);
   REQUIRE(parsed);
   vs.address = *parsed;
-  vs.family = vs.address.v6 ? Family::kIPv6 : Family::kIPv4;
+  vs.family = vs.address.v6() ? net::Family::kIPv6 : net::Family::kIPv4;
   vs.port = port;
   vs.protocol = protocol;
   return vs;
 }
 
 RealServer backend(const std::string& address, std::uint16_t port, std::int32_t weight = 1) {
-  auto parsed = IPPrefix::parse(address);
+  auto parsed = net::Prefix::parse(address);
   REQUIRE(parsed);
   return RealServer{.address = *parsed, .port = port, .weight = weight};
 }
@@ -183,7 +184,7 @@ TEST_CASE("firewall-mark virtual servers round-trip", "[vm]") {
   VirtualServer mark;
   mark.fwmark = 0x4000;
   REQUIRE_OK(ipvs->addVirtualServer(mark));
-  mark.family = Family::kIPv6;
+  mark.family = net::Family::kIPv6;
   REQUIRE_OK(ipvs->addVirtualServer(mark));
   auto listed = ipvs->listVirtualServers();
   REQUIRE(listed);
@@ -501,7 +502,7 @@ TEST_CASE("weight 0 keeps the real server and its connections; active connection
   sh("ip -n " + pod + " link set lo up && ip -n " + pod + " link set eth0 up && ip -n " + pod +
      " addr add 10.244.1.2/24 dev eth0 && ip -n " + pod + " route add default via 10.244.1.1");
   REQUIRE_OK(link->ensureLink(kDummyLinkName));
-  REQUIRE_OK(link->addAddress(kDummyLinkName, *IPPrefix::parse("10.96.0.10")));
+  REQUIRE_OK(link->addAddress(kDummyLinkName, *net::Prefix::parse("10.96.0.10")));
 
   auto vs = service("10.96.0.10", 80);
   auto rs = backend("10.244.1.2", 8080);
@@ -558,8 +559,8 @@ TEST_CASE("kube-ipvs0: created once, left down, addresses bound and unbound, del
   auto none = link->listAddresses(kDummyLinkName);
   REQUIRE(none);
   CHECK(none->empty());
-  const auto v4 = *IPPrefix::parse("10.96.0.10");
-  const auto v6 = *IPPrefix::parse("fd00::10");
+  const auto v4 = *net::Prefix::parse("10.96.0.10");
+  const auto v6 = *net::Prefix::parse("fd00::10");
   REQUIRE_OK(link->addAddress(kDummyLinkName, v4));
   REQUIRE_OK(link->addAddress(kDummyLinkName, v6));
   requireErrno(link->addAddress(kDummyLinkName, v4), EEXIST);
@@ -567,8 +568,8 @@ TEST_CASE("kube-ipvs0: created once, left down, addresses bound and unbound, del
   auto listed = link->listAddresses(kDummyLinkName);
   REQUIRE(listed);
   for (const auto& a : *listed) UNSCOPED_INFO("listed " << a.toString() << "/" << int(a.length));
-  std::sort(listed->begin(), listed->end(), [](const IPPrefix& a, const IPPrefix& b) { return a.v6 < b.v6; });
-  CHECK(*listed == std::vector<IPPrefix>{v4, v6});
+  std::sort(listed->begin(), listed->end(), [](const net::Prefix& a, const net::Prefix& b) { return a.v6() < b.v6(); });
+  CHECK(*listed == std::vector<net::Prefix>{v4, v6});
 
   auto [rc2, addrs] = run("ip addr show dev kube-ipvs0");
   INFO(addrs);
@@ -585,7 +586,7 @@ TEST_CASE("kube-ipvs0: created once, left down, addresses bound and unbound, del
   requireErrno(link->deleteAddress(kDummyLinkName, v4), EADDRNOTAVAIL);
   listed = link->listAddresses(kDummyLinkName);
   REQUIRE(listed);
-  CHECK(*listed == std::vector<IPPrefix>{v6});
+  CHECK(*listed == std::vector<net::Prefix>{v6});
 
   REQUIRE_OK(link->deleteLink(kDummyLinkName));
   CHECK(run("ip link show kube-ipvs0").first != 0);
@@ -622,12 +623,12 @@ TEST_CASE("kube-ipvs0: an address bound with two prefix lengths is listed once",
   FreshNetns netns;
   auto link = openLink();
   REQUIRE_OK(link->ensureLink(kDummyLinkName));
-  const auto v4 = *IPPrefix::parse("10.96.0.10");
+  const auto v4 = *net::Prefix::parse("10.96.0.10");
   REQUIRE_OK(link->addAddress(kDummyLinkName, v4));
   sh("ip addr add 10.96.0.10/24 dev kube-ipvs0");
   auto listed = link->listAddresses(kDummyLinkName);
   REQUIRE(listed);
-  CHECK(*listed == std::vector<IPPrefix>{v4});
+  CHECK(*listed == std::vector<net::Prefix>{v4});
   // The host prefix goes; the /24 someone else bound stays.
   REQUIRE_OK(link->deleteAddress(kDummyLinkName, v4));
   auto [rc, out] = run("ip -4 addr show dev kube-ipvs0");

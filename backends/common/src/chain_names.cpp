@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <array>
 
+#include "kproxy/net/host_port.h"
+
 namespace kproxy::backends {
 namespace {
 
@@ -64,17 +66,7 @@ std::string servicePortNameString(std::string_view ns, std::string_view name, st
 }
 
 std::string endpointHostPort(std::string_view ip, int port) {
-  std::string out;
-  if (ip.find(':') != std::string_view::npos) {
-    out += '[';
-    out += ip;
-    out += ']';
-  } else {
-    out += ip;
-  }
-  out += ':';
-  out += std::to_string(port);
-  return out;
+  return net::joinHostPort(ip, std::to_string(port));
 }
 
 std::string portProtoHash(std::string_view servicePortName, std::string_view protocol) {

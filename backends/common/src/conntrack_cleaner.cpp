@@ -16,8 +16,8 @@
 namespace kproxy::backends {
 namespace {
 
-core::IPFamily toCore(sdk::Family f) {
-  return f == sdk::Family::kIPv4 ? core::IPFamily::kIPv4 : core::IPFamily::kIPv6;
+net::Family toCore(net::Family f) {
+  return f == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6;
 }
 
 core::Protocol toCore(sdk::Protocol p) {
@@ -53,7 +53,7 @@ struct ServingIndex {
 
 /// `family`: only its ports (nullopt: every port, all of one family).
 ServingIndex indexServing(std::span<const sdk::ServicePort> ports, const ConntrackCleaner& cleaner,
-                          std::optional<sdk::Family> family = std::nullopt) {
+                          std::optional<net::Family> family = std::nullopt) {
   ServingIndex index;
   for (const auto& port : ports) {
     if (!cleaner.cleans(port.protocol) || (family && port.family != *family)) continue;
@@ -119,7 +119,7 @@ std::vector<ConntrackFlow> ConntrackCleaner::staleFlows(std::span<const Conntrac
 core::Result<ConntrackCleanupReport> ConntrackCleaner::reconcile(std::span<const sdk::ServicePort> ports) {
   ConntrackCleanupReport report;
   report.ran = true;
-  for (sdk::Family family : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
+  for (net::Family family : {net::Family::kIPv4, net::Family::kIPv6}) {
     ServingIndex index = indexServing(ports, *this, family);
     for (core::Protocol protocol : index.protocols) {
       auto flows = table_.list(toCore(family), protocol);

@@ -20,7 +20,7 @@ namespace kproxy::backends {
 namespace {
 
 using core::ErrorCategory;
-using core::IPFamily;
+using net::Family;
 using core::makeError;
 using core::Protocol;
 
@@ -51,7 +51,7 @@ std::optional<Protocol> fromIpProto(std::uint8_t p) {
   }
 }
 
-std::uint8_t addressFamily(IPFamily f) { return f == IPFamily::kIPv4 ? AF_INET : AF_INET6; }
+std::uint8_t addressFamily(net::Family f) { return f == net::Family::kIPv4 ? AF_INET : AF_INET6; }
 
 std::string addressText(int af, const void* bytes) {
   char buf[INET6_ADDRSTRLEN] = {};
@@ -73,16 +73,16 @@ struct AttrTable {
   const nlattr* operator[](std::size_t i) const { return at[i]; }
 };
 
-bool parseTuple(const nlattr* nest, IPFamily family, ConntrackTuple& out, std::uint8_t& proto) {
+bool parseTuple(const nlattr* nest, net::Family family, ConntrackTuple& out, std::uint8_t& proto) {
   AttrTable<CTA_TUPLE_MAX + 1> tuple;
   if (nest == nullptr || !tuple.parseNested(nest)) return false;
   if (tuple[CTA_TUPLE_IP] == nullptr || tuple[CTA_TUPLE_PROTO] == nullptr) return false;
   AttrTable<CTA_IP_MAX + 1> ip;
   if (!ip.parseNested(tuple[CTA_TUPLE_IP])) return false;
-  int af = family == IPFamily::kIPv4 ? AF_INET : AF_INET6;
-  int srcType = family == IPFamily::kIPv4 ? CTA_IP_V4_SRC : CTA_IP_V6_SRC;
-  int dstType = family == IPFamily::kIPv4 ? CTA_IP_V4_DST : CTA_IP_V6_DST;
-  std::size_t len = family == IPFamily::kIPv4 ? 4 : 16;
+  int af = family == net::Family::kIPv4 ? AF_INET : AF_INET6;
+  int srcType = family == net::Family::kIPv4 ? CTA_IP_V4_SRC : CTA_IP_V6_SRC;
+  int dstType = family == net::Family::kIPv4 ? CTA_IP_V4_DST : CTA_IP_V6_DST;
+  std::size_t len = family == net::Family::kIPv4 ? 4 : 16;
   for (auto [type, field] : {std::pair{srcType, &out.srcIP}, std::pair{dstType, &out.dstIP}}) {
     const nlattr* a = ip[static_cast<std::size_t>(type)];
     if (a == nullptr || mnl_attr_get_payload_len(a) < len) return false;
@@ -97,7 +97,7 @@ bool parseTuple(const nlattr* nest, IPFamily family, ConntrackTuple& out, std::u
 }
 
 /// Decodes one CT_NEW dump reply. nullopt for entries of other protocols or families.
-std::optional<ConntrackFlow> parseFlow(const nlmsghdr* nlh, IPFamily family, bool& malformed) {
+std::optional<ConntrackFlow> parseFlow(const nlmsghdr* nlh, net::Family family, bool& malformed) {
   malformed = false;
   const auto* nfg = static_cast<const nfgenmsg*>(mnl_nlmsg_get_payload(nlh));
   if (nfg->nfgen_family != addressFamily(family)) return std::nullopt;
@@ -122,7 +122,7 @@ std::optional<ConntrackFlow> parseFlow(const nlmsghdr* nlh, IPFamily family, boo
   return flow;
 }
 
-nlmsghdr* putRequest(char* buf, std::uint16_t type, std::uint16_t flags, IPFamily family,
+nlmsghdr* putRequest(char* buf, std::uint16_t type, std::uint16_t flags, net::Family family,
                      std::uint32_t seq) {
   nlmsghdr* nlh = mnl_nlmsg_put_header(buf);
   nlh->nlmsg_type = static_cast<std::uint16_t>((NFNL_SUBSYS_CTNETLINK << 8) | type);
@@ -138,14 +138,14 @@ nlmsghdr* putRequest(char* buf, std::uint16_t type, std::uint16_t flags, IPFamil
 void putTuple(nlmsghdr* nlh, std::uint16_t type, const ConntrackFlow& flow, const ConntrackTuple& t) {
   nlattr* tuple = mnl_attr_nest_start(nlh, type);
   nlattr* ip = mnl_attr_nest_start(nlh, CTA_TUPLE_IP);
-  int af = flow.family == IPFamily::kIPv4 ? AF_INET : AF_INET6;
+  int af = flow.family == net::Family::kIPv4 ? AF_INET : AF_INET6;
   std::array<unsigned char, 16> src{};
   std::array<unsigned char, 16> dst{};
   inet_pton(af, t.srcIP.c_str(), src.data());
   inet_pton(af, t.dstIP.c_str(), dst.data());
-  std::size_t len = flow.family == IPFamily::kIPv4 ? 4 : 16;
-  mnl_attr_put(nlh, flow.family == IPFamily::kIPv4 ? CTA_IP_V4_SRC : CTA_IP_V6_SRC, len, src.data());
-  mnl_attr_put(nlh, flow.family == IPFamily::kIPv4 ? CTA_IP_V4_DST : CTA_IP_V6_DST, len, dst.data());
+  std::size_t len = flow.family == net::Family::kIPv4 ? 4 : 16;
+  mnl_attr_put(nlh, flow.family == net::Family::kIPv4 ? CTA_IP_V4_SRC : CTA_IP_V6_SRC, len, src.data());
+  mnl_attr_put(nlh, flow.family == net::Family::kIPv4 ? CTA_IP_V4_DST : CTA_IP_V6_DST, len, dst.data());
   mnl_attr_nest_end(nlh, ip);
   nlattr* proto = mnl_attr_nest_start(nlh, CTA_TUPLE_PROTO);
   mnl_attr_put_u8(nlh, CTA_PROTO_NUM, ipProto(flow.protocol));
@@ -157,7 +157,7 @@ void putTuple(nlmsghdr* nlh, std::uint16_t type, const ConntrackFlow& flow, cons
 
 class NetlinkConntrackTable final : public ConntrackTable {
  public:
-  core::Result<std::vector<ConntrackFlow>> list(IPFamily family, Protocol protocol) override {
+  core::Result<std::vector<ConntrackFlow>> list(net::Family family, Protocol protocol) override {
     if (auto opened = ensureOpen(); !opened) return std::unexpected(opened.error());
     auto filtered = dump(family, protocol, true);
     // A kernel that cannot filter dumps by protocol says EINVAL/EOPNOTSUPP; filter here then.
@@ -208,7 +208,7 @@ class NetlinkConntrackTable final : public ConntrackTable {
     return {};
   }
 
-  core::Result<std::vector<ConntrackFlow>> dump(IPFamily family, Protocol protocol, bool kernelFilter) {
+  core::Result<std::vector<ConntrackFlow>> dump(net::Family family, Protocol protocol, bool kernelFilter) {
     std::array<char, 512> buf{};
     nlmsghdr* nlh = putRequest(buf.data(), IPCTNL_MSG_CT_GET, NLM_F_REQUEST | NLM_F_DUMP, family,
                                socket_->nextSeq());
@@ -251,7 +251,7 @@ std::string ConntrackFlow::str() const {
   std::string out = protocol == Protocol::kUDP ? "udp" : protocol == Protocol::kSCTP ? "sctp" : "tcp";
   auto append = [&](const char* sep, const std::string& ip, std::uint16_t port) {
     out += sep;
-    if (family == IPFamily::kIPv6) {
+    if (family == net::Family::kIPv6) {
       out += '[';
       out += ip;
       out += ']';
@@ -276,7 +276,7 @@ std::unique_ptr<ConntrackTable> makeNetlinkConntrackTable() {
   return std::make_unique<NetlinkConntrackTable>();
 }
 
-core::Result<std::vector<ConntrackFlow>> FakeConntrackTable::list(IPFamily family, Protocol protocol) {
+core::Result<std::vector<ConntrackFlow>> FakeConntrackTable::list(net::Family family, Protocol protocol) {
   ++listCalls;
   if (failList) return makeError(ErrorCategory::kKernel, "conntrack: listing (fake)", EPERM);
   std::vector<ConntrackFlow> out;

@@ -22,7 +22,7 @@
 namespace kproxy::iptables {
 namespace {
 
-constexpr sdk::Family kFamilies[] = {sdk::Family::kIPv4, sdk::Family::kIPv6};
+constexpr net::Family kFamilies[] = {net::Family::kIPv4, net::Family::kIPv6};
 
 }  // namespace
 
@@ -33,7 +33,7 @@ IptablesBackend::IptablesBackend(sdk::Host host, BackendSettings settings, std::
       renderer_(settings_.render),
       kernel_(std::move(kernel)) {}
 
-std::size_t IptablesBackend::mirroredChains(sdk::Family family) const {
+std::size_t IptablesBackend::mirroredChains(net::Family family) const {
   const auto& m = mirror_[index(family)];
   return m.chains[0].size() + m.chains[1].size() + m.chains[2].size();
 }
@@ -42,7 +42,7 @@ bool IptablesBackend::kernelChangedOutside(const std::vector<sdk::ChangedKey>& c
   // Checked on periodic syncs only (nothing changed): each check runs the tool, once per family.
   if (!changed.empty()) return false;
   bool flushed = false;
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
     auto exists = kernel_->chainExists(fam, Table::kMangle, backends::iptables_chains::kProxyCanary);
     if (!exists) {
@@ -76,7 +76,7 @@ void IptablesBackend::beginPass(const plan::SnapshotSource& next, bool full) {
 sdk::Expected<backends::PassOutcome> IptablesBackend::fullSync(const plan::SnapshotSource& next) {
   beginPass(next, true);
   std::size_t operations = 0;
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     lastRestore_[index(fam)].clear();
     if (!familyEnabled(fam)) continue;
     // The old mirror is not read again (a failure leaves the next sync full, and it reads the
@@ -105,7 +105,7 @@ sdk::Expected<backends::PassOutcome> IptablesBackend::partialSync(const plan::Sn
                                                                   const std::vector<sdk::ChangedKey>& changed) {
   beginPass(next, false);
   std::size_t operations = 0;
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     lastRestore_[index(fam)].clear();
     if (!familyEnabled(fam)) continue;
     std::vector<std::string> keys;
@@ -142,19 +142,19 @@ backends::PassOutcome IptablesBackend::passOutcome(bool full, std::size_t operat
   return out;
 }
 
-sdk::Expected<void> IptablesBackend::apply(sdk::Family family, const std::string& input) {
+sdk::Expected<void> IptablesBackend::apply(net::Family family, const std::string& input) {
   if (input.empty()) return {};
   auto r = kernel_->restore(family, input);
   if (!r) return restoreFailed(family, r.error());
   return {};
 }
 
-sdk::Expected<void> IptablesBackend::restoreFailed(sdk::Family family, const core::Error& e) {
+sdk::Expected<void> IptablesBackend::restoreFailed(net::Family family, const core::Error& e) {
   if (metrics_.restoreFailures.active()) metrics_.restoreFailures.add({std::string(familyName(family))}, 1);
   return failed(e, std::string(toolName(family)) + "-restore");
 }
 
-sdk::Expected<void> IptablesBackend::netlinkFailed(sdk::Family family, const core::Error& e) {
+sdk::Expected<void> IptablesBackend::netlinkFailed(net::Family family, const core::Error& e) {
   if (metrics_.restoreFailures.active()) metrics_.restoreFailures.add({std::string(familyName(family))}, 1);
   // A refusal of what was encoded (an invalid or unsupported expression) would come again:
   // every later sync uses the tool. Others (a chain someone's rule still jumps to, a table
@@ -175,7 +175,7 @@ core::Result<void> IptablesBackend::commitOverNetlink(NftRuleBatch& batch) {
   return r;
 }
 
-sdk::Expected<void> IptablesBackend::applyPartial(sdk::Family family, const RestoreEdit& edit, const std::string& input) {
+sdk::Expected<void> IptablesBackend::applyPartial(net::Family family, const RestoreEdit& edit, const std::string& input) {
   if (!edit.natChainsOnly()) return apply(family, input);
   // Only whole nat chains change (an endpoint added, removed or changed): one netlink
   // transaction, without the tool's start and its fetch of the table.
@@ -229,7 +229,7 @@ void IptablesBackend::setRouteLocalnet() {
 sdk::Expected<void> IptablesBackend::cleanup() {
   requireFullSync();
   for (auto& m : mirror_) m = FamilyMirror{};
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
     RestoreEdit edit;
     std::set<std::string> owned[3];
@@ -288,7 +288,7 @@ sdk::Expected<IptablesBackend::Metrics> IptablesBackend::registerMetrics(const s
 
 void IptablesBackend::updateMetrics() const {
   if (!metrics_.rules.active()) return;
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
     const auto& m = mirror_[index(fam)];
     for (Table t : kTables)

@@ -44,7 +44,7 @@ std::uint64_t hashRules(std::span<const std::string> rules) {
 
 // ---- the kernel's tables ----
 
-core::Result<void> KernelChains::read(KernelIptables& kernel, sdk::Family family, Table table) {
+core::Result<void> KernelChains::read(KernelIptables& kernel, net::Family family, Table table) {
   backends::IptablesSaveReader reader(*this);
   core::Result<void> read;
   auto saved = kernel.saveTo(family, table, [&](std::string_view piece) {
@@ -194,7 +194,7 @@ std::string RestoreEdit::text(std::span<const Table> order, bool natOpen) const 
 class IptablesBackend::StreamedChains {
  public:
   /// `chunkRules`: KernelIptables::restoreChunkRules.
-  StreamedChains(IptablesBackend& backend, sdk::Family family, std::size_t chunkRules, bool netlink)
+  StreamedChains(IptablesBackend& backend, net::Family family, std::size_t chunkRules, bool netlink)
       : backend_(backend), family_(family), chunkRules_(chunkRules), netlinkWanted_(netlink) {}
   ~StreamedChains() {
     // Abandoned after a failure: the open restore ends without COMMIT, so the tool applies
@@ -399,7 +399,7 @@ class IptablesBackend::StreamedChains {
   }
 
   IptablesBackend& backend_;
-  sdk::Family family_;
+  net::Family family_;
   std::size_t chunkRules_;
   bool netlinkWanted_;  ///< netlink after the fixed chains
   std::size_t chunkSize_ = 0;
@@ -520,7 +520,7 @@ bool holdsDispatchChain(const KernelChains::Chain* chain, const FamilyMirror::Di
 
 // ---- the backend's syncs ----
 
-void IptablesBackend::partialSyncFamily(const plan::SnapshotSource& next, sdk::Family family,
+void IptablesBackend::partialSyncFamily(const plan::SnapshotSource& next, net::Family family,
                                         const std::vector<std::string>& keys, FamilyMirror& mirror,
                                         RestoreEdit& edit, std::size_t& operations) {
   DispatchDelta delta;
@@ -542,7 +542,7 @@ void IptablesBackend::partialSyncFamily(const plan::SnapshotSource& next, sdk::F
   operations += edit.operations;
 }
 
-sdk::Expected<void> IptablesBackend::fullSyncFamily(const plan::SnapshotSource& next, sdk::Family family,
+sdk::Expected<void> IptablesBackend::fullSyncFamily(const plan::SnapshotSource& next, net::Family family,
                                                     FamilyMirror& out, std::string& input,
                                                     std::size_t& operations) {
   // What the kernel holds (in --dry-run, what PrintingIptables' ruleset in memory holds).

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <vector>
 
-#include "kproxy/backends/common/address.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/iptables/tracer.h"
 #include "kproxy/plan/options.h"
 #include "kproxy/plan/trace.h"
@@ -11,14 +11,14 @@
 namespace kproxy::iptables {
 namespace {
 
-using backends::IPPrefix;
+using net::Prefix;
 
 /// The node's own addresses as the kernel would see them: the Node's (or the configured node
 /// IPs), and the interface addresses NodePorts answer on.
-std::vector<IPPrefix> localAddresses(const RenderConfig& config, const sdk::NodeInfo& node) {
-  std::vector<IPPrefix> out;
+std::vector<net::Prefix> localAddresses(const RenderConfig& config, const sdk::NodeInfo& node) {
+  std::vector<net::Prefix> out;
   auto add = [&](const std::string& ip) {
-    if (auto a = IPPrefix::parse(ip); a && a->isHost()) out.push_back(*a);
+    if (auto a = net::Prefix::parse(ip); a && a->isHost()) out.push_back(*a);
   };
   for (const auto& ip : node.addresses) add(ip);
   if (out.empty())
@@ -39,7 +39,7 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<c
                      " (addresses must be numeric and of one family)");
   }
   if (!request.fromNode) packet->inputInterface = request.inputInterface;
-  const sdk::Family family = packet->destination.v6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4;
+  const net::Family family = packet->destination.v6() ? net::Family::kIPv6 : net::Family::kIPv4;
 
   // As the backend renders a full sync.
   IptablesRenderer renderer(config);

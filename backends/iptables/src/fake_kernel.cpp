@@ -16,11 +16,11 @@
 namespace kproxy::iptables {
 namespace {
 
-bool isV6(sdk::Family family) { return family == sdk::Family::kIPv6; }
+bool isV6(net::Family family) { return family == net::Family::kIPv6; }
 
 }  // namespace
 
-std::vector<FakeIptables::Chain>& FakeIptables::chains(sdk::Family family, Table table) {
+std::vector<FakeIptables::Chain>& FakeIptables::chains(net::Family family, Table table) {
   const int f = isV6(family) ? 1 : 0, t = static_cast<int>(table);
   if (!initialized_[f][t]) {
     initialized_[f][t] = true;
@@ -35,7 +35,7 @@ std::vector<FakeIptables::Chain>& FakeIptables::chains(sdk::Family family, Table
   return tables_[f][t];
 }
 
-core::Result<std::string> FakeIptables::save(sdk::Family family, Table table) {
+core::Result<std::string> FakeIptables::save(net::Family family, Table table) {
   auto& cs = chains(family, table);
   std::vector<const Chain*> sorted;
   for (const auto& c : cs) sorted.push_back(&c);
@@ -52,12 +52,12 @@ core::Result<std::string> FakeIptables::save(sdk::Family family, Table table) {
   return out;
 }
 
-core::Result<bool> FakeIptables::chainExists(sdk::Family family, Table table, std::string_view chain) {
+core::Result<bool> FakeIptables::chainExists(net::Family family, Table table, std::string_view chain) {
   auto& cs = chains(family, table);
   return std::any_of(cs.begin(), cs.end(), [&](const Chain& c) { return c.name == chain; });
 }
 
-core::Result<void> FakeIptables::restore(sdk::Family family, std::string_view input) {
+core::Result<void> FakeIptables::restore(net::Family family, std::string_view input) {
   restores.emplace_back(input);
   if (std::exchange(refuseNext, false))
     return refused(fmt::format("fake refused the input; line {}: {}", refuseLine, lineOf(input, refuseLine)));

@@ -32,7 +32,7 @@
 #include <libnftnl/expr.h>
 #include <libnftnl/rule.h>
 
-#include "kproxy/backends/common/address.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/backends/common/netlink_socket.h"
@@ -41,13 +41,13 @@
 namespace kproxy::iptables {
 namespace {
 
-using backends::IPPrefix;
+using net::Prefix;
 using core::ErrorCategory;
 using core::makeError;
 
 std::unexpected<core::Error> unsupported(std::string why) { return makeError(ErrorCategory::kInvalidArgument, std::move(why)); }
 
-bool isV6(sdk::Family family) { return family == sdk::Family::kIPv6; }
+bool isV6(net::Family family) { return family == net::Family::kIPv6; }
 
 /// An address condition (-s / -d): the address already masked, and its mask.
 struct AddressMatch {
@@ -102,9 +102,9 @@ std::optional<std::uint8_t> protocolNumber(std::string_view name) {
   return std::nullopt;
 }
 
-std::optional<AddressMatch> parseAddress(sdk::Family family, std::string_view text) {
-  auto p = IPPrefix::parse(text);
-  if (!p || p->v6 != isV6(family) || p->length == 0) return std::nullopt;
+std::optional<AddressMatch> parseAddress(net::Family family, std::string_view text) {
+  auto p = net::Prefix::parse(text);
+  if (!p || p->v6() != isV6(family) || p->length == 0) return std::nullopt;
   AddressMatch a;
   a.set = true;
   const std::size_t size = p->size();
@@ -117,7 +117,7 @@ std::optional<AddressMatch> parseAddress(sdk::Family family, std::string_view te
 }
 
 /// "ADDR:PORT" or "[ADDR]:PORT" of DNAT --to-destination.
-bool parseNatDestination(sdk::Family family, std::string_view text, nf_nat_range2& range) {
+bool parseNatDestination(net::Family family, std::string_view text, nf_nat_range2& range) {
   std::string_view host, port;
   if (text.starts_with('[')) {
     const auto close = text.find("]:");
@@ -130,9 +130,9 @@ bool parseNatDestination(sdk::Family family, std::string_view text, nf_nat_range
     host = text.substr(0, colon);
     port = text.substr(colon + 1);
   }
-  auto p = IPPrefix::parse(host);
+  auto p = net::Prefix::parse(host);
   auto n = parseRulePort(port);
-  if (!p || !p->isHost() || p->v6 != isV6(family) || !n || *n == 0) return false;
+  if (!p || !p->isHost() || p->v6() != isV6(family) || !n || *n == 0) return false;
   range.flags = NF_NAT_RANGE_MAP_IPS | NF_NAT_RANGE_PROTO_SPECIFIED;
   std::memcpy(&range.min_addr, p->bytes.data(), p->size());
   std::memcpy(&range.max_addr, p->bytes.data(), p->size());
@@ -147,7 +147,7 @@ constexpr std::size_t kMaxMatches = 8;
 /// options the renderer writes are known; anything else is an error.
 class NftRuleParser {
  public:
-  NftRuleParser(sdk::Family family, std::string_view spec) : family_(family), spec_(spec), words_(spec) {}
+  NftRuleParser(net::Family family, std::string_view spec) : family_(family), spec_(spec), words_(spec) {}
 
   core::Result<ParsedRule> parse() && {
     bool negate = false;
@@ -299,8 +299,8 @@ class NftRuleParser {
       std::memcpy(recent_.name, v->data(), v->size());
     } else if (w == "--mask") {
       auto v = words_.value();
-      auto p = v ? IPPrefix::parse(*v) : std::nullopt;
-      if (!p || !p->isHost() || p->v6 != isV6(family_)) return bad("--mask");
+      auto p = v ? net::Prefix::parse(*v) : std::nullopt;
+      if (!p || !p->isHost() || p->v6() != isV6(family_)) return bad("--mask");
       std::memset(&recent_.mask, 0, sizeof recent_.mask);
       std::memcpy(&recent_.mask, p->bytes.data(), p->size());
     } else if (w == "--rsource" || w == "--rdest") {
@@ -441,7 +441,7 @@ class NftRuleParser {
     return bytesOf(range);
   }
 
-  sdk::Family family_;
+  net::Family family_;
   std::string_view spec_;
   RuleWords words_;
   ParsedRule rule_;
@@ -455,7 +455,7 @@ class NftRuleParser {
   xt_sctp_info sctp_{};
 };
 
-core::Result<ParsedRule> parseRule(sdk::Family family, std::string_view spec) {
+core::Result<ParsedRule> parseRule(net::Family family, std::string_view spec) {
   return NftRuleParser(family, spec).parse();
 }
 
@@ -527,7 +527,7 @@ void address(nftnl_rule* r, std::uint32_t offset, std::uint32_t size, const Addr
   cmp(r, a.negate ? NFT_CMP_NEQ : NFT_CMP_EQ, a.address.data(), len);
 }
 
-void encode(sdk::Family family, const ParsedRule& p, nftnl_rule* r) {
+void encode(net::Family family, const ParsedRule& p, nftnl_rule* r) {
   if (!p.inInterface.empty()) {
     meta(r, NFT_META_IIFNAME);
     const std::uint32_t op = p.inNegate ? NFT_CMP_NEQ : NFT_CMP_EQ;
@@ -599,13 +599,13 @@ constexpr std::size_t kMessageRoom = 16 * 1024;
 
 }  // namespace
 
-core::Result<void> checkNftRuleSpec(sdk::Family family, std::string_view spec) {
+core::Result<void> checkNftRuleSpec(net::Family family, std::string_view spec) {
   auto parsed = parseRule(family, spec);
   if (!parsed) return std::unexpected(parsed.error());
   return {};
 }
 
-NftRuleBatch::NftRuleBatch(sdk::Family family, std::string table) : family_(family), table_(std::move(table)) {}
+NftRuleBatch::NftRuleBatch(net::Family family, std::string table) : family_(family), table_(std::move(table)) {}
 
 core::Result<void> NftRuleBatch::add(std::span<const NftChainRewrite> chains) {
   // Parsed first: a refusal leaves the batch as it was.

@@ -9,7 +9,7 @@ namespace kproxy::iptables {
 PrintingIptables::PrintingIptables(std::unique_ptr<KernelIptables> inner, std::FILE* out, std::string name)
     : inner_(std::move(inner)), out_(out), name_(std::move(name)) {}
 
-core::Result<void> PrintingIptables::restore(sdk::Family family, std::string_view input) {
+core::Result<void> PrintingIptables::restore(net::Family family, std::string_view input) {
   if (input.empty()) return {};
   fmt::print(out_, "# {}-restore --noflush\n{}", toolName(family), input);
   std::fflush(out_);

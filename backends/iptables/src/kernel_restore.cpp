@@ -31,7 +31,7 @@ constexpr auto kToolTimeout = std::chrono::minutes(15);
 /// rules cost 2.7 / 2.8 / 3.2 s in all, one input 87 s.
 constexpr std::size_t kNftChunkRules = 2000;
 
-bool isV6(sdk::Family family) { return family == sdk::Family::kIPv6; }
+bool isV6(net::Family family) { return family == net::Family::kIPv6; }
 
 /// The line number iptables-restore names in its complaint ("line 7 failed", "Error occurred
 /// at line: 7"), or 0.
@@ -105,14 +105,14 @@ class ProcessKernel final : public KernelIptables {
  public:
   ProcessKernel(VariantTools tools, backends::ProcessRunner& runner) : tools_(std::move(tools)), runner_(runner) {}
 
-  core::Result<std::string> save(sdk::Family family, Table table) override {
+  core::Result<std::string> save(net::Family family, Table table) override {
     std::string text;
     if (auto r = saveTo(family, table, [&text](std::string_view piece) { text.append(piece); }); !r)
       return std::unexpected(r.error());
     return text;
   }
 
-  core::Result<void> saveTo(sdk::Family family, Table table, const std::function<void(std::string_view)>& out) override {
+  core::Result<void> saveTo(net::Family family, Table table, const std::function<void(std::string_view)>& out) override {
     const std::string& tool = isV6(family) ? tools_.save6 : tools_.save4;
     if (tool.empty()) return core::makeError(ErrorCategory::kProcess, "no ip6tables-save for IPv6");
     auto r = runner_.run({tool, "-t", std::string(tableName(table))}, ProcessOptions{{}, kToolTimeout, out});
@@ -126,14 +126,14 @@ class ProcessKernel final : public KernelIptables {
     return {};
   }
 
-  core::Result<void> restore(sdk::Family family, std::string_view input) override {
+  core::Result<void> restore(net::Family family, std::string_view input) override {
     auto stream = startRestore(family);
     if (!stream) return std::unexpected(stream.error());
     if (auto w = (*stream)->write(input); !w) return w;
     return (*stream)->finish();
   }
 
-  core::Result<std::unique_ptr<RestoreStream>> startRestore(sdk::Family family) override {
+  core::Result<std::unique_ptr<RestoreStream>> startRestore(net::Family family) override {
     const std::string& tool = isV6(family) ? tools_.restore6 : tools_.restore4;
     if (tool.empty()) return core::makeError(ErrorCategory::kProcess, "no ip6tables-restore for IPv6");
     auto child = runner_.start({tool, "--noflush", "-w", "5"}, ProcessOptions{{}, kToolTimeout});
@@ -141,7 +141,7 @@ class ProcessKernel final : public KernelIptables {
     return std::make_unique<ToolRestore>(tool, std::move(*child), times_);
   }
 
-  core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override {
+  core::Result<bool> chainExists(net::Family family, Table table, std::string_view chain) override {
     const std::string& tool = isV6(family) ? tools_.iptables6 : tools_.iptables4;
     if (tool.empty()) return core::makeError(ErrorCategory::kProcess, "no ip6tables for IPv6");
     auto r = runner_.run({tool, "-w", "5", "-t", std::string(tableName(table)), "-S", std::string(chain)},
@@ -196,7 +196,7 @@ bool versionSays(const std::string& tool, Variant variant) {
 /// KernelIptables::startRestore's default: collected, restored in finish().
 class CollectedRestore final : public RestoreStream {
  public:
-  CollectedRestore(KernelIptables& kernel, sdk::Family family) : kernel_(kernel), family_(family) {}
+  CollectedRestore(KernelIptables& kernel, net::Family family) : kernel_(kernel), family_(family) {}
   core::Result<void> write(std::string_view text) override {
     input_ += text;
     return {};
@@ -205,17 +205,17 @@ class CollectedRestore final : public RestoreStream {
 
  private:
   KernelIptables& kernel_;
-  sdk::Family family_;
+  net::Family family_;
   std::string input_;
 };
 
 }  // namespace
 
-core::Result<std::unique_ptr<RestoreStream>> KernelIptables::startRestore(sdk::Family family) {
+core::Result<std::unique_ptr<RestoreStream>> KernelIptables::startRestore(net::Family family) {
   return std::make_unique<CollectedRestore>(*this, family);
 }
 
-core::Result<void> KernelIptables::saveTo(sdk::Family family, Table table,
+core::Result<void> KernelIptables::saveTo(net::Family family, Table table,
                                           const std::function<void(std::string_view)>& out) {
   auto text = save(family, table);
   if (!text) return std::unexpected(text.error());

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "kproxy/backends/common/address.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/iptables_rule.h"
 #include "kproxy/plan/options.h"
@@ -15,17 +15,17 @@
 namespace kproxy::iptables {
 namespace {
 
-using backends::IPPrefix;
+using net::Prefix;
 namespace names = backends::iptables_chains;
 
 constexpr std::string_view kMarkMasq = names::kMarkMasq;
 
-bool isV6(sdk::Family family) { return family == sdk::Family::kIPv6; }
+bool isV6(net::Family family) { return family == net::Family::kIPv6; }
 
 /// An address or prefix as iptables-save prints it: always with its length ("10.0.0.1/32").
-std::optional<std::string> savedPrefix(std::string_view text, sdk::Family family) {
-  auto p = IPPrefix::parse(text);
-  if (!p || p->v6 != isV6(family)) return std::nullopt;
+std::optional<std::string> savedPrefix(std::string_view text, net::Family family) {
+  auto p = net::Prefix::parse(text);
+  if (!p || p->v6() != isV6(family)) return std::nullopt;
   std::string out = p->toString();
   if (p->isHost()) out += isV6(family) ? "/128" : "/32";
   return out;
@@ -42,11 +42,11 @@ std::string_view protoName(sdk::Protocol p) {
 
 using Spec = backends::IptablesRuleSpec;
 
-std::string rejectTarget(sdk::Family family) {
+std::string rejectTarget(net::Family family) {
   return isV6(family) ? "REJECT --reject-with icmp6-port-unreachable" : "REJECT --reject-with icmp-port-unreachable";
 }
 
-std::string recentMask(sdk::Family family) {
+std::string recentMask(net::Family family) {
   return isV6(family) ? "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff" : "255.255.255.255";
 }
 
@@ -347,7 +347,7 @@ class ServicePortRules {
 
   const sdk::ServicePort& p_;
   const plan::ServicePortPlan& plan_;
-  const sdk::Family fam_;
+  const net::Family fam_;
   const std::string name_;
   const std::string proto_;
   const std::string svcChain_, svlChain_, extChain_, fwChain_;
@@ -410,23 +410,23 @@ void IptablesRenderer::setNode(const sdk::NodeInfo& node) {
   plan::applyNode(planConfig_, config_.common.detectLocalMode, node, config_.common.nodeIPs);
   const sdk::NodePortAddresses nodePorts =
       plan::nodePortAddressesOf(node, config_.common.nodePortAddresses, config_.common.nodeIPs);
-  for (sdk::Family fam : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
+  for (net::Family fam : {net::Family::kIPv4, net::Family::kIPv6}) {
     NodePorts& out = nodePorts_[isV6(fam) ? 1 : 0];
     out = NodePorts{};
     // Loopback NodePorts: IPv4 only, with --iptables-localhost-nodeports (route_localnet).
-    auto usable = [&](const IPPrefix& a) {
-      const auto loopback = *IPPrefix::parse(isV6(fam) ? "::1/128" : "127.0.0.0/8");
+    auto usable = [&](const net::Prefix& a) {
+      const auto loopback = *net::Prefix::parse(isV6(fam) ? "::1/128" : "127.0.0.0/8");
       return !loopback.contains(a) || (!isV6(fam) && config_.localhostNodePorts);
     };
     out.allLocal = nodePorts.allLocal(fam);
     if (out.allLocal) continue;
     for (const auto& ip : nodePorts.addresses)
-      if (auto a = IPPrefix::parse(ip); a && a->isHost() && a->v6 == isV6(fam) && usable(*a))
+      if (auto a = net::Prefix::parse(ip); a && a->isHost() && a->v6() == isV6(fam) && usable(*a))
         out.addresses.push_back(ip);
   }
 }
 
-std::string IptablesRenderer::podSource(sdk::Family family, bool negate) const {
+std::string IptablesRenderer::podSource(net::Family family, bool negate) const {
   const auto& detector = planConfig_.localDetector;
   if (!detector.implemented(family)) return {};
   using Mode = plan::LocalTrafficDetector::Mode;
@@ -461,15 +461,15 @@ Fragment IptablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
 
 bool IptablesRenderer::localhostNodePorts() const {
   if (!config_.localhostNodePorts) return false;
-  const NodePorts& nodePorts = nodePortsOf(sdk::Family::kIPv4);
-  const auto loopback = *IPPrefix::parse("127.0.0.0/8");
+  const NodePorts& nodePorts = nodePortsOf(net::Family::kIPv4);
+  const auto loopback = *net::Prefix::parse("127.0.0.0/8");
   return nodePorts.allLocal || std::any_of(nodePorts.addresses.begin(), nodePorts.addresses.end(), [&](const auto& ip) {
-           auto a = IPPrefix::parse(ip);
+           auto a = net::Prefix::parse(ip);
            return a && loopback.contains(*a);
          });
 }
 
-GlobalObjects IptablesRenderer::renderGlobal(sdk::Family family, const sdk::NodeInfo& node) const {
+GlobalObjects IptablesRenderer::renderGlobal(net::Family family, const sdk::NodeInfo& node) const {
   (void)node;  // what it decides came with setNode
   GlobalObjects g;
   g.family = family;
@@ -574,7 +574,7 @@ GlobalObjects IptablesRenderer::renderGlobal(sdk::Family family, const sdk::Node
   return g;
 }
 
-std::string renderRuleset(const IptablesRenderer& renderer, sdk::Family family,
+std::string renderRuleset(const IptablesRenderer& renderer, net::Family family,
                           std::span<const sdk::ServicePort> ports, const sdk::NodeInfo& node) {
   const GlobalObjects g = renderer.renderGlobal(family, node);
   std::vector<Fragment> fragments;

@@ -11,8 +11,8 @@
 
 namespace kproxy::iptables {
 
-inline std::string_view familyName(sdk::Family f) { return f == sdk::Family::kIPv6 ? "ipv6" : "ipv4"; }
-inline std::string_view toolName(sdk::Family f) { return f == sdk::Family::kIPv6 ? "ip6tables" : "iptables"; }
+inline std::string_view familyName(net::Family f) { return f == net::Family::kIPv6 ? "ipv6" : "ipv4"; }
+inline std::string_view toolName(net::Family f) { return f == net::Family::kIPv6 ? "ip6tables" : "iptables"; }
 
 /// The plugin's error for `e`: "iptables: <e>", a refusal by the kernel or the tool as such.
 inline sdk::Expected<void> failed(const core::Error& e) {

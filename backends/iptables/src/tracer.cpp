@@ -12,7 +12,7 @@
 
 namespace kproxy::iptables {
 
-using backends::IPPrefix;
+using net::Prefix;
 
 // ---- the parsed ruleset ------------------------------------------------------------------
 
@@ -43,7 +43,7 @@ enum class MatchKind : std::uint8_t {
 struct Match {
   MatchKind kind = MatchKind::kAlways;
   bool negate = false;
-  IPPrefix prefix;
+  net::Prefix prefix;
   std::string text;  // interface, or what is unknown
   bool interfacePrefix = false;
   std::uint8_t protocol = 0;
@@ -75,7 +75,7 @@ struct Target {
   std::string name;  // chain, or the target's name
   std::uint32_t value = 0;
   std::uint32_t mask = 0;
-  std::optional<IPPrefix> address;
+  std::optional<net::Prefix> address;
   std::optional<std::uint16_t> port;
   std::string problem;  // kUnknown: why
 };
@@ -157,7 +157,7 @@ bool parseNatDestination(std::string_view text, Target& t) {
     addr = text.substr(0, colon);
     port = text.substr(colon + 1);
   }
-  auto a = IPPrefix::parse(addr);
+  auto a = net::Prefix::parse(addr);
   if (!a || !a->isHost()) return false;
   t.address = *a;
   if (!port.empty()) {
@@ -287,7 +287,7 @@ class TracedRuleParser {
   bool headerOption(const std::string& w) {
     if (w == "-s" || w == "--source" || w == "-d" || w == "--destination") {
       auto v = words_.value();
-      auto p = v ? IPPrefix::parse(*v) : std::nullopt;
+      auto p = v ? net::Prefix::parse(*v) : std::nullopt;
       if (!p) {
         unknown(fmt::format("{} {}", w, v.value_or("")));
       } else {
@@ -384,7 +384,7 @@ class TracedRuleParser {
     Match m;
     m.kind = w == "--vproto" ? MatchKind::kIpvsProto : w == "--vaddr" ? MatchKind::kIpvsAddress : MatchKind::kIpvsPort;
     auto proto = protocolNumber(v);
-    auto prefix = IPPrefix::parse(v);
+    auto prefix = net::Prefix::parse(v);
     auto port = parsePortRange(v);
     if (m.kind == MatchKind::kIpvsProto && proto) m.protocol = *proto;
     else if (m.kind == MatchKind::kIpvsAddress && prefix) m.prefix = *prefix;
@@ -478,10 +478,10 @@ struct IptablesTracer::Ruleset {
 
 std::optional<Packet> Packet::make(std::string_view source, std::string_view destination, std::uint16_t port,
                                    std::string_view protocol, bool fromNode) {
-  auto s = IPPrefix::parse(source);
-  auto d = IPPrefix::parse(destination);
+  auto s = net::Prefix::parse(source);
+  auto d = net::Prefix::parse(destination);
   auto proto = protocolNumber(protocol);
-  if (!s || !d || !proto || !s->isHost() || !d->isHost() || s->v6 != d->v6) return std::nullopt;
+  if (!s || !d || !proto || !s->isHost() || !d->isHost() || s->v6() != d->v6()) return std::nullopt;
   if (*proto != 6 && *proto != 17 && *proto != 132) return std::nullopt;
   return Packet{*s, *d, port, *proto, fromNode, {}};
 }
@@ -517,8 +517,8 @@ enum class Flow : std::uint8_t {
 };
 bool terminal(Flow f) { return f == Flow::kAccept || f == Flow::kNat || f == Flow::kDrop || f == Flow::kReject; }
 
-bool isLoopback(const IPPrefix& a) {
-  if (!a.v6) return a.bytes[0] == 127;
+bool isLoopback(const net::Prefix& a) {
+  if (!a.v6()) return a.bytes[0] == 127;
   static constexpr std::array<std::uint8_t, 16> kLoopback6{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
   return a.bytes == kLoopback6;
 }
@@ -526,7 +526,7 @@ bool isLoopback(const IPPrefix& a) {
 /// One run of the packet through every hook with one combination of random choices.
 class PacketRun {
  public:
-  PacketRun(const IptablesTracer::Ruleset& rules, const std::vector<IPPrefix>& local, const Packet& packet,
+  PacketRun(const IptablesTracer::Ruleset& rules, const std::vector<net::Prefix>& local, const Packet& packet,
             plan::ChoiceExplorer& choices, TracePath& path, std::set<std::string>& warnings, const IpvsModel* ipvs)
       : ipvs_(ipvs),
         rules_(rules),
@@ -630,8 +630,8 @@ class PacketRun {
     auto address = [&](std::size_t k) { return k < flags.size() && flags[k] == "src" ? src_ : dst_; };
     // The source port of a new connection is not modelled: a "src" port never matches.
     auto port = [&](std::size_t k) { return k < flags.size() && flags[k] == "src" ? -1 : int(dport_); };
-    auto sameAddress = [](std::string_view text, const IPPrefix& a) {
-      auto p = IPPrefix::parse(text);
+    auto sameAddress = [](std::string_view text, const net::Prefix& a) {
+      auto p = net::Prefix::parse(text);
       return p && *p == a;
     };
     auto sameProtoPort = [&](std::string_view text, std::size_t k) {  // "tcp:80"
@@ -654,7 +654,7 @@ class PacketRun {
         hit = parts.size() == 3 && sameAddress(parts[0], address(0)) && sameProtoPort(parts[1], 1) &&
               sameAddress(parts[2], address(2));
       } else if (set->type == "hash:ip,port,net") {
-        auto net = parts.size() == 3 ? IPPrefix::parse(parts[2]) : std::nullopt;
+        auto net = parts.size() == 3 ? net::Prefix::parse(parts[2]) : std::nullopt;
         hit = net && sameAddress(parts[0], address(0)) && sameProtoPort(parts[1], 1) && net->contains(address(2));
       } else {
         return std::nullopt;
@@ -664,10 +664,10 @@ class PacketRun {
     return false;
   }
 
-  bool isLocal(const IPPrefix& a) const {
+  bool isLocal(const net::Prefix& a) const {
     if (isLoopback(a)) return true;
     return std::any_of(local_.begin(), local_.end(),
-                       [&](const IPPrefix& l) { return l.v6 == a.v6 && l.bytes == a.bytes; });
+                       [&](const net::Prefix& l) { return l.v6() == a.v6() && l.bytes == a.bytes; });
   }
 
   static std::string where(const std::string& table, const std::string& chain) { return table + " " + chain; }
@@ -856,20 +856,20 @@ class PacketRun {
 
   struct VirtualConnection {
     std::uint8_t protocol;
-    IPPrefix address;
+    net::Prefix address;
     std::uint16_t port;
   };
   const IpvsModel* ipvs_;
   std::optional<VirtualConnection> virtualServer_;  // the IPVS connection, once scheduled
   std::uint32_t connmark_ = 0;
   const IptablesTracer::Ruleset& rules_;
-  const std::vector<IPPrefix>& local_;
+  const std::vector<net::Prefix>& local_;
   plan::ChoiceExplorer& choices_;
   TracePath& path_;
   std::set<std::string>& warnings_;
 
-  IPPrefix src_;
-  IPPrefix dst_;
+  net::Prefix src_;
+  net::Prefix dst_;
   std::uint16_t dport_;
   std::uint8_t proto_;
   bool fromNode_;
@@ -885,7 +885,7 @@ class PacketRun {
 
 // ---- IptablesTracer ------------------------------------------------------------------------
 
-IptablesTracer::IptablesTracer(const backends::IptablesSave& ruleset, std::vector<IPPrefix> localAddresses)
+IptablesTracer::IptablesTracer(const backends::IptablesSave& ruleset, std::vector<net::Prefix> localAddresses)
     : localAddresses_(std::move(localAddresses)), rules_(std::make_unique<Ruleset>()) {
   for (const auto& table : ruleset.tables) {
     auto& chains = rules_->tables[table.name];
@@ -898,7 +898,7 @@ IptablesTracer::IptablesTracer(const backends::IptablesSave& ruleset, std::vecto
   }
 }
 
-core::Result<IptablesTracer> IptablesTracer::fromText(std::string_view text, std::vector<IPPrefix> localAddresses) {
+core::Result<IptablesTracer> IptablesTracer::fromText(std::string_view text, std::vector<net::Prefix> localAddresses) {
   auto parsed = backends::parseIptablesSave(text);
   if (!parsed) return std::unexpected(parsed.error());
   return IptablesTracer(*parsed, std::move(localAddresses));

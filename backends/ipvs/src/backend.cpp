@@ -23,7 +23,7 @@
 namespace kproxy::ipvs {
 namespace {
 
-using backends::IPPrefix;
+using net::Prefix;
 
 sdk::ErrorCategory categoryOf(const core::Error& e) {
   switch (e.category) {
@@ -51,14 +51,14 @@ std::pair<int, int> kernelVersion(const std::string& release) {
 
 VirtualServer kernelVirtualServer(const PlannedVirtualServer& p) {
   VirtualServer vs;
-  vs.family = p.family == sdk::Family::kIPv6 ? Family::kIPv6 : Family::kIPv4;
+  vs.family = p.family == net::Family::kIPv6 ? net::Family::kIPv6 : net::Family::kIPv4;
   vs.protocol = p.protocol == sdk::Protocol::kUDP    ? Protocol::kUdp
                 : p.protocol == sdk::Protocol::kSCTP ? Protocol::kSctp
                                                      : Protocol::kTcp;
   if (p.fwmark != 0) {
     vs.fwmark = p.fwmark;  // no address or port: the kernel keys it by the mark alone
   } else {
-    if (auto a = IPPrefix::parse(p.address)) vs.address = *a;
+    if (auto a = net::Prefix::parse(p.address)) vs.address = *a;
     vs.port = p.port;
   }
   vs.scheduler = p.scheduler;
@@ -70,7 +70,7 @@ VirtualServer kernelVirtualServer(const PlannedVirtualServer& p) {
 
 RealServer kernelRealServer(const PlannedRealServer& p) {
   RealServer rs;
-  if (auto a = IPPrefix::parse(p.address)) rs.address = *a;
+  if (auto a = net::Prefix::parse(p.address)) rs.address = *a;
   rs.port = p.port;
   rs.weight = static_cast<std::int32_t>(p.weight);
   return rs;
@@ -86,7 +86,7 @@ std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* r
   const std::string vip = full.substr(full.find(' ') + 1);
   std::string out =
       vs.fwmark != 0
-          ? fmt::format("ipvsadm -{} -f {}{}", op, vs.fwmark, vs.family == Family::kIPv6 ? " -6" : "")
+          ? fmt::format("ipvsadm -{} -f {}{}", op, vs.fwmark, vs.family == net::Family::kIPv6 ? " -6" : "")
           : fmt::format("ipvsadm -{} {} {}", op, kind, vip);
   if (rs == nullptr) {
     if (op == 'A' || op == 'E') {
@@ -104,8 +104,8 @@ std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* r
 
 namespace {
 bool identityBefore(const RealServer& a, const RealServer& b) {
-  return std::tie(a.address.v6, a.address.bytes, a.address.length, a.port) <
-         std::tie(b.address.v6, b.address.bytes, b.address.length, b.port);
+  return std::tie(a.address.family, a.address.bytes, a.address.length, a.port) <
+         std::tie(b.address.family, b.address.bytes, b.address.length, b.port);
 }
 }  // namespace
 
@@ -136,7 +136,7 @@ IpvsBackend::IpvsBackend(sdk::Host host, BackendSettings settings, IpvsAdapters 
       renderer_(settings_.render),
       kernel_(std::move(adapters)) {
   for (const auto& c : settings_.excludeCIDRs)
-    if (auto p = IPPrefix::parse(c)) exclude_.push_back(*p);
+    if (auto p = net::Prefix::parse(c)) exclude_.push_back(*p);
 }
 
 std::vector<std::string> IpvsBackend::terminating() const {
@@ -222,9 +222,9 @@ sdk::Expected<void> IpvsBackend::deleteReal(const VirtualServer& vs, const RealS
 }
 
 sdk::Expected<void> IpvsBackend::bindAddress(const std::string& address) {
-  auto a = IPPrefix::parse(address);
+  auto a = net::Prefix::parse(address);
   if (!a) return {};
-  print(fmt::format("ip addr add {}/{} dev {}", a->toString(), a->v6 ? 128 : 32, kDummyLinkName));
+  print(fmt::format("ip addr add {}/{} dev {}", a->toString(), a->v6() ? 128 : 32, kDummyLinkName));
   count("add_address");
   auto r = kernel_.link->addAddress(kDummyLinkName, *a);
   dummyAddressesStale_ = true;
@@ -233,9 +233,9 @@ sdk::Expected<void> IpvsBackend::bindAddress(const std::string& address) {
 }
 
 sdk::Expected<void> IpvsBackend::unbindAddress(const std::string& address) {
-  auto a = IPPrefix::parse(address);
+  auto a = net::Prefix::parse(address);
   if (!a) return {};
-  print(fmt::format("ip addr del {}/{} dev {}", a->toString(), a->v6 ? 128 : 32, kDummyLinkName));
+  print(fmt::format("ip addr del {}/{} dev {}", a->toString(), a->v6() ? 128 : 32, kDummyLinkName));
   count("delete_address");
   auto r = kernel_.link->deleteAddress(kDummyLinkName, *a);
   dummyAddressesStale_ = true;
@@ -251,7 +251,7 @@ sdk::Expected<void> IpvsBackend::restoreIpsets(const std::string& input) {
   return {};
 }
 
-sdk::Expected<void> IpvsBackend::restoreIptables(sdk::Family family, const std::string& input) {
+sdk::Expected<void> IpvsBackend::restoreIptables(net::Family family, const std::string& input) {
   if (input.empty()) return {};
   print(fmt::format("# {}-restore --noflush\n{}", toolName(family), input));
   count("iptables_restore");
@@ -396,7 +396,7 @@ void IpvsBackend::setTimeouts() {
 
 sdk::Expected<void> IpvsBackend::cleanup() {
   lastWrites_ = 0;
-  std::vector<IPPrefix> bound;
+  std::vector<net::Prefix> bound;
   bool linkExists = false;
   if (auto listed = kernel_.link->listAddresses(kDummyLinkName); listed)
     bound = std::move(*listed), linkExists = true;
@@ -421,7 +421,7 @@ sdk::Expected<void> IpvsBackend::cleanup() {
       }
       const bool onLink = std::find(bound.begin(), bound.end(), vs.address) != bound.end();
       const bool excluded = std::any_of(exclude_.begin(), exclude_.end(),
-                                        [&](const IPPrefix& c) { return c.contains(vs.address); });
+                                        [&](const net::Prefix& c) { return c.contains(vs.address); });
       if ((onLink || nodePorts.contains({vs.protocol, vs.port}) ||
            servers_.contains(vs.describe())) &&
           !excluded)
@@ -433,7 +433,7 @@ sdk::Expected<void> IpvsBackend::cleanup() {
     return failed("delete_link", r.error());
   if (linkExists && !settings_.dryRun) host_.info(0, fmt::format("ipvs: removed interface {}", kDummyLinkName));
   // iptables before ipsets: a set that a rule refers to cannot be destroyed.
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
     std::string input;
     for (Table t : kIpvsTables) {
@@ -451,7 +451,7 @@ sdk::Expected<void> IpvsBackend::cleanup() {
   }
   std::string destroy, names;
   std::size_t destroyed = 0;
-  for (sdk::Family fam : kFamilies)
+  for (net::Family fam : kFamilies)
     for (SetId id : allSets()) {
       const std::string name = setName(id, fam);
       if (!state->sets.contains(name)) continue;

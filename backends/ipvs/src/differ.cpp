@@ -15,14 +15,14 @@
 namespace kproxy::ipvs {
 namespace {
 
-using backends::IPPrefix;
+using net::Prefix;
 
 /// The owned chains' rules of one family, by table and chain: fixed head, the service ports'
 /// rules (in key order), fixed tail.
 using OwnedChains = std::map<std::pair<Table, std::string>, std::vector<std::string>>;
 
 OwnedChains ownedChainRules(const GlobalObjects& g, const std::map<std::string, Fragment>& ports,
-                            sdk::Family family) {
+                            net::Family family) {
   std::map<std::pair<Table, std::string>, std::vector<std::string>> portRules;
   for (const auto& [tag, f] : ports)
     if (f.family == family)
@@ -71,7 +71,7 @@ void rewriteTable(Table t, const OwnedChains& wanted, iptables::RestoreEdit& edi
 
 /// A full sync's iptables edit of one family: a table whose owned chains differ from the
 /// kernel's is rewritten whole, and missing jumps from the built-in chains are inserted.
-core::Result<void> diffWithKernel(iptables::KernelIptables& kernel, sdk::Family family, const OwnedChains& wanted,
+core::Result<void> diffWithKernel(iptables::KernelIptables& kernel, net::Family family, const OwnedChains& wanted,
                                   const std::vector<JumpRule>& jumps, iptables::RestoreEdit& edit) {
   for (Table t : kIpvsTables) {
     iptables::KernelChains saved;
@@ -105,7 +105,7 @@ std::set<std::pair<Protocol, std::uint16_t>> nodePortsOf(const IpsetState& state
       {SetId::kNodePortTCP, Protocol::kTcp},   {SetId::kNodePortLocalTCP, Protocol::kTcp},
       {SetId::kNodePortUDP, Protocol::kUdp},   {SetId::kNodePortLocalUDP, Protocol::kUdp},
       {SetId::kNodePortSCTP, Protocol::kSctp}, {SetId::kNodePortLocalSCTP, Protocol::kSctp}};
-  for (sdk::Family fam : kFamilies)
+  for (net::Family fam : kFamilies)
     for (const auto& [id, protocol] : sets) {
       auto it = state.sets.find(setName(id, fam));
       if (it == state.sets.end()) continue;
@@ -119,13 +119,13 @@ std::set<std::pair<Protocol, std::uint16_t>> nodePortsOf(const IpsetState& state
   return out;
 }
 
-bool IpvsBackend::ownsAddress(const IPPrefix& address) const {
+bool IpvsBackend::ownsAddress(const net::Prefix& address) const {
   if (std::any_of(exclude_.begin(), exclude_.end(),
-                  [&](const IPPrefix& c) { return c.contains(address); }))
+                  [&](const net::Prefix& c) { return c.contains(address); }))
     return false;
   const std::string text = address.toString();
   if (addresses_.contains(text)) return true;
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     const auto& np = renderer_.nodePortAddresses(fam);
     if (std::find(np.begin(), np.end(), text) != np.end()) return true;
   }
@@ -220,12 +220,12 @@ sdk::Expected<void> IpvsBackend::repairAll(const plan::SnapshotSource& next) {
 }
 
 sdk::Expected<void> IpvsBackend::syncVirtualServers(const std::map<std::string, AppliedServer>& servers,
-                                                    const std::vector<IPPrefix>& bound,
+                                                    const std::vector<net::Prefix>& bound,
                                                     const NodePorts& nodePorts) {
   // Virtual and real servers: the kernel's against the wanted ones.
   auto listed = kernel_.ipvs->listVirtualServers();
   if (!listed) return failed("list_virtual_servers", listed.error());
-  const auto wasBound = [&](const IPPrefix& a) {
+  const auto wasBound = [&](const net::Prefix& a) {
     return std::find(bound.begin(), bound.end(), a) != bound.end();
   };
   std::set<std::string> seen;
@@ -239,7 +239,7 @@ sdk::Expected<void> IpvsBackend::syncVirtualServers(const std::map<std::string, 
                          ownsAddress(kvs.address) || nodePorts.contains({kvs.protocol, kvs.port});
       const bool excluded =
           kvs.fwmark == 0 && std::any_of(exclude_.begin(), exclude_.end(),
-                                         [&](const IPPrefix& c) { return c.contains(kvs.address); });
+                                         [&](const net::Prefix& c) { return c.contains(kvs.address); });
       if (owned && !excluded)
         if (auto r = deleteServer(kvs); !r) return r;
       continue;
@@ -294,7 +294,7 @@ sdk::Expected<void> IpvsBackend::syncDummyAddresses(const std::map<std::string, 
   // kube-ipvs0: every address on it is IPVS mode's (as upstream, which unbinds what no
   // service holds).
   for (const auto& [a, refs] : addresses) {
-    const auto parsed = IPPrefix::parse(a);
+    const auto parsed = net::Prefix::parse(a);
     if (parsed && std::find(bound.begin(), bound.end(), parsed->toString()) == bound.end())
       if (auto r = bindAddress(a); !r) return r;
   }
@@ -308,7 +308,7 @@ sdk::Expected<void> IpvsBackend::syncIpsets(const std::map<std::string, std::siz
                                             const IpsetState& state) {
   // Create the missing sets, then add and delete the entries that differ.
   std::string creates, changes;
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
     for (const auto& def : renderer_.renderGlobal(fam).sets) {
       auto it = state.sets.find(def.name);
@@ -416,7 +416,7 @@ sdk::Expected<void> IpvsBackend::applyChanged(const plan::SnapshotSource& next,
 // iptables
 
 sdk::Expected<void> IpvsBackend::syncIptables(bool readKernel, bool portRulesChanged) {
-  for (sdk::Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
     const GlobalObjects g = renderer_.renderGlobal(fam);
     if (!readKernel && !portRulesChanged && g.chains == globalApplied_[index(fam)]) continue;

@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "kproxy/backends/common/address.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/iptables/tracer.h"
 #include "kproxy/ipvs/backend.h"
 #include "kproxy/plan/service_plan.h"
@@ -15,7 +15,7 @@
 namespace kproxy::ipvs {
 namespace {
 
-using backends::IPPrefix;
+using net::Prefix;
 
 std::uint8_t protocolNumber(sdk::Protocol p) {
   switch (p) {
@@ -36,7 +36,7 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
     return sdk::fail("explain: cannot make a packet from " + request.sourceIP + " to " +
                      request.destinationIP + " (addresses must be numeric and of one family)");
   if (!request.fromNode) packet->inputInterface = request.inputInterface;
-  const sdk::Family family = packet->destination.v6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4;
+  const net::Family family = packet->destination.v6() ? net::Family::kIPv6 : net::Family::kIPv4;
   const std::vector<sdk::ServicePort> ports = snapshot.all();
   const std::vector<sdk::ServiceCIDR> cidrs = snapshot.serviceCIDRs();
   const sdk::NodeInfo node = snapshot.node();
@@ -57,9 +57,9 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
 
   // The node's own addresses: the Node's (or the configured node IPs), where NodePorts answer,
   // and kube-ipvs0's.
-  std::vector<IPPrefix> local;
+  std::vector<net::Prefix> local;
   auto addLocal = [&](const std::string& ip) {
-    if (auto a = IPPrefix::parse(ip); a && a->isHost()) local.push_back(*a);
+    if (auto a = net::Prefix::parse(ip); a && a->isHost()) local.push_back(*a);
   };
   for (const auto& ip : node.addresses) addLocal(ip);
   if (node.addresses.empty())
@@ -78,12 +78,12 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
     for (const auto& vs : f.virtualServers) {
       iptables::TracedVirtualServer t;
       t.protocol = protocolNumber(vs.protocol);
-      if (auto a = IPPrefix::parse(vs.address)) t.address = *a;
+      if (auto a = net::Prefix::parse(vs.address)) t.address = *a;
       t.port = vs.port;
       t.fwmark = vs.fwmark;
       t.keepsPort = vs.fwmark != 0 && vs.persistent;
       for (const auto& rs : vs.realServers)
-        if (auto a = IPPrefix::parse(rs.address)) t.realServers.emplace_back(*a, rs.port);
+        if (auto a = net::Prefix::parse(rs.address)) t.realServers.emplace_back(*a, rs.port);
       t.text = ipvsadmCommand('A', kernelVirtualServer(vs));
       servers.push_back(std::move(t));
     }

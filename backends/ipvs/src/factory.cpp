@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "kproxy/backends/common/address.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/ipvs/backend.h"
 #include "kproxy/plan/options.h"
 
@@ -59,7 +59,7 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Ho
     settings.timeouts.*field = *seconds;
   }
   for (const auto& c : plan::splitOptionList(get("ipvs-exclude-cidrs"))) {
-    if (!backends::IPPrefix::parse(c))
+    if (!net::Prefix::parse(c))
       return sdk::fail(sdk::ErrorCategory::kInvalidInput,
                        "ipvs: invalid ipvs-exclude-cidrs entry \"" + c + "\"");
     settings.excludeCIDRs.push_back(c);

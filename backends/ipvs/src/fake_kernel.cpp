@@ -19,10 +19,10 @@ VirtualServer normalised(const VirtualServer& vs) {
   VirtualServer out = vs;
   if (out.fwmark != 0) {
     out.protocol = Protocol::kTcp;
-    out.address = backends::IPPrefix{};
+    out.address = net::Prefix{};
     out.port = 0;
   }
-  const std::uint8_t host = vs.family == Family::kIPv4 ? 32 : 128;
+  const std::uint8_t host = vs.family == net::Family::kIPv4 ? 32 : 128;
   if (out.netmask == host) out.netmask.reset();
   return out;
 }
@@ -108,7 +108,7 @@ core::Result<void> FakeIpvs::addRealServer(const VirtualServer& vs, const RealSe
   Entry* entry = find(vs);
   if (entry == nullptr) return std::unexpected(ipvsError(op, ESRCH, &vs, &rs));
   // Masquerading needs a real server of the service's family (the kernel says EINVAL).
-  if (rs.forwarding != ForwardingMethod::kTunnel && rs.address.v6 != (vs.family == Family::kIPv6))
+  if (rs.forwarding != ForwardingMethod::kTunnel && rs.address.v6() != (vs.family == net::Family::kIPv6))
     return std::unexpected(ipvsError(op, EINVAL, &vs, &rs));
   for (const auto& existing : entry->realServers)
     if (existing.sameIdentity(rs)) return std::unexpected(ipvsError(op, EEXIST, &vs, &rs));
@@ -199,17 +199,17 @@ core::Result<void> FakeDummyLink::deleteLink(const std::string& name) {
   return {};
 }
 
-core::Result<std::vector<backends::IPPrefix>> FakeDummyLink::listAddresses(const std::string& name) {
+core::Result<std::vector<net::Prefix>> FakeDummyLink::listAddresses(const std::string& name) {
   FakeLink* link = find(name);
   if (link == nullptr) return std::unexpected(linkError("list addresses of " + name, ENODEV));
   return link->addresses;
 }
 
-core::Result<void> FakeDummyLink::addAddress(const std::string& name, const backends::IPPrefix& address) {
+core::Result<void> FakeDummyLink::addAddress(const std::string& name, const net::Prefix& address) {
   const std::string what = fmt::format("add address {} to {}", address.toString(), name);
   FakeLink* link = find(name);
   if (link == nullptr) return std::unexpected(linkError(what, ENODEV));
-  backends::IPPrefix host = address;
+  net::Prefix host = address;
   host.length = static_cast<std::uint8_t>(host.size() * 8);
   if (std::find(link->addresses.begin(), link->addresses.end(), host) != link->addresses.end())
     return std::unexpected(linkError(what, EEXIST));
@@ -217,11 +217,11 @@ core::Result<void> FakeDummyLink::addAddress(const std::string& name, const back
   return {};
 }
 
-core::Result<void> FakeDummyLink::deleteAddress(const std::string& name, const backends::IPPrefix& address) {
+core::Result<void> FakeDummyLink::deleteAddress(const std::string& name, const net::Prefix& address) {
   const std::string what = fmt::format("delete address {} from {}", address.toString(), name);
   FakeLink* link = find(name);
   if (link == nullptr) return std::unexpected(linkError(what, ENODEV));
-  backends::IPPrefix host = address;
+  net::Prefix host = address;
   host.length = static_cast<std::uint8_t>(host.size() * 8);
   auto it = std::find(link->addresses.begin(), link->addresses.end(), host);
   if (it == link->addresses.end()) return std::unexpected(linkError(what, EADDRNOTAVAIL));

@@ -40,33 +40,33 @@ int protocolNumber(Protocol protocol) {
   return 0;
 }
 
-std::uint8_t hostLength(Family family) { return family == Family::kIPv4 ? 32 : 128; }
-int addressFamily(Family family) { return family == Family::kIPv4 ? AF_INET : AF_INET6; }
+std::uint8_t hostLength(net::Family family) { return family == net::Family::kIPv4 ? 32 : 128; }
+int addressFamily(net::Family family) { return family == net::Family::kIPv4 ? AF_INET : AF_INET6; }
 
 /// The netmask attribute: an IPv4 mask in network byte order, or an IPv6 prefix length as a
 /// plain number (the kernel checks 1..128 on the raw value; ipvsadm sends it the same way).
-std::uint32_t encodeNetmask(Family family, std::uint8_t length) {
-  if (family == Family::kIPv6) return length;
+std::uint32_t encodeNetmask(net::Family family, std::uint8_t length) {
+  if (family == net::Family::kIPv6) return length;
   const std::uint32_t mask = length == 0 ? 0 : ~std::uint32_t{0} << (32 - length);
   return htonl(mask);
 }
 
-std::optional<std::uint8_t> decodeNetmask(Family family, std::uint32_t raw) {
-  if (family == Family::kIPv6) return raw <= 128 ? std::optional<std::uint8_t>(raw) : std::nullopt;
+std::optional<std::uint8_t> decodeNetmask(net::Family family, std::uint32_t raw) {
+  if (family == net::Family::kIPv6) return raw <= 128 ? std::optional<std::uint8_t>(raw) : std::nullopt;
   const std::uint32_t mask = ntohl(raw);
   const int ones = std::countl_one(mask);
   if (ones < 32 && (mask << ones) != 0) return std::nullopt;  // not contiguous
   return static_cast<std::uint8_t>(ones);
 }
 
-core::Result<void> putAddress(nl_msg* msg, int type, const backends::IPPrefix& address) {
+core::Result<void> putAddress(nl_msg* msg, int type, const net::Prefix& address) {
   if (nla_put(msg, type, static_cast<int>(address.size()), address.bytes.data()) < 0) return full("an address");
   return {};
 }
 
-std::optional<backends::IPPrefix> getAddress(nlattr* attr, Family family) {
-  backends::IPPrefix address;
-  address.v6 = family == Family::kIPv6;
+std::optional<net::Prefix> getAddress(nlattr* attr, net::Family family) {
+  net::Prefix address;
+  address.family = family;
   address.length = hostLength(family);
   // The kernel always sends the 16 bytes of union nf_inet_addr; IPv4 is the first four.
   if (nla_len(attr) < static_cast<int>(address.size())) return std::nullopt;
@@ -74,9 +74,9 @@ std::optional<backends::IPPrefix> getAddress(nlattr* attr, Family family) {
   return address;
 }
 
-std::optional<Family> familyOf(std::uint16_t af) {
-  if (af == AF_INET) return Family::kIPv4;
-  if (af == AF_INET6) return Family::kIPv6;
+std::optional<net::Family> familyOf(std::uint16_t af) {
+  if (af == AF_INET) return net::Family::kIPv4;
+  if (af == AF_INET6) return net::Family::kIPv6;
   return std::nullopt;
 }
 
@@ -150,7 +150,7 @@ core::Result<Message> newRequest(int familyId, std::uint8_t cmd, int flags) {
 }
 
 core::Result<void> checkService(const VirtualServer& vs, bool fullEntry) {
-  if (vs.fwmark == 0 && vs.address.v6 != (vs.family == Family::kIPv6))
+  if (vs.fwmark == 0 && vs.address.v6() != (vs.family == net::Family::kIPv6))
     return invalid(fmt::format("virtual server {}: address is not {}", vs.describe(), toString(vs.family)));
   if (fullEntry && (vs.scheduler.empty() || vs.scheduler.size() >= IP_VS_SCHEDNAME_MAXLEN))
     return invalid(fmt::format("virtual server {}: scheduler name '{}' must have 1 to {} characters",
@@ -201,7 +201,7 @@ core::Result<void> putDest(nl_msg* msg, const RealServer& rs, bool fullEntry) {
   if (nest == nullptr) return full("a destination");
   if (auto r = putAddress(msg, IPVS_DEST_ATTR_ADDR, rs.address); !r) return r;
   if (nla_put_u16(msg, IPVS_DEST_ATTR_PORT, htons(rs.port)) < 0 ||
-      nla_put_u16(msg, IPVS_DEST_ATTR_ADDR_FAMILY, rs.address.v6 ? AF_INET6 : AF_INET) < 0)
+      nla_put_u16(msg, IPVS_DEST_ATTR_ADDR_FAMILY, rs.address.v6() ? AF_INET6 : AF_INET) < 0)
     return full("a destination");
   if (fullEntry) {
     if (nla_put_u32(msg, IPVS_DEST_ATTR_FWD_METHOD, static_cast<std::uint32_t>(rs.forwarding)) < 0 ||
@@ -269,12 +269,12 @@ core::Result<VirtualServer> parseService(nlattr* nested) {
   return vs;
 }
 
-core::Result<RealServer> parseDest(nlattr* nested, Family serviceFamily) {
+core::Result<RealServer> parseDest(nlattr* nested, net::Family serviceFamily) {
   std::array<nlattr*, IPVS_DEST_ATTR_MAX + 1> a{};
   auto policy = destPolicy();
   if (int rc = nla_parse_nested(a.data(), IPVS_DEST_ATTR_MAX, nested, policy.data()); rc < 0)
     return std::unexpected(decodeError(fmt::format("malformed destination ({})", nl_geterror(rc))));
-  Family family = serviceFamily;
+  net::Family family = serviceFamily;
   if (a[IPVS_DEST_ATTR_ADDR_FAMILY] != nullptr) {
     auto f = familyOf(nla_get_u16(a[IPVS_DEST_ATTR_ADDR_FAMILY]));
     if (!f) return std::unexpected(decodeError("destination of an unknown address family"));
@@ -306,7 +306,7 @@ core::Result<VirtualServer> parseServiceReply(nl_msg* msg) {
   return parseService((*attrs)[IPVS_CMD_ATTR_SERVICE]);
 }
 
-core::Result<RealServer> parseDestReply(nl_msg* msg, Family serviceFamily) {
+core::Result<RealServer> parseDestReply(nl_msg* msg, net::Family serviceFamily) {
   auto attrs = parseCommand(msg);
   if (!attrs) return std::unexpected(attrs.error());
   if ((*attrs)[IPVS_CMD_ATTR_DEST] == nullptr) return std::unexpected(decodeError("no destination in reply"));

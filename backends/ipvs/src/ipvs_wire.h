@@ -41,12 +41,12 @@ core::Result<void> putTimeouts(nl_msg* msg, const Timeouts& timeouts);
 core::Result<VirtualServer> parseService(nlattr* nested);
 /// Decodes a nested IPVS_CMD_ATTR_DEST; the address family is IPVS_DEST_ATTR_ADDR_FAMILY when
 /// present, else `serviceFamily` (kernels before 4.x do not send it).
-core::Result<RealServer> parseDest(nlattr* nested, Family serviceFamily);
+core::Result<RealServer> parseDest(nlattr* nested, net::Family serviceFamily);
 
 /// Decodes a whole reply message: the nested service, destination or the timeouts in it.
 /// `msg` is a generic netlink message as received.
 core::Result<VirtualServer> parseServiceReply(nl_msg* msg);
-core::Result<RealServer> parseDestReply(nl_msg* msg, Family serviceFamily);
+core::Result<RealServer> parseDestReply(nl_msg* msg, net::Family serviceFamily);
 core::Result<Timeouts> parseTimeoutsReply(nl_msg* msg);
 
 }  // namespace kproxy::ipvs::wire

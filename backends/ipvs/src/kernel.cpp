@@ -4,9 +4,9 @@
 
 #include <fmt/format.h>
 
-namespace kproxy::ipvs {
+#include "kproxy/net/host_port.h"
 
-const char* toString(Family family) { return family == Family::kIPv4 ? "IPv4" : "IPv6"; }
+namespace kproxy::ipvs {
 
 const char* toString(Protocol protocol) {
   switch (protocol) {
@@ -29,9 +29,8 @@ const char* toString(ForwardingMethod method) {
 
 namespace {
 
-std::string hostPort(const backends::IPPrefix& address, std::uint16_t port) {
-  if (address.v6) return fmt::format("[{}]:{}", address.toString(), port);
-  return fmt::format("{}:{}", address.toString(), port);
+std::string hostPort(const net::Prefix& address, std::uint16_t port) {
+  return net::joinHostPort(address.addressText(), port);
 }
 
 }  // namespace

@@ -72,11 +72,11 @@ struct CallbackDeleter {
 /// The addresses of one link, collected from an RTM_GETADDR dump.
 struct AddressDump {
   int ifindex = 0;
-  std::vector<backends::IPPrefix> addresses;
+  std::vector<net::Prefix> addresses;
   bool interrupted = false;
 };
 
-bool isLinkLocal6(const backends::IPPrefix& a) { return a.v6 && a.bytes[0] == 0xfe && (a.bytes[1] & 0xc0) == 0x80; }
+bool isLinkLocal6(const net::Prefix& a) { return a.v6() && a.bytes[0] == 0xfe && (a.bytes[1] & 0xc0) == 0x80; }
 
 int onAddress(nl_msg* msg, void* arg) {
   auto* dump = static_cast<AddressDump*>(arg);
@@ -91,9 +91,9 @@ int onAddress(nl_msg* msg, void* arg) {
   // sends IFA_ADDRESS alone.
   nlattr* attr = tb[IFA_LOCAL] != nullptr ? tb[IFA_LOCAL] : tb[IFA_ADDRESS];
   if (attr == nullptr) return NL_OK;
-  backends::IPPrefix p;
-  p.v6 = ifa->ifa_family == AF_INET6;
-  p.length = p.v6 ? 128 : 32;
+  net::Prefix p;
+  p.family = ifa->ifa_family == AF_INET6 ? net::Family::kIPv6 : net::Family::kIPv4;
+  p.length = p.v6() ? 128 : 32;
   if (nla_len(attr) != static_cast<int>(p.size())) return NL_OK;
   std::memcpy(p.bytes.data(), nla_data(attr), p.size());
   if (isLinkLocal6(p)) return NL_OK;
@@ -156,7 +156,7 @@ class NetlinkDummyLink final : public KernelDummyLink {
     return {};
   }
 
-  core::Result<std::vector<backends::IPPrefix>> listAddresses(const std::string& name) override {
+  core::Result<std::vector<net::Prefix>> listAddresses(const std::string& name) override {
     const std::string what = "list addresses of " + name;
     auto ifindex = indexOf(name, what);
     if (!ifindex) return std::unexpected(ifindex.error());
@@ -181,11 +181,11 @@ class NetlinkDummyLink final : public KernelDummyLink {
     return std::unexpected(linkError(what + ": the dump was interrupted by changes five times", EINTR));
   }
 
-  core::Result<void> addAddress(const std::string& name, const backends::IPPrefix& address) override {
+  core::Result<void> addAddress(const std::string& name, const net::Prefix& address) override {
     return changeAddress(name, address, true);
   }
 
-  core::Result<void> deleteAddress(const std::string& name, const backends::IPPrefix& address) override {
+  core::Result<void> deleteAddress(const std::string& name, const net::Prefix& address) override {
     return changeAddress(name, address, false);
   }
 
@@ -216,12 +216,12 @@ class NetlinkDummyLink final : public KernelDummyLink {
         errnum));
   }
 
-  core::Result<void> changeAddress(const std::string& name, const backends::IPPrefix& address, bool add) {
+  core::Result<void> changeAddress(const std::string& name, const net::Prefix& address, bool add) {
     const std::string what = add ? fmt::format("add address {} to {}", address.toString(), name)
                                  : fmt::format("delete address {} from {}", address.toString(), name);
     auto ifindex = indexOf(name, what);
     if (!ifindex) return std::unexpected(ifindex.error());
-    const int family = address.v6 ? AF_INET6 : AF_INET;
+    const int family = address.v6() ? AF_INET6 : AF_INET;
     std::unique_ptr<nl_addr, NlAddrDeleter> local(nl_addr_build(family, address.bytes.data(), address.size()));
     std::unique_ptr<rtnl_addr, AddrDeleter> addr(rtnl_addr_alloc());
     if (!local || !addr) return std::unexpected(linkError(what, ENOMEM));

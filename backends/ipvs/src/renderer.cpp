@@ -8,7 +8,7 @@
 
 #include <fmt/format.h>
 
-#include "kproxy/backends/common/address.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/iptables_rule.h"
 #include "kproxy/plan/options.h"
@@ -16,7 +16,7 @@
 namespace kproxy::ipvs {
 namespace {
 
-using backends::IPPrefix;
+using net::Prefix;
 using Spec = backends::IptablesRuleSpec;
 
 // Upstream IPVS mode's chains (pkg/proxy/ipvs/proxier.go), from the catalogue.
@@ -98,7 +98,7 @@ const SetInfo& infoOf(SetId id) {
   return kSets[0];  // unreachable: every SetId is listed
 }
 
-bool isV6(sdk::Family family) { return family == sdk::Family::kIPv6; }
+bool isV6(net::Family family) { return family == net::Family::kIPv6; }
 
 std::string_view protoLower(sdk::Protocol p) {
   switch (p) {
@@ -129,22 +129,22 @@ int protoNumber(sdk::Protocol p) {
 }
 
 /// A host address of `family` in canonical text, or nullopt.
-std::optional<std::string> hostOf(std::string_view text, sdk::Family family) {
-  auto p = IPPrefix::parse(text);
-  if (!p || !p->isHost() || p->v6 != isV6(family)) return std::nullopt;
+std::optional<std::string> hostOf(std::string_view text, net::Family family) {
+  auto p = net::Prefix::parse(text);
+  if (!p || !p->isHost() || p->v6() != isV6(family)) return std::nullopt;
   return p->toString();
 }
 
 /// An address as iptables-save prints it ("10.0.0.1/32").
-std::string saved(const std::string& host, sdk::Family family) { return host + (isV6(family) ? "/128" : "/32"); }
+std::string saved(const std::string& host, net::Family family) { return host + (isV6(family) ? "/128" : "/32"); }
 
 /// "10.0.0.1:80", "[fd00::1]:80".
 std::string hostPort(std::string_view ip, int port) { return backends::endpointHostPort(ip, port); }
 
 /// A prefix with its length always written, as upstream writes source ranges into ipset.
-std::string withLength(const IPPrefix& p) {
+std::string withLength(const net::Prefix& p) {
   std::string out = p.toString();
-  if (p.isHost()) out += p.v6 ? "/128" : "/32";
+  if (p.isHost()) out += p.v6() ? "/128" : "/32";
   return out;
 }
 
@@ -352,7 +352,7 @@ class ServicePortObjects {
     if (detector.mode == Mode::kCIDRs) {
       // Upstream's detector takes one CIDR per family; the first one is used.
       for (const auto& cidr : detector.cidrsOf(fam_))
-        if (auto c = IPPrefix::parse(cidr)) {
+        if (auto c = net::Prefix::parse(cidr)) {
           spec.src(withLength(*c), negate);
           return true;
         }
@@ -395,13 +395,13 @@ class ServicePortObjects {
       if (!sharesPool) externalMark_ = config_.fwmarkOf(fam_, p_.key, "external");
     }
     for (const auto& s : plan_.firewallAllowedSources)
-      if (auto a = IPPrefix::parse(s)) allowed_.push_back(*a);
+      if (auto a = net::Prefix::parse(s)) allowed_.push_back(*a);
   }
 
   /// Whether the source ranges admit `source` (the node connects to a VIP it holds from it).
   bool admitted(const std::string& source) const {
-    auto a = IPPrefix::parse(source);
-    return a && std::any_of(allowed_.begin(), allowed_.end(), [&](const IPPrefix& r) { return r.contains(*a); });
+    auto a = net::Prefix::parse(source);
+    return a && std::any_of(allowed_.begin(), allowed_.end(), [&](const net::Prefix& r) { return r.contains(*a); });
   }
 
   /// A short-circuit DNAT to the ClusterIP carries the ClusterIP's mark (it was marked for the
@@ -555,7 +555,7 @@ class ServicePortObjects {
   const plan::PlanConfig& planConfig_;
   const sdk::ServicePort& p_;
   const plan::ServicePortPlan& plan_;
-  const sdk::Family fam_;
+  const net::Family fam_;
   const std::string name_;
   const std::string proto_;
   const bool externalLocal_;
@@ -576,14 +576,14 @@ class ServicePortObjects {
   bool shortCircuit_ = false;
   bool clusterIPHoldsClusterPool_ = false;
   std::string clusterTarget_;
-  std::vector<IPPrefix> allowed_;
+  std::vector<net::Prefix> allowed_;
 };
 
 /// IPVS mode's fixed chains of one family, rule by rule, in upstream's order within each chain
 /// (renderGlobal).
 class GlobalChains {
  public:
-  GlobalChains(const RenderConfig& config, const plan::PlanConfig& planConfig, sdk::Family family)
+  GlobalChains(const RenderConfig& config, const plan::PlanConfig& planConfig, net::Family family)
       : config_(config),
         planConfig_(planConfig),
         family_(family),
@@ -631,7 +631,7 @@ class GlobalChains {
       const auto& detector = planConfig_.localDetector;
       using Mode = plan::LocalTrafficDetector::Mode;
       if (detector.mode == Mode::kCIDRs) {
-        if (auto c = IPPrefix::parse(detector.cidrsOf(family_).front())) s.src(withLength(*c), true);
+        if (auto c = net::Prefix::parse(detector.cidrsOf(family_).front())) s.src(withLength(*c), true);
       } else {
         s.in(detector.mode == Mode::kInterfaceNamePrefix ? detector.interface + "+" : detector.interface, true);
       }
@@ -758,7 +758,7 @@ class GlobalChains {
 
   const RenderConfig& config_;
   const plan::PlanConfig& planConfig_;
-  const sdk::Family family_;
+  const net::Family family_;
   const std::string mark_;  ///< the masquerade bit, "0x4000"
   const std::string tag_;   ///< the bit of kproxy's firewall marks
   std::map<std::pair<Table, std::string_view>, GlobalChain> chains_;
@@ -803,7 +803,7 @@ sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {
   return cfg;
 }
 
-std::uint32_t RenderConfig::fwmarkOf(sdk::Family family, std::string_view portKey, std::string_view pool) const {
+std::uint32_t RenderConfig::fwmarkOf(net::Family family, std::string_view portKey, std::string_view pool) const {
   // FNV-1a: stable across builds and restarts (std::hash is neither promised).
   std::uint32_t h = 2166136261u;
   auto feed = [&](std::string_view text) {
@@ -824,8 +824,8 @@ std::string PlannedVirtualServer::key() const {
 
 bool PlannedVirtualServer::answers(std::string_view ip, std::uint16_t p) const {
   auto same = [&](const std::string& a) {
-    auto x = IPPrefix::parse(a);
-    auto y = IPPrefix::parse(ip);
+    auto x = net::Prefix::parse(a);
+    auto y = net::Prefix::parse(ip);
     return x && y && *x == *y;
   };
   if (fwmark == 0) return port == p && same(address);
@@ -835,7 +835,7 @@ bool PlannedVirtualServer::answers(std::string_view ip, std::uint16_t p) const {
 
 std::span<const SetId> allSets() { return kSetIds; }
 
-std::string setName(SetId set, sdk::Family family) {
+std::string setName(SetId set, net::Family family) {
   std::string name(infoOf(set).name);
   if (isV6(family)) {
     // Upstream's dual-stack naming: "KUBE-" becomes "KUBE-6-", cut to ipset's 31 characters.
@@ -850,7 +850,7 @@ std::string IpsetDefinition::createText() const {
   return fmt::format("create {} {} family {} hashsize 1024 maxelem 65536", name, type, family);
 }
 
-IpsetDefinition setDefinition(SetId set, sdk::Family family) {
+IpsetDefinition setDefinition(SetId set, net::Family family) {
   const SetInfo& info = infoOf(set);
   return IpsetDefinition{setName(set, family), std::string(info.type), isV6(family) ? "inet6" : "inet",
                          std::string(info.comment)};
@@ -876,7 +876,7 @@ void IpvsRenderer::setNode(const sdk::NodeInfo& node) {
 void IpvsRenderer::setDummyInterfaceAddresses(std::vector<std::string> addresses) {
   dummyAddresses_.clear();
   for (const auto& a : addresses)
-    if (auto p = IPPrefix::parse(a)) dummyAddresses_.push_back(p->toString());
+    if (auto p = net::Prefix::parse(a)) dummyAddresses_.push_back(p->toString());
   // Sorted: every render looks addresses up in it, and it holds every ClusterIP.
   std::sort(dummyAddresses_.begin(), dummyAddresses_.end());
   dummyAddresses_.erase(std::unique(dummyAddresses_.begin(), dummyAddresses_.end()), dummyAddresses_.end());
@@ -884,13 +884,13 @@ void IpvsRenderer::setDummyInterfaceAddresses(std::vector<std::string> addresses
 }
 
 bool IpvsRenderer::isNodeAddress(std::string_view ip) const {
-  auto p = IPPrefix::parse(ip);
+  auto p = net::Prefix::parse(ip);
   if (!p) return false;
   const std::string canonical = p->toString();
   if (std::binary_search(dummyAddresses_.begin(), dummyAddresses_.end(), canonical)) return false;
   auto in = [&](const std::vector<std::string>& list) {
     return std::any_of(list.begin(), list.end(), [&](const std::string& a) {
-      auto q = IPPrefix::parse(a);
+      auto q = net::Prefix::parse(a);
       return q && *q == *p;
     });
   };
@@ -900,16 +900,16 @@ bool IpvsRenderer::isNodeAddress(std::string_view ip) const {
 void IpvsRenderer::resolveNodePortAddresses() {
   const sdk::NodePortAddresses nodePorts =
       plan::nodePortAddressesOf(node_, config_.common.nodePortAddresses, config_.common.nodeIPs);
-  for (sdk::Family fam : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
+  for (net::Family fam : {net::Family::kIPv4, net::Family::kIPv6}) {
     std::vector<std::string>& out = nodePortAddresses_[isV6(fam) ? 1 : 0];
     out.clear();
     // As upstream's isValidForSet: of the family, not loopback, not IPv6 link-local; and not
     // an address of kube-ipvs0.
-    const auto loopback = *IPPrefix::parse(isV6(fam) ? "::1/128" : "127.0.0.0/8");
-    const auto linkLocal = *IPPrefix::parse("fe80::/10");
+    const auto loopback = *net::Prefix::parse(isV6(fam) ? "::1/128" : "127.0.0.0/8");
+    const auto linkLocal = *net::Prefix::parse("fe80::/10");
     auto add = [&](const std::string& ip) {
-      auto a = IPPrefix::parse(ip);
-      if (!a || !a->isHost() || a->v6 != isV6(fam) || loopback.contains(*a) || linkLocal.contains(*a)) return;
+      auto a = net::Prefix::parse(ip);
+      if (!a || !a->isHost() || a->v6() != isV6(fam) || loopback.contains(*a) || linkLocal.contains(*a)) return;
       std::string canonical = a->toString();
       if (std::binary_search(dummyAddresses_.begin(), dummyAddresses_.end(), canonical)) return;
       if (std::find(out.begin(), out.end(), canonical) == out.end()) out.push_back(std::move(canonical));
@@ -929,7 +929,7 @@ Fragment IpvsRenderer::renderServicePort(const sdk::ServicePort& p) const {
   return std::move(objects).finish();
 }
 
-GlobalObjects IpvsRenderer::renderGlobal(sdk::Family family) const {
+GlobalObjects IpvsRenderer::renderGlobal(net::Family family) const {
   GlobalObjects g;
   g.family = family;
   for (SetId id : kSetIds) g.sets.push_back(setDefinition(id, family));
@@ -945,7 +945,7 @@ GlobalObjects IpvsRenderer::renderGlobal(sdk::Family family) const {
   return g;
 }
 
-std::string renderIptables(const IpvsRenderer& renderer, sdk::Family family, std::span<const sdk::ServicePort> ports) {
+std::string renderIptables(const IpvsRenderer& renderer, net::Family family, std::span<const sdk::ServicePort> ports) {
   const GlobalObjects g = renderer.renderGlobal(family);
   std::vector<Fragment> fragments;
   for (const auto& p : ports)
@@ -975,7 +975,7 @@ std::string renderIptables(const IpvsRenderer& renderer, sdk::Family family, std
   return out;
 }
 
-std::string renderIpsets(const IpvsRenderer& renderer, sdk::Family family, std::span<const sdk::ServicePort> ports) {
+std::string renderIpsets(const IpvsRenderer& renderer, net::Family family, std::span<const sdk::ServicePort> ports) {
   std::string out;
   for (const auto& def : renderer.renderGlobal(family).sets) out += def.createText() + "\n";
   std::vector<IpsetEntry> entries;

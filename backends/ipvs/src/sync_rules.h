@@ -16,17 +16,17 @@
 
 namespace kproxy::ipvs {
 
-inline constexpr sdk::Family kFamilies[] = {sdk::Family::kIPv4, sdk::Family::kIPv6};
+inline constexpr net::Family kFamilies[] = {net::Family::kIPv4, net::Family::kIPv6};
 /// IPVS mode's tables, in the order upstream writes them.
 inline constexpr Table kIpvsTables[] = {Table::kNat, Table::kFilter};
 
-inline std::size_t index(sdk::Family f) { return f == sdk::Family::kIPv6 ? 1 : 0; }
+inline std::size_t index(net::Family f) { return f == net::Family::kIPv6 ? 1 : 0; }
 /// The mirror's key of a service port: "4|key" / "6|key".
-inline std::string tagOf(sdk::Family f, const std::string& key) {
-  return (f == sdk::Family::kIPv6 ? "6|" : "4|") + key;
+inline std::string tagOf(net::Family f, const std::string& key) {
+  return (f == net::Family::kIPv6 ? "6|" : "4|") + key;
 }
-inline std::string_view toolName(sdk::Family f) {
-  return f == sdk::Family::kIPv6 ? "ip6tables" : "iptables";
+inline std::string_view toolName(net::Family f) {
+  return f == net::Family::kIPv6 ? "ip6tables" : "iptables";
 }
 
 /// Whether the settings one adds or updates are the same (identity aside).

@@ -13,7 +13,7 @@
 namespace kproxy::nftables {
 namespace {
 
-constexpr Family kFamilies[] = {Family::kIPv4, Family::kIPv6};
+constexpr net::Family kFamilies[] = {net::Family::kIPv4, net::Family::kIPv6};
 
 /// Dry-run: prints the ops as nft syntax, in the order a kernel batch sends them.
 class PrintingBatch final : public KernelBatch {
@@ -132,24 +132,24 @@ void PackedElements::slotKey(std::string& out, std::uint32_t range, std::uint32_
   out = b.bytes + intervalIdentity(end, k);
 }
 
-std::string NftablesBackend::elementId(Family family, std::uint8_t set, std::string_view key) {
+std::string NftablesBackend::elementId(net::Family family, std::uint8_t set, std::string_view key) {
   std::string id;
   id.reserve(2 + key.size());
-  id.push_back(family == Family::kIPv4 ? '4' : '6');
+  id.push_back(family == net::Family::kIPv4 ? '4' : '6');
   id.push_back(static_cast<char>(set));
   id.append(key);
   return id;
 }
 
-std::uint8_t NftablesBackend::setIndex(Family family, std::string_view set) const {
-  const auto& index = setIndex_[family == Family::kIPv4 ? 0 : 1];
+std::uint8_t NftablesBackend::setIndex(net::Family family, std::string_view set) const {
+  const auto& index = setIndex_[family == net::Family::kIPv4 ? 0 : 1];
   auto it = index.find(set);
   if (it == index.end()) throw std::logic_error("nftables: no set " + std::string(set) + " in the ruleset");
   return it->second;
 }
 
 template <typename Objects>
-NftablesBackend::Owned NftablesBackend::ownedOf(Family family, const Objects& o) const {
+NftablesBackend::Owned NftablesBackend::ownedOf(net::Family family, const Objects& o) const {
   Owned out;
   for (const auto& c : o.chains) out.chains.push_back(c.name);
   // A slot map's elements are one layout per range (the renderer's), recorded as such.
@@ -171,7 +171,7 @@ NftablesBackend::Owned NftablesBackend::ownedOf(Family family, const Objects& o)
   return out;
 }
 
-Element NftablesBackend::identityOf(Family family, const PackedElements::Ref& ref) const {
+Element NftablesBackend::identityOf(net::Family family, const PackedElements::Ref& ref) const {
   const SetSpec& spec = renderer_.setSpecs(family)[ref.set];
   Element e{spec.name, std::string(ref.key), {}, std::nullopt};
   e.intervalEnd = ref.intervalEnd;
@@ -216,7 +216,7 @@ void NftablesBackend::AffinityJudge::add(const Fragment& f) {
         }
 }
 
-bool NftablesBackend::affinityMayBeStale(Family fam, const Owned& old, const Fragment* now) const {
+bool NftablesBackend::affinityMayBeStale(net::Family fam, const Owned& old, const Fragment* now) const {
   std::set<std::string> oldKeys;
   old.elements.forEach([&](const PackedElements::Ref& e) {
     const std::string& set = setName(fam, e.set);
@@ -273,11 +273,11 @@ NftablesBackend::NftablesBackend(sdk::Host host, BackendSettings settings,
       settings_(std::move(settings)),
       renderer_(settings_.render),
       kernel_(std::move(kernel)) {
-  for (Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     const auto& specs = renderer_.setSpecs(fam);
     static_assert(kEndpointMapShards < 200, "set indexes are one byte");
     for (std::size_t i = 0; i < specs.size(); ++i)
-      setIndex_[fam == Family::kIPv4 ? 0 : 1].emplace(specs[i].name, static_cast<std::uint8_t>(i));
+      setIndex_[fam == net::Family::kIPv4 ? 0 : 1].emplace(specs[i].name, static_cast<std::uint8_t>(i));
   }
 }
 
@@ -302,9 +302,9 @@ struct NftablesBackend::SyncWork {
   std::unique_ptr<KernelBatch> batch;
   std::vector<Op> ops;  ///< a partial sync's
   /// The chains flushed because no longer wanted, to delete in a later sync.
-  std::map<Family, std::set<std::string>> pending;
+  std::map<net::Family, std::set<std::string>> pending;
   /// Which session-affinity entries this sync can judge (see removeStaleAffinity).
-  std::map<Family, AffinityJudge> affinity;
+  std::map<net::Family, AffinityJudge> affinity;
   /// What the owner bookkeeping becomes if the kernel accepts the batch (partial syncs; a full
   /// sync rebuilds it after the batch).
   std::map<OwnerKey, std::optional<Owned>> ownedUpdates;
@@ -312,11 +312,11 @@ struct NftablesBackend::SyncWork {
   /// A full sync's owner counts (family + set + key → owners), built as it renders.
   OwnerCounts fullOwners;
   /// A full sync's second pass: the ports in key order, and what it keeps of the kernel's table.
-  std::map<Family, std::vector<std::string>> fullKeys;
+  std::map<net::Family, std::vector<std::string>> fullKeys;
   /// Per family whose table is wanted, the sets the kernel had (ours or not).
-  std::map<Family, std::set<std::string>> fullTables;
+  std::map<net::Family, std::set<std::string>> fullTables;
   /// The stale chains a full sync leaves for a later sync that are base chains in the kernel.
-  std::map<Family, std::set<std::string>> fullPendingBase;
+  std::map<net::Family, std::set<std::string>> fullPendingBase;
 
   /// Moves `more` into the ops lastOps() reports, as long as the sync has at most kLastOpsKept.
   void keep(std::vector<Op>& more) {
@@ -417,7 +417,7 @@ sdk::Expected<void> NftablesBackend::buildFullSync(const SnapshotSource& next, c
   owned_.clear();
   elementOwners_ = {};
   if (!settings_.dryRun) {
-    auto read = kernel_->readBack(renderer_.setSpecs(Family::kIPv4), renderer_.setSpecs(Family::kIPv6));
+    auto read = kernel_->readBack(renderer_.setSpecs(net::Family::kIPv4), renderer_.setSpecs(net::Family::kIPv6));
     if (!read) {
       return sdk::fail(sdk::kernelErrorCategory(read.error().errnum),
                        "nftables: reading the kube-proxy tables back: " + read.error().message(),
@@ -426,7 +426,7 @@ sdk::Expected<void> NftablesBackend::buildFullSync(const SnapshotSource& next, c
     base = std::move(*read);
   }
   // Balancing chains keep the slot ranges the kernel has for them.
-  for (Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     auto& slots = renderer_.slots(fam);
     slots.clear();
     for (const auto& [name, chain] : base.of(fam).chains)
@@ -438,14 +438,14 @@ sdk::Expected<void> NftablesBackend::buildFullSync(const SnapshotSource& next, c
   // dropped. It keeps only what the stale sweep needs (owner counts, slot layouts, chains).
   // Once the kernel has accepted the batch, its table is what was rendered, and the second
   // pass renders again to build the mirror and the ownership records (rebuildAfterFullSync).
-  next.forEach([&](const sdk::ServicePort& port) { work.fullKeys[toFamily(port.family)].push_back(port.key); });
+  next.forEach([&](const sdk::ServicePort& port) { work.fullKeys[port.family].push_back(port.key); });
   for (auto& [fam, k] : work.fullKeys) std::sort(k.begin(), k.end());
   work.batch = beginBatch();
-  for (Family fam : kFamilies) buildFullSyncFamily(fam, next, node, base, work);
+  for (net::Family fam : kFamilies) buildFullSyncFamily(fam, next, node, base, work);
   return {};
 }
 
-void NftablesBackend::buildFullSyncFamily(Family fam, const SnapshotSource& next, const sdk::NodeInfo& node,
+void NftablesBackend::buildFullSyncFamily(net::Family fam, const SnapshotSource& next, const sdk::NodeInfo& node,
                                           Mirror& base, SyncWork& work) {
   auto emit = [&](DiffResult result) {
     work.batch->append(result.ops);
@@ -479,7 +479,7 @@ void NftablesBackend::buildFullSyncFamily(Family fam, const SnapshotSource& next
       desired.elements.push_back(&e);
     }
   };
-  if (fam == Family::kIPv4 || !famKeys.empty() || mf.tableExists) {
+  if (fam == net::Family::kIPv4 || !famKeys.empty() || mf.tableExists) {
     work.fullTables[fam] = mf.sets;
     GlobalObjects global = renderer_.renderGlobal(fam, node);
     DesiredFamily desired;
@@ -493,7 +493,7 @@ void NftablesBackend::buildFullSyncFamily(Family fam, const SnapshotSource& next
   for (std::size_t from = 0; from < famKeys.size(); from += kFullSyncChunk) {
     std::vector<Fragment> frags;
     for (std::size_t i = from; i < std::min(famKeys.size(), from + kFullSyncChunk); ++i) {
-      auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, famKeys[i]);
+      auto port = next.find(fam == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6, famKeys[i]);
       if (!port) continue;
       Fragment f = renderer_.renderServicePort(*port);
       for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
@@ -515,13 +515,13 @@ void NftablesBackend::buildFullSyncFamily(Family fam, const SnapshotSource& next
 }
 
 StaleCandidates NftablesBackend::staleAfterFullSync(
-    Family fam, const MirrorFamily& mf, const std::unordered_set<std::string>& ownedChains,
+    net::Family fam, const MirrorFamily& mf, const std::unordered_set<std::string>& ownedChains,
     const std::unordered_map<std::uint32_t, std::uint32_t>& layouts, const SyncWork& work) const {
   StaleCandidates stale;
   for (const auto& [name, chain] : mf.chains)
     if (!ownedChains.contains(name)) stale.chains.insert(name);
   const auto& specs = renderer_.setSpecs(fam);
-  const auto& declared = setIndex_[fam == Family::kIPv4 ? 0 : 1];
+  const auto& declared = setIndex_[fam == net::Family::kIPv4 ? 0 : 1];
   for (const auto& [set, elems] : mf.elements) {
     auto declaredAt = declared.find(set);
     if (declaredAt == declared.end()) {
@@ -551,27 +551,27 @@ StaleCandidates NftablesBackend::staleAfterFullSync(
 
 void NftablesBackend::buildPartialSync(const SnapshotSource& next, const sdk::NodeInfo& node,
                                        const std::vector<sdk::ChangedKey>& changed, SyncWork& work) {
-  std::map<Family, std::vector<std::string>> keysByFamily;
+  std::map<net::Family, std::vector<std::string>> keysByFamily;
   for (const auto& c : changed) {
-    auto& keys = keysByFamily[toFamily(c.family)];
+    auto& keys = keysByFamily[c.family];
     if (std::find(keys.begin(), keys.end(), c.key) == keys.end()) keys.push_back(c.key);
   }
-  for (Family fam : kFamilies) buildPartialSyncFamily(fam, keysByFamily[fam], next, node, work);
+  for (net::Family fam : kFamilies) buildPartialSyncFamily(fam, keysByFamily[fam], next, node, work);
 }
 
-void NftablesBackend::buildPartialSyncFamily(Family fam, const std::vector<std::string>& keys,
+void NftablesBackend::buildPartialSyncFamily(net::Family fam, const std::vector<std::string>& keys,
                                              const SnapshotSource& next, const sdk::NodeInfo& node,
                                              SyncWork& work) {
   const MirrorFamily& mf = mirror_.of(fam);
   std::vector<Fragment> frags;
   for (const auto& key : keys) {
-    auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, key);
+    auto port = next.find(fam == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6, key);
     if (port) frags.push_back(renderer_.renderServicePort(*port));
   }
   judgeAffinityOfChangedPorts(fam, keys, frags, work);
   for (const auto& f : frags)
     for (const auto& problem : f.problems) host_.error("nftables: " + f.key + ": " + problem);
-  bool needed = fam == Family::kIPv4 || !frags.empty() || mf.tableExists;
+  bool needed = fam == net::Family::kIPv4 || !frags.empty() || mf.tableExists;
   if (!needed && keys.empty()) return;
   DesiredFamily desired;
   std::optional<GlobalObjects> global;
@@ -599,7 +599,7 @@ void NftablesBackend::buildPartialSyncFamily(Family fam, const std::vector<std::
   for (auto& [ok, o] : newOwned) work.ownedUpdates[ok] = std::move(o);
 }
 
-void NftablesBackend::judgeAffinityOfChangedPorts(Family fam, const std::vector<std::string>& keys,
+void NftablesBackend::judgeAffinityOfChangedPorts(net::Family fam, const std::vector<std::string>& keys,
                                                   const std::vector<Fragment>& frags, SyncWork& work) const {
   // Only ports whose entries may have gone stale are judged (judging lists the whole
   // affinity map): an endpoint left a chain, or an entry address went.
@@ -619,7 +619,7 @@ void NftablesBackend::judgeAffinityOfChangedPorts(Family fam, const std::vector<
   }
 }
 
-StaleCandidates NftablesBackend::staleAfterPartialSync(Family fam, const std::vector<OwnerKey>& touched,
+StaleCandidates NftablesBackend::staleAfterPartialSync(net::Family fam, const std::vector<OwnerKey>& touched,
                                                        const std::vector<std::pair<OwnerKey, Owned>>& newOwned) {
   // Stale candidates: what the re-rendered owners held before and no longer hold.
   StaleCandidates stale;
@@ -665,7 +665,7 @@ void NftablesBackend::recordAcceptedSync(const SnapshotSource& next, const sdk::
   }
   applyOwnedUpdates(work.ownedUpdates);
   if (full) releaseRangesOfUnownedChains();
-  for (Family fam : kFamilies) renderer_.slots(fam).settle();
+  for (net::Family fam : kFamilies) renderer_.slots(fam).settle();
   for (auto& [fam, names] : work.pending) pendingDelete_[fam] = std::move(names);
 }
 
@@ -694,7 +694,7 @@ void NftablesBackend::applyOwnedUpdates(std::map<OwnerKey, std::optional<Owned>>
 
 void NftablesBackend::releaseRangesOfUnownedChains() {
   // Ranges read back for chains no longer wanted are free again.
-  for (Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     std::unordered_set<std::string> live;
     for (const auto& [ok, o] : owned_)
       if (ok.first == fam) live.insert(o.chains.begin(), o.chains.end());
@@ -724,7 +724,7 @@ backends::PassOutcome NftablesBackend::passOutcome(bool full, std::size_t count,
   return out;
 }
 
-void NftablesBackend::removeStaleAffinity(Family fam, AffinityJudge judge) {
+void NftablesBackend::removeStaleAffinity(net::Family fam, AffinityJudge judge) {
   if (auto pending = pendingAffinity_.find(fam); pending != pendingAffinity_.end()) {
     judge.mergeOlder(pending->second);  // what an earlier sync could not finish
     pendingAffinity_.erase(pending);
@@ -732,7 +732,7 @@ void NftablesBackend::removeStaleAffinity(Family fam, AffinityJudge judge) {
   if (!judge.everything && judge.ranges.empty()) return;
   // Nothing to judge in a table without the map (a family without services).
   if (!mirror_.of(fam).sets.contains(names::kAffinityMap)) return;
-  const std::size_t addr = fam == Family::kIPv4 ? 4 : 16;
+  const std::size_t addr = fam == net::Family::kIPv4 ? 4 : 16;
   const SetSpec* spec = nullptr;
   for (const auto& sp : renderer_.setSpecs(fam))
     if (sp.name == names::kAffinityMap) spec = &sp;
@@ -777,10 +777,10 @@ void NftablesBackend::removeStaleAffinity(Family fam, AffinityJudge judge) {
 }
 
 void NftablesBackend::rebuildAfterFullSync(const SnapshotSource& next, const sdk::NodeInfo& node,
-                                           const std::map<Family, std::vector<std::string>>& keys,
-                                           const std::map<Family, std::set<std::string>>& tables,
-                                           const std::map<Family, std::set<std::string>>& pending,
-                                           const std::map<Family, std::set<std::string>>& pendingBase) {
+                                           const std::map<net::Family, std::vector<std::string>>& keys,
+                                           const std::map<net::Family, std::set<std::string>>& tables,
+                                           const std::map<net::Family, std::set<std::string>>& pending,
+                                           const std::map<net::Family, std::set<std::string>>& pendingBase) {
   mirror_ = Mirror{};
   owned_.clear();
   elementOwners_ = {};
@@ -815,7 +815,7 @@ void NftablesBackend::rebuildAfterFullSync(const SnapshotSource& next, const sdk
     record({fam, ""}, renderer_.renderGlobal(fam, node));
     if (auto k = keys.find(fam); k != keys.end())
       for (const auto& key : k->second) {
-        auto port = next.find(fam == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, key);
+        auto port = next.find(fam == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6, key);
         if (port) record({fam, key}, renderer_.renderServicePort(*port));
       }
     for (const auto& spec : specs)
@@ -890,11 +890,11 @@ sdk::Expected<NftablesBackend::Metrics> NftablesBackend::registerMetrics(const s
 void NftablesBackend::updateMetrics(std::size_t operations) const {
   if (!metrics_.objects.active() && !metrics_.operations.active()) return;
   metrics_.operations.add(static_cast<double>(operations));
-  for (Family fam : kFamilies) {
+  for (net::Family fam : kFamilies) {
     const MirrorFamily& m = mirror_.of(fam);
     std::size_t elements = 0;
     for (const auto& [set, table] : m.elements) elements += table.size();  // a fixed few sets
-    const std::string family = fam == Family::kIPv4 ? "ipv4" : "ipv6";
+    const std::string family = fam == net::Family::kIPv4 ? "ipv4" : "ipv6";
     metrics_.objects.set({family, "chain"}, static_cast<double>(m.chains.size()));
     metrics_.objects.set({family, "set"}, static_cast<double>(m.sets.size()));
     metrics_.objects.set({family, "element"}, static_cast<double>(elements));

@@ -235,7 +235,7 @@ namespace {
 /// candidates the sync still wants are kept.
 class FamilyDiff {
  public:
-  FamilyDiff(Family family, const MirrorFamily& mirror, const std::vector<SetSpec>& setSpecs)
+  FamilyDiff(net::Family family, const MirrorFamily& mirror, const std::vector<SetSpec>& setSpecs)
       : family_(family), mirror_(mirror), setSpecs_(setSpecs) {}
 
   void addTableAndSets(const DesiredFamily& desired) {
@@ -412,7 +412,7 @@ class FamilyDiff {
     }
   }
 
-  const Family family_;
+  const net::Family family_;
   const MirrorFamily& mirror_;
   const std::vector<SetSpec>& setSpecs_;
   DiffResult out_;
@@ -424,7 +424,7 @@ class FamilyDiff {
 
 }  // namespace
 
-DiffResult NftablesDiffer::diff(Family family, const DesiredFamily& desired,
+DiffResult NftablesDiffer::diff(net::Family family, const DesiredFamily& desired,
                                 const MirrorFamily& mirror, const StaleCandidates& stale,
                                 const std::vector<SetSpec>& setSpecs) {
   FamilyDiff d(family, mirror, setSpecs);

@@ -21,8 +21,8 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
                      request.destinationIP + " (addresses must be numeric and of one family)");
   }
   if (!request.fromNode) packet->inputInterface = request.inputInterface;
-  const Family family = packet->destination.family;
-  const sdk::Family sdkFamily = family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6;
+  const net::Family family = packet->destination.family;
+  const net::Family sdkFamily = family == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6;
 
   NftablesRenderer renderer(config);
   renderer.setServiceCIDRs({serviceCIDRs.begin(), serviceCIDRs.end()});

@@ -106,7 +106,7 @@ core::Result<Mirror> FakeKernelNftables::readBack(const std::vector<SetSpec>& ip
   Mirror m;
   for (const auto& [family, t] : tables) {
     MirrorFamily& f = m.of(family);
-    const auto& specs = family == Family::kIPv4 ? ip4Sets : ip6Sets;
+    const auto& specs = family == net::Family::kIPv4 ? ip4Sets : ip6Sets;
     f.tableExists = true;
     for (const auto& [name, c] : t.chains) {
       MirrorChain mc;
@@ -134,7 +134,7 @@ core::Result<Mirror> FakeKernelNftables::readBack(const std::vector<SetSpec>& ip
 }
 
 core::Result<std::vector<std::pair<std::string, std::string>>> FakeKernelNftables::listMap(
-    Family family, const std::string& map) {
+    net::Family family, const std::string& map) {
   ++mapListings;
   std::vector<std::pair<std::string, std::string>> out;
   for (const auto& [key, data] : dataPathEntries[family][map]) out.emplace_back(key, data);

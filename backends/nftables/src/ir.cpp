@@ -1,4 +1,5 @@
 #include "kproxy/nftables/ir.h"
+#include "kproxy/net/host_port.h"
 
 #include <arpa/inet.h>
 #include <linux/netfilter.h>
@@ -10,9 +11,9 @@
 
 namespace kproxy::nftables {
 
-std::string_view familyKeyword(Family family) { return family == Family::kIPv4 ? "ip" : "ip6"; }
-std::uint16_t nfproto(Family family) {
-  return family == Family::kIPv4 ? NFPROTO_IPV4 : NFPROTO_IPV6;
+std::string_view familyKeyword(net::Family family) { return family == net::Family::kIPv4 ? "ip" : "ip6"; }
+std::uint16_t nfproto(net::Family family) {
+  return family == net::Family::kIPv4 ? NFPROTO_IPV4 : NFPROTO_IPV6;
 }
 
 std::string_view protoName(std::uint8_t proto) {
@@ -22,50 +23,6 @@ std::string_view protoName(std::uint8_t proto) {
     case 132: return "sctp";
     default: return "unknown";
   }
-}
-
-// ---- Address ---------------------------------------------------------------------------
-
-std::optional<Address> Address::parse(std::string_view text) {
-  std::string host(text);
-  int prefix = -1;
-  if (auto slash = text.find('/'); slash != std::string_view::npos) {
-    host = std::string(text.substr(0, slash));
-    auto len = text.substr(slash + 1);
-    int value = 0;
-    auto [ptr, ec] = std::from_chars(len.data(), len.data() + len.size(), value);
-    if (ec != std::errc() || ptr != len.data() + len.size()) return std::nullopt;
-    prefix = value;
-  }
-  Address a;
-  if (inet_pton(AF_INET, host.c_str(), a.bytes.data()) == 1) {
-    a.family = Family::kIPv4;
-  } else if (inet_pton(AF_INET6, host.c_str(), a.bytes.data()) == 1) {
-    a.family = Family::kIPv6;
-  } else {
-    return std::nullopt;
-  }
-  int bits = static_cast<int>(a.size() * 8);
-  if (prefix > bits) return std::nullopt;
-  a.prefixLength = static_cast<std::uint8_t>(prefix < 0 ? bits : prefix);
-  for (int i = a.prefixLength; i < bits; ++i) a.bytes[i / 8] &= ~(0x80u >> (i % 8));
-  return a;
-}
-
-bool Address::contains(const Address& other) const {
-  if (other.family != family) return false;
-  for (int i = 0; i < prefixLength; ++i) {
-    std::uint8_t bit = 0x80u >> (i % 8);
-    if ((bytes[i / 8] & bit) != (other.bytes[i / 8] & bit)) return false;
-  }
-  return true;
-}
-
-std::string Address::toString() const {
-  char buf[INET6_ADDRSTRLEN] = {};
-  inet_ntop(family == Family::kIPv4 ? AF_INET : AF_INET6, bytes.data(), buf, sizeof buf);
-  if (isHost()) return buf;
-  return fmt::format("{}/{}", buf, prefixLength);
 }
 
 // ---- rules -----------------------------------------------------------------------------
@@ -84,7 +41,7 @@ std::string Verdict::toString() const {
 namespace {
 
 struct TextVisitor {
-  Family family;
+  net::Family family;
   std::string_view ip() const { return familyKeyword(family); }
 
   std::string operator()(const MatchAddress& s) const {
@@ -120,9 +77,7 @@ struct TextVisitor {
   }
   std::string operator()(const Masquerade&) const { return "masquerade fully-random"; }
   std::string operator()(const DnatTo& s) const {
-    if (s.address.family == Family::kIPv6)
-      return fmt::format("dnat to [{}]:{}", s.address.toString(), s.port);
-    return fmt::format("dnat to {}:{}", s.address.toString(), s.port);
+    return "dnat to " + net::joinHostPort(s.address.addressText(), s.port);
   }
   std::string operator()(const DnatFromAffinity& s) const {
     return fmt::format("dnat to {} saddr . numgen random mod 1 offset {} map @{}", ip(), s.id, s.map);
@@ -157,7 +112,7 @@ struct TextVisitor {
 
 }  // namespace
 
-std::string Rule::toText(Family family) const {
+std::string Rule::toText(net::Family family) const {
   std::string out;
   for (const auto& s : statements) {
     if (!out.empty()) out += ' ';
@@ -176,7 +131,7 @@ std::vector<std::string> Rule::targets() const {
   return out;
 }
 
-std::uint64_t ruleHash(Family family, std::string_view chain, const Rule& rule) {
+std::uint64_t ruleHash(net::Family family, std::string_view chain, const Rule& rule) {
   // FNV-1a 64 over "family chain text": stable across processes and versions of kproxy that
   // render the same rule the same way, which is exactly the identity read-back needs.
   std::uint64_t h = 1469598103934665603ull;
@@ -242,7 +197,7 @@ std::uint32_t SetSpec::typeId(const std::vector<DataType>& types) {
   return id;
 }
 
-std::string SetSpec::declaration(Family family, std::string_view table) const {
+std::string SetSpec::declaration(net::Family family, std::string_view table) const {
   auto join = [](const std::vector<DataType>& types) {
     std::string s;
     for (auto t : types) {
@@ -304,7 +259,7 @@ KeyBuilder& KeyBuilder::poolId(std::uint32_t id) {
   return *this;
 }
 
-KeyBuilder& KeyBuilder::address(const Address& a) {
+KeyBuilder& KeyBuilder::address(const net::Prefix& a) {
   bytes.append(reinterpret_cast<const char*>(a.bytes.data()), a.size());
   if (!text.empty()) text += " . ";
   text += a.toString();
@@ -326,7 +281,7 @@ KeyBuilder& KeyBuilder::port(std::uint16_t p) {
   return *this;
 }
 
-std::string keyToText(const SetSpec& spec, std::string_view bytes, Family family) {
+std::string keyToText(const SetSpec& spec, std::string_view bytes, net::Family family) {
   KeyBuilder b;
   std::size_t off = 0;
   for (auto t : spec.key) {
@@ -336,10 +291,10 @@ std::string keyToText(const SetSpec& spec, std::string_view bytes, Family family
     switch (t) {
       case DataType::kIPv4Addr:
       case DataType::kIPv6Addr: {
-        Address a;
-        a.family = t == DataType::kIPv4Addr ? Family::kIPv4 : Family::kIPv6;
+        net::Prefix a;
+        a.family = t == DataType::kIPv4Addr ? net::Family::kIPv4 : net::Family::kIPv6;
         std::memcpy(a.bytes.data(), p, a.size());
-        a.prefixLength = static_cast<std::uint8_t>(a.size() * 8);
+        a.length = static_cast<std::uint8_t>(a.size() * 8);
         b.address(a);
         break;
       }

@@ -59,7 +59,7 @@ using SetPtr = std::unique_ptr<nftnl_set, Deleter<nftnl_set, nftnl_set_free>>;
 /// and end are in the same skb), so it is held whole.
 using backends::MessageBuffer;
 
-SetPtr setHandle(const std::string& table, Family family, const std::string& name) {
+SetPtr setHandle(const std::string& table, net::Family family, const std::string& name) {
   SetPtr s(nftnl_set_alloc());
   nftnl_set_set_u32(s.get(), NFTNL_SET_FAMILY, nfproto(family));
   nftnl_set_set_str(s.get(), NFTNL_SET_TABLE, table.c_str());
@@ -182,7 +182,7 @@ void encodeOp(MessageBuffer& out, const std::string& table, std::span<const Op> 
 std::string describeMessage(const std::string& table, const nlmsghdr* nlh) {
   const auto type = static_cast<std::uint16_t>(NFNL_MSG_TYPE(nlh->nlmsg_type));
   const auto* nfg = static_cast<const nfgenmsg*>(mnl_nlmsg_get_payload(nlh));
-  const std::string fam = std::string(familyKeyword(nfg->nfgen_family == NFPROTO_IPV6 ? Family::kIPv6 : Family::kIPv4));
+  const std::string fam = std::string(familyKeyword(nfg->nfgen_family == NFPROTO_IPV6 ? net::Family::kIPv6 : net::Family::kIPv4));
   auto hex = [](const void* data, std::uint32_t len) {
     std::string out = "0x";
     for (std::uint32_t i = 0; i < len; ++i) out += fmt::format("{:02x}", static_cast<const unsigned char*>(data)[i]);
@@ -469,14 +469,14 @@ class NetlinkKernel final : public KernelNftables {
     auto sock = socket();
     if (!sock) return std::unexpected(sock.error());
     Mirror m;
-    for (Family fam : {Family::kIPv4, Family::kIPv6}) {
-      auto r = readFamily(**sock, fam, fam == Family::kIPv4 ? ip4Sets : ip6Sets, m.of(fam));
+    for (net::Family fam : {net::Family::kIPv4, net::Family::kIPv6}) {
+      auto r = readFamily(**sock, fam, fam == net::Family::kIPv4 ? ip4Sets : ip6Sets, m.of(fam));
       if (!r) return std::unexpected(r.error());
     }
     return m;
   }
 
-  core::Result<std::vector<std::pair<std::string, std::string>>> listMap(Family fam,
+  core::Result<std::vector<std::pair<std::string, std::string>>> listMap(net::Family fam,
                                                                          const std::string& map) override {
     auto sock = socket();
     if (!sock) return std::unexpected(sock.error());
@@ -513,7 +513,7 @@ class NetlinkKernel final : public KernelNftables {
   core::Result<void> deleteTables() override {
     auto sock = socket();
     if (!sock) return std::unexpected(sock.error());
-    for (Family fam : {Family::kIPv4, Family::kIPv6}) {
+    for (net::Family fam : {net::Family::kIPv4, net::Family::kIPv6}) {
       auto deleted = backends::deleteNftablesTable(**sock, static_cast<std::uint8_t>(nfproto(fam)), table_);
       if (!deleted) return std::unexpected(deleted.error());
     }
@@ -525,7 +525,7 @@ class NetlinkKernel final : public KernelNftables {
 
   core::Result<backends::NetlinkSocket*> socket() { return backends::keptSocket(socket_, NETLINK_NETFILTER); }
 
-  core::Result<void> readFamily(backends::NetlinkSocket& sock, Family fam,
+  core::Result<void> readFamily(backends::NetlinkSocket& sock, net::Family fam,
                                 const std::vector<SetSpec>& specs, MirrorFamily& mf) {
     const std::uint16_t nfp = nfproto(fam);
     auto exists = readTable(sock, nfp);
@@ -652,7 +652,7 @@ class NetlinkKernel final : public KernelNftables {
 
   /// The elements of one set (key bytes → value text, as the mirror keeps them); an interval
   /// set's keys get their identity suffix back.
-  core::Result<void> readElements(backends::NetlinkSocket& sock, Family fam, const std::string& name,
+  core::Result<void> readElements(backends::NetlinkSocket& sock, net::Family fam, const std::string& name,
                                   bool interval, ElementTable& elems) {
     char req[MNL_SOCKET_BUFFER_SIZE_];
     std::vector<std::pair<std::string, std::string>> rawIntervals;

@@ -25,15 +25,15 @@ std::uint32_t reg32(std::uint32_t idx) { return idx % 4 == 0 ? NFT_REG_1 + idx /
 
 class RuleEncoder {
  public:
-  RuleEncoder(Family family, nftnl_rule* rule) : family_(family), rule_(rule) {}
+  RuleEncoder(net::Family family, nftnl_rule* rule) : family_(family), rule_(rule) {}
 
   void add(nftnl_expr* e) { nftnl_rule_add_expr(rule_, e); }
 
   nftnl_expr* expr(const char* name) { return nftnl_expr_alloc(name); }
 
-  std::uint32_t addrLen() const { return family_ == Family::kIPv4 ? 4 : 16; }
-  std::uint32_t saddrOffset() const { return family_ == Family::kIPv4 ? 12 : 8; }
-  std::uint32_t daddrOffset() const { return family_ == Family::kIPv4 ? 16 : 24; }
+  std::uint32_t addrLen() const { return family_ == net::Family::kIPv4 ? 4 : 16; }
+  std::uint32_t saddrOffset() const { return family_ == net::Family::kIPv4 ? 12 : 8; }
+  std::uint32_t daddrOffset() const { return family_ == net::Family::kIPv4 ? 16 : 24; }
 
   void payload(std::uint32_t base, std::uint32_t offset, std::uint32_t len, std::uint32_t dreg) {
     auto* e = expr("payload");
@@ -113,7 +113,7 @@ class RuleEncoder {
     if (!s.address.isHost()) {
       std::uint8_t mask[16] = {};
       std::uint8_t zero[16] = {};
-      for (int i = 0; i < s.address.prefixLength; ++i) mask[i / 8] |= 0x80u >> (i % 8);
+      for (int i = 0; i < s.address.length; ++i) mask[i / 8] |= 0x80u >> (i % 8);
       bitwise(mask, zero, addrLen());
     }
     cmp(s.negate ? NFT_CMP_NEQ : NFT_CMP_EQ, s.address.bytes.data(), addrLen());
@@ -241,7 +241,7 @@ class RuleEncoder {
     add(e);
   }
   std::uint32_t ctOriginalDaddrKey() const {
-    return family_ == Family::kIPv4 ? NFT_CT_DST_IP : NFT_CT_DST_IP6;
+    return family_ == net::Family::kIPv4 ? NFT_CT_DST_IP : NFT_CT_DST_IP6;
   }
   void operator()(const MatchCtStatusDnat&) {
     ct(NFT_CT_STATUS, NFT_REG_1, false);
@@ -300,7 +300,7 @@ class RuleEncoder {
     } else {
       nftnl_expr_set_u32(e, NFTNL_EXPR_REJECT_TYPE, NFT_REJECT_ICMP_UNREACH);
       // ICMP_PORT_UNREACH (3) / ICMPV6_PORT_UNREACH (4)
-      nftnl_expr_set_u8(e, NFTNL_EXPR_REJECT_CODE, family_ == Family::kIPv4 ? 3 : 4);
+      nftnl_expr_set_u8(e, NFTNL_EXPR_REJECT_CODE, family_ == net::Family::kIPv4 ? 3 : 4);
     }
     add(e);
   }
@@ -314,7 +314,7 @@ class RuleEncoder {
   }
 
  private:
-  Family family_;
+  net::Family family_;
   nftnl_rule* rule_;
 };
 
@@ -324,7 +324,7 @@ class RuleEncoder {
 /// expressions and header fields).
 class TypeofWriter {
  public:
-  TypeofWriter(nftnl_udata_buf* ud, Family family) : ud_(ud), family_(family) {}
+  TypeofWriter(nftnl_udata_buf* ud, net::Family family) : ud_(ud), family_(family) {}
 
   void numgen(std::uint8_t at, std::uint32_t modulus) {
     auto* item = nftnl_udata_nest_start(ud_, at);
@@ -332,7 +332,7 @@ class TypeofWriter {
     nftnl_udata_nest_end(ud_, item);
   }
   void address(std::uint8_t at, bool source) {
-    if (family_ == Family::kIPv4)
+    if (family_ == net::Family::kIPv4)
       payload(at, 12 /* ip */, source ? 11 /* saddr */ : 12 /* daddr */);
     else
       payload(at, 13 /* ip6 */, source ? 8 /* saddr */ : 9 /* daddr */);
@@ -379,7 +379,7 @@ class TypeofWriter {
     nftnl_udata_nest_end(ud_, item);
   }
   nftnl_udata_buf* ud_;
-  Family family_;
+  net::Family family_;
 };
 
 void putEndpointDataTypeof(TypeofWriter& w) {
@@ -389,13 +389,13 @@ void putEndpointDataTypeof(TypeofWriter& w) {
   });
 }
 
-void putSlotMapTypeof(nftnl_udata_buf* ud, Family family) {
+void putSlotMapTypeof(nftnl_udata_buf* ud, net::Family family) {
   TypeofWriter w(ud, family);
   w.single(TypeofWriter::kKeyTypeof, [&] { w.numgenBody(kSlotsPerRange); });
   putEndpointDataTypeof(w);
 }
 
-void putAffinityMapTypeof(nftnl_udata_buf* ud, Family family) {
+void putAffinityMapTypeof(nftnl_udata_buf* ud, net::Family family) {
   TypeofWriter w(ud, family);
   w.concat(TypeofWriter::kKeyTypeof, [&] {
     w.address(0, true);
@@ -417,7 +417,7 @@ std::uint32_t verdictCode(VerdictKind kind) {
   return NF_ACCEPT;
 }
 
-nftnl_rule* encodeRule(Family family, std::string_view table, std::string_view chain, const Rule& rule,
+nftnl_rule* encodeRule(net::Family family, std::string_view table, std::string_view chain, const Rule& rule,
                        std::uint64_t hash) {
   nftnl_rule* r = nftnl_rule_alloc();
   nftnl_rule_set_u32(r, NFTNL_RULE_FAMILY, nfproto(family));
@@ -446,7 +446,7 @@ std::uint64_t decodeRuleHash(const void* data, std::uint32_t length) {
   return hash;
 }
 
-nftnl_set* encodeSet(Family family, std::string_view table, const SetSpec& spec) {
+nftnl_set* encodeSet(net::Family family, std::string_view table, const SetSpec& spec) {
   nftnl_set* s = nftnl_set_alloc();
   nftnl_set_set_u32(s, NFTNL_SET_FAMILY, nfproto(family));
   nftnl_set_set_str(s, NFTNL_SET_TABLE, std::string(table).c_str());
@@ -485,7 +485,7 @@ nftnl_set* encodeSet(Family family, std::string_view table, const SetSpec& spec)
   return s;
 }
 
-nftnl_chain* encodeChain(Family family, std::string_view table, std::string_view name, const BaseHook* base) {
+nftnl_chain* encodeChain(net::Family family, std::string_view table, std::string_view name, const BaseHook* base) {
   nftnl_chain* c = nftnl_chain_alloc();
   nftnl_chain_set_u32(c, NFTNL_CHAIN_FAMILY, nfproto(family));
   nftnl_chain_set_str(c, NFTNL_CHAIN_TABLE, std::string(table).c_str());

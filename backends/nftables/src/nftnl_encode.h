@@ -18,12 +18,12 @@ inline constexpr std::uint8_t kRuleHashUdataType = 0xa0;
 
 /// A new nftnl_rule for `rule` in `chain` of `table`, carrying `hash` in its userdata. Caller
 /// frees.
-nftnl_rule* encodeRule(Family family, std::string_view table, std::string_view chain, const Rule& rule,
+nftnl_rule* encodeRule(net::Family family, std::string_view table, std::string_view chain, const Rule& rule,
                        std::uint64_t hash);
 /// A new nftnl_set for `spec` in `table`. Caller frees.
-nftnl_set* encodeSet(Family family, std::string_view table, const SetSpec& spec);
+nftnl_set* encodeSet(net::Family family, std::string_view table, const SetSpec& spec);
 /// A new nftnl_chain of `table` (base chains carry their hook). Caller frees.
-nftnl_chain* encodeChain(Family family, std::string_view table, std::string_view name, const BaseHook* base);
+nftnl_chain* encodeChain(net::Family family, std::string_view table, std::string_view name, const BaseHook* base);
 
 /// The kernel's verdict code (NF_ACCEPT, NF_DROP, NFT_RETURN, NFT_JUMP, NFT_GOTO).
 std::uint32_t verdictCode(VerdictKind kind);

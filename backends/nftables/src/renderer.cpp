@@ -31,17 +31,13 @@ Verdict jump(std::string chain) { return Verdict{VerdictKind::kJump, std::move(c
 
 Rule rule(std::vector<Statement> statements) { return Rule{std::move(statements)}; }
 
-std::optional<Address> parseHostOf(std::string_view ip, Family family) {
-  auto a = Address::parse(ip);
+std::optional<net::Prefix> parseHostOf(std::string_view ip, net::Family family) {
+  auto a = net::Prefix::parse(ip);
   if (!a || a->family != family || !a->isHost()) return std::nullopt;
   return a;
 }
 
 }  // namespace
-
-Family toFamily(sdk::Family family) {
-  return family == sdk::Family::kIPv6 ? Family::kIPv6 : Family::kIPv4;
-}
 
 std::string servicePortChainBase(const sdk::ServicePort& port) {
   return backends::nftablesHashAndTruncate(plainBase(port));
@@ -139,8 +135,8 @@ void SlotRanges::clear() {
   next_ = 0;
 }
 
-std::vector<SetSpec> NftablesRenderer::buildSetSpecs(Family family) const {
-  DataType addr = family == Family::kIPv4 ? DataType::kIPv4Addr : DataType::kIPv6Addr;
+std::vector<SetSpec> NftablesRenderer::buildSetSpecs(net::Family family) const {
+  DataType addr = family == net::Family::kIPv4 ? DataType::kIPv4Addr : DataType::kIPv6Addr;
   using DT = DataType;
   std::vector<SetSpec> out;
   out.push_back(SetSpec{names::kClusterIPsSet, {addr}, {}, false, 0, 0});
@@ -168,7 +164,7 @@ std::vector<SetSpec> NftablesRenderer::buildSetSpecs(Family family) const {
   return out;
 }
 
-GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo& node) const {
+GlobalObjects NftablesRenderer::renderGlobal(net::Family family, const sdk::NodeInfo& node) const {
   using namespace names;
   GlobalObjects g;
   g.family = family;
@@ -217,9 +213,9 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
   // matches every local address of the family (upstream's MatchAll), any local destination
   // but loopback, as upstream.
   const sdk::NodePortAddresses nodePorts = nodePortAddresses(node);
-  const sdk::Family sdkFamily = family == Family::kIPv6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4;
+  const net::Family sdkFamily = family == net::Family::kIPv6 ? net::Family::kIPv6 : net::Family::kIPv4;
   const bool allLocal = nodePorts.allLocal(sdkFamily);
-  const Address loopback = *Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1");
+  const net::Prefix loopback = *net::Prefix::parse(family == net::Family::kIPv4 ? "127.0.0.0/8" : "::1");
   auto nodePortDestination = [&](Statement then) {
     if (allLocal)
       return rule({MatchFibDestLocal{}, MatchAddress{false, true, loopback}, std::move(then)});
@@ -233,7 +229,7 @@ GlobalObjects NftablesRenderer::renderGlobal(Family family, const sdk::NodeInfo&
     // unallocated ClusterIPs" (anything else inside the family's service CIDRs).
     std::vector<Rule> rules{rule({MatchDestInSet{kClusterIPsSet}, Reject{false}})};
     for (const auto& range : plan::serviceCIDRRanges(serviceCIDRs_, sdkFamily))
-      if (auto a = Address::parse(range.cidr); a && a->family == family)
+      if (auto a = net::Prefix::parse(range.cidr); a && a->family == family)
         rules.push_back(rule({MatchAddress{false, false, *a}, Verdict{VerdictKind::kDrop, {}}}));
     chain(kClusterIPsCheckChain, std::move(rules));
   }
@@ -272,7 +268,7 @@ plan::PlanConfig NftablesRenderer::planConfigOf(const RenderConfig& config) {
 }
 
 std::vector<std::vector<Statement>> podTrafficMatches(const plan::LocalTrafficDetector& detector,
-                                                      sdk::Family family, bool negate) {
+                                                      net::Family family, bool negate) {
   std::vector<std::vector<Statement>> out;
   if (!detector.implemented(family)) return out;
   using Mode = plan::LocalTrafficDetector::Mode;
@@ -283,7 +279,7 @@ std::vector<std::vector<Statement>> podTrafficMatches(const plan::LocalTrafficDe
   // Pod traffic is from any of the CIDRs (a rule each); other traffic is from none (one rule).
   std::vector<Statement> none;
   for (const auto& cidr : detector.cidrsOf(family)) {
-    auto a = Address::parse(cidr);
+    auto a = net::Prefix::parse(cidr);
     if (!a) continue;
     if (negate)
       none.push_back(MatchAddress{true, true, *a});
@@ -304,7 +300,7 @@ class ServicePortRender {
       : renderer_(renderer),
         p_(port),
         plan_(plan::planServicePort(port, renderer.planConfig())),
-        fam_(toFamily(port.family)),
+        fam_(port.family),
         proto_(ipProto(port.protocol)),
         port_(static_cast<std::uint16_t>(port.port)),
         slotRanges_(renderer.slots(fam_)) {
@@ -354,7 +350,7 @@ class ServicePortRender {
   /// Affinity hit first, then the endpoint by slot. False when there is nothing to balance
   /// over (or, beyond 65,536 balancing chains in a family, no range is left).
   bool appendBalancing(Chain& c, std::span<const sdk::Endpoint> eps, plan::Pool pool) {
-    std::vector<std::pair<Address, std::uint16_t>> targets;
+    std::vector<std::pair<net::Prefix, std::uint16_t>> targets;
     for (const auto& ep : eps)
       if (auto addr = parseHostOf(ep.ip, fam_)) targets.emplace_back(*addr, static_cast<std::uint16_t>(ep.port));
     if (targets.empty()) {
@@ -382,7 +378,7 @@ class ServicePortRender {
 
   /// The K endpoints split the range at `base` into K intervals, each an element pair.
   void addSlotLayout(const std::string& map, std::uint32_t base,
-                     const std::vector<std::pair<Address, std::uint16_t>>& targets) {
+                     const std::vector<std::pair<net::Prefix, std::uint16_t>>& targets) {
     const auto k = static_cast<std::uint64_t>(targets.size());
     auto slotKey = [&](std::uint64_t i) { return base + slotOffset(i, k); };
     for (std::uint64_t i = 0; i < k; ++i) {
@@ -404,7 +400,7 @@ class ServicePortRender {
     }
   }
 
-  void addMapElement(const char* map, const Address& a, Verdict v) {
+  void addMapElement(const char* map, const net::Prefix& a, Verdict v) {
     KeyBuilder k;
     k.address(a).proto(proto_).port(port_);
     f_.elements.push_back(Element{map, k.bytes, k.text, std::move(v)});
@@ -568,7 +564,7 @@ class ServicePortRender {
   }
 
   void addExternalAddresses() {
-    std::vector<Address> externalAddrs;
+    std::vector<net::Prefix> externalAddrs;
     for (const auto* list : {&plan_.externalIPs, &plan_.loadBalancerIPs})
       for (const auto& ip : *list)
         if (auto a = parseHostOf(ip, fam_)) externalAddrs.push_back(*a);
@@ -601,7 +597,7 @@ class ServicePortRender {
     if (!plan_.usesFirewall) return;
     Chain c{firewallChainName(p_), std::nullopt, {}};
     for (const auto& source : plan_.firewallAllowedSources)
-      if (auto a = Address::parse(source); a && a->family == fam_)
+      if (auto a = net::Prefix::parse(source); a && a->family == fam_)
         c.rules.push_back(rule({MatchAddress{true, false, *a}, Verdict{VerdictKind::kReturn, {}}}));
     c.rules.push_back(rule({Verdict{VerdictKind::kDrop, {}}}));
     for (const auto& ip : plan_.loadBalancerIPs)
@@ -612,7 +608,7 @@ class ServicePortRender {
   const NftablesRenderer& renderer_;
   const sdk::ServicePort& p_;
   const plan::ServicePortPlan plan_;
-  const Family fam_;
+  const net::Family fam_;
   const std::uint8_t proto_;
   const std::uint16_t port_;
   SlotRanges& slotRanges_;
@@ -620,7 +616,7 @@ class ServicePortRender {
   std::optional<std::uint32_t> poolIds_[2];  ///< per pool (cluster, local), once it has a chain
   std::map<std::string, std::uint32_t> poolIdOfChain_;
   std::string clusterChain_, localChain_;  ///< the balancing chains ("": none)
-  std::optional<Address> clusterIP_;
+  std::optional<net::Prefix> clusterIP_;
   std::vector<Rule> internalRecord_;  ///< the ClusterIP's affinity record rules
   std::string extChain_;              ///< "": external addresses have no chain
   std::string externalRecordChain_;   ///< "": external addresses record no affinity

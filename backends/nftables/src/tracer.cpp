@@ -1,4 +1,5 @@
 #include "kproxy/nftables/tracer.h"
+#include "kproxy/net/host_port.h"
 
 #include <algorithm>
 #include <cstring>
@@ -28,15 +29,14 @@ bool terminal(Flow f) { return f == Flow::kAccept || f == Flow::kNat || f == Flo
 
 using ChoiceOracle = plan::ChoiceExplorer;
 
-bool isLoopback(const Address& a) {
-  if (a.family == Family::kIPv4) return a.bytes[0] == 127;
+bool isLoopback(const net::Prefix& a) {
+  if (a.family == net::Family::kIPv4) return a.bytes[0] == 127;
   static constexpr std::array<std::uint8_t, 16> kLoopback6{0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1};
   return a.bytes == kLoopback6;
 }
 
-std::string endpointText(const Address& a, std::uint16_t port) {
-  if (a.family == Family::kIPv6) return fmt::format("[{}]:{}", a.toString(), port);
-  return fmt::format("{}:{}", a.toString(), port);
+std::string endpointText(const net::Prefix& a, std::uint16_t port) {
+  return net::joinHostPort(a.addressText(), port);
 }
 
 std::uint32_t slotOf(std::string_view key) {
@@ -48,16 +48,16 @@ std::uint32_t slotOf(std::string_view key) {
 
 /// An address and port decoded from a map value `ADDR . inet_service`.
 struct Target {
-  Address address;
+  net::Prefix address;
   std::uint16_t port = 0;
 };
-std::optional<Target> decodeTarget(std::string_view data, Family family) {
+std::optional<Target> decodeTarget(std::string_view data, net::Family family) {
   Target t;
   t.address.family = family;
   const std::size_t n = t.address.size();
   if (data.size() < n + 2) return std::nullopt;
   std::memcpy(t.address.bytes.data(), data.data(), n);
-  t.address.prefixLength = static_cast<std::uint8_t>(n * 8);
+  t.address.length = static_cast<std::uint8_t>(n * 8);
   const auto* p = reinterpret_cast<const unsigned char*>(data.data() + n);
   t.port = static_cast<std::uint16_t>(p[0] << 8 | p[1]);
   return t;
@@ -77,8 +77,8 @@ std::optional<std::uint8_t> parseProtocol(std::string_view name) {
 
 std::optional<Packet> Packet::make(std::string_view source, std::string_view destination,
                                    std::uint16_t port, std::string_view protocol, bool fromNode) {
-  auto s = Address::parse(source);
-  auto d = Address::parse(destination);
+  auto s = net::Prefix::parse(source);
+  auto d = net::Prefix::parse(destination);
   auto proto = parseProtocol(protocol);
   if (!s || !d || !proto || !s->isHost() || !d->isHost() || s->family != d->family) return std::nullopt;
   return Packet{*s, *d, port, *proto, fromNode, {}};
@@ -97,8 +97,8 @@ namespace {
 
 /// What a run reads of the tracer.
 struct Ruleset {
-  Family family_;
-  const std::vector<Address>& localAddresses_;
+  net::Family family_;
+  const std::vector<net::Prefix>& localAddresses_;
   const std::unordered_map<std::string, Chain>& chains_;
   const std::unordered_map<std::string, SetSpec>& sets_;
   const std::unordered_map<std::string, std::vector<Element>>& elements_;
@@ -148,10 +148,10 @@ class PacketRun {
   }
 
  private:
-  bool isLocal(const Address& a) const {
+  bool isLocal(const net::Prefix& a) const {
     if (isLoopback(a)) return true;
     return std::any_of(t_.localAddresses_.begin(), t_.localAddresses_.end(),
-                       [&](const Address& l) { return l.family == a.family && l.bytes == a.bytes; });
+                       [&](const net::Prefix& l) { return l.family == a.family && l.bytes == a.bytes; });
   }
 
   void step(const std::string& chain, const Rule* rule, std::string detail) {
@@ -351,7 +351,7 @@ class PacketRun {
   }
 
   std::optional<Flow> evaluate(const Chain&, const Rule&, const MatchAddress& s, int) {
-    const Address& a = s.source ? src_ : dst_;
+    const net::Prefix& a = s.source ? src_ : dst_;
     return pass(s.address.contains(a) != s.negate);
   }
   std::optional<Flow> evaluate(const Chain&, const Rule&, const MatchL4Proto& s, int) {
@@ -485,11 +485,11 @@ class PacketRun {
   TracePath& path_;
   std::set<std::string>& warnings_;
 
-  Address src_;
-  Address dst_;
+  net::Prefix src_;
+  net::Prefix dst_;
   std::uint16_t dport_;
   std::uint8_t proto_;
-  Address origDst_;
+  net::Prefix origDst_;
   std::uint16_t origDport_;
   bool fromNode_;
   std::string inputInterface_;
@@ -505,7 +505,7 @@ class PacketRun {
 // ---- NftablesTracer ----------------------------------------------------------------------
 
 NftablesTracer::NftablesTracer(const GlobalObjects& global, std::span<const Fragment> fragments,
-                               std::vector<Address> localAddresses)
+                               std::vector<net::Prefix> localAddresses)
     : family_(global.family), localAddresses_(std::move(localAddresses)) {
   for (const auto& spec : global.sets) sets_.emplace(spec.name, spec);
   auto add = [&](const std::vector<Chain>& chains, const std::vector<Element>& elements) {
@@ -517,27 +517,27 @@ NftablesTracer::NftablesTracer(const GlobalObjects& global, std::span<const Frag
     if (f.family == family_) add(f.chains, f.elements);
 }
 
-NftablesTracer NftablesTracer::fromServicePorts(NftablesRenderer& renderer, Family family,
+NftablesTracer NftablesTracer::fromServicePorts(NftablesRenderer& renderer, net::Family family,
                                                 std::span<const sdk::ServicePort> ports,
                                                 const sdk::NodeInfo& node) {
   renderer.setNode(node);  // as the backend does before rendering a sync
   std::vector<Fragment> fragments;
   for (const auto& p : ports)
-    if (toFamily(p.family) == family) fragments.push_back(renderer.renderServicePort(p));
-  std::vector<Address> fallback;  // node-ips, where the node lists no addresses
+    if (p.family == family) fragments.push_back(renderer.renderServicePort(p));
+  std::vector<net::Prefix> fallback;  // node-ips, where the node lists no addresses
   for (const auto& ip : renderer.config().common.nodeIPs)
-    if (auto a = Address::parse(ip); a && a->isHost()) fallback.push_back(*a);
+    if (auto a = net::Prefix::parse(ip); a && a->isHost()) fallback.push_back(*a);
   return NftablesTracer(renderer.renderGlobal(family, node), fragments, tracerLocalAddresses(node, fallback));
 }
 
-std::vector<Address> tracerLocalAddresses(const sdk::NodeInfo& node, std::span<const Address> fallback) {
-  std::vector<Address> local;
+std::vector<net::Prefix> tracerLocalAddresses(const sdk::NodeInfo& node, std::span<const net::Prefix> fallback) {
+  std::vector<net::Prefix> local;
   for (const auto& ip : node.addresses)
-    if (auto a = Address::parse(ip); a && a->isHost()) local.push_back(*a);
+    if (auto a = net::Prefix::parse(ip); a && a->isHost()) local.push_back(*a);
   if (local.empty()) local.assign(fallback.begin(), fallback.end());
   // The interface addresses NodePorts answer on are the node's own too.
   for (const auto& ip : node.nodePortAddresses.addresses)
-    if (auto a = Address::parse(ip); a && a->isHost()) local.push_back(*a);
+    if (auto a = net::Prefix::parse(ip); a && a->isHost()) local.push_back(*a);
   return local;
 }
 

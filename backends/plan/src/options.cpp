@@ -6,7 +6,7 @@
 
 #include <fmt/format.h>
 
-#include "kproxy/backends/common/address.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/core/nodeport_addresses.h"
 
 namespace kproxy::plan {
@@ -47,7 +47,7 @@ sdk::Expected<CommonOptions> parseCommonOptions(const sdk::Options& options, std
         into->push_back(std::move(item));
         continue;
       }
-      if (!backends::IPPrefix::parse(item)) return bad(fmt::format("invalid {} entry \"{}\"", option, item));
+      if (!net::Prefix::parse(item)) return bad(fmt::format("invalid {} entry \"{}\"", option, item));
       into->push_back(std::move(item));
     }
   }
@@ -119,9 +119,9 @@ sdk::NodePortAddresses nodePortAddressesOf(const sdk::NodeInfo& node,
   std::vector<std::string> local = node.addresses;
   core::NodeIPs ips = core::detectNodeIPs(typed, "");
   for (const auto& ip : nodeIPs) {
-    auto p = backends::IPPrefix::parse(ip);
+    auto p = net::Prefix::parse(ip);
     if (!p || !p->isHost()) continue;
-    (p->v6 ? ips.ipv6 : ips.ipv4) = p->toString();
+    (p->v6() ? ips.ipv6 : ips.ipv4) = p->toString();
     local.push_back(p->toString());
   }
   const bool primary = nodePortAddresses.size() == 1 && nodePortAddresses.front() == "primary";
@@ -140,16 +140,16 @@ sdk::NodePortAddresses nodePortAddressesOf(const sdk::NodeInfo& node,
 
 bool nodePortAnswersOn(const sdk::NodePortAddresses& nodePorts, std::span<const std::string> localAddresses,
                        std::string_view destination, bool loopback) {
-  auto dst = backends::IPPrefix::parse(destination);
+  auto dst = net::Prefix::parse(destination);
   if (!dst || !dst->isHost()) return false;
   auto same = [&](const std::string& a) {
-    auto p = backends::IPPrefix::parse(a);
+    auto p = net::Prefix::parse(a);
     return p && *p == *dst;
   };
   if (std::any_of(nodePorts.addresses.begin(), nodePorts.addresses.end(), same)) return true;
-  const auto loopbackNet = *backends::IPPrefix::parse(dst->v6 ? "::1/128" : "127.0.0.0/8");
+  const auto loopbackNet = *net::Prefix::parse(dst->v6() ? "::1/128" : "127.0.0.0/8");
   if (loopbackNet.contains(*dst)) return loopback;
-  if (!nodePorts.allLocal(dst->v6 ? sdk::Family::kIPv6 : sdk::Family::kIPv4)) return false;
+  if (!nodePorts.allLocal(dst->v6() ? net::Family::kIPv6 : net::Family::kIPv4)) return false;
   return std::any_of(localAddresses.begin(), localAddresses.end(), same);
 }
 

@@ -3,20 +3,20 @@
 #include <algorithm>
 #include <tuple>
 
-#include "kproxy/backends/common/address.h"
+#include "kproxy/net/ip.h"
 
 namespace kproxy::plan {
 namespace {
 
-using backends::IPPrefix;
+using net::Prefix;
 
-bool ofFamily(const IPPrefix& p, sdk::Family family) { return p.v6 == (family == sdk::Family::kIPv6); }
+bool ofFamily(const net::Prefix& p, net::Family family) { return p.v6() == (family == net::Family::kIPv6); }
 
 /// The host addresses of `family` among `ips`, in order, each once, as written.
-std::vector<std::string> hostsOf(const std::vector<std::string>& ips, sdk::Family family) {
+std::vector<std::string> hostsOf(const std::vector<std::string>& ips, net::Family family) {
   std::vector<std::string> out;
   for (const auto& ip : ips) {
-    auto p = IPPrefix::parse(ip);
+    auto p = net::Prefix::parse(ip);
     if (!p || !p->isHost() || !ofFamily(*p, family)) continue;
     if (std::find(out.begin(), out.end(), ip) == out.end()) out.push_back(ip);
   }
@@ -25,7 +25,7 @@ std::vector<std::string> hostsOf(const std::vector<std::string>& ips, sdk::Famil
 
 }  // namespace
 
-bool LocalTrafficDetector::implemented(sdk::Family family) const {
+bool LocalTrafficDetector::implemented(net::Family family) const {
   switch (mode) {
     case Mode::kNone: return false;
     case Mode::kCIDRs: return !cidrsOf(family).empty();
@@ -35,11 +35,11 @@ bool LocalTrafficDetector::implemented(sdk::Family family) const {
   return false;
 }
 
-std::vector<std::string> LocalTrafficDetector::cidrsOf(sdk::Family family) const {
+std::vector<std::string> LocalTrafficDetector::cidrsOf(net::Family family) const {
   std::vector<std::string> out;
   if (mode != Mode::kCIDRs) return out;
   for (const auto& c : cidrs)
-    if (auto p = IPPrefix::parse(c); p && ofFamily(*p, family)) out.push_back(c);
+    if (auto p = net::Prefix::parse(c); p && ofFamily(*p, family)) out.push_back(c);
   return out;
 }
 
@@ -50,7 +50,7 @@ bool ServicePortPlan::poolsEqual() const {
 
 ServicePortPlan planServicePort(const sdk::ServicePort& port, const PlanConfig& config) {
   ServicePortPlan plan;
-  const sdk::Family family = port.family;
+  const net::Family family = port.family;
   plan.externalIPs = hostsOf(port.externalIPs, family);
   plan.loadBalancerIPs = hostsOf(port.loadBalancerIPs, family);
   plan.nodePort = port.nodePort;
@@ -92,9 +92,9 @@ ServicePortPlan planServicePort(const sdk::ServicePort& port, const PlanConfig& 
   }
 
   // loadBalancerSourceRanges: only LoadBalancer IPs are filtered, NodePorts never (upstream).
-  std::vector<IPPrefix> ranges;
+  std::vector<net::Prefix> ranges;
   for (const auto& r : port.loadBalancerSourceRanges)
-    if (auto p = IPPrefix::parse(r); p && ofFamily(*p, family)) {
+    if (auto p = net::Prefix::parse(r); p && ofFamily(*p, family)) {
       ranges.push_back(*p);
       plan.firewallAllowedSources.push_back(p->toString());
     }
@@ -104,7 +104,7 @@ ServicePortPlan planServicePort(const sdk::ServicePort& port, const PlanConfig& 
   } else {
     bool allowNode = false;
     for (const auto& ip : config.nodeIPs)
-      if (auto host = IPPrefix::parse(ip); host && host->isHost())
+      if (auto host = net::Prefix::parse(ip); host && host->isHost())
         for (const auto& r : ranges) allowNode = allowNode || r.contains(*host);
     if (allowNode)
       for (const auto& lb : plan.loadBalancerIPs) plan.firewallAllowedSources.push_back(lb);
@@ -118,15 +118,15 @@ ServicePortPlan planServicePort(const sdk::ServicePort& port, const PlanConfig& 
   return plan;
 }
 
-std::vector<ServiceCIDRRange> serviceCIDRRanges(std::span<const sdk::ServiceCIDR> cidrs, sdk::Family family) {
-  std::vector<std::pair<IPPrefix, std::string>> parsed;
+std::vector<ServiceCIDRRange> serviceCIDRRanges(std::span<const sdk::ServiceCIDR> cidrs, net::Family family) {
+  std::vector<std::pair<net::Prefix, std::string>> parsed;
   for (const auto& c : cidrs)
-    if (auto p = IPPrefix::parse(c.cidr); p && ofFamily(*p, family)) parsed.emplace_back(*p, c.name);
+    if (auto p = net::Prefix::parse(c.cidr); p && ofFamily(*p, family)) parsed.emplace_back(*p, c.name);
   // Wider prefixes first, so a range is known before the ranges inside it.
   std::sort(parsed.begin(), parsed.end(), [](const auto& a, const auto& b) {
     return std::tie(a.first.length, a.first.bytes, a.second) < std::tie(b.first.length, b.first.bytes, b.second);
   });
-  std::vector<std::pair<IPPrefix, ServiceCIDRRange>> out;
+  std::vector<std::pair<net::Prefix, ServiceCIDRRange>> out;
   for (auto& [prefix, name] : parsed) {
     auto outer = std::find_if(out.begin(), out.end(), [&](const auto& o) { return o.first.contains(prefix); });
     if (outer == out.end()) outer = out.insert(out.end(), {prefix, ServiceCIDRRange{prefix.toString(), {}}});

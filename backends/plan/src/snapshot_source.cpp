@@ -2,8 +2,8 @@
 
 namespace kproxy::plan {
 
-std::optional<sdk::ServicePort> VectorSnapshot::find(sdk::Family family, const std::string& key) const {
-  auto id = [](sdk::Family f, const std::string& k) { return (f == sdk::Family::kIPv4 ? "4" : "6") + k; };
+std::optional<sdk::ServicePort> VectorSnapshot::find(net::Family family, const std::string& key) const {
+  auto id = [](net::Family f, const std::string& k) { return (f == net::Family::kIPv4 ? "4" : "6") + k; };
   auto lookup = [&]() -> const sdk::ServicePort* {
     auto it = index_.find(id(family, key));
     if (it == index_.end() || it->second >= ports_.size()) return nullptr;

@@ -6,12 +6,13 @@
 
 #include <fmt/format.h>
 
-#include "kproxy/backends/common/address.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/plan/service_plan.h"
+#include "kproxy/net/host_port.h"
 
 namespace kproxy::plan {
 
-using backends::IPPrefix;
+using net::Prefix;
 
 std::string jsonString(std::string_view s) {
   std::string out = "\"";
@@ -32,10 +33,7 @@ std::string jsonString(std::string_view s) {
   return out + "\"";
 }
 
-std::string endpointText(std::string_view ip, std::uint16_t port) {
-  if (ip.find(':') != std::string_view::npos) return fmt::format("[{}]:{}", ip, port);
-  return fmt::format("{}:{}", ip, port);
-}
+std::string endpointText(std::string_view ip, std::uint16_t port) { return net::joinHostPort(ip, port); }
 
 std::string_view verdictName(TraceVerdict verdict) {
   switch (verdict) {
@@ -117,7 +115,7 @@ TraceOutcome mergePaths(std::span<const TracePath> paths) {
           auto colon = e.rfind(':');
           std::string ip = e.substr(0, colon);
           if (!ip.empty() && ip.front() == '[') ip = ip.substr(1, ip.size() - 2);
-          auto a = IPPrefix::parse(ip);
+          auto a = net::Prefix::parse(ip);
           eps.emplace_back(a ? a->bytes : std::array<std::uint8_t, 16>{}, std::stoi(e.substr(colon + 1)), e);
         }
     std::sort(eps.begin(), eps.end());
@@ -151,12 +149,12 @@ std::string traceText(std::string_view packetText, std::span<const TracePath> pa
   return out;
 }
 
-std::string unallocatedClusterIPReason(std::span<const sdk::ServiceCIDR> serviceCIDRs, sdk::Family family,
+std::string unallocatedClusterIPReason(std::span<const sdk::ServiceCIDR> serviceCIDRs, net::Family family,
                                        std::string_view destination) {
   std::string reason;
-  auto dst = IPPrefix::parse(destination);
+  auto dst = net::Prefix::parse(destination);
   for (const auto& range : serviceCIDRRanges(serviceCIDRs, family)) {
-    auto cidr = IPPrefix::parse(range.cidr);
+    auto cidr = net::Prefix::parse(range.cidr);
     if (!cidr || !dst || !cidr->contains(*dst)) continue;
     reason = fmt::format("dropped: unallocated ClusterIP in ServiceCIDR {} ({})", fmt::join(range.names, ", "),
                          range.cidr);
@@ -186,8 +184,8 @@ std::string jsonArray(const Range& items, Fn&& fn) {
 std::string endpointOf(const sdk::Endpoint& e) { return plan::endpointText(e.ip, static_cast<std::uint16_t>(e.port)); }
 
 bool sameIP(const std::string& text, std::string_view address) {
-  auto a = IPPrefix::parse(text);
-  auto b = IPPrefix::parse(address);
+  auto a = net::Prefix::parse(text);
+  auto b = net::Prefix::parse(address);
   return a && b && *a == *b;
 }
 

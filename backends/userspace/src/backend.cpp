@@ -17,8 +17,6 @@
 
 namespace kproxy::userspace {
 
-using nftables::Address;
-using nftables::Family;
 
 namespace {
 
@@ -49,8 +47,6 @@ sdk::Expected<std::size_t> countOption(const sdk::Options& options, std::string_
   return value;
 }
 
-Family familyOf(sdk::Family f) { return f == sdk::Family::kIPv6 ? Family::kIPv6 : Family::kIPv4; }
-
 std::vector<Target> targetsOf(std::span<const sdk::Endpoint> endpoints) {
   std::vector<Target> out;
   for (const auto& e : endpoints)
@@ -60,7 +56,7 @@ std::vector<Target> targetsOf(std::span<const sdk::Endpoint> endpoints) {
 
 /// A redirect entry waiting for its listener's port.
 struct PendingEntry {
-  Family family;
+  net::Family family;
   RedirectEntry entry;
   std::string listener;  ///< empty unless the action is kListener
 };
@@ -71,7 +67,7 @@ struct PendingEntry {
 struct Redirects {
   std::vector<ListenerSpec> specs;
   std::vector<PendingEntry> entries;
-  std::set<Family> families{Family::kIPv4};
+  std::set<net::Family> families{net::Family::kIPv4};
   std::size_t sctp = 0;  ///< SCTP service ports, which the proxy does not carry
 };
 
@@ -86,39 +82,39 @@ Redirects planRedirects(ForEach&& forEach, const plan::PlanConfig& config) {
       ++out.sctp;
       return;
     }
-    const Family family = familyOf(p.family);
+    const net::Family family = p.family;
     out.families.insert(family);
     const bool udp = p.protocol == sdk::Protocol::kUDP;
     const std::uint8_t proto = udp ? 17 : 6;
     const plan::ServicePortPlan plan = plan::planServicePort(p, config);
     auto listener = [&](plan::Pool pool) {
-      std::string id = fmt::format("{} {}/{} {}", family == Family::kIPv4 ? "ipv4" : "ipv6", sdk::protocolName(p.protocol),
+      std::string id = fmt::format("{} {}/{} {}", family == net::Family::kIPv4 ? "ipv4" : "ipv6", sdk::protocolName(p.protocol),
                                    p.key, pool == plan::Pool::kCluster ? "cluster" : "local");
       if (!specIndex.contains(id)) {
         specIndex.emplace(id, specs.size());
-        specs.push_back(ListenerSpec{id, family == Family::kIPv6, udp, p.key, targetsOf(plan.endpointsOf(pool)),
+        specs.push_back(ListenerSpec{id, family == net::Family::kIPv6, udp, p.key, targetsOf(plan.endpointsOf(pool)),
                                      std::chrono::seconds(plan.affinity ? plan.affinityTimeoutSeconds : 0)});
       }
       return id;
     };
-    std::vector<Address> firewall;  // loadBalancerSourceRanges, for the LoadBalancer IPs
+    std::vector<net::Prefix> firewall;  // loadBalancerSourceRanges, for the LoadBalancer IPs
     if (plan.usesFirewall)
       for (const auto& source : plan.firewallAllowedSources)
-        if (auto a = Address::parse(source)) firewall.push_back(*a);
-    auto add = [&](std::optional<Address> address, std::int32_t port, bool shortCircuit, RedirectAction::Kind kind,
+        if (auto a = net::Prefix::parse(source)) firewall.push_back(*a);
+    auto add = [&](std::optional<net::Prefix> address, std::int32_t port, bool shortCircuit, RedirectAction::Kind kind,
                    std::string id = {}, bool clusterIP = false, bool loadBalancerIP = false) {
       if (port <= 0 || port > 65535) return;
       entries.push_back(PendingEntry{family,
                                      RedirectEntry{proto, address, static_cast<std::uint16_t>(port), shortCircuit,
                                                    clusterIP, RedirectAction{kind, 0},
-                                                   loadBalancerIP ? firewall : std::vector<Address>{}},
+                                                   loadBalancerIP ? firewall : std::vector<net::Prefix>{}},
                                      std::move(id)});
     };
     auto noEndpoints = [](plan::NoEndpoints n) {
       return n == plan::NoEndpoints::kDrop ? RedirectAction::Kind::kDrop : RedirectAction::Kind::kReject;
     };
 
-    if (auto cip = Address::parse(plan.clusterIP); cip && !plan.clusterIP.empty()) {
+    if (auto cip = net::Prefix::parse(plan.clusterIP); cip && !plan.clusterIP.empty()) {
       if (plan.hasInternalEndpoints)
         add(cip, p.port, false, RedirectAction::Kind::kListener, listener(plan.internalPool), true);
       else
@@ -126,15 +122,15 @@ Redirects planRedirects(ForEach&& forEach, const plan::PlanConfig& config) {
     }
     if (plan.externallyAccessible) {
       struct External {
-        std::optional<Address> address;
+        std::optional<net::Prefix> address;
         std::int32_t port;
         bool loadBalancerIP;
       };
       std::vector<External> external;
       for (const auto& ip : plan.externalIPs)
-        if (auto a = Address::parse(ip)) external.push_back({a, p.port, false});
+        if (auto a = net::Prefix::parse(ip)) external.push_back({a, p.port, false});
       for (const auto& ip : plan.loadBalancerIPs)
-        if (auto a = Address::parse(ip)) external.push_back({a, p.port, true});
+        if (auto a = net::Prefix::parse(ip)) external.push_back({a, p.port, true});
       if (plan.nodePort != 0) external.push_back({std::nullopt, plan.nodePort, false});
       for (const auto& [address, port, lb] : external) {
         if (plan.hasExternalEndpoints)
@@ -152,22 +148,22 @@ Redirects planRedirects(ForEach&& forEach, const plan::PlanConfig& config) {
 }
 
 /// The table of `family` for `entries` (their listener ports assigned), as a sync renders it.
-RenderedTable renderFamily(Family family, const std::vector<RedirectEntry>& entries, const plan::PlanConfig& config,
+RenderedTable renderFamily(net::Family family, const std::vector<RedirectEntry>& entries, const plan::PlanConfig& config,
                            const sdk::NodePortAddresses& nodePorts, const std::vector<sdk::ServiceCIDR>& serviceCIDRs) {
   const auto pods = nftables::podTrafficMatches(config.localDetector,
-                                                family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6, false);
+                                                family == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6, false);
   // Where NodePorts answer (loopback left out, as in nftables mode), or every local address.
-  std::optional<std::vector<Address>> nodePortAddresses;
-  if (!nodePorts.allLocal(family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6)) {
+  std::optional<std::vector<net::Prefix>> nodePortAddresses;
+  if (!nodePorts.allLocal(family == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6)) {
     nodePortAddresses.emplace();
     for (const auto& ip : nodePorts.addresses)
-      if (auto a = Address::parse(ip); a && a->family == family &&
-                                       !Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(*a))
+      if (auto a = net::Prefix::parse(ip); a && a->family == family &&
+                                       !net::Prefix::parse(family == net::Family::kIPv4 ? "127.0.0.0/8" : "::1/128")->contains(*a))
         nodePortAddresses->push_back(*a);
   }
-  std::vector<Address> cidrs;
-  for (const auto& range : plan::serviceCIDRRanges(serviceCIDRs, family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6))
-    if (auto a = Address::parse(range.cidr)) cidrs.push_back(*a);
+  std::vector<net::Prefix> cidrs;
+  for (const auto& range : plan::serviceCIDRRanges(serviceCIDRs, family == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6))
+    if (auto a = net::Prefix::parse(range.cidr)) cidrs.push_back(*a);
   return renderUserspaceTable(family, entries, pods, nodePortAddresses, cidrs);
 }
 
@@ -274,9 +270,9 @@ sdk::Expected<backends::PassOutcome> UserspaceBackend::pass(const plan::Snapshot
   Redirects planned = planRedirects([&](const auto& fn) { next.forEach(fn); }, config);
   std::vector<ListenerSpec>& specs = planned.specs;
   std::vector<PendingEntry>& entries = planned.entries;
-  std::set<Family>& families = planned.families;
+  std::set<net::Family>& families = planned.families;
   const std::size_t sctp = planned.sctp;
-  for (const auto& f : {Family::kIPv4, Family::kIPv6})
+  for (const auto& f : {net::Family::kIPv4, net::Family::kIPv6})
     if (mirror_.of(f).tableExists) families.insert(f);
 
   // Listeners first: the table must never send a connection to a port nobody listens on.
@@ -285,14 +281,14 @@ sdk::Expected<backends::PassOutcome> UserspaceBackend::pass(const plan::Snapshot
     return sdk::fail(sdk::ErrorCategory::kTransient, ports.error().message(), ports.error().errnum);
   }
 
-  std::map<Family, std::vector<RedirectEntry>> byFamily;
+  std::map<net::Family, std::vector<RedirectEntry>> byFamily;
   for (auto& e : entries) {
     if (!e.listener.empty()) e.entry.action.listenerPort = ports->at(e.listener);
     byFamily[e.family].push_back(e.entry);
   }
 
   if (full && !settings_.dryRun) {
-    auto read = kernel_->readBack(userspaceSetSpecs(Family::kIPv4), userspaceSetSpecs(Family::kIPv6));
+    auto read = kernel_->readBack(userspaceSetSpecs(net::Family::kIPv4), userspaceSetSpecs(net::Family::kIPv6));
     if (!read) {
       return sdk::fail(sdk::kernelErrorCategory(read.error().errnum), read.error().message(), read.error().errnum);
     }
@@ -300,7 +296,7 @@ sdk::Expected<backends::PassOutcome> UserspaceBackend::pass(const plan::Snapshot
   }
 
   std::vector<nftables::Op> ops;
-  for (Family family : families) {
+  for (net::Family family : families) {
     RenderedTable table = renderFamily(family, byFamily[family], config, nodePorts, serviceCIDRs);
     nftables::DesiredFamily desired;
     desired.sets = table.sets;
@@ -357,8 +353,8 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
                      " (addresses must be numeric and of one family)");
   }
   if (!request.fromNode) packet->inputInterface = request.inputInterface;
-  const Family family = packet->destination.family;
-  const sdk::Family sdkFamily = family == Family::kIPv4 ? sdk::Family::kIPv4 : sdk::Family::kIPv6;
+  const net::Family family = packet->destination.family;
+  const net::Family sdkFamily = family == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6;
   const sdk::NodeInfo node = snapshot.node();
   const std::vector<sdk::ServicePort> ports = snapshot.all();
   const std::vector<sdk::ServiceCIDR> serviceCIDRs = snapshot.serviceCIDRs();
@@ -394,10 +390,10 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
   global.sets = table.sets;
   global.chains = std::move(table.chains);
   global.elements = std::move(table.elements);
-  std::vector<Address> fallback;  // --node-ips, where the node lists no addresses
+  std::vector<net::Prefix> fallback;  // --node-ips, where the node lists no addresses
   for (const auto& ip : settings_.common.nodeIPs)
-    if (auto a = Address::parse(ip); a && a->isHost()) fallback.push_back(*a);
-  const std::vector<Address> local = nftables::tracerLocalAddresses(node, fallback);
+    if (auto a = net::Prefix::parse(ip); a && a->isHost()) fallback.push_back(*a);
+  const std::vector<net::Prefix> local = nftables::tracerLocalAddresses(node, fallback);
   const nftables::NftablesTracer tracer(global, {}, local);
   nftables::Trace trace = tracer.trace(*packet);
 

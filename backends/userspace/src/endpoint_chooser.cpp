@@ -2,12 +2,11 @@
 
 #include <algorithm>
 
+#include "kproxy/net/host_port.h"
+
 namespace kproxy::userspace {
 
-std::string Target::toString() const {
-  if (ip.find(':') != std::string::npos) return "[" + ip + "]:" + std::to_string(port);
-  return ip + ":" + std::to_string(port);
-}
+std::string Target::toString() const { return net::joinHostPort(ip, port); }
 
 void EndpointChooser::setEndpoints(std::vector<Target> endpoints, std::chrono::seconds affinityTimeout) {
   endpoints_ = std::move(endpoints);

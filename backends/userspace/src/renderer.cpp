@@ -24,8 +24,8 @@ constexpr std::string_view kNodePortIPs = "nodeport-ips";
 /// nft's dstnat priority: after conntrack, where DNAT belongs.
 constexpr std::int32_t kDstNat = -100;
 
-Statement notLoopback(Family family) {
-  return MatchAddress{false, true, *Address::parse(family == Family::kIPv4 ? "127.0.0.0/8" : "::1")};
+Statement notLoopback(net::Family family) {
+  return MatchAddress{false, true, *net::Prefix::parse(family == net::Family::kIPv4 ? "127.0.0.0/8" : "::1")};
 }
 
 }  // namespace
@@ -34,8 +34,8 @@ std::string redirectChainName(std::uint8_t proto, std::uint16_t listenerPort) {
   return fmt::format("redirect-{}-{}", protoName(proto), listenerPort);
 }
 
-std::vector<SetSpec> userspaceSetSpecs(Family family) {
-  const DataType addr = family == Family::kIPv4 ? DataType::kIPv4Addr : DataType::kIPv6Addr;
+std::vector<SetSpec> userspaceSetSpecs(net::Family family) {
+  const DataType addr = family == net::Family::kIPv4 ? DataType::kIPv4Addr : DataType::kIPv6Addr;
   std::vector<SetSpec> out;
   for (auto name : {kServices, kShortCircuit})
     out.push_back(SetSpec{std::string(name), {addr, DataType::kInetProto, DataType::kInetService}, {DataType::kVerdict}});
@@ -46,10 +46,10 @@ std::vector<SetSpec> userspaceSetSpecs(Family family) {
   return out;
 }
 
-RenderedTable renderUserspaceTable(Family family, const std::vector<RedirectEntry>& entries,
+RenderedTable renderUserspaceTable(net::Family family, const std::vector<RedirectEntry>& entries,
                                    const std::vector<std::vector<Statement>>& podMatches,
-                                   const std::optional<std::vector<Address>>& nodePortAddresses,
-                                   const std::vector<Address>& serviceCIDRs) {
+                                   const std::optional<std::vector<net::Prefix>>& nodePortAddresses,
+                                   const std::vector<net::Prefix>& serviceCIDRs) {
   RenderedTable t;
   t.sets = userspaceSetSpecs(family);
 

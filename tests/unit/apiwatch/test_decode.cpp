@@ -9,6 +9,8 @@
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 
+namespace net = kproxy::net;
+
 using kproxy::apiwatch::decodeEndpointSlice;
 using kproxy::apiwatch::decodeNode;
 using kproxy::apiwatch::decodeObject;
@@ -72,7 +74,7 @@ TEST_CASE("a Service as the apiserver sends it: every field kproxy uses is read"
   REQUIRE(svc->clusterIPs.size() == 2);
   CHECK_THAT(svc->clusterIPs[0], Catch::StartsWith("fd00:10:96::"));
   CHECK_THAT(svc->clusterIPs[1], Catch::StartsWith("10.96."));
-  CHECK(svc->ipFamilies == std::vector<core::IPFamily>{core::IPFamily::kIPv6, core::IPFamily::kIPv4});
+  CHECK(svc->ipFamilies == std::vector<net::Family>{net::Family::kIPv6, net::Family::kIPv4});
   REQUIRE(svc->ports.size() == 2);
   const auto& http = svc->ports[0];
   CHECK(http.name == "http");
@@ -338,7 +340,7 @@ spec:
   CHECK(svc->labels.empty());  // app and tier mean nothing to a proxy
   CHECK(svc->type == core::ServiceType::kNodePort);
   CHECK(svc->clusterIPs == std::vector<std::string>{"10.96.0.10"});
-  CHECK(svc->ipFamilies == std::vector<core::IPFamily>{core::IPFamily::kIPv4});
+  CHECK(svc->ipFamilies == std::vector<net::Family>{net::Family::kIPv4});
   REQUIRE(svc->ports.size() == 3);
   CHECK(svc->ports[0].protocol == core::Protocol::kTCP);
   CHECK(svc->ports[0].targetPort == core::TargetPort{0, "http-alt"});
@@ -362,13 +364,13 @@ TEST_CASE("dual-stack, headless and ExternalName Services", "[unit]") {
   CHECK(dual->clusterIPs == std::vector<std::string>{"fd00::10", "10.0.0.10"});
   // ipFamilies omitted: derived from the addresses as the API server would.
   CHECK(dual->ipFamilies ==
-        std::vector<core::IPFamily>{core::IPFamily::kIPv6, core::IPFamily::kIPv4});
+        std::vector<net::Family>{net::Family::kIPv6, net::Family::kIPv4});
 
   auto headless = decodeService(json::parse(R"({"metadata":{"name":"h"},
       "spec":{"clusterIP":"None","ipFamilies":["IPv4"]}})"));
   REQUIRE(headless.has_value());
   CHECK(headless->clusterIPs == std::vector<std::string>{"None"});
-  CHECK(headless->ipFamilies == std::vector<core::IPFamily>{core::IPFamily::kIPv4});
+  CHECK(headless->ipFamilies == std::vector<net::Family>{net::Family::kIPv4});
 
   auto external = decodeService(json::parse(R"({"metadata":{"name":"e"},
       "spec":{"type":"ExternalName","externalName":"db.example.com","clusterIP":""}})"));

@@ -20,7 +20,7 @@ TEST_CASE("explain: an IPv4 packet, flags in any order, kproxy flags kept", "[un
   CHECK(c->request.destinationIP == "10.96.0.20");
   CHECK(c->request.destinationPort == 80);
   CHECK(c->request.protocol == kproxy::core::Protocol::kUDP);
-  CHECK(c->request.family == kproxy::core::IPFamily::kIPv4);
+  CHECK(c->request.family == kproxy::net::Family::kIPv4);
   CHECK(c->request.json);
   CHECK_FALSE(c->request.fromNode);
   CHECK(c->request.inputInterface == "eth0");
@@ -34,7 +34,7 @@ TEST_CASE("explain: IPv6 in brackets, tcp by default, --from-node", "[unit]") {
   CHECK(c->request.destinationIP == "fd00:10:96::20");
   CHECK(c->request.destinationPort == 443);
   CHECK(c->request.protocol == kproxy::core::Protocol::kTCP);
-  CHECK(c->request.family == kproxy::core::IPFamily::kIPv6);
+  CHECK(c->request.family == kproxy::net::Family::kIPv6);
   CHECK(c->request.fromNode);
 }
 

@@ -30,14 +30,3 @@ TEST_CASE("isCIDR accepts prefixes with an in-range length", "[unit]") {
   CHECK_FALSE(isCIDR("10.0.0.0/8x"));
   CHECK_FALSE(isCIDR("host/8"));
 }
-
-TEST_CASE("splitHostPort splits like Go's net.SplitHostPort", "[unit]") {
-  auto v4 = splitHostPort("127.0.0.1:10249");
-  REQUIRE(v4);
-  CHECK(v4->host == "127.0.0.1");
-  CHECK(v4->port == "10249");
-  auto v6 = splitHostPort("[::1]:10256");
-  REQUIRE(v6);
-  CHECK(v6->host == "::1");
-  CHECK_FALSE(splitHostPort("::1:10256"));
-}

@@ -53,12 +53,12 @@ TEST_CASE("reconciler: the first sync is full, then partial ones", "[unit]") {
   plan::VectorSnapshot snap;
   CHECK(b.needsFullSync());
   b.outcomes = {ops(10, "kernel_ms=1.0"), ops(2)};
-  auto first = b.syncFrom(snap, {{sdk::Family::kIPv4, "a/b:c"}}, false);
+  auto first = b.syncFrom(snap, {{net::Family::kIPv4, "a/b:c"}}, false);
   REQUIRE(first);
   CHECK(first->operations == 10);
   CHECK(first->summary.starts_with("scripted sync full=true ops=10 changed=1 ms="));
   CHECK(first->summary.ends_with(" kernel_ms=1.0"));
-  auto second = b.syncFrom(snap, {{sdk::Family::kIPv4, "a/b:c"}}, false);
+  auto second = b.syncFrom(snap, {{net::Family::kIPv4, "a/b:c"}}, false);
   REQUIRE(second);
   CHECK(second->summary.starts_with("scripted sync full=false ops=2 changed=1 ms="));
   CHECK(b.passes == std::vector<std::string>{"full", "partial 1"});
@@ -69,11 +69,11 @@ TEST_CASE("reconciler: a failed pass makes the next sync full", "[unit]") {
   plan::VectorSnapshot snap;
   b.outcomes = {ops(1), sdk::fail("the kernel refused"), ops(3), ops(0)};
   REQUIRE(b.syncFrom(snap, {}, true));
-  auto failed = b.syncFrom(snap, {{sdk::Family::kIPv4, "k"}}, false);
+  auto failed = b.syncFrom(snap, {{net::Family::kIPv4, "k"}}, false);
   REQUIRE_FALSE(failed);
   CHECK(failed.error().message == "the kernel refused");
   CHECK(b.needsFullSync());
-  REQUIRE(b.syncFrom(snap, {{sdk::Family::kIPv4, "k"}}, false));
+  REQUIRE(b.syncFrom(snap, {{net::Family::kIPv4, "k"}}, false));
   REQUIRE(b.syncFrom(snap, {}, false));
   CHECK(b.passes == std::vector<std::string>{"full", "partial 1", "full", "partial 0"});
 }

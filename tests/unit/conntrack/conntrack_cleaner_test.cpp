@@ -27,7 +27,7 @@ sdk::ServicePort servicePort(const std::string& key, const std::string& clusterI
                              std::vector<sdk::Endpoint> endpoints,
                              sdk::Protocol protocol = sdk::Protocol::kUDP) {
   sdk::ServicePort p;
-  p.family = clusterIP.find(':') == std::string::npos ? sdk::Family::kIPv4 : sdk::Family::kIPv6;
+  p.family = clusterIP.find(':') == std::string::npos ? net::Family::kIPv4 : net::Family::kIPv6;
   p.protocol = protocol;
   p.key = key;
   p.clusterIP = clusterIP;
@@ -45,7 +45,7 @@ ConntrackFlow flow(const std::string& client, std::uint16_t sport, const std::st
                    std::uint16_t dport, const std::string& replySrc, std::uint16_t replySport,
                    core::Protocol protocol = core::Protocol::kUDP) {
   ConntrackFlow f;
-  f.family = client.find(':') == std::string::npos ? core::IPFamily::kIPv4 : core::IPFamily::kIPv6;
+  f.family = client.find(':') == std::string::npos ? net::Family::kIPv4 : net::Family::kIPv6;
   f.protocol = protocol;
   f.original = {client, dst, sport, dport};
   f.reply = {replySrc, client, replySport, sport};
@@ -128,7 +128,7 @@ TEST_CASE("a never-DNAT'ed flow (service had no endpoints) is deleted once endpo
   SECTION("an endpoint appeared: deleted") {
     std::vector<sdk::ServicePort> before{servicePort("ns/dns:dns", "172.30.0.10", 53, {})};
     std::vector<sdk::ServicePort> after{servicePort("ns/dns:dns", "172.30.0.10", 53, {endpoint("10.1.0.1", 53)})};
-    auto report = cleaner.afterSync(before, after, {{sdk::Family::kIPv4, "ns/dns:dns"}}, false);
+    auto report = cleaner.afterSync(before, after, {{net::Family::kIPv4, "ns/dns:dns"}}, false);
     REQUIRE(report.has_value());
     CHECK(report->ran);
     CHECK(table.removed == std::vector{blackholed});
@@ -228,7 +228,7 @@ TEST_CASE("cleanup runs only when a changed service port uses a cleaned protocol
   ConntrackCleaner cleaner(table);
 
   SECTION("only a TCP service changed: the table is not read") {
-    auto report = cleaner.afterSync({udp, tcp}, {udp, tcp}, {{sdk::Family::kIPv4, "ns/web:http"}}, false);
+    auto report = cleaner.afterSync({udp, tcp}, {udp, tcp}, {{net::Family::kIPv4, "ns/web:http"}}, false);
     REQUIRE(report.has_value());
     CHECK_FALSE(report->ran);
     CHECK(table.listCalls == 0);
@@ -241,7 +241,7 @@ TEST_CASE("cleanup runs only when a changed service port uses a cleaned protocol
   }
   SECTION("a UDP service port that was removed still triggers the reconcile of the others") {
     auto gone = servicePort("ns/old:dns", "172.30.0.50", 53, {endpoint("10.1.0.7", 53)});
-    auto report = cleaner.afterSync({udp, gone}, {udp}, {{sdk::Family::kIPv4, "ns/old:dns"}}, false);
+    auto report = cleaner.afterSync({udp, gone}, {udp}, {{net::Family::kIPv4, "ns/old:dns"}}, false);
     REQUIRE(report.has_value());
     CHECK(report->ran);
     CHECK(table.removed == std::vector{stale});

@@ -9,6 +9,8 @@
 #include "kproxy/core/log.h"
 #include "kproxy/core/proxier.h"
 
+namespace net = kproxy::net;
+
 using namespace kproxy::core;
 using namespace std::chrono_literals;
 
@@ -88,7 +90,7 @@ EndpointSlice slice(const std::string& svc, std::vector<std::string> ips) {
   return s;
 }
 
-ServicePortKey key(const std::string& svc) { return {IPFamily::kIPv4, "default/" + svc + ":http"}; }
+ServicePortKey key(const std::string& svc) { return {net::Family::kIPv4, "default/" + svc + ":http"}; }
 
 ProxierOptions options() {
   ProxierOptions o;

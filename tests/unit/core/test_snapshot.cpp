@@ -6,16 +6,18 @@
 
 #include "kproxy/core/snapshot.h"
 
+namespace net = kproxy::net;
+
 using namespace kproxy::core;
 
 namespace {
 
-ServicePortKey key(const std::string& name, IPFamily family = IPFamily::kIPv4) {
+ServicePortKey key(const std::string& name, net::Family family = net::Family::kIPv4) {
   return ServicePortKey{family, name};
 }
 
 std::shared_ptr<const ServicePortState> state(const std::string& name, std::int32_t port = 80,
-                                              IPFamily family = IPFamily::kIPv4) {
+                                              net::Family family = net::Family::kIPv4) {
   auto s = std::make_shared<ServicePortState>();
   s->key = key(name, family);
   s->port = port;
@@ -53,7 +55,7 @@ TEST_CASE("with() inserts, replaces and removes; size follows", "[unit][snapshot
     CHECK(found->port == i);
   }
   // Same name, other family: a distinct key.
-  CHECK(a.find(key("ns/svc-1:http", IPFamily::kIPv6)) == nullptr);
+  CHECK(a.find(key("ns/svc-1:http", net::Family::kIPv6)) == nullptr);
 
   Snapshot b = a.with(key("ns/svc-7:http"), state("ns/svc-7:http", 7000));
   CHECK(b.size() == 500);
@@ -108,8 +110,8 @@ TEST_CASE("structural sharing: untouched entries are the same objects", "[unit][
 }
 
 TEST_CASE("forEach is stable and complete; sorted() orders by key", "[unit][snapshot]") {
-  Snapshot a = build(300).with(key("ns/svc-1:http", IPFamily::kIPv6),
-                               state("ns/svc-1:http", 1, IPFamily::kIPv6));
+  Snapshot a = build(300).with(key("ns/svc-1:http", net::Family::kIPv6),
+                               state("ns/svc-1:http", 1, net::Family::kIPv6));
   std::vector<ServicePortKey> first, second;
   a.forEach([&](const ServicePortState& s) { return first.push_back(s.key), true; });
   Snapshot copy = a;
@@ -144,7 +146,7 @@ TEST_CASE("withNode and withGeneration leave entries shared", "[unit][snapshot]"
 TEST_CASE("ServicePortKeyHash is consistent with equality", "[unit][snapshot]") {
   ServicePortKeyHash h;
   CHECK(h(key("a/b:c")) == h(key("a/b:c")));
-  CHECK(h(key("a/b:c")) != h(key("a/b:c", IPFamily::kIPv6)));
+  CHECK(h(key("a/b:c")) != h(key("a/b:c", net::Family::kIPv6)));
 }
 
 TEST_CASE("Endpoint::str brackets IPv6", "[unit][snapshot]") {

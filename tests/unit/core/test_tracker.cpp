@@ -7,6 +7,8 @@
 #include "kproxy/core/log.h"
 #include "kproxy/core/tracker.h"
 
+namespace net = kproxy::net;
+
 using namespace kproxy::core;
 
 namespace {
@@ -17,7 +19,7 @@ Service service(const std::string& name, std::vector<std::string> portNames = {"
   s.name = name;
   s.resourceVersion = "1";
   s.clusterIPs = {"10.96.0.1"};
-  s.ipFamilies = {IPFamily::kIPv4};
+  s.ipFamilies = {net::Family::kIPv4};
   std::int32_t port = 80;
   for (auto& p : portNames) {
     ServicePortSpec spec;
@@ -50,7 +52,7 @@ EndpointSlice endpointSlice(const std::string& name, const std::string& svc,
   return s;
 }
 
-ServicePortKey key(const std::string& name) { return {IPFamily::kIPv4, name}; }
+ServicePortKey key(const std::string& name) { return {net::Family::kIPv4, name}; }
 
 std::vector<std::string> endpointsOf(const Snapshot& snap, const std::string& name) {
   std::vector<std::string> out;

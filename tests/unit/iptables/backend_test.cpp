@@ -29,8 +29,8 @@ using plan::VectorSnapshot;
 
 namespace {
 
-constexpr sdk::Family kV4 = sdk::Family::kIPv4;
-constexpr sdk::Family kV6 = sdk::Family::kIPv6;
+constexpr net::Family kV4 = net::Family::kIPv4;
+constexpr net::Family kV6 = net::Family::kIPv6;
 
 struct Fixture {
   Fixture() : snap(kproxy::iptables::testing::allFeatureServices(), kproxy::iptables::testing::featureNode()) {
@@ -43,15 +43,15 @@ struct Fixture {
     s.sysctlRoot = sysctls.root();
     return std::make_unique<IptablesBackend>(sdk::Host(nullptr), std::move(s), std::make_unique<SharedKernel>(fake));
   }
-  std::string saved(sdk::Family fam) {
+  std::string saved(net::Family fam) {
     std::string out;
     for (Table t : kTables) out += *fake.save(fam, t);
     return out;
   }
   /// kproxy's chains in the fake.
-  ChainMap kernel(sdk::Family fam) { return canonical(chainsOf(saved(fam), true)); }
+  ChainMap kernel(net::Family fam) { return canonical(chainsOf(saved(fam), true)); }
   /// kproxy's chains as the renderer wants them for the current snapshot.
-  ChainMap wanted(sdk::Family fam) {
+  ChainMap wanted(net::Family fam) {
     IptablesRenderer r(kproxy::iptables::testing::featureConfig());
     r.setNode(snap.node());
     r.setServiceCIDRs(snap.serviceCIDRs());
@@ -59,7 +59,7 @@ struct Fixture {
   }
   /// Everything in the fake that is not kproxy's: foreign chains, and the rules of built-in
   /// chains that do not jump to one of kproxy's.
-  ChainMap foreign(sdk::Family fam) {
+  ChainMap foreign(net::Family fam) {
     ChainMap out;
     for (auto& [key, rules] : chainsOf(saved(fam), false)) {
       Table t = Table::kFilter;
@@ -79,7 +79,7 @@ struct Fixture {
     return 0;
   }
   void requireSynced() {
-    for (sdk::Family fam : {kV4, kV6}) {
+    for (net::Family fam : {kV4, kV6}) {
       INFO((fam == kV4 ? "IPv4" : "IPv6"));
       REQUIRE(kernel(fam) == wanted(fam));
     }
@@ -110,7 +110,7 @@ TEST_CASE("iptables backend: the first sync is full, and a restart writes nothin
   CHECK(first->operations > 40);
   CHECK_FALSE(f.backend->needsFullSync());
   REQUIRE(f.fake.restores.size() == 2);  // one per family
-  for (sdk::Family fam : {kV4, kV6}) {
+  for (net::Family fam : {kV4, kV6}) {
     const std::string& input = f.backend->lastRestore(fam);
     CHECK(countLines(input, ":KUBE-SERVICES - [0:0]") == 2);  // filter and nat
     CHECK(contains(input, "*nat\n"));
@@ -330,14 +330,14 @@ TEST_CASE("iptables backend: a flushed table is noticed by the canary and repair
 
 TEST_CASE("iptables backend: foreign chains and rules are never touched, also by cleanup", "[unit]") {
   Fixture f;
-  auto addChain = [&](sdk::Family fam, Table t, std::string name, std::vector<std::string> rules) {
+  auto addChain = [&](net::Family fam, Table t, std::string name, std::vector<std::string> rules) {
     f.fake.chains(fam, t).push_back(FakeIptables::Chain{std::move(name), false, std::move(rules)});
   };
-  auto addRule = [&](sdk::Family fam, Table t, const std::string& chain, std::string rule) {
+  auto addRule = [&](net::Family fam, Table t, const std::string& chain, std::string rule) {
     for (auto& c : f.fake.chains(fam, t))
       if (c.name == chain) c.rules.push_back(std::move(rule));
   };
-  for (sdk::Family fam : {kV4, kV6}) {
+  for (net::Family fam : {kV4, kV6}) {
     addChain(fam, Table::kFilter, "KUBE-FIREWALL",
              {"-m comment --comment \"kubernetes firewall for dropping marked packets\" -m mark --mark 0x8000/0x8000 "
               "-j DROP"});
@@ -371,7 +371,7 @@ TEST_CASE("iptables backend: foreign chains and rules are never touched, also by
 
   REQUIRE(ok(f.backend->cleanup()));
   CHECK(f.backend->needsFullSync());
-  for (sdk::Family fam : {kV4, kV6}) {
+  for (net::Family fam : {kV4, kV6}) {
     CHECK(chainsOf(f.saved(fam), true).empty());
     // Nothing of kproxy's is left, and what is left is exactly the foreign state.
     CHECK(chainsOf(f.saved(fam), false) == (fam == kV4 ? foreign4 : foreign6));
@@ -481,7 +481,7 @@ TEST_CASE("iptables backend: random partial syncs keep the kernel equal to a ful
     INFO("step " << step << ", changed" << keys);
     REQUIRE(ok(out));
     REQUIRE(out->summary.starts_with("iptables sync full=false "));
-    for (sdk::Family fam : {kV4, kV6}) {
+    for (net::Family fam : {kV4, kV6}) {
       INFO((fam == kV4 ? "IPv4" : "IPv6") << "\n" << f.backend->lastRestore(fam));
       REQUIRE(kproxy::iptables::testing::chainDiff(f.kernel(fam), f.wanted(fam)) == "");
     }
@@ -505,7 +505,7 @@ TEST_CASE("iptables backend: a full sync split in chunks ends where one input wo
   REQUIRE(ok(split.backend->syncFrom(split.snap, {}, true)));
   CHECK(split.fake.restores.size() > wholeRestores + 2);
   split.requireSynced();
-  for (sdk::Family fam : {kV4, kV6}) CHECK(split.kernel(fam) == whole.kernel(fam));
+  for (net::Family fam : {kV4, kV6}) CHECK(split.kernel(fam) == whole.kernel(fam));
   // Every chunk but the last of a family declares no dispatch chain and inserts no jump.
   std::size_t chunksWithoutDispatch = 0;
   for (const auto& input : split.fake.restores)
@@ -521,14 +521,14 @@ TEST_CASE("iptables backend: a full sync split in chunks ends where one input wo
 
 TEST_CASE("iptables backend: the rule counts follow full and partial syncs", "[unit]") {
   Fixture f;
-  auto kernelRules = [&](sdk::Family fam, Table t) {
+  auto kernelRules = [&](net::Family fam, Table t) {
     std::size_t n = 0;
     for (const auto& [key, rules] : f.kernel(fam))
       if (key.first == tableName(t)) n += rules.size();
     return n;
   };
   auto check = [&] {
-    for (sdk::Family fam : {kV4, kV6})
+    for (net::Family fam : {kV4, kV6})
       for (Table t : {Table::kFilter, Table::kNat}) {
         INFO((fam == kV4 ? "IPv4 " : "IPv6 ") << tableName(t));
         CHECK(f.backend->mirroredRules(fam, t) == kernelRules(fam, t));
@@ -540,7 +540,7 @@ TEST_CASE("iptables backend: the rule counts follow full and partial syncs", "[u
   auto& first = f.snap.ports()[0];
   REQUIRE(first.clusterEndpoints.size() >= 1);
   const std::string changedKey = first.key;
-  const sdk::Family changedFamily = first.family;
+  const net::Family changedFamily = first.family;
   first.clusterEndpoints.pop_back();
   first.allEndpoints = first.clusterEndpoints;
   const auto removed = f.snap.ports().back();
@@ -574,7 +574,7 @@ TEST_CASE("iptables backend: many affinity lists with a whole-table variant warn
   // The lists the fixture's affinity services make: one `--set` rule each, in either family.
   REQUIRE(ok(make(0)->syncFrom(f.snap, {}, true)));
   std::size_t lists = 0;
-  for (sdk::Family fam : {kV4, kV6})
+  for (net::Family fam : {kV4, kV6})
     for (const auto& [key, rules] : f.kernel(fam))
       for (const auto& r : rules) lists += r.find("-m recent --set") != std::string::npos ? 1 : 0;
   REQUIRE(lists >= 2);

@@ -64,11 +64,11 @@ class TempSysctls {
 class SharedKernel final : public KernelIptables {
  public:
   explicit SharedKernel(KernelIptables& inner) : inner_(inner) {}
-  core::Result<std::string> save(sdk::Family family, Table table) override { return inner_.save(family, table); }
-  core::Result<void> restore(sdk::Family family, std::string_view input) override {
+  core::Result<std::string> save(net::Family family, Table table) override { return inner_.save(family, table); }
+  core::Result<void> restore(net::Family family, std::string_view input) override {
     return inner_.restore(family, input);
   }
-  core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override {
+  core::Result<bool> chainExists(net::Family family, Table table, std::string_view chain) override {
     return inner_.chainExists(family, table, chain);
   }
   std::string describe() const override { return inner_.describe(); }
@@ -277,7 +277,7 @@ inline void mutate(std::vector<sdk::ServicePort>& ports, std::mt19937& rng, std:
   const std::size_t i = pick(ports.size());
   auto& p = ports[i];
   changed.push_back({p.family, p.key});
-  const bool v6 = p.family == sdk::Family::kIPv6;
+  const bool v6 = p.family == net::Family::kIPv6;
   switch (what) {
     case 1:  // removed
       ports.erase(ports.begin() + static_cast<std::ptrdiff_t>(i));

@@ -16,7 +16,7 @@ using namespace kproxy::iptables;
 TEST_CASE("nft rules: every nat rule the renderer writes is encoded, in both families", "[unit]") {
   plan::VectorSnapshot snap(testing::allFeatureServices(), testing::featureNode());
   snap.setServiceCIDRs({{"kubernetes", "172.30.0.0/16"}, {"kubernetes", "fd00:30::/108"}});
-  for (sdk::Family f : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
+  for (net::Family f : {net::Family::kIPv4, net::Family::kIPv6}) {
     for (bool large : {false, true}) {
       IptablesRenderer r(testing::featureConfig());
       r.setNode(snap.node());
@@ -39,7 +39,7 @@ TEST_CASE("nft rules: every nat rule the renderer writes is encoded, in both fam
 }
 
 TEST_CASE("nft rules: shapes iptables-nft would encode otherwise are refused, naming the word", "[unit]") {
-  const sdk::Family v4 = sdk::Family::kIPv4;
+  const net::Family v4 = net::Family::kIPv4;
   struct Case {
     const char* spec;
     const char* names;
@@ -68,12 +68,12 @@ TEST_CASE("nft rules: shapes iptables-nft would encode otherwise are refused, na
   }
   // And a few the renderer writes, for contrast.
   CHECK(checkNftRuleSpec(v4, "-p tcp -m comment --comment \"a b\" -m tcp -j DNAT --to-destination 10.1.0.1:80"));
-  CHECK(checkNftRuleSpec(sdk::Family::kIPv6, "-p udp -m udp -j DNAT --to-destination [fd00::1]:53"));
+  CHECK(checkNftRuleSpec(net::Family::kIPv6, "-p udp -m udp -j DNAT --to-destination [fd00::1]:53"));
   CHECK(checkNftRuleSpec(v4, "! -i veth+ -d 172.30.0.1/32 -p sctp -m sctp --dport 9 -j KUBE-MARK-MASQ"));
 }
 
 TEST_CASE("nft rules: a chain with a rule it cannot encode leaves the batch as it was", "[unit]") {
-  NftRuleBatch batch(sdk::Family::kIPv4);
+  NftRuleBatch batch(net::Family::kIPv4);
   const std::vector<std::string> good{"-s 10.1.0.1/32 -j KUBE-MARK-MASQ",
                                       "-p tcp -m tcp -j DNAT --to-destination 10.1.0.1:80"};
   const std::vector<std::string> bad{"-j KUBE-MARK-MASQ", "-m set --match-set X src -j ACCEPT"};

@@ -366,7 +366,7 @@ TEST_CASE("renderer: IPv6 forms", "[unit]") {
   p.type = sdk::ServiceType::kNodePort;
   p.nodePort = 30080;
   auto f = r.renderServicePort(p);
-  CHECK(f.family == sdk::Family::kIPv6);
+  CHECK(f.family == net::Family::kIPv6);
   const std::string name = "ns/v6:p";
   const std::string sep = backends::servicePortEndpointChain(name, "tcp", "[fd00:10::1]:8080");
   const auto* sepChain = chainOf(f, sep);
@@ -386,7 +386,7 @@ TEST_CASE("renderer: IPv6 forms", "[unit]") {
   auto e = r.renderServicePort(empty);
   CHECK(dispatchOf(e, Table::kFilter, "KUBE-SERVICES").front().ends_with("-j REJECT --reject-with icmp6-port-unreachable"));
 
-  auto g = r.renderGlobal(sdk::Family::kIPv6, kproxy::iptables::testing::featureNode());
+  auto g = r.renderGlobal(net::Family::kIPv6, kproxy::iptables::testing::featureNode());
   std::vector<std::string> natServices;
   for (const auto& d : g.dispatch)
     if (d.table == Table::kNat && d.chain == "KUBE-SERVICES") natServices.push_back(d.spec);
@@ -420,7 +420,7 @@ TEST_CASE("renderer: the fixed chains and the jumps from built-in chains", "[uni
   auto cfg = kproxy::iptables::testing::featureConfig();
   SECTION("defaults") {
     auto r = makeRenderer(cfg);
-    auto g = r.renderGlobal(sdk::Family::kIPv4, kproxy::iptables::testing::featureNode());
+    auto g = r.renderGlobal(net::Family::kIPv4, kproxy::iptables::testing::featureNode());
     auto chain = [&](Table t, std::string_view name) -> Rules {
       for (const auto& c : g.chains)
         if (c.table == t && c.name == name) return c.rules;
@@ -457,7 +457,7 @@ TEST_CASE("renderer: the fixed chains and the jumps from built-in chains", "[uni
     cfg.conntrackTCPLiberal = true;
     cfg.localhostNodePorts = false;
     auto r = makeRenderer(cfg);
-    auto g = r.renderGlobal(sdk::Family::kIPv4, kproxy::iptables::testing::featureNode());
+    auto g = r.renderGlobal(net::Family::kIPv4, kproxy::iptables::testing::featureNode());
     for (const auto& c : g.chains) {
       if (c.name == "KUBE-POSTROUTING") CHECK(c.rules.back().ends_with("-j MASQUERADE"));
       if (c.name == "KUBE-MARK-MASQ") CHECK(c.rules == Rules{"-j MARK --set-xmark 0x20/0x20"});
@@ -474,7 +474,7 @@ TEST_CASE("renderer: the fixed chains and the jumps from built-in chains", "[uni
     node.nodePortAddresses.addresses = {"192.168.50.10", "fd00:50::10"};
     auto r = makeRenderer(cfg, node);
     r.setServiceCIDRs({{"kubernetes", "172.30.0.0/16"}, {"kubernetes", "fd00:30::/108"}, {"extra", "172.30.5.0/24"}});
-    auto g = r.renderGlobal(sdk::Family::kIPv4, node);
+    auto g = r.renderGlobal(net::Family::kIPv4, node);
     std::vector<DispatchRule> expected{
         {Table::kNat, "KUBE-SERVICES", Section::kTail,
          "-d 192.168.50.10/32 -m comment --comment \"kubernetes service nodeports; NOTE: this must be the last rule in "
@@ -498,7 +498,7 @@ TEST_CASE("renderer: the fixed chains and the jumps from built-in chains", "[uni
 TEST_CASE("renderer: the whole ruleset loads into an empty ruleset and reads back as rendered", "[unit]") {
   const auto r = makeRenderer();
   const auto ports = allFeatureServices();
-  for (sdk::Family fam : {sdk::Family::kIPv4, sdk::Family::kIPv6}) {
+  for (net::Family fam : {net::Family::kIPv4, net::Family::kIPv6}) {
     const std::string text = renderRuleset(r, fam, ports, kproxy::iptables::testing::featureNode());
     FakeIptables fake;
     auto restored = fake.restore(fam, text);

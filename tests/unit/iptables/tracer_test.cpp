@@ -9,7 +9,7 @@
 
 using namespace kproxy;
 using namespace kproxy::iptables;
-using backends::IPPrefix;
+using net::Prefix;
 
 namespace {
 
@@ -116,7 +116,7 @@ COMMIT
 )";
 
 IptablesTracer tracerOf(std::string_view text) {
-  auto t = IptablesTracer::fromText(text, {*IPPrefix::parse(kNodeIP)});
+  auto t = IptablesTracer::fromText(text, {*net::Prefix::parse(kNodeIP)});
   REQUIRE(t);
   return std::move(*t);
 }
@@ -421,19 +421,19 @@ COMMIT
 
 IptablesTracer ipvsTracer() {
   auto t = IptablesTracer::fromText(
-      kIpvsRules, {*IPPrefix::parse(kNodeIP), *IPPrefix::parse("10.96.0.10"), *IPPrefix::parse("10.96.0.20")});
+      kIpvsRules, {*net::Prefix::parse(kNodeIP), *net::Prefix::parse("10.96.0.10"), *net::Prefix::parse("10.96.0.20")});
   REQUIRE(t);
   std::vector<std::pair<std::string, TracedIpset>> sets{
       {"KUBE-CLUSTER-IP", {"hash:ip,port", {"10.96.0.10,tcp:80", "10.96.0.20,tcp:80"}}},
       {"KUBE-IPVS-IPS", {"hash:ip", {"10.96.0.10", "10.96.0.20"}}}};
   TracedVirtualServer vip;
-  vip.address = *IPPrefix::parse("10.96.0.10");
+  vip.address = *net::Prefix::parse("10.96.0.10");
   vip.port = 80;
-  vip.realServers = {{*IPPrefix::parse("10.244.1.5"), 8080}, {*IPPrefix::parse("10.244.2.5"), 8080}};
+  vip.realServers = {{*net::Prefix::parse("10.244.1.5"), 8080}, {*net::Prefix::parse("10.244.2.5"), 8080}};
   vip.text = "ipvsadm -A -t 10.96.0.10:80 -s rr";
   TracedVirtualServer marked;
   marked.fwmark = 0x10000001;
-  marked.realServers = {{*IPPrefix::parse("10.244.1.6"), 8080}};
+  marked.realServers = {{*net::Prefix::parse("10.244.1.6"), 8080}};
   marked.text = "ipvsadm -A -f 268435457 -s rr";
   t->setIpvs(std::move(sets), {vip, marked});
   return std::move(*t);

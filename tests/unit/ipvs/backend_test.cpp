@@ -19,12 +19,12 @@
 
 using namespace kproxy;
 using namespace kproxy::ipvs;
-using backends::IPPrefix;
+using net::Prefix;
 using plan::VectorSnapshot;
 
 namespace {
 
-constexpr sdk::Family kV4 = sdk::Family::kIPv4;
+constexpr net::Family kV4 = net::Family::kIPv4;
 
 sdk::Endpoint endpoint(std::string ip, int port, bool local = false) {
   sdk::Endpoint e;
@@ -41,7 +41,7 @@ sdk::ServicePort servicePort(std::string name, std::string clusterIP, int port,
                              sdk::Protocol protocol = sdk::Protocol::kTCP,
                              std::string portName = "p") {
   sdk::ServicePort p;
-  p.family = clusterIP.find(':') == std::string::npos ? sdk::Family::kIPv4 : sdk::Family::kIPv6;
+  p.family = clusterIP.find(':') == std::string::npos ? net::Family::kIPv4 : net::Family::kIPv6;
   p.protocol = protocol;
   p.ns = "default";
   p.serviceName = std::move(name);
@@ -258,7 +258,7 @@ std::size_t bound(const Fixture& f, const std::string& address) {
 
 VirtualServer foreignServer(const std::string& address, std::uint16_t port) {
   VirtualServer vs;
-  vs.address = *IPPrefix::parse(address);
+  vs.address = *net::Prefix::parse(address);
   vs.port = port;
   vs.scheduler = "wlc";
   return vs;
@@ -266,7 +266,7 @@ VirtualServer foreignServer(const std::string& address, std::uint16_t port) {
 
 RealServer real(const std::string& address, std::uint16_t port, std::uint32_t active = 0) {
   RealServer rs;
-  rs.address = *IPPrefix::parse(address);
+  rs.address = *net::Prefix::parse(address);
   rs.port = port;
   rs.activeConnections = active;
   return rs;
@@ -426,7 +426,7 @@ TEST_CASE("foreign virtual servers are left alone; stale ones on kube-ipvs0 are 
   f.ipvsState.entries.push_back({foreignServer("10.96.0.99", 80), {real("10.244.9.9", 80)}});
   f.linkState.links.push_back(
       {kDummyLinkName,
-       {"dummy", {*IPPrefix::parse("10.96.99.1"), *IPPrefix::parse("10.96.0.99")}}});
+       {"dummy", {*net::Prefix::parse("10.96.99.1"), *net::Prefix::parse("10.96.0.99")}}});
   BackendSettings s;
   s.excludeCIDRs = {"10.96.99.0/24"};
   f.backend = f.make(s);
@@ -596,7 +596,7 @@ TEST_CASE("settings: scheduler, affinity, timeouts and strict ARP", "[unit]") {
   f.backend = f.make(s);
   REQUIRE(ok(f.full()));
   // ClientIP affinity: one firewall-mark virtual server for the port's addresses.
-  const std::uint32_t mark = s.render.fwmarkOf(sdk::Family::kIPv4, "default/web:p", "cluster");
+  const std::uint32_t mark = s.render.fwmarkOf(net::Family::kIPv4, "default/web:p", "cluster");
   const std::string fwm = "FWM " + std::to_string(mark) + " IPv4";
   CHECK(f.server("TCP 10.96.0.10:80") == nullptr);
   REQUIRE(f.server(fwm) != nullptr);
@@ -683,7 +683,7 @@ TEST_CASE(
 
 TEST_CASE("ipvsadmCommand and the ipset save parser", "[unit]") {
   auto vs = foreignServer("fd00::10", 53);
-  vs.family = Family::kIPv6;
+  vs.family = net::Family::kIPv6;
   vs.protocol = Protocol::kUdp;
   vs.scheduler = "rr";
   auto rs = real("fd00::5", 5353);

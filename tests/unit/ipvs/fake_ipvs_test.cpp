@@ -6,23 +6,24 @@
 
 #include <cerrno>
 
+namespace net = kproxy::net;
+
 using namespace kproxy::ipvs;
-using kproxy::backends::IPPrefix;
 using kproxy::core::ErrorCategory;
 
 namespace {
 
 VirtualServer service(const char* address, std::uint16_t port, Protocol protocol = Protocol::kTcp) {
   VirtualServer vs;
-  vs.address = *IPPrefix::parse(address);
-  vs.family = vs.address.v6 ? Family::kIPv6 : Family::kIPv4;
+  vs.address = *net::Prefix::parse(address);
+  vs.family = vs.address.v6() ? net::Family::kIPv6 : net::Family::kIPv4;
   vs.port = port;
   vs.protocol = protocol;
   return vs;
 }
 
 RealServer backend(const char* address, std::uint16_t port, std::int32_t weight = 1) {
-  return RealServer{.address = *IPPrefix::parse(address), .port = port, .weight = weight};
+  return RealServer{.address = *net::Prefix::parse(address), .port = port, .weight = weight};
 }
 
 }  // namespace
@@ -115,7 +116,7 @@ TEST_CASE("FakeIpvs: real servers: EEXIST, ENOENT when missing, ESRCH without th
 TEST_CASE("FakeIpvs: userspace refusals come before the kernel's", "[unit]") {
   FakeIpvs ipvs;
   auto vs = service("10.96.0.10", 80);
-  vs.family = Family::kIPv6;  // an IPv4 address
+  vs.family = net::Family::kIPv6;  // an IPv4 address
   auto r = ipvs.addVirtualServer(vs);
   REQUIRE_FALSE(r);
   CHECK(r.error().category == ErrorCategory::kInvalidArgument);

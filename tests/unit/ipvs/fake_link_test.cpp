@@ -5,8 +5,9 @@
 
 #include <cerrno>
 
+namespace net = kproxy::net;
+
 using namespace kproxy::ipvs;
-using kproxy::backends::IPPrefix;
 
 TEST_CASE("FakeDummyLink: ensureLink is idempotent; someone else's link is left alone", "[unit]") {
   FakeDummyLink links;
@@ -31,8 +32,8 @@ TEST_CASE("FakeDummyLink: ensureLink is idempotent; someone else's link is left 
 
 TEST_CASE("FakeDummyLink: addresses: EEXIST, EADDRNOTAVAIL, ENODEV", "[unit]") {
   FakeDummyLink links;
-  auto v4 = *IPPrefix::parse("10.96.0.10");
-  auto v6 = *IPPrefix::parse("fd00::10");
+  auto v4 = *net::Prefix::parse("10.96.0.10");
+  auto v6 = *net::Prefix::parse("fd00::10");
   auto noLink = links.addAddress(kDummyLinkName, v4);
   REQUIRE_FALSE(noLink);
   CHECK(noLink.error().errnum == ENODEV);
@@ -46,12 +47,12 @@ TEST_CASE("FakeDummyLink: addresses: EEXIST, EADDRNOTAVAIL, ENODEV", "[unit]") {
   CHECK(dup.error().errnum == EEXIST);
   auto listed = links.listAddresses(kDummyLinkName);
   REQUIRE(listed);
-  CHECK(*listed == std::vector<IPPrefix>{v4, v6});
+  CHECK(*listed == std::vector<net::Prefix>{v4, v6});
 
   REQUIRE(links.deleteAddress(kDummyLinkName, v4));
   auto gone = links.deleteAddress(kDummyLinkName, v4);
   REQUIRE_FALSE(gone);
   CHECK(gone.error().errnum == EADDRNOTAVAIL);
-  CHECK(*links.listAddresses(kDummyLinkName) == std::vector<IPPrefix>{v6});
+  CHECK(*links.listAddresses(kDummyLinkName) == std::vector<net::Prefix>{v6});
   CHECK_FALSE(links.listAddresses("nope"));
 }

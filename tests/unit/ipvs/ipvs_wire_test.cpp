@@ -16,8 +16,9 @@
 #include <netlink/genl/genl.h>
 #include <netlink/msg.h>
 
+namespace net = kproxy::net;
+
 using namespace kproxy::ipvs;
-using kproxy::backends::IPPrefix;
 
 namespace {
 
@@ -42,8 +43,8 @@ std::vector<std::uint8_t> bytes(nlattr* attr) {
 
 VirtualServer service(const char* address, std::uint16_t port) {
   VirtualServer vs;
-  vs.address = *IPPrefix::parse(address);
-  vs.family = vs.address.v6 ? Family::kIPv6 : Family::kIPv4;
+  vs.address = *net::Prefix::parse(address);
+  vs.family = vs.address.v6() ? net::Family::kIPv6 : net::Family::kIPv4;
   vs.port = port;
   return vs;
 }
@@ -128,7 +129,7 @@ TEST_CASE("wire: identity-only services and firewall marks", "[unit]") {
 
   VirtualServer mark;
   mark.fwmark = 0x4000;
-  mark.family = Family::kIPv6;
+  mark.family = net::Family::kIPv6;
   auto mmsg = request(IPVS_CMD_NEW_SERVICE);
   REQUIRE(wire::putService(mmsg.get(), mark, true));
   auto m = nested<IPVS_SVC_ATTR_MAX + 1>(mmsg.get(), IPVS_CMD_ATTR_SERVICE);
@@ -143,13 +144,13 @@ TEST_CASE("wire: identity-only services and firewall marks", "[unit]") {
 TEST_CASE("wire: userspace refuses inconsistent services and destinations before sending", "[unit]") {
   auto msg = request(IPVS_CMD_NEW_SERVICE);
   auto vs = service("10.96.0.10", 80);
-  vs.family = Family::kIPv6;
+  vs.family = net::Family::kIPv6;
   CHECK_FALSE(wire::putService(msg.get(), vs, true));
   vs = service("10.96.0.10", 80);
   vs.scheduler = "";
   CHECK_FALSE(wire::putService(msg.get(), vs, true));
   CHECK(wire::putService(msg.get(), vs, false));  // the scheduler is not part of the identity
-  RealServer rs{.address = *IPPrefix::parse("10.1.0.1"), .port = 80, .weight = -1};
+  RealServer rs{.address = *net::Prefix::parse("10.1.0.1"), .port = 80, .weight = -1};
   CHECK_FALSE(wire::putDest(msg.get(), rs, true));
   rs.weight = 1;
   rs.upperThreshold = 5;
@@ -160,7 +161,7 @@ TEST_CASE("wire: userspace refuses inconsistent services and destinations before
 }
 
 TEST_CASE("wire: a destination: address family, port, forwarding, weight, thresholds", "[unit]") {
-  RealServer rs{.address = *IPPrefix::parse("fd00::1:5"),
+  RealServer rs{.address = *net::Prefix::parse("fd00::1:5"),
                 .port = 8443,
                 .weight = 0,
                 .upperThreshold = 100,
@@ -176,7 +177,7 @@ TEST_CASE("wire: a destination: address family, port, forwarding, weight, thresh
   CHECK(nla_get_u32(a[IPVS_DEST_ATTR_WEIGHT]) == 0);
   CHECK(nla_get_u32(a[IPVS_DEST_ATTR_U_THRESH]) == 100);
   CHECK(nla_get_u32(a[IPVS_DEST_ATTR_L_THRESH]) == 10);
-  auto back = wire::parseDestReply(msg.get(), Family::kIPv6);
+  auto back = wire::parseDestReply(msg.get(), net::Family::kIPv6);
   REQUIRE(back);
   CHECK(*back == rs);
 }
@@ -223,7 +224,7 @@ TEST_CASE("wire: a destination as an older kernel sends it: no address family, c
   nla_put_u32(msg.get(), IPVS_DEST_ATTR_PERSIST_CONNS, 1);
   nla_nest_end(msg.get(), dest);
 
-  auto rs = wire::parseDestReply(msg.get(), Family::kIPv4);
+  auto rs = wire::parseDestReply(msg.get(), net::Family::kIPv4);
   REQUIRE(rs);
   CHECK(rs->describe() == "10.244.1.5:8080");
   CHECK(rs->forwarding == ForwardingMethod::kMasquerade);

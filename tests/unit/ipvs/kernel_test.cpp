@@ -5,16 +5,17 @@
 
 #include <cerrno>
 
+namespace net = kproxy::net;
+
 using namespace kproxy::ipvs;
-using kproxy::backends::IPPrefix;
 using kproxy::core::ErrorCategory;
 
 namespace {
 
 VirtualServer tcp(const char* address, std::uint16_t port) {
   VirtualServer vs;
-  vs.address = *IPPrefix::parse(address);
-  vs.family = vs.address.v6 ? Family::kIPv6 : Family::kIPv4;
+  vs.address = *net::Prefix::parse(address);
+  vs.family = vs.address.v6() ? net::Family::kIPv6 : net::Family::kIPv4;
   vs.port = port;
   return vs;
 }
@@ -28,11 +29,11 @@ TEST_CASE("virtual and real servers describe themselves as ipvsadm names them", 
   CHECK(udp6.describe() == "UDP [fd00::10]:53");
   VirtualServer mark;
   mark.fwmark = 7;
-  mark.family = Family::kIPv6;
+  mark.family = net::Family::kIPv6;
   CHECK(mark.describe() == "FWM 7 IPv6");
-  RealServer rs{.address = *IPPrefix::parse("10.244.1.5"), .port = 8080};
+  RealServer rs{.address = *net::Prefix::parse("10.244.1.5"), .port = 8080};
   CHECK(rs.describe() == "10.244.1.5:8080");
-  rs.address = *IPPrefix::parse("fd00::5");
+  rs.address = *net::Prefix::parse("fd00::5");
   CHECK(rs.describe() == "[fd00::5]:8080");
 }
 
@@ -53,10 +54,10 @@ TEST_CASE("identity ignores settings; a firewall-mark service is its mark and fa
   m1.fwmark = m2.fwmark = 5;
   m2.port = 99;  // unused with a mark
   CHECK(m1.sameIdentity(m2));
-  m2.family = Family::kIPv6;
+  m2.family = net::Family::kIPv6;
   CHECK_FALSE(m1.sameIdentity(m2));
 
-  RealServer r1{.address = *IPPrefix::parse("10.1.0.1"), .port = 80, .weight = 1};
+  RealServer r1{.address = *net::Prefix::parse("10.1.0.1"), .port = 80, .weight = 1};
   RealServer r2 = r1;
   r2.weight = 0;
   r2.activeConnections = 3;
@@ -69,7 +70,7 @@ TEST_CASE("identity ignores settings; a firewall-mark service is its mark and fa
 TEST_CASE("errors name the operation, the objects and what the errno means for IPVS", "[unit]") {
   VirtualServer vs = tcp("10.96.0.10", 80);
   vs.scheduler = "nope";
-  RealServer rs{.address = *IPPrefix::parse("10.244.1.5"), .port = 8080};
+  RealServer rs{.address = *net::Prefix::parse("10.244.1.5"), .port = 8080};
 
   auto e = ipvsError(IpvsOperation::kAddVirtualServer, ENOENT, &vs);
   CHECK(e.category == ErrorCategory::kNotFound);

@@ -35,7 +35,7 @@ sdk::ServicePort servicePort(std::string ns, std::string name, std::string clust
                              std::vector<sdk::Endpoint> endpoints, sdk::Protocol protocol = sdk::Protocol::kTCP,
                              std::string portName = "p") {
   sdk::ServicePort p;
-  p.family = clusterIP.find(':') == std::string::npos ? sdk::Family::kIPv4 : sdk::Family::kIPv6;
+  p.family = clusterIP.find(':') == std::string::npos ? net::Family::kIPv4 : net::Family::kIPv6;
   p.protocol = protocol;
   p.ns = std::move(ns);
   p.serviceName = std::move(name);
@@ -172,7 +172,7 @@ TEST_CASE("ipvs renderer: a NodePort is one virtual server per NodePort address"
   unresolved.nodePortAddresses = {};
   unresolved.addresses = {"192.168.0.2", "10.0.0.2"};
   const auto r2 = renderer(cfg, unresolved);
-  CHECK(r2.nodePortAddresses(sdk::Family::kIPv4) == Strings{"192.168.0.2"});
+  CHECK(r2.nodePortAddresses(net::Family::kIPv4) == Strings{"192.168.0.2"});
   p.protocol = sdk::Protocol::kTCP;
   CHECK(keysOf(r2.renderServicePort(p)) == Strings{"172.30.0.42:80/TCP", "192.168.0.2:30080/TCP"});
 }
@@ -387,7 +387,7 @@ TEST_CASE("ipvs renderer: ClientIP affinity is one persistent firewall-mark virt
   p.nodePort = 30009;
   p.externalIPs = {"203.0.113.9"};
   Fragment f = r.renderServicePort(p);
-  const std::uint32_t mark = r.config().fwmarkOf(sdk::Family::kIPv4, "ns9/sticky:p", "cluster");
+  const std::uint32_t mark = r.config().fwmarkOf(net::Family::kIPv4, "ns9/sticky:p", "cluster");
   CHECK((mark & r.config().fwmarkTag()) != 0);
   CHECK((mark & (r.config().mark() | 0x8000u)) == 0);
   // Every address of the port meets one virtual server, so a client sticks across them.
@@ -449,9 +449,9 @@ TEST_CASE("ipvs renderer: ClientIP affinity is one persistent firewall-mark virt
   CHECK(f.problems.size() == 1);
   CHECK(rulesOf(f, Table::kNat, "KUBE-IPVS-FWMARK-PORTS").empty());
   // The mark is the port's own: stable, and another port's differs.
-  CHECK(r.config().fwmarkOf(sdk::Family::kIPv4, "ns9/sticky:p", "cluster") == mark);
-  CHECK(r.config().fwmarkOf(sdk::Family::kIPv6, "ns9/sticky:p", "cluster") != mark);
-  CHECK(r.config().fwmarkOf(sdk::Family::kIPv4, "ns9/sticky:q", "cluster") != mark);
+  CHECK(r.config().fwmarkOf(net::Family::kIPv4, "ns9/sticky:p", "cluster") == mark);
+  CHECK(r.config().fwmarkOf(net::Family::kIPv6, "ns9/sticky:p", "cluster") != mark);
+  CHECK(r.config().fwmarkOf(net::Family::kIPv4, "ns9/sticky:q", "cluster") != mark);
 }
 
 TEST_CASE("ipvs renderer: ClientIP affinity with externalTrafficPolicy=Local: one mark per pool", "[unit]") {
@@ -461,8 +461,8 @@ TEST_CASE("ipvs renderer: ClientIP affinity with externalTrafficPolicy=Local: on
   p.nodePort = 30006;
   p.externalPolicyLocal = true;
   p.sessionAffinityClientIP = true;
-  const std::uint32_t cluster = r.config().fwmarkOf(sdk::Family::kIPv4, "ns6/local:p", "cluster");
-  const std::uint32_t external = r.config().fwmarkOf(sdk::Family::kIPv4, "ns6/local:p", "external");
+  const std::uint32_t cluster = r.config().fwmarkOf(net::Family::kIPv4, "ns6/local:p", "cluster");
+  const std::uint32_t external = r.config().fwmarkOf(net::Family::kIPv4, "ns6/local:p", "external");
   CHECK(cluster != external);
   Fragment f = r.renderServicePort(p);
   REQUIRE(f.virtualServers.size() == 2);
@@ -525,26 +525,26 @@ TEST_CASE("ipvs renderer: IPv6 names, entries and rules", "[unit]") {
 
 TEST_CASE("ipvs renderer: set names, types and definitions", "[unit]") {
   CHECK(allSets().size() == 17);
-  CHECK(setName(SetId::kClusterIP, sdk::Family::kIPv4) == "KUBE-CLUSTER-IP");
-  CHECK(setName(SetId::kClusterIP, sdk::Family::kIPv6) == "KUBE-6-CLUSTER-IP");
+  CHECK(setName(SetId::kClusterIP, net::Family::kIPv4) == "KUBE-CLUSTER-IP");
+  CHECK(setName(SetId::kClusterIP, net::Family::kIPv6) == "KUBE-6-CLUSTER-IP");
   // "KUBE-6-" + upstream's name, cut to 31 characters.
-  CHECK(setName(SetId::kLoadBalancerSourceCIDR, sdk::Family::kIPv6) == "KUBE-6-LOAD-BALANCER-SOURCE-CID");
-  CHECK(setName(SetId::kNodePortLocalSCTP, sdk::Family::kIPv6) == "KUBE-6-NODE-PORT-LOCAL-SCTP-HAS");
-  CHECK(setName(SetId::kLoadBalancerSourceIP, sdk::Family::kIPv6) == "KUBE-6-LOAD-BALANCER-SOURCE-IP");
+  CHECK(setName(SetId::kLoadBalancerSourceCIDR, net::Family::kIPv6) == "KUBE-6-LOAD-BALANCER-SOURCE-CID");
+  CHECK(setName(SetId::kNodePortLocalSCTP, net::Family::kIPv6) == "KUBE-6-NODE-PORT-LOCAL-SCTP-HAS");
+  CHECK(setName(SetId::kLoadBalancerSourceIP, net::Family::kIPv6) == "KUBE-6-LOAD-BALANCER-SOURCE-IP");
   for (SetId id : allSets())
-    for (auto fam : {sdk::Family::kIPv4, sdk::Family::kIPv6}) CHECK(setName(id, fam).size() <= 31);
+    for (auto fam : {net::Family::kIPv4, net::Family::kIPv6}) CHECK(setName(id, fam).size() <= 31);
 
-  CHECK(setDefinition(SetId::kClusterIP, sdk::Family::kIPv4).createText() ==
+  CHECK(setDefinition(SetId::kClusterIP, net::Family::kIPv4).createText() ==
         "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536");
-  CHECK(setDefinition(SetId::kLoopBack, sdk::Family::kIPv6).createText() ==
+  CHECK(setDefinition(SetId::kLoopBack, net::Family::kIPv6).createText() ==
         "create KUBE-6-LOOP-BACK hash:ip,port,ip family inet6 hashsize 1024 maxelem 65536");
-  CHECK(setDefinition(SetId::kLoadBalancerSourceCIDR, sdk::Family::kIPv4).createText() ==
+  CHECK(setDefinition(SetId::kLoadBalancerSourceCIDR, net::Family::kIPv4).createText() ==
         "create KUBE-LOAD-BALANCER-SOURCE-CIDR hash:ip,port,net family inet hashsize 1024 maxelem 65536");
-  CHECK(setDefinition(SetId::kNodePortTCP, sdk::Family::kIPv4).createText() ==
+  CHECK(setDefinition(SetId::kNodePortTCP, net::Family::kIPv4).createText() ==
         "create KUBE-NODE-PORT-TCP bitmap:port range 0-65535");
-  CHECK(setDefinition(SetId::kIPVSIPs, sdk::Family::kIPv4).createText() ==
+  CHECK(setDefinition(SetId::kIPVSIPs, net::Family::kIPv4).createText() ==
         "create KUBE-IPVS-IPS hash:ip family inet hashsize 1024 maxelem 65536");
-  CHECK(setDefinition(SetId::kHealthCheckNodePort, sdk::Family::kIPv4).comment == "Kubernetes health check node port");
+  CHECK(setDefinition(SetId::kHealthCheckNodePort, net::Family::kIPv4).comment == "Kubernetes health check node port");
 
   // The whole ipset restore input: creates, then the entries sorted and each once.
   const auto r = renderer();
@@ -552,7 +552,7 @@ TEST_CASE("ipvs renderer: set names, types and definitions", "[unit]") {
   a.healthCheckNodePort = 32000;
   auto b = servicePort("ns", "a", "10.96.0.20", 443, {endpoint("10.244.0.20", 443)}, sdk::Protocol::kTCP, "https");
   const std::vector<sdk::ServicePort> ports{a, b};
-  const std::string text = renderIpsets(r, sdk::Family::kIPv4, ports);
+  const std::string text = renderIpsets(r, net::Family::kIPv4, ports);
   CHECK_THAT(text, Catch::StartsWith("create KUBE-LOOP-BACK hash:ip,port,ip family inet hashsize 1024 maxelem 65536\n"
                                      "create KUBE-CLUSTER-IP hash:ip,port family inet hashsize 1024 maxelem 65536\n"));
   CHECK_THAT(text, Catch::EndsWith("create KUBE-IPVS-IPS hash:ip family inet hashsize 1024 maxelem 65536\n"
@@ -670,7 +670,7 @@ COMMIT
 -A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-IPVS-IPS dst -j REJECT --reject-with icmp-port-unreachable
 COMMIT
 )";
-  CHECK(renderIptables(r, sdk::Family::kIPv4, {}) == want);
+  CHECK(renderIptables(r, net::Family::kIPv4, {}) == want);
 
   SECTION("a port's rules go between a chain's fixed head and tail") {
     auto p = servicePort("ns7", "itp", "172.30.0.47", 80, {endpoint("10.180.1.7", 80)});
@@ -679,7 +679,7 @@ COMMIT
     q.externalPolicyLocal = true;
     q.externalIPs = {"203.0.113.6"};
     const std::vector<sdk::ServicePort> ports{p, q};
-    const std::string text = renderIptables(r, sdk::Family::kIPv4, ports);
+    const std::string text = renderIptables(r, net::Family::kIPv4, ports);
     const auto at = [&](std::string_view line) { return text.find(line); };
     const std::string drop =
         "-d 172.30.0.47/32 -p tcp -m comment --comment \"ns7/itp:p has no local endpoints\" -m tcp --dport 80 -j DROP";
@@ -695,7 +695,7 @@ COMMIT
 }
 
 TEST_CASE("ipvs renderer: the ClusterIP masquerade rule follows the pod detector", "[unit]") {
-  auto clusterIPRule = [](const RenderConfig& cfg, sdk::Family family) {
+  auto clusterIPRule = [](const RenderConfig& cfg, net::Family family) {
     for (const auto& c : IpvsRenderer(cfg).renderGlobal(family).chains)
       if (c.table == Table::kNat && c.name == "KUBE-SERVICES")
         for (const auto& rule : c.tail)
@@ -706,18 +706,18 @@ TEST_CASE("ipvs renderer: the ClusterIP masquerade rule follows the pod detector
   const std::string comment =
       "-m comment --comment \"Kubernetes service cluster ip + port for masquerade purpose\" -m set --match-set ";
   RenderConfig cfg = config();
-  CHECK(clusterIPRule(cfg, sdk::Family::kIPv6) ==
+  CHECK(clusterIPRule(cfg, net::Family::kIPv6) ==
         "! -s fd00:10:244::/56 " + comment + "KUBE-6-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ");
   cfg.common.masqueradeAll = true;
-  CHECK(clusterIPRule(cfg, sdk::Family::kIPv4) == comment + "KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ");
+  CHECK(clusterIPRule(cfg, net::Family::kIPv4) == comment + "KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ");
   // No detector: the node's connections, which leave from a VIP on kube-ipvs0.
-  CHECK(clusterIPRule(RenderConfig{}, sdk::Family::kIPv4) == comment + "KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ");
+  CHECK(clusterIPRule(RenderConfig{}, net::Family::kIPv4) == comment + "KUBE-CLUSTER-IP src,dst -j KUBE-MARK-MASQ");
   RenderConfig bridge;
   bridge.common.detectLocalMode = "InterfaceNamePrefix";
   bridge.common.interfaceNamePrefix = "veth";
-  CHECK(clusterIPRule(bridge, sdk::Family::kIPv4) == "! -i veth+ " + comment + "KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ");
+  CHECK(clusterIPRule(bridge, net::Family::kIPv4) == "! -i veth+ " + comment + "KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ");
 
-  const GlobalObjects v6 = IpvsRenderer(config()).renderGlobal(sdk::Family::kIPv6);
+  const GlobalObjects v6 = IpvsRenderer(config()).renderGlobal(net::Family::kIPv6);
   CHECK(v6.chains.front().head == Strings{"-s ::1/128 -j RETURN"});
   CHECK(v6.chains.back().name == "KUBE-IPVS-FWMARK-PORTS");
   CHECK(v6.sets.at(1).name == "KUBE-6-CLUSTER-IP");
@@ -763,7 +763,7 @@ TEST_CASE("ipvs renderer: pod detection by interface or by the node's pod CIDRs"
 }
 
 TEST_CASE("ipvs renderer: IPv6 global rules", "[unit]") {
-  const std::string text = renderIptables(renderer(), sdk::Family::kIPv6, {});
+  const std::string text = renderIptables(renderer(), net::Family::kIPv6, {});
   CHECK_THAT(text, Catch::Contains("-A KUBE-SERVICES -s ::1/128 -j RETURN\n"));
   CHECK_THAT(text, Catch::Contains("-A KUBE-IPVS-FILTER -m conntrack --ctstate NEW -m set --match-set KUBE-6-IPVS-IPS "
                                    "dst -j REJECT --reject-with icmp6-port-unreachable\n"));
@@ -772,7 +772,7 @@ TEST_CASE("ipvs renderer: IPv6 global rules", "[unit]") {
 }
 
 TEST_CASE("ipvs renderer: unallocated ClusterIPs of the ServiceCIDRs are dropped where pods and the node send", "[unit]") {
-  auto drops = [](const IpvsRenderer& r, sdk::Family family) {
+  auto drops = [](const IpvsRenderer& r, net::Family family) {
     Strings out;
     for (const auto& c : r.renderGlobal(family).chains)
       for (const auto& rule : c.tail)
@@ -780,18 +780,18 @@ TEST_CASE("ipvs renderer: unallocated ClusterIPs of the ServiceCIDRs are dropped
     return out;
   };
   IpvsRenderer r(config());
-  CHECK(drops(r, sdk::Family::kIPv4).empty());
+  CHECK(drops(r, net::Family::kIPv4).empty());
   r.setServiceCIDRs({{"kubernetes", "10.96.0.0/16"}, {"extra", "10.96.8.0/24"}, {"v6", "fd00:10:96::/112"}});
   const std::string v4 =
       " -d 10.96.0.0/16 -m comment --comment \"unallocated ClusterIPs of ServiceCIDR kubernetes,extra\" "
       "-m addrtype ! --dst-type LOCAL -j DROP";
-  CHECK(drops(r, sdk::Family::kIPv4) == Strings{"KUBE-PROXY-FIREWALL" + v4, "KUBE-IPVS-OUT-FILTER" + v4});
-  const auto v6 = drops(r, sdk::Family::kIPv6);
+  CHECK(drops(r, net::Family::kIPv4) == Strings{"KUBE-PROXY-FIREWALL" + v4, "KUBE-IPVS-OUT-FILTER" + v4});
+  const auto v6 = drops(r, net::Family::kIPv6);
   REQUIRE(v6.size() == 2);
   CHECK(v6[0].find("-d fd00:10:96::/112 ") != std::string::npos);
   // Removed ServiceCIDRs take their drops with them.
   r.setServiceCIDRs({});
-  CHECK(drops(r, sdk::Family::kIPv4).empty());
+  CHECK(drops(r, net::Family::kIPv4).empty());
 }
 
 TEST_CASE("ipvs renderer: ClientIP affinity: filter rules that see the endpoints' port", "[unit]") {

@@ -36,9 +36,9 @@ struct Fixture {
 std::pair<std::string, std::string> affinityEntry(const char* client, std::uint32_t poolId, const char* ep,
                                                   std::uint16_t port) {
   KeyBuilder key;
-  key.address(*Address::parse(client)).poolId(poolId);
+  key.address(*net::Prefix::parse(client)).poolId(poolId);
   KeyBuilder data;
-  data.address(*Address::parse(ep)).port(port);
+  data.address(*net::Prefix::parse(ep)).port(port);
   return {key.bytes, data.bytes};
 }
 
@@ -46,7 +46,7 @@ std::pair<std::string, std::string> affinityEntry(const char* client, std::uint3
 /// clients up.
 std::uint32_t poolIdOf(const NftablesBackend& backend, const sdk::ServicePort& port, const std::string& chain,
                        plan::Pool pool) {
-  const auto& chains = backend.mirror().of(Family::kIPv4).chains;
+  const auto& chains = backend.mirror().of(net::Family::kIPv4).chains;
   auto it = chains.find(chain);
   REQUIRE(it != chains.end());
   REQUIRE(it->second.slotBase.has_value());
@@ -64,7 +64,7 @@ TEST_CASE("backend: first sync is full and reads the kernel; partial syncs do no
 
   auto& p = f.snap.ports()[3];
   testing::setEndpoints(p, {p.clusterEndpoints[0]});
-  auto partial = f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, p.key}}, false);
+  auto partial = f.backend->syncFrom(f.snap, {{net::Family::kIPv4, p.key}}, false);
   REQUIRE(partial.has_value());
   CHECK(f.kernel->readBacks == 1);
   // The old two-interval layout out, the one-interval layout in, the hairpin pair out.
@@ -72,7 +72,7 @@ TEST_CASE("backend: first sync is full and reads the kernel; partial syncs do no
   for (const auto& op : f.backend->lastOps())
     CHECK((op.kind == OpKind::kAddElement || op.kind == OpKind::kDeleteElement));
 
-  auto unchanged = f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, f.snap.ports()[4].key}}, false);
+  auto unchanged = f.backend->syncFrom(f.snap, {{net::Family::kIPv4, f.snap.ports()[4].key}}, false);
   REQUIRE(unchanged.has_value());
   CHECK(unchanged->operations == 0);
   auto quiet = f.backend->syncFrom(f.snap, {}, false);
@@ -82,13 +82,13 @@ TEST_CASE("backend: first sync is full and reads the kernel; partial syncs do no
 TEST_CASE("backend: a removed service is cleaned up by a partial sync", "[unit]") {
   Fixture f;
   REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
-  auto chainsBefore = f.kernel->tables[Family::kIPv4].chains.size();
+  auto chainsBefore = f.kernel->tables[net::Family::kIPv4].chains.size();
   auto gone = f.snap.ports().back();
   f.snap.ports().pop_back();
-  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, gone.key}}, false).has_value());
+  REQUIRE(f.backend->syncFrom(f.snap, {{net::Family::kIPv4, gone.key}}, false).has_value());
   REQUIRE(f.backend->syncFrom(f.snap, {}, false).has_value());
-  CHECK(f.kernel->tables[Family::kIPv4].chains.size() == chainsBefore - 1);  // its service chain
-  CHECK_FALSE(f.kernel->tables[Family::kIPv4].elements["cluster-ips"].empty());
+  CHECK(f.kernel->tables[net::Family::kIPv4].chains.size() == chainsBefore - 1);  // its service chain
+  CHECK_FALSE(f.kernel->tables[net::Family::kIPv4].elements["cluster-ips"].empty());
   // A full sync afterwards agrees: nothing to do.
   auto full = f.backend->syncFrom(f.snap, {}, true);
   CHECK(full->operations == 0);
@@ -102,33 +102,33 @@ TEST_CASE("backend: two ports of one service share the cluster-ips element", "[u
   f.snap.ports().push_back(b);
   REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
   f.snap.ports().pop_back();
-  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, b.key}}, false).has_value());
+  REQUIRE(f.backend->syncFrom(f.snap, {{net::Family::kIPv4, b.key}}, false).has_value());
   KeyBuilder k;
-  k.address(*Address::parse("172.30.9.1"));
-  CHECK(f.kernel->tables[Family::kIPv4].elements["cluster-ips"].contains(k.bytes));
+  k.address(*net::Prefix::parse("172.30.9.1"));
+  CHECK(f.kernel->tables[net::Family::kIPv4].elements["cluster-ips"].contains(k.bytes));
 }
 
 TEST_CASE("backend: a refused batch leaves kernel and mirror; the next sync is full", "[unit]") {
   Fixture f;
   REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
-  auto kernelBefore = f.kernel->tables[Family::kIPv4].chains.size();
+  auto kernelBefore = f.kernel->tables[net::Family::kIPv4].chains.size();
   auto& p = f.snap.ports()[0];
   testing::setEndpoints(p, {endpoint("10.5.5.5", 80)});
   f.kernel->failNextBatchAt(1);
-  auto failed = f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, p.key}}, false);
+  auto failed = f.backend->syncFrom(f.snap, {{net::Family::kIPv4, p.key}}, false);
   REQUIRE_FALSE(failed.has_value());
   CHECK(failed.error().message.find("kube-proxy") != std::string::npos);
-  CHECK(f.kernel->tables[Family::kIPv4].chains.size() == kernelBefore);
+  CHECK(f.kernel->tables[net::Family::kIPv4].chains.size() == kernelBefore);
   CHECK(f.backend->needsFullSync());
   auto retry = f.backend->syncFrom(f.snap, {}, false);
   REQUIRE(retry.has_value());
   CHECK(f.kernel->readBacks == 2);
   KeyBuilder data;
-  data.address(*Address::parse("10.5.5.5")).port(80);
+  data.address(*net::Prefix::parse("10.5.5.5")).port(80);
   bool found = false;
   std::string wanted(1, '=');
   wanted += data.bytes;
-  for (const auto& [set, elems] : f.kernel->tables[Family::kIPv4].elements)
+  for (const auto& [set, elems] : f.kernel->tables[net::Family::kIPv4].elements)
     for (const auto& [key, value] : elems)
       if (value == wanted) found = true;
   CHECK(found);
@@ -139,7 +139,7 @@ TEST_CASE("backend: a full sync removes foreign rules and restores deleted ones"
   REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
   std::string svc = serviceChainName(f.snap.ports()[2]);
   {
-    auto& t = f.kernel->tables[Family::kIPv4];  // the fake replaces its tables on each batch
+    auto& t = f.kernel->tables[net::Family::kIPv4];  // the fake replaces its tables on each batch
     t.chains["services"].rules.push_back({0, {}, "counter"});
     t.chains[svc].rules.clear();
   }
@@ -148,7 +148,7 @@ TEST_CASE("backend: a full sync removes foreign rules and restores deleted ones"
   auto full = f.backend->syncFrom(f.snap, {}, true);
   REQUIRE(full.has_value());
   CHECK(full->operations == 1 + 2 + 1);  // flush+refill services (2 rules), refill svc (its DNAT)
-  auto& t = f.kernel->tables[Family::kIPv4];
+  auto& t = f.kernel->tables[net::Family::kIPv4];
   CHECK(t.chains["services"].rules.size() == 2);
   for (const auto& r : t.chains["services"].rules) CHECK(r.hash != 0);
   CHECK(t.chains[svc].rules.size() == 1);
@@ -205,7 +205,7 @@ TEST_CASE("backend: affinity entries of a removed endpoint or service are delete
   auto entry = [&](const char* client, const char* vip, const char* ep) {
     return affinityEntry(client, std::string_view(vip) == "172.30.5.1" ? stickyId : otherId, ep, 80);
   };
-  auto& entries = f.kernel->dataPathEntries[Family::kIPv4][names::kAffinityMap];
+  auto& entries = f.kernel->dataPathEntries[net::Family::kIPv4][names::kAffinityMap];
   for (auto [k, d] : {entry("192.0.2.1", "172.30.5.1", "10.5.0.1"), entry("192.0.2.2", "172.30.5.1", "10.5.0.2"),
                       entry("192.0.2.3", "172.30.5.2", "10.5.0.3")})
     entries[k] = d;
@@ -213,7 +213,7 @@ TEST_CASE("backend: affinity entries of a removed endpoint or service are delete
   // 10.5.0.2 leaves "sticky": only the entry pointing at it goes.
   auto& p = f.snap.ports()[f.snap.ports().size() - 2];
   testing::setEndpoints(p, {endpoint("10.5.0.1", 80)});
-  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, p.key}}, false).has_value());
+  REQUIRE(f.backend->syncFrom(f.snap, {{net::Family::kIPv4, p.key}}, false).has_value());
   CHECK(entries.size() == 2);
   CHECK(entries.contains(entry("192.0.2.1", "172.30.5.1", "10.5.0.1").first));
   CHECK_FALSE(entries.contains(entry("192.0.2.2", "172.30.5.1", "10.5.0.2").first));
@@ -240,11 +240,11 @@ TEST_CASE("backend: a pod behind two ports leaving both in one sync deletes its 
   testing::setEndpoints(f.snap.ports()[n - 2], {endpoint("10.9.0.2", 80)});
   testing::setEndpoints(f.snap.ports()[n - 1], {endpoint("10.9.0.2", 443)});
   // The fake kernel refuses a second deletion of the same element, as the real one does.
-  auto out = f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, a.key}, {sdk::Family::kIPv4, b.key}}, false);
+  auto out = f.backend->syncFrom(f.snap, {{net::Family::kIPv4, a.key}, {net::Family::kIPv4, b.key}}, false);
   REQUIRE(out.has_value());
   KeyBuilder k;
-  k.address(*Address::parse("10.9.0.1")).address(*Address::parse("10.9.0.1"));
-  CHECK_FALSE(f.kernel->tables[Family::kIPv4].elements["hairpin-ips"].contains(k.bytes));
+  k.address(*net::Prefix::parse("10.9.0.1")).address(*net::Prefix::parse("10.9.0.1"));
+  CHECK_FALSE(f.kernel->tables[net::Family::kIPv4].elements["hairpin-ips"].contains(k.bytes));
   CHECK_FALSE(f.backend->needsFullSync());
 }
 
@@ -269,7 +269,7 @@ TEST_CASE("backend: affinity entries are judged by the pool they were recorded f
   const std::uint32_t cluster = poolIdOf(backend, lb, serviceChainName(lb), plan::Pool::kCluster);
   const std::uint32_t local = poolIdOf(backend, lb, externalChainName(lb), plan::Pool::kLocal);
   REQUIRE(cluster != local);
-  auto& entries = kernel->dataPathEntries[Family::kIPv4][names::kAffinityMap];
+  auto& entries = kernel->dataPathEntries[net::Family::kIPv4][names::kAffinityMap];
   const auto outsiderRemote = affinityEntry("203.0.113.9", local, "10.7.0.2", 443);  // never valid
   const auto outsiderLocal = affinityEntry("203.0.113.10", local, "10.7.0.1", 443);
   const auto podRemote = affinityEntry("10.0.0.5", cluster, "10.7.0.2", 443);
@@ -284,7 +284,7 @@ TEST_CASE("backend: affinity entries are judged by the pool they were recorded f
   entries[podLocal.first] = podLocal.second;
   snap.ports()[0].clusterEndpoints[0].isLocal = false;
   snap.ports()[0].localEndpoints.clear();
-  REQUIRE(backend.syncFrom(snap, {{sdk::Family::kIPv4, lb.key}}, false).has_value());
+  REQUIRE(backend.syncFrom(snap, {{net::Family::kIPv4, lb.key}}, false).has_value());
   CHECK_FALSE(entries.contains(outsiderLocal.first));
   CHECK(entries.contains(podLocal.first));
   CHECK(entries.contains(podRemote.first));
@@ -299,7 +299,7 @@ TEST_CASE("backend: a refused affinity clean-up is retried", "[unit]") {
   const auto [key, gone] =
       affinityEntry("192.0.2.1", poolIdOf(*f.backend, sticky, serviceChainName(sticky), plan::Pool::kCluster),
                     "10.5.0.9", 80);
-  auto& entries = f.kernel->dataPathEntries[Family::kIPv4][names::kAffinityMap];
+  auto& entries = f.kernel->dataPathEntries[net::Family::kIPv4][names::kAffinityMap];
   entries[key] = gone;
   // A full sync over an unchanged table sends no batch; the clean-up's first batch is refused.
   f.kernel->failNextBatchAt(0);
@@ -320,21 +320,21 @@ TEST_CASE("backend: the affinity map is listed only when an endpoint may have le
 
   // An endpoint joins: every entry stays valid, nothing to list.
   testing::setEndpoints(p, {endpoint("10.5.0.1", 80), endpoint("10.5.0.2", 80)});
-  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, p.key}}, false).has_value());
+  REQUIRE(f.backend->syncFrom(f.snap, {{net::Family::kIPv4, p.key}}, false).has_value());
   CHECK(f.kernel->mapListings == listings);
   // A service without affinity changes: nothing to list either.
   auto& plain = f.snap.ports()[0];
   testing::setEndpoints(plain, {plain.clusterEndpoints[0]});
-  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, plain.key}}, false).has_value());
+  REQUIRE(f.backend->syncFrom(f.snap, {{net::Family::kIPv4, plain.key}}, false).has_value());
   CHECK(f.kernel->mapListings == listings);
   // One leaves: listed.
   testing::setEndpoints(p, {endpoint("10.5.0.2", 80)});
-  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, p.key}}, false).has_value());
+  REQUIRE(f.backend->syncFrom(f.snap, {{net::Family::kIPv4, p.key}}, false).has_value());
   CHECK(f.kernel->mapListings == listings + 1);
   // The service goes: listed.
   auto gone = f.snap.ports().back();
   f.snap.ports().pop_back();
-  REQUIRE(f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, gone.key}}, false).has_value());
+  REQUIRE(f.backend->syncFrom(f.snap, {{net::Family::kIPv4, gone.key}}, false).has_value());
   CHECK(f.kernel->mapListings == listings + 2);
 }
 
@@ -388,7 +388,7 @@ TEST_CASE("backend: a full sync over a table holding a set kproxy does not decla
   Fixture f;
   REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
   {
-    auto& t = f.kernel->tables[Family::kIPv4];
+    auto& t = f.kernel->tables[net::Family::kIPv4];
     SetSpec extra{"service-endpoints-200", {DataType::kSlot}, {DataType::kIPv4Addr, DataType::kInetService},
                   false, 0, 0};
     extra.interval = true;
@@ -397,7 +397,7 @@ TEST_CASE("backend: a full sync over a table holding a set kproxy does not decla
     start.slot(200u << 16);
     end.slot((200u << 16) + 65535);
     KeyBuilder data;
-    data.address(*Address::parse("10.200.0.1")).port(80);
+    data.address(*net::Prefix::parse("10.200.0.1")).port(80);
     t.elements[extra.name][start.bytes] = "=" + data.bytes;
     t.elements[extra.name][end.bytes] = "end";
     t.sets.emplace("admin-set", SetSpec{"admin-set", {DataType::kIPv4Addr}, {}, false, 0, 0});
@@ -408,8 +408,8 @@ TEST_CASE("backend: a full sync over a table holding a set kproxy does not decla
   REQUIRE(full.has_value());
   // As any object of the table that nothing renders, its elements go (the set stays).
   CHECK(full->operations == 2);
-  CHECK(f.kernel->tables[Family::kIPv4].sets.contains("service-endpoints-200"));
-  CHECK(f.kernel->tables[Family::kIPv4].elements["service-endpoints-200"].empty());
+  CHECK(f.kernel->tables[net::Family::kIPv4].sets.contains("service-endpoints-200"));
+  CHECK(f.kernel->tables[net::Family::kIPv4].elements["service-endpoints-200"].empty());
   CHECK_FALSE(f.backend->needsFullSync());
   auto again = f.backend->syncFrom(f.snap, {}, true);
   REQUIRE(again.has_value());
@@ -423,21 +423,21 @@ TEST_CASE("backend: a stale base chain left for a later sync is a base chain in 
   Fixture f;
   REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
   {
-    auto& c = f.kernel->tables[Family::kIPv4].chains["filter-legacy"];
+    auto& c = f.kernel->tables[net::Family::kIPv4].chains["filter-legacy"];
     c.base = true;
     c.rules.push_back({0, {}, "counter"});
   }
   REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
-  CHECK(f.kernel->tables[Family::kIPv4].chains.at("filter-legacy").rules.empty());
-  auto kernel = f.kernel->readBack(NftablesRenderer{RenderConfig{}}.setSpecs(Family::kIPv4),
-                                   NftablesRenderer{RenderConfig{}}.setSpecs(Family::kIPv6));
+  CHECK(f.kernel->tables[net::Family::kIPv4].chains.at("filter-legacy").rules.empty());
+  auto kernel = f.kernel->readBack(NftablesRenderer{RenderConfig{}}.setSpecs(net::Family::kIPv4),
+                                   NftablesRenderer{RenderConfig{}}.setSpecs(net::Family::kIPv6));
   REQUIRE(kernel.has_value());
   const auto& mine = f.backend->mirror().ip.chains;
   REQUIRE(mine.contains("filter-legacy"));
   CHECK(mine.at("filter-legacy").base == kernel->ip.chains.at("filter-legacy").base);
   // The next sync deletes it.
   REQUIRE(f.backend->syncFrom(f.snap, {}, false).has_value());
-  CHECK_FALSE(f.kernel->tables[Family::kIPv4].chains.contains("filter-legacy"));
+  CHECK_FALSE(f.kernel->tables[net::Family::kIPv4].chains.contains("filter-legacy"));
 }
 
 namespace {
@@ -466,12 +466,12 @@ TEST_CASE("backend: a full sync interrupted by an exception leaves the next sync
   NftablesBackend backend(sdk::Host(nullptr), BackendSettings{}, std::move(k));
   VectorSnapshot snap({clusterIP("ns", "a", "172.30.0.1", 80, {endpoint("10.0.0.1", 80)})});
   REQUIRE(backend.syncFrom(snap, {}, true).has_value());
-  const auto rules = kernel->tables[Family::kIPv4].chains.at("nat-prerouting").rules.size();
+  const auto rules = kernel->tables[net::Family::kIPv4].chains.at("nat-prerouting").rules.size();
   kernel->throwNext = true;
   CHECK_THROWS_AS(backend.syncFrom(snap, {}, true), std::bad_alloc);
   CHECK(backend.needsFullSync());
   REQUIRE(backend.syncFrom(snap, {}, false).has_value());
-  CHECK(kernel->tables[Family::kIPv4].chains.at("nat-prerouting").rules.size() == rules);
+  CHECK(kernel->tables[net::Family::kIPv4].chains.at("nat-prerouting").rules.size() == rules);
 }
 
 TEST_CASE("backend: a refused batch's error category follows the kernel's errno", "[unit]") {
@@ -510,7 +510,7 @@ TEST_CASE("backend: its metrics reach the host and count what its tables hold", 
   CHECK(families[0].name == "kproxy_nftables_kernel_operations_total");
   CHECK(families[0].samples.at({}) == static_cast<double>(first->operations));
   CHECK(families[1].name == "kproxy_nftables_objects");
-  const auto& mirror = f.backend->mirror().of(Family::kIPv4);
+  const auto& mirror = f.backend->mirror().of(net::Family::kIPv4);
   CHECK(families[1].samples.at({"ipv4", "chain"}) == static_cast<double>(mirror.chains.size()));
   CHECK(families[1].samples.at({"ipv4", "set"}) == static_cast<double>(mirror.sets.size()));
   CHECK(families[1].samples.at({"ipv4", "chain"}) > 20);  // a chain per service at least
@@ -521,7 +521,7 @@ TEST_CASE("backend: its metrics reach the host and count what its tables hold", 
   const double elementsBefore = families[1].samples.at({"ipv4", "element"});
   auto gone = f.snap.ports().back();
   f.snap.ports().pop_back();
-  auto partial = f.backend->syncFrom(f.snap, {{sdk::Family::kIPv4, gone.key}}, false);
+  auto partial = f.backend->syncFrom(f.snap, {{net::Family::kIPv4, gone.key}}, false);
   REQUIRE(partial.has_value());
   families = metrics.collect();
   CHECK(families[0].samples.at({}) == static_cast<double>(first->operations + partial->operations));

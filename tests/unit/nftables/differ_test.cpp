@@ -19,7 +19,7 @@ namespace {
 
 struct World {
   NftablesRenderer renderer{RenderConfig{}};
-  GlobalObjects global = renderer.renderGlobal(Family::kIPv4, {});
+  GlobalObjects global = renderer.renderGlobal(net::Family::kIPv4, {});
   std::vector<Fragment> fragments;
 
   DesiredFamily desired() {
@@ -36,7 +36,7 @@ struct World {
   DiffResult fullDiff(const Mirror& m) {
     StaleCandidates s;
     s.everythingNotDesired = true;
-    return NftablesDiffer::diff(Family::kIPv4, desired(), m.ip, s, renderer.setSpecs(Family::kIPv4));
+    return NftablesDiffer::diff(net::Family::kIPv4, desired(), m.ip, s, renderer.setSpecs(net::Family::kIPv4));
   }
 };
 
@@ -79,7 +79,7 @@ TEST_CASE("differ: handing the rules over gives the same ops as copying them", "
   s.everythingNotDesired = true;
   DesiredFamily d = w.desired();
   d.moveRules = true;
-  auto moved = NftablesDiffer::diff(Family::kIPv4, d, m.ip, s, w.renderer.setSpecs(Family::kIPv4));
+  auto moved = NftablesDiffer::diff(net::Family::kIPv4, d, m.ip, s, w.renderer.setSpecs(net::Family::kIPv4));
   CHECK(texts(moved.ops) == copied);
   // The rules really left the fragments.
   std::size_t left = 0;

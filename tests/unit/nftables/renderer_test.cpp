@@ -20,7 +20,7 @@ const Chain* findChain(const Fragment& f, const std::string& name) {
   return nullptr;
 }
 
-std::vector<std::string> texts(const Chain& c, Family fam = Family::kIPv4) {
+std::vector<std::string> texts(const Chain& c, net::Family fam = net::Family::kIPv4) {
   std::vector<std::string> out;
   for (const auto& r : c.rules) out.push_back(r.toText(fam));
   return out;
@@ -133,7 +133,7 @@ TEST_CASE("masquerade-all marks every connection to the ClusterIP", "[unit]") {
   // Matched on the ClusterIP, as upstream: the eTP=Local short-circuit into this chain keeps
   // its source (issue 10, item 6).
   CHECK(texts(*findChain(f, serviceChainName(p)))[0] == "ip daddr 172.30.0.10 jump mark-for-masquerade");
-  auto g = r.renderGlobal(Family::kIPv4, {});
+  auto g = r.renderGlobal(net::Family::kIPv4, {});
   for (const auto& c : g.chains)
     if (c.name == "mark-for-masquerade") CHECK(texts(c)[0] == "meta mark set meta mark | 0x00000020");
 }
@@ -151,7 +151,7 @@ TEST_CASE("no endpoints: reject through no-endpoint-services, no chains", "[unit
 TEST_CASE("slot ranges exhausted: the service is rejected and the problem reported", "[unit]") {
   NftablesRenderer r(config());
   for (std::uint32_t i = 0; i < SlotRanges::kRanges; ++i)
-    REQUIRE(r.slots(Family::kIPv4).baseOf("filler-" + std::to_string(i)).has_value());
+    REQUIRE(r.slots(net::Family::kIPv4).baseOf("filler-" + std::to_string(i)).has_value());
   auto p = clusterIP("default", "late", "172.30.0.99", 80, {endpoint("10.1.0.1", 8080)});
   auto f = r.renderServicePort(p);
   CHECK(findChain(f, serviceChainName(p)) == nullptr);
@@ -189,11 +189,11 @@ TEST_CASE("session affinity: hit in the service chain, recorded after DNAT by it
   CHECK(std::find(els.begin(), els.end(),
                   "affinity-services 172.30.0.11 . tcp . 80 : goto " + affinityChainName(p)) != els.end());
   // The maps are table-wide, whatever the number of services.
-  auto specs = r.setSpecs(Family::kIPv4);
+  auto specs = r.setSpecs(net::Family::kIPv4);
   CHECK(specs.size() == 11 + kEndpointMapShards);
   CHECK(std::count_if(specs.begin(), specs.end(), [](const SetSpec& s) { return s.dynamic; }) == 1);
   // After DNAT, the filter hooks send new DNAT'ed connections to the recording dispatch.
-  auto g = r.renderGlobal(Family::kIPv4, {});
+  auto g = r.renderGlobal(net::Family::kIPv4, {});
   int recorders = 0;
   for (const auto& c : g.chains)
     for (const auto& t : texts(c))
@@ -289,7 +289,7 @@ TEST_CASE("session affinity with eTP=Local: the local pool keeps keys of its own
 
 TEST_CASE("hairpin: masqueraded after DNAT when a packet goes back to its source", "[unit]") {
   NftablesRenderer r(config());
-  auto g = r.renderGlobal(Family::kIPv4, {});
+  auto g = r.renderGlobal(net::Family::kIPv4, {});
   const Chain* post = nullptr;
   for (const auto& c : g.chains)
     if (c.name == "nat-postrouting") post = &c;
@@ -435,11 +435,11 @@ TEST_CASE("IPv6 service port renders ip6 syntax", "[unit]") {
   NftablesRenderer r(config());
   auto p = clusterIP("default", "web6", "fd00:30::10", 80, {endpoint("fd00:1::1", 8080)});
   auto f = r.renderServicePort(p);
-  REQUIRE(f.family == Family::kIPv6);
+  REQUIRE(f.family == net::Family::kIPv6);
   const Chain* svc = findChain(f, serviceChainName(p));
   REQUIRE(svc != nullptr);
   const std::uint32_t base = slotBaseOf(*svc);
-  CHECK(texts(*svc, Family::kIPv6).back() == "meta l4proto tcp dnat ip6 to numgen random mod 65535 offset " +
+  CHECK(texts(*svc, net::Family::kIPv6).back() == "meta l4proto tcp dnat ip6 to numgen random mod 65535 offset " +
                                                  std::to_string(base) + " map @" + serviceEndpointsMap(base));
   auto els = elementTexts(f);
   CHECK(els[0] == "hairpin-ips fd00:1::1 . fd00:1::1");
@@ -455,10 +455,10 @@ TEST_CASE("nodeport-ips: node addresses filtered by nodeport-addresses", "[unit]
   NftablesRenderer r(*cfg);
   sdk::NodeInfo node;
   node.addresses = {"192.168.1.5", "172.16.0.5", "fd00::5"};
-  auto g = r.renderGlobal(Family::kIPv4, node);
+  auto g = r.renderGlobal(net::Family::kIPv4, node);
   REQUIRE(g.elements.size() == 1);
   CHECK(g.elements[0].keyText == "192.168.1.5");
-  auto g6 = r.renderGlobal(Family::kIPv6, node);
+  auto g6 = r.renderGlobal(net::Family::kIPv6, node);
   REQUIRE(g6.elements.size() == 1);  // no IPv6 CIDR given: primary IPv6 address
   CHECK(parseRenderConfig({{"masquerade-bit", "40"}}).has_value() == false);
   CHECK(parseRenderConfig({{"cluster-cidr", "nonsense"}}).has_value() == false);
@@ -478,30 +478,30 @@ TEST_CASE("nodeport-ips: the interface addresses the host resolved", "[unit]") {
   node.nodePortAddresses.resolved = true;
   node.nodePortAddresses.addresses = {"127.0.0.1", "192.168.2.20", "::1", "fd00::20"};
   node.nodePortAddresses.allLocalIPv6 = true;
-  auto chainTexts = [](const GlobalObjects& g, const std::string& name, Family fam) {
+  auto chainTexts = [](const GlobalObjects& g, const std::string& name, net::Family fam) {
     for (const auto& c : g.chains)
       if (c.name == name) return texts(c, fam);
     return std::vector<std::string>{};
   };
 
-  auto g = r.renderGlobal(Family::kIPv4, node);
+  auto g = r.renderGlobal(net::Family::kIPv4, node);
   REQUIRE(g.elements.size() == 1);  // no NodePorts on loopback, as upstream's nftables mode
   CHECK(g.elements[0].keyText == "192.168.2.20");
-  CHECK(chainTexts(g, "services", Family::kIPv4).back() == "ip daddr @nodeport-ips jump nodeports");
-  CHECK(chainTexts(g, "nodeport-endpoints-check", Family::kIPv4).back() ==
+  CHECK(chainTexts(g, "services", net::Family::kIPv4).back() == "ip daddr @nodeport-ips jump nodeports");
+  CHECK(chainTexts(g, "nodeport-endpoints-check", net::Family::kIPv4).back() ==
         "ip daddr @nodeport-ips meta l4proto . th dport vmap @no-endpoint-nodeports");
 
   // All local (no IPv6 CIDR): any local destination but loopback, as upstream's MatchAll.
-  auto g6 = r.renderGlobal(Family::kIPv6, node);
+  auto g6 = r.renderGlobal(net::Family::kIPv6, node);
   REQUIRE(g6.elements.size() == 1);
   CHECK(g6.elements[0].keyText == "fd00::20");
-  CHECK(chainTexts(g6, "services", Family::kIPv6).back() ==
+  CHECK(chainTexts(g6, "services", net::Family::kIPv6).back() ==
         "fib daddr type local ip6 daddr != ::1 jump nodeports");
-  CHECK(chainTexts(g6, "nodeport-endpoints-check", Family::kIPv6).back() ==
+  CHECK(chainTexts(g6, "nodeport-endpoints-check", net::Family::kIPv6).back() ==
         "fib daddr type local ip6 daddr != ::1 meta l4proto . th dport vmap @no-endpoint-nodeports");
 
   node.nodePortAddresses.allLocalIPv4 = true;
-  CHECK(chainTexts(r.renderGlobal(Family::kIPv4, node), "services", Family::kIPv4).back() ==
+  CHECK(chainTexts(r.renderGlobal(net::Family::kIPv4, node), "services", net::Family::kIPv4).back() ==
         "fib daddr type local ip daddr != 127.0.0.0/8 jump nodeports");
 }
 
@@ -567,22 +567,22 @@ TEST_CASE("detect-local modes: how pods are told apart in the rules", "[unit]") 
 
 TEST_CASE("cluster-ips-check drops unallocated ClusterIPs of the family's service CIDRs", "[unit]") {
   NftablesRenderer r(config());
-  auto check = [&](Family fam) {
+  auto check = [&](net::Family fam) {
     auto g = r.renderGlobal(fam, {});
     for (const auto& c : g.chains)
       if (c.name == names::kClusterIPsCheckChain) return texts(c, fam);
     return std::vector<std::string>{"(no chain)"};
   };
   // Without ServiceCIDRs only the reject of known ClusterIPs' unused ports.
-  CHECK(check(Family::kIPv4) == std::vector<std::string>{"ip daddr @cluster-ips reject"});
+  CHECK(check(net::Family::kIPv4) == std::vector<std::string>{"ip daddr @cluster-ips reject"});
   r.setServiceCIDRs({{"kubernetes", "10.96.0.0/12"},
                      {"kubernetes", "fd00:10:96::/112"},
                      {"extra", "10.100.0.0/16"},  // inside the first: folded into it
                      {"more", "192.168.200.0/24"},
                      {"broken", "not-a-cidr"}});
-  CHECK(check(Family::kIPv4) == std::vector<std::string>{"ip daddr @cluster-ips reject",
+  CHECK(check(net::Family::kIPv4) == std::vector<std::string>{"ip daddr @cluster-ips reject",
                                                          "ip daddr 10.96.0.0/12 drop",
                                                          "ip daddr 192.168.200.0/24 drop"});
-  CHECK(check(Family::kIPv6) == std::vector<std::string>{"ip6 daddr @cluster-ips reject",
+  CHECK(check(net::Family::kIPv6) == std::vector<std::string>{"ip6 daddr @cluster-ips reject",
                                                          "ip6 daddr fd00:10:96::/112 drop"});
 }

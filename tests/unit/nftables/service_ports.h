@@ -24,7 +24,7 @@ inline sdk::ServicePort clusterIP(std::string ns, std::string name, std::string 
                                   sdk::Protocol proto = sdk::Protocol::kTCP,
                                   std::string portName = "p") {
   sdk::ServicePort p;
-  p.family = clusterIP.find(':') == std::string::npos ? sdk::Family::kIPv4 : sdk::Family::kIPv6;
+  p.family = clusterIP.find(':') == std::string::npos ? net::Family::kIPv4 : net::Family::kIPv6;
   p.protocol = proto;
   p.type = sdk::ServiceType::kClusterIP;
   p.ns = std::move(ns);

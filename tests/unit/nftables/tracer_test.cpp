@@ -16,7 +16,7 @@ using kproxy::nftables::testing::endpoint;
 
 namespace {
 
-Address ip(const char* text) { return *Address::parse(text); }
+net::Prefix ip(const char* text) { return *net::Prefix::parse(text); }
 
 Verdict jump(std::string c) { return Verdict{VerdictKind::kJump, std::move(c)}; }
 Verdict goTo(std::string c) { return Verdict{VerdictKind::kGoto, std::move(c)}; }
@@ -42,9 +42,9 @@ struct Ruleset {
     SetSpec slots{kSlots, {DT::kSlot}, {DT::kIPv4Addr, DT::kInetService}};
     slots.interval = true;
     specs.push_back(slots);
-    global.family = Family::kIPv4;
+    global.family = net::Family::kIPv4;
     global.sets = specs;
-    fragments[0].family = Family::kIPv4;
+    fragments[0].family = net::Family::kIPv4;
   }
 
   Chain& base(std::string name, std::string type, std::string hook, int priority) {
@@ -73,7 +73,7 @@ struct Ruleset {
                                             std::nullopt, {}, {}, true, kIntervalIdentitySize});
   }
 
-  NftablesTracer tracer(std::vector<Address> local = {ip("192.168.0.2")}) const {
+  NftablesTracer tracer(std::vector<net::Prefix> local = {ip("192.168.0.2")}) const {
     return NftablesTracer(global, fragments, std::move(local));
   }
 };
@@ -404,7 +404,7 @@ TEST_CASE("tracer: rendered ClusterIP services", "[unit][tracer]") {
       clusterIP("ns1", "svc1", "172.30.0.41", 80, {endpoint("10.180.0.1", 80), endpoint("10.180.2.1", 80)}),
       clusterIP("ns2", "empty", "172.30.0.42", 80, {}),
   };
-  auto tracer = NftablesTracer::fromServicePorts(renderer, Family::kIPv4, ports, node());
+  auto tracer = NftablesTracer::fromServicePorts(renderer, net::Family::kIPv4, ports, node());
 
   auto pod = tracer.trace(packet("10.0.0.2", "172.30.0.41", 80));
   CHECK(pod.warnings.empty());
@@ -446,10 +446,10 @@ TEST_CASE("tracer: rendered session affinity records the client after DNAT", "[u
   p.sessionAffinityClientIP = true;
   p.stickyMaxAgeSeconds = 600;
   std::vector<sdk::ServicePort> ports{p};
-  auto tracer = NftablesTracer::fromServicePorts(renderer, Family::kIPv4, ports, node());
+  auto tracer = NftablesTracer::fromServicePorts(renderer, net::Family::kIPv4, ports, node());
   auto t = tracer.trace(packet("10.0.0.2", "172.30.0.45", 80));
   CHECK(t.outcome.toText() == "10.180.0.3:80");
-  const std::uint32_t id = affinityPoolId(*renderer.slots(Family::kIPv4).baseOf(serviceChainName(p)), p,
+  const std::uint32_t id = affinityPoolId(*renderer.slots(net::Family::kIPv4).baseOf(serviceChainName(p)), p,
                                           plan::Pool::kCluster);
   CHECK(hasStep(t, affinityChainName(p), fmt::format("would record 10.0.0.2 . {} : 10.180.0.3:80 for 600s", id)));
   CHECK(hasStep(t, names::kAffinityRecordChain, "affinity-services hit: 172.30.0.45 . tcp . 80"));
@@ -467,8 +467,8 @@ TEST_CASE("tracer: an eTP=Local service records each pool's choices under that p
   p.sessionAffinityClientIP = true;
   p.stickyMaxAgeSeconds = 600;
   std::vector<sdk::ServicePort> ports{p};
-  auto tracer = NftablesTracer::fromServicePorts(renderer, Family::kIPv4, ports, node());
-  auto& slots = renderer.slots(Family::kIPv4);
+  auto tracer = NftablesTracer::fromServicePorts(renderer, net::Family::kIPv4, ports, node());
+  auto& slots = renderer.slots(net::Family::kIPv4);
   const auto cluster = affinityPoolId(*slots.baseOf(serviceChainName(p)), p, plan::Pool::kCluster);
   const auto local = affinityPoolId(*slots.baseOf(externalChainName(p)), p, plan::Pool::kLocal);
   auto outside = tracer.trace(packet("203.0.113.9", "192.168.0.2", 30046));
@@ -507,13 +507,13 @@ TEST_CASE("tracer: NodePorts on the addresses the host resolved, or on every loc
   n.nodePortAddresses.resolved = true;
   n.nodePortAddresses.addresses = {"127.0.0.1", "192.168.5.5"};
 
-  auto tracer = NftablesTracer::fromServicePorts(renderer, Family::kIPv4, ports, n);
+  auto tracer = NftablesTracer::fromServicePorts(renderer, net::Family::kIPv4, ports, n);
   CHECK(tracer.trace(packet("203.0.113.2", "192.168.5.5", 3001)).outcome.toText() == "10.180.0.1:80");
   CHECK(tracer.trace(packet("203.0.113.2", "192.168.0.2", 3001)).outcome.toText().empty());
   CHECK(tracer.trace(packet("10.0.0.2", "127.0.0.1", 3001)).outcome.toText().empty());
 
   n.nodePortAddresses.allLocalIPv4 = true;
-  auto all = NftablesTracer::fromServicePorts(renderer, Family::kIPv4, ports, n);
+  auto all = NftablesTracer::fromServicePorts(renderer, net::Family::kIPv4, ports, n);
   CHECK(all.trace(packet("203.0.113.2", "192.168.5.5", 3001)).outcome.toText() == "10.180.0.1:80");
   CHECK(all.trace(packet("203.0.113.2", "192.168.0.2", 3001)).outcome.toText() == "10.180.0.1:80");
   CHECK(all.trace(packet("10.0.0.2", "127.0.0.1", 3001)).outcome.toText().empty());  // no localhost NodePorts

@@ -3,6 +3,8 @@
 #include "kproxy/core/log.h"
 #include "kproxy/core/tracker.h"
 
+namespace net = kproxy::net;
+
 namespace ops_test {
 
 using namespace kproxy::core;
@@ -13,7 +15,7 @@ Service baseService(const std::string& name, const std::string& clusterIP) {
   s.ns = "default";
   s.name = name;
   s.clusterIPs = {clusterIP};
-  s.ipFamilies = {IPFamily::kIPv4};
+  s.ipFamilies = {net::Family::kIPv4};
   ServicePortSpec p;
   p.name = "http";
   p.port = 80;

@@ -106,7 +106,6 @@ struct Phase {
   std::vector<FlowCase> cases;
 };
 
-enum class Family { kIPv4, kIPv6 };
 
 struct Scenario {
   std::vector<std::string> clusterCIDRs{"10.0.0.0/8"};
@@ -132,8 +131,8 @@ struct Scenario {
 
 // ---- model builders ----------------------------------------------------------------------
 
-core::IPFamily familyOf(const std::string& ip) {
-  return ip.find(':') == std::string::npos ? core::IPFamily::kIPv4 : core::IPFamily::kIPv6;
+net::Family familyOf(const std::string& ip) {
+  return ip.find(':') == std::string::npos ? net::Family::kIPv4 : net::Family::kIPv6;
 }
 
 core::ServicePortSpec port(std::string name, std::int32_t number, std::int32_t nodePort = 0,
@@ -199,7 +198,7 @@ core::EndpointSlice slice(std::string ns, std::string serviceName, std::vector<c
   s.serviceName = serviceName;
   s.labels[core::kLabelServiceName] = serviceName;
   s.resourceVersion = "1";
-  s.addressType = !endpoints.empty() && familyOf(endpoints.front().addresses.front()) == core::IPFamily::kIPv6
+  s.addressType = !endpoints.empty() && familyOf(endpoints.front().addresses.front()) == net::Family::kIPv6
                       ? core::AddressType::kIPv6
                       : core::AddressType::kIPv4;
   s.ports = std::move(ports);
@@ -661,8 +660,8 @@ PACKET_FLOW_TEST("packet flow: TestLoadBalancer", loadBalancerScenario)
 // ---- TestNodePorts -------------------------------------------------------------------------
 
 namespace {
-Scenario nodePorts(Family family, std::vector<std::string> nodePortAddresses, bool allowAltNodeIP) {
-  const bool v4 = family == Family::kIPv4;
+Scenario nodePorts(net::Family family, std::vector<std::string> nodePortAddresses, bool allowAltNodeIP) {
+  const bool v4 = family == net::Family::kIPv4;
   const std::string svcIP = v4 ? "172.30.0.41" : "fd00:172:30::41";
   const std::string ep1 = v4 ? "10.180.0.1" : "fd00:10:180::1";
   const std::string ep2 = v4 ? "10.180.2.1" : "fd00:10:180::2:1";
@@ -691,13 +690,13 @@ Scenario nodePorts(Family family, std::vector<std::string> nodePortAddresses, bo
   s.phases.push_back(phase({svc}, {eps}, cases));
   return s;
 }
-Scenario nodePortsV4() { return nodePorts(Family::kIPv4, {}, false); }
+Scenario nodePortsV4() { return nodePorts(net::Family::kIPv4, {}, false); }
 Scenario nodePortsV4Multiple() {
-  return nodePorts(Family::kIPv4, {"192.168.0.0/24", "192.168.1.0/24", "2001:db8::/64"}, true);
+  return nodePorts(net::Family::kIPv4, {"192.168.0.0/24", "192.168.1.0/24", "2001:db8::/64"}, true);
 }
-Scenario nodePortsV6() { return nodePorts(Family::kIPv6, {}, false); }
+Scenario nodePortsV6() { return nodePorts(net::Family::kIPv6, {}, false); }
 Scenario nodePortsV6Multiple() {
-  return nodePorts(Family::kIPv6, {"192.168.0.0/24", "192.168.1.0/24", "2001:db8::/64", "2001:db8:1::2/128"}, true);
+  return nodePorts(net::Family::kIPv6, {"192.168.0.0/24", "192.168.1.0/24", "2001:db8::/64", "2001:db8:1::2/128"}, true);
 }
 }  // namespace
 PACKET_FLOW_TEST("packet flow: TestNodePorts ipv4", nodePortsV4)

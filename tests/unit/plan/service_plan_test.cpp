@@ -173,9 +173,9 @@ TEST_CASE("plan: service CIDR ranges per family, sorted, nested ones folded", "[
                                             {"c", "10.0.0.0/24"},      {"b", "fd00:10:96::/112"},
                                             {"d", "10.96.0.0/12"},     {"e", "nonsense"},
                                             {"f", "10.96.0.1/12"}};  // host bits: the same range
-  auto v4 = serviceCIDRRanges(cidrs, sdk::Family::kIPv4);
+  auto v4 = serviceCIDRRanges(cidrs, net::Family::kIPv4);
   CHECK(v4 == std::vector<ServiceCIDRRange>{{"10.0.0.0/24", {"c"}}, {"10.96.0.0/12", {"b", "d", "f", "a"}}});
-  auto v6 = serviceCIDRRanges(cidrs, sdk::Family::kIPv6);
+  auto v6 = serviceCIDRRanges(cidrs, net::Family::kIPv6);
   CHECK(v6 == std::vector<ServiceCIDRRange>{{"fd00:10:96::/112", {"b"}}});
-  CHECK(serviceCIDRRanges({}, sdk::Family::kIPv4).empty());
+  CHECK(serviceCIDRRanges({}, net::Family::kIPv4).empty());
 }

@@ -64,7 +64,7 @@ TEST_CASE("plan trace: JSON strings and endpoints are written alike by every bac
 
 TEST_CASE("plan trace: an unallocated ClusterIP names its ServiceCIDR", "[unit]") {
   const std::vector<sdk::ServiceCIDR> cidrs{{"kubernetes", "172.30.0.0/16"}};
-  CHECK(unallocatedClusterIPReason(cidrs, sdk::Family::kIPv4, "172.30.0.9") ==
+  CHECK(unallocatedClusterIPReason(cidrs, net::Family::kIPv4, "172.30.0.9") ==
         "dropped: unallocated ClusterIP in ServiceCIDR kubernetes (172.30.0.0/16)");
-  CHECK(unallocatedClusterIPReason(cidrs, sdk::Family::kIPv4, "10.0.0.1") == "dropped: unallocated ClusterIP");
+  CHECK(unallocatedClusterIPReason(cidrs, net::Family::kIPv4, "10.0.0.1") == "dropped: unallocated ClusterIP");
 }

@@ -64,7 +64,7 @@ TEST_CASE("userspace backend: listeners and their redirects; no change, no opera
   const auto port = ports.at(listenerId("ns/web:p"));
   CHECK(port != 0);
 
-  const auto& table = h.kernel->tables.at(nftables::Family::kIPv4);
+  const auto& table = h.kernel->tables.at(net::Family::kIPv4);
   // The ClusterIP with endpoints goes to its listener, the one without is refused.
   std::multiset<std::string> verdicts;
   for (const auto& [key, value] : table.elements.at("services")) verdicts.insert(value);
@@ -103,10 +103,10 @@ TEST_CASE("userspace backend: an endpoint change keeps the listener and touches 
   setEndpoints(snap.ports()[0], {});
   REQUIRE(h.backend->syncFrom(snap, {}, false));
   CHECK(h.backend->listenerPorts().empty());
-  const auto& table = h.kernel->tables.at(nftables::Family::kIPv4);
+  const auto& table = h.kernel->tables.at(net::Family::kIPv4);
   CHECK(table.elements.at("services").begin()->second == "goto reject-chain");
   REQUIRE(h.backend->syncFrom(snap, {}, false));
-  CHECK_FALSE(h.kernel->tables.at(nftables::Family::kIPv4).chains.contains("redirect-tcp-" + std::to_string(port)));
+  CHECK_FALSE(h.kernel->tables.at(net::Family::kIPv4).chains.contains("redirect-tcp-" + std::to_string(port)));
 }
 
 TEST_CASE("userspace backend: a refused batch makes the next sync full", "[unit]") {
@@ -118,7 +118,7 @@ TEST_CASE("userspace backend: a refused batch makes the next sync full", "[unit]
   auto out = h.backend->syncFrom(snap, {}, false);
   REQUIRE(out);
   CHECK(h.kernel->readBacks == 2);  // the first sync and the retry both read back
-  CHECK(h.kernel->tables.at(nftables::Family::kIPv4).elements.at("services").size() == 1);
+  CHECK(h.kernel->tables.at(net::Family::kIPv4).elements.at("services").size() == 1);
 }
 
 TEST_CASE("userspace backend: eTP=Local short-circuit and UDP listeners", "[unit]") {
@@ -132,7 +132,7 @@ TEST_CASE("userspace backend: eTP=Local short-circuit and UDP listeners", "[unit
   CHECK(ports.contains("ipv4 tcp/ns/np:p cluster"));
   CHECK(ports.contains("ipv4 tcp/ns/np:p local"));
   CHECK(ports.contains("ipv4 udp/ns/dns:p cluster"));
-  const auto& table = h.kernel->tables.at(nftables::Family::kIPv4);
+  const auto& table = h.kernel->tables.at(net::Family::kIPv4);
   CHECK(table.elements.at("nodeports").begin()->second ==
         "goto redirect-tcp-" + std::to_string(ports.at("ipv4 tcp/ns/np:p local")));
   CHECK(table.elements.at("shortcircuit-nodeports").begin()->second ==
@@ -191,7 +191,7 @@ TEST_CASE("userspace backend: NodePorts on the addresses --nodeport-addresses re
   node.nodePortAddresses.addresses = {"192.168.70.1", "127.0.0.1", "fd00::1"};
   plan::VectorSnapshot snap({nodePortService({endpoint("10.244.1.1", 8080)})}, node);
   REQUIRE(h.backend->syncFrom(snap, {}, true));
-  const auto& table = h.kernel->tables.at(nftables::Family::kIPv4);
+  const auto& table = h.kernel->tables.at(net::Family::kIPv4);
   REQUIRE(table.elements.at("nodeport-ips").size() == 1);  // loopback and IPv6 left out
   bool bySet = false, byFib = false;
   for (const auto& r : table.chains.at("prerouting").rules) {
@@ -205,7 +205,7 @@ TEST_CASE("userspace backend: NodePorts on the addresses --nodeport-addresses re
   node.nodePortAddresses.allLocalIPv4 = true;
   snap.setNode(node);
   REQUIRE(h.backend->syncFrom(snap, {}, false));
-  const auto& after = h.kernel->tables.at(nftables::Family::kIPv4);
+  const auto& after = h.kernel->tables.at(net::Family::kIPv4);
   CHECK(after.elements.at("nodeport-ips").empty());
   byFib = false;
   for (const auto& r : after.chains.at("prerouting").rules)
@@ -224,7 +224,7 @@ TEST_CASE("userspace backend: loadBalancerSourceRanges filter a LoadBalancer IP 
   plan::VectorSnapshot snap({lb});
   REQUIRE(h.backend->syncFrom(snap, {}, true));
   const auto port = std::to_string(h.backend->listenerPorts().at(listenerId("ns/lb:p")));
-  const auto& table = h.kernel->tables.at(nftables::Family::kIPv4);
+  const auto& table = h.kernel->tables.at(net::Family::kIPv4);
   std::multiset<std::string> verdicts;
   for (const auto& [key, value] : table.elements.at("services")) verdicts.insert(value);
   // The ClusterIP goes straight to the listener, the LoadBalancer IP through its firewall.
@@ -241,15 +241,15 @@ TEST_CASE("userspace backend: addresses of a ServiceCIDR that no Service holds a
   plan::VectorSnapshot snap({clusterIP("ns", "web", "172.30.0.10", 80, {endpoint("10.244.1.1", 8080)})});
   snap.setServiceCIDRs({{"kubernetes", "172.30.0.0/16"}, {"v6", "fd00:30::/108"}});
   REQUIRE(h.backend->syncFrom(snap, {}, true));
-  const auto& check = h.kernel->tables.at(nftables::Family::kIPv4).chains.at("cluster-ips-check");
+  const auto& check = h.kernel->tables.at(net::Family::kIPv4).chains.at("cluster-ips-check");
   REQUIRE(check.rules.size() == 1);
   CHECK(check.rules[0].text == "ip daddr 172.30.0.0/16 drop");
   // Checked after the services and the ClusterIPs' other ports.
-  const auto& prerouting = h.kernel->tables.at(nftables::Family::kIPv4).chains.at("prerouting").rules;
+  const auto& prerouting = h.kernel->tables.at(net::Family::kIPv4).chains.at("prerouting").rules;
   REQUIRE(prerouting.size() >= 2);
   CHECK(prerouting[prerouting.size() - 2].text == "ip daddr @cluster-ips goto reject-chain");
   CHECK(prerouting.back().text == "jump cluster-ips-check");
   snap.setServiceCIDRs({});
   REQUIRE(h.backend->syncFrom(snap, {}, false));
-  CHECK(h.kernel->tables.at(nftables::Family::kIPv4).chains.at("cluster-ips-check").rules.empty());
+  CHECK(h.kernel->tables.at(net::Family::kIPv4).chains.at("cluster-ips-check").rules.empty());
 }

@@ -11,9 +11,10 @@
 #include <utility>
 #include <vector>
 
+#include "kproxy/net/ip.h"
+
 namespace kproxy::core {
 
-enum class IPFamily : std::uint8_t { kIPv4 = 4, kIPv6 = 6 };
 enum class Protocol : std::uint8_t { kTCP, kUDP, kSCTP };
 enum class ServiceType : std::uint8_t { kClusterIP, kNodePort, kLoadBalancer, kExternalName };
 enum class TrafficPolicy : std::uint8_t { kCluster, kLocal };
@@ -21,7 +22,6 @@ enum class SessionAffinity : std::uint8_t { kNone, kClientIP };
 enum class LoadBalancerIPMode : std::uint8_t { kVIP, kProxy };
 enum class AddressType : std::uint8_t { kIPv4, kIPv6, kFQDN };
 
-const char* toString(IPFamily family);
 const char* toString(Protocol protocol);
 const char* toString(ServiceType type);
 
@@ -109,7 +109,7 @@ struct Service {
   std::string resourceVersion;
   ServiceType type = ServiceType::kClusterIP;
   std::vector<std::string> clusterIPs;  ///< first is .spec.clusterIP; "None" means headless
-  std::vector<IPFamily> ipFamilies;
+  std::vector<net::Family> ipFamilies;
   std::vector<ServicePortSpec> ports;
   std::vector<std::string> externalIPs;
   std::vector<LoadBalancerIngress> loadBalancerIngress;   ///< from .status.loadBalancer

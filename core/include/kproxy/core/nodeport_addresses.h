@@ -22,7 +22,7 @@ namespace kproxy::core {
 struct NodeIPs {
   std::string ipv4;
   std::string ipv6;
-  const std::string& of(IPFamily family) const { return family == IPFamily::kIPv4 ? ipv4 : ipv6; }
+  const std::string& of(net::Family family) const { return family == net::Family::kIPv4 ? ipv4 : ipv6; }
   bool operator==(const NodeIPs&) const = default;
 };
 
@@ -44,8 +44,8 @@ struct NodePortAddresses {
   bool allLocalIPv4 = false;
   bool allLocalIPv6 = false;
 
-  bool allLocal(IPFamily family) const {
-    return family == IPFamily::kIPv4 ? allLocalIPv4 : allLocalIPv6;
+  bool allLocal(net::Family family) const {
+    return family == net::Family::kIPv4 ? allLocalIPv4 : allLocalIPv6;
   }
   bool operator==(const NodePortAddresses&) const = default;
 };

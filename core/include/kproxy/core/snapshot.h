@@ -24,7 +24,7 @@ namespace kproxy::core {
 /// Identifies one service port in one IP family. `name` is upstream's ServicePortName string:
 /// "namespace/service:portname" ("namespace/service" when the port has no name).
 struct ServicePortKey {
-  IPFamily family = IPFamily::kIPv4;
+  net::Family family = net::Family::kIPv4;
   std::string name;
   auto operator<=>(const ServicePortKey&) const = default;
   bool operator==(const ServicePortKey&) const = default;

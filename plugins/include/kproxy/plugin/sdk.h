@@ -33,11 +33,15 @@
 #include <utility>
 #include <vector>
 
+#include "kproxy/net/ip.h"
 #include "kproxy/plugin/abi.h"
 
 namespace kproxy::sdk {
 
-enum class Family : std::uint8_t { kIPv4 = KPROXY_FAMILY_IPV4, kIPv6 = KPROXY_FAMILY_IPV6 };
+/// The address family: net/'s, whose values are the ABI's, so it crosses the ABI as is.
+using Family = net::Family;
+static_assert(static_cast<int>(Family::kIPv4) == KPROXY_FAMILY_IPV4 &&
+              static_cast<int>(Family::kIPv6) == KPROXY_FAMILY_IPV6);
 enum class Protocol : std::uint8_t {
   kTCP = KPROXY_PROTO_TCP,
   kUDP = KPROXY_PROTO_UDP,

@@ -39,7 +39,7 @@ using BackendOptions = std::map<std::string, std::string>;
 
 /// The first packet of a new connection, for PluginBackend::explain.
 struct ExplainRequest {
-  core::IPFamily family = core::IPFamily::kIPv4;
+  net::Family family = net::Family::kIPv4;
   core::Protocol protocol = core::Protocol::kTCP;
   std::string sourceIP;  ///< numeric, of `family`
   std::string destinationIP;

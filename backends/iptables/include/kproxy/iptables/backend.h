@@ -74,11 +74,11 @@ class IptablesBackend final : public backends::Reconciler {
 
   /// The restore input of the last sync per family (empty when it wrote nothing, or when it
   /// was bigger than BackendSettings::lastRestoreKept).
-  const std::string& lastRestore(sdk::Family family) const { return lastRestore_[index(family)]; }
+  const std::string& lastRestore(net::Family family) const { return lastRestore_[index(family)]; }
   /// Owned chains in the mirror, per family.
-  std::size_t mirroredChains(sdk::Family family) const;
+  std::size_t mirroredChains(net::Family family) const;
   /// Rules in kproxy's chains of `table` as the mirror counts them (kproxy_iptables_rules).
-  std::size_t mirroredRules(sdk::Family family, Table table) const {
+  std::size_t mirroredRules(net::Family family, Table table) const {
     return mirror_[index(family)].rules[index(table)];
   }
 
@@ -98,7 +98,7 @@ class IptablesBackend final : public backends::Reconciler {
   bool kernelChangedOutside(const std::vector<sdk::ChangedKey>& changed) override;
 
  private:
-  static std::size_t index(sdk::Family f) { return f == sdk::Family::kIPv6 ? 1 : 0; }
+  static std::size_t index(net::Family f) { return f == net::Family::kIPv6 ? 1 : 0; }
   static std::size_t index(Table t) { return static_cast<std::size_t>(t); }
 
   // The differ (differ.cpp).
@@ -110,24 +110,24 @@ class IptablesBackend final : public backends::Reconciler {
   void beginPass(const plan::SnapshotSource& next, bool full);
   /// Renders and applies a full sync of `family`: the mirror it leaves in `out`, what it wrote
   /// in `input` (when it fits settings_.lastRestoreKept).
-  sdk::Expected<void> fullSyncFamily(const plan::SnapshotSource& next, sdk::Family family, FamilyMirror& out,
+  sdk::Expected<void> fullSyncFamily(const plan::SnapshotSource& next, net::Family family, FamilyMirror& out,
                                      std::string& input, std::size_t& operations);
-  void partialSyncFamily(const plan::SnapshotSource& next, sdk::Family family,
+  void partialSyncFamily(const plan::SnapshotSource& next, net::Family family,
                          const std::vector<std::string>& keys, FamilyMirror& mirror, RestoreEdit& edit,
                          std::size_t& operations);
   /// The pass's outcome: its operations and its fields of the sync summary (the variant, what
   /// went over netlink, the tools' CPU, and after a full pass the first changes).
   backends::PassOutcome passOutcome(bool full, std::size_t operations);
 
-  sdk::Expected<void> apply(sdk::Family family, const std::string& input);
+  sdk::Expected<void> apply(net::Family family, const std::string& input);
   /// Applies a partial sync's edit (`input`, its text): over netlink when it only rewrites or
   /// deletes nat chains and the kernel adapter allows it, else through the tool.
-  sdk::Expected<void> applyPartial(sdk::Family family, const RestoreEdit& edit, const std::string& input);
+  sdk::Expected<void> applyPartial(net::Family family, const RestoreEdit& edit, const std::string& input);
   /// Counts a refused restore and names the tool in its error.
-  sdk::Expected<void> restoreFailed(sdk::Family family, const core::Error& e);
+  sdk::Expected<void> restoreFailed(net::Family family, const core::Error& e);
   /// Counts a refused netlink transaction; when the kernel refused the encoding itself, later
   /// syncs use the tool only.
-  sdk::Expected<void> netlinkFailed(sdk::Family family, const core::Error& e);
+  sdk::Expected<void> netlinkFailed(net::Family family, const core::Error& e);
   /// Commits `batch` on the backend's netfilter socket, opened on first use and kept: closing
   /// one after a commit waits for the kernel to release what the commit replaced.
   core::Result<void> commitOverNetlink(NftRuleBatch& batch);
@@ -136,7 +136,7 @@ class IptablesBackend final : public backends::Reconciler {
   void warnAboutRecentLists();
   /// Whether this sync may write nat chains over netlink (NftRuleBatch).
   bool netlinkAllowed() { return settings_.netlinkRules && !netlinkRefused_ && kernel_->netlinkRules(); }
-  bool familyEnabled(sdk::Family family) const { return family == sdk::Family::kIPv4 || settings_.ipv6; }
+  bool familyEnabled(net::Family family) const { return family == net::Family::kIPv4 || settings_.ipv6; }
   void setRouteLocalnet();
   void updateMetrics() const;
 

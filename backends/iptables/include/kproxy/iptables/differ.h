@@ -51,7 +51,7 @@ class KernelChains final : public backends::IptablesSaveReader::Sink {
   /// Reads table `table` of `family` with the kernel adapter's iptables-save. An error's context
   /// names the step: "iptables-save -t nat: …" when the tool failed, "reading iptables-save -t
   /// nat: …" when its output was not understood.
-  core::Result<void> read(KernelIptables& kernel, sdk::Family family, Table table);
+  core::Result<void> read(KernelIptables& kernel, net::Family family, Table table);
 
   const Chain* find(Table t, const std::string& name) const;
   /// The chains of table `t` read so far, by name.

@@ -39,18 +39,18 @@ class KernelIptables {
  public:
   virtual ~KernelIptables() = default;
   /// `iptables-save -t TABLE` of `family`.
-  virtual core::Result<std::string> save(sdk::Family family, Table table) = 0;
+  virtual core::Result<std::string> save(net::Family family, Table table) = 0;
   /// The same, the output handed to `out` piece by piece as the tool writes it (a 10,000-Service
   /// nat table is tens of MB of text, never held whole). The default calls save().
-  virtual core::Result<void> saveTo(sdk::Family family, Table table, const std::function<void(std::string_view)>& out);
+  virtual core::Result<void> saveTo(net::Family family, Table table, const std::function<void(std::string_view)>& out);
   /// `iptables-restore --noflush -w` of `input` (several tables, each committed on its own).
   /// A refusal is an error of category kKernel whose message quotes the line the tool named.
-  virtual core::Result<void> restore(sdk::Family family, std::string_view input) = 0;
+  virtual core::Result<void> restore(net::Family family, std::string_view input) = 0;
   /// The same restore, with the input written piece by piece. The default collects the input
   /// and calls restore() in finish().
-  virtual core::Result<std::unique_ptr<RestoreStream>> startRestore(sdk::Family family);
+  virtual core::Result<std::unique_ptr<RestoreStream>> startRestore(net::Family family);
   /// Whether `chain` exists in `table` (the canary check).
-  virtual core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) = 0;
+  virtual core::Result<bool> chainExists(net::Family family, Table table, std::string_view chain) = 0;
   /// "iptables-nft", "iptables-legacy", "fake".
   virtual std::string describe() const = 0;
   /// The CPU the tools used since the last call, in user space and in the kernel (for
@@ -102,13 +102,13 @@ class PrintingIptables final : public KernelIptables {
  public:
   /// `name`: what describe() says (the variant the host would use).
   PrintingIptables(std::unique_ptr<KernelIptables> inner, std::FILE* out, std::string name);
-  core::Result<std::string> save(sdk::Family family, Table table) override { return inner_->save(family, table); }
-  core::Result<void> saveTo(sdk::Family family, Table table,
+  core::Result<std::string> save(net::Family family, Table table) override { return inner_->save(family, table); }
+  core::Result<void> saveTo(net::Family family, Table table,
                             const std::function<void(std::string_view)>& out) override {
     return inner_->saveTo(family, table, out);
   }
-  core::Result<void> restore(sdk::Family family, std::string_view input) override;
-  core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override {
+  core::Result<void> restore(net::Family family, std::string_view input) override;
+  core::Result<bool> chainExists(net::Family family, Table table, std::string_view chain) override {
     return inner_->chainExists(family, table, chain);
   }
   std::string describe() const override { return name_; }
@@ -123,9 +123,9 @@ class PrintingIptables final : public KernelIptables {
 /// Applies restore input to an in-memory ruleset (tests, and the benchmark's mirror checks).
 class FakeIptables final : public KernelIptables {
  public:
-  core::Result<std::string> save(sdk::Family family, Table table) override;
-  core::Result<void> restore(sdk::Family family, std::string_view input) override;
-  core::Result<bool> chainExists(sdk::Family family, Table table, std::string_view chain) override;
+  core::Result<std::string> save(net::Family family, Table table) override;
+  core::Result<void> restore(net::Family family, std::string_view input) override;
+  core::Result<bool> chainExists(net::Family family, Table table, std::string_view chain) override;
   std::string describe() const override { return "fake"; }
   std::size_t restoreChunkRules() const override { return chunkRules; }
   bool replacesWholeTables() const override { return wholeTables; }
@@ -146,7 +146,7 @@ class FakeIptables final : public KernelIptables {
     bool builtin = false;
     std::vector<std::string> rules;
   };
-  std::vector<Chain>& chains(sdk::Family family, Table table);
+  std::vector<Chain>& chains(net::Family family, Table table);
 
  private:
   std::vector<Chain> tables_[2][3];

@@ -35,7 +35,7 @@ class NftRuleBatch {
  public:
   /// Chains of `table` ("nat") of `family`'s table (ip or ip6). The table must exist when the
   /// batch is committed (iptables-nft creates it, with its base chains, on its first restore).
-  explicit NftRuleBatch(sdk::Family family, std::string table = "nat");
+  explicit NftRuleBatch(net::Family family, std::string table = "nat");
 
   /// Appends the rewrites of `chains`: every chain's creation and flush first, then their
   /// rules, so rules may jump to any of them. All or nothing: an error names the first rule
@@ -75,7 +75,7 @@ class NftRuleBatch {
   /// NFT_MSG_DELRULE (its flush).
   void chainMessage(std::uint16_t type, std::uint16_t flags, std::uint32_t index);
 
-  sdk::Family family_;
+  net::Family family_;
   std::string table_;
   backends::MessageBuffer messages_;
   std::vector<Sent> sent_;  ///< per message, in order
@@ -85,6 +85,6 @@ class NftRuleBatch {
 
 /// Whether `spec` (a rule of `family`) is of a shape NftRuleBatch writes; the error says why
 /// not. For tests and for choosing the tool up front.
-core::Result<void> checkNftRuleSpec(sdk::Family family, std::string_view spec);
+core::Result<void> checkNftRuleSpec(net::Family family, std::string_view spec);
 
 }  // namespace kproxy::iptables

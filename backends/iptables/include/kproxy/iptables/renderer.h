@@ -101,7 +101,7 @@ struct JumpRule {
 
 /// What one service port of one family owns.
 struct Fragment {
-  sdk::Family family = sdk::Family::kIPv4;
+  net::Family family = net::Family::kIPv4;
   std::string key;
   std::vector<ChainRules> chains;  ///< nat KUBE-SVC-/SVL-/EXT-/FW-/SEP- chains
   std::vector<DispatchRule> dispatch;
@@ -113,7 +113,7 @@ struct Fragment {
 
 /// The fixed objects of one family.
 struct GlobalObjects {
-  sdk::Family family = sdk::Family::kIPv4;
+  net::Family family = net::Family::kIPv4;
   /// Chains whose whole content is fixed: KUBE-POSTROUTING, KUBE-MARK-MASQ, KUBE-FORWARD and
   /// the KUBE-PROXY-CANARY chains (empty), in filter, nat and mangle.
   std::vector<ChainRules> chains;
@@ -150,7 +150,7 @@ class IptablesRenderer {
   bool largeCluster() const { return largeCluster_; }
 
   Fragment renderServicePort(const sdk::ServicePort& port) const;
-  GlobalObjects renderGlobal(sdk::Family family, const sdk::NodeInfo& node) const;
+  GlobalObjects renderGlobal(net::Family family, const sdk::NodeInfo& node) const;
 
   const RenderConfig& config() const { return config_; }
   const plan::PlanConfig& planConfig() const { return planConfig_; }
@@ -161,7 +161,7 @@ class IptablesRenderer {
  private:
   /// `-s CIDR` / `-i IF` conditions that tell this node's pods' traffic (negate: not from pods);
   /// empty when the detector cannot tell for `family`.
-  std::string podSource(sdk::Family family, bool negate) const;
+  std::string podSource(net::Family family, bool negate) const;
 
   /// Where NodePorts of one family answer: every local address (`-m addrtype --dst-type
   /// LOCAL`), or these addresses.
@@ -169,7 +169,7 @@ class IptablesRenderer {
     bool allLocal = true;
     std::vector<std::string> addresses;
   };
-  const NodePorts& nodePortsOf(sdk::Family family) const { return nodePorts_[family == sdk::Family::kIPv6 ? 1 : 0]; }
+  const NodePorts& nodePortsOf(net::Family family) const { return nodePorts_[family == net::Family::kIPv6 ? 1 : 0]; }
 
   RenderConfig config_;
   plan::PlanConfig planConfig_;
@@ -182,7 +182,7 @@ class IptablesRenderer {
 /// nat, mangle; every chain declared; each dispatch chain's rules in section order; the jumps
 /// first in their built-in chains). It loads into an empty ruleset, and parseIptablesSave reads
 /// it (the tracer and `kproxy explain` work on it).
-std::string renderRuleset(const IptablesRenderer& renderer, sdk::Family family,
+std::string renderRuleset(const IptablesRenderer& renderer, net::Family family,
                           std::span<const sdk::ServicePort> ports, const sdk::NodeInfo& node);
 
 }  // namespace kproxy::iptables

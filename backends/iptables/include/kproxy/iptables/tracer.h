@@ -40,7 +40,7 @@
 #include <string_view>
 #include <vector>
 
-#include "kproxy/backends/common/address.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/core/error.h"
 #include "kproxy/plan/trace.h"
@@ -54,8 +54,8 @@ using plan::TraceVerdict;
 
 /// The first packet of a new connection.
 struct Packet {
-  backends::IPPrefix source;
-  backends::IPPrefix destination;
+  net::Prefix source;
+  net::Prefix destination;
   std::uint16_t destinationPort = 0;
   std::uint8_t protocol = 6;  ///< IP protocol number: 6 tcp, 17 udp, 132 sctp
   /// true: sent by a process on the node (OUTPUT path); false: arriving on an interface.
@@ -93,9 +93,9 @@ struct TracedIpset {
 struct TracedVirtualServer {
   std::uint32_t fwmark = 0;  ///< not 0: matched by the packet mark, not by address
   std::uint8_t protocol = 6;
-  backends::IPPrefix address;
+  net::Prefix address;
   std::uint16_t port = 0;
-  std::vector<std::pair<backends::IPPrefix, std::uint16_t>> realServers;
+  std::vector<std::pair<net::Prefix, std::uint16_t>> realServers;
   /// A persistent firewall-mark service: connections keep the packet's destination port (the
   /// kernel uses a real server's port only when the packet's equals the service's, 0 here).
   bool keepsPort = false;
@@ -108,16 +108,16 @@ class IptablesTracer {
   /// `localAddresses`: the node's own addresses (`-m addrtype --src-type/--dst-type LOCAL`,
   /// and INPUT vs. FORWARD after DNAT); loopback addresses are always local. Every rule is
   /// parsed here, once.
-  IptablesTracer(const backends::IptablesSave& ruleset, std::vector<backends::IPPrefix> localAddresses);
+  IptablesTracer(const backends::IptablesSave& ruleset, std::vector<net::Prefix> localAddresses);
   /// Parses iptables-save / iptables-restore text first; fails when it does not parse.
   static core::Result<IptablesTracer> fromText(std::string_view text,
-                                               std::vector<backends::IPPrefix> localAddresses);
+                                               std::vector<net::Prefix> localAddresses);
 
   IptablesTracer(IptablesTracer&&) noexcept;
   IptablesTracer& operator=(IptablesTracer&&) noexcept;
   ~IptablesTracer();
 
-  const std::vector<backends::IPPrefix>& localAddresses() const { return localAddresses_; }
+  const std::vector<net::Prefix>& localAddresses() const { return localAddresses_; }
 
   /// IPVS mode: the sets the rules match (by name) and the virtual servers that schedule.
   void setIpvs(std::vector<std::pair<std::string, TracedIpset>> sets, std::vector<TracedVirtualServer> servers);
@@ -128,7 +128,7 @@ class IptablesTracer {
   struct Ruleset;  ///< the parsed rules (private to the tracer)
 
  private:
-  std::vector<backends::IPPrefix> localAddresses_;
+  std::vector<net::Prefix> localAddresses_;
   std::unique_ptr<Ruleset> rules_;
   bool ipvs_ = false;
   std::vector<std::pair<std::string, TracedIpset>> sets_;

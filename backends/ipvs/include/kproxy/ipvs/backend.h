@@ -171,7 +171,7 @@ class IpvsBackend final : public backends::Reconciler {
   /// The kernel's virtual servers against `servers`: kproxy's unwanted ones deleted, the
   /// wanted ones updated or added.
   sdk::Expected<void> syncVirtualServers(const std::map<std::string, AppliedServer>& servers,
-                                         const std::vector<backends::IPPrefix>& bound,
+                                         const std::vector<net::Prefix>& bound,
                                          const NodePorts& nodePorts);
   /// The real servers of the kernel's virtual server `kernel` against `want`'s.
   sdk::Expected<void> syncRealServers(const VirtualServer& kernel, const AppliedServer& want);
@@ -200,15 +200,15 @@ class IpvsBackend final : public backends::Reconciler {
   sdk::Expected<void> bindAddress(const std::string& address);
   sdk::Expected<void> unbindAddress(const std::string& address);
   sdk::Expected<void> restoreIpsets(const std::string& input);
-  sdk::Expected<void> restoreIptables(sdk::Family family, const std::string& input);
+  sdk::Expected<void> restoreIptables(net::Family family, const std::string& input);
   sdk::Expected<void> failed(std::string_view op, const core::Error& error);
   void count(std::string_view op);
   void print(const std::string& text);
 
-  bool familyEnabled(sdk::Family family) const {
-    return family == sdk::Family::kIPv4 || settings_.ipv6;
+  bool familyEnabled(net::Family family) const {
+    return family == net::Family::kIPv4 || settings_.ipv6;
   }
-  bool ownsAddress(const backends::IPPrefix& address) const;
+  bool ownsAddress(const net::Prefix& address) const;
   /// A firewall mark of kproxy's (its tag bit; ClientIP affinity).
   bool ownsFwmark(std::uint32_t fwmark) const { return (fwmark & settings_.render.fwmarkTag()) != 0; }
   void updateMetrics() const;
@@ -217,7 +217,7 @@ class IpvsBackend final : public backends::Reconciler {
   BackendSettings settings_;
   IpvsRenderer renderer_;
   IpvsAdapters kernel_;
-  std::vector<backends::IPPrefix> exclude_;
+  std::vector<net::Prefix> exclude_;
 
   // The mirror of what was applied.
   std::map<std::string, Fragment> ports_;            ///< "4|key" / "6|key" → its last render

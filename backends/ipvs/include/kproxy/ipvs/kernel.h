@@ -18,14 +18,13 @@
 #include <string_view>
 #include <vector>
 
-#include "kproxy/backends/common/address.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/process.h"
 #include "kproxy/core/error.h"
 
 namespace kproxy::ipvs {
 
-enum class Family : std::uint8_t { kIPv4, kIPv6 };
 enum class Protocol : std::uint8_t { kTcp, kUdp, kSctp };
 
 /// How IPVS forwards to a real server (IP_VS_CONN_F_*); Kubernetes uses masquerading (NAT).
@@ -42,16 +41,15 @@ inline constexpr std::uint32_t kFlagOnePacket = 0x4;
 inline constexpr std::uint32_t kFlagSourceHashFallback = 0x8;  ///< sh: skip unavailable servers
 inline constexpr std::uint32_t kFlagSourceHashPort = 0x10;     ///< sh: hash the source port too
 
-const char* toString(Family family);
 const char* toString(Protocol protocol);  ///< "TCP", "UDP", "SCTP" (as ipvsadm prints them)
 const char* toString(ForwardingMethod method);
 
 /// One IPVS virtual server. It is identified by (family, protocol, address, port), or by
 /// (family, fwmark) when fwmark is not 0; the other fields are its settings.
 struct VirtualServer {
-  Family family = Family::kIPv4;
+  net::Family family = net::Family::kIPv4;
   Protocol protocol = Protocol::kTcp;  ///< unused for a firewall-mark service
-  backends::IPPrefix address{};        ///< a host address of `family`; unused with fwmark
+  net::Prefix address{};        ///< a host address of `family`; unused with fwmark
   std::uint16_t port = 0;
   std::uint32_t fwmark = 0;            ///< not 0: a firewall-mark service
   std::string scheduler = "rr";        ///< "rr", "wrr", "lc", "sh", …: the kernel loads ip_vs_<name>
@@ -70,7 +68,7 @@ struct VirtualServer {
 
 /// One real server (IPVS "destination") of a virtual server.
 struct RealServer {
-  backends::IPPrefix address{};  ///< a host address (the virtual server's family for masquerade)
+  net::Prefix address{};  ///< a host address (the virtual server's family for masquerade)
   std::uint16_t port = 0;
   std::int32_t weight = 1;       ///< 0 takes it out of scheduling; existing connections stay
   ForwardingMethod forwarding = ForwardingMethod::kMasquerade;
@@ -228,14 +226,14 @@ class KernelDummyLink {
   virtual core::Result<void> deleteLink(const std::string& name) = 0;
   /// The addresses on `name` (both families, without link-local IPv6 ones), as host prefixes.
   /// ENODEV when the link is missing.
-  virtual core::Result<std::vector<backends::IPPrefix>> listAddresses(const std::string& name) = 0;
+  virtual core::Result<std::vector<net::Prefix>> listAddresses(const std::string& name) = 0;
   /// Binds `address` (a host address) to `name`. EEXIST when it is bound already; ENODEV
   /// when the link is missing.
-  virtual core::Result<void> addAddress(const std::string& name, const backends::IPPrefix& address) = 0;
+  virtual core::Result<void> addAddress(const std::string& name, const net::Prefix& address) = 0;
   /// Unbinds `address` from `name`. EADDRNOTAVAIL when it is not bound; ENODEV when the link
   /// is missing.
   virtual core::Result<void> deleteAddress(const std::string& name,
-                                           const backends::IPPrefix& address) = 0;
+                                           const net::Prefix& address) = 0;
 };
 
 /// The real kernel over one NETLINK_ROUTE socket (libnl-route-3), in the calling thread's
@@ -247,15 +245,15 @@ class FakeDummyLink : public KernelDummyLink {
  public:
   struct FakeLink {
     std::string kind = "dummy";
-    std::vector<backends::IPPrefix> addresses;
+    std::vector<net::Prefix> addresses;
   };
 
   core::Result<bool> ensureLink(const std::string& name) override;
   core::Result<void> deleteLink(const std::string& name) override;
-  core::Result<std::vector<backends::IPPrefix>> listAddresses(const std::string& name) override;
-  core::Result<void> addAddress(const std::string& name, const backends::IPPrefix& address) override;
+  core::Result<std::vector<net::Prefix>> listAddresses(const std::string& name) override;
+  core::Result<void> addAddress(const std::string& name, const net::Prefix& address) override;
   core::Result<void> deleteAddress(const std::string& name,
-                                   const backends::IPPrefix& address) override;
+                                   const net::Prefix& address) override;
 
   std::vector<std::pair<std::string, FakeLink>> links;  ///< name → link, in creation order
 

@@ -51,7 +51,7 @@ struct RenderConfig {
   /// The firewall mark of one virtual server of a service port: the tag bit and 28 bits of a
   /// hash of (family, port key, `pool`), without the masquerade bit and kubelet's 0x8000;
   /// stable across restarts, so nothing is rebuilt when kproxy starts again.
-  std::uint32_t fwmarkOf(sdk::Family family, std::string_view portKey, std::string_view pool) const;
+  std::uint32_t fwmarkOf(net::Family family, std::string_view portKey, std::string_view pool) const;
 };
 
 /// Builds a RenderConfig from plugin options (the common ones and ipvs-scheduler, one of the
@@ -81,7 +81,7 @@ struct MarkedAddress {
 };
 
 struct PlannedVirtualServer {
-  sdk::Family family = sdk::Family::kIPv4;
+  net::Family family = net::Family::kIPv4;
   sdk::Protocol protocol = sdk::Protocol::kTCP;  ///< with fwmark: the protocol of the marked traffic
   std::string address;     ///< empty with fwmark
   std::uint16_t port = 0;  ///< 0 with fwmark
@@ -134,7 +134,7 @@ std::span<const SetId> allSets();
 
 /// The set's name: upstream's, with "KUBE-" made "KUBE-6-" for IPv6 and cut to ipset's 31
 /// characters ("KUBE-6-LOAD-BALANCER-SOURCE-CID").
-std::string setName(SetId set, sdk::Family family);
+std::string setName(SetId set, net::Family family);
 
 struct IpsetDefinition {
   std::string name;
@@ -146,7 +146,7 @@ struct IpsetDefinition {
   std::string createText() const;
   bool operator==(const IpsetDefinition&) const = default;
 };
-IpsetDefinition setDefinition(SetId set, sdk::Family family);
+IpsetDefinition setDefinition(SetId set, net::Family family);
 
 struct IpsetEntry {
   std::string set;    ///< the set's name
@@ -188,7 +188,7 @@ struct GlobalChain {
 /// its bound address and KUBE-IPVS-IPS entry come with each of them, so a backend counts
 /// references before it unbinds an address or deletes an entry.
 struct Fragment {
-  sdk::Family family = sdk::Family::kIPv4;
+  net::Family family = net::Family::kIPv4;
   std::string key;
   std::vector<PlannedVirtualServer> virtualServers;
   /// Addresses to bind to kube-ipvs0 (each once).
@@ -201,7 +201,7 @@ struct Fragment {
 
 /// The fixed objects of one family.
 struct GlobalObjects {
-  sdk::Family family = sdk::Family::kIPv4;
+  net::Family family = net::Family::kIPv4;
   std::vector<GlobalChain> chains;  ///< every chain kproxy owns in IPVS mode
   std::vector<JumpRule> jumps;
   std::vector<IpsetDefinition> sets;
@@ -227,11 +227,11 @@ class IpvsRenderer {
   void setServiceCIDRs(std::vector<sdk::ServiceCIDR> cidrs) { serviceCIDRs_ = std::move(cidrs); }
 
   Fragment renderServicePort(const sdk::ServicePort& port) const;
-  GlobalObjects renderGlobal(sdk::Family family) const;
+  GlobalObjects renderGlobal(net::Family family) const;
 
   /// Where NodePorts of `family` answer: one virtual server per address.
-  const std::vector<std::string>& nodePortAddresses(sdk::Family family) const {
-    return nodePortAddresses_[family == sdk::Family::kIPv6 ? 1 : 0];
+  const std::vector<std::string>& nodePortAddresses(net::Family family) const {
+    return nodePortAddresses_[family == net::Family::kIPv6 ? 1 : 0];
   }
   const RenderConfig& config() const { return config_; }
   const plan::PlanConfig& planConfig() const { return planConfig_; }
@@ -250,11 +250,11 @@ class IpvsRenderer {
 
 /// The iptables rules of `family` as one iptables-restore input (tables nat then filter, as
 /// upstream writes them; every chain declared; the jumps first in their built-in chains).
-std::string renderIptables(const IpvsRenderer& renderer, sdk::Family family, std::span<const sdk::ServicePort> ports);
+std::string renderIptables(const IpvsRenderer& renderer, net::Family family, std::span<const sdk::ServicePort> ports);
 
 /// The ipsets of `family` as one `ipset restore` input: every set's create line, then every
 /// entry's add line, sorted.
-std::string renderIpsets(const IpvsRenderer& renderer, sdk::Family family, std::span<const sdk::ServicePort> ports);
+std::string renderIpsets(const IpvsRenderer& renderer, net::Family family, std::span<const sdk::ServicePort> ports);
 
 /// How toIpvsadm prints.
 enum class IpvsadmStyle : std::uint8_t {

@@ -143,7 +143,7 @@ class NftablesBackend final : public backends::Reconciler {
     std::vector<std::string> chains;
     PackedElements elements;
   };
-  using OwnerKey = std::pair<Family, std::string>;
+  using OwnerKey = std::pair<net::Family, std::string>;
 
   /// Ports rendered, diffed and encoded together in a full sync.
   static constexpr std::size_t kFullSyncChunk = 256;
@@ -152,10 +152,10 @@ class NftablesBackend final : public backends::Reconciler {
   /// again to build the mirror (plus the `pending` stale chains, empty, those in `pendingBase`
   /// base chains) and the ownership records, so that they never exist beside the batch.
   void rebuildAfterFullSync(const SnapshotSource& next, const sdk::NodeInfo& node,
-                            const std::map<Family, std::vector<std::string>>& keys,
-                            const std::map<Family, std::set<std::string>>& tables,
-                            const std::map<Family, std::set<std::string>>& pending,
-                            const std::map<Family, std::set<std::string>>& pendingBase);
+                            const std::map<net::Family, std::vector<std::string>>& keys,
+                            const std::map<net::Family, std::set<std::string>>& tables,
+                            const std::map<net::Family, std::set<std::string>>& pending,
+                            const std::map<net::Family, std::set<std::string>>& pendingBase);
   std::unique_ptr<KernelBatch> beginBatch();  ///< the kernel's, or printing for dry-run
   /// Sends the batch; on refusal the next sync is full (and a full sync's mirror is dropped).
   sdk::Expected<void> send(KernelBatch& batch, bool full);
@@ -172,27 +172,27 @@ class NftablesBackend final : public backends::Reconciler {
   /// Reads the kernel's tables back (the mirror and the ownership records go first) and fills
   /// the batch, family by family, in chunks of kFullSyncChunk ports.
   sdk::Expected<void> buildFullSync(const SnapshotSource& next, const sdk::NodeInfo& node, SyncWork& work);
-  void buildFullSyncFamily(Family family, const SnapshotSource& next, const sdk::NodeInfo& node, Mirror& base,
+  void buildFullSyncFamily(net::Family family, const SnapshotSource& next, const sdk::NodeInfo& node, Mirror& base,
                            SyncWork& work);
   /// What the kernel holds (`mirror`) that no port of the full sync owns: chains not in
   /// `ownedChains`, slot-map elements outside `layouts` (range → intervals), elements of
   /// counted sets without owner, every element of a set kproxy does not declare.
-  StaleCandidates staleAfterFullSync(Family family, const MirrorFamily& mirror,
+  StaleCandidates staleAfterFullSync(net::Family family, const MirrorFamily& mirror,
                                      const std::unordered_set<std::string>& ownedChains,
                                      const std::unordered_map<std::uint32_t, std::uint32_t>& layouts,
                                      const SyncWork& work) const;
   /// Renders the changed ports only and diffs them against the mirror (no kernel reads).
   void buildPartialSync(const SnapshotSource& next, const sdk::NodeInfo& node,
                         const std::vector<sdk::ChangedKey>& changed, SyncWork& work);
-  void buildPartialSyncFamily(Family family, const std::vector<std::string>& keys, const SnapshotSource& next,
+  void buildPartialSyncFamily(net::Family family, const std::vector<std::string>& keys, const SnapshotSource& next,
                               const sdk::NodeInfo& node, SyncWork& work);
   /// Adds to the sync's affinity judge the changed ports (`keys`, now `fragments`) whose
   /// entries may have gone stale.
-  void judgeAffinityOfChangedPorts(Family family, const std::vector<std::string>& keys,
+  void judgeAffinityOfChangedPorts(net::Family family, const std::vector<std::string>& keys,
                                    const std::vector<Fragment>& fragments, SyncWork& work) const;
   /// What the `touched` owners held before and none of them (`newOwned`) holds now, plus the
   /// chains left from earlier syncs.
-  StaleCandidates staleAfterPartialSync(Family family, const std::vector<OwnerKey>& touched,
+  StaleCandidates staleAfterPartialSync(net::Family family, const std::vector<OwnerKey>& touched,
                                         const std::vector<std::pair<OwnerKey, Owned>>& newOwned);
   /// The kernel accepted the batch: the mirror, the ownership records and the slot ranges
   /// follow it.
@@ -218,27 +218,27 @@ class NftablesBackend final : public backends::Reconciler {
     void add(const Fragment& fragment);  ///< a service port as it is now
     void mergeOlder(const AffinityJudge& older);
   };
-  void removeStaleAffinity(Family family, AffinityJudge judge);
+  void removeStaleAffinity(net::Family family, AffinityJudge judge);
   /// Whether the port's affinity entries can have gone stale between `old` and `now` (null:
   /// the port went): one of its entry addresses went, or an endpoint left one of its
   /// balancing chains. Additions never make an entry stale.
-  bool affinityMayBeStale(Family family, const Owned& old, const Fragment* now) const;
+  bool affinityMayBeStale(net::Family family, const Owned& old, const Fragment* now) const;
   /// The chains and element identities a fragment (or the global objects) owns.
   template <typename Objects>
-  Owned ownedOf(Family family, const Objects& objects) const;
+  Owned ownedOf(net::Family family, const Objects& objects) const;
   /// The index of a set in the family's SetSpecs (the renderer's sets are fixed).
-  std::uint8_t setIndex(Family family, std::string_view set) const;
-  const std::string& setName(Family family, std::uint8_t index) const {
+  std::uint8_t setIndex(net::Family family, std::string_view set) const;
+  const std::string& setName(net::Family family, std::uint8_t index) const {
     return renderer_.setSpecs(family)[index].name;
   }
   /// Whether the set's elements have owner counts. A slot map's element has exactly one owner
   /// (the chain its range belongs to), so slot maps, most of the table, are not counted.
-  bool counted(Family family, std::uint8_t set) const { return !renderer_.setSpecs(family)[set].interval; }
+  bool counted(net::Family family, std::uint8_t set) const { return !renderer_.setSpecs(family)[set].interval; }
   /// An owned element as an Element identity (with its key text, for printing).
-  Element identityOf(Family family, const PackedElements::Ref& ref) const;
+  Element identityOf(net::Family family, const PackedElements::Ref& ref) const;
   /// Owner-count key of an element: family, set index and key.
-  static std::string elementId(Family family, std::uint8_t set, std::string_view key);
-  std::map<Family, AffinityJudge> pendingAffinity_;  ///< clean-ups that did not go through
+  static std::string elementId(net::Family family, std::uint8_t set, std::string_view key);
+  std::map<net::Family, AffinityJudge> pendingAffinity_;  ///< clean-ups that did not go through
 
   sdk::Host host_;
   BackendSettings settings_;
@@ -260,7 +260,7 @@ class NftablesBackend final : public backends::Reconciler {
   };
   OwnerCounts elementOwners_;
   std::unordered_map<std::string_view, std::uint8_t> setIndex_[2];
-  std::map<Family, std::set<std::string>> pendingDelete_;
+  std::map<net::Family, std::set<std::string>> pendingDelete_;
   /// The generation check kernelChangedOutside made for the partial pass that follows it.
   std::optional<GenerationCheck> checkedGeneration_;
   /// The ruleset generation after this backend's last sync, and how many transactions it has

@@ -126,8 +126,8 @@ struct MirrorFamily {
 struct Mirror {
   MirrorFamily ip;
   MirrorFamily ip6;
-  MirrorFamily& of(Family f) { return f == Family::kIPv4 ? ip : ip6; }
-  const MirrorFamily& of(Family f) const { return f == Family::kIPv4 ? ip : ip6; }
+  MirrorFamily& of(net::Family f) { return f == net::Family::kIPv4 ? ip : ip6; }
+  const MirrorFamily& of(net::Family f) const { return f == net::Family::kIPv4 ? ip : ip6; }
 };
 
 enum class OpKind : std::uint8_t {
@@ -148,7 +148,7 @@ enum class OpKind : std::uint8_t {
 /// plus its rule, not the ~440 bytes it would be with every payload inline.
 struct Op {
   OpKind kind = OpKind::kAddTable;
-  Family family = Family::kIPv4;
+  net::Family family = net::Family::kIPv4;
   std::uint64_t ruleHash = 0;                ///< kAddRule
   std::string name;                          ///< chain or set
   Rule rule;                                 ///< kAddRule
@@ -196,7 +196,7 @@ class NftablesDiffer {
   /// Ops turning `mirror` (one family) into `desired` within the scope. `setSpecs` decodes
   /// read-back keys for printing. Ops come in kernel-safe order: table, sets, chains, flushes,
   /// rules, element deletions, element additions, chain deletions.
-  static DiffResult diff(Family family, const DesiredFamily& desired, const MirrorFamily& mirror,
+  static DiffResult diff(net::Family family, const DesiredFamily& desired, const MirrorFamily& mirror,
                          const StaleCandidates& stale, const std::vector<SetSpec>& setSpecs);
 };
 

@@ -14,14 +14,14 @@
 #include <variant>
 #include <vector>
 
+#include "kproxy/net/ip.h"
+
 namespace kproxy::nftables {
 
-enum class Family : std::uint8_t { kIPv4, kIPv6 };
-
 /// "ip" or "ip6": the nft family keyword and the payload protocol keyword.
-std::string_view familyKeyword(Family family);
+std::string_view familyKeyword(net::Family family);
 /// NFPROTO_IPV4 / NFPROTO_IPV6.
-std::uint16_t nfproto(Family family);
+std::uint16_t nfproto(net::Family family);
 
 /// Slots per balanced service range: a range is 65,536 keys wide and its slots are
 /// [base, base + 65535), so the key base + 65535 ends the range's last interval without
@@ -31,30 +31,13 @@ inline constexpr std::uint32_t kSlotsPerRange = 65535;
 /// The one table kproxy owns in each family.
 inline constexpr std::string_view kTableName = "kube-proxy";
 
-/// An address or a prefix of `family`.
-struct Address {
-  Family family = Family::kIPv4;
-  std::array<std::uint8_t, 16> bytes{};
-  std::uint8_t prefixLength = 32;  ///< 32 / 128 for a host address
-
-  std::size_t size() const { return family == Family::kIPv4 ? 4 : 16; }
-  bool isHost() const { return prefixLength == size() * 8; }
-  std::string toString() const;  ///< "10.0.0.1", "10.0.0.0/8", "fd00::1"
-  bool operator==(const Address&) const = default;
-
-  /// Parses "10.0.0.1" or "10.0.0.0/8" (host bits are cleared). nullopt when malformed.
-  static std::optional<Address> parse(std::string_view text);
-  /// Whether `other` (a host address) lies inside this prefix.
-  bool contains(const Address& other) const;
-};
-
 // ---- statements ------------------------------------------------------------------------
 
 /// `ip saddr|daddr [!=] ADDR[/LEN]`
 struct MatchAddress {
   bool source = false;
   bool negate = false;
-  Address address;
+  net::Prefix address;
   bool operator==(const MatchAddress&) const = default;
 };
 /// `meta l4proto tcp|udp|sctp`
@@ -127,7 +110,7 @@ struct Masquerade {
 };
 /// `dnat to ADDR:PORT` (a preceding MatchL4Proto gives nft the protocol context).
 struct DnatTo {
-  Address address;
+  net::Prefix address;
   std::uint16_t port = 0;
   bool operator==(const DnatTo&) const = default;
 };
@@ -206,7 +189,7 @@ using Statement =
 struct Rule {
   std::vector<Statement> statements;
   /// nft syntax of the statements in `family`, e.g. "ct state new jump services".
-  std::string toText(Family family) const;
+  std::string toText(net::Family family) const;
   /// Chains this rule jumps or goes to.
   std::vector<std::string> targets() const;
   bool operator==(const Rule&) const = default;
@@ -214,7 +197,7 @@ struct Rule {
 
 /// The canonical identity of a rule in a chain: stored in the rule's userdata in the kernel
 /// so that read-back can compare rules without decoding expressions.
-std::uint64_t ruleHash(Family family, std::string_view chain, const Rule& rule);
+std::uint64_t ruleHash(net::Family family, std::string_view chain, const Rule& rule);
 
 // ---- chains, sets, elements ------------------------------------------------------------
 
@@ -266,7 +249,7 @@ struct SetSpec {
   /// nft's numeric id of a (concatenated) type.
   static std::uint32_t typeId(const std::vector<DataType>& types);
   /// "add map ip kube-proxy NAME { type ... ; }" without the leading "add " (in `table`).
-  std::string declaration(Family family, std::string_view table = kTableName) const;
+  std::string declaration(net::Family family, std::string_view table = kTableName) const;
 };
 
 /// A set or map element. `key` holds the kernel's bytes (fields padded to 32 bits), which
@@ -310,14 +293,14 @@ inline constexpr std::uint8_t kIntervalIdentitySize = 5;
 struct KeyBuilder {
   std::string bytes;
   std::string text;
-  KeyBuilder& address(const Address& a);
+  KeyBuilder& address(const net::Prefix& a);
   KeyBuilder& proto(std::uint8_t p);
   KeyBuilder& port(std::uint16_t p);
   KeyBuilder& slot(std::uint32_t s);  ///< big-endian, as the byteorder expression leaves it
   KeyBuilder& poolId(std::uint32_t id);  ///< host byte order, as numgen leaves it
 };
 /// Renders kernel key bytes as nft text using the set's key types.
-std::string keyToText(const SetSpec& spec, std::string_view bytes, Family family);
+std::string keyToText(const SetSpec& spec, std::string_view bytes, net::Family family);
 
 std::string_view protoName(std::uint8_t proto);
 

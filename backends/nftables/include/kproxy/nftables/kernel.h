@@ -58,7 +58,7 @@ class KernelNftables {
   virtual core::Result<void> deleteTables() = 0;
   /// The elements of one map as (key bytes, data bytes): used for the data path's own
   /// entries (session affinity), which read-back skips. A missing map gives nothing.
-  virtual core::Result<std::vector<std::pair<std::string, std::string>>> listMap(Family family,
+  virtual core::Result<std::vector<std::pair<std::string, std::string>>> listMap(net::Family family,
                                                                                  const std::string& map) = 0;
   /// The ruleset generation (NFT_MSG_GETGEN): every transaction committed in the network
   /// namespace, by anyone, moves it on by one. nullopt when this kernel cannot tell.
@@ -99,7 +99,7 @@ class FakeKernelNftables : public KernelNftables {
   core::Result<Mirror> readBack(const std::vector<SetSpec>& ip4Sets,
                                 const std::vector<SetSpec>& ip6Sets) override;
   core::Result<void> deleteTables() override;
-  core::Result<std::vector<std::pair<std::string, std::string>>> listMap(Family family,
+  core::Result<std::vector<std::pair<std::string, std::string>>> listMap(net::Family family,
                                                                          const std::string& map) override;
 
   /// Makes the op at this index of the next batch fail with `errnum` (then clears itself).
@@ -108,9 +108,9 @@ class FakeKernelNftables : public KernelNftables {
     failErrno_ = errnum;
   }
 
-  std::map<Family, FakeTable> tables;
+  std::map<net::Family, FakeTable> tables;
   /// Entries the data path added to dynamic maps (set → key → data), as listMap returns them.
-  std::map<Family, std::map<std::string, std::map<std::string, std::string>>> dataPathEntries;
+  std::map<net::Family, std::map<std::string, std::map<std::string, std::string>>> dataPathEntries;
   std::size_t batches = 0;
   std::size_t readBacks = 0;
   std::size_t mapListings = 0;  ///< listMap calls

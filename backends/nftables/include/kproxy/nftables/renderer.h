@@ -55,7 +55,7 @@ struct RenderConfig {
 
 /// Objects owned by one service port in one family.
 struct Fragment {
-  Family family = Family::kIPv4;
+  net::Family family = net::Family::kIPv4;
   std::string key;  ///< "ns/name:port"
   std::vector<Chain> chains;
   std::vector<Element> elements;
@@ -65,7 +65,7 @@ struct Fragment {
 
 /// The table-wide objects of one family: base and dispatch chains, sets and maps, nodeport-ips.
 struct GlobalObjects {
-  Family family = Family::kIPv4;
+  net::Family family = net::Family::kIPv4;
   std::span<const SetSpec> sets;  ///< the renderer's setSpecs(family)
   std::vector<Chain> chains;
   std::vector<Element> elements;
@@ -172,14 +172,14 @@ class SlotRanges {
 /// pods), one rule's worth each (pod traffic matches any, other traffic the one negated
 /// rule); none when the detector cannot tell. Shared with the userspace proxy's table.
 std::vector<std::vector<Statement>> podTrafficMatches(const plan::LocalTrafficDetector& detector,
-                                                      sdk::Family family, bool negate);
+                                                      net::Family family, bool negate);
 
 class NftablesRenderer {
  public:
   explicit NftablesRenderer(RenderConfig config)
       : config_(std::move(config)),
         planConfig_(planConfigOf(config_)),
-        setSpecs_{buildSetSpecs(Family::kIPv4), buildSetSpecs(Family::kIPv6)} {}
+        setSpecs_{buildSetSpecs(net::Family::kIPv4), buildSetSpecs(net::Family::kIPv6)} {}
 
   /// The node the next renders are for: its addresses decide which loadBalancerSourceRanges
   /// admit the node itself (a node change makes the host request a full sync).
@@ -196,21 +196,21 @@ class NftablesRenderer {
   /// reject of known ClusterIPs' unused ports, `cluster-ips-check` drops what is left inside a
   /// service CIDR of the family (setServiceCIDRs): one `ip daddr CIDR drop` rule per range, so a
   /// ServiceCIDR change rewrites that one small chain and nothing else.
-  GlobalObjects renderGlobal(Family family, const sdk::NodeInfo& node) const;
+  GlobalObjects renderGlobal(net::Family family, const sdk::NodeInfo& node) const;
   /// Where NodePorts answer on `node` (plan::nodePortAddressesOf with this mode's options).
   sdk::NodePortAddresses nodePortAddresses(const sdk::NodeInfo& node) const;
   /// The fixed sets/maps of `family` (used to decode read-back elements).
-  const std::vector<SetSpec>& setSpecs(Family family) const {
-    return setSpecs_[family == Family::kIPv4 ? 0 : 1];
+  const std::vector<SetSpec>& setSpecs(net::Family family) const {
+    return setSpecs_[family == net::Family::kIPv4 ? 0 : 1];
   }
 
   const RenderConfig& config() const { return config_; }
   /// What the plan is told (the node's pod CIDRs and addresses included, after setNode).
   const plan::PlanConfig& planConfig() const { return planConfig_; }
-  SlotRanges& slots(Family family) const { return slots_[family == Family::kIPv4 ? 0 : 1]; }
+  SlotRanges& slots(net::Family family) const { return slots_[family == net::Family::kIPv4 ? 0 : 1]; }
 
  private:
-  std::vector<SetSpec> buildSetSpecs(Family family) const;
+  std::vector<SetSpec> buildSetSpecs(net::Family family) const;
   static plan::PlanConfig planConfigOf(const RenderConfig& config);
 
   RenderConfig config_;
@@ -223,6 +223,5 @@ class NftablesRenderer {
 /// Builds a RenderConfig from plugin options; an error names the bad option.
 sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options);
 
-Family toFamily(sdk::Family family);
 
 }  // namespace kproxy::nftables

@@ -46,8 +46,8 @@ using plan::verdictName;
 
 /// The first packet of a new connection.
 struct Packet {
-  Address source;
-  Address destination;
+  net::Prefix source;
+  net::Prefix destination;
   std::uint16_t destinationPort = 0;
   std::uint8_t protocol = 6;  ///< IP protocol number: 6 tcp, 17 udp, 132 sctp
   /// true: sent by a process on the node (output path); false: arriving on an interface
@@ -78,7 +78,7 @@ struct Trace {
 
 /// The addresses a tracer takes for the node's own: the node's host addresses (else
 /// `fallback`), and the interface addresses its NodePorts answer on.
-std::vector<Address> tracerLocalAddresses(const sdk::NodeInfo& node, std::span<const Address> fallback);
+std::vector<net::Prefix> tracerLocalAddresses(const sdk::NodeInfo& node, std::span<const net::Prefix> fallback);
 
 /// Interprets the rendered objects of one family.
 class NftablesTracer {
@@ -86,23 +86,23 @@ class NftablesTracer {
   /// `localAddresses`: the node's own addresses (`fib saddr type local`, and input vs. forward
   /// after DNAT); loopback addresses are always local.
   NftablesTracer(const GlobalObjects& global, std::span<const Fragment> fragments,
-                 std::vector<Address> localAddresses);
+                 std::vector<net::Prefix> localAddresses);
 
   /// Renders `ports` of `family` (others are skipped) and the global objects for `node` with
   /// `renderer`, and traces over the result. The node's addresses are its local addresses.
-  static NftablesTracer fromServicePorts(NftablesRenderer& renderer, Family family,
+  static NftablesTracer fromServicePorts(NftablesRenderer& renderer, net::Family family,
                                          std::span<const sdk::ServicePort> ports,
                                          const sdk::NodeInfo& node);
 
-  Family family() const { return family_; }
-  const std::vector<Address>& localAddresses() const { return localAddresses_; }
+  net::Family family() const { return family_; }
+  const std::vector<net::Prefix>& localAddresses() const { return localAddresses_; }
 
   /// Traces a packet. A packet of another family than the tracer's is accepted untouched.
   Trace trace(const Packet& packet) const;
 
  private:
-  Family family_;
-  std::vector<Address> localAddresses_;
+  net::Family family_;
+  std::vector<net::Prefix> localAddresses_;
   std::unordered_map<std::string, Chain> chains_;
   std::unordered_map<std::string, SetSpec> sets_;
   std::unordered_map<std::string, std::vector<Element>> elements_;  ///< by set name

@@ -41,9 +41,9 @@ struct LocalTrafficDetector {
 
   /// Whether this detector can recognise pod traffic of `family` (a CIDR mode needs a CIDR of
   /// that family).
-  bool implemented(sdk::Family family) const;
+  bool implemented(net::Family family) const;
   /// The CIDRs of `family` (kCIDRs mode).
-  std::vector<std::string> cidrsOf(sdk::Family family) const;
+  std::vector<std::string> cidrsOf(net::Family family) const;
 };
 
 /// Node-wide settings that change what a service port means.
@@ -148,7 +148,7 @@ struct ServiceCIDRRange {
 /// `cluster-ips-check` does: the service CIDRs of `family`, sorted by address, each once. A
 /// CIDR inside another is folded into it (its object's name is added to the outer range's), so
 /// the ranges never overlap. Unparsable CIDRs are left out.
-std::vector<ServiceCIDRRange> serviceCIDRRanges(std::span<const sdk::ServiceCIDR> cidrs, sdk::Family family);
+std::vector<ServiceCIDRRange> serviceCIDRRanges(std::span<const sdk::ServiceCIDR> cidrs, net::Family family);
 
 /// Upstream's default ClientIP affinity timeout, used when a port carries none.
 inline constexpr std::uint32_t kDefaultAffinityTimeoutSeconds = 10800;

@@ -22,7 +22,7 @@ class SnapshotSource {
   /// Calls `fn` for every service port, in any order. A full sync renders while iterating, so
   /// the snapshot is never copied as a whole.
   virtual void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const = 0;
-  virtual std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const = 0;
+  virtual std::optional<sdk::ServicePort> find(net::Family family, const std::string& key) const = 0;
   virtual sdk::NodeInfo node() const = 0;
   /// The cluster's service CIDRs, both families.
   virtual std::vector<sdk::ServiceCIDR> serviceCIDRs() const { return {}; }
@@ -37,7 +37,7 @@ class VectorSnapshot final : public SnapshotSource {
   void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const override {
     for (const auto& p : ports_) fn(p);
   }
-  std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override;
+  std::optional<sdk::ServicePort> find(net::Family family, const std::string& key) const override;
   sdk::NodeInfo node() const override { return node_; }
   std::vector<sdk::ServiceCIDR> serviceCIDRs() const override { return serviceCIDRs_; }
   /// The ports, for changing them in place (keys must stay as they are).
@@ -61,7 +61,7 @@ class HostSnapshot final : public SnapshotSource {
   void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const override {
     view_.forEach([&fn](const sdk::ServicePort& p) { fn(p); });
   }
-  std::optional<sdk::ServicePort> find(sdk::Family family, const std::string& key) const override {
+  std::optional<sdk::ServicePort> find(net::Family family, const std::string& key) const override {
     return view_.find(family, key);
   }
   sdk::NodeInfo node() const override { return view_.node(); }

@@ -96,7 +96,7 @@ std::string traceText(std::string_view packetText, std::span<const TracePath> pa
 
 /// Why a drop in a backend's unallocated-ClusterIP check happened: "dropped: unallocated
 /// ClusterIP in ServiceCIDR <names> (<cidr>)" for the range holding `destination`.
-std::string unallocatedClusterIPReason(std::span<const sdk::ServiceCIDR> serviceCIDRs, sdk::Family family,
+std::string unallocatedClusterIPReason(std::span<const sdk::ServiceCIDR> serviceCIDRs, net::Family family,
                                        std::string_view destination);
 
 /// What `kproxy explain` says about one traced packet.
@@ -127,7 +127,7 @@ struct Explanation {
 /// backend adds destinationLocal and, where it can say more, the reason.
 template <typename Packet, typename Trace>
 Explanation explanationOf(const Packet& packet, sdk::Protocol protocol, std::span<const sdk::ServicePort> ports,
-                          sdk::Family family, const Trace& trace) {
+                          net::Family family, const Trace& trace) {
   Explanation x;
   x.source = packet.source.toString();
   x.destination = packet.destination.toString();

@@ -47,7 +47,7 @@ struct RedirectAction {
 struct RedirectEntry {
   std::uint8_t proto = 6;  ///< IPPROTO_TCP / IPPROTO_UDP
   /// The service address; nullopt: a NodePort (every local address but loopback).
-  std::optional<nftables::Address> address;
+  std::optional<net::Prefix> address;
   std::uint16_t port = 0;
   /// For this node's pods and the node itself only (the eTP=Local short-circuit).
   bool shortCircuit = false;
@@ -56,7 +56,7 @@ struct RedirectEntry {
   RedirectAction action;
   /// loadBalancerSourceRanges (a LoadBalancer IP with a listener): only these sources reach
   /// the listener, through chain `firewall-<proto>-<port>`; others are dropped. Empty: no filter.
-  std::vector<nftables::Address> allowedSources;
+  std::vector<net::Prefix> allowedSources;
 };
 
 /// One family's table.
@@ -67,17 +67,17 @@ struct RenderedTable {
 };
 
 /// The sets of the table (fixed: the same whatever the services).
-std::vector<nftables::SetSpec> userspaceSetSpecs(nftables::Family family);
+std::vector<nftables::SetSpec> userspaceSetSpecs(net::Family family);
 
 /// Renders `family`'s table for `entries`. `podMatches` tell this node's pods' traffic
 /// (nftables::podTrafficMatches); empty when the detector cannot, and then only the node itself
 /// takes the short-circuit. `nodePortAddresses`: where NodePorts answer (nullopt: every local
 /// address but loopback). An address (or NodePort) listed twice keeps its first entry.
 /// `serviceCIDRs`: the ServiceCIDR ranges of `family` (plan::serviceCIDRRanges).
-RenderedTable renderUserspaceTable(nftables::Family family, const std::vector<RedirectEntry>& entries,
+RenderedTable renderUserspaceTable(net::Family family, const std::vector<RedirectEntry>& entries,
                                    const std::vector<std::vector<nftables::Statement>>& podMatches,
-                                   const std::optional<std::vector<nftables::Address>>& nodePortAddresses = std::nullopt,
-                                   const std::vector<nftables::Address>& serviceCIDRs = {});
+                                   const std::optional<std::vector<net::Prefix>>& nodePortAddresses = std::nullopt,
+                                   const std::vector<net::Prefix>& serviceCIDRs = {});
 
 /// The name of a listener's redirect chain, "redirect-tcp-40123".
 std::string redirectChainName(std::uint8_t proto, std::uint16_t listenerPort);

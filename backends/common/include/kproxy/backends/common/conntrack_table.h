@@ -26,7 +26,7 @@ struct ConntrackTuple {
 /// A conntrack entry. `original` is what the client sent (destination: the service address);
 /// `reply` is what the kernel expects back (source: the endpoint after DNAT).
 struct ConntrackFlow {
-  core::IPFamily family = core::IPFamily::kIPv4;
+  net::Family family = net::Family::kIPv4;
   core::Protocol protocol = core::Protocol::kUDP;
   ConntrackTuple original;
   ConntrackTuple reply;
@@ -40,7 +40,7 @@ class ConntrackTable {
  public:
   virtual ~ConntrackTable() = default;
   /// Every flow of `protocol` in `family` (TCP, UDP or SCTP).
-  virtual core::Result<std::vector<ConntrackFlow>> list(core::IPFamily family,
+  virtual core::Result<std::vector<ConntrackFlow>> list(net::Family family,
                                                          core::Protocol protocol) = 0;
   /// Deletes the given flows (matched by original tuple, protocol and zone). A flow that is
   /// already gone is not an error. Returns how many the table really deleted.
@@ -54,7 +54,7 @@ std::unique_ptr<ConntrackTable> makeNetlinkConntrackTable();
 /// In-memory table for tests: holds flows, records what was deleted, can be told to fail.
 class FakeConntrackTable final : public ConntrackTable {
  public:
-  core::Result<std::vector<ConntrackFlow>> list(core::IPFamily family,
+  core::Result<std::vector<ConntrackFlow>> list(net::Family family,
                                                 core::Protocol protocol) override;
   core::Result<std::size_t> remove(const std::vector<ConntrackFlow>& flows) override;
 
