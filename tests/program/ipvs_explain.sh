@@ -36,7 +36,7 @@ out=$(timeout 120 "$KPROXY" --dry-run "${FLAGS[@]}" 2>/dev/null)
 check dry_run "$out" "ip link add kube-ipvs0 type dummy" "ipvsadm -A -t 10.96.0.10:80 -s rr" \
   "ipvsadm -a -t 10.96.0.10:80 -r 10.244.1.11:8080 -m -w 1" "ip addr add 10.96.0.10/32 dev kube-ipvs0" \
   "# ipset restore -exist" "add KUBE-CLUSTER-IP 10.96.0.10,tcp:80" "# iptables-restore --noflush" \
-  "-A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN"
+  "-A KUBE-SERVICES -s 127.0.0.0/8 -j RETURN" "sysctl -w net.ipv4.vs.conntrack=1"
 
 echo "$passed passed, $failed failed"
 ((failed == 0 && passed == 5))

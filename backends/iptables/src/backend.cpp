@@ -234,14 +234,12 @@ sdk::Expected<void> IptablesBackend::cleanup() {
     RestoreEdit edit;
     std::set<std::string> owned[3];
     std::vector<backends::IptablesTable> tables;
-    if (!settings_.dryRun) {
-      for (Table t : kTables) {
-        auto text = kernel_->save(fam, t);
-        if (!text) return failed(text.error(), fmt::format("{}-save -t {}", toolName(fam), tableName(t)));
-        auto parsed = backends::parseIptablesSave(*text);
-        if (!parsed) return failed(parsed.error(), "reading iptables-save");
-        for (auto& table : parsed->tables) tables.push_back(std::move(table));
-      }
+    for (Table t : kTables) {
+      auto text = kernel_->save(fam, t);
+      if (!text) return failed(text.error(), fmt::format("{}-save -t {}", toolName(fam), tableName(t)));
+      auto parsed = backends::parseIptablesSave(*text);
+      if (!parsed) return failed(parsed.error(), "reading iptables-save");
+      for (auto& table : parsed->tables) tables.push_back(std::move(table));
     }
     for (const auto& table : tables) {
       const std::optional<Table> named = tableNamed(table.name);

@@ -1,5 +1,5 @@
 // The IPVS backend around its differ: its passes (full or partial, graceful termination),
-// the kernel writes (counted, printed in --dry-run, idempotent), sysctls, cleanup and metrics.
+// the kernel writes (counted, idempotent), sysctls, cleanup and metrics.
 #include "kproxy/ipvs/backend.h"
 
 #include <sys/utsname.h>
@@ -16,7 +16,6 @@
 #include <fmt/ranges.h>
 
 #include "kproxy/backends/common/iptables_save.h"
-#include "kproxy/backends/common/sysctl.h"
 #include "kproxy/plan/options.h"
 #include "sync_rules.h"
 
@@ -153,11 +152,8 @@ void IpvsBackend::count(std::string_view op) {
   if (metrics_.operations.active()) metrics_.operations.add({std::string(op)}, 1);
 }
 
-void IpvsBackend::print(const std::string& text) {
-  if (firstWrites_.size() < 3) firstWrites_.push_back(text);
-  if (!settings_.dryRun) return;
-  std::fprintf(settings_.dryRunOutput, "%s\n", text.c_str());
-  std::fflush(settings_.dryRunOutput);
+void IpvsBackend::noteWrite(std::string text) {
+  if (firstWrites_.size() < 3) firstWrites_.push_back(std::move(text));
 }
 
 sdk::Expected<void> IpvsBackend::failed(std::string_view op, const core::Error& error) {
@@ -167,7 +163,7 @@ sdk::Expected<void> IpvsBackend::failed(std::string_view op, const core::Error& 
 }
 
 sdk::Expected<void> IpvsBackend::addServer(const VirtualServer& vs) {
-  print(ipvsadmCommand('A', vs));
+  noteWrite(ipvsadmCommand('A', vs));
   count("add_virtual_server");
   auto r = kernel_.ipvs->addVirtualServer(vs);
   if (!r && r.error().errnum == EEXIST) return updateServer(vs);
@@ -176,7 +172,7 @@ sdk::Expected<void> IpvsBackend::addServer(const VirtualServer& vs) {
 }
 
 sdk::Expected<void> IpvsBackend::updateServer(const VirtualServer& vs) {
-  print(ipvsadmCommand('E', vs));
+  noteWrite(ipvsadmCommand('E', vs));
   count("update_virtual_server");
   if (auto r = kernel_.ipvs->updateVirtualServer(vs); !r)
     return failed("update_virtual_server", r.error());
@@ -184,7 +180,7 @@ sdk::Expected<void> IpvsBackend::updateServer(const VirtualServer& vs) {
 }
 
 sdk::Expected<void> IpvsBackend::deleteServer(const VirtualServer& vs) {
-  print(ipvsadmCommand('D', vs));
+  noteWrite(ipvsadmCommand('D', vs));
   count("delete_virtual_server");
   auto r = kernel_.ipvs->deleteVirtualServer(vs);
   if (!r && r.error().errnum != ESRCH) return failed("delete_virtual_server", r.error());
@@ -194,7 +190,7 @@ sdk::Expected<void> IpvsBackend::deleteServer(const VirtualServer& vs) {
 }
 
 sdk::Expected<void> IpvsBackend::addReal(const VirtualServer& vs, const RealServer& rs) {
-  print(ipvsadmCommand('a', vs, &rs));
+  noteWrite(ipvsadmCommand('a', vs, &rs));
   count("add_real_server");
   terminating_.erase(terminatingKey(vs, rs));
   auto r = kernel_.ipvs->addRealServer(vs, rs);
@@ -204,7 +200,7 @@ sdk::Expected<void> IpvsBackend::addReal(const VirtualServer& vs, const RealServ
 }
 
 sdk::Expected<void> IpvsBackend::updateReal(const VirtualServer& vs, const RealServer& rs) {
-  print(ipvsadmCommand('e', vs, &rs));
+  noteWrite(ipvsadmCommand('e', vs, &rs));
   count("update_real_server");
   if (auto r = kernel_.ipvs->updateRealServer(vs, rs); !r)
     return failed("update_real_server", r.error());
@@ -212,7 +208,7 @@ sdk::Expected<void> IpvsBackend::updateReal(const VirtualServer& vs, const RealS
 }
 
 sdk::Expected<void> IpvsBackend::deleteReal(const VirtualServer& vs, const RealServer& rs) {
-  print(ipvsadmCommand('d', vs, &rs));
+  noteWrite(ipvsadmCommand('d', vs, &rs));
   count("delete_real_server");
   terminating_.erase(terminatingKey(vs, rs));
   auto r = kernel_.ipvs->deleteRealServer(vs, rs);
@@ -224,7 +220,7 @@ sdk::Expected<void> IpvsBackend::deleteReal(const VirtualServer& vs, const RealS
 sdk::Expected<void> IpvsBackend::bindAddress(const std::string& address) {
   auto a = net::Prefix::parse(address);
   if (!a) return {};
-  print(fmt::format("ip addr add {}/{} dev {}", a->toString(), a->v6() ? 128 : 32, kDummyLinkName));
+  noteWrite(fmt::format("ip addr add {}/{} dev {}", a->toString(), a->v6() ? 128 : 32, kDummyLinkName));
   count("add_address");
   auto r = kernel_.link->addAddress(kDummyLinkName, *a);
   dummyAddressesStale_ = true;
@@ -235,7 +231,7 @@ sdk::Expected<void> IpvsBackend::bindAddress(const std::string& address) {
 sdk::Expected<void> IpvsBackend::unbindAddress(const std::string& address) {
   auto a = net::Prefix::parse(address);
   if (!a) return {};
-  print(fmt::format("ip addr del {}/{} dev {}", a->toString(), a->v6() ? 128 : 32, kDummyLinkName));
+  noteWrite(fmt::format("ip addr del {}/{} dev {}", a->toString(), a->v6() ? 128 : 32, kDummyLinkName));
   count("delete_address");
   auto r = kernel_.link->deleteAddress(kDummyLinkName, *a);
   dummyAddressesStale_ = true;
@@ -245,7 +241,7 @@ sdk::Expected<void> IpvsBackend::unbindAddress(const std::string& address) {
 
 sdk::Expected<void> IpvsBackend::restoreIpsets(const std::string& input) {
   if (input.empty()) return {};
-  print("# ipset restore -exist\n" + input);
+  noteWrite("# ipset restore -exist\n" + input);
   count("ipset_restore");
   if (auto r = kernel_.ipsets->restore(input); !r) return failed("ipset_restore", r.error());
   return {};
@@ -253,7 +249,7 @@ sdk::Expected<void> IpvsBackend::restoreIpsets(const std::string& input) {
 
 sdk::Expected<void> IpvsBackend::restoreIptables(net::Family family, const std::string& input) {
   if (input.empty()) return {};
-  print(fmt::format("# {}-restore --noflush\n{}", toolName(family), input));
+  noteWrite(fmt::format("# {}-restore --noflush\n{}", toolName(family), input));
   count("iptables_restore");
   if (auto r = kernel_.iptables->restore(family, input); !r)
     return failed("iptables_restore",
@@ -266,7 +262,7 @@ sdk::Expected<void> IpvsBackend::ensureLink() {
   auto r = kernel_.link->ensureLink(kDummyLinkName);
   if (!r) return failed("add_link", r.error());
   if (!*r) {
-    print(fmt::format("ip link add {} type dummy", kDummyLinkName));
+    noteWrite(fmt::format("ip link add {} type dummy", kDummyLinkName));
     count("add_link");
   }
   return {};
@@ -301,7 +297,7 @@ sdk::Expected<void> IpvsBackend::retireRealServer(const VirtualServer& vs, const
   if (terminating_.contains(key)) return {};
   RealServer quiet = rs;
   quiet.weight = 0;
-  print(ipvsadmCommand('e', vs, &quiet));
+  noteWrite(ipvsadmCommand('e', vs, &quiet));
   count("update_real_server");
   auto r = kernel_.ipvs->updateRealServer(vs, quiet);
   if (!r && (r.error().errnum == ENOENT || r.error().errnum == ESRCH)) return {};  // gone already
@@ -348,10 +344,9 @@ sdk::Expected<void> IpvsBackend::drainTerminating() {
 }
 
 void IpvsBackend::setSysctls() {
-  backends::SysctlFiles sysctls(settings_.sysctlRoot);
   auto ensure = [&](const char* name, int value) {
-    if (auto v = sysctls.readInt(name); v && *v == value) return;
-    if (auto w = sysctls.writeInt(name, value); !w)
+    if (auto v = kernel_.sysctls->readInt(name); v && *v == value) return;
+    if (auto w = kernel_.sysctls->writeInt(name, value); !w)
       host_.warning(fmt::format("ipvs: setting {}={}: {}", name, value, w.error().message()));
     else
       host_.info(1, fmt::format("ipvs: set {}={}", name, value));
@@ -385,7 +380,7 @@ void IpvsBackend::setTimeouts() {
   if (current && (t.tcp == 0 || t.tcp == current->tcp) &&
       (t.tcpFin == 0 || t.tcpFin == current->tcpFin) && (t.udp == 0 || t.udp == current->udp))
     return;
-  print(fmt::format("ipvsadm --set {} {} {}", t.tcp, t.tcpFin, t.udp));
+  noteWrite(fmt::format("ipvsadm --set {} {} {}", t.tcp, t.tcpFin, t.udp));
   count("set_timeouts");
   if (auto r = kernel_.ipvs->setTimeouts(t); !r)
     host_.warning(fmt::format("ipvs: setting the IPVS timeouts: {}", r.error().message()));
@@ -428,10 +423,10 @@ sdk::Expected<void> IpvsBackend::cleanup() {
         if (auto r = deleteServer(vs); !r) return r;
     }
   }
-  print(fmt::format("ip link del {}", kDummyLinkName));
+  noteWrite(fmt::format("ip link del {}", kDummyLinkName));
   if (auto r = kernel_.link->deleteLink(kDummyLinkName); !r)
     return failed("delete_link", r.error());
-  if (linkExists && !settings_.dryRun) host_.info(0, fmt::format("ipvs: removed interface {}", kDummyLinkName));
+  if (linkExists) host_.info(0, fmt::format("ipvs: removed interface {}", kDummyLinkName));
   // iptables before ipsets: a set that a rule refers to cannot be destroyed.
   for (net::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
@@ -460,7 +455,7 @@ sdk::Expected<void> IpvsBackend::cleanup() {
       ++destroyed;
     }
   if (auto r = restoreIpsets(destroy); !r) return r;
-  if (destroyed > 0 && !settings_.dryRun)
+  if (destroyed > 0)
     host_.info(0, fmt::format("ipvs: removed ipsets count={} names={}", destroyed, names));
   ports_.clear();
   servers_.clear();

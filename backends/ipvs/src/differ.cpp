@@ -185,10 +185,8 @@ IpvsBackend::Wanted IpvsBackend::renderWanted(const plan::SnapshotSource& next) 
 }
 
 sdk::Expected<void> IpvsBackend::repairAll(const plan::SnapshotSource& next) {
-  if (!settings_.dryRun) {
-    setSysctls();
-    setTimeouts();
-  }
+  setSysctls();
+  setTimeouts();
   if (auto r = ensureLink(); !r) return r;
   auto bound = kernel_.link->listAddresses(kDummyLinkName);
   if (!bound) return failed("list_addresses", bound.error());

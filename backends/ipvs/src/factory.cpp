@@ -1,5 +1,5 @@
-// The IPVS backend's factory: options → settings, and the kernel adapters (fakes in --dry-run,
-// which never touches the kernel).
+// The IPVS backend's factory: options → settings, and the kernel adapters (in --dry-run,
+// printers over fakes: it never touches the kernel).
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -65,13 +65,28 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Ho
     settings.excludeCIDRs.push_back(c);
   }
 
+  std::string variantOption = get("iptables-variant");
+  if (variantOption.empty()) variantOption = "auto";
+  if (variantOption != "auto" && variantOption != "nft" && variantOption != "legacy")
+    return sdk::fail(
+        sdk::ErrorCategory::kInvalidInput,
+        "ipvs: invalid iptables-variant \"" + variantOption + "\" (auto, nft, legacy)");
+
   IpvsAdapters adapters;
   if (settings.dryRun) {
-    // --dry-run and explain: an empty kernel in memory; every planned change is printed.
-    adapters.ipvs = std::make_unique<FakeIpvs>();
-    adapters.link = std::make_unique<FakeDummyLink>();
-    adapters.ipsets = std::make_unique<FakeIpsets>();
-    adapters.iptables = std::make_unique<iptables::FakeIptables>();
+    // --dry-run and explain: an empty kernel in memory, behind printers that say what every
+    // change would be.
+    std::FILE* out = settings.dryRunOutput;
+    const iptables::Variant variant =
+        variantOption == "legacy" ? iptables::Variant::kLegacy : iptables::Variant::kNft;
+    auto rules = std::make_unique<iptables::FakeIptables>();
+    rules->wholeTables = variant == iptables::Variant::kLegacy;
+    adapters.ipvs = std::make_unique<PrintingIpvs>(std::make_unique<FakeIpvs>(), out);
+    adapters.link = std::make_unique<PrintingDummyLink>(std::make_unique<FakeDummyLink>(), out);
+    adapters.ipsets = std::make_unique<PrintingIpsets>(std::make_unique<FakeIpsets>(), out);
+    adapters.iptables = std::make_unique<iptables::PrintingIptables>(
+        std::move(rules), out, "iptables-" + std::string(iptables::variantName(variant)));
+    adapters.sysctls = std::make_unique<PrintingSysctls>(std::make_unique<FakeSysctls>(), out);
   } else {
     auto ipvs = makeNetlinkIpvs();
     if (!ipvs)
@@ -81,12 +96,6 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Ho
       return sdk::fail(sdk::ErrorCategory::kKernelRefused, "ipvs: " + link.error().message());
     auto ipsets = makeProcessIpsets(systemRunner());
     if (!ipsets) return sdk::fail(sdk::ErrorCategory::kInvalidInput, ipsets.error().message());
-    std::string variantOption = get("iptables-variant");
-    if (variantOption.empty()) variantOption = "auto";
-    if (variantOption != "auto" && variantOption != "nft" && variantOption != "legacy")
-      return sdk::fail(
-          sdk::ErrorCategory::kInvalidInput,
-          "ipvs: invalid iptables-variant \"" + variantOption + "\" (auto, nft, legacy)");
     const iptables::Variant variant = variantOption == "legacy" ? iptables::Variant::kLegacy
                                       : variantOption == "nft"
                                           ? iptables::Variant::kNft
@@ -99,6 +108,7 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Ho
     adapters.link = std::move(*link);
     adapters.ipsets = std::move(*ipsets);
     adapters.iptables = iptables::makeProcessKernel(std::move(*tools), systemRunner());
+    adapters.sysctls = makeFileSysctls();
   }
   auto metrics = IpvsBackend::registerMetrics(host);
   if (!metrics) return std::unexpected(metrics.error());

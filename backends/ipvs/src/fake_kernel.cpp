@@ -1,5 +1,5 @@
-// The IPVS backend's fakes: in-memory IPVS, dummy links and ipsets with the kernel's and the
-// tools' refusals, for unit tests and --dry-run.
+// The IPVS backend's fakes: in-memory IPVS, dummy links, ipsets and sysctls with the kernel's
+// and the tools' refusals, for unit tests and --dry-run.
 #include <algorithm>
 #include <cerrno>
 #include <optional>
@@ -270,6 +270,22 @@ core::Result<void> FakeIpsets::restore(std::string_view input) {
   });
   if (error) return std::unexpected(*error);
   state = std::move(next);
+  return {};
+}
+
+core::Result<std::int64_t> FakeSysctls::readInt(const std::string& name) {
+  auto it = values.find(name);
+  if (it == values.end()) return core::makeError(core::ErrorCategory::kIo, "reading /proc/sys/" + name + " (fake)", ENOENT);
+  return it->second;
+}
+
+core::Result<void> FakeSysctls::writeInt(const std::string& name, std::int64_t value) {
+  auto it = values.find(name);
+  if (it == values.end())
+    return core::makeError(core::ErrorCategory::kIo,
+                           fmt::format("writing {} to /proc/sys/{} (fake)", value, name), ENOENT);
+  ++writes;
+  it->second = value;
   return {};
 }
 

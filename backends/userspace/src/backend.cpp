@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "kproxy/nftables/renderer.h"
+#include "kproxy/userspace/kernel.h"
 #include "kproxy/nftables/tracer.h"
 #include "kproxy/plan/trace.h"
 #include "kproxy/plan/options.h"
@@ -251,13 +252,14 @@ void MetricsObserver::bytes(const std::string& service, bool udp, std::uint64_t 
 
 UserspaceBackend::UserspaceBackend(sdk::Host host, UserspaceSettings settings,
                                    std::unique_ptr<nftables::KernelNftables> kernel,
+                                   std::unique_ptr<ProxyListeners> listeners,
                                    std::shared_ptr<MetricsObserver> metrics)
     : Reconciler(host, backends::ReconcilerOptions{"userspace", settings.dryRun, false, false}),
       host_(host),
       settings_(std::move(settings)),
       kernel_(std::move(kernel)),
-      metrics_(std::move(metrics)),
-      proxy_(std::make_unique<ProxyServer>(settings_.proxy, metrics_)) {}
+      listeners_(std::move(listeners)),
+      metrics_(std::move(metrics)) {}
 
 sdk::Expected<backends::PassOutcome> UserspaceBackend::pass(const plan::SnapshotSource& next, bool full) {
   const sdk::NodeInfo node = next.node();
@@ -276,7 +278,7 @@ sdk::Expected<backends::PassOutcome> UserspaceBackend::pass(const plan::Snapshot
     if (mirror_.of(f).tableExists) families.insert(f);
 
   // Listeners first: the table must never send a connection to a port nobody listens on.
-  auto ports = proxy_->update(specs);
+  auto ports = listeners_->update(specs);
   if (!ports) {
     return sdk::fail(sdk::ErrorCategory::kTransient, ports.error().message(), ports.error().errnum);
   }
@@ -287,7 +289,7 @@ sdk::Expected<backends::PassOutcome> UserspaceBackend::pass(const plan::Snapshot
     byFamily[e.family].push_back(e.entry);
   }
 
-  if (full && !settings_.dryRun) {
+  if (full) {
     auto read = kernel_->readBack(userspaceSetSpecs(net::Family::kIPv4), userspaceSetSpecs(net::Family::kIPv6));
     if (!read) {
       return sdk::fail(sdk::kernelErrorCategory(read.error().errnum), read.error().message(), read.error().errnum);
@@ -308,18 +310,7 @@ sdk::Expected<backends::PassOutcome> UserspaceBackend::pass(const plan::Snapshot
     for (auto& op : diff.ops) ops.push_back(std::move(op));
   }
 
-  if (settings_.dryRun) {
-    std::string text = "# userspace listeners\n";
-    for (const auto& spec : specs) {
-      std::string pool;
-      for (const auto& t : spec.endpoints) pool += (pool.empty() ? "" : ", ") + t.toString();
-      text += fmt::format("# {} :{} -> {}{}\n", spec.id, ports->at(spec.id), pool.empty() ? "(none)" : pool,
-                          spec.affinityTimeout.count() > 0 ? fmt::format(" (ClientIP affinity {}s)", spec.affinityTimeout.count()) : "");
-    }
-    for (const auto& op : ops) text += op.toText(kTableName) + "\n";
-    std::fputs(text.c_str(), settings_.dryRunOutput);
-    std::fflush(settings_.dryRunOutput);
-  } else if (!ops.empty()) {
+  if (!ops.empty()) {
     if (auto applied = kernel_->apply(ops); !applied) {
       return sdk::fail(sdk::kernelErrorCategory(applied.error().errnum), applied.error().message(),
                        applied.error().errnum);
@@ -329,7 +320,7 @@ sdk::Expected<backends::PassOutcome> UserspaceBackend::pass(const plan::Snapshot
 
   std::set<std::string> keep;
   for (const auto& spec : specs) keep.insert(spec.id);
-  proxy_->retain(keep);
+  listeners_->retain(keep);
   ports_ = std::move(*ports);
   std::size_t tcp = 0, udp = 0;
   for (const auto& spec : specs) ++(spec.udp ? udp : tcp);
@@ -434,11 +425,6 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
 }
 
 sdk::Expected<void> UserspaceBackend::cleanup() {
-  if (settings_.dryRun) {
-    std::fprintf(settings_.dryRunOutput, "delete table ip %s\ndelete table ip6 %s\n", std::string(kTableName).c_str(),
-                 std::string(kTableName).c_str());
-    return {};
-  }
   auto r = kernel_->deleteTables();
   mirror_ = nftables::Mirror{};
   requireFullSync();
@@ -465,7 +451,17 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeUserspaceBackend(const sd
                            "UDP idle timeout {} ms",
                            kTableName, settings->proxy.connectTimeout.count(), settings->proxy.connectAttempts,
                            settings->proxy.maxConnections, settings->proxy.udpIdleTimeout.count()));
-  return std::make_unique<UserspaceBackend>(host, std::move(*settings), nftables::makeNetlinkKernel(kTableName),
+  std::unique_ptr<nftables::KernelNftables> kernel;
+  std::unique_ptr<ProxyListeners> listeners = std::make_unique<ProxyServer>(settings->proxy, *metrics);
+  if (settings->dryRun) {
+    // Nothing reaches the table: its changes are printed and kept in memory, over an empty one.
+    kernel = std::make_unique<PrintingNftables>(std::make_unique<nftables::FakeKernelNftables>(),
+                                                settings->dryRunOutput, std::string(kTableName));
+    listeners = std::make_unique<PrintingListeners>(std::move(listeners), settings->dryRunOutput);
+  } else {
+    kernel = nftables::makeNetlinkKernel(kTableName);
+  }
+  return std::make_unique<UserspaceBackend>(host, std::move(*settings), std::move(kernel), std::move(listeners),
                                             std::move(*metrics));
 }
 

@@ -636,13 +636,27 @@ TEST_CASE("iptables backend: --dry-run prints each restore input and applies it 
   std::string text;
   char buffer[4096];
   while (auto n = std::fread(buffer, 1, sizeof buffer, out)) text.append(buffer, n);
-  std::fclose(out);
   INFO(text);
   CHECK(text.starts_with("# iptables-restore --noflush\n"));
   CHECK(contains(text, "# ip6tables-restore --noflush\n"));
   CHECK(text == "# iptables-restore --noflush\n" + ruleset->restores.at(0) + "# ip6tables-restore --noflush\n" +
                     ruleset->restores.at(1));
   CHECK(ruleset->restores.size() == 2);
+  // Cleanup reads the ruleset in memory like any other kernel, and prints the removal of what the
+  // dry run would have made.
+  std::fseek(out, 0, SEEK_END);  // a stream read to its end is positioned again before it is written
+  const long syncsEnd = std::ftell(out);
+  REQUIRE(ok(backend.cleanup()));
+  std::fflush(out);
+  std::fseek(out, syncsEnd, SEEK_SET);
+  std::string removal;
+  while (auto n = std::fread(buffer, 1, sizeof buffer, out)) removal.append(buffer, n);
+  std::fclose(out);
+  REQUIRE(ruleset->restores.size() == 4);
+  CHECK(removal == "# iptables-restore --noflush\n" + ruleset->restores.at(2) + "# ip6tables-restore --noflush\n" +
+                       ruleset->restores.at(3));
+  CHECK(contains(removal, "-X KUBE-SERVICES\n"));
+  for (const auto& c : ruleset->chains(net::Family::kIPv4, Table::kNat)) CHECK(!c.name.starts_with("KUBE-"));
   CHECK(f.fake.restores.empty());  // the fixture's kernel was never touched
   CHECK(f.sysctls.routeLocalnet() != "1");
 }

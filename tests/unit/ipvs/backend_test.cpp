@@ -1,7 +1,7 @@
 // IpvsBackend over the fakes (FakeIpvs, FakeDummyLink, FakeIpsets, FakeIptables): full sync
 // from empty, a restart that writes nothing, partial syncs of one or two netlink messages,
 // foreign objects left alone, failures that force a full reconcile, graceful termination,
-// cleanup, --dry-run and explain.
+// cleanup, --dry-run through the printing adapters, and explain.
 
 #include <catch2/catch.hpp>
 
@@ -134,7 +134,6 @@ struct Fixture {
 
   std::unique_ptr<IpvsBackend> make(BackendSettings settings = {}) {
     settings.render.common.clusterCIDRs = {"10.244.0.0/16"};
-    settings.sysctlRoot = sysctls.root();
     if (settings.kernelRelease.empty()) settings.kernelRelease = "5.4.0";
     settings.ipv6 = false;
     settings.now = [this] { return clock; };
@@ -147,10 +146,23 @@ struct Fixture {
     link = l.get();
     ipsets = s.get();
     tables = t.get();
-    a.ipvs = std::move(i);
-    a.link = std::move(l);
-    a.ipsets = std::move(s);
-    a.iptables = std::move(t);
+    if (settings.dryRun) {
+      // As the factory does for --dry-run: printers over the fakes, and sysctls in memory.
+      auto memory = std::make_unique<FakeSysctls>();
+      dryRunSysctls = memory.get();
+      std::FILE* out = settings.dryRunOutput;
+      a.ipvs = std::make_unique<PrintingIpvs>(std::move(i), out);
+      a.link = std::make_unique<PrintingDummyLink>(std::move(l), out);
+      a.ipsets = std::make_unique<PrintingIpsets>(std::move(s), out);
+      a.iptables = std::make_unique<iptables::PrintingIptables>(std::move(t), out, "iptables-nft");
+      a.sysctls = std::make_unique<PrintingSysctls>(std::move(memory), out);
+    } else {
+      a.ipvs = std::move(i);
+      a.link = std::move(l);
+      a.ipsets = std::move(s);
+      a.iptables = std::move(t);
+      a.sysctls = makeFileSysctls(sysctls.root());
+    }
     return std::make_unique<IpvsBackend>(sdk::Host(nullptr), std::move(settings), std::move(a));
   }
   /// Forgets the writes made so far.
@@ -232,6 +244,7 @@ struct Fixture {
   }
 
   TempSysctls sysctls;
+  FakeSysctls* dryRunSysctls = nullptr;  ///< the sysctls in memory of a --dry-run backend
   VectorSnapshot snap;
   std::chrono::steady_clock::time_point clock{};
   FakeIpvs ipvsState;
@@ -651,34 +664,167 @@ TEST_CASE("settings: scheduler, affinity, timeouts and strict ARP", "[unit]") {
   CHECK(f.server("FWM 7 IPv4") != nullptr);
 }
 
+/// What was written to `out` since `from`, and where it ends.
+std::string printedSince(std::FILE* out, long& from) {
+  std::fflush(out);
+  const long end = std::ftell(out);
+  std::string text(static_cast<std::size_t>(end - from), '\0');
+  std::fseek(out, from, SEEK_SET);
+  text.resize(std::fread(text.data(), 1, text.size(), out));
+  std::fseek(out, end, SEEK_SET);
+  from = end;
+  return text;
+}
+
+std::size_t countOf(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + what.size())) ++n;
+  return n;
+}
+
 TEST_CASE(
-    "--dry-run prints the planned changes in ipvsadm notation with the ipset and iptables input",
+    "--dry-run prints through the printing adapters exactly what they hand the kernel, in ipvsadm, ip, "
+    "ipset, iptables and sysctl notation",
     "[unit]") {
   Fixture f;
   std::FILE* out = std::tmpfile();
   REQUIRE(out != nullptr);
+  long mark = 0;
   BackendSettings s;
   s.dryRun = true;
   s.dryRunOutput = out;
+  s.timeouts = Timeouts{3600, 0, 0};
   f.backend = f.make(s);
-  REQUIRE(ok(f.full()));
-  std::rewind(out);
-  std::string text;
-  char buffer[4096];
-  while (auto n = std::fread(buffer, 1, sizeof buffer, out)) text.append(buffer, n);
-  std::fclose(out);
-  CHECK(text.find("ip link add kube-ipvs0 type dummy\n") != std::string::npos);
+  auto first = f.full();
+  REQUIRE(ok(first));
+  CHECK(first->summary.ends_with(" dry_run=true"));
+  std::string text = printedSince(out, mark);
+  INFO(text);
+  CHECK(text.starts_with("sysctl -w net.ipv4.vs.conntrack=1\n"));
+  CHECK(text.find("sysctl -w net.ipv4.vs.conn_reuse_mode=0\n") != std::string::npos);  // kernel 5.4
+  CHECK(text.find("ipvsadm --set 3600 0 0\n") != std::string::npos);
+  CHECK(countOf(text, "ip link add kube-ipvs0 type dummy\n") == 1);
   CHECK(text.find("ipvsadm -A -t 10.96.0.10:80 -s rr\n") != std::string::npos);
   CHECK(text.find("ipvsadm -a -t 10.96.0.10:80 -r 10.244.1.5:8080 -m -w 1\n") != std::string::npos);
   CHECK(text.find("ipvsadm -A -u 10.96.0.53:53 -s rr\n") != std::string::npos);
   CHECK(text.find("ip addr add 10.96.0.10/32 dev kube-ipvs0\n") != std::string::npos);
-  CHECK(text.find("# ipset restore -exist\ncreate KUBE-LOOP-BACK hash:ip,port,ip") !=
-        std::string::npos);
-  CHECK(text.find("create KUBE-CLUSTER-IP hash:ip,port family inet") != std::string::npos);
-  CHECK(text.find("add KUBE-CLUSTER-IP 10.96.0.10,tcp:80\n") != std::string::npos);
-  CHECK(text.find("# iptables-restore --noflush\n*nat\n") != std::string::npos);
-  // Sysctls are not written in --dry-run.
+  // One line per change the kernel adapters were handed, and nothing else.
+  REQUIRE(f.ipvs->entries.size() > 0);
+  std::size_t realServers = 0;
+  for (const auto& e : f.ipvs->entries) {
+    CHECK(countOf(text, ipvsadmCommand('A', e.vs) + "\n") == 1);
+    for (const auto& rs : e.realServers) CHECK(countOf(text, ipvsadmCommand('a', e.vs, &rs) + "\n") == 1);
+    realServers += e.realServers.size();
+  }
+  CHECK(countOf(text, "ipvsadm -A ") == f.ipvs->entries.size());
+  CHECK(countOf(text, "ipvsadm -a ") == realServers);
+  CHECK(countOf(text, "ip addr add ") == f.addresses().size());
+  REQUIRE(f.ipsets->restores.size() == 1);
+  CHECK(text.find("# ipset restore -exist\n" + f.ipsets->restores[0]) != std::string::npos);
+  CHECK(f.ipsets->restores[0].find("add KUBE-CLUSTER-IP 10.96.0.10,tcp:80\n") != std::string::npos);
+  REQUIRE(f.tables->restores.size() == 1);
+  CHECK(text.ends_with("# iptables-restore --noflush\n" + f.tables->restores[0]));
+  CHECK(f.tables->restores[0].starts_with("*nat\n"));
+  // The sysctls went to memory only.
+  CHECK(f.dryRunSysctls->values.at("net/ipv4/vs/conntrack") == 1);
   CHECK(f.sysctls.value("net/ipv4/vs/conntrack") == "0");
+
+  // A later sync prints its own changes only: one endpoint more is one line.
+  setEndpoints(f.port("default/web:p"),
+               {endpoint("10.244.1.5", 8080), endpoint("10.244.2.6", 8080), endpoint("10.244.3.3", 8080)});
+  REQUIRE(ok(f.partial({"default/web:p"})));
+  CHECK(printedSince(out, mark) == "ipvsadm -a -t 10.96.0.10:80 -r 10.244.3.3:8080 -m -w 1\n");
+  // And a full sync over what the dry run would have made prints nothing.
+  REQUIRE(ok(f.full()));
+  CHECK(printedSince(out, mark).empty());
+  // An endpoint that leaves a TCP service drains at weight 0 first; without connections (none
+  // in memory) it is deleted in the same sync.
+  setEndpoints(f.port("default/web:p"), {endpoint("10.244.1.5", 8080), endpoint("10.244.2.6", 8080)});
+  REQUIRE(ok(f.partial({"default/web:p"})));
+  CHECK(printedSince(out, mark) ==
+        "ipvsadm -e -t 10.96.0.10:80 -r 10.244.3.3:8080 -m -w 0\nipvsadm -d -t 10.96.0.10:80 -r 10.244.3.3:8080\n");
+  std::fclose(out);
+}
+
+TEST_CASE("the printing adapters print each change, hand it on, and say what the inner adapter answers",
+          "[unit]") {
+  std::FILE* out = std::tmpfile();
+  REQUIRE(out != nullptr);
+  long mark = 0;
+  auto fakeIpvs = std::make_unique<FakeIpvs>();
+  FakeIpvs* ipvsInner = fakeIpvs.get();
+  PrintingIpvs ipvs(std::move(fakeIpvs), out);
+  VirtualServer vs = foreignServer("10.96.0.10", 80);
+  vs.scheduler = "rr";
+  const RealServer rs = real("10.244.1.5", 8080);
+  REQUIRE(ipvs.addVirtualServer(vs));
+  REQUIRE(ipvs.addRealServer(vs, rs));
+  CHECK(printedSince(out, mark) ==
+        "ipvsadm -A -t 10.96.0.10:80 -s rr\nipvsadm -a -t 10.96.0.10:80 -r 10.244.1.5:8080 -m -w 1\n");
+  REQUIRE(ipvsInner->entries.size() == 1);
+  CHECK(ipvsInner->entries[0].realServers.size() == 1);
+  // A refusal is printed (the kernel would have been sent it) and returned as the inner's.
+  auto again = ipvs.addVirtualServer(vs);
+  REQUIRE_FALSE(again);
+  CHECK(again.error().errnum == EEXIST);
+  CHECK(printedSince(out, mark) == "ipvsadm -A -t 10.96.0.10:80 -s rr\n");
+  REQUIRE(ipvs.deleteRealServer(vs, rs));
+  REQUIRE(ipvs.deleteVirtualServer(vs));
+  REQUIRE(ipvs.setTimeouts(Timeouts{10, 20, 30}));
+  CHECK(printedSince(out, mark) ==
+        "ipvsadm -d -t 10.96.0.10:80 -r 10.244.1.5:8080\nipvsadm -D -t 10.96.0.10:80\nipvsadm --set 10 20 30\n");
+  CHECK(ipvsInner->entries.empty());
+  CHECK(ipvsInner->currentTimeouts == Timeouts{10, 20, 30});
+  // Reads print nothing.
+  REQUIRE(ipvs.listVirtualServers());
+  REQUIRE(ipvs.timeouts());
+  CHECK(printedSince(out, mark).empty());
+
+  auto fakeLink = std::make_unique<FakeDummyLink>();
+  FakeDummyLink* linkInner = fakeLink.get();
+  PrintingDummyLink link(std::move(fakeLink), out);
+  auto created = link.ensureLink(kDummyLinkName);
+  REQUIRE(created);
+  CHECK_FALSE(*created);
+  auto existing = link.ensureLink(kDummyLinkName);  // there already: nothing to do, nothing printed
+  REQUIRE(existing);
+  CHECK(*existing);
+  REQUIRE(link.addAddress(kDummyLinkName, *net::Prefix::parse("10.96.0.10")));
+  REQUIRE(link.addAddress(kDummyLinkName, *net::Prefix::parse("fd00::10")));
+  REQUIRE(link.deleteAddress(kDummyLinkName, *net::Prefix::parse("10.96.0.10")));
+  CHECK(printedSince(out, mark) ==
+        "ip link add kube-ipvs0 type dummy\nip addr add 10.96.0.10/32 dev kube-ipvs0\n"
+        "ip addr add fd00::10/128 dev kube-ipvs0\nip addr del 10.96.0.10/32 dev kube-ipvs0\n");
+  REQUIRE(link.listAddresses(kDummyLinkName));
+  CHECK(linkInner->links.at(0).second.addresses.size() == 1);
+  REQUIRE(link.deleteLink(kDummyLinkName));
+  CHECK(printedSince(out, mark) == "ip link del kube-ipvs0\n");
+  CHECK(linkInner->links.empty());
+
+  auto fakeSets = std::make_unique<FakeIpsets>();
+  FakeIpsets* setsInner = fakeSets.get();
+  PrintingIpsets sets(std::move(fakeSets), out);
+  REQUIRE(sets.restore(""));  // nothing to restore: nothing printed
+  REQUIRE(sets.restore("create S hash:ip family inet\nadd S 10.0.0.1\n"));
+  CHECK(printedSince(out, mark) == "# ipset restore -exist\ncreate S hash:ip family inet\nadd S 10.0.0.1\n");
+  CHECK(setsInner->state.sets.at("S").entries == std::set<std::string>{"10.0.0.1"});
+  CHECK_FALSE(sets.restore("add NOPE 1\n"));
+  CHECK(printedSince(out, mark) == "# ipset restore -exist\nadd NOPE 1\n");
+
+  auto fakeSysctls = std::make_unique<FakeSysctls>();
+  FakeSysctls* sysctlsInner = fakeSysctls.get();
+  PrintingSysctls sysctls(std::move(fakeSysctls), out);
+  REQUIRE(sysctls.writeInt("net/ipv4/vs/conntrack", 1));
+  CHECK(printedSince(out, mark) == "sysctl -w net.ipv4.vs.conntrack=1\n");
+  CHECK(sysctlsInner->values.at("net/ipv4/vs/conntrack") == 1);
+  auto read = sysctls.readInt("net/ipv4/vs/conntrack");
+  REQUIRE(read);
+  CHECK(*read == 1);
+  auto missing = sysctls.writeInt("net/ipv4/vs/no_such", 1);
+  REQUIRE_FALSE(missing);
+  CHECK(missing.error().errnum == ENOENT);
+  CHECK(printedSince(out, mark) == "sysctl -w net.ipv4.vs.no_such=1\n");
+  std::fclose(out);
 }
 
 TEST_CASE("ipvsadmCommand and the ipset save parser", "[unit]") {

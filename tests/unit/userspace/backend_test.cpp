@@ -1,7 +1,9 @@
 // UserspaceBackend against the in-memory nftables: what goes into table kproxy-userspace, the
 // minimal diff between syncs, listeners kept across endpoint changes, dry-run.
 #include "kproxy/userspace/backend.h"
+#include "kproxy/userspace/kernel.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <set>
 #include <string>
@@ -27,10 +29,19 @@ UserspaceSettings settings() {
 struct Harness {
   nftables::FakeKernelNftables* kernel = nullptr;
   std::unique_ptr<UserspaceBackend> backend;
-  explicit Harness(UserspaceSettings s = settings()) {
+  /// `printTo`: as the factory does for --dry-run, the printing decorators over the fake table
+  /// and the proxy.
+  explicit Harness(UserspaceSettings s = settings(), std::FILE* printTo = nullptr) {
     auto k = std::make_unique<nftables::FakeKernelNftables>();
     kernel = k.get();
-    backend = std::make_unique<UserspaceBackend>(sdk::Host(nullptr), std::move(s), std::move(k), nullptr);
+    std::unique_ptr<nftables::KernelNftables> table = std::move(k);
+    std::unique_ptr<ProxyListeners> listeners = std::make_unique<ProxyServer>(s.proxy, nullptr);
+    if (printTo != nullptr) {
+      table = std::make_unique<PrintingNftables>(std::move(table), printTo, std::string(kTableName));
+      listeners = std::make_unique<PrintingListeners>(std::move(listeners), printTo);
+    }
+    backend = std::make_unique<UserspaceBackend>(sdk::Host(nullptr), std::move(s), std::move(table),
+                                                 std::move(listeners), nullptr);
   }
   /// The ops of one sync as nft text, one per line.
   std::string sync(const plan::SnapshotSource& snap, bool full = false) {
@@ -146,27 +157,91 @@ TEST_CASE("userspace backend: eTP=Local short-circuit and UDP listeners", "[unit
   CHECK(podRule);
 }
 
-TEST_CASE("userspace backend: dry-run prints listeners and the table, changes nothing", "[unit]") {
+/// What was written to `out` since `from`, and where it ends.
+std::string printedSince(std::FILE* out, long& from) {
+  std::fflush(out);
+  const long end = std::ftell(out);
+  std::string text(static_cast<std::size_t>(end - from), '\0');
+  std::fseek(out, from, SEEK_SET);
+  text.resize(std::fread(text.data(), 1, text.size(), out));
+  std::fseek(out, end, SEEK_SET);
+  from = end;
+  return text;
+}
+
+std::vector<std::string> linesOf(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (at < text.size()) {
+    const auto end = text.find('\n', at);
+    out.push_back(text.substr(at, end - at));
+    at = end == std::string::npos ? text.size() : end + 1;
+  }
+  return out;
+}
+
+TEST_CASE("userspace backend: dry-run prints through the printing decorators what the table and the listeners are given",
+          "[unit]") {
   auto s = settings();
   s.dryRun = true;
   s.proxy.listen = false;
-  char* buf = nullptr;
-  std::size_t size = 0;
-  std::FILE* out = open_memstream(&buf, &size);
-  s.dryRunOutput = out;
-  Harness h(std::move(s));
-  plan::VectorSnapshot snap({clusterIP("ns", "web", "172.30.0.10", 80, {endpoint("10.244.1.1", 8080)})});
+  std::FILE* out = std::tmpfile();
+  REQUIRE(out != nullptr);
+  long mark = 0;
+  Harness h(std::move(s), out);
+  plan::VectorSnapshot snap({clusterIP("ns", "web", "172.30.0.10", 80, {endpoint("10.244.1.1", 8080)}),
+                             clusterIP("ns", "api", "172.30.0.11", 443, {endpoint("10.244.1.2", 8443)})});
+  auto first = h.backend->syncFrom(snap, {}, true);
+  REQUIRE(first);
+  CHECK(first->summary.ends_with(" dry_run=true"));
+  const auto& ports = h.backend->listenerPorts();
+  const auto web = std::to_string(ports.at(listenerId("ns/web:p")));
+  const auto api = std::to_string(ports.at(listenerId("ns/api:p")));
+  std::string text = printedSince(out, mark);
+  INFO(text);
+  const auto lines = linesOf(text);
+  // The listeners first (the table must never point at a port nobody has), then one line of nft
+  // syntax per operation, table and chains before elements, as the transaction sends them.
+  REQUIRE(lines.size() == static_cast<std::size_t>(first->operations) + 2);
+  CHECK(lines[0] == "# userspace: listen ipv4 tcp/ns/web:p cluster :" + web + " -> 10.244.1.1:8080");
+  CHECK(lines[1] == "# userspace: listen ipv4 tcp/ns/api:p cluster :" + api + " -> 10.244.1.2:8443");
+  CHECK(lines[2] == "add table ip kproxy-userspace");
+  const auto firstElement = std::find_if(lines.begin(), lines.end(), [](const std::string& l) {
+    return l.starts_with("add element ");
+  });
+  REQUIRE(firstElement != lines.end());
+  CHECK(std::none_of(firstElement, lines.end(), [](const std::string& l) { return !l.starts_with("add element "); }));
+  CHECK(std::count(lines.begin(), lines.end(),
+                   "add element ip kproxy-userspace services { 172.30.0.10 . tcp . 80 : goto redirect-tcp-" + web +
+                       " }") == 1);
+  // What was printed went to the table in memory, and only there.
+  CHECK(h.kernel->batches == 1);
+  const auto& table = h.kernel->tables.at(net::Family::kIPv4);
+  CHECK(table.elements.at("services").size() == 2);
+  CHECK(table.chains.contains("redirect-tcp-" + web));
+
+  // An endpoint change touches the proxy's pool only.
+  snap.ports()[0] = clusterIP("ns", "web", "172.30.0.10", 80, {endpoint("10.244.1.1", 8080), endpoint("10.244.1.3", 8080)});
+  REQUIRE(h.backend->syncFrom(snap, {}, false));
+  CHECK(printedSince(out, mark) ==
+        "# userspace: pool of ipv4 tcp/ns/web:p cluster :" + web + " -> 10.244.1.1:8080, 10.244.1.3:8080\n");
+  // A full sync reads the table in memory back and finds nothing to do.
   REQUIRE(h.backend->syncFrom(snap, {}, true));
+  CHECK(printedSince(out, mark).empty());
+  // A service that goes: its elements deleted and its chain flushed, then its listener closed.
+  snap.ports().pop_back();
+  REQUIRE(h.backend->syncFrom(snap, {}, false));
+  text = printedSince(out, mark);
+  INFO(text);
+  CHECK(text.find("delete element ip kproxy-userspace services { 172.30.0.11 . tcp . 443 }\n") != std::string::npos);
+  CHECK(text.starts_with("flush chain ip kproxy-userspace redirect-tcp-" + api + "\n"));
+  CHECK(text.ends_with("# userspace: close ipv4 tcp/ns/api:p cluster :" + api + "\n"));
+  CHECK(h.kernel->tables.at(net::Family::kIPv4).elements.at("services").size() == 1);
+  // Cleanup deletes both tables, in memory.
+  REQUIRE(h.backend->cleanup());
+  CHECK(printedSince(out, mark) == "delete table ip kproxy-userspace\ndelete table ip6 kproxy-userspace\n");
+  CHECK(h.kernel->tables.empty());
   std::fclose(out);
-  std::string text(buf, size);
-  std::free(buf);
-  CHECK(h.kernel->batches == 0);
-  CHECK(h.kernel->readBacks == 0);
-  CHECK(text.find("# ipv4 tcp/ns/web:p cluster :") != std::string::npos);
-  CHECK(text.find("-> 10.244.1.1:8080") != std::string::npos);
-  CHECK(text.find("add table ip kproxy-userspace") != std::string::npos);
-  CHECK(text.find("add element ip kproxy-userspace services { 172.30.0.10 . tcp . 80 : goto redirect-tcp-") !=
-        std::string::npos);
 }
 
 TEST_CASE("userspace options: bad values are refused by name", "[unit]") {

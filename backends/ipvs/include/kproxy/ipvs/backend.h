@@ -49,6 +49,8 @@ namespace kproxy::ipvs {
 
 struct BackendSettings {
   RenderConfig render;
+  /// No conntrack cleanup, " dry_run=true" in the summary; the factory then gives the backend
+  /// printing adapters over empty fakes, which print to dryRunOutput.
   bool dryRun = false;
   std::FILE* dryRunOutput = stdout;
   /// Program IPv6 too (off when the kernel has no IPv6 or there is no ip6tables).
@@ -59,8 +61,6 @@ struct BackendSettings {
   Timeouts timeouts;
   /// ipvs-exclude-cidrs: virtual servers in these are never deleted.
   std::vector<std::string> excludeCIDRs;
-  /// Where sysctls live, for tests.
-  std::string sysctlRoot = "/proc/sys";
   /// The running kernel's release ("6.1.0-56-cloud-amd64"; empty: uname), which decides
   /// conn_reuse_mode as upstream.
   std::string kernelRelease;
@@ -72,12 +72,14 @@ struct BackendSettings {
   };
 };
 
-/// The kernel adapters a backend works through. In --dry-run they are fakes that start empty.
+/// The kernel adapters a backend works through. In --dry-run they are printing decorators
+/// (kernel.h, iptables' PrintingIptables) over fakes that start empty.
 struct IpvsAdapters {
   std::unique_ptr<KernelIpvs> ipvs;
   std::unique_ptr<KernelDummyLink> link;
   std::unique_ptr<KernelIpsets> ipsets;
   std::unique_ptr<iptables::KernelIptables> iptables;
+  std::unique_ptr<KernelSysctls> sysctls;
 };
 
 /// The IPVS backend: its full and partial passes under the one reconcile skeleton
@@ -190,7 +192,7 @@ class IpvsBackend final : public backends::Reconciler {
   void setSysctls();
   void setTimeouts();
 
-  // Kernel writes: counted, printed in --dry-run, idempotent.
+  // Kernel writes: counted, the first ones noted for the summary, idempotent.
   sdk::Expected<void> addServer(const VirtualServer& vs);
   sdk::Expected<void> updateServer(const VirtualServer& vs);
   sdk::Expected<void> deleteServer(const VirtualServer& vs);
@@ -203,7 +205,8 @@ class IpvsBackend final : public backends::Reconciler {
   sdk::Expected<void> restoreIptables(net::Family family, const std::string& input);
   sdk::Expected<void> failed(std::string_view op, const core::Error& error);
   void count(std::string_view op);
-  void print(const std::string& text);
+  /// Keeps the first writes of a pass (in ipvsadm notation) for its summary.
+  void noteWrite(std::string text);
 
   bool familyEnabled(net::Family family) const {
     return family == net::Family::kIPv4 || settings_.ipv6;
@@ -242,10 +245,12 @@ VirtualServer kernelVirtualServer(const PlannedVirtualServer& planned);
 RealServer kernelRealServer(const PlannedRealServer& planned);
 
 /// What `ipvsadm` would be run with to make one change (`-A -t 10.96.0.10:80 -s rr`,
-/// `-a -t 10.96.0.10:80 -r 10.244.1.5:8080 -m -w 1`, ...): the --dry-run notation.
+/// `-a -t 10.96.0.10:80 -r 10.244.1.5:8080 -m -w 1`, ...): the notation of --dry-run
+/// (PrintingIpvs) and of a sync's summary.
 std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* rs = nullptr);
 
-/// The plugin's factory: parses the options, opens the adapters (fakes in --dry-run).
+/// The plugin's factory: parses the options, opens the adapters (in --dry-run, printing
+/// decorators over empty fakes).
 sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Host& host,
                                                                    const sdk::Options& options);
 

@@ -5,11 +5,14 @@
 ///    their real servers, the connection timeouts), over generic netlink (kernel_netlink.cpp);
 ///  - KernelDummyLink: the kube-ipvs0 dummy link and its addresses, over rtnetlink
 ///    (kernel_link.cpp);
-///  - KernelIpsets: the ipsets, with `ipset save` / `ipset restore -exist` (kernel_ipset.cpp).
-/// The fakes report the kernel's and the tools' errors.
+///  - KernelIpsets: the ipsets, with `ipset save` / `ipset restore -exist` (kernel_ipset.cpp);
+///  - KernelSysctls: the kernel parameters IPVS mode sets, as files (kernel_sysctl.cpp).
+/// The fakes report the kernel's and the tools' errors. In --dry-run each goes through a
+/// printing decorator (kernel_printing.cpp) over its fake.
 /// Thread-safety: an adapter is not thread-safe; one owner uses it.
 
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
@@ -312,6 +315,116 @@ class FakeIpsets final : public KernelIpsets {
   IpsetState state;
   std::vector<std::string> restores;  ///< every input, in order
   bool refuseNext = false;            ///< refuse the next restore
+};
+
+// ---------------------------------------------------------------------------------------
+// sysctls
+
+// KernelSysctls: the kernel parameters IPVS mode sets (net/ipv4/vs/*, and arp_ignore /
+// arp_announce with ipvs-strict-arp), named by their path under /proc/sys
+// ("net/ipv4/vs/conntrack").
+
+class KernelSysctls {
+ public:
+  virtual ~KernelSysctls() = default;
+  /// The value; an error (ENOENT when the parameter does not exist) when it cannot be read.
+  virtual core::Result<std::int64_t> readInt(const std::string& name) = 0;
+  /// Sets it; a missing parameter is an error (ENOENT), never created.
+  virtual core::Result<void> writeInt(const std::string& name, std::int64_t value) = 0;
+};
+
+/// The files under `root` (/proc/sys, or a directory that looks like it in tests).
+std::unique_ptr<KernelSysctls> makeFileSysctls(std::string root = "/proc/sys");
+
+/// In memory, holding what a fresh kernel with IPVS holds for the parameters IPVS mode sets;
+/// any other name is missing (ENOENT), as in the kernel.
+class FakeSysctls final : public KernelSysctls {
+ public:
+  core::Result<std::int64_t> readInt(const std::string& name) override;
+  core::Result<void> writeInt(const std::string& name, std::int64_t value) override;
+
+  std::map<std::string, std::int64_t> values{
+      {"net/ipv4/vs/conntrack", 0},          {"net/ipv4/vs/conn_reuse_mode", 1},
+      {"net/ipv4/vs/expire_nodest_conn", 0}, {"net/ipv4/vs/expire_quiescent_template", 0},
+      {"net/ipv4/conf/all/arp_ignore", 0},   {"net/ipv4/conf/all/arp_announce", 0}};
+  std::size_t writes = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+// --dry-run
+
+// The printing decorators --dry-run gives the backend (kernel_printing.cpp): each prints every
+// change it is asked to make, as the command that would make it, then hands it to `inner`,
+// which answers every read. Over the empty fakes, a dry run plans as on an empty node and its
+// later steps see what the earlier ones would have done. A change the inner refuses is printed
+// too: the kernel would have been sent it.
+
+/// Virtual and real servers and timeouts in ipvsadm notation (ipvsadmCommand, backend.h):
+/// `ipvsadm -A -t 10.96.0.10:80 -s rr`, `ipvsadm -a -t 10.96.0.10:80 -r 10.244.1.5:8080 -m -w 1`,
+/// `ipvsadm --set 900 120 300`, `ipvsadm -C`.
+class PrintingIpvs final : public KernelIpvs {
+ public:
+  PrintingIpvs(std::unique_ptr<KernelIpvs> inner, std::FILE* out);
+  core::Result<std::vector<VirtualServer>> listVirtualServers() override { return inner_->listVirtualServers(); }
+  core::Result<std::vector<RealServer>> listRealServers(const VirtualServer& vs) override {
+    return inner_->listRealServers(vs);
+  }
+  core::Result<void> addVirtualServer(const VirtualServer& vs) override;
+  core::Result<void> updateVirtualServer(const VirtualServer& vs) override;
+  core::Result<void> deleteVirtualServer(const VirtualServer& vs) override;
+  core::Result<void> addRealServer(const VirtualServer& vs, const RealServer& rs) override;
+  core::Result<void> updateRealServer(const VirtualServer& vs, const RealServer& rs) override;
+  core::Result<void> deleteRealServer(const VirtualServer& vs, const RealServer& rs) override;
+  core::Result<void> flush() override;
+  core::Result<Timeouts> timeouts() override { return inner_->timeouts(); }
+  core::Result<void> setTimeouts(const Timeouts& timeouts) override;
+
+ private:
+  std::unique_ptr<KernelIpvs> inner_;
+  std::FILE* out_;
+};
+
+/// The link and its addresses in ip(8) notation: `ip link add kube-ipvs0 type dummy` (only when
+/// the link is created), `ip link del kube-ipvs0`, `ip addr add 10.96.0.10/32 dev kube-ipvs0`.
+class PrintingDummyLink final : public KernelDummyLink {
+ public:
+  PrintingDummyLink(std::unique_ptr<KernelDummyLink> inner, std::FILE* out);
+  core::Result<bool> ensureLink(const std::string& name) override;
+  core::Result<void> deleteLink(const std::string& name) override;
+  core::Result<std::vector<net::Prefix>> listAddresses(const std::string& name) override {
+    return inner_->listAddresses(name);
+  }
+  core::Result<void> addAddress(const std::string& name, const net::Prefix& address) override;
+  core::Result<void> deleteAddress(const std::string& name, const net::Prefix& address) override;
+
+ private:
+  std::unique_ptr<KernelDummyLink> inner_;
+  std::FILE* out_;
+};
+
+/// Each restore as `# ipset restore -exist` and its input.
+class PrintingIpsets final : public KernelIpsets {
+ public:
+  PrintingIpsets(std::unique_ptr<KernelIpsets> inner, std::FILE* out);
+  core::Result<IpsetState> save() override { return inner_->save(); }
+  core::Result<void> restore(std::string_view input) override;
+  std::string describe() const override { return inner_->describe(); }
+
+ private:
+  std::unique_ptr<KernelIpsets> inner_;
+  std::FILE* out_;
+};
+
+/// Each write in sysctl(8) notation: `sysctl -w net.ipv4.vs.conntrack=1`.
+class PrintingSysctls final : public KernelSysctls {
+ public:
+  PrintingSysctls(std::unique_ptr<KernelSysctls> inner, std::FILE* out);
+  core::Result<std::int64_t> readInt(const std::string& name) override { return inner_->readInt(name); }
+  core::Result<void> writeInt(const std::string& name, std::int64_t value) override;
+
+ private:
+  std::unique_ptr<KernelSysctls> inner_;
+  std::FILE* out_;
 };
 
 }  // namespace kproxy::ipvs

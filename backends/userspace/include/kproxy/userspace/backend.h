@@ -38,8 +38,10 @@ struct UserspaceSettings {
   /// The options every backend reads alike, parsed once by the plan (plan/options.h).
   plan::CommonOptions common;
   plan::PlanConfig plan;  ///< plan::planConfigOf(common), before the node's part
+  /// No conntrack cleanup, " dry_run=true" in the summary, listeners bound but not listening;
+  /// the factory then gives the backend the printing decorators (kernel.h).
   bool dryRun = false;
-  /// Where dry-run prints the listeners and the table's operations (nft syntax).
+  /// Where dry-run prints the listeners' and the table's changes (nft syntax).
   std::FILE* dryRunOutput = stdout;
 };
 
@@ -66,8 +68,10 @@ class MetricsObserver final : public ProxyObserver {
 /// reconcile skeleton (backends/common/reconciler.h); a full pass reads the table back first.
 class UserspaceBackend final : public backends::Reconciler {
  public:
+  /// `kernel`: the table's; `listeners`: the proxy's sockets (a ProxyServer, made with
+  /// settings.proxy and `metrics`). In --dry-run, their printing decorators (kernel.h).
   UserspaceBackend(sdk::Host host, UserspaceSettings settings, std::unique_ptr<nftables::KernelNftables> kernel,
-                   std::shared_ptr<MetricsObserver> metrics);
+                   std::unique_ptr<ProxyListeners> listeners, std::shared_ptr<MetricsObserver> metrics);
 
   /// Deletes the table in both families (the listeners close with the backend).
   sdk::Expected<void> cleanup() override;
@@ -80,7 +84,6 @@ class UserspaceBackend final : public backends::Reconciler {
   const nftables::Mirror& mirror() const { return mirror_; }
   /// The listeners' ports by listener id after the last sync.
   const std::map<std::string, std::uint16_t>& listenerPorts() const { return ports_; }
-  ProxyServer& proxy() { return *proxy_; }
 
  protected:
   sdk::Expected<backends::PassOutcome> fullSync(const plan::SnapshotSource& next) override {
@@ -98,8 +101,8 @@ class UserspaceBackend final : public backends::Reconciler {
   sdk::Host host_;
   UserspaceSettings settings_;
   std::unique_ptr<nftables::KernelNftables> kernel_;
+  std::unique_ptr<ProxyListeners> listeners_;
   std::shared_ptr<MetricsObserver> metrics_;
-  std::unique_ptr<ProxyServer> proxy_;
   nftables::Mirror mirror_;
   std::map<std::string, std::uint16_t> ports_;
 };

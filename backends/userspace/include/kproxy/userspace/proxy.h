@@ -78,22 +78,31 @@ class ProxyObserver {
   virtual void bytes(const std::string& service, bool udp, std::uint64_t toEndpoint, std::uint64_t toClient) = 0;
 };
 
-class ProxyServer {
+/// The proxy's listening sockets as a sync drives them: ProxyServer, or in --dry-run
+/// PrintingListeners (kernel.h) over one.
+class ProxyListeners {
  public:
-  /// Starts the io thread. `observer` may be null.
-  ProxyServer(ProxySettings settings, std::shared_ptr<ProxyObserver> observer);
-  /// Closes every listener and connection and joins the io thread.
-  ~ProxyServer();
-  ProxyServer(const ProxyServer&) = delete;
-  ProxyServer& operator=(const ProxyServer&) = delete;
-
+  virtual ~ProxyListeners() = default;
   /// Opens a listener for every spec with a new id and gives known ones their new pool
   /// (connections to endpoints that left it are closed after the grace period). Returns the
   /// port of every spec's listener. On an error (a socket that cannot be bound), the listeners
   /// opened before it stay and the error names the spec.
-  core::Result<std::map<std::string, std::uint16_t>> update(const std::vector<ListenerSpec>& specs);
+  virtual core::Result<std::map<std::string, std::uint16_t>> update(const std::vector<ListenerSpec>& specs) = 0;
   /// Closes the listeners whose id is not in `keep`, with their connections and flows.
-  void retain(const std::set<std::string>& keep);
+  virtual void retain(const std::set<std::string>& keep) = 0;
+};
+
+class ProxyServer final : public ProxyListeners {
+ public:
+  /// Starts the io thread. `observer` may be null.
+  ProxyServer(ProxySettings settings, std::shared_ptr<ProxyObserver> observer);
+  /// Closes every listener and connection and joins the io thread.
+  ~ProxyServer() override;
+  ProxyServer(const ProxyServer&) = delete;
+  ProxyServer& operator=(const ProxyServer&) = delete;
+
+  core::Result<std::map<std::string, std::uint16_t>> update(const std::vector<ListenerSpec>& specs) override;
+  void retain(const std::set<std::string>& keep) override;
 
   /// TCP connections being relayed or connected now, UDP flows now (for tests).
   std::size_t tcpConnections() const;
