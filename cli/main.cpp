@@ -209,8 +209,11 @@ int cleanupAll(const kproxy::plugins::PluginRegistry& registry, const ProxyConfi
     }
   }
   // What kube-proxy's iptables, IPVS and nftables modes leave, whether or not such a plugin is
-  // loaded (upstream's platformCleanup with cleanupAndExit cleans every mode).
-  kproxy::backends::RealLeftoverSystem system;
+  // loaded (upstream's platformCleanup with cleanupAndExit cleans every mode). A dry run reads
+  // the system and prints what it would change.
+  kproxy::backends::RealLeftoverSystem real;
+  kproxy::backends::PrintingLeftoverSystem printing(real, stdout);
+  kproxy::backends::LeftoverSystem& system = config.dryRun ? static_cast<kproxy::backends::LeftoverSystem&>(printing) : real;
   if (!kproxy::cli::cleanUpKubeProxyLeftovers(system)) rc = 1;
   if (!kproxy::nftables::cleanUpNftablesLeftovers(system)) rc = 1;
   return rc;

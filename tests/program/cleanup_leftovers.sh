@@ -189,6 +189,29 @@ if part ipvs; then
   fi
 fi
 
+# --cleanup --dry-run first: it prints what it would remove and changes nothing.
+snapshot() {
+  local v
+  for v in "${VARIANTS[@]}"; do "$v-save" 2>/dev/null | grep -v '^#'; done
+  ip -o link show dev kube-ipvs0 2>/dev/null | cut -d' ' -f2
+  if [[ $HAVE_IPVS -eq 1 ]]; then ipvsadm -S -n; ipset list -n | sort; fi
+}
+before=$(snapshot)
+"$KPROXY" --cleanup --dry-run -v=2 >"$WORK/dry.out" 2>"$WORK/dry.log"; rc=$?
+[[ $rc -eq 0 ]] && pass "--cleanup --dry-run exits 0" || fail "--cleanup --dry-run exits 0" "rc=$rc $(grep '^E' "$WORK/dry.log" | head -5)"
+after=$(snapshot)
+[[ -n "$before" && "$before" == "$after" ]] && pass "--cleanup --dry-run changes nothing" ||
+  fail "--cleanup --dry-run changes nothing" "$(diff <(echo "$before") <(echo "$after") | head -5)"
+if part iptables && [[ ${#VARIANTS[@]} -gt 0 ]]; then
+  grep -q -- '-restore --noflush$' "$WORK/dry.out" && grep -q '^-X KUBE-' "$WORK/dry.out" &&
+    pass "--cleanup --dry-run prints the iptables-restore it would run" ||
+    fail "--cleanup --dry-run prints the iptables-restore it would run" "$(head -5 "$WORK/dry.out")"
+fi
+if [[ $HAVE_DUMMY -eq 1 ]]; then
+  grep -q 'link del dev kube-ipvs0$' "$WORK/dry.out" && pass "--cleanup --dry-run prints the kube-ipvs0 removal" ||
+    fail "--cleanup --dry-run prints the kube-ipvs0 removal" "$(head -5 "$WORK/dry.out")"
+fi
+
 "$KPROXY" --cleanup -v=2 >"$WORK/first.log" 2>&1; rc=$?
 [[ $rc -eq 0 ]] && pass "first --cleanup exits 0" || fail "first --cleanup exits 0" "rc=$rc $(grep '^E' "$WORK/first.log" | head -5)"
 

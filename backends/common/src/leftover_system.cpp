@@ -31,10 +31,34 @@ core::Result<bool> RealLeftoverSystem::deleteNftablesTable(std::string_view fami
   return backends::deleteNftablesTable(*socket, family == "ip6" ? NFPROTO_IPV6 : NFPROTO_IPV4, name);
 }
 
-core::Result<CommandResult> RealLeftoverSystem::run(const std::vector<std::string>& argv, std::string_view input) {
+core::Result<CommandResult> RealLeftoverSystem::query(const std::vector<std::string>& argv) {
+  return change(argv, {});
+}
+
+core::Result<CommandResult> RealLeftoverSystem::change(const std::vector<std::string>& argv, std::string_view input) {
   auto ran = runProcess(argv, {.stdinData = input, .timeout = kCommandTimeout});
   if (!ran) return std::unexpected(ran.error());
   return CommandResult{ran->exitCode, std::move(ran->out), std::move(ran->err)};
+}
+
+core::Result<CommandResult> PrintingLeftoverSystem::change(const std::vector<std::string>& argv,
+                                                           std::string_view input) {
+  std::string line;
+  for (const auto& a : argv) line += (line.empty() ? "" : " ") + a;
+  std::fprintf(out_, "%s\n", line.c_str());
+  if (!input.empty()) {
+    std::fwrite(input.data(), 1, input.size(), out_);
+    if (input.back() != '\n') std::fputc('\n', out_);
+  }
+  std::fflush(out_);
+  return CommandResult{};
+}
+
+core::Result<bool> PrintingLeftoverSystem::deleteNftablesTable(std::string_view family, std::string_view name) {
+  std::fprintf(out_, "nft delete table %.*s %.*s\n", static_cast<int>(family.size()), family.data(),
+               static_cast<int>(name.size()), name.data());
+  std::fflush(out_);
+  return false;
 }
 
 std::string firstLine(std::string_view text) {

@@ -20,7 +20,7 @@ using backends::LeftoverSystem;
 // namespace does not have), then one restore per table that holds leftovers.
 bool cleanUpIptables(LeftoverSystem& system, const std::string& save, const std::string& restore,
                      const std::string& label) {
-  auto saved = system.run({save}, {});
+  auto saved = system.query({save});
   if (!saved || saved->exitCode != 0) {
     log::error("iptables-save failed",
                {{"iptables", label}, {"error", saved ? firstLine(saved->err) : saved.error().message()}});
@@ -39,7 +39,7 @@ bool cleanUpIptables(LeftoverSystem& system, const std::string& save, const std:
       log::info(2, "no kube-proxy iptables leftovers", {{"iptables", label}, {"table", plan.table}});
       continue;
     }
-    auto restored = system.run({restore, "--noflush"}, plan.restoreInput);
+    auto restored = system.change({restore, "--noflush"}, plan.restoreInput);
     if (!restored || restored->exitCode != 0) {
       log::error("iptables-restore failed",
                  {{"iptables", label}, {"table", plan.table},

@@ -26,7 +26,7 @@ bool cleanUpIpvsLeftovers(LeftoverSystem& system) {
     return false;
   }
   // Like upstream's Flush: every virtual server, as only kube-proxy is expected to create them.
-  auto listed = system.run({*ipvsadm, "-S", "-n"}, {});
+  auto listed = system.query({*ipvsadm, "-S", "-n"});
   std::size_t services = 0;
   if (listed && listed->exitCode == 0) {
     for (std::string_view rest = listed->out; !rest.empty();) {
@@ -39,7 +39,7 @@ bool cleanUpIpvsLeftovers(LeftoverSystem& system) {
       return true;
     }
   }
-  auto cleared = system.run({*ipvsadm, "-C"}, {});
+  auto cleared = system.change({*ipvsadm, "-C"}, {});
   if (!cleared || cleared->exitCode != 0) {
     log::error("ipvsadm -C failed", {{"error", cleared ? firstLine(cleared->err) : cleared.error().message()}});
     return false;
@@ -55,7 +55,7 @@ bool cleanUpDummyInterfaceLeftover(LeftoverSystem& system) {
     log::error("the ip tool (iproute2) is not installed; interface not looked for", {{"interface", kDevice}});
     return false;
   }
-  auto shown = system.run({*ip, "-d", "-o", "link", "show", "dev", kDevice}, {});
+  auto shown = system.query({*ip, "-d", "-o", "link", "show", "dev", kDevice});
   if (!shown) {
     log::error("ip link show failed", {{"interface", kDevice}, {"error", shown.error().message()}});
     return false;
@@ -74,7 +74,7 @@ bool cleanUpDummyInterfaceLeftover(LeftoverSystem& system) {
     log::error("interface is not a dummy device; not deleted", {{"interface", kDevice}});
     return false;
   }
-  auto deleted = system.run({*ip, "link", "del", "dev", kDevice}, {});
+  auto deleted = system.change({*ip, "link", "del", "dev", kDevice}, {});
   if (!deleted || deleted->exitCode != 0) {
     log::error("deleting interface failed",
                {{"interface", kDevice}, {"error", deleted ? firstLine(deleted->err) : deleted.error().message()}});
@@ -90,7 +90,7 @@ bool cleanUpIpsetLeftovers(LeftoverSystem& system) {
     log::info(2, "ipset tool not installed; ipset leftovers not looked for");
     return true;
   }
-  auto listed = system.run({*ipset, "list", "-n"}, {});
+  auto listed = system.query({*ipset, "list", "-n"});
   if (!listed || listed->exitCode != 0) {
     log::error("ipset list failed", {{"error", listed ? firstLine(listed->err) : listed.error().message()}});
     return false;
@@ -102,7 +102,7 @@ bool cleanUpIpsetLeftovers(LeftoverSystem& system) {
     std::string name(rest.substr(0, end));
     rest = end == std::string_view::npos ? std::string_view{} : rest.substr(end + 1);
     if (!name.starts_with(backends::kKubePrefix)) continue;
-    auto gone = system.run({*ipset, "destroy", name}, {});
+    auto gone = system.change({*ipset, "destroy", name}, {});
     if (!gone || gone->exitCode != 0) {
       log::error("ipset destroy failed",
                  {{"ipset", name}, {"error", gone ? firstLine(gone->err) : gone.error().message()}});

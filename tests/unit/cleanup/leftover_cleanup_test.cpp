@@ -347,7 +347,15 @@ class FakeSystem : public kproxy::backends::LeftoverSystem {
     return std::nullopt;
   }
   bool pathExists(const std::string& path) override { return paths.contains(path); }
-  kproxy::core::Result<CommandResult> run(const std::vector<std::string>& argv, std::string_view input) override {
+  kproxy::core::Result<CommandResult> query(const std::vector<std::string>& argv) override {
+    ++queries;
+    return record(argv, {});
+  }
+  kproxy::core::Result<CommandResult> change(const std::vector<std::string>& argv, std::string_view input) override {
+    return record(argv, input);
+  }
+  int queries = 0;
+  kproxy::core::Result<CommandResult> record(const std::vector<std::string>& argv, std::string_view input) {
     std::string joined;
     for (const auto& a : argv) joined += (joined.empty() ? "" : " ") + a;
     calls.emplace_back(joined, std::string(input));
@@ -433,6 +441,45 @@ TEST_CASE("both iptables back ends and both families, one restore per table that
   CHECK(log.has("removed kube-proxy iptables leftovers"));
 }
 
+TEST_CASE("--cleanup --dry-run: the system is read, every change is printed and none is made", "[unit]") {
+  QuietLog log;
+  FakeSystem system;
+  system.paths = {"/proc/net/ip_vs"};
+  system.tools = {"iptables-save", "iptables-restore", "ip", "ipset", "ipvsadm"};
+  system.outputs[kNoDevice] = CommandResult{
+      0, "5: kube-ipvs0: <BROADCAST,NOARP> mtu 1500 qdisc noop state DOWN mode DEFAULT group default qlen 1000\\    "
+         "link/ether 6e:1f:0b:2a:41:9c brd ff:ff:ff:ff:ff:ff promiscuity 0 \\    dummy addrgenmode eui64 numtxqueues 1\n",
+      ""};
+  system.outputs["/sbin/iptables-save"] = CommandResult{0, kNodeSave, ""};
+  system.outputs["/sbin/ipvsadm -S -n"] = CommandResult{0, "-A -t 10.96.0.1:443 -s rr\n", ""};
+  system.outputs["/sbin/ipset list -n"] = CommandResult{0, "KUBE-CLUSTER-IP\n", ""};
+  system.nftTables = {"ip kube-proxy"};
+
+  std::FILE* out = std::tmpfile();
+  REQUIRE(out != nullptr);
+  kproxy::backends::PrintingLeftoverSystem printing(system, out);
+  CHECK(kproxy::cli::cleanUpKubeProxyLeftovers(printing));
+  CHECK(kproxy::nftables::cleanUpNftablesLeftovers(printing));
+  std::rewind(out);
+  std::string printed;
+  for (int c; (c = std::fgetc(out)) != EOF;) printed.push_back(static_cast<char>(c));
+  std::fclose(out);
+
+  // Only the reads reached the system.
+  CHECK(system.commands() == std::vector<std::string>{"/sbin/ipvsadm -S -n", kNoDevice, "/sbin/iptables-save",
+                                                      "/sbin/ipset list -n"});
+  CHECK(system.queries == 4);
+  CHECK(system.nftTables.contains("ip kube-proxy"));
+  // Every change is printed, with the restore's input.
+  INFO(printed);
+  CHECK(printed.find("/sbin/iptables-restore --noflush\n*nat\n") != std::string::npos);
+  CHECK(printed.find("/sbin/ipvsadm -C\n") != std::string::npos);
+  CHECK(printed.find("/sbin/ip link del dev kube-ipvs0\n") != std::string::npos);
+  CHECK(printed.find("/sbin/ipset destroy KUBE-CLUSTER-IP\n") != std::string::npos);
+  CHECK(printed.find("nft delete table ip kube-proxy\n") != std::string::npos);
+  CHECK(printed.find("nft delete table ip6 kube-proxy\n") != std::string::npos);
+}
+
 TEST_CASE("failures are errors, the other steps still run, and the result is false", "[unit]") {
   QuietLog log;
   FakeSystem system;
@@ -497,12 +544,15 @@ TEST_CASE("the real system runs a program with stdin and reports its exit code",
   kproxy::backends::RealLeftoverSystem system;
   auto sh = system.findTool("sh");
   REQUIRE(sh);
-  auto r = system.run({*sh, "-c", "tr a-z A-Z; echo oops >&2; exit 3"}, "hello\n");
+  auto r = system.change({*sh, "-c", "tr a-z A-Z; echo oops >&2; exit 3"}, "hello\n");
   REQUIRE(r);
   CHECK(r->exitCode == 3);
   CHECK(r->out == "HELLO\n");
   CHECK(r->err == "oops\n");
-  CHECK_FALSE(system.run({"/nonexistent/tool"}, {}));
+  CHECK_FALSE(system.change({"/nonexistent/tool"}, {}));
+  auto q = system.query({*sh, "-c", "echo read"});
+  REQUIRE(q);
+  CHECK(q->out == "read\n");
   CHECK(system.pathExists("/proc/self"));
   CHECK_FALSE(system.findTool("no-such-tool-kproxy"));
 }

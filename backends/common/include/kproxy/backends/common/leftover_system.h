@@ -2,9 +2,11 @@
 /// LeftoverSystem: what the backends' leftover cleanup works on (tools, files, processes and
 /// nftables tables by name), so that each backend's cleanup of what upstream kube-proxy leaves
 /// (kproxy/iptables/leftovers.h, kproxy/ipvs/leftovers.h, kproxy/nftables/leftovers.h) runs
-/// against the real system or, in tests, a fake.
+/// against the real system, a printer of what it would change (--cleanup --dry-run) or, in
+/// tests, a fake.
 /// Thread-safety: not thread-safe; one cleanup at a time.
 
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -28,8 +30,12 @@ class LeftoverSystem {
   /// Full path of an executable found in PATH or the sbin directories, if any.
   virtual std::optional<std::string> findTool(std::string_view name) = 0;
   virtual bool pathExists(const std::string& path) = 0;
-  /// Runs argv (argv[0] a full path) with `input` on stdin. An error only when it could not run.
-  virtual core::Result<CommandResult> run(const std::vector<std::string>& argv, std::string_view input) = 0;
+  /// Runs argv (argv[0] a full path) that only reads the system (`iptables-save`, `ipset list`).
+  /// An error only when it could not run.
+  virtual core::Result<CommandResult> query(const std::vector<std::string>& argv) = 0;
+  /// Runs argv with `input` on stdin to change the system (`iptables-restore`, `ipset
+  /// destroy`). An error only when it could not run.
+  virtual core::Result<CommandResult> change(const std::vector<std::string>& argv, std::string_view input) = 0;
   /// Deletes the nftables table `name` of `family` ("ip" or "ip6") in one netlink transaction;
   /// whether it existed. Never lists the ruleset: `nft list tables` (nft 1.0.6) reads every
   /// rule, which costs seconds of CPU on a node holding iptables-nft's rules (BENCHMARKS.md,
@@ -44,8 +50,26 @@ class RealLeftoverSystem : public LeftoverSystem {
  public:
   std::optional<std::string> findTool(std::string_view name) override;
   bool pathExists(const std::string& path) override;
-  core::Result<CommandResult> run(const std::vector<std::string>& argv, std::string_view input) override;
+  core::Result<CommandResult> query(const std::vector<std::string>& argv) override;
+  core::Result<CommandResult> change(const std::vector<std::string>& argv, std::string_view input) override;
   core::Result<bool> deleteNftablesTable(std::string_view family, std::string_view name) override;
+};
+
+/// --cleanup --dry-run: reads go to `system`; every change is printed to `out` (the command,
+/// then its stdin) and succeeds without running. A table deletion is printed as
+/// `nft delete table FAMILY NAME` and reports that nothing was deleted.
+class PrintingLeftoverSystem : public LeftoverSystem {
+ public:
+  PrintingLeftoverSystem(LeftoverSystem& system, std::FILE* out) : system_(system), out_(out) {}
+  std::optional<std::string> findTool(std::string_view name) override { return system_.findTool(name); }
+  bool pathExists(const std::string& path) override { return system_.pathExists(path); }
+  core::Result<CommandResult> query(const std::vector<std::string>& argv) override { return system_.query(argv); }
+  core::Result<CommandResult> change(const std::vector<std::string>& argv, std::string_view input) override;
+  core::Result<bool> deleteNftablesTable(std::string_view family, std::string_view name) override;
+
+ private:
+  LeftoverSystem& system_;
+  std::FILE* out_;
 };
 
 /// For the cleanup's logs: the first line of a tool's message, leading blanks skipped.
