@@ -306,6 +306,7 @@ int explain(std::span<const char* const> args) {
   }
   auto parsed = kproxy::cli::parseFlags(command->flags);
   if (!parsed) return fail(parsed.error().message());
+  for (const auto& warning : parsed->warnings) std::fprintf(stderr, "%s\n", warning.c_str());
   auto effective = kproxy::cli::effectiveConfig(*parsed);
   if (!effective) return fail(effective.error().message());
   ProxyConfig config = std::move(*effective);
@@ -374,6 +375,7 @@ int main(int argc, char** argv) {
   if (!args.empty() && std::string_view(args[0]) == "status") return kproxy::cli::statusCommand(args.subspan(1));
   auto parsed = kproxy::cli::parseFlags(args);
   if (!parsed) return fail(parsed.error().message());
+  for (const auto& warning : parsed->warnings) std::fprintf(stderr, "%s\n", warning.c_str());
   if (parsed->config.showHelp) {
     std::fputs(kproxy::cli::usage().c_str(), stdout);
     return 0;

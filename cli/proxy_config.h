@@ -80,10 +80,18 @@ struct DetectLocalConfig {
   bool operator==(const DetectLocalConfig&) const = default;
 };
 
+/// logsapi's LoggingConfiguration (component-base): what the logging flags set.
 struct LoggingConfig {
   std::uint32_t verbosity = 0;  ///< klog's -v
   std::string format = "text";
   Duration flushFrequency = std::chrono::seconds(5);
+  /// --vmodule's items as given, "pattern=N" each (upstream: text format only).
+  std::vector<std::string> vmodule;
+  /// The [Alpha] output routing options (upstream's feature gate LoggingAlphaOptions).
+  bool textSplitStream = false;
+  std::int64_t textInfoBufferSize = 0;  ///< bytes
+  bool jsonSplitStream = false;
+  std::int64_t jsonInfoBufferSize = 0;  ///< bytes
   bool operator==(const LoggingConfig&) const = default;
 };
 

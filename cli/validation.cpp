@@ -241,6 +241,10 @@ std::vector<std::string> validationErrors(const ProxyConfig& c,
   if (c.logging.format != "text" && c.logging.format != "json") {
     p.invalid("logging.format", "logging-format", c.logging.format, "must be text or json");
   }
+  // logsapi.Validate: vmodule only for the text format.
+  if (!c.logging.vmodule.empty() && c.logging.format != "text") {
+    p.lines.push_back("logging.vmodule: Forbidden: Only supported for text log format (flag --vmodule)");
+  }
   return p.lines;
 }
 
