@@ -323,8 +323,8 @@ const std::vector<FlagSpec>& flagSpecs() {
          [](ParsedFlags&, std::string_view) -> std::optional<std::string> { return std::nullopt; }},
         // --- KubeProxyConfiguration flags (ignored when --config is given) ---
         {"proxy-mode", 0, Kind::kString, Scope::kConfig, kDefaultProxyMode,
-         "Which proxy mode (backend plugin) to use: nftables (kproxy's default; upstream "
-         "kube-proxy defaults to iptables), iptables, ipvs or userspace, or a third-party plugin's name.",
+         "Which proxy mode (backend plugin) to use: iptables (the default, as upstream's on Linux; "
+         "also when empty), nftables (recommended), ipvs or userspace, or a third-party plugin's name.",
          stringSetter([](ParsedFlags& f, std::string v) { f.config.mode = std::move(v); })},
         {"kubeconfig", 0, Kind::kString, Scope::kConfig, "",
          "Path to kubeconfig file with authorization information (the master location can be "

@@ -32,10 +32,15 @@ std::string decodeError(const std::string& text) {
 TEST_CASE("a minimal file gives upstream's defaults", "[unit]") {
   auto c = decodeOk(kHeader);
   ProxyConfig expected;
-  expected.mode.clear();  // unset in the file; applyPlatformDefaults() picks nftables
+  expected.mode.clear();  // unset in the file; applyPlatformDefaults() picks iptables
   CHECK(c == expected);
   applyPlatformDefaults(c);
-  CHECK(c.mode == "nftables");
+  CHECK(c.mode == "iptables");
+  CHECK(c.nodePortAddresses.empty());
+  // kubeadm's config.conf writes `mode: ""`: the same.
+  auto empty = decodeOk(std::string(kHeader) + "mode: \"\"\n");
+  applyPlatformDefaults(empty);
+  CHECK(empty.mode == "iptables");
 }
 
 TEST_CASE("a YAML file sets every field by its upstream name", "[unit]") {

@@ -205,8 +205,13 @@ TEST_CASE("without --config the flags override the defaults", "[unit]") {
   CHECK(c.nodePortAddresses.empty());
 
   auto d = effective({});
-  CHECK(d.mode == "nftables");
-  CHECK(d.nodePortAddresses == std::vector<std::string>{"primary"});
+  CHECK(d.mode == "iptables");  // upstream's default on Linux
+  CHECK(d.nodePortAddresses.empty());
+  auto e = effective({"--proxy-mode="});
+  CHECK(e.mode == "iptables");  // an empty mode too
+
+  auto n = effective({"--proxy-mode=nftables"});
+  CHECK(n.nodePortAddresses == std::vector<std::string>{"primary"});
 }
 
 TEST_CASE("a blank --hostname-override is an error", "[unit]") {

@@ -9,8 +9,10 @@ namespace {
 
 const std::vector<std::string> kModes = {"nftables", "iptables", "ipvs"};
 
+// nftables mode: the cases below name its sections.
 ProxyConfig valid() {
   ProxyConfig c;
+  c.mode = "nftables";
   applyPlatformDefaults(c);
   return c;
 }
