@@ -24,6 +24,7 @@
 
 #include "config_file.h"
 #include "conntrack_sysctls.h"
+#include "node_setup.h"
 #include "kproxy/backends/common/sysctl.h"
 #include "explain_args.h"
 #include "flags.h"
@@ -413,6 +414,21 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (config.cleanup) return cleanupAll(registry, config);
+  // --init-only: the privileged node set-up, then exit (upstream's InitAndExit), so that the
+  // long-running kproxy can run with CAP_NET_ADMIN only. Nothing is programmed, no server
+  // started, no API server asked.
+  if (config.initOnly) {
+    if (config.dryRun) {
+      for (const auto& s : kproxy::cli::conntrackSysctls(config.conntrack, kproxy::cli::onlineCpus()))
+        std::printf("sysctl %s=%lld\n", s.path.c_str(), static_cast<long long>(s.value));
+      for (const auto& s : kproxy::cli::modeSysctls(config, ""))
+        std::printf("sysctl %s=%lld\n", s.path.c_str(), static_cast<long long>(s.value));
+      return 0;
+    }
+    if (auto done = kproxy::cli::setUpNode(config); !done) return fail("--init-only: " + done.error().message());
+    log::info(0, "System initialized and --init-only specified", {{"mode", config.mode}});
+    return 0;
+  }
 
   // Only the selected mode's plugin runs from here on.
   registry.unloadAllBut(config.mode);
