@@ -472,6 +472,15 @@ int main(int argc, char** argv) {
   auto apiConfig = apiClientConfig(config);
   if (!apiConfig) return fail(apiConfig.error().message());
 
+  // upstream's ProxyServer.Run: the OOM score first (not for a dry run, which changes nothing);
+  // a failure is logged and not fatal.
+  if (!config.dryRun) {
+    if (auto oom = kproxy::cli::applyOomScoreAdj(config.oomScoreAdj); !oom)
+      log::info(2, "Failed to apply OOMScore", {{"err", oom.error().message()}});
+    else
+      log::info(2, "applied oom_score_adj", {{"value", std::to_string(config.oomScoreAdj)}});
+  }
+
   kproxy::core::TrackerConfig tracker = trackerConfigOf(config);
   tracker.ipv6 = kproxy::backends::kernelHasIPv6();
   if (!tracker.ipv6) log::info(0, "IPv6 is not available in this network namespace; IPv6 service ports are skipped");

@@ -3,6 +3,7 @@
 #include <sys/utsname.h>
 
 #include <charconv>
+#include <filesystem>
 #include <cstdio>
 #include <utility>
 
@@ -84,6 +85,18 @@ core::Result<void> setUpNode(const ProxyConfig& config, const SysctlRoots& roots
     log::info(0, "set sysctl", {{"entry", procSys.pathOf(setting.path).string()},
                                 {"value", std::to_string(setting.value)}, {"mode", config.mode}});
   }
+  return {};
+}
+
+core::Result<void> applyOomScoreAdj(std::int32_t value, const std::string& file) {
+  if (value < -1000 || value > 1000) {
+    return core::makeError(core::ErrorCategory::kInvalidArgument,
+                           "invalid oom_score_adj " + std::to_string(value) + ": must be within [-1000, 1000]");
+  }
+  // The kernel file, not a sysctl, but the same "write a number" contract.
+  const std::filesystem::path path(file);
+  const backends::SysctlFiles dir(path.parent_path());
+  if (auto written = dir.writeInt(path.filename().string(), value); !written) return std::unexpected(written.error());
   return {};
 }
 

@@ -12,6 +12,7 @@
 /// After it, a kproxy with CAP_NET_ADMIN only (and a read-only /proc/sys) finds the values in
 /// place: the backends write a sysctl only when it differs.
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -30,5 +31,11 @@ std::vector<SysctlSetting> modeSysctls(const ProxyConfig& config, std::string_vi
 /// start-up), then the mode's, each written only when it differs; a mode sysctl that cannot be
 /// written is an error naming it, as upstream's EnsureSysctl. Logs what it set.
 core::Result<void> setUpNode(const ProxyConfig& config, const SysctlRoots& roots = {});
+
+/// --oom-score-adj / oomScoreAdj: writes `value` to `file` (this process's oom_score_adj), as
+/// upstream's ProxyServer.Run does at start-up (not for --init-only or --cleanup). An error when
+/// it cannot be written (lowering it needs CAP_SYS_RESOURCE); upstream logs that at -v 2 and
+/// runs on.
+core::Result<void> applyOomScoreAdj(std::int32_t value, const std::string& file = "/proc/self/oom_score_adj");
 
 }  // namespace kproxy::cli

@@ -69,3 +69,16 @@ TEST_CASE("setUpNode writes the mode's sysctls under the given root, and a missi
   CHECK(r.error().message().find("net/ipv4/vs/conntrack") != std::string::npos);
   std::filesystem::remove_all(root);
 }
+
+TEST_CASE("applyOomScoreAdj writes the value, within upstream's range only", "[unit]") {
+  const auto file = std::filesystem::temp_directory_path() / "kproxy-oom-score-adj-test";
+  std::ofstream(file) << "0\n";
+  REQUIRE(applyOomScoreAdj(-999, file.string()).has_value());
+  std::ifstream in(file);
+  std::string value;
+  std::getline(in, value);
+  CHECK(value == "-999");
+  CHECK_FALSE(applyOomScoreAdj(1001, file.string()).has_value());
+  std::filesystem::remove(file);
+  CHECK_FALSE(applyOomScoreAdj(5, file.string()).has_value());  // never creates the file
+}
