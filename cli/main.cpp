@@ -27,6 +27,7 @@
 #include "node_setup.h"
 #include "kproxy/backends/common/sysctl.h"
 #include "explain_args.h"
+#include "feature_gates.h"
 #include "flags.h"
 #include "kproxy/apiwatch/api_source.h"
 #include "kproxy/apiwatch/event_recorder.h"
@@ -170,6 +171,8 @@ kproxy::core::TrackerConfig trackerConfigOf(const ProxyConfig& config) {
   tracker.nodeName = nodeName(config);
   tracker.nodePortAddresses = config.nodePortAddresses;
   tracker.bindAddress = config.bindAddress;
+  tracker.preferSameTrafficDistribution =
+      kproxy::cli::featureEnabled(config.featureGates, "PreferSameTrafficDistribution");
   return tracker;
 }
 
@@ -407,6 +410,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> modes;
   for (const auto& p : registry.plugins()) modes.push_back(p.name);
   if (auto valid = kproxy::cli::validate(config, modes); !valid) return fail(valid.error().message());
+  for (const auto& warning : kproxy::cli::featureGateWarnings(config.featureGates)) log::warning(warning);
 
   if (!parsed->writeConfigTo.empty()) {
     if (auto w = kproxy::cli::writeConfigFile(config, parsed->writeConfigTo); !w)
