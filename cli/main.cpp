@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "config_file.h"
+#include "config_watch.h"
 #include "conntrack_sysctls.h"
 #include "node_setup.h"
 #include "kproxy/backends/common/sysctl.h"
@@ -605,7 +606,21 @@ int main(int argc, char** argv) {
     });
   }
 
+  // upstream's runLoop: a changed --config file ends the process with an error, for the
+  // DaemonSet or unit to restart it with the new file (not for a dry run, which ends anyway).
+  std::unique_ptr<kproxy::cli::ConfigFileWatcher> configWatcher;
+  if (!parsed->configFile.empty() && !config.dryRun) {
+    auto watching = kproxy::cli::ConfigFileWatcher::start(parsed->configFile, [&stop, &fatal](const std::string& why) {
+      log::error("Error running ProxyServer", {{"err", why}});
+      fatal = true;
+      stop.request_stop();
+    });
+    if (!watching) return fail(watching.error().message());
+    configWatcher = std::move(*watching);
+  }
+
   bool ok = proxier.run(stop.get_token());
+  configWatcher.reset();
   if (addressWatcher) addressWatcher->reset();  // its callback uses the proxier
   proxier.setObserver(nullptr);
   if (ops) ops->stop();
