@@ -366,7 +366,8 @@ const std::vector<FlagSpec>& flagSpecs() {
          "If true, treat failure to bind to a port as fatal and exit.",
          boolSetter([](ParsedFlags& f, bool b) { f.config.bindAddressHardFail = b; })},
         {"profiling", 0, Kind::kBool, Scope::kConfig, "false",
-         "If true, enable profiling handlers on the metrics server.",
+         "Upstream serves Go's /debug/pprof handlers with it; kproxy cannot, so true is refused "
+         "at start-up (profile kproxy with perf instead).",
          boolSetter([](ParsedFlags& f, bool b) { f.config.enableProfiling = b; })},
         {"show-hidden-metrics-for-version", 0, Kind::kString, Scope::kConfig, "",
          "The previous version for which you want to show hidden metrics.",
