@@ -520,6 +520,10 @@ core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view s
   defaultIfZero(c.nftables.minSyncPeriod, defaults.nftables.minSyncPeriod);
   defaultIfZero(c.ipvs.syncPeriod, defaults.ipvs.syncPeriod);
   defaultIfZero(c.configSyncPeriod, defaults.configSyncPeriod);
+  // logsapi.SetRecommendedLoggingConfiguration, which upstream's defaulting calls: a zero
+  // flushFrequency (kubeadm's config.conf writes `flushFrequency: 0`) and an empty format.
+  defaultIfZero(c.logging.flushFrequency, defaults.logging.flushFrequency);
+  if (c.logging.format.empty()) c.logging.format = defaults.logging.format;
   if (c.clientConnection.contentType.empty()) {
     c.clientConnection.contentType = defaults.clientConnection.contentType;
   }
