@@ -53,6 +53,16 @@ else
   fail "deprecated flags warn" "rc=$rc $out"
 fi
 
+# --version names kproxy's version, the commit and the Kubernetes release it follows (the one of
+# this flag list).
+out=$("$KPROXY" --version 2>&1); rc=$?
+follows=$(sed -n 's/.*upstream-flags-\([0-9.]*\)\.txt$/\1/p' <<<"$LIST")
+if [[ $rc -eq 0 && "$out" =~ ^kproxy\ [0-9]+\.[0-9]+\.[0-9]+\ \(commit\ ([0-9a-f]{12}(-dirty)?|unknown)\;\ follows\ Kubernetes\ v${follows//./\\.}\.[0-9]+\)$ ]]; then
+  pass "--version names the version, the commit and the Kubernetes release followed"
+else
+  fail "--version" "rc=$rc out=$out (want Kubernetes v$follows.x)"
+fi
+
 out=$("$KPROXY" --no_such_flag 2>&1); rc=$?
 if [[ $rc -eq 1 && "$out" == "kproxy: unknown flag: --no_such_flag" ]]; then pass "an unknown flag is still refused"; else fail "unknown flag" "rc=$rc $out"; fi
 
