@@ -16,6 +16,7 @@
 #include <sstream>
 #include <utility>
 
+#include "kproxy/core/log.h"
 #include "net_util.h"
 
 namespace kproxy::cli {
@@ -151,7 +152,7 @@ const char* describe(const YAML::Node& node) {
 // Strict decoder: every reader returns false after recording one error line.
 class Decoder {
  public:
-  explicit Decoder(std::string_view source) : source_(source) {}
+  Decoder(std::string_view source, bool lenient) : source_(source), lenient_(lenient) {}
 
   std::string error;
 
@@ -254,12 +255,17 @@ class Decoder {
     for (const auto& entry : node) {
       const std::string key = entry.first.IsScalar() ? entry.first.Scalar() : std::string("?");
       const std::string child = path.empty() ? key : path + "." + key;
-      if (!seen.insert(key).second) return fail("", fmt::format("duplicate field \"{}\"", child));
+      // Lenient decoding (upstream's fallback) takes the last of duplicated fields and skips
+      // unknown ones, as a decoder without strictness does.
+      if (!seen.insert(key).second && !lenient_) return fail("", fmt::format("duplicate field \"{}\"", child));
       const Handler* handler = nullptr;
       for (const auto& [name, h] : fields) {
         if (name == key) handler = &h;
       }
-      if (handler == nullptr) return fail("", fmt::format("unknown field \"{}\"", child));
+      if (handler == nullptr) {
+        if (lenient_) continue;
+        return fail("", fmt::format("unknown field \"{}\"", child));
+      }
       if (entry.second.IsNull()) continue;
       if (!(*handler)(entry.second, child)) return false;
     }
@@ -297,6 +303,7 @@ class Decoder {
 
  private:
   std::string source_;
+  bool lenient_;
 };
 
 // The document as written, before defaulting: the fields whose defaults depend on presence.
@@ -307,7 +314,7 @@ struct Presence {
 
 }  // namespace
 
-core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view source) {
+core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view source, Strictness strictness) {
   // Upstream's YAML reader refuses such a document; yaml-cpp would take the bytes into names
   // and addresses as they are.
   if (auto bad = firstUnreadableByte(text)) {
@@ -351,7 +358,7 @@ core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view s
   bool iptablesMasq = false;
   bool nftablesMasq = false;
 
-  Decoder d(source);
+  Decoder d(source, strictness == Strictness::kLenient);
   using F = Decoder::Fields;
   const F fields = {
       {"apiVersion", d.str(apiVersion)},
@@ -513,6 +520,10 @@ core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view s
   defaultIfZero(c.nftables.minSyncPeriod, defaults.nftables.minSyncPeriod);
   defaultIfZero(c.ipvs.syncPeriod, defaults.ipvs.syncPeriod);
   defaultIfZero(c.configSyncPeriod, defaults.configSyncPeriod);
+  // logsapi.SetRecommendedLoggingConfiguration, which upstream's defaulting calls: a zero
+  // flushFrequency (kubeadm's config.conf writes `flushFrequency: 0`) and an empty format.
+  defaultIfZero(c.logging.flushFrequency, defaults.logging.flushFrequency);
+  if (c.logging.format.empty()) c.logging.format = defaults.logging.format;
   if (c.clientConnection.contentType.empty()) {
     c.clientConnection.contentType = defaults.clientConnection.contentType;
   }
@@ -538,7 +549,14 @@ core::Result<ProxyConfig> loadConfigFile(const std::string& path) {
   std::ostringstream buffer;
   buffer << in.rdbuf();
   if (in.bad()) return makeError(ErrorCategory::kIo, fmt::format("reading config file {}", path), errno);
-  return decodeConfig(buffer.str(), path);
+  // upstream's loadConfig: strict decoding first; when it fails, lenient decoding, with a
+  // warning, and the strict error when that fails too.
+  auto strict = decodeConfig(buffer.str(), path, Strictness::kStrict);
+  if (strict) return strict;
+  auto lenient = decodeConfig(buffer.str(), path, Strictness::kLenient);
+  if (!lenient) return strict;
+  log::info(0, "Using lenient decoding as strict decoding failed", {{"err", strict.error().message()}});
+  return lenient;
 }
 
 namespace {

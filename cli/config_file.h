@@ -19,9 +19,16 @@ namespace kproxy::cli {
 /// does because Go cannot tell a zero duration from an absent one, to sync periods, QPS, burst
 /// and contentType given as zero/empty). Platform defaults (see applyPlatformDefaults) are not
 /// applied here. kproxy's process options stay at their defaults.
-core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view source);
+///
+/// Lenient decoding (upstream's fallback, for documents written for another version) skips
+/// unknown fields and takes the last of duplicated ones; every other error stays an error.
+enum class Strictness { kStrict, kLenient };
+core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view source,
+                                       Strictness strictness = Strictness::kStrict);
 
-/// Reads `path` and decodes it with decodeConfig.
+/// Reads `path` and decodes it as upstream's loadConfig does: strictly, and when that fails,
+/// leniently, logging `Using lenient decoding as strict decoding failed` with the strict error
+/// (kube-proxy's words); when both fail, the strict error.
 core::Result<ProxyConfig> loadConfigFile(const std::string& path);
 
 /// The KubeProxyConfiguration part of `config` as a JSON object with apiVersion and kind

@@ -18,7 +18,7 @@ namespace {
 using core::ErrorCategory;
 using core::makeError;
 
-enum class Kind { kBool, kString, kInt32, kFloat, kDuration, kStringList, kFeatureGates, kLevel };
+enum class Kind { kBool, kString, kInt32, kFloat, kDuration, kStringList, kFeatureGates, kLevel, kQuantity };
 
 // What a flag configures, which decides whether --config overrides it.
 enum class Scope {
@@ -38,6 +38,9 @@ struct FlagSpec {
   std::string_view defaultText;
   std::string_view help;
   Setter set;
+  /// pflag's MarkDeprecated message: the flag still works, with a warning, and is left out of
+  /// the help.
+  std::string_view deprecated = {};
 };
 
 // strconv.ParseBool's spellings, which pflag uses.
@@ -118,17 +121,59 @@ Setter listSetter(Apply apply) {
   };
 }
 
-// pflag's IPPortVar: an IP, or IP:port; empty disables the server.
-Setter hostPortSetter(std::string ProxyConfig::*field, std::int32_t defaultPort) {
-  return [field, defaultPort](ParsedFlags& f, std::string_view v) -> std::optional<std::string> {
+// pflag's IPPortVar: an IP, or IP:port; empty disables the server. The text as given is kept
+// too, for the deprecated port flags (effectiveConfig).
+Setter hostPortSetter(std::string ProxyConfig::*field, std::string ParsedFlags::*given,
+                      std::int32_t defaultPort) {
+  return [field, given, defaultPort](ParsedFlags& f, std::string_view v) -> std::optional<std::string> {
     const std::string value(v);
     if (!value.empty() && parseIP(value) == IPKind::kNone) {
       const auto hp = splitHostPort(value);
       if (!hp || parseIP(hp->host) == IPKind::kNone) return "must be IP or IP:port";
     }
+    f.*given = value;
     f.config.*field = appendPortIfNeeded(value, defaultPort);
     return std::nullopt;
   };
+}
+
+// resource.Quantity as logsapi's info buffer sizes take it: a non-negative integer with an
+// optional decimal (k, M, G, T, P, E) or binary (Ki, Mi, Gi, Ti, Pi, Ei) suffix.
+std::optional<std::int64_t> parseByteQuantity(std::string_view s) {
+  static constexpr std::pair<std::string_view, std::int64_t> kSuffixes[] = {
+      {"Ki", 1LL << 10}, {"Mi", 1LL << 20}, {"Gi", 1LL << 30}, {"Ti", 1LL << 40}, {"Pi", 1LL << 50},
+      {"Ei", 1LL << 60}, {"k", 1000LL},     {"M", 1000000LL}, {"G", 1000000000LL},
+      {"T", 1000000000000LL}, {"P", 1000000000000000LL}, {"E", 1000000000000000000LL}};
+  std::int64_t multiplier = 1;
+  for (const auto& [suffix, factor] : kSuffixes) {
+    if (s.size() > suffix.size() && s.ends_with(suffix)) {
+      s.remove_suffix(suffix.size());
+      multiplier = factor;
+      break;
+    }
+  }
+  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  std::int64_t n = 0;
+  const auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), n);
+  if (s.empty() || ec != std::errc{} || ptr != s.data() + s.size() || n < 0) return std::nullopt;
+  if (n > std::numeric_limits<std::int64_t>::max() / multiplier) return std::nullopt;
+  return n * multiplier;
+}
+
+Setter byteQuantitySetter(std::int64_t LoggingConfig::*field) {
+  return [field](ParsedFlags& f, std::string_view v) -> std::optional<std::string> {
+    const auto n = parseByteQuantity(v);
+    if (!n) return "must be a quantity of bytes such as 512, 64Ki or 1M";
+    f.config.logging.*field = *n;
+    return std::nullopt;
+  };
+}
+
+// The name as upstream's flag set reads it (cliflag.WordSepNormalizeFunc): `_` is `-`.
+std::string normalizedName(std::string_view name) {
+  std::string out(name);
+  std::replace(out.begin(), out.end(), '_', '-');
+  return out;
 }
 
 const std::vector<FlagSpec>& flagSpecs() {
@@ -211,10 +256,75 @@ const std::vector<FlagSpec>& flagSpecs() {
         {"logging-format", 0, Kind::kString, Scope::kLogging, "text",
          "Sets the log format. Permitted formats: \"text\", \"json\".",
          stringSetter([](ParsedFlags& f, std::string v) { f.config.logging.format = std::move(v); })},
+        {"vmodule", 0, Kind::kStringList, Scope::kLogging, "",
+         "comma-separated list of pattern=N settings for file-filtered logging (only works for the "
+         "default text log format).",
+         // logsapi's VModuleConfigurationPflag.Set.
+         [](ParsedFlags& f, std::string_view v) -> std::optional<std::string> {
+           for (auto& item : splitComma(v)) {
+             if (item.empty()) continue;
+             const auto eq = item.find('=');
+             if (eq == std::string::npos || eq == 0 || eq + 1 == item.size() ||
+                 item.find('=', eq + 1) != std::string::npos)
+               return fmt::format("\"{}\" does not have the pattern=N format", item);
+             const auto level = parseInt32(std::string_view(item).substr(eq + 1));
+             if (!level || *level < 0) return fmt::format("parsing verbosity in \"{}\": must be a non-negative integer", item);
+             f.config.logging.vmodule.push_back(std::move(item));
+           }
+           return std::nullopt;
+         }},
+        {"log-flush-frequency", 0, Kind::kDuration, Scope::kLogging, "5s",
+         "Maximum number of seconds between log flushes.",
+         durationSetter([](C& c, Duration d) { c.logging.flushFrequency = d; })},
+        {"log-text-split-stream", 0, Kind::kBool, Scope::kLogging, "false",
+         "[Alpha] In text format, write error messages to stderr and info messages to stdout. "
+         "Needs the LoggingAlphaOptions feature gate.",
+         boolSetter([](ParsedFlags& f, bool b) { f.config.logging.textSplitStream = b; })},
+        {"log-text-info-buffer-size", 0, Kind::kQuantity, Scope::kLogging, "0",
+         "[Alpha] In text format with split output streams, how many bytes of info messages may be "
+         "buffered (512, 1k, 2Ki, 3M, ...). Needs the LoggingAlphaOptions feature gate.",
+         byteQuantitySetter(&LoggingConfig::textInfoBufferSize)},
+        {"log-json-split-stream", 0, Kind::kBool, Scope::kLogging, "false",
+         "[Alpha] In JSON format, write error messages to stderr and info messages to stdout. "
+         "Needs the LoggingAlphaOptions feature gate.",
+         boolSetter([](ParsedFlags& f, bool b) { f.config.logging.jsonSplitStream = b; })},
+        {"log-json-info-buffer-size", 0, Kind::kQuantity, Scope::kLogging, "0",
+         "[Alpha] In JSON format with split output streams, how many bytes of info messages may be "
+         "buffered (512, 1k, 2Ki, 3M, ...). Needs the LoggingAlphaOptions feature gate.",
+         byteQuantitySetter(&LoggingConfig::jsonInfoBufferSize)},
+        // --- upstream's deprecated flags ---
+        {"healthz-port", 0, Kind::kInt32, Scope::kConfig, "10256",
+         "The port to bind the health check server. Use 0 to disable.",
+         [](ParsedFlags& f, std::string_view v) -> std::optional<std::string> {
+           const auto n = parseInt32(v);
+           if (!n) return "must be a 32-bit integer";
+           f.healthzPort = *n;
+           return std::nullopt;
+         },
+         "This flag is deprecated and will be removed in a future release. Please use "
+         "--healthz-bind-address instead."},
+        {"metrics-port", 0, Kind::kInt32, Scope::kConfig, "10249",
+         "The port to bind the metrics server. Use 0 to disable.",
+         [](ParsedFlags& f, std::string_view v) -> std::optional<std::string> {
+           const auto n = parseInt32(v);
+           if (!n) return "must be a 32-bit integer";
+           f.metricsPort = *n;
+           return std::nullopt;
+         },
+         "This flag is deprecated and will be removed in a future release. Please use "
+         "--metrics-bind-address instead."},
+        // --- flags upstream's binary carries from cadvisor (its machine and boot IDs); kproxy
+        // reads neither, so they are accepted and have no effect ---
+        {"boot-id-file", 0, Kind::kString, Scope::kProcess, "/proc/sys/kernel/random/boot_id",
+         "Accepted for kube-proxy compatibility; kproxy does not read a boot ID.",
+         [](ParsedFlags&, std::string_view) -> std::optional<std::string> { return std::nullopt; }},
+        {"machine-id-file", 0, Kind::kString, Scope::kProcess, "/etc/machine-id,/var/lib/dbus/machine-id",
+         "Accepted for kube-proxy compatibility; kproxy does not read a machine ID.",
+         [](ParsedFlags&, std::string_view) -> std::optional<std::string> { return std::nullopt; }},
         // --- KubeProxyConfiguration flags (ignored when --config is given) ---
         {"proxy-mode", 0, Kind::kString, Scope::kConfig, kDefaultProxyMode,
-         "Which proxy mode (backend plugin) to use: nftables (kproxy's default; upstream "
-         "kube-proxy defaults to iptables), iptables, ipvs or userspace, or a third-party plugin's name.",
+         "Which proxy mode (backend plugin) to use: iptables (the default, as upstream's on Linux; "
+         "also when empty), nftables (recommended), ipvs or userspace, or a third-party plugin's name.",
          stringSetter([](ParsedFlags& f, std::string v) { f.config.mode = std::move(v); })},
         {"kubeconfig", 0, Kind::kString, Scope::kConfig, "",
          "Path to kubeconfig file with authorization information (the master location can be "
@@ -248,15 +358,16 @@ const std::vector<FlagSpec>& flagSpecs() {
          }},
         {"healthz-bind-address", 0, Kind::kString, Scope::kConfig, "0.0.0.0:10256",
          "The IP address and port for the health check server to serve on (empty disables it).",
-         hostPortSetter(&C::healthzBindAddress, kProxyHealthzPort)},
+         hostPortSetter(&C::healthzBindAddress, &ParsedFlags::healthzBindAddressGiven, kProxyHealthzPort)},
         {"metrics-bind-address", 0, Kind::kString, Scope::kConfig, "127.0.0.1:10249",
          "The IP address and port for the metrics server to serve on (empty disables it).",
-         hostPortSetter(&C::metricsBindAddress, kProxyMetricsPort)},
+         hostPortSetter(&C::metricsBindAddress, &ParsedFlags::metricsBindAddressGiven, kProxyMetricsPort)},
         {"bind-address-hard-fail", 0, Kind::kBool, Scope::kConfig, "false",
          "If true, treat failure to bind to a port as fatal and exit.",
          boolSetter([](ParsedFlags& f, bool b) { f.config.bindAddressHardFail = b; })},
         {"profiling", 0, Kind::kBool, Scope::kConfig, "false",
-         "If true, enable profiling handlers on the metrics server.",
+         "Upstream serves Go's /debug/pprof handlers with it; kproxy cannot, so true is refused "
+         "at start-up (profile kproxy with perf instead).",
          boolSetter([](ParsedFlags& f, bool b) { f.config.enableProfiling = b; })},
         {"show-hidden-metrics-for-version", 0, Kind::kString, Scope::kConfig, "",
          "The previous version for which you want to show hidden metrics.",
@@ -423,6 +534,8 @@ std::string_view typeName(Kind kind) {
       return "mapStringBool";
     case Kind::kLevel:
       return "Level";
+    case Kind::kQuantity:
+      return "quantity";
   }
   return "";
 }
@@ -440,7 +553,7 @@ bool flagTakesNextArgument(std::string_view arg) {
   const FlagSpec* spec = nullptr;
   if (arg.starts_with("--") && arg.size() > 2) {
     if (arg.find('=') != std::string_view::npos) return false;
-    spec = findLong(arg.substr(2));
+    spec = findLong(normalizedName(arg.substr(2)));
   } else if (arg.starts_with("-") && arg.size() == 2) {
     spec = findShort(arg[1]);
   }
@@ -469,7 +582,7 @@ core::Result<ParsedFlags> parseFlags(std::span<const char* const> args) {
         body = body.substr(0, eq);
       }
       shown = fmt::format("--{}", body);
-      spec = findLong(body);
+      spec = findLong(normalizedName(body));
     } else if (arg.starts_with("-") && arg.size() > 1 && arg[1] != '-') {
       spec = findShort(arg[1]);
       const std::string_view rest = arg.substr(2);
@@ -506,6 +619,10 @@ core::Result<ParsedFlags> parseFlags(std::span<const char* const> args) {
                        fmt::format("invalid value \"{}\" for flag {}: {}", *value, shown, *reason));
     }
     out.explicitlySet.insert(std::string(spec->name));
+    if (!spec->deprecated.empty()) {
+      // pflag's words, once per use.
+      out.warnings.push_back(fmt::format("Flag --{} has been deprecated, {}", spec->name, spec->deprecated));
+    }
   }
   return out;
 }
@@ -515,6 +632,19 @@ core::Result<ProxyConfig> effectiveConfig(const ParsedFlags& flags) {
   ProxyConfig config;
   if (flags.configFile.empty()) {
     config = f;
+    // upstream's addressFromDeprecatedFlags, applied only without --config and
+    // --write-config-to: port 0 disables the server, another is appended to an address given
+    // without one (the defaults already carry theirs).
+    if (flags.writeConfigTo.empty()) {
+      auto fromDeprecated = [](const std::string& given, const std::string& current, std::int32_t port) {
+        if (port == 0) return std::string();
+        return given.empty() ? current : appendPortIfNeeded(given, port);
+      };
+      config.healthzBindAddress = fromDeprecated(flags.healthzBindAddressGiven, config.healthzBindAddress,
+                                                 flags.healthzPort);
+      config.metricsBindAddress = fromDeprecated(flags.metricsBindAddressGiven, config.metricsBindAddress,
+                                                 flags.metricsPort);
+    }
   } else {
     auto loaded = loadConfigFile(flags.configFile);
     if (!loaded) return std::unexpected(loaded.error());
@@ -523,6 +653,17 @@ core::Result<ProxyConfig> effectiveConfig(const ParsedFlags& flags) {
     // so that `--config ... -v=5` works).
     if (flags.isSet("v")) config.logging.verbosity = f.logging.verbosity;
     if (flags.isSet("logging-format")) config.logging.format = f.logging.format;
+    if (flags.isSet("log-flush-frequency")) config.logging.flushFrequency = f.logging.flushFrequency;
+    // vmodule's flag items come first and the file's after them, as upstream joins them.
+    if (flags.isSet("vmodule")) {
+      std::vector<std::string> joined = f.logging.vmodule;
+      joined.insert(joined.end(), config.logging.vmodule.begin(), config.logging.vmodule.end());
+      config.logging.vmodule = std::move(joined);
+    }
+    if (flags.isSet("log-text-split-stream")) config.logging.textSplitStream = f.logging.textSplitStream;
+    if (flags.isSet("log-text-info-buffer-size")) config.logging.textInfoBufferSize = f.logging.textInfoBufferSize;
+    if (flags.isSet("log-json-split-stream")) config.logging.jsonSplitStream = f.logging.jsonSplitStream;
+    if (flags.isSet("log-json-info-buffer-size")) config.logging.jsonInfoBufferSize = f.logging.jsonInfoBufferSize;
     // Process options are never in the file.
     config.master = f.master;
     config.manifestsDir = f.manifestsDir;
@@ -580,6 +721,7 @@ std::string usage() {
       "\n"
       "Flags:\n";
   for (const auto& spec : flagSpecs()) {
+    if (!spec.deprecated.empty()) continue;  // pflag hides deprecated flags from the help
     std::string head = spec.shorthand != 0 ? fmt::format("  -{}, --{}", spec.shorthand, spec.name)
                                            : fmt::format("      --{}", spec.name);
     if (const auto type = typeName(spec.kind); !type.empty()) head += fmt::format(" {}", type);

@@ -5,7 +5,13 @@
 /// Syntax accepted, as pflag does: `--flag=value`, `--flag value`, bool flags as `--flag` or
 /// `--flag=true|false` (not `--flag false`), `-v N`, `-v=N`, `-vN`, `--v=N`, `-h`. A flag given
 /// twice keeps the last value, except the list flags (--nodeport-addresses,
-/// --ipvs-exclude-cidrs, --plugin-dir, --feature-gates), which accumulate.
+/// --ipvs-exclude-cidrs, --plugin-dir, --feature-gates, --vmodule), which accumulate. As
+/// upstream's flag set (WordSepNormalizeFunc), `_` in a flag's name is read as `-`
+/// (`--iptables_sync_period` is `--iptables-sync-period`).
+///
+/// Every flag upstream kube-proxy v1.34 registers is accepted (the list the program test checks:
+/// tests/program/data/upstream-flags-1.34.txt); the deprecated ones (--healthz-port,
+/// --metrics-port) with pflag's warning.
 
 #include <set>
 #include <span>
@@ -28,6 +34,16 @@ struct ParsedFlags {
   std::string writeConfigTo;  ///< --write-config-to
   /// Names (without dashes, long form: "v", "proxy-mode", ...) of the flags given explicitly.
   std::set<std::string> explicitlySet;
+  /// What pflag prints while parsing, one line each, for the caller to print to stderr:
+  /// `Flag --healthz-port has been deprecated, ...`.
+  std::vector<std::string> warnings;
+  /// The deprecated --healthz-port and --metrics-port (upstream's defaults), and the bind
+  /// address flags as given (before a port is appended), which effectiveConfig() combines as
+  /// upstream's addressFromDeprecatedFlags does.
+  std::int32_t healthzPort = kProxyHealthzPort;
+  std::int32_t metricsPort = kProxyMetricsPort;
+  std::string healthzBindAddressGiven;
+  std::string metricsBindAddressGiven;
 
   bool isSet(std::string_view name) const { return explicitlySet.contains(std::string(name)); }
 };
@@ -43,13 +59,17 @@ bool flagTakesNextArgument(std::string_view arg);
 
 /// The effective configuration, with upstream kube-proxy's precedence
 /// (cmd/kube-proxy/app/options.go, Options.Complete):
-///  - Without --config: the defaults, overridden by the flags given.
+///  - Without --config: the defaults, overridden by the flags given. Without --write-config-to
+///    either, the deprecated --healthz-port / --metrics-port then apply as upstream's
+///    addressFromDeprecatedFlags: 0 disables the server, another port is appended to a
+///    --healthz-bind-address / --metrics-bind-address given without one.
 ///  - With --config: the file's values (with upstream's defaults for what it leaves unset)
 ///    REPLACE the configuration flags entirely; a configuration flag given on the command line
 ///    is ignored (upstream documents "This parameter is ignored if a config file is specified by
 ///    --config"; see ignoredFlags()). Exceptions, as upstream: the logging flags given (-v,
 ///    --logging-format) override the file, and --hostname-override, when non-empty, overrides
-///    the file's hostnameOverride.
+///    the file's hostnameOverride. The logging flags are -v, --vmodule, --logging-format,
+///    --log-flush-frequency and the --log-{text,json}-{split-stream,info-buffer-size} flags.
 ///  - --hostname-override is trimmed and lower-cased; one that is blank after trimming is an
 ///    error.
 ///  - Process flags (--master, --cleanup, --init-only, --write-config-to, --manifests,

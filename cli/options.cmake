@@ -5,6 +5,7 @@ find_package(nlohmann_json 3 REQUIRED)
 
 add_library(kproxy_cli_options STATIC
   ${CMAKE_CURRENT_LIST_DIR}/duration.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/feature_gates.cpp
   ${CMAKE_CURRENT_LIST_DIR}/net_util.cpp
   ${CMAKE_CURRENT_LIST_DIR}/proxy_config.cpp
   ${CMAKE_CURRENT_LIST_DIR}/config_file.cpp

@@ -4,9 +4,9 @@
 /// process options. A plain value type; copy it freely.
 ///
 /// Defaults follow upstream pkg/proxy/apis/config/v1alpha1/defaults.go and
-/// cmd/kube-proxy/app/server_linux.go (platformApplyDefaults), but for the default proxy mode,
-/// "nftables" (why: docs/upstream-differences.md, "Configuration"). As upstream does for
-/// nftables mode, an empty nodePortAddresses then defaults to ["primary"].
+/// cmd/kube-proxy/app/server_linux.go (platformApplyDefaults): an empty mode is "iptables", as
+/// upstream's on Linux, and only nftables mode defaults an empty nodePortAddresses to
+/// ["primary"].
 
 #include <chrono>
 #include <cstdint>
@@ -21,7 +21,7 @@ namespace kproxy::cli {
 
 inline constexpr const char* kApiVersion = "kubeproxy.config.k8s.io/v1alpha1";
 inline constexpr const char* kKind = "KubeProxyConfiguration";
-inline constexpr const char* kDefaultProxyMode = "nftables";
+inline constexpr const char* kDefaultProxyMode = "iptables";
 inline constexpr std::int32_t kProxyHealthzPort = 10256;
 inline constexpr std::int32_t kProxyMetricsPort = 10249;
 
@@ -80,10 +80,18 @@ struct DetectLocalConfig {
   bool operator==(const DetectLocalConfig&) const = default;
 };
 
+/// logsapi's LoggingConfiguration (component-base): what the logging flags set.
 struct LoggingConfig {
   std::uint32_t verbosity = 0;  ///< klog's -v
   std::string format = "text";
   Duration flushFrequency = std::chrono::seconds(5);
+  /// --vmodule's items as given, "pattern=N" each (upstream: text format only).
+  std::vector<std::string> vmodule;
+  /// The [Alpha] output routing options (upstream's feature gate LoggingAlphaOptions).
+  bool textSplitStream = false;
+  std::int64_t textInfoBufferSize = 0;  ///< bytes
+  bool jsonSplitStream = false;
+  std::int64_t jsonInfoBufferSize = 0;  ///< bytes
   bool operator==(const LoggingConfig&) const = default;
 };
 
@@ -114,8 +122,9 @@ struct ProxyConfig {
   /// Upstream's internal config keeps one masqueradeAll; the v1alpha1 file holds it as
   /// iptables.masqueradeAll (nftables.masqueradeAll in nftables mode). toYaml writes both.
   bool masqueradeAll = false;
-  /// CIDRs, or keywords: "primary" (alone), "all", "localhost". Empty: all local IPs, except in
-  /// nftables mode where applyPlatformDefaults() makes it ["primary"] as upstream does.
+  /// CIDRs, or keywords: "primary" (alone), "all", "localhost". Empty: all local IPs (the
+  /// default of iptables, IPVS and userspace modes), except in nftables mode where
+  /// applyPlatformDefaults() makes it ["primary"] as upstream does.
   std::vector<std::string> nodePortAddresses;
   IPTablesConfig iptables;
   NFTablesConfig nftables;

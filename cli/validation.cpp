@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <charconv>
 
+#include "feature_gates.h"
 #include "net_util.h"
 
 namespace kproxy::cli {
@@ -240,6 +241,29 @@ std::vector<std::string> validationErrors(const ProxyConfig& c,
   }
   if (c.logging.format != "text" && c.logging.format != "json") {
     p.invalid("logging.format", "logging-format", c.logging.format, "must be text or json");
+  }
+  // Upstream serves Go's runtime profiles (/debug/pprof) on the metrics server with it. A C++
+  // program has none to serve, and answering those paths with something else would mislead a
+  // `go tool pprof`: refused, in one line.
+  if (c.enableProfiling) {
+    p.invalid("enableProfiling", "profiling", "true",
+              "kproxy cannot serve Go's /debug/pprof profiles; leave it false and profile kproxy with "
+              "perf (perf record -g -p PID)");
+  }
+  // upstream's featuregate.SetFromMap, then logsapi.Validate's gated options.
+  for (auto& line : featureGateErrors(c.featureGates)) p.lines.push_back(std::move(line));
+  const bool alphaOptions = featureEnabled(c.featureGates, "LoggingAlphaOptions");
+  auto gated = [&](bool set, std::string_view field, std::string_view flag) {
+    if (set && !alphaOptions)
+      p.lines.push_back(fmt::format("{}: Forbidden: Feature LoggingAlphaOptions is disabled (flag --{})", field, flag));
+  };
+  gated(c.logging.textSplitStream, "logging.options.text.splitStream", "log-text-split-stream");
+  gated(c.logging.textInfoBufferSize != 0, "logging.options.text.infoBufferSize", "log-text-info-buffer-size");
+  gated(c.logging.jsonSplitStream, "logging.options.json.splitStream", "log-json-split-stream");
+  gated(c.logging.jsonInfoBufferSize != 0, "logging.options.json.infoBufferSize", "log-json-info-buffer-size");
+  // logsapi.Validate: vmodule only for the text format.
+  if (!c.logging.vmodule.empty() && c.logging.format != "text") {
+    p.lines.push_back("logging.vmodule: Forbidden: Only supported for text log format (flag --vmodule)");
   }
   return p.lines;
 }

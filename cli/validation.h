@@ -14,8 +14,8 @@
 namespace kproxy::cli {
 
 /// Every problem found, in a stable order; empty when `config` is valid. `availableModes` are
-/// the proxy modes the caller can run (the names of the loaded backend plugins). Feature gate
-/// names are not checked here: kproxy's gates are known only to the caller.
+/// the proxy modes the caller can run (the names of the loaded backend plugins). Feature gates
+/// are checked against upstream v1.34's (feature_gates.h).
 std::vector<std::string> validationErrors(const ProxyConfig& config,
                                           std::span<const std::string> availableModes);
 

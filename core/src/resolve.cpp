@@ -72,7 +72,7 @@ TopologyMode topologyModeFromHints(const ServicePortState& port,
     }
   }
   if (!hasReady) return TopologyMode::kNone;
-  // PreferSameTrafficDistribution is on by default upstream, so node hints are honoured.
+  // Node hints are here only with PreferSameTrafficDistribution on (gatherEndpoints).
   if (allHaveNodeHints) {
     if (hasForNode) return TopologyMode::kPreferSameNode;
     log::info(2, "Ignoring same-node topology hints for service since no hints were provided for node",
@@ -257,7 +257,7 @@ std::vector<ServicePortState> servicePorts(const Service& service, const Tracker
 
 std::vector<EndpointCandidate> gatherEndpoints(const ServicePortState& port,
                                                std::span<const EndpointSlice* const> slices,
-                                               const std::string& nodeName) {
+                                               const std::string& nodeName, bool useNodeHints) {
   const AddressType wanted =
       port.key.family == net::Family::kIPv4 ? AddressType::kIPv4 : AddressType::kIPv6;
   std::map<std::string, EndpointCandidate> byAddress;  // key: ip:port
@@ -297,7 +297,7 @@ std::vector<EndpointCandidate> gatherEndpoints(const ServicePortState& port,
         c.endpoint.terminating = se.conditions.terminating.value_or(false);
         if (se.hints) {
           c.zoneHints = se.hints->forZones;
-          c.nodeHints = se.hints->forNodes;
+          if (useNodeHints) c.nodeHints = se.hints->forNodes;
         }
         // An endpoint seen in two slices (moving between slices, or an IP reused by a new pod
         // before the old one is gone): prefer the non-terminating one, else the later slice.
@@ -407,7 +407,7 @@ std::vector<std::shared_ptr<const ServicePortState>> resolveService(
     const TrackerConfig& config, const NodeInfo& node) {
   std::vector<std::shared_ptr<const ServicePortState>> out;
   for (auto& state : servicePorts(service, config)) {
-    auto candidates = gatherEndpoints(state, slices, config.nodeName);
+    auto candidates = gatherEndpoints(state, slices, config.nodeName, config.preferSameTrafficDistribution);
     auto categorized = categorizeEndpoints(candidates, state, config.nodeName, node.zone);
     std::vector<Endpoint> all;
     all.reserve(candidates.size());

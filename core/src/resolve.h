@@ -37,9 +37,11 @@ std::vector<ServicePortState> servicePorts(const Service& service, const Tracker
 /// The endpoints of one service port gathered from the service's slices of the port's family,
 /// deduplicated by ip:port (a non-terminating endpoint wins over a terminating one, otherwise
 /// the later slice in `slices` order wins) and sorted by (ip, port).
+/// With `useNodeHints` false (the feature gate PreferSameTrafficDistribution off), node hints
+/// are dropped as upstream's endpoint cache drops them.
 std::vector<EndpointCandidate> gatherEndpoints(const ServicePortState& port,
                                                std::span<const EndpointSlice* const> slices,
-                                               const std::string& nodeName);
+                                               const std::string& nodeName, bool useNodeHints = true);
 
 struct CategorizedEndpoints {
   std::vector<Endpoint> clusterEndpoints;

@@ -32,10 +32,15 @@ std::string decodeError(const std::string& text) {
 TEST_CASE("a minimal file gives upstream's defaults", "[unit]") {
   auto c = decodeOk(kHeader);
   ProxyConfig expected;
-  expected.mode.clear();  // unset in the file; applyPlatformDefaults() picks nftables
+  expected.mode.clear();  // unset in the file; applyPlatformDefaults() picks iptables
   CHECK(c == expected);
   applyPlatformDefaults(c);
-  CHECK(c.mode == "nftables");
+  CHECK(c.mode == "iptables");
+  CHECK(c.nodePortAddresses.empty());
+  // kubeadm's config.conf writes `mode: ""`: the same.
+  auto empty = decodeOk(std::string(kHeader) + "mode: \"\"\n");
+  applyPlatformDefaults(empty);
+  CHECK(empty.mode == "iptables");
 }
 
 TEST_CASE("a YAML file sets every field by its upstream name", "[unit]") {
@@ -268,10 +273,10 @@ TEST_CASE("YAML syntax errors give the position", "[unit]") {
 }
 
 TEST_CASE("loadConfigFile names the path in errors", "[unit]") {
-  TempFile file(std::string(kHeader) + "bogus: 1\n");
+  TempFile file(std::string(kHeader) + "oomScoreAdj: [1]\n");
   auto r = loadConfigFile(file.path());
   REQUIRE_FALSE(r.has_value());
-  CHECK(r.error().message() == file.path() + ": unknown field \"bogus\"");
+  CHECK(r.error().message() == file.path() + ": oomScoreAdj: must be an integer, got a list");
   auto missing = loadConfigFile("/nonexistent/kp.yaml");
   REQUIRE_FALSE(missing.has_value());
   CHECK(missing.error().message() ==
@@ -378,4 +383,26 @@ TEST_CASE("--write-config-to writes the effective configuration", "[unit]") {
   CHECK(reread->mode == "iptables");
   CHECK(reread->iptables.syncPeriod == 45s);
   CHECK(reread->masqueradeAll);
+}
+
+TEST_CASE("a config file with an unknown or duplicated field loads leniently, as upstream's loadConfig", "[unit]") {
+  const std::string text = std::string(kHeader) + "mode: nftables\nnoSuchField: 1\niptables:\n  futureOption: x\n";
+  CHECK(decodeError(text) == "test.yaml: unknown field \"noSuchField\"");  // strict
+  auto lenient = decodeConfig(text, "test.yaml", Strictness::kLenient);
+  REQUIRE(lenient);
+  CHECK(lenient->mode == "nftables");
+  TempFile file(text);
+  auto loaded = loadConfigFile(file.path());
+  REQUIRE(loaded);
+  CHECK(loaded->mode == "nftables");
+  // Duplicates: the last one, leniently.
+  TempFile dup(std::string(kHeader) + "mode: ipvs\nmode: nftables\n");
+  auto d = loadConfigFile(dup.path());
+  REQUIRE(d);
+  CHECK(d->mode == "nftables");
+  // Other errors stay errors, with the strict message.
+  TempFile bad(std::string(kHeader) + "oomScoreAdj: lots\nnoSuchField: 1\n");
+  auto b = loadConfigFile(bad.path());
+  REQUIRE_FALSE(b);
+  CHECK(b.error().message().find("oomScoreAdj: must be an integer") != std::string::npos);
 }

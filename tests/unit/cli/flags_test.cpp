@@ -205,8 +205,13 @@ TEST_CASE("without --config the flags override the defaults", "[unit]") {
   CHECK(c.nodePortAddresses.empty());
 
   auto d = effective({});
-  CHECK(d.mode == "nftables");
-  CHECK(d.nodePortAddresses == std::vector<std::string>{"primary"});
+  CHECK(d.mode == "iptables");  // upstream's default on Linux
+  CHECK(d.nodePortAddresses.empty());
+  auto e = effective({"--proxy-mode="});
+  CHECK(e.mode == "iptables");  // an empty mode too
+
+  auto n = effective({"--proxy-mode=nftables"});
+  CHECK(n.nodePortAddresses == std::vector<std::string>{"primary"});
 }
 
 TEST_CASE("a blank --hostname-override is an error", "[unit]") {
@@ -308,4 +313,51 @@ TEST_CASE("usage lists every flag", "[unit]") {
     CHECK(text.find(flag) != std::string::npos);
   }
   CHECK(text.find("(default 127.0.0.1:10249)") != std::string::npos);
+}
+
+TEST_CASE("underscores in flag names read as dashes, as upstream's flag set normalises them", "[unit]") {
+  auto f = parseOk({"--iptables_sync_period=45s", "--proxy_mode", "ipvs", "--masquerade_all"});
+  CHECK(f.config.iptables.syncPeriod == 45s);
+  CHECK(f.config.mode == "ipvs");
+  CHECK(f.config.masqueradeAll);
+  CHECK(f.isSet("iptables-sync-period"));
+  CHECK(flagTakesNextArgument("--proxy_mode"));
+  CHECK(parseError({"--no_such_flag"}) == "unknown flag: --no_such_flag");
+}
+
+TEST_CASE("--healthz-port and --metrics-port: deprecated, and applied as upstream's addressFromDeprecatedFlags",
+          "[unit]") {
+  auto f = parseOk({"--healthz-port=0", "--metrics-port=9999", "--metrics-bind-address=127.0.0.2"});
+  REQUIRE(f.warnings.size() == 2);
+  CHECK(f.warnings[0] ==
+        "Flag --healthz-port has been deprecated, This flag is deprecated and will be removed in a future "
+        "release. Please use --healthz-bind-address instead.");
+  auto c = effectiveConfig(f);
+  REQUIRE(c);
+  CHECK(c->healthzBindAddress.empty());  // port 0 disables the server
+  CHECK(c->metricsBindAddress == "127.0.0.2:9999");
+  // The defaults carry their port already, so a port alone changes nothing (as upstream).
+  CHECK(effective({"--metrics-port=9999"}).metricsBindAddress == "127.0.0.1:10249");
+  // With --write-config-to they are not applied (upstream's Complete).
+  CHECK(effective({"--healthz-port=0", "--write-config-to=/dev/null"}).healthzBindAddress == "0.0.0.0:10256");
+  CHECK(usage().find("--healthz-port") == std::string::npos);  // hidden, as pflag hides deprecated flags
+}
+
+TEST_CASE("logging flags: --vmodule, --log-flush-frequency, the split-stream and buffer-size flags", "[unit]") {
+  auto f = parseOk({"--vmodule=proxier*=4,main=2", "--vmodule", "x=1", "--log-flush-frequency=2s",
+                    "--log-text-split-stream", "--log-text-info-buffer-size=64Ki",
+                    "--log-json-info-buffer-size=1M"});
+  CHECK(f.config.logging.vmodule == std::vector<std::string>{"proxier*=4", "main=2", "x=1"});
+  CHECK(f.config.logging.flushFrequency == 2s);
+  CHECK(f.config.logging.textSplitStream);
+  CHECK(f.config.logging.textInfoBufferSize == 64 * 1024);
+  CHECK(f.config.logging.jsonInfoBufferSize == 1000000);
+  CHECK(parseError({"--vmodule=proxier"}) ==
+        "invalid value \"proxier\" for flag --vmodule: \"proxier\" does not have the pattern=N format");
+  CHECK(parseError({"--log-text-info-buffer-size=1x"}).find("must be a quantity of bytes") != std::string::npos);
+  // The logging flags win over the config file.
+  TempFile file("apiVersion: kubeproxy.config.k8s.io/v1alpha1\nkind: KubeProxyConfiguration\n");
+  auto c = effective({"--config", file.path().c_str(), "--log-flush-frequency=3s", "--vmodule=a=1"});
+  CHECK(c.logging.flushFrequency == 3s);
+  CHECK(c.logging.vmodule == std::vector<std::string>{"a=1"});
 }

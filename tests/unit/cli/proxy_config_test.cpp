@@ -5,9 +5,9 @@
 using namespace kproxy::cli;
 using namespace std::chrono_literals;
 
-TEST_CASE("ProxyConfig defaults are kube-proxy's, with nftables as the mode", "[unit]") {
+TEST_CASE("ProxyConfig defaults are kube-proxy's, with iptables as the mode as upstream on Linux", "[unit]") {
   const ProxyConfig c;
-  CHECK(c.mode == "nftables");
+  CHECK(c.mode == "iptables");
   CHECK(c.bindAddress == "0.0.0.0");
   CHECK(c.healthzBindAddress == "0.0.0.0:10256");
   CHECK(c.metricsBindAddress == "127.0.0.1:10249");
@@ -52,11 +52,16 @@ TEST_CASE("applyPlatformDefaults fills mode-dependent defaults as upstream does"
   ProxyConfig c;
   c.mode.clear();
   applyPlatformDefaults(c);
-  CHECK(c.mode == "nftables");
+  CHECK(c.mode == "iptables");  // an empty mode is iptables, as upstream's on Linux
   CHECK(c.detectLocalMode == "ClusterCIDR");
-  CHECK(c.nodePortAddresses == std::vector<std::string>{"primary"});
-  applyPlatformDefaults(c);  // idempotent
-  CHECK(c.nodePortAddresses == std::vector<std::string>{"primary"});
+  CHECK(c.nodePortAddresses.empty());  // every local IP: iptables mode's default
+
+  ProxyConfig nftables;
+  nftables.mode = "nftables";
+  applyPlatformDefaults(nftables);
+  CHECK(nftables.nodePortAddresses == std::vector<std::string>{"primary"});
+  applyPlatformDefaults(nftables);  // idempotent
+  CHECK(nftables.nodePortAddresses == std::vector<std::string>{"primary"});
 
   ProxyConfig iptables;
   iptables.mode = "iptables";

@@ -1,4 +1,5 @@
 #include "validation.h"
+#include "feature_gates.h"
 
 #include <catch2/catch.hpp>
 
@@ -9,8 +10,10 @@ namespace {
 
 const std::vector<std::string> kModes = {"nftables", "iptables", "ipvs"};
 
+// nftables mode: the cases below name its sections.
 ProxyConfig valid() {
   ProxyConfig c;
+  c.mode = "nftables";
   applyPlatformDefaults(c);
   return c;
 }
@@ -278,4 +281,48 @@ TEST_CASE("all problems are reported, one line each", "[unit]") {
   const auto errors = validationErrors(c, kModes);
   CHECK(errors.size() == 3);
   CHECK(validate(c, kModes).error().message() == errors.front());
+}
+
+TEST_CASE("feature gates are checked against upstream 1.34's, with upstream's errors", "[unit]") {
+  ProxyConfig c = valid();
+  c.featureGates = {{"PreferSameTrafficDistribution", false}, {"AllAlpha", true}};
+  CHECK(validationErrors(c, kModes).empty());
+  c.featureGates = {{"NoSuchGate", true}};
+  CHECK(onlyError(c) == "unrecognized feature gate: NoSuchGate");
+  c.featureGates = {{"MultiCIDRServiceAllocator", false}};
+  CHECK(onlyError(c) == "cannot set feature gate MultiCIDRServiceAllocator to false, feature is locked to true");
+  c.featureGates = {{"LoadBalancerIPMode", true}};  // locked, but to this value
+  CHECK(validationErrors(c, kModes).empty());
+  CHECK(featureGateWarnings(c.featureGates) ==
+        std::vector<std::string>{"Setting GA feature gate LoadBalancerIPMode=true. It will be removed in a future release."});
+  c.featureGates = {{"ComponentFlagz", true}};
+  CHECK(featureGateWarnings(c.featureGates) ==
+        std::vector<std::string>{"feature gate ComponentFlagz is enabled but kproxy does not implement it; ignored"});
+  CHECK(knownFeatureGateCount() > 200);
+}
+
+TEST_CASE("featureEnabled: explicit, then AllAlpha / AllBeta, then the 1.34 default", "[unit]") {
+  CHECK(featureEnabled({}, "PreferSameTrafficDistribution"));  // Beta, on by default
+  CHECK_FALSE(featureEnabled({{"PreferSameTrafficDistribution", false}}, "PreferSameTrafficDistribution"));
+  CHECK_FALSE(featureEnabled({{"AllBeta", false}}, "PreferSameTrafficDistribution"));
+  CHECK_FALSE(featureEnabled({}, "LoggingAlphaOptions"));
+  CHECK(featureEnabled({{"AllAlpha", true}}, "LoggingAlphaOptions"));
+  CHECK_FALSE(featureEnabled({}, "NoSuchGate"));
+}
+
+TEST_CASE("the [Alpha] logging options need LoggingAlphaOptions, as upstream's logsapi.Validate", "[unit]") {
+  ProxyConfig c = valid();
+  c.logging.textSplitStream = true;
+  CHECK(onlyError(c) == "logging.options.text.splitStream: Forbidden: Feature LoggingAlphaOptions is disabled "
+                        "(flag --log-text-split-stream)");
+  c.featureGates = {{"LoggingAlphaOptions", true}};
+  CHECK(validationErrors(c, kModes).empty());
+}
+
+TEST_CASE("--profiling / enableProfiling true is refused in one line", "[unit]") {
+  ProxyConfig c = valid();
+  c.enableProfiling = true;
+  CHECK(onlyError(c) ==
+        "invalid enableProfiling \"true\" (flag --profiling): kproxy cannot serve Go's /debug/pprof profiles; "
+        "leave it false and profile kproxy with perf (perf record -g -p PID)");
 }

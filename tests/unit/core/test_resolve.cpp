@@ -424,6 +424,13 @@ TEST_CASE("only the first address counts; locality, zone and hints are kept", "[
 
   // No node name configured: nothing is local.
   CHECK_FALSE(gather(port, slices, "")[0].endpoint.isLocal);
+
+  // The feature gate PreferSameTrafficDistribution off: node hints are dropped, zone hints kept,
+  // as upstream's endpoint cache does.
+  std::vector<const EndpointSlice*> ptrs = {&slices[0]};
+  auto withoutNodeHints = gatherEndpoints(port, ptrs, "node-a", /*useNodeHints=*/false);
+  CHECK(withoutNodeHints[0].nodeHints.empty());
+  CHECK(withoutNodeHints[0].zoneHints == std::vector<std::string>{"zone-a"});
 }
 
 TEST_CASE("duplicates across slices: the non-terminating endpoint wins", "[unit][resolve]") {

@@ -25,6 +25,10 @@ struct TrackerConfig {
   /// carries where NodePorts answer, decided from them (core/nodeport_addresses.h).
   std::vector<std::string> nodePortAddresses;
   std::string bindAddress;
+  /// The feature gate PreferSameTrafficDistribution (on by default upstream since 1.34): when
+  /// off, EndpointSlices' node hints (forNodes) are ignored, as upstream's endpoint cache does,
+  /// so PreferSameNode falls back to the zone hints.
+  bool preferSameTrafficDistribution = true;
 };
 
 struct PublishResult {
