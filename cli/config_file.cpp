@@ -500,7 +500,7 @@ core::Result<ProxyConfig> decodeConfig(std::string_view text, std::string_view s
   // Upstream's scheme defaults (pkg/proxy/apis/config/v1alpha1/defaults.go).
   const ProxyConfig defaults;
   if (c.bindAddress.empty()) c.bindAddress = defaults.bindAddress;
-  const bool v4 = parseIP(c.bindAddress) != IPKind::kIPv6;
+  const bool v4 = ipFamilyOf(c.bindAddress) != net::Family::kIPv6;
   if (c.healthzBindAddress.empty()) {
     c.healthzBindAddress = fmt::format("{}:{}", v4 ? "0.0.0.0" : "[::]", kProxyHealthzPort);
   } else {

@@ -127,9 +127,9 @@ Setter hostPortSetter(std::string ProxyConfig::*field, std::string ParsedFlags::
                       std::int32_t defaultPort) {
   return [field, given, defaultPort](ParsedFlags& f, std::string_view v) -> std::optional<std::string> {
     const std::string value(v);
-    if (!value.empty() && parseIP(value) == IPKind::kNone) {
+    if (!value.empty() && !ipFamilyOf(value)) {
       const auto hp = splitHostPort(value);
-      if (!hp || parseIP(hp->host) == IPKind::kNone) return "must be IP or IP:port";
+      if (!hp || !ipFamilyOf(hp->host)) return "must be IP or IP:port";
     }
     f.*given = value;
     f.config.*field = appendPortIfNeeded(value, defaultPort);
@@ -352,7 +352,7 @@ const std::vector<FlagSpec>& flagSpecs() {
         {"bind-address", 0, Kind::kString, Scope::kConfig, "0.0.0.0",
          "Overrides kproxy's idea of what its node's primary IP is.",
          [](ParsedFlags& f, std::string_view v) -> std::optional<std::string> {
-           if (parseIP(v) == IPKind::kNone) return "must be an IP address";
+           if (!ipFamilyOf(v)) return "must be an IP address";
            f.config.bindAddress = std::string(v);
            return std::nullopt;
          }},

@@ -8,6 +8,7 @@
 
 #include "kproxy/apiwatch/asio.h"
 #include "kproxy/core/log.h"
+#include "kproxy/net/host_port.h"
 
 namespace kproxy::cli {
 namespace {
@@ -181,8 +182,7 @@ void makeRoom(ConnectionTable& table) {
 
 core::Error socketError(const std::string& what, const std::string& host, std::uint16_t port,
                         const beast::error_code& ec) {
-  const std::string address =
-      (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
+  const std::string address = net::joinHostPort(host, port);
   return core::Error{core::ErrorCategory::kIo, ec.category() == boost::system::system_category()
                                                    ? ec.value()
                                                    : 0,

@@ -2,11 +2,11 @@
 
 namespace kproxy::cli {
 
-IPKind parseIP(std::string_view text) {
-  if (text.find('/') != std::string_view::npos) return IPKind::kNone;
+std::optional<net::Family> ipFamilyOf(std::string_view text) {
+  if (text.find('/') != std::string_view::npos) return std::nullopt;
   const auto ip = net::Prefix::parse(text);
-  if (!ip) return IPKind::kNone;
-  return ip->v6() ? IPKind::kIPv6 : IPKind::kIPv4;
+  if (!ip) return std::nullopt;
+  return ip->family;
 }
 
 bool isCIDR(std::string_view text) {

@@ -13,10 +13,9 @@ namespace kproxy::cli {
 using net::HostPort;
 using net::splitHostPort;
 
-enum class IPKind { kNone, kIPv4, kIPv6 };
-
-/// Which family `text` is as a plain IP literal (no brackets, no zone), or kNone.
-IPKind parseIP(std::string_view text);
+/// Which family `text` is as a plain IP literal (no brackets, no zone, no "/len"); nullopt when
+/// it is none.
+std::optional<net::Family> ipFamilyOf(std::string_view text);
 
 /// True for "a.b.c.d/n" and "x::/n" with n in range (like Go's net.ParseCIDR).
 bool isCIDR(std::string_view text);

@@ -27,7 +27,7 @@ std::optional<BindAddress> parseBindAddress(const std::string& text) {
   unsigned port = 0;
   const auto [ptr, ec] = std::from_chars(hp->port.data(), hp->port.data() + hp->port.size(), port);
   if (ec != std::errc{} || ptr != hp->port.data() + hp->port.size() || port > 65535) return std::nullopt;
-  if (!hp->host.empty() && parseIP(hp->host) == IPKind::kNone) return std::nullopt;
+  if (!hp->host.empty() && !ipFamilyOf(hp->host)) return std::nullopt;
   return BindAddress{hp->host, static_cast<std::uint16_t>(port)};
 }
 

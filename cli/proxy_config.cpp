@@ -27,15 +27,8 @@ void applyPlatformDefaults(ProxyConfig& config) {
 
 std::string appendPortIfNeeded(const std::string& address, std::int32_t port) {
   if (address.empty() || splitHostPort(address)) return address;
-  switch (parseIP(address)) {
-    case IPKind::kIPv4:
-      return address + ":" + std::to_string(port);
-    case IPKind::kIPv6:
-      return "[" + address + "]:" + std::to_string(port);
-    case IPKind::kNone:
-      break;
-  }
-  return address;
+  if (!ipFamilyOf(address)) return address;
+  return net::joinHostPort(address, std::to_string(port));
 }
 
 }  // namespace kproxy::cli

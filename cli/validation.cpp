@@ -68,7 +68,7 @@ void checkHostPort(Problems& p, std::string_view field, std::string_view flag,
     p.invalid(field, flag, value, "must be IP:port");
     return;
   }
-  if (parseIP(hp->host) == IPKind::kNone) {
+  if (!ipFamilyOf(hp->host)) {
     p.invalid(field, flag, value, fmt::format("\"{}\" is not a valid IP address", hp->host));
     return;
   }
@@ -175,7 +175,7 @@ std::vector<std::string> validationErrors(const ProxyConfig& c,
     p.invalid("configSyncPeriod", "config-sync-period", show(c.configSyncPeriod),
               "must be greater than 0");
   }
-  if (parseIP(c.bindAddress) == IPKind::kNone) {
+  if (!ipFamilyOf(c.bindAddress)) {
     p.invalid("bindAddress", "bind-address", c.bindAddress, "must be a valid IP address");
   }
   if (!c.healthzBindAddress.empty()) {

@@ -4,15 +4,15 @@
 
 using namespace kproxy::cli;
 
-TEST_CASE("parseIP tells the family of a plain IP literal", "[unit]") {
-  CHECK(parseIP("10.0.0.1") == IPKind::kIPv4);
-  CHECK(parseIP("fd00::1") == IPKind::kIPv6);
-  CHECK(parseIP("::ffff:10.0.0.1") == IPKind::kIPv6);
-  CHECK(parseIP("") == IPKind::kNone);
-  CHECK(parseIP("10.0.0.0/8") == IPKind::kNone);
-  CHECK(parseIP("[fd00::1]") == IPKind::kNone);
-  CHECK(parseIP("10.0.0.256") == IPKind::kNone);
-  CHECK(parseIP("example.com") == IPKind::kNone);
+TEST_CASE("ipFamilyOf tells the family of a plain IP literal", "[unit]") {
+  CHECK(ipFamilyOf("10.0.0.1") == kproxy::net::Family::kIPv4);
+  CHECK(ipFamilyOf("fd00::1") == kproxy::net::Family::kIPv6);
+  CHECK(ipFamilyOf("::ffff:10.0.0.1") == kproxy::net::Family::kIPv6);
+  CHECK_FALSE(ipFamilyOf(""));
+  CHECK_FALSE(ipFamilyOf("10.0.0.0/8"));
+  CHECK_FALSE(ipFamilyOf("[fd00::1]"));
+  CHECK_FALSE(ipFamilyOf("10.0.0.256"));
+  CHECK_FALSE(ipFamilyOf("example.com"));
 }
 
 TEST_CASE("isCIDR accepts prefixes with an in-range length", "[unit]") {
