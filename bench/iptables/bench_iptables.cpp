@@ -61,9 +61,9 @@
 #include "../nftables/bench_args.h"
 #include "netlink_replay.h"
 #include "kproxy/backends/common/chain_names.h"
-#include "kproxy/backends/common/process.h"
 #include "kproxy/iptables/backend.h"
 #include "kproxy/iptables/kernel.h"
+#include "kproxy/kernel/process.h"
 
 using namespace kproxy;
 using namespace kproxy::iptables;
@@ -232,8 +232,8 @@ class TimedKernel final : public KernelIptables {
   std::unique_ptr<KernelIptables> inner_;
 };
 
-backends::SystemProcessRunner& runner() {
-  static backends::SystemProcessRunner r;
+kernel::SystemProcessRunner& runner() {
+  static kernel::SystemProcessRunner r;
   return r;
 }
 
@@ -245,7 +245,7 @@ double timeRestore(const VariantTools& tools, std::string_view input, bool flush
   std::vector<std::string> argv{tools.restore4, "--noflush", "-w", "5"};
   if (flush) argv.erase(argv.begin() + 1);
   auto t = Clock::now();
-  auto r = runner().run(argv, backends::ProcessOptions{input, kToolTimeout});
+  auto r = runner().run(argv, kernel::ProcessOptions{input, kToolTimeout});
   const double ms = msSince(t);
   if (!r || !r->succeeded()) {
     std::fprintf(stderr, "  restore refused: %s\n", r ? r->err.c_str() : r.error().message().c_str());
@@ -495,7 +495,7 @@ bool measureChanges(const Config& c, GeneratedSnapshot& snap, IptablesBackend& b
 
 /// `iptables-save` of this namespace without its comment lines (which carry the time).
 std::optional<std::string> savedRules(const VariantTools& tools) {
-  auto r = runner().run({tools.save4}, backends::ProcessOptions{{}, kToolTimeout});
+  auto r = runner().run({tools.save4}, kernel::ProcessOptions{{}, kToolTimeout});
   if (!r || !r->succeeded()) return std::nullopt;
   std::string out;
   std::istringstream in(r->out);

@@ -14,9 +14,9 @@
 
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/iptables_save.h"
-#include "kproxy/backends/common/sysctl.h"
 #include "kproxy/iptables/explain.h"
 #include "kproxy/iptables/kernel_netlink.h"
+#include "kproxy/kernel/sysctl.h"
 #include "tool_errors.h"
 
 namespace kproxy::iptables {
@@ -168,7 +168,7 @@ sdk::Expected<void> IptablesBackend::netlinkFailed(net::Family family, const cor
 }
 
 core::Result<void> IptablesBackend::commitOverNetlink(NftRuleBatch& batch) {
-  auto socket = backends::keptSocket(netlinkSocket_, NETLINK_NETFILTER);
+  auto socket = kernel::keptSocket(netlinkSocket_, NETLINK_NETFILTER);
   if (!socket) return std::unexpected(socket.error());
   auto r = batch.commit(**socket);
   if (!r) netlinkSocket_.reset();  // whatever the socket holds after a failure, the next one starts clean
@@ -217,7 +217,7 @@ void IptablesBackend::setRouteLocalnet() {
   // Localhost NodePorts (IPv4) need the kernel to route packets from 127.0.0.0/8, as upstream
   // sets when --iptables-localhost-nodeports is on and NodePorts answer on loopback.
   if (!renderer_.localhostNodePorts()) return;
-  backends::SysctlFiles sysctls(settings_.sysctlRoot);
+  kernel::SysctlFiles sysctls(settings_.sysctlRoot);
   const char* name = "net/ipv4/conf/all/route_localnet";
   if (auto v = sysctls.readInt(name); v && *v == 1) return;
   if (auto w = sysctls.writeInt(name, 1); !w)

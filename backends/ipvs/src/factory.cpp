@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "kproxy/net/ip.h"
 #include "kproxy/ipvs/backend.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/plan/options.h"
 
 namespace kproxy::ipvs {
@@ -19,8 +19,8 @@ bool kernelHasIPv6() {
   return disabled && (disabled >> value) && value == 0;
 }
 
-backends::SystemProcessRunner& systemRunner() {
-  static backends::SystemProcessRunner runner;
+kernel::SystemProcessRunner& systemRunner() {
+  static kernel::SystemProcessRunner runner;
   return runner;
 }
 

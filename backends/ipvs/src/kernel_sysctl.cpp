@@ -1,6 +1,6 @@
-// KernelSysctls over the files under /proc/sys (backends::SysctlFiles).
-#include "kproxy/backends/common/sysctl.h"
+// KernelSysctls over the files under /proc/sys (kernel::SysctlFiles).
 #include "kproxy/ipvs/kernel.h"
+#include "kproxy/kernel/sysctl.h"
 
 namespace kproxy::ipvs {
 namespace {
@@ -14,7 +14,7 @@ class FileSysctls final : public KernelSysctls {
   }
 
  private:
-  backends::SysctlFiles files_;
+  kernel::SysctlFiles files_;
 };
 
 }  // namespace

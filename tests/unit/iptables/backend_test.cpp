@@ -11,8 +11,8 @@
 #include "iptables_fixtures.h"
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/iptables_save.h"
-#include "kproxy/backends/common/process.h"
 #include "kproxy/iptables/backend.h"
+#include "kproxy/kernel/process.h"
 
 using namespace kproxy;
 using namespace kproxy::iptables;
@@ -393,15 +393,15 @@ TEST_CASE("iptables backend: large clusters lose per-endpoint comments at the ne
 namespace {
 
 /// Answers every run with one scripted result and records the command lines.
-class ScriptedRunner final : public backends::ProcessRunner {
+class ScriptedRunner final : public kernel::ProcessRunner {
  public:
-  core::Result<backends::ProcessResult> run(const std::vector<std::string>& argv,
-                                            const backends::ProcessOptions& options) override {
+  core::Result<kernel::ProcessResult> run(const std::vector<std::string>& argv,
+                                            const kernel::ProcessOptions& options) override {
     calls.push_back(argv);
     stdinSeen = std::string(options.stdinData);
     return result;
   }
-  backends::ProcessResult result;
+  kernel::ProcessResult result;
   std::vector<std::vector<std::string>> calls;
   std::string stdinSeen;
 };

@@ -148,7 +148,7 @@ class IptablesBackend final : public backends::Reconciler {
   std::string lastRestore_[2];
   std::vector<std::string> touched_;  ///< the first objects the current sync changed
   bool netlinkRefused_ = false;       ///< the kernel refused NftRuleBatch's encoding once
-  std::optional<backends::NetlinkSocket> netlinkSocket_;  ///< for NftRuleBatch's transactions
+  std::optional<kernel::NetlinkSocket> netlinkSocket_;  ///< for NftRuleBatch's transactions
   std::size_t netlinkRules_ = 0, netlinkCommits_ = 0;  ///< of the current sync
   std::size_t recentLists_ = 0;  ///< xt_recent lists the current full sync rendered
   bool recentWarned_ = false;    ///< warnAboutRecentLists() has warned for the current count

@@ -12,9 +12,9 @@
 #include <string>
 #include <string_view>
 
-#include "kproxy/backends/common/process.h"
 #include "kproxy/core/error.h"
 #include "kproxy/iptables/renderer.h"
+#include "kproxy/kernel/process.h"
 
 namespace kproxy::iptables {
 
@@ -90,9 +90,9 @@ core::Result<VariantTools> findVariantTools(Variant variant);
 /// The variant a node already uses, as upstream's iptables wrapper decides: the one whose
 /// mangle table holds kubelet's KUBE-IPTABLES-HINT or KUBE-KUBELET-CANARY chain, else the one
 /// holding more rules, nft when tied (or when legacy is not installed).
-Variant detectVariant(backends::ProcessRunner& runner);
+Variant detectVariant(kernel::ProcessRunner& runner);
 
-std::unique_ptr<KernelIptables> makeProcessKernel(VariantTools tools, backends::ProcessRunner& runner);
+std::unique_ptr<KernelIptables> makeProcessKernel(VariantTools tools, kernel::ProcessRunner& runner);
 
 /// --dry-run: the kernel interface that prints each restore input (`# iptables-restore
 /// --noflush` and the input) instead of running the tool, and applies it to `inner`, which

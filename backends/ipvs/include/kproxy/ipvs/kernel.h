@@ -21,10 +21,10 @@
 #include <string_view>
 #include <vector>
 
-#include "kproxy/net/ip.h"
 #include "kproxy/backends/common/chain_names.h"
-#include "kproxy/backends/common/process.h"
 #include "kproxy/core/error.h"
+#include "kproxy/kernel/process.h"
+#include "kproxy/net/ip.h"
 
 namespace kproxy::ipvs {
 
@@ -302,7 +302,7 @@ class KernelIpsets {
 };
 
 /// The ipset program found in PATH or sbin, run through `runner`. Error when it is missing.
-core::Result<std::unique_ptr<KernelIpsets>> makeProcessIpsets(backends::ProcessRunner& runner);
+core::Result<std::unique_ptr<KernelIpsets>> makeProcessIpsets(kernel::ProcessRunner& runner);
 
 /// In memory: restore lines applied in order with `-exist`'s meaning; an unknown set in "add",
 /// "del" or "destroy" is refused as the tool refuses it, and nothing of that input is kept.

@@ -12,7 +12,7 @@
 
 #include "kproxy/core/error.h"
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 
 class SysctlFiles {
  public:
@@ -41,4 +41,4 @@ class SysctlFiles {
 /// supports it): IPv6 compiled in and not disabled with net.ipv6.conf.all.disable_ipv6.
 bool kernelHasIPv6(const SysctlFiles& sysctls = SysctlFiles());
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

@@ -1,4 +1,4 @@
-#include "kproxy/backends/common/sysctl.h"
+#include "kproxy/kernel/sysctl.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <charconv>
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 namespace {
 
 using core::ErrorCategory;
@@ -82,4 +82,4 @@ core::Result<void> SysctlFiles::writeInt(std::string_view name, std::int64_t val
   return write(name, std::to_string(value));
 }
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel
