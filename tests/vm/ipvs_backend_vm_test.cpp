@@ -122,7 +122,7 @@ std::unique_ptr<IpvsBackend> openBackend(BackendSettings settings = {}) {
   a.link = std::move(*link);
   a.ipsets = std::move(*ipsets);
   a.iptables = iptables::makeProcessKernel(std::move(*tools), runner());
-  a.sysctls = makeFileSysctls();
+  a.sysctls = kernel::makeFileSysctls();
   return std::make_unique<IpvsBackend>(sdk::Host(nullptr), std::move(settings), std::move(a));
 }
 
