@@ -439,7 +439,8 @@ std::unique_ptr<IptablesBackend> makeBackend(const Config& c, TimedKernel*& time
   timed = kernel.get();
   timed->chunkRules = c.chunkRules;
   timed->netlink = c.netlink;
-  return std::make_unique<IptablesBackend>(sdk::Host(nullptr), settings, std::move(kernel));
+  return std::make_unique<IptablesBackend>(sdk::Host(nullptr), settings, std::move(kernel),
+                                           kernel::makeFileSysctls());
 }
 
 /// The one-endpoint changes of service `index`: its last endpoint replaced by an address no

@@ -70,9 +70,9 @@ struct Harness {
   std::unique_ptr<IptablesBackend> backend(RenderConfig cfg = featureConfig()) {
     BackendSettings s;
     s.render = std::move(cfg);
-    s.sysctlRoot = sysctls.root();
     s.ipv6 = true;
-    return std::make_unique<IptablesBackend>(sdk::Host(nullptr), std::move(s), makeProcessKernel(tools, runner));
+    return std::make_unique<IptablesBackend>(sdk::Host(nullptr), std::move(s), makeProcessKernel(tools, runner),
+                                             kernel::makeFileSysctls(sysctls.root()));
   }
   const std::string& iptables(net::Family f) const { return f == kV6 ? tools.iptables6 : tools.iptables4; }
   /// iptables-save of every table of `family`.

@@ -6,8 +6,10 @@
 /// Thread-safety: one caller at a time.
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -119,6 +121,10 @@ class PrintingIptables final : public KernelIptables {
   std::FILE* out_;
   std::string name_;
 };
+
+/// What a fresh kernel holds for the parameters iptables mode sets (route_localnet): a
+/// kernel::FakeSysctls's start, for --dry-run and tests.
+std::map<std::string, std::int64_t> freshSysctls();
 
 /// Applies restore input to an in-memory ruleset (tests, and the benchmark's mirror checks).
 class FakeIptables final : public KernelIptables {
