@@ -213,7 +213,7 @@ TEST_CASE("backend: dry-run prints through PrintingNftables exactly what a kerne
   CHECK(tables->tables.at(net::Family::kIPv4).elements == f.kernel->tables.at(net::Family::kIPv4).elements);
 
   // A changed endpoint: only its change is printed, as the kernel is sent it.
-  f.snap.ports()[3].allEndpoints[1] = endpoint("10.9.9.9", 80);
+  kproxy::nftables::testing::setEndpoints(f.snap.ports()[3], {endpoint("10.0.0.3", 80), endpoint("10.9.9.9", 80)});
   const std::vector<sdk::ChangedKey> changed{{net::Family::kIPv4, f.snap.ports()[3].key}};
   auto partial = dry.syncFrom(f.snap, changed, false);
   REQUIRE(partial.has_value());
