@@ -76,7 +76,8 @@ TEST_CASE("the interface address watcher follows added and removed addresses", "
 
   Reports reports;
   auto watcher = kernel::InterfaceAddressWatcher::start(
-      backends::kIpvsDummyInterface, [&](std::vector<std::string> a) { reports.add(std::move(a)); }, std::chrono::milliseconds(50));
+      backends::kIpvsDummyInterface, [&](std::vector<std::string> a) { reports.add(std::move(a)); },
+      std::chrono::milliseconds(50));
   REQUIRE(watcher);
   {
     std::lock_guard lock(reports.mutex);
@@ -119,7 +120,8 @@ TEST_CASE("kube-ipvs0's addresses are neither read nor reported", "[kernel]") {
 
   Reports reports;
   auto watcher = kernel::InterfaceAddressWatcher::start(
-      backends::kIpvsDummyInterface, [&](std::vector<std::string> a) { reports.add(std::move(a)); }, std::chrono::milliseconds(50));
+      backends::kIpvsDummyInterface, [&](std::vector<std::string> a) { reports.add(std::move(a)); },
+      std::chrono::milliseconds(50));
   REQUIRE(watcher);
   {
     std::lock_guard lock(reports.mutex);
@@ -176,7 +178,8 @@ TEST_CASE("interface addresses are read while they change, and the watcher start
   }
   Reports reports;
   auto watcher = kernel::InterfaceAddressWatcher::start(
-      backends::kIpvsDummyInterface, [&](std::vector<std::string> a) { reports.add(std::move(a)); }, std::chrono::milliseconds(50));
+      backends::kIpvsDummyInterface, [&](std::vector<std::string> a) { reports.add(std::move(a)); },
+      std::chrono::milliseconds(50));
   stop = true;
   churn.join();
   CHECK(failures == 0);
