@@ -565,7 +565,8 @@ void runConfig(const Config& c, Figures& fig) {
     BackendSettings settings;
     settings.lastRestoreKept = SIZE_MAX;  // the baselines restore the same text
     settings.ipv6 = false;
-    IptablesBackend backend(sdk::Host(nullptr), settings, std::make_unique<FakeIptables>());
+    IptablesBackend backend(sdk::Host(nullptr), settings, std::make_unique<FakeIptables>(),
+                            std::make_unique<kernel::FakeSysctls>(freshSysctls()));
     if (!backend.syncFrom(snap, {}, true)) return 1;
     std::ofstream(fullPath) << backend.lastRestore(net::Family::kIPv4);
     return 0;
