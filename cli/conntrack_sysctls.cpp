@@ -8,8 +8,8 @@
 #include <chrono>
 #include <thread>
 
-#include "kproxy/backends/common/sysctl.h"
 #include "kproxy/core/log.h"
+#include "kproxy/kernel/sysctl.h"
 
 namespace kproxy::cli {
 namespace {
@@ -25,13 +25,13 @@ std::int64_t wholeSeconds(Duration d) {
 }
 
 /// The integer in a sysctl file, or -1 when it cannot be read or parsed.
-std::int64_t readInt(const backends::SysctlFiles& files, const std::string& name) {
+std::int64_t readInt(const kernel::SysctlFiles& files, const std::string& name) {
   auto value = files.readInt(name);
   return value ? *value : -1;
 }
 
 /// Writes the value; 0 or the errno. Never creates the file (a missing sysctl stays missing).
-int writeInt(const backends::SysctlFiles& files, const std::string& name, std::int64_t value) {
+int writeInt(const kernel::SysctlFiles& files, const std::string& name, std::int64_t value) {
   auto written = files.writeInt(name, value);
   return written ? 0 : (written.error().errnum != 0 ? written.error().errnum : EIO);
 }
@@ -41,7 +41,7 @@ bool isReadOnly(int err) {
 }
 
 /// Upstream's setIntSysCtl: write only when the value differs.
-core::Result<SysctlOutcome> setInt(const backends::SysctlFiles& files, const std::string& name, std::int64_t value) {
+core::Result<SysctlOutcome> setInt(const kernel::SysctlFiles& files, const std::string& name, std::int64_t value) {
   SysctlOutcome out;
   out.file = files.pathOf(name).string();
   out.value = value;
@@ -92,8 +92,8 @@ std::vector<SysctlSetting> conntrackSysctls(const ConntrackConfig& config, int c
 core::Result<std::vector<SysctlOutcome>> applyConntrackSysctls(const ConntrackConfig& config, int cores,
                                                                const SysctlRoots& roots) {
   std::vector<SysctlOutcome> outcomes;
-  const backends::SysctlFiles procSys(roots.procSys);
-  const backends::SysctlFiles moduleParameters(roots.moduleParameters);
+  const kernel::SysctlFiles procSys(roots.procSys);
+  const kernel::SysctlFiles moduleParameters(roots.moduleParameters);
   for (const auto& setting : conntrackSysctls(config, cores)) {
     auto outcome = setInt(procSys, setting.path, setting.value);
     if (!outcome) return std::unexpected(outcome.error());

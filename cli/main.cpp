@@ -26,16 +26,17 @@
 #include "config_watch.h"
 #include "conntrack_sysctls.h"
 #include "node_setup.h"
-#include "kproxy/backends/common/sysctl.h"
 #include "explain_args.h"
 #include "feature_gates.h"
 #include "flags.h"
 #include "kproxy/apiwatch/api_source.h"
 #include "kproxy/apiwatch/event_recorder.h"
 #include "kproxy/apiwatch/manifest_source.h"
-#include "kproxy/backends/common/interface_addresses.h"
+#include "kproxy/backends/common/chain_names.h"
 #include "kproxy/core/log.h"
 #include "kproxy/core/proxier.h"
+#include "kproxy/kernel/interface_addresses.h"
+#include "kproxy/kernel/sysctl.h"
 #include "kproxy/plugins/loader.h"
 #include "leftover_cleanup.h"
 #include "kproxy/nftables/leftovers.h"
@@ -490,7 +491,7 @@ int main(int argc, char** argv) {
   }
 
   kproxy::core::TrackerConfig tracker = trackerConfigOf(config);
-  tracker.ipv6 = kproxy::backends::kernelHasIPv6();
+  tracker.ipv6 = kproxy::kernel::kernelHasIPv6();
   if (!tracker.ipv6) log::info(0, "IPv6 is not available in this network namespace; IPv6 service ports are skipped");
   kproxy::core::ProxierOptions options;
   options.syncPeriod = config.effectiveSyncPeriod();
@@ -501,7 +502,8 @@ int main(int argc, char** argv) {
 
   // --nodeport-addresses selects the node's interface addresses: read them now (before the
   // first sync) and follow them. Without them the backend decides from the Node object.
-  auto addressWatcher = kproxy::backends::InterfaceAddressWatcher::start(
+  auto addressWatcher = kproxy::kernel::InterfaceAddressWatcher::start(
+      kproxy::backends::kIpvsDummyInterface,
       [&proxier](std::vector<std::string> addresses) {
         proxier.interfaceAddressesChanged(std::move(addresses));
       });

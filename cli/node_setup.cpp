@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <utility>
 
-#include "kproxy/backends/common/sysctl.h"
+#include "kproxy/kernel/sysctl.h"
 #include "kproxy/core/log.h"
 
 namespace kproxy::cli {
@@ -70,7 +70,7 @@ std::vector<SysctlSetting> modeSysctls(const ProxyConfig& config, std::string_vi
 
 core::Result<void> setUpNode(const ProxyConfig& config, const SysctlRoots& roots) {
   if (auto ct = setUpConntrack(config.conntrack, roots); !ct) return ct;
-  const backends::SysctlFiles procSys(roots.procSys);
+  const kernel::SysctlFiles procSys(roots.procSys);
   for (const auto& setting : modeSysctls(config, kernelRelease())) {
     if (auto current = procSys.readInt(setting.path); current && *current == setting.value) {
       log::info(2, "sysctl already set", {{"entry", procSys.pathOf(setting.path).string()},
@@ -95,7 +95,7 @@ core::Result<void> applyOomScoreAdj(std::int32_t value, const std::string& file)
   }
   // The kernel file, not a sysctl, but the same "write a number" contract.
   const std::filesystem::path path(file);
-  const backends::SysctlFiles dir(path.parent_path());
+  const kernel::SysctlFiles dir(path.parent_path());
   if (auto written = dir.writeInt(path.filename().string(), value); !written) return std::unexpected(written.error());
   return {};
 }

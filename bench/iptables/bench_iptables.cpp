@@ -61,9 +61,9 @@
 #include "../nftables/bench_args.h"
 #include "netlink_replay.h"
 #include "kproxy/backends/common/chain_names.h"
-#include "kproxy/backends/common/process.h"
 #include "kproxy/iptables/backend.h"
 #include "kproxy/iptables/kernel.h"
+#include "kproxy/kernel/process.h"
 
 using namespace kproxy;
 using namespace kproxy::iptables;
@@ -232,8 +232,8 @@ class TimedKernel final : public KernelIptables {
   std::unique_ptr<KernelIptables> inner_;
 };
 
-backends::SystemProcessRunner& runner() {
-  static backends::SystemProcessRunner r;
+kernel::SystemProcessRunner& runner() {
+  static kernel::SystemProcessRunner r;
   return r;
 }
 
@@ -245,7 +245,7 @@ double timeRestore(const VariantTools& tools, std::string_view input, bool flush
   std::vector<std::string> argv{tools.restore4, "--noflush", "-w", "5"};
   if (flush) argv.erase(argv.begin() + 1);
   auto t = Clock::now();
-  auto r = runner().run(argv, backends::ProcessOptions{input, kToolTimeout});
+  auto r = runner().run(argv, kernel::ProcessOptions{input, kToolTimeout});
   const double ms = msSince(t);
   if (!r || !r->succeeded()) {
     std::fprintf(stderr, "  restore refused: %s\n", r ? r->err.c_str() : r.error().message().c_str());
@@ -439,7 +439,8 @@ std::unique_ptr<IptablesBackend> makeBackend(const Config& c, TimedKernel*& time
   timed = kernel.get();
   timed->chunkRules = c.chunkRules;
   timed->netlink = c.netlink;
-  return std::make_unique<IptablesBackend>(sdk::Host(nullptr), settings, std::move(kernel));
+  return std::make_unique<IptablesBackend>(sdk::Host(nullptr), settings, std::move(kernel),
+                                           kernel::makeFileSysctls());
 }
 
 /// The one-endpoint changes of service `index`: its last endpoint replaced by an address no
@@ -495,7 +496,7 @@ bool measureChanges(const Config& c, GeneratedSnapshot& snap, IptablesBackend& b
 
 /// `iptables-save` of this namespace without its comment lines (which carry the time).
 std::optional<std::string> savedRules(const VariantTools& tools) {
-  auto r = runner().run({tools.save4}, backends::ProcessOptions{{}, kToolTimeout});
+  auto r = runner().run({tools.save4}, kernel::ProcessOptions{{}, kToolTimeout});
   if (!r || !r->succeeded()) return std::nullopt;
   std::string out;
   std::istringstream in(r->out);
@@ -564,7 +565,8 @@ void runConfig(const Config& c, Figures& fig) {
     BackendSettings settings;
     settings.lastRestoreKept = SIZE_MAX;  // the baselines restore the same text
     settings.ipv6 = false;
-    IptablesBackend backend(sdk::Host(nullptr), settings, std::make_unique<FakeIptables>());
+    IptablesBackend backend(sdk::Host(nullptr), settings, std::make_unique<FakeIptables>(),
+                            std::make_unique<kernel::FakeSysctls>(freshSysctls()));
     if (!backend.syncFrom(snap, {}, true)) return 1;
     std::ofstream(fullPath) << backend.lastRestore(net::Family::kIPv4);
     return 0;

@@ -12,7 +12,7 @@
 #include <optional>
 #include <span>
 
-#include "kproxy/backends/common/netlink_socket.h"
+#include "kproxy/kernel/netlink_socket.h"
 
 namespace kproxy::bench {
 namespace {
@@ -157,7 +157,7 @@ void putCompat(std::vector<char>& out, std::size_t at, const Compat& compat) {
 }  // namespace
 
 core::Result<NftReplay> dumpIpv4Ruleset() {
-  auto socket = backends::NetlinkSocket::open(NETLINK_NETFILTER);
+  auto socket = kernel::NetlinkSocket::open(NETLINK_NETFILTER);
   if (!socket) return std::unexpected(socket.error());
   NftReplay replay;
   std::uint32_t seq = 1;
@@ -197,7 +197,7 @@ core::Result<NftReplay> dumpIpv4Ruleset() {
 }
 
 core::Result<void> sendReplay(const NftReplay& replay) {
-  auto socket = backends::NetlinkSocket::open(NETLINK_NETFILTER);
+  auto socket = kernel::NetlinkSocket::open(NETLINK_NETFILTER);
   if (!socket) return std::unexpected(socket.error());
   std::vector<char> begin, end;
   putHeader(begin, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, AF_UNSPEC, NFNL_SUBSYS_NFTABLES, socket->nextSeq());

@@ -263,7 +263,10 @@ int main(int argc, char** argv) {
         BackendSettings settings;
         settings.dryRun = true;
         settings.dryRunOutput = std::fopen(ownPath.c_str(), "w");
-        NftablesBackend dry(sdk::Host(nullptr), settings, makeNetlinkKernel());
+        // As the factory does for --dry-run: the printer over tables in memory, no kernel.
+        NftablesBackend dry(sdk::Host(nullptr), settings,
+                            std::make_unique<PrintingNftables>(std::make_unique<FakeKernelNftables>(),
+                                                               settings.dryRunOutput));
         (void)dry.syncFrom(snap, {}, true);
         std::fclose(settings.dryRunOutput);
         if (n <= upstreamMax) writeUpstreamShape(ports, upPath);

@@ -19,9 +19,9 @@
 #include <vector>
 
 #include "conntrack_sysctls.h"
-#include "kproxy/backends/common/conntrack_table.h"
 #include "kproxy/core/backend.h"
 #include "kproxy/core/snapshot.h"
+#include "kproxy/kernel/conntrack_table.h"
 #include "kproxy/plugins/loader.h"
 #include "netns.h"
 
@@ -146,10 +146,10 @@ TEST_CASE("the ctnetlink table lists a real UDP flow and deletes exactly it", "[
   sendUdp("10.9.0.1", 40001, "172.30.0.10", 53);
   REQUIRE(flowsTo("172.30.0.10").size() == 2);
 
-  auto table = backends::makeNetlinkConntrackTable();
+  auto table = kernel::makeNetlinkConntrackTable();
   auto flows = table->list(net::Family::kIPv4, core::Protocol::kUDP);
   REQUIRE(flows.has_value());
-  const backends::ConntrackFlow* first = nullptr;
+  const kernel::ConntrackFlow* first = nullptr;
   for (const auto& f : *flows)
     if (f.original.srcPort == 40000) first = &f;
   REQUIRE(first != nullptr);

@@ -13,7 +13,8 @@
 #include <thread>
 #include <vector>
 
-#include "kproxy/backends/common/interface_addresses.h"
+#include "kproxy/backends/common/chain_names.h"
+#include "kproxy/kernel/interface_addresses.h"
 #include "netns.h"
 
 using namespace kproxy;
@@ -56,7 +57,7 @@ TEST_CASE("interface addresses are read over rtnetlink", "[kernel]") {
   sh("ip addr add fd00:77::1/64 dev kp-addr0 nodad");
   sh("ip addr add 10.88.0.1 peer 10.88.0.2 dev kp-addr0");
 
-  auto addresses = backends::readInterfaceAddresses();
+  auto addresses = kernel::readInterfaceAddresses(backends::kIpvsDummyInterface);
   REQUIRE(addresses);
   INFO(addresses->size());
   CHECK(has(*addresses, "127.0.0.1"));
@@ -74,8 +75,9 @@ TEST_CASE("the interface address watcher follows added and removed addresses", "
   sh("ip addr add 10.77.0.1/24 dev kp-addr0");
 
   Reports reports;
-  auto watcher = backends::InterfaceAddressWatcher::start(
-      [&](std::vector<std::string> a) { reports.add(std::move(a)); }, std::chrono::milliseconds(50));
+  auto watcher = kernel::InterfaceAddressWatcher::start(
+      backends::kIpvsDummyInterface, [&](std::vector<std::string> a) { reports.add(std::move(a)); },
+      std::chrono::milliseconds(50));
   REQUIRE(watcher);
   {
     std::lock_guard lock(reports.mutex);
@@ -111,14 +113,15 @@ TEST_CASE("kube-ipvs0's addresses are neither read nor reported", "[kernel]") {
   sh("ip link add kube-ipvs0 type veth peer name kp-addr2");
   sh("ip addr add 10.96.0.10/32 dev kube-ipvs0");
 
-  auto addresses = backends::readInterfaceAddresses();
+  auto addresses = kernel::readInterfaceAddresses(backends::kIpvsDummyInterface);
   REQUIRE(addresses);
   CHECK(has(*addresses, "10.77.0.1"));
   CHECK_FALSE(has(*addresses, "10.96.0.10"));
 
   Reports reports;
-  auto watcher = backends::InterfaceAddressWatcher::start(
-      [&](std::vector<std::string> a) { reports.add(std::move(a)); }, std::chrono::milliseconds(50));
+  auto watcher = kernel::InterfaceAddressWatcher::start(
+      backends::kIpvsDummyInterface, [&](std::vector<std::string> a) { reports.add(std::move(a)); },
+      std::chrono::milliseconds(50));
   REQUIRE(watcher);
   {
     std::lock_guard lock(reports.mutex);
@@ -164,7 +167,7 @@ TEST_CASE("interface addresses are read while they change, and the watcher start
   });
   int failures = 0;
   for (int i = 0; i < 300; ++i) {
-    auto addresses = backends::readInterfaceAddresses();
+    auto addresses = kernel::readInterfaceAddresses(backends::kIpvsDummyInterface);
     if (!addresses) {
       ++failures;
       UNSCOPED_INFO(addresses.error().message());
@@ -174,8 +177,9 @@ TEST_CASE("interface addresses are read while they change, and the watcher start
     CHECK(addresses->size() >= 1502);
   }
   Reports reports;
-  auto watcher = backends::InterfaceAddressWatcher::start(
-      [&](std::vector<std::string> a) { reports.add(std::move(a)); }, std::chrono::milliseconds(50));
+  auto watcher = kernel::InterfaceAddressWatcher::start(
+      backends::kIpvsDummyInterface, [&](std::vector<std::string> a) { reports.add(std::move(a)); },
+      std::chrono::milliseconds(50));
   stop = true;
   churn.join();
   CHECK(failures == 0);

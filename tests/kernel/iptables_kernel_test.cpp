@@ -21,11 +21,11 @@
 
 #include "../unit/iptables/iptables_fixtures.h"
 #include "kproxy/backends/common/chain_names.h"
-#include "kproxy/backends/common/process.h"
 #include "kproxy/iptables/backend.h"
 #include "kproxy/iptables/kernel.h"
 #include "kproxy/iptables/kernel_netlink.h"
-#include "kproxy/backends/common/netlink_socket.h"
+#include "kproxy/kernel/netlink_socket.h"
+#include "kproxy/kernel/process.h"
 #include "netns.h"
 
 using namespace kproxy;
@@ -70,9 +70,9 @@ struct Harness {
   std::unique_ptr<IptablesBackend> backend(RenderConfig cfg = featureConfig()) {
     BackendSettings s;
     s.render = std::move(cfg);
-    s.sysctlRoot = sysctls.root();
     s.ipv6 = true;
-    return std::make_unique<IptablesBackend>(sdk::Host(nullptr), std::move(s), makeProcessKernel(tools, runner));
+    return std::make_unique<IptablesBackend>(sdk::Host(nullptr), std::move(s), makeProcessKernel(tools, runner),
+                                             kernel::makeFileSysctls(sysctls.root()));
   }
   const std::string& iptables(net::Family f) const { return f == kV6 ? tools.iptables6 : tools.iptables4; }
   /// iptables-save of every table of `family`.
@@ -91,7 +91,7 @@ struct Harness {
     if (!r) FAIL("restore: " << r.error().message() << "\n" << input);
   }
 
-  backends::SystemProcessRunner runner;
+  kernel::SystemProcessRunner runner;
   VariantTools tools;
   std::unique_ptr<KernelIptables> kernel;
   TempSysctls sysctls;
@@ -654,7 +654,7 @@ struct NatDump {
 };
 
 NatDump dumpNat(net::Family family) {
-  auto socket = backends::NetlinkSocket::open(NETLINK_NETFILTER);
+  auto socket = kernel::NetlinkSocket::open(NETLINK_NETFILTER);
   REQUIRE(socket.has_value());
   NatDump out;
   for (std::uint16_t msg : {NFT_MSG_GETCHAIN, NFT_MSG_GETRULE}) {

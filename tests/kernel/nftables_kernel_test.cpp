@@ -581,7 +581,9 @@ TEST_CASE("nftables: the dry-run batch loads with nft -f", "[kernel]") {
   // through kproxy's own netlink encoding only (see the dual-stack case).
   services.push_back(clusterIP("default", "web6", "fd00:30::15", 80, {endpoint("fd00:1::7", 8080)}));
   {
-    NftablesBackend backend(sdk::Host(nullptr), s, makeNetlinkKernel());
+    // As the factory does for --dry-run: the printer over tables in memory.
+    NftablesBackend backend(sdk::Host(nullptr), s,
+                            std::make_unique<PrintingNftables>(std::make_unique<FakeKernelNftables>(), s.dryRunOutput));
     VectorSnapshot snap(services);
     REQUIRE(ok(backend.syncFrom(snap, {}, true)));
   }

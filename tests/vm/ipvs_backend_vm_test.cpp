@@ -23,8 +23,8 @@
 #include <fmt/format.h>
 
 #include "kproxy/backends/common/iptables_save.h"
-#include "kproxy/backends/common/process.h"
 #include "kproxy/ipvs/backend.h"
+#include "kproxy/kernel/process.h"
 #include "netns.h"
 
 using namespace kproxy;
@@ -91,8 +91,8 @@ std::vector<sdk::ServicePort> services() {
   return {web, dns, np, v6};
 }
 
-backends::SystemProcessRunner& runner() {
-  static backends::SystemProcessRunner r;
+kernel::SystemProcessRunner& runner() {
+  static kernel::SystemProcessRunner r;
   return r;
 }
 
@@ -122,7 +122,7 @@ std::unique_ptr<IpvsBackend> openBackend(BackendSettings settings = {}) {
   a.link = std::move(*link);
   a.ipsets = std::move(*ipsets);
   a.iptables = iptables::makeProcessKernel(std::move(*tools), runner());
-  a.sysctls = makeFileSysctls();
+  a.sysctls = kernel::makeFileSysctls();
   return std::make_unique<IpvsBackend>(sdk::Host(nullptr), std::move(settings), std::move(a));
 }
 

@@ -82,8 +82,8 @@ ServingIndex indexServing(std::span<const sdk::ServicePort> ports, const Conntra
   return index;
 }
 
-std::vector<ConntrackFlow> staleIn(std::span<const ConntrackFlow> flows, const ServingIndex& index) {
-  std::vector<ConntrackFlow> stale;
+std::vector<kernel::ConntrackFlow> staleIn(std::span<const kernel::ConntrackFlow> flows, const ServingIndex& index) {
+  std::vector<kernel::ConntrackFlow> stale;
   for (const auto& flow : flows) {
     if (!index.protocols.contains(flow.protocol)) continue;
     const std::string& replySource = flow.reply.srcIP;
@@ -103,7 +103,7 @@ std::vector<ConntrackFlow> staleIn(std::span<const ConntrackFlow> flows, const S
 
 }  // namespace
 
-ConntrackCleaner::ConntrackCleaner(ConntrackTable& table, ConntrackCleanupOptions options)
+ConntrackCleaner::ConntrackCleaner(kernel::ConntrackTable& table, ConntrackCleanupOptions options)
     : table_(table), options_(std::move(options)) {}
 
 bool ConntrackCleaner::cleans(sdk::Protocol protocol) const {
@@ -111,7 +111,7 @@ bool ConntrackCleaner::cleans(sdk::Protocol protocol) const {
          options_.protocols.end();
 }
 
-std::vector<ConntrackFlow> ConntrackCleaner::staleFlows(std::span<const ConntrackFlow> flows,
+std::vector<kernel::ConntrackFlow> ConntrackCleaner::staleFlows(std::span<const kernel::ConntrackFlow> flows,
                                                         std::span<const sdk::ServicePort> ports) const {
   return staleIn(flows, indexServing(ports, *this));
 }
@@ -195,7 +195,7 @@ void cleanStaleConntrackEntries(const sdk::Host& host, const sdk::SyncContext& c
                                 ConntrackCleanupOptions options) {
   try {
     auto started = std::chrono::steady_clock::now();
-    auto table = makeNetlinkConntrackTable();
+    auto table = kernel::makeNetlinkConntrackTable();
     ConntrackCleaner cleaner(*table, std::move(options));
     auto report = cleaner.afterSync(context);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();

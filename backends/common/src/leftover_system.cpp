@@ -6,9 +6,9 @@
 #include <chrono>
 #include <filesystem>
 
-#include "kproxy/backends/common/netlink_socket.h"
-#include "kproxy/backends/common/nftables_table.h"
-#include "kproxy/backends/common/process.h"
+#include "kproxy/kernel/netlink_socket.h"
+#include "kproxy/kernel/nftables_table.h"
+#include "kproxy/kernel/process.h"
 
 namespace kproxy::backends {
 
@@ -18,7 +18,7 @@ namespace {
 constexpr std::chrono::seconds kCommandTimeout{60};
 }  // namespace
 
-std::optional<std::string> RealLeftoverSystem::findTool(std::string_view name) { return findExecutable(name); }
+std::optional<std::string> RealLeftoverSystem::findTool(std::string_view name) { return kernel::findExecutable(name); }
 
 bool RealLeftoverSystem::pathExists(const std::string& path) {
   std::error_code ec;
@@ -26,9 +26,9 @@ bool RealLeftoverSystem::pathExists(const std::string& path) {
 }
 
 core::Result<bool> RealLeftoverSystem::deleteNftablesTable(std::string_view family, std::string_view name) {
-  auto socket = NetlinkSocket::open(NETLINK_NETFILTER);
+  auto socket = kernel::NetlinkSocket::open(NETLINK_NETFILTER);
   if (!socket) return std::unexpected(socket.error());
-  return backends::deleteNftablesTable(*socket, family == "ip6" ? NFPROTO_IPV6 : NFPROTO_IPV4, name);
+  return kernel::deleteNftablesTable(*socket, family == "ip6" ? NFPROTO_IPV6 : NFPROTO_IPV4, name);
 }
 
 core::Result<CommandResult> RealLeftoverSystem::query(const std::vector<std::string>& argv) {
@@ -36,7 +36,7 @@ core::Result<CommandResult> RealLeftoverSystem::query(const std::vector<std::str
 }
 
 core::Result<CommandResult> RealLeftoverSystem::change(const std::vector<std::string>& argv, std::string_view input) {
-  auto ran = runProcess(argv, {.stdinData = input, .timeout = kCommandTimeout});
+  auto ran = kernel::runProcess(argv, {.stdinData = input, .timeout = kCommandTimeout});
   if (!ran) return std::unexpected(ran.error());
   return CommandResult{ran->exitCode, std::move(ran->out), std::move(ran->err)};
 }

@@ -14,7 +14,6 @@
 
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/iptables_save.h"
-#include "kproxy/backends/common/sysctl.h"
 #include "kproxy/iptables/explain.h"
 #include "kproxy/iptables/kernel_netlink.h"
 #include "tool_errors.h"
@@ -26,12 +25,14 @@ constexpr net::Family kFamilies[] = {net::Family::kIPv4, net::Family::kIPv6};
 
 }  // namespace
 
-IptablesBackend::IptablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelIptables> kernel)
+IptablesBackend::IptablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelIptables> kernel,
+                                 std::unique_ptr<kernel::Sysctls> sysctls)
     : Reconciler(host, backends::ReconcilerOptions{"iptables", settings.dryRun, true, true}),
       host_(host),
       settings_(std::move(settings)),
       renderer_(settings_.render),
-      kernel_(std::move(kernel)) {}
+      kernel_(std::move(kernel)),
+      sysctls_(std::move(sysctls)) {}
 
 std::size_t IptablesBackend::mirroredChains(net::Family family) const {
   const auto& m = mirror_[index(family)];
@@ -96,7 +97,7 @@ sdk::Expected<backends::PassOutcome> IptablesBackend::fullSync(const plan::Snaps
     lastRestore_[index(fam)] = std::move(input);
   }
   warnAboutRecentLists();
-  if (!settings_.dryRun) setRouteLocalnet();
+  setRouteLocalnet();
   updateMetrics();
   return passOutcome(true, operations);
 }
@@ -168,7 +169,7 @@ sdk::Expected<void> IptablesBackend::netlinkFailed(net::Family family, const cor
 }
 
 core::Result<void> IptablesBackend::commitOverNetlink(NftRuleBatch& batch) {
-  auto socket = backends::keptSocket(netlinkSocket_, NETLINK_NETFILTER);
+  auto socket = kernel::keptSocket(netlinkSocket_, NETLINK_NETFILTER);
   if (!socket) return std::unexpected(socket.error());
   auto r = batch.commit(**socket);
   if (!r) netlinkSocket_.reset();  // whatever the socket holds after a failure, the next one starts clean
@@ -217,10 +218,9 @@ void IptablesBackend::setRouteLocalnet() {
   // Localhost NodePorts (IPv4) need the kernel to route packets from 127.0.0.0/8, as upstream
   // sets when --iptables-localhost-nodeports is on and NodePorts answer on loopback.
   if (!renderer_.localhostNodePorts()) return;
-  backends::SysctlFiles sysctls(settings_.sysctlRoot);
   const char* name = "net/ipv4/conf/all/route_localnet";
-  if (auto v = sysctls.readInt(name); v && *v == 1) return;
-  if (auto w = sysctls.writeInt(name, 1); !w)
+  if (auto v = sysctls_->readInt(name); v && *v == 1) return;
+  if (auto w = sysctls_->writeInt(name, 1); !w)
     host_.warning(fmt::format("iptables: setting {}=1 for localhost NodePorts: {}", name, w.error().message()));
   else
     host_.info(1, fmt::format("iptables: set {}=1 for localhost NodePorts", name));

@@ -2,15 +2,15 @@
 // chosen and its tools found (or a fake for --dry-run and explain without them).
 #include <fmt/format.h>
 
-#include "kproxy/plan/options.h"
-#include "kproxy/backends/common/sysctl.h"
 #include "kproxy/iptables/backend.h"
+#include "kproxy/kernel/sysctl.h"
+#include "kproxy/plan/options.h"
 
 namespace kproxy::iptables {
 namespace {
 
-backends::SystemProcessRunner& systemRunner() {
-  static backends::SystemProcessRunner runner;
+kernel::SystemProcessRunner& systemRunner() {
+  static kernel::SystemProcessRunner runner;
   return runner;
 }
 
@@ -23,7 +23,7 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIptablesBackend(const sdk
   auto get = [&](std::string_view key) { return plan::optionValue(options, key); };
   BackendSettings settings;
   settings.dryRun = get("dry-run") == "true";
-  if (auto liberal = backends::SysctlFiles().readInt("net/netfilter/nf_conntrack_tcp_be_liberal"); liberal)
+  if (auto liberal = kernel::SysctlFiles().readInt("net/netfilter/nf_conntrack_tcp_be_liberal"); liberal)
     cfg->conntrackTCPLiberal = *liberal != 0;
 
   std::string variantOption = get("iptables-variant");
@@ -38,25 +38,30 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIptablesBackend(const sdk
     variant = detectVariant(systemRunner());
 
   std::unique_ptr<KernelIptables> kernel;
+  std::unique_ptr<kernel::Sysctls> sysctls;
   auto tools = findVariantTools(variant);
   if (!tools && !settings.dryRun) return sdk::fail(sdk::ErrorCategory::kInvalidInput, tools.error().message());
-  if (tools) settings.ipv6 = !tools->restore6.empty() && !tools->save6.empty() && backends::kernelHasIPv6();
+  if (tools) settings.ipv6 = !tools->restore6.empty() && !tools->save6.empty() && kernel::kernelHasIPv6();
   if (settings.dryRun) {
-    // Dry-run and explain never run the tools: what would be restored is printed, over an
-    // empty ruleset in memory that learns what the dry run wrote.
+    // Dry-run and explain never run the tools nor write a sysctl: what would be restored or
+    // set is printed, over an empty ruleset and a fresh kernel's sysctls in memory, which
+    // learn what the dry run wrote.
     auto empty = std::make_unique<FakeIptables>();
     empty->wholeTables = variant == Variant::kLegacy;
     kernel = std::make_unique<PrintingIptables>(std::move(empty), settings.dryRunOutput,
                                                 "iptables-" + std::string(variantName(variant)));
+    sysctls = std::make_unique<kernel::PrintingSysctls>(std::make_unique<kernel::FakeSysctls>(freshSysctls()),
+                                                        settings.dryRunOutput);
   } else {
     kernel = makeProcessKernel(std::move(*tools), systemRunner());
+    sysctls = kernel::makeFileSysctls();
   }
   settings.render = std::move(*cfg);
   auto metrics = IptablesBackend::registerMetrics(host);
   if (!metrics) return std::unexpected(metrics.error());
   host.info(0, fmt::format("iptables: using {} (iptables-variant={}){}", kernel->describe(), variantOption,
                            settings.ipv6 ? "" : "; IPv6 is not programmed (no ip6tables or no IPv6 in the kernel)"));
-  auto backend = std::make_unique<IptablesBackend>(host, std::move(settings), std::move(kernel));
+  auto backend = std::make_unique<IptablesBackend>(host, std::move(settings), std::move(kernel), std::move(sysctls));
   backend->useMetrics(std::move(*metrics));
   return backend;
 }

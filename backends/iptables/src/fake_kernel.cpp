@@ -151,4 +151,6 @@ core::Result<void> FakeIptables::restore(net::Family family, std::string_view in
   return {};
 }
 
+std::map<std::string, std::int64_t> freshSysctls() { return {{"net/ipv4/conf/all/route_localnet", 0}}; }
+
 }  // namespace kproxy::iptables

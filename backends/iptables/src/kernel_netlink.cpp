@@ -32,10 +32,10 @@
 #include <libnftnl/expr.h>
 #include <libnftnl/rule.h>
 
-#include "kproxy/net/ip.h"
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/iptables_save.h"
-#include "kproxy/backends/common/netlink_socket.h"
+#include "kproxy/kernel/netlink_socket.h"
+#include "kproxy/net/ip.h"
 #include "rule_words.h"
 
 namespace kproxy::iptables {
@@ -689,12 +689,12 @@ void NftRuleBatch::chainMessage(std::uint16_t type, std::uint16_t flags, std::ui
 
 core::Result<void> NftRuleBatch::commit() {
   if (messages_.empty()) return {};
-  auto socket = backends::NetlinkSocket::open(NETLINK_NETFILTER);
+  auto socket = kernel::NetlinkSocket::open(NETLINK_NETFILTER);
   if (!socket) return std::unexpected(socket.error());
   return commit(*socket);
 }
 
-core::Result<void> NftRuleBatch::commit(backends::NetlinkSocket& socket) {
+core::Result<void> NftRuleBatch::commit(kernel::NetlinkSocket& socket) {
   if (messages_.empty()) return {};
   std::array<char, 256> begin{}, end{};
   nlmsghdr* b = nftnl_batch_begin(begin.data(), 0);

@@ -15,8 +15,8 @@
 namespace kproxy::iptables {
 namespace {
 
-using backends::ProcessOptions;
-using backends::ProcessResult;
+using kernel::ProcessOptions;
+using kernel::ProcessResult;
 using core::Error;
 using core::ErrorCategory;
 
@@ -52,7 +52,7 @@ std::string trimmed(std::string s) {
   return s;
 }
 
-void countToolRun(KernelIptables::ToolTimes& times, const backends::ProcessResult& r) {
+void countToolRun(KernelIptables::ToolTimes& times, const kernel::ProcessResult& r) {
   ++times.runs;
   times.user += r.userTime;
   times.system += r.systemTime;
@@ -62,7 +62,7 @@ void countToolRun(KernelIptables::ToolTimes& times, const backends::ProcessResul
 /// quote the line the tool refuses.
 class ToolRestore final : public RestoreStream {
  public:
-  ToolRestore(std::string tool, std::unique_ptr<backends::ProcessStream> child, KernelIptables::ToolTimes& times)
+  ToolRestore(std::string tool, std::unique_ptr<kernel::ProcessStream> child, KernelIptables::ToolTimes& times)
       : tool_(std::move(tool)), child_(std::move(child)), times_(times) {}
 
   core::Result<void> write(std::string_view text) override {
@@ -95,7 +95,7 @@ class ToolRestore final : public RestoreStream {
  private:
   static constexpr std::size_t kQuotedInputMax = std::size_t{4} << 20;
   std::string tool_;
-  std::unique_ptr<backends::ProcessStream> child_;
+  std::unique_ptr<kernel::ProcessStream> child_;
   KernelIptables::ToolTimes& times_;
   std::string input_;
   bool kept_ = true;
@@ -103,7 +103,7 @@ class ToolRestore final : public RestoreStream {
 
 class ProcessKernel final : public KernelIptables {
  public:
-  ProcessKernel(VariantTools tools, backends::ProcessRunner& runner) : tools_(std::move(tools)), runner_(runner) {}
+  ProcessKernel(VariantTools tools, kernel::ProcessRunner& runner) : tools_(std::move(tools)), runner_(runner) {}
 
   core::Result<std::string> save(net::Family family, Table table) override {
     std::string text;
@@ -182,13 +182,13 @@ class ProcessKernel final : public KernelIptables {
  private:
   VariantTools tools_;
   bool netlinkChecked_ = false, netlink_ = false;
-  backends::ProcessRunner& runner_;
+  kernel::ProcessRunner& runner_;
   ToolTimes times_;  ///< since the last takeToolTimes()
 };
 
 /// Whether `tool --version` says it is `variant` ("iptables v1.8.9 (nf_tables)" / "(legacy)").
 bool versionSays(const std::string& tool, Variant variant) {
-  auto r = backends::runProcess({tool, "--version"}, ProcessOptions{{}, std::chrono::seconds(10)});
+  auto r = kernel::runProcess({tool, "--version"}, ProcessOptions{{}, std::chrono::seconds(10)});
   if (!r || !r->succeeded()) return false;
   return r->out.find(variant == Variant::kNft ? "nf_tables" : "legacy") != std::string::npos;
 }
@@ -230,14 +230,14 @@ core::Result<VariantTools> findVariantTools(Variant variant) {
   t.variant = variant;
   const std::string v(variantName(variant));
   auto find = [&](const std::string& base) -> std::string {
-    if (auto p = backends::findExecutable(base.substr(0, base.find('-')) + "-" + v + base.substr(base.find('-'))))
+    if (auto p = kernel::findExecutable(base.substr(0, base.find('-')) + "-" + v + base.substr(base.find('-'))))
       return *p;
-    if (auto generic = backends::findExecutable(base); generic && versionSays(*generic, variant)) return *generic;
+    if (auto generic = kernel::findExecutable(base); generic && versionSays(*generic, variant)) return *generic;
     return {};
   };
   auto plain = [&](const std::string& base) -> std::string {
-    if (auto p = backends::findExecutable(base + "-" + v)) return *p;
-    if (auto generic = backends::findExecutable(base); generic && versionSays(*generic, variant)) return *generic;
+    if (auto p = kernel::findExecutable(base + "-" + v)) return *p;
+    if (auto generic = kernel::findExecutable(base); generic && versionSays(*generic, variant)) return *generic;
     return {};
   };
   t.save4 = find("iptables-save");
@@ -254,7 +254,7 @@ core::Result<VariantTools> findVariantTools(Variant variant) {
   return t;
 }
 
-Variant detectVariant(backends::ProcessRunner& runner) {
+Variant detectVariant(kernel::ProcessRunner& runner) {
   struct Seen {
     bool hint = false;
     std::size_t rules = 0;
@@ -288,7 +288,7 @@ Variant detectVariant(backends::ProcessRunner& runner) {
   return legacy.rules > nft.rules ? Variant::kLegacy : Variant::kNft;
 }
 
-std::unique_ptr<KernelIptables> makeProcessKernel(VariantTools tools, backends::ProcessRunner& runner) {
+std::unique_ptr<KernelIptables> makeProcessKernel(VariantTools tools, kernel::ProcessRunner& runner) {
   return std::make_unique<ProcessKernel>(std::move(tools), runner);
 }
 

@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "kproxy/net/ip.h"
 #include "kproxy/ipvs/backend.h"
+#include "kproxy/net/ip.h"
 #include "kproxy/plan/options.h"
 
 namespace kproxy::ipvs {
@@ -19,8 +19,8 @@ bool kernelHasIPv6() {
   return disabled && (disabled >> value) && value == 0;
 }
 
-backends::SystemProcessRunner& systemRunner() {
-  static backends::SystemProcessRunner runner;
+kernel::SystemProcessRunner& systemRunner() {
+  static kernel::SystemProcessRunner runner;
   return runner;
 }
 
@@ -86,7 +86,8 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Ho
     adapters.ipsets = std::make_unique<PrintingIpsets>(std::make_unique<FakeIpsets>(), out);
     adapters.iptables = std::make_unique<iptables::PrintingIptables>(
         std::move(rules), out, "iptables-" + std::string(iptables::variantName(variant)));
-    adapters.sysctls = std::make_unique<PrintingSysctls>(std::make_unique<FakeSysctls>(), out);
+    adapters.sysctls =
+        std::make_unique<kernel::PrintingSysctls>(std::make_unique<kernel::FakeSysctls>(freshSysctls()), out);
   } else {
     auto ipvs = makeNetlinkIpvs();
     if (!ipvs)
@@ -108,7 +109,7 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIpvsBackend(const sdk::Ho
     adapters.link = std::move(*link);
     adapters.ipsets = std::move(*ipsets);
     adapters.iptables = iptables::makeProcessKernel(std::move(*tools), systemRunner());
-    adapters.sysctls = makeFileSysctls();
+    adapters.sysctls = kernel::makeFileSysctls();
   }
   auto metrics = IpvsBackend::registerMetrics(host);
   if (!metrics) return std::unexpected(metrics.error());

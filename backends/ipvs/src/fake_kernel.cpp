@@ -1,5 +1,5 @@
-// The IPVS backend's fakes: in-memory IPVS, dummy links, ipsets and sysctls with the kernel's
-// and the tools' refusals, for unit tests and --dry-run.
+// The IPVS backend's fakes: in-memory IPVS, dummy links and ipsets with the kernel's and the
+// tools' refusals, and the sysctls a fresh kernel holds, for unit tests and --dry-run.
 #include <algorithm>
 #include <cerrno>
 #include <optional>
@@ -273,20 +273,10 @@ core::Result<void> FakeIpsets::restore(std::string_view input) {
   return {};
 }
 
-core::Result<std::int64_t> FakeSysctls::readInt(const std::string& name) {
-  auto it = values.find(name);
-  if (it == values.end()) return core::makeError(core::ErrorCategory::kIo, "reading /proc/sys/" + name + " (fake)", ENOENT);
-  return it->second;
-}
-
-core::Result<void> FakeSysctls::writeInt(const std::string& name, std::int64_t value) {
-  auto it = values.find(name);
-  if (it == values.end())
-    return core::makeError(core::ErrorCategory::kIo,
-                           fmt::format("writing {} to /proc/sys/{} (fake)", value, name), ENOENT);
-  ++writes;
-  it->second = value;
-  return {};
+std::map<std::string, std::int64_t> freshSysctls() {
+  return {{"net/ipv4/vs/conntrack", 0},          {"net/ipv4/vs/conn_reuse_mode", 1},
+          {"net/ipv4/vs/expire_nodest_conn", 0}, {"net/ipv4/vs/expire_quiescent_template", 0},
+          {"net/ipv4/conf/all/arp_ignore", 0},   {"net/ipv4/conf/all/arp_announce", 0}};
 }
 
 }  // namespace kproxy::ipvs

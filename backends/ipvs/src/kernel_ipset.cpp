@@ -21,7 +21,7 @@ std::string firstLine(std::string_view text) {
 
 class ProcessIpsets final : public KernelIpsets {
  public:
-  ProcessIpsets(std::string tool, backends::ProcessRunner& runner)
+  ProcessIpsets(std::string tool, kernel::ProcessRunner& runner)
       : tool_(std::move(tool)), runner_(runner) {}
 
   core::Result<IpsetState> save() override {
@@ -46,7 +46,7 @@ class ProcessIpsets final : public KernelIpsets {
 
  private:
   std::string tool_;
-  backends::ProcessRunner& runner_;
+  kernel::ProcessRunner& runner_;
 };
 
 }  // namespace
@@ -74,8 +74,8 @@ core::Result<IpsetState> parseIpsetSave(std::string_view text) {
   return state;
 }
 
-core::Result<std::unique_ptr<KernelIpsets>> makeProcessIpsets(backends::ProcessRunner& runner) {
-  auto tool = backends::findExecutable("ipset");
+core::Result<std::unique_ptr<KernelIpsets>> makeProcessIpsets(kernel::ProcessRunner& runner) {
+  auto tool = kernel::findExecutable("ipset");
   if (!tool)
     return core::makeError(core::ErrorCategory::kNotFound,
                            "ipvs: the ipset program is not installed (IPVS mode needs it)", ENOENT);

@@ -13,8 +13,8 @@
 #include <netlink/socket.h>
 
 #include "ipvs_wire.h"
-#include "kproxy/backends/common/process.h"
 #include "kproxy/ipvs/kernel.h"
+#include "kproxy/kernel/process.h"
 #include "libnl_errors.h"
 
 namespace kproxy::ipvs {
@@ -225,10 +225,10 @@ core::Result<std::unique_ptr<KernelIpvs>> makeNetlinkIpvs() {
   if (!family && family.error().category == core::ErrorCategory::kNotFound) {
     // ip_vs registers the family when it loads; nothing asks for it by the family's name.
     std::string detail = "modprobe is not installed";
-    if (auto modprobe = backends::findExecutable("modprobe")) {
-      backends::ProcessOptions options;
+    if (auto modprobe = kernel::findExecutable("modprobe")) {
+      kernel::ProcessOptions options;
       options.timeout = std::chrono::seconds(30);
-      auto ran = backends::runProcess({*modprobe, "ip_vs"}, options);
+      auto ran = kernel::runProcess({*modprobe, "ip_vs"}, options);
       if (!ran) {
         detail = ran.error().message();
       } else if (ran->exitCode != 0) {

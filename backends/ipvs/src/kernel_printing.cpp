@@ -99,15 +99,4 @@ core::Result<void> PrintingIpsets::restore(std::string_view input) {
   return inner_->restore(input);
 }
 
-PrintingSysctls::PrintingSysctls(std::unique_ptr<KernelSysctls> inner, std::FILE* out)
-    : inner_(std::move(inner)), out_(out) {}
-
-core::Result<void> PrintingSysctls::writeInt(const std::string& name, std::int64_t value) {
-  std::string dotted = name;
-  for (char& c : dotted)
-    if (c == '/') c = '.';
-  printLine(out_, fmt::format("sysctl -w {}={}", dotted, value));
-  return inner_->writeInt(name, value);
-}
-
 }  // namespace kproxy::ipvs

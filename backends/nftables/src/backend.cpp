@@ -15,34 +15,6 @@ namespace {
 
 constexpr net::Family kFamilies[] = {net::Family::kIPv4, net::Family::kIPv6};
 
-/// Dry-run: prints the ops as nft syntax, in the order a kernel batch sends them.
-class PrintingBatch final : public KernelBatch {
- public:
-  explicit PrintingBatch(std::FILE* out) : out_(out) {}
-  void append(std::span<const Op> ops) override {
-    for (const auto& op : ops) {
-      auto& text = phases_[static_cast<std::size_t>(batchPhase(op.kind))];
-      text += op.toText();
-      text += '\n';
-    }
-    count_ += ops.size();
-  }
-  std::size_t size() const override { return count_; }
-  core::Result<void> commit() override {
-    for (auto& text : phases_) {
-      std::fwrite(text.data(), 1, text.size(), out_);
-      text.clear();
-    }
-    std::fflush(out_);
-    return {};
-  }
-
- private:
-  std::FILE* out_;
-  std::string phases_[kBatchPhases];
-  std::size_t count_ = 0;
-};
-
 using plan::HostSnapshot;
 
 template <typename Objects>
@@ -349,7 +321,7 @@ sdk::Expected<backends::PassOutcome> NftablesBackend::pass(const SnapshotSource&
     if (auto built = buildFullSync(next, node, work); !built) return std::unexpected(built.error());
   } else {
     buildPartialSync(next, node, changed, work);
-    work.batch = beginBatch();
+    work.batch = kernel_->beginBatch();
     work.batch->append(work.ops);
   }
   const std::size_t count = work.batch->size();
@@ -360,8 +332,7 @@ sdk::Expected<backends::PassOutcome> NftablesBackend::pass(const SnapshotSource&
   if (!committed) return std::unexpected(committed.error());
   recordAcceptedSync(next, node, work, full);
 
-  if (!settings_.dryRun)
-    for (auto& [fam, judge] : work.affinity) removeStaleAffinity(fam, std::move(judge));
+  for (auto& [fam, judge] : work.affinity) removeStaleAffinity(fam, std::move(judge));
   updateMetrics(count);
   backends::PassOutcome outcome = passOutcome(full, count, changed.size());
   if (generation.before) outcome.fullNext = checkGenerationAfter(*generation.before, commitsBefore);
@@ -373,7 +344,6 @@ NftablesBackend::GenerationCheck NftablesBackend::checkGeneration(bool full) {
   // another program's rules): the mirror may no longer describe the kernel, so reconcile in
   // full. Reading the generation is one small netlink round trip.
   GenerationCheck check;
-  if (settings_.dryRun) return check;
   auto g = kernel_->generation();
   if (!g || !*g) return check;
   check.before = **g;
@@ -407,24 +377,19 @@ bool NftablesBackend::checkGenerationAfter(std::uint32_t before, std::uint64_t c
 
 sdk::Expected<void> NftablesBackend::buildFullSync(const SnapshotSource& next, const sdk::NodeInfo& node,
                                                    SyncWork& work) {
-  Mirror base;
-  // dry-run reads nothing that needs privileges: it trusts the simulation.
-  if (settings_.dryRun) base = std::move(mirror_);
   // A full sync rebuilds the mirror and the ownership records from what it reads and renders
   // (and a failed one leaves the next sync full): the old ones go before the read-back.
   // Until this sync succeeds, nothing else may trust them.
   mirror_ = Mirror{};
   owned_.clear();
   elementOwners_ = {};
-  if (!settings_.dryRun) {
-    auto read = kernel_->readBack(renderer_.setSpecs(net::Family::kIPv4), renderer_.setSpecs(net::Family::kIPv6));
-    if (!read) {
-      return sdk::fail(sdk::kernelErrorCategory(read.error().errnum),
-                       "nftables: reading the kube-proxy tables back: " + read.error().message(),
-                       read.error().errnum);
-    }
-    base = std::move(*read);
+  auto read = kernel_->readBack(renderer_.setSpecs(net::Family::kIPv4), renderer_.setSpecs(net::Family::kIPv6));
+  if (!read) {
+    return sdk::fail(sdk::kernelErrorCategory(read.error().errnum),
+                     "nftables: reading the kube-proxy tables back: " + read.error().message(),
+                     read.error().errnum);
   }
+  Mirror base = std::move(*read);
   // Balancing chains keep the slot ranges the kernel has for them.
   for (net::Family fam : kFamilies) {
     auto& slots = renderer_.slots(fam);
@@ -440,7 +405,7 @@ sdk::Expected<void> NftablesBackend::buildFullSync(const SnapshotSource& next, c
   // pass renders again to build the mirror and the ownership records (rebuildAfterFullSync).
   next.forEach([&](const sdk::ServicePort& port) { work.fullKeys[port.family].push_back(port.key); });
   for (auto& [fam, k] : work.fullKeys) std::sort(k.begin(), k.end());
-  work.batch = beginBatch();
+  work.batch = kernel_->beginBatch();
   for (net::Family fam : kFamilies) buildFullSyncFamily(fam, next, node, base, work);
   return {};
 }
@@ -824,18 +789,12 @@ void NftablesBackend::rebuildAfterFullSync(const SnapshotSource& next, const sdk
   }
 }
 
-std::unique_ptr<KernelBatch> NftablesBackend::beginBatch() {
-  if (settings_.dryRun) return std::make_unique<PrintingBatch>(settings_.dryRunOutput);
-  return kernel_->beginBatch();
-}
-
 sdk::Expected<void> NftablesBackend::send(KernelBatch& batch, bool full) {
   if (batch.size() == 0) return {};
   auto started = std::chrono::steady_clock::now();
   auto applied = batch.commit();
   if (applied) ++ownCommits_;
-  if (!settings_.dryRun)
-    lastApplyMs_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+  lastApplyMs_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   if (!applied) {
     // The mirror still describes the kernel, but the next sync (full: the skeleton's rule
     // after a failure) reads it anyway.
@@ -853,10 +812,6 @@ sdk::Expected<void> NftablesBackend::cleanup() {
   owned_.clear();
   elementOwners_ = {};
   pendingDelete_.clear();
-  if (settings_.dryRun) {
-    std::fprintf(settings_.dryRunOutput, "delete table ip kube-proxy\ndelete table ip6 kube-proxy\n");
-    return {};
-  }
   auto deleted = kernel_->deleteTables();
   if (!deleted) {
     return sdk::fail(sdk::kernelErrorCategory(deleted.error().errnum), deleted.error().message(),

@@ -33,9 +33,9 @@
 #include <libnftnl/set.h>
 #include <libnftnl/table.h>
 
-#include "kproxy/backends/common/message_buffer.h"
-#include "kproxy/backends/common/netlink_socket.h"
-#include "kproxy/backends/common/nftables_table.h"
+#include "kproxy/kernel/message_buffer.h"
+#include "kproxy/kernel/netlink_socket.h"
+#include "kproxy/kernel/nftables_table.h"
 #include "kproxy/nftables/kernel.h"
 #include "nftnl_encode.h"
 
@@ -57,7 +57,7 @@ using SetPtr = std::unique_ptr<nftnl_set, Deleter<nftnl_set, nftnl_set_free>>;
 /// Netlink messages, written in place by libnftnl. A full sync's batch is hundreds of MiB at
 /// scale and must reach the kernel in one sendmsg (nfnetlink commits a batch only if its begin
 /// and end are in the same skb), so it is held whole.
-using backends::MessageBuffer;
+using kernel::MessageBuffer;
 
 SetPtr setHandle(const std::string& table, net::Family family, const std::string& name) {
   SetPtr s(nftnl_set_alloc());
@@ -346,7 +346,7 @@ class ForeignWatch {
 /// sync's batch), later ones are described from their bytes if the kernel refuses them.
 class NetlinkBatch final : public KernelBatch {
  public:
-  NetlinkBatch(core::Result<backends::NetlinkSocket*> sock, std::string table, ForeignWatch* watch)
+  NetlinkBatch(core::Result<kernel::NetlinkSocket*> sock, std::string table, ForeignWatch* watch)
       : sock_(std::move(sock)), table_(std::move(table)), watch_(watch) {
     if (sock_) base_ = (*sock_)->nextSeq(1);
     begin_.commit(nftnl_batch_begin(begin_.tail(), base_));
@@ -414,7 +414,7 @@ class NetlinkBatch final : public KernelBatch {
   };
   static constexpr std::size_t kTexts = 4096;
   std::vector<std::string> texts_;  ///< of the first kTexts messages' first ops
-  core::Result<backends::NetlinkSocket*> sock_;
+  core::Result<kernel::NetlinkSocket*> sock_;
   std::string table_;
   std::uint32_t base_ = 0;
   MessageBuffer begin_, end_;
@@ -514,7 +514,7 @@ class NetlinkKernel final : public KernelNftables {
     auto sock = socket();
     if (!sock) return std::unexpected(sock.error());
     for (net::Family fam : {net::Family::kIPv4, net::Family::kIPv6}) {
-      auto deleted = backends::deleteNftablesTable(**sock, static_cast<std::uint8_t>(nfproto(fam)), table_);
+      auto deleted = kernel::deleteNftablesTable(**sock, static_cast<std::uint8_t>(nfproto(fam)), table_);
       if (!deleted) return std::unexpected(deleted.error());
     }
     return {};
@@ -523,9 +523,9 @@ class NetlinkKernel final : public KernelNftables {
  private:
   static void out(MessageBuffer& buf, nlmsghdr* nlh) { buf.commit(nlh); }
 
-  core::Result<backends::NetlinkSocket*> socket() { return backends::keptSocket(socket_, NETLINK_NETFILTER); }
+  core::Result<kernel::NetlinkSocket*> socket() { return kernel::keptSocket(socket_, NETLINK_NETFILTER); }
 
-  core::Result<void> readFamily(backends::NetlinkSocket& sock, net::Family fam,
+  core::Result<void> readFamily(kernel::NetlinkSocket& sock, net::Family fam,
                                 const std::vector<SetSpec>& specs, MirrorFamily& mf) {
     const std::uint16_t nfp = nfproto(fam);
     auto exists = readTable(sock, nfp);
@@ -552,7 +552,7 @@ class NetlinkKernel final : public KernelNftables {
   }
 
   /// Whether the table exists in the family: a plain get, ENOENT meaning no.
-  core::Result<bool> readTable(backends::NetlinkSocket& sock, std::uint16_t nfp) {
+  core::Result<bool> readTable(kernel::NetlinkSocket& sock, std::uint16_t nfp) {
     char req[MNL_SOCKET_BUFFER_SIZE_];
     TablePtr t(nftnl_table_alloc());
     nftnl_table_set_str(t.get(), NFTNL_TABLE_NAME, table_.c_str());
@@ -566,7 +566,7 @@ class NetlinkKernel final : public KernelNftables {
     return true;
   }
 
-  core::Result<void> readChains(backends::NetlinkSocket& sock, std::uint16_t nfp, MirrorFamily& mf) {
+  core::Result<void> readChains(kernel::NetlinkSocket& sock, std::uint16_t nfp, MirrorFamily& mf) {
     char req[MNL_SOCKET_BUFFER_SIZE_];
     nlmsghdr* nlh = nftnl_nlmsg_build_hdr(req, NFT_MSG_GETCHAIN, nfp, NLM_F_DUMP, sock.nextSeq());
     return sock.dump(nlh, [&](const nlmsghdr* msg) {
@@ -583,7 +583,7 @@ class NetlinkKernel final : public KernelNftables {
   /// Rules: only their kproxy hash and jump targets, no decoding of matches. One dump per
   /// chain: a table-wide dump restarts its walk over every rule for each 32 KiB reply, which
   /// is quadratic in the table's size; a per-chain dump is a hash lookup plus that chain.
-  core::Result<void> readRules(backends::NetlinkSocket& sock, std::uint16_t nfp, MirrorFamily& mf) {
+  core::Result<void> readRules(kernel::NetlinkSocket& sock, std::uint16_t nfp, MirrorFamily& mf) {
     char req[MNL_SOCKET_BUFFER_SIZE_];
     for (auto& [chainName, mc] : mf.chains) {
       RulePtr filter(nftnl_rule_alloc());
@@ -634,7 +634,7 @@ class NetlinkKernel final : public KernelNftables {
         &chain);
   }
 
-  core::Result<void> readSets(backends::NetlinkSocket& sock, std::uint16_t nfp, MirrorFamily& mf) {
+  core::Result<void> readSets(kernel::NetlinkSocket& sock, std::uint16_t nfp, MirrorFamily& mf) {
     char req[MNL_SOCKET_BUFFER_SIZE_];
     SetPtr filter(nftnl_set_alloc());
     nftnl_set_set_str(filter.get(), NFTNL_SET_TABLE, table_.c_str());
@@ -652,7 +652,7 @@ class NetlinkKernel final : public KernelNftables {
 
   /// The elements of one set (key bytes → value text, as the mirror keeps them); an interval
   /// set's keys get their identity suffix back.
-  core::Result<void> readElements(backends::NetlinkSocket& sock, net::Family fam, const std::string& name,
+  core::Result<void> readElements(kernel::NetlinkSocket& sock, net::Family fam, const std::string& name,
                                   bool interval, ElementTable& elems) {
     char req[MNL_SOCKET_BUFFER_SIZE_];
     std::vector<std::pair<std::string, std::string>> rawIntervals;
@@ -717,7 +717,7 @@ class NetlinkKernel final : public KernelNftables {
 
   static constexpr std::size_t MNL_SOCKET_BUFFER_SIZE_ = 8192;
   const std::string table_;  ///< the table this kernel reads and writes, in both families
-  std::optional<backends::NetlinkSocket> socket_;
+  std::optional<kernel::NetlinkSocket> socket_;
   std::unique_ptr<ForeignWatch> watch_;  ///< others' transactions; none when it cannot be opened
   bool watchTried_ = false;
 };

@@ -455,8 +455,8 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeUserspaceBackend(const sd
   std::unique_ptr<ProxyListeners> listeners = std::make_unique<ProxyServer>(settings->proxy, *metrics);
   if (settings->dryRun) {
     // Nothing reaches the table: its changes are printed and kept in memory, over an empty one.
-    kernel = std::make_unique<PrintingNftables>(std::make_unique<nftables::FakeKernelNftables>(),
-                                                settings->dryRunOutput, std::string(kTableName));
+    kernel = std::make_unique<nftables::PrintingNftables>(std::make_unique<nftables::FakeKernelNftables>(),
+                                                          settings->dryRunOutput, std::string(kTableName));
     listeners = std::make_unique<PrintingListeners>(std::move(listeners), settings->dryRunOutput);
   } else {
     kernel = nftables::makeNetlinkKernel(kTableName);

@@ -1,5 +1,6 @@
-// --dry-run's kernel interfaces (kernel.h): the table's changes in nft syntax and the
-// listeners' as comments, printed, then handed to the inner adapter.
+// --dry-run's listeners (kernel.h): what each update and retain changes, as comments beside
+// the table's nft syntax (nftables' PrintingNftables), printed, then handed to the inner
+// adapter.
 #include "kproxy/userspace/kernel.h"
 
 #include <utility>
@@ -19,27 +20,6 @@ std::string poolText(const ListenerSpec& spec) {
 }
 
 }  // namespace
-
-PrintingNftables::PrintingNftables(std::unique_ptr<nftables::KernelNftables> inner, std::FILE* out, std::string table)
-    : inner_(std::move(inner)), out_(out), table_(std::move(table)) {}
-
-core::Result<void> PrintingNftables::apply(const std::vector<nftables::Op>& ops) {
-  std::string phases[nftables::kBatchPhases];
-  for (const auto& op : ops) {
-    auto& text = phases[static_cast<std::size_t>(nftables::batchPhase(op.kind))];
-    text += op.toText(table_);
-    text += '\n';
-  }
-  for (const auto& text : phases) std::fwrite(text.data(), 1, text.size(), out_);
-  std::fflush(out_);
-  return inner_->apply(ops);
-}
-
-core::Result<void> PrintingNftables::deleteTables() {
-  fmt::print(out_, "delete table ip {}\ndelete table ip6 {}\n", table_, table_);
-  std::fflush(out_);
-  return inner_->deleteTables();
-}
 
 PrintingListeners::PrintingListeners(std::unique_ptr<ProxyListeners> inner, std::FILE* out)
     : inner_(std::move(inner)), out_(out) {}

@@ -4,13 +4,13 @@
 #include <catch2/catch.hpp>
 
 #include "kproxy/backends/common/conntrack_cleaner.h"
-#include "kproxy/backends/common/conntrack_table.h"
+#include "kproxy/kernel/conntrack_table.h"
 
 using namespace kproxy;
 using backends::ConntrackCleaner;
 using backends::ConntrackCleanupOptions;
-using backends::ConntrackFlow;
-using backends::FakeConntrackTable;
+using kernel::ConntrackFlow;
+using kernel::FakeConntrackTable;
 
 namespace {
 

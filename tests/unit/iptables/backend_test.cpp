@@ -11,8 +11,8 @@
 #include "iptables_fixtures.h"
 #include "kproxy/backends/common/chain_names.h"
 #include "kproxy/backends/common/iptables_save.h"
-#include "kproxy/backends/common/process.h"
 #include "kproxy/iptables/backend.h"
+#include "kproxy/kernel/process.h"
 
 using namespace kproxy;
 using namespace kproxy::iptables;
@@ -40,8 +40,8 @@ struct Fixture {
   std::unique_ptr<IptablesBackend> make(RenderConfig cfg = kproxy::iptables::testing::featureConfig()) {
     BackendSettings s;
     s.render = std::move(cfg);
-    s.sysctlRoot = sysctls.root();
-    return std::make_unique<IptablesBackend>(sdk::Host(nullptr), std::move(s), std::make_unique<SharedKernel>(fake));
+    return std::make_unique<IptablesBackend>(sdk::Host(nullptr), std::move(s), std::make_unique<SharedKernel>(fake),
+                                             kernel::makeFileSysctls(sysctls.root()));
   }
   std::string saved(net::Family fam) {
     std::string out;
@@ -393,15 +393,15 @@ TEST_CASE("iptables backend: large clusters lose per-endpoint comments at the ne
 namespace {
 
 /// Answers every run with one scripted result and records the command lines.
-class ScriptedRunner final : public backends::ProcessRunner {
+class ScriptedRunner final : public kernel::ProcessRunner {
  public:
-  core::Result<backends::ProcessResult> run(const std::vector<std::string>& argv,
-                                            const backends::ProcessOptions& options) override {
+  core::Result<kernel::ProcessResult> run(const std::vector<std::string>& argv,
+                                            const kernel::ProcessOptions& options) override {
     calls.push_back(argv);
     stdinSeen = std::string(options.stdinData);
     return result;
   }
-  backends::ProcessResult result;
+  kernel::ProcessResult result;
   std::vector<std::vector<std::string>> calls;
   std::string stdinSeen;
 };
@@ -563,9 +563,9 @@ TEST_CASE("iptables backend: many affinity lists with a whole-table variant warn
   auto make = [&](std::size_t threshold) {
     BackendSettings s;
     s.render = kproxy::iptables::testing::featureConfig();
-    s.sysctlRoot = f.sysctls.root();
     s.recentListsWarning = threshold;
-    return std::make_unique<IptablesBackend>(sdk::Host(&api), std::move(s), std::make_unique<SharedKernel>(f.fake));
+    return std::make_unique<IptablesBackend>(sdk::Host(&api), std::move(s), std::make_unique<SharedKernel>(f.fake),
+                                             kernel::makeFileSysctls(f.sysctls.root()));
   };
   auto affinityWarnings = [&] {
     return std::count_if(captured.warnings.begin(), captured.warnings.end(),
@@ -617,13 +617,16 @@ TEST_CASE("iptables backend: --dry-run prints each restore input and applies it 
   REQUIRE(out != nullptr);
   BackendSettings s;
   s.render = kproxy::iptables::testing::featureConfig();
-  s.sysctlRoot = f.sysctls.root();
   s.dryRun = true;
   s.dryRunOutput = out;
+  // As the factory does for --dry-run: printers over a ruleset and sysctls in memory.
   auto memory = std::make_unique<FakeIptables>();
   FakeIptables* ruleset = memory.get();
+  auto fresh = std::make_unique<kernel::FakeSysctls>(freshSysctls());
+  kernel::FakeSysctls* sysctls = fresh.get();
   IptablesBackend backend(sdk::Host(nullptr), std::move(s),
-                          std::make_unique<PrintingIptables>(std::move(memory), out, "iptables-nft"));
+                          std::make_unique<PrintingIptables>(std::move(memory), out, "iptables-nft"),
+                          std::make_unique<kernel::PrintingSysctls>(std::move(fresh), out));
   auto first = backend.syncFrom(f.snap, {}, true);
   REQUIRE(ok(first));
   CHECK(first->summary.starts_with("iptables sync full=true "));
@@ -639,9 +642,13 @@ TEST_CASE("iptables backend: --dry-run prints each restore input and applies it 
   INFO(text);
   CHECK(text.starts_with("# iptables-restore --noflush\n"));
   CHECK(contains(text, "# ip6tables-restore --noflush\n"));
+  // The localhost NodePorts' route_localnet, after the rules, as sysctl(8) would set it; the
+  // periodic sync finds it set in memory and prints it no more.
   CHECK(text == "# iptables-restore --noflush\n" + ruleset->restores.at(0) + "# ip6tables-restore --noflush\n" +
-                    ruleset->restores.at(1));
+                    ruleset->restores.at(1) + "sysctl -w net.ipv4.conf.all.route_localnet=1\n");
   CHECK(ruleset->restores.size() == 2);
+  CHECK(sysctls->values.at("net/ipv4/conf/all/route_localnet") == 1);
+  CHECK(sysctls->writes == 1);
   // Cleanup reads the ruleset in memory like any other kernel, and prints the removal of what the
   // dry run would have made.
   std::fseek(out, 0, SEEK_END);  // a stream read to its end is positioned again before it is written

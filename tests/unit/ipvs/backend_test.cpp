@@ -148,20 +148,20 @@ struct Fixture {
     tables = t.get();
     if (settings.dryRun) {
       // As the factory does for --dry-run: printers over the fakes, and sysctls in memory.
-      auto memory = std::make_unique<FakeSysctls>();
+      auto memory = std::make_unique<kernel::FakeSysctls>(freshSysctls());
       dryRunSysctls = memory.get();
       std::FILE* out = settings.dryRunOutput;
       a.ipvs = std::make_unique<PrintingIpvs>(std::move(i), out);
       a.link = std::make_unique<PrintingDummyLink>(std::move(l), out);
       a.ipsets = std::make_unique<PrintingIpsets>(std::move(s), out);
       a.iptables = std::make_unique<iptables::PrintingIptables>(std::move(t), out, "iptables-nft");
-      a.sysctls = std::make_unique<PrintingSysctls>(std::move(memory), out);
+      a.sysctls = std::make_unique<kernel::PrintingSysctls>(std::move(memory), out);
     } else {
       a.ipvs = std::move(i);
       a.link = std::move(l);
       a.ipsets = std::move(s);
       a.iptables = std::move(t);
-      a.sysctls = makeFileSysctls(sysctls.root());
+      a.sysctls = kernel::makeFileSysctls(sysctls.root());
     }
     return std::make_unique<IpvsBackend>(sdk::Host(nullptr), std::move(settings), std::move(a));
   }
@@ -244,7 +244,7 @@ struct Fixture {
   }
 
   TempSysctls sysctls;
-  FakeSysctls* dryRunSysctls = nullptr;  ///< the sysctls in memory of a --dry-run backend
+  kernel::FakeSysctls* dryRunSysctls = nullptr;  ///< the sysctls in memory of a --dry-run backend
   VectorSnapshot snap;
   std::chrono::steady_clock::time_point clock{};
   FakeIpvs ipvsState;
@@ -811,9 +811,9 @@ TEST_CASE("the printing adapters print each change, hand it on, and say what the
   CHECK_FALSE(sets.restore("add NOPE 1\n"));
   CHECK(printedSince(out, mark) == "# ipset restore -exist\nadd NOPE 1\n");
 
-  auto fakeSysctls = std::make_unique<FakeSysctls>();
-  FakeSysctls* sysctlsInner = fakeSysctls.get();
-  PrintingSysctls sysctls(std::move(fakeSysctls), out);
+  auto fakeSysctls = std::make_unique<kernel::FakeSysctls>(freshSysctls());
+  kernel::FakeSysctls* sysctlsInner = fakeSysctls.get();
+  kernel::PrintingSysctls sysctls(std::move(fakeSysctls), out);
   REQUIRE(sysctls.writeInt("net/ipv4/vs/conntrack", 1));
   CHECK(printedSince(out, mark) == "sysctl -w net.ipv4.vs.conntrack=1\n");
   CHECK(sysctlsInner->values.at("net/ipv4/vs/conntrack") == 1);

@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "kproxy/nftables/backend.h"
@@ -168,26 +169,112 @@ TEST_CASE("backend: restart over an unchanged kernel applies nothing", "[unit]")
   CHECK(raw->batches == 0);
 }
 
-TEST_CASE("backend: dry-run prints the batch and touches no kernel", "[unit]") {
-  auto k = std::make_unique<FakeKernelNftables>();
-  auto* raw = k.get();
-  BackendSettings s;
-  s.dryRun = true;
+namespace {
+
+/// What was written to a memstream since `mark`, and the new mark.
+std::string printedSince(std::FILE* out, const char* buf, std::size_t len, std::size_t& mark) {
+  std::fflush(out);
+  std::string text(buf + mark, len - mark);
+  mark = len;
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("backend: dry-run prints through PrintingNftables exactly what a kernel is handed", "[unit]") {
+  // As the factory does for --dry-run: the printer over empty tables in memory.
   char* buf = nullptr;
   std::size_t len = 0;
-  s.dryRunOutput = open_memstream(&buf, &len);
-  NftablesBackend b(sdk::Host(nullptr), s, std::move(k));
-  VectorSnapshot snap({clusterIP("default", "web", "172.30.0.10", 80, {endpoint("10.1.0.1", 8080)})});
-  REQUIRE(b.syncFrom(snap, {}, true).has_value());
-  std::fclose(s.dryRunOutput);
-  std::string text(buf, len);
-  std::free(buf);
-  CHECK(raw->batches == 0);
-  CHECK(raw->readBacks == 0);
-  CHECK(text.starts_with("add table ip kube-proxy\n"));
-  CHECK(text.find("add rule ip kube-proxy nat-prerouting jump services\n") != std::string::npos);
-  CHECK(text.find("add element ip kube-proxy service-ips { 172.30.0.10 . tcp . 80 : goto service-") !=
+  std::size_t mark = 0;
+  std::FILE* out = open_memstream(&buf, &len);
+  auto memory = std::make_unique<FakeKernelNftables>();
+  FakeKernelNftables* tables = memory.get();
+  BackendSettings s;
+  s.dryRun = true;
+  s.dryRunOutput = out;
+  NftablesBackend dry(sdk::Host(nullptr), s, std::make_unique<PrintingNftables>(std::move(memory), out));
+  // The same syncs against a kernel, for what it is handed.
+  Fixture f;
+
+  auto first = dry.syncFrom(f.snap, {}, true);
+  REQUIRE(first.has_value());
+  REQUIRE(f.backend->syncFrom(f.snap, {}, true).has_value());
+  const std::string full = printedSince(out, buf, len, mark);
+  // One line per op, in the batch's phases; the tables in memory end as the kernel's.
+  CHECK(first->operations == f.kernel->lastBatchSize);
+  CHECK(static_cast<std::size_t>(std::count(full.begin(), full.end(), '\n')) == f.kernel->lastBatchSize);
+  CHECK(full.starts_with("add table ip kube-proxy\n"));
+  CHECK(full.find("add rule ip kube-proxy nat-prerouting jump services\n") != std::string::npos);
+  CHECK(full.find("add element ip kube-proxy service-ips { 172.30.0.3 . tcp . 80 : goto service-") !=
         std::string::npos);
+  CHECK(full.find("add rule") < full.find("add element"));
+  CHECK(tables->batches == 1);
+  CHECK(tables->tables.at(net::Family::kIPv4).chains.size() == f.kernel->tables.at(net::Family::kIPv4).chains.size());
+  CHECK(tables->tables.at(net::Family::kIPv4).elements == f.kernel->tables.at(net::Family::kIPv4).elements);
+
+  // A changed endpoint: only its change is printed, as the kernel is sent it.
+  kproxy::nftables::testing::setEndpoints(f.snap.ports()[3], {endpoint("10.0.0.3", 80), endpoint("10.9.9.9", 80)});
+  const std::vector<sdk::ChangedKey> changed{{net::Family::kIPv4, f.snap.ports()[3].key}};
+  auto partial = dry.syncFrom(f.snap, changed, false);
+  REQUIRE(partial.has_value());
+  REQUIRE(f.backend->syncFrom(f.snap, changed, false).has_value());
+  const std::string delta = printedSince(out, buf, len, mark);
+  INFO(delta);
+  CHECK(partial->operations == f.kernel->lastBatchSize);
+  CHECK(static_cast<std::size_t>(std::count(delta.begin(), delta.end(), '\n')) == f.kernel->lastBatchSize);
+  CHECK(delta.find("10.9.9.9") != std::string::npos);
+  CHECK(delta.find("add table") == std::string::npos);
+  CHECK(tables->tables.at(net::Family::kIPv4).elements == f.kernel->tables.at(net::Family::kIPv4).elements);
+
+  // A full sync over what the dry run already printed prints nothing.
+  auto again = dry.syncFrom(f.snap, {}, true);
+  REQUIRE(again.has_value());
+  CHECK(again->operations == 0);
+  CHECK(printedSince(out, buf, len, mark).empty());
+
+  // Cleanup prints the tables' deletion and removes them from memory only.
+  REQUIRE(dry.cleanup().has_value());
+  CHECK(printedSince(out, buf, len, mark) == "delete table ip kube-proxy\ndelete table ip6 kube-proxy\n");
+  CHECK(tables->tables.empty());
+  CHECK_FALSE(f.kernel->tables.empty());
+  std::fclose(out);
+  std::free(buf);
+}
+
+TEST_CASE("PrintingNftables: ops in the batch's phase order, for its table, refused ones too", "[unit]") {
+  char* buf = nullptr;
+  std::size_t len = 0;
+  std::size_t mark = 0;
+  std::FILE* out = open_memstream(&buf, &len);
+  auto memory = std::make_unique<FakeKernelNftables>();
+  FakeKernelNftables* inner = memory.get();
+  PrintingNftables printer(std::move(memory), out, "kproxy-test");
+  Op table;
+  table.kind = OpKind::kAddTable;
+  table.family = net::Family::kIPv4;
+  Op chain;
+  chain.kind = OpKind::kAddChain;
+  chain.family = net::Family::kIPv4;
+  chain.name = "c";
+  Op gone;
+  gone.kind = OpKind::kDeleteChain;
+  gone.family = net::Family::kIPv4;
+  gone.name = "old";
+  // The chain deletion goes last whatever its place; the inner refuses it (no such chain).
+  CHECK_FALSE(printer.apply({gone, table, chain}).has_value());
+  const std::string text = printedSince(out, buf, len, mark);
+  CHECK(text == table.toText("kproxy-test") + "\n" + chain.toText("kproxy-test") + "\n" +
+                    gone.toText("kproxy-test") + "\n");
+  CHECK(text.starts_with("add table ip kproxy-test\n"));
+  // A batch prints at commit.
+  auto batch = printer.beginBatch();
+  batch->append(std::vector<Op>{table, chain});
+  CHECK(printedSince(out, buf, len, mark).empty());
+  REQUIRE(batch->commit().has_value());
+  CHECK(printedSince(out, buf, len, mark) == table.toText("kproxy-test") + "\n" + chain.toText("kproxy-test") + "\n");
+  CHECK(inner->tables.at(net::Family::kIPv4).chains.contains("c"));
+  std::fclose(out);
+  std::free(buf);
 }
 
 TEST_CASE("backend: affinity entries of a removed endpoint or service are deleted", "[unit]") {

@@ -37,7 +37,7 @@ struct Harness {
     std::unique_ptr<nftables::KernelNftables> table = std::move(k);
     std::unique_ptr<ProxyListeners> listeners = std::make_unique<ProxyServer>(s.proxy, nullptr);
     if (printTo != nullptr) {
-      table = std::make_unique<PrintingNftables>(std::move(table), printTo, std::string(kTableName));
+      table = std::make_unique<nftables::PrintingNftables>(std::move(table), printTo, std::string(kTableName));
       listeners = std::make_unique<PrintingListeners>(std::move(listeners), printTo);
     }
     backend = std::make_unique<UserspaceBackend>(sdk::Host(nullptr), std::move(s), std::move(table),

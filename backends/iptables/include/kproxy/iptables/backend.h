@@ -30,6 +30,7 @@
 #include "kproxy/iptables/kernel.h"
 #include "kproxy/iptables/kernel_netlink.h"
 #include "kproxy/iptables/renderer.h"
+#include "kproxy/kernel/sysctl.h"
 #include "kproxy/plan/snapshot_source.h"
 #include "kproxy/plugin/sdk.h"
 
@@ -37,13 +38,12 @@ namespace kproxy::iptables {
 
 struct BackendSettings {
   RenderConfig render;
-  /// No conntrack cleanup and no sysctls; the factory then gives the backend a PrintingIptables.
+  /// No conntrack cleanup; the factory then gives the backend printers over fakes
+  /// (PrintingIptables, kernel::PrintingSysctls).
   bool dryRun = false;
   std::FILE* dryRunOutput = stdout;
   /// Program IPv6 (ip6tables) too; off when the kernel has no IPv6 or no ip6tables exists.
   bool ipv6 = true;
-  /// Where sysctls live (route_localnet), for tests.
-  std::string sysctlRoot = "/proc/sys";
   /// lastRestore() keeps inputs up to this size (bytes); a bigger full sync's would otherwise
   /// stay resident until the next sync, as much memory again as the text the tool read.
   std::size_t lastRestoreKept = 4u << 20;
@@ -65,7 +65,9 @@ struct BackendSettings {
 /// (backends/common/reconciler.h), which owns the sync around them.
 class IptablesBackend final : public backends::Reconciler {
  public:
-  IptablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelIptables> kernel);
+  /// `sysctls`: where route_localnet is set (kernel::makeFileSysctls() on a node).
+  IptablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelIptables> kernel,
+                  std::unique_ptr<kernel::Sysctls> sysctls);
 
   sdk::Expected<void> cleanup() override;
   /// `kproxy explain`: renders `snapshot` with this backend's settings and traces the packet
@@ -144,11 +146,12 @@ class IptablesBackend final : public backends::Reconciler {
   BackendSettings settings_;
   IptablesRenderer renderer_;
   std::unique_ptr<KernelIptables> kernel_;
+  std::unique_ptr<kernel::Sysctls> sysctls_;
   FamilyMirror mirror_[2];
   std::string lastRestore_[2];
   std::vector<std::string> touched_;  ///< the first objects the current sync changed
   bool netlinkRefused_ = false;       ///< the kernel refused NftRuleBatch's encoding once
-  std::optional<backends::NetlinkSocket> netlinkSocket_;  ///< for NftRuleBatch's transactions
+  std::optional<kernel::NetlinkSocket> netlinkSocket_;  ///< for NftRuleBatch's transactions
   std::size_t netlinkRules_ = 0, netlinkCommits_ = 0;  ///< of the current sync
   std::size_t recentLists_ = 0;  ///< xt_recent lists the current full sync rendered
   bool recentWarned_ = false;    ///< warnAboutRecentLists() has warned for the current count

@@ -6,15 +6,17 @@
 /// Thread-safety: one caller at a time.
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
 
-#include "kproxy/backends/common/process.h"
 #include "kproxy/core/error.h"
 #include "kproxy/iptables/renderer.h"
+#include "kproxy/kernel/process.h"
 
 namespace kproxy::iptables {
 
@@ -90,9 +92,9 @@ core::Result<VariantTools> findVariantTools(Variant variant);
 /// The variant a node already uses, as upstream's iptables wrapper decides: the one whose
 /// mangle table holds kubelet's KUBE-IPTABLES-HINT or KUBE-KUBELET-CANARY chain, else the one
 /// holding more rules, nft when tied (or when legacy is not installed).
-Variant detectVariant(backends::ProcessRunner& runner);
+Variant detectVariant(kernel::ProcessRunner& runner);
 
-std::unique_ptr<KernelIptables> makeProcessKernel(VariantTools tools, backends::ProcessRunner& runner);
+std::unique_ptr<KernelIptables> makeProcessKernel(VariantTools tools, kernel::ProcessRunner& runner);
 
 /// --dry-run: the kernel interface that prints each restore input (`# iptables-restore
 /// --noflush` and the input) instead of running the tool, and applies it to `inner`, which
@@ -119,6 +121,10 @@ class PrintingIptables final : public KernelIptables {
   std::FILE* out_;
   std::string name_;
 };
+
+/// What a fresh kernel holds for the parameters iptables mode sets (route_localnet): a
+/// kernel::FakeSysctls's start, for --dry-run and tests.
+std::map<std::string, std::int64_t> freshSysctls();
 
 /// Applies restore input to an in-memory ruleset (tests, and the benchmark's mirror checks).
 class FakeIptables final : public KernelIptables {

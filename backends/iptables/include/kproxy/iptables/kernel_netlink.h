@@ -17,9 +17,9 @@
 #include <string_view>
 #include <vector>
 
-#include "kproxy/backends/common/message_buffer.h"
-#include "kproxy/backends/common/netlink_socket.h"
 #include "kproxy/core/error.h"
+#include "kproxy/kernel/message_buffer.h"
+#include "kproxy/kernel/netlink_socket.h"
 #include "kproxy/plugin/sdk.h"
 
 namespace kproxy::iptables {
@@ -60,7 +60,7 @@ class NftRuleBatch {
   /// socket waits for the kernel to release what the last commit replaced (an RCU grace
   /// period), which a socket per commit adds to every change. Measured: BENCHMARKS.md,
   /// "Figures behind the code".
-  core::Result<void> commit(backends::NetlinkSocket& socket);
+  core::Result<void> commit(kernel::NetlinkSocket& socket);
   /// The same on a socket of its own, opened in the calling thread's network namespace.
   core::Result<void> commit();
 
@@ -77,7 +77,7 @@ class NftRuleBatch {
 
   net::Family family_;
   std::string table_;
-  backends::MessageBuffer messages_;
+  kernel::MessageBuffer messages_;
   std::vector<Sent> sent_;  ///< per message, in order
   std::vector<std::string> names_;
   std::size_t rules_ = 0, chains_ = 0;

@@ -79,7 +79,7 @@ struct IpvsAdapters {
   std::unique_ptr<KernelDummyLink> link;
   std::unique_ptr<KernelIpsets> ipsets;
   std::unique_ptr<iptables::KernelIptables> iptables;
-  std::unique_ptr<KernelSysctls> sysctls;
+  std::unique_ptr<kernel::Sysctls> sysctls;
 };
 
 /// The IPVS backend: its full and partial passes under the one reconcile skeleton

@@ -6,9 +6,11 @@
 ///  - KernelDummyLink: the kube-ipvs0 dummy link and its addresses, over rtnetlink
 ///    (kernel_link.cpp);
 ///  - KernelIpsets: the ipsets, with `ipset save` / `ipset restore -exist` (kernel_ipset.cpp);
-///  - KernelSysctls: the kernel parameters IPVS mode sets, as files (kernel_sysctl.cpp).
+/// and the kernel parameters it sets through kernel/'s Sysctls (kproxy/kernel/sysctl.h), whose
+/// fake starts from freshSysctls() here.
 /// The fakes report the kernel's and the tools' errors. In --dry-run each goes through a
-/// printing decorator (kernel_printing.cpp) over its fake.
+/// printing decorator over its fake (kernel_printing.cpp; the sysctls through kernel/'s
+/// PrintingSysctls).
 /// Thread-safety: an adapter is not thread-safe; one owner uses it.
 
 #include <cstdint>
@@ -21,10 +23,11 @@
 #include <string_view>
 #include <vector>
 
-#include "kproxy/net/ip.h"
 #include "kproxy/backends/common/chain_names.h"
-#include "kproxy/backends/common/process.h"
 #include "kproxy/core/error.h"
+#include "kproxy/kernel/process.h"
+#include "kproxy/kernel/sysctl.h"
+#include "kproxy/net/ip.h"
 
 namespace kproxy::ipvs {
 
@@ -302,7 +305,7 @@ class KernelIpsets {
 };
 
 /// The ipset program found in PATH or sbin, run through `runner`. Error when it is missing.
-core::Result<std::unique_ptr<KernelIpsets>> makeProcessIpsets(backends::ProcessRunner& runner);
+core::Result<std::unique_ptr<KernelIpsets>> makeProcessIpsets(kernel::ProcessRunner& runner);
 
 /// In memory: restore lines applied in order with `-exist`'s meaning; an unknown set in "add",
 /// "del" or "destroy" is refused as the tool refuses it, and nothing of that input is kept.
@@ -320,35 +323,9 @@ class FakeIpsets final : public KernelIpsets {
 // ---------------------------------------------------------------------------------------
 // sysctls
 
-// KernelSysctls: the kernel parameters IPVS mode sets (net/ipv4/vs/*, and arp_ignore /
-// arp_announce with ipvs-strict-arp), named by their path under /proc/sys
-// ("net/ipv4/vs/conntrack").
-
-class KernelSysctls {
- public:
-  virtual ~KernelSysctls() = default;
-  /// The value; an error (ENOENT when the parameter does not exist) when it cannot be read.
-  virtual core::Result<std::int64_t> readInt(const std::string& name) = 0;
-  /// Sets it; a missing parameter is an error (ENOENT), never created.
-  virtual core::Result<void> writeInt(const std::string& name, std::int64_t value) = 0;
-};
-
-/// The files under `root` (/proc/sys, or a directory that looks like it in tests).
-std::unique_ptr<KernelSysctls> makeFileSysctls(std::string root = "/proc/sys");
-
-/// In memory, holding what a fresh kernel with IPVS holds for the parameters IPVS mode sets;
-/// any other name is missing (ENOENT), as in the kernel.
-class FakeSysctls final : public KernelSysctls {
- public:
-  core::Result<std::int64_t> readInt(const std::string& name) override;
-  core::Result<void> writeInt(const std::string& name, std::int64_t value) override;
-
-  std::map<std::string, std::int64_t> values{
-      {"net/ipv4/vs/conntrack", 0},          {"net/ipv4/vs/conn_reuse_mode", 1},
-      {"net/ipv4/vs/expire_nodest_conn", 0}, {"net/ipv4/vs/expire_quiescent_template", 0},
-      {"net/ipv4/conf/all/arp_ignore", 0},   {"net/ipv4/conf/all/arp_announce", 0}};
-  std::size_t writes = 0;
-};
+/// What a fresh kernel with IPVS holds for the parameters IPVS mode sets (net/ipv4/vs/*, and
+/// arp_ignore / arp_announce with ipvs-strict-arp): a kernel::FakeSysctls's start.
+std::map<std::string, std::int64_t> freshSysctls();
 
 // ---------------------------------------------------------------------------------------
 // --dry-run
@@ -412,18 +389,6 @@ class PrintingIpsets final : public KernelIpsets {
 
  private:
   std::unique_ptr<KernelIpsets> inner_;
-  std::FILE* out_;
-};
-
-/// Each write in sysctl(8) notation: `sysctl -w net.ipv4.vs.conntrack=1`.
-class PrintingSysctls final : public KernelSysctls {
- public:
-  PrintingSysctls(std::unique_ptr<KernelSysctls> inner, std::FILE* out);
-  core::Result<std::int64_t> readInt(const std::string& name) override { return inner_->readInt(name); }
-  core::Result<void> writeInt(const std::string& name, std::int64_t value) override;
-
- private:
-  std::unique_ptr<KernelSysctls> inner_;
   std::FILE* out_;
 };
 

@@ -33,6 +33,8 @@ using plan::VectorSnapshot;
 
 struct BackendSettings {
   RenderConfig render;
+  /// No conntrack cleanup; the factory then gives the backend a PrintingNftables over an empty
+  /// FakeKernelNftables (kernel.h).
   bool dryRun = false;
   /// Where dry-run prints its batches (nft syntax).
   std::FILE* dryRunOutput = stdout;
@@ -156,7 +158,6 @@ class NftablesBackend final : public backends::Reconciler {
                             const std::map<net::Family, std::set<std::string>>& tables,
                             const std::map<net::Family, std::set<std::string>>& pending,
                             const std::map<net::Family, std::set<std::string>>& pendingBase);
-  std::unique_ptr<KernelBatch> beginBatch();  ///< the kernel's, or printing for dry-run
   /// Sends the batch; on refusal the next sync is full (and a full sync's mirror is dropped).
   sdk::Expected<void> send(KernelBatch& batch, bool full);
 

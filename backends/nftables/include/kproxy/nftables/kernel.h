@@ -1,9 +1,11 @@
 #pragma once
 /// KernelNftables: the only way the nftables backend reaches the kernel. The netlink
-/// implementation (libnftnl + libmnl) sits beside an in-memory fake for unit tests.
+/// implementation (libnftnl + libmnl) sits beside an in-memory fake for unit tests, and
+/// --dry-run's printing decorator (kernel_printing.cpp) over that fake.
 
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
@@ -119,6 +121,37 @@ class FakeKernelNftables : public KernelNftables {
  private:
   std::optional<std::size_t> failAt_;
   int failErrno_ = EINVAL;
+};
+
+/// --dry-run: every change in nft syntax, for table `table` (ip and ip6), in the order a kernel
+/// transaction sends it (by batch phase), then handed to `inner`, which answers every read: over
+/// an empty FakeKernelNftables a dry run plans as on an empty node, and its later syncs see what
+/// the earlier ones would have done. `add table ip kube-proxy`, `add element ip kube-proxy
+/// service-ips { … }`, `delete table ip kube-proxy`. A change the inner refuses is printed too:
+/// the kernel would have been sent it.
+class PrintingNftables final : public KernelNftables {
+ public:
+  PrintingNftables(std::unique_ptr<KernelNftables> inner, std::FILE* out, std::string table = std::string(kTableName));
+  core::Result<void> apply(const std::vector<Op>& ops) override;
+  /// The inner's transaction; the ops appended are printed when it is committed.
+  std::unique_ptr<KernelBatch> beginBatch() override;
+  core::Result<Mirror> readBack(const std::vector<SetSpec>& ip4Sets, const std::vector<SetSpec>& ip6Sets) override {
+    return inner_->readBack(ip4Sets, ip6Sets);
+  }
+  core::Result<void> deleteTables() override;
+  core::Result<std::vector<std::pair<std::string, std::string>>> listMap(net::Family family,
+                                                                         const std::string& map) override {
+    return inner_->listMap(family, map);
+  }
+  core::Result<std::optional<std::uint32_t>> generation() override { return inner_->generation(); }
+  std::optional<bool> foreignTouched(std::optional<std::uint32_t> until) override {
+    return inner_->foreignTouched(until);
+  }
+
+ private:
+  std::unique_ptr<KernelNftables> inner_;
+  std::FILE* out_;
+  std::string table_;
 };
 
 }  // namespace kproxy::nftables

@@ -1,9 +1,10 @@
 #pragma once
 /// The userspace backend's kernel interfaces: the nftables backend's KernelNftables for the
 /// kproxy-userspace table, and ProxyListeners (proxy.h) for the proxy's sockets. --dry-run
-/// gives the backend their printing decorators (kernel_printing.cpp), which print what each
-/// call changes and hand the call on: the table to an empty FakeKernelNftables, the listeners
-/// to a ProxyServer that binds but never listens (so the printed ports are real ones).
+/// gives the backend their printing decorators, which print what each call changes and hand
+/// the call on: the table through nftables' PrintingNftables (kproxy/nftables/kernel.h) to an
+/// empty FakeKernelNftables, the listeners through PrintingListeners (kernel_printing.cpp) to a
+/// ProxyServer that binds but never listens (so the printed ports are real ones).
 /// Thread-safety: as what they decorate; one sync at a time.
 
 #include <cstdio>
@@ -17,34 +18,6 @@
 #include "kproxy/userspace/proxy.h"
 
 namespace kproxy::userspace {
-
-/// The table's changes in nft syntax (for table `table`, ip and ip6), in the order a kernel
-/// transaction sends them (by batch phase, as nftables' dry-run prints), then applied to
-/// `inner`, which answers every read: `add table ip kproxy-userspace`, `add element ip
-/// kproxy-userspace services { … }`, `delete table ip kproxy-userspace`.
-class PrintingNftables final : public nftables::KernelNftables {
- public:
-  PrintingNftables(std::unique_ptr<nftables::KernelNftables> inner, std::FILE* out, std::string table);
-  core::Result<void> apply(const std::vector<nftables::Op>& ops) override;
-  core::Result<nftables::Mirror> readBack(const std::vector<nftables::SetSpec>& ip4Sets,
-                                          const std::vector<nftables::SetSpec>& ip6Sets) override {
-    return inner_->readBack(ip4Sets, ip6Sets);
-  }
-  core::Result<void> deleteTables() override;
-  core::Result<std::vector<std::pair<std::string, std::string>>> listMap(net::Family family,
-                                                                         const std::string& map) override {
-    return inner_->listMap(family, map);
-  }
-  core::Result<std::optional<std::uint32_t>> generation() override { return inner_->generation(); }
-  std::optional<bool> foreignTouched(std::optional<std::uint32_t> until) override {
-    return inner_->foreignTouched(until);
-  }
-
- private:
-  std::unique_ptr<nftables::KernelNftables> inner_;
-  std::FILE* out_;
-  std::string table_;
-};
 
 /// The listeners each update opens (with the port `inner` bound and the pool), the pools it
 /// changes, and the listeners each retain closes, as comments beside the table's nft syntax:

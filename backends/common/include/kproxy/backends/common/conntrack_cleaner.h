@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "kproxy/backends/common/conntrack_table.h"
 #include "kproxy/core/error.h"
+#include "kproxy/kernel/conntrack_table.h"
 #include "kproxy/plugin/sdk.h"
 
 namespace kproxy::backends {
@@ -39,17 +39,17 @@ struct ConntrackCleanupOptions {
 struct ConntrackCleanupReport {
   bool ran = false;              ///< false when no cleanup was required
   std::size_t listed = 0;        ///< flows examined
-  std::vector<ConntrackFlow> stale;  ///< flows chosen for deletion
+  std::vector<kernel::ConntrackFlow> stale;  ///< flows chosen for deletion
   std::size_t deleted = 0;       ///< flows the kernel really deleted (others were already gone)
 };
 
 class ConntrackCleaner {
  public:
-  explicit ConntrackCleaner(ConntrackTable& table, ConntrackCleanupOptions options = {});
+  explicit ConntrackCleaner(kernel::ConntrackTable& table, ConntrackCleanupOptions options = {});
 
   /// The flows among `flows` (all of one family) that rules (1) and (2) above delete, given
   /// the service ports of the same family (ports of other protocols are ignored).
-  std::vector<ConntrackFlow> staleFlows(std::span<const ConntrackFlow> flows,
+  std::vector<kernel::ConntrackFlow> staleFlows(std::span<const kernel::ConntrackFlow> flows,
                                         std::span<const sdk::ServicePort> ports) const;
 
   /// Lists, decides and deletes, per family. A family (and protocol) with no service port that
@@ -68,7 +68,7 @@ class ConntrackCleaner {
   bool cleans(sdk::Protocol protocol) const;
 
  private:
-  ConntrackTable& table_;
+  kernel::ConntrackTable& table_;
   ConntrackCleanupOptions options_;
 };
 

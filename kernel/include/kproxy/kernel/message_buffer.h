@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <span>
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 
 class MessageBuffer {
  public:
@@ -45,4 +45,4 @@ class MessageBuffer {
   std::size_t used_ = 0;
 };
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

@@ -12,21 +12,22 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
-#include "kproxy/backends/common/chain_names.h"
 #include "kproxy/core/error.h"
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 
-/// IPVS mode's dummy interface (kIpvsDummyInterface, chain_names.h) holds the Services'
-/// addresses, not the node's: its addresses are left out (upstream's
-/// GetAllLocalAddressesExcept("kube-ipvs0")), and its changes are not reported either: binding a
-/// new Service's ClusterIP is no node address change.
+/// `excludedInterface` names an interface whose addresses are not the node's (IPVS mode's
+/// kube-ipvs0, which holds the Services' addresses; empty: none): its addresses are left out
+/// (upstream's GetAllLocalAddressesExcept("kube-ipvs0")), and its changes are not reported
+/// either: binding a new Service's ClusterIP is no node address change.
 
-/// Every address of every interface but kube-ipvs0, both families, numeric ("10.0.0.1",
-/// "fd00::1"), sorted and unique. The local address of a point-to-point link, not its peer.
-core::Result<std::vector<std::string>> readInterfaceAddresses();
+/// Every address of every interface but `excludedInterface`, both families, numeric
+/// ("10.0.0.1", "fd00::1"), sorted and unique. The local address of a point-to-point link, not
+/// its peer.
+core::Result<std::vector<std::string>> readInterfaceAddresses(std::string_view excludedInterface);
 
 /// Follows the interface addresses of the caller's network namespace on a thread of its own.
 /// Destroying it stops the thread. The callback runs on that thread.
@@ -39,7 +40,8 @@ class InterfaceAddressWatcher {
   /// once no further change came for `quiet`. Fails when either socket or the first read
   /// fails. A later failed read is logged and retried at the next change or after `quiet`.
   static core::Result<std::unique_ptr<InterfaceAddressWatcher>> start(
-      Callback onChange, std::chrono::milliseconds quiet = std::chrono::milliseconds(200));
+      std::string excludedInterface, Callback onChange,
+      std::chrono::milliseconds quiet = std::chrono::milliseconds(200));
 
   ~InterfaceAddressWatcher();
   InterfaceAddressWatcher(const InterfaceAddressWatcher&) = delete;
@@ -52,4 +54,4 @@ class InterfaceAddressWatcher {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

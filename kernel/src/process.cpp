@@ -1,4 +1,4 @@
-#include "kproxy/backends/common/process.h"
+#include "kproxy/kernel/process.h"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -16,7 +16,7 @@
 
 extern char** environ;
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 namespace {
 
 using core::ErrorCategory;
@@ -324,4 +324,4 @@ std::optional<std::string> findExecutable(std::string_view name) {
   return std::nullopt;
 }
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

@@ -6,10 +6,10 @@
 #include <cstdint>
 #include <string_view>
 
-#include "kproxy/backends/common/netlink_socket.h"
 #include "kproxy/core/error.h"
+#include "kproxy/kernel/netlink_socket.h"
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 
 /// Deletes table `name` of `nfproto` (NFPROTO_IPV4 or NFPROTO_IPV6) in one transaction (batch
 /// begin, DELTABLE, batch end). True when it existed, false when there was none (ENOENT); any
@@ -17,4 +17,4 @@ namespace kproxy::backends {
 /// kernel's errno (EPROTONOSUPPORT / EAFNOSUPPORT where the kernel has no nftables).
 core::Result<bool> deleteNftablesTable(NetlinkSocket& socket, std::uint8_t nfproto, std::string_view name);
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

@@ -14,7 +14,7 @@
 struct mnl_socket;
 struct nlmsghdr;
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 
 /// An error the kernel reported for the message with sequence number `seq`.
 struct NetlinkFailure {
@@ -62,4 +62,4 @@ class NetlinkSocket {
 /// commit replaced (an RCU grace period).
 core::Result<NetlinkSocket*> keptSocket(std::optional<NetlinkSocket>& kept, int bus);
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

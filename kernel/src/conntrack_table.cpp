@@ -1,4 +1,4 @@
-#include "kproxy/backends/common/conntrack_table.h"
+#include "kproxy/kernel/conntrack_table.h"
 
 #include <arpa/inet.h>
 #include <libmnl/libmnl.h>
@@ -14,9 +14,9 @@
 #include <optional>
 #include <string>
 
-#include "kproxy/backends/common/netlink_socket.h"
+#include "kproxy/kernel/netlink_socket.h"
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 namespace {
 
 using core::ErrorCategory;
@@ -302,4 +302,4 @@ core::Result<std::size_t> FakeConntrackTable::remove(const std::vector<Conntrack
   return deleted;
 }
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

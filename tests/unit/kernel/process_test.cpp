@@ -1,4 +1,4 @@
-#include "kproxy/backends/common/process.h"
+#include "kproxy/kernel/process.h"
 
 #include <signal.h>
 
@@ -7,7 +7,7 @@
 #include <cerrno>
 #include <chrono>
 
-using namespace kproxy::backends;
+using namespace kproxy::kernel;
 using namespace std::chrono_literals;
 
 namespace {

@@ -17,7 +17,7 @@
 
 #include "kproxy/core/error.h"
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 
 struct ProcessOptions {
   /// Written to the child's stdin, which is then closed (empty: stdin is closed at once).
@@ -98,4 +98,4 @@ class SystemProcessRunner final : public ProcessRunner {
   }
 };
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

@@ -1,4 +1,4 @@
-#include "kproxy/backends/common/interface_addresses.h"
+#include "kproxy/kernel/interface_addresses.h"
 
 #include <arpa/inet.h>
 #include <libmnl/libmnl.h>
@@ -17,17 +17,19 @@
 #include <thread>
 #include <utility>
 
-#include "kproxy/backends/common/netlink_socket.h"
 #include "kproxy/core/log.h"
+#include "kproxy/kernel/netlink_socket.h"
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 namespace {
 
 using core::ErrorCategory;
 using core::makeError;
 
-// The interface index of kube-ipvs0 now, 0 when there is none (no interface has index 0).
-unsigned excludedIndex() { return ::if_nametoindex(kIpvsDummyInterface); }
+// The interface index of `name` now, 0 when there is none or no name (no interface has index 0).
+unsigned excludedIndex(const std::string& name) {
+  return name.empty() ? 0 : ::if_nametoindex(name.c_str());
+}
 
 // Whether an address message is about an interface other than `excluded`.
 bool counts(const nlmsghdr* nlh, unsigned excluded) {
@@ -62,7 +64,8 @@ bool addressOf(const nlmsghdr* nlh, unsigned excluded, std::vector<std::string>&
   return true;
 }
 
-core::Result<std::vector<std::string>> dumpAddressesOnce(NetlinkSocket& socket) {
+core::Result<std::vector<std::string>> dumpAddressesOnce(NetlinkSocket& socket,
+                                                         const std::string& excludedInterface) {
   char buf[MNL_SOCKET_BUFFER_SIZE];
   nlmsghdr* nlh = mnl_nlmsg_put_header(buf);
   nlh->nlmsg_type = RTM_GETADDR;
@@ -71,7 +74,7 @@ core::Result<std::vector<std::string>> dumpAddressesOnce(NetlinkSocket& socket) 
   auto* ifa = static_cast<ifaddrmsg*>(mnl_nlmsg_put_extra_header(nlh, sizeof(ifaddrmsg)));
   ifa->ifa_family = AF_UNSPEC;
   std::vector<std::string> out;
-  const unsigned excluded = excludedIndex();
+  const unsigned excluded = excludedIndex(excludedInterface);
   if (auto r = socket.dump(nlh, [&](const nlmsghdr* m) { return addressOf(m, excluded, out); }); !r)
     return makeError(r.error().category, "reading interface addresses: " + r.error().context,
                      r.error().errnum);
@@ -82,24 +85,26 @@ core::Result<std::vector<std::string>> dumpAddressesOnce(NetlinkSocket& socket) 
 
 // An address added or removed during a dump interrupts it (a pod's veth getting its
 // link-local address, say): read again, a few times.
-core::Result<std::vector<std::string>> dumpAddresses(NetlinkSocket& socket) {
+core::Result<std::vector<std::string>> dumpAddresses(NetlinkSocket& socket,
+                                                     const std::string& excludedInterface) {
   for (int attempt = 1;; ++attempt) {
-    auto out = dumpAddressesOnce(socket);
+    auto out = dumpAddressesOnce(socket, excludedInterface);
     if (out || out.error().errnum != EINTR || attempt == 20) return out;
   }
 }
 
 }  // namespace
 
-core::Result<std::vector<std::string>> readInterfaceAddresses() {
+core::Result<std::vector<std::string>> readInterfaceAddresses(std::string_view excludedInterface) {
   auto socket = NetlinkSocket::open(NETLINK_ROUTE);
   if (!socket) return std::unexpected(socket.error());
-  return dumpAddresses(*socket);
+  return dumpAddresses(*socket, std::string(excludedInterface));
 }
 
 struct InterfaceAddressWatcher::Impl {
-  Impl(NetlinkSocket d, mnl_socket* e, int s, Callback cb, std::chrono::milliseconds q)
-      : dump(std::move(d)), events(e), stopFd(s), onChange(std::move(cb)), quiet(q) {}
+  Impl(NetlinkSocket d, mnl_socket* e, int s, std::string x, Callback cb, std::chrono::milliseconds q)
+      : dump(std::move(d)), events(e), stopFd(s), excludedInterface(std::move(x)),
+        onChange(std::move(cb)), quiet(q) {}
   ~Impl() {
     if (thread.joinable()) {
       std::uint64_t one = 1;
@@ -113,17 +118,18 @@ struct InterfaceAddressWatcher::Impl {
   NetlinkSocket dump;   // requests (the event socket only receives)
   mnl_socket* events;   // subscribed to address changes
   int stopFd;           // eventfd: written once to stop the thread
+  std::string excludedInterface;  // whose addresses and changes are not the node's
   Callback onChange;
   std::chrono::milliseconds quiet;
   std::vector<std::string> last;
   std::thread thread;
 
-  // Reads every queued notification; true when one was about an interface other than
-  // kube-ipvs0 (IPVS mode binds every ClusterIP there), or some were lost.
+  // Reads every queued notification; true when one was about an interface other than the
+  // excluded one (IPVS mode binds every ClusterIP on kube-ipvs0), or some were lost.
   bool drain() {
     bool any = false;
     std::vector<char> buf(MNL_SOCKET_BUFFER_SIZE);
-    const unsigned excluded = excludedIndex();
+    const unsigned excluded = excludedIndex(excludedInterface);
     for (;;) {
       ssize_t n = ::recv(mnl_socket_get_fd(events), buf.data(), buf.size(), MSG_DONTWAIT);
       if (n > 0) {
@@ -141,7 +147,7 @@ struct InterfaceAddressWatcher::Impl {
   }
 
   void report() {
-    auto addresses = dumpAddresses(dump);
+    auto addresses = dumpAddresses(dump, excludedInterface);
     if (!addresses) {
       // Retried after every quiet period; said once per run of failures.
       if (!failing)
@@ -188,7 +194,7 @@ InterfaceAddressWatcher::InterfaceAddressWatcher(std::unique_ptr<Impl> impl) : i
 InterfaceAddressWatcher::~InterfaceAddressWatcher() = default;
 
 core::Result<std::unique_ptr<InterfaceAddressWatcher>> InterfaceAddressWatcher::start(
-    Callback onChange, std::chrono::milliseconds quiet) {
+    std::string excludedInterface, Callback onChange, std::chrono::milliseconds quiet) {
   mnl_socket* events = mnl_socket_open2(NETLINK_ROUTE, SOCK_CLOEXEC);
   if (events == nullptr)
     return makeError(ErrorCategory::kKernel, "rtnetlink: socket for address changes", errno);
@@ -208,10 +214,11 @@ core::Result<std::unique_ptr<InterfaceAddressWatcher>> InterfaceAddressWatcher::
     mnl_socket_close(events);
     return makeError(ErrorCategory::kIo, "eventfd for the interface address watcher", err);
   }
-  auto impl = std::make_unique<Impl>(std::move(*dump), events, stopFd, std::move(onChange), quiet);
+  auto impl = std::make_unique<Impl>(std::move(*dump), events, stopFd, std::move(excludedInterface),
+                                     std::move(onChange), quiet);
   // Subscribed first, read second: a change in between is both in the read and queued.
   // A failed read is retried by the thread (after `quiet`, as after a change).
-  if (auto first = dumpAddresses(impl->dump)) {
+  if (auto first = dumpAddresses(impl->dump, impl->excludedInterface)) {
     impl->last = *first;
     impl->onChange(std::move(*first));
   } else {
@@ -223,4 +230,4 @@ core::Result<std::unique_ptr<InterfaceAddressWatcher>> InterfaceAddressWatcher::
   return std::unique_ptr<InterfaceAddressWatcher>(new InterfaceAddressWatcher(std::move(impl)));
 }
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

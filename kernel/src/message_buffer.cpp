@@ -1,11 +1,11 @@
-#include "kproxy/backends/common/message_buffer.h"
+#include "kproxy/kernel/message_buffer.h"
 
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <utility>
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 
 MessageBuffer::MessageBuffer(MessageBuffer&& other) noexcept
     : buf_(std::exchange(other.buf_, nullptr)),
@@ -48,4 +48,4 @@ void MessageBuffer::reserve(std::size_t bytes) {
   if (bytes > capacity_) grow(bytes);
 }
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

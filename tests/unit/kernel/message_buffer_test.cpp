@@ -1,6 +1,6 @@
 // MessageBuffer: a netlink batch's bytes as they are encoded. What is written survives
 // every growth, a cut-back drops only what follows, and a moved buffer owns the bytes.
-#include "kproxy/backends/common/message_buffer.h"
+#include "kproxy/kernel/message_buffer.h"
 
 #include <linux/netlink.h>
 
@@ -11,7 +11,7 @@
 #include <string>
 #include <utility>
 
-using kproxy::backends::MessageBuffer;
+using kproxy::kernel::MessageBuffer;
 
 namespace {
 

@@ -12,7 +12,7 @@
 #include "kproxy/core/error.h"
 #include "kproxy/core/model.h"
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 
 /// One direction of a flow. Addresses are canonical text (inet_ntop form).
 struct ConntrackTuple {
@@ -65,4 +65,4 @@ class FakeConntrackTable final : public ConntrackTable {
   bool failRemove = false;
 };
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

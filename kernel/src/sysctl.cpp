@@ -1,4 +1,4 @@
-#include "kproxy/backends/common/sysctl.h"
+#include "kproxy/kernel/sysctl.h"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -6,7 +6,7 @@
 #include <cerrno>
 #include <charconv>
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 namespace {
 
 using core::ErrorCategory;
@@ -82,4 +82,24 @@ core::Result<void> SysctlFiles::writeInt(std::string_view name, std::int64_t val
   return write(name, std::to_string(value));
 }
 
-}  // namespace kproxy::backends
+namespace {
+
+class FileSysctls final : public Sysctls {
+ public:
+  explicit FileSysctls(std::filesystem::path root) : files_(std::move(root)) {}
+  core::Result<std::int64_t> readInt(const std::string& name) override { return files_.readInt(name); }
+  core::Result<void> writeInt(const std::string& name, std::int64_t value) override {
+    return files_.writeInt(name, value);
+  }
+
+ private:
+  SysctlFiles files_;
+};
+
+}  // namespace
+
+std::unique_ptr<Sysctls> makeFileSysctls(std::filesystem::path root) {
+  return std::make_unique<FileSysctls>(std::move(root));
+}
+
+}  // namespace kproxy::kernel

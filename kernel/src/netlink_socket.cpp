@@ -1,4 +1,4 @@
-#include "kproxy/backends/common/netlink_socket.h"
+#include "kproxy/kernel/netlink_socket.h"
 
 #include <libmnl/libmnl.h>
 #include <linux/netlink.h>
@@ -9,7 +9,7 @@
 #include <string>
 #include <utility>
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 
 using core::ErrorCategory;
 using core::makeError;
@@ -172,4 +172,4 @@ core::Result<void> NetlinkSocket::dump(const nlmsghdr* request,
   return {};
 }
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

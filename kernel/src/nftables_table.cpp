@@ -1,4 +1,4 @@
-#include "kproxy/backends/common/nftables_table.h"
+#include "kproxy/kernel/nftables_table.h"
 
 #include <arpa/inet.h>
 #include <libmnl/libmnl.h>
@@ -11,7 +11,7 @@
 #include <span>
 #include <string>
 
-namespace kproxy::backends {
+namespace kproxy::kernel {
 
 core::Result<bool> deleteNftablesTable(NetlinkSocket& socket, std::uint8_t nfproto, std::string_view name) {
   const std::uint32_t seq = socket.nextSeq(3);
@@ -46,4 +46,4 @@ core::Result<bool> deleteNftablesTable(NetlinkSocket& socket, std::uint8_t nfpro
   return true;
 }
 
-}  // namespace kproxy::backends
+}  // namespace kproxy::kernel

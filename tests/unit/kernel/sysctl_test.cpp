@@ -1,4 +1,4 @@
-#include "kproxy/backends/common/sysctl.h"
+#include "kproxy/kernel/sysctl.h"
 
 #include <grp.h>
 #include <pwd.h>
@@ -12,7 +12,7 @@
 #include <filesystem>
 #include <fstream>
 
-using kproxy::backends::SysctlFiles;
+using kproxy::kernel::SysctlFiles;
 namespace fs = std::filesystem;
 
 namespace {
@@ -135,9 +135,9 @@ TEST_CASE("a read-only value reports its errno", "[unit]") {
 TEST_CASE("IPv6 counts as there only when the kernel has it and it is not disabled", "[unit]") {
   TempRoot root;
   SysctlFiles sysctls(root.path);
-  CHECK_FALSE(kproxy::backends::kernelHasIPv6(sysctls));  // no net/ipv6: not compiled in
+  CHECK_FALSE(kproxy::kernel::kernelHasIPv6(sysctls));  // no net/ipv6: not compiled in
   root.put("net/ipv6/conf/all/disable_ipv6", "1\n");
-  CHECK_FALSE(kproxy::backends::kernelHasIPv6(sysctls));
+  CHECK_FALSE(kproxy::kernel::kernelHasIPv6(sysctls));
   root.put("net/ipv6/conf/all/disable_ipv6", "0\n");
-  CHECK(kproxy::backends::kernelHasIPv6(sysctls));
+  CHECK(kproxy::kernel::kernelHasIPv6(sysctls));
 }
