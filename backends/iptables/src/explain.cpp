@@ -9,36 +9,11 @@
 #include "kproxy/plan/trace.h"
 
 namespace kproxy::iptables {
-namespace {
-
-using net::Prefix;
-
-/// The node's own addresses as the kernel would see them: the Node's (or the configured node
-/// IPs), and the interface addresses NodePorts answer on.
-std::vector<net::Prefix> localAddresses(const RenderConfig& config, const sdk::NodeInfo& node) {
-  std::vector<net::Prefix> out;
-  auto add = [&](const std::string& ip) {
-    if (auto a = net::Prefix::parse(ip); a && a->isHost()) out.push_back(*a);
-  };
-  for (const auto& ip : node.addresses) add(ip);
-  if (out.empty())
-    for (const auto& ip : config.common.nodeIPs) add(ip);
-  for (const auto& ip : node.nodePortAddresses.addresses) add(ip);
-  return out;
-}
-
-}  // namespace
-
 sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<const sdk::ServicePort> ports,
                                          const sdk::NodeInfo& node, const sdk::ExplainRequest& request,
                                          std::span<const sdk::ServiceCIDR> serviceCIDRs) {
-  auto packet = Packet::make(request.sourceIP, request.destinationIP, request.destinationPort,
-                             sdk::protocolName(request.protocol), request.fromNode);
-  if (!packet) {
-    return sdk::fail("explain: cannot make a packet from " + request.sourceIP + " to " + request.destinationIP +
-                     " (addresses must be numeric and of one family)");
-  }
-  if (!request.fromNode) packet->inputInterface = request.inputInterface;
+  auto packet = plan::packetOf(request);
+  if (!packet) return std::unexpected(packet.error());
   const net::Family family = packet->destination.v6() ? net::Family::kIPv6 : net::Family::kIPv4;
 
   // As the backend renders a full sync.
@@ -49,7 +24,8 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<c
   for (const auto& p : ports) endpoints += p.allEndpoints.size();
   renderer.setLargeCluster(endpoints > config.largeClusterEndpoints);
   const std::string rules = renderRuleset(renderer, family, ports, node);
-  auto tracer = IptablesTracer::fromText(rules, localAddresses(config, node));
+  auto tracer = IptablesTracer::fromText(
+      rules, plan::nodeLocalAddresses(node, config.common.nodeIPs, node.nodePortAddresses.addresses));
   if (!tracer) return sdk::fail("explain: the rendered rules do not parse: " + tracer.error().message());
   const Trace trace = tracer->trace(*packet);
 

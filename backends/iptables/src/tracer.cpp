@@ -474,25 +474,6 @@ struct IptablesTracer::Ruleset {
   }
 };
 
-// ---- Packet, Trace -------------------------------------------------------------------------
-
-std::optional<Packet> Packet::make(std::string_view source, std::string_view destination, std::uint16_t port,
-                                   std::string_view protocol, bool fromNode) {
-  auto s = net::Prefix::parse(source);
-  auto d = net::Prefix::parse(destination);
-  auto proto = protocolNumber(protocol);
-  if (!s || !d || !proto || !s->isHost() || !d->isHost() || s->v6() != d->v6()) return std::nullopt;
-  if (*proto != 6 && *proto != 17 && *proto != 132) return std::nullopt;
-  return Packet{*s, *d, port, *proto, fromNode, {}};
-}
-
-std::string Packet::toString() const {
-  return fmt::format("{} -> {}/{} ({})", source.toString(), plan::endpointText(destination.toString(), destinationPort),
-                     protocolName(protocol), fromNode ? "from the node" : "arriving");
-}
-
-std::string Trace::toText() const { return plan::traceText(packet.toString(), paths, warnings, outcome); }
-
 // ---- the interpreter -------------------------------------------------------------------------
 
 namespace {
