@@ -23,10 +23,11 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<c
   std::size_t endpoints = 0;
   for (const auto& p : ports) endpoints += p.allEndpoints.size();
   renderer.setLargeCluster(endpoints > config.largeClusterEndpoints);
-  const std::string rules = renderRuleset(renderer, family, ports, node);
+  const TaggedRuleset rules = renderTaggedRuleset(renderer, family, ports, node);
   auto tracer = IptablesTracer::fromText(
-      rules, plan::nodeLocalAddresses(node, config.common.nodeIPs, node.nodePortAddresses.addresses));
+      rules.text, plan::nodeLocalAddresses(node, config.common.nodeIPs, node.nodePortAddresses.addresses));
   if (!tracer) return sdk::fail("explain: the rendered rules do not parse: " + tracer.error().message());
+  tracer->tagRules(rules.tags);
   const Trace trace = tracer->trace(*packet);
 
   plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, family, trace);
@@ -35,10 +36,9 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<c
   x.destinationLocal = plan::nodePortAnswersOn(
       plan::nodePortAddressesOf(node, config.common.nodePortAddresses, config.common.nodeIPs), local, x.destination,
       /*loopback=*/true);
-  // Why a drop happened, when the rules say more than the chain: an unallocated ClusterIP
-  // (renderer.cpp's ServiceCIDR rule in filter KUBE-SERVICES).
+  // Why a drop happened, when the rules say more than the chain: the renderer's tag.
   if (trace.outcome.verdict == plan::TraceVerdict::kDropped &&
-      trace.outcome.rule.find("unallocated ClusterIPs of ServiceCIDR") != std::string::npos)
+      trace.outcome.reason == plan::DropReason::kUnallocatedClusterIP)
     x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, family, x.destination);
   return plan::explanationText(x, request.json);
 }

@@ -61,8 +61,11 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
 
   auto tracer = iptables::IptablesTracer::fromText(renderIptables(renderer, family, ports), local);
   if (!tracer) return sdk::fail("explain: the rendered rules do not parse: " + tracer.error().message());
+  const GlobalObjects global = renderer.renderGlobal(family);
+  tracer->tagRules(global.tags);
+  for (const auto& f : fragments) tracer->tagRules(f.tags);
   std::map<std::string, iptables::TracedIpset> sets;
-  for (const auto& def : renderer.renderGlobal(family).sets) sets[def.name].type = def.type;
+  for (const auto& def : global.sets) sets[def.name].type = def.type;
   std::vector<iptables::TracedVirtualServer> servers;
   for (const auto& f : fragments) {
     for (const auto& e : f.ipsetEntries) sets[e.set].members.push_back(e.entry);
@@ -85,8 +88,9 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
   plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, family, trace);
   const auto& nodePort = renderer.nodePortAddresses(family);
   x.destinationLocal = std::find(nodePort.begin(), nodePort.end(), x.destination) != nodePort.end();
+  // Why a drop happened, when the rules say more than the chain: the renderer's tag.
   if (trace.outcome.verdict == plan::TraceVerdict::kDropped &&
-      trace.outcome.rule.find("unallocated ClusterIPs of ServiceCIDR") != std::string::npos)
+      trace.outcome.reason == plan::DropReason::kUnallocatedClusterIP)
     x.reason = plan::unallocatedClusterIPReason(cidrs, family, x.destination);
   return plan::explanationText(x, request.json);
 }

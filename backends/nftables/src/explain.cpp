@@ -30,7 +30,7 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
   x.destinationLocal =
       plan::nodePortAnswersOn(renderer.nodePortAddresses(node), local, x.destination, /*loopback=*/true);
   // Why a drop happened, when the rules say more than the chain: an unallocated ClusterIP.
-  if (trace.outcome.verdict == TraceVerdict::kDropped && trace.outcome.chain == names::kClusterIPsCheckChain)
+  if (trace.outcome.verdict == TraceVerdict::kDropped && trace.outcome.reason == plan::DropReason::kUnallocatedClusterIP)
     x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);
   return plan::explanationText(x, request.json);
 }

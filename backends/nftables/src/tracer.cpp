@@ -216,6 +216,7 @@ class PacketRun {
     path_.outcome.verdict = verdict;
     path_.outcome.chain = chain.name;
     path_.outcome.rule = rule.toText(t_.family_);
+    path_.outcome.reason = rule.reason;
   }
 
   const std::vector<Element>* elementsOf(const std::string& set) const {
@@ -446,8 +447,8 @@ class PacketRun {
   }
   std::optional<Flow> evaluate(const Chain& chain, const Rule& rule, const Verdict& v, int depth) {
     std::string detail;
-    // cluster-ips-check drops what is left inside a service CIDR (renderer.h): say so.
-    if (v.kind == VerdictKind::kDrop && chain.name == names::kClusterIPsCheckChain)
+    // The renderer tags the drop of what is left inside a service CIDR: say so.
+    if (v.kind == VerdictKind::kDrop && rule.reason == plan::DropReason::kUnallocatedClusterIP)
       for (const auto& st : rule.statements)
         if (const auto* m = std::get_if<MatchAddress>(&st); m && !m->source && !m->negate)
           detail = fmt::format("unallocated ClusterIP: {} is inside service CIDR {} and no Service holds it",

@@ -92,6 +92,18 @@ bool ChoiceExplorer::next() {
   return false;
 }
 
+std::string_view dropReasonName(DropReason reason) {
+  switch (reason) {
+    case DropReason::kNone: break;
+    case DropReason::kUnallocatedClusterIP: return "unallocated-cluster-ip";
+    case DropReason::kNoEndpoints: return "no-endpoints";
+    case DropReason::kNoLocalEndpoints: return "no-local-endpoints";
+    case DropReason::kSourceRange: return "source-range";
+    case DropReason::kClusterIPPort: return "cluster-ip-port";
+  }
+  return "";
+}
+
 TraceOutcome mergePaths(std::span<const TracePath> paths) {
   TraceOutcome out;
   if (paths.empty()) return out;
@@ -101,6 +113,7 @@ TraceOutcome mergePaths(std::span<const TracePath> paths) {
   out.verdict = lead.outcome.verdict;
   out.chain = lead.outcome.chain;
   out.rule = lead.outcome.rule;
+  out.reason = lead.outcome.reason;
   out.redirectPort = lead.outcome.redirectPort;
   for (const auto& p : paths) {
     out.masqueraded = out.masqueraded || p.outcome.masqueraded;

@@ -410,7 +410,7 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
   std::vector<std::string> localText;
   for (const auto& a : local) localText.push_back(a.toString());
   x.destinationLocal = plan::nodePortAnswersOn(nodePorts, localText, x.destination, /*loopback=*/true);
-  if (trace.outcome.verdict == plan::TraceVerdict::kDropped && trace.outcome.chain == nftables::names::kClusterIPsCheckChain)
+  if (trace.outcome.verdict == plan::TraceVerdict::kDropped && trace.outcome.reason == plan::DropReason::kUnallocatedClusterIP)
     x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);
   if (packet->protocol == 132)
     x.reason = "the userspace proxy does not carry SCTP service ports";

@@ -140,3 +140,14 @@ TEST_CASE("plan trace: the node's local addresses", "[unit]") {
   CHECK(text(nodeLocalAddresses(node, nodeIPs, nodePorts)) == std::vector<std::string>{"192.168.9.9", "10.1.0.5"});
   CHECK(nodeLocalAddresses(node, {}, {}).empty());
 }
+
+TEST_CASE("plan trace: the merged outcome keeps the deciding rule's reason", "[unit]") {
+  TracePath dropped;
+  dropped.outcome.verdict = TraceVerdict::kDropped;
+  dropped.outcome.reason = DropReason::kUnallocatedClusterIP;
+  CHECK(mergePaths(std::vector<TracePath>{dropped}).reason == DropReason::kUnallocatedClusterIP);
+  CHECK(dropReasonName(DropReason::kUnallocatedClusterIP) == "unallocated-cluster-ip");
+  CHECK(dropReasonName(DropReason::kNone).empty());
+  // Not part of the JSON every backend prints.
+  CHECK(mergePaths(std::vector<TracePath>{dropped}).toJson().find("reason") == std::string::npos);
+}

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,6 +44,7 @@
 #include "kproxy/net/ip.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/core/error.h"
+#include "kproxy/iptables/renderer.h"
 #include "kproxy/plan/trace.h"
 
 namespace kproxy::iptables {
@@ -91,6 +93,10 @@ class IptablesTracer {
   ~IptablesTracer();
 
   const std::vector<net::Prefix>& localAddresses() const { return localAddresses_; }
+
+  /// The renderer's tags of the rules that drop or reject: a trace that ends at a tagged rule
+  /// carries its reason (TraceOutcome::reason). A tag naming no rule of the ruleset is ignored.
+  void tagRules(std::span<const RuleTag> tags);
 
   /// IPVS mode: the sets the rules match (by name) and the virtual servers that schedule.
   void setIpvs(std::vector<std::pair<std::string, TracedIpset>> sets, std::vector<TracedVirtualServer> servers);

@@ -41,6 +41,21 @@ enum class TraceVerdict : std::uint8_t {
 /// "accept", "dnat", "drop", "reject".
 std::string_view verdictName(TraceVerdict verdict);
 
+/// Why a rule drops or rejects, as the renderer that wrote it tags it. The tag is the
+/// renderer's note to the tracer, never part of what the kernel is given: explain reads the
+/// tag, not the rule's text, comment or chain.
+enum class DropReason : std::uint8_t {
+  kNone,                  ///< untagged (a rule read back from the kernel, or no reason given)
+  kUnallocatedClusterIP,  ///< inside a ServiceCIDR, but no Service holds the address
+  kNoEndpoints,           ///< the service port has no endpoint for this traffic
+  kNoLocalEndpoints,      ///< externalTrafficPolicy Local without a local endpoint
+  kSourceRange,           ///< loadBalancerSourceRanges does not admit the source
+  kClusterIPPort,         ///< a ClusterIP's port that no service port serves
+};
+/// "", "unallocated-cluster-ip", "no-endpoints", "no-local-endpoints", "source-range",
+/// "cluster-ip-port".
+std::string_view dropReasonName(DropReason reason);
+
 /// Where a packet ends up. Plain fields, so a caller can print them as JSON as they are.
 struct TraceOutcome {
   TraceVerdict verdict = TraceVerdict::kAccepted;
@@ -57,6 +72,9 @@ struct TraceOutcome {
   /// The node's port a `redirect` sent the packet to (the userspace proxy's listener, which
   /// its explain turns into the proxy's endpoints); 0 when none. Not part of toJson().
   std::uint16_t redirectPort = 0;
+  /// kDropped / kRejected: the reason the renderer tagged the deciding rule with (kNone when
+  /// untagged). Not part of toJson(); explain turns it into words.
+  DropReason reason = DropReason::kNone;
 
   /// Short text as upstream's packet-flow tests write it: "10.180.0.1:80, 10.180.2.1:80",
   /// "DROP", "REJECT", or "" when the packet is accepted untouched.
@@ -89,7 +107,7 @@ class ChoiceExplorer {
 };
 
 /// The paths' outcomes merged: the endpoints of every DNAT path (sorted by address, then port,
-/// each once); otherwise the first path's verdict; masquerade if any path masquerades; mixed
+/// each once); otherwise the first path's verdict, chain, rule and reason; masquerade if any path masquerades; mixed
 /// when the paths disagree. `paths` must not be empty.
 TraceOutcome mergePaths(std::span<const TracePath> paths);
 
