@@ -110,7 +110,8 @@ class ServicePortRules {
                    .proto(proto_)
                    .comment(noEndpointComment(plan_.internalNoEndpoints))
                    .dport(p_.port)
-                   .jump(noEndpointTarget(plan_.internalNoEndpoints)));
+                   .jump(noEndpointTarget(plan_.internalNoEndpoints)),
+               noEndpointReason(plan_.internalNoEndpoints));
     }
     // The ClusterIP's other ports are refused (as upstream's nftables mode): after every port
     // rule, one rule per ClusterIP, shared by the service's ports.
@@ -176,7 +177,8 @@ class ServicePortRules {
                        .proto(proto_)
                        .comment(name_ + " traffic not accepted by " + fwChain_)
                        .dport(p_.port)
-                       .jump("DROP"));
+                       .jump("DROP"),
+                   plan::DropReason::kSourceRange);
     }
   }
 
@@ -199,13 +201,15 @@ class ServicePortRules {
                    .comment(comment)
                    .match("-m addrtype --dst-type LOCAL")
                    .dport(plan_.nodePort)
-                   .jump(target));
+                   .jump(target),
+               noEndpointReason(plan_.externalNoEndpoints));
       return;
     }
     for (const auto& a : node_.nodePortAddresses)
       if (auto addr = savedPrefix(a, fam_))
         dispatch(Table::kFilter, names::kExternalServices,
-                 Spec().dst(*addr).proto(proto_).comment(comment).dport(plan_.nodePort).jump(target));
+                 Spec().dst(*addr).proto(proto_).comment(comment).dport(plan_.nodePort).jump(target),
+                 noEndpointReason(plan_.externalNoEndpoints));
   }
 
   /// The health-check node port, accepted in filter KUBE-NODEPORTS.
@@ -232,6 +236,11 @@ class ServicePortRules {
   void dispatch(Table table, std::string_view chain, const Spec& spec, Section section = Section::kServicePort) {
     f_.dispatch.push_back(DispatchRule{table, std::string(chain), section, spec.str()});
   }
+  /// A dispatch rule that drops or rejects for `reason`.
+  void dispatch(Table table, std::string_view chain, const Spec& spec, plan::DropReason reason) {
+    dispatch(table, chain, spec);
+    f_.tags.push_back(RuleTag{table, std::string(chain), f_.dispatch.back().spec, reason});
+  }
 
   /// Adds a source condition from the local-traffic detector ("-s CIDR" or "-i IF") where
   /// iptables-save prints it.
@@ -251,6 +260,9 @@ class ServicePortRules {
   }
   std::string noEndpointTarget(plan::NoEndpoints what) const {
     return what == plan::NoEndpoints::kReject ? rejectTarget(fam_) : std::string("DROP");
+  }
+  static plan::DropReason noEndpointReason(plan::NoEndpoints what) {
+    return what == plan::NoEndpoints::kReject ? plan::DropReason::kNoEndpoints : plan::DropReason::kNoLocalEndpoints;
   }
 
   /// The KUBE-SEP- chain of `ep`, rendered the first time it is named.
@@ -342,7 +354,8 @@ class ServicePortRules {
                    .proto(proto_)
                    .comment(noEndpointComment(plan_.externalNoEndpoints))
                    .dport(p_.port)
-                   .jump(noEndpointTarget(plan_.externalNoEndpoints)));
+                   .jump(noEndpointTarget(plan_.externalNoEndpoints)),
+               noEndpointReason(plan_.externalNoEndpoints));
   }
 
   const sdk::ServicePort& p_;
@@ -535,6 +548,8 @@ GlobalObjects IptablesRenderer::renderGlobal(net::Family family, const sdk::Node
     if (comment.size() > 250) comment = comment.substr(0, 247) + "...";
     g.dispatch.push_back(DispatchRule{Table::kFilter, std::string(names::kServices), Section::kTail,
                                       Spec().dst(*prefix).comment(comment).jump("DROP").str()});
+    g.tags.push_back(RuleTag{Table::kFilter, std::string(names::kServices), g.dispatch.back().spec,
+                             plan::DropReason::kUnallocatedClusterIP});
   }
   // route_localnet lets packets from 127.0.0.0/8 be routed: block martians that are not
   // DNAT'ed (upstream puts this rule in kubelet's KUBE-FIREWALL, which kproxy leaves alone).
@@ -576,6 +591,11 @@ GlobalObjects IptablesRenderer::renderGlobal(net::Family family, const sdk::Node
 
 std::string renderRuleset(const IptablesRenderer& renderer, net::Family family,
                           std::span<const sdk::ServicePort> ports, const sdk::NodeInfo& node) {
+  return renderTaggedRuleset(renderer, family, ports, node).text;
+}
+
+TaggedRuleset renderTaggedRuleset(const IptablesRenderer& renderer, net::Family family,
+                                  std::span<const sdk::ServicePort> ports, const sdk::NodeInfo& node) {
   const GlobalObjects g = renderer.renderGlobal(family, node);
   std::vector<Fragment> fragments;
   for (const auto& p : ports)
@@ -616,7 +636,9 @@ std::string renderRuleset(const IptablesRenderer& renderer, net::Family family,
       for (const auto& r : c.rules) out += fmt::format("-A {} {}\n", c.name, r);
     out += "COMMIT\n";
   }
-  return out;
+  TaggedRuleset rendered{std::move(out), g.tags};
+  for (const auto& f : fragments) rendered.tags.insert(rendered.tags.end(), f.tags.begin(), f.tags.end());
+  return rendered;
 }
 
 sdk::Expected<RenderConfig> parseRenderConfig(const sdk::Options& options) {

@@ -84,6 +84,7 @@ struct Rule {
   std::string spec;
   std::vector<Match> matches;  // IP header matches first, then the modules in order
   Target target;
+  plan::DropReason reason = plan::DropReason::kNone;  // the renderer's tag (tagRules)
 };
 
 struct Chain {
@@ -474,25 +475,6 @@ struct IptablesTracer::Ruleset {
   }
 };
 
-// ---- Packet, Trace -------------------------------------------------------------------------
-
-std::optional<Packet> Packet::make(std::string_view source, std::string_view destination, std::uint16_t port,
-                                   std::string_view protocol, bool fromNode) {
-  auto s = net::Prefix::parse(source);
-  auto d = net::Prefix::parse(destination);
-  auto proto = protocolNumber(protocol);
-  if (!s || !d || !proto || !s->isHost() || !d->isHost() || s->v6() != d->v6()) return std::nullopt;
-  if (*proto != 6 && *proto != 17 && *proto != 132) return std::nullopt;
-  return Packet{*s, *d, port, *proto, fromNode, {}};
-}
-
-std::string Packet::toString() const {
-  return fmt::format("{} -> {}/{} ({})", source.toString(), plan::endpointText(destination.toString(), destinationPort),
-                     protocolName(protocol), fromNode ? "from the node" : "arriving");
-}
-
-std::string Trace::toText() const { return plan::traceText(packet.toString(), paths, warnings, outcome); }
-
 // ---- the interpreter -------------------------------------------------------------------------
 
 namespace {
@@ -677,10 +659,12 @@ class PacketRun {
   }
   void warn(std::string message) { warnings_.insert(std::move(message)); }
 
-  void end(TraceVerdict verdict, const std::string& table, const std::string& chain, std::string rule) {
+  void end(TraceVerdict verdict, const std::string& table, const std::string& chain, std::string rule,
+           plan::DropReason reason = plan::DropReason::kNone) {
     path_.outcome.verdict = verdict;
     path_.outcome.chain = where(table, chain);
     path_.outcome.rule = std::move(rule);
+    path_.outcome.reason = reason;
   }
 
   // Runs the built-in chain `hookName` of each table in order. False when the packet was
@@ -826,11 +810,11 @@ class PacketRun {
         return Flow::kAccept;
       case TargetKind::kDrop:
         step(table, chain.name, &rule, {});
-        end(TraceVerdict::kDropped, table, chain.name, rule.spec);
+        end(TraceVerdict::kDropped, table, chain.name, rule.spec, rule.reason);
         return Flow::kDrop;
       case TargetKind::kReject:
         step(table, chain.name, &rule, {});
-        end(TraceVerdict::kRejected, table, chain.name, rule.spec);
+        end(TraceVerdict::kRejected, table, chain.name, rule.spec, rule.reason);
         return Flow::kReject;
       case TargetKind::kMark:
         mark_ = (mark_ & ~t.mask) ^ t.value;
@@ -909,6 +893,17 @@ void IptablesTracer::setIpvs(std::vector<std::pair<std::string, TracedIpset>> se
   ipvs_ = true;
   sets_ = std::move(sets);
   virtualServers_ = std::move(servers);
+}
+
+void IptablesTracer::tagRules(std::span<const RuleTag> tags) {
+  for (const auto& tag : tags) {
+    auto t = rules_->tables.find(std::string(tableName(tag.table)));
+    if (t == rules_->tables.end()) continue;
+    auto c = t->second.find(tag.chain);
+    if (c == t->second.end()) continue;
+    for (auto& rule : c->second.rules)
+      if (rule.spec == tag.spec) rule.reason = tag.reason;
+  }
 }
 
 IptablesTracer::IptablesTracer(IptablesTracer&&) noexcept = default;

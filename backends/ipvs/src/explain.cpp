@@ -30,12 +30,8 @@ std::uint8_t protocolNumber(sdk::Protocol p) {
 
 sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapshot,
                                                 const sdk::ExplainRequest& request) {
-  auto packet = iptables::Packet::make(request.sourceIP, request.destinationIP, request.destinationPort,
-                                       sdk::protocolName(request.protocol), request.fromNode);
-  if (!packet)
-    return sdk::fail("explain: cannot make a packet from " + request.sourceIP + " to " +
-                     request.destinationIP + " (addresses must be numeric and of one family)");
-  if (!request.fromNode) packet->inputInterface = request.inputInterface;
+  auto packet = plan::packetOf(request);
+  if (!packet) return std::unexpected(packet.error());
   const net::Family family = packet->destination.v6() ? net::Family::kIPv6 : net::Family::kIPv4;
   const std::vector<sdk::ServicePort> ports = snapshot.all();
   const std::vector<sdk::ServiceCIDR> cidrs = snapshot.serviceCIDRs();
@@ -55,23 +51,21 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
   for (const auto& p : ports)
     if (p.family == family) fragments.push_back(renderer.renderServicePort(p));
 
-  // The node's own addresses: the Node's (or the configured node IPs), where NodePorts answer,
-  // and kube-ipvs0's.
-  std::vector<net::Prefix> local;
-  auto addLocal = [&](const std::string& ip) {
-    if (auto a = net::Prefix::parse(ip); a && a->isHost()) local.push_back(*a);
-  };
-  for (const auto& ip : node.addresses) addLocal(ip);
-  if (node.addresses.empty())
-    for (const auto& ip : settings_.render.common.nodeIPs) addLocal(ip);
-  for (const auto& ip : renderer.nodePortAddresses(family)) addLocal(ip);
+  // The node's own addresses: the Node's (or the configured node IPs), where IPVS mode's
+  // NodePorts answer, and kube-ipvs0's.
+  std::vector<net::Prefix> local =
+      plan::nodeLocalAddresses(node, settings_.render.common.nodeIPs, renderer.nodePortAddresses(family));
   for (const auto& f : fragments)
-    for (const auto& ip : f.boundAddresses) addLocal(ip);
+    for (const auto& ip : f.boundAddresses)
+      if (auto a = net::Prefix::parse(ip); a && a->isHost()) local.push_back(*a);
 
   auto tracer = iptables::IptablesTracer::fromText(renderIptables(renderer, family, ports), local);
   if (!tracer) return sdk::fail("explain: the rendered rules do not parse: " + tracer.error().message());
+  const GlobalObjects global = renderer.renderGlobal(family);
+  tracer->tagRules(global.tags);
+  for (const auto& f : fragments) tracer->tagRules(f.tags);
   std::map<std::string, iptables::TracedIpset> sets;
-  for (const auto& def : renderer.renderGlobal(family).sets) sets[def.name].type = def.type;
+  for (const auto& def : global.sets) sets[def.name].type = def.type;
   std::vector<iptables::TracedVirtualServer> servers;
   for (const auto& f : fragments) {
     for (const auto& e : f.ipsetEntries) sets[e.set].members.push_back(e.entry);
@@ -89,13 +83,14 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
     }
   }
   tracer->setIpvs({sets.begin(), sets.end()}, std::move(servers));
-  const iptables::Trace trace = tracer->trace(*packet);
+  const plan::Trace trace = tracer->trace(*packet);
 
   plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, family, trace);
   const auto& nodePort = renderer.nodePortAddresses(family);
   x.destinationLocal = std::find(nodePort.begin(), nodePort.end(), x.destination) != nodePort.end();
+  // Why a drop happened, when the rules say more than the chain: the renderer's tag.
   if (trace.outcome.verdict == plan::TraceVerdict::kDropped &&
-      trace.outcome.rule.find("unallocated ClusterIPs of ServiceCIDR") != std::string::npos)
+      trace.outcome.reason == plan::DropReason::kUnallocatedClusterIP)
     x.reason = plan::unallocatedClusterIPReason(cidrs, family, x.destination);
   return plan::explanationText(x, request.json);
 }

@@ -189,8 +189,8 @@ class ServicePortObjects {
       // (IPVS schedules them before filter OUTPUT) meet the OUTPUT rule too.
       Spec drop;
       drop.dst(saved(*clusterIP_, fam_)).proto(proto_).comment(noLocal_).dport(p_.port).jump("DROP");
-      rule(Table::kFilter, kIpvsFilter, drop);
-      rule(Table::kFilter, kIpvsOutFilter, drop);
+      rule(Table::kFilter, kIpvsFilter, drop, plan::DropReason::kNoLocalEndpoints);
+      rule(Table::kFilter, kIpvsOutFilter, drop, plan::DropReason::kNoLocalEndpoints);
     }
   }
 
@@ -279,6 +279,11 @@ class ServicePortObjects {
   std::string ipPort(const std::string& ip, int port) const { return fmt::format("{},{}:{}", ip, proto_, port); }
   void rule(Table table, std::string_view chain, const Spec& spec) {
     f_.rules.push_back(PortRule{table, std::string(chain), spec.str()});
+  }
+  /// A rule that drops for `reason`.
+  void rule(Table table, std::string_view chain, const Spec& spec, plan::DropReason reason) {
+    rule(table, chain, spec);
+    f_.tags.push_back(iptables::RuleTag{table, std::string(chain), f_.rules.back().spec, reason});
   }
   void bind(const std::string& ip) {
     if (std::find(f_.boundAddresses.begin(), f_.boundAddresses.end(), ip) == f_.boundAddresses.end())
@@ -464,9 +469,10 @@ class ServicePortObjects {
     else
       drop.dport(port);
     if (plan_.shortCircuitNode) drop.match("-m addrtype ! --src-type LOCAL");
-    rule(Table::kFilter, kIpvsFilter, drop.jump("DROP"));
+    rule(Table::kFilter, kIpvsFilter, drop.jump("DROP"), plan::DropReason::kNoLocalEndpoints);
     if (!externalServers_)
-      rule(Table::kFilter, kIpvsOutFilter, Spec().dst(dst).proto(proto_).comment(noLocal_).dport(port).jump("DROP"));
+      rule(Table::kFilter, kIpvsOutFilter, Spec().dst(dst).proto(proto_).comment(noLocal_).dport(port).jump("DROP"),
+           plan::DropReason::kNoLocalEndpoints);
   }
 
   void addLoadBalancerIP(const std::string& ip, const std::vector<std::string>& lbIPs) {
@@ -662,7 +668,7 @@ class GlobalChains {
     }
     tail(Table::kNat, kServices, Spec().match("-m addrtype --dst-type LOCAL").jump(kNodePort));
     tail(Table::kNat, kLoadBalancer, Spec().jump(kMarkMasq));
-    tail(Table::kFilter, kSourceRangesFirewall, Spec().jump("DROP"));
+    tail(Table::kFilter, kSourceRangesFirewall, Spec().jump("DROP"), plan::DropReason::kSourceRange);
     // Upstream's acceptIPVSTraffic, last in KUBE-SERVICES.
     for (SetId id : {SetId::kClusterIP, SetId::kLoadBalancer})
       tail(Table::kNat, kServices, matchSet(id, "dst,dst", false).jump("ACCEPT"));
@@ -726,9 +732,13 @@ class GlobalChains {
       if (text.size() > 250) text = text.substr(0, 247) + "...";
       for (std::string_view chain : {kProxyFirewall, kIpvsOutFilter})
         tail(Table::kFilter, chain,
-             Spec().dst(range.cidr).comment(text).match("-m addrtype ! --dst-type LOCAL").jump("DROP"));
+             Spec().dst(range.cidr).comment(text).match("-m addrtype ! --dst-type LOCAL").jump("DROP"),
+             plan::DropReason::kUnallocatedClusterIP);
     }
   }
+
+  /// The tags of the fixed rules that drop.
+  const std::vector<iptables::RuleTag>& tags() const { return tags_; }
 
   /// The chains, in upstream's iptablesChains order.
   std::vector<GlobalChain> finish() && {
@@ -742,6 +752,11 @@ class GlobalChains {
 
   void tail(Table table, std::string_view chain, const Spec& spec) {
     chains_[{table, chain}].tail.push_back(spec.str());
+  }
+  /// A fixed rule that drops for `reason`.
+  void tail(Table table, std::string_view chain, const Spec& spec, plan::DropReason reason) {
+    tail(table, chain, spec);
+    tags_.push_back(iptables::RuleTag{table, std::string(chain), chains_[{table, chain}].tail.back(), reason});
   }
 
   /// `-m comment --comment "<the set's comment>" -m set --match-set NAME FLAGS`.
@@ -762,6 +777,7 @@ class GlobalChains {
   const std::string mark_;  ///< the masquerade bit, "0x4000"
   const std::string tag_;   ///< the bit of kproxy's firewall marks
   std::map<std::pair<Table, std::string_view>, GlobalChain> chains_;
+  std::vector<iptables::RuleTag> tags_;
 };
 
 /// Upstream's iptablesJumpChain, each prepended to its built-in chain.
@@ -940,6 +956,7 @@ GlobalObjects IpvsRenderer::renderGlobal(net::Family family) const {
   chains.addFilterRules();
   chains.addMasqueradeMarks();
   chains.addUnallocatedClusterIPs(serviceCIDRs_);
+  g.tags = chains.tags();
   g.chains = std::move(chains).finish();
   g.jumps = ipvsJumps();
   return g;

@@ -14,13 +14,8 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
                                          const sdk::NodeInfo& node,
                                          const sdk::ExplainRequest& request,
                                          std::span<const sdk::ServiceCIDR> serviceCIDRs) {
-  auto packet = Packet::make(request.sourceIP, request.destinationIP, request.destinationPort,
-                             sdk::protocolName(request.protocol), request.fromNode);
-  if (!packet) {
-    return sdk::fail("explain: cannot make a packet from " + request.sourceIP + " to " +
-                     request.destinationIP + " (addresses must be numeric and of one family)");
-  }
-  if (!request.fromNode) packet->inputInterface = request.inputInterface;
+  auto packet = plan::packetOf(request);
+  if (!packet) return std::unexpected(packet.error());
   const net::Family family = packet->destination.family;
   const net::Family sdkFamily = family == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6;
 
@@ -35,7 +30,7 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
   x.destinationLocal =
       plan::nodePortAnswersOn(renderer.nodePortAddresses(node), local, x.destination, /*loopback=*/true);
   // Why a drop happened, when the rules say more than the chain: an unallocated ClusterIP.
-  if (trace.outcome.verdict == TraceVerdict::kDropped && trace.outcome.chain == names::kClusterIPsCheckChain)
+  if (trace.outcome.verdict == TraceVerdict::kDropped && trace.outcome.reason == plan::DropReason::kUnallocatedClusterIP)
     x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);
   return plan::explanationText(x, request.json);
 }

@@ -30,6 +30,10 @@ Verdict goTo(std::string chain) { return Verdict{VerdictKind::kGoto, std::move(c
 Verdict jump(std::string chain) { return Verdict{VerdictKind::kJump, std::move(chain)}; }
 
 Rule rule(std::vector<Statement> statements) { return Rule{std::move(statements)}; }
+/// A rule that drops or rejects (or looks up a map that does) for `reason`: the tracer reports it.
+Rule rule(std::vector<Statement> statements, plan::DropReason reason) {
+  return Rule{std::move(statements), reason};
+}
 
 std::optional<net::Prefix> parseHostOf(std::string_view ip, net::Family family) {
   auto a = net::Prefix::parse(ip);
@@ -216,10 +220,10 @@ GlobalObjects NftablesRenderer::renderGlobal(net::Family family, const sdk::Node
   const net::Family sdkFamily = family == net::Family::kIPv6 ? net::Family::kIPv6 : net::Family::kIPv4;
   const bool allLocal = nodePorts.allLocal(sdkFamily);
   const net::Prefix loopback = *net::Prefix::parse(family == net::Family::kIPv4 ? "127.0.0.0/8" : "::1");
-  auto nodePortDestination = [&](Statement then) {
+  auto nodePortDestination = [&](Statement then, plan::DropReason reason = plan::DropReason::kNone) {
     if (allLocal)
-      return rule({MatchFibDestLocal{}, MatchAddress{false, true, loopback}, std::move(then)});
-    return rule({MatchDestInSet{kNodePortIPsSet}, std::move(then)});
+      return rule({MatchFibDestLocal{}, MatchAddress{false, true, loopback}, std::move(then)}, reason);
+    return rule({MatchDestInSet{kNodePortIPsSet}, std::move(then)}, reason);
   };
   chain(kServicesChain,
         {rule({VmapLookup{true, kServiceIPsMap}}), nodePortDestination(jump(kNodePortsChain))});
@@ -227,18 +231,23 @@ GlobalObjects NftablesRenderer::renderGlobal(net::Family family, const sdk::Node
   {
     // Upstream: "Reject traffic to invalid ports of ClusterIPs", then "Drop traffic to
     // unallocated ClusterIPs" (anything else inside the family's service CIDRs).
-    std::vector<Rule> rules{rule({MatchDestInSet{kClusterIPsSet}, Reject{false}})};
+    std::vector<Rule> rules{rule({MatchDestInSet{kClusterIPsSet}, Reject{false}}, plan::DropReason::kClusterIPPort)};
     for (const auto& range : plan::serviceCIDRRanges(serviceCIDRs_, sdkFamily))
       if (auto a = net::Prefix::parse(range.cidr); a && a->family == family)
-        rules.push_back(rule({MatchAddress{false, false, *a}, Verdict{VerdictKind::kDrop, {}}}));
+        rules.push_back(rule({MatchAddress{false, false, *a}, Verdict{VerdictKind::kDrop, {}}},
+                             plan::DropReason::kUnallocatedClusterIP));
     chain(kClusterIPsCheckChain, std::move(rules));
   }
+  // The no-endpoint maps hold only the verdicts of service ports without endpoints (a drop, or
+  // a goto to the reject chain, which only they go to).
   chain(kNodePortEndpointsCheckChain,
-        {nodePortDestination(VmapLookup{false, kNoEndpointNodePortsMap})});
-  chain(kServiceEndpointsCheckChain, {rule({VmapLookup{true, kNoEndpointServicesMap}})});
+        {nodePortDestination(VmapLookup{false, kNoEndpointNodePortsMap}, plan::DropReason::kNoEndpoints)});
+  chain(kServiceEndpointsCheckChain,
+        {rule({VmapLookup{true, kNoEndpointServicesMap}}, plan::DropReason::kNoEndpoints)});
   chain(kFirewallCheckChain, {rule({VmapLookup{true, kFirewallIPsMap}})});
   // TCP clients get a reset, everyone else ICMP port unreachable: "connection refused" at once.
-  chain(kRejectChain, {rule({MatchL4Proto{6}, Reject{true}}), rule({Reject{false}})});
+  chain(kRejectChain, {rule({MatchL4Proto{6}, Reject{true}}, plan::DropReason::kNoEndpoints),
+                       rule({Reject{false}}, plan::DropReason::kNoEndpoints)});
 
   // nodeport-ips: the addresses NodePorts answer on (with all-local, every local address known
   // now, which session affinity's record chain looks up). No NodePorts on loopback addresses,
@@ -545,7 +554,7 @@ class ServicePortRender {
       else slotRanges_.release(c.name);
       // Anything not short-circuited meets the drop here, at DNAT: a filter-stage drop would
       // also catch the node's own connections before their short-circuit.
-      if (!balanced) c.rules.push_back(rule({Verdict{VerdictKind::kDrop, {}}}));
+      if (!balanced) c.rules.push_back(rule({Verdict{VerdictKind::kDrop, {}}}, plan::DropReason::kNoLocalEndpoints));
     }
     extChain_ = c.name;
     f_.chains.push_back(std::move(c));
@@ -599,7 +608,7 @@ class ServicePortRender {
     for (const auto& source : plan_.firewallAllowedSources)
       if (auto a = net::Prefix::parse(source); a && a->family == fam_)
         c.rules.push_back(rule({MatchAddress{true, false, *a}, Verdict{VerdictKind::kReturn, {}}}));
-    c.rules.push_back(rule({Verdict{VerdictKind::kDrop, {}}}));
+    c.rules.push_back(rule({Verdict{VerdictKind::kDrop, {}}}, plan::DropReason::kSourceRange));
     for (const auto& ip : plan_.loadBalancerIPs)
       if (auto a = parseHostOf(ip, fam_)) addMapElement(names::kFirewallIPsMap, *a, goTo(c.name));
     f_.chains.push_back(std::move(c));

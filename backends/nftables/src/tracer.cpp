@@ -63,33 +63,8 @@ std::optional<Target> decodeTarget(std::string_view data, net::Family family) {
   return t;
 }
 
-std::optional<std::uint8_t> parseProtocol(std::string_view name) {
-  if (name == "tcp") return 6;
-  if (name == "udp") return 17;
-  if (name == "sctp") return 132;
-  return std::nullopt;
-}
-
 
 }  // namespace
-
-// ---- Packet, outcome ---------------------------------------------------------------------
-
-std::optional<Packet> Packet::make(std::string_view source, std::string_view destination,
-                                   std::uint16_t port, std::string_view protocol, bool fromNode) {
-  auto s = net::Prefix::parse(source);
-  auto d = net::Prefix::parse(destination);
-  auto proto = parseProtocol(protocol);
-  if (!s || !d || !proto || !s->isHost() || !d->isHost() || s->family != d->family) return std::nullopt;
-  return Packet{*s, *d, port, *proto, fromNode, {}};
-}
-
-std::string Packet::toString() const {
-  return fmt::format("{} -> {}/{} ({})", source.toString(), endpointText(destination, destinationPort),
-                     protoName(protocol), fromNode ? "from the node" : "arriving");
-}
-
-std::string Trace::toText() const { return plan::traceText(packet.toString(), paths, warnings, outcome); }
 
 // ---- the interpreter ---------------------------------------------------------------------
 
@@ -241,6 +216,7 @@ class PacketRun {
     path_.outcome.verdict = verdict;
     path_.outcome.chain = chain.name;
     path_.outcome.rule = rule.toText(t_.family_);
+    path_.outcome.reason = rule.reason;
   }
 
   const std::vector<Element>* elementsOf(const std::string& set) const {
@@ -471,8 +447,8 @@ class PacketRun {
   }
   std::optional<Flow> evaluate(const Chain& chain, const Rule& rule, const Verdict& v, int depth) {
     std::string detail;
-    // cluster-ips-check drops what is left inside a service CIDR (renderer.h): say so.
-    if (v.kind == VerdictKind::kDrop && chain.name == names::kClusterIPsCheckChain)
+    // The renderer tags the drop of what is left inside a service CIDR: say so.
+    if (v.kind == VerdictKind::kDrop && rule.reason == plan::DropReason::kUnallocatedClusterIP)
       for (const auto& st : rule.statements)
         if (const auto* m = std::get_if<MatchAddress>(&st); m && !m->source && !m->negate)
           detail = fmt::format("unallocated ClusterIP: {} is inside service CIDR {} and no Service holds it",
@@ -524,21 +500,9 @@ NftablesTracer NftablesTracer::fromServicePorts(NftablesRenderer& renderer, net:
   std::vector<Fragment> fragments;
   for (const auto& p : ports)
     if (p.family == family) fragments.push_back(renderer.renderServicePort(p));
-  std::vector<net::Prefix> fallback;  // node-ips, where the node lists no addresses
-  for (const auto& ip : renderer.config().common.nodeIPs)
-    if (auto a = net::Prefix::parse(ip); a && a->isHost()) fallback.push_back(*a);
-  return NftablesTracer(renderer.renderGlobal(family, node), fragments, tracerLocalAddresses(node, fallback));
-}
-
-std::vector<net::Prefix> tracerLocalAddresses(const sdk::NodeInfo& node, std::span<const net::Prefix> fallback) {
-  std::vector<net::Prefix> local;
-  for (const auto& ip : node.addresses)
-    if (auto a = net::Prefix::parse(ip); a && a->isHost()) local.push_back(*a);
-  if (local.empty()) local.assign(fallback.begin(), fallback.end());
-  // The interface addresses NodePorts answer on are the node's own too.
-  for (const auto& ip : node.nodePortAddresses.addresses)
-    if (auto a = net::Prefix::parse(ip); a && a->isHost()) local.push_back(*a);
-  return local;
+  return NftablesTracer(
+      renderer.renderGlobal(family, node), fragments,
+      plan::nodeLocalAddresses(node, renderer.config().common.nodeIPs, node.nodePortAddresses.addresses));
 }
 
 Trace NftablesTracer::trace(const Packet& packet) const {

@@ -92,6 +92,18 @@ bool ChoiceExplorer::next() {
   return false;
 }
 
+std::string_view dropReasonName(DropReason reason) {
+  switch (reason) {
+    case DropReason::kNone: break;
+    case DropReason::kUnallocatedClusterIP: return "unallocated-cluster-ip";
+    case DropReason::kNoEndpoints: return "no-endpoints";
+    case DropReason::kNoLocalEndpoints: return "no-local-endpoints";
+    case DropReason::kSourceRange: return "source-range";
+    case DropReason::kClusterIPPort: return "cluster-ip-port";
+  }
+  return "";
+}
+
 TraceOutcome mergePaths(std::span<const TracePath> paths) {
   TraceOutcome out;
   if (paths.empty()) return out;
@@ -101,6 +113,7 @@ TraceOutcome mergePaths(std::span<const TracePath> paths) {
   out.verdict = lead.outcome.verdict;
   out.chain = lead.outcome.chain;
   out.rule = lead.outcome.rule;
+  out.reason = lead.outcome.reason;
   out.redirectPort = lead.outcome.redirectPort;
   for (const auto& p : paths) {
     out.masqueraded = out.masqueraded || p.outcome.masqueraded;
@@ -147,6 +160,85 @@ std::string traceText(std::string_view packetText, std::span<const TracePath> pa
   out += fmt::format("outcome: {}{}{}\n", result, outcome.masqueraded ? ", masqueraded" : "",
                      outcome.mixed ? " (paths disagree)" : "");
   return out;
+}
+
+namespace {
+
+std::optional<std::uint8_t> protocolNumber(std::string_view name) {
+  if (name == "tcp") return 6;
+  if (name == "udp") return 17;
+  if (name == "sctp") return 132;
+  return std::nullopt;
+}
+
+std::string_view protocolText(std::uint8_t protocol) {
+  switch (protocol) {
+    case 6: return "tcp";
+    case 17: return "udp";
+    case 132: return "sctp";
+    default: return "unknown";
+  }
+}
+
+}  // namespace
+
+std::optional<Packet> Packet::make(std::string_view source, std::string_view destination, std::uint16_t port,
+                                   std::string_view protocol, bool fromNode) {
+  auto s = Prefix::parse(source);
+  auto d = Prefix::parse(destination);
+  auto proto = protocolNumber(protocol);
+  if (!s || !d || !proto || !s->isHost() || !d->isHost() || s->family != d->family) return std::nullopt;
+  return Packet{*s, *d, port, *proto, fromNode, {}};
+}
+
+std::string Packet::toString() const {
+  return fmt::format("{} -> {}/{} ({})", source.toString(), endpointText(destination.addressText(), destinationPort),
+                     protocolText(protocol), fromNode ? "from the node" : "arriving");
+}
+
+sdk::Expected<Packet> packetOf(const sdk::ExplainRequest& request) {
+  auto packet = Packet::make(request.sourceIP, request.destinationIP, request.destinationPort,
+                             sdk::protocolName(request.protocol), request.fromNode);
+  if (!packet) {
+    return sdk::fail("explain: cannot make a packet from " + request.sourceIP + " to " + request.destinationIP +
+                     " (addresses must be numeric and of one family)");
+  }
+  if (!request.fromNode) packet->inputInterface = request.inputInterface;
+  return *packet;
+}
+
+std::string Trace::toText() const { return traceText(packet.toString(), paths, warnings, outcome); }
+
+std::vector<Prefix> nodeLocalAddresses(const sdk::NodeInfo& node, std::span<const std::string> nodeIPs,
+                                       std::span<const std::string> nodePortAddresses) {
+  std::vector<Prefix> local;
+  auto add = [&](const std::string& ip) {
+    if (auto a = Prefix::parse(ip); a && a->isHost()) local.push_back(*a);
+  };
+  for (const auto& ip : node.addresses) add(ip);
+  if (local.empty())
+    for (const auto& ip : nodeIPs) add(ip);
+  for (const auto& ip : nodePortAddresses) add(ip);
+  return local;
+}
+
+Explanation explanationOf(const Packet& packet, sdk::Protocol protocol, std::span<const sdk::ServicePort> ports,
+                          net::Family family, const Trace& trace) {
+  Explanation x;
+  x.source = packet.source.toString();
+  x.destination = packet.destination.toString();
+  x.port = packet.destinationPort;
+  x.protocol = protocol;
+  x.fromNode = packet.fromNode;
+  x.inputInterface = packet.inputInterface;
+  x.packetText = packet.toString();
+  for (const auto& p : ports)
+    if (p.family == family) x.ports.push_back(&p);
+  x.paths = trace.paths;
+  x.outcome = trace.outcome;
+  x.warnings = trace.warnings;
+  x.traceText = trace.toText();
+  return x;
 }
 
 std::string unallocatedClusterIPReason(std::span<const sdk::ServiceCIDR> serviceCIDRs, net::Family family,

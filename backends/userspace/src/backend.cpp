@@ -337,13 +337,8 @@ sdk::Expected<backends::PassOutcome> UserspaceBackend::pass(const plan::Snapshot
 
 sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& snapshot,
                                                      const sdk::ExplainRequest& request) {
-  auto packet = nftables::Packet::make(request.sourceIP, request.destinationIP, request.destinationPort,
-                                       sdk::protocolName(request.protocol), request.fromNode);
-  if (!packet) {
-    return sdk::fail("explain: cannot make a packet from " + request.sourceIP + " to " + request.destinationIP +
-                     " (addresses must be numeric and of one family)");
-  }
-  if (!request.fromNode) packet->inputInterface = request.inputInterface;
+  auto packet = plan::packetOf(request);
+  if (!packet) return std::unexpected(packet.error());
   const net::Family family = packet->destination.family;
   const net::Family sdkFamily = family == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6;
   const sdk::NodeInfo node = snapshot.node();
@@ -381,12 +376,10 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
   global.sets = table.sets;
   global.chains = std::move(table.chains);
   global.elements = std::move(table.elements);
-  std::vector<net::Prefix> fallback;  // --node-ips, where the node lists no addresses
-  for (const auto& ip : settings_.common.nodeIPs)
-    if (auto a = net::Prefix::parse(ip); a && a->isHost()) fallback.push_back(*a);
-  const std::vector<net::Prefix> local = nftables::tracerLocalAddresses(node, fallback);
+  const std::vector<net::Prefix> local =
+      plan::nodeLocalAddresses(node, settings_.common.nodeIPs, node.nodePortAddresses.addresses);
   const nftables::NftablesTracer tracer(global, {}, local);
-  nftables::Trace trace = tracer.trace(*packet);
+  plan::Trace trace = tracer.trace(*packet);
 
   // The proxy's part: a connection redirected to a listener is relayed to one of its pool's
   // endpoints (round robin, or the client's endpoint under ClientIP affinity), from the node.
@@ -417,7 +410,7 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
   std::vector<std::string> localText;
   for (const auto& a : local) localText.push_back(a.toString());
   x.destinationLocal = plan::nodePortAnswersOn(nodePorts, localText, x.destination, /*loopback=*/true);
-  if (trace.outcome.verdict == plan::TraceVerdict::kDropped && trace.outcome.chain == nftables::names::kClusterIPsCheckChain)
+  if (trace.outcome.verdict == plan::TraceVerdict::kDropped && trace.outcome.reason == plan::DropReason::kUnallocatedClusterIP)
     x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);
   if (packet->protocol == 132)
     x.reason = "the userspace proxy does not carry SCTP service ports";

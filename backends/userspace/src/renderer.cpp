@@ -85,7 +85,8 @@ RenderedTable renderUserspaceTable(net::Family family, const std::vector<Redirec
   }
   Chain clusterIPsCheck{names::kClusterIPsCheckChain, std::nullopt, {}};
   for (const auto& cidr : serviceCIDRs)
-    if (cidr.family == family) clusterIPsCheck.rules.push_back(Rule{{MatchAddress{false, false, cidr}, Verdict{VerdictKind::kDrop, {}}}});
+    if (cidr.family == family) clusterIPsCheck.rules.push_back(Rule{{MatchAddress{false, false, cidr}, Verdict{VerdictKind::kDrop, {}}},
+                                            plan::DropReason::kUnallocatedClusterIP});
   Chain reject{std::string(kRejectChain), std::nullopt,
                {Rule{{MatchL4Proto{6}, Reject{true}}}, Rule{{Reject{false}}}}};
   t.chains.push_back(std::move(prerouting));
@@ -130,7 +131,7 @@ RenderedTable renderUserspaceTable(net::Family family, const std::vector<Redirec
             Chain fw{name, std::nullopt, {}};
             for (const auto& source : e.allowedSources)
               if (source.family == family) fw.rules.push_back(Rule{{MatchAddress{true, false, source}, verdict}});
-            fw.rules.push_back(Rule{{Verdict{VerdictKind::kDrop, {}}}});
+            fw.rules.push_back(Rule{{Verdict{VerdictKind::kDrop, {}}}, plan::DropReason::kSourceRange});
             t.chains.push_back(std::move(fw));
           }
           verdict = Verdict{VerdictKind::kGoto, name};

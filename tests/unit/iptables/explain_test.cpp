@@ -3,6 +3,7 @@
 // reason, the verdict, the JSON form.
 
 #include "kproxy/iptables/explain.h"
+#include "kproxy/iptables/tracer.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -155,4 +156,29 @@ TEST_CASE("iptables explain: an unallocated ClusterIP is dropped, naming its Ser
   json = explainPacket(config(), ports, node(), request("10.0.0.2", "172.32.0.9", 80, true), cidrs);
   REQUIRE(json);
   CHECK(nlohmann::json::parse(*json)["verdict"] == "accept");
+}
+
+TEST_CASE("iptables explain: the renderer's drop and reject tags reach the trace's outcome", "[unit]") {
+  std::vector<sdk::ServicePort> ports{clusterIP("default", "web", "172.30.0.41", 80, {endpoint("10.180.0.1", 80)}),
+                                      clusterIP("default", "empty", "172.30.0.42", 80, {})};
+  IptablesRenderer renderer(config());
+  renderer.setNode(node());
+  renderer.setServiceCIDRs({{"kubernetes", "172.30.0.0/16"}});
+  const TaggedRuleset rules = renderTaggedRuleset(renderer, net::Family::kIPv4, ports, node());
+  // The tags never reach the kernel: the rules are those renderRuleset writes.
+  CHECK(rules.text == renderRuleset(renderer, net::Family::kIPv4, ports, node()));
+  auto tracer = IptablesTracer::fromText(rules.text, {*net::Prefix::parse("192.168.1.10")});
+  REQUIRE(tracer);
+  auto outcome = [&](const char* dst) {
+    return tracer->trace(*plan::Packet::make("10.0.0.2", dst, 80, "tcp")).outcome;
+  };
+  // Untagged, a drop says only where it happened.
+  CHECK(outcome("172.30.0.50").verdict == plan::TraceVerdict::kDropped);
+  CHECK(outcome("172.30.0.50").reason == plan::DropReason::kNone);
+
+  tracer->tagRules(rules.tags);
+  CHECK(outcome("172.30.0.50").reason == plan::DropReason::kUnallocatedClusterIP);
+  CHECK(outcome("172.30.0.42").verdict == plan::TraceVerdict::kRejected);
+  CHECK(outcome("172.30.0.42").reason == plan::DropReason::kNoEndpoints);
+  CHECK(outcome("172.30.0.41").reason == plan::DropReason::kNone);
 }

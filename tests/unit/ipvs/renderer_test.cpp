@@ -786,6 +786,11 @@ TEST_CASE("ipvs renderer: unallocated ClusterIPs of the ServiceCIDRs are dropped
       " -d 10.96.0.0/16 -m comment --comment \"unallocated ClusterIPs of ServiceCIDR kubernetes,extra\" "
       "-m addrtype ! --dst-type LOCAL -j DROP";
   CHECK(drops(r, net::Family::kIPv4) == Strings{"KUBE-PROXY-FIREWALL" + v4, "KUBE-IPVS-OUT-FILTER" + v4});
+  // Each is tagged for the tracer, by its identity in the ruleset.
+  Strings tagged;
+  for (const auto& tag : r.renderGlobal(net::Family::kIPv4).tags)
+    if (tag.reason == plan::DropReason::kUnallocatedClusterIP) tagged.push_back(tag.chain + " " + tag.spec);
+  CHECK(tagged == drops(r, net::Family::kIPv4));
   const auto v6 = drops(r, net::Family::kIPv6);
   REQUIRE(v6.size() == 2);
   CHECK(v6[0].find("-d fd00:10:96::/112 ") != std::string::npos);

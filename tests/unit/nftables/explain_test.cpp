@@ -2,6 +2,7 @@
 // the JSON form, on service ports built by hand (no kernel).
 
 #include "kproxy/nftables/explain.h"
+#include "kproxy/nftables/tracer.h"
 
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
@@ -139,4 +140,27 @@ TEST_CASE("explain: an unallocated ClusterIP is dropped, naming its ServiceCIDR"
   json = explainPacket(config(), ports, node(), request("10.0.0.2", "172.32.0.9", 80, true), cidrs);
   REQUIRE(json);
   CHECK(nlohmann::json::parse(*json)["verdict"] == "accept");
+}
+
+TEST_CASE("explain: the renderer's drop and reject tags reach the trace's outcome", "[unit]") {
+  std::vector<sdk::ServicePort> ports{clusterIP("default", "web", "172.30.0.41", 80, {endpoint("10.180.0.1", 80)}),
+                                      clusterIP("default", "empty", "172.30.0.42", 80, {})};
+  NftablesRenderer renderer(config());
+  renderer.setServiceCIDRs({{"kubernetes", "172.30.0.0/16"}});
+  const NftablesTracer tracer = NftablesTracer::fromServicePorts(renderer, net::Family::kIPv4, ports, node());
+  auto outcome = [&](const char* dst, std::uint16_t port) {
+    return tracer.trace(*plan::Packet::make("10.0.0.2", dst, port, "tcp")).outcome;
+  };
+  CHECK(outcome("172.30.0.50", 80).verdict == plan::TraceVerdict::kDropped);
+  CHECK(outcome("172.30.0.50", 80).reason == plan::DropReason::kUnallocatedClusterIP);
+  CHECK(outcome("172.30.0.42", 80).verdict == plan::TraceVerdict::kRejected);
+  CHECK(outcome("172.30.0.42", 80).reason == plan::DropReason::kNoEndpoints);
+  CHECK(outcome("172.30.0.41", 81).verdict == plan::TraceVerdict::kRejected);
+  CHECK(outcome("172.30.0.41", 81).reason == plan::DropReason::kClusterIPPort);
+  CHECK(outcome("172.30.0.41", 80).reason == plan::DropReason::kNone);
+
+  // The tag is the renderer's note, no part of the rule: a rule read back without it is equal.
+  Rule tagged{{Verdict{VerdictKind::kDrop, {}}}, plan::DropReason::kSourceRange};
+  CHECK(tagged == Rule{{Verdict{VerdictKind::kDrop, {}}}});
+  CHECK(ruleHash(net::Family::kIPv4, "c", tagged) == ruleHash(net::Family::kIPv4, "c", Rule{tagged.statements}));
 }

@@ -30,6 +30,7 @@
 
 #include "kproxy/plan/options.h"
 #include "kproxy/plan/service_plan.h"
+#include "kproxy/plan/trace.h"
 #include "kproxy/plugin/sdk.h"
 
 namespace kproxy::iptables {
@@ -99,6 +100,17 @@ struct JumpRule {
   bool operator==(const JumpRule&) const = default;
 };
 
+/// A rule the renderer tagged with why it drops or rejects, named by its identity in the
+/// ruleset: table, chain and the rule as iptables-save prints it. Tags never reach the kernel;
+/// the tracer reports them (IptablesTracer::tagRules), and explain reads them, never the rule.
+struct RuleTag {
+  Table table = Table::kFilter;
+  std::string chain;
+  std::string spec;
+  plan::DropReason reason = plan::DropReason::kNone;
+  bool operator==(const RuleTag&) const = default;
+};
+
 /// What one service port of one family owns.
 struct Fragment {
   net::Family family = net::Family::kIPv4;
@@ -109,6 +121,7 @@ struct Fragment {
   std::size_t endpointChains = 0;
   /// The xt_recent lists its rules name (session affinity: one per endpoint of each pool).
   std::size_t recentLists = 0;
+  std::vector<RuleTag> tags;  ///< its rules that drop or reject, and why
 };
 
 /// The fixed objects of one family.
@@ -122,6 +135,7 @@ struct GlobalObjects {
   /// Their fixed rules (sections kTail).
   std::vector<DispatchRule> dispatch;
   std::vector<JumpRule> jumps;
+  std::vector<RuleTag> tags;  ///< its rules that drop or reject, and why
 };
 
 /// The dispatch chains every family has: filter KUBE-SERVICES, KUBE-EXTERNAL-SERVICES,
@@ -184,5 +198,13 @@ class IptablesRenderer {
 /// it (the tracer and `kproxy explain` work on it).
 std::string renderRuleset(const IptablesRenderer& renderer, net::Family family,
                           std::span<const sdk::ServicePort> ports, const sdk::NodeInfo& node);
+
+/// renderRuleset's text, and the tags of its rules that drop or reject (for the tracer).
+struct TaggedRuleset {
+  std::string text;
+  std::vector<RuleTag> tags;
+};
+TaggedRuleset renderTaggedRuleset(const IptablesRenderer& renderer, net::Family family,
+                                  std::span<const sdk::ServicePort> ports, const sdk::NodeInfo& node);
 
 }  // namespace kproxy::iptables

@@ -36,6 +36,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,44 +44,18 @@
 #include "kproxy/net/ip.h"
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/core/error.h"
+#include "kproxy/iptables/renderer.h"
 #include "kproxy/plan/trace.h"
 
 namespace kproxy::iptables {
 
+// The packet, the trace and its result types are the plan's explain kit (plan/trace.h).
+using plan::Packet;
+using plan::Trace;
 using plan::TraceOutcome;
 using plan::TracePath;
 using plan::TraceStep;
 using plan::TraceVerdict;
-
-/// The first packet of a new connection.
-struct Packet {
-  net::Prefix source;
-  net::Prefix destination;
-  std::uint16_t destinationPort = 0;
-  std::uint8_t protocol = 6;  ///< IP protocol number: 6 tcp, 17 udp, 132 sctp
-  /// true: sent by a process on the node (OUTPUT path); false: arriving on an interface.
-  bool fromNode = false;
-  /// The interface an arriving packet came in on (`-i`); empty when sent by the node.
-  std::string inputInterface;
-
-  /// A packet from "a.b.c.d" to "e.f.g.h":port over "tcp" | "udp" | "sctp"; nullopt when an
-  /// address or the protocol does not parse, or the two addresses are of different families.
-  static std::optional<Packet> make(std::string_view source, std::string_view destination, std::uint16_t port,
-                                    std::string_view protocol = "tcp", bool fromNode = false);
-  std::string toString() const;  ///< "10.0.0.2 -> 172.30.0.41:80/tcp (arriving)"
-};
-
-struct Trace {
-  Packet packet;
-  /// Every path (at least one). Their steps are equal up to their first choice.
-  std::vector<TracePath> paths;
-  TraceOutcome outcome;  ///< the paths merged
-  /// What the tracer could not evaluate exactly (unknown match, target or chain, too many paths).
-  std::vector<std::string> warnings;
-
-  /// Multi-line, human-readable: the packet, each path's steps, the outcome.
-  std::string toText() const;
-};
 
 /// An ipset as IPVS mode's rules match it.
 struct TracedIpset {
@@ -118,6 +93,10 @@ class IptablesTracer {
   ~IptablesTracer();
 
   const std::vector<net::Prefix>& localAddresses() const { return localAddresses_; }
+
+  /// The renderer's tags of the rules that drop or reject: a trace that ends at a tagged rule
+  /// carries its reason (TraceOutcome::reason). A tag naming no rule of the ruleset is ignored.
+  void tagRules(std::span<const RuleTag> tags);
 
   /// IPVS mode: the sets the rules match (by name) and the virtual servers that schedule.
   void setIpvs(std::vector<std::pair<std::string, TracedIpset>> sets, std::vector<TracedVirtualServer> servers);

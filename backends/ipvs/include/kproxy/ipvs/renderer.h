@@ -197,6 +197,7 @@ struct Fragment {
   std::vector<IpsetEntry> ipsetEntries;
   std::vector<PortRule> rules;
   std::vector<std::string> problems;  ///< what could not be rendered as the plan asks (logged)
+  std::vector<iptables::RuleTag> tags;  ///< its rules that drop, and why (for the tracer)
 };
 
 /// The fixed objects of one family.
@@ -205,6 +206,7 @@ struct GlobalObjects {
   std::vector<GlobalChain> chains;  ///< every chain kproxy owns in IPVS mode
   std::vector<JumpRule> jumps;
   std::vector<IpsetDefinition> sets;
+  std::vector<iptables::RuleTag> tags;  ///< its rules that drop, and why (for the tracer)
 };
 
 /// Whether `chain` of `table` is kproxy's in IPVS mode (upstream's iptablesChains; kubelet's

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kproxy/net/ip.h"
+#include "kproxy/plan/trace.h"
 
 namespace kproxy::nftables {
 
@@ -188,11 +189,15 @@ using Statement =
 
 struct Rule {
   std::vector<Statement> statements;
+  /// Why the rule drops or rejects (its own verdict, or the verdict a map it looks up gives),
+  /// as the renderer tags it for the tracer. Never sent to the kernel, so a rule read back has
+  /// none, and it is no part of the rule's identity: equality compares the statements only.
+  plan::DropReason reason = plan::DropReason::kNone;
   /// nft syntax of the statements in `family`, e.g. "ct state new jump services".
   std::string toText(net::Family family) const;
   /// Chains this rule jumps or goes to.
   std::vector<std::string> targets() const;
-  bool operator==(const Rule&) const = default;
+  bool operator==(const Rule& other) const { return statements == other.statements; }
 };
 
 /// The canonical identity of a rule in a chain: stored in the rule's userdata in the kernel

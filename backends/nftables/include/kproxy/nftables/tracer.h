@@ -35,50 +35,17 @@
 
 namespace kproxy::nftables {
 
-// The trace result types are the service plan's (plan/trace.h): every backend answers alike.
+// The packet, the trace and its result types are the plan's explain kit (plan/trace.h): every
+// backend answers alike.
 using plan::jsonString;
 using plan::mergePaths;
+using plan::Packet;
+using plan::Trace;
 using plan::TraceOutcome;
 using plan::TracePath;
 using plan::TraceStep;
 using plan::TraceVerdict;
 using plan::verdictName;
-
-/// The first packet of a new connection.
-struct Packet {
-  net::Prefix source;
-  net::Prefix destination;
-  std::uint16_t destinationPort = 0;
-  std::uint8_t protocol = 6;  ///< IP protocol number: 6 tcp, 17 udp, 132 sctp
-  /// true: sent by a process on the node (output path); false: arriving on an interface
-  /// (prerouting path).
-  bool fromNode = false;
-  /// The interface an arriving packet came in on (`iifname`); empty when sent by the node.
-  std::string inputInterface;
-
-  /// A packet from "a.b.c.d" to "e.f.g.h":port over "tcp" | "udp" | "sctp"; nullopt when an
-  /// address or the protocol does not parse, or the two addresses are of different families.
-  static std::optional<Packet> make(std::string_view source, std::string_view destination,
-                                    std::uint16_t port, std::string_view protocol = "tcp",
-                                    bool fromNode = false);
-  std::string toString() const;  ///< "10.0.0.2 -> 172.30.0.41:80/tcp (arriving)"
-};
-
-struct Trace {
-  Packet packet;
-  /// Every path (at least one). Their steps are equal up to their first choice.
-  std::vector<TracePath> paths;
-  TraceOutcome outcome;  ///< the paths merged
-  /// What the tracer could not evaluate exactly (unknown chain, missing map, too many paths).
-  std::vector<std::string> warnings;
-
-  /// Multi-line, human-readable: the packet, each path's steps, the outcome.
-  std::string toText() const;
-};
-
-/// The addresses a tracer takes for the node's own: the node's host addresses (else
-/// `fallback`), and the interface addresses its NodePorts answer on.
-std::vector<net::Prefix> tracerLocalAddresses(const sdk::NodeInfo& node, std::span<const net::Prefix> fallback);
 
 /// Interprets the rendered objects of one family.
 class NftablesTracer {
@@ -89,7 +56,8 @@ class NftablesTracer {
                  std::vector<net::Prefix> localAddresses);
 
   /// Renders `ports` of `family` (others are skipped) and the global objects for `node` with
-  /// `renderer`, and traces over the result. The node's addresses are its local addresses.
+  /// `renderer`, and traces over the result. The node's local addresses are
+  /// plan::nodeLocalAddresses with the renderer's node IPs.
   static NftablesTracer fromServicePorts(NftablesRenderer& renderer, net::Family family,
                                          std::span<const sdk::ServicePort> ports,
                                          const sdk::NodeInfo& node);
