@@ -411,10 +411,12 @@ void Proxier::endpointSliceDeleted(const std::string& ns, const std::string& nam
 
 void Proxier::nodeUpserted(Node node) {
   std::lock_guard lock(impl_->mutex);
-  if (node.deleting && !impl_->nodeDeleting) {
-    log::info(0, "Node is being deleted", {{"node", node.name}});
+  const bool deleting = node.beingDeleted();
+  if (deleting && !impl_->nodeDeleting) {
+    log::info(0, "Node is being deleted",
+              {{"node", node.name}, {"reason", node.deleting ? "deletionTimestamp"
+                                                              : kTaintToBeDeletedByClusterAutoscaler}});
   }
-  const bool deleting = node.deleting;
   if (impl_->tracker.upsertNode(std::move(node))) {
     impl_->nodeDeleting = deleting;
     impl_->changed();
