@@ -56,7 +56,7 @@ struct Proxier::Impl {
   // Changed since `applied`, sorted, each once. Only syncIfDue touches it (one at a time), so
   // the backend reads it in place while the lock is released.
   std::vector<ServicePortKey> unsyncedKeys;
-  std::vector<double> unsyncedTriggerTimes;  // of endpoint changes not yet in the kernel
+  std::vector<TriggerTime> unsyncedTriggerTimes;  // of endpoint changes not yet in the kernel
   bool needFull = true;
   Clock::time_point lastFullSync;
 

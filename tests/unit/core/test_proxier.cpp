@@ -436,7 +436,7 @@ TEST_CASE("trigger times are reported once, by the sync that programmed them", "
   REQUIRE(proxier.syncOnceIfDue());
   REQUIRE(observed.size() == 3);
   CHECK(observed[2].ok);
-  CHECK(observed[2].triggerTimes == std::vector<double>{500.0});
+  CHECK(observed[2].triggerTimes == std::vector<TriggerTime>{{500.0, net::Family::kIPv4}});
   clock.advance(31s);
   REQUIRE(proxier.syncOnceIfDue());
   CHECK(observed.back().triggerTimes.empty());
