@@ -48,7 +48,6 @@ cp_kproxy_kubeconfig "$WORK/kubeconfig" || exit 1
 check "Node node-a created" cp_api POST /api/v1/nodes \
   '{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-a"},"spec":{"taints":[{"key":"example.com/other","effect":"NoSchedule"}]}}'
 
-STARTED=$(date +%s)
 KPROXY_RECORD_FILE="$WORK/record" \
   "$KPROXY" --proxy-mode=recorder --plugin-dir "$PLUGINS" --kubeconfig "$WORK/kubeconfig" \
   --hostname-override node-a --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
@@ -67,8 +66,10 @@ at_least() { local v; v=$(value "$1"); [[ -n "$v" ]] && awk -v v="$v" -v n="$2" 
 DETAIL="$(tail -5 "$WORK/kproxy.log")"
 check "/healthz is 200 with an unrelated taint" wait_for "$CEILING" healthz_is 200
 
-# An EndpointSlice change triggered after kproxy started (the annotation has whole seconds, so
-# wait for the next one): its latency is observed, as upstream observes those after its start.
+# An EndpointSlice change triggered after kproxy started: its latency is observed, as upstream
+# observes those after its start. kproxy started before /healthz answered; the annotation has
+# whole seconds, so the trigger time is taken in the second after the one of that answer.
+STARTED=$(date +%s)
 later() { (($(date +%s) > STARTED)); }
 wait_for "$CEILING" later
 now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
