@@ -480,6 +480,9 @@ int main(int argc, char** argv) {
 
   auto apiConfig = apiClientConfig(config);
   if (!apiConfig) return fail(apiConfig.error().message());
+  // client-go's rest_client_* metrics of the API source's and the Event recorder's requests.
+  auto restClientMetrics = std::make_shared<kproxy::cli::RestClientMetrics>();
+  if (*apiConfig) (*apiConfig)->requestMetrics = restClientMetrics;
 
   // upstream's ProxyServer.Run: the OOM score first (not for a dry run, which changes nothing);
   // a failure is logged and not fatal.
@@ -569,8 +572,12 @@ int main(int argc, char** argv) {
     opsOptions.bindAddressHardFail = config.bindAddressHardFail;
     opsOptions.healthTimeout = 2 * config.effectiveSyncPeriod();
     opsOptions.configzJson = kproxy::cli::toConfigzJson(config);
-    opsOptions.extraMetrics = [&source, &registry] {
-      return sourceMetrics(source) + kproxy::cli::renderPluginMetrics(registry.metrics().collect());
+    // The families this node runs (upstream runs a proxier for each): the ip_family labels.
+    opsOptions.families = tracker.ipv6 ? std::vector<std::string>{"IPv4", "IPv6"} : std::vector<std::string>{"IPv4"};
+    opsOptions.build = kproxy::cli::BuildInfo{kproxy::cli::kKubernetesVersion, kproxy::cli::kKproxyCommit};
+    opsOptions.extraMetrics = [&source, &registry, restClientMetrics] {
+      return restClientMetrics->render() + sourceMetrics(source) +
+             kproxy::cli::renderPluginMetrics(registry.metrics().collect());
     };
     // /debug/services: the shared plan's view of every service port (the same in every mode)
     // and the sync ledger. The node-wide plan settings are the options every backend gets.

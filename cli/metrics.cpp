@@ -36,6 +36,10 @@ Histogram Histogram::exponential(double start, double factor, int n) {
 
 Histogram syncDurationHistogram() { return Histogram::exponential(0.001, 2, 15); }
 
+Histogram restClientLatencyHistogram() {
+  return Histogram({0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0});
+}
+
 Histogram networkProgrammingHistogram() {
   std::vector<double> b{0};
   for (int i = 0; i < 2; ++i) b.push_back(0.25 + 0.25 * i);  // 0.25s, 0.5s
@@ -92,10 +96,10 @@ ProcessStats readProcessStats() {
   return s;
 }
 
-NoLocalEndpoints countNoLocalEndpoints(const core::Snapshot& snapshot) {
+NoLocalEndpoints countNoLocalEndpoints(const core::Snapshot& snapshot, net::Family family) {
   NoLocalEndpoints n;
-  snapshot.forEach([&n](const core::ServicePortState& sp) {
-    if (!sp.localEndpoints.empty()) return true;
+  snapshot.forEach([&n, family](const core::ServicePortState& sp) {
+    if (sp.key.family != family || !sp.localEndpoints.empty()) return true;
     if (sp.internalPolicy == core::TrafficPolicy::kLocal) ++n.internal;
     if (sp.externallyAccessible() && sp.externalPolicy == core::TrafficPolicy::kLocal) ++n.external;
     return true;
@@ -153,15 +157,69 @@ void PrometheusText::sample(const std::string& name, const Labels& labels, doubl
 
 void PrometheusText::histogram(const std::string& name, const std::string& help,
                                const Histogram& h) {
+  histograms(name, help, {{Labels{}, &h}});
+}
+
+void PrometheusText::histograms(const std::string& name, const std::string& help,
+                                const std::vector<std::pair<Labels, const Histogram*>>& series) {
   family(name, help, "histogram");
-  std::uint64_t cumulative = 0;
-  for (std::size_t i = 0; i < h.bounds.size(); ++i) {
-    cumulative += h.counts[i];
-    sample(name + "_bucket", {{"le", formatValue(h.bounds[i])}}, static_cast<double>(cumulative));
+  for (const auto& [labels, h] : series) {
+    auto with = [&labels](std::string le) {
+      Labels l = labels;
+      l.emplace_back("le", std::move(le));
+      return l;
+    };
+    std::uint64_t cumulative = 0;
+    for (std::size_t i = 0; i < h->bounds.size(); ++i) {
+      cumulative += h->counts[i];
+      sample(name + "_bucket", with(formatValue(h->bounds[i])), static_cast<double>(cumulative));
+    }
+    sample(name + "_bucket", with("+Inf"), static_cast<double>(h->count));
+    sample(name + "_sum", labels, h->sum);
+    sample(name + "_count", labels, static_cast<double>(h->count));
   }
-  sample(name + "_bucket", {{"le", "+Inf"}}, static_cast<double>(h.count));
-  sample(name + "_sum", {}, h.sum);
-  sample(name + "_count", {}, static_cast<double>(h.count));
+}
+
+// --- RestClientMetrics -----------------------------------------------------------------------
+
+void RestClientMetrics::requestDone(std::string_view method, std::string_view host, std::string_view code) {
+  std::lock_guard lock(mutex_);
+  ++requests_[{std::string(code), std::string(method), std::string(host)}];
+}
+
+void RestClientMetrics::requestLatency(std::string_view verb, std::string_view host, double seconds) {
+  std::lock_guard lock(mutex_);
+  latency_.try_emplace({std::string(verb), std::string(host)}, restClientLatencyHistogram())
+      .first->second.observe(seconds);
+}
+
+void RestClientMetrics::rateLimiterWait(std::string_view verb, std::string_view host, double seconds) {
+  std::lock_guard lock(mutex_);
+  rateLimiter_.try_emplace({std::string(verb), std::string(host)}, restClientLatencyHistogram())
+      .first->second.observe(seconds);
+}
+
+std::string RestClientMetrics::render() const {
+  PrometheusText t;
+  std::lock_guard lock(mutex_);
+  auto byVerbAndHost = [](const std::map<std::pair<std::string, std::string>, Histogram>& m) {
+    std::vector<std::pair<PrometheusText::Labels, const Histogram*>> series;
+    for (const auto& [key, h] : m) series.push_back({{{"host", key.second}, {"verb", key.first}}, &h});
+    return series;
+  };
+  t.histograms("rest_client_rate_limiter_duration_seconds",
+               "[ALPHA] Client side rate limiter latency in seconds. Broken down by verb, and host.",
+               byVerbAndHost(rateLimiter_));
+  t.histograms("rest_client_request_duration_seconds",
+               "[ALPHA] Request latency in seconds. Broken down by verb, and host.", byVerbAndHost(latency_));
+  t.alphaFamily("rest_client_requests_total",
+                "Number of HTTP requests, partitioned by status code, method, and host.", "counter");
+  for (const auto& [key, n] : requests_) {
+    const auto& [code, method, host] = key;
+    t.sample("rest_client_requests_total", {{"code", code}, {"host", host}, {"method", method}},
+             static_cast<double>(n));
+  }
+  return t.str();
 }
 
 // --- ProxyMetrics ----------------------------------------------------------------------------
@@ -169,7 +227,7 @@ void PrometheusText::histogram(const std::string& name, const std::string& help,
 std::vector<std::string> hostMetricPrefixes() {
   return {"kubeproxy_",     "process_",         "go_",
           "kproxy_sync_",   "kproxy_source_",   "kproxy_apiwatch_",
-          "kproxy_manifest_"};
+          "kproxy_manifest_", "rest_client_",   "kubernetes_"};
 }
 
 const char* failureCategoryLabel(core::ErrorCategory category) {
@@ -195,8 +253,11 @@ std::string renderPluginMetrics(const std::vector<plugins::MetricFamily>& famili
   return t.str();
 }
 
-ProxyMetrics::ProxyMetrics(std::string mode, double startWall)
-    : mode_(std::move(mode)), startWall_(startWall) {}
+ProxyMetrics::ProxyMetrics(std::string mode, double startWall, std::vector<std::string> families,
+                           BuildInfo build)
+    : mode_(std::move(mode)), startWall_(startWall), families_(std::move(families)), build_(std::move(build)) {
+  for (const auto& f : families_) perFamily_[f];
+}
 
 std::string ProxyMetrics::failureCounterName(const std::string& mode) {
   if (mode == "nftables") return "kubeproxy_sync_proxy_rules_nftables_sync_failures_total";
@@ -210,23 +271,33 @@ std::string ProxyMetrics::failureCounterName(const std::string& mode) {
 void ProxyMetrics::observeSync(const core::SyncObservation& o) {
   const double seconds = std::chrono::duration<double>(o.duration).count();
   std::lock_guard lock(mutex_);
-  // Upstream observes every attempt, failed ones included.
-  syncAll_.observe(seconds);
-  (o.kind == core::SyncKind::kFull ? syncFull_ : syncPartial_).observe(seconds);
+  // One sync programs every family: each family's series sees it, as each of upstream's
+  // per-family proxiers would see its own. Upstream observes every attempt, failed ones too.
+  for (auto& [family, f] : perFamily_) {
+    f.syncAll.observe(seconds);
+    (o.kind == core::SyncKind::kFull ? f.syncFull : f.syncPartial).observe(seconds);
+    if (!o.ok) {
+      ++f.failures;
+      // Upstream's iptables proxier counts a failed partial restore (it falls back to a full one).
+      if (o.kind == core::SyncKind::kPartial) ++f.partialFailures;
+    }
+  }
   if (o.verification) {
     ++verifications_;
     if (o.ok) verifyMismatches_ += o.operations;
   }
   if (!o.ok) {
-    ++failures_;
     ++failuresByCategory_[failureCategoryLabel(o.error ? o.error->category
                                                         : core::ErrorCategory::kInternal)];
   }
   // Network programming latency: from the change's trigger time (set by the endpoint slice
-  // controller) to the end of the sync that put it in the kernel. Clock skew can make it
-  // negative; upstream drops those too.
-  for (double trigger : o.triggerTimes) {
-    if (o.wallTimestamp >= trigger) networkProgramming_.observe(o.wallTimestamp - trigger);
+  // controller) to the end of the sync that put it in the kernel, under the slice's family.
+  // Changes triggered before kproxy started are not observed (upstream's tracker start time),
+  // nor those clock skew puts in the future.
+  for (const core::TriggerTime& trigger : o.triggerTimes) {
+    if (trigger.wall < startWall_ || trigger.wall > o.wallTimestamp) continue;
+    auto it = perFamily_.find(std::string(net::toString(trigger.family)));
+    if (it != perFamily_.end()) it->second.networkProgramming.observe(o.wallTimestamp - trigger.wall);
   }
 }
 
@@ -242,43 +313,110 @@ void ProxyMetrics::countLivez(int code) {
 
 std::string ProxyMetrics::render(const core::ProxierStatus& status,
                                  const ProcessStats& process) const {
-  const NoLocalEndpoints noLocal =
-      status.applied ? countNoLocalEndpoints(*status.applied) : NoLocalEndpoints{};
   PrometheusText t;
   std::lock_guard lock(mutex_);
+  using Labels = PrometheusText::Labels;
+  auto eachFamily = [this](auto member) {
+    std::vector<std::pair<Labels, const Histogram*>> series;
+    for (const auto& [family, f] : perFamily_) series.push_back({{{"ip_family", family}}, &(f.*member)});
+    return series;
+  };
+  auto familyCounter = [&](const std::string& name, const std::string& help, auto member) {
+    t.alphaFamily(name, help, "counter");
+    for (const auto& [family, f] : perFamily_)
+      t.sample(name, {{"ip_family", family}}, static_cast<double>(f.*member));
+  };
+  auto familyGauge = [&](const std::string& name, const std::string& help, double value) {
+    t.alphaFamily(name, help, "gauge");
+    for (const auto& family : families_) t.sample(name, {{"ip_family", family}}, value);
+  };
+  const bool iptablesMode = mode_ == "iptables";
+  const bool nftablesMode = mode_ == "nftables";
+  const bool upstreamMode = iptablesMode || nftablesMode || mode_ == "ipvs";
 
-  t.histogram("kubeproxy_network_programming_duration_seconds",
-              "In Cluster Network Programming Latency in seconds", networkProgramming_);
-  t.family("kubeproxy_proxy_healthz_total", "Cumulative proxy healthz HTTP status", "counter");
+  // kubernetes_build_info: one constant series (component-base registers it in every binary).
+  {
+    const std::string& v = build_.kubernetesVersion;
+    std::string major, minor;
+    if (auto dot = v.find('.'); dot != std::string::npos) {
+      major = v.substr(v.front() == 'v' ? 1 : 0, dot - (v.front() == 'v' ? 1 : 0));
+      const auto next = v.find('.', dot + 1);
+      minor = v.substr(dot + 1, next == std::string::npos ? std::string::npos : next - dot - 1);
+    }
+    const bool dirty = build_.commit.ends_with("-dirty");
+    const std::string commit = dirty ? build_.commit.substr(0, build_.commit.size() - 6) : build_.commit;
+    t.alphaFamily("kubernetes_build_info",
+                  "A metric with a constant '1' value labeled by major, minor, git version, git commit, git tree "
+                  "state, build date, Go version, and compiler from which Kubernetes was built, and platform on "
+                  "which it is running.",
+                  "gauge");
+#if defined(__x86_64__)
+    const char* arch = "amd64";
+#elif defined(__aarch64__)
+    const char* arch = "arm64";
+#else
+    const char* arch = "unknown";
+#endif
+    t.sample("kubernetes_build_info",
+             {{"build_date", "1970-01-01T00:00:00Z"},
+              {"compiler", "gcc"},
+              {"git_commit", commit},
+              {"git_tree_state", dirty ? "dirty" : "clean"},
+              {"git_version", v},
+              {"go_version", ""},
+              {"major", major},
+              {"minor", minor},
+              {"platform", std::string("linux/") + arch}},
+             1);
+  }
+
+  t.histograms("kubeproxy_network_programming_duration_seconds",
+               "[ALPHA] In Cluster Network Programming Latency in seconds",
+               eachFamily(&FamilyState::networkProgramming));
+  t.alphaFamily("kubeproxy_proxy_healthz_total", "Cumulative proxy healthz HTTP status", "counter");
   for (const auto& [code, n] : healthz_)
     t.sample("kubeproxy_proxy_healthz_total", {{"code", std::to_string(code)}}, static_cast<double>(n));
-  t.family("kubeproxy_proxy_livez_total", "Cumulative proxy livez HTTP status", "counter");
+  t.alphaFamily("kubeproxy_proxy_livez_total", "Cumulative proxy livez HTTP status", "counter");
   for (const auto& [code, n] : livez_)
     t.sample("kubeproxy_proxy_livez_total", {{"code", std::to_string(code)}}, static_cast<double>(n));
-  t.histogram("kubeproxy_sync_full_proxy_rules_duration_seconds",
-              "SyncProxyRules latency in seconds for full resyncs", syncFull_);
-  t.histogram("kubeproxy_sync_partial_proxy_rules_duration_seconds",
-              "SyncProxyRules latency in seconds for partial resyncs", syncPartial_);
-  t.histogram("kubeproxy_sync_proxy_rules_duration_seconds", "SyncProxyRules latency in seconds",
-              syncAll_);
+  // Upstream registers the full and partial histograms in iptables and nftables mode; kproxy
+  // serves them in every mode (each of its backends has both passes).
+  t.histograms("kubeproxy_sync_full_proxy_rules_duration_seconds",
+               "[ALPHA] SyncProxyRules latency in seconds for full resyncs", eachFamily(&FamilyState::syncFull));
+  t.histograms("kubeproxy_sync_partial_proxy_rules_duration_seconds",
+               "[ALPHA] SyncProxyRules latency in seconds for partial resyncs",
+               eachFamily(&FamilyState::syncPartial));
+  t.histograms("kubeproxy_sync_proxy_rules_duration_seconds", "[ALPHA] SyncProxyRules latency in seconds",
+               eachFamily(&FamilyState::syncAll));
 
-  t.family("kubeproxy_sync_proxy_rules_endpoint_changes_pending",
-           "Pending proxy rules Endpoint changes", "gauge");
+  t.alphaFamily("kubeproxy_sync_proxy_rules_endpoint_changes_pending", "Pending proxy rules Endpoint changes",
+                "gauge");
   t.sample("kubeproxy_sync_proxy_rules_endpoint_changes_pending", {},
            static_cast<double>(status.pendingEndpointChanges));
-  t.family("kubeproxy_sync_proxy_rules_endpoint_changes_total",
-           "Cumulative proxy rules Endpoint changes", "counter");
+  t.alphaFamily("kubeproxy_sync_proxy_rules_endpoint_changes_total", "Cumulative proxy rules Endpoint changes",
+                "counter");
   t.sample("kubeproxy_sync_proxy_rules_endpoint_changes_total", {},
            static_cast<double>(status.endpointChangesTotal));
 
   const std::string failures = failureCounterName(mode_);
-  const bool upstreamName = mode_ == "nftables" || mode_ == "iptables" || mode_ == "ipvs";
-  t.family(failures,
-           mode_ == "nftables"  ? "Cumulative proxy nftables sync failures"
-           : upstreamName       ? "Cumulative proxy iptables restore failures"
-                                : "Cumulative proxy " + mode_ + " sync failures",
-           "counter");
-  t.sample(failures, {}, static_cast<double>(failures_));
+  familyCounter(failures,
+                nftablesMode   ? "Cumulative proxy nftables sync failures"
+                : upstreamMode ? "Cumulative proxy iptables restore failures"
+                               : "Cumulative proxy " + mode_ + " sync failures",
+                &FamilyState::failures);
+  if (iptablesMode) {
+    familyCounter("kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total",
+                  "Cumulative proxy iptables partial restore failures", &FamilyState::partialFailures);
+  }
+  if (nftablesMode) {
+    // Upstream deletes stale chains in a separate transaction after the sync; kproxy's nftables
+    // backend removes what it no longer needs in the sync's own transaction, so this stays 0
+    // and a failure is a sync failure above.
+    t.alphaFamily("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total",
+                  "Cumulative proxy nftables cleanup failures", "counter");
+    for (const auto& family : families_)
+      t.sample("kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total", {{"ip_family", family}}, 0);
+  }
   t.family("kproxy_sync_proxy_rules_failures_total",
            "Cumulative failed syncs by the category the backend gave", "counter");
   for (const char* category : {"invalid_input", "kernel_refused", "transient", "unknown"}) {
@@ -295,30 +433,31 @@ std::string ProxyMetrics::render(const core::ProxierStatus& status,
            "Kernel objects a self-verification found different from the plan (and repaired)", "counter");
   t.sample("kproxy_sync_verify_mismatch_total", {{"mode", mode_}}, static_cast<double>(verifyMismatches_));
 
-  t.family("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
-           "The last time a sync of proxy rules was queued", "gauge");
-  t.sample("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", {},
-           std::max(startWall_, status.lastQueuedWall.value_or(0)));
-  t.family("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
-           "The last time proxy rules were successfully synced", "gauge");
-  t.sample("kubeproxy_sync_proxy_rules_last_timestamp_seconds", {},
-           status.lastSuccessWall.value_or(0));
+  familyGauge("kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds",
+              "The last time a sync of proxy rules was queued",
+              std::max(startWall_, status.lastQueuedWall.value_or(0)));
+  familyGauge("kubeproxy_sync_proxy_rules_last_timestamp_seconds",
+              "The last time proxy rules were successfully synced", status.lastSuccessWall.value_or(0));
 
-  t.family("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
-           "Number of services with a Local traffic policy and no endpoints", "gauge");
+  t.alphaFamily("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+                "Number of services with a Local traffic policy and no endpoints", "gauge");
   if (status.applied) {
-    t.sample("kubeproxy_sync_proxy_rules_no_local_endpoints_total", {{"traffic_policy", "external"}},
-             static_cast<double>(noLocal.external));
-    t.sample("kubeproxy_sync_proxy_rules_no_local_endpoints_total", {{"traffic_policy", "internal"}},
-             static_cast<double>(noLocal.internal));
+    for (const auto& family : families_) {
+      const auto fam = family == "IPv6" ? net::Family::kIPv6 : net::Family::kIPv4;
+      const NoLocalEndpoints noLocal = countNoLocalEndpoints(*status.applied, fam);
+      t.sample("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+               {{"ip_family", family}, {"traffic_policy", "external"}}, static_cast<double>(noLocal.external));
+      t.sample("kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+               {{"ip_family", family}, {"traffic_policy", "internal"}}, static_cast<double>(noLocal.internal));
+    }
   }
 
-  t.family("kubeproxy_sync_proxy_rules_service_changes_pending",
-           "Pending proxy rules Service changes", "gauge");
+  t.alphaFamily("kubeproxy_sync_proxy_rules_service_changes_pending", "Pending proxy rules Service changes",
+                "gauge");
   t.sample("kubeproxy_sync_proxy_rules_service_changes_pending", {},
            static_cast<double>(status.pendingServiceChanges));
-  t.family("kubeproxy_sync_proxy_rules_service_changes_total",
-           "Cumulative proxy rules Service changes", "counter");
+  t.alphaFamily("kubeproxy_sync_proxy_rules_service_changes_total", "Cumulative proxy rules Service changes",
+                "counter");
   t.sample("kubeproxy_sync_proxy_rules_service_changes_total", {},
            static_cast<double>(status.serviceChangesTotal));
 

@@ -1,14 +1,21 @@
 #pragma once
 /// kube-proxy's Prometheus metrics (pkg/proxy/metrics/metrics.go: names with the `kubeproxy_`
-/// prefix, types, help texts and histogram buckets) plus the standard process metrics, rendered
-/// in the Prometheus text exposition format (version 0.0.4).
+/// prefix, types, help texts with component-base's "[ALPHA] " stability prefix, labels and
+/// histogram buckets), `kubernetes_build_info`, client-go's `rest_client_*` metrics of kproxy's
+/// API client, and the standard process metrics, rendered in the Prometheus text exposition
+/// format (version 0.0.4).
+///
+/// The sync metrics carry upstream's `ip_family` label ("IPv4", "IPv6"). Upstream runs one
+/// proxier per family and observes each; kproxy's one sync programs every family the node
+/// runs, so each sync is observed once under each of them. Network programming latency is
+/// observed under the family of the EndpointSlice that carried the trigger time.
 ///
 /// Where these differ from upstream's, by necessity: docs/upstream-differences.md, "Metrics".
 ///
 /// kproxy additions (kproxy_ prefix; upstream has no such metrics):
 ///  - kproxy_sync_proxy_rules_failures_total{category}: the same failures by the category the
-///    backend gave (kernel_refused, invalid_input, transient, unknown). Upstream's counter
-///    above stays unlabelled, so its series does not change.
+///    backend gave (kernel_refused, invalid_input, transient, unknown).
+///  - kproxy_sync_verify_total / kproxy_sync_verify_mismatch_total{mode}: self-verification.
 ///  - the metrics backend plugins register (ABI 1.2), after the host's: renderPluginMetrics.
 
 #include <cstdint>
@@ -16,8 +23,12 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
+#include "kproxy/apiwatch/request_metrics.h"
 #include "kproxy/core/proxier.h"
 #include "kproxy/core/snapshot.h"
 #include "kproxy/plugins/plugin_metrics.h"
@@ -41,6 +52,8 @@ struct Histogram {
 Histogram syncDurationHistogram();
 /// Upstream's network programming buckets (MergeBuckets keeps a leading 0).
 Histogram networkProgrammingHistogram();
+/// client-go's request and rate-limiter latency buckets (5 ms … 60 s).
+Histogram restClientLatencyHistogram();
 
 /// What /proc says about this process. Fields are absent when they could not be read.
 struct ProcessStats {
@@ -58,7 +71,34 @@ struct NoLocalEndpoints {
   std::uint64_t internal = 0;  ///< internalTrafficPolicy=Local and no local endpoints
   std::uint64_t external = 0;  ///< externally reachable, eTP=Local and no local endpoints
 };
-NoLocalEndpoints countNoLocalEndpoints(const core::Snapshot& snapshot);
+/// Of the service ports of `family` only (upstream's per-family proxiers count their own).
+NoLocalEndpoints countNoLocalEndpoints(const core::Snapshot& snapshot, net::Family family);
+
+/// The labels of kubernetes_build_info. Upstream's describe the Kubernetes release the binary
+/// was built from; kproxy's say the release it follows (major, minor, git_version), its own
+/// commit and tree state, and its compiler and platform.
+struct BuildInfo {
+  std::string kubernetesVersion = "v0.0.0";  ///< "v1.34.4"
+  std::string commit = "unknown";            ///< kproxy's; "-dirty" suffix: a modified tree
+};
+
+/// client-go's rest_client_* metrics, fed by kproxy's API client (apiwatch::RequestMetrics)
+/// and rendered on /metrics. Thread-safe.
+class RestClientMetrics : public apiwatch::RequestMetrics {
+ public:
+  void requestDone(std::string_view method, std::string_view host, std::string_view code) override;
+  void requestLatency(std::string_view verb, std::string_view host, double seconds) override;
+  void rateLimiterWait(std::string_view verb, std::string_view host, double seconds) override;
+  /// rest_client_requests_total, rest_client_request_duration_seconds and
+  /// rest_client_rate_limiter_duration_seconds (a family without samples: HELP and TYPE only).
+  std::string render() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<std::tuple<std::string, std::string, std::string>, std::uint64_t> requests_;  ///< code, method, host
+  std::map<std::pair<std::string, std::string>, Histogram> latency_;      ///< verb, host
+  std::map<std::pair<std::string, std::string>, Histogram> rateLimiter_;  ///< verb, host
+};
 
 /// Metric name prefixes the host serves itself (its own and the event source's families, the
 /// process metrics); plugin metrics may not start with one (PluginMetrics::reservePrefixes).
@@ -72,8 +112,15 @@ class PrometheusText {
  public:
   using Labels = std::vector<std::pair<std::string, std::string>>;
   void family(const std::string& name, const std::string& help, const std::string& type);
+  /// An upstream family: component-base prefixes the help text with its stability level.
+  void alphaFamily(const std::string& name, const std::string& help, const std::string& type) {
+    family(name, "[ALPHA] " + help, type);
+  }
   void sample(const std::string& name, const Labels& labels, double value);
   void histogram(const std::string& name, const std::string& help, const Histogram& h);
+  /// One family's HELP and TYPE, then one labelled histogram per entry (labels before "le").
+  void histograms(const std::string& name, const std::string& help,
+                  const std::vector<std::pair<Labels, const Histogram*>>& series);
   const std::string& str() const { return out_; }
 
   /// Go's shortest round-trip formatting; "+Inf", "-Inf", "NaN".
@@ -88,9 +135,12 @@ class PrometheusText {
 /// The metric state fed by the Proxier's observer and the health handlers. Thread-safe.
 class ProxyMetrics {
  public:
-  /// `mode` picks the backend failure counter's name; `startWall` seeds
-  /// sync_proxy_rules_last_queued_timestamp_seconds (upstream sets it when the loop starts).
-  ProxyMetrics(std::string mode, double startWall);
+  /// `mode` picks the backend failure counter's name and the mode's own families, as upstream
+  /// registers them; `startWall` seeds sync_proxy_rules_last_queued_timestamp_seconds
+  /// (upstream sets it when the loop starts) and is the tracker start before which trigger
+  /// times are not observed; `families` are the ip_family label values ("IPv4", "IPv6").
+  ProxyMetrics(std::string mode, double startWall,
+               std::vector<std::string> families = {"IPv4", "IPv6"}, BuildInfo build = {});
 
   void observeSync(const core::SyncObservation& observation);
   void countHealthz(int code);
@@ -104,14 +154,20 @@ class ProxyMetrics {
   static std::string failureCounterName(const std::string& mode);
 
  private:
+  struct FamilyState {
+    Histogram syncAll = syncDurationHistogram();
+    Histogram syncFull = syncDurationHistogram();
+    Histogram syncPartial = syncDurationHistogram();
+    Histogram networkProgramming = networkProgrammingHistogram();
+    std::uint64_t failures = 0;         ///< the mode's failure counter
+    std::uint64_t partialFailures = 0;  ///< iptables mode: failed partial syncs
+  };
   mutable std::mutex mutex_;
   std::string mode_;
   double startWall_;
-  Histogram syncAll_ = syncDurationHistogram();
-  Histogram syncFull_ = syncDurationHistogram();
-  Histogram syncPartial_ = syncDurationHistogram();
-  Histogram networkProgramming_ = networkProgrammingHistogram();
-  std::uint64_t failures_ = 0;
+  std::vector<std::string> families_;
+  BuildInfo build_;
+  std::map<std::string, FamilyState> perFamily_;
   std::uint64_t verifications_ = 0;
   std::uint64_t verifyMismatches_ = 0;
   std::map<std::string, std::uint64_t> failuresByCategory_;

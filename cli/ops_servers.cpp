@@ -69,7 +69,7 @@ struct OpsServers::Impl {
         proxier(p),
         clock(c),
         startWall(c.wallSeconds()),
-        metrics(options.mode, startWall) {}
+        metrics(options.mode, startWall, options.families, options.build) {}
 
   OpsOptions options;
   const core::Proxier& proxier;

@@ -12,6 +12,7 @@
 
 #include "kproxy/core/clock.h"
 #include "kproxy/core/proxier.h"
+#include "metrics.h"
 
 namespace kproxy::cli {
 
@@ -28,6 +29,7 @@ struct OpsOptions {
   /// IPs the health-check node ports listen on; empty: every address.
   std::vector<std::string> healthCheckAddresses;
   std::vector<std::string> families = {"IPv4", "IPv6"};
+  BuildInfo build;  ///< kubernetes_build_info
   /// More Prometheus text appended to /metrics (the event source's counters). Called on the
   /// server's thread; must be thread-safe.
   std::function<std::string()> extraMetrics;

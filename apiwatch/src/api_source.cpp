@@ -230,7 +230,9 @@ struct ApiSource::Impl {
   asio::io_context io{1};
 
   Impl(ClientConfig c, core::EventSink& s, ApiSourceOptions o)
-      : config(std::move(c)), sink(s), options(std::move(o)), tokens(std::max(1, config.burst)) {}
+      : config(std::move(c)), sink(s), options(std::move(o)), tokens(std::max(1, config.burst)) {
+    if (config.requestMetrics) metricsHost = apiwatch::metricsHost(config.server);
+  }
 
   template <typename F>
   void count(F&& f) {
@@ -263,8 +265,31 @@ struct ApiSource::Impl {
     co_await timer.async_wait(asio::use_awaitable);
   }
 
+  /// The rest_client_* metrics' host label (empty without requestMetrics).
+  std::string metricsHost;
+
+  void requestDone(std::string_view code) {
+    if (config.requestMetrics) config.requestMetrics->requestDone("GET", metricsHost, code);
+  }
+  void requestLatency(SteadyClock::time_point started) {
+    if (config.requestMetrics)
+      config.requestMetrics->requestLatency("GET", metricsHost,
+                                            std::chrono::duration<double>(SteadyClock::now() - started).count());
+  }
+
   Task<void> rateLimit() {
     if (config.qps <= 0) co_return;
+    const auto started = SteadyClock::now();
+    struct Observe {
+      Impl& impl;
+      SteadyClock::time_point started;
+      // Also when the wait is cut short (stop): the time was spent waiting.
+      ~Observe() {
+        if (impl.config.requestMetrics)
+          impl.config.requestMetrics->rateLimiterWait(
+              "GET", impl.metricsHost, std::chrono::duration<double>(SteadyClock::now() - started).count());
+      }
+    } observe{*this, started};
     auto now = SteadyClock::now();
     double burst = std::max(1, config.burst);
     tokens = std::min(burst, tokens + std::chrono::duration<double>(now - lastRefill).count() * config.qps);
@@ -319,12 +344,26 @@ struct ApiSource::Impl {
     for (;;) {
       auto target = fmt::format("{}?limit={}{}", r.path, options.pageSize, query(r));
       if (!continueToken.empty()) target += "&continue=" + detail::queryEscape(continueToken);
+      // Each page is one request to the metrics, answered or not, as client-go counts it.
+      const auto started = SteadyClock::now();
+      bool answered = false;
+      struct PageMetrics {
+        Impl& impl;
+        SteadyClock::time_point started;
+        const bool& answered;
+        ~PageMetrics() {
+          if (!answered) impl.requestDone(kRequestErrorCode);
+          impl.requestLatency(started);
+        }
+      } pageMetrics{*this, started, answered};
       auto connection = co_await connect(continueToken.empty());
       auto request = detail::makeGet(config, target);
       connection->expiresAfter(options.requestTimeout);
       co_await connection->write(request);
       auto response = co_await connection->readResponse(kMaxListBody);
       connection->close();
+      answered = true;
+      requestDone(std::to_string(response.result_int()));
       bodyBytes += response.body().size();
       const bool listed = response.result() == http::status::ok;
       // Each item is decoded when the parser has read it, then dropped from the document: a
@@ -447,6 +486,15 @@ struct ApiSource::Impl {
     std::chrono::seconds timeout(spread(random));
     auto target = fmt::format("{}?watch=1&allowWatchBookmarks=true&resourceVersion={}&timeoutSeconds={}{}", r.path,
                               detail::queryEscape(r.resourceVersion), timeout.count(), query(r));
+    // A watch counts by its answer's status; client-go times no watch (it lasts minutes).
+    bool answered = false;
+    struct WatchMetrics {
+      Impl& impl;
+      const bool& answered;
+      ~WatchMetrics() {
+        if (!answered) impl.requestDone(kRequestErrorCode);
+      }
+    } watchMetrics{*this, answered};
     auto connection = co_await connect();
     auto request = detail::makeGet(config, target);
     connection->expiresAfter(options.requestTimeout);
@@ -454,6 +502,8 @@ struct ApiSource::Impl {
     http::response_parser<http::buffer_body> parser;
     parser.body_limit(std::numeric_limits<std::uint64_t>::max());
     co_await connection->readHeader(parser);
+    answered = true;
+    requestDone(std::to_string(parser.get().result_int()));
     WatchLineSplitter stream(kMaxEventLine);
     std::string& data = stream.data();
     if (parser.get().result() != http::status::ok) {

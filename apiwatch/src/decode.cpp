@@ -515,6 +515,17 @@ core::Node decodeNodeBody(const json& object, std::string& label) {
     if (auto one = optString(*spec, s, "podCIDR");
         node.podCIDRs.empty() && one.has_value() && !one->empty())
       node.podCIDRs.push_back(*one);
+    // Taints: the health server reads the cluster autoscaler's ToBeDeletedByClusterAutoscaler.
+    if (const json* taints = arrayField(*spec, s, "taints"); taints != nullptr) {
+      Loc tl = s.field("taints");
+      for (std::size_t i = 0; i < taints->size(); ++i) {
+        Loc t = tl.at(i);
+        expectObject((*taints)[i], t);
+        node.taints.push_back(core::Taint{stringOr((*taints)[i], t, "key"),
+                                          stringOr((*taints)[i], t, "value"),
+                                          stringOr((*taints)[i], t, "effect")});
+      }
+    }
   }
   if (const json* status = objectField(object, root, "status"); status != nullptr) {
     Loc st = root.field("status");

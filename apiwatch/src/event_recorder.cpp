@@ -45,6 +45,21 @@ struct EventRecorder::Impl {
 
   // One request on a fresh connection (events are rare): the body, or an exception.
   Task<http::response<http::string_body>> call(http::verb verb, const std::string& target, std::string body) {
+    // Reported as client-go reports its requests (rest_client_*); Events are not rate limited.
+    struct Metrics {
+      const ClientConfig& config;
+      http::verb verb;
+      std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+      std::string code{kRequestErrorCode};
+      ~Metrics() {
+        if (!config.requestMetrics) return;
+        const std::string host = metricsHost(config.server);
+        const std::string method(http::to_string(verb));
+        config.requestMetrics->requestDone(method, host, code);
+        config.requestMetrics->requestLatency(
+            method, host, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+      }
+    } metrics{config, verb};
     auto connection = co_await Connection::open(config, tls.get(), kTimeout);
     auto base = makeGet(config, target);
     http::request<http::string_body> request{verb, base.target(), 11};
@@ -58,6 +73,7 @@ struct EventRecorder::Impl {
     co_await connection->write(request);
     auto response = co_await connection->readResponse(kMaxBody);
     connection->close();
+    metrics.code = std::to_string(response.result_int());
     co_return response;
   }
 

@@ -15,6 +15,7 @@
 
 #include "kproxy/apiwatch/decode.h"
 #include "kproxy/core/log.h"
+#include "kproxy/net/host_port.h"
 
 namespace kproxy::apiwatch {
 namespace {
@@ -154,6 +155,8 @@ core::Result<std::string> decodeBase64(std::string_view text) {
   }
   return out;
 }
+
+std::string metricsHost(const ServerUrl& server) { return net::joinHostPort(server.host, server.port); }
 
 core::Result<ServerUrl> parseServerUrl(const std::string& url) {
   ServerUrl out;

@@ -56,7 +56,7 @@ struct Proxier::Impl {
   // Changed since `applied`, sorted, each once. Only syncIfDue touches it (one at a time), so
   // the backend reads it in place while the lock is released.
   std::vector<ServicePortKey> unsyncedKeys;
-  std::vector<double> unsyncedTriggerTimes;  // of endpoint changes not yet in the kernel
+  std::vector<TriggerTime> unsyncedTriggerTimes;  // of endpoint changes not yet in the kernel
   bool needFull = true;
   Clock::time_point lastFullSync;
 
@@ -411,10 +411,12 @@ void Proxier::endpointSliceDeleted(const std::string& ns, const std::string& nam
 
 void Proxier::nodeUpserted(Node node) {
   std::lock_guard lock(impl_->mutex);
-  if (node.deleting && !impl_->nodeDeleting) {
-    log::info(0, "Node is being deleted", {{"node", node.name}});
+  const bool deleting = node.beingDeleted();
+  if (deleting && !impl_->nodeDeleting) {
+    log::info(0, "Node is being deleted",
+              {{"node", node.name}, {"reason", node.deleting ? "deletionTimestamp"
+                                                              : kTaintToBeDeletedByClusterAutoscaler}});
   }
-  const bool deleting = node.deleting;
   if (impl_->tracker.upsertNode(std::move(node))) {
     impl_->nodeDeleting = deleting;
     impl_->changed();

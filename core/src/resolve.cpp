@@ -439,7 +439,7 @@ NodeInfo nodeInfoFrom(const Node& node) {
     }
   }
   info.podCIDRs = node.podCIDRs;
-  info.deleting = node.deleting;
+  info.deleting = node.beingDeleted();
   info.known = true;
   return info;
 }

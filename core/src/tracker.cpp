@@ -63,7 +63,7 @@ struct ChangeTracker::Impl {
   std::unordered_set<std::string> dirty;
   std::size_t serviceChanges = 0;
   std::size_t endpointChanges = 0;
-  std::vector<double> triggerTimes;
+  std::vector<TriggerTime> triggerTimes;
 
   NodeInfo node;
   std::vector<NodeAddress> nodeAddresses;  // of the Node object, typed, for detectNodeIPs
@@ -175,8 +175,10 @@ bool ChangeTracker::upsertEndpointSlice(EndpointSlice slice) {
 
 bool ChangeTracker::upsertEndpointSlice(std::shared_ptr<const EndpointSlice> slice) {
   const std::optional<double> trigger = slice->lastChangeTriggerTime;
+  const net::Family family =
+      slice->addressType == AddressType::kIPv6 ? net::Family::kIPv6 : net::Family::kIPv4;
   const bool changed = upsertEndpointSliceImpl(std::move(slice));
-  if (changed && trigger) impl_->triggerTimes.push_back(*trigger);
+  if (changed && trigger) impl_->triggerTimes.push_back(TriggerTime{*trigger, family});
   return changed;
 }
 

@@ -60,15 +60,19 @@ for name in kubeproxy_sync_proxy_rules_duration_seconds_bucket kubeproxy_sync_fu
     kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds kubeproxy_sync_proxy_rules_endpoint_changes_pending \
     kubeproxy_sync_proxy_rules_endpoint_changes_total kubeproxy_sync_proxy_rules_service_changes_pending \
     kubeproxy_sync_proxy_rules_service_changes_total kubeproxy_network_programming_duration_seconds_count \
-    'kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy="external"}' \
-    kubeproxy_sync_proxy_rules_nftables_sync_failures_total kubeproxy_proxy_livez_total \
+    'kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family="IPv4",traffic_policy="external"}' \
+    'kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"}' \
+    'kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}' \
+    'kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family="IPv4"}' \
+    'kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total{ip_family="IPv4"}' \
+    'kubernetes_build_info{' '# TYPE rest_client_requests_total counter' kubeproxy_proxy_livez_total \
     process_resident_memory_bytes process_cpu_seconds_total process_open_fds process_start_time_seconds; do
   grep -qF -- "$name" <<<"$metrics" || missing+=" $name"
 done
 DETAIL="missing:$missing"; check "/metrics has kube-proxy's metric names" test -z "$missing"
-syncs=$(awk '$1 == "kubeproxy_sync_proxy_rules_duration_seconds_count" {print $2}' <<<"$metrics")
+syncs=$(awk '$1 == "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}" {print $2}' <<<"$metrics")
 DETAIL="count=$syncs"; check "/metrics counts the syncs (> 0)" test "${syncs:-0}" -gt 0
-last=$(awk '$1 == "kubeproxy_sync_proxy_rules_last_timestamp_seconds" {print int($2)}' <<<"$metrics")
+last=$(awk '$1 == "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}" {print int($2)}' <<<"$metrics")
 now=$(date +%s)
 DETAIL="last=$last started=$started now=$now"
 check "last sync timestamp is of this run" test "${last:-0}" -ge "$started" -a "${last:-0}" -le "$now"
@@ -150,7 +154,7 @@ else
   fail "health-check port turns 503" "$(curl -s --max-time "$REQUEST_CEILING" "$HC/")"
 fi
 DETAIL=$(curl -s --max-time "$REQUEST_CEILING" "$HC/"); check "503 body says localEndpoints=0" grep -q '"localEndpoints": 0' <<<"$DETAIL"
-nolocal=$(curl -s --max-time "$REQUEST_CEILING" "$MET/metrics" | awk '$1 == "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}" {print $2}')
+nolocal=$(curl -s --max-time "$REQUEST_CEILING" "$MET/metrics" | awk '$1 == "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"external\"}" {print $2}')
 DETAIL="got $nolocal"; check "no_local_endpoints_total{external} is 1" test "${nolocal:-x}" = 1
 
 # A service whose health-check port is taken: reported in the log, kproxy keeps serving.

@@ -125,8 +125,8 @@ settled() {
   local sp ep last queued
   sp="$(metric kubeproxy_sync_proxy_rules_service_changes_pending)" || return 1
   ep="$(metric kubeproxy_sync_proxy_rules_endpoint_changes_pending)" || return 1
-  last="$(metric kubeproxy_sync_proxy_rules_last_timestamp_seconds)"
-  queued="$(metric kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds)"
+  last="$(metric 'kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"}')"
+  queued="$(metric 'kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family="IPv4"}')"
   [[ "$sp" == 0 && "$ep" == 0 && -n "$last" ]] || return 1
   [[ -z "$queued" ]] || awk -v l="$last" -v q="$queued" 'BEGIN { exit !(l >= q) }'
 }

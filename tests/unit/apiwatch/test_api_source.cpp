@@ -595,3 +595,81 @@ TEST_CASE("ApiSource treats ServiceCIDRs it may not read (403) or the server lac
     }
   }
 }
+
+namespace {
+
+/// Records what the client reports for the rest_client_* metrics.
+class RecordingRequestMetrics : public apiwatch::RequestMetrics {
+ public:
+  void requestDone(std::string_view method, std::string_view host, std::string_view code) override {
+    std::lock_guard lock(mutex_);
+    done_.push_back(fmt::format("{} {} {}", method, host, code));
+  }
+  void requestLatency(std::string_view verb, std::string_view host, double seconds) override {
+    std::lock_guard lock(mutex_);
+    if (seconds >= 0) latencies_.push_back(fmt::format("{} {}", verb, host));
+  }
+  void rateLimiterWait(std::string_view verb, std::string_view host, double seconds) override {
+    std::lock_guard lock(mutex_);
+    if (seconds >= 0) waits_.push_back(fmt::format("{} {}", verb, host));
+  }
+  std::size_t count(const std::string& line) const {
+    std::lock_guard lock(mutex_);
+    return static_cast<std::size_t>(std::count(done_.begin(), done_.end(), line));
+  }
+  std::size_t latencies() const {
+    std::lock_guard lock(mutex_);
+    return latencies_.size();
+  }
+  std::size_t waits() const {
+    std::lock_guard lock(mutex_);
+    return waits_.size();
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::vector<std::string> done_, latencies_, waits_;
+};
+
+}  // namespace
+
+TEST_CASE("ApiSource reports each request for the rest_client metrics: code, method, host", "[unit]") {
+  FakeApiServer server;
+  server.setItems(kServices, {service("web", 80, "1")}, "10");
+  server.setItems(kSlices, {}, "10");
+  RecordingSink sink;
+  apiwatch::ClientConfig config = testing::loopbackClientConfig(server.port);
+  config.qps = 1000;  // limited, so the rate limiter's wait is reported too
+  auto metrics = std::make_shared<RecordingRequestMetrics>();
+  config.requestMetrics = metrics;
+  apiwatch::ApiSource source(config, sink, {});
+  REQUIRE(source.start());
+  REQUIRE(sink.waitFor("servicesSynced"));
+  REQUIRE(sink.waitFor("endpointSlicesSynced"));
+  const std::string host = fmt::format("127.0.0.1:{}", server.port);
+  // The Service and EndpointSlice LISTs, then their watches, each answered 200.
+  CHECK(eventually([&] { return metrics->count("GET " + host + " 200") >= 4; }));
+  CHECK(metrics->latencies() >= 2);  // the LISTs (watches are not timed, as in client-go)
+  CHECK(metrics->waits() >= 4);
+  source.stop();
+}
+
+TEST_CASE("ApiSource reports a request without an answer as <error>", "[unit]") {
+  int port = 0;
+  {
+    FakeApiServer closed;  // take a free port, then close it
+    port = closed.port;
+  }
+  testing::LogCapture quiet;  // the retries are expected
+  RecordingSink sink;
+  apiwatch::ClientConfig config = testing::loopbackClientConfig(port);
+  auto metrics = std::make_shared<RecordingRequestMetrics>();
+  config.requestMetrics = metrics;
+  apiwatch::ApiSourceOptions options;
+  options.initialBackoff = 10ms;
+  options.maxBackoff = 40ms;
+  apiwatch::ApiSource source(config, sink, options);
+  REQUIRE(source.start());
+  CHECK(eventually([&] { return metrics->count(fmt::format("GET 127.0.0.1:{} <error>", port)) >= 2; }));
+  source.stop();
+}

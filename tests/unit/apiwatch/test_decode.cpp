@@ -426,6 +426,26 @@ endpoints:
   CHECK(slice->endpoints[2].conditions == core::EndpointConditions{});
 }
 
+TEST_CASE("Nodes: the cluster autoscaler's taint marks the node as being deleted", "[unit]") {
+  auto node = decodeNode(json::parse(R"({"kind":"Node","apiVersion":"v1","metadata":{"name":"node-a"},
+      "spec":{"taints":[{"key":"node.kubernetes.io/unschedulable","effect":"NoSchedule"},
+                        {"key":"ToBeDeletedByClusterAutoscaler","value":"1718000000","effect":"NoSchedule"}]}})"));
+  REQUIRE(node.has_value());
+  CHECK_FALSE(node->deleting);
+  CHECK(node->taints == std::vector<core::Taint>{{"node.kubernetes.io/unschedulable", "", "NoSchedule"},
+                                                 {"ToBeDeletedByClusterAutoscaler", "1718000000", "NoSchedule"}});
+  CHECK(node->beingDeleted());
+
+  auto cordoned = decodeNode(json::parse(R"({"metadata":{"name":"n"},
+      "spec":{"taints":[{"key":"node.kubernetes.io/unschedulable","effect":"NoSchedule"}]}})"));
+  REQUIRE(cordoned.has_value());
+  CHECK_FALSE(cordoned->beingDeleted());  // cordoned or drained is not being deleted
+
+  auto bad = decodeNode(json::parse(R"({"metadata":{"name":"n"},"spec":{"taints":[{"key":7}]}})"));
+  REQUIRE_FALSE(bad.has_value());
+  CHECK_THAT(bad.error().message(), Catch::Contains("spec.taints[0].key"));
+}
+
 TEST_CASE("Nodes: addresses, pod CIDRs and deletion", "[unit]") {
   auto node = decodeNode(json::parse(R"({"kind":"Node","apiVersion":"v1",
       "metadata":{"name":"node-a","resourceVersion":"7","labels":{"topology.kubernetes.io/zone":"z1"},

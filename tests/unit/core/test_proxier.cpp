@@ -332,6 +332,34 @@ TEST_CASE("a node change forces a full sync", "[unit][proxier]") {
   CHECK(proxier.status().nodeDeleting);
 }
 
+TEST_CASE("the cluster autoscaler's taint reports the node as being deleted", "[unit][proxier]") {
+  QuietLog quiet;
+  ManualClock clock;
+  FakeBackend backend;
+  TrackerConfig config;
+  config.nodeName = "node-a";
+  Proxier proxier(config, backend, options(), clock);
+  proxier.servicesSynced();
+  proxier.endpointSlicesSynced();
+  Node node;
+  node.name = "node-a";
+  node.taints = {{"node.kubernetes.io/unschedulable", "", "NoSchedule"}};
+  proxier.nodeUpserted(node);
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK_FALSE(proxier.status().nodeDeleting);  // cordoned is not being deleted
+  node.taints.push_back({std::string(kTaintToBeDeletedByClusterAutoscaler), "1718000000", "NoSchedule"});
+  proxier.nodeUpserted(node);
+  CHECK(proxier.status().nodeDeleting);  // known at once, before the sync
+  clock.advance(std::chrono::seconds(2));
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK(proxier.status().nodeDeleting);
+  node.taints.pop_back();  // the autoscaler changed its mind
+  proxier.nodeUpserted(node);
+  clock.advance(std::chrono::seconds(2));
+  REQUIRE(proxier.syncOnceIfDue());
+  CHECK_FALSE(proxier.status().nodeDeleting);
+}
+
 TEST_CASE("oneShot: run() returns after the first sync with its outcome", "[unit][proxier]") {
   QuietLog quiet;
   ManualClock clock;
@@ -408,7 +436,7 @@ TEST_CASE("trigger times are reported once, by the sync that programmed them", "
   REQUIRE(proxier.syncOnceIfDue());
   REQUIRE(observed.size() == 3);
   CHECK(observed[2].ok);
-  CHECK(observed[2].triggerTimes == std::vector<double>{500.0});
+  CHECK(observed[2].triggerTimes == std::vector<TriggerTime>{{500.0, net::Family::kIPv4}});
   clock.advance(31s);
   REQUIRE(proxier.syncOnceIfDue());
   CHECK(observed.back().triggerTimes.empty());

@@ -329,14 +329,20 @@ TEST_CASE("trigger times of real endpoint changes come out with the snapshot", "
   slice.lastChangeTriggerTime = 1000.5;
   REQUIRE(tracker.upsertEndpointSlice(slice));
   auto first = tracker.publish();
-  CHECK(first.triggerTimes == std::vector<double>{1000.5});
+  CHECK(first.triggerTimes == std::vector<TriggerTime>{{1000.5, net::Family::kIPv4}});
   // A no-op update carries no trigger time into the next snapshot.
   CHECK_FALSE(tracker.upsertEndpointSlice(slice));
   CHECK(tracker.publish().triggerTimes.empty());
   auto changed = endpointSlice("web-1", "web", {"10.1.0.2"});
   changed.lastChangeTriggerTime = 1002.0;
   REQUIRE(tracker.upsertEndpointSlice(changed));
-  CHECK(tracker.publish().triggerTimes == std::vector<double>{1002.0});
+  CHECK(tracker.publish().triggerTimes == std::vector<TriggerTime>{{1002.0, net::Family::kIPv4}});
+  // An IPv6 slice's change is reported under IPv6 (the metric's ip_family label).
+  auto v6 = endpointSlice("web-2", "web", {"fd00::1"});
+  v6.addressType = AddressType::kIPv6;
+  v6.lastChangeTriggerTime = 1003.0;
+  REQUIRE(tracker.upsertEndpointSlice(v6));
+  CHECK(tracker.publish().triggerTimes == std::vector<TriggerTime>{{1003.0, net::Family::kIPv6}});
 }
 
 TEST_CASE("ServiceCIDRs become the snapshot's cluster-wide service CIDRs", "[unit][tracker]") {

@@ -3,6 +3,9 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "ops_fixtures.h"
@@ -129,25 +132,25 @@ TEST_CASE("render: every upstream family with values from syncs, probes and stat
         "kubeproxy_network_programming_duration_seconds"}) {
     CHECK(out.find(std::string("# TYPE ") + family + " histogram\n") != std::string::npos);
   }
-  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_duration_seconds_count") == "3");
-  CHECK(sampleValue(out, "kubeproxy_sync_full_proxy_rules_duration_seconds_count") == "2");
-  CHECK(sampleValue(out, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count") == "1");
-  CHECK(sampleValue(out, "kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{le=\"0.002\"}") == "1");
-  CHECK(sampleValue(out, "kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{le=\"0.001\"}") == "0");
-  CHECK(sampleValue(out, "kubeproxy_network_programming_duration_seconds_count") == "0");
-  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_nftables_sync_failures_total") == "1");
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}") == "3");
+  CHECK(sampleValue(out, "kubeproxy_sync_full_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"}") == "2");
+  CHECK(sampleValue(out, "kubeproxy_sync_partial_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}") == "1");
+  CHECK(sampleValue(out, "kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.002\"}") == "1");
+  CHECK(sampleValue(out, "kubeproxy_sync_partial_proxy_rules_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.001\"}") == "0");
+  CHECK(sampleValue(out, "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"}") == "0");
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"}") == "1");
   CHECK(out.find("# TYPE kubeproxy_sync_proxy_rules_nftables_sync_failures_total counter") != std::string::npos);
   CHECK(sampleValue(out, "kubeproxy_proxy_healthz_total{code=\"200\"}") == "2");
   CHECK(sampleValue(out, "kubeproxy_proxy_healthz_total{code=\"503\"}") == "1");
   CHECK(sampleValue(out, "kubeproxy_proxy_livez_total{code=\"200\"}") == "1");
-  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") == "2000.25");
-  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds") == "1999");
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}") == "2000.25");
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv6\"}") == "1999");
   CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_service_changes_pending") == "2");
   CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_endpoint_changes_pending") == "5");
   CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_service_changes_total") == "7");
   CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_endpoint_changes_total") == "11");
-  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"external\"}") == "1");
-  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_no_local_endpoints_total{traffic_policy=\"internal\"}") == "1");
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"external\"}") == "1");
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_no_local_endpoints_total{ip_family=\"IPv4\",traffic_policy=\"internal\"}") == "1");
   CHECK(out.find("# TYPE kubeproxy_sync_proxy_rules_no_local_endpoints_total gauge") != std::string::npos);
   CHECK(sampleValue(out, "process_resident_memory_bytes") == "1234");
   CHECK(sampleValue(out, "process_cpu_seconds_total") == "0.5");
@@ -181,8 +184,8 @@ TEST_CASE("failed syncs are also counted by the category the backend gave", "[un
   metrics.observeSync(failed(kproxy::core::ErrorCategory::kPlugin));  // a 1.0/1.1 plugin
   metrics.observeSync(sync(kproxy::core::SyncKind::kPartial, true, 1ms));
   const std::string out = metrics.render(kproxy::core::ProxierStatus{}, {});
-  // Upstream's counter keeps its name and no label.
-  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_nftables_sync_failures_total") == "5");
+  // Upstream's counter keeps its name and only upstream's label.
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_nftables_sync_failures_total{ip_family=\"IPv4\"}") == "5");
   const std::string name = "kproxy_sync_proxy_rules_failures_total";
   CHECK(out.find("# TYPE " + name + " counter\n") != std::string::npos);
   CHECK(sampleValue(out, name + "{category=\"kernel_refused\"}") == "1");
@@ -230,9 +233,9 @@ TEST_CASE("plugin metrics render with HELP, TYPE and their labels", "[unit][metr
 TEST_CASE("render before any sync: the loop start seeds last_queued, no snapshot gauges", "[unit][metrics]") {
   ProxyMetrics metrics("iptables", 1000.5);
   const std::string out = metrics.render(kproxy::core::ProxierStatus{}, {});
-  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds") == "1000.5");
-  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_last_timestamp_seconds") == "0");
-  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total") == "0");
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv4\"}") == "1000.5");
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family=\"IPv4\"}") == "0");
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}") == "0");
   CHECK(out.find("kubeproxy_sync_proxy_rules_no_local_endpoints_total{") == std::string::npos);
   CHECK(out.find("kubeproxy_proxy_healthz_total{") == std::string::npos);
 }
@@ -255,10 +258,224 @@ TEST_CASE("network programming latency: trigger time to the end of the sync that
   ProxyMetrics metrics("nftables", 1000.0);
   auto o = sync(kproxy::core::SyncKind::kPartial, true, 2ms);
   o.wallTimestamp = 2000.0;
-  o.triggerTimes = {1999.9, 1999.0, 2000.5};  // the last one is in the future: clock skew, dropped
+  using kproxy::net::Family;
+  o.triggerTimes = {{1999.9, Family::kIPv4},
+                    {1999.0, Family::kIPv4},
+                    {2000.5, Family::kIPv4},  // in the future: clock skew, dropped
+                    {999.0, Family::kIPv4},   // before kproxy started: upstream's tracker drops it
+                    {1998.0, Family::kIPv6}};
   metrics.observeSync(o);
   const std::string out = metrics.render(kproxy::core::ProxierStatus{}, kproxy::cli::ProcessStats{});
-  CHECK(sampleValue(out, "kubeproxy_network_programming_duration_seconds_count") == "2");
-  CHECK(std::stod(sampleValue(out, "kubeproxy_network_programming_duration_seconds_sum")) ==
+  CHECK(sampleValue(out, "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv4\"}") == "2");
+  CHECK(std::stod(sampleValue(out, "kubeproxy_network_programming_duration_seconds_sum{ip_family=\"IPv4\"}")) ==
         Approx(1.1));
+  // The IPv6 slice's change is the IPv6 series'.
+  CHECK(sampleValue(out, "kubeproxy_network_programming_duration_seconds_count{ip_family=\"IPv6\"}") == "1");
+  CHECK(sampleValue(out, "kubeproxy_network_programming_duration_seconds_bucket{ip_family=\"IPv6\",le=\"2\"}") == "1");
+}
+
+namespace {
+
+// What /metrics says about one family: its TYPE, HELP and the label names of its samples
+// (without "le"), as a dashboard or alert sees them.
+struct Family {
+  std::string type;
+  std::string help;
+  std::set<std::set<std::string>> labelNames;
+};
+
+std::map<std::string, Family> parseFamilies(const std::string& text) {
+  std::map<std::string, Family> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# TYPE ", 0) == 0) {
+      std::istringstream l(line.substr(7));
+      std::string name, type;
+      l >> name >> type;
+      out[name].type = type;
+      continue;
+    }
+    if (line.rfind("# HELP ", 0) == 0) {
+      const auto space = line.find(' ', 7);
+      out[line.substr(7, space - 7)].help = line.substr(space + 1);
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    const auto brace = line.find('{');
+    std::string name = line.substr(0, std::min(brace, line.find(' ')));
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string base = name.substr(0, name.size() - std::min(name.size(), std::strlen(suffix)));
+      if (name.ends_with(suffix) && out.contains(base) && out[base].type == "histogram") name = base;
+    }
+    std::set<std::string> labels;
+    if (brace != std::string::npos) {
+      const std::string body = line.substr(brace + 1, line.find('}') - brace - 1);
+      std::size_t at = 0;
+      while (at < body.size()) {
+        const auto eq = body.find('=', at);
+        const std::string label = body.substr(at, eq - at);
+        if (label != "le") labels.insert(label);
+        // Skip the quoted value (values here hold no escaped quotes).
+        const auto close = body.find('"', eq + 2);
+        at = close + 2;
+      }
+    }
+    out[name].labelNames.insert(labels);
+  }
+  return out;
+}
+
+struct Expected {
+  const char* name;
+  const char* type;
+  std::set<std::string> labels;
+};
+
+// pkg/proxy/metrics/metrics.go (v1.34): the families every mode registers.
+const std::vector<Expected> kCommonFamilies = {
+    {"kubeproxy_sync_proxy_rules_duration_seconds", "histogram", {"ip_family"}},
+    {"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds", "gauge", {"ip_family"}},
+    {"kubeproxy_sync_proxy_rules_last_timestamp_seconds", "gauge", {"ip_family"}},
+    {"kubeproxy_sync_proxy_rules_endpoint_changes_pending", "gauge", {}},
+    {"kubeproxy_sync_proxy_rules_endpoint_changes_total", "counter", {}},
+    {"kubeproxy_sync_proxy_rules_service_changes_pending", "gauge", {}},
+    {"kubeproxy_sync_proxy_rules_service_changes_total", "counter", {}},
+    {"kubeproxy_proxy_healthz_total", "counter", {"code"}},
+    {"kubeproxy_proxy_livez_total", "counter", {"code"}},
+    {"kubeproxy_network_programming_duration_seconds", "histogram", {"ip_family"}},
+    {"kubeproxy_sync_proxy_rules_no_local_endpoints_total", "gauge", {"traffic_policy", "ip_family"}},
+    {"kubernetes_build_info",
+     "gauge",
+     {"major", "minor", "git_version", "git_commit", "git_tree_state", "build_date", "go_version", "compiler",
+      "platform"}},
+};
+
+// Each mode's own, as RegisterMetrics adds them.
+std::vector<Expected> modeFamilies(const std::string& mode) {
+  if (mode == "iptables")
+    return {{"kubeproxy_sync_full_proxy_rules_duration_seconds", "histogram", {"ip_family"}},
+            {"kubeproxy_sync_partial_proxy_rules_duration_seconds", "histogram", {"ip_family"}},
+            {"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "counter", {"ip_family"}},
+            {"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", "counter", {"ip_family"}}};
+  if (mode == "ipvs") return {{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "counter", {"ip_family"}}};
+  return {{"kubeproxy_sync_full_proxy_rules_duration_seconds", "histogram", {"ip_family"}},
+          {"kubeproxy_sync_partial_proxy_rules_duration_seconds", "histogram", {"ip_family"}},
+          {"kubeproxy_sync_proxy_rules_nftables_sync_failures_total", "counter", {"ip_family"}},
+          {"kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total", "counter", {"ip_family"}}};
+}
+
+}  // namespace
+
+TEST_CASE("every upstream family has upstream's name, type, labels and stability in each mode",
+          "[unit][metrics]") {
+  ops_test::QuietLog quiet;
+  for (const std::string mode : {"iptables", "nftables", "ipvs"}) {
+    INFO("mode " << mode);
+    ProxyMetrics metrics(mode, 1000.0, {"IPv4", "IPv6"}, {"v1.34.4", "0123456789ab"});
+    auto o = sync(kproxy::core::SyncKind::kPartial, false, 2ms);
+    o.wallTimestamp = 2000.0;
+    metrics.observeSync(o);
+    o.ok = true;
+    o.triggerTimes = {{1999.0, kproxy::net::Family::kIPv4}};
+    metrics.observeSync(o);
+    metrics.countHealthz(200);
+    metrics.countLivez(200);
+    kproxy::core::ProxierStatus status;
+    status.applied = ops_test::snapshotOf({ops_test::internalLocalService("in1", "10.96.0.11")}, {});
+    const auto families = parseFamilies(metrics.render(status, {}));
+    std::vector<Expected> expected = kCommonFamilies;
+    for (auto& e : modeFamilies(mode)) expected.push_back(e);
+    for (const auto& e : expected) {
+      INFO("family " << e.name);
+      REQUIRE(families.contains(e.name));
+      const Family& f = families.at(e.name);
+      CHECK(f.type == e.type);
+      CHECK(f.help.rfind("[ALPHA] ", 0) == 0);  // component-base's stability prefix
+      CHECK(f.labelNames == std::set<std::set<std::string>>{e.labels});
+    }
+  }
+}
+
+TEST_CASE("the sync metrics carry one series per family the node runs", "[unit][metrics]") {
+  ProxyMetrics singleStack("nftables", 1000.0, {"IPv4"});
+  singleStack.observeSync(sync(kproxy::core::SyncKind::kFull, true, 3ms));
+  const std::string v4 = singleStack.render(kproxy::core::ProxierStatus{}, {});
+  CHECK(sampleValue(v4, "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}") == "1");
+  CHECK(v4.find("ip_family=\"IPv6\"") == std::string::npos);
+
+  ProxyMetrics dual("nftables", 1000.0, {"IPv4", "IPv6"});
+  dual.observeSync(sync(kproxy::core::SyncKind::kFull, true, 3ms));
+  const std::string both = dual.render(kproxy::core::ProxierStatus{}, {});
+  // One sync programs both families: each family's series counts it.
+  CHECK(sampleValue(both, "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv4\"}") == "1");
+  CHECK(sampleValue(both, "kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family=\"IPv6\"}") == "1");
+}
+
+TEST_CASE("iptables mode counts failed partial restores, as upstream's fall back to a full one",
+          "[unit][metrics]") {
+  ProxyMetrics metrics("iptables", 1000.0, {"IPv4"});
+  metrics.observeSync(sync(kproxy::core::SyncKind::kPartial, false, 1ms));
+  metrics.observeSync(sync(kproxy::core::SyncKind::kFull, false, 1ms));
+  metrics.observeSync(sync(kproxy::core::SyncKind::kPartial, true, 1ms));
+  const std::string out = metrics.render(kproxy::core::ProxierStatus{}, {});
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_iptables_restore_failures_total{ip_family=\"IPv4\"}") == "2");
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total{ip_family=\"IPv4\"}") ==
+        "1");
+  // Not a family of nftables mode.
+  ProxyMetrics nft("nftables", 1000.0, {"IPv4"});
+  CHECK(nft.render(kproxy::core::ProxierStatus{}, {}).find("partial_restore_failures") == std::string::npos);
+}
+
+TEST_CASE("kubernetes_build_info names the Kubernetes release kproxy follows and its commit", "[unit][metrics]") {
+  ProxyMetrics clean("nftables", 1000.0, {"IPv4"}, {"v1.34.4", "0123456789ab"});
+  const std::string out = clean.render(kproxy::core::ProxierStatus{}, {});
+  const std::string line = out.substr(out.find("\nkubernetes_build_info{") + 1);
+  INFO(line.substr(0, line.find('\n')));
+  CHECK(line.rfind("kubernetes_build_info{build_date=\"1970-01-01T00:00:00Z\",compiler=\"gcc\","
+                   "git_commit=\"0123456789ab\",git_tree_state=\"clean\",git_version=\"v1.34.4\",go_version=\"\","
+                   "major=\"1\",minor=\"34\",platform=\"linux/",
+                   0) == 0);
+  CHECK(line.substr(0, line.find('\n')).ends_with("} 1"));
+  ProxyMetrics dirty("nftables", 1000.0, {"IPv4"}, {"v1.34.4", "0123456789ab-dirty"});
+  const std::string d = dirty.render(kproxy::core::ProxierStatus{}, {});
+  CHECK(d.find("git_commit=\"0123456789ab\",git_tree_state=\"dirty\"") != std::string::npos);
+}
+
+TEST_CASE("rest_client metrics: requests by code, method and host; request and rate-limiter latency",
+          "[unit][metrics]") {
+  kproxy::cli::RestClientMetrics rest;
+  const std::string empty = rest.render();
+  // Before any request: HELP and TYPE only, so a dashboard's query is valid from the start.
+  CHECK(empty.find("# TYPE rest_client_requests_total counter\n") != std::string::npos);
+  CHECK(empty.find("# TYPE rest_client_request_duration_seconds histogram\n") != std::string::npos);
+  CHECK(empty.find("# TYPE rest_client_rate_limiter_duration_seconds histogram\n") != std::string::npos);
+
+  rest.requestDone("GET", "10.96.0.1:443", "200");
+  rest.requestDone("GET", "10.96.0.1:443", "200");
+  rest.requestDone("GET", "10.96.0.1:443", kproxy::apiwatch::kRequestErrorCode);
+  rest.requestDone("POST", "10.96.0.1:443", "201");
+  rest.requestLatency("GET", "10.96.0.1:443", 0.02);
+  rest.requestLatency("GET", "10.96.0.1:443", 0.3);
+  rest.rateLimiterWait("GET", "10.96.0.1:443", 0);
+  const std::string out = rest.render();
+  CHECK(sampleValue(out, "rest_client_requests_total{code=\"200\",host=\"10.96.0.1:443\",method=\"GET\"}") == "2");
+  CHECK(sampleValue(out, "rest_client_requests_total{code=\"<error>\",host=\"10.96.0.1:443\",method=\"GET\"}") ==
+        "1");
+  CHECK(sampleValue(out, "rest_client_requests_total{code=\"201\",host=\"10.96.0.1:443\",method=\"POST\"}") == "1");
+  CHECK(sampleValue(out, "rest_client_request_duration_seconds_bucket{host=\"10.96.0.1:443\",verb=\"GET\",le=\"0.025\"}") ==
+        "1");
+  CHECK(sampleValue(out, "rest_client_request_duration_seconds_bucket{host=\"10.96.0.1:443\",verb=\"GET\",le=\"60\"}") ==
+        "2");
+  CHECK(sampleValue(out, "rest_client_request_duration_seconds_count{host=\"10.96.0.1:443\",verb=\"GET\"}") == "2");
+  CHECK(sampleValue(out, "rest_client_rate_limiter_duration_seconds_bucket{host=\"10.96.0.1:443\",verb=\"GET\",le=\"0.005\"}") ==
+        "1");
+  const auto families = parseFamilies(out);
+  CHECK(families.at("rest_client_requests_total").labelNames ==
+        std::set<std::set<std::string>>{{"code", "method", "host"}});
+  CHECK(families.at("rest_client_request_duration_seconds").labelNames ==
+        std::set<std::set<std::string>>{{"verb", "host"}});
+  CHECK(families.at("rest_client_rate_limiter_duration_seconds").labelNames ==
+        std::set<std::set<std::string>>{{"verb", "host"}});
+  CHECK(kproxy::cli::restClientLatencyHistogram().bounds ==
+        std::vector<double>{0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 15.0, 30.0, 60.0});
 }

@@ -12,6 +12,7 @@
 #include <optional>
 #include <string>
 
+#include "kproxy/apiwatch/request_metrics.h"
 #include "kproxy/core/error.h"
 
 namespace kproxy::apiwatch {
@@ -73,7 +74,13 @@ struct ClientConfig {
   /// The user's explicit opt-in (--insecure-allow-http-credentials) to send a bearer token or a
   /// password over plain http://, where anyone on the path can read and replay it.
   bool allowHttpCredentials = false;
+  /// Receives every request's outcome (rest_client_* metrics); null: not reported.
+  std::shared_ptr<RequestMetrics> requestMetrics;
 };
+
+/// The `host` label of the rest_client_* metrics: the server's host:port, as client-go's
+/// base URL gives it (IPv6 literals bracketed).
+std::string metricsHost(const ServerUrl& server);
 
 /// Refuses (kInvalidArgument) a config that would send credentials (token, tokenFile or
 /// username/password) to an http:// server, unless allowHttpCredentials is set. The message

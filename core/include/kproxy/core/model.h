@@ -176,6 +176,16 @@ struct NodeAddress {
   bool operator==(const NodeAddress&) const = default;
 };
 
+struct Taint {
+  std::string key;
+  std::string value;
+  std::string effect;  ///< NoSchedule, PreferNoSchedule, NoExecute
+  bool operator==(const Taint&) const = default;
+};
+
+/// The taint the cluster autoscaler puts on a node before it deletes it (KEP-3836).
+inline constexpr const char* kTaintToBeDeletedByClusterAutoscaler = "ToBeDeletedByClusterAutoscaler";
+
 struct Node {
   std::string name;
   Labels labels;
@@ -183,7 +193,18 @@ struct Node {
   std::vector<NodeAddress> addresses;
   std::vector<std::string> podCIDRs;
   bool deleting = false;  ///< metadata.deletionTimestamp is set
+  std::vector<Taint> taints;  ///< spec.taints
   bool operator==(const Node&) const = default;
+
+  /// Whether the node is on its way out, as upstream's health server decides it (KEP-3836): a
+  /// deletion timestamp, or the cluster autoscaler's ToBeDeletedByClusterAutoscaler taint
+  /// (any value, any effect). /healthz then fails so that load balancers drain the node.
+  bool beingDeleted() const {
+    if (deleting) return true;
+    for (const auto& taint : taints)
+      if (taint.key == kTaintToBeDeletedByClusterAutoscaler) return true;
+    return false;
+  }
 };
 
 /// A networking.k8s.io/v1 ServiceCIDR: ranges the API server allocates ClusterIPs from. Cluster

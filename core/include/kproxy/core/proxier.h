@@ -58,8 +58,8 @@ struct SyncObservation {
   std::string summary;
   std::optional<Error> error;
   double wallTimestamp = 0;
-  /// On success: trigger times (wall seconds) of the endpoint changes this sync programmed.
-  std::vector<double> triggerTimes;
+  /// On success: trigger times of the endpoint changes this sync programmed.
+  std::vector<TriggerTime> triggerTimes;
   /// A self-verification (see ProxierOptions::verifyPeriod): a full sync of the snapshot
   /// already applied. Its `operations` are differences found in the kernel (and repaired).
   bool verification = false;

@@ -31,13 +31,22 @@ struct TrackerConfig {
   bool preferSameTrafficDistribution = true;
 };
 
+/// The trigger time (annotation endpoints.kubernetes.io/last-change-trigger-time, wall seconds)
+/// of one EndpointSlice change, with the slice's family: network programming latency is
+/// reported per IP family, as upstream's per-family proxiers report it.
+struct TriggerTime {
+  double wall = 0;
+  net::Family family = net::Family::kIPv4;
+  bool operator==(const TriggerTime&) const = default;
+};
+
 struct PublishResult {
   std::shared_ptr<const Snapshot> snapshot;
   std::vector<ServicePortKey> changed;  ///< keys whose state differs from the previous snapshot
   std::size_t serviceChanges = 0;        ///< Service events folded into this snapshot
   std::size_t endpointChanges = 0;       ///< EndpointSlice events folded into this snapshot
-  /// Trigger times (wall seconds) of the EndpointSlice changes folded into this snapshot.
-  std::vector<double> triggerTimes;
+  /// Trigger times of the EndpointSlice changes folded into this snapshot.
+  std::vector<TriggerTime> triggerTimes;
 };
 
 class ChangeTracker {
