@@ -31,6 +31,9 @@ std::vector<TracedVirtualServer> tracedVirtualServers(std::span<const Fragment> 
       for (const auto& rs : vs.realServers)
         if (auto a = net::Prefix::parse(rs.address)) t.realServers.emplace_back(*a, rs.port);
       t.text = ipvsadmCommand('A', kernelVirtualServer(vs));
+      // The renderer leaves a virtual server without real servers only where the plan rejects
+      // for want of endpoints; where it drops (no local endpoint) there are drop rules instead.
+      if (vs.realServers.empty()) t.emptyReason = plan::DropReason::kNoEndpoints;
       out.push_back(std::move(t));
     }
   return out;
@@ -52,6 +55,7 @@ IpvsConnectionScheduler::Decision IpvsConnectionScheduler::schedule(const Connec
     d.kind = Decision::Kind::kRejected;
     d.chain = "IPVS";
     d.rule = vs->text + " (no real servers)";
+    d.reason = vs->emptyReason;
     return d;
   }
   const std::size_t k = vs->realServers.size() == 1 ? 0 : choices.choose(vs->realServers.size());

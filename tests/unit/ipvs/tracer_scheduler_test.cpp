@@ -179,3 +179,36 @@ TEST_CASE("IPVS scheduler: a virtual server without real servers refuses the con
   c.destinationPort = 81;
   CHECK(scheduler.schedule(c, choices, path).kind == iptables::ConnectionScheduler::Decision::Kind::kPass);
 }
+
+TEST_CASE("IPVS scheduler: a rendered virtual server without real servers refuses for want of endpoints",
+          "[unit]") {
+  RenderConfig cfg;
+  cfg.common.clusterCIDRs = {"10.244.0.0/16"};
+  IpvsRenderer renderer(cfg);
+  sdk::NodeInfo n;
+  n.name = "node-a";
+  n.addresses = {"192.168.0.2"};
+  renderer.setNode(n);
+  sdk::ServicePort p;
+  p.family = net::Family::kIPv4;
+  p.ns = "default";
+  p.serviceName = "empty";
+  p.portName = "p";
+  p.key = "default/empty:p";
+  p.clusterIP = "10.96.0.40";
+  p.port = 80;
+  const std::vector<Fragment> fragments{renderer.renderServicePort(p)};
+  const auto servers = tracedVirtualServers(fragments);
+  REQUIRE(servers.size() == 1);
+  CHECK(servers[0].realServers.empty());
+  CHECK(servers[0].emptyReason == plan::DropReason::kNoEndpoints);
+  const IpvsConnectionScheduler scheduler(servers);
+  plan::ChoiceExplorer choices;
+  iptables::TracePath path;
+  iptables::ConnectionScheduler::Connection c;
+  c.destination = *net::Prefix::parse("10.96.0.40");
+  c.destinationPort = 80;
+  const auto d = scheduler.schedule(c, choices, path);
+  CHECK(d.kind == iptables::ConnectionScheduler::Decision::Kind::kRejected);
+  CHECK(d.reason == plan::DropReason::kNoEndpoints);
+}

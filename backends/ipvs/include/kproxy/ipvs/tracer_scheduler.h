@@ -30,6 +30,8 @@ struct TracedVirtualServer {
   /// kernel uses a real server's port only when the packet's equals the service's, 0 here).
   bool keepsPort = false;
   std::string text;  ///< how the trace names it ("ipvsadm -A -t 10.96.0.10:80 -s rr")
+  /// Why it refuses a connection when it has no real server.
+  plan::DropReason emptyReason = plan::DropReason::kNone;
 };
 
 /// The virtual servers of rendered service ports, as the scheduler takes them.
