@@ -504,8 +504,11 @@ GlobalObjects IptablesRenderer::renderGlobal(net::Family family, const sdk::Node
     ChainRules forward{Table::kFilter, std::string(names::kForward), {}};
     // Without liberal TCP conntrack, out-of-window packets are INVALID and would reach a pod
     // un-NATed: drop them (upstream's issue 74839).
-    if (!config_.conntrackTCPLiberal)
+    if (!config_.conntrackTCPLiberal) {
       forward.rules.push_back(Spec().match("-m conntrack --ctstate INVALID").jump("DROP").str());
+      g.tags.push_back(
+          RuleTag{Table::kFilter, forward.name, forward.rules.back(), plan::DropReason::kInvalidConnection});
+    }
     forward.rules.push_back(Spec()
                                 .comment("kubernetes forwarding rules")
                                 .match(fmt::format("-m mark --mark {0}/{0}", mark))
@@ -555,7 +558,7 @@ GlobalObjects IptablesRenderer::renderGlobal(net::Family family, const sdk::Node
   // DNAT'ed (upstream puts this rule in kubelet's KUBE-FIREWALL, which kproxy leaves alone).
   // Only where NodePorts answer on loopback: upstream turns localhost NodePorts off when the
   // nodeport-addresses hold no IPv4 loopback address.
-  if (!isV6(family) && localhostNodePorts())
+  if (!isV6(family) && localhostNodePorts()) {
     g.dispatch.push_back(DispatchRule{Table::kFilter, std::string(names::kProxyFirewall), Section::kTail,
                                       Spec()
                                           .src("127.0.0.0/8", true)
@@ -564,6 +567,9 @@ GlobalObjects IptablesRenderer::renderGlobal(net::Family family, const sdk::Node
                                           .match("-m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT")
                                           .jump("DROP")
                                           .str()});
+    g.tags.push_back(RuleTag{Table::kFilter, std::string(names::kProxyFirewall), g.dispatch.back().spec,
+                             plan::DropReason::kLocalnet});
+  }
 
   // Jumps from the built-in chains, in upstream's order (each is inserted first when missing).
   const std::string ctNew = "-m conntrack --ctstate NEW";

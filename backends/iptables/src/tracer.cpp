@@ -31,8 +31,8 @@ enum class MatchKind : std::uint8_t {
   kMark,         // -m mark --mark v/m
   kRandom,       // -m statistic --mode random --probability p
   kRecentHit,    // -m recent --rcheck / --update / --remove: the list holds nothing yet
-  kSet,          // -m set --match-set NAME FLAGS (IPVS mode): text is the set, states the flags
-  kIpvsProto,    // -m ipvs --vproto N: the connection's virtual server (IPVS mode)
+  kSet,          // -m set --match-set NAME FLAGS: text is the set, states the flags
+  kIpvsProto,    // -m ipvs --vproto N: the virtual service the scheduler named
   kIpvsAddress,  // -m ipvs --vaddr A
   kIpvsPort,     // -m ipvs --vport P
   kPhysdevIsIn,  // -m physdev --physdev-is-in: the packet came in on a bridge port (never here)
@@ -342,7 +342,7 @@ class TracedRuleParser {
   }
 
   /// Options that match on the packet or its connection: ports, address types, states, sets,
-  /// IPVS, bridge ports.
+  /// `-m ipvs`, bridge ports.
   bool matchOption(const std::string& w) {
     if (w == "--dport" || w == "--destination-port" || w == "--dports" || w == "--destination-ports") {
       Match m;
@@ -482,12 +482,6 @@ namespace {
 constexpr int kMaxJumpDepth = 64;
 constexpr std::size_t kMaxPaths = 4096;
 
-/// What IPVS mode adds to the rules (IptablesTracer::setIpvs).
-struct IpvsModel {
-  const std::vector<std::pair<std::string, TracedIpset>>& sets;
-  const std::vector<TracedVirtualServer>& servers;
-};
-
 /// How evaluation of a chain (or rule) ended.
 enum class Flow : std::uint8_t {
   kNext,    // the rule did not match, or matched without a terminal target: go on
@@ -509,8 +503,10 @@ bool isLoopback(const net::Prefix& a) {
 class PacketRun {
  public:
   PacketRun(const IptablesTracer::Ruleset& rules, const std::vector<net::Prefix>& local, const Packet& packet,
-            plan::ChoiceExplorer& choices, TracePath& path, std::set<std::string>& warnings, const IpvsModel* ipvs)
-      : ipvs_(ipvs),
+            plan::ChoiceExplorer& choices, TracePath& path, std::set<std::string>& warnings,
+            const std::vector<std::pair<std::string, TracedIpset>>& sets, const ConnectionScheduler* scheduler)
+      : sets_(sets),
+        scheduler_(scheduler),
         rules_(rules),
         local_(local),
         choices_(choices),
@@ -529,9 +525,9 @@ class PacketRun {
       alive = hook("PREROUTING", {"raw", "mangle", "nat"});
       if (alive && isLocal(dst_)) {
         alive = hook("INPUT", {"mangle", "filter"});
-        // IPVS's LOCAL_IN hook sits between filter and nat INPUT; a scheduled packet leaves
-        // for its real server through LOCAL_OUT and POSTROUTING.
-        const Scheduled scheduled = alive ? schedule() : Scheduled::kNo;
+        // The scheduler's LOCAL_IN hook sits between filter and nat INPUT; a scheduled packet
+        // leaves for its new destination through LOCAL_OUT and POSTROUTING.
+        const Scheduled scheduled = alive ? schedule(ConnectionScheduler::Hook::kLocalIn) : Scheduled::kNo;
         if (scheduled == Scheduled::kRejected) alive = false;
         else if (scheduled == Scheduled::kYes)
           alive = hook("OUTPUT", {"mangle", "filter"}) && hook("POSTROUTING", {"mangle", "nat"});
@@ -541,9 +537,9 @@ class PacketRun {
         alive = hook("FORWARD", {"mangle", "filter"}) && hook("POSTROUTING", {"mangle", "nat"});
       }
     } else {
-      // IPVS's LOCAL_OUT hook comes right after nat OUTPUT.
+      // The scheduler's LOCAL_OUT hook comes right after nat OUTPUT.
       alive = hook("OUTPUT", {"raw", "mangle", "nat"});
-      const Scheduled scheduled = alive ? schedule() : Scheduled::kNo;
+      const Scheduled scheduled = alive ? schedule(ConnectionScheduler::Hook::kLocalOut) : Scheduled::kNo;
       if (scheduled == Scheduled::kRejected) alive = false;
       if (scheduled == Scheduled::kYes) alive = hook("OUTPUT", {"mangle", "filter"});
       if (scheduled == Scheduled::kNo && alive) alive = hook("OUTPUT", {"filter"});
@@ -568,36 +564,26 @@ class PacketRun {
  private:
   enum class Scheduled : std::uint8_t { kNo, kYes, kRejected };
 
-  /// IPVS: the virtual server the packet meets (by mark, then by address), and the real
-  /// server it is scheduled to (one path each).
-  Scheduled schedule() {
-    if (ipvs_ == nullptr) return Scheduled::kNo;
-    const TracedVirtualServer* vs = nullptr;
-    for (const auto& v : ipvs_->servers)
-      if (mark_ != 0 && v.fwmark == mark_) vs = &v;
-    if (vs == nullptr)
-      for (const auto& v : ipvs_->servers)
-        if (v.fwmark == 0 && v.protocol == proto_ && v.port == dport_ && v.address == dst_) vs = &v;
-    if (vs == nullptr) return Scheduled::kNo;
-    if (vs->realServers.empty()) {
-      path_.steps.push_back(TraceStep{"IPVS", vs->text, "no real servers: ICMP port unreachable"});
-      path_.outcome.verdict = TraceVerdict::kRejected;
-      path_.outcome.chain = "IPVS";
-      path_.outcome.rule = vs->text + " (no real servers)";
-      return Scheduled::kRejected;
+  /// The scheduler's decision at `hook`; a scheduled connection is DNAT'ed, and `-m ipvs`
+  /// matches its virtual service from then on.
+  Scheduled schedule(ConnectionScheduler::Hook hook) {
+    if (scheduler_ == nullptr) return Scheduled::kNo;
+    const ConnectionScheduler::Decision d =
+        scheduler_->schedule(ConnectionScheduler::Connection{hook, proto_, src_, dst_, dport_, mark_}, choices_, path_);
+    switch (d.kind) {
+      case ConnectionScheduler::Decision::Kind::kPass: return Scheduled::kNo;
+      case ConnectionScheduler::Decision::Kind::kRejected:
+        path_.outcome.verdict = TraceVerdict::kRejected;
+        path_.outcome.chain = d.chain;
+        path_.outcome.rule = d.rule;
+        path_.outcome.reason = d.reason;
+        return Scheduled::kRejected;
+      case ConnectionScheduler::Decision::Kind::kScheduled: break;
     }
-    const std::size_t k = vs->realServers.size() == 1 ? 0 : choices_.choose(vs->realServers.size());
-    const auto& [address, realPort] = vs->realServers[k];
-    // A persistent firewall-mark service keeps the packet's port (the kernel's
-    // ip_vs_sched_persist): the real server's port is not used.
-    const std::uint16_t port = vs->keepsPort ? dport_ : realPort;
-    const std::string to = plan::endpointText(address.toString(), port);
-    if (vs->realServers.size() > 1) path_.choices.push_back(fmt::format("IPVS {}: real server {}", vs->text, to));
-    virtualServer_ = VirtualConnection{proto_, dst_, dport_};
-    dst_ = address;
-    dport_ = port;
+    virtualService_ = d.service;
+    dst_ = d.destination;
+    dport_ = d.destinationPort;
     dnat_ = true;
-    path_.steps.push_back(TraceStep{"IPVS", vs->text, "scheduled to " + to});
     return Scheduled::kYes;
   }
 
@@ -605,9 +591,8 @@ class PacketRun {
   /// address and port); nullopt when the set is unknown.
   std::optional<bool> inSet(const std::string& name, const std::vector<std::string>& flags) const {
     const TracedIpset* set = nullptr;
-    if (ipvs_ != nullptr)
-      for (const auto& [n, s] : ipvs_->sets)
-        if (n == name) set = &s;
+    for (const auto& [n, s] : sets_)
+      if (n == name) set = &s;
     if (set == nullptr) return std::nullopt;
     auto address = [&](std::size_t k) { return k < flags.size() && flags[k] == "src" ? src_ : dst_; };
     // The source port of a new connection is not modelled: a "src" port never matches.
@@ -754,11 +739,11 @@ class PacketRun {
           hit = *in;
           break;
         }
-        case MatchKind::kIpvsProto: hit = virtualServer_ && virtualServer_->protocol == m.protocol; break;
-        case MatchKind::kIpvsAddress: hit = virtualServer_ && m.prefix.contains(virtualServer_->address); break;
+        case MatchKind::kIpvsProto: hit = virtualService_ && virtualService_->protocol == m.protocol; break;
+        case MatchKind::kIpvsAddress: hit = virtualService_ && m.prefix.contains(virtualService_->address); break;
         case MatchKind::kIpvsPort:
-          hit = virtualServer_ && virtualServer_->port >= m.ports.front().first &&
-                virtualServer_->port <= m.ports.front().second;
+          hit = virtualService_ && virtualService_->port >= m.ports.front().first &&
+                virtualService_->port <= m.ports.front().second;
           break;
         case MatchKind::kPhysdevIsIn: hit = false; break;
         case MatchKind::kConnmark: hit = (connmark_ & m.mask) == m.value; break;
@@ -838,13 +823,9 @@ class PacketRun {
     return Flow::kNext;
   }
 
-  struct VirtualConnection {
-    std::uint8_t protocol;
-    net::Prefix address;
-    std::uint16_t port;
-  };
-  const IpvsModel* ipvs_;
-  std::optional<VirtualConnection> virtualServer_;  // the IPVS connection, once scheduled
+  const std::vector<std::pair<std::string, TracedIpset>>& sets_;
+  const ConnectionScheduler* scheduler_;
+  std::optional<ConnectionScheduler::VirtualService> virtualService_;  // once scheduled
   std::uint32_t connmark_ = 0;
   const IptablesTracer::Ruleset& rules_;
   const std::vector<net::Prefix>& local_;
@@ -888,11 +869,10 @@ core::Result<IptablesTracer> IptablesTracer::fromText(std::string_view text, std
   return IptablesTracer(*parsed, std::move(localAddresses));
 }
 
-void IptablesTracer::setIpvs(std::vector<std::pair<std::string, TracedIpset>> sets,
-                             std::vector<TracedVirtualServer> servers) {
-  ipvs_ = true;
-  sets_ = std::move(sets);
-  virtualServers_ = std::move(servers);
+void IptablesTracer::setIpsets(std::vector<std::pair<std::string, TracedIpset>> sets) { sets_ = std::move(sets); }
+
+void IptablesTracer::setScheduler(std::shared_ptr<const ConnectionScheduler> scheduler) {
+  scheduler_ = std::move(scheduler);
 }
 
 void IptablesTracer::tagRules(std::span<const RuleTag> tags) {
@@ -921,8 +901,7 @@ Trace IptablesTracer::trace(const Packet& packet) const {
       break;
     }
     TracePath& path = trace.paths.emplace_back();
-    const IpvsModel model{sets_, virtualServers_};
-    PacketRun(*rules_, localAddresses_, packet, choices, path, warnings, ipvs_ ? &model : nullptr).run();
+    PacketRun(*rules_, localAddresses_, packet, choices, path, warnings, sets_, scheduler_.get()).run();
   } while (choices.next());
   trace.warnings.assign(warnings.begin(), warnings.end());
   trace.outcome = plan::mergePaths(trace.paths);

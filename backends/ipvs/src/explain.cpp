@@ -1,32 +1,19 @@
 // `kproxy explain` in IPVS mode: the packet is traced through what a full sync would program,
 // by the same tracer as iptables mode: the iptables rules (nat and filter, with the ipsets
-// they match), and IPVS between the hooks, scheduling over the planned virtual servers.
+// they match), and IPVS between the hooks: the tracer's scheduler is IPVS's
+// (tracer_scheduler.h), over the planned virtual servers.
 #include <algorithm>
 #include <map>
-
-#include <fmt/format.h>
+#include <memory>
 
 #include "kproxy/net/ip.h"
 #include "kproxy/iptables/tracer.h"
 #include "kproxy/ipvs/backend.h"
+#include "kproxy/ipvs/tracer_scheduler.h"
 #include "kproxy/plan/service_plan.h"
 #include "kproxy/plan/trace.h"
 
 namespace kproxy::ipvs {
-namespace {
-
-using net::Prefix;
-
-std::uint8_t protocolNumber(sdk::Protocol p) {
-  switch (p) {
-    case sdk::Protocol::kUDP: return 17;
-    case sdk::Protocol::kSCTP: return 132;
-    case sdk::Protocol::kTCP: break;
-  }
-  return 6;
-}
-
-}  // namespace
 
 sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapshot,
                                                 const sdk::ExplainRequest& request) {
@@ -66,23 +53,12 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
   for (const auto& f : fragments) tracer->tagRules(f.tags);
   std::map<std::string, iptables::TracedIpset> sets;
   for (const auto& def : global.sets) sets[def.name].type = def.type;
-  std::vector<iptables::TracedVirtualServer> servers;
-  for (const auto& f : fragments) {
+  for (const auto& f : fragments)
     for (const auto& e : f.ipsetEntries) sets[e.set].members.push_back(e.entry);
-    for (const auto& vs : f.virtualServers) {
-      iptables::TracedVirtualServer t;
-      t.protocol = protocolNumber(vs.protocol);
-      if (auto a = net::Prefix::parse(vs.address)) t.address = *a;
-      t.port = vs.port;
-      t.fwmark = vs.fwmark;
-      t.keepsPort = vs.fwmark != 0 && vs.persistent;
-      for (const auto& rs : vs.realServers)
-        if (auto a = net::Prefix::parse(rs.address)) t.realServers.emplace_back(*a, rs.port);
-      t.text = ipvsadmCommand('A', kernelVirtualServer(vs));
-      servers.push_back(std::move(t));
-    }
-  }
-  tracer->setIpvs({sets.begin(), sets.end()}, std::move(servers));
+  tracer->setIpsets({sets.begin(), sets.end()});
+  // IPVS schedules between the hooks: the tracer is given IPVS's scheduler over the virtual
+  // servers the sync would program.
+  tracer->setScheduler(std::make_shared<const IpvsConnectionScheduler>(tracedVirtualServers(fragments)));
   const plan::Trace trace = tracer->trace(*packet);
 
   plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, family, trace);

@@ -697,7 +697,8 @@ class GlobalChains {
     tail(Table::kFilter, kIpvsFilter,
          matchSet(s, SetId::kIPVSIPs, "dst", false)
              .jump(isV6(family_) ? "REJECT --reject-with icmp6-port-unreachable"
-                                 : "REJECT --reject-with icmp-port-unreachable"));
+                                 : "REJECT --reject-with icmp-port-unreachable"),
+         plan::DropReason::kServiceAddressPort);
   }
 
   /// nat KUBE-POSTROUTING / KUBE-MARK-MASQ (MARK --xor-mark / --or-mark as save prints them).

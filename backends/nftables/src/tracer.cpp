@@ -203,7 +203,11 @@ class PacketRun {
       case VerdictKind::kJump:
       case VerdictKind::kGoto: {
         step(chain.name, &rule, std::move(detail));
+        // A tagged jump names the reason of what ends below it (ir.h, Rule::reason).
+        const plan::DropReason outer = reasonOfCaller_;
+        if (outer == plan::DropReason::kNone) reasonOfCaller_ = rule.reason;
         Flow f = jumpTo(v.chain, depth);
+        reasonOfCaller_ = outer;
         if (terminal(f)) return f;
         // A jump comes back to the next rule; a goto returns to this chain's caller.
         return v.kind == VerdictKind::kGoto ? Flow::kReturn : Flow::kNext;
@@ -216,7 +220,7 @@ class PacketRun {
     path_.outcome.verdict = verdict;
     path_.outcome.chain = chain.name;
     path_.outcome.rule = rule.toText(t_.family_);
-    path_.outcome.reason = rule.reason;
+    path_.outcome.reason = reasonOfCaller_ != plan::DropReason::kNone ? reasonOfCaller_ : rule.reason;
   }
 
   const std::vector<Element>* elementsOf(const std::string& set) const {
@@ -459,6 +463,7 @@ class PacketRun {
   const Ruleset& t_;
   ChoiceOracle& oracle_;
   TracePath& path_;
+  plan::DropReason reasonOfCaller_ = plan::DropReason::kNone;  // the tag of the jump that led here
   std::set<std::string>& warnings_;
 
   net::Prefix src_;

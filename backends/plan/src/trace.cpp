@@ -100,6 +100,9 @@ std::string_view dropReasonName(DropReason reason) {
     case DropReason::kNoLocalEndpoints: return "no-local-endpoints";
     case DropReason::kSourceRange: return "source-range";
     case DropReason::kClusterIPPort: return "cluster-ip-port";
+    case DropReason::kServiceAddressPort: return "service-address-port";
+    case DropReason::kInvalidConnection: return "invalid-connection";
+    case DropReason::kLocalnet: return "localnet";
   }
   return "";
 }

@@ -394,6 +394,7 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
       pool += (pool.empty() ? "" : ", ") + t.toString();
     }
     path.outcome.verdict = spec.endpoints.empty() ? plan::TraceVerdict::kRejected : plan::TraceVerdict::kDnat;
+    path.outcome.reason = spec.endpoints.empty() ? plan::DropReason::kNoEndpoints : plan::DropReason::kNone;
     path.outcome.masqueraded = true;
     path.steps.push_back(plan::TraceStep{
         "userspace proxy", "",

@@ -77,7 +77,10 @@ RenderedTable renderUserspaceTable(net::Family family, const std::vector<Redirec
   Chain output{"output", BaseHook{"nat", "output", kDstNat}, {}};
   for (auto& r : lookups({}, true)) output.rules.push_back(std::move(r));
   for (auto& r : lookups({}, false)) output.rules.push_back(std::move(r));
-  const Rule otherPorts{{MatchDestInSet{std::string(kClusterIPs)}, Verdict{VerdictKind::kGoto, std::string(kRejectChain)}}};
+  // The reject chain is shared: its own tags say why the services map sends a port there (no
+  // endpoints); this goto's tag, which wins over them, says why a ClusterIP's other port is.
+  const Rule otherPorts{{MatchDestInSet{std::string(kClusterIPs)}, Verdict{VerdictKind::kGoto, std::string(kRejectChain)}},
+                        plan::DropReason::kClusterIPPort};
   const Rule check{{Verdict{VerdictKind::kJump, names::kClusterIPsCheckChain}}};
   for (Chain* base : {&prerouting, &output}) {
     base->rules.push_back(otherPorts);
@@ -88,7 +91,8 @@ RenderedTable renderUserspaceTable(net::Family family, const std::vector<Redirec
     if (cidr.family == family) clusterIPsCheck.rules.push_back(Rule{{MatchAddress{false, false, cidr}, Verdict{VerdictKind::kDrop, {}}},
                                             plan::DropReason::kUnallocatedClusterIP});
   Chain reject{std::string(kRejectChain), std::nullopt,
-               {Rule{{MatchL4Proto{6}, Reject{true}}}, Rule{{Reject{false}}}}};
+               {Rule{{MatchL4Proto{6}, Reject{true}}, plan::DropReason::kNoEndpoints},
+                Rule{{Reject{false}}, plan::DropReason::kNoEndpoints}}};
   t.chains.push_back(std::move(prerouting));
   t.chains.push_back(std::move(output));
   t.chains.push_back(std::move(reject));

@@ -182,3 +182,43 @@ TEST_CASE("iptables explain: the renderer's drop and reject tags reach the trace
   CHECK(outcome("172.30.0.42").reason == plan::DropReason::kNoEndpoints);
   CHECK(outcome("172.30.0.41").reason == plan::DropReason::kNone);
 }
+
+TEST_CASE("iptables explain: the INVALID drop in KUBE-FORWARD and the localnet drop are tagged", "[unit]") {
+  sdk::NodeInfo n = node();
+  n.nodePortAddresses.resolved = true;
+  n.nodePortAddresses.addresses = {"192.168.1.10", "127.0.0.1"};  // NodePorts on localhost too
+  IptablesRenderer renderer(config());
+  renderer.setNode(n);
+  const TaggedRuleset rules = renderTaggedRuleset(renderer, net::Family::kIPv4, {}, n);
+  auto taggedAs = [&](plan::DropReason reason) {
+    std::vector<std::string> out;
+    for (const auto& tag : rules.tags)
+      if (tag.reason == reason) out.push_back(tag.chain + " " + tag.spec);
+    return out;
+  };
+  CHECK(taggedAs(plan::DropReason::kInvalidConnection) ==
+        std::vector<std::string>{"KUBE-FORWARD -m conntrack --ctstate INVALID -j DROP"});
+  const auto localnet = taggedAs(plan::DropReason::kLocalnet);
+  REQUIRE(localnet.size() == 1);
+  CHECK(localnet[0].starts_with("KUBE-PROXY-FIREWALL ! -s 127.0.0.0/8 -d 127.0.0.0/8 "));
+  CHECK(localnet[0].ends_with("-j DROP"));
+  // Each names a rule of the ruleset the kernel is given, and a trace that ends there says why.
+  CHECK(rules.text.find("-A " + taggedAs(plan::DropReason::kInvalidConnection)[0]) != std::string::npos);
+  CHECK(rules.text.find("-A " + localnet[0]) != std::string::npos);
+  auto tracer = IptablesTracer::fromText(rules.text, {*net::Prefix::parse("192.168.1.10")});
+  REQUIRE(tracer);
+  tracer->tagRules(rules.tags);
+  const Trace t = tracer->trace(*plan::Packet::make("10.0.0.2", "127.0.0.1", 9999, "tcp"));
+  INFO(t.toText());
+  CHECK(t.outcome.verdict == plan::TraceVerdict::kDropped);
+  CHECK(t.outcome.chain == "filter KUBE-PROXY-FIREWALL");
+  CHECK(t.outcome.reason == plan::DropReason::kLocalnet);
+
+  // With liberal TCP conntrack there is no INVALID drop, and no tag.
+  RenderConfig liberal = config();
+  liberal.conntrackTCPLiberal = true;
+  IptablesRenderer liberalRenderer(liberal);
+  liberalRenderer.setNode(n);
+  for (const auto& tag : renderTaggedRuleset(liberalRenderer, net::Family::kIPv4, {}, n).tags)
+    CHECK(tag.reason != plan::DropReason::kInvalidConnection);
+}

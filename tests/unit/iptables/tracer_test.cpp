@@ -378,115 +378,123 @@ TEST_CASE("iptables tracer: malformed text is an error, not a tracer", "[unit]")
   CHECK_FALSE(IptablesTracer::fromText("*nat\n-A NOPE -j ACCEPT\nCOMMIT\n", {}));
 }
 
-// ---- IPVS mode: ipsets, virtual servers between the hooks, connection marks -------------
+// ---- a connection scheduler between the hooks, ipsets ---------------------------------------
 
 namespace {
 
-// A small IPVS-mode ruleset: a VIP 10.96.0.10:80 on kube-ipvs0 (local), a firewalled LB IP,
-// the "other ports of a VIP" reject, masquerade of what is not from the pods, and a
-// firewall-mark virtual server for 10.96.0.20:80 whose masquerade goes through the connmark.
-const char* kIpvsRules = R"(*nat
+// Rules that only a scheduled connection can pass through as the test expects: nat leaves the
+// packet alone; filter OUTPUT drops what `-m ipvs` says was scheduled by 10.96.0.99:8080 (an
+// address the packet never had, so it can only come from the scheduler); filter INPUT
+// rejects new connections to a set's members on ports not in another set.
+const char* kScheduledRules = R"(*nat
 :PREROUTING ACCEPT [0:0]
+:INPUT ACCEPT [0:0]
 :OUTPUT ACCEPT [0:0]
 :POSTROUTING ACCEPT [0:0]
-:KUBE-SERVICES - [0:0]
-:KUBE-POSTROUTING - [0:0]
-:KUBE-MARK-MASQ - [0:0]
--A PREROUTING -j KUBE-SERVICES
--A OUTPUT -j KUBE-SERVICES
--A POSTROUTING -j KUBE-POSTROUTING
--A KUBE-SERVICES -d 10.96.0.20/32 -p tcp -m tcp --dport 80 -j MARK --set-xmark 0x10000001/0xffffffff
--A KUBE-SERVICES ! -s 10.244.0.0/16 -m set --match-set KUBE-CLUSTER-IP dst,dst -j KUBE-MARK-MASQ
--A KUBE-SERVICES -m set --match-set KUBE-CLUSTER-IP dst,dst -j ACCEPT
--A KUBE-POSTROUTING -m connmark --mark 0x4000/0x4000 -j MARK --set-xmark 0x4000/0x4000
--A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
--A KUBE-POSTROUTING -j MASQUERADE --random-fully
--A KUBE-MARK-MASQ -m mark --mark 0x10000000/0x10000000 -j CONNMARK --set-xmark 0x4000/0x4000
--A KUBE-MARK-MASQ -m mark --mark 0x10000000/0x10000000 -j RETURN
--A KUBE-MARK-MASQ -j MARK --set-xmark 0x4000/0x4000
+-A INPUT -j MASQUERADE
 COMMIT
 *filter
 :INPUT ACCEPT [0:0]
 :FORWARD ACCEPT [0:0]
 :OUTPUT ACCEPT [0:0]
-:KUBE-IPVS-FILTER - [0:0]
-:KUBE-IPVS-OUT-FILTER - [0:0]
--A INPUT -j KUBE-IPVS-FILTER
--A OUTPUT -j KUBE-IPVS-OUT-FILTER
--A KUBE-IPVS-FILTER -m set --match-set KUBE-CLUSTER-IP dst,dst -j RETURN
--A KUBE-IPVS-FILTER -m set --match-set KUBE-IPVS-IPS dst -m conntrack --ctstate NEW -j REJECT --reject-with icmp-port-unreachable
--A KUBE-IPVS-OUT-FILTER -s 10.96.0.10/32 -m ipvs --vproto 6 --vaddr 10.96.0.10 --vport 80 -j DROP
+-A INPUT -m set --match-set SERVED dst,dst -j RETURN
+-A INPUT -m set --match-set ADDRESSES dst -m conntrack --ctstate NEW -j REJECT
+-A OUTPUT -m ipvs --vproto 6 --vaddr 10.96.0.99 --vport 8080 -j DROP
 COMMIT
 )";
 
-IptablesTracer ipvsTracer() {
-  auto t = IptablesTracer::fromText(
-      kIpvsRules, {*net::Prefix::parse(kNodeIP), *net::Prefix::parse("10.96.0.10"), *net::Prefix::parse("10.96.0.20")});
+/// Schedules 10.96.0.10:80 to two destinations, names 10.96.0.99:8080 as the virtual service
+/// of what it schedules from 10.0.0.66, refuses 10.96.0.11:80, and records every call.
+class RecordingScheduler final : public ConnectionScheduler {
+ public:
+  Decision schedule(const Connection& c, plan::ChoiceExplorer& choices, TracePath& path) const override {
+    calls.push_back(c);
+    Decision d;
+    if (c.destination == *Prefix::parse("10.96.0.11")) {
+      d.kind = Decision::Kind::kRejected;
+      d.chain = "SCHED";
+      d.rule = "refuses 10.96.0.11:80";
+      d.reason = plan::DropReason::kNoEndpoints;
+      return d;
+    }
+    if (c.destination != *Prefix::parse("10.96.0.10") || c.destinationPort != 80) return d;
+    const std::size_t k = choices.choose(2);
+    path.choices.push_back(fmt::format("destination {}", k));
+    path.steps.push_back(TraceStep{"SCHED", "10.96.0.10:80", "scheduled"});
+    d.kind = Decision::Kind::kScheduled;
+    d.destination = *Prefix::parse(k == 0 ? "10.244.1.5" : "10.244.2.5");
+    d.destinationPort = 8080;
+    d.service = c.source == *Prefix::parse("10.0.0.66")
+                    ? VirtualService{6, *Prefix::parse("10.96.0.99"), 8080}
+                    : VirtualService{c.protocol, c.destination, c.destinationPort};
+    return d;
+  }
+  mutable std::vector<Connection> calls;
+};
+
+IptablesTracer scheduledTracer(std::shared_ptr<const ConnectionScheduler> scheduler) {
+  auto t = IptablesTracer::fromText(kScheduledRules, {*Prefix::parse(kNodeIP), *Prefix::parse("10.96.0.10"),
+                                                      *Prefix::parse("10.96.0.11"), *Prefix::parse("10.96.0.12")});
   REQUIRE(t);
-  std::vector<std::pair<std::string, TracedIpset>> sets{
-      {"KUBE-CLUSTER-IP", {"hash:ip,port", {"10.96.0.10,tcp:80", "10.96.0.20,tcp:80"}}},
-      {"KUBE-IPVS-IPS", {"hash:ip", {"10.96.0.10", "10.96.0.20"}}}};
-  TracedVirtualServer vip;
-  vip.address = *net::Prefix::parse("10.96.0.10");
-  vip.port = 80;
-  vip.realServers = {{*net::Prefix::parse("10.244.1.5"), 8080}, {*net::Prefix::parse("10.244.2.5"), 8080}};
-  vip.text = "ipvsadm -A -t 10.96.0.10:80 -s rr";
-  TracedVirtualServer marked;
-  marked.fwmark = 0x10000001;
-  marked.realServers = {{*net::Prefix::parse("10.244.1.6"), 8080}};
-  marked.text = "ipvsadm -A -f 268435457 -s rr";
-  t->setIpvs(std::move(sets), {vip, marked});
+  t->setIpsets({{"SERVED", {"hash:ip,port", {"10.96.0.10,tcp:80", "10.96.0.11,tcp:80"}}},
+                {"ADDRESSES", {"hash:ip", {"10.96.0.10", "10.96.0.11", "10.96.0.12"}}}});
+  t->setScheduler(std::move(scheduler));
   return std::move(*t);
 }
 
 }  // namespace
 
-TEST_CASE("iptables tracer, IPVS mode: a pod reaches a virtual server's real servers after filter INPUT", "[unit]") {
-  const auto tracer = ipvsTracer();
-  const Trace t = tracer.trace(packet("10.244.0.7", "10.96.0.10", 80));
+TEST_CASE("iptables tracer: the scheduler is called at LOCAL_IN, after filter INPUT, and its destinations are paths",
+          "[unit]") {
+  auto scheduler = std::make_shared<RecordingScheduler>();
+  const Trace t = scheduledTracer(scheduler).trace(packet("10.0.0.2", "10.96.0.10", 80));
   INFO(t.toText());
   CHECK(t.warnings.empty());
-  CHECK(t.paths.size() == 2);  // one per real server
+  CHECK(t.paths.size() == 2);
   CHECK(t.outcome.verdict == TraceVerdict::kDnat);
   CHECK(t.outcome.endpoints == eps({"10.244.1.5:8080", "10.244.2.5:8080"}));
+  // Scheduled before nat INPUT: its MASQUERADE is never reached.
   CHECK_FALSE(t.outcome.masqueraded);
-  CHECK(metRule(t, "filter KUBE-IPVS-FILTER", "KUBE-CLUSTER-IP dst,dst -j RETURN"));
-  CHECK(metRule(t, "IPVS", "ipvsadm -A -t 10.96.0.10:80"));
+  CHECK(metRule(t, "filter INPUT", "SERVED dst,dst -j RETURN"));
+  CHECK(metRule(t, "SCHED", "10.96.0.10:80"));
+  REQUIRE_FALSE(scheduler->calls.empty());
+  CHECK(scheduler->calls.front().hook == ConnectionScheduler::Hook::kLocalIn);
+  CHECK(scheduler->calls.front().source == *Prefix::parse("10.0.0.2"));
 }
 
-TEST_CASE("iptables tracer, IPVS mode: another port of a VIP is rejected before IPVS", "[unit]") {
-  const Trace t = ipvsTracer().trace(packet("10.244.0.7", "10.96.0.10", 81));
-  INFO(t.toText());
-  CHECK(t.outcome.verdict == TraceVerdict::kRejected);
-  CHECK(t.outcome.chain == "filter KUBE-IPVS-FILTER");
-}
-
-TEST_CASE("iptables tracer, IPVS mode: the node is scheduled at LOCAL_OUT, -m ipvs sees the virtual server", "[unit]") {
-  const auto tracer = ipvsTracer();
+TEST_CASE("iptables tracer: the node's packets meet the scheduler at LOCAL_OUT; -m ipvs reads its virtual service",
+          "[unit]") {
+  auto scheduler = std::make_shared<RecordingScheduler>();
+  const auto tracer = scheduledTracer(scheduler);
   const Trace t = tracer.trace(packet(kNodeIP, "10.96.0.10", 80, true));
   INFO(t.toText());
   CHECK(t.outcome.verdict == TraceVerdict::kDnat);
-  CHECK(t.outcome.masqueraded);
-  // From the VIP itself: refused by the -m ipvs rule in filter OUTPUT, after scheduling.
-  const Trace fromVip = tracer.trace(packet("10.96.0.10", "10.96.0.10", 80, true));
-  INFO(fromVip.toText());
-  CHECK(fromVip.outcome.verdict == TraceVerdict::kDropped);
-  CHECK(fromVip.outcome.chain == "filter KUBE-IPVS-OUT-FILTER");
+  REQUIRE_FALSE(scheduler->calls.empty());
+  CHECK(scheduler->calls.front().hook == ConnectionScheduler::Hook::kLocalOut);
+  // The virtual service the scheduler names for 10.0.0.66 is what filter OUTPUT's -m ipvs sees.
+  const Trace named = tracer.trace(packet("10.0.0.66", "10.96.0.10", 80, true));
+  INFO(named.toText());
+  CHECK(named.outcome.verdict == TraceVerdict::kDropped);
+  CHECK(named.outcome.chain == "filter OUTPUT");
 }
 
-TEST_CASE("iptables tracer, IPVS mode: a firewall mark selects its virtual server; masquerade via the connmark",
-          "[unit]") {
-  const auto tracer = ipvsTracer();
-  const Trace t = tracer.trace(packet("203.0.113.2", "10.96.0.20", 80));
+TEST_CASE("iptables tracer: a scheduler's refusal ends the trace where and why it says", "[unit]") {
+  const Trace t = scheduledTracer(std::make_shared<RecordingScheduler>()).trace(packet("10.0.0.2", "10.96.0.11", 80));
   INFO(t.toText());
-  CHECK(t.warnings.empty());
-  CHECK(t.outcome.verdict == TraceVerdict::kDnat);
-  CHECK(t.outcome.endpoints == eps({"10.244.1.6:8080"}));
-  CHECK(t.outcome.masqueraded);
-  CHECK(metRule(t, "nat KUBE-MARK-MASQ", "CONNMARK --set-xmark 0x4000/0x4000"));
-  CHECK(metRule(t, "IPVS", "ipvsadm -A -f 268435457"));
-  // From a pod: marked, not masqueraded.
-  const Trace pod = tracer.trace(packet("10.244.0.7", "10.96.0.20", 80));
-  CHECK(pod.outcome.endpoints == eps({"10.244.1.6:8080"}));
-  CHECK_FALSE(pod.outcome.masqueraded);
+  CHECK(t.outcome.verdict == TraceVerdict::kRejected);
+  CHECK(t.outcome.chain == "SCHED");
+  CHECK(t.outcome.rule == "refuses 10.96.0.11:80");
+  CHECK(t.outcome.reason == plan::DropReason::kNoEndpoints);
+}
+
+TEST_CASE("iptables tracer: without a scheduler nothing is scheduled; ipsets still match", "[unit]") {
+  const auto tracer = scheduledTracer(nullptr);
+  const Trace t = tracer.trace(packet("10.0.0.2", "10.96.0.10", 80));
+  INFO(t.toText());
+  CHECK(t.outcome.verdict == TraceVerdict::kAccepted);
+  CHECK(t.outcome.masqueraded);  // nat INPUT ran
+  // Another port of a set's address: rejected by filter INPUT, before any scheduler.
+  const Trace other = tracer.trace(packet("10.0.0.2", "10.96.0.12", 81));
+  CHECK(other.outcome.verdict == TraceVerdict::kRejected);
+  CHECK(other.outcome.chain == "filter INPUT");
 }

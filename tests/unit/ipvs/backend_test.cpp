@@ -16,6 +16,7 @@
 
 #include "kproxy/backends/common/iptables_save.h"
 #include "kproxy/ipvs/backend.h"
+#include "kproxy/plugin/testing.h"
 
 using namespace kproxy;
 using namespace kproxy::ipvs;
@@ -909,4 +910,34 @@ TEST_CASE("the plugin's options: bad values are refused naming the option; dry-r
     CHECK(refused.error().message.find(key) != std::string::npos);
     CHECK(refused.error().message.find(value) != std::string::npos);
   }
+}
+
+TEST_CASE("explain: IPVS schedules a ClusterIP's connections to its real servers; none is a reject", "[unit]") {
+  Fixture f;
+  auto ports = services();
+  auto empty = servicePort("empty", "10.96.0.40", 80, {});
+  ports.push_back(empty);
+  sdk::testing::FakeHost host;
+  const sdk::testing::FakeSnapshot snapshot(node(), ports);
+  const sdk::SnapshotView view(host.api(), snapshot.handle());
+  auto ask = [&](const char* destination) {
+    sdk::ExplainRequest r;
+    r.sourceIP = "10.244.0.7";
+    r.destinationIP = destination;
+    r.destinationPort = 80;
+    r.json = true;
+    auto answer = f.backend->explain(view, r);
+    REQUIRE(answer);
+    return *answer;
+  };
+  // Without IPVS's scheduler in the tracer the ClusterIP would only be accepted, not DNAT'ed.
+  const std::string scheduled = ask("10.96.0.10");
+  INFO(scheduled);
+  CHECK(scheduled.find(R"("verdict":"dnat")") != std::string::npos);
+  CHECK(scheduled.find("10.244.1.5:8080") != std::string::npos);
+  CHECK(scheduled.find("10.244.2.6:8080") != std::string::npos);
+  const std::string refused = ask("10.96.0.40");
+  INFO(refused);
+  CHECK(refused.find(R"("verdict":"reject")") != std::string::npos);
+  CHECK(refused.find("no real servers") != std::string::npos);
 }

@@ -829,3 +829,23 @@ TEST_CASE("ipvs renderer: ClientIP affinity: filter rules that see the endpoints
   for (const auto& rule : rulesOf(f, Table::kNat, "KUBE-SERVICES"))
     if (rule.find("-j DNAT") != std::string::npos) CHECK(rule.ends_with("--to-destination 172.30.0.51:8080"));
 }
+
+TEST_CASE("IPVS renderer: KUBE-IPVS-FILTER's reject of a service address's other ports is tagged", "[unit]") {
+  for (net::Family family : {net::Family::kIPv4, net::Family::kIPv6}) {
+    const GlobalObjects g = renderer().renderGlobal(family);
+    Strings tagged;
+    for (const auto& tag : g.tags)
+      if (tag.reason == plan::DropReason::kServiceAddressPort) tagged.push_back(tag.chain + " " + tag.spec);
+    REQUIRE(tagged.size() == 1);
+    CHECK(tagged[0].starts_with("KUBE-IPVS-FILTER "));
+    CHECK(tagged[0].find("-m conntrack --ctstate NEW -m set --match-set ") != std::string::npos);
+    CHECK(tagged[0].find("IPVS-IPS dst -j REJECT") != std::string::npos);
+    CHECK(tagged[0].find("-j REJECT --reject-with icmp") != std::string::npos);
+    // The tag names a rule of the chain as the kernel is given it.
+    Strings filter;
+    for (const auto& c : g.chains)
+      if (c.name == "KUBE-IPVS-FILTER")
+        for (const auto& r : c.tail) filter.push_back("KUBE-IPVS-FILTER " + r);
+    CHECK(std::find(filter.begin(), filter.end(), tagged[0]) != filter.end());
+  }
+}

@@ -21,14 +21,13 @@
 /// changed by MARK targets. A match or target the tracer cannot evaluate is a warning in the
 /// trace (the rule is then taken as not matching, or the target as doing nothing).
 ///
-/// IPVS mode (setIpvs): the rules match ipsets (`-m set --match-set`), whose members the
-/// tracer is given, and IPVS schedules connections between the hooks as the kernel's ip_vs
-/// does: after filter INPUT for arriving packets (LOCAL_IN, before nat INPUT; not for packets
-/// on loopback) and right after nat OUTPUT for the node's own (LOCAL_OUT). A virtual server is
-/// looked up by the packet mark first (firewall-mark services), then by protocol, destination
-/// and port; each real server is a path (DNAT), none is a reject (ICMP port unreachable). A
-/// scheduled packet leaves through LOCAL_OUT again (filter OUTPUT sees the real server as the
-/// destination, `-m ipvs` matches the virtual server) and POSTROUTING. `-m connmark` and
+/// Between the hooks a ConnectionScheduler may schedule the connection to another
+/// destination, as the kernel's ip_vs does (setScheduler; IPVS mode gives the tracer its own):
+/// after filter INPUT for arriving packets (LOCAL_IN, before nat INPUT; not for packets on
+/// loopback) and right after nat OUTPUT for the node's own (LOCAL_OUT). A scheduled packet
+/// leaves through LOCAL_OUT again (filter OUTPUT sees the new destination, `-m ipvs` matches
+/// the virtual service the scheduler names) and POSTROUTING. The rules may match ipsets
+/// (`-m set --match-set`), whose members the tracer is given (setIpsets). `-m connmark` and
 /// CONNMARK follow the connection mark, which starts at 0.
 ///
 /// Thread-safety: a const tracer may be used from several threads.
@@ -57,24 +56,62 @@ using plan::TracePath;
 using plan::TraceStep;
 using plan::TraceVerdict;
 
-/// An ipset as IPVS mode's rules match it.
+/// Schedules connections between netfilter's hooks, as the kernel's ip_vs does: the tracer
+/// calls it where ip_vs is called, and a backend that schedules (IPVS mode) implements it. The
+/// tracer knows nothing of what it schedules to.
+///
+/// Thread-safety: schedule() is const and may be called from several threads at once.
+class ConnectionScheduler {
+ public:
+  /// Where the tracer calls the scheduler.
+  enum class Hook : std::uint8_t {
+    kLocalIn,   ///< a packet arriving for a local address, after filter INPUT, before nat INPUT
+    kLocalOut,  ///< a packet the node sends, right after nat OUTPUT
+  };
+  /// The connection's first packet as it stands at the hook.
+  struct Connection {
+    Hook hook = Hook::kLocalIn;
+    std::uint8_t protocol = 6;
+    net::Prefix source;
+    net::Prefix destination;
+    std::uint16_t destinationPort = 0;
+    std::uint32_t mark = 0;  ///< the packet mark (firewall-mark services)
+  };
+  /// The virtual service a connection was scheduled by: what `-m ipvs --vproto / --vaddr /
+  /// --vport` match afterwards.
+  struct VirtualService {
+    std::uint8_t protocol = 6;
+    net::Prefix address;
+    std::uint16_t port = 0;
+  };
+  struct Decision {
+    enum class Kind : std::uint8_t {
+      kPass,       ///< not scheduled: the packet goes on through the hooks unchanged
+      kScheduled,  ///< sent to `destination`:`destinationPort` (a DNAT), by `service`
+      kRejected,   ///< refused (ICMP port unreachable)
+    };
+    Kind kind = Kind::kPass;
+    net::Prefix destination;
+    std::uint16_t destinationPort = 0;
+    VirtualService service;
+    /// kRejected: where the trace ends (TraceOutcome::chain, rule) and why.
+    std::string chain;
+    std::string rule;
+    plan::DropReason reason = plan::DropReason::kNone;
+  };
+
+  virtual ~ConnectionScheduler() = default;
+  /// What happens to `connection` at its hook. The scheduler records what it did as steps of
+  /// `path`, and each alternative it explores (a real server) as one of `choices`' choice
+  /// points, naming the one taken in `path.choices`.
+  virtual Decision schedule(const Connection& connection, plan::ChoiceExplorer& choices, TracePath& path) const = 0;
+};
+
+/// An ipset as the rules match it (`-m set --match-set NAME FLAGS`).
 struct TracedIpset {
   /// "hash:ip", "hash:ip,port", "hash:ip,port,ip", "hash:ip,port,net" or "bitmap:port".
   std::string type;
   std::vector<std::string> members;  ///< as `ipset save` prints them: "10.96.0.10,tcp:80", "30080"
-};
-
-/// An IPVS virtual server as the tracer schedules connections to it.
-struct TracedVirtualServer {
-  std::uint32_t fwmark = 0;  ///< not 0: matched by the packet mark, not by address
-  std::uint8_t protocol = 6;
-  net::Prefix address;
-  std::uint16_t port = 0;
-  std::vector<std::pair<net::Prefix, std::uint16_t>> realServers;
-  /// A persistent firewall-mark service: connections keep the packet's destination port (the
-  /// kernel uses a real server's port only when the packet's equals the service's, 0 here).
-  bool keepsPort = false;
-  std::string text;  ///< how the trace names it ("ipvsadm -A -t 10.96.0.10:80 -s rr")
 };
 
 /// Interprets one family's ruleset.
@@ -98,8 +135,11 @@ class IptablesTracer {
   /// carries its reason (TraceOutcome::reason). A tag naming no rule of the ruleset is ignored.
   void tagRules(std::span<const RuleTag> tags);
 
-  /// IPVS mode: the sets the rules match (by name) and the virtual servers that schedule.
-  void setIpvs(std::vector<std::pair<std::string, TracedIpset>> sets, std::vector<TracedVirtualServer> servers);
+  /// The ipsets the rules match, by name. A set the tracer is not given matches nothing (a
+  /// warning in the trace).
+  void setIpsets(std::vector<std::pair<std::string, TracedIpset>> sets);
+  /// What schedules connections between the hooks; none (the default): nothing does.
+  void setScheduler(std::shared_ptr<const ConnectionScheduler> scheduler);
 
   /// Traces a packet.
   Trace trace(const Packet& packet) const;
@@ -109,9 +149,8 @@ class IptablesTracer {
  private:
   std::vector<net::Prefix> localAddresses_;
   std::unique_ptr<Ruleset> rules_;
-  bool ipvs_ = false;
   std::vector<std::pair<std::string, TracedIpset>> sets_;
-  std::vector<TracedVirtualServer> virtualServers_;
+  std::shared_ptr<const ConnectionScheduler> scheduler_;
 };
 
 }  // namespace kproxy::iptables

@@ -190,7 +190,9 @@ using Statement =
 struct Rule {
   std::vector<Statement> statements;
   /// Why the rule drops or rejects (its own verdict, or the verdict a map it looks up gives),
-  /// as the renderer tags it for the tracer. Never sent to the kernel, so a rule read back has
+  /// as the renderer tags it for the tracer. On a rule that jumps or goes to a chain (itself or
+  /// through a map), it is the reason of any drop or reject reached through it, over the tags
+  /// of the rules there: a chain shared by several causes is told apart by its callers. Never sent to the kernel, so a rule read back has
   /// none, and it is no part of the rule's identity: equality compares the statements only.
   plan::DropReason reason = plan::DropReason::kNone;
   /// nft syntax of the statements in `family`, e.g. "ct state new jump services".

@@ -51,9 +51,14 @@ enum class DropReason : std::uint8_t {
   kNoLocalEndpoints,      ///< externalTrafficPolicy Local without a local endpoint
   kSourceRange,           ///< loadBalancerSourceRanges does not admit the source
   kClusterIPPort,         ///< a ClusterIP's port that no service port serves
+  /// A port of a service address the node holds (IPVS mode's kube-ipvs0: ClusterIPs, external
+  /// and load-balancer IPs) that no service port serves.
+  kServiceAddressPort,
+  kInvalidConnection,  ///< conntrack finds the packet INVALID (it would reach a pod un-NATed)
+  kLocalnet,           ///< to a loopback address from elsewhere, not DNAT'ed (route_localnet)
 };
 /// "", "unallocated-cluster-ip", "no-endpoints", "no-local-endpoints", "source-range",
-/// "cluster-ip-port".
+/// "cluster-ip-port", "service-address-port", "invalid-connection", "localnet".
 std::string_view dropReasonName(DropReason reason);
 
 /// Where a packet ends up. Plain fields, so a caller can print them as JSON as they are.
