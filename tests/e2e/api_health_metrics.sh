@@ -16,31 +16,11 @@
 set -uo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-KPROXY=""
-PLUGINS=""
-ARGS=("$@")
-while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --kproxy) KPROXY="$2"; shift 2 ;;
-    --test-plugins) PLUGINS="$2"; shift 2 ;;
-    *) echo "unknown argument: $1" >&2; exit 2 ;;
-  esac
-done
-[[ -x "$KPROXY" && -d "$PLUGINS" ]] || { echo "api_health_metrics: --kproxy BIN and --test-plugins DIR are required" >&2; exit 2; }
 # shellcheck source=../program/lib.sh
 source "$HERE/../program/lib.sh"
-require_root api_health_metrics "network namespace"
-enter_own_netns api_health_metrics "${ARGS[@]}"
 # shellcheck source=control-plane.sh
 source "$HERE/control-plane.sh"
-cp_apiserver_bin >/dev/null || exit 1
-
-WORK=$(mktemp -d /tmp/kproxy-api-health-XXXXXX)
-# The ceiling of every wait for an event (it only catches a hang; how soon the event came is
-# not checked).
-CEILING=${KP_CEILING:-120}
-KP=""
-trap '_rc=$?; [[ -n "$KP" ]] && cp_terminate "$KP" 0.05; cp_stop; [[ -n "${API_HEALTH_KEEP:-}" ]] && echo "logs kept in $WORK" || rm -rf "$WORK"; exit $_rc' EXIT
+cp_recorder_test api_health_metrics API_HEALTH_KEEP "$@"
 
 cp_start || exit 1
 cp_kproxy_kubeconfig "$WORK/kubeconfig" || exit 1

@@ -368,3 +368,34 @@ if [[ "${BASH_SOURCE[0]}" == "$0" ]]; then
     *) echo "usage: $0 run" >&2; exit 2 ;;
   esac
 fi
+
+# cp_recorder_test NAME KEEP_VARIABLE ARGS...: the start every API-side test over the
+# test-plugins' recorder backend shares. Reads --kproxy BIN and --test-plugins DIR (ARGS) into
+# KPROXY and PLUGINS; needs root (tests/program/lib.sh, sourced first); re-runs the script in a
+# network namespace of its own; checks that kube-apiserver is built; makes WORK, removed on exit
+# unless the variable KEEP_VARIABLE names is set; sets CEILING (KP_CEILING, 120 s by default:
+# the ceiling of every wait, which only catches a hang); on exit stops kproxy (pid in KP) and
+# the control plane.
+cp_recorder_test() {
+  local name=$1 keep=$2
+  shift 2
+  local args=("$@")
+  KPROXY=""
+  PLUGINS=""
+  while [[ $# -gt 0 ]]; do
+    case "$1" in
+      --kproxy) KPROXY="$2"; shift 2 ;;
+      --test-plugins) PLUGINS="$2"; shift 2 ;;
+      *) echo "unknown argument: $1" >&2; exit 2 ;;
+    esac
+  done
+  [[ -x "$KPROXY" && -d "$PLUGINS" ]] || { echo "$name: --kproxy BIN and --test-plugins DIR are required" >&2; exit 2; }
+  require_root "$name" "network namespace"
+  enter_own_netns "$name" "${args[@]}"
+  cp_apiserver_bin >/dev/null || exit 1
+  WORK=$(mktemp -d "/tmp/kproxy-${name//_/-}-XXXXXX")
+  CEILING=${KP_CEILING:-120}
+  KP=""
+  CP_KEEP_VARIABLE=$keep
+  trap '_rc=$?; [[ -n "$KP" ]] && cp_terminate "$KP" 0.05; cp_stop; [[ -n "${!CP_KEEP_VARIABLE:-}" ]] && echo "logs kept in $WORK" || rm -rf "$WORK"; exit $_rc' EXIT
+}
