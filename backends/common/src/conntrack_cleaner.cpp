@@ -192,10 +192,11 @@ core::Result<ConntrackCleanupReport> ConntrackCleaner::afterSync(const sdk::Sync
 }
 
 void cleanStaleConntrackEntries(const sdk::Host& host, const sdk::SyncContext& context,
+                                const std::function<std::unique_ptr<kernel::ConntrackTable>()>& open,
                                 ConntrackCleanupOptions options) {
   try {
     auto started = std::chrono::steady_clock::now();
-    auto table = kernel::makeNetlinkConntrackTable();
+    auto table = open();
     ConntrackCleaner cleaner(*table, std::move(options));
     auto report = cleaner.afterSync(context);
     double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();

@@ -10,6 +10,28 @@
 
 namespace kproxy::backends {
 
+ReconcilerOptions kernelReconcilerOptions(std::string mode, bool dryRun, std::FILE* dryRunOutput) {
+  ReconcilerOptions options;
+  options.mode = std::move(mode);
+  if (dryRun) {
+    options.conntrack = [dryRunOutput] {
+      return std::make_unique<kernel::PrintingConntrackTable>(kernel::makeNetlinkConntrackTable(), dryRunOutput);
+    };
+    options.summaryNote = "dry_run=true";
+  } else {
+    options.conntrack = [] { return kernel::makeNetlinkConntrackTable(); };
+  }
+  return options;
+}
+
+ReconcilerOptions plainReconcilerOptions(std::string mode, std::string summaryNote) {
+  ReconcilerOptions options;
+  options.mode = std::move(mode);
+  options.releaseHeapAfterFull = false;
+  options.summaryNote = std::move(summaryNote);
+  return options;
+}
+
 Reconciler::Reconciler(const sdk::Host& host, ReconcilerOptions options)
     : host_(host), options_(std::move(options)) {}
 
@@ -17,7 +39,7 @@ sdk::Expected<sdk::SyncOutcome> Reconciler::sync(const sdk::SyncContext& context
   auto synced = syncFrom(plan::HostSnapshot(context.next), context.changed, context.full);
   // UDP flows already DNAT'ed to a removed endpoint would keep going there; best effort, it
   // logs its own failures and never fails the sync.
-  if (synced && options_.cleanConntrack && !options_.dryRun) cleanStaleConntrackEntries(host_, context);
+  if (synced && options_.conntrack) cleanStaleConntrackEntries(host_, context, options_.conntrack);
   return synced;
 }
 
@@ -37,9 +59,9 @@ sdk::Expected<sdk::SyncOutcome> Reconciler::syncFrom(const plan::SnapshotSource&
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   sdk::SyncOutcome out;
   out.operations = pass->operations;
-  out.summary = fmt::format("{} sync full={} ops={} changed={} ms={:.1f}{}{}{}", options_.mode, full,
+  out.summary = fmt::format("{} sync full={} ops={} changed={} ms={:.1f}{}{}{}{}", options_.mode, full,
                             pass->operations, changed.size(), ms, pass->detail.empty() ? "" : " ", pass->detail,
-                            options_.dryRun ? " dry_run=true" : "");
+                            options_.summaryNote.empty() ? "" : " ", options_.summaryNote);
   host_.info(2, out.summary);
   return out;
 }

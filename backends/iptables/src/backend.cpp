@@ -27,7 +27,7 @@ constexpr net::Family kFamilies[] = {net::Family::kIPv4, net::Family::kIPv6};
 
 IptablesBackend::IptablesBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelIptables> kernel,
                                  std::unique_ptr<kernel::Sysctls> sysctls)
-    : Reconciler(host, backends::ReconcilerOptions{"iptables", settings.dryRun, true, true}),
+    : Reconciler(host, backends::kernelReconcilerOptions("iptables", settings.dryRun, settings.dryRunOutput)),
       host_(host),
       settings_(std::move(settings)),
       renderer_(settings_.render),

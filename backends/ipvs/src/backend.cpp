@@ -129,7 +129,7 @@ const RealServer* IpvsBackend::RealServers::find(const RealServer& identity) con
 }
 
 IpvsBackend::IpvsBackend(sdk::Host host, BackendSettings settings, IpvsAdapters adapters)
-    : Reconciler(host, backends::ReconcilerOptions{"ipvs", settings.dryRun, true, true}),
+    : Reconciler(host, backends::kernelReconcilerOptions("ipvs", settings.dryRun, settings.dryRunOutput)),
       host_(host),
       settings_(std::move(settings)),
       renderer_(settings_.render),

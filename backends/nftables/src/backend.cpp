@@ -240,7 +240,7 @@ void NftablesBackend::AffinityJudge::mergeOlder(const AffinityJudge& older) {
 
 NftablesBackend::NftablesBackend(sdk::Host host, BackendSettings settings,
                                  std::unique_ptr<KernelNftables> kernel)
-    : Reconciler(host, backends::ReconcilerOptions{"nftables", settings.dryRun, true, true}),
+    : Reconciler(host, backends::kernelReconcilerOptions("nftables", settings.dryRun, settings.dryRunOutput)),
       host_(host),
       settings_(std::move(settings)),
       renderer_(settings_.render),

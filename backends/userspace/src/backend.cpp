@@ -254,7 +254,7 @@ UserspaceBackend::UserspaceBackend(sdk::Host host, UserspaceSettings settings,
                                    std::unique_ptr<nftables::KernelNftables> kernel,
                                    std::unique_ptr<ProxyListeners> listeners,
                                    std::shared_ptr<MetricsObserver> metrics)
-    : Reconciler(host, backends::ReconcilerOptions{"userspace", settings.dryRun, false, false}),
+    : Reconciler(host, backends::plainReconcilerOptions("userspace", settings.dryRun ? "dry_run=true" : "")),
       host_(host),
       settings_(std::move(settings)),
       kernel_(std::move(kernel)),

@@ -13,7 +13,7 @@ namespace {
 /// A backend whose passes do what the test queues and record what they were asked.
 class ScriptedBackend final : public backends::Reconciler {
  public:
-  ScriptedBackend() : Reconciler(sdk::Host(nullptr), backends::ReconcilerOptions{"scripted", false, false, false}) {}
+  ScriptedBackend() : Reconciler(sdk::Host(nullptr), backends::plainReconcilerOptions("scripted")) {}
   sdk::Expected<void> cleanup() override {
     requireFullSync();
     return {};

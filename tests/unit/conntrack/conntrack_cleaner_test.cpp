@@ -2,6 +2,8 @@
 // CleanStaleEntries (pkg/proxy/conntrack/cleanup.go) and of when it runs.
 
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <memory>
 
 #include "kproxy/backends/common/conntrack_cleaner.h"
 #include "kproxy/kernel/conntrack_table.h"
@@ -281,4 +283,34 @@ TEST_CASE("table errors come back as errors", "[unit]") {
 TEST_CASE("a flow prints with both directions", "[unit]") {
   auto f = flow("10.0.0.1", 40000, "172.30.0.10", 53, "10.1.0.2", 5353);
   CHECK(f.str() == "udp 10.0.0.1:40000->172.30.0.10:53 reply 10.1.0.2:5353->10.0.0.1:40000");
+}
+
+TEST_CASE("--dry-run's conntrack table lists the real flows, prints each deletion and makes none", "[unit]") {
+  auto inner = std::make_unique<FakeConntrackTable>();
+  FakeConntrackTable& real = *inner;
+  auto stale = flow("10.0.0.1", 40000, "172.30.0.10", 53, "10.1.0.2", 5353);
+  auto v6 = flow("fd00::1", 40001, "fd00:30::10", 53, "fd00:1::2", 5353);
+  v6.zone = 7;
+  real.flows = {stale, v6};
+  std::FILE* out = std::tmpfile();
+  REQUIRE(out != nullptr);
+  kproxy::kernel::PrintingConntrackTable printing(std::move(inner), out);
+
+  auto listed = printing.list(net::Family::kIPv4, core::Protocol::kUDP);
+  REQUIRE(listed);
+  CHECK(listed->size() == 1);
+  CHECK(real.listCalls == 1);
+  auto removed = printing.remove({stale, v6});
+  REQUIRE(removed);
+  CHECK(*removed == 2);
+  CHECK(real.flows.size() == 2);  // nothing deleted
+  CHECK(real.removed.empty());
+
+  std::rewind(out);
+  std::string printed;
+  for (int c; (c = std::fgetc(out)) != EOF;) printed.push_back(static_cast<char>(c));
+  std::fclose(out);
+  CHECK(printed ==
+        "conntrack -D -f ipv4 -p udp -s 10.0.0.1 --sport 40000 -d 172.30.0.10 --dport 53\n"
+        "conntrack -D -f ipv6 -p udp -s fd00::1 --sport 40001 -d fd00:30::10 --dport 53 -w 7\n");
 }

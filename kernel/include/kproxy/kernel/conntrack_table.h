@@ -5,6 +5,7 @@
 /// Not thread-safe: one owner.
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,6 +51,23 @@ class ConntrackTable {
 /// ctnetlink (NETLINK_NETFILTER, IPCTNL_MSG_CT_GET dump / IPCTNL_MSG_CT_DELETE) in the calling
 /// thread's network namespace. The socket is opened on first use.
 std::unique_ptr<ConntrackTable> makeNetlinkConntrackTable();
+
+/// --dry-run's table: lists through `inner` (what the node really holds), prints each flow a
+/// deletion would remove as the conntrack(8) command that would remove it, and deletes nothing
+/// (it reports every flow as deleted).
+class PrintingConntrackTable final : public ConntrackTable {
+ public:
+  PrintingConntrackTable(std::unique_ptr<ConntrackTable> inner, std::FILE* out)
+      : inner_(std::move(inner)), out_(out) {}
+  core::Result<std::vector<ConntrackFlow>> list(net::Family family, core::Protocol protocol) override {
+    return inner_->list(family, protocol);
+  }
+  core::Result<std::size_t> remove(const std::vector<ConntrackFlow>& flows) override;
+
+ private:
+  std::unique_ptr<ConntrackTable> inner_;
+  std::FILE* out_;
+};
 
 /// In-memory table for tests: holds flows, records what was deleted, can be told to fail.
 class FakeConntrackTable final : public ConntrackTable {

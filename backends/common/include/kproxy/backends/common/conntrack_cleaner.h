@@ -22,6 +22,8 @@
 /// Thread-safety: one thread at a time.
 
 #include <cstddef>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -72,10 +74,12 @@ class ConntrackCleaner {
   ConntrackCleanupOptions options_;
 };
 
-/// The backend hook: after a successful (non-dry-run) sync, cleans stale flows in the calling
-/// thread's network namespace with the real table and logs through `host`. Never fails: a
-/// cleanup error is logged and the next required cleanup tries again.
+/// The backend hook: after a successful sync, cleans stale flows in the table `open` gives
+/// (the calling thread's network namespace's, or a printer over it in a dry run) and logs
+/// through `host`. Never fails: a cleanup error is logged and the next required cleanup tries
+/// again.
 void cleanStaleConntrackEntries(const sdk::Host& host, const sdk::SyncContext& context,
+                                const std::function<std::unique_ptr<kernel::ConntrackTable>()>& open,
                                 ConntrackCleanupOptions options = {});
 
 }  // namespace kproxy::backends

@@ -8,9 +8,13 @@
 /// Thread-safety: as sdk::BackendPlugin, one call at a time.
 
 #include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "kproxy/kernel/conntrack_table.h"
 #include "kproxy/plan/snapshot_source.h"
 #include "kproxy/plugin/sdk.h"
 
@@ -26,12 +30,26 @@ struct PassOutcome {
   bool fullNext = false;
 };
 
+/// Opens the conntrack table a sync's cleanup works on.
+using ConntrackTableFactory = std::function<std::unique_ptr<kernel::ConntrackTable>()>;
+
 struct ReconcilerOptions {
-  std::string mode;          ///< the summary's first word: "nftables", "iptables", …
-  bool dryRun = false;       ///< no conntrack cleanup, " dry_run=true" in the summary
-  bool cleanConntrack = true;  ///< clean stale UDP/SCTP flows after each sync
+  std::string mode;  ///< the summary's first word: "nftables", "iptables", …
+  /// Where stale UDP/SCTP flows are cleaned after each sync; none for a backend whose
+  /// connections hold no conntrack NAT (userspace).
+  ConntrackTableFactory conntrack;
   bool releaseHeapAfterFull = true;
+  std::string summaryNote;  ///< appended to the summary, e.g. "dry_run=true"
 };
+
+/// The options of a backend that leaves conntrack alone: no cleanup, no heap release after a
+/// full sync.
+ReconcilerOptions plainReconcilerOptions(std::string mode, std::string summaryNote = {});
+
+/// The options of a backend over the kernel's conntrack: the netlink table, or in a dry run a
+/// printer over it that writes to `dryRunOutput` (chosen once, as the backend's other kernel
+/// interfaces are).
+ReconcilerOptions kernelReconcilerOptions(std::string mode, bool dryRun, std::FILE* dryRunOutput);
 
 class Reconciler : public sdk::BackendPlugin {
  public:
