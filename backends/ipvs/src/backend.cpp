@@ -75,6 +75,10 @@ RealServer kernelRealServer(const PlannedRealServer& p) {
   return rs;
 }
 
+std::string ipAddrCommand(std::string_view verb, const std::string& link, const net::Prefix& address) {
+  return fmt::format("ip addr {} {}/{} dev {}", verb, address.addressText(), net::bitsOf(address.family), link);
+}
+
 std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* rs) {
   const std::string_view kind = vs.protocol == Protocol::kUdp    ? "-u"
                                 : vs.protocol == Protocol::kSctp ? "--sctp-service"
@@ -220,7 +224,7 @@ sdk::Expected<void> IpvsBackend::deleteReal(const VirtualServer& vs, const RealS
 sdk::Expected<void> IpvsBackend::bindAddress(const std::string& address) {
   auto a = net::Prefix::parse(address);
   if (!a) return {};
-  noteWrite(fmt::format("ip addr add {}/{} dev {}", a->toString(), a->v6() ? 128 : 32, kDummyLinkName));
+  noteWrite(ipAddrCommand("add", kDummyLinkName, *a));
   count("add_address");
   auto r = kernel_.link->addAddress(kDummyLinkName, *a);
   dummyAddressesStale_ = true;
@@ -231,7 +235,7 @@ sdk::Expected<void> IpvsBackend::bindAddress(const std::string& address) {
 sdk::Expected<void> IpvsBackend::unbindAddress(const std::string& address) {
   auto a = net::Prefix::parse(address);
   if (!a) return {};
-  noteWrite(fmt::format("ip addr del {}/{} dev {}", a->toString(), a->v6() ? 128 : 32, kDummyLinkName));
+  noteWrite(ipAddrCommand("del", kDummyLinkName, *a));
   count("delete_address");
   auto r = kernel_.link->deleteAddress(kDummyLinkName, *a);
   dummyAddressesStale_ = true;

@@ -15,11 +15,6 @@ void printLine(std::FILE* out, const std::string& line) {
   std::fflush(out);
 }
 
-/// "ip addr add 10.96.0.10/32 dev kube-ipvs0": the address as the link is given it, a host prefix.
-std::string addressCommand(std::string_view verb, const std::string& link, const net::Prefix& address) {
-  return fmt::format("ip addr {} {}/{} dev {}", verb, address.toString(), address.v6() ? 128 : 32, link);
-}
-
 }  // namespace
 
 PrintingIpvs::PrintingIpvs(std::unique_ptr<KernelIpvs> inner, std::FILE* out) : inner_(std::move(inner)), out_(out) {}
@@ -80,12 +75,12 @@ core::Result<void> PrintingDummyLink::deleteLink(const std::string& name) {
 }
 
 core::Result<void> PrintingDummyLink::addAddress(const std::string& name, const net::Prefix& address) {
-  printLine(out_, addressCommand("add", name, address));
+  printLine(out_, ipAddrCommand("add", name, address));
   return inner_->addAddress(name, address);
 }
 
 core::Result<void> PrintingDummyLink::deleteAddress(const std::string& name, const net::Prefix& address) {
-  printLine(out_, addressCommand("del", name, address));
+  printLine(out_, ipAddrCommand("del", name, address));
   return inner_->deleteAddress(name, address);
 }
 

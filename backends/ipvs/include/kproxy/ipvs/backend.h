@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -248,6 +249,9 @@ RealServer kernelRealServer(const PlannedRealServer& planned);
 /// `-a -t 10.96.0.10:80 -r 10.244.1.5:8080 -m -w 1`, ...): the notation of --dry-run
 /// (PrintingIpvs) and of a sync's summary.
 std::string ipvsadmCommand(char op, const VirtualServer& vs, const RealServer* rs = nullptr);
+/// "ip addr add 10.96.0.10/32 dev kube-ipvs0" (`verb` add or del): the address as the link is
+/// given it, a host prefix.
+std::string ipAddrCommand(std::string_view verb, const std::string& link, const net::Prefix& address);
 
 /// The plugin's factory: parses the options, opens the adapters (in --dry-run, printing
 /// decorators over empty fakes).
