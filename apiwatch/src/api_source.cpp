@@ -224,9 +224,12 @@ struct ApiSource::Impl {
   bool servicesListed = false;
   bool serviceCIDRsAttempted = false;
   std::atomic<bool> stopping{false};
+  /// The rest_client_* metrics' host label (empty without requestMetrics).
+  std::string metricsHost;
   std::thread thread;
-  // Last: destroyed first, so suspended coroutines (which reference the members above) are
-  // destroyed while those members still exist.
+  // Last: destroyed first, so suspended coroutines (which reference the members above, and
+  // whose destructors report unanswered requests to the metrics) are destroyed while those
+  // members still exist. Every member goes above this one.
   asio::io_context io{1};
 
   Impl(ClientConfig c, core::EventSink& s, ApiSourceOptions o)
@@ -264,9 +267,6 @@ struct ApiSource::Impl {
     timer.expires_after(d);
     co_await timer.async_wait(asio::use_awaitable);
   }
-
-  /// The rest_client_* metrics' host label (empty without requestMetrics).
-  std::string metricsHost;
 
   void requestDone(std::string_view code) {
     if (config.requestMetrics) config.requestMetrics->requestDone("GET", metricsHost, code);

@@ -11,6 +11,11 @@
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -672,4 +677,41 @@ TEST_CASE("ApiSource reports a request without an answer as <error>", "[unit]") 
   REQUIRE(source.start());
   CHECK(eventually([&] { return metrics->count(fmt::format("GET 127.0.0.1:{} <error>", port)) >= 2; }));
   source.stop();
+}
+
+TEST_CASE("ApiSource destroyed with requests in flight reports each as <error> and reads nothing freed",
+          "[unit]") {
+  // A server that completes the TCP handshake (the kernel does, from the backlog) and never
+  // answers: every LIST stays suspended until the source is destroyed, and the destruction of
+  // those coroutines reports them. (Under the sanitizers this also catches a member of the
+  // source that is destroyed before the coroutines that use it.)
+  int listener = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(listener >= 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(listener, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0);
+  REQUIRE(::listen(listener, 16) == 0);
+  socklen_t length = sizeof address;
+  REQUIRE(::getsockname(listener, reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  const int port = ntohs(address.sin_port);
+
+  RecordingSink sink;
+  apiwatch::ClientConfig config = testing::loopbackClientConfig(port);
+  auto metrics = std::make_shared<RecordingRequestMetrics>();
+  config.requestMetrics = metrics;
+  apiwatch::ApiSourceOptions options;
+  options.requestTimeout = std::chrono::hours(1);  // nothing ends on its own during the test
+  std::uint64_t requests = 0;
+  {
+    apiwatch::ApiSource source(config, sink, options);
+    REQUIRE(source.start());
+    // The Service and EndpointSlice LISTs (and the ServiceCIDR one) are sent and wait.
+    REQUIRE(eventually([&] { return source.stats().requests >= 2; }));
+    source.stop();
+    requests = source.stats().requests;
+    CHECK(metrics->count(fmt::format("GET 127.0.0.1:{} <error>", port)) == 0);
+  }
+  CHECK(metrics->count(fmt::format("GET 127.0.0.1:{} <error>", port)) == requests);
+  ::close(listener);
 }
