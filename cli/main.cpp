@@ -39,6 +39,7 @@
 #include "kproxy/kernel/sysctl.h"
 #include "kproxy/plugins/loader.h"
 #include "leftover_cleanup.h"
+#include "logging_setup.h"
 #include "kproxy/nftables/leftovers.h"
 #include "metrics.h"
 #include "ops_servers.h"
@@ -319,7 +320,7 @@ int explain(std::span<const char* const> args) {
   auto effective = kproxy::cli::effectiveConfig(*parsed);
   if (!effective) return fail(effective.error().message());
   ProxyConfig config = std::move(*effective);
-  log::setVerbosity(static_cast<int>(config.logging.verbosity));
+  if (auto applied = kproxy::cli::applyLogging(config.logging); !applied) return fail(applied.error());
   // The backend is asked what it WOULD program: never the kernel.
   config.dryRun = true;
 
@@ -396,7 +397,7 @@ int main(int argc, char** argv) {
   auto effective = kproxy::cli::effectiveConfig(*parsed);
   if (!effective) return fail(effective.error().message());
   ProxyConfig config = std::move(*effective);
-  log::setVerbosity(static_cast<int>(config.logging.verbosity));
+  if (auto applied = kproxy::cli::applyLogging(config.logging); !applied) return fail(applied.error());
   for (const auto& flag : kproxy::cli::ignoredFlags(*parsed)) {
     log::warning("flag ignored because --config is given", {{"flag", "--" + flag}});
   }
