@@ -399,7 +399,7 @@ int main(int argc, char** argv) {
   ProxyConfig config = std::move(*effective);
   if (auto applied = kproxy::cli::applyLogging(config.logging); !applied) return fail(applied.error());
   for (const auto& flag : kproxy::cli::ignoredFlags(*parsed)) {
-    log::warning("flag ignored because --config is given", {{"flag", "--" + flag}});
+    log::warning("flag ignored because --config is given", {{"flag", flag}});
   }
   if (!config.cleanup)
     for (const auto& warning : kproxy::cli::nodePortAddressWarnings(config)) log::warning(warning);
