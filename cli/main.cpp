@@ -573,6 +573,14 @@ int main(int argc, char** argv) {
     opsOptions.bindAddressHardFail = config.bindAddressHardFail;
     opsOptions.healthTimeout = 2 * config.effectiveSyncPeriod();
     opsOptions.configzJson = kproxy::cli::toConfigzJson(config);
+    // Upstream's --profiling installs Go's /debug/pprof and /debug/flags/v. A C++ program has no
+    // Go profiles to serve (profile kproxy with perf); the run-time verbosity it can serve.
+    if (config.enableProfiling) {
+      opsOptions.setVerbosity = [](const std::string& body) { return kproxy::cli::setVerbosityFromText(body); };
+      log::warning("Profiling: /debug/pprof is not served (kproxy is not a Go program: profile it with perf "
+                   "record -g -p PID); PUT /debug/flags/v changes the log verbosity",
+                   {{"address", config.metricsBindAddress}});
+    }
     // The families this node runs (upstream runs a proxier for each): the ip_family labels.
     opsOptions.families = tracker.ipv6 ? std::vector<std::string>{"IPv4", "IPv6"} : std::vector<std::string>{"IPv4"};
     opsOptions.build = kproxy::cli::BuildInfo{kproxy::cli::kKubernetesVersion, kproxy::cli::kKproxyCommit};
