@@ -232,4 +232,6 @@ TEST_CASE("Dockerfile: the tools every mode runs, and the commit passed to the b
   CHECK(dockerfile.find("ARG KPROXY_GIT_COMMIT") != std::string::npos);
   CHECK(dockerfile.find("-DKPROXY_GIT_COMMIT=\"${KPROXY_GIT_COMMIT}\"") != std::string::npos);
   CHECK(runtime.find("kproxy --version") != std::string::npos);
+  // kubeadm's DaemonSet runs /usr/local/bin/kube-proxy: an image swap alone must start kproxy.
+  CHECK(runtime.find("ln -s kproxy /usr/local/bin/kube-proxy") != std::string::npos);
 }
