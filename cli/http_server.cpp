@@ -39,10 +39,12 @@ struct ConnectionTable {
 // One connection: read a request, answer it, repeat while the client keeps the connection.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, std::shared_ptr<const HttpHandler> handler, const HttpLimits& limits,
+  Session(tcp::socket socket, std::shared_ptr<const HttpHandler> handler,
+          std::shared_ptr<const std::vector<std::string>> putPaths, const HttpLimits& limits,
           ConnectionTable& table)
       : stream_(std::move(socket)),
         handler_(std::move(handler)),
+        putPaths_(std::move(putPaths)),
         limits_(limits),
         table_(table),
         entry_(table.sessions.insert(table.sessions.end(), this)) {}
@@ -98,12 +100,15 @@ class Session : public std::enable_shared_from_this<Session> {
       return;
     }
     const auto& request = parser_->get();
-    if (request.method() != http::verb::get && request.method() != http::verb::head) {
-      return refuse(405, "method not allowed\n", {{"Allow", "GET, HEAD"}});
-    }
     HttpRequest req;
     req.method = std::string(request.method_string());
     req.target = std::string(request.target());
+    const bool put = request.method() == http::verb::put &&
+                     std::find(putPaths_->begin(), putPaths_->end(), req.path()) != putPaths_->end();
+    if (request.method() != http::verb::get && request.method() != http::verb::head && !put) {
+      return refuse(405, "method not allowed\n", {{"Allow", "GET, HEAD"}});
+    }
+    if (put) req.body = request.body();
     HttpResponse answer;
     try {
       answer = (*handler_)(req);
@@ -167,6 +172,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   http::response<http::string_body> response_;
   std::shared_ptr<const HttpHandler> handler_;
+  std::shared_ptr<const std::vector<std::string>> putPaths_;
   const HttpLimits& limits_;
   ConnectionTable& table_;
   std::optional<std::list<Session*>::iterator> entry_;
@@ -254,6 +260,7 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
       : loop(l),
         name(std::move(n)),
         handler(std::make_shared<const HttpHandler>(std::move(h))),
+        putPaths(std::make_shared<std::vector<std::string>>()),
         acceptor(l.io),
         retry(l.io) {}
 
@@ -273,7 +280,8 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
         log::info(4, "HTTP connection cap reached; closing the longest waiting connection",
                   {{"server", self->name}});
       makeRoom(self->loop.connections);
-      std::make_shared<Session>(std::move(socket), self->handler, self->loop.limits, self->loop.connections)
+      std::make_shared<Session>(std::move(socket), self->handler, self->putPaths, self->loop.limits,
+                                self->loop.connections)
           ->start();
       self->accept();
     });
@@ -282,6 +290,8 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   EventLoop::Impl& loop;
   std::string name;
   std::shared_ptr<const HttpHandler> handler;
+  // Written by allowPut before listen, read by the sessions after.
+  std::shared_ptr<std::vector<std::string>> putPaths;
   tcp::acceptor acceptor;
   asio::steady_timer retry;
 };
@@ -327,6 +337,8 @@ core::Result<void> HttpServer::listen(const std::string& host, std::uint16_t por
   impl_->accept();
   return {};
 }
+
+void HttpServer::allowPut(std::string path) { impl_->putPaths->push_back(std::move(path)); }
 
 void HttpServer::close() {
   if (!impl_->acceptor.is_open()) return;

@@ -22,6 +22,7 @@ namespace kproxy::cli {
 struct HttpRequest {
   std::string method;  ///< "GET", "HEAD", ...
   std::string target;  ///< path and query, e.g. "/metrics"
+  std::string body;    ///< a PUT's body (allowPut); empty for GET and HEAD
   /// The path without the query string.
   std::string path() const;
 };
@@ -80,8 +81,9 @@ class EventLoop {
 };
 
 /// One listening socket answering GET and HEAD requests with `handler` (other methods get 405
-/// with `Allow: GET, HEAD`; malformed requests 400), within the loop's HttpLimits. Connections
-/// are kept alive (HTTP/1.1) until the read timeout passes without a request.
+/// with `Allow: GET, HEAD`, except PUT on a path given to allowPut; malformed requests 400),
+/// within the loop's HttpLimits. Connections are kept alive (HTTP/1.1) until the read timeout
+/// passes without a request.
 class HttpServer {
  public:
   /// `name` appears in log lines ("metrics", "healthz", "service health check default/web").
@@ -94,6 +96,8 @@ class HttpServer {
   /// and "" listen on every address, IPv6 too when the kernel has it (as Go does). Port 0
   /// picks a free port (see port()). Errors: the address is in use, not local, malformed.
   core::Result<void> listen(const std::string& host, std::uint16_t port);
+  /// PUT requests to exactly `path` reach the handler, with their body. Call before listen().
+  void allowPut(std::string path);
   /// Stops accepting; connections in progress finish their current request. Idempotent.
   void close();
   bool listening() const;

@@ -39,6 +39,7 @@
 #include "kproxy/kernel/sysctl.h"
 #include "kproxy/plugins/loader.h"
 #include "leftover_cleanup.h"
+#include "logging_setup.h"
 #include "kproxy/nftables/leftovers.h"
 #include "metrics.h"
 #include "ops_servers.h"
@@ -319,7 +320,7 @@ int explain(std::span<const char* const> args) {
   auto effective = kproxy::cli::effectiveConfig(*parsed);
   if (!effective) return fail(effective.error().message());
   ProxyConfig config = std::move(*effective);
-  log::setVerbosity(static_cast<int>(config.logging.verbosity));
+  if (auto applied = kproxy::cli::applyLogging(config.logging); !applied) return fail(applied.error());
   // The backend is asked what it WOULD program: never the kernel.
   config.dryRun = true;
 
@@ -396,9 +397,9 @@ int main(int argc, char** argv) {
   auto effective = kproxy::cli::effectiveConfig(*parsed);
   if (!effective) return fail(effective.error().message());
   ProxyConfig config = std::move(*effective);
-  log::setVerbosity(static_cast<int>(config.logging.verbosity));
+  if (auto applied = kproxy::cli::applyLogging(config.logging); !applied) return fail(applied.error());
   for (const auto& flag : kproxy::cli::ignoredFlags(*parsed)) {
-    log::warning("flag ignored because --config is given", {{"flag", "--" + flag}});
+    log::warning("flag ignored because --config is given", {{"flag", flag}});
   }
   if (!config.cleanup)
     for (const auto& warning : kproxy::cli::nodePortAddressWarnings(config)) log::warning(warning);
@@ -572,6 +573,14 @@ int main(int argc, char** argv) {
     opsOptions.bindAddressHardFail = config.bindAddressHardFail;
     opsOptions.healthTimeout = 2 * config.effectiveSyncPeriod();
     opsOptions.configzJson = kproxy::cli::toConfigzJson(config);
+    // Upstream's --profiling installs Go's /debug/pprof and /debug/flags/v. A C++ program has no
+    // Go profiles to serve (profile kproxy with perf); the run-time verbosity it can serve.
+    if (config.enableProfiling) {
+      opsOptions.setVerbosity = [](const std::string& body) { return kproxy::cli::setVerbosityFromText(body); };
+      log::warning("Profiling: /debug/pprof is not served (kproxy is not a Go program: profile it with perf "
+                   "record -g -p PID); PUT /debug/flags/v changes the log verbosity",
+                   {{"address", config.metricsBindAddress}});
+    }
     // The families this node runs (upstream runs a proxier for each): the ip_family labels.
     opsOptions.families = tracker.ipv6 ? std::vector<std::string>{"IPv4", "IPv6"} : std::vector<std::string>{"IPv4"};
     opsOptions.build = kproxy::cli::BuildInfo{kproxy::cli::kKubernetesVersion, kproxy::cli::kKproxyCommit};

@@ -119,6 +119,9 @@ struct OpsServers::Impl {
       r.body = options.debugServices(queryValue(req.target, "service"));
       return r;
     }
+    if (options.setVerbosity && (path == "/debug/flags" || path.starts_with("/debug/flags/"))) {
+      return serveDebugFlags(req, path);
+    }
     if (path == "/configz") {
       HttpResponse r;
       r.contentType = "application/json";
@@ -126,6 +129,23 @@ struct OpsServers::Impl {
       return r;
     }
     return notFound();
+  }
+
+  // Upstream's routes.DebugFlags with the one flag it installs, "v": PUT /debug/flags/v sets
+  // the verbosity; any other method there is refused; every other /debug/flags path is the index.
+  HttpResponse serveDebugFlags(const HttpRequest& req, const std::string& path) {
+    const std::vector<std::pair<std::string, std::string>> nosniff = {{"X-Content-Type-Options", "nosniff"}};
+    if (path == "/debug/flags/v") {
+      if (req.method != "PUT") return HttpResponse{406, "text/plain", nosniff, "unsupported http method"};
+      auto answer = options.setVerbosity(req.body);
+      if (!answer) return HttpResponse{400, "text/plain", nosniff, answer.error()};
+      log::info(0, "Log verbosity changed", {{"request", req.body}});
+      return HttpResponse{200, "text/plain", nosniff, *answer};
+    }
+    return HttpResponse{200, "text/html; charset=utf-8", {},
+                        "<html>\n<head>\n<title>/debug/flags/</title>\n</head>\n<body>\n/debug/flags/<br>\n<br>\n"
+                        "flags:<br>\n<table>\n<tr>v<br>\n</table>\n<br>\nfull flags configurable<br>\n"
+                        "</body>\n</html>\n"};
   }
 
   HttpResponse serveHealthServer(const HttpRequest& req) {
@@ -177,6 +197,7 @@ void OpsServers::start(std::function<void(const std::string&)> onFatal) {
   if (!d.options.metricsBindAddress.empty()) {
     d.metricsServer = std::make_unique<HttpServer>(
         d.loop, "metrics", [&d](const HttpRequest& req) { return d.serveMetricsServer(req); });
+    if (d.options.setVerbosity) d.metricsServer->allowPut("/debug/flags/v");
   }
   if (!d.options.healthzBindAddress.empty()) {
     d.healthServer = std::make_unique<HttpServer>(

@@ -1,10 +1,11 @@
 #pragma once
 /// kproxy's operator-facing HTTP side, as kube-proxy serves it: the metrics server
-/// (/metrics, /proxyMode, /healthz, /configz, and kproxy's /debug/services), the health server (/healthz, /livez) and the
+/// (/metrics, /proxyMode, /healthz, /configz, /debug/flags/v, and kproxy's /debug/services), the health server (/healthz, /livez) and the
 /// per-service health-check node ports, all on one EventLoop thread, fed by the Proxier's
 /// observer and status().
 
 #include <chrono>
+#include <expected>
 #include <functional>
 #include <memory>
 #include <string>
@@ -36,6 +37,10 @@ struct OpsOptions {
   /// The /debug/services body for the given service ("namespace/name"; empty: every service).
   /// Called on the server's thread; must be thread-safe. Unset: the path is not served.
   std::function<std::string(const std::string& service)> debugServices;
+  /// PUT /debug/flags/v: sets the log verbosity from the body and returns the answer, or the
+  /// error for a 400 (upstream's StringFlagPutHandler over GlogSetter). Called on the server's
+  /// thread. Unset: /debug/flags is not served (upstream serves it with enableProfiling).
+  std::function<std::expected<std::string, std::string>(const std::string& body)> setVerbosity;
 };
 
 class OpsServers {

@@ -11,6 +11,7 @@ add_library(kproxy_cli_options STATIC
   ${CMAKE_CURRENT_LIST_DIR}/config_file.cpp
   ${CMAKE_CURRENT_LIST_DIR}/validation.cpp
   ${CMAKE_CURRENT_LIST_DIR}/flags.cpp
+  ${CMAKE_CURRENT_LIST_DIR}/logging_setup.cpp
 )
 # The headers are private to cli/ (the program and its tests), not installed.
 target_include_directories(kproxy_cli_options PUBLIC ${CMAKE_CURRENT_LIST_DIR})

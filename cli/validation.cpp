@@ -242,14 +242,6 @@ std::vector<std::string> validationErrors(const ProxyConfig& c,
   if (c.logging.format != "text" && c.logging.format != "json") {
     p.invalid("logging.format", "logging-format", c.logging.format, "must be text or json");
   }
-  // Upstream serves Go's runtime profiles (/debug/pprof) on the metrics server with it. A C++
-  // program has none to serve, and answering those paths with something else would mislead a
-  // `go tool pprof`: refused, in one line.
-  if (c.enableProfiling) {
-    p.invalid("enableProfiling", "profiling", "true",
-              "kproxy cannot serve Go's /debug/pprof profiles; leave it false and profile kproxy with "
-              "perf (perf record -g -p PID)");
-  }
   // upstream's featuregate.SetFromMap, then logsapi.Validate's gated options.
   for (auto& line : featureGateErrors(c.featureGates)) p.lines.push_back(std::move(line));
   const bool alphaOptions = featureEnabled(c.featureGates, "LoggingAlphaOptions");

@@ -99,16 +99,21 @@ struct NodeView {
   std::vector<const char*> nodePortAddresses;
 };
 
-void hostLog(void* /*ctx*/, int level, const char* message) {
-  const char* text = message != nullptr ? message : "";
+void hostLogAt(void* /*ctx*/, int level, const char* file, int line, const char* message) {
+  const std::string_view text = message != nullptr ? message : "";
+  const std::string_view where = file != nullptr ? file : "";
+  const log::Field source[] = {{"source", "plugin"}};
   if (level == KPROXY_LOG_ERROR) {
-    log::error(text, {{"source", "plugin"}});
+    log::writeAt(log::Severity::kError, 0, where, line, text, source);
   } else if (level == KPROXY_LOG_WARNING) {
-    log::warning(text, {{"source", "plugin"}});
+    log::writeAt(log::Severity::kWarning, 0, where, line, text, source);
   } else {
-    log::info(level < 0 ? 0 : level, text, {{"source", "plugin"}});
+    log::writeAt(log::Severity::kInfo, level < 0 ? 0 : level, where, line, text, source);
   }
 }
+
+// A plugin built before ABI 1.3 names no file: its lines carry no caller.
+void hostLog(void* ctx, int level, const char* message) { hostLogAt(ctx, level, nullptr, 0, message); }
 
 size_t snapshotSize(const kproxy_snapshot* snapshot) { return fromC(snapshot)->size(); }
 
@@ -238,6 +243,7 @@ kproxy_host_api makeHostApi(PluginMetrics* metrics) {
   api.snapshot_find = &snapshotFind;
   api.features = KPROXY_HOST_ERROR_CATEGORY;
   api.snapshot_service_cidrs = &snapshotServiceCIDRs;
+  api.log_at = &hostLogAt;
   // Without a registry the functions stay NULL: plugins then treat metrics as absent (rule 5)
   // instead of failing to register.
   if (metrics != nullptr) {

@@ -214,7 +214,7 @@ else
 fi
 
 # --- 4. 410 Expired → relist reconciles changes missed while disconnected ---------------------
-relists=$(count_log '"relisted" resource=Service ')
+relists=$(count_log '"relisted" resource="Service" ')
 expired=$(count_log 'expired; relisting')
 # kproxy is frozen while the first apiserver goes away, so none of the changes below can sit in
 # its socket buffers as watch events: it can only learn them from a relist.
@@ -228,7 +228,7 @@ cp_stop_apiserver
 cp_etcd_compact || fail "etcd compaction"
 cp_start_apiserver || exit 1
 kill -CONT "$KP_KPROXY_PID"
-if kp_wait_for "$KP_CEILING" bash -c "(( \$(grep -c 'expired; relisting' '$KP_WORKDIR/kproxy.log') > $expired && \$(grep -c '\"relisted\" resource=Service ' '$KP_WORKDIR/kproxy.log') > $relists ))"; then
+if kp_wait_for "$KP_CEILING" bash -c "(( \$(grep -c 'expired; relisting' '$KP_WORKDIR/kproxy.log') > $expired && \$(grep -c '\"relisted\" resource=\"Service\" ' '$KP_WORKDIR/kproxy.log') > $relists ))"; then
   pass "watch from a compacted resourceVersion got 410 and kproxy relisted"
 else
   fail "no 410 → relist seen"
@@ -236,10 +236,10 @@ fi
 # Each resource relists when its own backoff ends (up to the 30 s cap).
 if kp_wait_for_kproxy "$KP_CEILING" table_lacks "$VIP2" && kp_wait_for_kproxy "$KP_CEILING" served_by "http://$VIP/" pod2 &&
   [[ "$(who_all "http://$VIP/" 6)" == "pod2" ]] &&
-  [[ "$(grep '"relisted" resource=Service ' "$KP_WORKDIR/kproxy.log" | tail -1)" == *deleted=1* ]]; then
+  [[ "$(grep '"relisted" resource="Service" ' "$KP_WORKDIR/kproxy.log" | tail -1)" == *deleted=1* ]]; then
   pass "relist reconciled: the Service deleted while disconnected is gone, the missed endpoint change applied"
 else
-  fail "relist did not reconcile (web=$(who_all "http://$VIP/" 4); web2 in table: $(nft_handles | grep -cwF -- "$VIP2"); $(grep '"relisted" resource=Service ' "$KP_WORKDIR/kproxy.log" | tail -1))"
+  fail "relist did not reconcile (web=$(who_all "http://$VIP/" 4); web2 in table: $(nft_handles | grep -cwF -- "$VIP2"); $(grep '"relisted" resource="Service" ' "$KP_WORKDIR/kproxy.log" | tail -1))"
 fi
 
 # --- 5. deleting a Service removes its rules -------------------------------------------------

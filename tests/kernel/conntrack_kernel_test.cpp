@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -244,6 +245,61 @@ TEST_CASE("nftables plugin: after a sync, flows to a removed UDP endpoint go and
   }
   CHECK(keptToE1 >= 1);
   CHECK(after.contains(40001));
+
+  REQUIRE(backend.cleanup().has_value());
+}
+
+TEST_CASE("nftables plugin: a UDP service scaled to zero keeps its flows, as upstream 1.34; scaled up "
+          "again, a one-way sender's flow to the old endpoint goes and its next datagram reaches the new one",
+          "[kernel]") {
+  FreshNetns netns;
+  setUpAddresses();
+  UdpListener e1("10.1.0.1", 5353);
+  UdpListener e2("10.1.0.2", 5353);
+  REQUIRE(e1.ok);
+  REQUIRE(e2.ok);
+
+  plugins::PluginRegistry registry;
+  auto loaded = registry.load(std::filesystem::path(KPROXY_TEST_PLUGIN_DIR) / "kproxy-backend-nftables.so");
+  INFO((loaded ? std::string() : loaded.error().message()));
+  REQUIRE(loaded.has_value());
+  auto created = registry.createBackend("nftables", {{"node-name", "node-a"}});
+  REQUIRE(created.has_value());
+  core::Backend& backend = **created;
+  core::NodeInfo node;
+  node.name = "node-a";
+  node.known = true;
+  std::vector<core::ServicePortKey> changed{core::ServicePortKey{net::Family::kIPv4, "default/dns:dns"}};
+
+  // A one-way sender (syslog, statsd): one source port, datagrams and never an answer.
+  constexpr std::uint16_t kSender = 41000;
+  auto withE1 = dnsPort({"10.1.0.1"});
+  core::Snapshot s1 = core::Snapshot().withNode(node).with(withE1->key, withE1).withGeneration(1);
+  REQUIRE(backend.sync(core::SyncRequest{nullptr, &s1, changed, core::SyncKind::kFull}).has_value());
+  sendUdp("10.9.0.1", kSender, "172.30.0.10", 53);
+  REQUIRE(flowsTo("172.30.0.10") == std::map<int, std::string>{{kSender, "10.1.0.1"}});
+
+  // 1. Scaled to zero: upstream's CleanStaleEntries skips a service port without serving
+  //    endpoints ("a Service without endpoints does not require to clean the conntrack entries
+  //    associated"), so the flow stays: there is no endpoint to send the sender to.
+  auto none = dnsPort({});
+  core::Snapshot s2 = s1.with(none->key, none).withGeneration(2);
+  REQUIRE(backend.sync(core::SyncRequest{&s1, &s2, changed, core::SyncKind::kPartial}).has_value());
+  CHECK(flowsTo("172.30.0.10") == std::map<int, std::string>{{kSender, "10.1.0.1"}});
+
+  // 2. Scaled up to a new endpoint E2: the flow DNAT'ed to the gone E1 is stale and goes, so
+  //    the sender is not held on E1 for as long as it keeps the flow alive.
+  auto withE2 = dnsPort({"10.1.0.2"});
+  core::Snapshot s3 = s2.with(withE2->key, withE2).withGeneration(3);
+  REQUIRE(backend.sync(core::SyncRequest{&s2, &s3, changed, core::SyncKind::kPartial}).has_value());
+  CHECK(flowsTo("172.30.0.10").empty());
+  sendUdp("10.9.0.1", kSender, "172.30.0.10", 53);
+  CHECK(flowsTo("172.30.0.10") == std::map<int, std::string>{{kSender, "10.1.0.2"}});
+  // E2 receives it (the wait is a ceiling against a hang, not a measure).
+  pollfd ready{e2.fd, POLLIN, 0};
+  REQUIRE(::poll(&ready, 1, 60000) == 1);
+  char datagram[8];
+  CHECK(::recv(e2.fd, datagram, sizeof datagram, MSG_DONTWAIT) == 1);
 
   REQUIRE(backend.cleanup().has_value());
 }

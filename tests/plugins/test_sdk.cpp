@@ -3,6 +3,7 @@
 #include "kproxy/plugin/sdk.h"
 
 #include <catch2/catch.hpp>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -364,4 +365,49 @@ TEST_CASE("SDK: kernel errnos map to categories", "[unit]") {
   auto e = sdk::fail(sdk::ErrorCategory::kInvalidInput, "bad", 22);
   CHECK(e.error().category == sdk::ErrorCategory::kInvalidInput);
   CHECK(sdk::fail("no category").error().category == sdk::ErrorCategory::kUnknown);
+}
+
+namespace {
+struct LoggedLine {
+  int level;
+  std::string file;
+  int line;
+  std::string message;
+};
+std::vector<LoggedLine> gLogged;
+kproxy_host_api loggingHost(std::uint32_t structSize) {
+  gLogged.clear();
+  kproxy_host_api api{};
+  api.struct_size = structSize;
+  api.abi_version = KPROXY_PLUGIN_ABI_VERSION;
+  api.log = [](void*, int level, const char* message) { gLogged.push_back({level, "", 0, message}); };
+  api.log_at = [](void*, int level, const char* file, int line, const char* message) {
+    gLogged.push_back({level, file, line, message});
+  };
+  return api;
+}
+}  // namespace
+
+TEST_CASE("SDK: Host logging passes the caller's file and line through log_at on a 1.3 host, "
+          "and falls back to log on an older one", "[unit]") {
+  kproxy_host_api current = loggingHost(sizeof(kproxy_host_api));
+  const int line = __LINE__ + 1;
+  sdk::Host(&current).info(3, "hello");
+  sdk::Host(&current).warning("careful");
+  sdk::Host(&current).error("bad");
+  REQUIRE(gLogged.size() == 3);
+  CHECK(std::string(gLogged[0].file).ends_with("test_sdk.cpp"));
+  CHECK(gLogged[0].line == line);
+  CHECK(gLogged[0].level == 3);
+  CHECK(gLogged[0].message == "hello");
+  CHECK(gLogged[1].level == KPROXY_LOG_WARNING);
+  CHECK(gLogged[1].line == line + 1);
+  CHECK(gLogged[2].level == KPROXY_LOG_ERROR);
+
+  // A 1.2 host's table ends before log_at: the SDK must not call it.
+  kproxy_host_api older = loggingHost(offsetof(kproxy_host_api, log_at));
+  sdk::Host(&older).info(1, "old host");
+  REQUIRE(gLogged.size() == 1);
+  CHECK(gLogged[0].file.empty());
+  CHECK(gLogged[0].message == "old host");
 }

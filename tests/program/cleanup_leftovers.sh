@@ -249,7 +249,7 @@ if part ipvs && [[ $HAVE_IPVS == 1 ]]; then
   grep -q 'removed ipsets.*count=2' "$WORK/first.log" && pass "removal of the ipsets logged" ||
     fail "removal of the ipsets logged" "$(grep -i ipset "$WORK/first.log")"
 fi
-part iptables && { grep -q 'removed kube-proxy iptables leftovers.*table=nat' "$WORK/first.log" && pass "iptables removal logged" || fail "iptables removal logged" "$(head -5 "$WORK/first.log")"; }
+part iptables && { grep -q 'removed kube-proxy iptables leftovers.*table="nat"' "$WORK/first.log" && pass "iptables removal logged" || fail "iptables removal logged" "$(head -5 "$WORK/first.log")"; }
 if part ipvs && [[ ! -e /proc/net/ip_vs ]]; then
   grep -q 'no IPVS in this kernel' "$WORK/first.log" && pass "no IPVS: no-op, logged at v=2" || fail "no IPVS: no-op, logged at v=2" "$(head -5 "$WORK/first.log")"
 fi
@@ -294,7 +294,7 @@ if part ipvs; then
   if ip link add kube-ipvs0 type veth peer name kipvs-peer; then
     "$KPROXY" --cleanup >"$WORK/veth.log" 2>&1; rc=$?
     [[ $rc -eq 1 ]] && pass "non-dummy kube-ipvs0: --cleanup exits 1" || fail "non-dummy kube-ipvs0: --cleanup exits 1" "rc=$rc"
-    grep -q '^E.*not a dummy device.*interface=kube-ipvs0' "$WORK/veth.log" && pass "non-dummy kube-ipvs0: error logged" || fail "non-dummy kube-ipvs0: error logged" "$(cat "$WORK/veth.log")"
+    grep -q '^E.*not a dummy device.*interface="kube-ipvs0"' "$WORK/veth.log" && pass "non-dummy kube-ipvs0: error logged" || fail "non-dummy kube-ipvs0: error logged" "$(cat "$WORK/veth.log")"
     ip link show kube-ipvs0 >/dev/null 2>&1 && pass "non-dummy kube-ipvs0: kept" || fail "non-dummy kube-ipvs0: kept" "deleted"
   else
     fail "veth kube-ipvs0 created" "ip link add failed"

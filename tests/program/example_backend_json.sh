@@ -82,7 +82,7 @@ DETAIL=$(tail -5 "$WORK/kproxy.log"; cat "$WORK/state.json" 2>/dev/null)
 check "a partial sync removes the deleted service from the file" wait_for "$HANG_CEILING" holds "$want_web" "$WORK/state.json"
 DETAIL=$(grep 'Synced rules' "$WORK/kproxy.log" | tail -2)
 check "kproxy logged the partial sync of the json backend" \
-  grep -q 'Synced rules.*backend=json kind=partial.*summary="partial 1 service ports"' "$WORK/kproxy.log"
+  grep -q 'Synced rules.*backend="json" kind="partial".*summary="partial 1 service ports"' "$WORK/kproxy.log"
 DETAIL=$(curl -s --max-time "$REQUEST_CEILING" http://127.0.0.1:10249/metrics | grep kproxy_json)
 check "the plugin's metrics are served" bash -c \
   "curl -s --max-time $REQUEST_CEILING http://127.0.0.1:10249/metrics | grep -q '^kproxy_json_service_ports 1$'"
@@ -99,7 +99,7 @@ for run in first second; do
     >"$WORK/cleanup.log" 2>&1
   DETAIL=$(grep -E 'json|cleanup' "$WORK/cleanup.log" | tail -3)
   check "kproxy --cleanup ($run run) cleans up the json backend" \
-    grep -q '"cleaned up" mode=json' "$WORK/cleanup.log"
+    grep -q '"cleaned up" mode="json"' "$WORK/cleanup.log"
 done
 DETAIL="$WORK/state.json still exists"
 check "--cleanup removed the file" test ! -e "$WORK/state.json"

@@ -41,7 +41,7 @@ MET=http://127.0.0.1:10249
 healthy() { is_code 200 http://127.0.0.1:10256/healthz; }
 DETAIL=$(tail -5 "$WORK/kproxy.log")
 check "kproxy starts on kubeadm's ConfigMap and command line, and syncs" wait_for "$HANG_CEILING" healthy
-check "it runs in iptables mode" grep -q '"starting".*mode=iptables' "$WORK/kproxy.log"
+check "it runs in iptables mode" grep -q '"starting".*mode="iptables"' "$WORK/kproxy.log"
 check "it recommends nftables mode once, with the benchmark's figure" \
   eval '[ "$(grep -c "consider --proxy-mode=nftables" "$WORK/kproxy.log")" = 1 ] && grep -q "9.1 ms against iptables mode.s 193 ms" "$WORK/kproxy.log"'
 mode=$(curl -s --max-time "$REQUEST_CEILING" "$MET/proxyMode")

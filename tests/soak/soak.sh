@@ -114,7 +114,7 @@ start_kproxy() {
 # full_synced_since OFFSET — kproxy logged a successful full sync after the log's first OFFSET
 # bytes (e.g. the running kproxy's first, with START_OFFSET).
 # (grep -c, not -q: an early exit would break the pipe, and pipefail would report the failure.)
-full_synced_since() { (($(tail -c +$(($1 + 1)) "$LOG" | grep -F '"Synced rules"' | grep -cF 'kind=full') > 0)); }
+full_synced_since() { (($(tail -c +$(($1 + 1)) "$LOG" | grep -F '"Synced rules"' | grep -cF 'kind="full"') > 0)); }
 kill_kproxy() {
   kill -KILL "$KP_KPROXY_PID" 2>/dev/null
   wait "$KP_KPROXY_PID" 2>/dev/null
@@ -400,7 +400,7 @@ fi
 kp_log "figures: seconds=$SECONDS_TOTAL services=$SERVICES changes=${changes:-?} churn_seconds=${churn_s:-?} rate_per_s=${rate:-?}" \
   "restarts=$RESTARTS kills_in_first_sync=$KILLS_FIRST_SYNC kills_just_after_first_sync=$KILLS_AFTER_FIRST_SYNC" \
   "kills_random=$KILLS_RANDOM hand_breakages=$BREAKS repaired=$REPAIRED superseded=$SUPERSEDED unrepaired=$UNREPAIRED" \
-  "kproxy_failed_syncs=$failed_syncs kproxy_full_syncs=$(count_log 'kind=full')" \
+  "kproxy_failed_syncs=$failed_syncs kproxy_full_syncs=$(count_log 'kind="full"')" \
   "final_mismatches=${MISMATCHES:-?} curl=$((curled - curl_failed))/$curled rss_first_kib=$RSS_FIRST" \
   "rss_phase_b_kib=${RSS_B:-?} rss_end_kib=${RSS_END:-?}"
 kp_log "failed=$FAILED"

@@ -1,9 +1,12 @@
 #include <catch2/catch.hpp>
 
 #include <fcntl.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -42,20 +45,28 @@ struct Capture {
 
 }  // namespace
 
-TEST_CASE("line format: header, quoted message, key=value fields", "[unit][log]") {
+TEST_CASE("line format: klog's header with the thread and the caller's file:line", "[unit][log]") {
   Capture c;
+  const int line = __LINE__ + 1;
   klog::info(0, "synced rules", {{"kind", "partial"}, {"changed", "3"}});
   REQUIRE(c.lines.size() == 1);
-  const std::regex header(R"(^I\d{4} \d{2}:\d{2}:\d{2}\.\d{6} kproxy\] )");
-  CHECK(std::regex_search(c.lines[0], header));
-  CHECK(c.lines[0].ends_with(R"("synced rules" kind=partial changed=3)"));
+  const std::regex header(R"(^I\d{4} \d{2}:\d{2}:\d{2}\.\d{6} +(\d+) test_log\.cpp:(\d+)\] )");
+  std::smatch m;
+  REQUIRE(std::regex_search(c.lines[0], m, header));
+  CHECK(std::stol(m[1]) == static_cast<long>(::syscall(SYS_gettid)));
+  CHECK(std::stoi(m[2]) == line);
+  CHECK(c.lines[0].ends_with(R"("synced rules" kind="partial" changed=3)"));
 }
 
-TEST_CASE("values with spaces, quotes or '=' are quoted and escaped", "[unit][log]") {
+TEST_CASE("values: strings quoted and escaped as InfoS writes them, numbers and booleans bare",
+          "[unit][log]") {
   Capture c;
-  klog::warning("m", {{"a", "two words"}, {"b", "x=y"}, {"c", R"(say "hi")"}, {"d", ""}, {"e", "plain"}});
+  klog::warning("m", {{"a", "two words"}, {"b", "x=y"}, {"c", R"(say "hi")"}, {"d", ""}, {"e", "plain"},
+                      {"n", "-12"}, {"f", "0.5"}, {"t", "true"}, {"lead", "007"}, {"dur", "1.2ms"},
+                      {"ctl", "a\x01" "b\tc"}});
   REQUIRE(c.lines.size() == 1);
-  CHECK(c.lines[0].ends_with(R"("m" a="two words" b="x=y" c="say \"hi\"" d="" e=plain)"));
+  CHECK(c.lines[0].ends_with(R"("m" a="two words" b="x=y" c="say \"hi\"" d="" e="plain" n=-12 f=0.5 t=true )"
+                             R"(lead="007" dur="1.2ms" ctl="a\x01b\tc")"));
   CHECK(c.lines[0][0] == 'W');
   CHECK(c.severities[0] == klog::Severity::kWarning);
 }
@@ -152,7 +163,7 @@ TEST_CASE("a LogSink receives each event unformatted, and nothing reaches stderr
   CHECK(sink->records[0].message == "backend slow");
   CHECK(sink->records[0].fields ==
         std::vector<std::pair<std::string, std::string>>{{"mode", "json"}, {"took", "2 s"}});
-  CHECK(sink->records[0].line.ends_with(R"("backend slow" mode=json took="2 s")"));
+  CHECK(sink->records[0].line.ends_with(R"("backend slow" mode="json" took="2 s")"));
   CHECK(sink->records[1].fields.empty());
 }
 
@@ -164,8 +175,8 @@ TEST_CASE("the default output is the klog line on stderr, byte for byte", "[unit
   });
   klog::setLogSink(previous);
   const std::regex expected(
-      R"(^E\d{4} \d{2}:\d{2}:\d{2}\.\d{6} kproxy\] "sync failed" error="no \\"table\\"" n=1\n)"
-      R"(I\d{4} \d{2}:\d{2}:\d{2}\.\d{6} kproxy\] "second"\n$)");
+      R"(^E\d{4} \d{2}:\d{2}:\d{2}\.\d{6} +\d+ test_log\.cpp:\d+\] "sync failed" error="no \\"table\\"" n=1\n)"
+      R"(I\d{4} \d{2}:\d{2}:\d{2}\.\d{6} +\d+ test_log\.cpp:\d+\] "second"\n$)");
   CHECK(std::regex_match(err, expected));
 }
 
@@ -181,4 +192,131 @@ TEST_CASE("setSink hands back a LogSink so that installing it again restores it"
   REQUIRE(lines.size() == 1);
   REQUIRE(sink->records.size() == 1);
   CHECK(sink->records[0].message == "to records");
+}
+
+namespace {
+
+// A record at a fixed instant (2023-11-21 23:40:00.123456 UTC), formatted in UTC.
+struct FixedRecord {
+  FixedRecord() {
+    const char* tz = std::getenv("TZ");
+    if (tz != nullptr) savedTz = tz;
+    hadTz = tz != nullptr;
+    setenv("TZ", "UTC", 1);
+    tzset();
+    record.time = std::chrono::system_clock::time_point(std::chrono::microseconds(1700610000123456LL));
+    record.message = "Synced rules";
+    record.fields = fields;
+    record.file = "../core/src/proxier.cpp";
+    record.line = 214;
+    record.verbosity = 2;
+    record.threadId = 12345;
+  }
+  ~FixedRecord() {
+    if (hadTz) {
+      setenv("TZ", savedTz.c_str(), 1);
+    } else {
+      unsetenv("TZ");
+    }
+    tzset();
+  }
+  std::vector<klog::Field> fields{{"kind", "partial"}, {"changed", "3"}, {"full", "false"},
+                                  {"took", "1.2ms"}};
+  klog::Record record;
+  std::string savedTz;
+  bool hadTz = false;
+};
+
+}  // namespace
+
+TEST_CASE("formatLine: klog's text line, byte for byte", "[unit][log]") {
+  FixedRecord f;
+  CHECK(klog::formatLine(f.record) ==
+        R"(I1121 23:40:00.123456   12345 proxier.cpp:214] "Synced rules" kind="partial" changed=3 full=false took="1.2ms")");
+  f.record.severity = klog::Severity::kError;
+  f.record.file = "";
+  f.record.line = 0;
+  CHECK(klog::formatLine(f.record).starts_with("E1121 23:40:00.123456   12345 ???:0] "));
+}
+
+TEST_CASE("formatJson: component-base's JSON record, byte for byte", "[unit][log]") {
+  FixedRecord f;
+  // ts: milliseconds since the epoch as a float; caller: zap's short caller (dir/file:line);
+  // "v" on info records only; the fields after, numbers and booleans as JSON's.
+  CHECK(klog::formatJson(f.record) ==
+        R"({"ts":1700610000123.456,"caller":"src/proxier.cpp:214","msg":"Synced rules","v":2,)"
+        R"("kind":"partial","changed":3,"full":false,"took":"1.2ms"})");
+  f.record.severity = klog::Severity::kWarning;
+  f.record.verbosity = 0;
+  CHECK(klog::formatJson(f.record).find(R"("msg":"Synced rules","v":0,"kind")") != std::string::npos);
+  f.record.severity = klog::Severity::kError;
+  std::vector<klog::Field> errFields{{"err", "no \"table\"\n\x01"}};
+  f.record.fields = errFields;
+  CHECK(klog::formatJson(f.record) ==
+        R"({"ts":1700610000123.456,"caller":"src/proxier.cpp:214","msg":"Synced rules","err":"no \"table\"\n\u0001"})");
+}
+
+TEST_CASE("setFormat(kJson): the default output and line sinks write JSON records", "[unit][log]") {
+  Capture c;
+  klog::setFormat(klog::Format::kJson);
+  const int line = __LINE__ + 1;
+  klog::info(0, "json line", {{"n", "1"}});
+  klog::setFormat(klog::Format::kText);
+  REQUIRE(c.lines.size() == 1);
+  const std::regex record(R"re(^\{"ts":\d+(\.\d+)?,"caller":"core/test_log\.cpp:(\d+)","msg":"json line","v":0,"n":1\}$)re");
+  std::smatch m;
+  REQUIRE(std::regex_match(c.lines[0], m, record));
+  CHECK(std::stoi(m[2]) == line);
+}
+
+namespace {
+struct VmoduleReset {
+  ~VmoduleReset() { (void)klog::setVmodule({}); }
+};
+}  // namespace
+
+TEST_CASE("--vmodule raises the level for the files it names; the first match decides", "[unit][log]") {
+  Capture c;
+  VmoduleReset reset;
+  klog::setVerbosity(1);
+  REQUIRE(klog::setVmodule({"test_log=3", "test_*=5"}));
+  klog::info(3, "shown: this file at 3");
+  klog::info(4, "hidden: this file above 3 (test_*=5 comes second)");
+  CHECK(klog::enabled(3));
+  CHECK_FALSE(klog::enabled(4));
+  const klog::Field none[] = {{"k", "v"}};
+  klog::writeAt(klog::Severity::kInfo, 1, "../backends/nftables/src/backend.cpp", 10, "shown: global 1", none);
+  klog::writeAt(klog::Severity::kInfo, 2, "../backends/nftables/src/backend.cpp", 11, "hidden: other file", none);
+  CHECK(klog::verbosityFor("../backends/nftables/src/backend.cpp") == 1);
+  CHECK(klog::verbosityFor("../core/src/test_lag.cpp") == 5);
+
+  // A pattern with '/' is matched against the path without its extension; globs as klog's.
+  REQUIRE(klog::setVmodule({"backends/nftables/*=4", "prox?er.cpp=6"}));
+  CHECK(klog::verbosityFor("../backends/nftables/src/backend.cpp") == 1);  // '*' stops at '/'
+  REQUIRE(klog::setVmodule({"backends/nftables/src/*=4", "prox?er.cpp=6"}));
+  CHECK(klog::verbosityFor("../backends/nftables/src/backend.cpp") == 4);
+  CHECK(klog::verbosityFor("/abs/core/src/proxier.cpp") == 6);
+  klog::writeAt(klog::Severity::kInfo, 4, "../backends/nftables/src/backend.cpp", 12, "shown: pattern with /", none);
+
+  // The global level still counts: vmodule only raises.
+  REQUIRE(klog::setVmodule({"proxier=0"}));
+  CHECK(klog::verbosityFor("core/src/proxier.cpp") == 1);
+
+  std::vector<std::string> shown;
+  for (const auto& l : c.lines) shown.push_back(l.substr(l.find("] ") + 2));
+  CHECK(shown == std::vector<std::string>{R"("shown: this file at 3")", R"("shown: global 1" k="v")",
+                                          R"("shown: pattern with /" k="v")"});
+}
+
+TEST_CASE("--vmodule: a malformed item is refused and the patterns stay", "[unit][log]") {
+  VmoduleReset reset;
+  const int global = klog::verbosity();
+  REQUIRE(klog::setVmodule({"proxier=7"}));
+  for (const char* bad : {"proxier", "=3", "proxier=-1", "proxier=x", "proxier="}) {
+    CAPTURE(bad);
+    CHECK_FALSE(klog::setVmodule({bad}));
+  }
+  CHECK(klog::verbosityFor("core/src/proxier.cpp") == (global > 7 ? global : 7));
+  REQUIRE(klog::setVmodule({}));
+  CHECK(klog::verbosityFor("core/src/proxier.cpp") == global);
 }

@@ -4,10 +4,12 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
+#include <vector>
 
 #include "config_file.h"
 
@@ -46,6 +48,27 @@ bool ruleAllows(const YAML::Node& rules, const std::string& group, const std::st
     if (all) return true;
   }
   return false;
+}
+
+// kubeadm's conventions for the proxy's probes: no readiness probe (/healthz is 503 on a node
+// being deleted, and a readiness gate there stalls the rollout), and a liveness probe on /livez
+// that outlasts the longest legitimate wait for a sync. /livez turns 503 once a change has
+// waited 2 x syncPeriod (60 s by default); the longest wait BENCHMARKS.md measures is about 70 s
+// (iptables mode, 30,000 Services x 10: a 68.3 s sync, then the change's own). The probe must
+// let a change wait three times that before kubelet restarts kproxy.
+void checkProbes(const YAML::Node& c) {
+  CHECK_FALSE(c["readinessProbe"]);
+  CHECK_FALSE(c["startupProbe"]);
+  const auto live = c["livenessProbe"];
+  REQUIRE(live);
+  CHECK(live["httpGet"]["path"].as<std::string>() == "/livez");
+  CHECK(live["httpGet"]["port"].as<int>() == 10256);
+  constexpr int kHealthTimeout = 60;
+  constexpr int kLongestLegitimateWait = 70;
+  const int period = live["periodSeconds"].as<int>(10);
+  const int failures = live["failureThreshold"].as<int>(3);
+  CHECK(kHealthTimeout + period * failures >= 3 * kLongestLegitimateWait);
+  CHECK(live["timeoutSeconds"].as<int>(1) < period);
 }
 
 }  // namespace
@@ -113,10 +136,7 @@ TEST_CASE("daemonset: host network, privileged, mounts, tolerations, probes, nod
   CHECK(spec["tolerations"][0]["operator"].as<std::string>() == "Exists");
   const auto c = spec["containers"][0];
   CHECK(c["securityContext"]["privileged"].as<bool>());
-  CHECK(c["livenessProbe"]["httpGet"]["path"].as<std::string>() == "/livez");
-  CHECK(c["livenessProbe"]["httpGet"]["port"].as<int>() == 10256);
-  CHECK(c["readinessProbe"]["httpGet"]["path"].as<std::string>() == "/healthz");
-  CHECK(c["readinessProbe"]["httpGet"]["port"].as<int>() == 10256);
+  checkProbes(c);
   std::string args;
   for (const auto& a : c["command"]) args += a.as<std::string>() + " ";
   CHECK(args.find("--config=") != std::string::npos);
@@ -156,4 +176,62 @@ TEST_CASE("example kubeconfig uses client certificates", "[unit][deploy]") {
   CHECK(kc["kind"].as<std::string>() == "Config");
   CHECK(kc["users"][0]["user"]["client-certificate"]);
   CHECK(kc["users"][0]["user"]["client-key"]);
+}
+
+TEST_CASE("unprivileged daemonset: --init-only in a privileged initContainer, CAP_NET_ADMIN only in the "
+          "main container, the same config", "[unit][deploy]") {
+  auto docs = byKind("daemonset-unprivileged.yaml");
+  REQUIRE(docs.count("DaemonSet"));
+  const auto spec = docs["DaemonSet"]["spec"]["template"]["spec"];
+  CHECK(spec["hostNetwork"].as<bool>());
+  REQUIRE(spec["initContainers"].size() == 1);
+  REQUIRE(spec["containers"].size() == 1);
+  const auto init = spec["initContainers"][0];
+  const auto main = spec["containers"][0];
+  auto words = [](const YAML::Node& c) {
+    std::vector<std::string> out;
+    for (const auto& a : c["command"]) out.push_back(a.as<std::string>());
+    return out;
+  };
+  const auto initWords = words(init);
+  const auto mainWords = words(main);
+  CHECK(std::count(initWords.begin(), initWords.end(), "--init-only") == 1);
+  CHECK(std::count(mainWords.begin(), mainWords.end(), "--init-only") == 0);
+  // The same configuration in both, so that the set-up is the one the proxy expects.
+  std::vector<std::string> initRest;
+  for (const auto& w : initWords)
+    if (w != "--init-only") initRest.push_back(w);
+  CHECK(initRest == mainWords);
+  CHECK(init["securityContext"]["privileged"].as<bool>());
+  const auto sc = main["securityContext"];
+  CHECK_FALSE(sc["privileged"].as<bool>());
+  CHECK_FALSE(sc["allowPrivilegeEscalation"].as<bool>());
+  REQUIRE(sc["capabilities"]["add"].size() == 1);
+  CHECK(sc["capabilities"]["add"][0].as<std::string>() == "NET_ADMIN");
+  REQUIRE(sc["capabilities"]["drop"].size() == 1);
+  CHECK(sc["capabilities"]["drop"][0].as<std::string>() == "ALL");
+  checkProbes(main);
+  std::map<std::string, YAML::Node> volumes;
+  for (const auto& v : spec["volumes"]) volumes.emplace(v["name"].as<std::string>(), YAML::Node(v));
+  CHECK(volumes.at("config")["configMap"]["name"].as<std::string>() ==
+        byKind("configmap.yaml")["ConfigMap"]["metadata"]["name"].as<std::string>());
+}
+
+TEST_CASE("Dockerfile: the tools every mode runs, and the commit passed to the build", "[unit][deploy]") {
+  const std::string dockerfile = readFile(kDeploy + "Dockerfile");
+  const auto runtime = dockerfile.substr(dockerfile.rfind("\nFROM "));
+  for (const char* package : {" iptables ", " nftables ", " ipset ", " ipvsadm ", " conntrack ", " iproute2 ", " kmod "}) {
+    INFO(package);
+    CHECK(runtime.find(package) != std::string::npos);
+  }
+  // The image build checks that the legacy and nft variants and each tool are there.
+  for (const char* tool : {"iptables-legacy-restore", "iptables-nft-restore", "ipset", "ipvsadm", "nft ", "conntrack"}) {
+    INFO(tool);
+    CHECK(runtime.find(tool) != std::string::npos);
+  }
+  CHECK(dockerfile.find("ARG KPROXY_GIT_COMMIT") != std::string::npos);
+  CHECK(dockerfile.find("-DKPROXY_GIT_COMMIT=\"${KPROXY_GIT_COMMIT}\"") != std::string::npos);
+  CHECK(runtime.find("kproxy --version") != std::string::npos);
+  // kubeadm's DaemonSet runs /usr/local/bin/kube-proxy: an image swap alone must start kproxy.
+  CHECK(runtime.find("ln -s kproxy /usr/local/bin/kube-proxy") != std::string::npos);
 }

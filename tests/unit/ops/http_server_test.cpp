@@ -129,6 +129,37 @@ TEST_CASE("http server: only GET and HEAD; other methods get 405 with Allow", "[
   }
 }
 
+TEST_CASE("http server: PUT reaches the handler, with its body, only on an allowed path", "[unit][http]") {
+  ops_test::QuietLog quiet;
+  EventLoop loop;
+  HttpServer server(loop, "test", [](const HttpRequest& req) {
+    return HttpResponse{200, "text/plain", {}, req.method + " " + req.path() + " body=" + req.body};
+  });
+  server.allowPut("/debug/flags/v");
+  REQUIRE(server.listen("127.0.0.1", 0));
+  loop.start();
+  {
+    Client c(server.port());
+    c.send("PUT /debug/flags/v HTTP/1.1\r\nHost: h\r\nConnection: close\r\nContent-Length: 1\r\n\r\n4");
+    auto r = c.readAll();
+    CHECK(statusLine(r) == "HTTP/1.1 200 OK");
+    CHECK(r.ends_with("PUT /debug/flags/v body=4"));
+  }
+  for (const char* path : {"/debug/flags/vv", "/debug/flags", "/metrics"}) {
+    INFO(path);
+    Client c(server.port());
+    c.send(std::string("PUT ") + path + " HTTP/1.1\r\nHost: h\r\nContent-Length: 1\r\n\r\n4");
+    CHECK(statusLine(c.readAll()) == "HTTP/1.1 405 Method Not Allowed");
+  }
+  {
+    Client c(server.port());
+    c.send("GET /debug/flags/v HTTP/1.0\r\n\r\n");
+    auto r = c.readAll();
+    CHECK(r.ends_with("GET /debug/flags/v body="));  // a GET's body is never handed over
+  }
+  loop.stop();
+}
+
 TEST_CASE("http server: oversized headers 431, bodies 413, garbage 400", "[unit][http]") {
   ops_test::QuietLog quiet;
   HttpLimits limits;

@@ -1,7 +1,8 @@
-/* kproxy backend plugin ABI, version 1.2.
+/* kproxy backend plugin ABI, version 1.3.
  *   1.0  the descriptor, the snapshot accessors, logging
  *   1.1  the optional explain entry point (descriptor)
  *   1.2  the endpoint stride (service port), error categories and plugin metrics (host API)
+ *   1.3  log lines with their source file and line (host API: log_at)
  *
  * A backend plugin is a shared object exporting one C symbol:
  *
@@ -49,7 +50,7 @@ extern "C" {
 #endif
 
 #define KPROXY_PLUGIN_ABI_VERSION 1u /* the major version: must match exactly */
-#define KPROXY_PLUGIN_ABI_MINOR 2u   /* the minor version this header describes */
+#define KPROXY_PLUGIN_ABI_MINOR 3u   /* the minor version this header describes */
 #define KPROXY_PLUGIN_ENTRY_SYMBOL "kproxy_plugin_entry"
 
 /* Families and protocols, numerically stable. */
@@ -312,6 +313,13 @@ typedef struct kproxy_host_api {
    * visit. */
   void (*snapshot_service_cidrs)(const kproxy_snapshot* snapshot, kproxy_service_cidr_visitor visit,
                                  void* user);
+
+  /* ---- appended in ABI 1.3; use only when struct_size covers the field ---- */
+
+  /* As `log`, from the plugin's source `file` (as compiled, e.g. __FILE__; borrowed) at
+   * `line`: the host writes them in the line's header and matches --vmodule against the file.
+   * Any thread. */
+  void (*log_at)(void* host_ctx, int level, const char* file, int line, const char* message);
 } kproxy_host_api;
 
 /* The size of an ABI 1.0 (and 1.1) host table: the smallest a plugin accepts. */

@@ -28,6 +28,7 @@
 #include <memory>
 #include <optional>
 #include <stdexcept>
+#include <source_location>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -450,10 +451,20 @@ class Metric {
 class Host {
  public:
   explicit Host(const kproxy_host_api* api) : api_(api) {}
-  /// verbosity 0..9 (shown with -v >= verbosity).
-  void info(int verbosity, const std::string& message) const { write(verbosity, message); }
-  void warning(const std::string& message) const { write(KPROXY_LOG_WARNING, message); }
-  void error(const std::string& message) const { write(KPROXY_LOG_ERROR, message); }
+  /// verbosity 0..9 (shown with -v >= verbosity, or a --vmodule level for the caller's file).
+  /// The caller's file and line reach the log line's header on a 1.3 host.
+  void info(int verbosity, const std::string& message,
+            std::source_location where = std::source_location::current()) const {
+    write(verbosity, message, where);
+  }
+  void warning(const std::string& message,
+               std::source_location where = std::source_location::current()) const {
+    write(KPROXY_LOG_WARNING, message, where);
+  }
+  void error(const std::string& message,
+             std::source_location where = std::source_location::current()) const {
+    write(KPROXY_LOG_ERROR, message, where);
+  }
   const kproxy_host_api* api() const { return api_; }
 
   /// KPROXY_HOST_* bits; 0 on a host older than ABI 1.2.
@@ -506,8 +517,14 @@ class Host {
     return Metric(api_, handle, labelNames.size());
   }
 
-  void write(int level, const std::string& message) const {
-    if (api_ != nullptr && api_->log != nullptr) api_->log(api_->host_ctx, level, message.c_str());
+  void write(int level, const std::string& message, const std::source_location& where) const {
+    if (api_ == nullptr) return;
+    if (detail::covers(*api_, &kproxy_host_api::log_at) && api_->log_at != nullptr) {
+      api_->log_at(api_->host_ctx, level, where.file_name(), static_cast<int>(where.line()),
+                   message.c_str());
+    } else if (api_->log != nullptr) {
+      api_->log(api_->host_ctx, level, message.c_str());
+    }
   }
   const kproxy_host_api* api_;
 };

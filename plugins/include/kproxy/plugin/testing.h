@@ -1,7 +1,7 @@
 #pragma once
 /// A fake host for unit tests of a backend plugin, header-only like the SDK: no kproxy, no
 /// kernel, no API server. It drives a plugin through its C descriptor exactly as kproxy does
-/// (create, sync, cleanup, explain, destroy, with the ABI 1.2 host table), over snapshots built
+/// (create, sync, cleanup, explain, destroy, with the ABI 1.3 host table), over snapshots built
 /// from SDK value types, and keeps what the plugin logged and the metrics it registered.
 ///
 ///   #include <kproxy/plugin/testing.h>
@@ -148,13 +148,15 @@ class FakeSnapshot {
   std::unique_ptr<Data> data_;
 };
 
-/// The host side: an ABI 1.2 kproxy_host_api whose log lines and metrics a test can read.
+/// The host side: an ABI 1.3 kproxy_host_api whose log lines and metrics a test can read.
 /// Must outlive every plugin created with it.
 class FakeHost {
  public:
   struct LogLine {
     int level;  ///< -v verbosity 0..9, KPROXY_LOG_WARNING or KPROXY_LOG_ERROR
     std::string message;
+    std::string file;  ///< the plugin's source file (ABI 1.3's log_at; empty through log)
+    int line = 0;
   };
 
   FakeHost() {
@@ -162,7 +164,11 @@ class FakeHost {
     api_.abi_version = KPROXY_PLUGIN_ABI_VERSION;
     api_.host_ctx = this;
     api_.log = [](void* ctx, int level, const char* message) {
-      self(ctx).logs_.push_back(LogLine{level, message != nullptr ? message : ""});
+      self(ctx).logs_.push_back(LogLine{level, message != nullptr ? message : "", {}, 0});
+    };
+    api_.log_at = [](void* ctx, int level, const char* file, int line, const char* message) {
+      self(ctx).logs_.push_back(
+          LogLine{level, message != nullptr ? message : "", file != nullptr ? file : "", line});
     };
     api_.snapshot_size = [](const kproxy_snapshot* s) { return FakeSnapshot::of(s).ports.size(); };
     api_.snapshot_node = [](const kproxy_snapshot* s) { return &FakeSnapshot::of(s).cnode; };

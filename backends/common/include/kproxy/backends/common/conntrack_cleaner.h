@@ -10,9 +10,13 @@
 ///       of that service port;
 ///   (2) a flow whose original destination port is a service's NodePort (any address) and
 ///       whose reply source is not a serving endpoint of that service port.
-///   Service ports with no serving endpoint are left alone (nothing to send clients to). A
-///   flow that was never DNAT'ed (traffic that hit the service while it had no endpoints)
-///   replies from the service address itself, so rule (1) removes it once endpoints appear.
+///   Service ports with no serving endpoint are left alone (nothing to send clients to): a UDP
+///   service scaled to zero keeps its flows, as upstream 1.34's, and the first sync that gives
+///   it a serving endpoint again deletes every flow that does not go to one, so a one-way
+///   sender that kept its flow alive meanwhile reaches the new endpoint with its next datagram
+///   (tests/kernel/conntrack_kernel_test.cpp). A flow that was never DNAT'ed (traffic that hit
+///   the service while it had no endpoints) replies from the service address itself, so rule
+///   (1) removes it once endpoints appear.
 /// - Traffic policies, topology and terminating state are not considered: the serving set is
 ///   every serving endpoint of the service port (upstream keeps UDP consistent with TCP).
 /// - Never a blanket flush: only flows listed and matched are deleted, one by one.
