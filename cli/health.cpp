@@ -79,7 +79,7 @@ ProxyHealth evaluateProxyHealth(const HealthInput& input) {
 
 HttpResponse healthzResponse(const HealthInput& input) {
   const ProxyHealth health = evaluateProxyHealth(input);
-  const bool nodeEligible = !input.nodeDeleting;
+  const bool nodeEligible = !input.nodeDeleting && (input.nodeSeen || !input.nodeRequired);
   const bool healthy = health.healthy && nodeEligible;
   return jsonResponse(healthy ? 200 : 503, healthBody(input, health, healthy, nodeEligible).dump());
 }

@@ -27,6 +27,11 @@ struct HealthInput {
   std::optional<double> oldestQueuedWall;  ///< oldest change not yet applied
   std::chrono::steady_clock::duration healthTimeout = std::chrono::seconds(60);
   bool nodeDeleting = false;
+  /// Whether this node's Node object has been seen. Upstream's NodeManager answers nil until
+  /// then, and a node it cannot see is not eligible; only meaningful when `nodeRequired`.
+  bool nodeSeen = false;
+  /// The event source watches this node's Node (the API server; a manifest directory has none).
+  bool nodeRequired = false;
   /// The IP families the proxier programs ("IPv4", "IPv6"), reported under "status".
   std::vector<std::string> families = {"IPv4"};
 };
@@ -40,7 +45,8 @@ struct ProxyHealth {
 /// The proxier's health ignoring the Node (upstream ProxyHealthServer.Health()).
 ProxyHealth evaluateProxyHealth(const HealthInput& input);
 
-/// /healthz: 200 when healthy and the Node is eligible (not being deleted), else 503. Body:
+/// /healthz: 200 when healthy and the Node is eligible (seen, when the source has Nodes, and not
+/// being deleted), else 503. Body:
 /// {"lastUpdated":…,"currentTime":…,"nodeEligible":…,"healthy":…,"status":{"IPv4":{…}}}.
 HttpResponse healthzResponse(const HealthInput& input);
 /// /livez: as /healthz without the Node check and without "nodeEligible".

@@ -582,6 +582,7 @@ int main(int argc, char** argv) {
                    {{"address", config.metricsBindAddress}});
     }
     // The families this node runs (upstream runs a proxier for each): the ip_family labels.
+    opsOptions.nodeRequired = source.api != nullptr && !tracker.nodeName.empty();
     opsOptions.families = tracker.ipv6 ? std::vector<std::string>{"IPv4", "IPv6"} : std::vector<std::string>{"IPv4"};
     opsOptions.build = kproxy::cli::BuildInfo{kproxy::cli::kKubernetesVersion, kproxy::cli::kKproxyCommit};
     opsOptions.extraMetrics = [&source, &registry, restClientMetrics] {

@@ -93,6 +93,8 @@ struct OpsServers::Impl {
     in.oldestQueuedWall = status.oldestQueuedWall;
     in.healthTimeout = options.healthTimeout;
     in.nodeDeleting = status.nodeDeleting;
+    in.nodeSeen = status.nodeSeen;
+    in.nodeRequired = options.nodeRequired;
     in.families = options.families;
     return in;
   }

@@ -30,6 +30,9 @@ struct OpsOptions {
   /// IPs the health-check node ports listen on; empty: every address.
   std::vector<std::string> healthCheckAddresses;
   std::vector<std::string> families = {"IPv4", "IPv6"};
+  /// /healthz: the event source watches this node's Node, and a node not seen yet is not
+  /// eligible (upstream); false for a manifest directory, which has no Node to wait for.
+  bool nodeRequired = false;
   BuildInfo build;  ///< kubernetes_build_info
   /// More Prometheus text appended to /metrics (the event source's counters). Called on the
   /// server's thread; must be thread-safe.

@@ -35,7 +35,9 @@ struct Proxier::Impl {
         clock(c),
         scheduler(SyncSchedulerOptions{o.minSyncPeriod, std::max(o.syncPeriod, o.minSyncPeriod), 2},
                   c.now()),
-        lastFullSync(c.now()) {}
+        lastFullSync(c.now()) {
+    nodeName = tracker.nodeName();
+  }
 
   // Guards everything below except the backend, which only the sync thread touches.
   mutable std::mutex mutex;
@@ -68,6 +70,8 @@ struct Proxier::Impl {
   std::uint64_t serviceChangesTotal = 0;
   std::uint64_t endpointChangesTotal = 0;
   bool nodeDeleting = false;
+  bool nodeSeen = false;
+  std::string nodeName;  // the tracker's: empty accepts any Node
   std::optional<bool> lastOk;
 
   std::function<void(const SyncObservation&)> observer;
@@ -412,6 +416,7 @@ void Proxier::endpointSliceDeleted(const std::string& ns, const std::string& nam
 void Proxier::nodeUpserted(Node node) {
   std::lock_guard lock(impl_->mutex);
   const bool deleting = node.beingDeleted();
+  if (impl_->nodeName.empty() || node.name == impl_->nodeName) impl_->nodeSeen = true;
   if (deleting && !impl_->nodeDeleting) {
     log::info(0, "Node is being deleted",
               {{"node", node.name}, {"reason", node.deleting ? "deletionTimestamp"
@@ -477,6 +482,7 @@ ProxierStatus Proxier::status() const {
   s.lastQueuedWall = impl_->lastQueuedWall;
   s.applied = impl_->applied;
   s.nodeDeleting = impl_->nodeDeleting;
+  s.nodeSeen = impl_->nodeSeen;
   s.pendingServiceChanges = impl_->tracker.pendingServiceChanges();
   s.pendingEndpointChanges = impl_->tracker.pendingEndpointChanges();
   s.serviceChangesTotal = impl_->serviceChangesTotal;

@@ -239,6 +239,8 @@ bool ChangeTracker::upsertNode(Node node) {
   return true;
 }
 
+const std::string& ChangeTracker::nodeName() const { return impl_->config.nodeName; }
+
 bool ChangeTracker::deleteNode(const std::string& name) {
   if (!impl_->node.known || name != impl_->node.name) return false;
   NodeInfo info;

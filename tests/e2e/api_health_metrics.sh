@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # /healthz and /metrics against a real kube-apiserver + etcd.
-#  - /healthz fails (503, upstream's body: "nodeEligible":false) once the node's Node gets the
+#  - /healthz fails (503, upstream's body: "nodeEligible":false) before the node's Node exists and once it gets the
 #    cluster autoscaler's ToBeDeletedByClusterAutoscaler taint (KEP-3836), while /livez stays
 #    200; it passes again when the taint goes.
 #  - The series the usual kube-proxy dashboards and alerts select are on /metrics with
@@ -25,9 +25,6 @@ cp_recorder_test api_health_metrics API_HEALTH_KEEP "$@"
 cp_start || exit 1
 cp_kproxy_kubeconfig "$WORK/kubeconfig" || exit 1
 
-check "Node node-a created" cp_api POST /api/v1/nodes \
-  '{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-a"},"spec":{"taints":[{"key":"example.com/other","effect":"NoSchedule"}]}}'
-
 KPROXY_RECORD_FILE="$WORK/record" \
   "$KPROXY" --proxy-mode=recorder --plugin-dir "$PLUGINS" --kubeconfig "$WORK/kubeconfig" \
   --hostname-override node-a --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
@@ -42,6 +39,15 @@ metrics() { curl -s --max-time 5 http://127.0.0.1:10249/metrics; }
 # value SERIES: the value of the sample whose name and labels are exactly SERIES.
 value() { metrics | awk -v s="$1" 'index($0, s " ") == 1 { print $NF; exit }'; }
 at_least() { local v; v=$(value "$1"); [[ -n "$v" ]] && awk -v v="$v" -v n="$2" 'BEGIN { exit !(v >= n) }'; }
+
+# Upstream's NodeManager has no Node until the object exists, and a node it cannot see is not
+# eligible: /healthz is 503 (while /livez is 200) until the Node is created.
+DETAIL="$(tail -5 "$WORK/kproxy.log")"
+check "/healthz is 503 before the Node exists" wait_for "$CEILING" healthz_is 503
+check "... with nodeEligible false" grep -q '"nodeEligible":false' "$WORK/healthz.body"
+check "... while /livez is 200" test "$(livez)" = 200
+check "Node node-a created" cp_api POST /api/v1/nodes \
+  '{"apiVersion":"v1","kind":"Node","metadata":{"name":"node-a"},"spec":{"taints":[{"key":"example.com/other","effect":"NoSchedule"}]}}'
 
 DETAIL="$(tail -5 "$WORK/kproxy.log")"
 check "/healthz is 200 with an unrelated taint" wait_for "$CEILING" healthz_is 200

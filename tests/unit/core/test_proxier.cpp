@@ -342,9 +342,14 @@ TEST_CASE("the cluster autoscaler's taint reports the node as being deleted", "[
   Node node;
   node.name = "node-a";
   node.taints = {{"node.kubernetes.io/unschedulable", "", "NoSchedule"}};
+  Node other = node;
+  other.name = "node-b";
+  proxier.nodeUpserted(other);
+  CHECK_FALSE(proxier.status().nodeSeen);  // another node's object
   proxier.nodeUpserted(node);
   REQUIRE(proxier.syncOnceIfDue());
   CHECK_FALSE(proxier.status().nodeDeleting);  // cordoned is not being deleted
+  CHECK(proxier.status().nodeSeen);
   node.taints.push_back({std::string(kTaintToBeDeletedByClusterAutoscaler), "1718000000", "NoSchedule"});
   proxier.nodeUpserted(node);
   CHECK(proxier.status().nodeDeleting);  // known at once, before the sync

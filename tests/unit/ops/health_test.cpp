@@ -102,6 +102,22 @@ TEST_CASE("a Node being deleted fails /healthz but not /livez", "[unit][health]"
   CHECK(kproxy::cli::livezResponse(in).status == 200);
 }
 
+TEST_CASE("a Node not seen yet fails /healthz when the source has Nodes, as upstream", "[unit][health]") {
+  HealthInput in = input();
+  in.nodeRequired = true;
+  in.nodeSeen = false;
+  const HttpResponse healthz = kproxy::cli::healthzResponse(in);
+  CHECK(healthz.status == 503);
+  CHECK(Json::parse(healthz.body)["nodeEligible"] == false);
+  CHECK(kproxy::cli::livezResponse(in).status == 200);
+  in.nodeSeen = true;
+  CHECK(kproxy::cli::healthzResponse(in).status == 200);
+  // A manifest directory has no Node to wait for.
+  in.nodeRequired = false;
+  in.nodeSeen = false;
+  CHECK(kproxy::cli::healthzResponse(in).status == 200);
+}
+
 TEST_CASE("dual-stack status lists each family", "[unit][health]") {
   HealthInput in = input();
   in.families = {"IPv4", "IPv6"};

@@ -74,6 +74,9 @@ struct ProxierStatus {
   std::optional<double> lastQueuedWall;     ///< wall seconds of the newest change event
   std::shared_ptr<const Snapshot> applied;  ///< last successfully applied snapshot
   bool nodeDeleting = false;
+  /// A Node object of this node has been seen (and stays seen after it is deleted: upstream's
+  /// NodeManager keeps the last one).
+  bool nodeSeen = false;
   /// Service / EndpointSlice events folded into the tracker but not yet published.
   std::size_t pendingServiceChanges = 0;
   std::size_t pendingEndpointChanges = 0;

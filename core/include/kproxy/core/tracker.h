@@ -65,6 +65,8 @@ class ChangeTracker {
   bool upsertEndpointSlice(std::shared_ptr<const EndpointSlice> slice);
   bool deleteEndpointSlice(const std::string& ns, const std::string& name);
   bool upsertNode(Node node);
+  /// The node this tracker follows (TrackerConfig::nodeName; empty: any Node).
+  const std::string& nodeName() const;
   bool deleteNode(const std::string& name);
   /// The node's interface addresses (numeric, both families), read by the host; from the
   /// first call on, NodePort addresses are decided against them instead of the Node object's
