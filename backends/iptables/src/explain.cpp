@@ -36,10 +36,7 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<c
   x.destinationLocal = plan::nodePortAnswersOn(
       plan::nodePortAddressesOf(node, config.common.nodePortAddresses, config.common.nodeIPs), local, x.destination,
       /*loopback=*/true);
-  // Why a drop happened, when the rules say more than the chain: the renderer's tag.
-  if (trace.outcome.verdict == plan::TraceVerdict::kDropped &&
-      trace.outcome.reason == plan::DropReason::kUnallocatedClusterIP)
-    x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, family, x.destination);
+  x.reason = plan::dropReasonText(trace.outcome, serviceCIDRs, family, x.destination);
   return plan::explanationText(x, request.json);
 }
 

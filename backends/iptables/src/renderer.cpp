@@ -117,7 +117,7 @@ class ServicePortRules {
     // rule, one rule per ClusterIP, shared by the service's ports.
     dispatch(Table::kFilter, names::kServices,
              Spec().dst(*cip).comment("ClusterIP without a service on this port").jump(rejectTarget(fam_)),
-             Section::kClusterIP);
+             plan::DropReason::kClusterIPPort, Section::kClusterIP);
   }
 
   /// KUBE-EXT-: masquerade, the short-circuits of pod and node traffic, the external pool.
@@ -237,8 +237,9 @@ class ServicePortRules {
     f_.dispatch.push_back(DispatchRule{table, std::string(chain), section, spec.str()});
   }
   /// A dispatch rule that drops or rejects for `reason`.
-  void dispatch(Table table, std::string_view chain, const Spec& spec, plan::DropReason reason) {
-    dispatch(table, chain, spec);
+  void dispatch(Table table, std::string_view chain, const Spec& spec, plan::DropReason reason,
+                Section section = Section::kServicePort) {
+    dispatch(table, chain, spec, section);
     f_.tags.push_back(RuleTag{table, std::string(chain), f_.dispatch.back().spec, reason});
   }
 

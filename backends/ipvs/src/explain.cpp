@@ -64,10 +64,7 @@ sdk::Expected<std::string> IpvsBackend::explain(const sdk::SnapshotView& snapsho
   plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, family, trace);
   const auto& nodePort = renderer.nodePortAddresses(family);
   x.destinationLocal = std::find(nodePort.begin(), nodePort.end(), x.destination) != nodePort.end();
-  // Why a drop happened, when the rules say more than the chain: the renderer's tag.
-  if (trace.outcome.verdict == plan::TraceVerdict::kDropped &&
-      trace.outcome.reason == plan::DropReason::kUnallocatedClusterIP)
-    x.reason = plan::unallocatedClusterIPReason(cidrs, family, x.destination);
+  x.reason = plan::dropReasonText(trace.outcome, cidrs, family, x.destination);
   return plan::explanationText(x, request.json);
 }
 

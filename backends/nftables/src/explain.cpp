@@ -29,9 +29,7 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
   for (const auto& a : tracer.localAddresses()) local.push_back(a.toString());
   x.destinationLocal =
       plan::nodePortAnswersOn(renderer.nodePortAddresses(node), local, x.destination, /*loopback=*/true);
-  // Why a drop happened, when the rules say more than the chain: an unallocated ClusterIP.
-  if (trace.outcome.verdict == TraceVerdict::kDropped && trace.outcome.reason == plan::DropReason::kUnallocatedClusterIP)
-    x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);
+  x.reason = plan::dropReasonText(trace.outcome, serviceCIDRs, sdkFamily, x.destination);
   return plan::explanationText(x, request.json);
 }
 

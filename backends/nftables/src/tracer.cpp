@@ -378,7 +378,12 @@ class PacketRun {
     k.proto(proto_).port(dport_);
     const Element* e = find(s.map, k.bytes);
     if (e == nullptr || !e->value) return Flow::kNext;
-    return applyVerdict(chain, rule, *e->value, depth, hitText(s.map, *e));
+    // The element's own tag says why it drops, over the lookup rule's (a map of many causes).
+    const plan::DropReason outer = reasonOfCaller_;
+    if (outer == plan::DropReason::kNone) reasonOfCaller_ = e->reason;
+    auto flow = applyVerdict(chain, rule, *e->value, depth, hitText(s.map, *e));
+    reasonOfCaller_ = outer;
+    return flow;
   }
   std::optional<Flow> evaluate(const Chain& chain, const Rule& rule, const SetMark& s, int) {
     mark_ = s.toggle ? (mark_ ^ s.bit) : (mark_ | s.bit);

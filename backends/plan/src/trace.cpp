@@ -258,6 +258,37 @@ std::string unallocatedClusterIPReason(std::span<const sdk::ServiceCIDR> service
   return reason;
 }
 
+std::string dropReasonText(const TraceOutcome& outcome, std::span<const sdk::ServiceCIDR> serviceCIDRs,
+                           net::Family family, std::string_view destination) {
+  std::string_view verb;
+  switch (outcome.verdict) {
+    case TraceVerdict::kDropped: verb = "dropped"; break;
+    case TraceVerdict::kRejected: verb = "rejected"; break;
+    default: return "";
+  }
+  std::string_view why;
+  switch (outcome.reason) {
+    case DropReason::kNone: return "";
+    case DropReason::kUnallocatedClusterIP:
+      if (outcome.verdict == TraceVerdict::kDropped)
+        return unallocatedClusterIPReason(serviceCIDRs, family, destination);
+      why = "unallocated ClusterIP";
+      break;
+    case DropReason::kNoEndpoints: why = "the service port has no endpoints"; break;
+    case DropReason::kNoLocalEndpoints:
+      why = "the traffic policy is Local and this node has no endpoint of the service port";
+      break;
+    case DropReason::kSourceRange: why = "the source is not in the service's loadBalancerSourceRanges"; break;
+    case DropReason::kClusterIPPort: why = "no service port of this ClusterIP has this port and protocol"; break;
+    case DropReason::kServiceAddressPort:
+      why = "no service port of this service address has this port and protocol";
+      break;
+    case DropReason::kInvalidConnection: why = "conntrack finds the packet INVALID"; break;
+    case DropReason::kLocalnet: why = "to a loopback address from another host (route_localnet)"; break;
+  }
+  return fmt::format("{}: {}", verb, why);
+}
+
 // ---- explain ------------------------------------------------------------------------------
 
 namespace {

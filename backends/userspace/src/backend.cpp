@@ -411,8 +411,7 @@ sdk::Expected<std::string> UserspaceBackend::explain(const sdk::SnapshotView& sn
   std::vector<std::string> localText;
   for (const auto& a : local) localText.push_back(a.toString());
   x.destinationLocal = plan::nodePortAnswersOn(nodePorts, localText, x.destination, /*loopback=*/true);
-  if (trace.outcome.verdict == plan::TraceVerdict::kDropped && trace.outcome.reason == plan::DropReason::kUnallocatedClusterIP)
-    x.reason = plan::unallocatedClusterIPReason(serviceCIDRs, sdkFamily, x.destination);
+  x.reason = plan::dropReasonText(trace.outcome, serviceCIDRs, sdkFamily, x.destination);
   if (packet->protocol == 132)
     x.reason = "the userspace proxy does not carry SCTP service ports";
   return plan::explanationText(x, request.json);

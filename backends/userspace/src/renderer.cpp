@@ -124,6 +124,7 @@ RenderedTable renderUserspaceTable(net::Family family, const std::vector<Redirec
     key.proto(e.proto).port(e.port);
     if (!seen.insert(std::string(set) + '\0' + key.bytes).second) continue;
     Verdict verdict;
+    plan::DropReason reason = plan::DropReason::kNone;
     switch (e.action.kind) {
       case RedirectAction::Kind::kListener:
         verdict = Verdict{VerdictKind::kGoto, redirectChainName(e.proto, e.action.listenerPort)};
@@ -142,9 +143,15 @@ RenderedTable renderUserspaceTable(net::Family family, const std::vector<Redirec
         }
         break;
       case RedirectAction::Kind::kReject: verdict = Verdict{VerdictKind::kGoto, std::string(kRejectChain)}; break;
-      case RedirectAction::Kind::kDrop: verdict = Verdict{VerdictKind::kDrop, {}}; break;
+      case RedirectAction::Kind::kDrop:
+        // The plan drops only traffic of a Local policy that has no local endpoint.
+        verdict = Verdict{VerdictKind::kDrop, {}};
+        reason = plan::DropReason::kNoLocalEndpoints;
+        break;
     }
-    t.elements.push_back(Element{std::string(set), std::move(key.bytes), std::move(key.text), verdict});
+    Element element{std::string(set), std::move(key.bytes), std::move(key.text), verdict};
+    element.reason = reason;
+    t.elements.push_back(std::move(element));
   }
   for (const auto& [proto, port] : listeners)
     t.chains.push_back(Chain{redirectChainName(proto, port), std::nullopt, {Rule{{MatchL4Proto{proto}, RedirectTo{port}}}}});

@@ -390,6 +390,11 @@ std::size_t runScenario(const Scenario& scenario, Selection selection, const std
       CHECK_FALSE(answer.at("outcome").at("mixed").get<bool>());
       CHECK(actual == expected);
       CHECK(masqueraded == expectMasq);
+      // Every drop and reject of the table says why, in every mode (the renderers' tags).
+      if (actual == "DROP" || actual == "REJECT") {
+        const std::string why = answer.at("reason").get<std::string>();
+        CHECK(why.starts_with(actual == "DROP" ? "dropped: " : "rejected: "));
+      }
       // The endpoints the answer lists as "in" are the DNAT set.
       std::vector<std::string> selected;
       for (const auto& e : answer.at("endpoints"))

@@ -279,6 +279,10 @@ struct Element {
   std::string dataText{};
   bool intervalEnd = false;
   std::uint8_t identitySuffix = 0;
+  /// A verdict map element that drops or rejects: why, as the renderer tags it for the tracer
+  /// (as Rule::reason, and over the lookup rule's tag). Never sent to the kernel and no part of
+  /// the element's identity or value.
+  plan::DropReason reason = plan::DropReason::kNone;
 
   /// The kernel's key bytes (without the identity suffix).
   std::string_view kernelKey() const {

@@ -170,6 +170,13 @@ std::vector<net::Prefix> nodeLocalAddresses(const sdk::NodeInfo& node, std::span
 std::string unallocatedClusterIPReason(std::span<const sdk::ServiceCIDR> serviceCIDRs, net::Family family,
                                        std::string_view destination);
 
+/// What `kproxy explain` says of a dropped or rejected `outcome`, from the renderer's tag:
+/// "dropped: ..." / "rejected: ..." (for an unallocated ClusterIP, unallocatedClusterIPReason);
+/// empty when the packet is not dropped or rejected, or the deciding rule is untagged. Every
+/// backend's explain says it through this one function.
+std::string dropReasonText(const TraceOutcome& outcome, std::span<const sdk::ServiceCIDR> serviceCIDRs,
+                           net::Family family, std::string_view destination);
+
 /// What `kproxy explain` says about one traced packet.
 struct Explanation {
   // The packet, as the request gave it (addresses canonical).
