@@ -5,7 +5,7 @@
 #  - the scrape succeeds (up is 1, the target has no error: the exposition parses);
 #  - each family they select has the series with upstream's label sets and the type upstream's
 #    registry declares: sync duration and network programming by ip_family, rest_client_requests_total
-#    by code, method and host, client_golang's process collector (CPU, memory, fds, start time);
+#    by code, method and host, client_golang's process collector (CPU, memory, fds, start time, network);
 #  - those series move with the cluster: a Service created after kproxy started makes the sync
 #    count grow, its EndpointSlice's last-change-trigger-time makes a network programming
 #    observation appear, and the dashboards' 99th percentiles of both become numbers.
@@ -116,9 +116,11 @@ done
 check "$SYNC is a histogram" type_is "$SYNC" histogram
 check "$NETPROG is a histogram" type_is "$NETPROG" histogram
 check "rest_client_requests_total is a counter" type_is rest_client_requests_total counter
-check "process_cpu_seconds_total is a counter" type_is process_cpu_seconds_total counter
-for family in process_resident_memory_bytes process_virtual_memory_bytes process_open_fds process_max_fds \
-  process_start_time_seconds; do
+for family in process_cpu_seconds_total process_network_receive_bytes_total process_network_transmit_bytes_total; do
+  check "$family is a counter" type_is "$family" counter
+done
+for family in process_resident_memory_bytes process_virtual_memory_bytes process_virtual_memory_max_bytes \
+  process_open_fds process_max_fds process_start_time_seconds; do
   check "$family is a gauge" type_is "$family" gauge
 done
 
