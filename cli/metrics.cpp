@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -93,7 +94,39 @@ ProcessStats readProcessStats() {
     s.openFds = n - 1;  // not counting the directory handle used to count
   }
   if (rlimit rl{}; getrlimit(RLIMIT_NOFILE, &rl) == 0) s.maxFds = static_cast<double>(rl.rlim_cur);
+  if (rlimit rl{}; getrlimit(RLIMIT_AS, &rl) == 0) {
+    s.virtualMaxBytes = static_cast<double>(rl.rlim_cur);
+  }
+  if (std::ifstream netstat("/proc/self/net/netstat"); netstat) {
+    std::ostringstream text;
+    text << netstat.rdbuf();
+    if (const auto octets = parseNetstatIpOctets(text.str())) {
+      s.networkReceiveBytes = octets->in;
+      s.networkTransmitBytes = octets->out;
+    }
+  }
   return s;
+}
+
+std::optional<IpOctets> parseNetstatIpOctets(std::string_view netstat) {
+  // Each group is two lines with the same "Name:" prefix: the column names, then the values.
+  std::istringstream in{std::string(netstat)};
+  for (std::string names, values; std::getline(in, names);) {
+    if (names.rfind("IpExt:", 0) != 0) continue;
+    if (!std::getline(in, values) || values.rfind("IpExt:", 0) != 0) return std::nullopt;
+    std::istringstream n(names.substr(6)), v(values.substr(6));
+    std::optional<double> octetsIn, octetsOut;
+    for (std::string name, value; n >> name && v >> value;) {
+      char* end = nullptr;
+      const double number = std::strtod(value.c_str(), &end);
+      if (end == value.c_str() || *end != '\0') return std::nullopt;
+      if (name == "InOctets") octetsIn = number;
+      if (name == "OutOctets") octetsOut = number;
+    }
+    if (octetsIn && octetsOut) return IpOctets{*octetsIn, *octetsOut};
+    return std::nullopt;
+  }
+  return std::nullopt;
 }
 
 NoLocalEndpoints countNoLocalEndpoints(const core::Snapshot& snapshot, net::Family family) {
@@ -461,25 +494,35 @@ std::string ProxyMetrics::render(const core::ProxierStatus& status,
   t.sample("kubeproxy_sync_proxy_rules_service_changes_total", {},
            static_cast<double>(status.serviceChangesTotal));
 
-  // Process metrics, with the Prometheus client's names and help texts.
-  auto processGauge = [&t](const char* name, const char* help, const char* type,
+  // Process metrics: client_golang's process collector's families on Linux, with its names,
+  // types and help texts, in the order its registry sorts them.
+  auto processFamily = [&t](const char* name, const char* help, const char* type,
                            const std::optional<double>& value) {
     if (!value) return;
     t.family(name, help, type);
     t.sample(name, {}, *value);
   };
-  processGauge("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
+  processFamily("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
                "counter", process.cpuSeconds);
-  processGauge("process_max_fds", "Maximum number of open file descriptors.", "gauge",
+  processFamily("process_max_fds", "Maximum number of open file descriptors.", "gauge",
                process.maxFds);
-  processGauge("process_open_fds", "Number of open file descriptors.", "gauge", process.openFds);
-  processGauge("process_resident_memory_bytes", "Resident memory size in bytes.", "gauge",
+  processFamily("process_network_receive_bytes_total",
+               "Number of bytes received by the process over the network.", "counter",
+               process.networkReceiveBytes);
+  processFamily("process_network_transmit_bytes_total",
+               "Number of bytes sent by the process over the network.", "counter",
+               process.networkTransmitBytes);
+  processFamily("process_open_fds", "Number of open file descriptors.", "gauge", process.openFds);
+  processFamily("process_resident_memory_bytes", "Resident memory size in bytes.", "gauge",
                process.residentBytes);
-  processGauge("process_start_time_seconds",
+  processFamily("process_start_time_seconds",
                "Start time of the process since unix epoch in seconds.", "gauge",
                process.startTimeSeconds);
-  processGauge("process_virtual_memory_bytes", "Virtual memory size in bytes.", "gauge",
+  processFamily("process_virtual_memory_bytes", "Virtual memory size in bytes.", "gauge",
                process.virtualBytes);
+  processFamily("process_virtual_memory_max_bytes",
+               "Maximum amount of virtual memory available in bytes.", "gauge",
+               process.virtualMaxBytes);
   return t.str();
 }
 

@@ -63,8 +63,20 @@ struct ProcessStats {
   std::optional<double> openFds;
   std::optional<double> maxFds;
   std::optional<double> startTimeSeconds;
+  std::optional<double> virtualMaxBytes;  ///< RLIMIT_AS; unlimited is 2^64 - 1, as client_golang's
+  std::optional<double> networkReceiveBytes;   ///< IP octets in, of the process's network namespace
+  std::optional<double> networkTransmitBytes;  ///< IP octets out, of its network namespace
 };
 ProcessStats readProcessStats();
+
+/// The IpExt InOctets and OutOctets of a /proc/<pid>/net/netstat text: what client_golang's
+/// process collector reports as the process's network bytes (the counters are its network
+/// namespace's). Absent when the text has no such columns.
+struct IpOctets {
+  double in = 0;
+  double out = 0;
+};
+std::optional<IpOctets> parseNetstatIpOctets(std::string_view netstat);
 
 /// Service ports whose Local policy has no local endpoints, as upstream counts them per sync.
 struct NoLocalEndpoints {

@@ -13,6 +13,7 @@ PACKAGES=(
   iperf3  # bench/userspace
   etcd-server
   jq
+  prometheus  # the end-to-end tier's real Prometheus (tests/e2e/api_prometheus.sh)
   qemu-system-x86 cpio kmod
   clang-19 libclang-rt-19-dev llvm-19
 )

@@ -22,14 +22,6 @@ cp_recorder_test api_events API_EVENTS_KEEP "$@"
 cp_start || exit 1
 cp_kproxy_kubeconfig "$WORK/kubeconfig" || exit 1
 
-service() {  # NAME CLUSTER_IP
-  cp_api POST /api/v1/namespaces/default/services "{\"apiVersion\":\"v1\",\"kind\":\"Service\",
-    \"metadata\":{\"name\":\"$1\"},\"spec\":{\"clusterIP\":\"$2\",\"ports\":[{\"name\":\"http\",\"port\":80}]}}" >/dev/null &&
-    cp_api POST /apis/discovery.k8s.io/v1/namespaces/default/endpointslices "{\"apiVersion\":\"discovery.k8s.io/v1\",
-    \"kind\":\"EndpointSlice\",\"metadata\":{\"name\":\"$1-1\",\"labels\":{\"kubernetes.io/service-name\":\"$1\"}},
-    \"addressType\":\"IPv4\",\"ports\":[{\"name\":\"http\",\"port\":8080,\"protocol\":\"TCP\"}],
-    \"endpoints\":[{\"addresses\":[\"10.244.1.5\"],\"conditions\":{\"ready\":true}}]}" >/dev/null
-}
 # all_events NAME: the Events of Service NAME as kubectl describe selects them (JSON list).
 all_events() {
   local uid sel
@@ -43,17 +35,13 @@ all_events() {
 events() { all_events "$1" | jq '.items |= map(select(.reportingComponent == "kproxy"))'; }
 event_count() { events "$1" | jq '.items | length'; }
 
-check "Service good created" service good 10.96.0.61
-KPROXY_RECORD_FILE="$WORK/record" KPROXY_RECORDER_FAIL_SERVICE=poison \
-  "$KPROXY" --proxy-mode=recorder --plugin-dir "$PLUGINS" --kubeconfig "$WORK/kubeconfig" \
-  --hostname-override node-a --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
-  -v 1 >"$WORK/kproxy.log" 2>&1 &
-KP=$!
+check "Service good created" cp_service good 10.96.0.61
+cp_recorder_kproxy KPROXY_RECORDER_FAIL_SERVICE=poison
 synced_good() { grep -q 'default/good:http' "$WORK/record" 2>/dev/null; }
 DETAIL="$(tail -5 "$WORK/kproxy.log")"
 check "kproxy syncs Service good" wait_for "$CEILING" synced_good
 
-check "Service poison created" service poison 10.96.0.62
+check "Service poison created" cp_service poison 10.96.0.62
 has_event() { [[ $(event_count poison) -ge 1 ]]; }
 DETAIL="$(grep -i 'event\|failed' "$WORK/kproxy.log" | tail -5)"
 check "a Warning Event is posted on Service poison" wait_for "$CEILING" has_event

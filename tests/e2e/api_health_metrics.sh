@@ -25,11 +25,7 @@ cp_recorder_test api_health_metrics API_HEALTH_KEEP "$@"
 cp_start || exit 1
 cp_kproxy_kubeconfig "$WORK/kubeconfig" || exit 1
 
-KPROXY_RECORD_FILE="$WORK/record" \
-  "$KPROXY" --proxy-mode=recorder --plugin-dir "$PLUGINS" --kubeconfig "$WORK/kubeconfig" \
-  --hostname-override node-a --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
-  -v 1 >"$WORK/kproxy.log" 2>&1 &
-KP=$!
+cp_recorder_kproxy
 
 # healthz: the status code; body: the last answer's body.
 healthz() { curl -s --max-time 5 -o "$WORK/healthz.body" -w '%{http_code}' http://127.0.0.1:10256/healthz; }
@@ -52,21 +48,9 @@ check "Node node-a created" cp_api POST /api/v1/nodes \
 DETAIL="$(tail -5 "$WORK/kproxy.log")"
 check "/healthz is 200 with an unrelated taint" wait_for "$CEILING" healthz_is 200
 
-# An EndpointSlice change triggered after kproxy started: its latency is observed, as upstream
-# observes those after its start. kproxy started before /healthz answered; the annotation has
-# whole seconds, so the trigger time is taken in the second after the one of that answer.
-STARTED=$(date +%s)
-later() { (($(date +%s) > STARTED)); }
-wait_for "$CEILING" later
-now=$(date -u +%Y-%m-%dT%H:%M:%SZ)
-check "Service web created" cp_api POST /api/v1/namespaces/default/services '{"apiVersion":"v1","kind":"Service",
-  "metadata":{"name":"web"},"spec":{"clusterIP":"10.96.0.71","ports":[{"name":"http","port":80}]}}'
-check "EndpointSlice web-1 created with a trigger time" cp_api POST /apis/discovery.k8s.io/v1/namespaces/default/endpointslices \
-  "{\"apiVersion\":\"discovery.k8s.io/v1\",\"kind\":\"EndpointSlice\",\"metadata\":{\"name\":\"web-1\",
-    \"labels\":{\"kubernetes.io/service-name\":\"web\"},
-    \"annotations\":{\"endpoints.kubernetes.io/last-change-trigger-time\":\"$now\"}},
-    \"addressType\":\"IPv4\",\"ports\":[{\"name\":\"http\",\"port\":8080,\"protocol\":\"TCP\"}],
-    \"endpoints\":[{\"addresses\":[\"10.244.1.5\"],\"conditions\":{\"ready\":true}}]}"
+# A Service whose EndpointSlice change was triggered after kproxy started (it answered /healthz):
+# its latency is observed, as upstream observes those after its start.
+check "Service web and its EndpointSlice created with a trigger time" cp_service web 10.96.0.71 "$(cp_next_second)"
 DETAIL="$(grep -i 'network programming\|sync' "$WORK/kproxy.log" | tail -5)"
 check "network programming latency is observed under ip_family=IPv4" wait_for "$CEILING" \
   at_least 'kubeproxy_network_programming_duration_seconds_count{ip_family="IPv4"}' 1

@@ -374,8 +374,8 @@ fi
 # KPROXY and PLUGINS; needs root (tests/program/lib.sh, sourced first); re-runs the script in a
 # network namespace of its own; checks that kube-apiserver is built; makes WORK, removed on exit
 # unless the variable KEEP_VARIABLE names is set; sets CEILING (KP_CEILING, 120 s by default:
-# the ceiling of every wait, which only catches a hang); on exit stops kproxy (pid in KP) and
-# the control plane.
+# the ceiling of every wait, which only catches a hang); on exit stops kproxy (pid in KP), the
+# other processes whose pids the test adds to CP_TEST_PIDS, and the control plane.
 cp_recorder_test() {
   local name=$1 keep=$2
   shift 2
@@ -396,6 +396,44 @@ cp_recorder_test() {
   WORK=$(mktemp -d "/tmp/kproxy-${name//_/-}-XXXXXX")
   CEILING=${KP_CEILING:-120}
   KP=""
+  CP_TEST_PIDS=()
   CP_KEEP_VARIABLE=$keep
-  trap '_rc=$?; [[ -n "$KP" ]] && cp_terminate "$KP" 0.05; cp_stop; [[ -n "${!CP_KEEP_VARIABLE:-}" ]] && echo "logs kept in $WORK" || rm -rf "$WORK"; exit $_rc' EXIT
+  trap '_rc=$?; for _p in $KP "${CP_TEST_PIDS[@]}"; do cp_terminate "$_p" 0.05; done; cp_stop; [[ -n "${!CP_KEEP_VARIABLE:-}" ]] && echo "logs kept in $WORK" || rm -rf "$WORK"; exit $_rc' EXIT
+}
+
+# cp_recorder_kproxy [NAME=VALUE...]: starts kproxy over the test-plugins' recorder backend as
+# node-a, with $WORK/kubeconfig (cp_kproxy_kubeconfig), the environment NAME=VALUE added, its
+# record in $WORK/record and its log in $WORK/kproxy.log; /metrics on 127.0.0.1:10249, /healthz
+# on 127.0.0.1:10256. Its pid in KP. After cp_recorder_test and cp_start.
+cp_recorder_kproxy() {
+  env KPROXY_RECORD_FILE="$WORK/record" "$@" \
+    "$KPROXY" --proxy-mode=recorder --plugin-dir "$PLUGINS" --kubeconfig "$WORK/kubeconfig" \
+    --hostname-override node-a --metrics-bind-address 127.0.0.1:10249 --healthz-bind-address 127.0.0.1:10256 \
+    -v 1 >"$WORK/kproxy.log" 2>&1 &
+  KP=$!
+}
+
+# cp_service NAME CLUSTER-IP [TRIGGER-TIME]: creates the Service NAME (port http/80, in default)
+# and its EndpointSlice NAME-1 (one ready endpoint, 10.244.1.5:8080), annotated with
+# endpoints.kubernetes.io/last-change-trigger-time TRIGGER-TIME when it is given.
+cp_service() {
+  local annotations=""
+  [[ -n "${3:-}" ]] && annotations=",\"annotations\":{\"endpoints.kubernetes.io/last-change-trigger-time\":\"$3\"}"
+  cp_api POST /api/v1/namespaces/default/services "{\"apiVersion\":\"v1\",\"kind\":\"Service\",
+    \"metadata\":{\"name\":\"$1\"},\"spec\":{\"clusterIP\":\"$2\",\"ports\":[{\"name\":\"http\",\"port\":80}]}}" >/dev/null &&
+    cp_api POST /apis/discovery.k8s.io/v1/namespaces/default/endpointslices "{\"apiVersion\":\"discovery.k8s.io/v1\",
+    \"kind\":\"EndpointSlice\",\"metadata\":{\"name\":\"$1-1\",\"labels\":{\"kubernetes.io/service-name\":\"$1\"}$annotations},
+    \"addressType\":\"IPv4\",\"ports\":[{\"name\":\"http\",\"port\":8080,\"protocol\":\"TCP\"}],
+    \"endpoints\":[{\"addresses\":[\"10.244.1.5\"],\"conditions\":{\"ready\":true}}]}" >/dev/null
+}
+
+# cp_next_second: waits for the next whole second and prints it in RFC 3339, as a trigger time
+# for cp_service later than anything done before the call. kproxy drops the trigger times of
+# changes made before it started (as upstream's tracker), and the annotation has whole seconds:
+# called once kproxy has answered, what it prints is a time after kproxy's start for certain.
+cp_next_second() {
+  local start
+  start=$(date +%s)
+  while (($(date +%s) <= start)); do sleep 0.05; done
+  date -u +%Y-%m-%dT%H:%M:%SZ
 }

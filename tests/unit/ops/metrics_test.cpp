@@ -7,6 +7,8 @@
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
+#include <vector>
 
 #include "ops_fixtures.h"
 
@@ -250,6 +252,72 @@ TEST_CASE("process stats come from /proc", "[unit][metrics]") {
   CHECK(*s.startTimeSeconds > 1.0e9);
   REQUIRE(s.cpuSeconds);
   CHECK(*s.cpuSeconds >= 0);
+  REQUIRE(s.virtualMaxBytes);
+  CHECK(*s.virtualMaxBytes > 0);
+  REQUIRE(s.networkReceiveBytes);
+  CHECK(*s.networkReceiveBytes >= 0);
+  REQUIRE(s.networkTransmitBytes);
+  CHECK(*s.networkTransmitBytes >= 0);
+}
+
+TEST_CASE("the process's network bytes are IpExt's InOctets and OutOctets", "[unit][metrics]") {
+  const std::string netstat =
+      "TcpExt: SyncookiesSent InOctets\n"
+      "TcpExt: 1 2\n"
+      "IpExt: InNoRoutes InTruncatedPkts InMcastPkts OutMcastPkts InBcastPkts OutBcastPkts "
+      "InOctets OutOctets\n"
+      "IpExt: 0 0 0 0 0 0 906841905 477005708\n"
+      "MPTcpExt: MPCapableSYNRX\n"
+      "MPTcpExt: 0\n";
+  const auto octets = kproxy::cli::parseNetstatIpOctets(netstat);
+  REQUIRE(octets);
+  CHECK(octets->in == 906841905.0);
+  CHECK(octets->out == 477005708.0);
+  CHECK_FALSE(kproxy::cli::parseNetstatIpOctets("TcpExt: InOctets\nTcpExt: 1\n"));
+  CHECK_FALSE(kproxy::cli::parseNetstatIpOctets("IpExt: InOctets OutOctets\nIpExt: 1 x\n"));
+  CHECK_FALSE(kproxy::cli::parseNetstatIpOctets("IpExt: InOctets OutOctets\n"));
+  CHECK_FALSE(kproxy::cli::parseNetstatIpOctets(""));
+}
+
+TEST_CASE("process metrics: client_golang's process collector's families, names and types",
+          "[unit][metrics]") {
+  ProxyMetrics metrics("nftables", 1000.0);
+  kproxy::cli::ProcessStats process;
+  process.cpuSeconds = 0.5;
+  process.maxFds = 1024;
+  process.networkReceiveBytes = 100;
+  process.networkTransmitBytes = 200;
+  process.openFds = 9;
+  process.residentBytes = 1234;
+  process.startTimeSeconds = 1.7e9;
+  process.virtualBytes = 5678;
+  process.virtualMaxBytes = 18446744073709551615.0;  // unlimited, as RLIM_INFINITY reads
+  const std::string out = metrics.render(kproxy::core::ProxierStatus{}, process);
+  // Upstream's (client_golang's on Linux) family, type and help text.
+  const std::vector<std::tuple<std::string, std::string, std::string>> families{
+      {"process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds."},
+      {"process_max_fds", "gauge", "Maximum number of open file descriptors."},
+      {"process_network_receive_bytes_total", "counter",
+       "Number of bytes received by the process over the network."},
+      {"process_network_transmit_bytes_total", "counter",
+       "Number of bytes sent by the process over the network."},
+      {"process_open_fds", "gauge", "Number of open file descriptors."},
+      {"process_resident_memory_bytes", "gauge", "Resident memory size in bytes."},
+      {"process_start_time_seconds", "gauge",
+       "Start time of the process since unix epoch in seconds."},
+      {"process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes."},
+      {"process_virtual_memory_max_bytes", "gauge",
+       "Maximum amount of virtual memory available in bytes."},
+  };
+  for (const auto& [name, type, help] : families) {
+    INFO(name);
+    const std::string header =
+        "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+    CHECK(out.find(header) != std::string::npos);
+    CHECK_FALSE(sampleValue(out, name).empty());
+  }
+  CHECK(sampleValue(out, "process_virtual_memory_max_bytes") == "1.8446744073709552e+19");
+  CHECK(sampleValue(out, "process_network_transmit_bytes_total") == "200");
 }
 
 TEST_CASE("network programming latency: trigger time to the end of the sync that applied it",
