@@ -236,7 +236,8 @@ class LibbpfKernel final : public KernelMaps {
     bpf_program* program = nullptr;
     bpf_object__for_each_program(program, skel->obj) {
       const std::string path = linkPath(bpf_program__name(program));
-      if (bpf_link* pinned = bpf_link__open(path.c_str()); pinned != nullptr) {
+      bpf_link* pinned = ::access(path.c_str(), F_OK) == 0 ? bpf_link__open(path.c_str()) : nullptr;
+      if (pinned != nullptr) {
         bpf_link_info info{};
         __u32 length = sizeof info;
         const bool sameCgroup = bpf_obj_get_info_by_fd(bpf_link__fd(pinned), &info, &length) == 0 &&
