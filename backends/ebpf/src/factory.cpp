@@ -9,12 +9,8 @@
 namespace kproxy::ebpf {
 
 sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeEbpfBackend(const sdk::Host& host, const sdk::Options& options) {
-  auto cfg = parseRenderConfig(options);
-  if (!cfg) {
-    sdk::PluginError e = cfg.error();
-    if (e.category == sdk::ErrorCategory::kUnknown) e.category = sdk::ErrorCategory::kInvalidInput;
-    return std::unexpected(std::move(e));
-  }
+  auto cfg = parseRenderConfig(options);  // its errors are invalid input, naming the option
+  if (!cfg) return std::unexpected(cfg.error());
   BackendSettings settings;
   settings.render = std::move(*cfg);
   settings.dryRun = plan::optionValue(options, "dry-run") == "true";
