@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -46,9 +47,13 @@ using kproxy::testing::sh;
 namespace {
 
 constexpr const char* kPodIP = "10.200.0.2";
+constexpr const char* kPodIP6 = "fd00:200::2";
 constexpr const char* kClientIP = "10.200.0.1";
 constexpr const char* kClusterIP = "10.96.0.10";
 constexpr const char* kEmptyClusterIP = "10.96.0.11";
+constexpr const char* kStickyClusterIP = "10.96.0.12";  // pod-a and pod-b, ClientIP affinity
+constexpr const char* kSpreadClusterIP = "10.96.0.13";  // pod-a and pod-b, no affinity
+constexpr const char* kClusterIP6 = "fd00:96::10";
 
 /// The mount namespace of this test process becomes private once, so that its bpffs mounts
 /// (and `ip netns`'s bind mounts) are never seen by the host and go away with the process.
@@ -67,7 +72,7 @@ struct Testbed {
   std::string bpffs;
   std::string pinPath;
   std::string client, server;
-  pid_t pod = -1;
+  std::vector<pid_t> pods;
   std::unique_ptr<sdk::BackendPlugin> plugin;
 
   /// Everything is made here, not in a constructor, so that the destructor also removes what
@@ -94,13 +99,17 @@ struct Testbed {
     sh("ip -n " + client + " link set lo up && ip -n " + client + " route add default via " + kPodIP);
     sh("ip -n " + server + " addr add " + kPodIP + "/24 dev veth-s && ip -n " + server + " link set veth-s up");
     sh("ip -n " + server + " link set lo up");
-    startPod();
+    sh("ip -n " + client + " addr add fd00:200::1/64 dev veth-c nodad && ip -n " + client +
+       " route add default via " + kPodIP6);
+    sh("ip -n " + server + " addr add " + kPodIP6 + "/64 dev veth-s nodad");
+    startPod("pod-a", {"--port", "8080", "--udp-port", "5353"});
+    startPod("pod-b", {"--port", "8081"});
   }
 
   ~Testbed() {
     if (plugin) (void)plugin->cleanup();
     plugin.reset();
-    if (pod > 0) {
+    for (pid_t pod : pods) {
       ::kill(pod, SIGTERM);
       ::waitpid(pod, nullptr, 0);
     }
@@ -111,25 +120,30 @@ struct Testbed {
     ::rmdir(cgroup.c_str());
   }
 
-  void startPod() {
+  /// A pod server in the server namespace (it dies with this process).
+  void startPod(const std::string& podName, std::vector<std::string> ports) {
     std::fflush(nullptr);
-    pod = ::fork();
+    const pid_t pod = ::fork();
     REQUIRE(pod >= 0);
     if (pod == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       const std::string ns = "/run/netns/" + server;
       const int fd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
       if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) ::_exit(120);
-      const std::string podserver = std::string(KPROXY_TEST_TOOLS_DIR) + "/kproxy-podserver";
-      ::execl(podserver.c_str(), podserver.c_str(), "--name", "pod-a", "--port", "8080", "--udp-port", "5353",
-              static_cast<char*>(nullptr));
+      std::vector<std::string> argv{std::string(KPROXY_TEST_TOOLS_DIR) + "/kproxy-podserver", "--name", podName};
+      argv.insert(argv.end(), ports.begin(), ports.end());
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
       ::_exit(127);
     }
+    pods.push_back(pod);
     for (int i = 0; i < 100; ++i) {
-      if (run("ip netns exec " + server + " ss -ltn | grep -q ':8080 '").first == 0) return;
+      if (run("ip netns exec " + server + " ss -ltn | grep -q ':" + ports[1] + " '").first == 0) return;
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    FAIL("the pod server did not listen");
+    FAIL("the pod server " << podName << " did not listen");
   }
 
   EbpfBackend& backend() {
@@ -250,7 +264,27 @@ plan::VectorSnapshot snapshot() {
   auto dns = clusterIP("ns", "web", kClusterIP, 53, {endpoint(kPodIP, 5353)}, sdk::Protocol::kUDP, "dns");
   auto empty = clusterIP("ns", "empty", kEmptyClusterIP, 80, {});
   auto emptyUdp = clusterIP("ns", "empty", kEmptyClusterIP, 53, {}, sdk::Protocol::kUDP, "dns");
-  return plan::VectorSnapshot({web, dns, empty, emptyUdp});
+  auto sticky = clusterIP("ns", "sticky", kStickyClusterIP, 80, {endpoint(kPodIP, 8080), endpoint(kPodIP, 8081)});
+  sticky.sessionAffinityClientIP = true;
+  sticky.stickyMaxAgeSeconds = 60;
+  auto spread = clusterIP("ns", "spread", kSpreadClusterIP, 80, {endpoint(kPodIP, 8080), endpoint(kPodIP, 8081)});
+  auto web6 = clusterIP("ns", "web6", kClusterIP6, 80, {endpoint(kPodIP6, 8080)});
+  return plan::VectorSnapshot({web, dns, empty, emptyUdp, sticky, spread, web6});
+}
+
+/// The pods `n` connects from one client process to `ip`:80 reached, one name per connect.
+std::set<std::string> podsReached(const Testbed& t, const char* ip, int n) {
+  auto [rc, out] = t.inClient([ip, n] {
+    for (int i = 0; i < n; ++i)
+      if (tcpClient(ip, 80) != 0) return 1;
+    return 0;
+  });
+  INFO(out);
+  REQUIRE(rc == 0);
+  std::set<std::string> pods;
+  for (std::size_t at = out.find("reply=pod="); at != std::string::npos; at = out.find("reply=pod=", at + 1))
+    pods.insert(out.substr(at + 10, out.find(' ', at + 10) - (at + 10)));
+  return pods;
 }
 
 std::size_t attachedPrograms(const std::string& cgroup) {
@@ -349,6 +383,29 @@ TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, w
     auto [rc, out] = t.inClient([] { return tcpClient(kClusterIP, 80); });
     INFO(out);
     CHECK(out.starts_with("peer=10.96.0.10:80 reply=pod=pod-a"));
+  }
+
+  SECTION("ClientIP affinity keeps a client on one pod; without it both pods are chosen") {
+    CHECK(podsReached(t, kStickyClusterIP, 12).size() == 1);
+    CHECK(podsReached(t, kSpreadClusterIP, 30) == std::set<std::string>{"pod-a", "pod-b"});
+  }
+
+  SECTION("an endpoint change is one slot written, and the next connect meets it") {
+    auto next = snapshot();
+    for (auto& p : next.ports())
+      if (p.key == "ns/web:p") kproxy::nftables::testing::setEndpoints(p, {endpoint(kPodIP, 8081)});
+    auto changed = t.backend().syncFrom(next, {sdk::ChangedKey{net::Family::kIPv4, "ns/web:p"}}, false);
+    INFO((changed ? changed->summary : changed.error().message));
+    REQUIRE(changed.has_value());
+    CHECK(changed->operations == 1);
+    CHECK(podsReached(t, kClusterIP, 3) == std::set<std::string>{"pod-b"});
+  }
+
+  SECTION("IPv6: curl reaches the pod through the IPv6 ClusterIP") {
+    auto [rc, out] = t.clientCommand({"curl", "-sS", "-g", "--max-time", "3", std::string("http://[") + kClusterIP6 + "]/"});
+    INFO(out);
+    CHECK(rc == 0);
+    CHECK(out.starts_with("pod=pod-a client=fd00:200::1:"));
   }
 
   SECTION("cleanup detaches every program and removes the pins") {
