@@ -25,6 +25,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <set>
 #include <string>
 #include <thread>
@@ -431,4 +432,144 @@ TEST_CASE("ebpf: start-up names what the kernel or the node lacks", "[kernel][eb
     REQUIRE_FALSE(made.has_value());
     CHECK(made.error().message.find("not on a bpf filesystem") != std::string::npos);
   }
+}
+
+namespace {
+
+constexpr const char* kManifest = R"(apiVersion: v1
+kind: Node
+metadata:
+  name: ebpf-node
+status:
+  addresses:
+  - type: InternalIP
+    address: 10.200.0.1
+---
+apiVersion: v1
+kind: Service
+metadata:
+  namespace: demo
+  name: web
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.20
+  clusterIPs: [10.96.0.20]
+  ipFamilies: [IPv4]
+  ports:
+  - name: http
+    protocol: TCP
+    port: 80
+    targetPort: 8080
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  namespace: demo
+  name: web-abcde
+  labels:
+    kubernetes.io/service-name: web
+addressType: IPv4
+ports:
+- name: http
+  protocol: TCP
+  port: 8080
+endpoints:
+- addresses: [10.200.0.2]
+  conditions: {ready: true, serving: true, terminating: false}
+)";
+
+/// Starts `kproxy ARGS…` in the client's namespace (never the host's: --cleanup there would
+/// remove the host's own rules), its output to `log`.
+pid_t startKproxy(const Testbed& t, std::vector<std::string> args, const std::string& log) {
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ::dup2(out, 1);
+    ::dup2(out, 2);
+    const std::string ns = "/run/netns/" + t.client;
+    const int fd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) ::_exit(120);
+    args.insert(args.begin(), KPROXY_TEST_KPROXY);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return child;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("ebpf: the kproxy program serves a Service from manifests, and --cleanup removes what it pinned",
+          "[kernel][ebpf]") {
+  Testbed t;
+  t.setUp();
+  const std::string manifests = "/tmp/" + t.name + "-manifests";
+  std::filesystem::create_directories(manifests);
+  std::ofstream(manifests + "/web.yaml") << kManifest;
+  const std::string log = "/tmp/" + t.name + "-kproxy.log";
+  struct Files {
+    std::string dir, log;
+    ~Files() {
+      std::filesystem::remove_all(dir);
+      std::filesystem::remove(log);
+    }
+  } files{manifests, log};
+  const std::vector<std::string> common{"--proxy-mode=ebpf",
+                                        "--ebpf-cgroup-path=" + t.cgroup,
+                                        "--ebpf-pin-path=" + t.pinPath,
+                                        "--hostname-override=ebpf-node",
+                                        "--metrics-bind-address=",
+                                        "--healthz-bind-address=",
+                                        "--conntrack-max-per-core=0"};
+  std::vector<std::string> daemon = common;
+  daemon.insert(daemon.end(), {"--manifests=" + manifests, "-v=2"});
+  pid_t kproxy = startKproxy(t, daemon, log);
+  struct Stop {
+    pid_t& pid;
+    ~Stop() {
+      if (pid > 0) {
+        ::kill(pid, SIGTERM);
+        ::waitpid(pid, nullptr, 0);
+      }
+    }
+  } stop{kproxy};
+
+  std::pair<int, std::string> reply{-1, ""};
+  for (int i = 0; i < 100 && reply.first != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    reply = t.clientCommand({"curl", "-sS", "--max-time", "1", "http://10.96.0.20/"});
+  }
+  INFO(slurp(log));
+  INFO(reply.second);
+  REQUIRE(reply.first == 0);
+  CHECK(reply.second.starts_with("pod=pod-a client=10.200.0.1:"));
+  CHECK(slurp(log).find("ebpf sync full=true") != std::string::npos);
+
+  // Stopped, kproxy leaves its programs serving (a restart re-adopts them)...
+  ::kill(kproxy, SIGTERM);
+  ::waitpid(kproxy, nullptr, 0);
+  kproxy = -1;
+  CHECK(attachedPrograms(t.cgroup) == 8);
+  CHECK(t.clientCommand({"curl", "-sS", "--max-time", "1", "http://10.96.0.20/"}).first == 0);
+
+  // ...and --cleanup detaches them and removes the pins.
+  std::vector<std::string> cleanup = common;
+  cleanup.push_back("--cleanup");
+  pid_t cleaner = startKproxy(t, cleanup, log);
+  int status = 0;
+  ::waitpid(cleaner, &status, 0);
+  INFO(slurp(log));
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK(attachedPrograms(t.cgroup) == 0);
+  CHECK_FALSE(std::filesystem::exists(t.pinPath));
 }
