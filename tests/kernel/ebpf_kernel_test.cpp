@@ -67,6 +67,14 @@ void privateMounts() {
   done = true;
 }
 
+/// In a forked child: joins the network namespace `name` made by `ip netns add`, or exits 120.
+void enterNetns(const std::string& name) {
+  const std::string path = "/run/netns/" + name;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) ::_exit(120);
+  ::close(fd);
+}
+
 struct Testbed {
   std::string name;
   std::string cgroup;
@@ -128,9 +136,7 @@ struct Testbed {
     REQUIRE(pod >= 0);
     if (pod == 0) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      const std::string ns = "/run/netns/" + server;
-      const int fd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) ::_exit(120);
+      enterNetns(server);
       std::vector<std::string> argv{std::string(KPROXY_TEST_TOOLS_DIR) + "/kproxy-podserver", "--name", podName};
       argv.insert(argv.end(), ports.begin(), ports.end());
       std::vector<char*> args;
@@ -171,9 +177,7 @@ struct Testbed {
       ::dup2(pipeFds[1], 2);
       ::close(pipeFds[0]);
       std::ofstream(cgroup + "/cgroup.procs") << ::getpid() << std::flush;
-      const std::string ns = "/run/netns/" + client;
-      const int fd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) ::_exit(120);
+      enterNetns(client);
       const int rc = body();
       std::fflush(nullptr);
       ::_exit(rc);
@@ -489,9 +493,7 @@ pid_t startKproxy(const Testbed& t, std::vector<std::string> args, const std::st
     const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     ::dup2(out, 1);
     ::dup2(out, 2);
-    const std::string ns = "/run/netns/" + t.client;
-    const int fd = ::open(ns.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) ::_exit(120);
+    enterNetns(t.client);
     args.insert(args.begin(), KPROXY_TEST_KPROXY);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
