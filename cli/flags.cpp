@@ -235,6 +235,18 @@ const std::vector<FlagSpec>& flagSpecs() {
          "Where a verification takes long, they are further apart: at least 100 times the "
          "last one's duration. 0 disables it.",
          durationSetter([](C& c, Duration d) { c.verifyPeriod = d; })},
+        {"ebpf-cgroup-path", 0, Kind::kString, Scope::kProcess, "",
+         "ebpf mode: the cgroup v2 directory whose processes' sockets are load-balanced "
+         "(empty: the root of the cgroup v2 hierarchy, wherever it is mounted).",
+         stringSetter([](ParsedFlags& f, std::string v) { f.config.ebpf.cgroupPath = std::move(v); })},
+        {"ebpf-pin-path", 0, Kind::kString, Scope::kProcess, "/sys/fs/bpf/kproxy",
+         "ebpf mode: the directory on a bpf filesystem where its maps and program links are pinned, "
+         "so that a restart re-adopts them.",
+         [](ParsedFlags& f, std::string_view v) -> std::optional<std::string> {
+           if (v.empty()) return "must not be empty";
+           f.config.ebpf.pinPath = std::string(v);
+           return std::nullopt;
+         }},
         {"userspace-idle-timeout", 0, Kind::kDuration, Scope::kProcess, "0s",
          "userspace mode: close a TCP connection idle this long (0: never).",
          durationSetter([](C& c, Duration d) { c.userspace.idleTimeout = d; })},
@@ -324,7 +336,7 @@ const std::vector<FlagSpec>& flagSpecs() {
         // --- KubeProxyConfiguration flags (ignored when --config is given) ---
         {"proxy-mode", 0, Kind::kString, Scope::kConfig, kDefaultProxyMode,
          "Which proxy mode (backend plugin) to use: iptables (the default, as upstream's on Linux; "
-         "also when empty), nftables (recommended), ipvs or userspace, or a third-party plugin's name.",
+         "also when empty), nftables (recommended), ipvs, userspace or ebpf, or a third-party plugin's name.",
          stringSetter([](ParsedFlags& f, std::string v) { f.config.mode = std::move(v); })},
         {"kubeconfig", 0, Kind::kString, Scope::kConfig, "",
          "Path to kubeconfig file with authorization information (the master location can be "
@@ -676,6 +688,7 @@ core::Result<ProxyConfig> effectiveConfig(const ParsedFlags& flags) {
     config.showVersion = f.showVersion;
     config.iptablesVariant = f.iptablesVariant;
     config.userspace = f.userspace;
+    config.ebpf = f.ebpf;
     config.verifyPeriod = f.verifyPeriod;
   }
   // upstream processHostnameOverrideFlag: a non-empty flag wins over the file, trimmed and

@@ -162,6 +162,8 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
   options["userspace-max-connections"] = std::to_string(config.userspace.maxConnections);
   options["userspace-idle-timeout"] = seconds(config.userspace.idleTimeout);
   options["userspace-endpoint-grace"] = seconds(config.userspace.endpointGrace);
+  options["ebpf-cgroup-path"] = config.ebpf.cgroupPath;
+  options["ebpf-pin-path"] = config.ebpf.pinPath;
   if (config.bindAddress != "0.0.0.0" && config.bindAddress != "::" && !config.bindAddress.empty())
     options["node-ips"] = config.bindAddress;
   return options;

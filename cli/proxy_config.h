@@ -108,6 +108,13 @@ struct UserspaceConfig {
   bool operator==(const UserspaceConfig&) const = default;
 };
 
+/// ebpf mode's attachment and pins (kproxy's own process options; plugins/README.md, "ebpf-*").
+struct EbpfConfig {
+  std::string cgroupPath;                       ///< empty: the root of the cgroup v2 hierarchy
+  std::string pinPath = "/sys/fs/bpf/kproxy";  ///< on a bpffs mount
+  bool operator==(const EbpfConfig&) const = default;
+};
+
 struct ProxyConfig {
   // --- KubeProxyConfiguration (what --config reads, --write-config-to and /configz write) ---
   std::string mode = kDefaultProxyMode;
@@ -150,6 +157,7 @@ struct ProxyConfig {
   /// repaired); 0 disables it.
   Duration verifyPeriod = std::chrono::minutes(5);
   UserspaceConfig userspace;  ///< --udp-timeout, --userspace-*
+  EbpfConfig ebpf;            ///< --ebpf-*
   bool cleanup = false;       ///< --cleanup: remove kproxy's kernel state and exit
   bool initOnly = false;      ///< --init-only
   bool showHelp = false;      ///< -h/--help

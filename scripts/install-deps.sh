@@ -16,6 +16,7 @@ PACKAGES=(
   prometheus  # the end-to-end tier's real Prometheus (tests/e2e/api_prometheus.sh)
   qemu-system-x86 cpio kmod
   clang-19 libclang-rt-19-dev llvm-19
+  libbpf-dev bpftool  # ebpf mode: libbpf, skeletons and vmlinux.h (clang-19 compiles the programs)
 )
 
 # python3 (and python3-yaml) serve the program, end-to-end and soak tiers and bench/, which check

@@ -28,7 +28,7 @@ else
 fi
 
 out=$("$PREFIX/bin/kproxy" --proxy-mode=none --manifests "$WORK" --plugin-dir "$WORK/plugin" 2>&1)
-if [[ "$out" == *'available: iptables, ipvs, logonly, nftables'* ]]; then
+if [[ "$out" == *'available: ebpf, iptables, ipvs, logonly, nftables'* ]]; then
   pass "installed kproxy finds the built-in and the third-party plugin"
 else
   fail "plugin discovery" "$out"

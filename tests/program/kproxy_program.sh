@@ -22,7 +22,7 @@ out=$("$KPROXY" --iptables-sync-period=3x --manifests "$WORK" 2>&1); rc=$?
 if [[ $rc -eq 1 && $(wc -l <<<"$out") -eq 1 && "$out" == *"--iptables-sync-period"* ]]; then pass "bad value"; else fail "bad value" "rc=$rc out=$out"; fi
 
 out=$("$KPROXY" --proxy-mode=foo --plugin-dir "$TEST_PLUGINS" --manifests "$WORK" 2>&1 | grep -v '^[IW][0-9]'); rc=${PIPESTATUS[0]}
-if [[ $rc -eq 1 && "$out" == 'kproxy: unknown proxy mode "foo"; available: iptables, ipvs, nftables, recorder, userspace' ]]; then pass "unknown mode lists the loaded modes"; else fail "unknown mode" "rc=$rc out=$out"; fi
+if [[ $rc -eq 1 && "$out" == 'kproxy: unknown proxy mode "foo"; available: ebpf, iptables, ipvs, nftables, recorder, userspace' ]]; then pass "unknown mode lists the loaded modes"; else fail "unknown mode" "rc=$rc out=$out"; fi
 
 out=$("$KPROXY" --plugin-dir "$WORK/missing-dir" --help 2>&1); rc=$?
 if [[ $rc -eq 0 && "$out" == *"--proxy-mode"* && "$out" == *"--manifests"* ]]; then pass "help"; else fail "help" "rc=$rc"; fi

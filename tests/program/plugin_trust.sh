@@ -33,7 +33,7 @@ refused() {
   local name=$1 what=$2 why=$3 lines
   run
   lines=$(grep -F -- "$what" <<<"$out" | grep -cF -- "$why")
-  if [[ $rc -eq 1 && "$out" == *'unknown proxy mode "nope"; available: iptables, ipvs, nftables'* && "$out" != *recorder,* &&
+  if [[ $rc -eq 1 && "$out" == *'unknown proxy mode "nope"; available: ebpf, iptables, ipvs, nftables'* && "$out" != *recorder,* &&
         "$out" != *", recorder"* && $lines -eq 1 ]]; then
     pass "$name"
   else
@@ -43,7 +43,7 @@ refused() {
 
 reset_plugin
 run
-if [[ $rc -eq 1 && "$out" == *'available: iptables, ipvs, nftables, recorder'* && "$out" != *refused* ]]; then
+if [[ $rc -eq 1 && "$out" == *'available: ebpf, iptables, ipvs, nftables, recorder'* && "$out" != *refused* ]]; then
   pass "a root-owned 0755 plugin in a root-owned 0755 directory loads"
 else
   fail "trusted plugin loads" "rc=$rc out=$out"

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: GPL-2.0
+/* ebpf mode's data path: socket-level load balancing on cgroup v2 hooks. A connect, or a
+ * datagram sent without one, to a service address is given an endpoint's address before the
+ * kernel routes it; nothing is rewritten per packet and no conntrack entry names the service.
+ *   connect4/6      TCP and UDP connect
+ *   sendmsg4/6      unconnected UDP
+ *   recvmsg4/6      UDP replies are reported from the service address
+ *   getpeername4/6  answers the service address
+ * The maps' layout is map_layout.h; the plugin writes services and slots, these programs write
+ * affinity and reverse. The plugin writes a service's slots before its counts, so a lookup here
+ * never finds a count larger than the slots written. */
+#include "vmlinux.h"
+
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_helpers.h>
+
+#include "map_layout.h"
+
+#define KPROXY_ECONNREFUSED 111
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __uint(max_entries, 524288);
+  __type(key, struct kproxy_lb_service_key);
+  __type(value, struct kproxy_lb_service_value);
+} kproxy_services SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(map_flags, BPF_F_NO_PREALLOC);
+  __uint(max_entries, 4194304);
+  __type(key, struct kproxy_lb_slot_key);
+  __type(value, struct kproxy_lb_endpoint);
+} kproxy_slots SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 65536);
+  __type(key, struct kproxy_lb_affinity_key);
+  __type(value, struct kproxy_lb_affinity_value);
+} kproxy_affinity SEC(".maps");
+
+struct {
+  __uint(type, BPF_MAP_TYPE_LRU_HASH);
+  __uint(max_entries, 131072);
+  __type(key, struct kproxy_lb_reverse_key);
+  __type(value, struct kproxy_lb_reverse_value);
+} kproxy_reverse SEC(".maps");
+
+enum steer_result { NOT_A_SERVICE, STEERED, REFUSED };
+
+static __always_inline int same_endpoint(const struct kproxy_lb_endpoint *a, const struct kproxy_lb_endpoint *b) {
+  return __builtin_memcmp(a, b, sizeof(*a)) == 0;
+}
+
+/* Chooses the endpoint for `key` into `out`: the client's affinity while it lasts and its slot
+ * still holds that endpoint, else a random slot of the pool the service's flags name. */
+static __always_inline enum steer_result choose(void *ctx, const struct kproxy_lb_service_key *key,
+                                                struct kproxy_lb_endpoint *out) {
+  struct kproxy_lb_service_value *svc = bpf_map_lookup_elem(&kproxy_services, key);
+  if (!svc) return NOT_A_SERVICE;
+  const __u32 local = svc->flags & KPROXY_SERVICE_LOCAL_POOL;
+  const __u32 count = local ? svc->local_count : svc->count;
+  const __u32 base = local ? KPROXY_LOCAL_SLOT_BASE : 0;
+  if (count == 0) return REFUSED;
+
+  struct kproxy_lb_slot_key slot_key = {.service_id = svc->id};
+  struct kproxy_lb_affinity_key affinity_key = {};
+  const int affinity = (svc->flags & KPROXY_SERVICE_AFFINITY) != 0;
+  const __u64 now = bpf_ktime_get_ns();
+  if (affinity) {
+    affinity_key.netns_cookie = bpf_get_netns_cookie(ctx);
+    affinity_key.service_id = svc->id;
+    struct kproxy_lb_affinity_value *kept = bpf_map_lookup_elem(&kproxy_affinity, &affinity_key);
+    if (kept && now - kept->last_used_ns < (__u64)svc->affinity_timeout * 1000000000ull) {
+      slot_key.slot = kept->slot;
+      struct kproxy_lb_endpoint *ep = bpf_map_lookup_elem(&kproxy_slots, &slot_key);
+      if (ep && same_endpoint(ep, &kept->endpoint) && kept->slot - base < count) {
+        kept->last_used_ns = now;
+        *out = *ep;
+        return STEERED;
+      }
+    }
+  }
+  slot_key.slot = base + bpf_get_prandom_u32() % count;
+  struct kproxy_lb_endpoint *ep = bpf_map_lookup_elem(&kproxy_slots, &slot_key);
+  if (!ep) return REFUSED; /* a slot below the count is always written first */
+  *out = *ep;
+  if (affinity) {
+    struct kproxy_lb_affinity_value value = {.endpoint = *ep, .slot = slot_key.slot, .last_used_ns = now};
+    bpf_map_update_elem(&kproxy_affinity, &affinity_key, &value, BPF_ANY);
+  }
+  return STEERED;
+}
+
+/* Remembers that this socket's traffic with `endpoint` stands for `service`. */
+static __always_inline void remember(void *ctx, const struct kproxy_lb_endpoint *endpoint,
+                                     const struct kproxy_lb_service_key *service) {
+  struct kproxy_lb_reverse_key key = {.socket_cookie = bpf_get_socket_cookie(ctx), .endpoint = *endpoint};
+  struct kproxy_lb_reverse_value value = {};
+  __builtin_memcpy(value.service.address, service->address, sizeof(value.service.address));
+  value.service.port = service->port;
+  value.service.family = service->family;
+  bpf_map_update_elem(&kproxy_reverse, &key, &value, BPF_ANY);
+}
+
+static __always_inline int translatable(const struct bpf_sock_addr *ctx) {
+  return ctx->protocol == IPPROTO_TCP || ctx->protocol == IPPROTO_UDP;
+}
+
+static __always_inline void key4(const struct bpf_sock_addr *ctx, struct kproxy_lb_service_key *key) {
+  __u32 ip = ctx->user_ip4;
+  __builtin_memcpy(key->address, &ip, 4);
+  key->port = (__u16)ctx->user_port;
+  key->protocol = (__u8)ctx->protocol;
+  key->family = KPROXY_FAMILY_IPV4;
+}
+
+static __always_inline void key6(const struct bpf_sock_addr *ctx, struct kproxy_lb_service_key *key) {
+  __u32 ip[4] = {ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]};
+  __builtin_memcpy(key->address, ip, 16);
+  key->port = (__u16)ctx->user_port;
+  key->protocol = (__u8)ctx->protocol;
+  key->family = KPROXY_FAMILY_IPV6;
+}
+
+static __always_inline void write4(struct bpf_sock_addr *ctx, const struct kproxy_lb_endpoint *ep) {
+  __u32 ip;
+  __builtin_memcpy(&ip, ep->address, 4);
+  ctx->user_ip4 = ip;
+  ctx->user_port = ep->port;
+}
+
+static __always_inline void write6(struct bpf_sock_addr *ctx, const struct kproxy_lb_endpoint *ep) {
+  __u32 ip[4];
+  __builtin_memcpy(ip, ep->address, 16);
+  ctx->user_ip6[0] = ip[0];
+  ctx->user_ip6[1] = ip[1];
+  ctx->user_ip6[2] = ip[2];
+  ctx->user_ip6[3] = ip[3];
+  ctx->user_port = ep->port;
+}
+
+/* connect and sendmsg: steer, or refuse a service without endpoints with ECONNREFUSED (the
+ * program's return 0 alone would give EPERM). */
+static __always_inline int steer(struct bpf_sock_addr *ctx, int v6) {
+  if (!translatable(ctx)) return 1;
+  struct kproxy_lb_service_key key = {};
+  if (v6)
+    key6(ctx, &key);
+  else
+    key4(ctx, &key);
+  struct kproxy_lb_endpoint ep = {};
+  switch (choose(ctx, &key, &ep)) {
+    case NOT_A_SERVICE: return 1;
+    case REFUSED: bpf_set_retval(-KPROXY_ECONNREFUSED); return 0;
+    case STEERED: break;
+  }
+  if (v6)
+    write6(ctx, &ep);
+  else
+    write4(ctx, &ep);
+  remember(ctx, &ep, &key);
+  return 1;
+}
+
+/* recvmsg and getpeername: an endpoint this socket was steered to is reported as the service. */
+static __always_inline int unsteer(struct bpf_sock_addr *ctx, int v6) {
+  struct kproxy_lb_reverse_key key = {.socket_cookie = bpf_get_socket_cookie(ctx)};
+  struct kproxy_lb_service_key peer = {};
+  if (v6)
+    key6(ctx, &peer);
+  else
+    key4(ctx, &peer);
+  __builtin_memcpy(key.endpoint.address, peer.address, sizeof(key.endpoint.address));
+  key.endpoint.port = peer.port;
+  key.endpoint.family = peer.family;
+  struct kproxy_lb_reverse_value *rev = bpf_map_lookup_elem(&kproxy_reverse, &key);
+  if (!rev) return 1;
+  if (v6)
+    write6(ctx, &rev->service);
+  else
+    write4(ctx, &rev->service);
+  return 1;
+}
+
+SEC("cgroup/connect4") int kproxy_connect4(struct bpf_sock_addr *ctx) { return steer(ctx, 0); }
+SEC("cgroup/connect6") int kproxy_connect6(struct bpf_sock_addr *ctx) { return steer(ctx, 1); }
+SEC("cgroup/sendmsg4") int kproxy_sendmsg4(struct bpf_sock_addr *ctx) { return steer(ctx, 0); }
+SEC("cgroup/sendmsg6") int kproxy_sendmsg6(struct bpf_sock_addr *ctx) { return steer(ctx, 1); }
+SEC("cgroup/recvmsg4") int kproxy_recvmsg4(struct bpf_sock_addr *ctx) { return unsteer(ctx, 0); }
+SEC("cgroup/recvmsg6") int kproxy_recvmsg6(struct bpf_sock_addr *ctx) { return unsteer(ctx, 1); }
+SEC("cgroup/getpeername4") int kproxy_getpeername4(struct bpf_sock_addr *ctx) { return unsteer(ctx, 0); }
+SEC("cgroup/getpeername6") int kproxy_getpeername6(struct bpf_sock_addr *ctx) { return unsteer(ctx, 1); }
+
+char LICENSE[] SEC("license") = "GPL";

@@ -1,0 +1,92 @@
+#pragma once
+/// EbpfBackend: --proxy-mode=ebpf. Socket-level load balancing: BPF programs on the cgroup v2
+/// hooks connect4/6, sendmsg4/6, recvmsg4/6 and getpeername4/6 (bpf/kproxy_sock.bpf.c) give a
+/// connect or datagram to a service address an endpoint's address before the kernel routes
+/// it. The backend keeps their services and slots maps what the plan says (renderer.h), with
+/// the ordered writes of differ.h.
+///
+/// Full syncs (the first, after a failure, the host's periodic ones) read both maps back and
+/// write only what differs: over a node whose maps a previous run pinned and left as the
+/// snapshot says, a restart writes nothing. Partial syncs never read the kernel: they diff the
+/// changed service ports against the mirror of what was applied.
+///
+/// A service port's id (the key of its slots and affinity) is kept for as long as the port
+/// exists; a new port takes the id a previous run gave it (read back from its first address's
+/// element) or else a hash of its key, probed past ids in use.
+///
+/// Not seen by socket hooks, so not served by this slice: traffic from other hosts to
+/// NodePorts, externalIPs and LoadBalancer IPs (issue 35 composes the nftables backend for it).
+///
+/// Thread-safety: one thread at a time (the plugin ABI guarantees it).
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kproxy/backends/common/reconciler.h"
+#include "kproxy/ebpf/differ.h"
+#include "kproxy/ebpf/kernel.h"
+#include "kproxy/ebpf/renderer.h"
+#include "kproxy/plan/snapshot_source.h"
+#include "kproxy/plugin/sdk.h"
+
+namespace kproxy::ebpf {
+
+struct BackendSettings {
+  RenderConfig render;
+  /// " dry_run=true" in the summary; the factory gives the backend a printer over an empty fake.
+  bool dryRun = false;
+  std::FILE* dryRunOutput = stdout;
+};
+
+class EbpfBackend final : public backends::Reconciler {
+ public:
+  EbpfBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelMaps> kernel);
+
+  /// Detaches the programs and removes the pins. Safe to run twice.
+  sdk::Expected<void> cleanup() override;
+
+  /// What the maps hold after the last sync, as the backend believes.
+  MapContents mirror() const;
+  /// Element writes of the last sync.
+  std::size_t lastWrites() const { return lastWrites_; }
+  /// The id of service port `key` of `family` (0: none).
+  std::uint32_t idOf(net::Family family, const std::string& key) const;
+
+ protected:
+  sdk::Expected<backends::PassOutcome> fullSync(const plan::SnapshotSource& next) override;
+  sdk::Expected<backends::PassOutcome> partialSync(const plan::SnapshotSource& next,
+                                                   const std::vector<sdk::ChangedKey>& changed) override;
+
+ private:
+  /// Gives `maps` the port's id: the one it has, else `kernelHint` (a previous run's) when
+  /// free, else its key's hash probed past ids in use.
+  void assignId(const std::string& portKey, PortMaps& maps, std::uint32_t kernelHint);
+  void releaseId(const std::string& portKey);
+  sdk::Expected<backends::PassOutcome> write(const MapContents& current, const MapContents& desired);
+
+  sdk::Host host_;
+  BackendSettings settings_;
+  EbpfRenderer renderer_;
+  std::unique_ptr<KernelMaps> kernel_;
+  std::map<std::string, PortMaps> ports_;  ///< "4|ns/svc:port" → its elements as applied
+  std::map<std::string, std::uint32_t> ids_;
+  std::set<std::uint32_t> usedIds_;
+  std::vector<std::string> nodeAddresses_;  ///< the node the renderer was last given
+  std::size_t lastWrites_ = 0;
+};
+
+/// The plugin's factory: options → settings; checks that the kernel has what the mode needs
+/// and opens the libbpf adapter (in --dry-run, a printer over an empty fake). Options:
+/// ebpf-cgroup-path (default: the root of the cgroup v2 hierarchy), ebpf-pin-path (default
+/// /sys/fs/bpf/kproxy), and the common ones (plan/options.h).
+sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeEbpfBackend(const sdk::Host& host, const sdk::Options& options);
+
+/// The pin path when none is given.
+inline constexpr const char* kDefaultPinPath = "/sys/fs/bpf/kproxy";
+
+}  // namespace kproxy::ebpf

@@ -1,0 +1,102 @@
+#pragma once
+/// KernelMaps: the only way the ebpf backend reaches the kernel. The real adapter
+/// (kernel_libbpf.cpp) loads the BPF programs from their libbpf skeleton, pins the maps and the
+/// cgroup links under the pin path and reads and writes map elements; an in-memory fake sits
+/// beside it for unit tests (fake_kernel.cpp), and --dry-run's printer over that fake
+/// (kernel_printing.cpp).
+///
+/// Thread-safety: one call at a time.
+
+#include <cerrno>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kproxy/core/error.h"
+#include "kproxy/ebpf/maps.h"
+
+namespace kproxy::ebpf {
+
+class KernelMaps {
+ public:
+  virtual ~KernelMaps() = default;
+  /// Everything the services and slots maps hold. The first call of the real adapter loads
+  /// the programs and attaches them (or re-adopts what a previous run pinned).
+  virtual core::Result<MapContents> readBack() = 0;
+  /// Writes `ops` one element at a time, in order. BPF maps have no transactions: on error the
+  /// ops before the refused one stay written, and the error names the refused one.
+  virtual core::Result<void> apply(const std::vector<MapOp>& ops) = 0;
+  /// Detaches the programs and removes every pin under the pin path; nothing there is fine.
+  virtual core::Result<void> removeAll() = 0;
+};
+
+/// Where the real adapter works.
+struct LibbpfSettings {
+  /// The cgroup v2 directory whose sockets (and its descendants') are load-balanced.
+  std::string cgroupPath;
+  /// A directory on a bpffs mount for the maps and links ("/sys/fs/bpf/kproxy"); created when
+  /// missing (its parent must be on bpffs).
+  std::string pinPath;
+};
+
+/// The root of the node's cgroup v2 hierarchy, wherever it is mounted (/proc/self/mountinfo):
+/// "/sys/fs/cgroup", or "/sys/fs/cgroup/unified" on a hybrid host. nullopt without one.
+std::optional<std::string> cgroupV2Root();
+
+/// What the mode needs from this kernel: the bpf() syscall and cgroup sock_addr programs,
+/// kernel BTF, cgroup v2 at `settings.cgroupPath` and bpffs under `settings.pinPath`. The
+/// error is one line naming what is missing.
+core::Result<void> checkKernelSupport(const LibbpfSettings& settings);
+
+/// The real kernel, after checkKernelSupport. Nothing is loaded or attached until the first
+/// readBack or apply, so that --cleanup over this adapter attaches nothing.
+core::Result<std::unique_ptr<KernelMaps>> openLibbpfKernel(const LibbpfSettings& settings);
+
+/// An in-memory pair of maps with the kernel's answers that matter (deleting a missing
+/// element: ENOENT), failure injection, and a watch on what the data path could see between
+/// two writes.
+class FakeKernelMaps : public KernelMaps {
+ public:
+  core::Result<MapContents> readBack() override;
+  core::Result<void> apply(const std::vector<MapOp>& ops) override;
+  core::Result<void> removeAll() override;
+
+  /// Makes the op at this index of the next apply fail with `errnum` (then clears itself).
+  void failNextApplyAt(std::size_t index, int errnum = E2BIG) {
+    failAt_ = index;
+    failErrno_ = errnum;
+  }
+
+  MapContents maps;
+  std::size_t applies = 0;
+  std::size_t writes = 0;  ///< elements written or deleted, over every apply
+  std::size_t readBacks = 0;
+  /// With watchHalfWritten (it costs a walk of the maps per write): every state between two
+  /// writes in which a service counted a slot that was not there ("… tcp 10.96.0.10:80 counts
+  /// 7/1, which is missing"), as a connect would have met it.
+  bool watchHalfWritten = false;
+  std::vector<std::string> halfWritten;
+
+ private:
+  void checkWhole(const MapOp& after);
+  std::optional<std::size_t> failAt_;
+  int failErrno_ = E2BIG;
+};
+
+/// --dry-run: prints every write ("update slots 7/0 10.244.1.5:8080", "remove all pins"), then
+/// hands it to `inner`, which answers every read.
+class PrintingKernelMaps final : public KernelMaps {
+ public:
+  PrintingKernelMaps(std::unique_ptr<KernelMaps> inner, std::FILE* out) : inner_(std::move(inner)), out_(out) {}
+  core::Result<MapContents> readBack() override { return inner_->readBack(); }
+  core::Result<void> apply(const std::vector<MapOp>& ops) override;
+  core::Result<void> removeAll() override;
+
+ private:
+  std::unique_ptr<KernelMaps> inner_;
+  std::FILE* out_;
+};
+
+}  // namespace kproxy::ebpf

@@ -1,0 +1,178 @@
+// EbpfBackend (backend.h): the passes over the maps, and the ids of service ports.
+#include "kproxy/ebpf/backend.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace kproxy::ebpf {
+namespace {
+
+std::string portKeyOf(net::Family family, const std::string& key) {
+  return (family == net::Family::kIPv6 ? "6|" : "4|") + key;
+}
+
+/// FNV-1a of the port's key: its id when no other port holds that value.
+std::uint32_t hashId(const std::string& portKey) {
+  std::uint32_t h = 2166136261u;
+  for (unsigned char c : portKey) h = (h ^ c) * 16777619u;
+  return h == 0 ? 1 : h;
+}
+
+sdk::PluginError pluginError(const core::Error& e) {
+  return sdk::PluginError{e.errnum, e.message(), sdk::kernelErrorCategory(e.errnum)};
+}
+
+/// Whether the node's addresses (what NodePorts follow) or pod CIDRs changed.
+std::vector<std::string> nodeFingerprint(const sdk::NodeInfo& node) {
+  std::vector<std::string> out = node.addresses;
+  out.insert(out.end(), node.podCIDRs.begin(), node.podCIDRs.end());
+  out.push_back(node.nodePortAddresses.allLocalIPv4 ? "all4" : "-");
+  out.push_back(node.nodePortAddresses.allLocalIPv6 ? "all6" : "-");
+  out.insert(out.end(), node.nodePortAddresses.addresses.begin(), node.nodePortAddresses.addresses.end());
+  return out;
+}
+
+}  // namespace
+
+EbpfBackend::EbpfBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelMaps> kernel)
+    // No conntrack cleanup: no flow of a steered socket is NATed, so none goes stale.
+    : Reconciler(host, backends::plainReconcilerOptions("ebpf", settings.dryRun ? "dry_run=true" : "")),
+      host_(host),
+      settings_(std::move(settings)),
+      renderer_(settings_.render),
+      kernel_(std::move(kernel)) {}
+
+std::uint32_t EbpfBackend::idOf(net::Family family, const std::string& key) const {
+  auto it = ids_.find(portKeyOf(family, key));
+  return it == ids_.end() ? 0 : it->second;
+}
+
+void EbpfBackend::assignId(const std::string& portKey, PortMaps& maps, std::uint32_t kernelHint) {
+  auto [it, inserted] = ids_.emplace(portKey, 0);
+  if (inserted) {
+    std::uint32_t id = kernelHint != 0 && !usedIds_.contains(kernelHint) ? kernelHint : hashId(portKey);
+    while (usedIds_.contains(id) || id == 0) ++id;
+    usedIds_.insert(id);
+    it->second = id;
+  }
+  maps.setId(it->second);
+}
+
+void EbpfBackend::releaseId(const std::string& portKey) {
+  if (auto it = ids_.find(portKey); it != ids_.end()) {
+    usedIds_.erase(it->second);
+    ids_.erase(it);
+  }
+}
+
+MapContents EbpfBackend::mirror() const {
+  MapContents m;
+  for (const auto& [key, maps] : ports_) addPortMaps(m, maps);
+  return m;
+}
+
+sdk::Expected<backends::PassOutcome> EbpfBackend::write(const MapContents& current, const MapContents& desired) {
+  const std::vector<MapOp> ops = diffMaps(current, desired);
+  lastWrites_ = ops.size();
+  if (!ops.empty())
+    if (auto applied = kernel_->apply(ops); !applied) return std::unexpected(pluginError(applied.error()));
+  backends::PassOutcome out;
+  out.operations = ops.size();
+  out.detail = fmt::format("services={} slots={}", desired.services.size(), desired.slots.size());
+  if (!ops.empty()) out.detail += " first=\"" + ops.front().toText() + "\"";
+  return out;
+}
+
+sdk::Expected<backends::PassOutcome> EbpfBackend::fullSync(const plan::SnapshotSource& next) {
+  auto current = kernel_->readBack();
+  if (!current) return std::unexpected(pluginError(current.error()));
+  const sdk::NodeInfo node = next.node();
+  renderer_.setNode(node);
+  nodeAddresses_ = nodeFingerprint(node);
+
+  std::vector<std::pair<std::string, PortMaps>> rendered;
+  next.forEach([&](const sdk::ServicePort& port) {
+    PortMaps maps = renderer_.render(port);
+    if (!maps.services.empty()) rendered.emplace_back(portKeyOf(port.family, port.key), std::move(maps));
+  });
+  // Sorted, so that ids given by hash and probing come out the same from the same snapshot.
+  std::sort(rendered.begin(), rendered.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::set<std::string> present;
+  for (const auto& [key, maps] : rendered) present.insert(key);
+  for (auto it = ids_.begin(); it != ids_.end();) {
+    if (present.contains(it->first)) {
+      ++it;
+    } else {
+      usedIds_.erase(it->second);
+      it = ids_.erase(it);
+    }
+  }
+  // Ports the backend knows keep their ids; then ports a previous run gave an id take it back;
+  // then the rest.
+  auto kernelIdOf = [&](const PortMaps& maps) -> std::uint32_t {
+    auto it = current->services.find(maps.services.front().first);
+    return it == current->services.end() ? 0 : it->second.id;
+  };
+  for (auto& [key, maps] : rendered)
+    if (ids_.contains(key)) assignId(key, maps, 0);
+  for (auto& [key, maps] : rendered)
+    if (!ids_.contains(key))
+      if (std::uint32_t hint = kernelIdOf(maps); hint != 0 && !usedIds_.contains(hint)) assignId(key, maps, hint);
+  for (auto& [key, maps] : rendered)
+    if (maps.id() == 0) assignId(key, maps, 0);
+
+  MapContents desired;
+  for (const auto& [key, maps] : rendered) addPortMaps(desired, maps);
+  auto out = write(*current, desired);
+  if (!out) return out;
+  ports_.clear();
+  for (auto& [key, maps] : rendered) ports_.emplace(key, std::move(maps));
+  return out;
+}
+
+sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::SnapshotSource& next,
+                                                              const std::vector<sdk::ChangedKey>& changed) {
+  // NodePorts follow the node's addresses: a node change re-renders every port.
+  if (nodeFingerprint(next.node()) != nodeAddresses_) return fullSync(next);
+  MapContents current, desired;
+  std::map<std::string, PortMaps> updated;
+  std::vector<std::string> removed;
+  for (const auto& c : changed) {
+    const std::string key = portKeyOf(c.family, c.key);
+    if (updated.contains(key)) continue;
+    if (auto old = ports_.find(key); old != ports_.end()) addPortMaps(current, old->second);
+    PortMaps maps;
+    if (auto port = next.find(c.family, c.key)) maps = renderer_.render(*port);
+    if (maps.services.empty()) {
+      removed.push_back(key);
+      updated.emplace(key, PortMaps{});
+      continue;
+    }
+    assignId(key, maps, 0);
+    addPortMaps(desired, maps);
+    updated.emplace(key, std::move(maps));
+  }
+  auto out = write(current, desired);
+  if (!out) return out;
+  for (auto& [key, maps] : updated) {
+    if (maps.services.empty())
+      ports_.erase(key);
+    else
+      ports_[key] = std::move(maps);
+  }
+  // Ids are freed only now, so that no port of this pass took one whose old slots it met.
+  for (const auto& key : removed) releaseId(key);
+  return out;
+}
+
+sdk::Expected<void> EbpfBackend::cleanup() {
+  if (auto removed = kernel_->removeAll(); !removed) return std::unexpected(pluginError(removed.error()));
+  ports_.clear();
+  ids_.clear();
+  usedIds_.clear();
+  requireFullSync();
+  return {};
+}
+
+}  // namespace kproxy::ebpf

@@ -1,0 +1,312 @@
+// The real kernel of ebpf mode (kernel.h): the programs from their libbpf skeleton, maps and
+// cgroup links pinned under the pin path, elements read and written with the bpf() syscall.
+#include <fcntl.h>
+#include <linux/magic.h>
+#include <linux/types.h>
+#include <sys/stat.h>
+#include <sys/statfs.h>
+#include <unistd.h>
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+
+#include <array>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "kproxy/ebpf/kernel.h"
+#include "kproxy_sock.skel.h"
+#include "map_layout.h"
+
+namespace kproxy::ebpf {
+namespace {
+
+core::Result<void> kernelError(std::string context, int errnum) {
+  return core::makeError(core::ErrorCategory::kKernel, "ebpf: " + std::move(context), errnum);
+}
+
+bool onFilesystem(const std::string& path, long magic) {
+  struct statfs fs{};
+  return ::statfs(path.c_str(), &fs) == 0 && static_cast<long>(fs.f_type) == magic;
+}
+
+std::string parentOf(const std::string& path) {
+  auto slash = path.find_last_of('/');
+  return slash == std::string::npos || slash == 0 ? "/" : path.substr(0, slash);
+}
+
+kproxy_lb_service_key wireKey(const ServiceKey& k) {
+  kproxy_lb_service_key w{};
+  std::memcpy(w.address, k.address.address.data(), sizeof w.address);
+  w.port = htobe16(k.address.port);
+  w.protocol = k.protocol;
+  w.family = static_cast<__u8>(k.address.family);
+  return w;
+}
+
+ServiceKey fromWire(const kproxy_lb_service_key& w) {
+  ServiceKey k;
+  std::memcpy(k.address.address.data(), w.address, sizeof w.address);
+  k.address.port = be16toh(w.port);
+  k.address.family = w.family == KPROXY_FAMILY_IPV6 ? net::Family::kIPv6 : net::Family::kIPv4;
+  k.protocol = w.protocol;
+  return k;
+}
+
+kproxy_lb_service_value wireValue(const ServiceValue& v) {
+  kproxy_lb_service_value w{};
+  w.id = v.id;
+  w.count = v.count;
+  w.local_count = v.localCount;
+  w.flags = v.flags;
+  w.affinity_timeout = v.affinityTimeout;
+  return w;
+}
+
+ServiceValue fromWire(const kproxy_lb_service_value& w) {
+  return ServiceValue{w.id, w.count, w.local_count, w.flags, w.affinity_timeout};
+}
+
+kproxy_lb_endpoint wireEndpoint(const SocketAddress& a) {
+  kproxy_lb_endpoint w{};
+  std::memcpy(w.address, a.address.data(), sizeof w.address);
+  w.port = htobe16(a.port);
+  w.family = static_cast<__u8>(a.family);
+  return w;
+}
+
+SocketAddress fromWire(const kproxy_lb_endpoint& w) {
+  SocketAddress a;
+  std::memcpy(a.address.data(), w.address, sizeof w.address);
+  a.port = be16toh(w.port);
+  a.family = w.family == KPROXY_FAMILY_IPV6 ? net::Family::kIPv6 : net::Family::kIPv4;
+  return a;
+}
+
+/// Every element of a map, as (key, value) of the wire types.
+template <typename Key, typename Value>
+core::Result<std::vector<std::pair<Key, Value>>> dumpMap(int fd, const char* name) {
+  std::vector<std::pair<Key, Value>> out;
+  Key key{}, next{};
+  Value value{};
+  const Key* previous = nullptr;
+  for (;;) {
+    if (bpf_map_get_next_key(fd, previous, &next) != 0) {
+      if (errno == ENOENT) break;
+      return std::unexpected(kernelError(fmt::format("reading map {}", name), errno).error());
+    }
+    // An element deleted between the two calls is gone: not an error.
+    if (bpf_map_lookup_elem(fd, &next, &value) == 0) out.emplace_back(next, value);
+    key = next;
+    previous = &key;
+  }
+  return out;
+}
+
+class LibbpfKernel final : public KernelMaps {
+ public:
+  explicit LibbpfKernel(LibbpfSettings settings) : settings_(std::move(settings)) {}
+  ~LibbpfKernel() override { kproxy_sock__destroy(skel_); }
+  LibbpfKernel(const LibbpfKernel&) = delete;
+  LibbpfKernel& operator=(const LibbpfKernel&) = delete;
+
+  core::Result<MapContents> readBack() override {
+    if (auto loaded = ensureLoaded(); !loaded) return std::unexpected(loaded.error());
+    MapContents out;
+    auto services = dumpMap<kproxy_lb_service_key, kproxy_lb_service_value>(servicesFd(), "kproxy_services");
+    if (!services) return std::unexpected(services.error());
+    for (const auto& [k, v] : *services) out.services.emplace(fromWire(k), fromWire(v));
+    auto slots = dumpMap<kproxy_lb_slot_key, kproxy_lb_endpoint>(slotsFd(), "kproxy_slots");
+    if (!slots) return std::unexpected(slots.error());
+    for (const auto& [k, v] : *slots) out.slots.emplace(SlotKey{k.service_id, k.slot}, fromWire(v));
+    return out;
+  }
+
+  core::Result<void> apply(const std::vector<MapOp>& ops) override {
+    if (auto loaded = ensureLoaded(); !loaded) return loaded;
+    for (const auto& op : ops) {
+      int rc = 0;
+      switch (op.kind) {
+        case MapOpKind::kUpdateSlot: {
+          kproxy_lb_slot_key key{op.slot.serviceId, op.slot.slot};
+          kproxy_lb_endpoint value = wireEndpoint(op.endpoint);
+          rc = bpf_map_update_elem(slotsFd(), &key, &value, BPF_ANY);
+          break;
+        }
+        case MapOpKind::kUpdateService: {
+          kproxy_lb_service_key key = wireKey(op.service);
+          kproxy_lb_service_value value = wireValue(op.value);
+          rc = bpf_map_update_elem(servicesFd(), &key, &value, BPF_ANY);
+          break;
+        }
+        case MapOpKind::kDeleteService: {
+          kproxy_lb_service_key key = wireKey(op.service);
+          rc = bpf_map_delete_elem(servicesFd(), &key);
+          break;
+        }
+        case MapOpKind::kDeleteSlot: {
+          kproxy_lb_slot_key key{op.slot.serviceId, op.slot.slot};
+          rc = bpf_map_delete_elem(slotsFd(), &key);
+          break;
+        }
+      }
+      if (rc != 0) return kernelError("kernel refused \"" + op.toText() + "\"", errno);
+    }
+    return {};
+  }
+
+  core::Result<void> removeAll() override {
+    // Links first: once unpinned and detached, no socket of the cgroup meets the programs.
+    for (const auto& name : programNames()) {
+      const std::string path = linkPath(name);
+      if (::access(path.c_str(), F_OK) != 0) continue;
+      if (bpf_link* link = bpf_link__open(path.c_str()); link != nullptr) {
+        bpf_link__detach(link);
+        bpf_link__destroy(link);
+      }
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) return kernelError("removing " + path, errno);
+    }
+    for (const char* map : {"kproxy_services", "kproxy_slots", "kproxy_affinity", "kproxy_reverse"}) {
+      const std::string path = settings_.pinPath + "/" + map;
+      if (::unlink(path.c_str()) != 0 && errno != ENOENT) return kernelError("removing " + path, errno);
+    }
+    if (::rmdir(settings_.pinPath.c_str()) != 0 && errno != ENOENT)
+      return kernelError("removing " + settings_.pinPath, errno);
+    kproxy_sock__destroy(skel_);
+    skel_ = nullptr;
+    return {};
+  }
+
+ private:
+  int servicesFd() const { return bpf_map__fd(skel_->maps.kproxy_services); }
+  int slotsFd() const { return bpf_map__fd(skel_->maps.kproxy_slots); }
+  std::string linkPath(const std::string& program) const { return settings_.pinPath + "/link_" + program; }
+  static std::vector<std::string> programNames() {
+    return {"kproxy_connect4", "kproxy_connect6",  "kproxy_sendmsg4",     "kproxy_sendmsg6",
+            "kproxy_recvmsg4", "kproxy_recvmsg6", "kproxy_getpeername4", "kproxy_getpeername6"};
+  }
+
+  /// Loads the programs over the pinned maps (pinning them the first time) and attaches each
+  /// to the cgroup: a link a previous run pinned on the same cgroup gets the new program in
+  /// place (no moment without one), any other is attached and pinned.
+  core::Result<void> ensureLoaded() {
+    if (skel_ != nullptr) return {};
+    if (::mkdir(settings_.pinPath.c_str(), 0700) != 0 && errno != EEXIST)
+      return kernelError("creating the pin directory " + settings_.pinPath, errno);
+    if (!onFilesystem(settings_.pinPath, BPF_FS_MAGIC))
+      return kernelError("the pin path " + settings_.pinPath + " is not on a bpf filesystem", EINVAL);
+    kproxy_sock* skel = kproxy_sock__open();
+    if (skel == nullptr) return kernelError("opening the BPF object", errno);
+    bpf_map* map = nullptr;
+    bpf_object__for_each_map(map, skel->obj) {
+      const std::string path = settings_.pinPath + "/" + bpf_map__name(map);
+      if (int rc = bpf_map__set_pin_path(map, path.c_str()); rc != 0) {
+        kproxy_sock__destroy(skel);
+        return kernelError("pin path " + path, -rc);
+      }
+    }
+    if (int rc = kproxy_sock__load(skel); rc != 0) {
+      kproxy_sock__destroy(skel);
+      return kernelError("loading the BPF programs (a map pinned under " + settings_.pinPath +
+                             " by another version? --cleanup removes them)",
+                         -rc);
+    }
+    const int cgroup = ::open(settings_.cgroupPath.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (cgroup < 0) {
+      kproxy_sock__destroy(skel);
+      return kernelError("opening the cgroup " + settings_.cgroupPath, errno);
+    }
+    struct stat cgroupStat{};
+    ::fstat(cgroup, &cgroupStat);
+    auto attached = attachAll(skel, cgroup, cgroupStat.st_ino);
+    ::close(cgroup);
+    if (!attached) {
+      kproxy_sock__destroy(skel);
+      return attached;
+    }
+    skel_ = skel;
+    return {};
+  }
+
+  core::Result<void> attachAll(kproxy_sock* skel, int cgroup, std::uint64_t cgroupId) {
+    bpf_program* program = nullptr;
+    bpf_object__for_each_program(program, skel->obj) {
+      const std::string path = linkPath(bpf_program__name(program));
+      bpf_link* pinned = ::access(path.c_str(), F_OK) == 0 ? bpf_link__open(path.c_str()) : nullptr;
+      if (pinned != nullptr) {
+        bpf_link_info info{};
+        __u32 length = sizeof info;
+        const bool sameCgroup = bpf_obj_get_info_by_fd(bpf_link__fd(pinned), &info, &length) == 0 &&
+                                info.type == BPF_LINK_TYPE_CGROUP && info.cgroup.cgroup_id == cgroupId;
+        if (sameCgroup) {
+          const int rc = bpf_link__update_program(pinned, program);
+          bpf_link__destroy(pinned);
+          if (rc != 0) return kernelError("replacing the program of " + path, -rc);
+          continue;
+        }
+        // Pinned on another cgroup (the setting changed): detached, then attached anew.
+        bpf_link__detach(pinned);
+        bpf_link__destroy(pinned);
+        ::unlink(path.c_str());
+      }
+      bpf_link* link = bpf_program__attach_cgroup(program, cgroup);
+      if (link == nullptr)
+        return kernelError(fmt::format("attaching {} to {}", bpf_program__name(program), settings_.cgroupPath), errno);
+      const int rc = bpf_link__pin(link, path.c_str());
+      bpf_link__destroy(link);  // the pin holds it
+      if (rc != 0) return kernelError("pinning " + path, -rc);
+    }
+    return {};
+  }
+
+  LibbpfSettings settings_;
+  kproxy_sock* skel_ = nullptr;
+};
+
+}  // namespace
+
+std::optional<std::string> cgroupV2Root() {
+  std::ifstream mountinfo("/proc/self/mountinfo");
+  std::string line;
+  while (std::getline(mountinfo, line)) {
+    // "36 25 0:31 / /sys/fs/cgroup rw,… shared:9 - cgroup2 cgroup2 rw,…"
+    auto dash = line.find(" - ");
+    if (dash == std::string::npos) continue;
+    std::istringstream after(line.substr(dash + 3));
+    std::string fstype;
+    after >> fstype;
+    if (fstype != "cgroup2") continue;
+    std::istringstream before(line.substr(0, dash));
+    std::string id, parent, device, root, mountPoint;
+    before >> id >> parent >> device >> root >> mountPoint;
+    if (root == "/") return mountPoint;
+  }
+  return std::nullopt;
+}
+
+core::Result<void> checkKernelSupport(const LibbpfSettings& settings) {
+  const int probe = libbpf_probe_bpf_prog_type(BPF_PROG_TYPE_CGROUP_SOCK_ADDR, nullptr);
+  if (probe < 0) return kernelError("this kernel cannot load cgroup sock_addr BPF programs (bpf syscall)", -probe);
+  if (probe == 0) return kernelError("this kernel has no cgroup sock_addr BPF programs (CONFIG_CGROUP_BPF)", EOPNOTSUPP);
+  if (::access("/sys/kernel/btf/vmlinux", R_OK) != 0)
+    return kernelError("this kernel has no BTF (/sys/kernel/btf/vmlinux; CONFIG_DEBUG_INFO_BTF)", errno);
+  if (settings.cgroupPath.empty()) return kernelError("no cgroup v2 hierarchy is mounted", ENOENT);
+  if (!onFilesystem(settings.cgroupPath, CGROUP2_SUPER_MAGIC))
+    return kernelError("--ebpf-cgroup-path " + settings.cgroupPath + " is not a cgroup v2 directory", ENOTDIR);
+  const std::string bpffs = ::access(settings.pinPath.c_str(), F_OK) == 0 ? settings.pinPath : parentOf(settings.pinPath);
+  if (!onFilesystem(bpffs, BPF_FS_MAGIC))
+    return kernelError("the pin path " + settings.pinPath + " is not on a bpf filesystem (mount -t bpf bpf " + bpffs + ")",
+                       ENOTDIR);
+  return {};
+}
+
+core::Result<std::unique_ptr<KernelMaps>> openLibbpfKernel(const LibbpfSettings& settings) {
+  if (auto supported = checkKernelSupport(settings); !supported) return std::unexpected(supported.error());
+  return std::unique_ptr<KernelMaps>(std::make_unique<LibbpfKernel>(settings));
+}
+
+}  // namespace kproxy::ebpf

@@ -1,0 +1,577 @@
+// ebpf mode against the real kernel. Everything the test programs is its own: a cgroup it
+// makes under the cgroup v2 root (never the root itself), a client and a server network
+// namespace joined by a veth pair, and a bpffs it mounts in a private mount namespace for the
+// pins. The plugin's programs are attached to that cgroup only; the client's processes join it
+// and the client's namespace before they open a socket. All of it is removed when the case
+// ends, passed or failed (Testbed's destructor; the mount namespace and the namespaces' bind
+// mounts die with the process, and the server pod with its parent).
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <iterator>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "../unit/nftables/service_ports.h"
+#include "kproxy/ebpf/backend.h"
+#include "kproxy/ebpf/kernel.h"
+#include "netns.h"
+
+using namespace kproxy;
+using namespace kproxy::ebpf;
+using kproxy::nftables::testing::clusterIP;
+using kproxy::nftables::testing::endpoint;
+using kproxy::testing::run;
+using kproxy::testing::sh;
+
+namespace {
+
+constexpr const char* kPodIP = "10.200.0.2";
+constexpr const char* kPodIP6 = "fd00:200::2";
+constexpr const char* kClientIP = "10.200.0.1";
+constexpr const char* kClusterIP = "10.96.0.10";
+constexpr const char* kEmptyClusterIP = "10.96.0.11";
+constexpr const char* kStickyClusterIP = "10.96.0.12";  // pod-a and pod-b, ClientIP affinity
+constexpr const char* kSpreadClusterIP = "10.96.0.13";  // pod-a and pod-b, no affinity
+constexpr const char* kClusterIP6 = "fd00:96::10";
+
+/// The mount namespace of this test process becomes private once, so that its bpffs mounts
+/// (and `ip netns`'s bind mounts) are never seen by the host and go away with the process.
+void privateMounts() {
+  static bool done = false;
+  if (done) return;
+  if (::unshare(CLONE_NEWNS) != 0) throw std::runtime_error(std::string("unshare(CLONE_NEWNS): ") + std::strerror(errno));
+  if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
+    throw std::runtime_error(std::string("making / private: ") + std::strerror(errno));
+  done = true;
+}
+
+/// In a forked child: joins the network namespace `name` made by `ip netns add`, or exits 120.
+void enterNetns(const std::string& name) {
+  const std::string path = "/run/netns/" + name;
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::setns(fd, CLONE_NEWNET) != 0) ::_exit(120);
+  ::close(fd);
+}
+
+struct Testbed {
+  std::string name;
+  std::string cgroup;
+  std::string bpffs;
+  std::string pinPath;
+  std::string client, server;
+  std::vector<pid_t> pods;
+  std::unique_ptr<sdk::BackendPlugin> plugin;
+
+  /// Everything is made here, not in a constructor, so that the destructor also removes what
+  /// a set-up that failed halfway made.
+  void setUp() {
+    REQUIRE(::geteuid() == 0);
+    privateMounts();
+    name = "kproxy-ebpf-test-" + std::to_string(::getpid());
+    auto root = cgroupV2Root();
+    REQUIRE(root.has_value());
+    cgroup = *root + "/" + name;
+    REQUIRE(cgroup != *root);
+    ::rmdir(cgroup.c_str());  // a run killed before its cleanup
+    REQUIRE(::mkdir(cgroup.c_str(), 0755) == 0);
+    bpffs = "/tmp/" + name + "-bpffs";
+    ::mkdir(bpffs.c_str(), 0700);
+    REQUIRE(::mount("bpf", bpffs.c_str(), "bpf", 0, nullptr) == 0);
+    pinPath = bpffs + "/kproxy";
+    client = "kpe-c-" + std::to_string(::getpid());
+    server = "kpe-s-" + std::to_string(::getpid());
+    sh("ip netns add " + client + " && ip netns add " + server);
+    sh("ip -n " + client + " link add veth-c type veth peer name veth-s netns " + server);
+    sh("ip -n " + client + " addr add " + kClientIP + "/24 dev veth-c && ip -n " + client + " link set veth-c up");
+    sh("ip -n " + client + " link set lo up && ip -n " + client + " route add default via " + kPodIP);
+    sh("ip -n " + server + " addr add " + kPodIP + "/24 dev veth-s && ip -n " + server + " link set veth-s up");
+    sh("ip -n " + server + " link set lo up");
+    sh("ip -n " + client + " addr add fd00:200::1/64 dev veth-c nodad && ip -n " + client +
+       " route add default via " + kPodIP6);
+    sh("ip -n " + server + " addr add " + kPodIP6 + "/64 dev veth-s nodad");
+    startPod("pod-a", {"--port", "8080", "--udp-port", "5353"});
+    startPod("pod-b", {"--port", "8081"});
+  }
+
+  ~Testbed() {
+    if (plugin) (void)plugin->cleanup();
+    plugin.reset();
+    for (pid_t pod : pods) {
+      ::kill(pod, SIGTERM);
+      ::waitpid(pod, nullptr, 0);
+    }
+    run("ip netns del " + client);
+    run("ip netns del " + server);
+    ::umount2(bpffs.c_str(), MNT_DETACH);
+    ::rmdir(bpffs.c_str());
+    ::rmdir(cgroup.c_str());
+  }
+
+  /// A pod server in the server namespace (it dies with this process).
+  void startPod(const std::string& podName, std::vector<std::string> ports) {
+    std::fflush(nullptr);
+    const pid_t pod = ::fork();
+    REQUIRE(pod >= 0);
+    if (pod == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      enterNetns(server);
+      std::vector<std::string> argv{std::string(KPROXY_TEST_TOOLS_DIR) + "/kproxy-podserver", "--name", podName};
+      argv.insert(argv.end(), ports.begin(), ports.end());
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    pods.push_back(pod);
+    for (int i = 0; i < 100; ++i) {
+      if (run("ip netns exec " + server + " ss -ltn | grep -q ':" + ports[1] + " '").first == 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    FAIL("the pod server " << podName << " did not listen");
+  }
+
+  EbpfBackend& backend() {
+    if (!plugin) {
+      sdk::Options options{{"ebpf-cgroup-path", cgroup}, {"ebpf-pin-path", pinPath}};
+      auto made = makeEbpfBackend(sdk::Host(nullptr), options);
+      INFO((made ? "" : made.error().message));
+      REQUIRE(made.has_value());
+      plugin = std::move(*made);
+    }
+    return dynamic_cast<EbpfBackend&>(*plugin);
+  }
+
+  /// Runs `body` in a child process that joined the test's cgroup and the client's namespace;
+  /// returns its exit status and what it wrote to stdout and stderr.
+  std::pair<int, std::string> inClient(const std::function<int()>& body) const {
+    int pipeFds[2];
+    REQUIRE(::pipe(pipeFds) == 0);
+    std::fflush(nullptr);  // the child must not write out what this process buffered
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::dup2(pipeFds[1], 1);
+      ::dup2(pipeFds[1], 2);
+      ::close(pipeFds[0]);
+      std::ofstream(cgroup + "/cgroup.procs") << ::getpid() << std::flush;
+      enterNetns(client);
+      const int rc = body();
+      std::fflush(nullptr);
+      ::_exit(rc);
+    }
+    ::close(pipeFds[1]);
+    std::string out;
+    char buf[4096];
+    ssize_t n = 0;
+    while ((n = ::read(pipeFds[0], buf, sizeof buf)) > 0) out.append(buf, static_cast<std::size_t>(n));
+    ::close(pipeFds[0]);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+  }
+
+  /// A program run as a client (in the cgroup and the client's namespace).
+  std::pair<int, std::string> clientCommand(std::vector<std::string> argv) const {
+    return inClient([&] {
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execvp(args[0], args.data());
+      std::printf("exec %s: %s\n", args[0], std::strerror(errno));
+      return 127;
+    });
+  }
+};
+
+sockaddr_in inet(const char* ip, int port) {
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<std::uint16_t>(port));
+  ::inet_pton(AF_INET, ip, &a.sin_addr);
+  return a;
+}
+
+std::string text(const sockaddr_in& a) {
+  char ip[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &a.sin_addr, ip, sizeof ip);
+  return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
+}
+
+/// In the client: a TCP connect, getpeername, one HTTP request; prints "peer=… reply=…".
+int tcpClient(const char* ip, int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in to = inet(ip, port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    std::printf("connect: %s\n", std::strerror(errno));
+    return 1;
+  }
+  sockaddr_in peer{};
+  socklen_t length = sizeof peer;
+  ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length);
+  const char request[] = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  if (::write(fd, request, sizeof request - 1) < 0) return 2;
+  std::string reply;
+  char buf[1024];
+  ssize_t n = 0;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) reply.append(buf, static_cast<std::size_t>(n));
+  const auto body = reply.find("pod=");
+  std::printf("peer=%s reply=%s", text(peer).c_str(), body == std::string::npos ? "none\n" : reply.substr(body).c_str());
+  return 0;
+}
+
+/// In the client: one datagram without a connect (sendmsg), the reply with its source
+/// (recvmsg); prints "from=… reply=…", or the send's error.
+int udpClient(const char* ip, int port) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in to = inet(ip, port);
+  if (::sendto(fd, "hello", 5, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) < 0) {
+    std::printf("sendto: %s\n", std::strerror(errno));
+    return 1;
+  }
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 3000) != 1) {
+    std::printf("no reply\n");
+    return 1;
+  }
+  char buf[512] = {};
+  sockaddr_in from{};
+  socklen_t length = sizeof from;
+  const ssize_t n = ::recvfrom(fd, buf, sizeof buf - 1, 0, reinterpret_cast<sockaddr*>(&from), &length);
+  std::printf("from=%s reply=%s", text(from).c_str(), n > 0 ? buf : "\n");
+  return 0;
+}
+
+plan::VectorSnapshot snapshot() {
+  auto web = clusterIP("ns", "web", kClusterIP, 80, {endpoint(kPodIP, 8080)});
+  auto dns = clusterIP("ns", "web", kClusterIP, 53, {endpoint(kPodIP, 5353)}, sdk::Protocol::kUDP, "dns");
+  auto empty = clusterIP("ns", "empty", kEmptyClusterIP, 80, {});
+  auto emptyUdp = clusterIP("ns", "empty", kEmptyClusterIP, 53, {}, sdk::Protocol::kUDP, "dns");
+  auto sticky = clusterIP("ns", "sticky", kStickyClusterIP, 80, {endpoint(kPodIP, 8080), endpoint(kPodIP, 8081)});
+  sticky.sessionAffinityClientIP = true;
+  sticky.stickyMaxAgeSeconds = 60;
+  auto spread = clusterIP("ns", "spread", kSpreadClusterIP, 80, {endpoint(kPodIP, 8080), endpoint(kPodIP, 8081)});
+  auto web6 = clusterIP("ns", "web6", kClusterIP6, 80, {endpoint(kPodIP6, 8080)});
+  return plan::VectorSnapshot({web, dns, empty, emptyUdp, sticky, spread, web6});
+}
+
+/// The pods `n` connects from one client process to `ip`:80 reached, one name per connect.
+std::set<std::string> podsReached(const Testbed& t, const char* ip, int n) {
+  auto [rc, out] = t.inClient([ip, n] {
+    for (int i = 0; i < n; ++i)
+      if (tcpClient(ip, 80) != 0) return 1;
+    return 0;
+  });
+  INFO(out);
+  REQUIRE(rc == 0);
+  std::set<std::string> pods;
+  for (std::size_t at = out.find("reply=pod="); at != std::string::npos; at = out.find("reply=pod=", at + 1))
+    pods.insert(out.substr(at + 10, out.find(' ', at + 10) - (at + 10)));
+  return pods;
+}
+
+std::size_t attachedPrograms(const std::string& cgroup) {
+  auto [rc, out] = run("bpftool cgroup show " + cgroup);
+  std::size_t n = 0;
+  for (std::size_t at = out.find("kproxy_"); at != std::string::npos; at = out.find("kproxy_", at + 1)) ++n;
+  return rc == 0 ? n : 0;
+}
+
+}  // namespace
+
+TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, without NAT", "[kernel][ebpf]") {
+  Testbed t;
+  t.setUp();
+  // Without the programs the ClusterIP leads nowhere: the control for everything below.
+  {
+    auto [rc, out] = t.clientCommand({"curl", "-sS", "--max-time", "1", std::string("http://") + kClusterIP + "/"});
+    INFO(out);
+    REQUIRE(rc != 0);
+  }
+  auto synced = t.backend().syncFrom(snapshot(), {}, true);
+  INFO((synced ? synced->summary : synced.error().message));
+  REQUIRE(synced.has_value());
+  CHECK(attachedPrograms(t.cgroup) == 8);
+
+  // Conntrack runs in the client's namespace (a rule that needs it), so an entry would show.
+  sh("ip netns exec " + t.client + " nft add table inet kproxy_test_ct");
+  sh("ip netns exec " + t.client +
+     " nft 'add chain inet kproxy_test_ct out { type filter hook output priority 0; }; add rule inet kproxy_test_ct out ct state new counter'");
+
+  SECTION("TCP: curl gets the pod's answer, getpeername says the ClusterIP") {
+    auto [rc, out] = t.clientCommand({"curl", "-sS", "--max-time", "3", std::string("http://") + kClusterIP + "/"});
+    INFO(out);
+    CHECK(rc == 0);
+    CHECK(out.starts_with("pod=pod-a client=10.200.0.1:"));
+    auto [rc2, out2] = t.inClient([] { return tcpClient(kClusterIP, 80); });
+    INFO(out2);
+    CHECK(rc2 == 0);
+    CHECK(out2.starts_with("peer=10.96.0.10:80 reply=pod=pod-a"));
+
+    auto [ctRc, conntrack] = run("ip netns exec " + t.client + " conntrack -L 2>/dev/null");
+    INFO(conntrack);
+    CHECK(ctRc == 0);
+    CHECK(conntrack.find(std::string("dst=") + kPodIP) != std::string::npos);  // conntrack saw the flow…
+    CHECK(conntrack.find(kClusterIP) == std::string::npos);                    // …and never the ClusterIP
+  }
+
+  SECTION("UDP: a datagram without connect is steered, its reply comes from the ClusterIP") {
+    auto [rc, out] = t.inClient([] { return udpClient(kClusterIP, 53); });
+    INFO(out);
+    CHECK(rc == 0);
+    CHECK(out.starts_with("from=10.96.0.10:53 reply=pod=pod-a client=10.200.0.1:"));
+  }
+
+  SECTION("a service without endpoints refuses the connect and the datagram at once") {
+    auto [rc, out] = t.clientCommand({std::string(KPROXY_TEST_TOOLS_DIR) + "/kproxy-netprobe", "connect", kEmptyClusterIP, "80", "2"});
+    INFO(out);
+    CHECK(out.find("ECONNREFUSED") != std::string::npos);
+    auto [rc2, out2] = t.inClient([] { return udpClient(kEmptyClusterIP, 53); });
+    INFO(out2);
+    CHECK(out2 == std::string("sendto: ") + std::strerror(ECONNREFUSED) + "\n");
+  }
+
+  SECTION("a process outside the cgroup is not steered") {
+    auto [rc, out] = run("ip netns exec " + t.client + " curl -sS --max-time 1 http://" + kClusterIP + "/");
+    INFO(out);
+    CHECK(rc != 0);
+  }
+
+  SECTION("a restart re-adopts the pins: it writes nothing, and the programs are replaced in place") {
+    t.plugin.reset();  // the process goes; its pins stay
+    CHECK(attachedPrograms(t.cgroup) == 8);
+    auto again = t.backend().syncFrom(snapshot(), {}, true);
+    INFO((again ? again->summary : again.error().message));
+    REQUIRE(again.has_value());
+    CHECK(again->operations == 0);
+    CHECK(attachedPrograms(t.cgroup) == 8);
+    auto [rc, out] = t.inClient([] { return tcpClient(kClusterIP, 80); });
+    INFO(out);
+    CHECK(out.starts_with("peer=10.96.0.10:80 reply=pod=pod-a"));
+  }
+
+  SECTION("a map element deleted by hand is repaired by the next full sync") {
+    sh("bpftool map delete pinned " + t.pinPath + "/kproxy_slots key hex " +
+       [&] {
+         // The slot key: the service id and slot 0, little-endian u32s.
+         const std::uint32_t id = t.backend().idOf(net::Family::kIPv4, "ns/web:p");
+         char hex[64];
+         std::snprintf(hex, sizeof hex, "%02x %02x %02x %02x 00 00 00 00", id & 0xff, (id >> 8) & 0xff,
+                       (id >> 16) & 0xff, id >> 24);
+         return std::string(hex);
+       }());
+    auto repaired = t.backend().syncFrom(snapshot(), {}, true);
+    REQUIRE(repaired.has_value());
+    CHECK(repaired->operations == 1);
+    auto [rc, out] = t.inClient([] { return tcpClient(kClusterIP, 80); });
+    INFO(out);
+    CHECK(out.starts_with("peer=10.96.0.10:80 reply=pod=pod-a"));
+  }
+
+  SECTION("ClientIP affinity keeps a client on one pod; without it both pods are chosen") {
+    CHECK(podsReached(t, kStickyClusterIP, 12).size() == 1);
+    CHECK(podsReached(t, kSpreadClusterIP, 30) == std::set<std::string>{"pod-a", "pod-b"});
+  }
+
+  SECTION("an endpoint change is one slot written, and the next connect meets it") {
+    auto next = snapshot();
+    for (auto& p : next.ports())
+      if (p.key == "ns/web:p") kproxy::nftables::testing::setEndpoints(p, {endpoint(kPodIP, 8081)});
+    auto changed = t.backend().syncFrom(next, {sdk::ChangedKey{net::Family::kIPv4, "ns/web:p"}}, false);
+    INFO((changed ? changed->summary : changed.error().message));
+    REQUIRE(changed.has_value());
+    CHECK(changed->operations == 1);
+    CHECK(podsReached(t, kClusterIP, 3) == std::set<std::string>{"pod-b"});
+  }
+
+  SECTION("IPv6: curl reaches the pod through the IPv6 ClusterIP") {
+    auto [rc, out] = t.clientCommand({"curl", "-sS", "-g", "--max-time", "3", std::string("http://[") + kClusterIP6 + "]/"});
+    INFO(out);
+    CHECK(rc == 0);
+    CHECK(out.starts_with("pod=pod-a client=fd00:200::1:"));
+  }
+
+  SECTION("cleanup detaches every program and removes the pins") {
+    REQUIRE(t.backend().cleanup().has_value());
+    CHECK(attachedPrograms(t.cgroup) == 0);
+    CHECK_FALSE(std::filesystem::exists(t.pinPath));
+    auto [rc, out] = t.clientCommand({"curl", "-sS", "--max-time", "1", std::string("http://") + kClusterIP + "/"});
+    CHECK(rc != 0);
+  }
+}
+
+TEST_CASE("ebpf: start-up names what the kernel or the node lacks", "[kernel][ebpf]") {
+  privateMounts();
+  SECTION("a cgroup path that is not cgroup v2") {
+    auto made = makeEbpfBackend(sdk::Host(nullptr), {{"ebpf-cgroup-path", "/tmp"}, {"ebpf-pin-path", "/tmp/x/kproxy"}});
+    REQUIRE_FALSE(made.has_value());
+    CHECK(made.error().message.find("is not a cgroup v2 directory") != std::string::npos);
+  }
+  SECTION("a pin path outside bpffs") {
+    auto root = cgroupV2Root();
+    REQUIRE(root.has_value());
+    auto made = makeEbpfBackend(sdk::Host(nullptr), {{"ebpf-cgroup-path", *root}, {"ebpf-pin-path", "/tmp/kproxy-not-bpffs"}});
+    REQUIRE_FALSE(made.has_value());
+    CHECK(made.error().message.find("not on a bpf filesystem") != std::string::npos);
+  }
+}
+
+namespace {
+
+constexpr const char* kManifest = R"(apiVersion: v1
+kind: Node
+metadata:
+  name: ebpf-node
+status:
+  addresses:
+  - type: InternalIP
+    address: 10.200.0.1
+---
+apiVersion: v1
+kind: Service
+metadata:
+  namespace: demo
+  name: web
+spec:
+  type: ClusterIP
+  clusterIP: 10.96.0.20
+  clusterIPs: [10.96.0.20]
+  ipFamilies: [IPv4]
+  ports:
+  - name: http
+    protocol: TCP
+    port: 80
+    targetPort: 8080
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  namespace: demo
+  name: web-abcde
+  labels:
+    kubernetes.io/service-name: web
+addressType: IPv4
+ports:
+- name: http
+  protocol: TCP
+  port: 8080
+endpoints:
+- addresses: [10.200.0.2]
+  conditions: {ready: true, serving: true, terminating: false}
+)";
+
+/// Starts `kproxy ARGS…` in the client's namespace (never the host's: --cleanup there would
+/// remove the host's own rules), its output to `log`.
+pid_t startKproxy(const Testbed& t, std::vector<std::string> args, const std::string& log) {
+  std::fflush(nullptr);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    const int out = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    ::dup2(out, 1);
+    ::dup2(out, 2);
+    enterNetns(t.client);
+    args.insert(args.begin(), KPROXY_TEST_KPROXY);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return child;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+}  // namespace
+
+TEST_CASE("ebpf: the kproxy program serves a Service from manifests, and --cleanup removes what it pinned",
+          "[kernel][ebpf]") {
+  Testbed t;
+  t.setUp();
+  const std::string manifests = "/tmp/" + t.name + "-manifests";
+  std::filesystem::create_directories(manifests);
+  std::ofstream(manifests + "/web.yaml") << kManifest;
+  const std::string log = "/tmp/" + t.name + "-kproxy.log";
+  struct Files {
+    std::string dir, log;
+    ~Files() {
+      std::filesystem::remove_all(dir);
+      std::filesystem::remove(log);
+    }
+  } files{manifests, log};
+  const std::vector<std::string> common{"--proxy-mode=ebpf",
+                                        "--ebpf-cgroup-path=" + t.cgroup,
+                                        "--ebpf-pin-path=" + t.pinPath,
+                                        "--hostname-override=ebpf-node",
+                                        "--metrics-bind-address=",
+                                        "--healthz-bind-address=",
+                                        "--conntrack-max-per-core=0"};
+  std::vector<std::string> daemon = common;
+  daemon.insert(daemon.end(), {"--manifests=" + manifests, "-v=2"});
+  pid_t kproxy = startKproxy(t, daemon, log);
+  struct Stop {
+    pid_t& pid;
+    ~Stop() {
+      if (pid > 0) {
+        ::kill(pid, SIGTERM);
+        ::waitpid(pid, nullptr, 0);
+      }
+    }
+  } stop{kproxy};
+
+  std::pair<int, std::string> reply{-1, ""};
+  for (int i = 0; i < 100 && reply.first != 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    reply = t.clientCommand({"curl", "-sS", "--max-time", "1", "http://10.96.0.20/"});
+  }
+  INFO(slurp(log));
+  INFO(reply.second);
+  REQUIRE(reply.first == 0);
+  CHECK(reply.second.starts_with("pod=pod-a client=10.200.0.1:"));
+  CHECK(slurp(log).find("ebpf sync full=true") != std::string::npos);
+
+  // Stopped, kproxy leaves its programs serving (a restart re-adopts them)...
+  ::kill(kproxy, SIGTERM);
+  ::waitpid(kproxy, nullptr, 0);
+  kproxy = -1;
+  CHECK(attachedPrograms(t.cgroup) == 8);
+  CHECK(t.clientCommand({"curl", "-sS", "--max-time", "1", "http://10.96.0.20/"}).first == 0);
+
+  // ...and --cleanup detaches them and removes the pins.
+  std::vector<std::string> cleanup = common;
+  cleanup.push_back("--cleanup");
+  pid_t cleaner = startKproxy(t, cleanup, log);
+  int status = 0;
+  ::waitpid(cleaner, &status, 0);
+  INFO(slurp(log));
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+  CHECK(attachedPrograms(t.cgroup) == 0);
+  CHECK_FALSE(std::filesystem::exists(t.pinPath));
+}
