@@ -13,7 +13,6 @@ PACKAGES=(
   iperf3  # bench/userspace
   etcd-server
   jq
-  prometheus  # the end-to-end tier's real Prometheus (tests/e2e/api_prometheus.sh)
   qemu-system-x86 cpio kmod
   clang-19 libclang-rt-19-dev llvm-19
   libbpf-dev bpftool  # ebpf mode: libbpf, skeletons and vmlinux.h (clang-19 compiles the programs)

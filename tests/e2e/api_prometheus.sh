@@ -11,9 +11,9 @@
 #    observation appear, and the dashboards' 99th percentiles of both become numbers.
 # The backend is the test-plugins' recorder (no kernel rules: this suite is about the API side).
 # Prometheus, kproxy and the control plane share an anonymous network namespace (unshare -n),
-# every address on its loopback; Prometheus's storage is in the test's work directory. A machine
-# without prometheus fails the test (scripts/install-deps.sh installs it). Needs root and
-# kube-apiserver built by tests/e2e/build-control-plane.sh.
+# every address on its loopback; Prometheus's storage is in the test's work directory. Needs root,
+# and kube-apiserver and prometheus (Debian's binary, taken from its package into
+# ~/.cache/kproxy/bin) from tests/e2e/build-control-plane.sh; a machine without them fails the test.
 #
 # usage: sudo tests/e2e/api_prometheus.sh --kproxy BIN --test-plugins DIR
 set -uo pipefail
@@ -25,8 +25,9 @@ source "$HERE/../program/lib.sh"
 source "$HERE/control-plane.sh"
 cp_recorder_test api_prometheus API_PROMETHEUS_KEEP "$@"
 
-PROMETHEUS=$(command -v prometheus) || {
-  fail "prometheus is installed" "no prometheus on PATH: scripts/install-deps.sh installs Debian's prometheus"
+PROMETHEUS=${PROMETHEUS_BIN:-$KPROXY_CACHE/bin/prometheus}
+[[ -x $PROMETHEUS ]] || {
+  fail "prometheus is there" "no $PROMETHEUS: tests/e2e/build-control-plane.sh prometheus fetches Debian's"
   finish "api_prometheus"
 }
 

@@ -94,10 +94,45 @@ GOMOD
     log "etcd built in $((SECONDS - start)) s"
 }
 
+# fetch_prometheus — Debian's prometheus binary for the end-to-end tier's scrape test, taken
+# from its package with `apt-get download` and never installed: installing it would start a
+# system-wide prometheus.service on :9090 on a systemd machine and pull ~100 MB of web-UI
+# packages that the test does not use (it queries the HTTP API only).
+fetch_prometheus() {
+    local out=$BIN/prometheus version
+    version=$(apt-cache policy prometheus 2>/dev/null | awk '/Candidate:/ { print $2 }')
+    if [[ -z $version || $version == "(none)" ]]; then
+        apt-get update -qq >&2
+        version=$(apt-cache policy prometheus | awk '/Candidate:/ { print $2 }')
+    fi
+    [[ -n $version && $version != "(none)" ]] || { log "apt knows no prometheus package"; return 1; }
+    if [[ -x $out && -f $out.version && $(cat "$out.version") == "$version" ]]; then
+        log "prometheus $version cached at $out"
+        return
+    fi
+    local tmp
+    tmp=$(mktemp -d "$CACHE/.prometheus.XXXXXX")
+    trap 'rm -rf "$tmp"' RETURN
+    log "downloading Debian's prometheus $version"
+    if ! (cd "$tmp" && apt-get download "prometheus=$version" >&2); then
+        apt-get update -qq >&2  # the lists may name a version the mirror no longer has
+        (cd "$tmp" && apt-get download "prometheus=$version" >&2)
+    fi
+    dpkg-deb -x "$tmp"/prometheus_*.deb "$tmp/root"
+    install -m 0755 "$tmp/root/usr/bin/prometheus" "$out.tmp"
+    mv "$out.tmp" "$out"
+    echo "$version" >"$out.version"
+}
+
 case "${1:-all}" in
     apiserver) build_k8s_cmd kube-apiserver ;;
     kube-proxy) build_k8s_cmd kube-proxy ;;
     etcd) build_etcd ;;
-    all) build_k8s_cmd kube-apiserver; if ! command -v etcd >/dev/null && [[ ! -x $BIN/etcd ]]; then build_etcd; fi ;;
-    *) echo "usage: $0 [all|apiserver|kube-proxy|etcd]" >&2; exit 2 ;;
+    prometheus) fetch_prometheus ;;
+    all)
+        build_k8s_cmd kube-apiserver
+        if ! command -v etcd >/dev/null && [[ ! -x $BIN/etcd ]]; then build_etcd; fi
+        fetch_prometheus
+        ;;
+    *) echo "usage: $0 [all|apiserver|kube-proxy|etcd|prometheus]" >&2; exit 2 ;;
 esac
