@@ -3,6 +3,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "../nftables/service_ports.h"
 #include "kproxy/ebpf/renderer.h"
 
@@ -97,6 +99,9 @@ TEST_CASE("external addresses use the cluster pool, as the short-circuit does un
     CHECK(v->count == 2);
   }
   CHECK(maps.services.size() == 4);  // the node's IPv6 address is not this port's family
+  // No element picks from the local pool, so none of its slots is written.
+  CHECK(maps.slots.size() == 2);
+  CHECK(std::none_of(maps.slots.begin(), maps.slots.end(), [](const auto& s) { return s.first.slot >= kLocalSlotBase; }));
 }
 
 TEST_CASE("LoadBalancer IPs behind source ranges and SCTP are left unsteered", "[unit][ebpf][renderer]") {
