@@ -49,6 +49,10 @@ class EbpfBackend final : public backends::Reconciler {
 
   /// Detaches the programs and removes the pins. Safe to run twice.
   sdk::Expected<void> cleanup() override;
+  /// `kproxy explain`: renders `snapshot` with this backend's settings and traces the packet
+  /// with the data path's decision (explain.h, in explain.cpp); reads neither the maps nor the
+  /// mirror.
+  sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot, const sdk::ExplainRequest& request) override;
 
   /// What the maps hold after the last sync, as the backend believes.
   MapContents mirror() const;
