@@ -6,20 +6,17 @@
 #include <algorithm>
 
 #include "../nftables/service_ports.h"
+#include "map_values.h"
 #include "kproxy/ebpf/renderer.h"
 
 using namespace kproxy;
 using namespace kproxy::ebpf;
 using kproxy::nftables::testing::clusterIP;
 using kproxy::nftables::testing::endpoint;
+using kproxy::ebpf::testing::at;
+using kproxy::ebpf::testing::key;
 
 namespace {
-
-ServiceKey key(const char* ip, std::uint16_t port, std::uint8_t protocol = kProtoTCP) {
-  return ServiceKey{*SocketAddress::of(ip, port), protocol};
-}
-
-SocketAddress at(const char* ip, std::uint16_t port) { return *SocketAddress::of(ip, port); }
 
 const ServiceValue* find(const PortMaps& maps, const ServiceKey& k) {
   for (const auto& [sk, v] : maps.services)

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../nftables/service_ports.h"
+#include "map_values.h"
 #include "kproxy/ebpf/explain.h"
 #include "kproxy/ebpf/tracer.h"
 #include "kproxy/plan/options.h"
@@ -19,13 +20,10 @@ using namespace kproxy;
 using namespace kproxy::ebpf;
 using kproxy::nftables::testing::clusterIP;
 using kproxy::nftables::testing::endpoint;
+using kproxy::ebpf::testing::at;
+using kproxy::ebpf::testing::key;
 
 namespace {
-
-ServiceKey key(const char* ip, std::uint16_t port, std::uint8_t protocol = kProtoTCP) {
-  return ServiceKey{*SocketAddress::of(ip, port), protocol};
-}
-SocketAddress at(const char* ip, std::uint16_t port) { return *SocketAddress::of(ip, port); }
 
 constexpr const char* kNodeIP = "192.168.0.2";
 
