@@ -14,6 +14,8 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeEbpfBackend(const sdk::Ho
   BackendSettings settings;
   settings.render = std::move(*cfg);
   settings.dryRun = plan::optionValue(options, "dry-run") == "true";
+  auto metrics = EbpfBackend::registerMetrics(host);
+  if (!metrics) return std::unexpected(metrics.error());
 
   std::unique_ptr<KernelMaps> kernel;
   if (settings.dryRun) {
@@ -33,7 +35,9 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeEbpfBackend(const sdk::Ho
     host.info(0, fmt::format("ebpf: socket load balancing for cgroup {}, maps and links pinned under {}",
                              where.cgroupPath, where.pinPath));
   }
-  return std::unique_ptr<sdk::BackendPlugin>(std::make_unique<EbpfBackend>(host, std::move(settings), std::move(kernel)));
+  auto backend = std::make_unique<EbpfBackend>(host, std::move(settings), std::move(kernel));
+  backend->useMetrics(std::move(*metrics));
+  return std::unique_ptr<sdk::BackendPlugin>(std::move(backend));
 }
 
 }  // namespace kproxy::ebpf
