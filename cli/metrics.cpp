@@ -14,25 +14,7 @@
 
 namespace kproxy::cli {
 
-// --- Histogram -------------------------------------------------------------------------------
-
-Histogram::Histogram(std::vector<double> upperBounds)
-    : bounds(std::move(upperBounds)), counts(bounds.size(), 0) {}
-
-void Histogram::observe(double value) {
-  // Prometheus buckets are "less than or equal"; the first bound >= value takes it.
-  const auto it = std::lower_bound(bounds.begin(), bounds.end(), value);
-  if (it != bounds.end()) ++counts[static_cast<std::size_t>(it - bounds.begin())];
-  sum += value;
-  ++count;
-}
-
-Histogram Histogram::exponential(double start, double factor, int n) {
-  std::vector<double> b;
-  double v = start;
-  for (int i = 0; i < n; ++i, v *= factor) b.push_back(v);
-  return Histogram(std::move(b));
-}
+// --- histograms ------------------------------------------------------------------------------
 
 Histogram syncDurationHistogram() { return Histogram::exponential(0.001, 2, 15); }
 
@@ -242,13 +224,20 @@ const char* failureCategoryLabel(core::ErrorCategory category) {
 std::string renderPluginMetrics(const std::vector<plugins::MetricFamily>& families) {
   PrometheusText t;
   for (const auto& f : families) {
-    t.family(f.name, f.help, f.type == plugins::MetricType::kCounter ? "counter" : "gauge");
-    for (const auto& [values, value] : f.samples) {
+    auto labelsOf = [&f](const std::vector<std::string>& values) {
       PrometheusText::Labels labels;
       for (std::size_t i = 0; i < f.labelNames.size() && i < values.size(); ++i)
         labels.emplace_back(f.labelNames[i], values[i]);
-      t.sample(f.name, labels, value);
+      return labels;
+    };
+    if (f.type == plugins::MetricType::kHistogram) {
+      std::vector<std::pair<PrometheusText::Labels, const Histogram*>> series;
+      for (const auto& [values, h] : f.histograms) series.emplace_back(labelsOf(values), &h);
+      t.histograms(f.name, f.help, series);
+      continue;
     }
+    t.family(f.name, f.help, f.type == plugins::MetricType::kCounter ? "counter" : "gauge");
+    for (const auto& [values, value] : f.samples) t.sample(f.name, labelsOf(values), value);
   }
   return t.str();
 }

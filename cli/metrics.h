@@ -29,24 +29,14 @@
 #include <vector>
 
 #include "kproxy/apiwatch/request_metrics.h"
+#include "kproxy/core/histogram.h"
 #include "kproxy/core/proxier.h"
 #include "kproxy/core/snapshot.h"
 #include "kproxy/plugins/plugin_metrics.h"
 
 namespace kproxy::cli {
 
-/// A cumulative Prometheus histogram with fixed upper bounds (+Inf is implicit).
-struct Histogram {
-  std::vector<double> bounds;          ///< ascending
-  std::vector<std::uint64_t> counts;   ///< per bound, non-cumulative; size() == bounds.size()
-  double sum = 0;
-  std::uint64_t count = 0;
-
-  explicit Histogram(std::vector<double> upperBounds);
-  void observe(double value);
-  /// start, start*factor, … (count bounds), like prometheus.ExponentialBuckets.
-  static Histogram exponential(double start, double factor, int count);
-};
+using core::Histogram;
 
 /// Upstream's sync duration buckets: 1 ms doubling 15 times.
 Histogram syncDurationHistogram();
