@@ -549,6 +549,50 @@ TEST_CASE("iptables backend: the rule counts follow full and partial syncs", "[u
   check();
 }
 
+TEST_CASE("iptables backend: the rules written by the last sync are those of its restore input", "[unit]") {
+  Fixture f;
+  // The "-A" and "-I" lines of `table`'s block of the last restore input.
+  auto inInput = [&](net::Family fam, Table table) {
+    std::size_t n = 0;
+    bool inTable = false;
+    const std::string& input = f.backend->lastRestore(fam);
+    for (std::size_t at = 0; at < input.size();) {
+      const std::size_t end = std::min(input.find('\n', at), input.size());
+      const std::string_view line(input.data() + at, end - at);
+      if (line.starts_with("*")) inTable = line.substr(1) == tableName(table);
+      if (inTable && (line.starts_with("-A ") || line.starts_with("-I "))) ++n;
+      at = end + 1;
+    }
+    return n;
+  };
+  auto check = [&] {
+    for (net::Family fam : {kV4, kV6})
+      for (Table t : kTables) {
+        INFO((fam == kV4 ? "IPv4 " : "IPv6 ") << tableName(t));
+        CHECK(f.backend->writtenRules(fam, t) == inInput(fam, t));
+      }
+  };
+  REQUIRE(ok(f.backend->syncFrom(f.snap, {}, true)));
+  check();
+  // A first sync writes every owned rule, and the jumps to them from the built-in chains.
+  CHECK(f.backend->writtenRules(kV4, Table::kNat) > f.backend->mirroredRules(kV4, Table::kNat));
+
+  auto& first = f.snap.ports()[0];
+  REQUIRE(first.clusterEndpoints.size() >= 1);
+  first.clusterEndpoints.pop_back();
+  first.allEndpoints = first.clusterEndpoints;
+  REQUIRE(ok(f.backend->syncFrom(f.snap, {{first.family, first.key}}, false)));
+  check();
+  // A partial sync writes that service's chains only (upstream's _last is smaller too).
+  CHECK(f.backend->writtenRules(first.family, Table::kNat) > 0);
+  CHECK(f.backend->writtenRules(first.family, Table::kNat) < f.backend->mirroredRules(first.family, Table::kNat));
+
+  // A full sync over an unchanged kernel writes nothing.
+  REQUIRE(ok(f.backend->syncFrom(f.snap, {}, true)));
+  for (net::Family fam : {kV4, kV6})
+    for (Table t : kTables) CHECK(f.backend->writtenRules(fam, t) == 0);
+}
+
 TEST_CASE("iptables backend: many affinity lists with a whole-table variant warn once per crossing", "[unit]") {
   Fixture f;
   struct Captured {

@@ -83,9 +83,14 @@ class IptablesBackend final : public backends::Reconciler {
   std::size_t mirroredRules(net::Family family, Table table) const {
     return mirror_[index(family)].rules[index(table)];
   }
+  /// Rules the last sync wrote to `table` (kproxy_iptables_rules_last_sync).
+  std::size_t writtenRules(net::Family family, Table table) const {
+    return mirror_[index(family)].written[index(table)];
+  }
 
   struct Metrics {
     sdk::Metric rules;            ///< gauge kproxy_iptables_rules{family,table}
+    sdk::Metric lastSync;         ///< gauge kproxy_iptables_rules_last_sync{family,table}
     sdk::Metric restoreFailures;  ///< counter kproxy_iptables_restore_failures_total{family}
   };
   static sdk::Expected<Metrics> registerMetrics(const sdk::Host& host);
