@@ -138,6 +138,14 @@ core::Result<std::unique_ptr<Nfacct>> makeNetlinkNfacct() {
   return std::unique_ptr<Nfacct>(std::move(nfacct));
 }
 
+core::Result<void> PrintingNfacct::ensure(const std::string& name) {
+  if (auto existing = inner_->get(name); !existing && existing.error().errnum == ENOENT) {
+    std::fprintf(out_, "nfacct add %s\n", name.c_str());
+    std::fflush(out_);
+  }
+  return inner_->ensure(name);
+}
+
 core::Result<NfacctCounter> FakeNfacct::get(const std::string& name) {
   if (auto ok = checkName(name); !ok) return std::unexpected(ok.error());
   auto it = objects.find(name);

@@ -71,7 +71,23 @@ void IptablesBackend::beginPass(const plan::SnapshotSource& next, bool full) {
     next.forEach([&](const sdk::ServicePort& p) { endpoints += p.allEndpoints.size(); });
     renderer_.setLargeCluster(endpoints > settings_.render.largeClusterEndpoints);
     recentLists_ = 0;
+    ensureNfacct();
   }
+}
+
+void IptablesBackend::ensureNfacct() {
+  if (!nfacct_) return;
+  NfacctObjects objects;
+  for (auto [name, exists] : {std::pair{backends::kNfacctInvalidDropped, &objects.invalidDropped},
+                              std::pair{backends::kNfacctLocalhostNodePorts, &objects.localhostNodePorts}}) {
+    auto ensured = nfacct_->ensure(std::string(name));
+    *exists = ensured.has_value();
+    if (!ensured)
+      host_.error(fmt::format("Failed to create nfacct counter; the corresponding metric will not be updated "
+                              "counter=\"{}\" error=\"{}\"",
+                              name, ensured.error().message()));
+  }
+  renderer_.setNfacct(objects);
 }
 
 sdk::Expected<backends::PassOutcome> IptablesBackend::fullSync(const plan::SnapshotSource& next) {
@@ -271,7 +287,10 @@ sdk::Expected<std::string> IptablesBackend::explain(const sdk::SnapshotView& sna
                                                     const sdk::ExplainRequest& request) {
   const std::vector<sdk::ServicePort> ports = snapshot.all();
   const std::vector<sdk::ServiceCIDR> cidrs = snapshot.serviceCIDRs();
-  return explainPacket(settings_.render, ports, snapshot.node(), request, cidrs);
+  // The rules as a full sync renders them: counting into both nfacct objects when there is
+  // nfacct (a full sync ensures them), into none otherwise.
+  const bool counts = nfacct_ != nullptr;
+  return explainPacket(settings_.render, ports, snapshot.node(), request, cidrs, NfacctObjects{counts, counts});
 }
 
 sdk::Expected<IptablesBackend::Metrics> IptablesBackend::registerMetrics(const sdk::Host& host) {

@@ -593,6 +593,48 @@ TEST_CASE("iptables backend: the rules written by the last sync are those of its
     for (Table t : kTables) CHECK(f.backend->writtenRules(fam, t) == 0);
 }
 
+TEST_CASE("iptables backend: a full sync ensures upstream's nfacct objects and the rules count into them", "[unit]") {
+  Fixture f;
+  auto nfacct = std::make_unique<kernel::FakeNfacct>();
+  kernel::FakeNfacct& objects = *nfacct;
+  auto forwardDrop = [&](net::Family fam) {
+    return f.kernel(fam)[{"filter", "KUBE-FORWARD"}].front();
+  };
+  SECTION("the kernel has nfacct") {
+    f.backend->useNfacct(std::move(nfacct));
+    REQUIRE(ok(f.backend->syncFrom(f.snap, {}, true)));
+    CHECK(objects.objects.size() == 2);
+    CHECK(objects.objects.contains("ct_state_invalid_dropped_pkts"));
+    CHECK(objects.objects.contains("localhost_nps_accepted_pkts"));
+    CHECK(f.backend->nfacctObjects() == NfacctObjects{true, true});
+    for (net::Family fam : {kV4, kV6})
+      CHECK(forwardDrop(fam) ==
+            "-m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP");
+    CHECK(contains(f.saved(kV4), "-m nfacct --nfacct-name localhost_nps_accepted_pkts"));
+    CHECK_FALSE(contains(f.saved(kV6), "localhost_nps_accepted_pkts"));
+    // Partial syncs do not ask again (upstream ensures them in full syncs).
+    const int calls = objects.ensureCalls;
+    REQUIRE(ok(f.backend->syncFrom(f.snap, {}, false)));
+    CHECK(objects.ensureCalls == calls);
+    // Over an unchanged kernel the next full sync writes nothing.
+    auto again = f.backend->syncFrom(f.snap, {}, true);
+    REQUIRE(ok(again));
+    CHECK(again->operations == 0);
+  }
+  SECTION("creating them fails: the rules without the match") {
+    objects.failEnsure = true;
+    f.backend->useNfacct(std::move(nfacct));
+    REQUIRE(ok(f.backend->syncFrom(f.snap, {}, true)));
+    CHECK(f.backend->nfacctObjects() == NfacctObjects{false, false});
+    CHECK(forwardDrop(kV4) == "-m conntrack --ctstate INVALID -j DROP");
+    CHECK_FALSE(contains(f.saved(kV4), "nfacct"));
+  }
+  SECTION("no nfacct at all") {
+    REQUIRE(ok(f.backend->syncFrom(f.snap, {}, true)));
+    CHECK_FALSE(contains(f.saved(kV4), "nfacct"));
+  }
+}
+
 TEST_CASE("iptables backend: many affinity lists with a whole-table variant warn once per crossing", "[unit]") {
   Fixture f;
   struct Captured {

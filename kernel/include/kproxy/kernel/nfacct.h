@@ -8,6 +8,7 @@
 #include <linux/netlink.h>
 
 #include <cstddef>
+#include <cstdio>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -63,6 +64,19 @@ class Nfacct {
 /// refused with ENOENT. Any other answer (the subsystem is not there) is an error
 /// (kNotFound, with the kernel's errno).
 core::Result<std::unique_ptr<Nfacct>> makeNetlinkNfacct();
+
+/// --dry-run's: each object `inner` lacks is printed as the nfacct(8) command that would create
+/// it ("nfacct add NAME"), then created in `inner` (objects in memory).
+class PrintingNfacct final : public Nfacct {
+ public:
+  PrintingNfacct(std::unique_ptr<Nfacct> inner, std::FILE* out) : inner_(std::move(inner)), out_(out) {}
+  core::Result<NfacctCounter> get(const std::string& name) override { return inner_->get(name); }
+  core::Result<void> ensure(const std::string& name) override;
+
+ private:
+  std::unique_ptr<Nfacct> inner_;
+  std::FILE* out_;
+};
 
 /// Objects in memory, for tests and --dry-run.
 class FakeNfacct final : public Nfacct {
