@@ -56,6 +56,10 @@ constexpr std::pair<Table, std::string_view> kDispatchChains[] = {
     {Table::kNat, names::kServices},        {Table::kNat, names::kNodePorts},
 };
 
+/// `-m nfacct --nfacct-name NAME` as iptables-save prints it (libxt_nfacct writes two spaces
+/// before the name), so that a full sync finds the rule it wrote.
+std::string nfacctMatch(std::string_view object) { return fmt::format("-m nfacct --nfacct-name  {}", object); }
+
 /// One service port's chains and dispatch rules, rendered part by part: its policy and endpoint
 /// chains, its ClusterIP, and when it is externally accessible its external and firewall
 /// chains, external addresses, NodePort and health-check node port.
@@ -198,7 +202,7 @@ class ServicePortRules {
                      .proto(proto_)
                      .comment(name_)
                      .dport(plan_.nodePort)
-                     .match(fmt::format("-m nfacct --nfacct-name {}", backends::kNfacctLocalhostNodePorts))
+                     .match(nfacctMatch(backends::kNfacctLocalhostNodePorts))
                      .jump(extChain_));
       dispatch(Table::kNat, names::kNodePorts,
                Spec().proto(proto_).comment(name_).dport(plan_.nodePort).jump(extChain_));
@@ -522,7 +526,7 @@ GlobalObjects IptablesRenderer::renderGlobal(net::Family family, const sdk::Node
     if (!config_.conntrackTCPLiberal) {
       Spec drop;
       drop.match("-m conntrack --ctstate INVALID");
-      if (nfacct_.invalidDropped) drop.match(fmt::format("-m nfacct --nfacct-name {}", backends::kNfacctInvalidDropped));
+      if (nfacct_.invalidDropped) drop.match(nfacctMatch(backends::kNfacctInvalidDropped));
       forward.rules.push_back(drop.jump("DROP").str());
       g.tags.push_back(
           RuleTag{Table::kFilter, forward.name, forward.rules.back(), plan::DropReason::kInvalidConnection});

@@ -609,8 +609,8 @@ TEST_CASE("iptables backend: a full sync ensures upstream's nfacct objects and t
     CHECK(f.backend->nfacctObjects() == NfacctObjects{true, true});
     for (net::Family fam : {kV4, kV6})
       CHECK(forwardDrop(fam) ==
-            "-m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP");
-    CHECK(contains(f.saved(kV4), "-m nfacct --nfacct-name localhost_nps_accepted_pkts"));
+            "-m conntrack --ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP");
+    CHECK(contains(f.saved(kV4), "-m nfacct --nfacct-name  localhost_nps_accepted_pkts"));
     CHECK_FALSE(contains(f.saved(kV6), "localhost_nps_accepted_pkts"));
     // Partial syncs do not ask again (upstream ensures them in full syncs).
     const int calls = objects.ensureCalls;

@@ -233,7 +233,7 @@ TEST_CASE("iptables explain: a localhost NodePort goes through the rule that cou
   INFO(*counted);
   CHECK_THAT(*counted, Catch::Contains("outcome:   DNAT to 10.180.0.1:80, masqueraded"));
   CHECK_THAT(*counted, Catch::Contains("nat KUBE-NODEPORTS: -d 127.0.0.0/8 -p tcp -m comment --comment \"default/web:p\" "
-                                       "-m tcp --dport 30111 -m nfacct --nfacct-name localhost_nps_accepted_pkts"));
+                                       "-m tcp --dport 30111 -m nfacct --nfacct-name  localhost_nps_accepted_pkts"));
   // Without the object, the same answer through upstream's other rule.
   auto plain = explainPacket(config(), ports, node(), request("127.0.0.1", "127.0.0.1", 30111));
   REQUIRE(plain);

@@ -515,11 +515,11 @@ TEST_CASE("renderer: upstream's nfacct matches, only for the objects that exist"
     auto r = makeRenderer(cfg);
     r.setNfacct({true, true});
     CHECK(forwardOf(r) ==
-          "-m conntrack --ctstate INVALID -m nfacct --nfacct-name ct_state_invalid_dropped_pkts -j DROP");
+          "-m conntrack --ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP");
     // IPv4 NodePorts answer on loopback: their packets to 127.0.0.0/8 are counted, first.
     const auto f = r.renderServicePort(nodePort("172.30.0.3"));
     CHECK(dispatchOf(f, Table::kNat, "KUBE-NODEPORTS") ==
-          Rules{"-d 127.0.0.0/8 -p tcp -m comment --comment \"ns/np:p\" -m tcp --dport 30111 -m nfacct --nfacct-name "
+          Rules{"-d 127.0.0.0/8 -p tcp -m comment --comment \"ns/np:p\" -m tcp --dport 30111 -m nfacct --nfacct-name  "
                 "localhost_nps_accepted_pkts -j " + ext,
                 general});
     // Not over IPv6 (no localhost NodePorts there).
