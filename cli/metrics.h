@@ -16,7 +16,8 @@
 ///  - kproxy_sync_proxy_rules_failures_total{category}: the same failures by the category the
 ///    backend gave (kernel_refused, invalid_input, transient, unknown).
 ///  - kproxy_sync_verify_total / kproxy_sync_verify_mismatch_total{mode}: self-verification.
-///  - the metrics backend plugins register (ABI 1.2), after the host's: renderPluginMetrics.
+///  - the metrics backend plugins register (ABI 1.2; histograms 1.4), after the host's:
+///    renderPluginMetrics.
 ///
 /// Upstream families that backend plugins measure (plugins may not use upstream's names): the
 /// host serves the plugin's kproxy_ series also under upstream's name, labels and help, in the
