@@ -713,6 +713,7 @@ TEST_CASE("iptables backend: --dry-run prints each restore input and applies it 
   IptablesBackend backend(sdk::Host(nullptr), std::move(s),
                           std::make_unique<PrintingIptables>(std::move(memory), out, "iptables-nft"),
                           std::make_unique<kernel::PrintingSysctls>(std::move(fresh), out));
+  backend.useNfacct(std::make_unique<kernel::PrintingNfacct>(std::make_unique<kernel::FakeNfacct>(), out));
   auto first = backend.syncFrom(f.snap, {}, true);
   REQUIRE(ok(first));
   CHECK(first->summary.starts_with("iptables sync full=true "));
@@ -726,12 +727,14 @@ TEST_CASE("iptables backend: --dry-run prints each restore input and applies it 
   char buffer[4096];
   while (auto n = std::fread(buffer, 1, sizeof buffer, out)) text.append(buffer, n);
   INFO(text);
-  CHECK(text.starts_with("# iptables-restore --noflush\n"));
   CHECK(contains(text, "# ip6tables-restore --noflush\n"));
   // The localhost NodePorts' route_localnet, after the rules, as sysctl(8) would set it; the
   // periodic sync finds it set in memory and prints it no more.
-  CHECK(text == "# iptables-restore --noflush\n" + ruleset->restores.at(0) + "# ip6tables-restore --noflush\n" +
+  // The nfacct objects first, as nfacct(8) makes them, then the rules that count into them.
+  CHECK(text == "nfacct add ct_state_invalid_dropped_pkts\nnfacct add localhost_nps_accepted_pkts\n"
+                "# iptables-restore --noflush\n" + ruleset->restores.at(0) + "# ip6tables-restore --noflush\n" +
                     ruleset->restores.at(1) + "sysctl -w net.ipv4.conf.all.route_localnet=1\n");
+  CHECK(contains(ruleset->restores.at(0), "--nfacct-name  ct_state_invalid_dropped_pkts"));
   CHECK(ruleset->restores.size() == 2);
   CHECK(sysctls->values.at("net/ipv4/conf/all/route_localnet") == 1);
   CHECK(sysctls->writes == 1);
