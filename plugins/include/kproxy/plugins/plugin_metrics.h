@@ -1,7 +1,7 @@
 #pragma once
 /// Host side of plugin metrics (ABI 1.2; histograms 1.4): the counters, gauges and histograms
-/// plugins register through kproxy_host_api.metric_register and update by handle. The HTTP server renders collect() on
-/// /metrics.
+/// plugins register through kproxy_host_api.metric_register and update by handle. The HTTP
+/// server renders collect() on /metrics.
 ///
 /// Thread-safe: plugins update from their sync thread (or any other), the metrics server reads
 /// from its own; one mutex serialises both.
