@@ -216,12 +216,7 @@ class FakeHost {
   /// The value of a registered metric with these label values; nullopt when never set.
   std::optional<double> metric(const std::string& name,
                                const std::vector<std::string>& labelValues = {}) const {
-    for (const auto& m : metrics_) {
-      if (m.name != name) continue;
-      auto it = m.values.find(labelValues);
-      if (it != m.values.end()) return it->second;
-    }
-    return std::nullopt;
+    return valueOf(name, labelValues, &Registered::values);
   }
   /// A histogram's observations with these label values (ABI 1.4).
   struct Observations {
@@ -231,12 +226,7 @@ class FakeHost {
   /// nullopt when never observed.
   std::optional<Observations> observed(const std::string& name,
                                        const std::vector<std::string>& labelValues = {}) const {
-    for (const auto& m : metrics_) {
-      if (m.name != name) continue;
-      auto it = m.observations.find(labelValues);
-      if (it != m.observations.end()) return it->second;
-    }
-    return std::nullopt;
+    return valueOf(name, labelValues, &Registered::observations);
   }
 
  private:
@@ -248,6 +238,17 @@ class FakeHost {
     std::map<std::vector<std::string>, Observations> observations;
   };
   static FakeHost& self(void* ctx) { return *static_cast<FakeHost*>(ctx); }
+  /// The entry for `labelValues` in `member` of the metric named `name`.
+  template <class Value>
+  std::optional<Value> valueOf(const std::string& name, const std::vector<std::string>& labelValues,
+                               std::map<std::vector<std::string>, Value> Registered::*member) const {
+    for (const auto& m : metrics_) {
+      if (m.name != name) continue;
+      auto it = (m.*member).find(labelValues);
+      if (it != (m.*member).end()) return it->second;
+    }
+    return std::nullopt;
+  }
 
   std::uint64_t registerMetric(const kproxy_metric_spec& spec, kproxy_error* err) {
     std::string name = spec.name != nullptr ? spec.name : "";
