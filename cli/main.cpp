@@ -587,9 +587,15 @@ int main(int argc, char** argv) {
     opsOptions.nodeRequired = source.api != nullptr && !tracker.nodeName.empty();
     opsOptions.families = tracker.ipv6 ? std::vector<std::string>{"IPv4", "IPv6"} : std::vector<std::string>{"IPv4"};
     opsOptions.build = kproxy::cli::BuildInfo{kproxy::cli::kKubernetesVersion, kproxy::cli::kKproxyCommit};
-    opsOptions.extraMetrics = [&source, &registry, restClientMetrics] {
+    // iptables mode: upstream's nfacct counters, read from this network namespace's objects
+    // (opened here, on the main thread, in the namespace the backend programs).
+    std::shared_ptr<const kproxy::cli::NfacctMetrics> nfacct;
+    if (config.mode == "iptables") nfacct = kproxy::cli::NfacctMetrics::open();
+    opsOptions.extraMetrics = [&source, &registry, restClientMetrics, nfacct, mode = config.mode] {
+      const auto plugins = registry.metrics().collect();
       return restClientMetrics->render() + sourceMetrics(source) +
-             kproxy::cli::renderPluginMetrics(registry.metrics().collect());
+             kproxy::cli::renderUpstreamAliases(mode, plugins) + (nfacct ? nfacct->render() : std::string()) +
+             kproxy::cli::renderPluginMetrics(plugins);
     };
     // /debug/services: the shared plan's view of every service port (the same in every mode)
     // and the sync ledger. The node-wide plan settings are the options every backend gets.

@@ -6,6 +6,9 @@
 
 #include <fmt/format.h>
 
+#include "kproxy/backends/common/chain_names.h"
+#include "kproxy/core/log.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -15,25 +18,7 @@
 
 namespace kproxy::cli {
 
-// --- Histogram -------------------------------------------------------------------------------
-
-Histogram::Histogram(std::vector<double> upperBounds)
-    : bounds(std::move(upperBounds)), counts(bounds.size(), 0) {}
-
-void Histogram::observe(double value) {
-  // Prometheus buckets are "less than or equal"; the first bound >= value takes it.
-  const auto it = std::lower_bound(bounds.begin(), bounds.end(), value);
-  if (it != bounds.end()) ++counts[static_cast<std::size_t>(it - bounds.begin())];
-  sum += value;
-  ++count;
-}
-
-Histogram Histogram::exponential(double start, double factor, int n) {
-  std::vector<double> b;
-  double v = start;
-  for (int i = 0; i < n; ++i, v *= factor) b.push_back(v);
-  return Histogram(std::move(b));
-}
+// --- histograms ------------------------------------------------------------------------------
 
 Histogram syncDurationHistogram() { return Histogram::exponential(0.001, 2, 15); }
 
@@ -275,13 +260,121 @@ const char* failureCategoryLabel(core::ErrorCategory category) {
 std::string renderPluginMetrics(const std::vector<plugins::MetricFamily>& families) {
   PrometheusText t;
   for (const auto& f : families) {
-    t.family(f.name, f.help, f.type == plugins::MetricType::kCounter ? "counter" : "gauge");
-    for (const auto& [values, value] : f.samples) {
+    auto labelsOf = [&f](const std::vector<std::string>& values) {
       PrometheusText::Labels labels;
       for (std::size_t i = 0; i < f.labelNames.size() && i < values.size(); ++i)
         labels.emplace_back(f.labelNames[i], values[i]);
-      t.sample(f.name, labels, value);
+      return labels;
+    };
+    if (f.type == plugins::MetricType::kHistogram) {
+      std::vector<std::pair<PrometheusText::Labels, const Histogram*>> series;
+      for (const auto& [values, h] : f.histograms) series.emplace_back(labelsOf(values), &h);
+      t.histograms(f.name, f.help, series);
+      continue;
     }
+    t.family(f.name, f.help, f.type == plugins::MetricType::kCounter ? "counter" : "gauge");
+    for (const auto& [values, value] : f.samples) t.sample(f.name, labelsOf(values), value);
+  }
+  return t.str();
+}
+
+const std::vector<UpstreamAlias>& upstreamAliases() {
+  static const std::vector<UpstreamAlias> aliases{
+      {"kproxy_iptables_rules", "kubeproxy_sync_proxy_rules_iptables_total",
+       "Total number of iptables rules owned by kube-proxy", {"iptables"}},
+      {"kproxy_iptables_rules_last_sync", "kubeproxy_sync_proxy_rules_iptables_last",
+       "Number of iptables rules written by kube-proxy in last sync", {"iptables"}},
+      {"kproxy_conntrack_reconciler_sync_duration_seconds", "kubeproxy_conntrack_reconciler_sync_duration_seconds",
+       "ReconcileConntrackFlowsLatency latency in seconds", {"iptables", "ipvs", "nftables"}},
+      {"kproxy_conntrack_reconciler_deleted_entries_total", "kubeproxy_conntrack_reconciler_deleted_entries_total",
+       "Cumulative conntrack flows deleted by conntrack reconciler", {"iptables", "ipvs", "nftables"}},
+  };
+  return aliases;
+}
+
+namespace {
+
+/// A plugin series' labels as upstream's: "family" (ipv4, ipv6) becomes "ip_family" (IPv4,
+/// IPv6), sorted by name as client_golang writes them. nullopt: a series upstream does not
+/// have (an iptables table other than filter and nat).
+std::optional<PrometheusText::Labels> upstreamLabels(const plugins::MetricFamily& f,
+                                                     const std::vector<std::string>& values) {
+  PrometheusText::Labels labels;
+  for (std::size_t i = 0; i < f.labelNames.size() && i < values.size(); ++i) {
+    const std::string& name = f.labelNames[i];
+    const std::string& value = values[i];
+    if (name == "family")
+      labels.emplace_back("ip_family", value == "ipv6" ? "IPv6" : value == "ipv4" ? "IPv4" : value);
+    else if (name == "table" && value != "filter" && value != "nat")
+      return std::nullopt;
+    else
+      labels.emplace_back(name, value);
+  }
+  std::sort(labels.begin(), labels.end());
+  return labels;
+}
+
+}  // namespace
+
+std::string renderUpstreamAliases(const std::string& mode, const std::vector<plugins::MetricFamily>& families) {
+  PrometheusText t;
+  for (const UpstreamAlias& alias : upstreamAliases()) {
+    if (std::find(alias.modes.begin(), alias.modes.end(), mode) == alias.modes.end()) continue;
+    auto f = std::find_if(families.begin(), families.end(),
+                          [&](const plugins::MetricFamily& m) { return m.name == alias.pluginName; });
+    if (f == families.end()) continue;
+    const std::string name(alias.upstreamName);
+    if (f->type == plugins::MetricType::kHistogram) {
+      std::vector<std::pair<PrometheusText::Labels, const Histogram*>> series;
+      for (const auto& [values, h] : f->histograms)
+        if (auto labels = upstreamLabels(*f, values)) series.emplace_back(std::move(*labels), &h);
+      if (!series.empty()) t.histograms(name, "[ALPHA] " + std::string(alias.help), series);
+      continue;
+    }
+    std::vector<std::pair<PrometheusText::Labels, double>> samples;
+    for (const auto& [values, value] : f->samples)
+      if (auto labels = upstreamLabels(*f, values)) samples.emplace_back(std::move(*labels), value);
+    if (samples.empty()) continue;
+    std::sort(samples.begin(), samples.end());
+    t.alphaFamily(name, std::string(alias.help), f->type == plugins::MetricType::kCounter ? "counter" : "gauge");
+    for (const auto& [labels, value] : samples) t.sample(name, labels, value);
+  }
+  return t.str();
+}
+
+std::unique_ptr<NfacctMetrics> NfacctMetrics::open() {
+  auto client = kernel::makeNetlinkNfacct();
+  if (!client) {
+    log::error("failed to initialize nfacct client", {{"err", client.error().message()}});
+    return std::make_unique<NfacctMetrics>(nullptr);
+  }
+  return std::make_unique<NfacctMetrics>(std::move(*client));
+}
+
+std::string NfacctMetrics::render() const {
+  struct Counter {
+    const char* name;
+    std::string_view object;
+    const char* help;
+  };
+  static const Counter kCounters[] = {
+      {"kubeproxy_iptables_ct_state_invalid_dropped_packets_total", backends::kNfacctInvalidDropped,
+       "packets dropped by iptables to work around conntrack problems"},
+      {"kubeproxy_iptables_localhost_nodeports_accepted_packets_total", backends::kNfacctLocalhostNodePorts,
+       "Number of packets accepted on nodeports of loopback interface"},
+  };
+  PrometheusText t;
+  std::lock_guard lock(mutex_);
+  if (!client_) return {};
+  for (const Counter& c : kCounters) {
+    auto counter = client_->get(std::string(c.object));
+    if (!counter) {
+      log::error("failed to collect nfacct counter",
+                 {{"counter", std::string(c.object)}, {"err", counter.error().message()}});
+      continue;
+    }
+    t.alphaFamily(c.name, c.help, "counter");
+    t.sample(c.name, {}, static_cast<double>(counter->packets));
   }
   return t.str();
 }

@@ -16,10 +16,17 @@
 ///  - kproxy_sync_proxy_rules_failures_total{category}: the same failures by the category the
 ///    backend gave (kernel_refused, invalid_input, transient, unknown).
 ///  - kproxy_sync_verify_total / kproxy_sync_verify_mismatch_total{mode}: self-verification.
-///  - the metrics backend plugins register (ABI 1.2), after the host's: renderPluginMetrics.
+///  - the metrics backend plugins register (ABI 1.2; histograms 1.4), after the host's:
+///    renderPluginMetrics.
+///
+/// Upstream families that backend plugins measure (plugins may not use upstream's names): the
+/// host serves the plugin's kproxy_ series also under upstream's name, labels and help, in the
+/// modes upstream registers them (renderUpstreamAliases). Upstream's nfacct counters, iptables
+/// mode only, are read from the kernel at each scrape (NfacctMetrics).
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -29,24 +36,15 @@
 #include <vector>
 
 #include "kproxy/apiwatch/request_metrics.h"
+#include "kproxy/core/histogram.h"
 #include "kproxy/core/proxier.h"
 #include "kproxy/core/snapshot.h"
+#include "kproxy/kernel/nfacct.h"
 #include "kproxy/plugins/plugin_metrics.h"
 
 namespace kproxy::cli {
 
-/// A cumulative Prometheus histogram with fixed upper bounds (+Inf is implicit).
-struct Histogram {
-  std::vector<double> bounds;          ///< ascending
-  std::vector<std::uint64_t> counts;   ///< per bound, non-cumulative; size() == bounds.size()
-  double sum = 0;
-  std::uint64_t count = 0;
-
-  explicit Histogram(std::vector<double> upperBounds);
-  void observe(double value);
-  /// start, start*factor, … (count bounds), like prometheus.ExponentialBuckets.
-  static Histogram exponential(double start, double factor, int count);
-};
+using core::Histogram;
 
 /// Upstream's sync duration buckets: 1 ms doubling 15 times.
 Histogram syncDurationHistogram();
@@ -190,5 +188,44 @@ class ProxyMetrics {
 /// The metrics plugins registered (PluginMetrics::collect()), with HELP and TYPE, in the text
 /// exposition format. A family without samples yet gets its HELP and TYPE only.
 std::string renderPluginMetrics(const std::vector<plugins::MetricFamily>& families);
+
+/// A plugin metric the host serves under upstream's name too.
+struct UpstreamAlias {
+  std::string_view pluginName;    ///< the plugin's kproxy_ family
+  std::string_view upstreamName;  ///< pkg/proxy/metrics/metrics.go's
+  std::string_view help;          ///< upstream's, without component-base's "[ALPHA] "
+  std::vector<std::string_view> modes;  ///< where upstream registers it
+};
+/// kubeproxy_sync_proxy_rules_iptables_total / _last (from the iptables plugin's
+/// kproxy_iptables_rules / _last_sync{family,table}: family "ipv4" → ip_family "IPv4", tables
+/// filter and nat only, as upstream's) and kubeproxy_conntrack_reconciler_sync_duration_seconds
+/// / _deleted_entries_total{ip_family} (from the reconcile skeleton's kproxy_conntrack_
+/// reconciler_*).
+const std::vector<UpstreamAlias>& upstreamAliases();
+/// The aliased families of `families` that `mode` registers, with upstream's names, labels
+/// (sorted by name) and help; a family without samples is left out, as upstream's vectors
+/// before their first observation.
+std::string renderUpstreamAliases(const std::string& mode, const std::vector<plugins::MetricFamily>& families);
+
+/// Upstream's nfacct counters (iptables mode): kubeproxy_iptables_ct_state_invalid_dropped_
+/// packets_total and kubeproxy_iptables_localhost_nodeports_accepted_packets_total, the packet
+/// counts of the objects the iptables backend creates, read from the kernel at each scrape.
+/// Thread-safe (one lock around the client).
+class NfacctMetrics {
+ public:
+  /// `client`: nfacct in kproxy's network namespace; null when the kernel has none (then
+  /// nothing is served).
+  explicit NfacctMetrics(std::unique_ptr<kernel::Nfacct> client) : client_(std::move(client)) {}
+  /// Opens the kernel's (makeNetlinkNfacct); when that fails, logs one line, as upstream, and
+  /// serves nothing.
+  static std::unique_ptr<NfacctMetrics> open();
+  /// Each counter the kernel answers for; one that it does not (the object is not created
+  /// yet) is logged and left out, as upstream's collector does.
+  std::string render() const;
+
+ private:
+  mutable std::mutex mutex_;
+  std::unique_ptr<kernel::Nfacct> client_;
+};
 
 }  // namespace kproxy::cli

@@ -21,7 +21,14 @@ bool nameChars(std::string_view name, bool colon) {
                      [&](char c) { return first(c) || (c >= '0' && c <= '9'); });
 }
 
-const char* typeName(MetricType t) { return t == MetricType::kCounter ? "counter" : "gauge"; }
+const char* typeName(MetricType t) {
+  switch (t) {
+    case MetricType::kCounter: return "counter";
+    case MetricType::kGauge: return "gauge";
+    case MetricType::kHistogram: return "histogram";
+  }
+  return "counter";
+}
 
 }  // namespace
 
@@ -35,7 +42,8 @@ void PluginMetrics::reservePrefixes(std::vector<std::string> prefixes) {
 
 core::Result<std::uint64_t> PluginMetrics::registerMetric(MetricType type, const std::string& name,
                                                           const std::string& help,
-                                                          const std::vector<std::string>& labelNames) {
+                                                          const std::vector<std::string>& labelNames,
+                                                          const std::vector<double>& buckets) {
   const std::string what = "plugin metric \"" + name + "\"";
   if (!validMetricName(name)) {
     return makeError(ErrorCategory::kInvalidArgument,
@@ -58,6 +66,17 @@ core::Result<std::uint64_t> PluginMetrics::registerMetric(MetricType type, const
                        EINVAL);
     }
   }
+  if (type == MetricType::kHistogram) {
+    if (!core::Histogram::validBounds(buckets)) {
+      return makeError(ErrorCategory::kInvalidArgument,
+                       what + ": bucket bounds must be finite and strictly ascending", EINVAL);
+    }
+    if (seen.contains("le")) {
+      return makeError(ErrorCategory::kInvalidArgument,
+                       what + ": a histogram's label \"le\" is the bucket's", EINVAL);
+    }
+  }
+  const std::vector<double> bounds = type == MetricType::kHistogram ? buckets : std::vector<double>{};
   std::lock_guard lock(mutex_);
   for (const auto& prefix : reserved_) {
     if (name.starts_with(prefix)) {
@@ -68,13 +87,13 @@ core::Result<std::uint64_t> PluginMetrics::registerMetric(MetricType type, const
   for (std::size_t i = 0; i < families_.size(); ++i) {
     const auto& f = families_[i];
     if (f.name != name) continue;
-    if (f.type == type && f.help == help && f.labelNames == labelNames) return i + 1;
+    if (f.type == type && f.help == help && f.labelNames == labelNames && f.buckets == bounds) return i + 1;
     return makeError(ErrorCategory::kInvalidArgument,
                      what + ": already registered as a " + typeName(f.type) +
-                         " with other help or labels",
+                         " with other help, labels or buckets",
                      EINVAL);
   }
-  families_.push_back(MetricFamily{name, help, type, labelNames, {}});
+  families_.push_back(MetricFamily{name, help, type, labelNames, {}, bounds, {}});
   return families_.size();
 }
 
@@ -98,6 +117,10 @@ core::Result<void> PluginMetrics::add(std::uint64_t handle, std::span<const std:
   std::lock_guard lock(mutex_);
   auto f = family(handle, labelValues.size());
   if (!f) return std::unexpected(f.error());
+  if ((*f)->type == MetricType::kHistogram) {
+    return makeError(ErrorCategory::kInvalidArgument,
+                     "plugin metric \"" + (*f)->name + "\": a histogram is observed, not added to", EINVAL);
+  }
   if ((*f)->type == MetricType::kCounter && !(delta >= 0)) {
     return makeError(ErrorCategory::kInvalidArgument,
                      "plugin metric \"" + (*f)->name + "\": a counter cannot go down", EINVAL);
@@ -116,6 +139,21 @@ core::Result<void> PluginMetrics::set(std::uint64_t handle, std::span<const std:
                      "plugin metric \"" + (*f)->name + "\": only a gauge can be set", EINVAL);
   }
   (*f)->samples[std::vector<std::string>(labelValues.begin(), labelValues.end())] = value;
+  return {};
+}
+
+core::Result<void> PluginMetrics::observe(std::uint64_t handle, std::span<const std::string> labelValues,
+                                          double value) {
+  std::lock_guard lock(mutex_);
+  auto f = family(handle, labelValues.size());
+  if (!f) return std::unexpected(f.error());
+  if ((*f)->type != MetricType::kHistogram) {
+    return makeError(ErrorCategory::kInvalidArgument,
+                     "plugin metric \"" + (*f)->name + "\": only a histogram is observed", EINVAL);
+  }
+  (*f)->histograms
+      .try_emplace(std::vector<std::string>(labelValues.begin(), labelValues.end()), (*f)->buckets)
+      .first->second.observe(value);
   return {};
 }
 

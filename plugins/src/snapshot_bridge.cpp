@@ -186,6 +186,8 @@ std::uint64_t metricRegister(void* ctx, const kproxy_metric_spec* spec, kproxy_e
     type = MetricType::kCounter;
   } else if (spec->type == KPROXY_METRIC_GAUGE) {
     type = MetricType::kGauge;
+  } else if (spec->type == KPROXY_METRIC_HISTOGRAM) {
+    type = MetricType::kHistogram;
   } else {
     return refuse("plugin metric \"" + name + "\": unknown type " + std::to_string(spec->type));
   }
@@ -195,8 +197,17 @@ std::uint64_t metricRegister(void* ctx, const kproxy_metric_spec* spec, kproxy_e
       return refuse("plugin metric \"" + name + "\": a NULL label name");
     labels.emplace_back(spec->label_names[i]);
   }
+  std::vector<double> buckets;
+  if (type == MetricType::kHistogram) {
+    // Growth rule 2: a spec that does not cover the buckets cannot describe a histogram.
+    if (spec->struct_size < offsetof(kproxy_metric_spec, buckets_count) + sizeof spec->buckets_count)
+      return refuse("plugin metric \"" + name + "\": a histogram's spec (ABI 1.4) has no buckets");
+    if (spec->buckets_count != 0 && spec->buckets == nullptr)
+      return refuse("plugin metric \"" + name + "\": NULL buckets");
+    buckets.assign(spec->buckets, spec->buckets + spec->buckets_count);
+  }
   auto handle = static_cast<PluginMetrics*>(ctx)->registerMetric(
-      type, name, spec->help != nullptr ? spec->help : "", labels);
+      type, name, spec->help != nullptr ? spec->help : "", labels, buckets);
   if (!handle) {
     metricError(err, handle.error());
     return 0;
@@ -204,7 +215,9 @@ std::uint64_t metricRegister(void* ctx, const kproxy_metric_spec* spec, kproxy_e
   return *handle;
 }
 
-template <bool kSet>
+enum class Update { kAdd, kSet, kObserve };
+
+template <Update kUpdate>
 int metricUpdate(void* ctx, std::uint64_t handle, const char* const* values, std::size_t count,
                  double value) {
   if (ctx == nullptr || (count != 0 && values == nullptr)) return KPROXY_ERR;
@@ -212,7 +225,9 @@ int metricUpdate(void* ctx, std::uint64_t handle, const char* const* values, std
   labelValues.reserve(count);
   for (std::size_t i = 0; i < count; ++i) labelValues.emplace_back(values[i] != nullptr ? values[i] : "");
   auto* metrics = static_cast<PluginMetrics*>(ctx);
-  auto r = kSet ? metrics->set(handle, labelValues, value) : metrics->add(handle, labelValues, value);
+  auto r = kUpdate == Update::kSet       ? metrics->set(handle, labelValues, value)
+           : kUpdate == Update::kObserve ? metrics->observe(handle, labelValues, value)
+                                         : metrics->add(handle, labelValues, value);
   if (!r) {
     log::info(4, "plugin metric update refused", {{"source", "plugin"}, {"error", r.error().message()}});
     return KPROXY_ERR;
@@ -248,8 +263,9 @@ kproxy_host_api makeHostApi(PluginMetrics* metrics) {
   // instead of failing to register.
   if (metrics != nullptr) {
     api.metric_register = &metricRegister;
-    api.metric_add = &metricUpdate<false>;
-    api.metric_set = &metricUpdate<true>;
+    api.metric_add = &metricUpdate<Update::kAdd>;
+    api.metric_set = &metricUpdate<Update::kSet>;
+    api.metric_observe = &metricUpdate<Update::kObserve>;
   }
   return api;
 }

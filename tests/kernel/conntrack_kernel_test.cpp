@@ -11,6 +11,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -245,6 +246,26 @@ TEST_CASE("nftables plugin: after a sync, flows to a removed UDP endpoint go and
   }
   CHECK(keptToE1 >= 1);
   CHECK(after.contains(40001));
+
+  // Upstream's reconciler metrics (served as kubeproxy_conntrack_reconciler_*): each of the
+  // three syncs reconciled IPv4 once; the never-DNAT'ed flow and E2's flows were deleted.
+  const std::size_t toE2Flows = std::count_if(before.begin(), before.end(),
+                                              [](const auto& flow) { return flow.second == "10.1.0.2"; });
+  bool sawDuration = false, sawDeleted = false;
+  for (const auto& family : registry.metrics().collect()) {
+    if (family.name == "kproxy_conntrack_reconciler_sync_duration_seconds") {
+      sawDuration = true;
+      REQUIRE(family.histograms.contains({"IPv4"}));
+      CHECK(family.histograms.at({"IPv4"}).count == 3);
+      CHECK_FALSE(family.histograms.contains({"IPv6"}));
+    }
+    if (family.name == "kproxy_conntrack_reconciler_deleted_entries_total") {
+      sawDeleted = true;
+      CHECK(family.samples.at({"IPv4"}) == static_cast<double>(1 + toE2Flows));
+    }
+  }
+  CHECK(sawDuration);
+  CHECK(sawDeleted);
 
   REQUIRE(backend.cleanup().has_value());
 }

@@ -29,6 +29,8 @@ struct FakeHost {
   int metricCalls = 0;
   std::vector<std::string> registered;
   std::vector<double> added;
+  std::vector<double> observed;
+  std::vector<std::uint32_t> registeredTypes;
 };
 
 FakeHost* self(void* ctx) { return static_cast<FakeHost*>(ctx); }
@@ -57,7 +59,13 @@ void makeHost(FakeHost& h, std::uint32_t structSize) {
   h.api.metric_register = [](void* ctx, const kproxy_metric_spec* spec, kproxy_error*) -> uint64_t {
     ++self(ctx)->metricCalls;
     self(ctx)->registered.emplace_back(spec->name);
+    self(ctx)->registeredTypes.push_back(spec->type);
     return 7;
+  };
+  h.api.metric_observe = [](void* ctx, uint64_t, const char* const*, size_t, double value) -> int {
+    ++self(ctx)->metricCalls;
+    self(ctx)->observed.push_back(value);
+    return KPROXY_OK;
   };
   h.api.metric_add = [](void* ctx, uint64_t, const char* const*, size_t, double delta) -> int {
     ++self(ctx)->metricCalls;
@@ -410,4 +418,28 @@ TEST_CASE("SDK: Host logging passes the caller's file and line through log_at on
   REQUIRE(gLogged.size() == 1);
   CHECK(gLogged[0].file.empty());
   CHECK(gLogged[0].message == "old host");
+}
+
+TEST_CASE("SDK: histograms reach a 1.4 host and are inactive on a 1.3 one", "[unit]") {
+  FakeHost h;
+  makeHost(h, offsetof(kproxy_host_api, metric_observe));  // a 1.3 host: log_at is its last
+  sdk::Host older(&h.api);
+  CHECK(older.hasMetrics());
+  CHECK_FALSE(older.hasHistograms());
+  auto inactive = older.histogram("probe_seconds", "Seconds", {"ip_family"}, {0.001, 0.002});
+  REQUIRE(inactive);
+  CHECK_FALSE(inactive->active());
+  CHECK_FALSE(inactive->observe({"IPv4"}, 0.5));
+  CHECK(h.metricCalls == 0);  // the older host refuses the type: it is never asked
+
+  makeHost(h, sizeof(kproxy_host_api));
+  sdk::Host current(&h.api);
+  CHECK(current.hasHistograms());
+  auto histogram = current.histogram("probe_seconds", "Seconds", {"ip_family"}, {0.001, 0.002});
+  REQUIRE(histogram);
+  CHECK(histogram->active());
+  CHECK(h.registeredTypes == std::vector<std::uint32_t>{KPROXY_METRIC_HISTOGRAM});
+  CHECK(histogram->observe({"IPv4"}, 0.5));
+  CHECK_FALSE(histogram->observe({}, 0.5));  // one value per label
+  CHECK(h.observed == std::vector<double>{0.5});
 }

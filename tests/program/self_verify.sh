@@ -77,6 +77,20 @@ check "a verification runs after the first full sync" wait_for "$VERIFY_CEILING"
 DETAIL="$(grep -i 'differed' "$WORK/kproxy.log")"
 check "an untouched kernel verifies clean (no mismatch counted)" test "$(metric kproxy_sync_verify_mismatch_total)" -eq 0
 check "an untouched kernel verifies clean (nothing logged)" test -z "$(grep 'differed from the plan' "$WORK/kproxy.log")"
+if [[ $MODE == iptables ]]; then
+  # Upstream's iptables-mode families: the rule counts under upstream's names, and the packet
+  # counters of the nfacct objects the rules count into (this namespace's, read at the scrape).
+  upstream() { curl -s --max-time "$REQUEST_CEILING" "$MET/metrics" | awk -v n="$1" '$1 == n {print int($2)}'; }
+  DETAIL="$(curl -s --max-time "$REQUEST_CEILING" "$MET/metrics" | grep -E 'iptables_(total|last)|nfacct|packets_total')"
+  check "/metrics: kubeproxy_sync_proxy_rules_iptables_total of nat" \
+    test "$(upstream 'kubeproxy_sync_proxy_rules_iptables_total{ip_family="IPv4",table="nat"}')" -gt 0
+  check "/metrics: the INVALID drop's nfacct counter" \
+    test -n "$(upstream kubeproxy_iptables_ct_state_invalid_dropped_packets_total)"
+  check "/metrics: the localhost NodePorts' nfacct counter" \
+    test -n "$(upstream kubeproxy_iptables_localhost_nodeports_accepted_packets_total)"
+  check "the INVALID drop counts into its nfacct object" \
+    grep -q -- '--ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP' <<<"$(iptables-save -t filter)"
+fi
 
 before=$(metric kproxy_sync_verify_total)
 DETAIL="tamper failed"

@@ -116,44 +116,55 @@ std::vector<kernel::ConntrackFlow> ConntrackCleaner::staleFlows(std::span<const 
   return staleIn(flows, indexServing(ports, *this));
 }
 
-core::Result<ConntrackCleanupReport> ConntrackCleaner::reconcile(std::span<const sdk::ServicePort> ports) {
+core::Result<ConntrackCleanupReport> ConntrackCleaner::reconcile(std::span<const sdk::ServicePort> ports,
+                                                                 const FamilySet& families) {
   ConntrackCleanupReport report;
   report.ran = true;
-  for (net::Family family : {net::Family::kIPv4, net::Family::kIPv6}) {
+  for (net::Family family : families) {
+    // Each family on its own, as upstream's per-family proxiers: timed from listing to deleting.
+    const auto started = std::chrono::steady_clock::now();
     ServingIndex index = indexServing(ports, *this, family);
+    std::vector<kernel::ConntrackFlow> stale;
     for (core::Protocol protocol : index.protocols) {
       auto flows = table_.list(toCore(family), protocol);
       if (!flows) return std::unexpected(flows.error());
       report.listed += flows->size();
-      for (auto& f : staleIn(*flows, index)) report.stale.push_back(std::move(f));
+      for (auto& f : staleIn(*flows, index)) stale.push_back(std::move(f));
     }
+    auto deleted = table_.remove(stale);
+    if (!deleted) return std::unexpected(deleted.error());
+    report.deleted += *deleted;
+    report.families.push_back(FamilyReconcile{
+        family, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), *deleted});
+    for (auto& f : stale) report.stale.push_back(std::move(f));
   }
-  auto deleted = table_.remove(report.stale);
-  if (!deleted) return std::unexpected(deleted.error());
-  report.deleted = *deleted;
   return report;
 }
 
 namespace {
 
-/// Both afterSync versions: whether the sync requires a cleanup, and the cleanup. A partial sync
-/// requires one when a changed key is, or was, a port of a cleaned protocol (upstream's
-/// ConntrackCleanupRequired); a full sync also when any port uses one. `changedKeyCleaned()`
-/// answers the first, `forEachNext(fn)` walks the next snapshot's ports. Neither keeps copies of
-/// the ports it looks at: a first sync changes every key, and copies of every port with its
+/// Both afterSync versions: which families the sync requires a cleanup of, and the cleanup. A
+/// partial sync requires one of a family when a changed key of it is, or was, a port of a
+/// cleaned protocol (upstream's ConntrackCleanupRequired, which each family's proxier decides
+/// for itself); a full sync also when any port of the family uses one. `changedFamilies()`
+/// answers the first, `forEachNext(fn)` walks the next snapshot's ports. Neither keeps copies
+/// of the ports it looks at: a first sync changes every key, and copies of every port with its
 /// endpoints were once the largest allocation of a first sync.
-template <class ChangedKeyCleaned, class ForEachNext>
+template <class ChangedFamilies, class ForEachNext>
 core::Result<ConntrackCleanupReport> cleanAfterSync(ConntrackCleaner& cleaner, bool full,
-                                                    ChangedKeyCleaned changedKeyCleaned,
+                                                    ChangedFamilies changedFamilies,
                                                     ForEachNext forEachNext) {
+  std::set<net::Family> families = changedFamilies();
   // Only a required cleanup, or a full sync, pays for a walk over the whole snapshot.
-  if (!full && !changedKeyCleaned()) return ConntrackCleanupReport{};
+  if (!full && families.empty()) return ConntrackCleanupReport{};
   std::vector<sdk::ServicePort> cleaned;
   forEachNext([&](const sdk::ServicePort& p) {
-    if (cleaner.cleans(p.protocol)) cleaned.push_back(p);
+    if (!cleaner.cleans(p.protocol)) return;
+    cleaned.push_back(p);
+    if (full) families.insert(p.family);
   });
-  if (full && cleaned.empty() && !changedKeyCleaned()) return ConntrackCleanupReport{};
-  return cleaner.reconcile(cleaned);
+  if (families.empty()) return ConntrackCleanupReport{};
+  return cleaner.reconcile(cleaned, FamilySet(families.begin(), families.end()));
 }
 
 }  // namespace
@@ -169,9 +180,10 @@ core::Result<ConntrackCleanupReport> ConntrackCleaner::afterSync(
   return cleanAfterSync(
       *this, full,
       [&] {
-        return std::any_of(changed.begin(), changed.end(), [&](const sdk::ChangedKey& key) {
-          return cleanedIn(previous, key) || cleanedIn(next, key);
-        });
+        std::set<net::Family> families;
+        for (const auto& key : changed)
+          if (cleanedIn(previous, key) || cleanedIn(next, key)) families.insert(key.family);
+        return families;
       },
       [&](const auto& fn) {
         for (const auto& p : next) fn(p);
@@ -182,18 +194,46 @@ core::Result<ConntrackCleanupReport> ConntrackCleaner::afterSync(const sdk::Sync
   return cleanAfterSync(
       *this, context.full,
       [&] {
+        std::set<net::Family> families;
         for (const auto& key : context.changed) {
-          if (auto p = context.previous.find(key.family, key.key); p && cleans(p->protocol)) return true;
-          if (auto p = context.next.find(key.family, key.key); p && cleans(p->protocol)) return true;
+          if (families.contains(key.family)) continue;
+          auto previous = context.previous.find(key.family, key.key);
+          auto next = context.next.find(key.family, key.key);
+          if ((previous && cleans(previous->protocol)) || (next && cleans(next->protocol)))
+            families.insert(key.family);
         }
-        return false;
+        return families;
       },
       [&](const auto& fn) { context.next.forEach(fn); });
 }
 
+sdk::Expected<ConntrackReconcilerMetrics> ConntrackReconcilerMetrics::registerWith(const sdk::Host& host) {
+  ConntrackReconcilerMetrics m;
+  // Upstream's help texts and buckets (1 ms doubling 15 times).
+  std::vector<double> buckets;
+  for (double b = 0.001; buckets.size() < 15; b *= 2) buckets.push_back(b);
+  auto duration = host.histogram(kDurationName, "ReconcileConntrackFlowsLatency latency in seconds",
+                                 {"ip_family"}, buckets);
+  if (!duration) return std::unexpected(duration.error());
+  m.duration_ = *duration;
+  auto deleted = host.counter(kDeletedName, "Cumulative conntrack flows deleted by conntrack reconciler",
+                              {"ip_family"});
+  if (!deleted) return std::unexpected(deleted.error());
+  m.deleted_ = *deleted;
+  return m;
+}
+
+void ConntrackReconcilerMetrics::observe(const ConntrackCleanupReport& report) const {
+  for (const FamilyReconcile& f : report.families) {
+    const std::vector<std::string> family{f.family == net::Family::kIPv6 ? "IPv6" : "IPv4"};
+    duration_.observe(family, f.seconds);
+    deleted_.add(family, static_cast<double>(f.deleted));
+  }
+}
+
 void cleanStaleConntrackEntries(const sdk::Host& host, const sdk::SyncContext& context,
                                 const std::function<std::unique_ptr<kernel::ConntrackTable>()>& open,
-                                ConntrackCleanupOptions options) {
+                                const ConntrackReconcilerMetrics& metrics, ConntrackCleanupOptions options) {
   try {
     auto started = std::chrono::steady_clock::now();
     auto table = open();
@@ -205,6 +245,7 @@ void cleanStaleConntrackEntries(const sdk::Host& host, const sdk::SyncContext& c
       return;
     }
     if (!report->ran) return;
+    metrics.observe(*report);
     for (const auto& flow : report->stale)
       host.info(4, fmt::format("conntrack deleting stale flow flow=\"{}\"", flow.str()));
     host.info(report->stale.empty() ? 4 : 2,

@@ -33,13 +33,20 @@ ReconcilerOptions plainReconcilerOptions(std::string mode, std::string summaryNo
 }
 
 Reconciler::Reconciler(const sdk::Host& host, ReconcilerOptions options)
-    : host_(host), options_(std::move(options)) {}
+    : host_(host), options_(std::move(options)) {
+  if (!options_.conntrack) return;
+  // A refused registration costs the metrics, never the backend.
+  if (auto metrics = ConntrackReconcilerMetrics::registerWith(host_))
+    conntrackMetrics_ = std::move(*metrics);
+  else
+    host_.warning("conntrack reconciler metrics not registered: " + metrics.error().message);
+}
 
 sdk::Expected<sdk::SyncOutcome> Reconciler::sync(const sdk::SyncContext& context) {
   auto synced = syncFrom(plan::HostSnapshot(context.next), context.changed, context.full);
   // UDP flows already DNAT'ed to a removed endpoint would keep going there; best effort, it
   // logs its own failures and never fails the sync.
-  if (synced && options_.conntrack) cleanStaleConntrackEntries(host_, context, options_.conntrack);
+  if (synced && options_.conntrack) cleanStaleConntrackEntries(host_, context, options_.conntrack, conntrackMetrics_);
   return synced;
 }
 

@@ -71,7 +71,23 @@ void IptablesBackend::beginPass(const plan::SnapshotSource& next, bool full) {
     next.forEach([&](const sdk::ServicePort& p) { endpoints += p.allEndpoints.size(); });
     renderer_.setLargeCluster(endpoints > settings_.render.largeClusterEndpoints);
     recentLists_ = 0;
+    ensureNfacct();
   }
+}
+
+void IptablesBackend::ensureNfacct() {
+  if (!nfacct_) return;
+  NfacctObjects objects;
+  for (auto [name, exists] : {std::pair{backends::kNfacctInvalidDropped, &objects.invalidDropped},
+                              std::pair{backends::kNfacctLocalhostNodePorts, &objects.localhostNodePorts}}) {
+    auto ensured = nfacct_->ensure(std::string(name));
+    *exists = ensured.has_value();
+    if (!ensured)
+      host_.error(fmt::format("Failed to create nfacct counter; the corresponding metric will not be updated "
+                              "counter=\"{}\" error=\"{}\"",
+                              name, ensured.error().message()));
+  }
+  renderer_.setNfacct(objects);
 }
 
 sdk::Expected<backends::PassOutcome> IptablesBackend::fullSync(const plan::SnapshotSource& next) {
@@ -87,6 +103,7 @@ sdk::Expected<backends::PassOutcome> IptablesBackend::fullSync(const plan::Snaps
       FamilyMirror& old = mirror_[index(fam)];
       FamilyMirror counted;
       std::copy(std::begin(old.rules), std::end(old.rules), std::begin(counted.rules));
+      std::copy(std::begin(old.written), std::end(old.written), std::begin(counted.written));
       old = std::move(counted);
     }
     FamilyMirror fresh;
@@ -118,6 +135,8 @@ sdk::Expected<backends::PassOutcome> IptablesBackend::partialSync(const plan::Sn
     std::string input = edit.text();
     // A refusal leaves the next sync full: the mirror now describes what was refused.
     if (auto r = applyPartial(fam, edit, input); !r) return std::unexpected(r.error());
+    FamilyMirror& mirror = mirror_[index(fam)];
+    std::copy(std::begin(edit.written), std::end(edit.written), std::begin(mirror.written));
     if (input.size() > settings_.lastRestoreKept) input.clear();
     lastRestore_[index(fam)] = std::move(input);
   }
@@ -268,7 +287,10 @@ sdk::Expected<std::string> IptablesBackend::explain(const sdk::SnapshotView& sna
                                                     const sdk::ExplainRequest& request) {
   const std::vector<sdk::ServicePort> ports = snapshot.all();
   const std::vector<sdk::ServiceCIDR> cidrs = snapshot.serviceCIDRs();
-  return explainPacket(settings_.render, ports, snapshot.node(), request, cidrs);
+  // The rules as a full sync renders them: counting into both nfacct objects when there is
+  // nfacct (a full sync ensures them), into none otherwise.
+  const bool counts = nfacct_ != nullptr;
+  return explainPacket(settings_.render, ports, snapshot.node(), request, cidrs, NfacctObjects{counts, counts});
 }
 
 sdk::Expected<IptablesBackend::Metrics> IptablesBackend::registerMetrics(const sdk::Host& host) {
@@ -277,6 +299,13 @@ sdk::Expected<IptablesBackend::Metrics> IptablesBackend::registerMetrics(const s
                           {"family", "table"});
   if (!rules) return std::unexpected(rules.error());
   m.rules = *rules;
+  // The host serves these two as upstream's kubeproxy_sync_proxy_rules_iptables_total / _last.
+  auto written = host.gauge("kproxy_iptables_rules_last_sync",
+                            "Rules kproxy's last sync wrote to its iptables chains (rewritten chains' rules and "
+                            "inserted rules)",
+                            {"family", "table"});
+  if (!written) return std::unexpected(written.error());
+  m.lastSync = *written;
   auto failures = host.counter("kproxy_iptables_restore_failures_total",
                                "iptables-restore runs that the tool refused", {"family"});
   if (!failures) return std::unexpected(failures.error());
@@ -289,9 +318,11 @@ void IptablesBackend::updateMetrics() const {
   for (net::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
     const auto& m = mirror_[index(fam)];
-    for (Table t : kTables)
-      metrics_.rules.set({std::string(familyName(fam)), std::string(tableName(t))},
-                         static_cast<double>(m.rules[index(t)]));
+    for (Table t : kTables) {
+      const std::vector<std::string> labels{std::string(familyName(fam)), std::string(tableName(t))};
+      metrics_.rules.set(labels, static_cast<double>(m.rules[index(t)]));
+      metrics_.lastSync.set(labels, static_cast<double>(m.written[index(t)]));
+    }
   }
 }
 

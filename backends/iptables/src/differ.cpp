@@ -121,6 +121,7 @@ void RestoreEdit::rewrite(Table t, const std::string& name, const std::vector<st
   for (const auto& r : chainRules) rules[index(t)] += fmt::format("-A {} {}\n", name, r);
   ++operations;
   rewrittenRules += chainRules.size() + 1;
+  written[index(t)] += chainRules.size();
   note(t, "chain " + name);
   if (keepNat && t == Table::kNat) natRewrites.emplace_back(name, chainRules);
 }
@@ -145,11 +146,13 @@ void RestoreEdit::insertRule(Table t, std::string_view chain, std::size_t positi
   else
     dispatch[index(t)] += fmt::format("-I {} {} {}\n", chain, position, spec);
   ++operations;
+  ++written[index(t)];
 }
 
 void RestoreEdit::insertJump(const JumpRule& jump) {
   jumps[index(jump.table)] += fmt::format("-I {} 1 {}\n", jump.chain, jump.spec);
   ++operations;
+  ++written[index(jump.table)];
   note(jump.table, "rule -A " + jump.chain + " " + jump.spec);
 }
 
@@ -211,6 +214,7 @@ class IptablesBackend::StreamedChains {
       return;
     }
     ++operations;
+    rest.written[index(t)] += rules.size();
     if (touched.size() < kTouchedKept) touched.push_back("nat chain " + name);
     if (batch_) {
       port_.push_back(Pending{name, rules});
@@ -618,6 +622,7 @@ sdk::Expected<void> IptablesBackend::fullSyncFamily(const plan::SnapshotSource& 
     for (auto name : stale) edit.drop(t, std::string(name));
   }
   operations += edit.operations;
+  std::copy(std::begin(edit.written), std::end(edit.written), std::begin(out.written));
   auto finished = stream.finish(edit);
   operations += stream.operations;
   netlinkRules_ += stream.netlinkRules;

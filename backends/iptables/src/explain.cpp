@@ -11,7 +11,7 @@
 namespace kproxy::iptables {
 sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<const sdk::ServicePort> ports,
                                          const sdk::NodeInfo& node, const sdk::ExplainRequest& request,
-                                         std::span<const sdk::ServiceCIDR> serviceCIDRs) {
+                                         std::span<const sdk::ServiceCIDR> serviceCIDRs, NfacctObjects nfacct) {
   auto packet = plan::packetOf(request);
   if (!packet) return std::unexpected(packet.error());
   const net::Family family = packet->destination.v6() ? net::Family::kIPv6 : net::Family::kIPv4;
@@ -23,6 +23,7 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<c
   std::size_t endpoints = 0;
   for (const auto& p : ports) endpoints += p.allEndpoints.size();
   renderer.setLargeCluster(endpoints > config.largeClusterEndpoints);
+  renderer.setNfacct(nfacct);
   const TaggedRuleset rules = renderTaggedRuleset(renderer, family, ports, node);
   auto tracer = IptablesTracer::fromText(
       rules.text, plan::nodeLocalAddresses(node, config.common.nodeIPs, node.nodePortAddresses.addresses));

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "kproxy/iptables/backend.h"
+#include "kproxy/kernel/nfacct.h"
 #include "kproxy/kernel/sysctl.h"
 #include "kproxy/plan/options.h"
 
@@ -39,6 +40,7 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIptablesBackend(const sdk
 
   std::unique_ptr<KernelIptables> kernel;
   std::unique_ptr<kernel::Sysctls> sysctls;
+  std::unique_ptr<kernel::Nfacct> nfacct;
   auto tools = findVariantTools(variant);
   if (!tools && !settings.dryRun) return sdk::fail(sdk::ErrorCategory::kInvalidInput, tools.error().message());
   if (tools) settings.ipv6 = !tools->restore6.empty() && !tools->save6.empty() && kernel::kernelHasIPv6();
@@ -52,9 +54,16 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIptablesBackend(const sdk
                                                 "iptables-" + std::string(variantName(variant)));
     sysctls = std::make_unique<kernel::PrintingSysctls>(std::make_unique<kernel::FakeSysctls>(freshSysctls()),
                                                         settings.dryRunOutput);
+    nfacct = std::make_unique<kernel::PrintingNfacct>(std::make_unique<kernel::FakeNfacct>(), settings.dryRunOutput);
   } else {
     kernel = makeProcessKernel(std::move(*tools), systemRunner());
     sysctls = kernel::makeFileSysctls();
+    // Upstream: without nfacct the rules count into nothing and its metrics are not served.
+    if (auto opened = kernel::makeNetlinkNfacct())
+      nfacct = std::move(*opened);
+    else
+      host.error("Failed to create nfacct runner, nfacct based metrics won't be available error=\"" +
+                 opened.error().message() + "\"");
   }
   settings.render = std::move(*cfg);
   auto metrics = IptablesBackend::registerMetrics(host);
@@ -63,6 +72,7 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeIptablesBackend(const sdk
                            settings.ipv6 ? "" : "; IPv6 is not programmed (no ip6tables or no IPv6 in the kernel)"));
   auto backend = std::make_unique<IptablesBackend>(host, std::move(settings), std::move(kernel), std::move(sysctls));
   backend->useMetrics(std::move(*metrics));
+  backend->useNfacct(std::move(nfacct));
   return backend;
 }
 

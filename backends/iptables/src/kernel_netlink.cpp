@@ -12,6 +12,7 @@
 #include <linux/netfilter/xt_addrtype.h>
 #include <linux/netfilter/xt_comment.h>
 #include <linux/netfilter/xt_mark.h>
+#include <linux/netfilter/xt_nfacct.h>
 #include <linux/netfilter/xt_recent.h>
 #include <linux/netfilter/xt_sctp.h>
 #include <linux/netfilter/xt_statistic.h>
@@ -236,6 +237,10 @@ class NftRuleParser {
       m.mask = vm->second;
       m.negate = inverted;
       rule_.matches.push_back(std::move(m));
+    } else if (module_ == "nfacct" && w == "--nfacct-name") {
+      auto v = words_.value();
+      if (!v || v->empty() || v->size() >= NFACCT_NAME_MAX || inverted) return bad("--nfacct-name");
+      std::memcpy(nfacct_.name, v->data(), v->size());
     } else if (module_ == "statistic") {
       return statisticOption(w, inverted);
     } else if (module_ == "recent") {
@@ -328,6 +333,8 @@ class NftRuleParser {
       std::memset(&recent_.mask, 0xff, sizeof recent_.mask);
     } else if (name == "addrtype") {
       addrtype_ = {};
+    } else if (name == "nfacct") {
+      nfacct_ = {};
     } else if (name == "sctp") {
       sctp_ = {};
       for (auto& flag : sctp_.flag_info) flag.chunktype = 0xff;  // libxt_sctp's "none"
@@ -358,6 +365,12 @@ class NftRuleParser {
     } else if (module_ == "addrtype") {
       m.revision = 1;
       m.info = bytesOf(addrtype_);
+    } else if (module_ == "nfacct") {
+      // Revision 1, as iptables-nft-restore picks it (the highest the kernel has); the kernel
+      // finds the object by name when the rule is added (ENOENT without it).
+      if (nfacct_.name[0] == '\0') return bad("-m nfacct without --nfacct-name");
+      m.revision = 1;
+      m.info = bytesOf(nfacct_);
     } else if (module_ == "sctp") {
       m.info = bytesOf(sctp_);
     } else if (module_ == "tcp" || module_ == "udp") {
@@ -451,6 +464,7 @@ class NftRuleParser {
   xt_comment_info comment_{};
   xt_statistic_info statistic_{};
   xt_recent_mtinfo_v1 recent_{};
+  xt_nfacct_match_info_v1 nfacct_{};
   xt_addrtype_info_v1 addrtype_{};
   xt_sctp_info sctp_{};
 };

@@ -56,6 +56,10 @@ constexpr std::pair<Table, std::string_view> kDispatchChains[] = {
     {Table::kNat, names::kServices},        {Table::kNat, names::kNodePorts},
 };
 
+/// `-m nfacct --nfacct-name NAME` as iptables-save prints it (libxt_nfacct writes two spaces
+/// before the name), so that a full sync finds the rule it wrote.
+std::string nfacctMatch(std::string_view object) { return fmt::format("-m nfacct --nfacct-name  {}", object); }
+
 /// One service port's chains and dispatch rules, rendered part by part: its policy and endpoint
 /// chains, its ClusterIP, and when it is externally accessible its external and firewall
 /// chains, external addresses, NodePort and health-check node port.
@@ -67,6 +71,8 @@ class ServicePortRules {
     std::string notPodSource;  ///< the same, negated
     bool nodePortsAllLocal = true;
     std::span<const std::string> nodePortAddresses;
+    /// IPv4 NodePorts answer on loopback and the nfacct object counting them exists.
+    bool countLocalhostNodePorts = false;
   };
 
   ServicePortRules(const sdk::ServicePort& port, const plan::ServicePortPlan& plan, bool comments, Node node)
@@ -186,9 +192,21 @@ class ServicePortRules {
   /// NodePorts answer.
   void addNodePort() {
     if (plan_.nodePort == 0) return;
-    if (plan_.capturesExternal)
+    if (plan_.capturesExternal) {
+      // Upstream's count of NodePort packets to 127.0.0.0/8: a rule of their own that jumps
+      // where the next one would (it sorts before it: "-d" before "-p").
+      if (node_.countLocalhostNodePorts)
+        dispatch(Table::kNat, names::kNodePorts,
+                 Spec()
+                     .dst("127.0.0.0/8")
+                     .proto(proto_)
+                     .comment(name_)
+                     .dport(plan_.nodePort)
+                     .match(nfacctMatch(backends::kNfacctLocalhostNodePorts))
+                     .jump(extChain_));
       dispatch(Table::kNat, names::kNodePorts,
                Spec().proto(proto_).comment(name_).dport(plan_.nodePort).jump(extChain_));
+    }
     if (plan_.hasExternalEndpoints) return;
     // Where NodePorts answer: any local address, or the NodePort addresses (renderGlobal's
     // decision, repeated here so the reject meets exactly the packets the capture would).
@@ -458,9 +476,10 @@ std::string IptablesRenderer::podSource(net::Family family, bool negate) const {
 Fragment IptablesRenderer::renderServicePort(const sdk::ServicePort& p) const {
   const plan::ServicePortPlan plan = plan::planServicePort(p, planConfig_);
   const NodePorts& nodePorts = nodePortsOf(p.family);
+  const bool countLocalhost = nfacct_.localhostNodePorts && p.family == net::Family::kIPv4 && localhostNodePorts();
   ServicePortRules rules(p, plan, !largeCluster_,
                          {podSource(p.family, false), podSource(p.family, true), nodePorts.allLocal,
-                          nodePorts.addresses});
+                          nodePorts.addresses, countLocalhost});
   rules.addPolicyChains();
   rules.addClusterIP();
   if (plan.externallyAccessible) {
@@ -506,7 +525,10 @@ GlobalObjects IptablesRenderer::renderGlobal(net::Family family, const sdk::Node
     // Without liberal TCP conntrack, out-of-window packets are INVALID and would reach a pod
     // un-NATed: drop them (upstream's issue 74839).
     if (!config_.conntrackTCPLiberal) {
-      forward.rules.push_back(Spec().match("-m conntrack --ctstate INVALID").jump("DROP").str());
+      Spec drop;
+      drop.match("-m conntrack --ctstate INVALID");
+      if (nfacct_.invalidDropped) drop.match(nfacctMatch(backends::kNfacctInvalidDropped));
+      forward.rules.push_back(drop.jump("DROP").str());
       g.tags.push_back(
           RuleTag{Table::kFilter, forward.name, forward.rules.back(), plan::DropReason::kInvalidConnection});
     }

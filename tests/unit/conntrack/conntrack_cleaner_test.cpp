@@ -7,6 +7,7 @@
 
 #include "kproxy/backends/common/conntrack_cleaner.h"
 #include "kproxy/kernel/conntrack_table.h"
+#include "kproxy/plugin/testing.h"
 
 using namespace kproxy;
 using backends::ConntrackCleaner;
@@ -313,4 +314,56 @@ TEST_CASE("--dry-run's conntrack table lists the real flows, prints each deletio
   CHECK(printed ==
         "conntrack -D -f ipv4 -p udp -s 10.0.0.1 --sport 40000 -d 172.30.0.10 --dport 53\n"
         "conntrack -D -f ipv6 -p udp -s fd00::1 --sport 40001 -d fd00:30::10 --dport 53 -w 7\n");
+}
+
+TEST_CASE("each family that required a cleanup is reconciled and reported on its own, as upstream's "
+          "per-family proxiers",
+          "[unit]") {
+  FakeConntrackTable table;
+  auto stale4 = flow("10.0.0.1", 40000, "172.30.0.10", 53, "10.1.0.2", 53);
+  auto stale6 = flow("fd00::1", 40000, "fd00:30::10", 53, "fd00:1::2", 53);
+  table.flows = {stale4, stale6};
+  auto dns4 = servicePort("ns/dns:dns", "172.30.0.10", 53, {endpoint("10.1.0.1", 53)});
+  auto dns6 = servicePort("ns/dns:dns", "fd00:30::10", 53, {endpoint("fd00:1::1", 53)});
+  ConntrackCleaner cleaner(table);
+
+  SECTION("a partial sync that changed an IPv4 port reconciles IPv4 only") {
+    auto report = cleaner.afterSync({dns4, dns6}, {dns4, dns6}, {{net::Family::kIPv4, "ns/dns:dns"}}, false);
+    REQUIRE(report.has_value());
+    REQUIRE(report->families.size() == 1);
+    CHECK(report->families[0].family == net::Family::kIPv4);
+    CHECK(report->families[0].deleted == 1);
+    CHECK(report->families[0].seconds >= 0);
+    CHECK(table.removed == std::vector{stale4});
+  }
+  SECTION("a full sync reconciles every family with a cleaned port") {
+    auto report = cleaner.afterSync({}, {dns4, dns6}, {}, true);
+    REQUIRE(report.has_value());
+    REQUIRE(report->families.size() == 2);
+    CHECK(report->families[0].family == net::Family::kIPv4);
+    CHECK(report->families[1].family == net::Family::kIPv6);
+    CHECK(report->families[1].deleted == 1);
+    CHECK(report->deleted == 2);
+  }
+}
+
+TEST_CASE("the reconciler metrics observe each family reconciled, under upstream's labels", "[unit]") {
+  sdk::testing::FakeHost host;
+  auto metrics = backends::ConntrackReconcilerMetrics::registerWith(sdk::Host(host.api()));
+  REQUIRE(metrics.has_value());
+  backends::ConntrackCleanupReport report;
+  report.ran = true;
+  report.families = {{net::Family::kIPv4, 0.25, 3}, {net::Family::kIPv6, 0.5, 0}};
+  metrics->observe(report);
+  metrics->observe(report);
+  using Metrics = backends::ConntrackReconcilerMetrics;
+  CHECK(host.metric(Metrics::kDeletedName, {"IPv4"}) == 6);
+  CHECK(host.metric(Metrics::kDeletedName, {"IPv6"}) == 0);
+  auto v6 = host.observed(Metrics::kDurationName, {"IPv6"});
+  REQUIRE(v6.has_value());
+  CHECK(v6->count == 2);
+  CHECK(v6->sum == 1.0);
+  // A cleanup that did not run observes nothing.
+  metrics->observe(backends::ConntrackCleanupReport{});
+  CHECK(host.observed(Metrics::kDurationName, {"IPv4"})->count == 2);
 }

@@ -549,6 +549,92 @@ TEST_CASE("iptables backend: the rule counts follow full and partial syncs", "[u
   check();
 }
 
+TEST_CASE("iptables backend: the rules written by the last sync are those of its restore input", "[unit]") {
+  Fixture f;
+  // The "-A" and "-I" lines of `table`'s block of the last restore input.
+  auto inInput = [&](net::Family fam, Table table) {
+    std::size_t n = 0;
+    bool inTable = false;
+    const std::string& input = f.backend->lastRestore(fam);
+    for (std::size_t at = 0; at < input.size();) {
+      const std::size_t end = std::min(input.find('\n', at), input.size());
+      const std::string_view line(input.data() + at, end - at);
+      if (line.starts_with("*")) inTable = line.substr(1) == tableName(table);
+      if (inTable && (line.starts_with("-A ") || line.starts_with("-I "))) ++n;
+      at = end + 1;
+    }
+    return n;
+  };
+  auto check = [&] {
+    for (net::Family fam : {kV4, kV6})
+      for (Table t : kTables) {
+        INFO((fam == kV4 ? "IPv4 " : "IPv6 ") << tableName(t));
+        CHECK(f.backend->writtenRules(fam, t) == inInput(fam, t));
+      }
+  };
+  REQUIRE(ok(f.backend->syncFrom(f.snap, {}, true)));
+  check();
+  // A first sync writes every owned rule, and the jumps to them from the built-in chains.
+  CHECK(f.backend->writtenRules(kV4, Table::kNat) > f.backend->mirroredRules(kV4, Table::kNat));
+
+  auto& first = f.snap.ports()[0];
+  REQUIRE(first.clusterEndpoints.size() >= 1);
+  first.clusterEndpoints.pop_back();
+  first.allEndpoints = first.clusterEndpoints;
+  REQUIRE(ok(f.backend->syncFrom(f.snap, {{first.family, first.key}}, false)));
+  check();
+  // A partial sync writes that service's chains only (upstream's _last is smaller too).
+  CHECK(f.backend->writtenRules(first.family, Table::kNat) > 0);
+  CHECK(f.backend->writtenRules(first.family, Table::kNat) < f.backend->mirroredRules(first.family, Table::kNat));
+
+  // A full sync over an unchanged kernel writes nothing.
+  REQUIRE(ok(f.backend->syncFrom(f.snap, {}, true)));
+  for (net::Family fam : {kV4, kV6})
+    for (Table t : kTables) CHECK(f.backend->writtenRules(fam, t) == 0);
+}
+
+TEST_CASE("iptables backend: a full sync ensures upstream's nfacct objects and the rules count into them", "[unit]") {
+  Fixture f;
+  auto nfacct = std::make_unique<kernel::FakeNfacct>();
+  kernel::FakeNfacct& objects = *nfacct;
+  auto forwardDrop = [&](net::Family fam) {
+    return f.kernel(fam)[{"filter", "KUBE-FORWARD"}].front();
+  };
+  SECTION("the kernel has nfacct") {
+    f.backend->useNfacct(std::move(nfacct));
+    REQUIRE(ok(f.backend->syncFrom(f.snap, {}, true)));
+    CHECK(objects.objects.size() == 2);
+    CHECK(objects.objects.contains("ct_state_invalid_dropped_pkts"));
+    CHECK(objects.objects.contains("localhost_nps_accepted_pkts"));
+    CHECK(f.backend->nfacctObjects() == NfacctObjects{true, true});
+    for (net::Family fam : {kV4, kV6})
+      CHECK(forwardDrop(fam) ==
+            "-m conntrack --ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP");
+    CHECK(contains(f.saved(kV4), "-m nfacct --nfacct-name  localhost_nps_accepted_pkts"));
+    CHECK_FALSE(contains(f.saved(kV6), "localhost_nps_accepted_pkts"));
+    // Partial syncs do not ask again (upstream ensures them in full syncs).
+    const int calls = objects.ensureCalls;
+    REQUIRE(ok(f.backend->syncFrom(f.snap, {}, false)));
+    CHECK(objects.ensureCalls == calls);
+    // Over an unchanged kernel the next full sync writes nothing.
+    auto again = f.backend->syncFrom(f.snap, {}, true);
+    REQUIRE(ok(again));
+    CHECK(again->operations == 0);
+  }
+  SECTION("creating them fails: the rules without the match") {
+    objects.failEnsure = true;
+    f.backend->useNfacct(std::move(nfacct));
+    REQUIRE(ok(f.backend->syncFrom(f.snap, {}, true)));
+    CHECK(f.backend->nfacctObjects() == NfacctObjects{false, false});
+    CHECK(forwardDrop(kV4) == "-m conntrack --ctstate INVALID -j DROP");
+    CHECK_FALSE(contains(f.saved(kV4), "nfacct"));
+  }
+  SECTION("no nfacct at all") {
+    REQUIRE(ok(f.backend->syncFrom(f.snap, {}, true)));
+    CHECK_FALSE(contains(f.saved(kV4), "nfacct"));
+  }
+}
+
 TEST_CASE("iptables backend: many affinity lists with a whole-table variant warn once per crossing", "[unit]") {
   Fixture f;
   struct Captured {
@@ -627,6 +713,7 @@ TEST_CASE("iptables backend: --dry-run prints each restore input and applies it 
   IptablesBackend backend(sdk::Host(nullptr), std::move(s),
                           std::make_unique<PrintingIptables>(std::move(memory), out, "iptables-nft"),
                           std::make_unique<kernel::PrintingSysctls>(std::move(fresh), out));
+  backend.useNfacct(std::make_unique<kernel::PrintingNfacct>(std::make_unique<kernel::FakeNfacct>(), out));
   auto first = backend.syncFrom(f.snap, {}, true);
   REQUIRE(ok(first));
   CHECK(first->summary.starts_with("iptables sync full=true "));
@@ -640,12 +727,14 @@ TEST_CASE("iptables backend: --dry-run prints each restore input and applies it 
   char buffer[4096];
   while (auto n = std::fread(buffer, 1, sizeof buffer, out)) text.append(buffer, n);
   INFO(text);
-  CHECK(text.starts_with("# iptables-restore --noflush\n"));
   CHECK(contains(text, "# ip6tables-restore --noflush\n"));
   // The localhost NodePorts' route_localnet, after the rules, as sysctl(8) would set it; the
   // periodic sync finds it set in memory and prints it no more.
-  CHECK(text == "# iptables-restore --noflush\n" + ruleset->restores.at(0) + "# ip6tables-restore --noflush\n" +
+  // The nfacct objects first, as nfacct(8) makes them, then the rules that count into them.
+  CHECK(text == "nfacct add ct_state_invalid_dropped_pkts\nnfacct add localhost_nps_accepted_pkts\n"
+                "# iptables-restore --noflush\n" + ruleset->restores.at(0) + "# ip6tables-restore --noflush\n" +
                     ruleset->restores.at(1) + "sysctl -w net.ipv4.conf.all.route_localnet=1\n");
+  CHECK(contains(ruleset->restores.at(0), "--nfacct-name  ct_state_invalid_dropped_pkts"));
   CHECK(ruleset->restores.size() == 2);
   CHECK(sysctls->values.at("net/ipv4/conf/all/route_localnet") == 1);
   CHECK(sysctls->writes == 1);

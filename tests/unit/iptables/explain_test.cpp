@@ -222,3 +222,21 @@ TEST_CASE("iptables explain: the INVALID drop in KUBE-FORWARD and the localnet d
   for (const auto& tag : renderTaggedRuleset(liberalRenderer, net::Family::kIPv4, {}, n).tags)
     CHECK(tag.reason != plan::DropReason::kInvalidConnection);
 }
+
+TEST_CASE("iptables explain: a localhost NodePort goes through the rule that counts it into nfacct", "[unit]") {
+  auto p = clusterIP("default", "web", "172.30.0.41", 80, {endpoint("10.180.0.1", 80)});
+  p.type = sdk::ServiceType::kNodePort;
+  p.nodePort = 30111;
+  std::vector<sdk::ServicePort> ports{p};
+  auto counted = explainPacket(config(), ports, node(), request("127.0.0.1", "127.0.0.1", 30111), {}, {true, true});
+  REQUIRE(counted);
+  INFO(*counted);
+  CHECK_THAT(*counted, Catch::Contains("outcome:   DNAT to 10.180.0.1:80, masqueraded"));
+  CHECK_THAT(*counted, Catch::Contains("nat KUBE-NODEPORTS: -d 127.0.0.0/8 -p tcp -m comment --comment \"default/web:p\" "
+                                       "-m tcp --dport 30111 -m nfacct --nfacct-name  localhost_nps_accepted_pkts"));
+  // Without the object, the same answer through upstream's other rule.
+  auto plain = explainPacket(config(), ports, node(), request("127.0.0.1", "127.0.0.1", 30111));
+  REQUIRE(plain);
+  CHECK_THAT(*plain, Catch::Contains("outcome:   DNAT to 10.180.0.1:80, masqueraded"));
+  CHECK_THAT(*plain, !Catch::Contains("nfacct"));
+}

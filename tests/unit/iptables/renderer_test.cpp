@@ -495,6 +495,49 @@ TEST_CASE("renderer: the fixed chains and the jumps from built-in chains", "[uni
   }
 }
 
+TEST_CASE("renderer: upstream's nfacct matches, only for the objects that exist", "[unit]") {
+  auto cfg = kproxy::iptables::testing::featureConfig();
+  auto nodePort = [](const std::string& ip) {
+    auto p = clusterIP("ns", "np", ip, 80, {endpoint(ip.find(':') == std::string::npos ? "10.180.0.1" : "fd00:180::1", 80)});
+    p.type = sdk::ServiceType::kNodePort;
+    p.nodePort = 30111;
+    return p;
+  };
+  const std::string ext = backends::serviceExternalChain("ns/np:p", "tcp");
+  const std::string general = "-p tcp -m comment --comment \"ns/np:p\" -m tcp --dport 30111 -j " + ext;
+  auto forwardOf = [](const IptablesRenderer& r) {
+    for (const auto& c : r.renderGlobal(net::Family::kIPv4, kproxy::iptables::testing::featureNode()).chains)
+      if (c.name == "KUBE-FORWARD") return c.rules.front();
+    return std::string();
+  };
+
+  SECTION("both objects exist") {
+    auto r = makeRenderer(cfg);
+    r.setNfacct({true, true});
+    CHECK(forwardOf(r) ==
+          "-m conntrack --ctstate INVALID -m nfacct --nfacct-name  ct_state_invalid_dropped_pkts -j DROP");
+    // IPv4 NodePorts answer on loopback: their packets to 127.0.0.0/8 are counted, first.
+    const auto f = r.renderServicePort(nodePort("172.30.0.3"));
+    CHECK(dispatchOf(f, Table::kNat, "KUBE-NODEPORTS") ==
+          Rules{"-d 127.0.0.0/8 -p tcp -m comment --comment \"ns/np:p\" -m tcp --dport 30111 -m nfacct --nfacct-name  "
+                "localhost_nps_accepted_pkts -j " + ext,
+                general});
+    // Not over IPv6 (no localhost NodePorts there).
+    CHECK(dispatchOf(r.renderServicePort(nodePort("fd00:30::3")), Table::kNat, "KUBE-NODEPORTS").size() == 1);
+  }
+  SECTION("no localhost NodePorts") {
+    cfg.localhostNodePorts = false;
+    auto r = makeRenderer(cfg);
+    r.setNfacct({true, true});
+    CHECK(dispatchOf(r.renderServicePort(nodePort("172.30.0.3")), Table::kNat, "KUBE-NODEPORTS") == Rules{general});
+  }
+  SECTION("no objects: upstream's rules without the match") {
+    auto r = makeRenderer(cfg);
+    CHECK(forwardOf(r) == "-m conntrack --ctstate INVALID -j DROP");
+    CHECK(dispatchOf(r.renderServicePort(nodePort("172.30.0.3")), Table::kNat, "KUBE-NODEPORTS") == Rules{general});
+  }
+}
+
 TEST_CASE("renderer: the whole ruleset loads into an empty ruleset and reads back as rendered", "[unit]") {
   const auto r = makeRenderer();
   const auto ports = allFeatureServices();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <tuple>
@@ -420,17 +421,71 @@ const std::vector<Expected> kCommonFamilies = {
 
 // Each mode's own, as RegisterMetrics adds them.
 std::vector<Expected> modeFamilies(const std::string& mode) {
+  const Expected reconcileDuration{"kubeproxy_conntrack_reconciler_sync_duration_seconds", "histogram", {"ip_family"}};
+  const Expected reconcileDeleted{"kubeproxy_conntrack_reconciler_deleted_entries_total", "counter", {"ip_family"}};
   if (mode == "iptables")
     return {{"kubeproxy_sync_full_proxy_rules_duration_seconds", "histogram", {"ip_family"}},
             {"kubeproxy_sync_partial_proxy_rules_duration_seconds", "histogram", {"ip_family"}},
             {"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "counter", {"ip_family"}},
-            {"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", "counter", {"ip_family"}}};
-  if (mode == "ipvs") return {{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "counter", {"ip_family"}}};
+            {"kubeproxy_sync_proxy_rules_iptables_partial_restore_failures_total", "counter", {"ip_family"}},
+            {"kubeproxy_sync_proxy_rules_iptables_total", "gauge", {"table", "ip_family"}},
+            {"kubeproxy_sync_proxy_rules_iptables_last", "gauge", {"table", "ip_family"}},
+            reconcileDuration,
+            reconcileDeleted,
+            {"kubeproxy_iptables_ct_state_invalid_dropped_packets_total", "counter", {}},
+            {"kubeproxy_iptables_localhost_nodeports_accepted_packets_total", "counter", {}}};
+  if (mode == "ipvs")
+    return {{"kubeproxy_sync_proxy_rules_iptables_restore_failures_total", "counter", {"ip_family"}}, reconcileDuration,
+            reconcileDeleted};
   return {{"kubeproxy_sync_full_proxy_rules_duration_seconds", "histogram", {"ip_family"}},
           {"kubeproxy_sync_partial_proxy_rules_duration_seconds", "histogram", {"ip_family"}},
           {"kubeproxy_sync_proxy_rules_nftables_sync_failures_total", "counter", {"ip_family"}},
-          {"kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total", "counter", {"ip_family"}}};
+          {"kubeproxy_sync_proxy_rules_nftables_cleanup_failures_total", "counter", {"ip_family"}},
+          reconcileDuration,
+          reconcileDeleted};
 }
+
+/// The plugin metrics upstream's families come from, registered and updated as the plugins do
+/// (the iptables backend's rule counts; the reconcile skeleton's conntrack reconciler, in the
+/// iptables, IPVS and nftables backends), and the nfacct objects iptables mode's rules count
+/// into.
+struct BackendSide {
+  kproxy::plugins::PluginMetrics registry;
+  std::unique_ptr<kproxy::cli::NfacctMetrics> nfacct;
+
+  explicit BackendSide(const std::string& mode) {
+    using kproxy::plugins::MetricType;
+    registry.reservePrefixes(kproxy::cli::hostMetricPrefixes());
+    if (mode == "iptables") {
+      for (const char* name : {"kproxy_iptables_rules", "kproxy_iptables_rules_last_sync"}) {
+        auto g = registry.registerMetric(MetricType::kGauge, name, "help", {"family", "table"});
+        REQUIRE(g);
+        for (const char* table : {"filter", "nat", "mangle"})
+          REQUIRE(registry.set(*g, std::vector<std::string>{"ipv4", table}, 7));
+      }
+      auto objects = std::make_unique<kproxy::kernel::FakeNfacct>();
+      objects->objects["ct_state_invalid_dropped_pkts"] = {"ct_state_invalid_dropped_pkts", 3, 300};
+      objects->objects["localhost_nps_accepted_pkts"] = {"localhost_nps_accepted_pkts", 5, 500};
+      nfacct = std::make_unique<kproxy::cli::NfacctMetrics>(std::move(objects));
+    }
+    if (mode == "iptables" || mode == "ipvs" || mode == "nftables") {
+      auto duration = registry.registerMetric(MetricType::kHistogram,
+                                              "kproxy_conntrack_reconciler_sync_duration_seconds", "help",
+                                              {"ip_family"}, {0.001, 0.002});
+      auto deleted = registry.registerMetric(MetricType::kCounter, "kproxy_conntrack_reconciler_deleted_entries_total",
+                                             "help", {"ip_family"});
+      REQUIRE(duration);
+      REQUIRE(deleted);
+      REQUIRE(registry.observe(*duration, std::vector<std::string>{"IPv4"}, 0.0015));
+      REQUIRE(registry.add(*deleted, std::vector<std::string>{"IPv4"}, 2));
+    }
+  }
+  std::string render(const std::string& mode) const {
+    const auto plugins = registry.collect();
+    return kproxy::cli::renderUpstreamAliases(mode, plugins) + (nfacct ? nfacct->render() : std::string()) +
+           kproxy::cli::renderPluginMetrics(plugins);
+  }
+};
 
 }  // namespace
 
@@ -450,7 +505,8 @@ TEST_CASE("every upstream family has upstream's name, type, labels and stability
     metrics.countLivez(200);
     kproxy::core::ProxierStatus status;
     status.applied = ops_test::snapshotOf({ops_test::internalLocalService("in1", "10.96.0.11")}, {});
-    const auto families = parseFamilies(metrics.render(status, {}));
+    // What /metrics serves: the host's families, then what the backend side measured.
+    const auto families = parseFamilies(metrics.render(status, {}) + BackendSide(mode).render(mode));
     std::vector<Expected> expected = kCommonFamilies;
     for (auto& e : modeFamilies(mode)) expected.push_back(e);
     for (const auto& e : expected) {
@@ -461,7 +517,59 @@ TEST_CASE("every upstream family has upstream's name, type, labels and stability
       CHECK(f.help.rfind("[ALPHA] ", 0) == 0);  // component-base's stability prefix
       CHECK(f.labelNames == std::set<std::set<std::string>>{e.labels});
     }
+    // And no other upstream family: each mode registers only its own (kproxy serves the full
+    // and partial sync histograms in every mode: docs/upstream-differences.md).
+    for (const auto& [name, f] : families) {
+      if (!name.starts_with("kubeproxy_") || name == "kubeproxy_sync_full_proxy_rules_duration_seconds" ||
+          name == "kubeproxy_sync_partial_proxy_rules_duration_seconds")
+        continue;
+      INFO("family " << name);
+      CHECK(std::any_of(expected.begin(), expected.end(), [&](const Expected& e) { return name == e.name; }));
+    }
   }
+}
+
+TEST_CASE("upstream's names for plugin metrics: labels and values as upstream's, only in upstream's modes",
+          "[unit][metrics]") {
+  const BackendSide iptables("iptables");
+  const std::string out = iptables.render("iptables");
+  // family "ipv4" is ip_family "IPv4"; labels sorted as client_golang writes them; no mangle.
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"nat\"}") == "7");
+  CHECK(sampleValue(out, "kubeproxy_sync_proxy_rules_iptables_last{ip_family=\"IPv4\",table=\"filter\"}") == "7");
+  CHECK(out.find("kubeproxy_sync_proxy_rules_iptables_total{ip_family=\"IPv4\",table=\"mangle\"}") ==
+        std::string::npos);
+  CHECK(out.find("# HELP kubeproxy_sync_proxy_rules_iptables_last [ALPHA] Number of iptables rules written by "
+                 "kube-proxy in last sync\n") != std::string::npos);
+  // kproxy's own series stay, under kproxy_ and their own labels.
+  CHECK(sampleValue(out, "kproxy_iptables_rules{family=\"ipv4\",table=\"mangle\"}") == "7");
+  // The histogram keeps its buckets.
+  CHECK(sampleValue(out, "kubeproxy_conntrack_reconciler_sync_duration_seconds_bucket{ip_family=\"IPv4\",le=\"0.002\"}") ==
+        "1");
+  CHECK(sampleValue(out, "kubeproxy_conntrack_reconciler_deleted_entries_total{ip_family=\"IPv4\"}") == "2");
+  // The nfacct counters are the objects' packet counts.
+  CHECK(sampleValue(out, "kubeproxy_iptables_ct_state_invalid_dropped_packets_total") == "3");
+  CHECK(sampleValue(out, "kubeproxy_iptables_localhost_nodeports_accepted_packets_total") == "5");
+
+  // The same plugin metrics in userspace mode: kproxy_ names only.
+  const std::string userspace = kproxy::cli::renderUpstreamAliases("userspace", iptables.registry.collect());
+  CHECK(userspace.empty());
+  // A family without samples is not served, as upstream's vectors before a first observation.
+  kproxy::plugins::PluginMetrics fresh;
+  REQUIRE(fresh.registerMetric(kproxy::plugins::MetricType::kCounter, "kproxy_conntrack_reconciler_deleted_entries_total",
+                               "help", {"ip_family"}));
+  CHECK(kproxy::cli::renderUpstreamAliases("nftables", fresh.collect()).empty());
+}
+
+TEST_CASE("nfacct counters: an object the kernel does not answer for is left out; no client, nothing",
+          "[unit][metrics]") {
+  ops_test::QuietLog quiet;
+  auto objects = std::make_unique<kproxy::kernel::FakeNfacct>();
+  objects->objects["localhost_nps_accepted_pkts"] = {"localhost_nps_accepted_pkts", 9, 900};
+  const kproxy::cli::NfacctMetrics one(std::move(objects));
+  const std::string out = one.render();
+  CHECK(sampleValue(out, "kubeproxy_iptables_localhost_nodeports_accepted_packets_total") == "9");
+  CHECK(out.find("kubeproxy_iptables_ct_state_invalid_dropped_packets_total") == std::string::npos);
+  CHECK(kproxy::cli::NfacctMetrics(nullptr).render().empty());
 }
 
 TEST_CASE("the sync metrics carry one series per family the node runs", "[unit][metrics]") {

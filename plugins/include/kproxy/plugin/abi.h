@@ -1,8 +1,9 @@
-/* kproxy backend plugin ABI, version 1.3.
+/* kproxy backend plugin ABI, version 1.4.
  *   1.0  the descriptor, the snapshot accessors, logging
  *   1.1  the optional explain entry point (descriptor)
  *   1.2  the endpoint stride (service port), error categories and plugin metrics (host API)
  *   1.3  log lines with their source file and line (host API: log_at)
+ *   1.4  histogram plugin metrics (metric spec: buckets; host API: metric_observe)
  *
  * A backend plugin is a shared object exporting one C symbol:
  *
@@ -50,7 +51,7 @@ extern "C" {
 #endif
 
 #define KPROXY_PLUGIN_ABI_VERSION 1u /* the major version: must match exactly */
-#define KPROXY_PLUGIN_ABI_MINOR 3u   /* the minor version this header describes */
+#define KPROXY_PLUGIN_ABI_MINOR 4u   /* the minor version this header describes */
 #define KPROXY_PLUGIN_ENTRY_SYMBOL "kproxy_plugin_entry"
 
 /* Families and protocols, numerically stable. */
@@ -238,6 +239,9 @@ typedef int (*kproxy_service_port_visitor)(void* user, const kproxy_service_port
 /* Plugin metric types (kproxy_metric_spec.type, ABI 1.2). */
 #define KPROXY_METRIC_COUNTER 1
 #define KPROXY_METRIC_GAUGE 2
+/* ABI 1.4: observed with metric_observe into the spec's buckets. Register one only when the
+ * host table covers metric_observe (an older host refuses the type). */
+#define KPROXY_METRIC_HISTOGRAM 3
 
 /* A metric a plugin registers with the host (ABI 1.2), served on the host's /metrics. */
 typedef struct kproxy_metric_spec {
@@ -250,6 +254,14 @@ typedef struct kproxy_metric_spec {
   const char* help;                /* one line */
   const char* const* label_names;  /* each [a-zA-Z_][a-zA-Z0-9_]*, not "__*", no duplicates */
   size_t label_names_count;
+
+  /* ---- appended in ABI 1.4; read only when struct_size covers the field ---- */
+
+  /* KPROXY_METRIC_HISTOGRAM only: the buckets' upper bounds, finite and strictly ascending
+   * (+Inf is implied; none: +Inf only). Copied. The host refuses a histogram whose spec does
+   * not cover both fields. */
+  const double* buckets;
+  size_t buckets_count;
 } kproxy_metric_spec;
 
 #define KPROXY_METRIC_SPEC_V1_2_SIZE \
@@ -320,6 +332,14 @@ typedef struct kproxy_host_api {
    * `line`: the host writes them in the line's header and matches --vmodule against the file.
    * Any thread. */
   void (*log_at)(void* host_ctx, int level, const char* file, int line, const char* message);
+
+  /* ---- appended in ABI 1.4; use only when struct_size covers the field ---- */
+
+  /* Histogram only (KPROXY_METRIC_HISTOGRAM): counts `value` in its bucket, adds it to the
+   * sum. KPROXY_ERR for another type, an unknown handle or a wrong count of values. Any
+   * thread, as metric_add. */
+  int (*metric_observe)(void* host_ctx, uint64_t handle, const char* const* label_values,
+                        size_t label_values_count, double value);
 } kproxy_host_api;
 
 /* The size of an ABI 1.0 (and 1.1) host table: the smallest a plugin accepts. */

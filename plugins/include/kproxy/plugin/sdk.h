@@ -431,12 +431,23 @@ class Metric {
     return update(true, labelValues, value);
   }
   bool set(double value) const { return set({}, value); }
+  /// Histogram only (Host::histogram, ABI 1.4): counts `value` in its bucket.
+  bool observe(const std::vector<std::string>& labelValues, double value) const {
+    // Only a histogram registered on a 1.4 host is active with a covered metric_observe.
+    if (!active() || labelValues.size() != labels_ ||
+        !detail::covers(*api_, &kproxy_host_api::metric_observe) || api_->metric_observe == nullptr)
+      return false;
+    return call(api_->metric_observe, labelValues, value);
+  }
 
  private:
   bool update(bool assign, const std::vector<std::string>& labelValues, double value) const {
     // Only an active metric came from a host whose table has the functions.
     if (!active() || labelValues.size() != labels_) return false;
-    auto fn = assign ? api_->metric_set : api_->metric_add;
+    return call(assign ? api_->metric_set : api_->metric_add, labelValues, value);
+  }
+  template <class Fn>
+  bool call(Fn fn, const std::vector<std::string>& labelValues, double value) const {
     std::vector<const char*> values;
     values.reserve(labelValues.size());
     for (const auto& v : labelValues) values.push_back(v.c_str());
@@ -492,11 +503,26 @@ class Host {
                          const std::vector<std::string>& labelNames = {}) const {
     return registerMetric(KPROXY_METRIC_GAUGE, name, help, labelNames);
   }
+  /// Whether the host keeps histograms (ABI 1.4: metric_observe).
+  bool hasHistograms() const {
+    return hasMetrics() && detail::covers(*api_, &kproxy_host_api::metric_observe) &&
+           api_->metric_observe != nullptr;
+  }
+  /// Registers a histogram with the buckets' upper bounds (finite, ascending; +Inf implied),
+  /// observed with Metric::observe. On a host without histograms (older than ABI 1.4) the
+  /// result is an inactive Metric.
+  Expected<Metric> histogram(const std::string& name, const std::string& help,
+                             const std::vector<std::string>& labelNames,
+                             const std::vector<double>& buckets) const {
+    if (!hasHistograms()) return Metric{};
+    return registerMetric(KPROXY_METRIC_HISTOGRAM, name, help, labelNames, buckets);
+  }
 
  private:
   Expected<Metric> registerMetric(std::uint32_t type, const std::string& name,
                                   const std::string& help,
-                                  const std::vector<std::string>& labelNames) const {
+                                  const std::vector<std::string>& labelNames,
+                                  const std::vector<double>& buckets = {}) const {
     if (!hasMetrics()) return Metric{};
     std::vector<const char*> labels;
     labels.reserve(labelNames.size());
@@ -508,6 +534,8 @@ class Host {
     spec.help = help.c_str();
     spec.label_names = labels.data();
     spec.label_names_count = labels.size();
+    spec.buckets = buckets.data();
+    spec.buckets_count = buckets.size();
     kproxy_error err{};
     std::uint64_t handle = api_->metric_register(api_->host_ctx, &spec, &err);
     if (handle == 0) {

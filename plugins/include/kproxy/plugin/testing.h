@@ -148,7 +148,7 @@ class FakeSnapshot {
   std::unique_ptr<Data> data_;
 };
 
-/// The host side: an ABI 1.3 kproxy_host_api whose log lines and metrics a test can read.
+/// The host side: an ABI 1.4 kproxy_host_api whose log lines and metrics a test can read.
 /// Must outlive every plugin created with it.
 class FakeHost {
  public:
@@ -197,6 +197,8 @@ class FakeHost {
                          double delta) { return self(ctx).update(h, values, n, delta, false); };
     api_.metric_set = [](void* ctx, std::uint64_t h, const char* const* values, std::size_t n,
                          double value) { return self(ctx).update(h, values, n, value, true); };
+    api_.metric_observe = [](void* ctx, std::uint64_t h, const char* const* values, std::size_t n,
+                             double value) { return self(ctx).observe(h, values, n, value); };
     api_.snapshot_service_cidrs = [](const kproxy_snapshot* s, kproxy_service_cidr_visitor visit,
                                      void* user) {
       for (const auto& c : FakeSnapshot::of(s).cidrs) {
@@ -214,12 +216,17 @@ class FakeHost {
   /// The value of a registered metric with these label values; nullopt when never set.
   std::optional<double> metric(const std::string& name,
                                const std::vector<std::string>& labelValues = {}) const {
-    for (const auto& m : metrics_) {
-      if (m.name != name) continue;
-      auto it = m.values.find(labelValues);
-      if (it != m.values.end()) return it->second;
-    }
-    return std::nullopt;
+    return valueOf(name, labelValues, &Registered::values);
+  }
+  /// A histogram's observations with these label values (ABI 1.4).
+  struct Observations {
+    std::uint64_t count = 0;
+    double sum = 0;
+  };
+  /// nullopt when never observed.
+  std::optional<Observations> observed(const std::string& name,
+                                       const std::vector<std::string>& labelValues = {}) const {
+    return valueOf(name, labelValues, &Registered::observations);
   }
 
  private:
@@ -228,8 +235,20 @@ class FakeHost {
     std::uint32_t type;
     std::vector<std::string> labels;
     std::map<std::vector<std::string>, double> values;
+    std::map<std::vector<std::string>, Observations> observations;
   };
   static FakeHost& self(void* ctx) { return *static_cast<FakeHost*>(ctx); }
+  /// The entry for `labelValues` in `member` of the metric named `name`.
+  template <class Value>
+  std::optional<Value> valueOf(const std::string& name, const std::vector<std::string>& labelValues,
+                               std::map<std::vector<std::string>, Value> Registered::*member) const {
+    for (const auto& m : metrics_) {
+      if (m.name != name) continue;
+      auto it = (m.*member).find(labelValues);
+      if (it != (m.*member).end()) return it->second;
+    }
+    return std::nullopt;
+  }
 
   std::uint64_t registerMetric(const kproxy_metric_spec& spec, kproxy_error* err) {
     std::string name = spec.name != nullptr ? spec.name : "";
@@ -243,7 +262,7 @@ class FakeHost {
                     "metric " + name + " is already registered with another type, help or labels");
     }
     if (name.empty()) return refuse(err, "a metric needs a name");
-    metrics_.push_back(Registered{name, detail::str(spec.help), spec.type, std::move(labels), {}});
+    metrics_.push_back(Registered{name, detail::str(spec.help), spec.type, std::move(labels), {}, {}});
     return metrics_.size();
   }
   static std::uint64_t refuse(kproxy_error* err, const std::string& why) {
@@ -257,9 +276,20 @@ class FakeHost {
     if (handle == 0 || handle > metrics_.size()) return KPROXY_ERR;
     Registered& m = metrics_[handle - 1];
     if (n != m.labels.size()) return KPROXY_ERR;
+    if (m.type == KPROXY_METRIC_HISTOGRAM) return KPROXY_ERR;
     if (m.type == KPROXY_METRIC_COUNTER && (set || v < 0)) return KPROXY_ERR;
     double& value = m.values[detail::strs(values, n)];
     value = set ? v : value + v;
+    return KPROXY_OK;
+  }
+
+  int observe(std::uint64_t handle, const char* const* values, std::size_t n, double v) {
+    if (handle == 0 || handle > metrics_.size()) return KPROXY_ERR;
+    Registered& m = metrics_[handle - 1];
+    if (m.type != KPROXY_METRIC_HISTOGRAM || n != m.labels.size()) return KPROXY_ERR;
+    Observations& o = m.observations[detail::strs(values, n)];
+    ++o.count;
+    o.sum += v;
     return KPROXY_OK;
   }
 

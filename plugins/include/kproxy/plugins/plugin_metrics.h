@@ -1,7 +1,7 @@
 #pragma once
-/// Host side of plugin metrics (ABI 1.2): the counters and gauges plugins register through
-/// kproxy_host_api.metric_register and update by handle. The HTTP server renders collect() on
-/// /metrics.
+/// Host side of plugin metrics (ABI 1.2; histograms 1.4): the counters, gauges and histograms
+/// plugins register through kproxy_host_api.metric_register and update by handle. The HTTP
+/// server renders collect() on /metrics.
 ///
 /// Thread-safe: plugins update from their sync thread (or any other), the metrics server reads
 /// from its own; one mutex serialises both.
@@ -15,10 +15,11 @@
 #include <vector>
 
 #include "kproxy/core/error.h"
+#include "kproxy/core/histogram.h"
 
 namespace kproxy::plugins {
 
-enum class MetricType { kCounter, kGauge };
+enum class MetricType { kCounter, kGauge, kHistogram };
 
 /// One metric with its current samples, for rendering.
 struct MetricFamily {
@@ -26,8 +27,11 @@ struct MetricFamily {
   std::string help;
   MetricType type = MetricType::kCounter;
   std::vector<std::string> labelNames;
-  /// Label values (one per label name) → value, sorted by the values.
+  /// Counters and gauges: label values (one per label name) → value, sorted by the values.
   std::map<std::vector<std::string>, double> samples;
+  /// Histograms: the buckets' upper bounds, and label values → observations.
+  std::vector<double> buckets;
+  std::map<std::vector<std::string>, core::Histogram> histograms;
 };
 
 class PluginMetrics {
@@ -36,18 +40,23 @@ class PluginMetrics {
   void reservePrefixes(std::vector<std::string> prefixes);
 
   /// Registers a metric and returns its handle (never 0). The same name with the same type,
-  /// help and label names returns the same handle. Errors (kInvalidArgument, EINVAL) name the
-  /// metric: a name or label name against Prometheus' rules, a reserved prefix, a name already
-  /// registered differently, a duplicate label name.
+  /// help, label names (and buckets) returns the same handle. Errors (kInvalidArgument,
+  /// EINVAL) name the metric: a name or label name against Prometheus' rules, a reserved
+  /// prefix, a name already registered differently, a duplicate label name, a histogram's
+  /// bounds not finite and ascending, or a label named "le" on a histogram.
   core::Result<std::uint64_t> registerMetric(MetricType type, const std::string& name,
                                              const std::string& help,
-                                             const std::vector<std::string>& labelNames);
+                                             const std::vector<std::string>& labelNames,
+                                             const std::vector<double>& buckets = {});
   /// Counter: adds delta >= 0; gauge: adds any delta.
   core::Result<void> add(std::uint64_t handle, std::span<const std::string> labelValues,
                          double delta);
   /// Gauge only.
   core::Result<void> set(std::uint64_t handle, std::span<const std::string> labelValues,
                          double value);
+  /// Histogram only.
+  core::Result<void> observe(std::uint64_t handle, std::span<const std::string> labelValues,
+                             double value);
 
   /// Every registered metric, sorted by name.
   std::vector<MetricFamily> collect() const;

@@ -30,6 +30,7 @@
 #include "kproxy/iptables/kernel.h"
 #include "kproxy/iptables/kernel_netlink.h"
 #include "kproxy/iptables/renderer.h"
+#include "kproxy/kernel/nfacct.h"
 #include "kproxy/kernel/sysctl.h"
 #include "kproxy/plan/snapshot_source.h"
 #include "kproxy/plugin/sdk.h"
@@ -83,13 +84,23 @@ class IptablesBackend final : public backends::Reconciler {
   std::size_t mirroredRules(net::Family family, Table table) const {
     return mirror_[index(family)].rules[index(table)];
   }
+  /// Rules the last sync wrote to `table` (kproxy_iptables_rules_last_sync).
+  std::size_t writtenRules(net::Family family, Table table) const {
+    return mirror_[index(family)].written[index(table)];
+  }
 
   struct Metrics {
     sdk::Metric rules;            ///< gauge kproxy_iptables_rules{family,table}
+    sdk::Metric lastSync;         ///< gauge kproxy_iptables_rules_last_sync{family,table}
     sdk::Metric restoreFailures;  ///< counter kproxy_iptables_restore_failures_total{family}
   };
   static sdk::Expected<Metrics> registerMetrics(const sdk::Host& host);
   void useMetrics(Metrics metrics) { metrics_ = std::move(metrics); }
+  /// Where upstream's nfacct objects are made (none: the kernel has no nfacct, and the rules
+  /// count into none). Each full sync ensures both, and the rules count into those that exist.
+  void useNfacct(std::unique_ptr<kernel::Nfacct> nfacct) { nfacct_ = std::move(nfacct); }
+  /// The nfacct objects the rules count into (after a full sync).
+  const NfacctObjects& nfacctObjects() const { return renderer_.nfacct(); }
 
  protected:
   sdk::Expected<backends::PassOutcome> fullSync(const plan::SnapshotSource& next) override;
@@ -140,6 +151,9 @@ class IptablesBackend final : public backends::Reconciler {
   bool netlinkAllowed() { return settings_.netlinkRules && !netlinkRefused_ && kernel_->netlinkRules(); }
   bool familyEnabled(net::Family family) const { return family == net::Family::kIPv4 || settings_.ipv6; }
   void setRouteLocalnet();
+  /// Upstream's full sync step: creates the nfacct objects that do not exist yet, and has the
+  /// renderer count into those that do.
+  void ensureNfacct();
   void updateMetrics() const;
 
   sdk::Host host_;
@@ -147,6 +161,7 @@ class IptablesBackend final : public backends::Reconciler {
   IptablesRenderer renderer_;
   std::unique_ptr<KernelIptables> kernel_;
   std::unique_ptr<kernel::Sysctls> sysctls_;
+  std::unique_ptr<kernel::Nfacct> nfacct_;
   FamilyMirror mirror_[2];
   std::string lastRestore_[2];
   std::vector<std::string> touched_;  ///< the first objects the current sync changed

@@ -82,6 +82,10 @@ struct RestoreEdit {
   std::string declare[3], rules[3], dispatch[3], jumps[3], remove[3];
   std::size_t operations = 0;
   std::size_t rewrittenRules = 0;    ///< rules and declarations of rewritten chains
+  /// Rules written (appended to rewritten chains, inserted), per table, however they reach
+  /// the kernel (the tool, or nat chains over netlink): upstream's "rules written in the last
+  /// sync".
+  std::size_t written[3] = {};
   std::vector<std::string> touched;  ///< the first objects changed, for the sync's summary
   /// With `keepNat` (a partial sync that may go over netlink): the nat chains rewritten, with
   /// their rules, and those deleted.
@@ -137,6 +141,7 @@ struct FamilyMirror {
   std::map<std::pair<Table, std::string>, DispatchChain> dispatch;
   std::map<std::string, Owned> owned;  ///< per service port key ("" = the global objects)
   std::size_t rules[3] = {};           ///< rules in owned chains, per table (metrics)
+  std::size_t written[3] = {};         ///< rules the last sync wrote, per table (metrics)
 
   /// What `key` owns now, as rendered: its chains whose rules changed are rewritten in `edit`,
   /// those it no longer owns dropped; its dispatch rules' owner counts change in `delta`.

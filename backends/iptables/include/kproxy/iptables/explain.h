@@ -19,9 +19,11 @@ namespace kproxy::iptables {
 /// Text (or, with request.json, one JSON object) explaining where `request`'s packet goes.
 /// `ports` may hold both families; those of the packet's family are used. `serviceCIDRs` are
 /// the cluster's (unallocated ClusterIPs inside them are dropped, and the answer names the
-/// ServiceCIDR). Fails when an address does not parse or the two addresses differ in family.
+/// ServiceCIDR). `nfacct`: the nfacct objects the rules count into, as a full sync renders
+/// them. Fails when an address does not parse or the two addresses differ in family.
 sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<const sdk::ServicePort> ports,
                                          const sdk::NodeInfo& node, const sdk::ExplainRequest& request,
-                                         std::span<const sdk::ServiceCIDR> serviceCIDRs = {});
+                                         std::span<const sdk::ServiceCIDR> serviceCIDRs = {},
+                                         NfacctObjects nfacct = {});
 
 }  // namespace kproxy::iptables

@@ -150,9 +150,22 @@ bool isOwnedChain(Table table, std::string_view chain);
 /// formats 1/n with ten decimals, the kernel keeps it as a 31-bit fraction, save prints eleven.
 std::string probabilityText(std::size_t n);
 
+/// Which of upstream's nfacct objects (backends::kNfacctInvalidDropped,
+/// kNfacctLocalhostNodePorts) exist for the rules to count into (`-m nfacct --nfacct-name
+/// NAME`): upstream matches one only when it exists, and leaves the match out otherwise.
+struct NfacctObjects {
+  bool invalidDropped = false;      ///< KUBE-FORWARD's drop of INVALID packets
+  bool localhostNodePorts = false;  ///< IPv4 NodePorts reached on 127.0.0.0/8
+  bool operator==(const NfacctObjects&) const = default;
+};
+
 class IptablesRenderer {
  public:
   explicit IptablesRenderer(RenderConfig config);
+
+  /// The nfacct objects the next renders may count into (none until set).
+  void setNfacct(NfacctObjects objects) { nfacct_ = objects; }
+  const NfacctObjects& nfacct() const { return nfacct_; }
 
   /// The node the next renders are for (its pod CIDRs in NodeCIDR mode, its addresses for
   /// source ranges that admit the node, its NodePort addresses).
@@ -190,6 +203,7 @@ class IptablesRenderer {
   std::vector<sdk::ServiceCIDR> serviceCIDRs_;
   bool largeCluster_ = false;
   NodePorts nodePorts_[2];
+  NfacctObjects nfacct_;
 };
 
 /// Everything the renderer wants for `family`, as one iptables-restore input (tables filter,

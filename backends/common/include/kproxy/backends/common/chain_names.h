@@ -3,7 +3,8 @@
 /// runbooks, debugging habits and leftover cleanup keep working: the nftables mode's hashed
 /// chain names; the iptables and IPVS modes' `KUBE-*` chains (fixed ones per table, and per
 /// service port / endpoint ones hashed exactly as pkg/proxy/iptables/proxier.go does); IPVS
-/// mode's ipsets and its dummy interface `kube-ipvs0`. Every backend and cli/ take these names
+/// mode's ipsets and its dummy interface `kube-ipvs0`; the nfacct objects of iptables mode's
+/// metrics. Every backend and cli/ take these names
 /// from here; nothing else spells them.
 /// Thread-safety: pure functions and constants.
 
@@ -30,6 +31,12 @@ inline constexpr std::string_view kKubePrefix = "KUBE-";
 /// (upstream's GetAllLocalAddressesExcept("kube-ipvs0")). A character array so that it serves
 /// C interfaces (if_nametoindex) as well as strings.
 inline constexpr char kIpvsDummyInterface[] = "kube-ipvs0";
+
+/// Upstream's nfacct objects (pkg/proxy/metrics/metrics.go), counted into by iptables mode's
+/// rules and read by the metrics: KUBE-FORWARD's drop of INVALID packets, and IPv4 NodePorts
+/// reached on 127.0.0.0/8.
+inline constexpr std::string_view kNfacctInvalidDropped = "ct_state_invalid_dropped_pkts";
+inline constexpr std::string_view kNfacctLocalhostNodePorts = "localhost_nps_accepted_pkts";
 
 /// Upstream's fixed chains: the iptables mode's (pkg/proxy/iptables/proxier.go) and the ones
 /// only IPVS mode has (pkg/proxy/ipvs/proxier.go).

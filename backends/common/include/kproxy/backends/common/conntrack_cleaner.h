@@ -42,12 +42,25 @@ struct ConntrackCleanupOptions {
   std::vector<sdk::Protocol> protocols{sdk::Protocol::kUDP};
 };
 
+/// One family's reconcile: upstream's per-family proxier observes each as one sync of its
+/// conntrack reconciler.
+struct FamilyReconcile {
+  net::Family family = net::Family::kIPv4;
+  double seconds = 0;        ///< listing, deciding and deleting
+  std::size_t deleted = 0;   ///< flows the kernel really deleted
+};
+
 struct ConntrackCleanupReport {
   bool ran = false;              ///< false when no cleanup was required
   std::size_t listed = 0;        ///< flows examined
   std::vector<kernel::ConntrackFlow> stale;  ///< flows chosen for deletion
   std::size_t deleted = 0;       ///< flows the kernel really deleted (others were already gone)
+  std::vector<FamilyReconcile> families;  ///< the families reconciled, in order
 };
+
+/// The families a reconcile covers.
+using FamilySet = std::vector<net::Family>;
+inline const FamilySet kBothFamilies{net::Family::kIPv4, net::Family::kIPv6};
 
 class ConntrackCleaner {
  public:
@@ -58,9 +71,11 @@ class ConntrackCleaner {
   std::vector<kernel::ConntrackFlow> staleFlows(std::span<const kernel::ConntrackFlow> flows,
                                         std::span<const sdk::ServicePort> ports) const;
 
-  /// Lists, decides and deletes, per family. A family (and protocol) with no service port that
-  /// has a serving endpoint is not listed at all: no flow of it could be stale.
-  core::Result<ConntrackCleanupReport> reconcile(std::span<const sdk::ServicePort> ports);
+  /// Lists, decides and deletes, family by family of `families`. A family (and protocol) with
+  /// no service port that has a serving endpoint is not listed at all: no flow of it could be
+  /// stale; it is still reported as reconciled (with nothing deleted).
+  core::Result<ConntrackCleanupReport> reconcile(std::span<const sdk::ServicePort> ports,
+                                                 const FamilySet& families = kBothFamilies);
 
   /// The whole step after a successful sync, on plain vectors (tests): `previous` and `next`
   /// hold every service port of the two snapshots.
@@ -78,12 +93,33 @@ class ConntrackCleaner {
   ConntrackCleanupOptions options_;
 };
 
+/// Upstream's conntrack reconciler metrics, registered by the plugin under kproxy_ names with
+/// upstream's labels and buckets (the host serves them as upstream's kubeproxy_conntrack_
+/// reconciler_* too, in the modes upstream registers them): per family reconciled, one
+/// observation of its duration and the flows it deleted.
+class ConntrackReconcilerMetrics {
+ public:
+  static constexpr const char* kDurationName = "kproxy_conntrack_reconciler_sync_duration_seconds";
+  static constexpr const char* kDeletedName = "kproxy_conntrack_reconciler_deleted_entries_total";
+
+  ConntrackReconcilerMetrics() = default;
+  /// Registers both; a refusal is an error, and on a host without metrics (or histograms) the
+  /// metric concerned is inactive.
+  static sdk::Expected<ConntrackReconcilerMetrics> registerWith(const sdk::Host& host);
+  void observe(const ConntrackCleanupReport& report) const;
+
+ private:
+  sdk::Metric duration_;
+  sdk::Metric deleted_;
+};
+
 /// The backend hook: after a successful sync, cleans stale flows in the table `open` gives
-/// (the calling thread's network namespace's, or a printer over it in a dry run) and logs
-/// through `host`. Never fails: a cleanup error is logged and the next required cleanup tries
-/// again.
+/// (the calling thread's network namespace's, or a printer over it in a dry run), logs
+/// through `host` and observes each family reconciled in `metrics`. Never fails: a cleanup
+/// error is logged (and not observed) and the next required cleanup tries again.
 void cleanStaleConntrackEntries(const sdk::Host& host, const sdk::SyncContext& context,
                                 const std::function<std::unique_ptr<kernel::ConntrackTable>()>& open,
+                                const ConntrackReconcilerMetrics& metrics = {},
                                 ConntrackCleanupOptions options = {});
 
 }  // namespace kproxy::backends

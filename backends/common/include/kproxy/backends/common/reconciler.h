@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "kproxy/backends/common/conntrack_cleaner.h"
 #include "kproxy/kernel/conntrack_table.h"
 #include "kproxy/plan/snapshot_source.h"
 #include "kproxy/plugin/sdk.h"
@@ -85,6 +86,7 @@ class Reconciler : public sdk::BackendPlugin {
  private:
   sdk::Host host_;
   ReconcilerOptions options_;
+  ConntrackReconcilerMetrics conntrackMetrics_;  ///< registered when options_.conntrack is set
   bool needFull_ = true;  ///< nothing is known of the kernel before the first full pass
 };
 
