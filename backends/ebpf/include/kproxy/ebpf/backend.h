@@ -45,6 +45,7 @@
 #include "kproxy/backends/common/reconciler.h"
 #include "kproxy/ebpf/differ.h"
 #include "kproxy/ebpf/kernel.h"
+#include "kproxy/ebpf/leftovers.h"
 #include "kproxy/ebpf/renderer.h"
 #include "kproxy/nftables/backend.h"
 #include "kproxy/plan/snapshot_source.h"
@@ -58,9 +59,6 @@ struct BackendSettings {
   bool dryRun = false;
   std::FILE* dryRunOutput = stdout;
 };
-
-/// The nftables part's tables (ip and ip6), apart from nftables mode's `kube-proxy`.
-inline constexpr const char* kNftablesTable = "kproxy-ebpf";
 
 class EbpfBackend final : public backends::Reconciler {
  public:
@@ -110,8 +108,5 @@ class EbpfBackend final : public backends::Reconciler {
 /// ebpf-cgroup-path (default: the root of the cgroup v2 hierarchy), ebpf-pin-path (default
 /// /sys/fs/bpf/kproxy), and the common ones (plan/options.h).
 sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeEbpfBackend(const sdk::Host& host, const sdk::Options& options);
-
-/// The pin path when none is given.
-inline constexpr const char* kDefaultPinPath = "/sys/fs/bpf/kproxy";
 
 }  // namespace kproxy::ebpf
