@@ -683,7 +683,7 @@ backends::PassOutcome NftablesBackend::passOutcome(bool full, std::size_t count,
     out.detail += " first ops:";
     for (std::size_t i = 0; i < std::min<std::size_t>(lastOps_.size(), 3); ++i) {
       out.detail += i ? "; " : " ";
-      out.detail += lastOps_[i].toText();
+      out.detail += lastOps_[i].toText(settings_.table);
     }
   }
   return out;
