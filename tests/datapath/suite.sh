@@ -1538,6 +1538,9 @@ ebpf_cgroup_of() {
 # ebpf_attached — how many programs are attached to the case's node cgroup.
 ebpf_attached() { bpftool cgroup show "$KP_EBPF_CGROUP/node" 2>/dev/null | grep -c 'connect\|sendmsg\|recvmsg\|getpeername'; }
 
+# ebpf_all_attached — the eight programs are on the case's node cgroup.
+ebpf_all_attached() { (($(ebpf_attached) == 8)); }
+
 # ebpf_leftovers — prints what ebpf mode leaves: programs on the case's cgroup, pins.
 ebpf_leftovers() {
   local n
@@ -1580,7 +1583,7 @@ case_ebpf_external_entry_points() {
   local ext=192.0.2.60
   add_service web-np.yaml web-np "$WEB_IP" "$(pod_eps 2)" type=NodePort nodePort=30080 externalIP=$ext || return 1
   start_kproxy_and_wait "http://$WEB_IP/" || return 1
-  (($(ebpf_attached) == 8)) || kp_fail "$(ebpf_attached) programs attached to the case's cgroup, want 8" || return 1
+  kp_wait_for "$KP_CEILING" ebpf_all_attached || kp_fail "$(ebpf_attached) programs attached to the case's cgroup, want 8" || return 1
   kp_wait_for "$KP_CEILING" kp_poll_curl client "http://$KP_NODE_IP:30080/" >/dev/null ||
     kp_fail "NodePort not answered from the client" || return 1
   expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
@@ -1603,7 +1606,7 @@ case_ebpf_mode_switch() {
   setup 2 || return 1
   add_service web-np.yaml web-np "$WEB_IP" "$(pod_eps 2)" type=NodePort nodePort=30080 || return 1
   start_kproxy_and_wait "http://$WEB_IP/" || return 1
-  (($(ebpf_attached) == 8)) || kp_fail "ebpf mode attached $(ebpf_attached) programs, want 8" || return 1
+  kp_wait_for "$KP_CEILING" ebpf_all_attached || kp_fail "ebpf mode attached $(ebpf_attached) programs, want 8" || return 1
   _ebpf_gone() { [[ -z "$(ebpf_leftovers)" ]] && ! kp_nft node list table ip kproxy-ebpf >/dev/null 2>&1; }
   KP_PROXY_MODE=nftables restart_kproxy || return 1
   kp_wait_for "$KP_CEILING" _ebpf_gone || kp_fail "left by ebpf mode in nftables mode: $(ebpf_leftovers)" || return 1
@@ -1613,7 +1616,8 @@ case_ebpf_mode_switch() {
   _kube_proxy_gone() { ! kp_nft node list table ip kube-proxy >/dev/null 2>&1; }
   restart_kproxy || return 1
   kp_wait_for "$KP_CEILING" _kube_proxy_gone || kp_fail "table ip kube-proxy left in ebpf mode" || return 1
-  (($(ebpf_attached) == 8)) || kp_fail "ebpf mode attached $(ebpf_attached) programs after the switch back, want 8" || return 1
+  kp_wait_for "$KP_CEILING" ebpf_all_attached ||
+    kp_fail "ebpf mode attached $(ebpf_attached) programs after the switch back, want 8" || return 1
   expect_spread node "http://$WEB_IP/" 20 2 || return 1
   expect_spread client "http://$KP_NODE_IP:30080/" 20 2 || return 1
   expect_kproxy_alive
