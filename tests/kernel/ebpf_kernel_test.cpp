@@ -26,6 +26,7 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <map>
 #include <set>
 #include <string>
 #include <thread>
@@ -36,6 +37,7 @@
 #include "../unit/nftables/service_ports.h"
 #include "kproxy/ebpf/backend.h"
 #include "kproxy/ebpf/kernel.h"
+#include "kproxy/ebpf/tracer.h"
 #include "netns.h"
 
 using namespace kproxy;
@@ -395,6 +397,28 @@ TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, w
   SECTION("ClientIP affinity keeps a client on one pod; without it both pods are chosen") {
     CHECK(podsReached(t, kStickyClusterIP, 12).size() == 1);
     CHECK(podsReached(t, kSpreadClusterIP, 30) == std::set<std::string>{"pod-a", "pod-b"});
+    // What the programs wrote, as the next full sync counts it: one client kept (its network
+    // namespace) for the sticky service, and a reverse element per steered socket.
+    REQUIRE(t.backend().syncFrom(snapshot(), {}, true).has_value());
+    CHECK(t.backend().dataPathCounts().affinity == 1);
+    CHECK(t.backend().dataPathCounts().reverse >= 42);
+  }
+
+  SECTION("explain's decision over the maps is what the program does") {
+    // decideConnect over what the kernel holds (the mirror, which a full sync made equal to it).
+    const MapContents held = t.backend().mirror();
+    auto decide = [&](const char* ip) { return decideConnect(held, ServiceKey{*SocketAddress::of(ip, 80), kProtoTCP}); };
+    std::map<std::string, std::string> podAt{{"10.200.0.2:8080", "pod-a"}, {"10.200.0.2:8081", "pod-b"}};
+    std::set<std::string> drawable;
+    for (const auto& choice : decide(kSpreadClusterIP).slots) {
+      REQUIRE(choice.endpoint);
+      drawable.insert(podAt.at(choice.endpoint->toText()));
+    }
+    CHECK(drawable == podsReached(t, kSpreadClusterIP, 30));
+    CHECK(decide(kEmptyClusterIP).decision == Decision::kRefused);
+    auto [rc, out] = t.clientCommand({std::string(KPROXY_TEST_TOOLS_DIR) + "/kproxy-netprobe", "connect", kEmptyClusterIP, "80", "2"});
+    INFO(out);
+    CHECK(out.find(::strerrorname_np(kRefusedErrno)) != std::string::npos);
   }
 
   SECTION("an endpoint change is one slot written, and the next connect meets it") {

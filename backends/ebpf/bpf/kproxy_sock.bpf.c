@@ -16,8 +16,6 @@
 
 #include "map_layout.h"
 
-#define KPROXY_ECONNREFUSED 111
-
 struct {
   __uint(type, BPF_MAP_TYPE_HASH);
   __uint(map_flags, BPF_F_NO_PREALLOC);

@@ -23,6 +23,10 @@
 /* At most this many endpoints per pool. */
 #define KPROXY_MAX_POOL 0xffffu
 
+/* What a connect or datagram to a service without endpoints fails with: ECONNREFUSED (the
+ * program's return 0 alone would give EPERM). The plugin's explain says the same. */
+#define KPROXY_ECONNREFUSED 111
+
 /* services: (address, port, protocol) of a ClusterIP, externalIP, LoadBalancer IP or NodePort. */
 struct kproxy_lb_service_key {
   __u8 address[16];

@@ -91,7 +91,11 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::write(const MapContents& curre
   const std::vector<MapOp> ops = diffMaps(current, desired);
   lastWrites_ = ops.size();
   if (!ops.empty())
-    if (auto applied = kernel_->apply(ops); !applied) return std::unexpected(pluginError(applied.error()));
+    if (auto applied = kernel_->apply(ops); !applied) {
+      noteWrite(ops.size(), /*refused=*/true);
+      return std::unexpected(pluginError(applied.error()));
+    }
+  noteWrite(ops.size(), /*refused=*/false);
   backends::PassOutcome out;
   out.operations = ops.size();
   out.detail = fmt::format("services={} slots={}", desired.services.size(), desired.slots.size());
@@ -145,7 +149,7 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::fullSync(const plan::SnapshotS
   if (!out) return out;
   ports_.clear();
   for (auto& [key, maps] : rendered) ports_.emplace(key, std::move(maps));
-  return out;
+  return published(std::move(*out), /*full=*/true);
 }
 
 sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::SnapshotSource& next,
@@ -181,7 +185,7 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::Snapsh
   }
   // Ids are freed only now, so that no port of this pass took one whose old slots it met.
   for (const auto& key : removed) releaseId(key);
-  return out;
+  return published(std::move(*out), /*full=*/false);
 }
 
 sdk::Expected<void> EbpfBackend::cleanup() {

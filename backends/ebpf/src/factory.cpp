@@ -14,6 +14,8 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeEbpfBackend(const sdk::Ho
   BackendSettings settings;
   settings.render = std::move(*cfg);
   settings.dryRun = plan::optionValue(options, "dry-run") == "true";
+  auto metrics = EbpfBackend::registerMetrics(host);
+  if (!metrics) return std::unexpected(metrics.error());
 
   std::unique_ptr<KernelMaps> kernel;
   std::unique_ptr<nftables::KernelNftables> tables;
@@ -38,8 +40,9 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeEbpfBackend(const sdk::Ho
                              "from other hosts through nftables tables {}",
                              where.cgroupPath, where.pinPath, kNftablesTable));
   }
-  return std::unique_ptr<sdk::BackendPlugin>(
-      std::make_unique<EbpfBackend>(host, std::move(settings), std::move(kernel), std::move(tables)));
+  auto backend = std::make_unique<EbpfBackend>(host, std::move(settings), std::move(kernel), std::move(tables));
+  backend->useMetrics(std::move(*metrics));
+  return std::unique_ptr<sdk::BackendPlugin>(std::move(backend));
 }
 
 }  // namespace kproxy::ebpf

@@ -88,6 +88,23 @@ SocketAddress fromWire(const kproxy_lb_endpoint& w) {
   return a;
 }
 
+/// How many elements a map holds (its keys walked; none looked up).
+template <typename Key>
+core::Result<std::size_t> countKeys(int fd, const char* name) {
+  std::size_t n = 0;
+  Key key{}, next{};
+  const Key* previous = nullptr;
+  for (;;) {
+    if (bpf_map_get_next_key(fd, previous, &next) != 0) {
+      if (errno == ENOENT) return n;
+      return std::unexpected(kernelError(fmt::format("counting map {}", name), errno).error());
+    }
+    ++n;
+    key = next;
+    previous = &key;
+  }
+}
+
 /// Every element of a map, as (key, value) of the wire types.
 template <typename Key, typename Value>
 core::Result<std::vector<std::pair<Key, Value>>> dumpMap(int fd, const char* name) {
@@ -158,6 +175,15 @@ class LibbpfKernel final : public KernelMaps {
       if (rc != 0) return kernelError("kernel refused \"" + op.toText() + "\"", errno);
     }
     return {};
+  }
+
+  core::Result<DataPathCounts> countDataPathElements() override {
+    if (auto loaded = ensureLoaded(); !loaded) return std::unexpected(loaded.error());
+    auto affinity = countKeys<kproxy_lb_affinity_key>(bpf_map__fd(skel_->maps.kproxy_affinity), "kproxy_affinity");
+    if (!affinity) return std::unexpected(affinity.error());
+    auto reverse = countKeys<kproxy_lb_reverse_key>(bpf_map__fd(skel_->maps.kproxy_reverse), "kproxy_reverse");
+    if (!reverse) return std::unexpected(reverse.error());
+    return DataPathCounts{*affinity, *reverse};
   }
 
   core::Result<void> removeAll() override {

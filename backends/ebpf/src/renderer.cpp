@@ -73,7 +73,10 @@ PortMaps EbpfRenderer::render(const sdk::ServicePort& port) const {
 
   std::uint16_t cluster = 0, local = 0;
   if (plan.usesClusterPool) cluster = addPool(out, plan.clusterEndpoints, 0, family);
-  if (plan.usesLocalPool) local = addPool(out, plan.localEndpoints, kLocalSlotBase, family);
+  // Only the ClusterIP under internalTrafficPolicy Local picks from the local pool: every
+  // external address a socket hook sees uses the cluster pool, so eTP=Local alone writes none.
+  if (plan.usesLocalPool && plan.internalPool == plan::Pool::kLocal)
+    local = addPool(out, plan.localEndpoints, kLocalSlotBase, family);
 
   ServiceValue value;
   value.count = cluster;

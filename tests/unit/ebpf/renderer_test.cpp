@@ -3,21 +3,20 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "../nftables/service_ports.h"
+#include "map_values.h"
 #include "kproxy/ebpf/renderer.h"
 
 using namespace kproxy;
 using namespace kproxy::ebpf;
 using kproxy::nftables::testing::clusterIP;
 using kproxy::nftables::testing::endpoint;
+using kproxy::ebpf::testing::at;
+using kproxy::ebpf::testing::key;
 
 namespace {
-
-ServiceKey key(const char* ip, std::uint16_t port, std::uint8_t protocol = kProtoTCP) {
-  return ServiceKey{*SocketAddress::of(ip, port), protocol};
-}
-
-SocketAddress at(const char* ip, std::uint16_t port) { return *SocketAddress::of(ip, port); }
 
 const ServiceValue* find(const PortMaps& maps, const ServiceKey& k) {
   for (const auto& [sk, v] : maps.services)
@@ -97,6 +96,9 @@ TEST_CASE("external addresses use the cluster pool, as the short-circuit does un
     CHECK(v->count == 2);
   }
   CHECK(maps.services.size() == 4);  // the node's IPv6 address is not this port's family
+  // No element picks from the local pool, so none of its slots is written.
+  CHECK(maps.slots.size() == 2);
+  CHECK(std::none_of(maps.slots.begin(), maps.slots.end(), [](const auto& s) { return s.first.slot >= kLocalSlotBase; }));
 }
 
 TEST_CASE("LoadBalancer IPs behind source ranges and SCTP are left unsteered", "[unit][ebpf][renderer]") {

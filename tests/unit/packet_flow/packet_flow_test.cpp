@@ -5,8 +5,12 @@
 // kproxy-backend-iptables.so, loaded by the real PluginRegistry, created with the scenario's
 // options and dry-run=true) → its explain entry point with KPROXY_EXPLAIN_JSON → the JSON
 // answer. Every table runs once per backend (test cases tagged [nftables] / [iptables] / [ipvs] /
-// [userspace]), so the backends are held to the same answers. The userspace mode relays from
-// the node (so what it relays counts as masqueraded) and carries no SCTP; nothing else differs.
+// [userspace] / [ebpf]), so the backends are held to the same answers. Where a mode cannot mean
+// what upstream's row says, the row holds it to its own answer under a one-line reason, counted
+// per mode and printed at the end of the run ("per-mode known differences" below): the
+// userspace mode relays from the node (so what it relays counts as masqueraded) and carries no
+// SCTP; ebpf mode NATs nothing, sees only the node's own and its pods' sockets, refuses where
+// the plan drops, and leaves unsteered what it has no element for. Nothing else differs.
 // The inputs (services, endpoint slices, node name and addresses, cluster CIDR,
 // nodeport-addresses) and the expected answers are upstream's; the tables are written anew.
 // The rows are those of Kubernetes v1.34.4: module k8s.io/kubernetes@v1.34.4 from the Go module
@@ -38,10 +42,14 @@
 // of the node's addresses is sent by the node (output path), as it would be in reality.
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <functional>
+#include <map>
 #include <optional>
 #include <stdexcept>
+// The listener that prints the per-mode known differences (ModeDifferenceReport).
+#define CATCH_CONFIG_EXTERNAL_INTERFACES
 #include <catch2/catch.hpp>
 
 #include <fmt/format.h>
@@ -91,11 +99,13 @@ struct FlowCase {
   std::string protocol = "tcp";
   Known known = Known::kNone;
   /// Modes whose answer is another (output, masq): where the mode's own default decides (no
-  /// --nodeport-addresses), as upstream's modes differ there.
+  /// --nodeport-addresses), as upstream's modes differ there; or, with `why`, where the mode
+  /// cannot mean what upstream's row says (a per-mode known difference, counted and printed).
   struct ModeAnswer {
     std::string mode;
     std::string output;
     bool masq = false;
+    const char* why = nullptr;
   };
   std::vector<ModeAnswer> outputIn = {};
 };
@@ -271,12 +281,109 @@ std::string outcomeText(const nlohmann::json& answer) {
   return out;
 }
 
+// ---- per-mode known differences ------------------------------------------------------------
+//
+// Where a mode cannot mean what upstream's row says, the row is checked against the mode's own
+// answer and counted under a one-line reason; the run prints the count per mode and reason.
+// Rows name their own (FlowCase::ModeAnswer::why); the rest follow from how the mode works
+// and apply to every row alike (modeRule).
+
+// The userspace proxy relays every connection from the node (README).
+constexpr const char* kUserspaceFromNode = "the proxy relays from the node: the client's source is never kept";
+constexpr const char* kUserspaceNoSCTP = "the proxy carries no SCTP";
+// ebpf mode: the socket hooks (README, "The ebpf mode").
+constexpr const char* kEbpfNotASocket =
+    "not a socket of this node (neither the node's nor in the cluster CIDR): no socket hook sees it, and "
+    "nothing programs traffic from other hosts yet";
+constexpr const char* kEbpfNoNat = "nothing is NATed: a steered socket keeps its own source address";
+constexpr const char* kEbpfNoSCTP = "the socket hooks steer TCP and UDP only";
+constexpr const char* kEbpfRefusedNotDropped =
+    "a socket cannot be dropped: the plan's drop (no endpoint in the policy's pool) is ECONNREFUSED";
+constexpr const char* kEbpfSourceRanges = "LoadBalancer IPs behind loadBalancerSourceRanges are not steered yet";
+constexpr const char* kEbpfUnallocated = "no element for an unallocated ClusterIP: the connect goes out, unsteered";
+constexpr const char* kEbpfOtherPort =
+    "no element for a port or protocol the ClusterIP does not serve: the connect goes out, unsteered";
+
+/// Rows checked against a mode's own answer: mode → reason → rows.
+std::map<std::string, std::map<std::string, std::size_t>>& modeDifferences() {
+  static std::map<std::string, std::map<std::string, std::size_t>> counted;
+  return counted;
+}
+
+/// The rows each mode checked.
+std::map<std::string, std::size_t>& rowsChecked() {
+  static std::map<std::string, std::size_t> counted;
+  return counted;
+}
+
+struct ModeExpectation {
+  std::string output;
+  bool masq = false;
+  const char* why = nullptr;  ///< set when this is the mode's answer, not upstream's
+};
+
+bool inAny(const std::vector<std::string>& cidrs, const std::string& ip) {
+  auto address = net::Prefix::parse(ip);
+  return address && std::any_of(cidrs.begin(), cidrs.end(), [&](const std::string& c) {
+           auto cidr = net::Prefix::parse(c);
+           return cidr && cidr->family == address->family && cidr->contains(*address);
+         });
+}
+
+/// The differences that follow from how `mode` works, applied to upstream's answer `want` (a
+/// rule that would not change it is no difference).
+ModeExpectation modeRule(const std::string& mode, const Scenario& scenario, const FlowCase& c, bool fromNode,
+                         ModeExpectation want) {
+  const bool forwarded = !splitOutput(want.output).empty();
+  if (mode == "userspace") {
+    if (c.protocol == "sctp") return {"", false, kUserspaceNoSCTP};
+    if (forwarded && !want.masq) return {want.output, true, kUserspaceFromNode};
+  }
+  if (mode == "ebpf") {
+    // Explain takes the node's addresses for the node, and the cluster CIDR for its pods (the
+    // local-traffic detector); anything else arrives from another host.
+    if (!fromNode && !inAny(scenario.clusterCIDRs, c.source) && !want.output.empty())
+      return {"", false, kEbpfNotASocket};
+    if (c.protocol == "sctp" && !want.output.empty()) return {"", false, kEbpfNoSCTP};
+    if (forwarded && want.masq) return {want.output, false, kEbpfNoNat};
+  }
+  return want;
+}
+
+/// Prints, at the end of the run, how many rows each mode answered in its own way, and why.
+class ModeDifferenceReport final : public Catch::TestEventListenerBase {
+ public:
+  using TestEventListenerBase::TestEventListenerBase;
+  void testRunEnded(const Catch::TestRunStats& stats) override {
+    if (!rowsChecked().empty()) {
+      std::string out = "packet flow: rows answered with a mode's known difference (of the rows checked):\n";
+      for (const auto& [mode, rows] : rowsChecked()) {
+        std::size_t total = 0;
+        for (const auto& [why, n] : modeDifferences()[mode]) total += n;
+        out += fmt::format("  {}: {} of {}\n", mode, total, rows);
+        for (const auto& [why, n] : modeDifferences()[mode]) out += fmt::format("    {:>4}  {}\n", n, why);
+      }
+      std::fputs(out.c_str(), stdout);
+    }
+    TestEventListenerBase::testRunEnded(stats);
+  }
+};
+
+}  // namespace
+CATCH_REGISTER_LISTENER(ModeDifferenceReport)
+namespace {
+
 /// The built backend plugins, loaded once by the loader `kproxy` uses. The registry outlives
 /// every backend created from it (a function-local static, destroyed after the tests).
 plugins::PluginRegistry& backendPlugins() {
   static plugins::PluginRegistry registry;
   static const bool loaded = [] {
-    for (const char* path : {KPROXY_NFTABLES_PLUGIN, KPROXY_IPTABLES_PLUGIN, KPROXY_IPVS_PLUGIN, KPROXY_USERSPACE_PLUGIN}) {
+    for (const char* path : {KPROXY_NFTABLES_PLUGIN, KPROXY_IPTABLES_PLUGIN, KPROXY_IPVS_PLUGIN, KPROXY_USERSPACE_PLUGIN
+#ifdef KPROXY_EBPF_PLUGIN
+                             ,
+                             KPROXY_EBPF_PLUGIN
+#endif
+         }) {
       auto info = registry.load(path);
       if (!info) FAIL("cannot load " << path << ": " << info.error().message());
     }
@@ -304,6 +411,15 @@ std::unique_ptr<plugins::PluginBackend> explainingBackend(const Scenario& scenar
   REQUIRE(backend);
   REQUIRE((*backend)->canExplain());
   return std::move(*backend);
+}
+
+/// Every mode the table runs in.
+std::vector<std::string> explainingModes() {
+  std::vector<std::string> modes{"nftables", "iptables", "ipvs", "userspace"};
+#ifdef KPROXY_EBPF_PLUGIN
+  modes.push_back("ebpf");
+#endif
+  return modes;
 }
 
 enum class Selection { kAgreed, kKnownDifferences };
@@ -359,24 +475,24 @@ std::size_t runScenario(const Scenario& scenario, Selection selection, const std
       REQUIRE_NOTHROW(answer = nlohmann::json::parse(*text));
 
       const std::string actual = outcomeText(answer);
-      if (mode == "userspace" && c.protocol == "sctp") {
-        // The userspace proxy carries no SCTP (README): nothing is relayed, whatever upstream
-        // answers; the table refuses it at a ClusterIP of other ports, as it refuses any.
+      ++rowsChecked()[mode];
+      ModeExpectation want{c.output, c.masq};
+      for (const auto& other : c.outputIn)
+        if (other.mode == mode) want = {other.output, other.masq, other.why};
+      if (want.why == nullptr) want = modeRule(mode, scenario, c, request.fromNode, want);
+      if (want.why != nullptr) {
+        ++modeDifferences()[mode][want.why];
+        INFO(fmt::format("{}'s known difference: {}", mode, want.why));
+      }
+      if (want.why == kUserspaceNoSCTP) {
+        // Nothing is relayed, whatever upstream answers; the table refuses it at a ClusterIP of
+        // other ports, as it refuses any.
         CHECK(splitOutput(actual).empty());
         continue;
       }
-      std::string output = c.output;
-      bool masq = c.masq;
-      for (const auto& other : c.outputIn)
-        if (other.mode == mode) {
-          output = other.output;
-          masq = other.masq;
-        }
-      const std::string expected = normalized(output);
+      const std::string expected = normalized(want.output);
       const bool masqueraded = answer.at("masqueraded").get<bool>();
-      // The userspace proxy relays every connection from the node: it never preserves the
-      // client's source (README), so whatever it relays is masqueraded in upstream's terms.
-      const bool expectMasq = mode == "userspace" ? !splitOutput(expected).empty() : masq;
+      const bool expectMasq = want.masq;
       // On a mismatch, the answer as an operator reads it: endpoints in / out, rule by rule.
       std::string readable;
       if (actual != expected || masqueraded != expectMasq) {
@@ -475,7 +591,7 @@ int registerTable(const char* name, Scenario (*build)(), const char* file, std::
     add(new BrokenTableInvoker(std::string("building the table: ") + e.what()), name, "[unit][packet-flow]");
     return 0;
   }
-  for (const char* mode : {"nftables", "iptables", "ipvs", "userspace"}) {
+  for (const std::string& mode : explainingModes()) {
     if (auto rows = rowsOf(scenario, Selection::kAgreed); rows > 0)
       add(new TableInvoker(build, Selection::kAgreed, mode, rows), fmt::format("{} [{}]", name, mode),
           fmt::format("[unit][packet-flow][{}]", mode));
@@ -615,10 +731,12 @@ Scenario clusterIPGeneral() {
        "10.180.0.1:53, 10.180.2.1:53", false, "udp"},
       {"clusterIP with TCP, UDP, and SCTP on same port (SCTP)", "10.180.0.2", "172.30.0.42", 53,
        "10.180.0.1:53, 10.180.2.1:53", false, "sctp"},
-      {"TCP-only port does not match UDP traffic", "10.180.0.2", "172.30.0.42", 80, "REJECT", false, "udp"},
-      {"svc1 does not accept svc2's ports", "10.180.0.2", "172.30.0.41", 443, "REJECT"},
+      {"TCP-only port does not match UDP traffic", "10.180.0.2", "172.30.0.42", 80, "REJECT", false, "udp",
+       Known::kNone, {{"ebpf", "", false, kEbpfOtherPort}}},
+      {"svc1 does not accept svc2's ports", "10.180.0.2", "172.30.0.41", 443, "REJECT", false, "tcp", Known::kNone,
+       {{"ebpf", "", false, kEbpfOtherPort}}},
       {"packet to unallocated cluster ip", "10.180.0.2", "172.30.0.50", 80, "DROP", false, "tcp",
-       Known::kUnallocatedClusterIPDropped},
+       Known::kUnallocatedClusterIPDropped, {{"ebpf", "", false, kEbpfUnallocated}}},
   };
   Scenario s;
   s.phases.push_back(phase(services, slices, cases));
@@ -638,6 +756,7 @@ Scenario loadBalancerScenario() {
   });
   auto eps = slice("ns1", "svc1", {slicePort("p80", 80)}, {sliceEndpoint("10.180.0.1")});
   const std::string ep = "10.180.0.1:80";
+  const FlowCase::ModeAnswer unsteeredInEbpf{"ebpf", "", false, kEbpfSourceRanges};
   std::vector<FlowCase> cases{
       {"pod to cluster IP", "10.0.0.2", "172.30.0.41", 80, ep, false},
       {"external to nodePort", kExternalClient, kNodeIP, 3001, ep, true},
@@ -646,10 +765,14 @@ Scenario loadBalancerScenario() {
       {"accepted external to LB2", kExternalClient, "5.6.7.8", 80, ep, true},
       {"blocked external to LB1", kExternalClientBlocked, "1.2.3.4", 80, "DROP"},
       {"blocked external to LB2", kExternalClientBlocked, "5.6.7.8", 80, "DROP"},
-      {"pod to LB1 (blocked by LoadBalancerSourceRanges)", "10.0.0.2", "1.2.3.4", 80, "DROP"},
-      {"pod to LB2 (blocked by LoadBalancerSourceRanges)", "10.0.0.2", "5.6.7.8", 80, "DROP"},
-      {"node to LB1 (allowed by LoadBalancerSourceRanges)", kNodeIP, "1.2.3.4", 80, ep, true},
-      {"node to LB2 (allowed by LoadBalancerSourceRanges)", kNodeIP, "5.6.7.8", 80, ep, true},
+      {"pod to LB1 (blocked by LoadBalancerSourceRanges)", "10.0.0.2", "1.2.3.4", 80, "DROP", false, "tcp",
+       Known::kNone, {unsteeredInEbpf}},
+      {"pod to LB2 (blocked by LoadBalancerSourceRanges)", "10.0.0.2", "5.6.7.8", 80, "DROP", false, "tcp",
+       Known::kNone, {unsteeredInEbpf}},
+      {"node to LB1 (allowed by LoadBalancerSourceRanges)", kNodeIP, "1.2.3.4", 80, ep, true, "tcp", Known::kNone,
+       {unsteeredInEbpf}},
+      {"node to LB2 (allowed by LoadBalancerSourceRanges)", kNodeIP, "5.6.7.8", 80, ep, true, "tcp", Known::kNone,
+       {unsteeredInEbpf}},
       {"same node to LB1, SNATted to LB1 (implicitly allowed)", "1.2.3.4", "1.2.3.4", 80, ep, true, "tcp",
        Known::kSourceRangesAdmitNode},
       {"same node to LB2, SNATted to LB2 (implicitly allowed)", "5.6.7.8", "5.6.7.8", 80, ep, true, "tcp",
@@ -894,7 +1017,8 @@ Scenario itpLocalMultiple() {
 }
 Scenario itpLocalNone() {
   return internalTrafficPolicy(true, {{"10.0.1.1", "node0"}, {"10.0.1.2", "node1"}, {"10.0.1.3", "node2"}},
-                               {"no endpoints", "10.0.0.2", "172.30.1.1", 80, "DROP"});
+                               {"no endpoints", "10.0.0.2", "172.30.1.1", 80, "DROP", false, "tcp", Known::kNone,
+                                {{"ebpf", "REJECT", false, kEbpfRefusedNotDropped}}});
 }
 }  // namespace
 PACKET_FLOW_TEST("packet flow: TestInternalTrafficPolicy cluster", itpCluster)

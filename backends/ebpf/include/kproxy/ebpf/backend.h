@@ -69,6 +69,10 @@ class EbpfBackend final : public backends::Reconciler {
   /// Detaches the programs, removes the pins and deletes the nftables part's tables. Safe to
   /// run twice.
   sdk::Expected<void> cleanup() override;
+  /// `kproxy explain`: renders `snapshot` with this backend's settings and traces the packet
+  /// with the data path's decision (explain.h, in explain.cpp); reads neither the maps nor the
+  /// mirror.
+  sdk::Expected<std::string> explain(const sdk::SnapshotView& snapshot, const sdk::ExplainRequest& request) override;
 
   /// What the maps hold after the last sync, as the backend believes.
   MapContents mirror() const;
@@ -78,6 +82,22 @@ class EbpfBackend final : public backends::Reconciler {
   std::uint32_t idOf(net::Family family, const std::string& key) const;
   /// The nftables part.
   const nftables::NftablesBackend& externalPart() const { return *external_; }
+
+  /// The metrics this backend keeps on the host's /metrics (inactive ones do nothing); status.cpp.
+  struct Metrics {
+    /// Gauge kproxy_ebpf_map_elements{map}: the elements of services and slots after the last
+    /// successful sync, of affinity and reverse (the data path's) as the last full sync counted.
+    sdk::Metric elements;
+    /// Counter kproxy_ebpf_map_operations_total: element writes and deletes of accepted passes.
+    sdk::Metric operations;
+    /// Counter kproxy_ebpf_map_operation_failures_total: passes whose write the kernel refused.
+    sdk::Metric failures;
+  };
+  /// Registers Metrics with the host (ABI 1.2; inactive on an older host).
+  static sdk::Expected<Metrics> registerMetrics(const sdk::Host& host);
+  void useMetrics(Metrics metrics) { metrics_ = std::move(metrics); }
+  /// The data path's elements, as the last full sync counted them.
+  const DataPathCounts& dataPathCounts() const { return dataPath_; }
 
  protected:
   sdk::Expected<backends::PassOutcome> fullSync(const plan::SnapshotSource& next) override;
@@ -90,6 +110,11 @@ class EbpfBackend final : public backends::Reconciler {
   void assignId(const std::string& portKey, PortMaps& maps, std::uint32_t kernelHint);
   void releaseId(const std::string& portKey);
   sdk::Expected<backends::PassOutcome> write(const MapContents& current, const MapContents& desired);
+  /// Counts a pass's writes: `ops` accepted, or one refusal. status.cpp.
+  void noteWrite(std::size_t ops, bool refused);
+  /// A successful pass, reported: the elements per map on the metrics and, after a full pass,
+  /// the data path's elements counted and added to the summary. status.cpp.
+  backends::PassOutcome published(backends::PassOutcome out, bool full);
 
   sdk::Host host_;
   BackendSettings settings_;
@@ -101,6 +126,8 @@ class EbpfBackend final : public backends::Reconciler {
   std::set<std::uint32_t> usedIds_;
   std::vector<std::string> nodeAddresses_;  ///< the node the renderer was last given
   std::size_t lastWrites_ = 0;
+  Metrics metrics_;
+  DataPathCounts dataPath_;
 };
 
 /// The plugin's factory: options → settings; checks that the kernel has what the mode needs

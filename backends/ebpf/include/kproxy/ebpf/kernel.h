@@ -19,6 +19,13 @@
 
 namespace kproxy::ebpf {
 
+/// Elements of the two maps the data path writes (kernel.h's readBack covers the plugin's).
+struct DataPathCounts {
+  std::size_t affinity = 0;  ///< kproxy_affinity: clients kept on an endpoint
+  std::size_t reverse = 0;   ///< kproxy_reverse: sockets steered, for recvmsg and getpeername
+  bool operator==(const DataPathCounts&) const = default;
+};
+
 class KernelMaps {
  public:
   virtual ~KernelMaps() = default;
@@ -30,6 +37,9 @@ class KernelMaps {
   virtual core::Result<void> apply(const std::vector<MapOp>& ops) = 0;
   /// Detaches the programs and removes every pin under the pin path; nothing there is fine.
   virtual core::Result<void> removeAll() = 0;
+  /// Counts the elements of the affinity and reverse maps (the real adapter walks their keys:
+  /// at most their sizes, 65,536 and 131,072 lookups, so the backend asks in full syncs only).
+  virtual core::Result<DataPathCounts> countDataPathElements() = 0;
 };
 
 /// Where the real adapter works.
@@ -62,6 +72,7 @@ class FakeKernelMaps : public KernelMaps {
   core::Result<MapContents> readBack() override;
   core::Result<void> apply(const std::vector<MapOp>& ops) override;
   core::Result<void> removeAll() override;
+  core::Result<DataPathCounts> countDataPathElements() override { return dataPath; }
 
   /// Makes the op at this index of the next apply fail with `errnum` (then clears itself).
   void failNextApplyAt(std::size_t index, int errnum = E2BIG) {
@@ -73,6 +84,8 @@ class FakeKernelMaps : public KernelMaps {
   std::size_t applies = 0;
   std::size_t writes = 0;  ///< elements written or deleted, over every apply
   std::size_t readBacks = 0;
+  /// What countDataPathElements answers: the data path's own elements, which a test sets.
+  DataPathCounts dataPath;
   /// With watchHalfWritten (it costs a walk of the maps per write): every state between two
   /// writes in which a service counted a slot that was not there ("… tcp 10.96.0.10:80 counts
   /// 7/1, which is missing"), as a connect would have met it.
@@ -93,6 +106,7 @@ class PrintingKernelMaps final : public KernelMaps {
   core::Result<MapContents> readBack() override { return inner_->readBack(); }
   core::Result<void> apply(const std::vector<MapOp>& ops) override;
   core::Result<void> removeAll() override;
+  core::Result<DataPathCounts> countDataPathElements() override { return inner_->countDataPathElements(); }
 
  private:
   std::unique_ptr<KernelMaps> inner_;
