@@ -40,6 +40,7 @@
 #include "kproxy/plugins/loader.h"
 #include "leftover_cleanup.h"
 #include "logging_setup.h"
+#include "kproxy/ebpf/leftovers.h"
 #include "kproxy/nftables/leftovers.h"
 #include "metrics.h"
 #include "ops_servers.h"
@@ -225,6 +226,8 @@ int cleanupAll(const kproxy::plugins::PluginRegistry& registry, const ProxyConfi
   kproxy::backends::LeftoverSystem& system = config.dryRun ? static_cast<kproxy::backends::LeftoverSystem&>(printing) : real;
   if (!kproxy::cli::cleanUpKubeProxyLeftovers(system)) rc = 1;
   if (!kproxy::nftables::cleanUpNftablesLeftovers(system)) rc = 1;
+  // ebpf mode's pins and tables, also where its plugin cannot be loaded (no libbpf, no BTF).
+  if (!kproxy::ebpf::cleanUpEbpfLeftovers(system, config.ebpf.pinPath)) rc = 1;
   return rc;
 }
 
@@ -465,13 +468,19 @@ int main(int argc, char** argv) {
     kproxy::backends::RealLeftoverSystem system;
     if (!iptablesBased && !kproxy::cli::cleanUpKubeProxyLeftovers(system))
       log::warning("some iptables or IPVS leftovers could not be removed; continuing");
-    // The userspace mode redirects in a table of its own: nftables mode's DNAT would win.
-    if ((iptablesBased || config.mode == "userspace") && !kproxy::nftables::cleanUpNftablesLeftovers(system))
+    // The userspace mode redirects in a table of its own: nftables mode's DNAT would win. ebpf
+    // mode's nftables part has one too, and both would DNAT traffic from other hosts.
+    if ((iptablesBased || config.mode == "userspace" || config.mode == "ebpf") &&
+        !kproxy::nftables::cleanUpNftablesLeftovers(system))
       log::warning("some nftables leftovers could not be removed; continuing");
     // The userspace mode's redirects, left by a node switched from it, would catch the
     // services' traffic before this mode's rules do.
     if (config.mode != "userspace" && !kproxy::nftables::cleanUpNftablesLeftovers(system, "kproxy-userspace"))
       log::warning("the userspace mode's nftables table could not be removed; continuing");
+    // ebpf mode's programs steer every local connect of their cgroup before any rule of this
+    // mode sees a packet: detached once this mode's rules are in.
+    if (config.mode != "ebpf" && !kproxy::ebpf::cleanUpEbpfLeftovers(system, config.ebpf.pinPath))
+      log::warning("some ebpf leftovers could not be removed; continuing");
   };
 
   // Conntrack sysctls, as upstream's setupConntrack (not for --dry-run, which changes nothing;

@@ -159,11 +159,27 @@ kp_ns() { printf '%s%s' "$KP_PREFIX" "$1"; }
 kp_pod_ip() { printf '%s.%d' "$KP_POD_NET" $((10 + $1)); }
 kp_remote_pod_ip() { printf '%s.%d' "$KP_REMOTE_POD_NET" $((10 + $1)); }
 
+# kp_in_ns ROLE — sets the array KP_IN_NS to the words that run a program in ROLE's namespace:
+# `ip netns exec NS`, and, when $KP_CGROUP_OF names a function (ebpf mode's data-path tests,
+# whose socket hooks act on a cgroup's processes), a shell that first moves itself into the
+# cgroup directory that function prints for ROLE, then execs the program: one process all
+# along, so that $! of a background start is still the program's pid.
+kp_in_ns() {
+  KP_IN_NS=(ip netns exec "$(kp_ns "$1")")
+  if [[ -n "${KP_CGROUP_OF:-}" ]]; then
+    local cg
+    cg="$("$KP_CGROUP_OF" "$1")" || return 1
+    # shellcheck disable=SC2016 # expanded by that shell
+    KP_IN_NS+=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cg")
+  fi
+}
+
 # kp_exec ROLE CMD... — run a command inside a role's namespace.
 kp_exec() {
   local role="$1"
   shift
-  ip netns exec "$(kp_ns "$role")" "$@"
+  kp_in_ns "$role" || return 1
+  "${KP_IN_NS[@]}" "$@"
 }
 
 _kp_add_ns() {
@@ -270,8 +286,8 @@ kp_start_pods() {
   local t
   for t in "${targets[@]}"; do
     role="${t%%=*}"
-    kp_bg "$KP_WORKDIR/$role.log" ip netns exec "$(kp_ns "$role")" \
-      "$server" --name "$role" "${extra[@]}"
+    kp_in_ns "$role" || return 1
+    kp_bg "$KP_WORKDIR/$role.log" "${KP_IN_NS[@]}" "$server" --name "$role" "${extra[@]}"
   done
   local port
   port="$(_kp_first_port "${extra[@]}")"
@@ -341,8 +357,10 @@ kp_start_kproxy() {
   mapfile -t args < <(kp_kproxy_args "$dir")
   KP_KPROXY_STARTS=$((KP_KPROXY_STARTS + 1))
   echo "===== kproxy start #$KP_KPROXY_STARTS: $bin ${args[*]} $* =====" >>"$KP_WORKDIR/kproxy.log"
-  # `ip netns exec` execs the command in place, so $! is kproxy's own pid.
-  kp_bg "$KP_WORKDIR/kproxy.log" ip netns exec "$(kp_ns node)" "$bin" "${args[@]}" "$@"
+  # `ip netns exec` execs the command in place (as kp_in_ns's shell does), so $! is kproxy's
+  # own pid.
+  kp_in_ns node || return 1
+  kp_bg "$KP_WORKDIR/kproxy.log" "${KP_IN_NS[@]}" "$bin" "${args[@]}" "$@"
   KP_KPROXY_PID=$KP_LAST_PID
   kp_log "kproxy started pid=$KP_KPROXY_PID log=$KP_WORKDIR/kproxy.log"
 }
@@ -416,7 +434,8 @@ kp_kproxy_synced_after() { (($(kp_kproxy_syncs) > $1)); }
 kp_curl() {
   local role="$1" url="$2"
   shift 2
-  ip netns exec "$(kp_ns "$role")" curl -sS --max-time "$KP_CURL_TIMEOUT" --connect-timeout "$KP_CURL_TIMEOUT" "$@" "$url"
+  kp_in_ns "$role" || return 1
+  "${KP_IN_NS[@]}" curl -sS --max-time "$KP_CURL_TIMEOUT" --connect-timeout "$KP_CURL_TIMEOUT" "$@" "$url"
 }
 
 # kp_poll_curl ROLE URL [CURL_ARGS...] — kp_curl as one attempt of a poll (kp_wait_for ...

@@ -59,11 +59,13 @@ constexpr const char* kSpreadClusterIP = "10.96.0.13";  // pod-a and pod-b, no a
 constexpr const char* kClusterIP6 = "fd00:96::10";
 
 /// The mount namespace of this test process becomes private once, so that its bpffs mounts
-/// (and `ip netns`'s bind mounts) are never seen by the host and go away with the process.
+/// (and `ip netns`'s bind mounts) are never seen by the host and go away with the process; so
+/// does its network namespace, where the backends it runs itself program their nftables part.
 void privateMounts() {
   static bool done = false;
   if (done) return;
-  if (::unshare(CLONE_NEWNS) != 0) throw std::runtime_error(std::string("unshare(CLONE_NEWNS): ") + std::strerror(errno));
+  if (::unshare(CLONE_NEWNS | CLONE_NEWNET) != 0)
+    throw std::runtime_error(std::string("unshare(CLONE_NEWNS | CLONE_NEWNET): ") + std::strerror(errno));
   if (::mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0)
     throw std::runtime_error(std::string("making / private: ") + std::strerror(errno));
   done = true;

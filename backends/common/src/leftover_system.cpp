@@ -6,6 +6,7 @@
 #include <chrono>
 #include <filesystem>
 
+#include "kproxy/kernel/bpf_pins.h"
 #include "kproxy/kernel/netlink_socket.h"
 #include "kproxy/kernel/nftables_table.h"
 #include "kproxy/kernel/process.h"
@@ -30,6 +31,8 @@ core::Result<bool> RealLeftoverSystem::deleteNftablesTable(std::string_view fami
   if (!socket) return std::unexpected(socket.error());
   return kernel::deleteNftablesTable(*socket, family == "ip6" ? NFPROTO_IPV6 : NFPROTO_IPV4, name);
 }
+
+core::Result<bool> RealLeftoverSystem::removeBpfPins(const std::string& dir) { return kernel::removeBpfPins(dir); }
 
 core::Result<CommandResult> RealLeftoverSystem::query(const std::vector<std::string>& argv) {
   return change(argv, {});
@@ -57,6 +60,13 @@ core::Result<CommandResult> PrintingLeftoverSystem::change(const std::vector<std
 core::Result<bool> PrintingLeftoverSystem::deleteNftablesTable(std::string_view family, std::string_view name) {
   std::fprintf(out_, "nft delete table %.*s %.*s\n", static_cast<int>(family.size()), family.data(),
                static_cast<int>(name.size()), name.data());
+  std::fflush(out_);
+  return false;
+}
+
+core::Result<bool> PrintingLeftoverSystem::removeBpfPins(const std::string& dir) {
+  if (!system_.pathExists(dir)) return false;
+  std::fprintf(out_, "remove bpf pins %s\n", dir.c_str());
   std::fflush(out_);
   return false;
 }

@@ -33,15 +33,30 @@ std::vector<std::string> nodeFingerprint(const sdk::NodeInfo& node) {
   return out;
 }
 
+/// The nftables part: nftables mode's backend without ClusterIP dispatch, in its own tables.
+std::unique_ptr<nftables::NftablesBackend> makeExternalPart(const sdk::Host& host, const BackendSettings& settings,
+                                                            std::unique_ptr<nftables::KernelNftables> tables) {
+  nftables::BackendSettings part;
+  part.render.common = settings.render.common;
+  part.render.clusterIPDispatch = false;
+  part.dryRun = settings.dryRun;
+  part.dryRunOutput = settings.dryRunOutput;
+  part.mode = "ebpf-nftables";
+  part.table = kNftablesTable;
+  return std::make_unique<nftables::NftablesBackend>(host, std::move(part), std::move(tables));
+}
+
 }  // namespace
 
-EbpfBackend::EbpfBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelMaps> kernel)
-    // No conntrack cleanup: no flow of a steered socket is NATed, so none goes stale.
-    : Reconciler(host, backends::plainReconcilerOptions("ebpf", settings.dryRun ? "dry_run=true" : "")),
+EbpfBackend::EbpfBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelMaps> kernel,
+                         std::unique_ptr<nftables::KernelNftables> tables)
+    // Steered sockets are never NATed; the conntrack cleanup is for the nftables part's flows.
+    : Reconciler(host, backends::kernelReconcilerOptions("ebpf", settings.dryRun, settings.dryRunOutput)),
       host_(host),
       settings_(std::move(settings)),
       renderer_(settings_.render),
-      kernel_(std::move(kernel)) {}
+      kernel_(std::move(kernel)),
+      external_(makeExternalPart(host_, settings_, std::move(tables))) {}
 
 std::uint32_t EbpfBackend::idOf(net::Family family, const std::string& key) const {
   auto it = ids_.find(portKeyOf(family, key));
@@ -89,6 +104,8 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::write(const MapContents& curre
 }
 
 sdk::Expected<backends::PassOutcome> EbpfBackend::fullSync(const plan::SnapshotSource& next) {
+  // The nftables part first, in one transaction: refused, it leaves the maps untouched too.
+  if (auto synced = external_->syncFrom(next, {}, true); !synced) return std::unexpected(synced.error());
   auto current = kernel_->readBack();
   if (!current) return std::unexpected(pluginError(current.error()));
   const sdk::NodeInfo node = next.node();
@@ -139,6 +156,7 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::Snapsh
                                                               const std::vector<sdk::ChangedKey>& changed) {
   // NodePorts follow the node's addresses: a node change re-renders every port.
   if (nodeFingerprint(next.node()) != nodeAddresses_) return fullSync(next);
+  if (auto synced = external_->syncFrom(next, changed, false); !synced) return std::unexpected(synced.error());
   MapContents current, desired;
   std::map<std::string, PortMaps> updated;
   std::vector<std::string> removed;
@@ -172,6 +190,7 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::Snapsh
 
 sdk::Expected<void> EbpfBackend::cleanup() {
   if (auto removed = kernel_->removeAll(); !removed) return std::unexpected(pluginError(removed.error()));
+  if (auto removed = external_->cleanup(); !removed) return removed;
   ports_.clear();
   ids_.clear();
   usedIds_.clear();

@@ -18,11 +18,15 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeEbpfBackend(const sdk::Ho
   if (!metrics) return std::unexpected(metrics.error());
 
   std::unique_ptr<KernelMaps> kernel;
+  std::unique_ptr<nftables::KernelNftables> tables;
   if (settings.dryRun) {
     // --dry-run never touches the kernel: the writes are printed and kept in memory, over
-    // empty maps, so that a later sync sees what the earlier ones would have done.
+    // empty maps and tables, so that a later sync sees what the earlier ones would have done.
     kernel = std::make_unique<PrintingKernelMaps>(std::make_unique<FakeKernelMaps>(), settings.dryRunOutput);
+    tables = std::make_unique<nftables::PrintingNftables>(std::make_unique<nftables::FakeKernelNftables>(),
+                                                          settings.dryRunOutput, kNftablesTable);
   } else {
+    tables = nftables::makeNetlinkKernel(kNftablesTable);
     LibbpfSettings where;
     where.cgroupPath = plan::optionValue(options, "ebpf-cgroup-path");
     if (where.cgroupPath.empty()) where.cgroupPath = cgroupV2Root().value_or("");
@@ -32,10 +36,11 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeEbpfBackend(const sdk::Ho
     auto opened = openLibbpfKernel(where);
     if (!opened) return sdk::fail(sdk::ErrorCategory::kKernelRefused, opened.error().message(), opened.error().errnum);
     kernel = std::move(*opened);
-    host.info(0, fmt::format("ebpf: socket load balancing for cgroup {}, maps and links pinned under {}",
-                             where.cgroupPath, where.pinPath));
+    host.info(0, fmt::format("ebpf: socket load balancing for cgroup {}, maps and links pinned under {}; traffic "
+                             "from other hosts through nftables tables {}",
+                             where.cgroupPath, where.pinPath, kNftablesTable));
   }
-  auto backend = std::make_unique<EbpfBackend>(host, std::move(settings), std::move(kernel));
+  auto backend = std::make_unique<EbpfBackend>(host, std::move(settings), std::move(kernel), std::move(tables));
   backend->useMetrics(std::move(*metrics));
   return std::unique_ptr<sdk::BackendPlugin>(std::move(backend));
 }

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "kproxy/ebpf/kernel.h"
+#include "kproxy/kernel/bpf_pins.h"
 #include "kproxy_sock.skel.h"
 #include "map_layout.h"
 
@@ -186,22 +187,9 @@ class LibbpfKernel final : public KernelMaps {
   }
 
   core::Result<void> removeAll() override {
-    // Links first: once unpinned and detached, no socket of the cgroup meets the programs.
-    for (const auto& name : programNames()) {
-      const std::string path = linkPath(name);
-      if (::access(path.c_str(), F_OK) != 0) continue;
-      if (bpf_link* link = bpf_link__open(path.c_str()); link != nullptr) {
-        bpf_link__detach(link);
-        bpf_link__destroy(link);
-      }
-      if (::unlink(path.c_str()) != 0 && errno != ENOENT) return kernelError("removing " + path, errno);
-    }
-    for (const char* map : {"kproxy_services", "kproxy_slots", "kproxy_affinity", "kproxy_reverse"}) {
-      const std::string path = settings_.pinPath + "/" + map;
-      if (::unlink(path.c_str()) != 0 && errno != ENOENT) return kernelError("removing " + path, errno);
-    }
-    if (::rmdir(settings_.pinPath.c_str()) != 0 && errno != ENOENT)
-      return kernelError("removing " + settings_.pinPath, errno);
+    // The links are detached before any pin goes (kernel/bpf_pins.h).
+    auto removed = kernel::removeBpfPins(settings_.pinPath);
+    if (!removed) return kernelError(removed.error().message(), removed.error().errnum);
     kproxy_sock__destroy(skel_);
     skel_ = nullptr;
     return {};
@@ -211,10 +199,6 @@ class LibbpfKernel final : public KernelMaps {
   int servicesFd() const { return bpf_map__fd(skel_->maps.kproxy_services); }
   int slotsFd() const { return bpf_map__fd(skel_->maps.kproxy_slots); }
   std::string linkPath(const std::string& program) const { return settings_.pinPath + "/link_" + program; }
-  static std::vector<std::string> programNames() {
-    return {"kproxy_connect4", "kproxy_connect6",  "kproxy_sendmsg4",     "kproxy_sendmsg6",
-            "kproxy_recvmsg4", "kproxy_recvmsg6", "kproxy_getpeername4", "kproxy_getpeername6"};
-  }
 
   /// Loads the programs over the pinned maps (pinning them the first time) and attaches each
   /// to the cgroup: a link a previous run pinned on the same cgroup gets the new program in

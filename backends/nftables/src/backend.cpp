@@ -240,7 +240,7 @@ void NftablesBackend::AffinityJudge::mergeOlder(const AffinityJudge& older) {
 
 NftablesBackend::NftablesBackend(sdk::Host host, BackendSettings settings,
                                  std::unique_ptr<KernelNftables> kernel)
-    : Reconciler(host, backends::kernelReconcilerOptions("nftables", settings.dryRun, settings.dryRunOutput)),
+    : Reconciler(host, backends::kernelReconcilerOptions(std::string(settings.mode), settings.dryRun, settings.dryRunOutput)),
       host_(host),
       settings_(std::move(settings)),
       renderer_(settings_.render),
@@ -683,7 +683,7 @@ backends::PassOutcome NftablesBackend::passOutcome(bool full, std::size_t count,
     out.detail += " first ops:";
     for (std::size_t i = 0; i < std::min<std::size_t>(lastOps_.size(), 3); ++i) {
       out.detail += i ? "; " : " ";
-      out.detail += lastOps_[i].toText();
+      out.detail += lastOps_[i].toText(settings_.table);
     }
   }
   return out;
@@ -817,7 +817,7 @@ sdk::Expected<void> NftablesBackend::cleanup() {
     return sdk::fail(sdk::kernelErrorCategory(deleted.error().errnum), deleted.error().message(),
                      deleted.error().errnum);
   }
-  host_.info(1, "nftables cleanup deleted_tables=\"ip kube-proxy, ip6 kube-proxy\"");
+  host_.info(1, fmt::format("{} cleanup deleted_tables=\"ip {}, ip6 {}\"", settings_.mode, settings_.table, settings_.table));
   return {};
 }
 

@@ -446,12 +446,14 @@ class ServicePortRender {
     return out;
   }
   void renderBalancingChains() {
-    if (plan_.usesClusterPool)
+    const bool dispatch = renderer_.config().clusterIPDispatch;
+    // Without ClusterIP dispatch, the cluster pool's chain serves the external chain only.
+    if (plan_.usesClusterPool && (dispatch || plan_.externallyAccessible))
       clusterChain_ = balancingChain(serviceChainName(p_), plan_.clusterEndpoints, plan::Pool::kCluster,
                                      plan_.internalPool == plan::Pool::kCluster);
     else
       slotRanges_.release(serviceChainName(p_));
-    if (plan_.usesLocalPool && plan_.internalPool == plan::Pool::kLocal)
+    if (dispatch && plan_.usesLocalPool && plan_.internalPool == plan::Pool::kLocal)
       localChain_ = balancingChain(localChainName(p_), plan_.localEndpoints, plan::Pool::kLocal, true);
     else
       slotRanges_.release(localChainName(p_));
@@ -465,6 +467,7 @@ class ServicePortRender {
       KeyBuilder k;
       k.address(*clusterIP_);
       f_.elements.push_back(Element{names::kClusterIPsSet, k.bytes, k.text, std::nullopt});
+      if (!renderer_.config().clusterIPDispatch) return;
       if (!internalChain.empty())
         addMapElement(names::kServiceIPsMap, *clusterIP_, goTo(internalChain));
       else

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kproxy/core/log.h"
+#include "kproxy/ebpf/leftovers.h"
 #include "kproxy/iptables/leftovers.h"
 #include "kproxy/nftables/leftovers.h"
 
@@ -379,6 +380,12 @@ class FakeSystem : public kproxy::backends::LeftoverSystem {
       return kproxy::core::makeError(kproxy::core::ErrorCategory::kKernel, "delete table " + table, e->second);
     return nftTables.erase(table) > 0;
   }
+  // Directories of BPF pins that exist; removing one removes it.
+  std::set<std::string> bpfPinDirs;
+  kproxy::core::Result<bool> removeBpfPins(const std::string& dir) override {
+    calls.emplace_back("remove bpf pins " + dir, "");
+    return bpfPinDirs.erase(dir) > 0;
+  }
   std::vector<std::string> commands() const {
     std::vector<std::string> out;
     for (const auto& c : calls) out.push_back(c.first);
@@ -601,4 +608,41 @@ TEST_CASE("nftables leftovers: no nftables is nothing to do; a refused delete is
   CHECK(log.has("deleting nftables table failed"));
   // The other family is still cleaned.
   CHECK(refused.nftTables == std::set<std::string>{"ip kube-proxy"});
+}
+
+TEST_CASE("ebpf leftovers: the pins (links detached first) and the kproxy-ebpf tables go, nothing else", "[unit]") {
+  QuietLog log;
+  FakeSystem system;
+  system.bpfPinDirs = {"/sys/fs/bpf/kproxy", "/sys/fs/bpf/other"};
+  system.nftTables = {"ip kproxy-ebpf", "ip6 kproxy-ebpf", "ip kube-proxy"};
+  CHECK(kproxy::ebpf::cleanUpEbpfLeftovers(system, "/sys/fs/bpf/kproxy"));
+  CHECK(system.commands() == std::vector<std::string>{"remove bpf pins /sys/fs/bpf/kproxy",
+                                                      "netlink delete table ip kproxy-ebpf",
+                                                      "netlink delete table ip6 kproxy-ebpf"});
+  CHECK(system.bpfPinDirs == std::set<std::string>{"/sys/fs/bpf/other"});
+  CHECK(system.nftTables == std::set<std::string>{"ip kube-proxy"});
+  CHECK(log.has("removed ebpf leftovers"));
+  // Nothing there: success, nothing logged as removed.
+  QuietLog quiet;
+  FakeSystem clean;
+  CHECK(kproxy::ebpf::cleanUpEbpfLeftovers(clean, "/sys/fs/bpf/kproxy"));
+  CHECK_FALSE(quiet.has("removed ebpf leftovers"));
+}
+
+TEST_CASE("ebpf leftovers: a --cleanup --dry-run prints the pins' removal and changes nothing", "[unit]") {
+  QuietLog log;
+  FakeSystem system;
+  system.paths = {"/sys/fs/bpf/kproxy"};
+  system.bpfPinDirs = {"/sys/fs/bpf/kproxy"};
+  std::FILE* out = std::tmpfile();
+  REQUIRE(out != nullptr);
+  kproxy::backends::PrintingLeftoverSystem printing(system, out);
+  CHECK(kproxy::ebpf::cleanUpEbpfLeftovers(printing, "/sys/fs/bpf/kproxy"));
+  std::rewind(out);
+  char buf[512] = {};
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, out);
+  std::fclose(out);
+  CHECK(std::string(buf, n) ==
+        "remove bpf pins /sys/fs/bpf/kproxy\nnft delete table ip kproxy-ebpf\nnft delete table ip6 kproxy-ebpf\n");
+  CHECK(system.bpfPinDirs.size() == 1);
 }

@@ -14,6 +14,7 @@
 
 #include "../nftables/service_ports.h"
 #include "kproxy/ebpf/backend.h"
+#include "kproxy/nftables/ir.h"
 
 using namespace kproxy;
 using namespace kproxy::ebpf;
@@ -30,13 +31,16 @@ constexpr net::Family kV4 = net::Family::kIPv4;
 /// A backend over a fake that outlives it (a restart is a second backend over the same maps).
 struct Harness {
   FakeKernelMaps* kernel = nullptr;
+  nftables::FakeKernelNftables* tables = nullptr;  ///< the nftables part's
   std::unique_ptr<EbpfBackend> backend;
   VectorSnapshot snap;
 
   explicit Harness(std::unique_ptr<FakeKernelMaps> fake = std::make_unique<FakeKernelMaps>()) {
     kernel = fake.get();
     kernel->watchHalfWritten = true;
-    backend = std::make_unique<EbpfBackend>(sdk::Host(nullptr), BackendSettings{}, std::move(fake));
+    auto nft = std::make_unique<nftables::FakeKernelNftables>();
+    tables = nft.get();
+    backend = std::make_unique<EbpfBackend>(sdk::Host(nullptr), BackendSettings{}, std::move(fake), std::move(nft));
   }
   std::uint64_t full() {
     auto r = backend->syncFrom(snap, {}, true);
@@ -186,7 +190,8 @@ TEST_CASE("--dry-run prints every write in the order the kernel would get it", "
   BackendSettings settings;
   settings.dryRun = true;
   EbpfBackend backend(sdk::Host(nullptr), settings,
-                      std::make_unique<PrintingKernelMaps>(std::make_unique<FakeKernelMaps>(), out));
+                      std::make_unique<PrintingKernelMaps>(std::make_unique<FakeKernelMaps>(), out),
+                      std::make_unique<nftables::FakeKernelNftables>());
   VectorSnapshot snap({clusterIP("ns", "web", "10.96.0.10", 80, {endpoint("10.244.1.5", 8080)})});
   auto r = backend.syncFrom(snap, {}, true);
   REQUIRE(r.has_value());
@@ -199,4 +204,84 @@ TEST_CASE("--dry-run prints every write in the order the kernel would get it", "
   CHECK(std::string(buf, n) == fmt::format("update slots {}/0 10.244.1.5:8080\n"
                                            "update services tcp 10.96.0.10:80 id={} count=1 local=0\n",
                                            id, id));
+}
+
+namespace {
+
+/// A NodePort service with an externalIP: ClusterIP 10.96.0.20, NodePort 30080, externalIP
+/// 203.0.113.7, one endpoint.
+sdk::ServicePort nodePortService() {
+  auto p = clusterIP("ns", "np", "10.96.0.20", 80, {endpoint("10.244.1.5", 8080)});
+  p.type = sdk::ServiceType::kNodePort;
+  p.nodePort = 30080;
+  p.externalIPs = {"203.0.113.7"};
+  return p;
+}
+
+std::string addressKey(const char* ip, std::uint16_t port) {
+  nftables::KeyBuilder k;
+  k.address(*net::Prefix::parse(ip)).proto(6).port(port);
+  return k.bytes;
+}
+
+}  // namespace
+
+TEST_CASE("the nftables part programs the external entry points from the same sync, and not the ClusterIP",
+          "[unit][ebpf][backend]") {
+  Harness h;
+  h.snap = VectorSnapshot({nodePortService()});
+  h.full();
+  auto& elements = h.tables->tables[kV4].elements;
+  // Other hosts reach the NodePort and the externalIP through the table...
+  CHECK(elements["service-nodeports"].size() == 1);
+  CHECK(elements["service-ips"].contains(addressKey("203.0.113.7", 80)));
+  // ...while the ClusterIP is the socket hooks': no dispatch in the table, only its listing in
+  // cluster-ips (what no hook steered to it, another port, is rejected as in nftables mode).
+  CHECK_FALSE(elements["service-ips"].contains(addressKey("10.96.0.20", 80)));
+  CHECK(elements["no-endpoint-services"].empty());
+  nftables::KeyBuilder clusterKey;
+  clusterKey.address(*net::Prefix::parse("10.96.0.20"));
+  CHECK(elements["cluster-ips"].contains(clusterKey.bytes));
+  // The maps have every address the node's own sockets may ask for, the ClusterIP included.
+  CHECK(h.kernel->maps.services.contains(key("10.96.0.20", 80)));
+  CHECK(h.kernel->maps.services.contains(key("203.0.113.7", 80)));
+
+  // An endpoint change reaches both parts in one partial sync.
+  setEndpoints(h.port("ns/np:p"), {endpoint("10.244.1.5", 8080), endpoint("10.244.1.6", 8080)});
+  CHECK(h.partial({"ns/np:p"}) > 0);
+  CHECK(h.kernel->maps.slots.size() == 2);
+  CHECK(h.tables->batches == 2);
+}
+
+TEST_CASE("a refused nftables transaction leaves the maps untouched, and the next sync of both is full",
+          "[unit][ebpf][backend]") {
+  Harness h;
+  h.snap = VectorSnapshot({nodePortService()});
+  h.tables->failNextBatchAt(0);
+  auto failed = h.backend->syncFrom(h.snap, {}, true);
+  REQUIRE_FALSE(failed.has_value());
+  CHECK(h.kernel->writes == 0);
+  CHECK(h.tables->tables[kV4].elements["service-nodeports"].empty());
+  // The host asks for a partial sync; the backend makes it full and writes both parts.
+  auto r = h.backend->syncFrom(h.snap, {sdk::ChangedKey{kV4, "ns/np:p"}}, false);
+  REQUIRE(r.has_value());
+  CHECK(r->summary.starts_with("ebpf sync full=true"));
+  CHECK(h.kernel->maps.services.size() == 2);  // the ClusterIP and the externalIP (the node has no address)
+  CHECK(h.tables->tables[kV4].elements["service-nodeports"].size() == 1);
+}
+
+TEST_CASE("a refused map write after the nftables part makes the next sync full, which repairs the maps only",
+          "[unit][ebpf][backend]") {
+  Harness h;
+  h.snap = VectorSnapshot({nodePortService()});
+  h.kernel->failNextApplyAt(1);
+  REQUIRE_FALSE(h.backend->syncFrom(h.snap, {}, true).has_value());
+  const std::size_t batches = h.tables->batches;
+  CHECK(batches == 1);  // the table went in whole
+  auto r = h.backend->syncFrom(h.snap, {sdk::ChangedKey{kV4, "ns/np:p"}}, false);
+  REQUIRE(r.has_value());
+  CHECK(r->summary.starts_with("ebpf sync full=true"));
+  CHECK(h.kernel->maps == h.backend->mirror());
+  CHECK(h.kernel->halfWritten.empty());
+  CHECK(h.tables->batches == batches);  // nothing differed in the table
 }

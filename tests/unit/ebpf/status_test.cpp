@@ -28,7 +28,8 @@ struct Reported {
   Reported() {
     auto fake = std::make_unique<FakeKernelMaps>();
     kernel = fake.get();
-    backend = std::make_unique<EbpfBackend>(sdk::Host(&api), BackendSettings{}, std::move(fake));
+    backend = std::make_unique<EbpfBackend>(sdk::Host(&api), BackendSettings{}, std::move(fake),
+                                            std::make_unique<nftables::FakeKernelNftables>());
     auto registered = EbpfBackend::registerMetrics(sdk::Host(&api));
     REQUIRE(registered);
     backend->useMetrics(*registered);

@@ -14,8 +14,23 @@
 /// exists; a new port takes the id a previous run gave it (read back from its first address's
 /// element) or else a hash of its key, probed past ids in use.
 ///
-/// Not seen by socket hooks, so not served by this slice: traffic from other hosts to
-/// NodePorts, externalIPs and LoadBalancer IPs (issue 35 composes the nftables backend for it).
+/// Traffic no socket hook sees (connections from other hosts to NodePorts on the node's
+/// NodePort addresses, externalIPs and LoadBalancer IPs) is the nftables part's: the nftables
+/// backend, composed, in tables `ip`/`ip6 kproxy-ebpf`, rendered from the same plan in the same
+/// sync without ClusterIP dispatch (nftables/renderer.h, RenderConfig::clusterIPDispatch): eTP
+/// Local, source ranges and masquerading are nftables mode's own. Each sync writes the nftables
+/// part first, in one transaction, then the maps in their ordered writes: a refused
+/// transaction leaves both as they were, a refused map write leaves the maps whole per service
+/// (differ.h) and the nftables part complete; either failure makes the next sync full for both.
+/// The two never serve the same connection: a steered connect has the endpoint's address
+/// before its first packet, so the table sees only what no hook steered.
+///
+/// Processes outside --ebpf-cgroup-path (the default is the root of the node's cgroup v2
+/// hierarchy, so that every local process, every pod's included, is covered) are not steered:
+/// their connections to externalIPs, LoadBalancer IPs and NodePorts are served by the nftables
+/// part as in nftables mode, and those to ClusterIPs are rejected (a ClusterIP is in the table's
+/// `cluster-ips`, which rejects what is not dispatched). A narrower cgroup suits tests and
+/// nodes whose pods all live under it; a CNI whose pods run elsewhere needs the default.
 ///
 /// Thread-safety: one thread at a time (the plugin ABI guarantees it).
 
@@ -30,7 +45,9 @@
 #include "kproxy/backends/common/reconciler.h"
 #include "kproxy/ebpf/differ.h"
 #include "kproxy/ebpf/kernel.h"
+#include "kproxy/ebpf/leftovers.h"
 #include "kproxy/ebpf/renderer.h"
+#include "kproxy/nftables/backend.h"
 #include "kproxy/plan/snapshot_source.h"
 #include "kproxy/plugin/sdk.h"
 
@@ -45,9 +62,12 @@ struct BackendSettings {
 
 class EbpfBackend final : public backends::Reconciler {
  public:
-  EbpfBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelMaps> kernel);
+  /// `tables`: the nftables part's kernel, for tables kNftablesTable.
+  EbpfBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelMaps> kernel,
+              std::unique_ptr<nftables::KernelNftables> tables);
 
-  /// Detaches the programs and removes the pins. Safe to run twice.
+  /// Detaches the programs, removes the pins and deletes the nftables part's tables. Safe to
+  /// run twice.
   sdk::Expected<void> cleanup() override;
   /// `kproxy explain`: renders `snapshot` with this backend's settings and traces the packet
   /// with the data path's decision (explain.h, in explain.cpp); reads neither the maps nor the
@@ -60,6 +80,8 @@ class EbpfBackend final : public backends::Reconciler {
   std::size_t lastWrites() const { return lastWrites_; }
   /// The id of service port `key` of `family` (0: none).
   std::uint32_t idOf(net::Family family, const std::string& key) const;
+  /// The nftables part.
+  const nftables::NftablesBackend& externalPart() const { return *external_; }
 
   /// The metrics this backend keeps on the host's /metrics (inactive ones do nothing); status.cpp.
   struct Metrics {
@@ -98,6 +120,7 @@ class EbpfBackend final : public backends::Reconciler {
   BackendSettings settings_;
   EbpfRenderer renderer_;
   std::unique_ptr<KernelMaps> kernel_;
+  std::unique_ptr<nftables::NftablesBackend> external_;
   std::map<std::string, PortMaps> ports_;  ///< "4|ns/svc:port" → its elements as applied
   std::map<std::string, std::uint32_t> ids_;
   std::set<std::uint32_t> usedIds_;
@@ -112,8 +135,5 @@ class EbpfBackend final : public backends::Reconciler {
 /// ebpf-cgroup-path (default: the root of the cgroup v2 hierarchy), ebpf-pin-path (default
 /// /sys/fs/bpf/kproxy), and the common ones (plan/options.h).
 sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeEbpfBackend(const sdk::Host& host, const sdk::Options& options);
-
-/// The pin path when none is given.
-inline constexpr const char* kDefaultPinPath = "/sys/fs/bpf/kproxy";
 
 }  // namespace kproxy::ebpf

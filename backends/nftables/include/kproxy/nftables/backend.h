@@ -38,6 +38,11 @@ struct BackendSettings {
   bool dryRun = false;
   /// Where dry-run prints its batches (nft syntax).
   std::FILE* dryRunOutput = stdout;
+  /// The first word of the sync summary and of the cleanup's log line ("ebpf-nftables" for the
+  /// part ebpf mode composes, whose table is another). Static text.
+  std::string_view mode = "nftables";
+  /// The tables' name, for the logs (the kernel adapter is given it by the factory). Static text.
+  std::string_view table = kTableName;
 };
 
 /// Element identities (set, key with identity suffix, interval end) packed in one string:

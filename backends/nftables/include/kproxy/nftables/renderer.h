@@ -49,6 +49,13 @@ struct RenderConfig {
   /// plan (plan/options.h) and carried whole.
   plan::CommonOptions common;
   std::uint32_t affinityMapSize = 1u << 20;
+  /// Whether ClusterIPs are dispatched to their endpoints. ebpf mode's nftables part renders
+  /// without (its socket hooks steer ClusterIP connections before any packet exists, and only
+  /// the external entry points are left to this table): a ClusterIP then has neither DNAT nor
+  /// no-endpoint verdict, nor internalTrafficPolicy Local's chain; it stays in `cluster-ips`, so
+  /// what no socket hook steered (another port, an unallocated address) is still rejected or
+  /// dropped as in nftables mode.
+  bool clusterIPDispatch = true;
 
   std::uint32_t mark() const { return 1u << common.masqueradeBit; }
 };

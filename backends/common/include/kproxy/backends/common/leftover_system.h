@@ -42,6 +42,9 @@ class LeftoverSystem {
   /// "Figures behind the code"). An error of errno EPROTONOSUPPORT / EAFNOSUPPORT when the
   /// kernel has no nftables.
   virtual core::Result<bool> deleteNftablesTable(std::string_view family, std::string_view name) = 0;
+  /// Detaches the BPF links pinned in `dir` (a directory on a bpf filesystem), removes its pins
+  /// and the directory; whether it existed (kproxy/kernel/bpf_pins.h).
+  virtual core::Result<bool> removeBpfPins(const std::string& dir) = 0;
 };
 
 /// The real system: the process runner (a minute's timeout per command), /proc and /sys, and
@@ -53,6 +56,7 @@ class RealLeftoverSystem : public LeftoverSystem {
   core::Result<CommandResult> query(const std::vector<std::string>& argv) override;
   core::Result<CommandResult> change(const std::vector<std::string>& argv, std::string_view input) override;
   core::Result<bool> deleteNftablesTable(std::string_view family, std::string_view name) override;
+  core::Result<bool> removeBpfPins(const std::string& dir) override;
 };
 
 /// --cleanup --dry-run: reads go to `system`; every change is printed to `out` (the command,
@@ -66,6 +70,8 @@ class PrintingLeftoverSystem : public LeftoverSystem {
   core::Result<CommandResult> query(const std::vector<std::string>& argv) override { return system_.query(argv); }
   core::Result<CommandResult> change(const std::vector<std::string>& argv, std::string_view input) override;
   core::Result<bool> deleteNftablesTable(std::string_view family, std::string_view name) override;
+  /// Printed as `remove bpf pins DIR` when DIR exists; reports that nothing was removed.
+  core::Result<bool> removeBpfPins(const std::string& dir) override;
 
  private:
   LeftoverSystem& system_;
