@@ -172,9 +172,11 @@ bool isBareValue(std::string_view value) {
   return i == value.size();
 }
 
-// strconv.Quote's escapes for what logs carry (klog's text values): quote, backslash, the
-// usual control letters and \xNN for the other control bytes.
-void appendGoQuoted(std::string& out, std::string_view value) {
+enum class Quoting { kGo, kJson };
+
+// A quoted string with the escapes both log formats share (quote, backslash, \n, \r, \t); the
+// other control bytes as Go's \xNN (DEL too) or JSON's \u00NN.
+void appendQuoted(std::string& out, std::string_view value, Quoting quoting) {
   out += '"';
   for (char c : value) {
     switch (c) {
@@ -184,9 +186,12 @@ void appendGoQuoted(std::string& out, std::string_view value) {
       case '\r': out += "\\r"; break;
       case '\t': out += "\\t"; break;
       default:
-        if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+        if (static_cast<unsigned char>(c) < 0x20 || (quoting == Quoting::kGo && c == 0x7f)) {
           char buf[8];
-          std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(c));
+          if (quoting == Quoting::kGo)
+            std::snprintf(buf, sizeof buf, "\\x%02x", static_cast<unsigned char>(c));
+          else
+            std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(c));
           out += buf;
         } else {
           out += c;
@@ -196,28 +201,12 @@ void appendGoQuoted(std::string& out, std::string_view value) {
   out += '"';
 }
 
-// A JSON string as zap's encoder writes one.
-void appendJsonString(std::string& out, std::string_view value) {
-  out += '"';
-  for (char c : value) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned char>(c));
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += '"';
-}
+// strconv.Quote's escapes for what logs carry (klog's text values): quote, backslash, the
+// usual control letters and \xNN for the other control bytes and DEL.
+void appendGoQuoted(std::string& out, std::string_view value) { appendQuoted(out, value, Quoting::kGo); }
+
+// A JSON string as zap's encoder writes one: \u00NN for the other control bytes.
+void appendJsonString(std::string& out, std::string_view value) { appendQuoted(out, value, Quoting::kJson); }
 
 void appendHeader(std::string& out, const Record& record) {
   using namespace std::chrono;

@@ -138,6 +138,16 @@ std::shared_ptr<const core::ServicePortState> dnsPort(const std::vector<std::str
   return s;
 }
 
+/// The nftables plugin's backend for node-a, loaded as kproxy loads it.
+std::unique_ptr<core::Backend> nftablesPlugin(plugins::PluginRegistry& registry) {
+  auto loaded = registry.load(std::filesystem::path(KPROXY_TEST_PLUGIN_DIR) / "kproxy-backend-nftables.so");
+  INFO((loaded ? std::string() : loaded.error().message()));
+  REQUIRE(loaded.has_value());
+  auto created = registry.createBackend("nftables", {{"node-name", "node-a"}});
+  REQUIRE(created.has_value());
+  return std::move(*created);
+}
+
 }  // namespace
 
 TEST_CASE("the ctnetlink table lists a real UDP flow and deletes exactly it", "[kernel]") {
@@ -192,12 +202,8 @@ TEST_CASE("nftables plugin: after a sync, flows to a removed UDP endpoint go and
   sh("nft delete table ip kp-ct-test");
 
   plugins::PluginRegistry registry;
-  auto loaded = registry.load(std::filesystem::path(KPROXY_TEST_PLUGIN_DIR) / "kproxy-backend-nftables.so");
-  INFO((loaded ? std::string() : loaded.error().message()));
-  REQUIRE(loaded.has_value());
-  auto created = registry.createBackend("nftables", {{"node-name", "node-a"}});
-  REQUIRE(created.has_value());
-  core::Backend& backend = **created;
+  auto created = nftablesPlugin(registry);
+  core::Backend& backend = *created;
 
   core::NodeInfo node;
   node.name = "node-a";
@@ -281,12 +287,8 @@ TEST_CASE("nftables plugin: a UDP service scaled to zero keeps its flows, as ups
   REQUIRE(e2.ok);
 
   plugins::PluginRegistry registry;
-  auto loaded = registry.load(std::filesystem::path(KPROXY_TEST_PLUGIN_DIR) / "kproxy-backend-nftables.so");
-  INFO((loaded ? std::string() : loaded.error().message()));
-  REQUIRE(loaded.has_value());
-  auto created = registry.createBackend("nftables", {{"node-name", "node-a"}});
-  REQUIRE(created.has_value());
-  core::Backend& backend = **created;
+  auto created = nftablesPlugin(registry);
+  core::Backend& backend = *created;
   core::NodeInfo node;
   node.name = "node-a";
   node.known = true;
