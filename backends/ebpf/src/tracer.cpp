@@ -114,8 +114,7 @@ bool EbpfTracer::hooked(const plan::Packet& packet) const { return !hookedBecaus
 std::string notSteeredNote(const plan::Packet& packet) {
   return fmt::format(
       "not steered by the socket hooks: {} -> {} is not a socket of this node (neither sent by the node nor from "
-      "one of its pods), so no cgroup hook sees it; traffic from other hosts to NodePorts, LoadBalancer IPs and "
-      "externalIPs is not programmed in ebpf mode yet",
+      "one of its pods), so no cgroup hook sees it",
       packet.source.addressText(), plan::endpointText(packet.destination.addressText(), packet.destinationPort));
 }
 

@@ -9,8 +9,9 @@
 // what upstream's row says, the row holds it to its own answer under a one-line reason, counted
 // per mode and printed at the end of the run ("per-mode known differences" below): the
 // userspace mode relays from the node (so what it relays counts as masqueraded) and carries no
-// SCTP; ebpf mode NATs nothing, sees only the node's own and its pods' sockets, refuses where
-// the plan drops, and leaves unsteered what it has no element for. Nothing else differs.
+// SCTP; ebpf mode NATs nothing at its sockets, refuses where the plan drops, leaves unsteered
+// what it has no element for, and serves no ClusterIP to clients on other hosts (those meet its
+// nftables part, which answers as nftables mode otherwise). Nothing else differs.
 // The inputs (services, endpoint slices, node name and addresses, cluster CIDR,
 // nodeport-addresses) and the expected answers are upstream's; the tables are written anew.
 // The rows are those of Kubernetes v1.34.4: module k8s.io/kubernetes@v1.34.4 from the Go module
@@ -292,9 +293,11 @@ std::string outcomeText(const nlohmann::json& answer) {
 constexpr const char* kUserspaceFromNode = "the proxy relays from the node: the client's source is never kept";
 constexpr const char* kUserspaceNoSCTP = "the proxy carries no SCTP";
 // ebpf mode: the socket hooks (README, "The ebpf mode").
-constexpr const char* kEbpfNotASocket =
-    "not a socket of this node (neither the node's nor in the cluster CIDR): no socket hook sees it, and "
-    "nothing programs traffic from other hosts yet";
+// What is not a socket of this node (neither the node's nor in the cluster CIDR) meets the
+// nftables part, which answers as nftables mode but for ClusterIPs.
+constexpr const char* kEbpfClusterIPFromOutside =
+    "a client that is not a socket of this node is not served a ClusterIP: the nftables part has no ClusterIP "
+    "dispatch and rejects it";
 constexpr const char* kEbpfNoNat = "nothing is NATed: a steered socket keeps its own source address";
 constexpr const char* kEbpfNoSCTP = "the socket hooks steer TCP and UDP only";
 constexpr const char* kEbpfRefusedNotDropped =
@@ -303,6 +306,9 @@ constexpr const char* kEbpfSourceRanges = "LoadBalancer IPs behind loadBalancerS
 constexpr const char* kEbpfUnallocated = "no element for an unallocated ClusterIP: the connect goes out, unsteered";
 constexpr const char* kEbpfOtherPort =
     "no element for a port or protocol the ClusterIP does not serve: the connect goes out, unsteered";
+
+/// NewFakeProxier's service CIDRs: every ClusterIP of the tables is in them.
+const std::vector<std::string> kServiceCIDRs{"172.30.0.0/16", "fd00:10:96::/112"};
 
 /// Rows checked against a mode's own answer: mode → reason → rows.
 std::map<std::string, std::map<std::string, std::size_t>>& modeDifferences() {
@@ -341,9 +347,11 @@ ModeExpectation modeRule(const std::string& mode, const Scenario& scenario, cons
   }
   if (mode == "ebpf") {
     // Explain takes the node's addresses for the node, and the cluster CIDR for its pods (the
-    // local-traffic detector); anything else arrives from another host.
-    if (!fromNode && !inAny(scenario.clusterCIDRs, c.source) && !want.output.empty())
-      return {"", false, kEbpfNotASocket};
+    // local-traffic detector); anything else arrives from another host, at the nftables part.
+    if (!fromNode && !inAny(scenario.clusterCIDRs, c.source)) {
+      if (forwarded && inAny(kServiceCIDRs, c.destination)) return {"REJECT", false, kEbpfClusterIPFromOutside};
+      return want;
+    }
     if (c.protocol == "sctp" && !want.output.empty()) return {"", false, kEbpfNoSCTP};
     if (forwarded && want.masq) return {want.output, false, kEbpfNoNat};
   }
@@ -445,7 +453,7 @@ std::size_t runScenario(const Scenario& scenario, Selection selection, const std
   // as explain does, against the Node object's.
   if (scenario.interfaceAddresses) tracker.setInterfaceAddresses(*scenario.interfaceAddresses);
   // NewFakeProxier's service CIDRs.
-  tracker.upsertServiceCIDR(core::ServiceCIDR{"kubernetes", "1", {"172.30.0.0/16", "fd00:10:96::/112"}});
+  tracker.upsertServiceCIDR(core::ServiceCIDR{"kubernetes", "1", kServiceCIDRs});
 
   const auto backend = explainingBackend(scenario, mode);
   for (std::size_t phase = 0; phase < scenario.phases.size(); ++phase) {

@@ -14,8 +14,9 @@
 /// EbpfTracer: a connect (or unconnected datagram) from a socket of this node, the node's own
 /// processes or its pods (recognised as the plan recognises pod traffic), is looked up as the
 /// program would look it up. Traffic from other hosts never meets a socket hook: it goes to
-/// the Unhooked tracer, the one branch point where the part that programs such traffic (the
-/// nftables part of issue 35) answers; without one it is "not steered by the socket hooks".
+/// the Unhooked tracer, the one branch point where the part that programs such traffic answers
+/// (explain gives it the nftables part's tracer, explain.h); without one it is "not steered by
+/// the socket hooks".
 ///
 /// Thread-safety: value types and const functions.
 
