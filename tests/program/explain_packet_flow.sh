@@ -101,7 +101,6 @@ FLAGS=("${BASE_FLAGS[@]}" --nodeport-addresses 192.168.0.2/32)
 
 # ebpf mode's reasons (tests/unit/packet_flow has the same, over the whole table).
 EBPF_NO_NAT="nothing is NATed: a steered socket keeps its own source address"
-EBPF_UNALLOCATED="no element for an unallocated ClusterIP: the connect goes out, unsteered"
 
 # Whether `kproxy explain ARGS` asks for a socket of this node, which the hooks steer: sent by
 # the node, or from a pod (in --cluster-cidr 10.0.0.0/8). Any other client is from another host.
@@ -114,22 +113,18 @@ socket_of_node() {
 
 # row NAME WANT ARGS...: `kproxy explain ARGS --json` answers WANT, which is
 # "VERDICT ENDPOINT,ENDPOINT MASQUERADED" (verdict dnat / drop / reject / accept; "-" for no
-# endpoints; the endpoints sorted; masqueraded true / false). In ebpf mode, EBPF_WANT and
-# EBPF_WHY (when set) are its own answer and the reason it differs.
+# endpoints; the endpoints sorted; masqueraded true / false).
 row() {
   local name=$1 want=$2; shift 2
   local out got why=""
   # The userspace proxy relays from the node: what it relays is always masqueraded.
   [[ $MODE == userspace && $want == dnat* ]] && want="${want% *} true"
   if [[ $MODE == ebpf ]]; then
-    if [[ -n ${EBPF_WANT:-} ]]; then
-      want=$EBPF_WANT why=$EBPF_WHY
-    elif [[ $want == dnat*true ]] && socket_of_node "$@"; then
+    if [[ $want == dnat*true ]] && socket_of_node "$@"; then
       want="${want% *} false" why=$EBPF_NO_NAT
     fi
     [[ -n $why ]] && differences[$why]=$((${differences[$why]:-0} + 1))
   fi
-  EBPF_WANT="" EBPF_WHY=""
   out=$("$KPROXY" explain "$@" --json "${FLAGS[@]}" 2>"$WORK/stderr")
   got=$(python3 -c '
 import json, sys
@@ -162,7 +157,6 @@ row "eTP=Local short-circuit: node to external IP, masqueraded" "dnat 10.180.0.2
 row "eTP=Local short-circuit: node to LB IP (kproxy's answer)" "dnat 10.180.0.2:80 true" \
   192.168.0.2 1.2.3.4:80 --from-node
 row "no endpoints: rejected" "reject - false" 10.0.0.2 172.30.0.46:80
-EBPF_WANT="accept - false" EBPF_WHY=$EBPF_UNALLOCATED
 row "unallocated ClusterIP in the ServiceCIDR: dropped" "drop - false" 10.0.0.2 172.30.0.50:80
 row "--masquerade-all: pod to ClusterIP masqueraded" "dnat 10.180.0.1:80 true" \
   10.0.0.2 172.30.0.41:80 --masquerade-all

@@ -122,6 +122,14 @@ plan::Trace EbpfTracer::notSteered(const plan::Packet& packet) {
   return finished(packet, {onePath({plan::TraceStep{"socket hooks", "", notSteeredNote(packet)}}, {})});
 }
 
+plan::Trace EbpfTracer::goesOut(const plan::Packet& packet, std::vector<plan::TraceStep> steps) const {
+  if (!unhooked_) return finished(packet, {onePath(std::move(steps), {})});
+  // Its packets meet what programs unhooked traffic, after the hook's steps.
+  plan::Trace t = unhooked_(packet);
+  for (auto& path : t.paths) path.steps.insert(path.steps.begin(), steps.begin(), steps.end());
+  return t;
+}
+
 plan::Trace EbpfTracer::trace(const plan::Packet& packet) const {
   const std::string because = hookedBecause(packet);
   // The one branch point for traffic the socket hooks never see.
@@ -135,11 +143,11 @@ plan::Trace EbpfTracer::trace(const plan::Packet& packet) const {
     case Decision::kNotTranslated:
       steps.push_back({hook, "", fmt::format("protocol {}: the hooks steer TCP and UDP only; the connect goes out "
                                              "unchanged", packet.protocol)});
-      return finished(packet, {onePath(std::move(steps), {})});
+      return goesOut(packet, std::move(steps));
     case Decision::kNotAService:
       steps.push_back({hook, "lookup kproxy_services " + key.toText(),
                        "no element: not a service address of this node's maps; the connect goes out unchanged"});
-      return finished(packet, {onePath(std::move(steps), {})});
+      return goesOut(packet, std::move(steps));
     case Decision::kRefused:
     case Decision::kSteered: break;
   }

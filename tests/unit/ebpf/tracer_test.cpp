@@ -306,6 +306,17 @@ TEST_CASE("kproxy explain in ebpf mode answers in the plan's explanation", "[uni
     CHECK(cluster["verdict"] == "reject");
     CHECK(cluster["outcome"]["endpoints"].empty());
   }
+  SECTION("a connect the hook leaves unchanged meets the nftables part after the hook") {
+    // No element for port 81 of the ClusterIP: the part's cluster-ips rejects it.
+    auto a = ask("10.0.0.2", "172.30.0.1", 81);
+    CHECK(a["verdict"] == "reject");
+    CHECK(a["reason"].get<std::string>().starts_with("rejected: "));
+    CHECK(a["paths"][0]["steps"][0]["chain"] == "cgroup/connect4");
+    CHECK(a["paths"][0]["steps"].size() > 2);
+    // Nor an address of any service: the part leaves it untouched too.
+    auto none = ask("10.0.0.2", "10.0.0.3", 80);
+    CHECK(none["verdict"] == "accept");
+  }
   SECTION("the node to a NodePort: the cluster pool") {
     auto a = ask(kNodeIP, kNodeIP, 3005, true);
     CHECK(a["outcome"]["endpoints"] == nlohmann::json::array({"10.180.0.5:80", "10.180.1.5:80", "10.180.2.5:80"}));
