@@ -9,8 +9,9 @@
 
 namespace kproxy::nftables {
 
-NftablesTracer plannedTracer(const RenderConfig& config, net::Family family, std::span<const sdk::ServicePort> ports,
-                             const sdk::NodeInfo& node, std::span<const sdk::ServiceCIDR> serviceCIDRs) {
+NftablesTracer plannedTracer(const RenderConfig& config, net::Family family,
+                             std::span<const sdk::ServicePort> ports, const sdk::NodeInfo& node,
+                             std::span<const sdk::ServiceCIDR> serviceCIDRs) {
   NftablesRenderer renderer(config);
   renderer.setServiceCIDRs({serviceCIDRs.begin(), serviceCIDRs.end()});
   return NftablesTracer::fromServicePorts(renderer, family, ports, node);
@@ -33,7 +34,8 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
   std::vector<std::string> local;
   for (const auto& a : tracer.localAddresses()) local.push_back(a.toString());
   x.destinationLocal =
-      plan::nodePortAnswersOn(NftablesRenderer(config).nodePortAddresses(node), local, x.destination, /*loopback=*/true);
+      plan::nodePortAnswersOn(NftablesRenderer(config).nodePortAddresses(node), local, x.destination,
+                              /*loopback=*/true);
   x.reason = plan::dropReasonText(trace.outcome, serviceCIDRs, sdkFamily, x.destination);
   return plan::explanationText(x, request.json);
 }

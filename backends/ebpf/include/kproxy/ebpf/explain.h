@@ -29,7 +29,9 @@ MapContents plannedMaps(const EbpfRenderer& renderer, net::Family family, std::s
 /// Text (or, with request.json, one JSON object) explaining where `request`'s packet goes.
 /// A packet no socket hook sees (from another host) is traced through the nftables part as
 /// nftables mode's explain traces its table (nftables::plannedTracer with
-/// nftablesPartConfig(config), the same ports and `serviceCIDRs`). Fails when an address does not parse or the two addresses differ in family.
+/// nftablesPartConfig(config), the same ports and `serviceCIDRs`); so is, after the hook, a
+/// connect the hook leaves unchanged. Fails when an address does not parse or the two
+/// addresses differ in family.
 sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<const sdk::ServicePort> ports,
                                          const sdk::NodeInfo& node, const sdk::ExplainRequest& request,
                                          std::span<const sdk::ServiceCIDR> serviceCIDRs);
