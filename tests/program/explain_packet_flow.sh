@@ -7,8 +7,9 @@
 # this proves the CLI path (manifest source, flags, loader, --json) gives the same answers.
 # Usage: explain_packet_flow.sh KPROXY_BIN [MODE]  (nftables by default; every mode must answer alike,
 # except that the userspace mode relays everything from the node: always masqueraded; and ebpf
-# mode, whose socket hooks NAT nothing and see only the node's own and its pods' sockets: its
-# answers that differ are its known differences, each with its reason, counted at the end)
+# mode, whose socket hooks NAT nothing (traffic from other hosts meets its nftables part, which
+# answers as nftables mode): its answers that differ are its known differences, each with its
+# reason, counted at the end)
 set -uo pipefail
 KPROXY=$1
 MODE=${2:-nftables}
@@ -99,28 +100,31 @@ BASE_FLAGS=(--manifests "$M" --hostname-override test-node --proxy-mode "$MODE" 
 FLAGS=("${BASE_FLAGS[@]}" --nodeport-addresses 192.168.0.2/32)
 
 # ebpf mode's reasons (tests/unit/packet_flow has the same, over the whole table).
-EBPF_NOT_A_SOCKET="not a socket of this node: no socket hook sees it, and nothing programs traffic from other hosts yet"
 EBPF_NO_NAT="nothing is NATed: a steered socket keeps its own source address"
-EBPF_UNALLOCATED="no element for an unallocated ClusterIP: the connect goes out, unsteered"
+
+# Whether `kproxy explain ARGS` asks for a socket of this node, which the hooks steer: sent by
+# the node, or from a pod (in --cluster-cidr 10.0.0.0/8). Any other client is from another host.
+socket_of_node() {
+  [[ $1 == 10.* ]] && return 0
+  local a
+  for a in "$@"; do [[ $a == --from-node ]] && return 0; done
+  return 1
+}
 
 # row NAME WANT ARGS...: `kproxy explain ARGS --json` answers WANT, which is
 # "VERDICT ENDPOINT,ENDPOINT MASQUERADED" (verdict dnat / drop / reject / accept; "-" for no
-# endpoints; the endpoints sorted; masqueraded true / false). In ebpf mode, EBPF_WANT and
-# EBPF_WHY (when set) are its own answer and the reason it differs.
+# endpoints; the endpoints sorted; masqueraded true / false).
 row() {
   local name=$1 want=$2; shift 2
   local out got why=""
   # The userspace proxy relays from the node: what it relays is always masqueraded.
   [[ $MODE == userspace && $want == dnat* ]] && want="${want% *} true"
   if [[ $MODE == ebpf ]]; then
-    if [[ -n ${EBPF_WANT:-} ]]; then
-      want=$EBPF_WANT why=$EBPF_WHY
-    elif [[ $want == dnat*true ]]; then
+    if [[ $want == dnat*true ]] && socket_of_node "$@"; then
       want="${want% *} false" why=$EBPF_NO_NAT
     fi
     [[ -n $why ]] && differences[$why]=$((${differences[$why]:-0} + 1))
   fi
-  EBPF_WANT="" EBPF_WHY=""
   out=$("$KPROXY" explain "$@" --json "${FLAGS[@]}" 2>"$WORK/stderr")
   got=$(python3 -c '
 import json, sys
@@ -141,16 +145,10 @@ print(d["verdict"], ",".join(eps) or "-", str(d["masqueraded"]).lower())
 row "ClusterIP, single endpoint" "dnat 10.180.0.1:80 false" 10.0.0.2 172.30.0.41:80
 row "ClusterIP, multiple endpoints" "dnat 10.180.0.4:80,10.180.0.5:80 false" 10.0.0.2 172.30.0.44:80
 row "no match: untouched" "accept - false" 10.0.0.2 10.0.0.3:80
-# ebpf: the connections of the rows from 203.0.113.x arrive from another host.
-external_in_ebpf() { EBPF_WANT="accept - false" EBPF_WHY=$EBPF_NOT_A_SOCKET; }
-external_in_ebpf
 row "NodePort from outside: masqueraded" "dnat 10.180.0.3:80 true" 203.0.113.2 192.168.0.2:3003
 row "node to ClusterIP: masqueraded" "dnat 10.180.0.1:80 true" 192.168.0.2 172.30.0.41:80 --from-node
-external_in_ebpf
 row "LB source ranges: blocked external client dropped" "drop - false" 203.0.113.130 5.6.7.8:80
-external_in_ebpf
 row "LB source ranges: allowed external client" "dnat 10.180.0.3:80 true" 203.0.113.2 5.6.7.8:80
-external_in_ebpf
 row "eTP=Local without local endpoints: external dropped" "drop - false" 203.0.113.2 192.168.99.22:80
 row "eTP=Local short-circuit: pod to NodePort" "dnat 10.180.0.2:80 false" 10.0.0.2 192.168.0.2:3001
 row "eTP=Local short-circuit: node to external IP, masqueraded" "dnat 10.180.0.2:80 true" \
@@ -159,7 +157,6 @@ row "eTP=Local short-circuit: node to external IP, masqueraded" "dnat 10.180.0.2
 row "eTP=Local short-circuit: node to LB IP (kproxy's answer)" "dnat 10.180.0.2:80 true" \
   192.168.0.2 1.2.3.4:80 --from-node
 row "no endpoints: rejected" "reject - false" 10.0.0.2 172.30.0.46:80
-EBPF_WANT="accept - false" EBPF_WHY=$EBPF_UNALLOCATED
 row "unallocated ClusterIP in the ServiceCIDR: dropped" "drop - false" 10.0.0.2 172.30.0.50:80
 row "--masquerade-all: pod to ClusterIP masqueraded" "dnat 10.180.0.1:80 true" \
   10.0.0.2 172.30.0.41:80 --masquerade-all
@@ -171,12 +168,10 @@ row "--masquerade-all: eTP=Local short-circuit not masqueraded" "dnat 10.180.0.2
 # (tests/unit/packet_flow has the daemon's side): svc3's NodePort 3003 on the node IP
 # 192.168.0.2 and on the secondary address 192.168.1.2, for each --nodeport-addresses.
 # nodeports NAME PRIMARY SECONDARY FLAGS...: PRIMARY / SECONDARY are "yes" where NodePorts answer.
-# In ebpf mode the client is the node itself (its own connect, which a socket hook sees), so
-# that the rows still hold its NodePort addresses to the decision; it is never masqueraded.
+# In ebpf mode the client from another host meets the nftables part, as in nftables mode.
 nodeports() {
   local name=$1 primary=$2 secondary=$3; shift 3
   local yes="dnat 10.180.0.3:80 true" no="accept - false" client=(203.0.113.2)
-  [[ $MODE == ebpf ]] && yes="dnat 10.180.0.3:80 false" client=(192.168.0.2 --from-node)
   FLAGS=("${BASE_FLAGS[@]}" "$@")
   row "NodePorts, $name: node IP" "$([[ $primary == yes ]] && echo "$yes" || echo "$no")" "${client[0]}" \
     192.168.0.2:3003 "${client[@]:1}"

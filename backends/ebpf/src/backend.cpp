@@ -37,8 +37,7 @@ std::vector<std::string> nodeFingerprint(const sdk::NodeInfo& node) {
 std::unique_ptr<nftables::NftablesBackend> makeExternalPart(const sdk::Host& host, const BackendSettings& settings,
                                                             std::unique_ptr<nftables::KernelNftables> tables) {
   nftables::BackendSettings part;
-  part.render.common = settings.render.common;
-  part.render.clusterIPDispatch = false;
+  part.render = nftablesPartConfig(settings.render);
   part.dryRun = settings.dryRun;
   part.dryRunOutput = settings.dryRunOutput;
   part.mode = "ebpf-nftables";
@@ -47,6 +46,13 @@ std::unique_ptr<nftables::NftablesBackend> makeExternalPart(const sdk::Host& hos
 }
 
 }  // namespace
+
+nftables::RenderConfig nftablesPartConfig(const RenderConfig& config) {
+  nftables::RenderConfig part;
+  part.common = config.common;
+  part.clusterIPDispatch = false;
+  return part;
+}
 
 EbpfBackend::EbpfBackend(sdk::Host host, BackendSettings settings, std::unique_ptr<KernelMaps> kernel,
                          std::unique_ptr<nftables::KernelNftables> tables)

@@ -5,6 +5,7 @@
 
 #include "kproxy/ebpf/backend.h"
 #include "kproxy/ebpf/differ.h"
+#include "kproxy/nftables/explain.h"
 #include "kproxy/plan/options.h"
 #include "kproxy/plan/trace.h"
 
@@ -25,8 +26,7 @@ MapContents plannedMaps(const EbpfRenderer& renderer, net::Family family, std::s
 
 sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<const sdk::ServicePort> ports,
                                          const sdk::NodeInfo& node, const sdk::ExplainRequest& request,
-                                         std::span<const sdk::ServiceCIDR> serviceCIDRs,
-                                         const EbpfTracer::Unhooked& unhooked) {
+                                         std::span<const sdk::ServiceCIDR> serviceCIDRs) {
   auto packet = plan::packetOf(request);
   if (!packet) return std::unexpected(packet.error());
   const net::Family family = packet->destination.family;
@@ -36,7 +36,11 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<c
   // The pod traffic the hooks see is what the plan calls pod traffic (the renderer's own).
   plan::PlanConfig planConfig = plan::planConfigOf(config.common);
   plan::applyNode(planConfig, config.common.detectLocalMode, node, config.common.nodeIPs);
-  const EbpfTracer tracer(plannedMaps(renderer, family, ports), planConfig.localDetector, unhooked);
+  // What no socket hook sees meets the nftables part, as a sync renders it from the same ports.
+  auto nftablesPart = [&](const plan::Packet& p) {
+    return nftables::plannedTracer(nftablesPartConfig(config), family, ports, node, serviceCIDRs).trace(p);
+  };
+  const EbpfTracer tracer(plannedMaps(renderer, family, ports), planConfig.localDetector, nftablesPart);
   const plan::Trace trace = tracer.trace(*packet);
 
   plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, family, trace);
@@ -48,7 +52,6 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config, std::span<c
       plan::nodePortAddressesOf(node, config.common.nodePortAddresses, config.common.nodeIPs), local, x.destination,
       /*loopback=*/false);
   x.reason = plan::dropReasonText(trace.outcome, serviceCIDRs, family, x.destination);
-  if (!unhooked && !tracer.hooked(*packet)) x.reason = notSteeredNote(*packet);
   return plan::explanationText(x, request.json);
 }
 

@@ -114,13 +114,20 @@ bool EbpfTracer::hooked(const plan::Packet& packet) const { return !hookedBecaus
 std::string notSteeredNote(const plan::Packet& packet) {
   return fmt::format(
       "not steered by the socket hooks: {} -> {} is not a socket of this node (neither sent by the node nor from "
-      "one of its pods), so no cgroup hook sees it; traffic from other hosts to NodePorts, LoadBalancer IPs and "
-      "externalIPs is not programmed in ebpf mode yet",
+      "one of its pods), so no cgroup hook sees it",
       packet.source.addressText(), plan::endpointText(packet.destination.addressText(), packet.destinationPort));
 }
 
 plan::Trace EbpfTracer::notSteered(const plan::Packet& packet) {
   return finished(packet, {onePath({plan::TraceStep{"socket hooks", "", notSteeredNote(packet)}}, {})});
+}
+
+plan::Trace EbpfTracer::goesOut(const plan::Packet& packet, std::vector<plan::TraceStep> steps) const {
+  if (!unhooked_) return finished(packet, {onePath(std::move(steps), {})});
+  // Its packets meet what programs unhooked traffic, after the hook's steps.
+  plan::Trace t = unhooked_(packet);
+  for (auto& path : t.paths) path.steps.insert(path.steps.begin(), steps.begin(), steps.end());
+  return t;
 }
 
 plan::Trace EbpfTracer::trace(const plan::Packet& packet) const {
@@ -136,11 +143,11 @@ plan::Trace EbpfTracer::trace(const plan::Packet& packet) const {
     case Decision::kNotTranslated:
       steps.push_back({hook, "", fmt::format("protocol {}: the hooks steer TCP and UDP only; the connect goes out "
                                              "unchanged", packet.protocol)});
-      return finished(packet, {onePath(std::move(steps), {})});
+      return goesOut(packet, std::move(steps));
     case Decision::kNotAService:
       steps.push_back({hook, "lookup kproxy_services " + key.toText(),
                        "no element: not a service address of this node's maps; the connect goes out unchanged"});
-      return finished(packet, {onePath(std::move(steps), {})});
+      return goesOut(packet, std::move(steps));
     case Decision::kRefused:
     case Decision::kSteered: break;
   }

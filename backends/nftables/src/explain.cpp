@@ -9,6 +9,14 @@
 
 namespace kproxy::nftables {
 
+NftablesTracer plannedTracer(const RenderConfig& config, net::Family family,
+                             std::span<const sdk::ServicePort> ports, const sdk::NodeInfo& node,
+                             std::span<const sdk::ServiceCIDR> serviceCIDRs) {
+  NftablesRenderer renderer(config);
+  renderer.setServiceCIDRs({serviceCIDRs.begin(), serviceCIDRs.end()});
+  return NftablesTracer::fromServicePorts(renderer, family, ports, node);
+}
+
 sdk::Expected<std::string> explainPacket(const RenderConfig& config,
                                          std::span<const sdk::ServicePort> ports,
                                          const sdk::NodeInfo& node,
@@ -19,16 +27,15 @@ sdk::Expected<std::string> explainPacket(const RenderConfig& config,
   const net::Family family = packet->destination.family;
   const net::Family sdkFamily = family == net::Family::kIPv4 ? net::Family::kIPv4 : net::Family::kIPv6;
 
-  NftablesRenderer renderer(config);
-  renderer.setServiceCIDRs({serviceCIDRs.begin(), serviceCIDRs.end()});
-  const NftablesTracer tracer = NftablesTracer::fromServicePorts(renderer, family, ports, node);
+  const NftablesTracer tracer = plannedTracer(config, family, ports, node, serviceCIDRs);
   const Trace trace = tracer.trace(*packet);
 
   plan::Explanation x = plan::explanationOf(*packet, request.protocol, ports, sdkFamily, trace);
   std::vector<std::string> local;
   for (const auto& a : tracer.localAddresses()) local.push_back(a.toString());
   x.destinationLocal =
-      plan::nodePortAnswersOn(renderer.nodePortAddresses(node), local, x.destination, /*loopback=*/true);
+      plan::nodePortAnswersOn(NftablesRenderer(config).nodePortAddresses(node), local, x.destination,
+                              /*loopback=*/true);
   x.reason = plan::dropReasonText(trace.outcome, serviceCIDRs, sdkFamily, x.destination);
   return plan::explanationText(x, request.json);
 }

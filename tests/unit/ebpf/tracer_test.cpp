@@ -12,8 +12,10 @@
 
 #include "../nftables/service_ports.h"
 #include "map_values.h"
+#include "kproxy/ebpf/backend.h"
 #include "kproxy/ebpf/explain.h"
 #include "kproxy/ebpf/tracer.h"
+#include "kproxy/nftables/explain.h"
 #include "kproxy/plan/options.h"
 
 using namespace kproxy;
@@ -278,11 +280,42 @@ TEST_CASE("kproxy explain in ebpf mode answers in the plan's explanation", "[uni
     CHECK(local["verdict"] == "reject");
     CHECK(local["reason"].get<std::string>().starts_with("rejected: the traffic policy is Local"));
   }
-  SECTION("from another host: accepted untouched, with the note") {
+  SECTION("from another host: the nftables part's answer, as nftables mode traces it") {
     auto a = ask("203.0.113.2", kNodeIP, 3006);
-    CHECK(a["verdict"] == "accept");
+    CHECK(a["verdict"] == "dnat");
     CHECK(a["service"]["key"] == "ns/ext:p");
-    CHECK(a["reason"].get<std::string>().starts_with("not steered by the socket hooks"));
+    CHECK(a["outcome"]["endpoints"] == nlohmann::json::array({"10.180.1.6:80"}));
+    CHECK(a["masqueraded"] == true);
+    const std::string hook = a["paths"][0]["steps"][0]["chain"].get<std::string>();
+    CHECK_FALSE(hook.starts_with("cgroup/"));
+    // The same trace nftables mode's explain gives over the part's table.
+    sdk::ExplainRequest r;
+    r.sourceIP = "203.0.113.2";
+    r.destinationIP = kNodeIP;
+    r.destinationPort = 3006;
+    r.json = true;
+    auto nft = nftables::explainPacket(nftablesPartConfig(cfg), ports, testNode(), r, {});
+    REQUIRE(nft);
+    CHECK(a["paths"] == nlohmann::json::parse(*nft)["paths"]);
+    // A NodePort without endpoints: dropped or rejected, with the plan's reason.
+    auto empty = ask("203.0.113.2", kNodeIP, 3007);
+    CHECK(empty["verdict"] == "reject");
+    CHECK(empty["reason"].get<std::string>().starts_with("rejected: "));
+    // A ClusterIP is not served to other hosts: the part has no ClusterIP dispatch.
+    auto cluster = ask("203.0.113.2", "172.30.0.1", 80);
+    CHECK(cluster["verdict"] == "reject");
+    CHECK(cluster["outcome"]["endpoints"].empty());
+  }
+  SECTION("a connect the hook leaves unchanged meets the nftables part after the hook") {
+    // No element for port 81 of the ClusterIP: the part's cluster-ips rejects it.
+    auto a = ask("10.0.0.2", "172.30.0.1", 81);
+    CHECK(a["verdict"] == "reject");
+    CHECK(a["reason"].get<std::string>().starts_with("rejected: "));
+    CHECK(a["paths"][0]["steps"][0]["chain"] == "cgroup/connect4");
+    CHECK(a["paths"][0]["steps"].size() > 2);
+    // Nor an address of any service: the part leaves it untouched too.
+    auto none = ask("10.0.0.2", "10.0.0.3", 80);
+    CHECK(none["verdict"] == "accept");
   }
   SECTION("the node to a NodePort: the cluster pool") {
     auto a = ask(kNodeIP, kNodeIP, 3005, true);

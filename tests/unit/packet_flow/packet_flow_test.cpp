@@ -9,8 +9,9 @@
 // what upstream's row says, the row holds it to its own answer under a one-line reason, counted
 // per mode and printed at the end of the run ("per-mode known differences" below): the
 // userspace mode relays from the node (so what it relays counts as masqueraded) and carries no
-// SCTP; ebpf mode NATs nothing, sees only the node's own and its pods' sockets, refuses where
-// the plan drops, and leaves unsteered what it has no element for. Nothing else differs.
+// SCTP; ebpf mode NATs nothing at its sockets, refuses where the plan drops, leaves unsteered
+// what it has no element for, and serves no ClusterIP to clients on other hosts (those meet its
+// nftables part, which answers as nftables mode otherwise). Nothing else differs.
 // The inputs (services, endpoint slices, node name and addresses, cluster CIDR,
 // nodeport-addresses) and the expected answers are upstream's; the tables are written anew.
 // The rows are those of Kubernetes v1.34.4: module k8s.io/kubernetes@v1.34.4 from the Go module
@@ -108,6 +109,10 @@ struct FlowCase {
     const char* why = nullptr;
   };
   std::vector<ModeAnswer> outputIn = {};
+  /// ebpf mode has no element for the destination (a LoadBalancer IP behind
+  /// loadBalancerSourceRanges): the node's or pod's connect goes out unchanged and meets the
+  /// nftables part, which answers as nftables mode (NAT included).
+  bool unsteeredInEbpf = false;
 };
 
 /// Objects applied to the tracker, then the cases traced over the published snapshot.
@@ -292,17 +297,20 @@ std::string outcomeText(const nlohmann::json& answer) {
 constexpr const char* kUserspaceFromNode = "the proxy relays from the node: the client's source is never kept";
 constexpr const char* kUserspaceNoSCTP = "the proxy carries no SCTP";
 // ebpf mode: the socket hooks (README, "The ebpf mode").
-constexpr const char* kEbpfNotASocket =
-    "not a socket of this node (neither the node's nor in the cluster CIDR): no socket hook sees it, and "
-    "nothing programs traffic from other hosts yet";
+// What is not a socket of this node (neither the node's nor in the cluster CIDR) meets the
+// nftables part, which answers as nftables mode but for ClusterIPs.
+constexpr const char* kEbpfClusterIPFromOutside =
+    "a client that is not a socket of this node is not served a ClusterIP: the nftables part has no ClusterIP "
+    "dispatch and rejects it";
 constexpr const char* kEbpfNoNat = "nothing is NATed: a steered socket keeps its own source address";
-constexpr const char* kEbpfNoSCTP = "the socket hooks steer TCP and UDP only";
+constexpr const char* kEbpfNoSCTP =
+    "the socket hooks steer TCP and UDP only: an SCTP connect to a ClusterIP meets the nftables part, which has no "
+    "ClusterIP dispatch and rejects it";
 constexpr const char* kEbpfRefusedNotDropped =
     "a socket cannot be dropped: the plan's drop (no endpoint in the policy's pool) is ECONNREFUSED";
-constexpr const char* kEbpfSourceRanges = "LoadBalancer IPs behind loadBalancerSourceRanges are not steered yet";
-constexpr const char* kEbpfUnallocated = "no element for an unallocated ClusterIP: the connect goes out, unsteered";
-constexpr const char* kEbpfOtherPort =
-    "no element for a port or protocol the ClusterIP does not serve: the connect goes out, unsteered";
+
+/// NewFakeProxier's service CIDRs: every ClusterIP of the tables is in them.
+const std::vector<std::string> kServiceCIDRs{"172.30.0.0/16", "fd00:10:96::/112"};
 
 /// Rows checked against a mode's own answer: mode → reason → rows.
 std::map<std::string, std::map<std::string, std::size_t>>& modeDifferences() {
@@ -341,10 +349,16 @@ ModeExpectation modeRule(const std::string& mode, const Scenario& scenario, cons
   }
   if (mode == "ebpf") {
     // Explain takes the node's addresses for the node, and the cluster CIDR for its pods (the
-    // local-traffic detector); anything else arrives from another host.
-    if (!fromNode && !inAny(scenario.clusterCIDRs, c.source) && !want.output.empty())
-      return {"", false, kEbpfNotASocket};
-    if (c.protocol == "sctp" && !want.output.empty()) return {"", false, kEbpfNoSCTP};
+    // local-traffic detector); anything else arrives from another host, at the nftables part.
+    if (!fromNode && !inAny(scenario.clusterCIDRs, c.source)) {
+      if (forwarded && inAny(kServiceCIDRs, c.destination)) return {"REJECT", false, kEbpfClusterIPFromOutside};
+      return want;
+    }
+    // A connect the hooks leave unchanged (no element, not TCP or UDP) meets the nftables part too.
+    if (c.unsteeredInEbpf) return want;
+    if (c.protocol == "sctp") return forwarded && inAny(kServiceCIDRs, c.destination)
+                                         ? ModeExpectation{"REJECT", false, kEbpfNoSCTP}
+                                         : want;
     if (forwarded && want.masq) return {want.output, false, kEbpfNoNat};
   }
   return want;
@@ -445,7 +459,7 @@ std::size_t runScenario(const Scenario& scenario, Selection selection, const std
   // as explain does, against the Node object's.
   if (scenario.interfaceAddresses) tracker.setInterfaceAddresses(*scenario.interfaceAddresses);
   // NewFakeProxier's service CIDRs.
-  tracker.upsertServiceCIDR(core::ServiceCIDR{"kubernetes", "1", {"172.30.0.0/16", "fd00:10:96::/112"}});
+  tracker.upsertServiceCIDR(core::ServiceCIDR{"kubernetes", "1", kServiceCIDRs});
 
   const auto backend = explainingBackend(scenario, mode);
   for (std::size_t phase = 0; phase < scenario.phases.size(); ++phase) {
@@ -731,12 +745,10 @@ Scenario clusterIPGeneral() {
        "10.180.0.1:53, 10.180.2.1:53", false, "udp"},
       {"clusterIP with TCP, UDP, and SCTP on same port (SCTP)", "10.180.0.2", "172.30.0.42", 53,
        "10.180.0.1:53, 10.180.2.1:53", false, "sctp"},
-      {"TCP-only port does not match UDP traffic", "10.180.0.2", "172.30.0.42", 80, "REJECT", false, "udp",
-       Known::kNone, {{"ebpf", "", false, kEbpfOtherPort}}},
-      {"svc1 does not accept svc2's ports", "10.180.0.2", "172.30.0.41", 443, "REJECT", false, "tcp", Known::kNone,
-       {{"ebpf", "", false, kEbpfOtherPort}}},
+      {"TCP-only port does not match UDP traffic", "10.180.0.2", "172.30.0.42", 80, "REJECT", false, "udp"},
+      {"svc1 does not accept svc2's ports", "10.180.0.2", "172.30.0.41", 443, "REJECT"},
       {"packet to unallocated cluster ip", "10.180.0.2", "172.30.0.50", 80, "DROP", false, "tcp",
-       Known::kUnallocatedClusterIPDropped, {{"ebpf", "", false, kEbpfUnallocated}}},
+       Known::kUnallocatedClusterIPDropped},
   };
   Scenario s;
   s.phases.push_back(phase(services, slices, cases));
@@ -756,7 +768,7 @@ Scenario loadBalancerScenario() {
   });
   auto eps = slice("ns1", "svc1", {slicePort("p80", 80)}, {sliceEndpoint("10.180.0.1")});
   const std::string ep = "10.180.0.1:80";
-  const FlowCase::ModeAnswer unsteeredInEbpf{"ebpf", "", false, kEbpfSourceRanges};
+  constexpr bool kUnsteeredInEbpf = true;
   std::vector<FlowCase> cases{
       {"pod to cluster IP", "10.0.0.2", "172.30.0.41", 80, ep, false},
       {"external to nodePort", kExternalClient, kNodeIP, 3001, ep, true},
@@ -766,13 +778,13 @@ Scenario loadBalancerScenario() {
       {"blocked external to LB1", kExternalClientBlocked, "1.2.3.4", 80, "DROP"},
       {"blocked external to LB2", kExternalClientBlocked, "5.6.7.8", 80, "DROP"},
       {"pod to LB1 (blocked by LoadBalancerSourceRanges)", "10.0.0.2", "1.2.3.4", 80, "DROP", false, "tcp",
-       Known::kNone, {unsteeredInEbpf}},
+       Known::kNone, {}, kUnsteeredInEbpf},
       {"pod to LB2 (blocked by LoadBalancerSourceRanges)", "10.0.0.2", "5.6.7.8", 80, "DROP", false, "tcp",
-       Known::kNone, {unsteeredInEbpf}},
+       Known::kNone, {}, kUnsteeredInEbpf},
       {"node to LB1 (allowed by LoadBalancerSourceRanges)", kNodeIP, "1.2.3.4", 80, ep, true, "tcp", Known::kNone,
-       {unsteeredInEbpf}},
+       {}, kUnsteeredInEbpf},
       {"node to LB2 (allowed by LoadBalancerSourceRanges)", kNodeIP, "5.6.7.8", 80, ep, true, "tcp", Known::kNone,
-       {unsteeredInEbpf}},
+       {}, kUnsteeredInEbpf},
       {"same node to LB1, SNATted to LB1 (implicitly allowed)", "1.2.3.4", "1.2.3.4", 80, ep, true, "tcp",
        Known::kSourceRangesAdmitNode},
       {"same node to LB2, SNATted to LB2 (implicitly allowed)", "5.6.7.8", "5.6.7.8", 80, ep, true, "tcp",

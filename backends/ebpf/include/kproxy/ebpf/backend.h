@@ -130,6 +130,10 @@ class EbpfBackend final : public backends::Reconciler {
   DataPathCounts dataPath_;
 };
 
+/// The nftables part's RenderConfig: ebpf mode's common options, without ClusterIP dispatch.
+/// What the backend's syncs render the part with, and what explain traces it with.
+nftables::RenderConfig nftablesPartConfig(const RenderConfig& config);
+
 /// The plugin's factory: options → settings; checks that the kernel has what the mode needs
 /// and opens the libbpf adapter (in --dry-run, a printer over an empty fake). Options:
 /// ebpf-cgroup-path (default: the root of the cgroup v2 hierarchy), ebpf-pin-path (default

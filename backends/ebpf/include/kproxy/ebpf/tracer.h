@@ -14,8 +14,9 @@
 /// EbpfTracer: a connect (or unconnected datagram) from a socket of this node, the node's own
 /// processes or its pods (recognised as the plan recognises pod traffic), is looked up as the
 /// program would look it up. Traffic from other hosts never meets a socket hook: it goes to
-/// the Unhooked tracer, the one branch point where the part that programs such traffic (the
-/// nftables part of issue 35) answers; without one it is "not steered by the socket hooks".
+/// the Unhooked tracer, the one branch point where the part that programs such traffic answers
+/// (explain gives it the nftables part's tracer, explain.h); without one it is "not steered by
+/// the socket hooks".
 ///
 /// Thread-safety: value types and const functions.
 
@@ -64,7 +65,8 @@ ConnectDecision decideConnect(const MapContents& maps, const ServiceKey& key);
 class EbpfTracer {
  public:
   /// What traffic the socket hooks never see meets (from other hosts to NodePorts,
-  /// LoadBalancer IPs and externalIPs), traced by the part that programs it.
+  /// LoadBalancer IPs and externalIPs), traced by the part that programs it; a connect a hook
+  /// sees but leaves unchanged (no element, not TCP or UDP) meets it too, after the hook.
   using Unhooked = std::function<plan::Trace(const plan::Packet&)>;
 
   /// `maps`: the contents a sync would write for the packet's family; `detector`: how pod
@@ -81,6 +83,9 @@ class EbpfTracer {
   const MapContents& maps() const { return maps_; }
 
  private:
+  /// A connect the hook leaves unchanged (`steps` so far): its packets meet `unhooked_` as
+  /// any other, or, without it, go out untouched.
+  plan::Trace goesOut(const plan::Packet& packet, std::vector<plan::TraceStep> steps) const;
   /// Why `packet` is a socket of this node ("sent by the node", "from a pod: …"); empty if not.
   std::string hookedBecause(const plan::Packet& packet) const;
 

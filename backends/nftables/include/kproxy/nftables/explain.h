@@ -11,9 +11,17 @@
 #include <string>
 
 #include "kproxy/nftables/renderer.h"
+#include "kproxy/nftables/tracer.h"
 #include "kproxy/plugin/sdk.h"
 
 namespace kproxy::nftables {
+
+/// The tracer over what a sync with `config` renders for `family`: the service ports of
+/// `family` in `ports`, the global objects for `node`, and `serviceCIDRs` (explainPacket's, and
+/// ebpf mode's for its nftables part).
+NftablesTracer plannedTracer(const RenderConfig& config, net::Family family,
+                             std::span<const sdk::ServicePort> ports, const sdk::NodeInfo& node,
+                             std::span<const sdk::ServiceCIDR> serviceCIDRs);
 
 /// Text (or, with request.json, one JSON object) explaining where `request`'s packet goes.
 /// `ports` may hold both families; those of the packet's family are used. `serviceCIDRs` are
