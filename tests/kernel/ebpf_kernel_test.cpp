@@ -634,65 +634,15 @@ TEST_CASE("ebpf: the kproxy program serves a Service from manifests, and --clean
 
 namespace {
 
-/// One Service of two endpoints: pod-a (8080) and pod-b (8081), one EndpointSlice each, as
-/// their ports differ.
-constexpr const char* kTwoEndpointsManifest = R"(apiVersion: v1
-kind: Node
-metadata:
-  name: ebpf-node
-status:
-  addresses:
-  - type: InternalIP
-    address: 10.200.0.1
----
-apiVersion: v1
-kind: Service
-metadata:
-  namespace: demo
-  name: web
-spec:
-  type: ClusterIP
-  clusterIP: 10.96.0.20
-  clusterIPs: [10.96.0.20]
-  ipFamilies: [IPv4]
-  ports:
-  - name: http
-    protocol: TCP
-    port: 80
-    targetPort: http
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  namespace: demo
-  name: web-a
-  labels:
-    kubernetes.io/service-name: web
-addressType: IPv4
-ports:
-- name: http
-  protocol: TCP
-  port: 8080
-endpoints:
-- addresses: [10.200.0.2]
-  conditions: {ready: true, serving: true, terminating: false}
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata:
-  namespace: demo
-  name: web-b
-  labels:
-    kubernetes.io/service-name: web
-addressType: IPv4
-ports:
-- name: http
-  protocol: TCP
-  port: 8081
-endpoints:
-- addresses: [10.200.0.2]
-  conditions: {ready: true, serving: true, terminating: false}
-)";
+/// kManifest with a second endpoint for its Service: pod-b (8081), in a slice of its own as its
+/// port differs from pod-a's (8080); the slice is kManifest's, renamed and on pod-b's port.
+std::string twoEndpointsManifest() {
+  const std::string manifest = kManifest;
+  std::string slice = manifest.substr(manifest.rfind("apiVersion: discovery.k8s.io/v1"));
+  slice.replace(slice.find("name: web-abcde"), 15, "name: web-b");
+  slice.replace(slice.find("port: 8080"), 10, "port: 8081");
+  return manifest + "---\n" + slice;
+}
 constexpr const char* kLoadClusterIP = "10.96.0.20";
 
 /// What the client load counts, in memory shared with the test process (it reads it live).
@@ -805,7 +755,7 @@ TEST_CASE("ebpf: kproxy restarted twice under load breaks no connection and writ
   t.setUp();
   const std::string manifests = "/tmp/" + t.name + "-restart-manifests";
   std::filesystem::create_directories(manifests);
-  std::ofstream(manifests + "/web.yaml") << kTwoEndpointsManifest;
+  std::ofstream(manifests + "/web.yaml") << twoEndpointsManifest();
   const std::vector<std::string> logs{"/tmp/" + t.name + "-restart-0.log", "/tmp/" + t.name + "-restart-1.log",
                                       "/tmp/" + t.name + "-restart-2.log"};
   TempFiles files{{manifests, logs[0], logs[1], logs[2]}};
