@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
@@ -19,16 +20,20 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iterator>
 #include <map>
+#include <new>
 #include <set>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -535,6 +540,54 @@ std::string slurp(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+/// The flags every kproxy run of these cases shares: ebpf mode on the test's cgroup and bpffs,
+/// no listener on the host's ports.
+std::vector<std::string> ebpfFlags(const Testbed& t) {
+  return {"--proxy-mode=ebpf",
+          "--ebpf-cgroup-path=" + t.cgroup,
+          "--ebpf-pin-path=" + t.pinPath,
+          "--hostname-override=ebpf-node",
+          "--metrics-bind-address=",
+          "--healthz-bind-address=",
+          "--conntrack-max-per-core=0"};
+}
+
+/// The daemon from the manifests in `dir`.
+std::vector<std::string> daemonFlags(const Testbed& t, const std::string& dir) {
+  auto flags = ebpfFlags(t);
+  flags.insert(flags.end(), {"--manifests=" + dir, "-v=2"});
+  return flags;
+}
+
+/// Removes the case's files (manifest directories, logs) when it ends, passed or failed.
+struct TempFiles {
+  std::vector<std::string> paths;
+  ~TempFiles() {
+    for (const auto& p : paths) std::filesystem::remove_all(p);
+  }
+};
+
+/// Stops the kproxy `pid` names, if any, when the case ends (SIGTERM: it leaves its pins).
+struct StopKproxy {
+  pid_t& pid;
+  ~StopKproxy() {
+    if (pid > 0) {
+      ::kill(pid, SIGTERM);
+      ::waitpid(pid, nullptr, 0);
+    }
+  }
+};
+
+/// Polls `done` until it holds or `ceiling` passes (the ceiling only stops a hang).
+bool waitUntil(const std::function<bool()>& done, std::chrono::seconds ceiling = std::chrono::seconds(30)) {
+  const auto deadline = std::chrono::steady_clock::now() + ceiling;
+  while (!done()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
 }  // namespace
 
 TEST_CASE("ebpf: the kproxy program serves a Service from manifests, and --cleanup removes what it pinned",
@@ -545,32 +598,9 @@ TEST_CASE("ebpf: the kproxy program serves a Service from manifests, and --clean
   std::filesystem::create_directories(manifests);
   std::ofstream(manifests + "/web.yaml") << kManifest;
   const std::string log = "/tmp/" + t.name + "-kproxy.log";
-  struct Files {
-    std::string dir, log;
-    ~Files() {
-      std::filesystem::remove_all(dir);
-      std::filesystem::remove(log);
-    }
-  } files{manifests, log};
-  const std::vector<std::string> common{"--proxy-mode=ebpf",
-                                        "--ebpf-cgroup-path=" + t.cgroup,
-                                        "--ebpf-pin-path=" + t.pinPath,
-                                        "--hostname-override=ebpf-node",
-                                        "--metrics-bind-address=",
-                                        "--healthz-bind-address=",
-                                        "--conntrack-max-per-core=0"};
-  std::vector<std::string> daemon = common;
-  daemon.insert(daemon.end(), {"--manifests=" + manifests, "-v=2"});
-  pid_t kproxy = startKproxy(t, daemon, log);
-  struct Stop {
-    pid_t& pid;
-    ~Stop() {
-      if (pid > 0) {
-        ::kill(pid, SIGTERM);
-        ::waitpid(pid, nullptr, 0);
-      }
-    }
-  } stop{kproxy};
+  TempFiles files{{manifests, log}};
+  pid_t kproxy = startKproxy(t, daemonFlags(t, manifests), log);
+  StopKproxy stop{kproxy};
 
   std::pair<int, std::string> reply{-1, ""};
   for (int i = 0; i < 100 && reply.first != 0; ++i) {
@@ -591,7 +621,7 @@ TEST_CASE("ebpf: the kproxy program serves a Service from manifests, and --clean
   CHECK(t.clientCommand({"curl", "-sS", "--max-time", "1", "http://10.96.0.20/"}).first == 0);
 
   // ...and --cleanup detaches them and removes the pins.
-  std::vector<std::string> cleanup = common;
+  std::vector<std::string> cleanup = ebpfFlags(t);
   cleanup.push_back("--cleanup");
   pid_t cleaner = startKproxy(t, cleanup, log);
   int status = 0;
@@ -600,4 +630,204 @@ TEST_CASE("ebpf: the kproxy program serves a Service from manifests, and --clean
   CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
   CHECK(attachedPrograms(t.cgroup) == 0);
   CHECK_FALSE(std::filesystem::exists(t.pinPath));
+}
+
+namespace {
+
+/// kManifest with a second endpoint for its Service: pod-b (8081), in a slice of its own as its
+/// port differs from pod-a's (8080); the slice is kManifest's, renamed and on pod-b's port.
+std::string twoEndpointsManifest() {
+  const std::string manifest = kManifest;
+  std::string slice = manifest.substr(manifest.rfind("apiVersion: discovery.k8s.io/v1"));
+  slice.replace(slice.find("name: web-abcde"), 15, "name: web-b");
+  slice.replace(slice.find("port: 8080"), 10, "port: 8081");
+  return manifest + "---\n" + slice;
+}
+constexpr const char* kLoadClusterIP = "10.96.0.20";
+
+/// What the client load counts, in memory shared with the test process (it reads it live).
+struct LoadCounters {
+  std::atomic<bool> stop{false};
+  std::atomic<long> ok{0}, failed{0}, wrongPeer{0}, podA{0}, podB{0};
+  std::atomic<long> streamLines{0};
+  std::atomic<int> stream{0};  // 0 opening, 1 open, 2 broken
+  char firstError[256] = {};
+  std::atomic<bool> errorNoted{false};
+
+  void note(const std::string& what) {
+    if (!errorNoted.exchange(true)) std::snprintf(firstError, sizeof firstError, "%s", what.c_str());
+  }
+};
+
+/// A TCP socket to the load's ClusterIP, connected, with 2 s timeouts; -1 (noted) when not.
+int connectToService(LoadCounters& c) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval timeout{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof timeout);
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+  sockaddr_in to = inet(kLoadClusterIP, 80);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    c.note(std::string("connect: ") + std::strerror(errno));
+    ::close(fd);
+    return -1;
+  }
+  sockaddr_in peer{};
+  socklen_t length = sizeof peer;
+  ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length);
+  if (text(peer) != std::string(kLoadClusterIP) + ":80") {
+    ++c.wrongPeer;
+    c.note("getpeername answered " + text(peer));
+  }
+  return fd;
+}
+
+/// One short connection: connect, one request, the whole reply; counted.
+void shortConnection(LoadCounters& c) {
+  const int fd = connectToService(c);
+  if (fd < 0) {
+    ++c.failed;
+    return;
+  }
+  const char request[] = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  std::string reply;
+  if (::write(fd, request, sizeof request - 1) == static_cast<ssize_t>(sizeof request - 1)) {
+    char buf[1024];
+    ssize_t n = 0;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) reply.append(buf, static_cast<std::size_t>(n));
+  }
+  ::close(fd);
+  if (reply.find("pod=pod-a ") != std::string::npos) {
+    ++c.ok;
+    ++c.podA;
+  } else if (reply.find("pod=pod-b ") != std::string::npos) {
+    ++c.ok;
+    ++c.podB;
+  } else {
+    ++c.failed;
+    c.note("reply: " + reply.substr(0, 120));
+  }
+}
+
+/// One long-lived connection (podserver's /stream) read until the load stops; broken when it
+/// ends or fails before.
+void streamConnection(LoadCounters& c) {
+  const int fd = connectToService(c);
+  if (fd < 0) {
+    c.stream = 2;
+    return;
+  }
+  const char request[] = "GET /stream?seconds=300&interval=0.05 HTTP/1.1\r\nHost: x\r\n\r\n";
+  if (::write(fd, request, sizeof request - 1) != static_cast<ssize_t>(sizeof request - 1)) {
+    c.note("stream: request not sent");
+    c.stream = 2;
+    ::close(fd);
+    return;
+  }
+  c.stream = 1;
+  char buf[4096];
+  while (!c.stop) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) != 1) continue;
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n <= 0) {
+      c.note(n == 0 ? std::string("stream: closed") : std::string("stream: ") + std::strerror(errno));
+      c.stream = 2;
+      break;
+    }
+    const std::string_view chunk(buf, static_cast<std::size_t>(n));
+    for (std::size_t at = chunk.find(" seq="); at != std::string_view::npos; at = chunk.find(" seq=", at + 1))
+      ++c.streamLines;
+  }
+  ::close(fd);
+}
+
+/// The first line of `log` with "ebpf sync full=true", or "".
+std::string firstFullSync(const std::string& log) {
+  const std::string all = slurp(log);
+  const auto at = all.find("ebpf sync full=true");
+  return at == std::string::npos ? "" : all.substr(at, all.find('\n', at) - at);
+}
+
+}  // namespace
+
+TEST_CASE("ebpf: kproxy restarted twice under load breaks no connection and writes nothing", "[kernel][ebpf]") {
+  Testbed t;
+  t.setUp();
+  const std::string manifests = "/tmp/" + t.name + "-restart-manifests";
+  std::filesystem::create_directories(manifests);
+  std::ofstream(manifests + "/web.yaml") << twoEndpointsManifest();
+  const std::vector<std::string> logs{"/tmp/" + t.name + "-restart-0.log", "/tmp/" + t.name + "-restart-1.log",
+                                      "/tmp/" + t.name + "-restart-2.log"};
+  TempFiles files{{manifests, logs[0], logs[1], logs[2]}};
+
+  pid_t kproxy = startKproxy(t, daemonFlags(t, manifests), logs[0]);
+  StopKproxy stopKproxy{kproxy};
+  if (!waitUntil([&] { return !firstFullSync(logs[0]).empty(); })) FAIL("kproxy did not sync: " << slurp(logs[0]));
+
+  // The load: a loop of short connections and one stream, in a child in the cgroup and the
+  // client's namespace, counting into shared memory.
+  void* shared = ::mmap(nullptr, sizeof(LoadCounters), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(shared != MAP_FAILED);
+  auto& load = *new (shared) LoadCounters;
+  std::fflush(nullptr);
+  pid_t client = ::fork();
+  REQUIRE(client >= 0);
+  if (client == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    std::ofstream(t.cgroup + "/cgroup.procs") << ::getpid() << std::flush;
+    enterNetns(t.client);
+    std::thread stream([&] { streamConnection(load); });
+    const auto ceiling = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+    while (!load.stop && std::chrono::steady_clock::now() < ceiling) shortConnection(load);
+    load.stop = true;
+    stream.join();
+    ::_exit(0);
+  }
+  struct StopLoad {
+    pid_t& pid;
+    LoadCounters& load;
+    void* shared;
+    ~StopLoad() {
+      load.stop = true;
+      if (pid > 0) ::waitpid(pid, nullptr, 0);
+      ::munmap(shared, sizeof(LoadCounters));
+    }
+  } stopLoad{client, load, shared};
+
+  auto counts = [&] {
+    return "ok=" + std::to_string(load.ok) + " failed=" + std::to_string(load.failed) +
+           " wrong-peer=" + std::to_string(load.wrongPeer) + " pod-a=" + std::to_string(load.podA) +
+           " pod-b=" + std::to_string(load.podB) + " stream=" + std::to_string(load.stream) +
+           " stream-lines=" + std::to_string(load.streamLines) + " first-error=\"" +
+           (load.errorNoted ? load.firstError : "") + "\"";
+  };
+  if (!waitUntil([&] { return load.ok >= 50 && load.streamLines >= 2; })) FAIL("the load did not start: " << counts());
+
+  std::vector<std::string> restartedSyncs;
+  for (std::size_t round = 1; round <= 2; ++round) {
+    ::kill(kproxy, SIGTERM);
+    ::waitpid(kproxy, nullptr, 0);
+    kproxy = startKproxy(t, daemonFlags(t, manifests), logs[round]);
+    if (!waitUntil([&] { return !firstFullSync(logs[round]).empty(); }))
+      FAIL("restart " << round << " did not sync: " << slurp(logs[round]));
+    restartedSyncs.push_back(firstFullSync(logs[round]));
+    // The load goes on over the restarted kproxy before the next step.
+    const long ok = load.ok, lines = load.streamLines;
+    if (!waitUntil([&] { return load.ok >= ok + 50 && load.streamLines >= lines + 2; }))
+      FAIL("the load stalled after restart " << round << ": " << counts());
+  }
+  load.stop = true;
+  ::waitpid(client, nullptr, 0);
+  client = -1;
+
+  INFO(counts());
+  CHECK(load.failed == 0);
+  CHECK(load.wrongPeer == 0);
+  CHECK(load.stream == 1);
+  CHECK(load.podA > 0);
+  CHECK(load.podB > 0);
+  for (const auto& line : restartedSyncs) {
+    INFO(line);
+    CHECK(line.find(" ops=0 ") != std::string::npos);
+  }
 }
