@@ -20,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -76,6 +77,45 @@ void privateMounts() {
   done = true;
 }
 
+/// The pid at the end of `name` after `prefix` ("kpe-c-123" → 123), or 0.
+pid_t pidAfter(const std::string& name, std::string_view prefix) {
+  if (!name.starts_with(prefix)) return 0;
+  pid_t pid = 0;
+  for (char c : name.substr(prefix.size())) {
+    if (c < '0' || c > '9') break;
+    pid = pid * 10 + (c - '0');
+  }
+  return pid;
+}
+
+bool alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+
+/// What a run killed before its clean-up left (SIGKILL from a ctest timeout, SIGPIPE): its
+/// namespaces' names, its cgroup and the processes still in it, its files in /tmp. Only names
+/// of this test whose pid is gone are touched.
+void sweepDeadRuns(const std::string& cgroupRoot) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator("/run/netns", ec)) {
+    const std::string n = entry.path().filename().string();
+    const pid_t pid = std::max(pidAfter(n, "kpe-c-"), pidAfter(n, "kpe-s-"));
+    if (pid > 0 && !alive(pid)) run("ip netns del " + n);
+  }
+  for (const auto& entry : fs::directory_iterator(cgroupRoot, ec)) {
+    const std::string n = entry.path().filename().string();
+    const pid_t pid = pidAfter(n, "kproxy-ebpf-test-");
+    if (pid == 0 || alive(pid)) continue;
+    std::ifstream procs(entry.path() / "cgroup.procs");
+    for (pid_t p; procs >> p;) ::kill(p, SIGKILL);
+    for (int i = 0; i < 100 && ::rmdir(entry.path().c_str()) != 0 && errno == EBUSY; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (const auto& entry : fs::directory_iterator("/tmp", ec)) {
+    const pid_t pid = pidAfter(entry.path().filename().string(), "kproxy-ebpf-test-");
+    if (pid > 0 && !alive(pid)) fs::remove_all(entry.path(), ec);
+  }
+}
+
 /// In a forked child: joins the network namespace `name` made by `ip netns add`, or exits 120.
 void enterNetns(const std::string& name) {
   const std::string path = "/run/netns/" + name;
@@ -101,6 +141,7 @@ struct Testbed {
     name = "kproxy-ebpf-test-" + std::to_string(::getpid());
     auto root = cgroupV2Root();
     REQUIRE(root.has_value());
+    sweepDeadRuns(*root);
     cgroup = *root + "/" + name;
     REQUIRE(cgroup != *root);
     ::rmdir(cgroup.c_str());  // a run killed before its cleanup
