@@ -5,7 +5,9 @@
 //       closes it (the server side closes first, as an HTTP/1.0 server does).
 //   kproxy-bench-connrate client IP PORT SECONDS CONCURRENCY
 //       CONCURRENCY threads each connect, send a request, read the reply to its end and close,
-//       again and again for SECONDS; prints "requests=N failures=F seconds=S rate=R".
+//       again and again for SECONDS; prints "requests=N failures=F seconds=S rate=R p50_us=A
+//       p99_us=B", the last two the connect-to-first-byte times of the successful requests
+//       (from just before connect() to the reply's first byte), in microseconds.
 //
 // A small tool of its own rather than ab or wrk: one binary for both ends, and no package
 // beyond the build.
@@ -15,8 +17,11 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <mutex>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -74,11 +79,16 @@ int client(const char* ip, int port, double seconds, int concurrency) {
   std::atomic<long> done{0}, failed{0};
   const auto start = std::chrono::steady_clock::now();
   const auto end = start + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+  std::mutex latencies_mutex;
+  std::vector<std::uint32_t> latencies;  // microseconds, connect to first byte
   std::vector<std::thread> workers;
   for (int t = 0; t < concurrency; ++t) {
     workers.emplace_back([&] {
       char buf[512];
+      std::vector<std::uint32_t> mine;
+      mine.reserve(1 << 16);
       while (std::chrono::steady_clock::now() < end) {
+        const auto began = std::chrono::steady_clock::now();
         int s = ::socket(AF_INET, SOCK_STREAM, 0);
         // A connect or a reply that takes over 2 s is a failure (SO_SNDTIMEO bounds connect()),
         // not a stall that stretches the run.
@@ -88,21 +98,34 @@ int client(const char* ip, int port, double seconds, int concurrency) {
         bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
                   ::send(s, kRequest, sizeof kRequest - 1, MSG_NOSIGNAL) == static_cast<ssize_t>(sizeof kRequest - 1);
         std::size_t total = 0;
+        std::uint32_t first_byte_us = 0;
         while (ok) {
           auto n = ::recv(s, buf, sizeof buf, 0);
           if (n < 0) ok = false;
           if (n <= 0) break;
+          if (total == 0)
+            first_byte_us = static_cast<std::uint32_t>(
+                std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - began).count());
           total += static_cast<std::size_t>(n);
         }
         ::close(s);
-        (ok && total == sizeof kReply - 1 ? done : failed)++;
+        const bool good = ok && total == sizeof kReply - 1;
+        (good ? done : failed)++;
+        if (good) mine.push_back(first_byte_us);
       }
+      std::lock_guard<std::mutex> lock(latencies_mutex);
+      latencies.insert(latencies.end(), mine.begin(), mine.end());
     });
   }
   for (auto& w : workers) w.join();
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::printf("requests=%ld failures=%ld seconds=%.2f rate=%.0f\n", done.load(), failed.load(), took,
-              static_cast<double>(done.load()) / took);
+  std::sort(latencies.begin(), latencies.end());
+  auto percentile = [&latencies](double p) -> unsigned long {
+    if (latencies.empty()) return 0;
+    return latencies[static_cast<std::size_t>(p * static_cast<double>(latencies.size() - 1))];
+  };
+  std::printf("requests=%ld failures=%ld seconds=%.2f rate=%.0f p50_us=%lu p99_us=%lu\n", done.load(), failed.load(),
+              took, static_cast<double>(done.load()) / took, percentile(0.50), percentile(0.99));
   return failed.load() == 0 ? 0 : 1;
 }
 

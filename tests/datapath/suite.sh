@@ -1671,45 +1671,16 @@ fi
 # directory (kp_init below), and removes them when it ends (kp_teardown below); the suite's
 # cgroup goes when the suite exits.
 if is_ebpf; then
-  if [[ -z "${KP_EBPF_PRIVATE_MOUNTS:-}" ]]; then
-    exec unshare --mount --propagation private env KP_EBPF_PRIVATE_MOUNTS=1 "$0" "${suite_argv[@]}"
-  fi
+  source "$KP_LIB_DIR/ebpf-lib.sh"
+  kp_ebpf_reexec "$0" "${suite_argv[@]}"
   NFT_TABLE=kproxy-ebpf
   _ebpf_refuse() { echo "ERROR: $*; nothing was tested." >&2; echo "0 passed, 1 failed"; exit 1; }
   command -v bpftool >/dev/null && command -v conntrack >/dev/null || _ebpf_refuse "ebpf mode needs bpftool and conntrack"
-  cgroup_root="$(awk '$0 ~ / - cgroup2 / && $4 == "/" { print $5; exit }' /proc/self/mountinfo)"
-  [[ -n "$cgroup_root" ]] || _ebpf_refuse "no cgroup v2 hierarchy is mounted"
-  KP_EBPF_DIR="$(mktemp -d "${TMPDIR:-/tmp}/kpebpf$$.XXXXXX")"
-  mkdir -p "$KP_EBPF_DIR/cgroup2" "$KP_EBPF_DIR/bpffs"
-  mount --bind "$cgroup_root" "$KP_EBPF_DIR/cgroup2" && mount -t bpf bpf "$KP_EBPF_DIR/bpffs" ||
-    _ebpf_refuse "mounting the suite's cgroup2 and bpffs failed"
-  KP_EBPF_SUITE_CGROUP="$KP_EBPF_DIR/cgroup2/kproxy-datapath-$$"
-  mkdir "$KP_EBPF_SUITE_CGROUP" || _ebpf_refuse "cannot make $KP_EBPF_SUITE_CGROUP"
+  kp_ebpf_mount "kproxy-datapath-$$" || { kp_ebpf_unmount; _ebpf_refuse "$KP_EBPF_ERROR"; }
+  KP_EBPF_SUITE_CGROUP="$KP_EBPF_TOP_CGROUP"
   KP_CGROUP_OF=ebpf_cgroup_of
-
-  # _ebpf_rmdir_cgroup DIR — removes a cgroup of the suite's, ending what still runs in it.
-  _ebpf_rmdir_cgroup() {
-    local i pid
-    [[ -d "$1" ]] || return 0
-    for ((i = 0; i < 50; i++)); do
-      rmdir "$1" 2>/dev/null && return 0
-      for pid in $(cat "$1/cgroup.procs" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
-      sleep 0.1
-    done
-    echo "WARNING: cgroup $1 could not be removed" >&2
-  }
-  _ebpf_suite_cleanup() {
-    local d
-    for d in "$KP_EBPF_SUITE_CGROUP"/*/; do
-      [[ -d "$d" ]] || continue
-      _ebpf_rmdir_cgroup "${d}node"
-      _ebpf_rmdir_cgroup "${d}remote"
-      _ebpf_rmdir_cgroup "$d"
-    done
-    _ebpf_rmdir_cgroup "$KP_EBPF_SUITE_CGROUP"
-    umount "$KP_EBPF_DIR/bpffs" "$KP_EBPF_DIR/cgroup2" 2>/dev/null
-    rm -rf "$KP_EBPF_DIR"
-  }
+  _ebpf_rmdir_cgroup() { kp_ebpf_rmdir_cgroup "$@"; }
+  _ebpf_suite_cleanup() { kp_ebpf_unmount; }
 
   eval "_kp_init_base() $(declare -f kp_init | tail -n +2)"
   kp_init() {
