@@ -237,7 +237,10 @@ restart_in_first_sync() {
       KILLS_AFTER_FIRST_SYNC=$((KILLS_AFTER_FIRST_SYNC + 1))
       FIRST_SYNC_DELAY_MS=$((FIRST_SYNC_DELAY_MS / 2))
       ;;
-    *) fail "kproxy did not list Services and EndpointSlices within $KP_CEILING s of a restart" ;;
+    *)
+      fail "kproxy did not list Services and EndpointSlices within $KP_CEILING s of a restart ($(cat "$out"))"
+      kill_kproxy  # the killer did not kill it: the wait below would never end
+      ;;
   esac
   wait "$KP_KPROXY_PID" 2>/dev/null
   start_kproxy

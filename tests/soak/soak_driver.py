@@ -26,6 +26,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import ssl
 import subprocess
@@ -628,7 +629,9 @@ def kill_in_first_sync(args):
                 continue
             buf += chunk
             for res in ("Service", "EndpointSlice"):
-                if f'"listed" resource={res} ' in buf or f'msg="listed" resource={res}' in buf or f'listed resource={res}' in buf:
+                # klog's InfoS quotes string values ("listed" resource="Service" ...); the JSON
+                # format writes "msg":"listed","resource":"Service".
+                if re.search(r'"?listed"?[ ,]"?resource"?[=:]"?' + res + r'[" ]', buf):
                     listed.add(res)
             if len(listed) == 2:
                 break
