@@ -6,10 +6,15 @@
 #include <fmt/format.h>
 
 #include "kproxy/iptables/tracer.h"
+#include "trace_helpers.h"
 
 using namespace kproxy;
 using namespace kproxy::iptables;
 using net::Prefix;
+
+using iptables::testing::eps;
+using iptables::testing::metRule;
+using iptables::testing::packet;
 
 namespace {
 
@@ -119,22 +124,6 @@ IptablesTracer tracerOf(std::string_view text) {
   auto t = IptablesTracer::fromText(text, {*net::Prefix::parse(kNodeIP)});
   REQUIRE(t);
   return std::move(*t);
-}
-
-Packet packet(const char* src, const char* dst, std::uint16_t port, bool fromNode = false,
-              const char* proto = "tcp") {
-  auto p = Packet::make(src, dst, port, proto, fromNode);
-  REQUIRE(p);
-  return *p;
-}
-
-std::vector<std::string> eps(std::initializer_list<const char*> list) { return {list.begin(), list.end()}; }
-
-bool metRule(const Trace& t, std::string_view chain, std::string_view needle) {
-  for (const auto& path : t.paths)
-    for (const auto& s : path.steps)
-      if (s.chain == chain && s.rule.find(needle) != std::string::npos) return true;
-  return false;
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include "kproxy/ipvs/renderer.h"
 #include "kproxy/ipvs/tracer_scheduler.h"
 
+#include "../iptables/trace_helpers.h"
+
 using namespace kproxy;
 using namespace kproxy::ipvs;
 using iptables::IptablesTracer;
@@ -21,24 +23,13 @@ using iptables::Trace;
 using iptables::TracedIpset;
 using iptables::TraceVerdict;
 
+using iptables::testing::eps;
+using iptables::testing::metRule;
+using iptables::testing::packet;
+
 namespace {
 
 constexpr const char* kNodeIP = "192.168.0.2";
-
-Packet packet(const char* src, const char* dst, std::uint16_t port, bool fromNode = false) {
-  auto p = Packet::make(src, dst, port, "tcp", fromNode);
-  REQUIRE(p);
-  return *p;
-}
-
-std::vector<std::string> eps(std::initializer_list<const char*> list) { return {list.begin(), list.end()}; }
-
-bool metRule(const Trace& t, std::string_view chain, std::string_view needle) {
-  for (const auto& path : t.paths)
-    for (const auto& s : path.steps)
-      if (s.chain == chain && s.rule.find(needle) != std::string::npos) return true;
-  return false;
-}
 
 
 // A small IPVS-mode ruleset: a VIP 10.96.0.10:80 on kube-ipvs0 (local), a firewalled LB IP,
