@@ -138,6 +138,14 @@ std::shared_ptr<const core::ServicePortState> dnsPort(const std::vector<std::str
   return s;
 }
 
+/// The node the plugin is created for, as the tracker resolves its Node object.
+core::NodeInfo nodeA() {
+  core::NodeInfo node;
+  node.name = "node-a";
+  node.known = true;
+  return node;
+}
+
 /// The nftables plugin's backend for node-a, loaded as kproxy loads it.
 std::unique_ptr<core::Backend> nftablesPlugin(plugins::PluginRegistry& registry) {
   auto loaded = registry.load(std::filesystem::path(KPROXY_TEST_PLUGIN_DIR) / "kproxy-backend-nftables.so");
@@ -205,9 +213,7 @@ TEST_CASE("nftables plugin: after a sync, flows to a removed UDP endpoint go and
   auto created = nftablesPlugin(registry);
   core::Backend& backend = *created;
 
-  core::NodeInfo node;
-  node.name = "node-a";
-  node.known = true;
+  const core::NodeInfo node = nodeA();
   std::vector<core::ServicePortKey> changed{core::ServicePortKey{net::Family::kIPv4, "default/dns:dns"}};
 
   // 1. The service gets endpoint E1: the never-DNAT'ed flow is stale (upstream rule for a
@@ -289,9 +295,7 @@ TEST_CASE("nftables plugin: a UDP service scaled to zero keeps its flows, as ups
   plugins::PluginRegistry registry;
   auto created = nftablesPlugin(registry);
   core::Backend& backend = *created;
-  core::NodeInfo node;
-  node.name = "node-a";
-  node.known = true;
+  const core::NodeInfo node = nodeA();
   std::vector<core::ServicePortKey> changed{core::ServicePortKey{net::Family::kIPv4, "default/dns:dns"}};
 
   // A one-way sender (syslog, statsd): one source port, datagrams and never an answer.
