@@ -12,6 +12,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -53,7 +55,9 @@ void enableConntrack() {
 }
 
 /// Sends one UDP datagram from src:sport to dst:dport (a new flow per source port).
-void sendUdp(const std::string& src, std::uint16_t sport, const std::string& dst, std::uint16_t dport) {
+/// One datagram from src:sport to dst:dport: 0 when the kernel took it, else sendto's errno (a
+/// reject rule in the output path refuses it at once).
+int trySendUdp(const std::string& src, std::uint16_t sport, const std::string& dst, std::uint16_t dport) {
   int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
   REQUIRE(fd >= 0);
   int one = 1;
@@ -67,8 +71,15 @@ void sendUdp(const std::string& src, std::uint16_t sport, const std::string& dst
   to.sin_port = htons(dport);
   inet_pton(AF_INET, dst.c_str(), &to.sin_addr);
   REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof from) == 0);
-  REQUIRE(::sendto(fd, "x", 1, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) == 1);
+  int rc = ::sendto(fd, "x", 1, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) == 1 ? 0 : errno;
   ::close(fd);
+  return rc;
+}
+
+void sendUdp(const std::string& src, std::uint16_t sport, const std::string& dst, std::uint16_t dport) {
+  int err = trySendUdp(src, sport, dst, dport);
+  INFO("sendto: " << std::strerror(err));
+  REQUIRE(err == 0);
 }
 
 /// A bound UDP socket, so datagrams DNAT'ed to an endpoint find a listener.
@@ -146,14 +157,20 @@ core::NodeInfo nodeA() {
   return node;
 }
 
-/// The nftables plugin's backend for node-a, loaded as kproxy loads it.
-std::unique_ptr<core::Backend> nftablesPlugin(plugins::PluginRegistry& registry) {
-  auto loaded = registry.load(std::filesystem::path(KPROXY_TEST_PLUGIN_DIR) / "kproxy-backend-nftables.so");
+/// A mode's plugin backend for node-a, loaded as kproxy loads it.
+std::unique_ptr<core::Backend> modePlugin(plugins::PluginRegistry& registry, const std::string& mode) {
+  auto loaded =
+      registry.load(std::filesystem::path(KPROXY_TEST_PLUGIN_DIR) / ("kproxy-backend-" + mode + ".so"));
   INFO((loaded ? std::string() : loaded.error().message()));
   REQUIRE(loaded.has_value());
-  auto created = registry.createBackend("nftables", {{"node-name", "node-a"}});
+  auto created = registry.createBackend(mode, {{"node-name", "node-a"}});
+  INFO((created ? std::string() : created.error().message()));
   REQUIRE(created.has_value());
   return std::move(*created);
+}
+
+std::unique_ptr<core::Backend> nftablesPlugin(plugins::PluginRegistry& registry) {
+  return modePlugin(registry, "nftables");
 }
 
 }  // namespace
@@ -282,9 +299,12 @@ TEST_CASE("nftables plugin: after a sync, flows to a removed UDP endpoint go and
   REQUIRE(backend.cleanup().has_value());
 }
 
-TEST_CASE("nftables plugin: a UDP service scaled to zero keeps its flows, as upstream 1.34; scaled up "
-          "again, a one-way sender's flow to the old endpoint goes and its next datagram reaches the new one",
+TEST_CASE("nftables and iptables plugins: a UDP service scaled to zero loses its flows, so a one-way sender "
+          "is refused instead of blackholed; scaled up again, its next datagram reaches the new endpoint; "
+          "deleted, its flows go",
           "[kernel]") {
+  const std::string mode = GENERATE(as<std::string>{}, "nftables", "iptables");
+  INFO("mode " << mode);
   FreshNetns netns;
   setUpAddresses();
   UdpListener e1("10.1.0.1", 5353);
@@ -293,7 +313,7 @@ TEST_CASE("nftables plugin: a UDP service scaled to zero keeps its flows, as ups
   REQUIRE(e2.ok);
 
   plugins::PluginRegistry registry;
-  auto created = nftablesPlugin(registry);
+  auto created = modePlugin(registry, mode);
   core::Backend& backend = *created;
   const core::NodeInfo node = nodeA();
   std::vector<core::ServicePortKey> changed{core::ServicePortKey{net::Family::kIPv4, "default/dns:dns"}};
@@ -306,16 +326,23 @@ TEST_CASE("nftables plugin: a UDP service scaled to zero keeps its flows, as ups
   sendUdp("10.9.0.1", kSender, "172.30.0.10", 53);
   REQUIRE(flowsTo("172.30.0.10") == std::map<int, std::string>{{kSender, "10.1.0.1"}});
 
-  // 1. Scaled to zero: upstream's CleanStaleEntries skips a service port without serving
-  //    endpoints ("a Service without endpoints does not require to clean the conntrack entries
-  //    associated"), so the flow stays: there is no endpoint to send the sender to.
+  // 1. Scaled to zero: the flow DNAT'ed to E1 goes (upstream's fix of its 1.32 regression,
+  //    kubernetes#139629). Kept, it would carry the sender's datagrams on to E1 (which still
+  //    listens here), refreshing itself with each one: iptables' reject rule matches the
+  //    service address after the flow's DNAT. nftables' sits before DNAT and refuses even an
+  //    unreplied flow, but the stale flow stays in the table until it is deleted.
   auto none = dnsPort({});
   core::Snapshot s2 = s1.with(none->key, none).withGeneration(2);
   REQUIRE(backend.sync(core::SyncRequest{&s1, &s2, changed, core::SyncKind::kPartial}).has_value());
-  CHECK(flowsTo("172.30.0.10") == std::map<int, std::string>{{kSender, "10.1.0.1"}});
+  CHECK(flowsTo("172.30.0.10").empty());
+  // The next datagram is a new flow, and the service's reject rule refuses it at once: nothing
+  // is DNAT'ed, no flow is confirmed.
+  int refused = trySendUdp("10.9.0.1", kSender, "172.30.0.10", 53);
+  INFO("sendto: " << std::strerror(refused));
+  CHECK((refused == EPERM || refused == ECONNREFUSED));
+  CHECK(flowsTo("172.30.0.10").empty());
 
-  // 2. Scaled up to a new endpoint E2: the flow DNAT'ed to the gone E1 is stale and goes, so
-  //    the sender is not held on E1 for as long as it keeps the flow alive.
+  // 2. Scaled up to a new endpoint E2: the sender's next datagram is DNAT'ed to it.
   auto withE2 = dnsPort({"10.1.0.2"});
   core::Snapshot s3 = s2.with(withE2->key, withE2).withGeneration(3);
   REQUIRE(backend.sync(core::SyncRequest{&s2, &s3, changed, core::SyncKind::kPartial}).has_value());
@@ -327,6 +354,11 @@ TEST_CASE("nftables plugin: a UDP service scaled to zero keeps its flows, as ups
   REQUIRE(::poll(&ready, 1, 60000) == 1);
   char datagram[8];
   CHECK(::recv(e2.fd, datagram, sizeof datagram, MSG_DONTWAIT) == 1);
+
+  // 3. The service is deleted: its flow to E2 goes too (kubernetes#141371), though E2 serves on.
+  core::Snapshot s4 = s3.with(withE2->key, nullptr).withGeneration(4);
+  REQUIRE(backend.sync(core::SyncRequest{&s3, &s4, changed, core::SyncKind::kPartial}).has_value());
+  CHECK(flowsTo("172.30.0.10").empty());
 
   REQUIRE(backend.cleanup().has_value());
 }

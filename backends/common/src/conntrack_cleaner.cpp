@@ -51,34 +51,44 @@ struct ServingIndex {
   bool empty() const { return protocols.empty(); }
 };
 
-/// `family`: only its ports (nullopt: every port, all of one family).
-ServingIndex indexServing(std::span<const sdk::ServicePort> ports, const ConntrackCleaner& cleaner,
-                          std::optional<net::Family> family = std::nullopt) {
+/// `family`: only its ports (nullopt: every port, all of one family). `deleted`: the ports a
+/// sync removed (upstream's DeletedServices); their addresses and NodePorts count as serving
+/// nothing, unless a port that remains uses them too.
+ServingIndex indexServing(std::span<const sdk::ServicePort> ports, std::span<const sdk::ServicePort> deleted,
+                          const ConntrackCleaner& cleaner, std::optional<net::Family> family = std::nullopt) {
   ServingIndex index;
-  for (const auto& port : ports) {
-    if (!cleaner.cleans(port.protocol) || (family && port.family != *family)) continue;
+  auto addPort = [&](const sdk::ServicePort& port, bool remains) {
+    if (!cleaner.cleans(port.protocol) || (family && port.family != *family)) return;
     EndpointIPs serving;
     // Every serving endpoint, whatever the traffic policy, topology or termination: existing
-    // flows keep going to an endpoint that still serves, as for TCP.
-    for (const auto& ep : port.allEndpoints)
-      if (ep.serving) serving.insert(canonicalIP(ep.ip));
-    // No serving endpoint: nothing better to send clients to, leave the flows alone.
-    if (serving.empty()) continue;
+    // flows keep going to an endpoint that still serves, as for TCP. A port with none (scaled to
+    // zero) is indexed with the empty set: each of its flows goes to a gone or non-serving pod,
+    // and a one-way sender that keeps one alive would otherwise be blackholed until the service
+    // has an endpoint again (upstream's fix of that regression, kubernetes#139629).
+    if (remains)
+      for (const auto& ep : port.allEndpoints)
+        if (ep.serving) serving.insert(canonicalIP(ep.ip));
     auto proto = toCore(port.protocol);
     auto servicePort = static_cast<std::uint16_t>(port.port);
-    auto add = [&](const std::string& ip) {
-      if (ip.empty()) return;
-      // Two service ports behind one address and port (a shared VIP) both count.
-      index.byServiceIP[{proto, canonicalIP(ip), servicePort}].insert(serving.begin(), serving.end());
+    auto add = [&](auto& map, auto key) {
+      // Two service ports behind one address and port (a shared VIP) both count; a removed
+      // port's frontend never narrows one that a remaining port still serves.
+      if (remains)
+        map[key].insert(serving.begin(), serving.end());
+      else
+        map.try_emplace(key);
     };
-    add(port.clusterIP);
-    for (const auto& ip : port.loadBalancerIPs) add(ip);
-    for (const auto& ip : port.externalIPs) add(ip);
-    if (port.nodePort != 0)
-      index.byNodePort[{proto, static_cast<std::uint16_t>(port.nodePort)}].insert(serving.begin(),
-                                                                                  serving.end());
+    auto addIP = [&](const std::string& ip) {
+      if (!ip.empty()) add(index.byServiceIP, std::tuple{proto, canonicalIP(ip), servicePort});
+    };
+    addIP(port.clusterIP);
+    for (const auto& ip : port.loadBalancerIPs) addIP(ip);
+    for (const auto& ip : port.externalIPs) addIP(ip);
+    if (port.nodePort != 0) add(index.byNodePort, std::pair{proto, static_cast<std::uint16_t>(port.nodePort)});
     index.protocols.insert(proto);
-  }
+  };
+  for (const auto& port : ports) addPort(port, true);
+  for (const auto& port : deleted) addPort(port, false);
   return index;
 }
 
@@ -113,17 +123,18 @@ bool ConntrackCleaner::cleans(sdk::Protocol protocol) const {
 
 std::vector<kernel::ConntrackFlow> ConntrackCleaner::staleFlows(std::span<const kernel::ConntrackFlow> flows,
                                                         std::span<const sdk::ServicePort> ports) const {
-  return staleIn(flows, indexServing(ports, *this));
+  return staleIn(flows, indexServing(ports, {}, *this));
 }
 
 core::Result<ConntrackCleanupReport> ConntrackCleaner::reconcile(std::span<const sdk::ServicePort> ports,
-                                                                 const FamilySet& families) {
+                                                                 const FamilySet& families,
+                                                                 std::span<const sdk::ServicePort> deleted) {
   ConntrackCleanupReport report;
   report.ran = true;
   for (net::Family family : families) {
     // Each family on its own, as upstream's per-family proxiers: timed from listing to deleting.
     const auto started = std::chrono::steady_clock::now();
-    ServingIndex index = indexServing(ports, *this, family);
+    ServingIndex index = indexServing(ports, deleted, *this, family);
     std::vector<kernel::ConntrackFlow> stale;
     for (core::Protocol protocol : index.protocols) {
       auto flows = table_.list(toCore(family), protocol);
@@ -131,11 +142,11 @@ core::Result<ConntrackCleanupReport> ConntrackCleaner::reconcile(std::span<const
       report.listed += flows->size();
       for (auto& f : staleIn(*flows, index)) stale.push_back(std::move(f));
     }
-    auto deleted = table_.remove(stale);
-    if (!deleted) return std::unexpected(deleted.error());
-    report.deleted += *deleted;
+    auto removed = table_.remove(stale);
+    if (!removed) return std::unexpected(removed.error());
+    report.deleted += *removed;
     report.families.push_back(FamilyReconcile{
-        family, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), *deleted});
+        family, std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count(), *removed});
     for (auto& f : stale) report.stale.push_back(std::move(f));
   }
   return report;
@@ -147,13 +158,14 @@ namespace {
 /// partial sync requires one of a family when a changed key of it is, or was, a port of a
 /// cleaned protocol (upstream's ConntrackCleanupRequired, which each family's proxier decides
 /// for itself); a full sync also when any port of the family uses one. `changedFamilies()`
-/// answers the first, `forEachNext(fn)` walks the next snapshot's ports. Neither keeps copies
-/// of the ports it looks at: a first sync changes every key, and copies of every port with its
-/// endpoints were once the largest allocation of a first sync.
-template <class ChangedFamilies, class ForEachNext>
+/// answers the first, `forEachNext(fn)` walks the next snapshot's ports and
+/// `forEachDeleted(fn)` the changed ports that the next snapshot no longer has. None keeps
+/// copies of the ports it looks at: a first sync changes every key, and copies of every port
+/// with its endpoints were once the largest allocation of a first sync.
+template <class ChangedFamilies, class ForEachNext, class ForEachDeleted>
 core::Result<ConntrackCleanupReport> cleanAfterSync(ConntrackCleaner& cleaner, bool full,
-                                                    ChangedFamilies changedFamilies,
-                                                    ForEachNext forEachNext) {
+                                                    ChangedFamilies changedFamilies, ForEachNext forEachNext,
+                                                    ForEachDeleted forEachDeleted) {
   std::set<net::Family> families = changedFamilies();
   // Only a required cleanup, or a full sync, pays for a walk over the whole snapshot.
   if (!full && families.empty()) return ConntrackCleanupReport{};
@@ -163,8 +175,12 @@ core::Result<ConntrackCleanupReport> cleanAfterSync(ConntrackCleaner& cleaner, b
     cleaned.push_back(p);
     if (full) families.insert(p.family);
   });
+  std::vector<sdk::ServicePort> deleted;
+  forEachDeleted([&](const sdk::ServicePort& p) {
+    if (cleaner.cleans(p.protocol)) deleted.push_back(p);
+  });
   if (families.empty()) return ConntrackCleanupReport{};
-  return cleaner.reconcile(cleaned, FamilySet(families.begin(), families.end()));
+  return cleaner.reconcile(cleaned, FamilySet(families.begin(), families.end()), deleted);
 }
 
 }  // namespace
@@ -172,21 +188,29 @@ core::Result<ConntrackCleanupReport> cleanAfterSync(ConntrackCleaner& cleaner, b
 core::Result<ConntrackCleanupReport> ConntrackCleaner::afterSync(
     const std::vector<sdk::ServicePort>& previous, const std::vector<sdk::ServicePort>& next,
     const std::vector<sdk::ChangedKey>& changed, bool full) {
-  auto cleanedIn = [this](const std::vector<sdk::ServicePort>& ports, const sdk::ChangedKey& key) {
-    return std::any_of(ports.begin(), ports.end(), [&](const sdk::ServicePort& p) {
-      return p.family == key.family && p.key == key.key && cleans(p.protocol);
-    });
+  auto in = [](const std::vector<sdk::ServicePort>& ports, const sdk::ChangedKey& key) -> const sdk::ServicePort* {
+    auto it = std::find_if(ports.begin(), ports.end(),
+                           [&](const sdk::ServicePort& p) { return p.family == key.family && p.key == key.key; });
+    return it == ports.end() ? nullptr : &*it;
   };
   return cleanAfterSync(
       *this, full,
       [&] {
         std::set<net::Family> families;
-        for (const auto& key : changed)
-          if (cleanedIn(previous, key) || cleanedIn(next, key)) families.insert(key.family);
+        for (const auto& key : changed) {
+          const auto* before = in(previous, key);
+          const auto* after = in(next, key);
+          if ((before && cleans(before->protocol)) || (after && cleans(after->protocol)))
+            families.insert(key.family);
+        }
         return families;
       },
       [&](const auto& fn) {
         for (const auto& p : next) fn(p);
+      },
+      [&](const auto& fn) {
+        for (const auto& key : changed)
+          if (const auto* before = in(previous, key); before && !in(next, key)) fn(*before);
       });
 }
 
@@ -204,7 +228,13 @@ core::Result<ConntrackCleanupReport> ConntrackCleaner::afterSync(const sdk::Sync
         }
         return families;
       },
-      [&](const auto& fn) { context.next.forEach(fn); });
+      [&](const auto& fn) { context.next.forEach(fn); },
+      [&](const auto& fn) {
+        for (const auto& key : context.changed) {
+          auto previous = context.previous.find(key.family, key.key);
+          if (previous && !context.next.find(key.family, key.key)) fn(*previous);
+        }
+      });
 }
 
 sdk::Expected<ConntrackReconcilerMetrics> ConntrackReconcilerMetrics::registerWith(const sdk::Host& host) {

@@ -117,18 +117,18 @@ TEST_CASE("a flow to the NodePort on any address answered by a non-endpoint is d
   CHECK(holds(table, otherPort));
 }
 
-TEST_CASE("a never-DNAT'ed flow (service had no endpoints) is deleted once endpoints appear", "[unit]") {
+TEST_CASE("a never-DNAT'ed flow (service had no endpoints) is deleted", "[unit]") {
   FakeConntrackTable table;
   // Sent while the service had no endpoints: nothing rewrote it, the reply comes "from" the VIP.
   auto blackholed = flow("10.0.0.1", 40000, "172.30.0.10", 53, "172.30.0.10", 53);
   table.flows = {blackholed};
   ConntrackCleaner cleaner(table);
 
-  SECTION("still no endpoints: left alone") {
+  SECTION("still no endpoints") {
     REQUIRE(cleaner.reconcile(std::vector{servicePort("ns/dns:dns", "172.30.0.10", 53, {})}).has_value());
-    CHECK(table.removed.empty());
+    CHECK(table.removed == std::vector{blackholed});
   }
-  SECTION("an endpoint appeared: deleted") {
+  SECTION("an endpoint appeared") {
     std::vector<sdk::ServicePort> before{servicePort("ns/dns:dns", "172.30.0.10", 53, {})};
     std::vector<sdk::ServicePort> after{servicePort("ns/dns:dns", "172.30.0.10", 53, {endpoint("10.1.0.1", 53)})};
     auto report = cleaner.afterSync(before, after, {{net::Family::kIPv4, "ns/dns:dns"}}, false);
@@ -138,16 +138,56 @@ TEST_CASE("a never-DNAT'ed flow (service had no endpoints) is deleted once endpo
   }
 }
 
-TEST_CASE("a service port with no serving endpoint keeps its flows", "[unit]") {
+TEST_CASE("a service port with no serving endpoint loses every flow, to its addresses and its NodePort",
+          "[unit]") {
   FakeConntrackTable table;
-  auto f = flow("10.0.0.1", 40000, "172.30.0.10", 53, "10.1.0.2", 53);
-  table.flows = {f};
-  // Its only endpoint stopped serving: upstream skips the service rather than cutting flows.
+  auto toVip = flow("10.0.0.1", 40000, "172.30.0.10", 53, "10.1.0.1", 53);
+  auto toNodePort = flow("203.0.113.5", 40001, "192.168.50.10", 30053, "10.1.0.1", 53);
+  auto otherService = flow("10.0.0.1", 40002, "172.30.0.11", 53, "10.1.0.5", 53);
+  table.flows = {toVip, toNodePort, otherService};
+  // Its only endpoint stopped serving (or is gone): every flow goes to a pod that does not serve,
+  // and a one-way sender would keep its flow alive and be blackholed (kubernetes#139629).
   auto port = servicePort("ns/dns:dns", "172.30.0.10", 53, {endpoint("10.1.0.1", 53, false)});
+  port.type = sdk::ServiceType::kNodePort;
+  port.nodePort = 30053;
+  auto other = servicePort("ns/other:dns", "172.30.0.11", 53, {endpoint("10.1.0.5", 53)});
   ConntrackCleaner cleaner(table);
-  REQUIRE(cleaner.reconcile(std::vector{port}).has_value());
-  CHECK(table.removed.empty());
-  CHECK(table.listCalls == 0);  // nothing to compare against: the table is not even read
+  REQUIRE(cleaner.reconcile(std::vector{port, other}).has_value());
+  CHECK(table.removed == std::vector{toVip, toNodePort});
+  CHECK(holds(table, otherService));
+}
+
+TEST_CASE("a removed UDP service port's flows go, unless a remaining port serves the same frontend",
+          "[unit]") {
+  FakeConntrackTable table;
+  auto toGone = flow("10.0.0.1", 40000, "172.30.0.50", 53, "10.1.0.7", 53);
+  auto toGoneNodePort = flow("203.0.113.5", 40001, "192.168.50.10", 30050, "10.1.0.7", 53);
+  // The other removed port's ClusterIP was handed to a new service in the same sync.
+  auto toReused = flow("10.0.0.1", 40002, "172.30.0.60", 53, "10.1.0.8", 53);
+  table.flows = {toGone, toGoneNodePort, toReused};
+  auto gone = servicePort("ns/old:dns", "172.30.0.50", 53, {endpoint("10.1.0.7", 53)});
+  gone.type = sdk::ServiceType::kNodePort;
+  gone.nodePort = 30050;
+  auto goneToo = servicePort("ns/older:dns", "172.30.0.60", 53, {endpoint("10.1.0.1", 53)});
+  auto reused = servicePort("ns/new:dns", "172.30.0.60", 53, {endpoint("10.1.0.8", 53)});
+  ConntrackCleaner cleaner(table);
+
+  SECTION("the partial sync that removed them") {
+    auto report = cleaner.afterSync({gone, goneToo}, {reused},
+                                    {{net::Family::kIPv4, "ns/old:dns"}, {net::Family::kIPv4, "ns/older:dns"},
+                                     {net::Family::kIPv4, "ns/new:dns"}},
+                                    false);
+    REQUIRE(report.has_value());
+    CHECK(report->ran);
+    CHECK(table.removed == std::vector{toGone, toGoneNodePort});
+    CHECK(holds(table, toReused));
+  }
+  SECTION("a later sync that did not change them knows nothing of them") {
+    auto report = cleaner.afterSync({reused}, {reused}, {{net::Family::kIPv4, "ns/new:dns"}}, false);
+    REQUIRE(report.has_value());
+    CHECK(report->ran);
+    CHECK(table.removed.empty());
+  }
 }
 
 TEST_CASE("serving means serving: a non-serving endpoint's flows go, a terminating serving one's stay",

@@ -10,13 +10,15 @@
 ///       of that service port;
 ///   (2) a flow whose original destination port is a service's NodePort (any address) and
 ///       whose reply source is not a serving endpoint of that service port.
-///   Service ports with no serving endpoint are left alone (nothing to send clients to): a UDP
-///   service scaled to zero keeps its flows, as upstream 1.34's, and the first sync that gives
-///   it a serving endpoint again deletes every flow that does not go to one, so a one-way
-///   sender that kept its flow alive meanwhile reaches the new endpoint with its next datagram
-///   (tests/kernel/conntrack_kernel_test.cpp). A flow that was never DNAT'ed (traffic that hit
-///   the service while it had no endpoints) replies from the service address itself, so rule
-///   (1) removes it once endpoints appear.
+///   A service port with no serving endpoint (scaled to zero) counts with an empty serving
+///   set, so every flow to it goes: each one is DNAT'ed to a pod that is gone or no longer
+///   serves, and a one-way sender (statsd, syslog) that keeps its flow alive would otherwise be
+///   blackholed until the service has an endpoint again. Upstream 1.32 to 1.34.4 skipped such
+///   ports; upstream fixed it as a regression (kubernetes#139629), and this follows the fix
+///   (tests/kernel/conntrack_kernel_test.cpp). The ports a sync removed count the same way
+///   (kubernetes#141371), unless a remaining port uses the same address or NodePort.
+///   A flow that was never DNAT'ed (traffic that hit the service while it had no endpoints)
+///   replies from the service address itself, so rule (1) removes it too.
 /// - Traffic policies, topology and terminating state are not considered: the serving set is
 ///   every serving endpoint of the service port (upstream keeps UDP consistent with TCP).
 /// - Never a blanket flush: only flows listed and matched are deleted, one by one.
@@ -71,11 +73,13 @@ class ConntrackCleaner {
   std::vector<kernel::ConntrackFlow> staleFlows(std::span<const kernel::ConntrackFlow> flows,
                                         std::span<const sdk::ServicePort> ports) const;
 
-  /// Lists, decides and deletes, family by family of `families`. A family (and protocol) with
-  /// no service port that has a serving endpoint is not listed at all: no flow of it could be
-  /// stale; it is still reported as reconciled (with nothing deleted).
+  /// Lists, decides and deletes, family by family of `families`, for the service ports
+  /// `ports` and the ports a sync removed, `deleted`. A family (and protocol) with no such port
+  /// is not listed at all: no flow of it could be stale; it is still reported as reconciled
+  /// (with nothing deleted).
   core::Result<ConntrackCleanupReport> reconcile(std::span<const sdk::ServicePort> ports,
-                                                 const FamilySet& families = kBothFamilies);
+                                                 const FamilySet& families = kBothFamilies,
+                                                 std::span<const sdk::ServicePort> deleted = {});
 
   /// The whole step after a successful sync, on plain vectors (tests): `previous` and `next`
   /// hold every service port of the two snapshots.
