@@ -334,8 +334,12 @@ class ServicePortRender {
   }
 
  private:
-  /// Hairpin pairs: every endpoint a balancing chain of this port may pick.
+  /// Hairpin pairs: every endpoint a balancing chain of this port may pick. Without ClusterIP
+  /// dispatch (ebpf mode's part) a port with no external entry point has no balancing chain
+  /// here, so it has no pairs either: a steered socket is never DNAT'ed, and a pod that reaches
+  /// itself keeps its own address.
   void addHairpins() {
+    if (!renderer_.config().clusterIPDispatch && !plan_.externallyAccessible) return;
     std::set<std::string> hairpins;
     for (auto pool : {plan::Pool::kCluster, plan::Pool::kLocal}) {
       if (!(pool == plan::Pool::kCluster ? plan_.usesClusterPool : plan_.usesLocalPool)) continue;

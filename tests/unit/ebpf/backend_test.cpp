@@ -253,6 +253,26 @@ TEST_CASE("the nftables part programs the external entry points from the same sy
   CHECK(h.tables->batches == 2);
 }
 
+TEST_CASE("a ClusterIP-only service leaves the nftables part nothing but its cluster-ips element, so its "
+          "endpoint changes send the part no transaction",
+          "[unit][ebpf][backend]") {
+  Harness h;
+  h.snap = VectorSnapshot({clusterIP("ns", "web", "10.96.0.30", 80, {endpoint("10.244.2.9", 8080)}),
+                           nodePortService()});
+  h.full();
+  auto& elements = h.tables->tables[kV4].elements;
+  // Hairpin pairs only for endpoints the table may DNAT to: the NodePort service's, not the
+  // steered ClusterIP-only service's (a pod that reaches itself keeps its own address).
+  nftables::KeyBuilder webPair;
+  webPair.address(*net::Prefix::parse("10.244.2.9")).address(*net::Prefix::parse("10.244.2.9"));
+  CHECK_FALSE(elements["hairpin-ips"].contains(webPair.bytes));
+  CHECK_FALSE(elements["hairpin-ips"].empty());
+  const auto batches = h.tables->batches;
+  setEndpoints(h.port("ns/web:p"), {endpoint("10.244.2.9", 8080), endpoint("10.244.2.10", 8080)});
+  CHECK(h.partial({"ns/web:p"}) > 0);
+  CHECK(h.tables->batches == batches);
+}
+
 TEST_CASE("a refused nftables transaction leaves the maps untouched, and the next sync of both is full",
           "[unit][ebpf][backend]") {
   Harness h;
