@@ -25,7 +25,7 @@
 
 #include <fmt/format.h>
 
-#include "../../tests/unit/nftables/service_ports.h"
+#include "../common/sync_bench.h"
 #include "bench_args.h"
 #include "kproxy/nftables/backend.h"
 #include "kproxy/nftables/renderer.h"
@@ -35,27 +35,11 @@ using namespace kproxy::nftables;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double msSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
-
-
-long peakRssMiB() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return u.ru_maxrss / 1024;
-}
-
-/// Resident set now (VmRSS), MiB: taken before the backend starts (the process, its libraries
-/// and the snapshot source), so that the backend's own share of the peak is peak - this.
-long currentRssMiB() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6) / 1024;
-  return -1;
-}
+using bench::Clock;
+using bench::currentRssMiB;
+using bench::GeneratedSnapshot;
+using bench::msSince;
+using bench::peakRssMiB;
 
 /// Runs `body` in a forked child in a fresh network namespace; returns whether it succeeded.
 template <typename Fn>
@@ -76,47 +60,6 @@ bool inChildNetns(Fn&& body) {
   waitpid(pid, &status, 0);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
-
-/// The benchmark's services, generated when the backend asks for them: the backend sees one
-/// service port at a time, as it does through the plugin ABI (the host converts each port
-/// when it is visited), so the process's resident set is the backend's own. Changed ports are
-/// kept as overrides.
-class GeneratedSnapshot final : public SnapshotSource {
- public:
-  GeneratedSnapshot(int services, int endpoints) : services_(services), endpoints_(endpoints) {}
-  void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const override {
-    for (int i = 0; i < services_; ++i) {
-      if (auto it = overrides_.find(i); it != overrides_.end()) {
-        fn(it->second);
-        continue;
-      }
-      fn(testing::manyServicesPort(i, endpoints_));
-    }
-  }
-  std::optional<sdk::ServicePort> find(net::Family family, const std::string& key) const override {
-    // Keys are "ns/svc-I:p".
-    const auto at = key.find("/svc-");
-    if (family != net::Family::kIPv4 || at == std::string::npos) return std::nullopt;
-    const int i = std::atoi(key.c_str() + at + 5);
-    if (i < 0 || i >= services_) return std::nullopt;
-    if (auto it = overrides_.find(i); it != overrides_.end()) return it->second;
-    auto p = testing::manyServicesPort(i, endpoints_);
-    if (p.key != key) return std::nullopt;
-    return p;
-  }
-  sdk::NodeInfo node() const override { return {}; }
-  /// Port `i`, to change in place.
-  sdk::ServicePort& port(int i) {
-    auto it = overrides_.find(i);
-    if (it == overrides_.end()) it = overrides_.emplace(i, testing::manyServicesPort(i, endpoints_)).first;
-    return it->second;
-  }
-
- private:
-  int services_;
-  int endpoints_;
-  std::map<int, sdk::ServicePort> overrides_;
-};
 
 double timeNftFile(const std::string& path) {
   auto t = Clock::now();

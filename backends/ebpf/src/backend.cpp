@@ -2,11 +2,27 @@
 #include "kproxy/ebpf/backend.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include <fmt/format.h>
 
 namespace kproxy::ebpf {
 namespace {
+
+/// Milliseconds of each phase of a pass, for its summary.
+class Stopwatch {
+ public:
+  /// Since the previous lap (or the start).
+  double lap() {
+    const auto now = std::chrono::steady_clock::now();
+    const double ms = std::chrono::duration<double, std::milli>(now - last_).count();
+    last_ = now;
+    return ms;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
+};
 
 std::string portKeyOf(net::Family family, const std::string& key) {
   return (family == net::Family::kIPv6 ? "6|" : "4|") + key;
@@ -110,10 +126,13 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::write(const MapContents& curre
 }
 
 sdk::Expected<backends::PassOutcome> EbpfBackend::fullSync(const plan::SnapshotSource& next) {
+  Stopwatch clock;
   // The nftables part first, in one transaction: refused, it leaves the maps untouched too.
   if (auto synced = external_->syncFrom(next, {}, true); !synced) return std::unexpected(synced.error());
+  const double nftMs = clock.lap();
   auto current = kernel_->readBack();
   if (!current) return std::unexpected(pluginError(current.error()));
+  const double readMs = clock.lap();
   const sdk::NodeInfo node = next.node();
   renderer_.setNode(node);
   nodeAddresses_ = nodeFingerprint(node);
@@ -151,8 +170,11 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::fullSync(const plan::SnapshotS
 
   MapContents desired;
   for (const auto& [key, maps] : rendered) addPortMaps(desired, maps);
+  const double renderMs = clock.lap();
   auto out = write(*current, desired);
   if (!out) return out;
+  out->detail += fmt::format(" nft_ms={:.1f} read_ms={:.1f} render_ms={:.1f} write_ms={:.1f}", nftMs, readMs,
+                             renderMs, clock.lap());
   ports_.clear();
   for (auto& [key, maps] : rendered) ports_.emplace(key, std::move(maps));
   return published(std::move(*out), /*full=*/true);
@@ -162,7 +184,9 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::Snapsh
                                                               const std::vector<sdk::ChangedKey>& changed) {
   // NodePorts follow the node's addresses: a node change re-renders every port.
   if (nodeFingerprint(next.node()) != nodeAddresses_) return fullSync(next);
+  Stopwatch clock;
   if (auto synced = external_->syncFrom(next, changed, false); !synced) return std::unexpected(synced.error());
+  const double nftMs = clock.lap();
   MapContents current, desired;
   std::map<std::string, PortMaps> updated;
   std::vector<std::string> removed;
@@ -181,8 +205,10 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::Snapsh
     addPortMaps(desired, maps);
     updated.emplace(key, std::move(maps));
   }
+  const double renderMs = clock.lap();
   auto out = write(current, desired);
   if (!out) return out;
+  out->detail += fmt::format(" nft_ms={:.2f} render_ms={:.2f} write_ms={:.2f}", nftMs, renderMs, clock.lap());
   for (auto& [key, maps] : updated) {
     if (maps.services.empty())
       ports_.erase(key);
