@@ -440,6 +440,29 @@ TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, w
     CHECK(out.starts_with("peer=10.96.0.10:80 reply=pod=pod-a"));
   }
 
+  SECTION("writes go in batches in the differ's order: a refused one is named, those before it stay, "
+          "none after it is made") {
+    auto kernel = openLibbpfKernel(LibbpfSettings{t.cgroup, t.pinPath});
+    REQUIRE(kernel.has_value());
+    const auto endpoint = *SocketAddress::of("10.200.1.2", 8080);
+    const auto service = ServiceKey{*SocketAddress::of("10.96.0.99", 80), kProtoTCP};
+    // More slots than one batch of the adapter holds, then a delete the kernel refuses (no such
+    // element: ENOENT), then the count that would expose them.
+    std::vector<MapOp> ops;
+    for (std::uint32_t i = 0; i < 20000; ++i) ops.push_back(MapOp::updateSlot(SlotKey{4242, i}, endpoint));
+    ops.push_back(MapOp::deleteSlot(SlotKey{4242, 99999}));
+    ops.push_back(MapOp::updateService(service, ServiceValue{4242, 2, 0, 0, 0}));
+    auto applied = (*kernel)->apply(ops);
+    REQUIRE_FALSE(applied.has_value());
+    CHECK(applied.error().errnum == ENOENT);
+    CHECK_THAT(applied.error().message(), Catch::Contains("delete slots 4242/99999"));
+    auto back = (*kernel)->readBack();
+    REQUIRE(back.has_value());
+    CHECK(back->slots.contains(SlotKey{4242, 0}));
+    CHECK(back->slots.contains(SlotKey{4242, 19999}));
+    CHECK_FALSE(back->services.contains(service));
+  }
+
   SECTION("ClientIP affinity keeps a client on one pod; without it both pods are chosen") {
     CHECK(podsReached(t, kStickyClusterIP, 12).size() == 1);
     CHECK(podsReached(t, kSpreadClusterIP, 30) == std::set<std::string>{"pod-a", "pod-b"});

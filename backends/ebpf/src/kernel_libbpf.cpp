@@ -10,8 +10,10 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
+#include <optional>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -105,10 +107,38 @@ core::Result<std::size_t> countKeys(int fd, const char* name) {
   }
 }
 
-/// Every element of a map, as (key, value) of the wire types.
+/// Every element of a map, as (key, value) of the wire types: in batches of the bpf() syscall
+/// (BPF_MAP_LOOKUP_BATCH, kernel 5.6+), or one key after the other where the kernel has no
+/// batches for the map.
 template <typename Key, typename Value>
 core::Result<std::vector<std::pair<Key, Value>>> dumpMap(int fd, const char* name) {
   std::vector<std::pair<Key, Value>> out;
+  // Hash maps hand out whole buckets: a bucket larger than the room left is ENOSPC, and the
+  // room grows.
+  std::size_t room = 8192;
+  std::vector<Key> keys(room);
+  std::vector<Value> values(room);
+  __u32 token = 0;
+  bool first = true;
+  LIBBPF_OPTS(bpf_map_batch_opts, opts);
+  for (;;) {
+    __u32 count = static_cast<__u32>(room);
+    int rc = bpf_map_lookup_batch(fd, first ? nullptr : &token, &token, keys.data(), values.data(), &count, &opts);
+    const int err = rc == 0 ? 0 : errno;
+    if (rc != 0 && err != ENOENT) {
+      if (err == ENOSPC && count == 0) {
+        room *= 2;
+        keys.resize(room);
+        values.resize(room);
+        continue;
+      }
+      if (first && count == 0 && (err == EINVAL || err == ENOTSUP || err == EOPNOTSUPP)) break;  // no batches here
+      return std::unexpected(kernelError(fmt::format("reading map {}", name), err).error());
+    }
+    for (__u32 i = 0; i < count; ++i) out.emplace_back(keys[i], values[i]);
+    if (err == ENOENT) return out;  // the last batch
+    first = false;
+  }
   Key key{}, next{};
   Value value{};
   const Key* previous = nullptr;
@@ -123,6 +153,57 @@ core::Result<std::vector<std::pair<Key, Value>>> dumpMap(int fd, const char* nam
     previous = &key;
   }
   return out;
+}
+
+/// The wire form of a write: its map, key and value (a delete has no value).
+struct WireOp {
+  int fd = -1;
+  bool remove = false;
+  std::array<std::uint8_t, std::max(sizeof(kproxy_lb_service_key), sizeof(kproxy_lb_slot_key))> key{};
+  std::array<std::uint8_t, std::max(sizeof(kproxy_lb_service_value), sizeof(kproxy_lb_endpoint))> value{};
+};
+
+/// Writes `ops[begin, end)`, all of one map and one kind, with one bpf() call per chunk
+/// (BPF_MAP_UPDATE_BATCH / BPF_MAP_DELETE_BATCH, in order), or one call per element where the
+/// kernel has no batches for the map. Returns the index of the op the kernel refused, with its
+/// errno, or nothing.
+template <typename Key, typename Value>
+std::optional<std::pair<std::size_t, int>> writeRun(const std::vector<WireOp>& wire, std::size_t begin,
+                                                    std::size_t end, bool& batches) {
+  constexpr std::size_t kChunk = 16384;
+  std::vector<Key> keys;
+  std::vector<Value> values;
+  const int fd = wire[begin].fd;
+  const bool remove = wire[begin].remove;
+  for (std::size_t at = begin; batches && at < end;) {
+    const std::size_t n = std::min(kChunk, end - at);
+    keys.resize(n);
+    values.resize(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::memcpy(&keys[i], wire[at + i].key.data(), sizeof(Key));
+      if (!remove) std::memcpy(&values[i], wire[at + i].value.data(), sizeof(Value));
+    }
+    LIBBPF_OPTS(bpf_map_batch_opts, opts, .elem_flags = BPF_ANY);
+    __u32 count = static_cast<__u32>(n);
+    int rc = remove ? bpf_map_delete_batch(fd, keys.data(), &count, &opts)
+                    : bpf_map_update_batch(fd, keys.data(), values.data(), &count, &opts);
+    if (rc != 0) {
+      const int err = errno;
+      if (at == begin && count == 0 && (err == EINVAL || err == ENOTSUP || err == EOPNOTSUPP)) {
+        batches = false;  // no batches here: element by element below
+        break;
+      }
+      return std::pair{at + count, err};
+    }
+    at += n;
+  }
+  if (batches) return std::nullopt;
+  for (std::size_t i = begin; i < end; ++i) {
+    int rc = remove ? bpf_map_delete_elem(fd, wire[i].key.data())
+                    : bpf_map_update_elem(fd, wire[i].key.data(), wire[i].value.data(), BPF_ANY);
+    if (rc != 0) return std::pair{i, errno};
+  }
+  return std::nullopt;
 }
 
 class LibbpfKernel final : public KernelMaps {
@@ -146,33 +227,35 @@ class LibbpfKernel final : public KernelMaps {
 
   core::Result<void> apply(const std::vector<MapOp>& ops) override {
     if (auto loaded = ensureLoaded(); !loaded) return loaded;
-    for (const auto& op : ops) {
-      int rc = 0;
-      switch (op.kind) {
-        case MapOpKind::kUpdateSlot: {
-          kproxy_lb_slot_key key{op.slot.serviceId, op.slot.slot};
-          kproxy_lb_endpoint value = wireEndpoint(op.endpoint);
-          rc = bpf_map_update_elem(slotsFd(), &key, &value, BPF_ANY);
-          break;
-        }
-        case MapOpKind::kUpdateService: {
-          kproxy_lb_service_key key = wireKey(op.service);
-          kproxy_lb_service_value value = wireValue(op.value);
-          rc = bpf_map_update_elem(servicesFd(), &key, &value, BPF_ANY);
-          break;
-        }
-        case MapOpKind::kDeleteService: {
-          kproxy_lb_service_key key = wireKey(op.service);
-          rc = bpf_map_delete_elem(servicesFd(), &key);
-          break;
-        }
-        case MapOpKind::kDeleteSlot: {
-          kproxy_lb_slot_key key{op.slot.serviceId, op.slot.slot};
-          rc = bpf_map_delete_elem(slotsFd(), &key);
-          break;
-        }
+    std::vector<WireOp> wire(ops.size());
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      const MapOp& op = ops[i];
+      WireOp& w = wire[i];
+      const bool slot = op.kind == MapOpKind::kUpdateSlot || op.kind == MapOpKind::kDeleteSlot;
+      w.fd = slot ? slotsFd() : servicesFd();
+      w.remove = op.kind == MapOpKind::kDeleteSlot || op.kind == MapOpKind::kDeleteService;
+      if (slot) {
+        const kproxy_lb_slot_key key{op.slot.serviceId, op.slot.slot};
+        const kproxy_lb_endpoint value = wireEndpoint(op.endpoint);
+        std::memcpy(w.key.data(), &key, sizeof key);
+        std::memcpy(w.value.data(), &value, sizeof value);
+      } else {
+        const kproxy_lb_service_key key = wireKey(op.service);
+        const kproxy_lb_service_value value = wireValue(op.value);
+        std::memcpy(w.key.data(), &key, sizeof key);
+        std::memcpy(w.value.data(), &value, sizeof value);
       }
-      if (rc != 0) return kernelError("kernel refused \"" + op.toText() + "\"", errno);
+    }
+    // Runs of one kind go in batches, the runs in the differ's order: slots before the counts
+    // that expose them, as element by element.
+    for (std::size_t begin = 0; begin < ops.size();) {
+      std::size_t end = begin + 1;
+      while (end < ops.size() && ops[end].kind == ops[begin].kind) ++end;
+      const bool slot = ops[begin].kind == MapOpKind::kUpdateSlot || ops[begin].kind == MapOpKind::kDeleteSlot;
+      auto refused = slot ? writeRun<kproxy_lb_slot_key, kproxy_lb_endpoint>(wire, begin, end, batches_)
+                          : writeRun<kproxy_lb_service_key, kproxy_lb_service_value>(wire, begin, end, batches_);
+      if (refused) return kernelError("kernel refused \"" + ops[refused->first].toText() + "\"", refused->second);
+      begin = end;
     }
     return {};
   }
@@ -196,6 +279,8 @@ class LibbpfKernel final : public KernelMaps {
   }
 
  private:
+  /// Whether the kernel takes batched writes (learned from the first refusal of one).
+  bool batches_ = true;
   int servicesFd() const { return bpf_map__fd(skel_->maps.kproxy_services); }
   int slotsFd() const { return bpf_map__fd(skel_->maps.kproxy_slots); }
   std::string linkPath(const std::string& program) const { return settings_.pinPath + "/link_" + program; }
