@@ -322,7 +322,7 @@ class ServicePortRender {
     renderBalancingChains();
     renderClusterIP();
     if (!plan_.externallyAccessible) {
-      slotRanges_.release(externalChainName(p_));
+      slotRanges_.release(named("external-"));
       return std::move(f_);
     }
     renderExternalChain();
@@ -334,6 +334,13 @@ class ServicePortRender {
   }
 
  private:
+  /// The port's chain name with `prefix`: every name of the port shares one hashed base, made
+  /// once per render (a hash per name was a tenth of a 100,000-service render).
+  std::string named(const char* prefix) {
+    if (base_.empty()) base_ = servicePortChainBase(p_);
+    return prefix + base_;
+  }
+
   /// Hairpin pairs: every endpoint a balancing chain of this port may pick. Without ClusterIP
   /// dispatch (ebpf mode's part) a port with no external entry point has no balancing chain
   /// here, so it has no pairs either: a steered socket is never DNAT'ed, and a pod that reaches
@@ -453,14 +460,14 @@ class ServicePortRender {
     const bool dispatch = renderer_.config().clusterIPDispatch;
     // Without ClusterIP dispatch, the cluster pool's chain serves the external chain only.
     if (plan_.usesClusterPool && (dispatch || plan_.externallyAccessible))
-      clusterChain_ = balancingChain(serviceChainName(p_), plan_.clusterEndpoints, plan::Pool::kCluster,
+      clusterChain_ = balancingChain(named("service-"), plan_.clusterEndpoints, plan::Pool::kCluster,
                                      plan_.internalPool == plan::Pool::kCluster);
     else
-      slotRanges_.release(serviceChainName(p_));
+      slotRanges_.release(named("service-"));
     if (dispatch && plan_.usesLocalPool && plan_.internalPool == plan::Pool::kLocal)
-      localChain_ = balancingChain(localChainName(p_), plan_.localEndpoints, plan::Pool::kLocal, true);
+      localChain_ = balancingChain(named("local-"), plan_.localEndpoints, plan::Pool::kLocal, true);
     else
-      slotRanges_.release(localChainName(p_));
+      slotRanges_.release(named("local-"));
   }
 
   /// Internal traffic: the ClusterIP, and its affinity record chain.
@@ -480,8 +487,8 @@ class ServicePortRender {
     }
     if (clusterIP_ && !internalChain.empty()) internalRecord_ = recordRules(internalChain);
     if (!internalRecord_.empty()) {
-      f_.chains.push_back(Chain{affinityChainName(p_), std::nullopt, internalRecord_});
-      addMapElement(names::kAffinityServicesMap, *clusterIP_, goTo(affinityChainName(p_)));
+      f_.chains.push_back(Chain{named("affinity-"), std::nullopt, internalRecord_});
+      addMapElement(names::kAffinityServicesMap, *clusterIP_, goTo(named("affinity-")));
     }
   }
 
@@ -536,10 +543,10 @@ class ServicePortRender {
   // endpoint it still sends the node and its pods to the cluster pool, and drops the rest.
   void renderExternalChain() {
     if (!plan_.capturesExternal) {
-      slotRanges_.release(externalChainName(p_));
+      slotRanges_.release(named("external-"));
       return;
     }
-    Chain c{externalChainName(p_), std::nullopt, {}};
+    Chain c{named("external-"), std::nullopt, {}};
     bool balanced = false;
     if (plan_.externalMasqueradeAll) {
       c.rules.push_back(rule({jump(names::kMarkMasqChain)}));
@@ -572,9 +579,9 @@ class ServicePortRender {
     if (extChain_.empty()) return;
     std::vector<Rule> externalRecord = recordRules(extChain_);
     if (!externalRecord.empty() && externalRecord == internalRecord_) {
-      externalRecordChain_ = affinityChainName(p_);
+      externalRecordChain_ = named("affinity-");
     } else if (!externalRecord.empty()) {
-      externalRecordChain_ = externalAffinityChainName(p_);
+      externalRecordChain_ = named("affinity-external-");
       f_.chains.push_back(Chain{externalRecordChain_, std::nullopt, std::move(externalRecord)});
     }
   }
@@ -611,7 +618,7 @@ class ServicePortRender {
   /// loadBalancerSourceRanges: rules in one firewall chain per service port, no set.
   void renderFirewall() {
     if (!plan_.usesFirewall) return;
-    Chain c{firewallChainName(p_), std::nullopt, {}};
+    Chain c{named("firewall-"), std::nullopt, {}};
     for (const auto& source : plan_.firewallAllowedSources)
       if (auto a = net::Prefix::parse(source); a && a->family == fam_)
         c.rules.push_back(rule({MatchAddress{true, false, *a}, Verdict{VerdictKind::kReturn, {}}}));
@@ -636,6 +643,7 @@ class ServicePortRender {
   std::vector<Rule> internalRecord_;  ///< the ClusterIP's affinity record rules
   std::string extChain_;              ///< "": external addresses have no chain
   std::string externalRecordChain_;   ///< "": external addresses record no affinity
+  std::string base_;                  ///< named()'s hashed base, once made
 };
 
 }  // namespace
