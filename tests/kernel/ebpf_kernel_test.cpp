@@ -363,7 +363,7 @@ TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, w
   auto synced = t.backend().syncFrom(snapshot(), {}, true);
   INFO((synced ? synced->summary : synced.error().message));
   REQUIRE(synced.has_value());
-  CHECK(attachedPrograms(t.cgroup) == 8);
+  CHECK(attachedPrograms(t.cgroup) == 9);
 
   // Conntrack runs in the client's namespace (a rule that needs it), so an entry would show.
   sh("ip netns exec " + t.client + " nft add table inet kproxy_test_ct");
@@ -385,6 +385,21 @@ TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, w
     CHECK(ctRc == 0);
     CHECK(conntrack.find(std::string("dst=") + kPodIP) != std::string::npos);  // conntrack saw the flow…
     CHECK(conntrack.find(kClusterIP) == std::string::npos);                    // …and never the ClusterIP
+  }
+
+  SECTION("a released connected socket takes its reverse element along; an unconnected UDP socket's stays") {
+    for (int i = 0; i < 5; ++i) {
+      auto [rc, out] = t.inClient([] { return tcpClient(kClusterIP, 80); });
+      INFO(out);
+      REQUIRE(rc == 0);
+    }
+    auto [rc, out] = t.inClient([] { return udpClient(kClusterIP, 53); });
+    INFO(out);
+    REQUIRE(rc == 0);
+    // Every client has exited: its sockets are released. A full sync counts the data path's maps.
+    auto counted = t.backend().syncFrom(snapshot(), {}, true);
+    REQUIRE(counted.has_value());
+    CHECK(t.backend().dataPathCounts().reverse == 1);
   }
 
   SECTION("UDP: a datagram without connect is steered, its reply comes from the ClusterIP") {
@@ -411,12 +426,12 @@ TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, w
 
   SECTION("a restart re-adopts the pins: it writes nothing, and the programs are replaced in place") {
     t.plugin.reset();  // the process goes; its pins stay
-    CHECK(attachedPrograms(t.cgroup) == 8);
+    CHECK(attachedPrograms(t.cgroup) == 9);
     auto again = t.backend().syncFrom(snapshot(), {}, true);
     INFO((again ? again->summary : again.error().message));
     REQUIRE(again.has_value());
     CHECK(again->operations == 0);
-    CHECK(attachedPrograms(t.cgroup) == 8);
+    CHECK(attachedPrograms(t.cgroup) == 9);
     auto [rc, out] = t.inClient([] { return tcpClient(kClusterIP, 80); });
     INFO(out);
     CHECK(out.starts_with("peer=10.96.0.10:80 reply=pod=pod-a"));
@@ -450,12 +465,12 @@ TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, w
     // element: ENOENT), then the count that would expose them.
     std::vector<MapOp> ops;
     for (std::uint32_t i = 0; i < 20000; ++i) ops.push_back(MapOp::updateSlot(SlotKey{4242, i}, endpoint));
-    ops.push_back(MapOp::deleteSlot(SlotKey{4242, 99999}));
+    ops.push_back(MapOp::deleteSlot(SlotKey{4242, 29999}));
     ops.push_back(MapOp::updateService(service, ServiceValue{4242, 2, 0, 0, 0}));
     auto applied = (*kernel)->apply(ops);
     REQUIRE_FALSE(applied.has_value());
     CHECK(applied.error().errnum == ENOENT);
-    CHECK_THAT(applied.error().message(), Catch::Contains("delete slots 4242/99999"));
+    CHECK_THAT(applied.error().message(), Catch::Contains("delete slots 4242/29999"));
     auto back = (*kernel)->readBack();
     REQUIRE(back.has_value());
     CHECK(back->slots.contains(SlotKey{4242, 0}));
@@ -467,10 +482,11 @@ TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, w
     CHECK(podsReached(t, kStickyClusterIP, 12).size() == 1);
     CHECK(podsReached(t, kSpreadClusterIP, 30) == std::set<std::string>{"pod-a", "pod-b"});
     // What the programs wrote, as the next full sync counts it: one client kept (its network
-    // namespace) for the sticky service, and a reverse element per steered socket.
+    // namespace) for the sticky service; the 42 steered sockets are closed, and their reverse
+    // elements went with them.
     REQUIRE(t.backend().syncFrom(snapshot(), {}, true).has_value());
     CHECK(t.backend().dataPathCounts().affinity == 1);
-    CHECK(t.backend().dataPathCounts().reverse >= 42);
+    CHECK(t.backend().dataPathCounts().reverse == 0);
   }
 
   SECTION("explain's decision over the maps is what the program does") {
@@ -681,7 +697,7 @@ TEST_CASE("ebpf: the kproxy program serves a Service from manifests, and --clean
   ::kill(kproxy, SIGTERM);
   ::waitpid(kproxy, nullptr, 0);
   kproxy = -1;
-  CHECK(attachedPrograms(t.cgroup) == 8);
+  CHECK(attachedPrograms(t.cgroup) == 9);
   CHECK(t.clientCommand({"curl", "-sS", "--max-time", "1", "http://10.96.0.20/"}).first == 0);
 
   // ...and --cleanup detaches them and removes the pins.

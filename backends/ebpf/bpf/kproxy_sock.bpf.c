@@ -6,6 +6,7 @@
  *   sendmsg4/6      unconnected UDP
  *   recvmsg4/6      UDP replies are reported from the service address
  *   getpeername4/6  answers the service address
+ *   sock_release    a connected socket's reverse translation goes with the socket
  * The maps' layout is map_layout.h; the plugin writes services and slots, these programs write
  * affinity and reverse. The plugin writes a service's slots before its counts, so a lookup here
  * never finds a count larger than the slots written. */
@@ -191,5 +192,34 @@ SEC("cgroup/recvmsg4") int kproxy_recvmsg4(struct bpf_sock_addr *ctx) { return u
 SEC("cgroup/recvmsg6") int kproxy_recvmsg6(struct bpf_sock_addr *ctx) { return unsteer(ctx, 1); }
 SEC("cgroup/getpeername4") int kproxy_getpeername4(struct bpf_sock_addr *ctx) { return unsteer(ctx, 0); }
 SEC("cgroup/getpeername6") int kproxy_getpeername6(struct bpf_sock_addr *ctx) { return unsteer(ctx, 1); }
+
+#define KPROXY_AF_INET 2
+#define KPROXY_AF_INET6 10
+
+/* A connected socket (TCP, connected UDP) is connected to the endpoint it was steered to, so
+ * its reverse element is (its cookie, its peer): deleted when the socket is released, the map
+ * holds the sockets that are open, not every socket since the LRU's last eviction. An
+ * unconnected UDP socket's elements (one per endpoint it sent to) stay until evicted. */
+SEC("cgroup/sock_release") int kproxy_sock_release(struct bpf_sock *sk) {
+  if (sk->protocol != IPPROTO_TCP && sk->protocol != IPPROTO_UDP) return 1;
+  struct kproxy_lb_reverse_key key = {.socket_cookie = bpf_get_socket_cookie(sk)};
+  if (sk->family == KPROXY_AF_INET) {
+    __u32 ip = sk->dst_ip4;
+    if (ip == 0) return 1;
+    __builtin_memcpy(key.endpoint.address, &ip, 4);
+    key.endpoint.family = KPROXY_FAMILY_IPV4;
+  } else if (sk->family == KPROXY_AF_INET6) {
+    __u32 ip[4] = {sk->dst_ip6[0], sk->dst_ip6[1], sk->dst_ip6[2], sk->dst_ip6[3]};
+    if ((ip[0] | ip[1] | ip[2] | ip[3]) == 0) return 1;
+    __builtin_memcpy(key.endpoint.address, ip, 16);
+    key.endpoint.family = KPROXY_FAMILY_IPV6;
+  } else {
+    return 1;
+  }
+  key.endpoint.port = sk->dst_port;
+  if (key.endpoint.port == 0) return 1;
+  bpf_map_delete_elem(&kproxy_reverse, &key);
+  return 1;
+}
 
 char LICENSE[] SEC("license") = "GPL";
