@@ -288,6 +288,26 @@ if part iptables; then
   "$KPROXY" --cleanup >/dev/null 2>&1  # kproxy's own nftables table
 fi
 
+if part iptables; then
+  # ebpf mode's pins: under the default pin path of the private bpffs that
+  # scripts/private-bpffs.sh mounted on /sys/fs/bpf (ctest runs this test through it). Without
+  # it, this case would plant pins in the machine's own bpffs: it refuses to.
+  if [[ -z "${KP_PRIVATE_BPFFS:-}" ]]; then
+    fail "ebpf pins: --cleanup removes them" "not in a private bpffs: run through scripts/private-bpffs.sh"
+  elif ! tool bpftool; then
+    skip "ebpf pins" "bpftool not installed"
+  else
+    mkdir -p /sys/fs/bpf/kproxy
+    bpftool map create /sys/fs/bpf/kproxy/kproxy_services type hash key 4 value 4 entries 1 name kproxy_services
+    "$KPROXY" --cleanup -v=2 >"$WORK/ebpf.log" 2>&1; rc=$?
+    if [[ $rc -eq 0 && ! -e /sys/fs/bpf/kproxy ]]; then
+      pass "ebpf pins: --cleanup removes them"
+    else
+      fail "ebpf pins: --cleanup removes them" "rc=$rc $(ls /sys/fs/bpf/kproxy 2>&1) $(grep -E '^[EW]' "$WORK/ebpf.log" | head -3)"
+    fi
+  fi
+fi
+
 if part ipvs; then
   # A kube-ipvs0 that is not a dummy device is not kube-proxy's (upstream's DeleteDummyDevice
   # refuses it): kept, reported as an error, exit 1.
