@@ -5,8 +5,13 @@
 # network namespaces (scripts/netns-lib.sh). For each mode and each S:
 #   - kproxy-bench-connrate (bench/userspace): short connections by 8 clients at once for
 #     SECONDS: requests per second, and connect-to-first-byte p50/p99;
+#   - CPU per connection: the machine's busy CPU time over the measurement (/proc/stat: user,
+#     nice, system, irq and softirq of every CPU, which is where the data path's per-packet
+#     work lands), divided by the connections made; on a machine that runs nothing else, the
+#     cost of a connection through that mode, client and server included;
 #   - the conntrack entries whose original destination is the ClusterIP, after the run, in the
-#     client pod's network namespace and in the node's (where the netfilter modes DNAT).
+#     client pod's network namespace and in the node's (where the netfilter modes DNAT);
+#   - kproxy's peak resident set (VmHWM) at the end of the run.
 # The client pod's process runs in a cgroup of the benchmark's, the one ebpf mode's programs go
 # on (--ebpf-cgroup-path); the pins go on a bpffs mounted in the benchmark's own mount namespace
 # (scripts/ebpf-lib.sh). Every mode runs on a fresh topology, torn down after it, as are the
@@ -26,7 +31,7 @@ SECS="${1:-10}"
 shift || true
 COUNTS=("$@")
 [[ ${#COUNTS[@]} -gt 0 ]] || COUNTS=(1000)
-MODES=(${KP_BENCH_MODES:-ebpf nftables iptables})
+MODES=(${KP_BENCH_MODES:-ebpf nftables iptables userspace})
 CONNRATE="${CONNRATE:-$KP_SOURCE_DIR/build/bench/userspace/kproxy-bench-connrate}"
 HTTP_IP=10.96.0.101
 CLIENTS=8
@@ -60,6 +65,9 @@ filler_manifest() {
     }
   }'
 }
+
+# busy_jiffies — the busy time of every CPU so far (user, nice, system, irq, softirq), in jiffies.
+busy_jiffies() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8; exit }' /proc/stat; }
 
 connrate_ok() { kp_exec pod3 timeout 2 "$CONNRATE" client "$HTTP_IP" 80 0.2 1 >/dev/null 2>&1; }
 ct_count() { kp_exec "$1" conntrack -L -d "$HTTP_IP" 2>/dev/null | grep -c .; }
@@ -109,9 +117,17 @@ run_one() {
   kp_exec node conntrack -F >/dev/null 2>&1
   kp_exec pod3 conntrack -F >/dev/null 2>&1
   kp_log "$mode S=$services: serving after ${ready_s}s; measuring $SECS s"
-  local out
+  local out busy0 busy1 cpu_us hwm
+  busy0=$(busy_jiffies)
   out="$(kp_exec pod3 "$CONNRATE" client "$HTTP_IP" 80 "$SECS" "$CLIENTS" 2>&1)"
-  echo "$mode services=$services ready_s=$ready_s $out ct_client=$(ct_count pod3) ct_node=$(ct_count node)" | tee -a "$RESULTS"
+  busy1=$(busy_jiffies)
+  local -A got=()
+  local kv
+  for kv in $out; do [[ $kv == *=* ]] && got[${kv%%=*}]=${kv#*=}; done
+  cpu_us=$(awk -v j=$((busy1 - busy0)) -v hz="$(getconf CLK_TCK)" -v n="${got[requests]:-0}" \
+    'BEGIN { if (n > 0) printf "%.0f", j / hz * 1e6 / n; else print "?" }')
+  hwm=$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$KP_KPROXY_PID/status" 2>/dev/null)
+  echo "$mode services=$services ready_s=$ready_s $out cpu_us=$cpu_us ct_client=$(ct_count pod3) ct_node=$(ct_count node) hwm_mib=${hwm:-?}" | tee -a "$RESULTS"
   kp_stop_kproxy TERM
 }
 
@@ -127,11 +143,11 @@ for services in "${COUNTS[@]}"; do
 done
 
 echo
-echo "| mode | Services | short connections/s ($CLIENTS clients, ${SECS} s) | failures | connect→first byte p50 / p99 (µs) | conntrack entries to the ClusterIP after the run: client netns / node netns | kproxy ready after (s) |"
-echo "|---|---|---|---|---|---|---|"
+echo "| mode | Services | short connections/s ($CLIENTS clients, ${SECS} s) | failures | connect→first byte p50 / p99 (µs) | CPU per connection (µs, whole machine) | conntrack entries to the ClusterIP after the run: client netns / node netns | kproxy ready after (s) | kproxy peak RSS (MiB) |"
+echo "|---|---|---|---|---|---|---|---|---|"
 while read -r line; do
   declare -A f=()
   for kv in $line; do [[ $kv == *=* ]] && f[${kv%%=*}]=${kv#*=}; done
-  echo "| ${line%% *} | ${f[services]} | ${f[rate]:-?} | ${f[failures]:-?} | ${f[p50_us]:-?} / ${f[p99_us]:-?} | ${f[ct_client]:-?} / ${f[ct_node]:-?} | ${f[ready_s]} |"
+  echo "| ${line%% *} | ${f[services]} | ${f[rate]:-?} | ${f[failures]:-?} | ${f[p50_us]:-?} / ${f[p99_us]:-?} | ${f[cpu_us]:-?} | ${f[ct_client]:-?} / ${f[ct_node]:-?} | ${f[ready_s]} | ${f[hwm_mib]:-?} |"
   unset f
 done <"$RESULTS"
