@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Self-verification of the real kproxy in MODE (nftables or iptables): with nothing changed, its
+# Self-verification of the real kproxy in MODE (nftables, iptables or ebpf): with nothing changed, its
 # periodic check of the kernel against the plan finds no difference; after a rule is changed
 # behind its back, the next check reports it (log naming the object, the
 # kproxy_sync_verify_mismatch_total metric, /debug/services, kproxy status) and repairs it.
-# Runs in its own network namespace (unshare -n): nothing touches the machine's own.
+# Runs in its own network namespace (unshare -n): nothing touches the machine's own. In ebpf
+# mode, the programs go on a cgroup of the test's own (never the root) and the pins on the
+# private bpffs that scripts/private-bpffs.sh mounted (the test refuses to run without it).
 # Usage: self_verify.sh KPROXY_BIN [MODE]
 set -uo pipefail
 KPROXY=${1:?usage: self_verify.sh KPROXY_BIN [MODE]}
@@ -40,7 +42,21 @@ endpoints:
   nodeName: node-a
 YAML
 
-"$KPROXY" --config "$WORK/config.yaml" --manifests "$M" --verify-period 2s -v 2 >"$WORK/kproxy.log" 2>&1 &
+MODE_ARGS=()
+if [[ $MODE == ebpf ]]; then
+  if [[ -z "${KP_PRIVATE_BPFFS:-}" ]]; then
+    echo "self_verify: ERROR: ebpf mode needs a private bpffs (run through scripts/private-bpffs.sh)" >&2
+    echo "self_verify (ebpf): 0 passed, 1 failed"
+    exit 1
+  fi
+  cgroot=$(awk '$0 ~ / - cgroup2 / && $4 == "/" { print $5; exit }' /proc/self/mountinfo)
+  CGROUP="$cgroot/kproxy-self-verify-$$"
+  mkdir "$CGROUP" || { echo "self_verify: ERROR: cannot make the cgroup $CGROUP" >&2; exit 1; }
+  # After kproxy is gone (lib.sh's EXIT trap kills it first): its links go with the bpffs.
+  trap 'remove_workdir; rmdir "$CGROUP" 2>/dev/null' EXIT
+  MODE_ARGS=(--ebpf-cgroup-path "$CGROUP")
+fi
+"$KPROXY" --config "$WORK/config.yaml" --manifests "$M" --verify-period 2s -v 2 "${MODE_ARGS[@]}" >"$WORK/kproxy.log" 2>&1 &
 KP=$!; PIDS+=("$KP")
 MET=http://127.0.0.1:10249
 
@@ -53,6 +69,16 @@ if [[ $MODE == nftables ]]; then
   tamper() { nft delete element ip kube-proxy service-ips '{ 10.96.0.50 . tcp . 80 }'; }
   names_object='service-ips'
   REPAIRS=1  # the element added back
+elif [[ $MODE == ebpf ]]; then
+  # The services map's key of tcp 10.96.0.50:80: the address (16 bytes), the port in network
+  # order, the protocol and the family (bpf/map_layout.h).
+  KEY="0a 60 00 32 00 00 00 00 00 00 00 00 00 00 00 00 00 50 06 04"
+  # shellcheck disable=SC2086  # the key's bytes, as words
+  present() { bpftool map lookup pinned /sys/fs/bpf/kproxy/kproxy_services key hex $KEY >/dev/null 2>&1; }
+  # shellcheck disable=SC2086
+  tamper() { bpftool map delete pinned /sys/fs/bpf/kproxy/kproxy_services key hex $KEY; }
+  names_object='services tcp 10.96.0.50:80'
+  REPAIRS=1  # the element written back
 else
   svc_rule() { iptables-save -t nat 2>/dev/null | grep -- '-A KUBE-SERVICES .*-d 10.96.0.50/32' | head -1; }
   present() { [[ -n "$(svc_rule)" ]]; }
