@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Per-service status of the real kproxy in MODE (nftables, iptables, userspace: what it reports
+# Per-service status of the real kproxy in MODE (nftables, iptables, userspace, ebpf: what it reports
 # comes from the shared plan and the sync loop, so it must read the same in every mode):
 # /debug/services on the metrics server and `kproxy status` (table, json, one service, errors).
 # Runs in its own network namespace (unshare -n): nothing touches the machine's own.
@@ -51,7 +51,8 @@ write_mixed "false false false"
   slice local-only "10.1.0.5 true true false node-b"; } >"$M/local-only.yaml"
 service empty 10.96.0.42 ClusterIP "" >"$M/empty.yaml"
 
-"$KPROXY" --config "$WORK/config.yaml" --manifests "$M" -v 2 >"$WORK/kproxy.log" 2>&1 &
+mode_args "$MODE"
+"$KPROXY" --config "$WORK/config.yaml" --manifests "$M" -v 2 "${MODE_ARGS[@]}" >"$WORK/kproxy.log" 2>&1 &
 KP=$!; PIDS+=("$KP")
 URL=http://127.0.0.1:10249/debug/services
 

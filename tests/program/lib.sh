@@ -93,6 +93,26 @@ nftables: {minSyncPeriod: 100ms, syncPeriod: 30s}
 YAML
 }
 
+# mode_args MODE: MODE_ARGS, the flags MODE needs here beside the config file. ebpf: its
+# programs go on a cgroup of the test's own (made here, removed on exit after kproxy), never the
+# machine's root cgroup, and its pins on the private bpffs that scripts/private-bpffs.sh mounted;
+# without that bpffs the test fails rather than use the machine's. Call after make_workdir.
+mode_args() {
+  MODE_ARGS=()
+  [[ $1 == ebpf ]] || return 0
+  if [[ -z "${KP_PRIVATE_BPFFS:-}" ]]; then
+    echo "ERROR: ebpf mode needs a private bpffs (run through scripts/private-bpffs.sh)" >&2
+    exit 1
+  fi
+  local root
+  root=$(awk '$0 ~ / - cgroup2 / && $4 == "/" { print $5; exit }' /proc/self/mountinfo)
+  [[ -n $root ]] || { echo "ERROR: no cgroup v2 hierarchy is mounted" >&2; exit 1; }
+  TEST_CGROUP="$root/kproxy-program-$$"
+  mkdir "$TEST_CGROUP" || { echo "ERROR: cannot make the cgroup $TEST_CGROUP" >&2; exit 1; }
+  trap 'remove_workdir; rmdir "$TEST_CGROUP" 2>/dev/null' EXIT
+  MODE_ARGS=(--ebpf-cgroup-path "$TEST_CGROUP")
+}
+
 # kproxy_alive: the kproxy started as $KP still runs.
 kproxy_alive() { kill -0 "$KP" 2>/dev/null; }
 

@@ -42,20 +42,7 @@ endpoints:
   nodeName: node-a
 YAML
 
-MODE_ARGS=()
-if [[ $MODE == ebpf ]]; then
-  if [[ -z "${KP_PRIVATE_BPFFS:-}" ]]; then
-    echo "self_verify: ERROR: ebpf mode needs a private bpffs (run through scripts/private-bpffs.sh)" >&2
-    echo "self_verify (ebpf): 0 passed, 1 failed"
-    exit 1
-  fi
-  cgroot=$(awk '$0 ~ / - cgroup2 / && $4 == "/" { print $5; exit }' /proc/self/mountinfo)
-  CGROUP="$cgroot/kproxy-self-verify-$$"
-  mkdir "$CGROUP" || { echo "self_verify: ERROR: cannot make the cgroup $CGROUP" >&2; exit 1; }
-  # After kproxy is gone (lib.sh's EXIT trap kills it first): its links go with the bpffs.
-  trap 'remove_workdir; rmdir "$CGROUP" 2>/dev/null' EXIT
-  MODE_ARGS=(--ebpf-cgroup-path "$CGROUP")
-fi
+mode_args "$MODE"
 "$KPROXY" --config "$WORK/config.yaml" --manifests "$M" --verify-period 2s -v 2 "${MODE_ARGS[@]}" >"$WORK/kproxy.log" 2>&1 &
 KP=$!; PIDS+=("$KP")
 MET=http://127.0.0.1:10249
