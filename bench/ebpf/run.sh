@@ -19,6 +19,7 @@
 #
 # usage: bench/ebpf/run.sh [--kproxy BIN] [--plugin-dir DIR] [SECONDS [S...]]
 #   SECONDS per measurement (default 10); S, the Service counts (default 1000). Run as root.
+#   KP_BENCH_MODES: the modes (default "ebpf nftables iptables userspace").
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$HERE/../../scripts/netns-lib.sh"
@@ -34,6 +35,7 @@ COUNTS=("$@")
 MODES=(${KP_BENCH_MODES:-ebpf nftables iptables userspace})
 CONNRATE="${CONNRATE:-$KP_SOURCE_DIR/build/bench/userspace/kproxy-bench-connrate}"
 HTTP_IP=10.96.0.101
+HTTP_NODE_PORT=30080
 CLIENTS=8
 
 command -v conntrack >/dev/null || kp_die "conntrack not installed"
@@ -69,6 +71,21 @@ filler_manifest() {
 # busy_jiffies — the busy time of every CPU so far (user, nice, system, irq, softirq), in jiffies.
 busy_jiffies() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8; exit }' /proc/stat; }
 
+# measure ROLE IP PORT PREFIX — kproxy-bench-connrate from ROLE's namespace to IP:PORT for SECS
+# seconds: "PREFIX_rate=… PREFIX_failures=… PREFIX_p50_us=… PREFIX_p99_us=… PREFIX_cpu_us=…".
+measure() {
+  local role="$1" ip="$2" port="$3" prefix="$4" out busy0 busy1 kv
+  busy0=$(busy_jiffies)
+  out="$(kp_exec "$role" "$CONNRATE" client "$ip" "$port" "$SECS" "$CLIENTS" 2>&1)"
+  busy1=$(busy_jiffies)
+  local -A got=()
+  for kv in $out; do [[ $kv == *=* ]] && got[${kv%%=*}]=${kv#*=}; done
+  local cpu
+  cpu=$(awk -v j=$((busy1 - busy0)) -v hz="$(getconf CLK_TCK)" -v n="${got[requests]:-0}" \
+    'BEGIN { if (n > 0) printf "%.0f", j / hz * 1e6 / n; else print "?" }')
+  echo "${prefix}_rate=${got[rate]:-?} ${prefix}_failures=${got[failures]:-?} ${prefix}_p50_us=${got[p50_us]:-?} ${prefix}_p99_us=${got[p99_us]:-?} ${prefix}_cpu_us=$cpu"
+}
+
 connrate_ok() { kp_exec pod3 timeout 2 "$CONNRATE" client "$HTTP_IP" 80 0.2 1 >/dev/null 2>&1; }
 ct_count() { kp_exec "$1" conntrack -L -d "$HTTP_IP" 2>/dev/null | grep -c .; }
 
@@ -93,12 +110,13 @@ run_one() {
   done
   # Server side closes first (TIME_WAIT there); the client's ports are free again at once.
   kp_exec pod3 sysctl -qw net.ipv4.tcp_tw_reuse=1 net.ipv4.ip_local_port_range="10000 65000"
+  kp_exec client sysctl -qw net.ipv4.tcp_tw_reuse=1 net.ipv4.ip_local_port_range="10000 65000"
   local m="$KP_WORKDIR/manifests"
   mkdir -p "$m"
   {
     kp_manifest_node "$KP_NODE_NAME" "$KP_NODE_IP"
     echo ---
-    kp_manifest_service bench http "$HTTP_IP" 80 8081
+    kp_manifest_service bench http "$HTTP_IP" 80 8081 type=NodePort nodePort="$HTTP_NODE_PORT"
     echo ---
     kp_manifest_slice bench http http-abcde 8081 "$(kp_pod_ip 1)" "$(kp_pod_ip 2)"
   } | kp_install_manifest "$m" bench.yaml || return 1
@@ -117,17 +135,17 @@ run_one() {
   kp_exec node conntrack -F >/dev/null 2>&1
   kp_exec pod3 conntrack -F >/dev/null 2>&1
   kp_log "$mode S=$services: serving after ${ready_s}s; measuring $SECS s"
-  local out busy0 busy1 cpu_us hwm
-  busy0=$(busy_jiffies)
-  out="$(kp_exec pod3 "$CONNRATE" client "$HTTP_IP" 80 "$SECS" "$CLIENTS" 2>&1)"
-  busy1=$(busy_jiffies)
-  local -A got=()
-  local kv
-  for kv in $out; do [[ $kv == *=* ]] && got[${kv%%=*}]=${kv#*=}; done
-  cpu_us=$(awk -v j=$((busy1 - busy0)) -v hz="$(getconf CLK_TCK)" -v n="${got[requests]:-0}" \
-    'BEGIN { if (n > 0) printf "%.0f", j / hz * 1e6 / n; else print "?" }')
+  local in_pod external direct hwm
+  in_pod="$(measure pod3 "$HTTP_IP" 80 pod)"
+  local ct_client ct_node
+  ct_client=$(ct_count pod3) ct_node=$(ct_count node)
+  # Traffic from another host, which no socket hook sees: the outside client to the NodePort
+  # (ebpf mode: its nftables part), and to the first pod directly, without any service: the
+  # bound on what a faster path for external traffic (tc-BPF) could save.
+  external="$(measure client "$KP_NODE_IP" "$HTTP_NODE_PORT" ext)"
+  direct="$(measure client "$(kp_pod_ip 1)" 8081 direct)"
   hwm=$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$KP_KPROXY_PID/status" 2>/dev/null)
-  echo "$mode services=$services ready_s=$ready_s $out cpu_us=$cpu_us ct_client=$(ct_count pod3) ct_node=$(ct_count node) hwm_mib=${hwm:-?}" | tee -a "$RESULTS"
+  echo "$mode services=$services ready_s=$ready_s $in_pod ct_client=$ct_client ct_node=$ct_node $external $direct hwm_mib=${hwm:-?}" | tee -a "$RESULTS"
   kp_stop_kproxy TERM
 }
 
@@ -143,11 +161,24 @@ for services in "${COUNTS[@]}"; do
 done
 
 echo
+echo "From a pod on the node to the ClusterIP:"
+echo
 echo "| mode | Services | short connections/s ($CLIENTS clients, ${SECS} s) | failures | connect→first byte p50 / p99 (µs) | CPU per connection (µs, whole machine) | conntrack entries to the ClusterIP after the run: client netns / node netns | kproxy ready after (s) | kproxy peak RSS (MiB) |"
 echo "|---|---|---|---|---|---|---|---|---|"
 while read -r line; do
   declare -A f=()
   for kv in $line; do [[ $kv == *=* ]] && f[${kv%%=*}]=${kv#*=}; done
-  echo "| ${line%% *} | ${f[services]} | ${f[rate]:-?} | ${f[failures]:-?} | ${f[p50_us]:-?} / ${f[p99_us]:-?} | ${f[cpu_us]:-?} | ${f[ct_client]:-?} / ${f[ct_node]:-?} | ${f[ready_s]} | ${f[hwm_mib]:-?} |"
+  echo "| ${line%% *} | ${f[services]} | ${f[pod_rate]:-?} | ${f[pod_failures]:-?} | ${f[pod_p50_us]:-?} / ${f[pod_p99_us]:-?} | ${f[pod_cpu_us]:-?} | ${f[ct_client]:-?} / ${f[ct_node]:-?} | ${f[ready_s]} | ${f[hwm_mib]:-?} |"
+  unset f
+done <"$RESULTS"
+echo
+echo "From another host: to the NodePort, and to the pod directly (no service: what no NAT costs)"
+echo
+echo "| mode | Services | NodePort: connections/s | failures | p50 / p99 (µs) | CPU per connection (µs) | pod directly: connections/s | p50 / p99 (µs) | CPU per connection (µs) |"
+echo "|---|---|---|---|---|---|---|---|---|"
+while read -r line; do
+  declare -A f=()
+  for kv in $line; do [[ $kv == *=* ]] && f[${kv%%=*}]=${kv#*=}; done
+  echo "| ${line%% *} | ${f[services]} | ${f[ext_rate]:-?} | ${f[ext_failures]:-?} | ${f[ext_p50_us]:-?} / ${f[ext_p99_us]:-?} | ${f[ext_cpu_us]:-?} | ${f[direct_rate]:-?} | ${f[direct_p50_us]:-?} / ${f[direct_p99_us]:-?} | ${f[direct_cpu_us]:-?} |"
   unset f
 done <"$RESULTS"
