@@ -32,8 +32,8 @@ KC_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 KC_NET=10.77.0
 KC_CP_IP=$KC_NET.1
 KC_CLIENT_IP=$KC_NET.100
-KC_NODES=0
-KC_SLOTS=0
+KC_NODE_COUNT=0
+KC_SLOT_COUNT=0
 
 kc_node_ip() { printf '%s.%d' "$KC_NET" $((10 + $1)); }
 kc_pod_ip() { printf '10.244.%d.%d' "$1" $((10 + $2)); }
@@ -70,8 +70,8 @@ _kc_join() {
 
 kc_fabric_up() {
   local n="$1" slots="$2" i j k
-  KC_NODES=$n
-  KC_SLOTS=$slots
+  KC_NODE_COUNT=$n
+  KC_SLOT_COUNT=$slots
   _kp_add_ns fab || return 1
   ip -n "$(kp_ns fab)" link add br0 type bridge || return 1
   ip -n "$(kp_ns fab)" link set br0 up
@@ -79,7 +79,16 @@ kc_fabric_up() {
   _kc_join client "$KC_CLIENT_IP" || return 1
   for ((i = 1; i <= n; i++)); do
     _kc_join "n$i" "$(kc_node_ip "$i")" || return 1
-    _kp_sysctl "n$i" net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0
+    # icmp_ratelimit=0: every UDP datagram kproxy rejects (a Service scaled to zero) gets its
+    # ICMP port unreachable, and is counted refused; the kernel's default of one a second per
+    # peer turns all the others into timeouts, which would hide a drop among them.
+    _kp_sysctl "n$i" net.ipv4.ip_forward=1 net.ipv4.conf.all.rp_filter=0 net.ipv4.conf.default.rp_filter=0 \
+      net.ipv4.icmp_ratelimit=0
+    # A default route, as every real node has: a virtual IP without a rule is routed (and reaches
+    # kproxy's forward-hook rules, which reject it when its Service has no endpoint) instead of
+    # failing the route lookup before any hook (ICMP net unreachable, rate-limited: timeouts).
+    # The cp namespace does not forward: what kproxy lets through dies there.
+    ip -n "$(kp_ns "n$i")" route add default via "$KC_CP_IP" || return 1
     for ((k = 1; k <= n; k++)); do
       ((k == i)) && continue
       ip -n "$(kp_ns "n$i")" route add "10.244.$k.0/24" via "$(kc_node_ip "$k")" || return 1
@@ -111,7 +120,7 @@ kc_node_credentials() {
       "roleRef":{"apiGroup":"rbac.authorization.k8s.io","kind":"ClusterRole","name":"kproxy"},
       "subjects":[{"apiGroup":"rbac.authorization.k8s.io","kind":"Group","name":"kproxy:nodes"}]}' >/dev/null || return 1
   local i pki="$CP_DIR/pki"
-  for ((i = 1; i <= KC_NODES; i++)); do
+  for ((i = 1; i <= KC_NODE_COUNT; i++)); do
     _cp_leaf "$pki" "node-$i" "/O=kproxy:nodes/CN=system:kproxy:node-$i" "" clientAuth || return 1
     cp_write_kubeconfig "$KP_WORKDIR/node-$i.kubeconfig" "    certificate-authority: $pki/ca.crt" \
       "    client-certificate: $pki/node-$i.crt
@@ -122,9 +131,9 @@ kc_node_credentials() {
 # kc_describe FILE — what the driver needs to know of the fabric, as JSON.
 kc_describe() {
   local i j nodes=() pods
-  for ((i = 1; i <= KC_NODES; i++)); do
+  for ((i = 1; i <= KC_NODE_COUNT; i++)); do
     pods=()
-    for ((j = 0; j <= KC_SLOTS; j++)); do
+    for ((j = 0; j <= KC_SLOT_COUNT; j++)); do
       pods+=("{\"ns\":\"$(kp_ns "n${i}p$j")\",\"ip\":\"$(kc_pod_ip "$i" "$j")\"}")
     done
     nodes+=("{\"name\":\"node-$i\",\"ns\":\"$(kp_ns "n$i")\",\"ip\":\"$(kc_node_ip "$i")\",\"podCIDR\":\"10.244.$i.0/24\",
