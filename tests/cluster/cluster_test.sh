@@ -8,8 +8,8 @@
 # usage: sudo tests/cluster/cluster_test.sh --kproxy BIN --plugin-dir DIR [--load BIN]
 #                                           [cluster.py options...]
 #   KC_NODES (3), KC_SLOTS (pod slots per node, 4), KC_KEEP_WORKDIR=1 keeps the logs,
-#   KC_BREAK_TERMINATION=1 breaks the rolling update on purpose (pods stop while still listed
-#   ready): the suite must then fail.
+#   KC_BREAK_TERMINATION=ready|early breaks the rolling update on purpose (cluster.py says how):
+#   the suite must then fail.
 # Needs root, kube-apiserver built by tests/e2e/build-control-plane.sh, and etcd.
 set -uo pipefail
 
