@@ -44,8 +44,11 @@ kc_fabric_up "${KC_NODES:-3}" "${KC_SLOTS:-4}" || kp_die "building the fabric"
 kc_control_plane_up || kp_die "starting the control plane"
 kc_node_credentials || kp_die "node credentials"
 kc_describe "$KP_WORKDIR/cluster.json"
+# In the background, and waited for: a signal to this script then ends it at once, and its EXIT
+# trap stops the driver with everything else in the namespaces.
 kc_driver --desc "$KP_WORKDIR/cluster.json" --kproxy "$KPROXY" --plugin-dir "${KPROXY_PLUGIN_DIR:-}" \
-  --podserver "$KP_PODSERVER" --load "$LOAD" "${PASS[@]}"
+  --podserver "$KP_PODSERVER" --load "$LOAD" "${PASS[@]}" &
+wait $!
 rc=$?
 if ((rc != 0)); then
   for f in "$KP_WORKDIR"/kproxy-node-*.log; do

@@ -39,8 +39,24 @@ kc_node_ip() { printf '%s.%d' "$KC_NET" $((10 + $1)); }
 kc_pod_ip() { printf '10.244.%d.%d' "$1" $((10 + $2)); }
 
 # kc_sweep_stale — what runs that died left behind: netns-lib's namespaces (kp<pid>-…, with
-# their processes) whose <pid> is gone.
-kc_sweep_stale() { kp_cleanup_stale; }
+# their processes) whose <pid> is gone, and, for this suite's runs (a work dir holding
+# control-plane-dirs), the work dir and the control plane's directories it lists.
+kc_sweep_stale() {
+  kp_cleanup_stale
+  local d pid listed
+  for d in "${TMPDIR:-/tmp}"/kp*-*/control-plane-dirs; do
+    [[ -f "$d" ]] || continue
+    d="$(dirname "$d")"
+    [[ "$(basename "$d")" =~ ^kp([0-9]+)- ]] || continue
+    pid="${BASH_REMATCH[1]}"
+    kill -0 "$pid" 2>/dev/null && continue
+    while read -r listed; do
+      [[ "$listed" == /dev/shm/kproxy-etcd-* || "$listed" == "${TMPDIR:-/tmp}"/kproxy-cp-* ]] && rm -rf "$listed"
+    done <"$d/control-plane-dirs"
+    kp_log "removing the work dir of a dead run: $d"
+    rm -rf "$d"
+  done
+}
 
 kc_init() {
   kc_sweep_stale
@@ -106,7 +122,9 @@ kc_control_plane_up() {
   export CP_API_SANS="IP:$KC_CP_IP" CP_API_HOST=$KC_CP_IP
   # Both flags come after cp_start_apiserver's own --bind-address, and the last one counts.
   CP_API_EXTRA=(--bind-address 0.0.0.0 --advertise-address "$KC_CP_IP")
-  cp_start ip netns exec "$(kp_ns cp)"
+  cp_start ip netns exec "$(kp_ns cp)" || return 1
+  # For kc_sweep_stale, should this run die without its EXIT trap.
+  printf '%s\n' "$CP_DIR" "$CP_ETCD_DATA" >"$KP_WORKDIR/control-plane-dirs"
 }
 
 # kc_node_credentials — RBAC from deploy/rbac.yaml, one ClusterRoleBinding of its ClusterRole to
