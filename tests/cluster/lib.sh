@@ -121,6 +121,7 @@ kc_fabric_up() {
 kc_control_plane_up() {
   export CP_API_SANS="IP:$KC_CP_IP" CP_API_HOST=$KC_CP_IP
   # Both flags come after cp_start_apiserver's own --bind-address, and the last one counts.
+  # shellcheck disable=SC2034 # read by control-plane.sh's cp_start_apiserver
   CP_API_EXTRA=(--bind-address 0.0.0.0 --advertise-address "$KC_CP_IP")
   cp_start ip netns exec "$(kp_ns cp)" || return 1
   # For kc_sweep_stale, should this run die without its EXIT trap.
@@ -157,6 +158,7 @@ kc_describe() {
     nodes+=("{\"name\":\"node-$i\",\"ns\":\"$(kp_ns "n$i")\",\"ip\":\"$(kc_node_ip "$i")\",\"podCIDR\":\"10.244.$i.0/24\",
       \"kubeconfig\":\"$KP_WORKDIR/node-$i.kubeconfig\",\"slots\":[$(IFS=,; echo "${pods[*]}")]}")
   done
+  # shellcheck disable=SC2153 # CP_API_PORT and CP_DIR are control-plane.sh's
   cat >"$1" <<EOF
 {"prefix":"$KP_PREFIX","workdir":"$KP_WORKDIR","clusterCIDR":"10.244.0.0/16",
  "cp":{"ns":"$(kp_ns cp)","ip":"$KC_CP_IP","port":$CP_API_PORT,"pki":"$CP_DIR/pki"},
