@@ -171,7 +171,6 @@ class Node:
         self.kubeconfig = d["kubeconfig"]
         self.slots = d["slots"]  # [{"ns", "ip"}], slot 0 the client pod
         self.kproxy = None
-        self.kproxy_starts = 0
 
 
 class Pod:
@@ -186,7 +185,6 @@ class Pod:
 class Cluster:
     def __init__(self, desc, args):
         self.args = args
-        self.desc = desc
         self.workdir = desc["workdir"]
         self.api = Api(desc["cp"]["port"], desc["cp"]["pki"])
         self.nodes = [Node(i + 1, d) for i, d in enumerate(desc["nodes"])]
@@ -199,7 +197,6 @@ class Cluster:
     # --- kproxy ----------------------------------------------------------------------------------
 
     def kproxy_start(self, node):
-        node.kproxy_starts += 1
         argv = [self.args.kproxy, "--proxy-mode=nftables", "--kubeconfig", node.kubeconfig,
                 "--hostname-override", node.name, "--cluster-cidr", self.cluster_cidr,
                 "--metrics-bind-address", f"{node.ip}:{METRICS_PORT}",
@@ -208,6 +205,7 @@ class Cluster:
                 "--conntrack-max-per-core=0", "-v", "2"]
         if self.args.plugin_dir:
             argv += ["--plugin-dir", self.args.plugin_dir]
+        argv += self.args.kproxy_arg
         node.kproxy = Proc(node.ns, argv, f"{self.workdir}/kproxy-{node.name}.log")
 
     def kproxy_stop(self, node, sig):
@@ -535,6 +533,15 @@ class Scenario:
         for what, seen in self.record.changes:
             print(f"  change {what}: every node after {fmt_ms(max(seen.values()))} ms "
                   f"({', '.join(f'{k} {fmt_ms(v)}' for k, v in sorted(seen.items()))})")
+        per_node = {}
+        for _, seen in self.record.changes:
+            for node, v in seen.items():
+                per_node.setdefault(node, []).append(v)
+        if per_node:
+            print("  programming time per node, API write to /debug/services (p50 / p99 / max ms over "
+                  f"{len(self.record.changes)} changes): "
+                  + ", ".join(f"{k} {fmt_ms(percentile(v, 50))} / {fmt_ms(percentile(v, 99))} / {fmt_ms(max(v))}"
+                              for k, v in sorted(per_node.items())))
         for note in self.notes:
             print(f"  {note}")
         for ld in self.loads:
@@ -554,6 +561,12 @@ class Scenario:
             if not counts.get("answered"):
                 self.failed.append(f"{ld.label}: no request was answered")
         return self.failed
+
+
+def percentile(values, p):
+    """The nearest-rank percentile: with few values, p99 is the largest."""
+    v = sorted(values)
+    return v[min(len(v) - 1, max(0, -(-len(v) * p // 100) - 1))]
 
 
 def settle(cluster):
@@ -616,7 +629,7 @@ def scenario_scale_to_zero(cluster, zt, zu, grace, hold):
     settle(cluster)
     pods = [p for p, _ in zt.endpoints]
     for svc in (zt, zu):
-        _, t_agreed = svc.change(sc.record, "every endpoint terminating", [(p, "terminating") for p in pods])
+        svc.change(sc.record, "every endpoint terminating", [(p, "terminating") for p in pods])
     time.sleep(grace)
     starts = {}
     for svc in (zt, zu):
@@ -658,6 +671,8 @@ def scenario_kproxy_restart(cluster, web, downtime):
             sc.record.change(f"{node.name} {sig.name} (exit status {rc}, stopped in {fmt_ms(t_exit - t_sig)} ms, "
                              f"down {fmt_ms(t_start - t_exit)} ms): start to first sync", seen)
             sc.notes.append(f"{node.name} {sig.name}: start to /healthz 200 {fmt_ms(t_healthy - t_start)} ms")
+            if sig == signal.SIGTERM and rc != 0:
+                sc.failed.append(f"kproxy on {node.name} exited with status {rc} on SIGTERM")
     settle(cluster)
     return sc
 
@@ -677,6 +692,8 @@ def main():
     ap.add_argument("--desc", required=True, help="the fabric, as lib.sh's kc_describe wrote it")
     ap.add_argument("--kproxy", required=True)
     ap.add_argument("--plugin-dir", default="")
+    ap.add_argument("--kproxy-arg", action="append", default=[],
+                    help="one more argument for every kproxy (repeatable), e.g. --kproxy-arg=--iptables-min-sync-period=0")
     ap.add_argument("--podserver", required=True)
     ap.add_argument("--load", required=True, help="kproxy-cluster-load")
     ap.add_argument("--services", type=int, default=1000, help="background Services")

@@ -7,7 +7,8 @@
 #
 # usage: sudo tests/cluster/cluster_test.sh --kproxy BIN --plugin-dir DIR [--load BIN]
 #                                           [cluster.py options...]
-#   KC_NODES (3), KC_SLOTS (pod slots per node, 4), KC_KEEP_WORKDIR=1 keeps the logs,
+#   KC_NODES (3), KC_SLOTS (pod slots per node, 4), KC_SERVICES (background Services, 1000),
+#   KC_KEEP_WORKDIR=1 keeps the logs,
 #   KC_BREAK_TERMINATION=ready|early breaks the rolling update on purpose (cluster.py says how):
 #   the suite must then fail.
 # Needs root, kube-apiserver built by tests/e2e/build-control-plane.sh, and etcd.
@@ -47,7 +48,7 @@ kc_describe "$KP_WORKDIR/cluster.json"
 # In the background, and waited for: a signal to this script then ends it at once, and its EXIT
 # trap stops the driver with everything else in the namespaces.
 kc_driver --desc "$KP_WORKDIR/cluster.json" --kproxy "$KPROXY" --plugin-dir "${KPROXY_PLUGIN_DIR:-}" \
-  --podserver "$KP_PODSERVER" --load "$LOAD" "${PASS[@]}" &
+  --podserver "$KP_PODSERVER" --load "$LOAD" --services "${KC_SERVICES:-1000}" "${PASS[@]}" &
 wait $!
 rc=$?
 if ((rc != 0)); then
