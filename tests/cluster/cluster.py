@@ -11,9 +11,9 @@ program it (each node's /debug/services, which shows the last snapshot applied t
 A request fails when it is not answered, except a refusal inside a scale-to-zero window (from
 the write that empties the Service to every node having programmed its return), which is an
 expected refusal; an answer from a pod after every node had programmed that pod out of use
-(terminating or removed) is a stale answer, and fails too. A UDP request sent less than a second
-before the pod it went to exits and not answered is named apart (lost in flight to an exiting
-pod: inherent to UDP), as the issue asks.
+(terminating or removed) is a stale answer, and fails too. A UDP request without an answer sent
+less than a second before a pod of its Service exits is named apart (lost in flight to an
+exiting pod: inherent to UDP, whatever the proxy does).
 
 Exit status: 0 when every assertion held, 1 otherwise.
 """
@@ -434,7 +434,7 @@ def judge(load, rows, record):
     windows = record.zero_windows.get(load.service, [])
     stops = record.pod_stops.get(load.service, [])
     for t, outcome, detail, _ in rows:
-        kind = outcome
+        kind = f"error {detail}" if outcome == "error" else outcome
         failed = outcome != "answered"
         if outcome == "answered":
             gone = record.invalid_from.get(detail)
@@ -444,8 +444,6 @@ def judge(load, rows, record):
             kind, failed = "refused-expected (zero window)", False
         elif load.proto == "udp" and any(s - 1.0 <= t <= s for _, s in stops):
             kind, failed = "udp-lost-in-flight-to-exiting-pod (inherent)", False
-        if outcome == "error":
-            kind = f"error {detail}"
         counts[kind] = counts.get(kind, 0) + 1
         if failed:
             failures[kind] = failures.get(kind, 0) + 1
