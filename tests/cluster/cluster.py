@@ -536,7 +536,8 @@ class Scenario:
             for node, v in seen.items():
                 per_node.setdefault(node, []).append(v)
         if per_node:
-            print("  programming time per node, API write to /debug/services (p50 / p99 / max ms over "
+            print("  programming time per node, from the API write (a restart: the process's start) to "
+                  "/debug/services showing it (p50 / p99 / max ms over "
                   f"{len(self.record.changes)} changes): "
                   + ", ".join(f"{k} {fmt_ms(percentile(v, 50))} / {fmt_ms(percentile(v, 99))} / {fmt_ms(max(v))}"
                               for k, v in sorted(per_node.items())))
