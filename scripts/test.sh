@@ -7,7 +7,9 @@
 #      network namespaces, curl through the real rules); vm (IPVS in a Debian kernel under qemu,
 #      tests/vm/, cached in ~/.cache/kproxy/vm); end to end (a real kube-apiserver +
 #      etcd, the apiserver built once into ~/.cache/kproxy from the Go module proxy); soak (the
-#      same apiserver churned for KPROXY_SOAK_SECONDS, 120 s by default, while kproxy is killed).
+#      same apiserver churned for KPROXY_SOAK_SECONDS, 120 s by default, while kproxy is killed);
+#      cluster (three nodes on that apiserver, 1,000 background Services, rolling update, scale
+#      to zero and kproxy restarts under constant request load: no request may fail).
 # Everything but the unit tier needs root: without it the script fails loudly, never passes
 # quietly.
 set -euo pipefail
@@ -55,7 +57,7 @@ stage "Control plane for the end-to-end tier: kube-apiserver from the Go module 
 GOMAXPROCS=${GOMAXPROCS:-2} tests/e2e/build-control-plane.sh
 
 # The Release build's tiers, in this order; every test carries exactly one of these labels.
-TIERS=(unit kernel program datapath vm e2e soak)
+TIERS=(unit kernel program datapath vm e2e soak cluster)
 stage "Release build for the tiers ${TIERS[*]}"
 # Release (-O3), as the benchmarks are built: g++ 12 has warnings that only -O3 shows.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKPROXY_WERROR=ON >/dev/null

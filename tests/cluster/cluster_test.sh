@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The cluster suite: N nodes (3 by default) in network namespaces on a bridge, one kproxy per
+# node in nftables mode on one real kube-apiserver, 1,000 background Services under light
+# churn, and the scenarios of cluster.py (rolling update, scale to zero and back, kproxy restart
+# on every node) under constant request load. Fails on any failed TCP request (outside a
+# scale-to-zero window) or any answer from a pod that should no longer receive traffic.
+#
+# usage: sudo tests/cluster/cluster_test.sh --kproxy BIN --plugin-dir DIR [--load BIN]
+#                                           [cluster.py options...]
+#   KC_NODES (3), KC_SLOTS (pod slots per node, 4), KC_SERVICES (background Services, 1000),
+#   KC_KEEP_WORKDIR=1 keeps the logs,
+#   KC_BREAK_TERMINATION=ready|early breaks the rolling update on purpose (cluster.py says how):
+#   the suite must then fail.
+# Needs root, kube-apiserver built by tests/e2e/build-control-plane.sh, and etcd.
+set -uo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../../scripts/netns-lib.sh
+source "$HERE/../../scripts/netns-lib.sh"
+# shellcheck source=../e2e/control-plane.sh
+source "$HERE/../e2e/control-plane.sh"
+# shellcheck source=lib.sh
+source "$HERE/lib.sh"
+
+LOAD=""
+PASS=()
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --kproxy) export KPROXY_BIN="$2"; shift 2 ;;
+    --plugin-dir) export KPROXY_PLUGIN_DIR="$2"; shift 2 ;;
+    --load) LOAD="$2"; shift 2 ;;
+    *) PASS+=("$1"); shift ;;
+  esac
+done
+
+kp_require_root
+cp_apiserver_bin >/dev/null || exit 1
+KPROXY="$(kp_kproxy_bin)" || kp_die "kproxy binary not found (--kproxy BIN)"
+[[ -n "$LOAD" ]] || LOAD="$(dirname "$(dirname "$KPROXY")")/tests/cluster/kproxy-cluster-load"
+[[ -x "$LOAD" ]] || kp_die "kproxy-cluster-load not found (--load BIN): build it"
+
+[[ -n "${KC_KEEP_WORKDIR:-}" ]] && export KP_KEEP_WORKDIR=1
+kc_init
+kc_fabric_up "${KC_NODES:-3}" "${KC_SLOTS:-4}" || kp_die "building the fabric"
+kc_control_plane_up || kp_die "starting the control plane"
+kc_node_credentials || kp_die "node credentials"
+kc_describe "$KP_WORKDIR/cluster.json"
+# In the background, and waited for: a signal to this script then ends it at once, and its EXIT
+# trap stops the driver with everything else in the namespaces.
+kc_driver --desc "$KP_WORKDIR/cluster.json" --kproxy "$KPROXY" --plugin-dir "${KPROXY_PLUGIN_DIR:-}" \
+  --podserver "$KP_PODSERVER" --load "$LOAD" --services "${KC_SERVICES:-1000}" "${PASS[@]}" &
+wait $!
+rc=$?
+if ((rc != 0)); then
+  for f in "$KP_WORKDIR"/kproxy-node-*.log; do
+    kp_log "last lines of $f:"
+    tail -15 "$f" >&2
+  done
+fi
+exit "$rc"
