@@ -22,10 +22,10 @@ inline double msSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-/// Peak resident set (ru_maxrss), MiB.
-inline long peakRssMiB() {
+/// Peak resident set (ru_maxrss) of `who` (RUSAGE_SELF, RUSAGE_CHILDREN), MiB.
+inline long peakRssMiB(int who = RUSAGE_SELF) {
   rusage u{};
-  getrusage(RUSAGE_SELF, &u);
+  getrusage(who, &u);
   return u.ru_maxrss / 1024;
 }
 
@@ -42,17 +42,18 @@ inline long currentRssMiB() {
 /// The benchmark's services, generated when the backend asks for them: the backend sees one
 /// service port at a time, as it does through the plugin ABI (the host converts each port
 /// when it is visited), so the process's resident set is the backend's own. Changed ports are
-/// kept as overrides.
+/// kept as overrides. With `affinity`, every tenth service has ClientIP session affinity.
 class GeneratedSnapshot final : public plan::SnapshotSource {
  public:
-  GeneratedSnapshot(int services, int endpoints) : services_(services), endpoints_(endpoints) {}
+  GeneratedSnapshot(int services, int endpoints, bool affinity = true)
+      : services_(services), endpoints_(endpoints), affinity_(affinity) {}
   void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const override {
     for (int i = 0; i < services_; ++i) {
       if (auto it = overrides_.find(i); it != overrides_.end()) {
         fn(it->second);
         continue;
       }
-      fn(nftables::testing::manyServicesPort(i, endpoints_));
+      fn(nftables::testing::manyServicesPort(i, endpoints_, affinity_));
     }
   }
   std::optional<sdk::ServicePort> find(net::Family family, const std::string& key) const override {
@@ -62,7 +63,7 @@ class GeneratedSnapshot final : public plan::SnapshotSource {
     const int i = std::atoi(key.c_str() + at + 5);
     if (i < 0 || i >= services_) return std::nullopt;
     if (auto it = overrides_.find(i); it != overrides_.end()) return it->second;
-    auto p = nftables::testing::manyServicesPort(i, endpoints_);
+    auto p = nftables::testing::manyServicesPort(i, endpoints_, affinity_);
     if (p.key != key) return std::nullopt;
     return p;
   }
@@ -70,13 +71,14 @@ class GeneratedSnapshot final : public plan::SnapshotSource {
   /// Port `i`, to change in place.
   sdk::ServicePort& port(int i) {
     auto it = overrides_.find(i);
-    if (it == overrides_.end()) it = overrides_.emplace(i, nftables::testing::manyServicesPort(i, endpoints_)).first;
+    if (it == overrides_.end()) it = overrides_.emplace(i, nftables::testing::manyServicesPort(i, endpoints_, affinity_)).first;
     return it->second;
   }
 
  private:
   int services_;
   int endpoints_;
+  bool affinity_;
   std::map<int, sdk::ServicePort> overrides_;
 };
 

@@ -57,7 +57,7 @@
 
 #include <fmt/format.h>
 
-#include "../../tests/unit/nftables/service_ports.h"
+#include "../common/sync_bench.h"
 #include "../nftables/bench_args.h"
 #include "netlink_replay.h"
 #include "kproxy/backends/common/chain_names.h"
@@ -71,25 +71,14 @@ namespace fixtures = kproxy::nftables::testing;
 
 namespace {
 
-using Clock = std::chrono::steady_clock;
-double msSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+using bench::Clock;
+using bench::currentRssMiB;
+using bench::GeneratedSnapshot;
+using bench::msSince;
+using bench::peakRssMiB;
 
 constexpr auto kToolTimeout = std::chrono::minutes(10);
 constexpr int kMaxRepeat = 64;
-
-long peakRssMiB(int who) {
-  rusage u{};
-  getrusage(who, &u);
-  return u.ru_maxrss / 1024;
-}
-
-long currentRssMiB() {
-  std::ifstream status("/proc/self/status");
-  std::string line;
-  while (std::getline(status, line))
-    if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6) / 1024;
-  return -1;
-}
 
 std::string loadAverage() {
   double l[3] = {};
@@ -119,46 +108,6 @@ bool inChild(bool newNetns, Fn&& body) {
   waitpid(pid, &status, 0);
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
-
-/// The benchmark's services, generated when the backend asks for them (one port at a time, as
-/// through the plugin ABI), so that the process's resident set is the backend's own; changed
-/// ports are kept as overrides. As the nftables benchmark's.
-class GeneratedSnapshot final : public plan::SnapshotSource {
- public:
-  GeneratedSnapshot(int services, int endpoints, bool affinity)
-      : services_(services), endpoints_(endpoints), affinity_(affinity) {}
-  void forEach(const std::function<void(const sdk::ServicePort&)>& fn) const override {
-    for (int i = 0; i < services_; ++i) {
-      if (auto it = overrides_.find(i); it != overrides_.end()) {
-        fn(it->second);
-        continue;
-      }
-      fn(fixtures::manyServicesPort(i, endpoints_, affinity_));
-    }
-  }
-  std::optional<sdk::ServicePort> find(net::Family family, const std::string& key) const override {
-    const auto at = key.find("/svc-");
-    if (family != net::Family::kIPv4 || at == std::string::npos) return std::nullopt;
-    const int i = std::atoi(key.c_str() + at + 5);
-    if (i < 0 || i >= services_) return std::nullopt;
-    if (auto it = overrides_.find(i); it != overrides_.end()) return it->second;
-    auto p = fixtures::manyServicesPort(i, endpoints_, affinity_);
-    if (p.key != key) return std::nullopt;
-    return p;
-  }
-  sdk::NodeInfo node() const override { return {}; }
-  sdk::ServicePort& port(int i) {
-    auto it = overrides_.find(i);
-    if (it == overrides_.end()) it = overrides_.emplace(i, fixtures::manyServicesPort(i, endpoints_, affinity_)).first;
-    return it->second;
-  }
-
- private:
-  int services_;
-  int endpoints_;
-  bool affinity_;  ///< every tenth service with ClientIP session affinity
-  std::map<int, sdk::ServicePort> overrides_;
-};
 
 /// The real kernel, timing its save and restore runs (the parts of a sync spent in the tools).
 class TimedKernel final : public KernelIptables {
