@@ -57,11 +57,12 @@ bench_cgroup_of() {
 }
 KP_CGROUP_OF=bench_cgroup_of
 
-# filler_manifest S — S - 1 Services 10.100.x.y:80 -> 8081, each with pod1 as its endpoint.
+# filler_manifest S — S - 1 Services 10.100.x.y:80 -> 8081 (64,000 to a second octet, then
+# 10.101.x.y, ...), each with pod1 as its endpoint.
 filler_manifest() {
   awk -v n="$(($1 - 1))" -v ep="$(kp_pod_ip 1)" -v node="$KP_NODE_NAME" 'BEGIN {
     for (i = 0; i < n; i++) {
-      ip = sprintf("10.100.%d.%d", int(i / 250), i % 250 + 1)
+      ip = sprintf("10.%d.%d.%d", 100 + int(i / 64000), int(i / 250) % 256, i % 250 + 1)
       printf "---\napiVersion: v1\nkind: Service\nmetadata:\n  namespace: filler\n  name: s%d\nspec:\n  type: ClusterIP\n  clusterIP: %s\n  clusterIPs: [%s]\n  ipFamilies: [IPv4]\n  ports:\n  - name: http\n    protocol: TCP\n    port: 80\n    targetPort: 8081\n", i, ip, ip
       printf "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\nmetadata:\n  namespace: filler\n  name: s%d-abcde\n  labels:\n    kubernetes.io/service-name: s%d\naddressType: IPv4\nports:\n- name: http\n  protocol: TCP\n  port: 8081\nendpoints:\n- addresses: [%s]\n  nodeName: %s\n  conditions:\n    ready: true\n    serving: true\n    terminating: false\n", i, i, ep, node
     }
