@@ -94,13 +94,14 @@ class Api:
         raise RuntimeError(f"{method} {path}: gave up after 10 attempts")
 
     def list(self, path):
-        items, cont = [], ""
+        """The objects of a collection, a page at a time (only one page held at once)."""
+        cont = ""
         while True:
             page = self.call("GET", f"{path}?limit=5000" + (f"&continue={cont}" if cont else ""))
-            items += page.get("items") or []
+            yield from page.get("items") or []
             cont = page.get("metadata", {}).get("continue")
             if not cont:
-                return items
+                return
 
 
 def main() -> None:
@@ -130,17 +131,22 @@ def main() -> None:
         api.call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
                  ok=(409,))
 
-    have = {}
+    # What the apiserver holds is compared as it is listed: only the keys are kept (at 100,000
+    # Services the objects themselves would take gigabytes).
+    present, stale = set(), []
     for kind in KINDS:
         scopes = namespaces if KINDS[kind][2] else [""]
         for ns in scopes:
             for o in api.list(collection(kind, ns)):
                 key = (kind, ns, o["metadata"]["name"])
                 # Cluster-scoped objects are ours only when a file names them.
-                if KINDS[kind][2] or key in want:
-                    have[key] = o
-    stale = [k for k, o in have.items() if k not in want or not same(want[k], o)]
-    missing = [k for k in want if k not in have or k in stale]
+                if not KINDS[kind][2] and key not in want:
+                    continue
+                present.add(key)
+                if key not in want or not same(want[key], o):
+                    stale.append(key)
+    stale_set = set(stale)
+    missing = [k for k in want if k not in present or k in stale_set]
     kept = len(want) - len(missing)
 
     def delete(key):
