@@ -356,12 +356,12 @@ if [[ -s "$API_LOADS" ]]; then
   echo
   echo "The objects made to be held by the apiserver for the upstream modes (only the difference to what it held):"
   echo
-  echo "| Services | objects created | deleted | kept | seconds |"
-  echo "|---|---|---|---|---|"
+  echo "| Services | objects created | deleted | kept | seconds | of which the loader's own CPU (s) |"
+  echo "|---|---|---|---|---|---|"
   while read -r line; do
     declare -A f=()
     for kv in $line; do [[ $kv == *=* ]] && f[${kv%%=*}]=${kv#*=}; done
-    echo "| ${f[services]} | ${f[created]} | ${f[deleted]} | ${f[kept]} | ${f[seconds]} |"
+    echo "| ${f[services]} | ${f[created]} | ${f[deleted]} | ${f[kept]} | ${f[seconds]} | ${f[client_cpu_s]} |"
     unset f
   done <"$API_LOADS"
 fi
