@@ -78,7 +78,8 @@ class Api:
                                                                   timeout=60)
             try:
                 headers = {"Content-Type": ctype} if body is not None else {}
-                c.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
+                payload = body if body is None or isinstance(body, str) else json.dumps(body)
+                c.request(method, path, body=payload, headers=headers)
                 r = c.getresponse()
                 data = r.read()
             except (OSError, http.client.HTTPException):
@@ -116,7 +117,9 @@ def main() -> None:
     args = ap.parse_args()
     t0 = time.time()
 
-    want = {}  # (kind, namespace or "", name) -> object
+    # (kind, namespace or "", name) -> the object as compact JSON: at 100,000 Services the parsed
+    # objects would take some 700 MB, their text a fifth of that.
+    want = {}
     for f in args.files:
         with open(f) as fh:
             for doc in yaml.load_all(fh, Loader=LOADER):
@@ -126,7 +129,7 @@ def main() -> None:
                 if kind not in KINDS:
                     sys.exit(f"{f}: kind {kind!r} is not handled")
                 ns = doc["metadata"].get("namespace", "default") if KINDS[kind][2] else ""
-                want[(kind, ns, doc["metadata"]["name"])] = doc
+                want[(kind, ns, doc["metadata"]["name"])] = json.dumps(doc, separators=(",", ":"))
     api = Api(args.port, args.pki)
     namespaces = sorted({ns for (_, ns, _) in want if ns} | {ns for ns in args.prune.split(",") if ns})
     for ns in namespaces:
@@ -145,7 +148,7 @@ def main() -> None:
                 if not KINDS[kind][2] and key not in want:
                     continue
                 present.add(key)
-                if key not in want or not same(want[key], o):
+                if key not in want or not same(json.loads(want[key]), o):
                     stale.append(key)
     stale_set = set(stale)
     missing = [k for k in want if k not in present or k in stale_set]
@@ -157,10 +160,10 @@ def main() -> None:
 
     def create(key):
         kind, ns, name = key
-        body = want[key]
-        api.call("POST", collection(kind, ns), body, ok=(409,))
-        if "status" in body and KINDS[kind][3]:
-            api.call("PATCH", f"{collection(kind, ns)}/{name}/status", {"status": body["status"]},
+        api.call("POST", collection(kind, ns), want[key], ok=(409,))
+        status = json.loads(want[key]).get("status") if KINDS[kind][3] else None
+        if status is not None:
+            api.call("PATCH", f"{collection(kind, ns)}/{name}/status", {"status": status},
                      ctype="application/merge-patch+json")
 
     with ThreadPoolExecutor(args.connections) as pool:
