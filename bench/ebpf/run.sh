@@ -142,7 +142,14 @@ measure() {
   echo "${prefix}_rate=${got[rate]:-?} ${prefix}_failures=${got[failures]:-?} ${prefix}_p50_us=${got[p50_us]:-?} ${prefix}_p99_us=${got[p99_us]:-?} ${prefix}_cpu_us=$cpu"
 }
 
-connrate_ok() { kp_exec pod3 timeout 2 "$CONNRATE" client "$HTTP_IP" 80 0.2 1 >/dev/null 2>&1; }
+# connrate_ok — the ClusterIP answers from the client pod: a connection made and none failed.
+# kproxy-bench-connrate's status alone is 0 also when its thread started after the 0.2 s were
+# over (a loaded machine) and so tried nothing.
+connrate_ok() {
+  local out
+  out="$(kp_exec pod3 timeout 2 "$CONNRATE" client "$HTTP_IP" 80 0.2 1 2>/dev/null)" || return 1
+  [[ $out == requests=[1-9]* ]]
+}
 ct_count() { kp_exec "$1" conntrack -L -d "$HTTP_IP" 2>/dev/null | grep -c .; }
 
 # make_manifests S — the manifest directory of S Services ($BENCH_DIR/manifests-S): the Node, the
