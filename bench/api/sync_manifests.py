@@ -17,16 +17,17 @@ Prints "created=N deleted=N kept=N seconds=T client_cpu_s=C" on stdout (C: this 
 CPU time, parsing the files and its side of the requests).
 """
 import argparse
-import http.client
 import json
+import os
 import resource
-import ssl
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import yaml
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/e2e"))
+import kube_api  # noqa: E402  (tests/e2e/kube_api.py)
 
 LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 # kind -> (API prefix, resource, namespaced, has a status subresource)
@@ -59,54 +60,6 @@ def same(want, have):
     return all(subset(v, have.get(k)) for k, v in want.items() if k not in ("apiVersion", "kind", "metadata"))
 
 
-class Api:
-    """Admin connections to the apiserver, one per thread."""
-
-    def __init__(self, port, pki):
-        self.port = port
-        self.ctx = ssl.create_default_context(cafile=f"{pki}/ca.crt")
-        self.ctx.load_cert_chain(f"{pki}/admin.crt", f"{pki}/admin.key")
-        self.local = threading.local()
-
-    def call(self, method, path, body=None, ctype="application/json", ok=()):
-        """One request, retrying what a loaded apiserver answers now and then; statuses in OK are
-        accepted (409 for a retried POST that had succeeded, 404 for a retried DELETE)."""
-        for attempt in range(10):
-            c = getattr(self.local, "conn", None)
-            if c is None:
-                c = self.local.conn = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx,
-                                                                  timeout=60)
-            try:
-                headers = {"Content-Type": ctype} if body is not None else {}
-                payload = body if body is None or isinstance(body, str) else json.dumps(body)
-                c.request(method, path, body=payload, headers=headers)
-                r = c.getresponse()
-                data = r.read()
-            except (OSError, http.client.HTTPException):
-                c.close()
-                self.local.conn = None
-                time.sleep(0.2 * (attempt + 1))
-                continue
-            if r.status < 300 or r.status in ok:
-                return json.loads(data) if data and r.status < 300 else None
-            # 422 "already allocated": a ClusterIP or NodePort of a Service just deleted, not yet
-            # released.
-            if r.status not in (422, 429, 500, 503, 504) or (r.status == 422 and b"allocated" not in data):
-                raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
-            time.sleep(0.2 * (attempt + 1))
-        raise RuntimeError(f"{method} {path}: gave up after 10 attempts")
-
-    def list(self, path):
-        """The objects of a collection, a page at a time (only one page held at once)."""
-        cont = ""
-        while True:
-            page = self.call("GET", f"{path}?limit=5000" + (f"&continue={cont}" if cont else ""))
-            yield from page.get("items") or []
-            cont = page.get("metadata", {}).get("continue")
-            if not cont:
-                return
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--port", type=int, required=True)
@@ -130,7 +83,7 @@ def main() -> None:
                     sys.exit(f"{f}: kind {kind!r} is not handled")
                 ns = doc["metadata"].get("namespace", "default") if KINDS[kind][2] else ""
                 want[(kind, ns, doc["metadata"]["name"])] = json.dumps(doc, separators=(",", ":"))
-    api = Api(args.port, args.pki)
+    api = kube_api.Api(args.port, args.pki)
     namespaces = sorted({ns for (_, ns, _) in want if ns} | {ns for ns in args.prune.split(",") if ns})
     for ns in namespaces:
         api.call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},

@@ -25,19 +25,20 @@ are seen by kproxy-bench-ipvswait in the guest (IpvsPoller).
 The programs never run at the same time, so neither slows the other. Results are JSON lines.
 """
 import argparse
-import http.client
 import json
 import os
 import re
 import shutil
 import signal
-import ssl
 import subprocess
 import sys
 import threading
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/e2e"))
+import kube_api  # noqa: E402  (tests/e2e/kube_api.py)
 
 NODE = "bench-node"
 NODE_IP = "10.255.0.2"
@@ -59,44 +60,13 @@ def log(msg):
 # The API server
 
 
-class Api:
-    """A pool of admin connections to the apiserver (one per thread)."""
-
-    def __init__(self, port, pki):
-        self.port = port
-        self.ctx = ssl.create_default_context(cafile=f"{pki}/ca.crt")
-        self.ctx.load_cert_chain(f"{pki}/admin.crt", f"{pki}/admin.key")
-        self.local = threading.local()
-
-    def conn(self):
-        c = getattr(self.local, "conn", None)
-        if c is None:
-            c = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=60)
-            self.local.conn = c
-        return c
+class Api(kube_api.Api):
+    """The shared admin client (tests/e2e/kube_api.py); a POST of what exists is not an error
+    here (a reload after an interrupted load), and OK404 accepts a 404."""
 
     def call(self, method, path, body=None, ctype="application/json", ok404=False):
-        for attempt in range(8):
-            c = self.conn()
-            try:
-                headers = {"Content-Type": ctype} if body is not None else {}
-                c.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
-                r = c.getresponse()
-                data = r.read()
-            except (OSError, http.client.HTTPException) as e:
-                self.local.conn = None
-                if attempt == 7:
-                    raise
-                log(f"retrying {method} {path}: {e}")
-                time.sleep(0.5)
-                continue
-            if r.status < 400 or (ok404 and r.status == 404):
-                return json.loads(data) if data else None
-            if r.status == 409 and method == "POST":
-                return None  # already there (a reload after an interrupted load)
-            if r.status not in (429, 500, 503, 504) or attempt == 7:
-                raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
-            time.sleep(0.5)
+        ok = ((404,) if ok404 else ()) + ((409,) if method == "POST" else ())
+        return super().call(method, path, body, ctype, ok=ok)
 
 
 # ---------------------------------------------------------------------------------------------

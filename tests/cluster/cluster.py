@@ -24,12 +24,14 @@ import os
 import random
 import signal
 import socket
-import ssl
 import subprocess
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../e2e"))
+import kube_api  # noqa: E402  (tests/e2e/kube_api.py)
 
 TEST_NS = "cluster-test"
 BG_NAMESPACES = [f"bg-{i}" for i in range(10)]
@@ -53,43 +55,6 @@ class Failed(Exception):
 
 # ---------------------------------------------------------------------------------------------
 # The API server
-
-
-class Api:
-    """Admin requests (client certificate in system:masters), one connection per thread."""
-
-    def __init__(self, port, pki):
-        self.port = port
-        self.ctx = ssl.create_default_context(cafile=f"{pki}/ca.crt")
-        self.ctx.load_cert_chain(f"{pki}/admin.crt", f"{pki}/admin.key")
-        self.local = threading.local()
-
-    def call(self, method, path, body=None, ctype="application/json", ok=(200, 201)):
-        for attempt in range(8):
-            c = getattr(self.local, "conn", None)
-            if c is None:
-                c = http.client.HTTPSConnection("127.0.0.1", self.port, context=self.ctx, timeout=60)
-                self.local.conn = c
-            try:
-                headers = {"Content-Type": ctype} if body is not None else {}
-                c.request(method, path, body=json.dumps(body) if body is not None else None, headers=headers)
-                r = c.getresponse()
-                data = r.read()
-            except (OSError, http.client.HTTPException) as e:
-                self.local.conn = None
-                if attempt == 7:
-                    raise
-                log(f"retrying {method} {path}: {e}")
-                time.sleep(0.5)
-                continue
-            if r.status in ok:
-                return json.loads(data) if data else None
-            if r.status not in (429, 500, 503, 504) or attempt == 7:
-                raise RuntimeError(f"{method} {path}: {r.status} {data[:300]!r}")
-            time.sleep(0.5)
-
-    def patch(self, path, body):
-        return self.call("PATCH", path, body, ctype="application/merge-patch+json")
 
 
 def slice_path(ns, name=None):
@@ -186,7 +151,7 @@ class Cluster:
     def __init__(self, desc, args):
         self.args = args
         self.workdir = desc["workdir"]
-        self.api = Api(desc["cp"]["port"], desc["cp"]["pki"])
+        self.api = kube_api.Api(desc["cp"]["port"], desc["cp"]["pki"])
         self.nodes = [Node(i + 1, d) for i, d in enumerate(desc["nodes"])]
         self.client_ns = desc["client"]["ns"]
         self.cluster_cidr = desc["clusterCIDR"]
@@ -325,18 +290,18 @@ def load_background(cluster, count):
     api = cluster.api
     for ns in BG_NAMESPACES:
         api.call("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
-                 ok=(200, 201, 409))
+                 ok=(409,))
 
     def one(i):
         ns, svc = bg_service(i, cluster.nodes)
-        api.call("POST", f"/api/v1/namespaces/{ns}/services", svc, ok=(200, 201, 409))
+        api.call("POST", f"/api/v1/namespaces/{ns}/services", svc, ok=(409,))
         api.call("POST", slice_path(ns), {
             "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
             "metadata": {"name": f"bg-{i}-1", "namespace": ns,
                          "labels": {"kubernetes.io/service-name": f"bg-{i}",
                                     "endpointslice.kubernetes.io/managed-by": "kproxy-cluster"}},
             "addressType": "IPv4", "ports": [{"name": "http", "port": 8080, "protocol": "TCP"}],
-            "endpoints": bg_endpoints(i, 0, cluster.nodes)}, ok=(200, 201, 409))
+            "endpoints": bg_endpoints(i, 0, cluster.nodes)}, ok=(409,))
 
     t0 = time.time()
     with ThreadPoolExecutor(6) as pool:
