@@ -109,8 +109,8 @@ MapContents EbpfBackend::mirror() const {
   return m;
 }
 
-sdk::Expected<backends::PassOutcome> EbpfBackend::write(const MapContents& current, const MapContents& desired) {
-  const std::vector<MapOp> ops = diffMaps(current, desired);
+sdk::Expected<backends::PassOutcome> EbpfBackend::write(const std::vector<MapOp>& ops, std::size_t services,
+                                                        std::size_t slots) {
   lastWrites_ = ops.size();
   if (!ops.empty())
     if (auto applied = kernel_->apply(ops); !applied) {
@@ -120,7 +120,7 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::write(const MapContents& curre
   noteWrite(ops.size(), /*refused=*/false);
   backends::PassOutcome out;
   out.operations = ops.size();
-  out.detail = fmt::format("services={} slots={}", desired.services.size(), desired.slots.size());
+  out.detail = fmt::format("services={} slots={}", services, slots);
   if (!ops.empty()) out.detail += " first=\"" + ops.front().toText() + "\"";
   return out;
 }
@@ -168,10 +168,28 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::fullSync(const plan::SnapshotS
   for (auto& [key, maps] : rendered)
     if (maps.id() == 0) assignId(key, maps, 0);
 
-  MapContents desired;
-  for (const auto& [key, maps] : rendered) addPortMaps(desired, maps);
+  // Maps that hold nothing (a node's first sync) are filled port by port; otherwise the union
+  // of the ports is compared with what the kernel holds.
+  std::vector<MapOp> ops;
+  std::size_t services = 0, slots = 0;
+  if (current->services.empty() && current->slots.empty()) {
+    std::vector<const PortMaps*> ports;
+    ports.reserve(rendered.size());
+    for (const auto& [key, maps] : rendered) {
+      ports.push_back(&maps);
+      services += maps.services.size();
+      slots += maps.slots.size();
+    }
+    ops = fillEmptyMaps(ports);
+  } else {
+    MapContents desired;
+    for (const auto& [key, maps] : rendered) addPortMaps(desired, maps);
+    services = desired.services.size();
+    slots = desired.slots.size();
+    ops = diffMaps(*current, desired);
+  }
   const double renderMs = clock.lap();
-  auto out = write(*current, desired);
+  auto out = write(ops, services, slots);
   if (!out) return out;
   out->detail += fmt::format(" nft_ms={:.1f} read_ms={:.1f} render_ms={:.1f} write_ms={:.1f}", nftMs, readMs,
                              renderMs, clock.lap());
@@ -206,7 +224,7 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::Snapsh
     updated.emplace(key, std::move(maps));
   }
   const double renderMs = clock.lap();
-  auto out = write(current, desired);
+  auto out = write(diffMaps(current, desired), desired.services.size(), desired.slots.size());
   if (!out) return out;
   out->detail += fmt::format(" nft_ms={:.2f} render_ms={:.2f} write_ms={:.2f}", nftMs, renderMs, clock.lap());
   for (auto& [key, maps] : updated) {

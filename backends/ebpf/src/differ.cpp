@@ -18,6 +18,21 @@ std::vector<MapOp> diffMaps(const MapContents& current, const MapContents& desir
   return ops;
 }
 
+std::vector<MapOp> fillEmptyMaps(const std::vector<const PortMaps*>& ports) {
+  std::size_t slots = 0, services = 0;
+  for (const PortMaps* port : ports) {
+    slots += port->slots.size();
+    services += port->services.size();
+  }
+  std::vector<MapOp> ops;
+  ops.reserve(slots + services);
+  for (const PortMaps* port : ports)
+    for (const auto& [key, endpoint] : port->slots) ops.push_back(MapOp::updateSlot(key, endpoint));
+  for (const PortMaps* port : ports)
+    for (const auto& [key, value] : port->services) ops.push_back(MapOp::updateService(key, value));
+  return ops;
+}
+
 void addPortMaps(MapContents& contents, const PortMaps& port) {
   for (const auto& [key, value] : port.services) contents.services[key] = value;
   for (const auto& [key, endpoint] : port.slots) contents.slots[key] = endpoint;

@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "kproxy/ebpf/differ.h"
 
 using namespace kproxy;
@@ -71,4 +73,33 @@ TEST_CASE("a pool that shrinks lowers its count before its last slots go", "[uni
   MapContents applied = current;
   applyOps(applied, diffMaps(current, desired));
   CHECK(applied == desired);
+}
+
+TEST_CASE("empty maps are filled port by port with every slot before any count, as diffMaps would",
+          "[unit][ebpf][differ]") {
+  PortMaps a;
+  a.services = {{key("10.96.0.10", 80), ServiceValue{1, 2, 0, 0, 0}},
+                {key("203.0.113.7", 80), ServiceValue{1, 2, 0, 0, 0}}};
+  a.slots = {{SlotKey{1, 0}, at("10.244.1.5", 8080)}, {SlotKey{1, 1}, at("10.244.1.6", 8080)}};
+  PortMaps b;
+  b.services = {{key("10.96.0.11", 53), ServiceValue{2, 1, 0, 0, 0}}};
+  b.slots = {{SlotKey{2, 0}, at("10.244.2.9", 53)}};
+
+  const auto ops = fillEmptyMaps({&a, &b});
+  REQUIRE(ops.size() == 6);
+  // Phase 1 then phase 2: no count before the last slot.
+  for (std::size_t i = 0; i < ops.size(); ++i)
+    CHECK((ops[i].kind == MapOpKind::kUpdateSlot) == (i < 3));
+  MapContents filled;
+  applyOps(filled, ops);
+  MapContents both;
+  addPortMaps(both, a);
+  addPortMaps(both, b);
+  CHECK(filled == both);
+  // The same writes as the diff against empty maps, in another order within each phase.
+  auto fromDiff = texts(diffMaps(MapContents{}, both));
+  auto fromFill = texts(ops);
+  std::sort(fromDiff.begin(), fromDiff.end());
+  std::sort(fromFill.begin(), fromFill.end());
+  CHECK(fromFill == fromDiff);
 }

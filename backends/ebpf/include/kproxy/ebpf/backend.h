@@ -109,7 +109,8 @@ class EbpfBackend final : public backends::Reconciler {
   /// free, else its key's hash probed past ids in use.
   void assignId(const std::string& portKey, PortMaps& maps, std::uint32_t kernelHint);
   void releaseId(const std::string& portKey);
-  sdk::Expected<backends::PassOutcome> write(const MapContents& current, const MapContents& desired);
+  /// Applies `ops`; the summary names the elements the maps hold after it (`services`, `slots`).
+  sdk::Expected<backends::PassOutcome> write(const std::vector<MapOp>& ops, std::size_t services, std::size_t slots);
   /// Counts a pass's writes: `ops` accepted, or one refusal. status.cpp.
   void noteWrite(std::size_t ops, bool refused);
   /// A successful pass, reported: the elements per map on the metrics and, after a full pass,

@@ -25,6 +25,13 @@ namespace kproxy::ebpf {
 /// The writes that make `current` into `desired`; none when they are equal.
 std::vector<MapOp> diffMaps(const MapContents& current, const MapContents& desired);
 
+/// What diffMaps(empty maps, the union of `ports`) writes, without building the union: every
+/// slot of every port, then every service element (phases 1 and 2), port after port in the
+/// order given. The first sync of a node whose maps are empty: at 100,000 service ports of 10
+/// endpoints the union is 1.1 million tree nodes that nothing else needs. A key two ports share
+/// is written once per port, the later port's value last, as the union keeps it.
+std::vector<MapOp> fillEmptyMaps(const std::vector<const PortMaps*>& ports);
+
 /// Adds one service port's elements to `contents`.
 void addPortMaps(MapContents& contents, const PortMaps& port);
 
