@@ -335,7 +335,15 @@ sdk::Expected<backends::PassOutcome> NftablesBackend::pass(const SnapshotSource&
   for (auto& [fam, judge] : work.affinity) removeStaleAffinity(fam, std::move(judge));
   updateMetrics(count);
   backends::PassOutcome outcome = passOutcome(full, count, changed.size());
-  if (generation.before) outcome.fullNext = checkGenerationAfter(*generation.before, commitsBefore);
+  if (generation.before) {
+    if (ownCommits_ == commitsBefore)
+      // Nothing was committed (ebpf mode's part on a ClusterIP's endpoint change): the
+      // generation the pass started from is the one to compare with next time, and a foreign
+      // commit since then shows at the next sync's check, without a second round trip now.
+      generation_ = *generation.before;
+    else
+      outcome.fullNext = checkGenerationAfter(*generation.before, commitsBefore);
+  }
   return outcome;
 }
 
