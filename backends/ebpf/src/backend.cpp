@@ -24,6 +24,13 @@ class Stopwatch {
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
 };
 
+/// A port with no external entry point: the nftables part renders it as its `cluster-ips`
+/// element alone (no ClusterIP dispatch), which an endpoint change does not move. Raw fields, a
+/// superset of the plan's externallyAccessible (which also drops another family's addresses).
+bool internalOnly(const sdk::ServicePort& port) {
+  return port.nodePort == 0 && port.externalIPs.empty() && port.loadBalancerIPs.empty();
+}
+
 std::string portKeyOf(net::Family family, const std::string& key) {
   return (family == net::Family::kIPv6 ? "6|" : "4|") + key;
 }
@@ -138,8 +145,10 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::fullSync(const plan::SnapshotS
   nodeAddresses_ = nodeFingerprint(node);
 
   std::vector<std::pair<std::string, PortMaps>> rendered;
+  std::map<std::string, std::string> internal;
   next.forEach([&](const sdk::ServicePort& port) {
     PortMaps maps = renderer_.render(port);
+    if (internalOnly(port)) internal.emplace(portKeyOf(port.family, port.key), port.clusterIP);
     if (!maps.services.empty()) rendered.emplace_back(portKeyOf(port.family, port.key), std::move(maps));
   });
   // Sorted, so that ids given by hash and probing come out the same from the same snapshot.
@@ -195,6 +204,7 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::fullSync(const plan::SnapshotS
                              renderMs, clock.lap());
   ports_.clear();
   for (auto& [key, maps] : rendered) ports_.emplace(key, std::move(maps));
+  internalOnly_ = std::move(internal);
   return published(std::move(*out), /*full=*/true);
 }
 
@@ -203,7 +213,23 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::Snapsh
   // NodePorts follow the node's addresses: a node change re-renders every port.
   if (nodeFingerprint(next.node()) != nodeAddresses_) return fullSync(next);
   Stopwatch clock;
-  if (auto synced = external_->syncFrom(next, changed, false); !synced) return std::unexpected(synced.error());
+  // The changed ports as the snapshot has them now; the nftables part is given only those it
+  // renders differently: a port that had and has no external entry point, with the same
+  // ClusterIP, is the same cluster-ips element before and after (a ClusterIP's endpoint change
+  // costs the part nothing, not even its generation read).
+  std::map<std::string, std::optional<sdk::ServicePort>> nextPorts;
+  std::vector<sdk::ChangedKey> forPart;
+  for (const auto& c : changed) {
+    const std::string key = portKeyOf(c.family, c.key);
+    if (nextPorts.contains(key)) continue;
+    auto port = next.find(c.family, c.key);
+    auto was = internalOnly_.find(key);
+    const bool same = was != internalOnly_.end() && port && internalOnly(*port) && port->clusterIP == was->second;
+    if (!same) forPart.push_back(c);
+    nextPorts.emplace(key, std::move(port));
+  }
+  if (!forPart.empty())
+    if (auto synced = external_->syncFrom(next, forPart, false); !synced) return std::unexpected(synced.error());
   const double nftMs = clock.lap();
   MapContents current, desired;
   std::map<std::string, PortMaps> updated;
@@ -213,7 +239,7 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::Snapsh
     if (updated.contains(key)) continue;
     if (auto old = ports_.find(key); old != ports_.end()) addPortMaps(current, old->second);
     PortMaps maps;
-    if (auto port = next.find(c.family, c.key)) maps = renderer_.render(*port);
+    if (const auto& port = nextPorts.at(key)) maps = renderer_.render(*port);
     if (maps.services.empty()) {
       removed.push_back(key);
       updated.emplace(key, PortMaps{});
@@ -233,6 +259,12 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::Snapsh
     else
       ports_[key] = std::move(maps);
   }
+  for (const auto& [key, port] : nextPorts) {
+    if (port && internalOnly(*port))
+      internalOnly_[key] = port->clusterIP;
+    else
+      internalOnly_.erase(key);
+  }
   // Ids are freed only now, so that no port of this pass took one whose old slots it met.
   for (const auto& key : removed) releaseId(key);
   return published(std::move(*out), /*full=*/false);
@@ -242,6 +274,7 @@ sdk::Expected<void> EbpfBackend::cleanup() {
   if (auto removed = kernel_->removeAll(); !removed) return std::unexpected(pluginError(removed.error()));
   if (auto removed = external_->cleanup(); !removed) return removed;
   ports_.clear();
+  internalOnly_.clear();
   ids_.clear();
   usedIds_.clear();
   requireFullSync();

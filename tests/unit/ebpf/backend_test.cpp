@@ -268,9 +268,25 @@ TEST_CASE("a ClusterIP-only service leaves the nftables part nothing but its clu
   CHECK_FALSE(elements["hairpin-ips"].contains(webPair.bytes));
   CHECK_FALSE(elements["hairpin-ips"].empty());
   const auto batches = h.tables->batches;
+  const auto passes = h.tables->generationReads;
   setEndpoints(h.port("ns/web:p"), {endpoint("10.244.2.9", 8080), endpoint("10.244.2.10", 8080)});
   CHECK(h.partial({"ns/web:p"}) > 0);
   CHECK(h.tables->batches == batches);
+  // Not even a pass of the part: the port is its cluster-ips element before and after.
+  CHECK(h.tables->generationReads == passes);
+
+  // Made a NodePort, the same port is the part's again, and so is its way back.
+  h.port("ns/web:p").type = sdk::ServiceType::kNodePort;
+  h.port("ns/web:p").nodePort = 30090;
+  h.partial({"ns/web:p"});
+  CHECK(h.tables->generationReads == passes + 1);
+  // (The fake's tables are rebuilt by each batch: look them up again.)
+  CHECK(h.tables->tables[kV4].elements["service-nodeports"].size() == 2);
+  h.port("ns/web:p").type = sdk::ServiceType::kClusterIP;
+  h.port("ns/web:p").nodePort = 0;
+  h.partial({"ns/web:p"});
+  CHECK(h.tables->generationReads == passes + 2);
+  CHECK(h.tables->tables[kV4].elements["service-nodeports"].size() == 1);
 }
 
 TEST_CASE("a refused nftables transaction leaves the maps untouched, and the next sync of both is full",

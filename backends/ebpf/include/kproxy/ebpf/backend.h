@@ -123,6 +123,9 @@ class EbpfBackend final : public backends::Reconciler {
   std::unique_ptr<KernelMaps> kernel_;
   std::unique_ptr<nftables::NftablesBackend> external_;
   std::map<std::string, PortMaps> ports_;  ///< "4|ns/svc:port" → its elements as applied
+  /// The ports (as applied) with no external entry point → their ClusterIP: the nftables part
+  /// holds only their cluster-ips element, so their endpoint changes skip the part.
+  std::map<std::string, std::string> internalOnly_;
   std::map<std::string, std::uint32_t> ids_;
   std::set<std::uint32_t> usedIds_;
   std::vector<std::string> nodeAddresses_;  ///< the node the renderer was last given

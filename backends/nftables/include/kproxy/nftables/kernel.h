@@ -103,6 +103,11 @@ class FakeKernelNftables : public KernelNftables {
   core::Result<void> deleteTables() override;
   core::Result<std::vector<std::pair<std::string, std::string>>> listMap(net::Family family,
                                                                          const std::string& map) override;
+  /// Counts the reads (each pass makes one); the fake has no generation to tell.
+  core::Result<std::optional<std::uint32_t>> generation() override {
+    ++generationReads;
+    return std::optional<std::uint32_t>{};
+  }
 
   /// Makes the op at this index of the next batch fail with `errnum` (then clears itself).
   void failNextBatchAt(std::size_t index, int errnum = EINVAL) {
@@ -116,6 +121,7 @@ class FakeKernelNftables : public KernelNftables {
   std::size_t batches = 0;
   std::size_t readBacks = 0;
   std::size_t mapListings = 0;  ///< listMap calls
+  std::size_t generationReads = 0;  ///< generation() calls: one per pass
   std::size_t lastBatchSize = 0;
 
  private:
