@@ -22,6 +22,9 @@
 /// part first, in one transaction, then the maps in their ordered writes: a refused
 /// transaction leaves both as they were, a refused map write leaves the maps whole per service
 /// (differ.h) and the nftables part complete; either failure makes the next sync full for both.
+/// A partial sync gives the part only the changed ports it renders differently: a port with no
+/// external entry point, before and after, with the same ClusterIP, is its cluster-ips element
+/// alone, so its endpoint changes touch the maps only.
 /// The two never serve the same connection: a steered connect has the endpoint's address
 /// before its first packet, so the table sees only what no hook steered.
 ///
