@@ -11,12 +11,12 @@
 #include <bpf/libbpf.h>
 
 #include <algorithm>
-#include <array>
 #include <cerrno>
 #include <optional>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <tuple>
 
 #include <fmt/format.h>
 
@@ -155,34 +155,32 @@ core::Result<std::vector<std::pair<Key, Value>>> dumpMap(int fd, const char* nam
   return out;
 }
 
-/// The wire form of a write: its map, key and value (a delete has no value).
-struct WireOp {
-  int fd = -1;
-  bool remove = false;
-  std::array<std::uint8_t, std::max(sizeof(kproxy_lb_service_key), sizeof(kproxy_lb_slot_key))> key{};
-  std::array<std::uint8_t, std::max(sizeof(kproxy_lb_service_value), sizeof(kproxy_lb_endpoint))> value{};
-};
+/// The wire key and value of a slot op (the value is unused for a delete).
+std::pair<kproxy_lb_slot_key, kproxy_lb_endpoint> wireOf(const MapOp& op, kproxy_lb_slot_key*) {
+  return {kproxy_lb_slot_key{op.slot.serviceId, op.slot.slot}, wireEndpoint(op.endpoint)};
+}
+/// The wire key and value of a service op (the value is unused for a delete).
+std::pair<kproxy_lb_service_key, kproxy_lb_service_value> wireOf(const MapOp& op, kproxy_lb_service_key*) {
+  return {wireKey(op.service), wireValue(op.value)};
+}
 
-/// Writes `ops[begin, end)`, all of one map and one kind, with one bpf() call per chunk
-/// (BPF_MAP_UPDATE_BATCH / BPF_MAP_DELETE_BATCH, in order), or one call per element where the
-/// kernel has no batches for the map. Returns the index of the op the kernel refused, with its
-/// errno, or nothing.
-template <typename Key, typename Value>
-std::optional<std::pair<std::size_t, int>> writeRun(const std::vector<WireOp>& wire, std::size_t begin,
+/// Writes `ops[begin, end)`, all of one kind on the map `fd` (Key: its key type), with one
+/// bpf() call per chunk (BPF_MAP_UPDATE_BATCH / BPF_MAP_DELETE_BATCH, in order), or one call per
+/// element where the kernel has no batches for the map. Each chunk is put in the wire form as it
+/// goes. Returns the index of the op the kernel refused, with its errno, or nothing.
+template <typename Key>
+std::optional<std::pair<std::size_t, int>> writeRun(int fd, const std::vector<MapOp>& ops, std::size_t begin,
                                                     std::size_t end, bool& batches) {
+  using Value = decltype(wireOf(ops[begin], static_cast<Key*>(nullptr)).second);
   constexpr std::size_t kChunk = 16384;
+  const bool remove = ops[begin].kind == MapOpKind::kDeleteSlot || ops[begin].kind == MapOpKind::kDeleteService;
   std::vector<Key> keys;
   std::vector<Value> values;
-  const int fd = wire[begin].fd;
-  const bool remove = wire[begin].remove;
   for (std::size_t at = begin; batches && at < end;) {
     const std::size_t n = std::min(kChunk, end - at);
     keys.resize(n);
     values.resize(n);
-    for (std::size_t i = 0; i < n; ++i) {
-      std::memcpy(&keys[i], wire[at + i].key.data(), sizeof(Key));
-      if (!remove) std::memcpy(&values[i], wire[at + i].value.data(), sizeof(Value));
-    }
+    for (std::size_t i = 0; i < n; ++i) std::tie(keys[i], values[i]) = wireOf(ops[at + i], static_cast<Key*>(nullptr));
     LIBBPF_OPTS(bpf_map_batch_opts, opts, .elem_flags = BPF_ANY);
     __u32 count = static_cast<__u32>(n);
     int rc = remove ? bpf_map_delete_batch(fd, keys.data(), &count, &opts)
@@ -199,8 +197,8 @@ std::optional<std::pair<std::size_t, int>> writeRun(const std::vector<WireOp>& w
   }
   if (batches) return std::nullopt;
   for (std::size_t i = begin; i < end; ++i) {
-    int rc = remove ? bpf_map_delete_elem(fd, wire[i].key.data())
-                    : bpf_map_update_elem(fd, wire[i].key.data(), wire[i].value.data(), BPF_ANY);
+    const auto [key, value] = wireOf(ops[i], static_cast<Key*>(nullptr));
+    int rc = remove ? bpf_map_delete_elem(fd, &key) : bpf_map_update_elem(fd, &key, &value, BPF_ANY);
     if (rc != 0) return std::pair{i, errno};
   }
   return std::nullopt;
@@ -227,33 +225,14 @@ class LibbpfKernel final : public KernelMaps {
 
   core::Result<void> apply(const std::vector<MapOp>& ops) override {
     if (auto loaded = ensureLoaded(); !loaded) return loaded;
-    std::vector<WireOp> wire(ops.size());
-    for (std::size_t i = 0; i < ops.size(); ++i) {
-      const MapOp& op = ops[i];
-      WireOp& w = wire[i];
-      const bool slot = op.kind == MapOpKind::kUpdateSlot || op.kind == MapOpKind::kDeleteSlot;
-      w.fd = slot ? slotsFd() : servicesFd();
-      w.remove = op.kind == MapOpKind::kDeleteSlot || op.kind == MapOpKind::kDeleteService;
-      if (slot) {
-        const kproxy_lb_slot_key key{op.slot.serviceId, op.slot.slot};
-        const kproxy_lb_endpoint value = wireEndpoint(op.endpoint);
-        std::memcpy(w.key.data(), &key, sizeof key);
-        std::memcpy(w.value.data(), &value, sizeof value);
-      } else {
-        const kproxy_lb_service_key key = wireKey(op.service);
-        const kproxy_lb_service_value value = wireValue(op.value);
-        std::memcpy(w.key.data(), &key, sizeof key);
-        std::memcpy(w.value.data(), &value, sizeof value);
-      }
-    }
     // Runs of one kind go in batches, the runs in the differ's order: slots before the counts
     // that expose them, as element by element.
     for (std::size_t begin = 0; begin < ops.size();) {
       std::size_t end = begin + 1;
       while (end < ops.size() && ops[end].kind == ops[begin].kind) ++end;
       const bool slot = ops[begin].kind == MapOpKind::kUpdateSlot || ops[begin].kind == MapOpKind::kDeleteSlot;
-      auto refused = slot ? writeRun<kproxy_lb_slot_key, kproxy_lb_endpoint>(wire, begin, end, batches_)
-                          : writeRun<kproxy_lb_service_key, kproxy_lb_service_value>(wire, begin, end, batches_);
+      auto refused = slot ? writeRun<kproxy_lb_slot_key>(slotsFd(), ops, begin, end, batches_)
+                          : writeRun<kproxy_lb_service_key>(servicesFd(), ops, begin, end, batches_);
       if (refused) return kernelError("kernel refused \"" + ops[refused->first].toText() + "\"", refused->second);
       begin = end;
     }
