@@ -2,9 +2,13 @@
 // What the sync benchmarks share (bench/nftables, bench/ebpf): the clock, the process's memory
 // and the generated snapshot of N services of E endpoints each.
 
+#include <sched.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -37,6 +41,29 @@ inline long currentRssMiB() {
   while (std::getline(status, line))
     if (line.rfind("VmRSS:", 0) == 0) return std::atol(line.c_str() + 6) / 1024;
   return -1;
+}
+
+/// Runs `body()` in a forked child that first unshares `namespaces` (CLONE_NEWNET, CLONE_NEWNS,
+/// or 0 for none); a grandchild forked by `body` stays in them. Returns whether it exited 0.
+template <typename Fn>
+bool inChild(int namespaces, Fn&& body) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  pid_t pid = fork();
+  if (pid < 0) return false;
+  if (pid == 0) {
+    if (namespaces != 0 && unshare(namespaces) != 0) {
+      std::perror("unshare");
+      _exit(2);
+    }
+    int rc = body();
+    std::fflush(stdout);
+    std::fflush(stderr);
+    _exit(rc);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
 /// The benchmark's services, generated when the backend asks for them: the backend sees one

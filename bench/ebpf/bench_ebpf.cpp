@@ -50,27 +50,15 @@ struct Place {
 /// bpffs; returns whether it succeeded.
 template <typename Fn>
 bool inChild(const Place& place, Fn&& body) {
-  std::fflush(stdout);
-  pid_t pid = fork();
-  if (pid < 0) return false;
-  if (pid == 0) {
-    if (unshare(CLONE_NEWNET | CLONE_NEWNS) != 0) {
-      std::perror("unshare(CLONE_NEWNET | CLONE_NEWNS)");
-      _exit(2);
-    }
+  return bench::inChild(CLONE_NEWNET | CLONE_NEWNS, [&]() -> int {
     // The bpffs mount stays in this namespace and goes away with it.
     if (mount("none", "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0 ||
         mount("bpf", place.scratch.c_str(), "bpf", 0, nullptr) != 0) {
       std::perror("mount bpffs");
-      _exit(2);
+      return 2;
     }
-    int rc = body(place);
-    std::fflush(stdout);
-    _exit(rc);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    return body(place);
+  });
 }
 
 sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> openBackend(const Place& place) {

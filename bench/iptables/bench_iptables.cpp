@@ -90,23 +90,7 @@ std::string loadAverage() {
 /// namespace (a grandchild forked by `body` stays in it). Returns whether it exited 0.
 template <typename Fn>
 bool inChild(bool newNetns, Fn&& body) {
-  std::fflush(stdout);
-  std::fflush(stderr);
-  pid_t pid = fork();
-  if (pid < 0) return false;
-  if (pid == 0) {
-    if (newNetns && unshare(CLONE_NEWNET) != 0) {
-      std::perror("unshare(CLONE_NEWNET)");
-      _exit(2);
-    }
-    int rc = body();
-    std::fflush(stdout);
-    std::fflush(stderr);
-    _exit(rc);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return bench::inChild(newNetns ? CLONE_NEWNET : 0, std::forward<Fn>(body));
 }
 
 /// The real kernel, timing its save and restore runs (the parts of a sync spent in the tools).

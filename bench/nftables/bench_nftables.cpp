@@ -44,21 +44,7 @@ using bench::peakRssMiB;
 /// Runs `body` in a forked child in a fresh network namespace; returns whether it succeeded.
 template <typename Fn>
 bool inChildNetns(Fn&& body) {
-  std::fflush(stdout);
-  pid_t pid = fork();
-  if (pid < 0) return false;
-  if (pid == 0) {
-    if (unshare(CLONE_NEWNET) != 0) {
-      std::perror("unshare(CLONE_NEWNET)");
-      _exit(2);
-    }
-    int rc = body();
-    std::fflush(stdout);
-    _exit(rc);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  return bench::inChild(CLONE_NEWNET, std::forward<Fn>(body));
 }
 
 double timeNftFile(const std::string& path) {
