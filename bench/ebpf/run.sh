@@ -329,46 +329,52 @@ ready_cell() {
   esac
 }
 
+# each_record FILE FN — FN for every line of FILE ("MODE key=value…"), with the line's fields in
+# the associative array f and its first word in $mode.
+each_record() {
+  local line kv mode
+  while read -r line; do
+    declare -gA f=()
+    for kv in $line; do [[ $kv == *=* ]] && f[${kv%%=*}]=${kv#*=}; done
+    mode=${line%% *}
+    "$2"
+  done <"$1"
+}
+pod_row() {
+  if [[ ${f[status]} != ready ]]; then
+    echo "| $mode | ${f[services]} | – | – | – | – | – | $(ready_cell) | – |"
+  else
+    echo "| $mode | ${f[services]} | ${f[pod_rate]:-?} | ${f[pod_failures]:-?} | ${f[pod_p50_us]:-?} / ${f[pod_p99_us]:-?} | ${f[pod_cpu_us]:-?} | ${f[ct_client]:-?} / ${f[ct_node]:-?} | ${f[ready_s]} | ${f[hwm_mib]:-?} |"
+  fi
+}
+external_row() {
+  if [[ ${f[status]} != ready ]]; then
+    echo "| $mode | ${f[services]} | $(ready_cell) | – | – | – | – | – | – |"
+  else
+    echo "| $mode | ${f[services]} | ${f[ext_rate]:-?} | ${f[ext_failures]:-?} | ${f[ext_p50_us]:-?} / ${f[ext_p99_us]:-?} | ${f[ext_cpu_us]:-?} | ${f[direct_rate]:-?} | ${f[direct_p50_us]:-?} / ${f[direct_p99_us]:-?} | ${f[direct_cpu_us]:-?} |"
+  fi
+}
+load_row() {
+  echo "| ${f[services]} | ${f[created]} | ${f[deleted]} | ${f[kept]} | ${f[seconds]} | ${f[client_cpu_s]} |"
+}
+
 echo
 echo "From a pod on the node to the ClusterIP:"
 echo
 echo "| mode | Services | short connections/s ($CLIENTS clients, ${SECS} s) | failures | connect→first byte p50 / p99 (µs) | CPU per connection (µs, whole machine) | conntrack entries to the ClusterIP after the run: client netns / node netns | ready after (s) | peak RSS of the proxy (MiB) |"
 echo "|---|---|---|---|---|---|---|---|---|"
-while read -r line; do
-  declare -A f=()
-  for kv in $line; do [[ $kv == *=* ]] && f[${kv%%=*}]=${kv#*=}; done
-  if [[ ${f[status]} != ready ]]; then
-    echo "| ${line%% *} | ${f[services]} | – | – | – | – | – | $(ready_cell) | – |"
-  else
-    echo "| ${line%% *} | ${f[services]} | ${f[pod_rate]:-?} | ${f[pod_failures]:-?} | ${f[pod_p50_us]:-?} / ${f[pod_p99_us]:-?} | ${f[pod_cpu_us]:-?} | ${f[ct_client]:-?} / ${f[ct_node]:-?} | ${f[ready_s]} | ${f[hwm_mib]:-?} |"
-  fi
-  unset f
-done <"$RESULTS"
+each_record "$RESULTS" pod_row
 echo
 echo "From another host: to the NodePort, and to the pod directly (no service: what no NAT costs)"
 echo
 echo "| mode | Services | NodePort: connections/s | failures | p50 / p99 (µs) | CPU per connection (µs) | pod directly: connections/s | p50 / p99 (µs) | CPU per connection (µs) |"
 echo "|---|---|---|---|---|---|---|---|---|"
-while read -r line; do
-  declare -A f=()
-  for kv in $line; do [[ $kv == *=* ]] && f[${kv%%=*}]=${kv#*=}; done
-  if [[ ${f[status]} != ready ]]; then
-    echo "| ${line%% *} | ${f[services]} | $(ready_cell) | – | – | – | – | – | – |"
-  else
-    echo "| ${line%% *} | ${f[services]} | ${f[ext_rate]:-?} | ${f[ext_failures]:-?} | ${f[ext_p50_us]:-?} / ${f[ext_p99_us]:-?} | ${f[ext_cpu_us]:-?} | ${f[direct_rate]:-?} | ${f[direct_p50_us]:-?} / ${f[direct_p99_us]:-?} | ${f[direct_cpu_us]:-?} |"
-  fi
-  unset f
-done <"$RESULTS"
+each_record "$RESULTS" external_row
 if [[ -s "$API_LOADS" ]]; then
   echo
   echo "The objects made to be held by the apiserver for the upstream modes (only the difference to what it held):"
   echo
   echo "| Services | objects created | deleted | kept | seconds | of which the loader's own CPU (s) |"
   echo "|---|---|---|---|---|---|"
-  while read -r line; do
-    declare -A f=()
-    for kv in $line; do [[ $kv == *=* ]] && f[${kv%%=*}]=${kv#*=}; done
-    echo "| ${f[services]} | ${f[created]} | ${f[deleted]} | ${f[kept]} | ${f[seconds]} | ${f[client_cpu_s]} |"
-    unset f
-  done <"$API_LOADS"
+  each_record "$API_LOADS" load_row
 fi
