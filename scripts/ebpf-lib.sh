@@ -8,6 +8,10 @@
 # the host's /sys/fs/bpf. Programs go only on cgroups the script makes under its own, never on
 # the root cgroup.
 
+# kp_cgroup2_root — where the cgroup v2 hierarchy's root is mounted (/proc/self/mountinfo);
+# nothing when none is.
+kp_cgroup2_root() { awk '$0 ~ / - cgroup2 / && $4 == "/" { print $5; exit }' /proc/self/mountinfo; }
+
 # kp_ebpf_reexec SCRIPT ARGS... — unless already done, re-runs SCRIPT with ARGS in a private
 # mount namespace (exec: the caller does not return).
 kp_ebpf_reexec() {
@@ -23,7 +27,7 @@ kp_ebpf_mount() {
   [[ -n "${KP_EBPF_PRIVATE_MOUNTS:-}" ]] || { KP_EBPF_ERROR="not in a private mount namespace (kp_ebpf_reexec)"; return 1; }
   local root
   KP_EBPF_ERROR=""
-  root="$(awk '$0 ~ / - cgroup2 / && $4 == "/" { print $5; exit }' /proc/self/mountinfo)"
+  root="$(kp_cgroup2_root)"
   [[ -n "$root" ]] || { KP_EBPF_ERROR="no cgroup v2 hierarchy is mounted"; return 1; }
   KP_EBPF_DIR="$(mktemp -d "${TMPDIR:-/tmp}/kpebpf$$.XXXXXX")" || { KP_EBPF_ERROR="mktemp failed"; return 1; }
   mkdir -p "$KP_EBPF_DIR/cgroup2" "$KP_EBPF_DIR/bpffs"

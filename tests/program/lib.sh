@@ -105,7 +105,9 @@ mode_args() {
     exit 1
   fi
   local root
-  root=$(awk '$0 ~ / - cgroup2 / && $4 == "/" { print $5; exit }' /proc/self/mountinfo)
+  # shellcheck source=../../scripts/ebpf-lib.sh
+  source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/ebpf-lib.sh"
+  root=$(kp_cgroup2_root)
   [[ -n $root ]] || { echo "ERROR: no cgroup v2 hierarchy is mounted" >&2; exit 1; }
   TEST_CGROUP="$root/kproxy-program-$$"
   mkdir "$TEST_CGROUP" || { echo "ERROR: cannot make the cgroup $TEST_CGROUP" >&2; exit 1; }
