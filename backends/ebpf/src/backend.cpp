@@ -24,13 +24,6 @@ class Stopwatch {
   std::chrono::steady_clock::time_point last_ = std::chrono::steady_clock::now();
 };
 
-/// A port with no external entry point: the nftables part renders it as its `cluster-ips`
-/// element alone (no ClusterIP dispatch), which an endpoint change does not move. Raw fields, a
-/// superset of the plan's externallyAccessible (which also drops another family's addresses).
-bool internalOnly(const sdk::ServicePort& port) {
-  return port.nodePort == 0 && port.externalIPs.empty() && port.loadBalancerIPs.empty();
-}
-
 std::string portKeyOf(net::Family family, const std::string& key) {
   return (family == net::Family::kIPv6 ? "6|" : "4|") + key;
 }
@@ -148,7 +141,7 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::fullSync(const plan::SnapshotS
   std::map<std::string, std::string> internal;
   next.forEach([&](const sdk::ServicePort& port) {
     PortMaps maps = renderer_.render(port);
-    if (internalOnly(port)) internal.emplace(portKeyOf(port.family, port.key), port.clusterIP);
+    if (!port.externallyAccessible()) internal.emplace(portKeyOf(port.family, port.key), port.clusterIP);
     if (!maps.services.empty()) rendered.emplace_back(portKeyOf(port.family, port.key), std::move(maps));
   });
   // Sorted, so that ids given by hash and probing come out the same from the same snapshot.
@@ -224,7 +217,7 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::Snapsh
     if (nextPorts.contains(key)) continue;
     auto port = next.find(c.family, c.key);
     auto was = internalOnly_.find(key);
-    const bool same = was != internalOnly_.end() && port && internalOnly(*port) && port->clusterIP == was->second;
+    const bool same = was != internalOnly_.end() && port && !port->externallyAccessible() && port->clusterIP == was->second;
     if (!same) forPart.push_back(c);
     nextPorts.emplace(key, std::move(port));
   }
@@ -260,7 +253,7 @@ sdk::Expected<backends::PassOutcome> EbpfBackend::partialSync(const plan::Snapsh
       ports_[key] = std::move(maps);
   }
   for (const auto& [key, port] : nextPorts) {
-    if (port && internalOnly(*port))
+    if (port && !port->externallyAccessible())
       internalOnly_[key] = port->clusterIP;
     else
       internalOnly_.erase(key);
