@@ -39,6 +39,7 @@ METRICS_PORT = 10249
 HEALTHZ_PORT = 10256
 POD_TCP_PORT = 8080
 POD_UDP_PORT = 9090
+LB_IPS = ["10.78.0.10", "10.78.0.11"]  # the LoadBalancer Services' ingress IPs (lb-local, lb-cluster)
 
 
 def log(msg):
@@ -154,10 +155,40 @@ class Cluster:
         self.api = kube_api.Api(desc["cp"]["port"], desc["cp"]["pki"])
         self.nodes = [Node(i + 1, d) for i, d in enumerate(desc["nodes"])]
         self.client_ns = desc["client"]["ns"]
+        self.cp_ip = desc["cp"]["ip"]
         self.cluster_cidr = desc["clusterCIDR"]
         self.free_slots = {n.index: list(range(1, len(n.slots))) for n in self.nodes}
         self.pods = {}  # name -> Pod
         self.ceiling = args.ceiling
+
+    # --- the control plane -----------------------------------------------------------------------
+
+    def control(self, request):
+        """Asks cluster_test.sh (whose children the control plane's processes are) to act on them:
+        apiserver-stop (SIGTERM; SIGKILL after 10 s), apiserver-kill (SIGKILL), apiserver-start
+        (returns once /readyz answers), etcd-compact."""
+        if not self.args.control:
+            raise Failed(f"{request}: the driver was started without --control")
+        with open(f"{self.args.control}/control-request", "w") as f:
+            f.write(request + "\n")
+        with open(f"{self.args.control}/control-response") as f:
+            answer = f.readline().split()
+        if answer != [request, "0"]:
+            raise Failed(f"control request {request}: answered {answer}")
+
+    def log_count(self, node, needle):
+        """How many lines of the node's kproxy log (every process it ran) contain needle."""
+        with open(f"{self.workdir}/kproxy-{node.name}.log", errors="replace") as f:
+            return sum(1 for line in f if needle in line)
+
+    def wait_log(self, what, needle, before, since):
+        """Waits until each node's kproxy log holds more lines with needle than before[node];
+        returns each node's time from `since` to it being seen (the log is read every 50 ms)."""
+        seen = {}
+        for n in self.nodes:
+            wait_until(f"{n.name}: {what}", self.ceiling, lambda n=n: self.log_count(n, needle) > before[n.name])
+            seen[n.name] = time.time() - since
+        return seen
 
     # --- kproxy ----------------------------------------------------------------------------------
 
@@ -201,16 +232,20 @@ class Cluster:
                 return frozenset(every), frozenset(used)
         return frozenset(), frozenset()
 
-    def wait_programmed(self, service, port_name, every, used, since, nodes=None):
+    def wait_programmed(self, service, port_name, every, used, since, nodes=None, per_node=None):
         """Polls every node until it has programmed the port with exactly these endpoints (all
-        and in use); returns each node's time from `since` (the API write) to it being seen."""
-        want = (frozenset(every), frozenset(used))
+        and in use; per_node(node), when given, says what each node uses); returns each node's
+        time from `since` (the API write) to it being seen."""
+        def want(n):
+            e, u = per_node(n) if per_node else (every, used)
+            return frozenset(e), frozenset(u)
+
         pending = {n.name: n for n in (nodes or self.nodes)}
         seen = {}
         deadline = time.monotonic() + self.ceiling
         while pending:
             for name, n in list(pending.items()):
-                if self.endpoint_state(n, service, port_name) == want:
+                if self.endpoint_state(n, service, port_name) == want(n):
                     seen[name] = time.time() - since
                     del pending[name]
             if not pending:
@@ -218,9 +253,33 @@ class Cluster:
             if time.monotonic() > deadline:
                 states = {name: self.endpoint_state(n, service, port_name) for name, n in pending.items()}
                 raise Failed(f"{service} {port_name}: nodes {sorted(pending)} did not program "
-                             f"every={sorted(every)} used={sorted(used)} within {self.ceiling} s; they have {states}")
+                             f"{ {name: want(n) for name, n in pending.items()} } within {self.ceiling} s; "
+                             f"they have {states}")
             time.sleep(0.02)
         return seen
+
+    def conntrack_to(self, node, ips):
+        """The node's conntrack entries NATed to one of these IPs (the reply comes from it, the
+        original destination was another address: a Service's), counted by protocol and state.
+        Entries of connections routed through the node to a pod without NAT are not counted."""
+        out = subprocess.run(["ip", "netns", "exec", node.ns, "conntrack", "-L"], capture_output=True, text=True)
+        if out.returncode != 0:
+            raise Failed(f"conntrack -L on {node.name}: {out.stderr.strip()}")
+        counts = {}
+        for line in out.stdout.splitlines():
+            f = line.split()
+            srcs = [w[4:] for w in f if w.startswith("src=")]
+            dsts = [w[4:] for w in f if w.startswith("dst=")]
+            if len(srcs) < 2 or srcs[1] not in ips or dsts[0] == srcs[1]:
+                continue
+            kind = f[0] + (f" {f[3]}" if f[0] == "tcp" else "")
+            counts[kind] = counts.get(kind, 0) + 1
+        return counts
+
+    def pod_ip(self, name):
+        """The IP of pod n<i>-p<slot> (its slot's)."""
+        i, slot = name[1:].split("-p")
+        return self.nodes[int(i) - 1].slots[int(slot)]["ip"]
 
     # --- pods ------------------------------------------------------------------------------------
 
@@ -316,6 +375,8 @@ class Churn:
     def __init__(self, cluster, count, rate):
         self.cluster, self.count, self.rate = cluster, count, rate
         self.stop_flag = threading.Event()
+        self.paused = threading.Event()
+        self.busy = threading.Lock()  # held while a change is written
         self.changes = 0
         self.errors = 0
         self.thread = threading.Thread(target=self.run, daemon=True)
@@ -329,13 +390,135 @@ class Churn:
         while not self.stop_flag.wait(1 / self.rate):
             i = rnd.randrange(self.count)
             ns = BG_NAMESPACES[i % len(BG_NAMESPACES)]
+            with self.busy:
+                if self.paused.is_set():
+                    continue
+                try:
+                    self.cluster.api.patch(slice_path(ns, f"bg-{i}-1"),
+                                           {"endpoints": bg_endpoints(i, rnd.randrange(1, 1000), self.cluster.nodes)})
+                    self.changes += 1
+                except Exception as e:  # the churn is background: report, never stop the scenario
+                    self.errors += 1
+                    log(f"churn: {e}")
+
+    def pause(self):
+        """No change is written from the return until resume() (none is half-way at the return)."""
+        self.paused.set()
+        with self.busy:
+            pass
+
+    def resume(self):
+        self.paused.clear()
+
+    def stop(self):
+        self.stop_flag.set()
+        if self.thread.is_alive():
+            self.thread.join()
+
+
+# ---------------------------------------------------------------------------------------------
+# The load-balancer simulator
+
+
+class LbSim:
+    """A cloud load balancer in front of the nodes, for LoadBalancer IPs: it probes every node's
+    health check as cloud load balancers do (eTP=Local: the Service's healthCheckNodePort; eTP=
+    Cluster: kproxy's /healthz on 10256), every `interval` seconds with a 1 s timeout, takes a
+    node out after `fall` failed probes in a row and back after `rise` good ones, and sends each
+    new connection to a node in use, chosen at random. A connection stays on its node (the
+    balancer tracks connections), so taking a node out drains it.
+
+    The data path is the client namespace's: an nftables chain (route hook, output) marks each
+    new connection to a LoadBalancer IP with the number of a node in use (numgen random over
+    them) and every packet with its connection's mark; mark i routes the IP via node i (one
+    routing table a node). Without a node in use the connection is routed to the control plane's
+    namespace, which does not forward it: it fails, as it would behind a real balancer."""
+
+    def __init__(self, cluster, services, interval=0.2, fall=2, rise=2):
+        self.cluster, self.services = cluster, services
+        self.interval, self.fall, self.rise = interval, fall, rise
+        self.ns = cluster.client_ns
+        self.state = {(s.key, n.name): [False, 0] for s in services for n in cluster.nodes}  # [in use, streak]
+        self.events = []  # (time, service, node, "in" or "out")
+        self.lock = threading.Lock()
+        self.stop_flag = threading.Event()
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.cp_ip = cluster.cp_ip
+        for n in cluster.nodes:
+            self.ip("rule", "add", "fwmark", str(n.index), "table", str(100 + n.index))
+            for svc in services:
+                self.ip("route", "add", f"{svc.lb_ip}/32", "via", n.ip, "table", str(100 + n.index))
+        for svc in services:
+            # The route the connect() finds before the output hook re-routes by mark.
+            self.ip("route", "add", f"{svc.lb_ip}/32", "via", self.cp_ip)
+        self.program()
+
+    def ip(self, *argv):
+        subprocess.run(["ip", "-n", self.ns, *argv], check=True)
+
+    def probe(self, svc, node):
+        port, path = (svc.health_check_node_port, "/healthz") if svc.etp_local else (HEALTHZ_PORT, "/healthz")
+        try:
+            return http_get(node.ip, port, path, timeout=1)[0] == 200
+        except OSError:
+            return False
+
+    def in_use(self, svc):
+        with self.lock:
+            return {n.name for n in self.cluster.nodes if self.state[(svc.key, n.name)][0]}
+
+    def program(self):
+        rules = []
+        for svc in self.services:
+            idx = [n.index for n in self.cluster.nodes if self.state[(svc.key, n.name)][0]]
+            if not idx:
+                continue
+            pick = str(idx[0]) if len(idx) == 1 else \
+                f"numgen random mod {len(idx)} map {{ {', '.join(f'{k} : {v}' for k, v in enumerate(idx))} }}"
+            rules.append(f"    ct state new ip daddr {svc.lb_ip} ct mark set {pick}")
+        text = ("table ip lbsim\ndelete table ip lbsim\ntable ip lbsim {\n"
+                "  chain out {\n    type route hook output priority mangle; policy accept;\n"
+                + "\n".join(rules) + ("\n" if rules else "")
+                + "    meta mark set ct mark\n  }\n}\n")
+        subprocess.run(["ip", "netns", "exec", self.ns, "nft", "-f", "-"], input=text.encode(), check=True)
+
+    def round(self):
+        changed = False
+        for svc in self.services:
+            for n in self.cluster.nodes:
+                ok = self.probe(svc, n)
+                with self.lock:
+                    st = self.state[(svc.key, n.name)]
+                    if ok == st[0]:
+                        st[1] = 0
+                        continue
+                    st[1] += 1
+                    if st[1] >= (self.rise if ok else self.fall):
+                        st[0], st[1] = ok, 0
+                        changed = True
+                        self.events.append((time.time(), svc.key, n.name, "in" if ok else "out"))
+                        log(f"  load balancer: {svc.name} {'sends to' if ok else 'takes out'} {n.name}")
+        if changed:
+            self.program()
+
+    def run(self):
+        while not self.stop_flag.wait(self.interval):
             try:
-                self.cluster.api.patch(slice_path(ns, f"bg-{i}-1"),
-                                       {"endpoints": bg_endpoints(i, rnd.randrange(1, 1000), self.cluster.nodes)})
-                self.changes += 1
-            except Exception as e:  # the churn is background: report, never stop the scenario
-                self.errors += 1
-                log(f"churn: {e}")
+                self.round()
+            except Exception as e:  # a balancer that stops balancing would fail the loads: say why
+                log(f"load balancer simulator: {e}")
+
+    def start(self):
+        self.thread.start()
+
+    def wait_in_use(self, svc, nodes, what):
+        """Waits until the balancer uses exactly these nodes for svc; returns the time of its
+        last change of svc's nodes (when it came to use these)."""
+        want = {n.name for n in nodes}
+        wait_until(f"load balancer: {svc.name} {what}", self.cluster.ceiling,
+                   lambda: self.in_use(svc) == want, interval=0.02)
+        with self.lock:
+            return max(t for t, key, _, _ in self.events if key == svc.key)
 
     def stop(self):
         self.stop_flag.set()
@@ -350,8 +533,9 @@ class Churn:
 class Load:
     """kproxy-cluster-load from a namespace to one target; its lines are read when it stops."""
 
-    def __init__(self, cluster, label, ns, target, proto, service):
+    def __init__(self, cluster, label, ns, target, proto, service, terminating_ok=False):
         self.label, self.proto, self.service = label, proto, service
+        self.terminating_ok = terminating_ok
         self.path = f"{cluster.workdir}/load-{label}.txt"
         self.proc = Proc(ns, [cluster.args.load, "--target", target, "--proto", proto,
                               "--rate", str(cluster.args.rate), "--timeout", "3", "--out", self.path],
@@ -383,6 +567,7 @@ class Record:
 
     def __init__(self):
         self.invalid_from = {}  # pod name -> time every node had programmed it out of use
+        self.removed_at = {}  # pod name -> time every node had programmed its endpoint's removal
         self.zero_windows = {}  # service -> [(start, end)]
         self.pod_stops = {}  # service -> [(pod name, time)]
         self.changes = []  # (description, {node: seconds})
@@ -402,7 +587,10 @@ def judge(load, rows, record):
         kind = f"error {detail}" if outcome == "error" else outcome
         failed = outcome != "answered"
         if outcome == "answered":
-            gone = record.invalid_from.get(detail)
+            # Under eTP=Local a node whose only local endpoints terminate still uses them (the
+            # fallback to serving terminating endpoints): for such a load, a pod is stale only
+            # once its endpoint is removed.
+            gone = (record.removed_at if load.terminating_ok else record.invalid_from).get(detail)
             if gone is not None and t >= gone:
                 kind, failed = "answered-by-stale-pod", True
         elif outcome == "refused" and any(a <= t <= b for a, b in windows):
@@ -422,18 +610,28 @@ def judge(load, rows, record):
 class Service:
     """A test Service with one EndpointSlice that the scenario writes."""
 
-    def __init__(self, cluster, name, proto, port, target_port, node_port=None):
+    def __init__(self, cluster, name, proto, port, target_port, node_port=None, lb_ip=None, etp_local=False):
+        """lb_ip: a LoadBalancer Service, with that ingress IP written into its status (as a
+        cloud controller would); etp_local: externalTrafficPolicy Local."""
         self.cluster, self.name, self.proto = cluster, name, proto
         self.port_name = "p"
-        spec = {"type": "NodePort" if node_port else "ClusterIP",
+        spec = {"type": "LoadBalancer" if lb_ip else "NodePort" if node_port else "ClusterIP",
                 "ports": [{"name": "p", "port": port, "targetPort": target_port, "protocol": proto.upper()}]}
         if node_port:
             spec["ports"][0]["nodePort"] = node_port
+        if etp_local:
+            spec["externalTrafficPolicy"] = "Local"
         out = cluster.api.call("POST", f"/api/v1/namespaces/{TEST_NS}/services",
                                {"apiVersion": "v1", "kind": "Service",
                                 "metadata": {"name": name, "namespace": TEST_NS}, "spec": spec})
         self.cluster_ip = out["spec"]["clusterIP"]
-        self.port, self.target_port, self.node_port = port, target_port, node_port
+        self.port, self.target_port = port, target_port
+        self.node_port = out["spec"]["ports"][0].get("nodePort")
+        self.health_check_node_port = out["spec"].get("healthCheckNodePort")
+        self.lb_ip, self.etp_local = lb_ip, etp_local
+        if lb_ip:
+            cluster.api.patch(f"/api/v1/namespaces/{TEST_NS}/services/{name}/status",
+                              {"status": {"loadBalancer": {"ingress": [{"ip": lb_ip}]}}})
         self.key = f"{TEST_NS}/{name}"
         self.endpoints = []  # [(pod, state)]
         cluster.api.call("POST", slice_path(TEST_NS), {
@@ -457,12 +655,21 @@ class Service:
         ready = {p.ip for p, s in self.endpoints if s == "ready"}
         return every, ready or every  # no ready endpoint: the serving terminating ones are used
 
+    def expected_on(self, node):
+        """What the node uses: the cluster-wide pool, and under eTP=Local also the node's own
+        pool (its ready endpoints, or else its serving terminating ones), as upstream."""
+        every, used = self.expected()
+        if self.etp_local:
+            local = [(p, s) for p, s in self.endpoints if p.node is node]
+            used = set(used) | ({p.ip for p, s in local if s == "ready"} or {p.ip for p, _ in local})
+        return every, used
+
     def change(self, record, what, endpoints, after_write=None):
         t = self.write(endpoints)
         if after_write:
             after_write()
         every, used = self.expected()
-        seen = self.cluster.wait_programmed(self.key, self.port_name, every, used, t)
+        seen = self.cluster.wait_programmed(self.key, self.port_name, every, used, t, per_node=self.expected_on)
         record.change(f"{self.name}: {what}", seen)
         return t, t + max(seen.values())
 
@@ -475,8 +682,8 @@ class Scenario:
         self.notes = []
         self.failed = []
 
-    def load(self, label, ns, target, proto, service):
-        self.loads.append(Load(self.cluster, f"{self.name}-{label}", ns, target, proto, service.key))
+    def load(self, label, ns, target, proto, service, terminating_ok=False):
+        self.loads.append(Load(self.cluster, f"{self.name}-{label}", ns, target, proto, service.key, terminating_ok))
 
     def load_pod_to_cluster_ip(self, service):
         n1 = self.cluster.nodes[0]
@@ -508,6 +715,17 @@ class Scenario:
                               for k, v in sorted(per_node.items())))
         for note in self.notes:
             print(f"  {note}")
+        # Pods that stopped in this scenario and whose address no running pod has taken again.
+        running = {p.ip for p in self.cluster.pods.values()}
+        gone = {self.cluster.pod_ip(name) for stops in self.record.pod_stops.values() for name, _ in stops} - running
+        if gone:
+            left = {n.name: self.cluster.conntrack_to(n, gone) for n in self.cluster.nodes}
+            print(f"  conntrack entries NATed to the {len(gone)} removed endpoints, left at the end: "
+                  + "; ".join(f"{k} {sum(v.values())}" + (f" ({', '.join(f'{a} {b}' for a, b in sorted(v.items()))})"
+                                                           if v else "") for k, v in sorted(left.items())))
+            udp = sum(c for v in left.values() for k, c in v.items() if k == "udp")
+            if udp:
+                self.failed.append(f"{udp} UDP conntrack entries still point at removed endpoints")
         for ld in self.loads:
             rows = ld.stop()
             counts, failures = judge(ld, rows, self.record)
@@ -537,6 +755,17 @@ def settle(cluster):
     time.sleep(cluster.args.settle)
 
 
+def break_termination(sc):
+    """KC_BREAK_TERMINATION (ready, early or unset): how the scenario breaks its pods' graceful
+    termination on purpose, to show that the suite fails then."""
+    broken = os.environ.get("KC_BREAK_TERMINATION", "")
+    if broken not in ("", "ready", "early"):
+        raise SystemExit(f"KC_BREAK_TERMINATION={broken}: ready or early")
+    if broken:
+        sc.notes.append(f"KC_BREAK_TERMINATION={broken}: pods end without graceful termination, on purpose")
+    return broken
+
+
 def scenario_rolling_update(cluster, web, grace):
     """Each endpoint of `web` in turn is replaced: a new pod starts on the same node and is added
     ready; the old endpoint turns terminating (ready=false, serving=true) while its pod keeps
@@ -551,11 +780,7 @@ def scenario_rolling_update(cluster, web, grace):
     sc.load_client_to_node_port(web, cluster.nodes[1 % len(cluster.nodes)])
     sc.start_loads()
     settle(cluster)
-    broken = os.environ.get("KC_BREAK_TERMINATION", "")
-    if broken not in ("", "ready", "early"):
-        raise SystemExit(f"KC_BREAK_TERMINATION={broken}: ready or early")
-    if broken:
-        sc.notes.append(f"KC_BREAK_TERMINATION={broken}: a broken rollout, on purpose")
+    broken = break_termination(sc)
 
     def stop(pod):
         sc.record.pod_stops.setdefault(web.key, []).append((pod.name, cluster.pod_stop(pod)))
@@ -571,11 +796,74 @@ def scenario_rolling_update(cluster, web, grace):
         if broken == "early":
             web.change(sc.record, f"remove {old.name}", others + [(new, "ready")], after_write=lambda o=old: stop(o))
             continue
-        _, t_agreed = web.change(sc.record, f"{old.name} terminating", others + [(old, "terminating"), (new, "ready")])
-        sc.record.invalid_from[old.name] = t_agreed
-        time.sleep(grace)
-        web.change(sc.record, f"remove {old.name}", others + [(new, "ready")])
-        stop(old)
+        retire(cluster, sc, web, old, new, grace)
+    settle(cluster)
+    return sc
+
+
+def retire(cluster, sc, svc, old, new, grace):
+    """The graceful end of an endpoint replaced by `new` (already written ready): it turns
+    terminating (ready=false, serving=true) while its pod keeps serving for the grace period;
+    then it is removed, and only then its pod stops."""
+    others = [(p, s) for p, s in svc.endpoints if p is not old and p is not new]
+    _, t_agreed = svc.change(sc.record, f"{old.name} terminating", others + [(old, "terminating"), (new, "ready")])
+    sc.record.invalid_from[old.name] = t_agreed
+    time.sleep(grace)
+    _, sc.record.removed_at[old.name] = svc.change(sc.record, f"remove {old.name}", others + [(new, "ready")])
+    sc.record.pod_stops.setdefault(svc.key, []).append((old.name, cluster.pod_stop(old)))
+
+
+def replace_endpoint(cluster, sc, svc, grace, what=""):
+    """One step of a rolling update of svc: its first endpoint's pod is replaced by a new pod on
+    the same node, added ready before the old one retires. Returns the time of the first write."""
+    old = svc.endpoints[0][0]
+    new, = cluster.pods_start([old.node])
+    others = [(p, s) for p, s in svc.endpoints if p is not old]
+    t, _ = svc.change(sc.record, f"{what}add {new.name} ready", others + [(old, "ready"), (new, "ready")])
+    retire(cluster, sc, svc, old, new, grace)
+    return t
+
+
+def scenario_apiserver_restart(cluster, web, churn, down, grace):
+    """The apiserver stops for `down` seconds and starts again, twice: first a graceful stop
+    (SIGTERM), then a crash (SIGKILL) after which etcd is compacted while it is down, so that
+    every watch resumes from a resourceVersion that is gone (410 Expired) and every kproxy
+    relists. The rules stay in place while the apiserver is away;
+    right after each start a rolling-update step of `web` is written, and the report says when
+    every node had programmed it (its reconnect and, the second time, its relist included)."""
+    sc = Scenario(cluster, "apiserver-restart")
+    sc.load_pod_to_cluster_ip(web)
+    sc.load_client_to_node_port(web, cluster.nodes[1 % len(cluster.nodes)])
+    sc.start_loads()
+    settle(cluster)
+    for compact in (False, True):
+        label = "crash and restart with etcd compacted" if compact else "graceful restart"
+        count = {k: {n.name: cluster.log_count(n, k) for n in cluster.nodes}
+                 for k in ("API server watch interrupted", "API server connection established",
+                           "watch resourceVersion expired; relisting")}
+        churn.pause()  # its writes would only fail while the apiserver is down
+        t_stop = time.time()
+        cluster.control("apiserver-kill" if compact else "apiserver-stop")
+        t_gone = time.time()
+        seen = cluster.wait_log("kproxy noticed the apiserver gone", "API server watch interrupted",
+                                count["API server watch interrupted"], t_stop)
+        sc.notes.append(f"{label}: the apiserver took {fmt_ms(t_gone - t_stop)} ms to exit; every kproxy "
+                        f"noticed within {fmt_ms(max(seen.values()))} ms of the signal")
+        time.sleep(down)
+        if compact:
+            cluster.control("etcd-compact")
+        cluster.control("apiserver-start")
+        t_up = time.time()
+        churn.resume()
+        replace_endpoint(cluster, sc, web, grace, what=f"after the {label}: ")
+        seen = cluster.wait_log("kproxy watching again", "API server connection established",
+                                count["API server connection established"], t_up)
+        sc.notes.append(f"{label}: every kproxy watched every resource again within {fmt_ms(max(seen.values()))} ms "
+                        "of the apiserver being ready (the reconnect backoff, 0.5 s doubling to 30 s, included)")
+        if compact:
+            cluster.wait_log("kproxy relisted after 410 Expired", "watch resourceVersion expired; relisting",
+                             count["watch resourceVersion expired; relisting"], t_up)
+            sc.notes.append(f"{label}: every kproxy got 410 Expired and relisted")
     settle(cluster)
     return sc
 
@@ -608,6 +896,92 @@ def scenario_scale_to_zero(cluster, zt, zu, grace, hold):
     for svc in (zt, zu):
         _, t_agreed = svc.change(sc.record, "scaled back up", [(p, "ready") for p in new])
         sc.record.zero_windows.setdefault(svc.key, []).append((starts[svc.key], t_agreed))
+    settle(cluster)
+    return sc
+
+
+def node_drain_mark(cluster, node, drained):
+    """Cordons the node and taints it ToBeDeletedByClusterAutoscaler, as the cluster autoscaler
+    does before it deletes a node (drained), or undoes both."""
+    spec = {"unschedulable": True,
+            "taints": [{"key": "ToBeDeletedByClusterAutoscaler", "value": str(int(time.time())),
+                        "effect": "NoSchedule"}]} if drained else {"unschedulable": None, "taints": None}
+    cluster.api.patch(f"/api/v1/nodes/{node.name}", {"spec": spec})
+
+
+def scenario_node_drain(cluster, lb_local, lb_cluster, sim, grace):
+    """Node 2 is drained while the outside client reaches two LoadBalancer Services through the
+    load-balancer simulator, lb-local (eTP=Local, health-checked on its healthCheckNodePort) and
+    lb-cluster (eTP=Cluster, health-checked on kproxy's /healthz), and a pod reaches lb-local's
+    ClusterIP. The node is cordoned and tainted ToBeDeletedByClusterAutoscaler: its /healthz
+    fails and the balancer takes it out of lb-cluster. Its pod moves: a new one starts on the
+    next node and is added ready, the old endpoint turns terminating (the node's health check
+    for lb-local fails, having no ready local endpoint, and the balancer takes the node out of
+    lb-local: until then the node still sends to its terminating pod, the eTP=Local fallback),
+    and after the grace period the endpoint is removed and the pod stops. Then the node is
+    uncordoned and the balancer sends lb-cluster's connections to it again."""
+    sc = Scenario(cluster, "node-drain")
+    sc.load("client-lb-local", cluster.client_ns, f"{lb_local.lb_ip}:{lb_local.port}", "tcp", lb_local,
+            terminating_ok=True)
+    sc.load("client-lb-cluster", cluster.client_ns, f"{lb_cluster.lb_ip}:{lb_cluster.port}", "tcp", lb_cluster)
+    sc.load_pod_to_cluster_ip(lb_local)
+    sc.start_loads()
+    settle(cluster)
+    node = cluster.nodes[1 % len(cluster.nodes)]
+    dest = cluster.nodes[2 % len(cluster.nodes)]
+    rest = [n for n in cluster.nodes if n is not node]
+    t = time.time()
+    node_drain_mark(cluster, node, True)
+    t_out = sim.wait_in_use(lb_cluster, rest, f"takes out {node.name}")
+    sc.notes.append(f"{node.name} cordoned and tainted: the balancer took it out of {lb_cluster.name} "
+                    f"{fmt_ms(t_out - t)} ms after the write (its /healthz failing)")
+    services = (lb_local, lb_cluster)
+    broken = break_termination(sc)
+
+    def stop(pod, before_removal=False):
+        """The pod stops; broken: before its endpoint is removed (ready), or at once with the
+        removal, without a terminating phase (early)."""
+        if before_removal:
+            t_stop = cluster.pod_stop(pod)
+        if broken:
+            for svc in services:
+                svc.write([(p, s) for p, s in svc.endpoints if p is not pod])
+            if not before_removal:
+                t_stop = cluster.pod_stop(pod)
+        else:
+            t_stop = cluster.pod_stop(pod)
+        for svc in services:
+            sc.record.pod_stops.setdefault(svc.key, []).append((pod.name, t_stop))
+
+    for old in [p for p, _ in lb_local.endpoints if p.node is node]:
+        new, = cluster.pods_start([dest])
+
+        def change_all(what, state_of_old, with_new=True):
+            agreed = 0
+            for svc in services:
+                others = [(p, s) for p, s in svc.endpoints if p is not old and p is not new]
+                eps = others + ([(old, state_of_old)] if state_of_old else []) + [(new, "ready")]
+                _, t_agreed = svc.change(sc.record, what, eps)
+                agreed = max(agreed, t_agreed)
+            return agreed
+
+        change_all(f"{old.name} moves: add {new.name} ready on {dest.name}", "ready")
+        if broken:
+            stop(old, before_removal=broken == "ready")
+            continue
+        t = time.time()
+        sc.record.invalid_from[old.name] = change_all(f"{old.name} terminating", "terminating")
+        t_out = sim.wait_in_use(lb_local, rest, f"takes out {node.name}")
+        sc.notes.append(f"{old.name} terminating: the balancer took {node.name} out of {lb_local.name} "
+                        f"{fmt_ms(t_out - t)} ms after the write (its health check failing)")
+        time.sleep(grace)
+        sc.record.removed_at[old.name] = change_all(f"remove {old.name}", None)
+        stop(old)
+    t = time.time()
+    node_drain_mark(cluster, node, False)
+    t_in = sim.wait_in_use(lb_cluster, cluster.nodes, f"sends to {node.name} again")
+    sc.notes.append(f"{node.name} uncordoned: the balancer sent {lb_cluster.name}'s connections to it again "
+                    f"{fmt_ms(t_in - t)} ms after the write")
     settle(cluster)
     return sc
 
@@ -666,7 +1040,9 @@ def main():
     ap.add_argument("--grace", type=float, default=2, help="seconds a terminating pod keeps serving")
     ap.add_argument("--settle", type=float, default=2, help="seconds of load before and after the changes")
     ap.add_argument("--ceiling", type=float, default=120, help="ceiling of every wait (catches hangs only)")
-    ap.add_argument("--scenarios", default="rolling-update,scale-to-zero,kproxy-restart")
+    ap.add_argument("--scenarios", default="rolling-update,scale-to-zero,node-drain,kproxy-restart,apiserver-restart")
+    ap.add_argument("--control", default="",
+                    help="the directory of cluster_test.sh's control FIFOs (apiserver stop and start, etcd compaction)")
     ap.add_argument("--udp-report-only", action="store_true",
                     help="report failed UDP requests without failing the run (TCP ones always fail it)")
     args = ap.parse_args()
@@ -690,20 +1066,29 @@ def main():
         web = Service(cluster, "web", "tcp", 80, POD_TCP_PORT, node_port=30080)
         zt = Service(cluster, "zero-tcp", "tcp", 80, POD_TCP_PORT, node_port=30081)
         zu = Service(cluster, "zero-udp", "udp", 53, POD_UDP_PORT)
+        lb_local = Service(cluster, "lb-local", "tcp", 80, POD_TCP_PORT, lb_ip=LB_IPS[0], etp_local=True)
+        lb_cluster = Service(cluster, "lb-cluster", "tcp", 80, POD_TCP_PORT, lb_ip=LB_IPS[1])
         web_pods = cluster.pods_start(cluster.nodes)
         zero_pods = cluster.pods_start(cluster.nodes)
+        lb_pods = cluster.pods_start(cluster.nodes)
         web.write([(p, "ready") for p in web_pods])
         for svc in (zt, zu):
             svc.write([(p, "ready") for p in zero_pods])
+        for svc in (lb_local, lb_cluster):
+            svc.write([(p, "ready") for p in lb_pods])
         t_start = time.time()
         for n in cluster.nodes:
             cluster.kproxy_start(n)
         startup = Record()
-        for svc in (web, zt, zu):
+        for svc in (web, zt, zu, lb_local, lb_cluster):
             every, used = svc.expected()
             startup.change(f"{svc.name} at start-up", cluster.wait_programmed(svc.key, svc.port_name, every, used,
-                                                                             t_start))
+                                                                             t_start, per_node=svc.expected_on))
         log(f"every kproxy programmed the cluster ({args.services} background Services)")
+        sim = LbSim(cluster, [lb_local, lb_cluster])
+        sim.start()
+        for svc in (lb_local, lb_cluster):
+            sim.wait_in_use(svc, cluster.nodes, "sends to every node")
         churn = Churn(cluster, args.services, args.churn)
         churn.start()
         failed = []
@@ -713,8 +1098,12 @@ def main():
                 sc = scenario_rolling_update(cluster, web, args.grace)
             elif name == "scale-to-zero":
                 sc = scenario_scale_to_zero(cluster, zt, zu, args.grace, hold=2)
+            elif name == "node-drain":
+                sc = scenario_node_drain(cluster, lb_local, lb_cluster, sim, args.grace)
             elif name == "kproxy-restart":
                 sc = scenario_kproxy_restart(cluster, web, downtime=1)
+            elif name == "apiserver-restart":
+                sc = scenario_apiserver_restart(cluster, web, churn, down=2, grace=args.grace)
             else:
                 # Not in this slice: node drain (with a load-balancer simulator), apiserver
                 # restart, mode switch, and upstream kube-proxy side by side.
@@ -722,6 +1111,7 @@ def main():
             failed += [f"{sc.name}: {f}" for f in sc.report()]
             sys.stdout.flush()
         churn.stop()
+        sim.stop()
         print(f"\nbackground churn: {churn.changes} EndpointSlice changes ({churn.errors} errors) "
               f"over {len(cluster.nodes)} nodes and {args.services} Services; run took {time.time() - t0:.0f} s")
     except Failed as e:

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # The cluster suite: N nodes (3 by default) in network namespaces on a bridge, one kproxy per
 # node in nftables mode on one real kube-apiserver, 1,000 background Services under light
-# churn, and the scenarios of cluster.py (rolling update, scale to zero and back, kproxy restart
-# on every node) under constant request load. Fails on any failed TCP request (outside a
+# churn, and the scenarios of cluster.py (rolling update, scale to zero and back, node drain
+# behind a load-balancer simulator, kproxy restart on every node, apiserver restart and etcd
+# compaction) under constant request load. Fails on any failed TCP request (outside a
 # scale-to-zero window) or any answer from a pod that should no longer receive traffic.
 #
 # usage: sudo tests/cluster/cluster_test.sh --kproxy BIN --plugin-dir DIR [--load BIN]
 #                                           [cluster.py options...]
-#   KC_NODES (3), KC_SLOTS (pod slots per node, 4), KC_SERVICES (background Services, 1000),
+#   KC_NODES (3), KC_SLOTS (pod slots per node, 5), KC_SERVICES (background Services, 1000),
 #   KC_KEEP_WORKDIR=1 keeps the logs,
 #   KC_BREAK_TERMINATION=ready|early breaks the rolling update on purpose (cluster.py says how):
 #   the suite must then fail.
@@ -41,15 +42,19 @@ KPROXY="$(kp_kproxy_bin)" || kp_die "kproxy binary not found (--kproxy BIN)"
 
 [[ -n "${KC_KEEP_WORKDIR:-}" ]] && export KP_KEEP_WORKDIR=1
 kc_init
-kc_fabric_up "${KC_NODES:-3}" "${KC_SLOTS:-4}" || kp_die "building the fabric"
+kc_fabric_up "${KC_NODES:-3}" "${KC_SLOTS:-5}" || kp_die "building the fabric"
 kc_control_plane_up || kp_die "starting the control plane"
 kc_node_credentials || kp_die "node credentials"
 kc_describe "$KP_WORKDIR/cluster.json"
-# In the background, and waited for: a signal to this script then ends it at once, and its EXIT
-# trap stops the driver with everything else in the namespaces.
+# In the background: this shell serves the driver's requests to stop and start the apiserver
+# (its child) while the driver runs, then waits for it. A signal to this script ends it within
+# a second, and its EXIT trap stops the driver with everything else in the namespaces.
 kc_driver --desc "$KP_WORKDIR/cluster.json" --kproxy "$KPROXY" --plugin-dir "${KPROXY_PLUGIN_DIR:-}" \
-  --podserver "$KP_PODSERVER" --load "$LOAD" --services "${KC_SERVICES:-1000}" "${PASS[@]}" &
-wait $!
+  --podserver "$KP_PODSERVER" --load "$LOAD" --services "${KC_SERVICES:-1000}" \
+  --control "$KP_WORKDIR" "${PASS[@]}" &
+driver=$!
+kc_serve_control "$KP_WORKDIR" "$driver" || kp_die "the control channel"
+wait "$driver"
 rc=$?
 if ((rc != 0)); then
   for f in "$KP_WORKDIR"/kproxy-node-*.log; do

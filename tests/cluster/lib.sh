@@ -27,6 +27,8 @@
 #                             kubeconfig in $KP_WORKDIR/node-<i>.kubeconfig
 #   kc_describe FILE          the cluster as JSON for the driver (cluster.py)
 #   kc_driver ARGS...         run cluster.py's scenarios in the cp namespace
+#   kc_serve_control DIR PID  while PID (the driver) runs, do what it asks through DIR's FIFOs:
+#                             stop, kill or start the apiserver, compact etcd
 
 KC_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 KC_NET=10.77.0
@@ -171,4 +173,37 @@ EOF
 # node's metrics server on the bridge, and `ip netns exec` for what runs in the other namespaces.
 kc_driver() {
   ip netns exec "$(kp_ns cp)" "$KP_PYTHON" "$KC_LIB_DIR/cluster.py" "$@"
+}
+
+# kc_serve_control DIR PID — the control plane's processes are this shell's children (their
+# teardown is its EXIT trap), so the driver asks this shell to act on them: while PID runs, one
+# request a line on the FIFO DIR/control-request (apiserver-stop: SIGTERM, after 10 s SIGKILL;
+# apiserver-kill: SIGKILL; apiserver-start; etcd-compact), answered with "REQUEST STATUS" on DIR/control-response. Both FIFOs are opened
+# read-write here, so that neither side's open waits for the other, and an answer waits in the
+# FIFO for the driver to read it.
+kc_serve_control() {
+  local dir="$1" pid="$2" req resp cmd="" part rc
+  mkfifo "$dir/control-request" "$dir/control-response" || return 1
+  exec {req}<>"$dir/control-request" {resp}<>"$dir/control-response"
+  while kill -0 "$pid" 2>/dev/null; do
+    # A read that times out keeps what it had read of a line: the rest comes with the next one.
+    part=""
+    IFS= read -r -t 1 -u "$req" part
+    rc=$?
+    cmd+="$part"
+    ((rc == 0)) || continue
+    case "$cmd" in
+      apiserver-stop) cp_stop_apiserver ;;
+      apiserver-kill)
+        [[ -n "$CP_API_PID" ]] && kill -KILL "$CP_API_PID" && { wait "$CP_API_PID" 2>/dev/null; CP_API_PID=""; } ;;
+      apiserver-start) cp_start_apiserver ;;
+      etcd-compact) cp_etcd_compact ;;
+      *) kp_log "unknown control request: $cmd"; false ;;
+    esac
+    rc=$?
+    kp_log "control request $cmd: status $rc"
+    echo "$cmd $rc" >&"$resp"
+    cmd=""
+  done
+  exec {req}>&- {resp}>&-
 }
