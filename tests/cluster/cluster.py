@@ -127,6 +127,60 @@ def wait_until(what, ceiling, check, interval=0.05):
 # The cluster
 
 
+class KernelView:
+    """Which endpoints a node's kernel sends a Service port's connections to, read from the
+    rules upstream kube-proxy and kproxy both write under the same names: nftables mode, the
+    `endpoint-…__IP/PORT` chains the port's `service-…` chain jumps to; iptables mode, the
+    `ns/name:port -> IP:PORT` comments of its `KUBE-SVC-…` chain. A port without such a chain
+    sends nowhere (the empty set). Used to judge upstream kube-proxy, which has no
+    /debug/services; chain names are looked up once per node."""
+
+    def __init__(self, mode):
+        self.mode = mode
+        self.chains = {}  # (node, service, port) -> chain name
+
+    @staticmethod
+    def run(node, *argv):
+        out = subprocess.run(["ip", "netns", "exec", node.ns, *argv], capture_output=True, text=True)
+        return out.stdout if out.returncode == 0 else None
+
+    def chain(self, node, service, port_name):
+        key = (node.name, service, port_name)
+        if key not in self.chains:
+            if self.mode == "nftables":
+                text = self.run(node, "nft", "-j", "list", "chains", "ip")
+                if text is None:
+                    return None
+                suffixes = [f"-{service}/{proto}/{port_name}" for proto in ("tcp", "udp", "sctp")]
+                names = [c["chain"]["name"] for c in json.loads(text)["nftables"]
+                         if "chain" in c and c["chain"]["table"] == "kube-proxy"]
+                found = [n for n in names if n.startswith("service-") and any(n.endswith(x) for x in suffixes)]
+            else:
+                text = self.run(node, "iptables", "-w", "-t", "nat", "-S", "KUBE-SERVICES")
+                if text is None:
+                    return None
+                found = [line.split("-j ")[1].split()[0] for line in text.splitlines()
+                         if f'"{service}:{port_name} cluster IP"' in line and "-j KUBE-SVC-" in line]
+            if not found:
+                return None
+            self.chains[key] = found[0]
+        return self.chains[key]
+
+    def used(self, node, service, port_name):
+        name = self.chain(node, service, port_name)
+        if name is None:
+            return frozenset()
+        if self.mode == "nftables":
+            text = self.run(node, "nft", "list", "chain", "ip", "kube-proxy", name)
+            words = (text or "").replace(",", " ").replace("}", " ").split()
+            return frozenset(w.split("__", 1)[1].rsplit("/", 1)[0] for w in words
+                             if w.startswith("endpoint-") and "__" in w)
+        text = self.run(node, "iptables", "-w", "-t", "nat", "-S", name)
+        marker = f"{service}:{port_name} -> "
+        return frozenset(line.split(marker, 1)[1].split(":")[0] for line in (text or "").splitlines()
+                         if marker in line and "-j KUBE-SEP-" in line)
+
+
 class Node:
     def __init__(self, index, d):
         self.index = index
@@ -160,6 +214,7 @@ class Cluster:
         self.free_slots = {n.index: list(range(1, len(n.slots))) for n in self.nodes}
         self.pods = {}  # name -> Pod
         self.ceiling = args.ceiling
+        self.kernel = KernelView(args.mode)
 
     # --- the control plane -----------------------------------------------------------------------
 
@@ -193,13 +248,17 @@ class Cluster:
     # --- kproxy ----------------------------------------------------------------------------------
 
     def kproxy_start(self, node):
-        argv = [self.args.kproxy, "--proxy-mode=nftables", "--kubeconfig", node.kubeconfig,
+        """The node's service proxy: kproxy, or upstream kube-proxy (--program upstream) with the
+        same flags, in --mode."""
+        upstream = self.args.program == "upstream"
+        argv = [self.args.upstream if upstream else self.args.kproxy, f"--proxy-mode={self.args.mode}",
+                "--kubeconfig", node.kubeconfig,
                 "--hostname-override", node.name, "--cluster-cidr", self.cluster_cidr,
                 "--metrics-bind-address", f"{node.ip}:{METRICS_PORT}",
                 "--healthz-bind-address", f"{node.ip}:{HEALTHZ_PORT}",
                 # nf_conntrack_max is the host's, not the namespace's: leave it alone.
                 "--conntrack-max-per-core=0", "-v", "2"]
-        if self.args.plugin_dir:
+        if self.args.plugin_dir and not upstream:
             argv += ["--plugin-dir", self.args.plugin_dir]
         argv += self.args.kproxy_arg
         node.kproxy = Proc(node.ns, argv, f"{self.workdir}/kproxy-{node.name}.log")
@@ -221,7 +280,14 @@ class Cluster:
         return json.loads(body) if status == 200 else None
 
     def endpoint_state(self, node, service, port_name):
-        """(every endpoint IP, the IPs in use) of the port as last programmed on the node."""
+        """(every endpoint IP, the IPs in use) of the port as last programmed on the node; for
+        upstream kube-proxy, which has no /debug/services, (None, the endpoints its service chain
+        in the kernel sends to)."""
+        if self.args.program == "upstream":
+            if node.kproxy is not None and not node.kproxy.alive():
+                raise Failed(f"kube-proxy on {node.name} exited (status {node.kproxy.p.returncode}); "
+                             f"log: {self.workdir}/kproxy-{node.name}.log")
+            return None, self.kernel.used(node, service, port_name)
         doc = self.debug_services(node, service)
         if not doc or not doc.get("programmed"):
             return None
@@ -245,7 +311,9 @@ class Cluster:
         deadline = time.monotonic() + self.ceiling
         while pending:
             for name, n in list(pending.items()):
-                if self.endpoint_state(n, service, port_name) == want(n):
+                state = self.endpoint_state(n, service, port_name)
+                # Upstream: what its service chain sends to (the endpoints not used are not seen).
+                if state is not None and (state == want(n) or state[0] is None and state[1] == want(n)[1]):
                     seen[name] = time.time() - since
                     del pending[name]
             if not pending:
@@ -579,8 +647,8 @@ class Record:
 
 
 def judge(load, rows, record):
-    """Counts by outcome kind, and the failures by kind."""
-    counts, failures = {}, {}
+    """Counts by outcome kind, the failures by kind, and each failed request's send time."""
+    counts, failures, fail_times = {}, {}, []
     windows = record.zero_windows.get(load.service, [])
     stops = record.pod_stops.get(load.service, [])
     for t, outcome, detail, _ in rows:
@@ -600,7 +668,8 @@ def judge(load, rows, record):
         counts[kind] = counts.get(kind, 0) + 1
         if failed:
             failures[kind] = failures.get(kind, 0) + 1
-    return counts, failures
+            fail_times.append(t)
+    return counts, failures, fail_times
 
 
 # ---------------------------------------------------------------------------------------------
@@ -709,7 +778,8 @@ class Scenario:
                 per_node.setdefault(node, []).append(v)
         if per_node:
             print("  programming time per node, from the API write (a restart: the process's start) to "
-                  "/debug/services showing it (p50 / p99 / max ms over "
+                  + ("/debug/services" if self.cluster.args.program == "kproxy" else "the kernel's rules")
+                  + " showing it (p50 / p99 / max ms over "
                   f"{len(self.record.changes)} changes): "
                   + ", ".join(f"{k} {fmt_ms(percentile(v, 50))} / {fmt_ms(percentile(v, 99))} / {fmt_ms(max(v))}"
                               for k, v in sorted(per_node.items())))
@@ -726,10 +796,19 @@ class Scenario:
             udp = sum(c for v in left.values() for k, c in v.items() if k == "udp")
             if udp:
                 self.failed.append(f"{udp} UDP conntrack entries still point at removed endpoints")
+        result = {"scenario": self.name, "program": self.cluster.args.program, "mode": self.cluster.args.mode,
+                  "nodes": len(self.cluster.nodes), "services": self.cluster.args.services,
+                  "changes": [{"what": w, "seconds": seen} for w, seen in self.record.changes],
+                  "notes": self.notes, "loads": []}
         for ld in self.loads:
             rows = ld.stop()
-            counts, failures = judge(ld, rows, self.record)
+            counts, failures, fail_times = judge(ld, rows, self.record)
             total_failed = sum(failures.values())
+            t0 = rows[0][0] if rows else 0
+            result["loads"].append({"label": ld.label[len(self.name) + 1:], "proto": ld.proto, "requests": len(rows),
+                                    "counts": counts, "failures": failures,
+                                    "failed_at": [round(t - t0, 3) for t in fail_times],
+                                    "seconds": round(rows[-1][0] - t0, 3) if rows else 0})
             print(f"  load {ld.label} ({ld.proto}, {len(rows)} requests): "
                   + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
                   + f"; FAILED={total_failed}" + (f" {failures}" if failures else ""))
@@ -742,6 +821,10 @@ class Scenario:
                 self.failed.append(f"{ld.label}: {total_failed} failed requests {failures}")
             if not counts.get("answered"):
                 self.failed.append(f"{ld.label}: no request was answered")
+        if self.cluster.args.results:
+            result["failed"] = self.failed
+            with open(self.cluster.args.results, "a") as f:
+                f.write(json.dumps(result) + "\n")
         return self.failed
 
 
@@ -845,10 +928,12 @@ def scenario_apiserver_restart(cluster, web, churn, down, grace):
         t_stop = time.time()
         cluster.control("apiserver-kill" if compact else "apiserver-stop")
         t_gone = time.time()
-        seen = cluster.wait_log("kproxy noticed the apiserver gone", "API server watch interrupted",
-                                count["API server watch interrupted"], t_stop)
-        sc.notes.append(f"{label}: the apiserver took {fmt_ms(t_gone - t_stop)} ms to exit; every kproxy "
-                        f"noticed within {fmt_ms(max(seen.values()))} ms of the signal")
+        sc.notes.append(f"{label}: the apiserver took {fmt_ms(t_gone - t_stop)} ms to exit")
+        logs = cluster.args.program == "kproxy"  # the log lines waited for below are kproxy's
+        if logs:
+            seen = cluster.wait_log("kproxy noticed the apiserver gone", "API server watch interrupted",
+                                    count["API server watch interrupted"], t_stop)
+            sc.notes.append(f"{label}: every kproxy noticed within {fmt_ms(max(seen.values()))} ms of the signal")
         time.sleep(down)
         if compact:
             cluster.control("etcd-compact")
@@ -856,6 +941,8 @@ def scenario_apiserver_restart(cluster, web, churn, down, grace):
         t_up = time.time()
         churn.resume()
         replace_endpoint(cluster, sc, web, grace, what=f"after the {label}: ")
+        if not logs:
+            continue
         seen = cluster.wait_log("kproxy watching again", "API server connection established",
                                 count["API server connection established"], t_up)
         sc.notes.append(f"{label}: every kproxy watched every resource again within {fmt_ms(max(seen.values()))} ms "
@@ -1010,7 +1097,10 @@ def scenario_kproxy_restart(cluster, web, downtime):
                              f"down {fmt_ms(t_start - t_exit)} ms): start to first sync", seen)
             sc.notes.append(f"{node.name} {sig.name}: start to /healthz 200 {fmt_ms(t_healthy - t_start)} ms")
             if sig == signal.SIGTERM and rc != 0:
-                sc.failed.append(f"kproxy on {node.name} exited with status {rc} on SIGTERM")
+                if cluster.args.program == "kproxy":
+                    sc.failed.append(f"kproxy on {node.name} exited with status {rc} on SIGTERM")
+                else:  # upstream kube-proxy leaves SIGTERM to its default action
+                    sc.notes.append(f"{node.name}: kube-proxy exited with status {rc} on SIGTERM")
     settle(cluster)
     return sc
 
@@ -1029,6 +1119,10 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--desc", required=True, help="the fabric, as lib.sh's kc_describe wrote it")
     ap.add_argument("--kproxy", required=True)
+    ap.add_argument("--program", choices=("kproxy", "upstream"), default="kproxy",
+                    help="the service proxy on every node: kproxy, or upstream kube-proxy (--upstream)")
+    ap.add_argument("--upstream", default="", help="upstream kube-proxy's binary, for --program upstream")
+    ap.add_argument("--mode", choices=("nftables", "iptables"), default="nftables", help="--proxy-mode of every node")
     ap.add_argument("--plugin-dir", default="")
     ap.add_argument("--kproxy-arg", action="append", default=[],
                     help="one more argument for every kproxy (repeatable), e.g. --kproxy-arg=--iptables-min-sync-period=0")
@@ -1043,6 +1137,7 @@ def main():
     ap.add_argument("--scenarios", default="rolling-update,scale-to-zero,node-drain,kproxy-restart,apiserver-restart")
     ap.add_argument("--control", default="",
                     help="the directory of cluster_test.sh's control FIFOs (apiserver stop and start, etcd compaction)")
+    ap.add_argument("--results", default="", help="append each scenario's figures to this file (JSON lines, for bench/cluster)")
     ap.add_argument("--udp-report-only", action="store_true",
                     help="report failed UDP requests without failing the run (TCP ones always fail it)")
     args = ap.parse_args()
