@@ -73,15 +73,17 @@ def endpoint(ip, node, state="ready"):
 
 
 class Proc:
-    """A program started in a network namespace (`ip netns exec` execs it: the pid is its own)."""
+    """A program started in a network namespace (`ip netns exec` execs it: the pid is its own)
+    and, with `cgroup`, in that cgroup v2 directory (a shell moves itself there, then execs it)."""
 
-    def __init__(self, ns, argv, log_path):
+    def __init__(self, ns, argv, log_path, cgroup=None):
         self.argv = argv
         self.log = open(log_path, "ab")
         self.log.write(f"===== {time.strftime('%H:%M:%S')} start: {' '.join(argv)}\n".encode())
         self.log.flush()
-        self.p = subprocess.Popen(["ip", "netns", "exec", ns, *argv], stdout=self.log, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL)
+        in_cgroup = ["sh", "-c", 'echo $$ >"$0/cgroup.procs" && exec "$@"', cgroup] if cgroup else []
+        self.p = subprocess.Popen(["ip", "netns", "exec", ns, *in_cgroup, *argv], stdout=self.log,
+                                  stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
 
     def alive(self):
         return self.p.poll() is None
@@ -136,6 +138,11 @@ class Node:
         self.kubeconfig = d["kubeconfig"]
         self.slots = d["slots"]  # [{"ns", "ip"}], slot 0 the client pod
         self.kproxy = None
+        self.mode = "nftables"
+        # ebpf mode's cgroup (the node's pods and its client pod run in it) and pin directory;
+        # None when ebpf mode could not be set up (the description's ebpfError says why).
+        self.cgroup = d.get("cgroup") or None
+        self.ebpf_pin_path = d.get("ebpfPinPath") or None
 
 
 class Pod:
@@ -158,11 +165,12 @@ class Cluster:
         self.free_slots = {n.index: list(range(1, len(n.slots))) for n in self.nodes}
         self.pods = {}  # name -> Pod
         self.ceiling = args.ceiling
+        self.ebpf_error = desc.get("ebpfError", "")
 
     # --- kproxy ----------------------------------------------------------------------------------
 
-    def kproxy_start(self, node):
-        argv = [self.args.kproxy, "--proxy-mode=nftables", "--kubeconfig", node.kubeconfig,
+    def kproxy_start(self, node, mode="nftables"):
+        argv = [self.args.kproxy, f"--proxy-mode={mode}", "--kubeconfig", node.kubeconfig,
                 "--hostname-override", node.name, "--cluster-cidr", self.cluster_cidr,
                 "--metrics-bind-address", f"{node.ip}:{METRICS_PORT}",
                 "--healthz-bind-address", f"{node.ip}:{HEALTHZ_PORT}",
@@ -170,8 +178,13 @@ class Cluster:
                 "--conntrack-max-per-core=0", "-v", "2"]
         if self.args.plugin_dir:
             argv += ["--plugin-dir", self.args.plugin_dir]
+        if node.cgroup:
+            # Every mode gets them: ebpf mode attaches and pins there (never the root cgroup, never
+            # the host's bpffs), the others remove what ebpf mode left there.
+            argv += ["--ebpf-cgroup-path", node.cgroup, "--ebpf-pin-path", node.ebpf_pin_path]
         argv += self.args.kproxy_arg
         node.kproxy = Proc(node.ns, argv, f"{self.workdir}/kproxy-{node.name}.log")
+        node.mode = mode
 
     def kproxy_stop(self, node, sig):
         rc = node.kproxy.stop(sig)
@@ -229,7 +242,7 @@ class Cluster:
         ns = node.slots[slot]["ns"]
         name = f"n{node.index}-p{slot}"
         proc = Proc(ns, [self.args.podserver, "--name", name, "--port", str(POD_TCP_PORT),
-                         "--udp-port", str(POD_UDP_PORT)], f"{self.workdir}/pod-{name}.log")
+                         "--udp-port", str(POD_UDP_PORT)], f"{self.workdir}/pod-{name}.log", cgroup=node.cgroup)
         pod = Pod(node, slot, proc)
         self.pods[name] = pod
         return pod
@@ -350,12 +363,12 @@ class Churn:
 class Load:
     """kproxy-cluster-load from a namespace to one target; its lines are read when it stops."""
 
-    def __init__(self, cluster, label, ns, target, proto, service):
+    def __init__(self, cluster, label, ns, target, proto, service, cgroup=None):
         self.label, self.proto, self.service = label, proto, service
         self.path = f"{cluster.workdir}/load-{label}.txt"
         self.proc = Proc(ns, [cluster.args.load, "--target", target, "--proto", proto,
                               "--rate", str(cluster.args.rate), "--timeout", "3", "--out", self.path],
-                         f"{cluster.workdir}/load-{label}.log")
+                         f"{cluster.workdir}/load-{label}.log", cgroup=cgroup)
 
     def answered_count(self):
         try:
@@ -475,13 +488,13 @@ class Scenario:
         self.notes = []
         self.failed = []
 
-    def load(self, label, ns, target, proto, service):
-        self.loads.append(Load(self.cluster, f"{self.name}-{label}", ns, target, proto, service.key))
+    def load(self, label, ns, target, proto, service, cgroup=None):
+        self.loads.append(Load(self.cluster, f"{self.name}-{label}", ns, target, proto, service.key, cgroup))
 
     def load_pod_to_cluster_ip(self, service):
         n1 = self.cluster.nodes[0]
         self.load(f"pod-{service.proto}-clusterip", n1.slots[0]["ns"], f"{service.cluster_ip}:{service.port}",
-                  service.proto, service)
+                  service.proto, service, cgroup=n1.cgroup)
 
     def load_client_to_node_port(self, service, node):
         self.load(f"client-nodeport-{node.name}", self.cluster.client_ns, f"{node.ip}:{service.node_port}",

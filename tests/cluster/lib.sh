@@ -25,25 +25,46 @@
 #   kc_node_credentials       per node: a client certificate (CN system:kproxy:node-<i>, group
 #                             kproxy:nodes, bound to deploy/rbac.yaml's ClusterRole) and a
 #                             kubeconfig in $KP_WORKDIR/node-<i>.kubeconfig
+#   kc_ebpf_up                ebpf mode's ground (after kc_fabric_up, in the private mount
+#                             namespace of kp_ebpf_reexec): a cgroup per node and a bpffs
 #   kc_describe FILE          the cluster as JSON for the driver (cluster.py)
 #   kc_driver ARGS...         run cluster.py's scenarios in the cp namespace
 
 KC_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../../scripts/ebpf-lib.sh
+source "$KC_LIB_DIR/../../scripts/ebpf-lib.sh"
 KC_NET=10.77.0
 KC_CP_IP=$KC_NET.1
 KC_CLIENT_IP=$KC_NET.100
 KC_NODE_COUNT=0
 KC_SLOT_COUNT=0
+KC_EBPF_ERROR="not set up"
+KC_EBPF_PINS=""
 
 kc_node_ip() { printf '%s.%d' "$KC_NET" $((10 + $1)); }
 kc_pod_ip() { printf '10.244.%d.%d' "$1" $((10 + $2)); }
 
 # kc_sweep_stale — what runs that died left behind: netns-lib's namespaces (kp<pid>-…, with
 # their processes) whose <pid> is gone, and, for this suite's runs (a work dir holding
-# control-plane-dirs), the work dir and the control plane's directories it lists.
+# control-plane-dirs), the work dir and the control plane's directories it lists; their cgroups
+# (kproxy-cluster-<pid> under the cgroup v2 root, with what still runs in them) and the empty
+# mount points of their private mounts (kpebpf<pid>.*: the mounts went with the run).
 kc_sweep_stale() {
   kp_cleanup_stale
-  local d pid listed
+  local d pid listed cg
+  for cg in "$(kp_cgroup2_root)"/kproxy-cluster-*; do
+    [[ -d "$cg" && "$(basename "$cg")" =~ ^kproxy-cluster-([0-9]+)$ ]] || continue
+    kill -0 "${BASH_REMATCH[1]}" 2>/dev/null && continue
+    kp_log "removing the cgroups of a dead run: $cg"
+    for d in "$cg"/*/; do [[ -d "$d" ]] && kp_ebpf_rmdir_cgroup "${d%/}"; done
+    kp_ebpf_rmdir_cgroup "$cg"
+  done
+  for d in "${TMPDIR:-/tmp}"/kpebpf*.*; do
+    [[ -d "$d" && "$(basename "$d")" =~ ^kpebpf([0-9]+)\. ]] || continue
+    kill -0 "${BASH_REMATCH[1]}" 2>/dev/null && continue
+    # rmdir only: never anything under a mount.
+    rmdir "$d/bpffs" "$d/cgroup2" "$d" 2>/dev/null
+  done
   for d in "${TMPDIR:-/tmp}"/kp*-*/control-plane-dirs; do
     [[ -f "$d" ]] || continue
     d="$(dirname "$d")"
@@ -70,6 +91,11 @@ kc_teardown() {
   cp_stop
   (exit "$rc")
   kp_teardown
+  # Every process of the run is gone: the pins (they hold the programs' links), then the
+  # cgroups and the mounts.
+  [[ -n "$KC_EBPF_PINS" ]] && rm -rf "$KC_EBPF_PINS"
+  kp_ebpf_unmount
+  return "$rc"
 }
 
 # _kc_join ROLE IP — a namespace for ROLE on the bridge, with IP/24 on its eth0.
@@ -118,6 +144,30 @@ kc_fabric_up() {
   kp_log "fabric up: $n nodes × $slots pod slots, prefix $KP_PREFIX"
 }
 
+# kc_ebpf_up — what ebpf mode needs, never the host's: in the private mount namespace that
+# kp_ebpf_reexec made, a bpffs of the run and the cgroup v2 hierarchy bound under a directory of
+# its own (kp_ebpf_mount: `ip netns exec` hides /sys/fs), the cgroup kproxy-cluster-<pid> under
+# the hierarchy's root and in it one cgroup per node, node-<i>, where that node's pods and client
+# pod run and its kproxy attaches in ebpf mode; node i pins under $KC_EBPF_PINS/node-<i>.
+# kc_teardown removes it all. On failure KC_EBPF_ERROR says why and the suite runs without it.
+kc_ebpf_up() {
+  local i
+  command -v bpftool >/dev/null || { KC_EBPF_ERROR="bpftool not found"; return 1; }
+  if ! kp_ebpf_mount "kproxy-cluster-$$"; then
+    KC_EBPF_ERROR="$KP_EBPF_ERROR"
+    kp_ebpf_unmount
+    return 1
+  fi
+  for ((i = 1; i <= KC_NODE_COUNT; i++)); do
+    mkdir "$KP_EBPF_TOP_CGROUP/node-$i" || { KC_EBPF_ERROR="cannot make cgroup $KP_EBPF_TOP_CGROUP/node-$i"; return 1; }
+  done
+  # kproxy makes its pin directory, in a directory on the bpffs.
+  KC_EBPF_PINS="$KP_EBPF_DIR/bpffs/kproxy-cluster"
+  mkdir "$KC_EBPF_PINS" || { KC_EBPF_ERROR="cannot make $KC_EBPF_PINS"; return 1; }
+  KC_EBPF_ERROR=""
+  kp_log "ebpf mode: cgroups under $KP_EBPF_TOP_CGROUP, pins under $KC_EBPF_PINS"
+}
+
 kc_control_plane_up() {
   export CP_API_SANS="IP:$KC_CP_IP" CP_API_HOST=$KC_CP_IP
   # Both flags come after cp_start_apiserver's own --bind-address, and the last one counts.
@@ -149,20 +199,22 @@ kc_node_credentials() {
 
 # kc_describe FILE — what the driver needs to know of the fabric, as JSON.
 kc_describe() {
-  local i j nodes=() pods
+  local i j nodes=() pods ebpf
   for ((i = 1; i <= KC_NODE_COUNT; i++)); do
     pods=()
     for ((j = 0; j <= KC_SLOT_COUNT; j++)); do
       pods+=("{\"ns\":\"$(kp_ns "n${i}p$j")\",\"ip\":\"$(kc_pod_ip "$i" "$j")\"}")
     done
+    ebpf=""
+    [[ -z "$KC_EBPF_ERROR" ]] && ebpf=",\"cgroup\":\"$KP_EBPF_TOP_CGROUP/node-$i\",\"ebpfPinPath\":\"$KC_EBPF_PINS/node-$i\""
     nodes+=("{\"name\":\"node-$i\",\"ns\":\"$(kp_ns "n$i")\",\"ip\":\"$(kc_node_ip "$i")\",\"podCIDR\":\"10.244.$i.0/24\",
-      \"kubeconfig\":\"$KP_WORKDIR/node-$i.kubeconfig\",\"slots\":[$(IFS=,; echo "${pods[*]}")]}")
+      \"kubeconfig\":\"$KP_WORKDIR/node-$i.kubeconfig\",\"slots\":[$(IFS=,; echo "${pods[*]}")]$ebpf}")
   done
   # shellcheck disable=SC2153 # CP_API_PORT and CP_DIR are control-plane.sh's
   cat >"$1" <<EOF
 {"prefix":"$KP_PREFIX","workdir":"$KP_WORKDIR","clusterCIDR":"10.244.0.0/16",
  "cp":{"ns":"$(kp_ns cp)","ip":"$KC_CP_IP","port":$CP_API_PORT,"pki":"$CP_DIR/pki"},
- "client":{"ns":"$(kp_ns client)","ip":"$KC_CLIENT_IP"},
+ "client":{"ns":"$(kp_ns client)","ip":"$KC_CLIENT_IP"},"ebpfError":"$KC_EBPF_ERROR",
  "nodes":[$(IFS=,; echo "${nodes[*]}")]}
 EOF
 }
