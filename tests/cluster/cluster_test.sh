@@ -15,7 +15,7 @@
 #   KC_NODES (3), KC_SLOTS (pod slots per node, 4), KC_SERVICES (background Services, 1000),
 #   KC_KEEP_WORKDIR=1 keeps the logs,
 #   KC_BREAK_TERMINATION=ready|early breaks the rolling update on purpose (cluster.py says how):
-#   the suite must then fail.
+#   the suite must then fail. KC_BREAK_MODE_SWITCH=cleanup breaks the mode switch likewise.
 # Needs root, kube-apiserver built by tests/e2e/build-control-plane.sh, and etcd.
 set -uo pipefail
 
