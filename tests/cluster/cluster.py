@@ -850,7 +850,7 @@ def main():
     ap.add_argument("--grace", type=float, default=2, help="seconds a terminating pod keeps serving")
     ap.add_argument("--settle", type=float, default=2, help="seconds of load before and after the changes")
     ap.add_argument("--ceiling", type=float, default=120, help="ceiling of every wait (catches hangs only)")
-    ap.add_argument("--scenarios", default="rolling-update,scale-to-zero,kproxy-restart")
+    ap.add_argument("--scenarios", default="rolling-update,scale-to-zero,kproxy-restart,mode-switch")
     # From nftables, every ordered pair of the three modes at least once, ending where it began.
     ap.add_argument("--switch-modes", default="iptables,nftables,ebpf,nftables,iptables,ebpf,iptables,nftables",
                     help="mode-switch: the modes node-1's kproxy switches to in turn, from nftables")
