@@ -28,7 +28,7 @@ source "$HERE/../e2e/control-plane.sh"
 source "$HERE/lib.sh"
 
 kp_require_root
-kp_ebpf_reexec "$0" "$@"
+[[ -n "$(kp_cgroup2_root)" ]] && kp_ebpf_reexec "$0" "$@"
 
 LOAD=""
 PASS=()

@@ -40,6 +40,8 @@ KC_NODE_COUNT=0
 KC_SLOT_COUNT=0
 KC_EBPF_ERROR="not set up"
 KC_EBPF_PINS=""
+# The words that run a program in the run's cgroup (kc_ebpf_up), or none.
+KC_IN_RUN_CGROUP=()
 
 kc_node_ip() { printf '%s.%d' "$KC_NET" $((10 + $1)); }
 kc_pod_ip() { printf '10.244.%d.%d' "$1" $((10 + $2)); }
@@ -148,19 +150,27 @@ kc_fabric_up() {
 # kp_ebpf_reexec made, a bpffs of the run and the cgroup v2 hierarchy bound under a directory of
 # its own (kp_ebpf_mount: `ip netns exec` hides /sys/fs), the cgroup kproxy-cluster-<pid> under
 # the hierarchy's root and in it one cgroup per node, node-<i>, where that node's pods and client
-# pod run and its kproxy attaches in ebpf mode; node i pins under $KC_EBPF_PINS/node-<i>.
-# kc_teardown removes it all. On failure KC_EBPF_ERROR says why and the suite runs without it.
+# pod run and its kproxy attaches in ebpf mode; node i pins under $KC_EBPF_PINS/node-<i>. The
+# control plane and the driver (with every kproxy and load it starts) run in the cgroup `run`
+# beside them: should the run die without its EXIT trap, kc_sweep_stale finds all of it there
+# (`ip netns pids` cannot, out of this mount namespace). kc_teardown removes it all. On failure
+# KC_EBPF_ERROR says why and the suite runs without it.
 kc_ebpf_up() {
   local i
+  [[ -n "$(kp_cgroup2_root)" ]] || { KC_EBPF_ERROR="no cgroup v2 hierarchy is mounted"; return 1; }
   command -v bpftool >/dev/null || { KC_EBPF_ERROR="bpftool not found"; return 1; }
   if ! kp_ebpf_mount "kproxy-cluster-$$"; then
     KC_EBPF_ERROR="$KP_EBPF_ERROR"
     kp_ebpf_unmount
     return 1
   fi
-  for ((i = 1; i <= KC_NODE_COUNT; i++)); do
-    mkdir "$KP_EBPF_TOP_CGROUP/node-$i" || { KC_EBPF_ERROR="cannot make cgroup $KP_EBPF_TOP_CGROUP/node-$i"; return 1; }
+  local cgroups=(run)
+  for ((i = 1; i <= KC_NODE_COUNT; i++)); do cgroups+=("node-$i"); done
+  for i in "${cgroups[@]}"; do
+    mkdir "$KP_EBPF_TOP_CGROUP/$i" || { KC_EBPF_ERROR="cannot make cgroup $KP_EBPF_TOP_CGROUP/$i"; return 1; }
   done
+  # shellcheck disable=SC2016 # expanded by that shell
+  KC_IN_RUN_CGROUP=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$KP_EBPF_TOP_CGROUP/run")
   # kproxy makes its pin directory, in a directory on the bpffs.
   KC_EBPF_PINS="$KP_EBPF_DIR/bpffs/kproxy-cluster"
   mkdir "$KC_EBPF_PINS" || { KC_EBPF_ERROR="cannot make $KC_EBPF_PINS"; return 1; }
@@ -173,7 +183,7 @@ kc_control_plane_up() {
   # Both flags come after cp_start_apiserver's own --bind-address, and the last one counts.
   # shellcheck disable=SC2034 # read by control-plane.sh's cp_start_apiserver
   CP_API_EXTRA=(--bind-address 0.0.0.0 --advertise-address "$KC_CP_IP")
-  cp_start ip netns exec "$(kp_ns cp)" || return 1
+  cp_start ip netns exec "$(kp_ns cp)" "${KC_IN_RUN_CGROUP[@]}" || return 1
   # For kc_sweep_stale, should this run die without its EXIT trap.
   printf '%s\n' "$CP_DIR" "$CP_ETCD_DATA" >"$KP_WORKDIR/control-plane-dirs"
 }
@@ -222,5 +232,5 @@ EOF
 # kc_driver ARGS... — cluster.py in the cp namespace: the apiserver on its loopback, every
 # node's metrics server on the bridge, and `ip netns exec` for what runs in the other namespaces.
 kc_driver() {
-  ip netns exec "$(kp_ns cp)" "$KP_PYTHON" "$KC_LIB_DIR/cluster.py" "$@"
+  ip netns exec "$(kp_ns cp)" "${KC_IN_RUN_CGROUP[@]}" "$KP_PYTHON" "$KC_LIB_DIR/cluster.py" "$@"
 }
