@@ -670,6 +670,10 @@ KUBE_PROXY_CHAINS = {"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUB
 KUBE_PROXY_CHAIN_PREFIXES = ("KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-", "KUBE-XLB-")
 # Each mode's nftables tables (the ip family; ip6 is checked alike).
 NFT_TABLE_OF = {"nftables": "kube-proxy", "ebpf": "kproxy-ebpf", "userspace": "kproxy-userspace"}
+# ebpf mode's programs on its cgroup, by attach type (README, "The ebpf mode").
+EBPF_HOOKS = ["cgroup_inet4_connect", "cgroup_inet6_connect", "cgroup_udp4_sendmsg", "cgroup_udp6_sendmsg",
+              "cgroup_udp4_recvmsg", "cgroup_udp6_recvmsg", "cgroup_inet4_getpeername", "cgroup_inet6_getpeername",
+              "cgroup_inet_sock_release"]
 
 
 def node_exec(node, argv):
@@ -723,11 +727,11 @@ def mode_objects_wrong(mode, objs):
         if not any(c.endswith(": KUBE-SERVICES") for c in objs["chains"]):
             wrong.append("no KUBE-SERVICES chain")
     elif objs["chains"]:
-        wrong.append(f"{len(objs['chains'])} kube-proxy iptables chains left ({', '.join(sorted(objs['chains'])[:4])} ...)")
+        first = ", ".join(sorted(objs["chains"])[:4])
+        wrong.append(f"{len(objs['chains'])} kube-proxy iptables chains left ({first} ...)")
     if mode == "ebpf":
-        for hook in ("cgroup_inet4_connect", "cgroup_udp4_sendmsg", "cgroup_udp4_recvmsg"):
-            if hook not in objs["programs"]:
-                wrong.append(f"no program on the node's cgroup at {hook} (attached: {objs['programs']})")
+        if objs["programs"] != sorted(EBPF_HOOKS):
+            wrong.append(f"the programs on the node's cgroup are {objs['programs']}, want one at each of {EBPF_HOOKS}")
         if not objs["pins"]:
             wrong.append("nothing pinned under the node's ebpf pin path")
     else:
