@@ -6,9 +6,10 @@
 # TCP request (outside a scale-to-zero window) or any answer from a pod that should no longer
 # receive traffic.
 #
-# It runs in a mount namespace of its own (it re-executes itself there), where lib.sh's
-# kc_ebpf_up mounts a bpffs and makes one cgroup per node for ebpf mode: nothing is attached to
-# the host's root cgroup or pinned in the host's /sys/fs/bpf.
+# Where a cgroup v2 hierarchy is mounted it runs in a mount namespace of its own (it
+# re-executes itself there), where lib.sh's kc_ebpf_up mounts a bpffs and makes cgroups of the
+# run, one per node for ebpf mode: nothing is attached to the host's root cgroup or pinned in
+# the host's /sys/fs/bpf.
 #
 # usage: sudo tests/cluster/cluster_test.sh --kproxy BIN --plugin-dir DIR [--load BIN]
 #                                           [cluster.py options...]
