@@ -3,15 +3,21 @@
 # node in nftables mode on one real kube-apiserver, 1,000 background Services under light
 # churn, and the scenarios of cluster.py (rolling update, scale to zero and back, node drain
 # behind a load-balancer simulator, kproxy restart on every node, apiserver restart and etcd
-# compaction) under constant request load. Fails on any failed TCP request (outside a
-# scale-to-zero window) or any answer from a pod that should no longer receive traffic.
+# compaction, mode switch on a live node) under constant request load. Fails on any failed TCP
+# request (outside a scale-to-zero window) or any answer from a pod that should no longer
+# receive traffic.
+#
+# Where a cgroup v2 hierarchy is mounted it runs in a mount namespace of its own (it
+# re-executes itself there), where lib.sh's kc_ebpf_up mounts a bpffs and makes cgroups of the
+# run, one per node for ebpf mode: nothing is attached to the host's root cgroup or pinned in
+# the host's /sys/fs/bpf.
 #
 # usage: sudo tests/cluster/cluster_test.sh --kproxy BIN --plugin-dir DIR [--load BIN]
 #                                           [cluster.py options...]
 #   KC_NODES (3), KC_SLOTS (pod slots per node, 5), KC_SERVICES (background Services, 1000),
 #   KC_KEEP_WORKDIR=1 keeps the logs,
 #   KC_BREAK_TERMINATION=ready|early breaks the rolling update on purpose (cluster.py says how):
-#   the suite must then fail.
+#   the suite must then fail. KC_BREAK_MODE_SWITCH=cleanup breaks the mode switch likewise.
 # Needs root, kube-apiserver built by tests/e2e/build-control-plane.sh, and etcd.
 set -uo pipefail
 
@@ -22,6 +28,9 @@ source "$HERE/../../scripts/netns-lib.sh"
 source "$HERE/../e2e/control-plane.sh"
 # shellcheck source=lib.sh
 source "$HERE/lib.sh"
+
+kp_require_root
+[[ -n "$(kp_cgroup2_root)" ]] && kp_ebpf_reexec "$0" "$@"
 
 LOAD=""
 PASS=()
@@ -43,6 +52,7 @@ KPROXY="$(kp_kproxy_bin)" || kp_die "kproxy binary not found (--kproxy BIN)"
 [[ -n "${KC_KEEP_WORKDIR:-}" ]] && export KP_KEEP_WORKDIR=1
 kc_init
 kc_fabric_up "${KC_NODES:-3}" "${KC_SLOTS:-5}" || kp_die "building the fabric"
+kc_ebpf_up || kp_log "ebpf mode cannot run here (scenario mode-switch fails if it needs it): $KC_EBPF_ERROR"
 kc_control_plane_up || kp_die "starting the control plane"
 kc_node_credentials || kp_die "node credentials"
 kc_describe "$KP_WORKDIR/cluster.json"

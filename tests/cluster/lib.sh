@@ -25,27 +25,50 @@
 #   kc_node_credentials       per node: a client certificate (CN system:kproxy:node-<i>, group
 #                             kproxy:nodes, bound to deploy/rbac.yaml's ClusterRole) and a
 #                             kubeconfig in $KP_WORKDIR/node-<i>.kubeconfig
+#   kc_ebpf_up                ebpf mode's ground (after kc_fabric_up, in the private mount
+#                             namespace of kp_ebpf_reexec): a cgroup per node and a bpffs
 #   kc_describe FILE          the cluster as JSON for the driver (cluster.py)
 #   kc_driver ARGS...         run cluster.py's scenarios in the cp namespace
 #   kc_serve_control DIR PID  while PID (the driver) runs, do what it asks through DIR's FIFOs:
 #                             stop, kill or start the apiserver, compact etcd
 
 KC_LIB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# shellcheck source=../../scripts/ebpf-lib.sh
+source "$KC_LIB_DIR/../../scripts/ebpf-lib.sh"
 KC_NET=10.77.0
 KC_CP_IP=$KC_NET.1
 KC_CLIENT_IP=$KC_NET.100
 KC_NODE_COUNT=0
 KC_SLOT_COUNT=0
+KC_EBPF_ERROR="not set up"
+KC_EBPF_PINS=""
+# The words that run a program in the run's cgroup (kc_ebpf_up), or none.
+KC_IN_RUN_CGROUP=()
 
 kc_node_ip() { printf '%s.%d' "$KC_NET" $((10 + $1)); }
 kc_pod_ip() { printf '10.244.%d.%d' "$1" $((10 + $2)); }
 
 # kc_sweep_stale — what runs that died left behind: netns-lib's namespaces (kp<pid>-…, with
 # their processes) whose <pid> is gone, and, for this suite's runs (a work dir holding
-# control-plane-dirs), the work dir and the control plane's directories it lists.
+# control-plane-dirs), the work dir and the control plane's directories it lists; their cgroups
+# (kproxy-cluster-<pid> under the cgroup v2 root, with what still runs in them) and the empty
+# mount points of their private mounts (kpebpf<pid>.*: the mounts went with the run).
 kc_sweep_stale() {
   kp_cleanup_stale
-  local d pid listed
+  local d pid listed cg
+  for cg in "$(kp_cgroup2_root)"/kproxy-cluster-*; do
+    [[ -d "$cg" && "$(basename "$cg")" =~ ^kproxy-cluster-([0-9]+)$ ]] || continue
+    kill -0 "${BASH_REMATCH[1]}" 2>/dev/null && continue
+    kp_log "removing the cgroups of a dead run: $cg"
+    for d in "$cg"/*/; do [[ -d "$d" ]] && kp_ebpf_rmdir_cgroup "${d%/}"; done
+    kp_ebpf_rmdir_cgroup "$cg"
+  done
+  for d in "${TMPDIR:-/tmp}"/kpebpf*.*; do
+    [[ -d "$d" && "$(basename "$d")" =~ ^kpebpf([0-9]+)\. ]] || continue
+    kill -0 "${BASH_REMATCH[1]}" 2>/dev/null && continue
+    # rmdir only: never anything under a mount.
+    rmdir "$d/bpffs" "$d/cgroup2" "$d" 2>/dev/null
+  done
   for d in "${TMPDIR:-/tmp}"/kp*-*/control-plane-dirs; do
     [[ -f "$d" ]] || continue
     d="$(dirname "$d")"
@@ -72,6 +95,11 @@ kc_teardown() {
   cp_stop
   (exit "$rc")
   kp_teardown
+  # Every process of the run is gone: the pins (they hold the programs' links), then the
+  # cgroups and the mounts.
+  [[ -n "$KC_EBPF_PINS" ]] && rm -rf "$KC_EBPF_PINS"
+  kp_ebpf_unmount
+  return "$rc"
 }
 
 # _kc_join ROLE IP — a namespace for ROLE on the bridge, with IP/24 on its eth0.
@@ -120,12 +148,44 @@ kc_fabric_up() {
   kp_log "fabric up: $n nodes × $slots pod slots, prefix $KP_PREFIX"
 }
 
+# kc_ebpf_up — what ebpf mode needs, never the host's: in the private mount namespace that
+# kp_ebpf_reexec made, a bpffs of the run and the cgroup v2 hierarchy bound under a directory of
+# its own (kp_ebpf_mount: `ip netns exec` hides /sys/fs), the cgroup kproxy-cluster-<pid> under
+# the hierarchy's root and in it one cgroup per node, node-<i>, where that node's pods and client
+# pod run and its kproxy attaches in ebpf mode; node i pins under $KC_EBPF_PINS/node-<i>. The
+# control plane and the driver (with every kproxy and load it starts) run in the cgroup `run`
+# beside them: should the run die without its EXIT trap, kc_sweep_stale finds all of it there
+# (`ip netns pids` cannot, out of this mount namespace). kc_teardown removes it all. On failure
+# KC_EBPF_ERROR says why and the suite runs without it.
+kc_ebpf_up() {
+  local i
+  [[ -n "$(kp_cgroup2_root)" ]] || { KC_EBPF_ERROR="no cgroup v2 hierarchy is mounted"; return 1; }
+  command -v bpftool >/dev/null || { KC_EBPF_ERROR="bpftool not found"; return 1; }
+  if ! kp_ebpf_mount "kproxy-cluster-$$"; then
+    KC_EBPF_ERROR="$KP_EBPF_ERROR"
+    kp_ebpf_unmount
+    return 1
+  fi
+  local cgroups=(run)
+  for ((i = 1; i <= KC_NODE_COUNT; i++)); do cgroups+=("node-$i"); done
+  for i in "${cgroups[@]}"; do
+    mkdir "$KP_EBPF_TOP_CGROUP/$i" || { KC_EBPF_ERROR="cannot make cgroup $KP_EBPF_TOP_CGROUP/$i"; return 1; }
+  done
+  # shellcheck disable=SC2016 # expanded by that shell
+  KC_IN_RUN_CGROUP=(sh -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$KP_EBPF_TOP_CGROUP/run")
+  # kproxy makes its pin directory, in a directory on the bpffs.
+  KC_EBPF_PINS="$KP_EBPF_DIR/bpffs/kproxy-cluster"
+  mkdir "$KC_EBPF_PINS" || { KC_EBPF_ERROR="cannot make $KC_EBPF_PINS"; return 1; }
+  KC_EBPF_ERROR=""
+  kp_log "ebpf mode: cgroups under $KP_EBPF_TOP_CGROUP, pins under $KC_EBPF_PINS"
+}
+
 kc_control_plane_up() {
   export CP_API_SANS="IP:$KC_CP_IP" CP_API_HOST=$KC_CP_IP
   # Both flags come after cp_start_apiserver's own --bind-address, and the last one counts.
   # shellcheck disable=SC2034 # read by control-plane.sh's cp_start_apiserver
   CP_API_EXTRA=(--bind-address 0.0.0.0 --advertise-address "$KC_CP_IP")
-  cp_start ip netns exec "$(kp_ns cp)" || return 1
+  cp_start ip netns exec "$(kp_ns cp)" "${KC_IN_RUN_CGROUP[@]}" || return 1
   # For kc_sweep_stale, should this run die without its EXIT trap.
   printf '%s\n' "$CP_DIR" "$CP_ETCD_DATA" >"$KP_WORKDIR/control-plane-dirs"
 }
@@ -151,20 +211,22 @@ kc_node_credentials() {
 
 # kc_describe FILE — what the driver needs to know of the fabric, as JSON.
 kc_describe() {
-  local i j nodes=() pods
+  local i j nodes=() pods ebpf
   for ((i = 1; i <= KC_NODE_COUNT; i++)); do
     pods=()
     for ((j = 0; j <= KC_SLOT_COUNT; j++)); do
       pods+=("{\"ns\":\"$(kp_ns "n${i}p$j")\",\"ip\":\"$(kc_pod_ip "$i" "$j")\"}")
     done
+    ebpf=""
+    [[ -z "$KC_EBPF_ERROR" ]] && ebpf=",\"cgroup\":\"$KP_EBPF_TOP_CGROUP/node-$i\",\"ebpfPinPath\":\"$KC_EBPF_PINS/node-$i\""
     nodes+=("{\"name\":\"node-$i\",\"ns\":\"$(kp_ns "n$i")\",\"ip\":\"$(kc_node_ip "$i")\",\"podCIDR\":\"10.244.$i.0/24\",
-      \"kubeconfig\":\"$KP_WORKDIR/node-$i.kubeconfig\",\"slots\":[$(IFS=,; echo "${pods[*]}")]}")
+      \"kubeconfig\":\"$KP_WORKDIR/node-$i.kubeconfig\",\"slots\":[$(IFS=,; echo "${pods[*]}")]$ebpf}")
   done
   # shellcheck disable=SC2153 # CP_API_PORT and CP_DIR are control-plane.sh's
   cat >"$1" <<EOF
 {"prefix":"$KP_PREFIX","workdir":"$KP_WORKDIR","clusterCIDR":"10.244.0.0/16",
  "cp":{"ns":"$(kp_ns cp)","ip":"$KC_CP_IP","port":$CP_API_PORT,"pki":"$CP_DIR/pki"},
- "client":{"ns":"$(kp_ns client)","ip":"$KC_CLIENT_IP"},
+ "client":{"ns":"$(kp_ns client)","ip":"$KC_CLIENT_IP"},"ebpfError":"$KC_EBPF_ERROR",
  "nodes":[$(IFS=,; echo "${nodes[*]}")]}
 EOF
 }
@@ -172,7 +234,7 @@ EOF
 # kc_driver ARGS... — cluster.py in the cp namespace: the apiserver on its loopback, every
 # node's metrics server on the bridge, and `ip netns exec` for what runs in the other namespaces.
 kc_driver() {
-  ip netns exec "$(kp_ns cp)" "$KP_PYTHON" "$KC_LIB_DIR/cluster.py" "$@"
+  ip netns exec "$(kp_ns cp)" "${KC_IN_RUN_CGROUP[@]}" "$KP_PYTHON" "$KC_LIB_DIR/cluster.py" "$@"
 }
 
 # kc_serve_control DIR PID — the control plane's processes are this shell's children (their
