@@ -6,7 +6,9 @@
 # scale-to-zero window) or any answer from a pod that should no longer receive traffic.
 #
 # usage: sudo tests/cluster/cluster_test.sh --kproxy BIN --plugin-dir DIR [--load BIN]
-#                                           [cluster.py options...]
+#                                           [--old-kproxy-dir DIR] [cluster.py options...]
+#   --old-kproxy-dir: scenario kproxy-upgrade's older kproxy (DIR/kproxy, DIR/plugins); by default
+#   old-kproxy.sh's, built once into ~/.cache/kproxy/cluster-old/<commit> (old-kproxy.commit).
 #   KC_NODES (3), KC_SLOTS (pod slots per node, 4), KC_SERVICES (background Services, 1000),
 #   KC_KEEP_WORKDIR=1 keeps the logs,
 #   KC_BREAK_TERMINATION=ready|early breaks the rolling update on purpose (cluster.py says how):
@@ -23,12 +25,14 @@ source "$HERE/../e2e/control-plane.sh"
 source "$HERE/lib.sh"
 
 LOAD=""
+OLD_DIR=""
 PASS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --kproxy) export KPROXY_BIN="$2"; shift 2 ;;
     --plugin-dir) export KPROXY_PLUGIN_DIR="$2"; shift 2 ;;
     --load) LOAD="$2"; shift 2 ;;
+    --old-kproxy-dir) OLD_DIR="$2"; shift 2 ;;
     *) PASS+=("$1"); shift ;;
   esac
 done
@@ -39,6 +43,35 @@ KPROXY="$(kp_kproxy_bin)" || kp_die "kproxy binary not found (--kproxy BIN)"
 [[ -n "$LOAD" ]] || LOAD="$(dirname "$(dirname "$KPROXY")")/tests/cluster/kproxy-cluster-load"
 [[ -x "$LOAD" ]] || kp_die "kproxy-cluster-load not found (--load BIN): build it"
 
+# wants_upgrade ARGS...: whether the driver's arguments select scenario kproxy-upgrade (its
+# default list does).
+wants_upgrade() {
+  local list=""
+  while (($#)); do
+    case "$1" in
+      --scenarios) list="${2:-}"; shift ;;
+      --scenarios=*) list="${1#--scenarios=}" ;;
+    esac
+    shift
+  done
+  [[ -z "$list" || ",$list," == *,kproxy-upgrade,* ]]
+}
+
+# old_kproxy_args: the driver's arguments for scenario kproxy-upgrade's older kproxy, built (or
+# found in the cache) before any namespace exists; the time it took is in the log.
+old_kproxy_args() {
+  local started=$SECONDS
+  if [[ -z "$OLD_DIR" ]]; then
+    OLD_DIR="$("$HERE/old-kproxy.sh")" || kp_die "scenario kproxy-upgrade: no older kproxy (old-kproxy.sh, above)"
+  fi
+  [[ -x "$OLD_DIR/kproxy" && -d "$OLD_DIR/plugins" ]] || kp_die "$OLD_DIR: no kproxy or plugins/ in it"
+  kp_log "older kproxy for kproxy-upgrade, ready in $((SECONDS - started)) s: $OLD_DIR"
+  [[ -f "$OLD_DIR/build-info" ]] && sed 's/^/  /' "$OLD_DIR/build-info" >&2
+  OLD_ARGS=(--old-kproxy "$OLD_DIR/kproxy" --old-plugin-dir "$OLD_DIR/plugins")
+}
+OLD_ARGS=()
+if wants_upgrade "${PASS[@]}"; then old_kproxy_args; fi
+
 [[ -n "${KC_KEEP_WORKDIR:-}" ]] && export KP_KEEP_WORKDIR=1
 kc_init
 kc_fabric_up "${KC_NODES:-3}" "${KC_SLOTS:-4}" || kp_die "building the fabric"
@@ -48,7 +81,7 @@ kc_describe "$KP_WORKDIR/cluster.json"
 # In the background, and waited for: a signal to this script then ends it at once, and its EXIT
 # trap stops the driver with everything else in the namespaces.
 kc_driver --desc "$KP_WORKDIR/cluster.json" --kproxy "$KPROXY" --plugin-dir "${KPROXY_PLUGIN_DIR:-}" \
-  --podserver "$KP_PODSERVER" --load "$LOAD" --services "${KC_SERVICES:-1000}" "${PASS[@]}" &
+  --podserver "$KP_PODSERVER" --load "$LOAD" --services "${KC_SERVICES:-1000}" "${OLD_ARGS[@]}" "${PASS[@]}" &
 wait $!
 rc=$?
 if ((rc != 0)); then
