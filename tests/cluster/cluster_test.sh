@@ -2,7 +2,7 @@
 # The cluster suite: N nodes (3 by default) in network namespaces on a bridge, one kproxy per
 # node in nftables mode on one real kube-apiserver, 1,000 background Services under light
 # churn, and the scenarios of cluster.py (rolling update, scale to zero and back, kproxy restart
-# on every node) under constant request load. Fails on any failed TCP request (outside a
+# on every node, every node to an older commit's kproxy and back) under constant request load. Fails on any failed TCP request (outside a
 # scale-to-zero window) or any answer from a pod that should no longer receive traffic.
 #
 # usage: sudo tests/cluster/cluster_test.sh --kproxy BIN --plugin-dir DIR [--load BIN]
