@@ -9,8 +9,9 @@
 #      etcd, the apiserver built once into ~/.cache/kproxy from the Go module proxy); soak (the
 #      same apiserver churned for KPROXY_SOAK_SECONDS, 120 s by default, while kproxy is killed);
 #      cluster (three nodes on that apiserver, 1,000 background Services, rolling update, scale
-#      to zero, node drain, kproxy and apiserver restarts under constant request load: no request
-#      may fail).
+#      to zero, node drain, kproxy restarts, an upgrade from an older commit's kproxy (built once
+#      into ~/.cache/kproxy/cluster-old) and back, apiserver restarts, mode switches under constant
+#      request load: no request may fail).
 # Everything but the unit tier needs root: without it the script fails loudly, never passes
 # quietly.
 set -euo pipefail

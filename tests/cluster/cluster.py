@@ -22,6 +22,7 @@ import http.client
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -1134,6 +1135,8 @@ KUBE_PROXY_CHAINS = {"KUBE-SERVICES", "KUBE-NODEPORTS", "KUBE-POSTROUTING", "KUB
                      "KUBE-LOAD-BALANCER", "KUBE-SOURCE-RANGES-FIREWALL", "KUBE-IPVS-FILTER",
                      "KUBE-IPVS-OUT-FILTER"}
 KUBE_PROXY_CHAIN_PREFIXES = ("KUBE-SVC-", "KUBE-SVL-", "KUBE-EXT-", "KUBE-FW-", "KUBE-SEP-", "KUBE-XLB-")
+# The iptables tables, as iptables-nft makes them in nftables.
+IPTABLES_TABLES = ("nat", "filter", "mangle", "raw", "security")
 # Each mode's nftables tables (the ip family; ip6 is checked alike).
 NFT_TABLE_OF = {"nftables": "kube-proxy", "ebpf": "kproxy-ebpf", "userspace": "kproxy-userspace"}
 # ebpf mode's programs on its cgroup, by attach type (README, "The ebpf mode").
@@ -1152,13 +1155,25 @@ def kernel_objects(node):
     """What the proxy modes leave in the node's kernel: nftables tables ("ip kube-proxy"),
     kube-proxy's iptables chains per tool ("iptables-nft: KUBE-SERVICES"), the BPF programs
     attached to the node's cgroup (attach types) and the pins under its ebpf pin path."""
-    out = node_exec(node, ["nft", "list", "tables"])
-    if out is None:
-        raise Failed(f"nft list tables failed in {node.name}'s namespace")
-    tables = {line.split(None, 1)[1] for line in out.splitlines() if line.startswith("table ")}
-    chains = set()
+    # Chain names only: listing tables or saving iptables-nft's rules reads every rule, seconds at
+    # 10,000 Services in iptables mode, and a dump that a sync interrupts starts over (a kproxy
+    # syncing once a second kept one `nft list tables` busy for over 15 minutes). iptables-nft's
+    # chains are the chains of its tables (nat, filter, ...) in the same families.
+    tables, chains = set(), set()
+    for family, tool in (("ip", "iptables-nft"), ("ip6", "ip6tables-nft")):
+        out = node_exec(node, ["nft", "-j", "list", "chains", family])
+        if out is None:
+            raise Failed(f"nft list chains {family} failed in {node.name}'s namespace")
+        for c in json.loads(out)["nftables"]:
+            if "chain" not in c:
+                continue
+            table, name = c["chain"]["table"], c["chain"]["name"]
+            if table in NFT_TABLE_OF.values():
+                tables.add(f"{family} {table}")
+            elif table in IPTABLES_TABLES and (name in KUBE_PROXY_CHAINS or name.startswith(KUBE_PROXY_CHAIN_PREFIXES)):
+                chains.add(f"{tool}: {name}")
     # Plain saves: naming a table would instantiate a legacy table the namespace does not have.
-    for tool in ("iptables-nft-save", "ip6tables-nft-save", "iptables-legacy-save", "ip6tables-legacy-save"):
+    for tool in ("iptables-legacy-save", "ip6tables-legacy-save"):
         out = node_exec(node, [tool])
         if out is None:
             raise Failed(f"{tool} failed in {node.name}'s namespace")
@@ -1303,6 +1318,136 @@ def scenario_mode_switch(cluster, web, zu, modes, downtime):
 
 
 # ---------------------------------------------------------------------------------------------
+# kproxy-upgrade: an older build on every node, a change under it, and back
+
+
+class Build:
+    """A kproxy build: its binary, its plugin directory, and the commit `kproxy --version` names."""
+
+    def __init__(self, label, kproxy, plugin_dir):
+        self.label, self.kproxy, self.plugin_dir = label, kproxy, plugin_dir
+        out = subprocess.run([kproxy, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+        m = re.search(r"\(commit ([0-9a-f]+|unknown)", out)
+        if not m:
+            raise SystemExit(f"{kproxy} --version: no commit in {out!r}")
+        self.version, self.commit = out, m.group(1)
+
+
+def old_build_of(args):
+    """The older build of scenario kproxy-upgrade, or None when that scenario is not run; stops the
+    run at once when it is run without one."""
+    if "kproxy-upgrade" not in args.scenarios.split(","):
+        return None
+    if not args.old_kproxy or not args.old_plugin_dir:
+        raise SystemExit("scenario kproxy-upgrade needs --old-kproxy BIN and --old-plugin-dir DIR "
+                         "(tests/cluster/old-kproxy.sh builds them; cluster_test.sh passes them)")
+    return Build("older", args.old_kproxy, args.old_plugin_dir)
+
+
+def kproxy_start_build(cluster, node, build):
+    """Cluster.kproxy_start with another build's binary and plugin directory: every other argument
+    is the one every kproxy of the suite gets."""
+    saved = cluster.args.kproxy, cluster.args.plugin_dir
+    cluster.args.kproxy, cluster.args.plugin_dir = build.kproxy, build.plugin_dir
+    try:
+        cluster.kproxy_start(node)
+    finally:
+        cluster.args.kproxy, cluster.args.plugin_dir = saved
+
+
+def running_commit(node):
+    """The git_commit label of the node's kubernetes_build_info: the build its kproxy runs."""
+    try:
+        status, body = http_get(node.ip, METRICS_PORT, "/metrics")
+    except OSError:
+        return None
+    m = re.search(r'^kubernetes_build_info\{[^}]*git_commit="([^"]*)"', body.decode(), re.M)
+    return m.group(1) if status == 200 and m else None
+
+
+def log_errors_since(path, offset):
+    """klog error lines (E<mmdd> ...) written to a kproxy log from `offset` on."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return [line for line in f.read().decode(errors="replace").splitlines() if re.match(r"E\d{4} ", line)]
+
+
+def kproxy_replace(cluster, sc, node, build, web, wipe=False):
+    """kproxy on one node: SIGTERM, then `build` started at once with the same arguments; records its
+    start to first sync holding `web` and to /healthz 200, and checks that it runs `build`. With
+    `wipe`, the node's kube-proxy table is deleted in between (a build that starts from nothing)."""
+    every, used = web.expected()
+    log_path = f"{cluster.workdir}/kproxy-{node.name}.log"
+    t_sig = time.time()
+    rc = cluster.kproxy_stop(node, signal.SIGTERM)
+    t_exit = time.time()
+    if wipe:
+        subprocess.run(["ip", "netns", "exec", node.ns, "nft", "delete", "table", "ip", "kube-proxy"], check=True)
+    offset = os.path.getsize(log_path)
+    t_start = time.time()
+    kproxy_start_build(cluster, node, build)
+    seen = cluster.wait_programmed(web.key, web.port_name, every, used, t_start, nodes=[node])
+    t_healthy = wait_until(f"{node.name} /healthz 200", cluster.ceiling,
+                           lambda: healthz_ok(node) and time.time(), interval=0.05)
+    commit = wait_until(f"{node.name} /metrics", cluster.ceiling, lambda: running_commit(node))
+    sc.record.change(f"{node.name} to the {build.label} build {build.commit} (exit status {rc} on SIGTERM, "
+                     f"stopped in {fmt_ms(t_exit - t_sig)} ms): start to first sync", seen)
+    errors = log_errors_since(log_path, offset)
+    sc.notes.append(f"{node.name} to {build.commit}: start to /healthz 200 {fmt_ms(t_healthy - t_start)} ms, "
+                    f"{len(errors)} error lines in its log" + (f", the first: {errors[0]}" if errors else ""))
+    if rc != 0:
+        sc.failed.append(f"kproxy on {node.name} exited with status {rc} on SIGTERM")
+    if commit != build.commit:
+        sc.failed.append(f"{node.name} runs commit {commit}, not the {build.label} build's {build.commit}")
+
+
+def scenario_kproxy_upgrade(cluster, web, old, grace):
+    """On every node in turn, kproxy is stopped (SIGTERM) and the older build (its own binary and
+    plugin directory) started with the same arguments; with every node on it, one endpoint of `web`
+    is replaced as a rolling update replaces it (added ready, the old one terminating for the grace
+    period, removed, its pod stopped), each step programmed by every node; then every node in turn
+    goes back to the current build. Loads from every node's client pod to the ClusterIP and from
+    the outside client to every node's NodePort, so that each node's switch carries traffic.
+
+    KC_BREAK_UPGRADE=wipe breaks it on purpose, to show that the suite fails then: each node's
+    kube-proxy table is deleted before the older build starts, as if that build could not adopt
+    the current one's rules and started from nothing."""
+    sc = Scenario(cluster, "kproxy-upgrade")
+    current = Build("current", cluster.args.kproxy, cluster.args.plugin_dir)
+    sc.notes.append(f"older build: {old.version}; current build: {current.version}")
+    broken = os.environ.get("KC_BREAK_UPGRADE", "")
+    if broken not in ("", "wipe"):
+        raise SystemExit(f"KC_BREAK_UPGRADE={broken}: wipe")
+    if broken:
+        sc.notes.append(f"KC_BREAK_UPGRADE={broken}: each node starts the older build without its table, on purpose")
+    for node in cluster.nodes:
+        sc.load(f"pod-{node.name}-tcp-clusterip", node.slots[0]["ns"], f"{web.cluster_ip}:{web.port}", web.proto, web)
+    for node in cluster.nodes:
+        sc.load_client_to_node_port(web, node)
+    sc.start_loads()
+    settle(cluster)
+    for node in cluster.nodes:
+        kproxy_replace(cluster, sc, node, old, web, wipe=broken == "wipe")
+
+    old_pod, _ = web.endpoints[0]
+    new, = cluster.pods_start([old_pod.node])
+    others = [(p, s) for p, s in web.endpoints if p is not old_pod]
+    under = f"every node on {old.commit}"
+    web.change(sc.record, f"add {new.name} ready ({under})", others + [(old_pod, "ready"), (new, "ready")])
+    _, t_agreed = web.change(sc.record, f"{old_pod.name} terminating ({under})",
+                             others + [(old_pod, "terminating"), (new, "ready")])
+    sc.record.invalid_from[old_pod.name] = t_agreed
+    time.sleep(grace)
+    web.change(sc.record, f"remove {old_pod.name} ({under})", others + [(new, "ready")])
+    sc.record.pod_stops.setdefault(web.key, []).append((old_pod.name, cluster.pod_stop(old_pod)))
+
+    for node in cluster.nodes:
+        kproxy_replace(cluster, sc, node, current, web)
+    settle(cluster)
+    return sc
+
+
+# ---------------------------------------------------------------------------------------------
 
 
 def main():
@@ -1324,20 +1469,23 @@ def main():
     ap.add_argument("--grace", type=float, default=2, help="seconds a terminating pod keeps serving")
     ap.add_argument("--settle", type=float, default=2, help="seconds of load before and after the changes")
     ap.add_argument("--ceiling", type=float, default=120, help="ceiling of every wait (catches hangs only)")
-    ap.add_argument("--scenarios",
-                    default="rolling-update,scale-to-zero,node-drain,kproxy-restart,apiserver-restart,mode-switch")
+    ap.add_argument("--scenarios", default="rolling-update,scale-to-zero,node-drain,kproxy-restart,kproxy-upgrade,"
+                                           "apiserver-restart,mode-switch")
     ap.add_argument("--control", default="",
                     help="the directory of cluster_test.sh's control FIFOs (apiserver stop and start, etcd compaction)")
     ap.add_argument("--results", default="", help="append each scenario's figures to this file (JSON lines, for bench/cluster)")
     # From nftables, every ordered pair of the three modes at least once, ending where it began.
     ap.add_argument("--switch-modes", default="iptables,nftables,ebpf,nftables,iptables,ebpf,iptables,nftables",
                     help="mode-switch: the modes node-1's kproxy switches to in turn, from nftables")
+    ap.add_argument("--old-kproxy", default="", help="scenario kproxy-upgrade's older kproxy (old-kproxy.sh)")
+    ap.add_argument("--old-plugin-dir", default="", help="the older kproxy's plugin directory")
     ap.add_argument("--udp-report-only", action="store_true",
                     help="report failed UDP requests without failing the run (TCP ones always fail it)")
     args = ap.parse_args()
     with open(args.desc) as f:
         desc = json.load(f)
     cluster = Cluster(desc, args)
+    old_build = old_build_of(args)
     api = cluster.api
     t0 = time.time()
     try:
@@ -1382,8 +1530,8 @@ def main():
         churn.start()
         failed = []
         for name in args.scenarios.split(","):
-            if name == "mode-switch" and args.program == "upstream":
-                log("scenario mode-switch left out: it switches kproxy's modes, ebpf mode among them")
+            if name in ("mode-switch", "kproxy-upgrade") and args.program == "upstream":
+                log(f"scenario {name} left out: it is about kproxy's own modes and builds")
                 continue
             log(f"scenario {name}")
             if name == "rolling-update":
@@ -1398,6 +1546,8 @@ def main():
                 sc = scenario_apiserver_restart(cluster, web, churn, down=2, grace=args.grace)
             elif name == "mode-switch":
                 sc = scenario_mode_switch(cluster, web, zu, args.switch_modes.split(","), downtime=1)
+            elif name == "kproxy-upgrade":
+                sc = scenario_kproxy_upgrade(cluster, web, old_build, args.grace)
             else:
                 raise SystemExit(f"unknown scenario {name}")
             failed += [f"{sc.name}: {f}" for f in sc.report()]

@@ -2,10 +2,10 @@
 # The cluster suite: N nodes (3 by default) in network namespaces on a bridge, one kproxy per
 # node in nftables mode on one real kube-apiserver, 1,000 background Services under light
 # churn, and the scenarios of cluster.py (rolling update, scale to zero and back, node drain
-# behind a load-balancer simulator, kproxy restart on every node, apiserver restart and etcd
-# compaction, mode switch on a live node) under constant request load. Fails on any failed TCP
-# request (outside a scale-to-zero window) or any answer from a pod that should no longer
-# receive traffic.
+# behind a load-balancer simulator, kproxy restart on every node, every node to an older
+# commit's kproxy and back, apiserver restart and etcd compaction, mode switch on a live node)
+# under constant request load. Fails on any failed TCP request (outside a scale-to-zero window)
+# or any answer from a pod that should no longer receive traffic.
 #
 # Where a cgroup v2 hierarchy is mounted it runs in a mount namespace of its own (it
 # re-executes itself there), where lib.sh's kc_ebpf_up mounts a bpffs and makes cgroups of the
@@ -13,7 +13,9 @@
 # the host's /sys/fs/bpf.
 #
 # usage: sudo tests/cluster/cluster_test.sh --kproxy BIN --plugin-dir DIR [--load BIN]
-#                                           [cluster.py options...]
+#                                           [--old-kproxy-dir DIR] [cluster.py options...]
+#   --old-kproxy-dir: scenario kproxy-upgrade's older kproxy (DIR/kproxy, DIR/plugins); by default
+#   old-kproxy.sh's, built once into ~/.cache/kproxy/cluster-old/<commit> (old-kproxy.commit).
 #   KC_NODES (3), KC_SLOTS (pod slots per node, 5), KC_SERVICES (background Services, 1000),
 #   KC_KEEP_WORKDIR=1 keeps the logs,
 #   KC_BREAK_TERMINATION=ready|early breaks the rolling update on purpose (cluster.py says how):
@@ -33,12 +35,14 @@ kp_require_root
 [[ -n "$(kp_cgroup2_root)" ]] && kp_ebpf_reexec "$0" "$@"
 
 LOAD=""
+OLD_DIR=""
 PASS=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --kproxy) export KPROXY_BIN="$2"; shift 2 ;;
     --plugin-dir) export KPROXY_PLUGIN_DIR="$2"; shift 2 ;;
     --load) LOAD="$2"; shift 2 ;;
+    --old-kproxy-dir) OLD_DIR="$2"; shift 2 ;;
     *) PASS+=("$1"); shift ;;
   esac
 done
@@ -48,6 +52,35 @@ cp_apiserver_bin >/dev/null || exit 1
 KPROXY="$(kp_kproxy_bin)" || kp_die "kproxy binary not found (--kproxy BIN)"
 [[ -n "$LOAD" ]] || LOAD="$(dirname "$(dirname "$KPROXY")")/tests/cluster/kproxy-cluster-load"
 [[ -x "$LOAD" ]] || kp_die "kproxy-cluster-load not found (--load BIN): build it"
+
+# wants_upgrade ARGS...: whether the driver's arguments select scenario kproxy-upgrade (its
+# default list does).
+wants_upgrade() {
+  local list=""
+  while (($#)); do
+    case "$1" in
+      --scenarios) list="${2:-}"; shift ;;
+      --scenarios=*) list="${1#--scenarios=}" ;;
+    esac
+    shift
+  done
+  [[ -z "$list" || ",$list," == *,kproxy-upgrade,* ]]
+}
+
+# old_kproxy_args: the driver's arguments for scenario kproxy-upgrade's older kproxy, built (or
+# found in the cache) before any namespace exists; the time it took is in the log.
+old_kproxy_args() {
+  local started=$SECONDS
+  if [[ -z "$OLD_DIR" ]]; then
+    OLD_DIR="$("$HERE/old-kproxy.sh")" || kp_die "scenario kproxy-upgrade: no older kproxy (old-kproxy.sh, above)"
+  fi
+  [[ -x "$OLD_DIR/kproxy" && -d "$OLD_DIR/plugins" ]] || kp_die "$OLD_DIR: no kproxy or plugins/ in it"
+  kp_log "older kproxy for kproxy-upgrade, ready in $((SECONDS - started)) s: $OLD_DIR"
+  [[ -f "$OLD_DIR/build-info" ]] && sed 's/^/  /' "$OLD_DIR/build-info" >&2
+  OLD_ARGS=(--old-kproxy "$OLD_DIR/kproxy" --old-plugin-dir "$OLD_DIR/plugins")
+}
+OLD_ARGS=()
+if wants_upgrade "${PASS[@]}"; then old_kproxy_args; fi
 
 [[ -n "${KC_KEEP_WORKDIR:-}" ]] && export KP_KEEP_WORKDIR=1
 kc_init
@@ -61,7 +94,7 @@ kc_describe "$KP_WORKDIR/cluster.json"
 # a second, and its EXIT trap stops the driver with everything else in the namespaces.
 kc_driver --desc "$KP_WORKDIR/cluster.json" --kproxy "$KPROXY" --plugin-dir "${KPROXY_PLUGIN_DIR:-}" \
   --podserver "$KP_PODSERVER" --load "$LOAD" --services "${KC_SERVICES:-1000}" \
-  --control "$KP_WORKDIR" "${PASS[@]}" &
+  --control "$KP_WORKDIR" "${OLD_ARGS[@]}" "${PASS[@]}" &
 driver=$!
 kc_serve_control "$KP_WORKDIR" "$driver" || kp_die "the control channel"
 wait "$driver"
