@@ -93,6 +93,8 @@ kc_teardown() {
   local rc=$?
   set +eu
   cp_stop
+  # A work dir kept on purpose is not a dead run's: kc_sweep_stale of a later run leaves it.
+  [[ -n "${KP_KEEP_WORKDIR:-}" && -n "$KP_WORKDIR" ]] && rm -f "$KP_WORKDIR/control-plane-dirs"
   (exit "$rc")
   kp_teardown
   # Every process of the run is gone: the pins (they hold the programs' links), then the
