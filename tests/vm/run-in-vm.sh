@@ -87,7 +87,7 @@ kvm_works() {
     local base
     base=$("$HERE/build-vm.sh" | sed -n 's/^initrd=//p')
     if timeout -k 5 20 qemu-system-x86_64 -accel kvm "${QEMU_COMMON[@]}" -initrd "$base" \
-         -append "console=ttyS0 panic=-1 loglevel=4" </dev/null 2>&1 | grep -q "KPROXY-VM-EXIT-=127"; then
+         -append "console=ttyS0 panic=-1 loglevel=4 no_timer_check" </dev/null 2>&1 | grep -q "KPROXY-VM-EXIT-=127"; then
       echo ok >"$stamp"
     else
       echo "no: a stock guest does not boot under KVM here" >"$stamp"
@@ -104,7 +104,10 @@ case ${KPROXY_VM_ACCEL:-auto} in
 esac
 
 LOG="$WORK/console.log"
-APPEND="console=ttyS0 panic=-1 oops=panic rdinit=/init"
+# no_timer_check: under TCG on a busy host the guest's check of its IO-APIC timer can miss its
+# ticks and panic at boot ("IO-APIC + timer doesn't work!", seen in a CI run beside stress-ng);
+# the emulated timer is sound, so the check is skipped, as cloud images do for their guests.
+APPEND="console=ttyS0 panic=-1 oops=panic rdinit=/init no_timer_check"
 ((VERBOSE)) || APPEND+=" loglevel=4"
 
 # The console is read line by line: the command's output (between the markers) goes to stdout
