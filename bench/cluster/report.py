@@ -42,7 +42,7 @@ def table(rows):
 
 
 def plot(out_dir, scenario, rows):
-    data, series = [], []
+    data, series, top = [], [], 1
     for r in rows:
         seconds = max((ld["seconds"] for ld in r["loads"]), default=0)
         bins = [0] * (int(seconds) + 1)
@@ -53,11 +53,13 @@ def plot(out_dir, scenario, rows):
         with open(path, "w") as f:
             f.writelines(f"{i} {n}\n" for i, n in enumerate(bins))
         data.append(path)
+        top = max(top, max(bins))
         series.append(f"{r['program']} {r['mode']}")
     png = os.path.join(out_dir, f"failed-{scenario}.png")
     script = (f'set terminal pngcairo size 720,360 font ",10"\nset output "{png}"\n'
               f'set title "{scenario}: failed requests per second (every load of the scenario)"\n'
-              'set xlabel "seconds since the loads started"\nset ylabel "failed requests"\nset yrange [0:*]\n'
+              'set xlabel "seconds since the loads started"\nset ylabel "failed requests"\n'
+              f"set yrange [0:{top + 1}]\n"
               "set key top right\nplot " + ", ".join(f'"{d}" using 1:2 with steps lw 2 title "{s}"'
                                                   for d, s in zip(data, series)) + "\n")
     subprocess.run(["gnuplot"], input=script, text=True, check=True)
@@ -88,7 +90,7 @@ def main():
             for note in r["notes"]:
                 text.append(f"- {r['program']} {r['mode']}: {note}")
         if can_plot:
-            text.append(f"\n![{sc}](failed-{sc}.png) (`{os.path.basename(plot(out_dir, sc, rows))}`)\n")
+            text.append(f"\n![{sc}]({os.path.basename(plot(out_dir, sc, rows))})\n")
         text.append("")
     if not can_plot:
         text.append("gnuplot not found: no plots")
