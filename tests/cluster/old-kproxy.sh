@@ -20,7 +20,8 @@
 # because it exists. One build at a time (a lock in the cache directory).
 #
 # Fails, and says why, when the clone lacks the commit (a shallow clone: fetch it, or
-# `git fetch --unshallow`) or the build fails (its log's last lines are shown).
+# `git fetch --unshallow`) and the cache has no build of it, or the build fails (its log's last
+# lines are shown).
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,6 +45,14 @@ commit_of_file() {
 }
 
 WANT=${1:-$(commit_of_file)}
+complete() { [[ -x "$1/kproxy" && -f "$1/plugins/kproxy-backend-nftables.so" && -f "$1/build-info" ]]; }
+# A build already in the cache needs no history: a shallow clone runs on a machine that has it.
+for dir in "$CACHE/$WANT"*; do
+  if [[ ! "$dir" =~ \.(partial|tmp\.[0-9]+)$ ]] && complete "$dir"; then
+    echo "$dir"
+    exit 0
+  fi
+done
 git -C "$REPO" rev-parse --git-dir >/dev/null 2>&1 ||
   die "$REPO is not a git clone: the older kproxy (commit $WANT) is built from the clone's own history"
 COMMIT=$(git -C "$REPO" rev-parse --verify --quiet "$WANT^{commit}") ||
@@ -52,9 +61,7 @@ COMMIT=$(git -C "$REPO" rev-parse --verify --quiet "$WANT^{commit}") ||
   ): run 'git -C $REPO fetch --unshallow' (or fetch that commit) and run again"
 OUT=$CACHE/$COMMIT
 
-complete() { [[ -x "$OUT/kproxy" && -f "$OUT/plugins/kproxy-backend-nftables.so" && -f "$OUT/build-info" ]]; }
-
-if complete; then
+if complete "$OUT"; then
   echo "$OUT"
   exit 0
 fi
@@ -66,7 +73,7 @@ if ! flock -n 9; then
   log "another run is building an older kproxy: waiting for it"
   flock 9
 fi
-if complete; then
+if complete "$OUT"; then
   echo "$OUT"
   exit 0
 fi
