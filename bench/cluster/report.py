@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The cluster benchmark's report (bench/cluster/run.sh): from OUT/results.jsonl, one Markdown
-table per scenario with a row per program and mode (requests, failed requests by kind,
-programming time p50 / p99 over every node and change, the slowest node of the slowest change),
+table per scenario with a row per program and mode (requests, failed requests by kind, the
+requests counted apart: refusals in a scale-to-zero window, which lasts until every node has
+programmed the return, and UDP lost in flight to an exiting pod; programming time p50 / p99 over
+every node and change, the slowest node of the slowest change),
 printed and written to OUT/report.md; with gnuplot, OUT/failed-<scenario>.png: failed requests
 per second over the scenario's time, a line per program and mode.
 
@@ -24,8 +26,9 @@ def ms(seconds):
 
 
 def table(rows):
-    out = ["| program, mode | requests | failed (by kind) | programming p50 / p99 ms | every node agreed, slowest change ms |",
-           "|---|---|---|---|---|"]
+    out = ["| program, mode | requests | failed (by kind) | not failed: refused at zero, lost in flight | "
+           "programming p50 / p99 ms | every node agreed, slowest change ms |",
+           "|---|---|---|---|---|---|"]
     for r in rows:
         requests = sum(ld["requests"] for ld in r["loads"])
         kinds = {}
@@ -33,10 +36,13 @@ def table(rows):
             for k, v in ld["failures"].items():
                 kinds[k] = kinds.get(k, 0) + v
         failed = sum(kinds.values())
+        apart = [sum(ld["counts"].get(k, 0) for ld in r["loads"])
+                 for k in ("refused-expected (zero window)", "udp-lost-in-flight-to-exiting-pod (inherent)")]
         times = [v for c in r["changes"] for v in c["seconds"].values()]
         slowest = max((max(c["seconds"].values()) for c in r["changes"]), default=None)
         out.append(f"| {r['program']} {r['mode']} | {requests:,} | {failed}"
                    + (f" ({', '.join(f'{k} {v}' for k, v in sorted(kinds.items()))})" if kinds else "")
+                   + f" | {apart[0]:,}, {apart[1]:,}"
                    + f" | {ms(percentile(times, 50))} / {ms(percentile(times, 99))} | {ms(slowest)} |")
     return "\n".join(out)
 
