@@ -634,8 +634,12 @@ class Load:
     def stop(self):
         self.proc.stop(signal.SIGINT, timeout=30)
         rows = []
+        self.stalls = []  # (wall time, seconds stalled, sends missed): the machine starved the load
         with open(self.path) as f:
             for line in f:
+                if line.startswith("# stall "):
+                    _, _, t, secs, missed = line.split()
+                    self.stalls.append((float(t), float(secs), int(missed.split("=")[1])))
                 if line.startswith("#"):
                     continue
                 t, outcome, detail, ms = line.split()
@@ -824,7 +828,8 @@ class Scenario:
             result["loads"].append({"label": ld.label[len(self.name) + 1:], "proto": ld.proto, "requests": len(rows),
                                     "counts": counts, "failures": failures,
                                     "failed_at": [round(t - t0, 3) for t in fail_times],
-                                    "seconds": round(rows[-1][0] - t0, 3) if rows else 0})
+                                    "seconds": round(rows[-1][0] - t0, 3) if rows else 0,
+                                    "stalls": [[round(t - t0, 3), secs, m] for t, secs, m in ld.stalls]})
             print(f"  load {ld.label} ({ld.proto}, {len(rows)} requests): "
                   + ", ".join(f"{k}={v}" for k, v in sorted(counts.items()))
                   + f"; FAILED={total_failed}" + (f" {failures}" if failures else ""))
@@ -833,6 +838,10 @@ class Scenario:
                 if outcome == "answered":
                     pods[detail] = pods.get(detail, 0) + 1
             print(f"    answered by: {', '.join(f'{k}={v}' for k, v in sorted(pods.items()))}")
+            if ld.stalls:
+                print(f"    the load itself stalled {len(ld.stalls)} times (the machine did not run it), "
+                      f"{sum(m for _, _, m in ld.stalls)} sends missed: "
+                      + ", ".join(f"{secs:.1f} s" for _, secs, _ in ld.stalls))
             if total_failed and (ld.proto == "tcp" or not self.cluster.args.udp_report_only):
                 self.failed.append(f"{ld.label}: {total_failed} failed requests {failures}")
             if not counts.get("answered"):

@@ -168,6 +168,16 @@ class Load {
     long sent = 0;
     while (!gStop || !inFlight_.empty()) {
       const auto now = Clock::now();
+      if (!gStop && now - nextSend > std::chrono::seconds(1)) {
+        // This process did not run for over a second (the machine starved it): the sends it
+        // owes are not made at once, which would be a burst the schedule never meant, but
+        // counted as missed, on a line of their own, and the schedule goes on from now.
+        const auto missed = (now - nextSend) / period;
+        std::fprintf(out_, "# stall %.3f %.3f missed=%ld\n", wallNow(),
+                     std::chrono::duration<double>(now - nextSend).count(), static_cast<long>(missed));
+        std::fflush(out_);
+        nextSend = now;
+      }
       if (!gStop && now >= nextSend) {
         start(now, timeout);
         ++sent;
