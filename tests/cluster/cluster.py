@@ -142,16 +142,11 @@ class KernelView:
         self.mode = mode
         self.chains = {}  # (node, service, port) -> chain name
 
-    @staticmethod
-    def run(node, *argv):
-        out = subprocess.run(["ip", "netns", "exec", node.ns, *argv], capture_output=True, text=True)
-        return out.stdout if out.returncode == 0 else None
-
     def chain(self, node, service, port_name):
         key = (node.name, service, port_name)
         if key not in self.chains:
             if self.mode == "nftables":
-                text = self.run(node, "nft", "-j", "list", "chains", "ip")
+                text = node_exec(node, ["nft", "-j", "list", "chains", "ip"])
                 if text is None:
                     return None
                 suffixes = [f"-{service}/{proto}/{port_name}" for proto in ("tcp", "udp", "sctp")]
@@ -159,7 +154,7 @@ class KernelView:
                          if "chain" in c and c["chain"]["table"] == "kube-proxy"]
                 found = [n for n in names if n.startswith("service-") and any(n.endswith(x) for x in suffixes)]
             else:
-                text = self.run(node, "iptables", "-w", "-t", "nat", "-S", "KUBE-SERVICES")
+                text = node_exec(node, ["iptables", "-w", "-t", "nat", "-S", "KUBE-SERVICES"])
                 if text is None:
                     return None
                 found = [line.split("-j ")[1].split()[0] for line in text.splitlines()
@@ -174,11 +169,11 @@ class KernelView:
         if name is None:
             return frozenset()
         if self.mode == "nftables":
-            text = self.run(node, "nft", "list", "chain", "ip", "kube-proxy", name)
+            text = node_exec(node, ["nft", "list", "chain", "ip", "kube-proxy", name])
             words = (text or "").replace(",", " ").replace("}", " ").split()
             return frozenset(w.split("__", 1)[1].rsplit("/", 1)[0] for w in words
                              if w.startswith("endpoint-") and "__" in w)
-        text = self.run(node, "iptables", "-w", "-t", "nat", "-S", name)
+        text = node_exec(node, ["iptables", "-w", "-t", "nat", "-S", name])
         marker = f"{service}:{port_name} -> "
         return frozenset(line.split(marker, 1)[1].split(":")[0] for line in (text or "").splitlines()
                          if marker in line and "-j KUBE-SEP-" in line)
