@@ -133,14 +133,15 @@ def wait_until(what, ceiling, check, interval=0.05):
 class KernelView:
     """Which endpoints a node's kernel sends a Service port's connections to, read from the
     rules upstream kube-proxy and kproxy both write under the same names: nftables mode, the
-    `endpoint-…__IP/PORT` chains the port's `service-…` chain jumps to; iptables mode, the
-    `ns/name:port -> IP:PORT` comments of its `KUBE-SVC-…` chain. A port without such a chain
-    sends nowhere (the empty set). Used to judge upstream kube-proxy, which has no
+    `endpoint-…__IP/PORT` chains the port's `service-…` chain jumps to; iptables mode, the DNAT
+    targets of the `KUBE-SEP-…` chains its `KUBE-SVC-…` chain jumps to. A port without such a
+    chain sends nowhere (the empty set). Used to judge upstream kube-proxy, which has no
     /debug/services; chain names are looked up once per node."""
 
     def __init__(self, mode):
         self.mode = mode
         self.chains = {}  # (node, service, port) -> chain name
+        self.seps = {}  # (node, KUBE-SEP-… chain) -> endpoint IP
 
     def chain(self, node, service, port_name):
         key = (node.name, service, port_name)
@@ -174,9 +175,24 @@ class KernelView:
             return frozenset(w.split("__", 1)[1].rsplit("/", 1)[0] for w in words
                              if w.startswith("endpoint-") and "__" in w)
         text = node_exec(node, ["iptables", "-w", "-t", "nat", "-S", name])
-        marker = f"{service}:{port_name} -> "
-        return frozenset(line.split(marker, 1)[1].split(":")[0] for line in (text or "").splitlines()
-                         if marker in line and "-j KUBE-SEP-" in line)
+        return frozenset(ip for ip in (self.endpoint_ip(node, line.split("-j ", 1)[1].split()[0])
+                                       for line in (text or "").splitlines() if "-j KUBE-SEP-" in line)
+                         if ip is not None)
+
+    def endpoint_ip(self, node, sep):
+        """The endpoint IP a KUBE-SEP-… chain DNATs to. The jumps to these chains name their
+        endpoint in a comment only below 1,000 endpoints (upstream's large-cluster mode drops
+        the comments), so the chain's DNAT rule is read; its name hashes the endpoint, so the
+        answer is kept."""
+        key = (node.name, sep)
+        if key not in self.seps:
+            text = node_exec(node, ["iptables", "-w", "-t", "nat", "-S", sep]) or ""
+            found = [line.split("--to-destination ", 1)[1].split()[0].rsplit(":", 1)[0]
+                     for line in text.splitlines() if "--to-destination " in line]
+            if not found:
+                return None
+            self.seps[key] = found[0]
+        return self.seps[key]
 
 
 class Node:
