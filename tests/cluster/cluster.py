@@ -1361,6 +1361,10 @@ def old_build_of(args):
     if not args.old_kproxy or not args.old_plugin_dir:
         raise SystemExit("scenario kproxy-upgrade needs --old-kproxy BIN and --old-plugin-dir DIR "
                          "(tests/cluster/old-kproxy.sh builds them; cluster_test.sh passes them)")
+    plugin = os.path.join(args.old_plugin_dir, f"kproxy-backend-{args.mode}.so")
+    if not os.path.exists(plugin):
+        raise SystemExit(f"scenario kproxy-upgrade in {args.mode} mode: the older build has no {plugin} "
+                         f"(KC_OLD_PLUGINS={args.mode} tests/cluster/old-kproxy.sh builds it; cluster_test.sh asks for it)")
     return Build("older", args.old_kproxy, args.old_plugin_dir)
 
 
@@ -1395,14 +1399,20 @@ def log_errors_since(path, offset):
 def kproxy_replace(cluster, sc, node, build, web, wipe=False):
     """kproxy on one node: SIGTERM, then `build` started at once with the same arguments; records its
     start to first sync holding `web` and to /healthz 200, and checks that it runs `build`. With
-    `wipe`, the node's kube-proxy table is deleted in between (a build that starts from nothing)."""
+    `wipe`, the node's kube-proxy table (iptables mode: every rule and chain of its nat and filter
+    tables) is deleted in between (a build that starts from nothing)."""
     every, used = web.expected()
     log_path = f"{cluster.workdir}/kproxy-{node.name}.log"
     t_sig = time.time()
     rc = cluster.kproxy_stop(node, signal.SIGTERM)
     t_exit = time.time()
     if wipe:
-        subprocess.run(["ip", "netns", "exec", node.ns, "nft", "delete", "table", "ip", "kube-proxy"], check=True)
+        if node.mode == "iptables":  # every rule and chain of the tables kproxy writes
+            for table in ("nat", "filter"):
+                for op in ("-F", "-X"):
+                    subprocess.run(["ip", "netns", "exec", node.ns, "iptables", "-w", "-t", table, op], check=True)
+        else:
+            subprocess.run(["ip", "netns", "exec", node.ns, "nft", "delete", "table", "ip", "kube-proxy"], check=True)
     offset = os.path.getsize(log_path)
     t_start = time.time()
     kproxy_start_build(cluster, node, build)
@@ -1552,10 +1562,6 @@ def main():
         for name in args.scenarios.split(","):
             if name in ("mode-switch", "kproxy-upgrade") and args.program == "upstream":
                 log(f"scenario {name} left out: it is about kproxy's own modes and builds")
-                continue
-            if name == "kproxy-upgrade" and args.mode != "nftables":
-                # old-kproxy.sh builds the older commit's nftables plugin only.
-                log(f"scenario kproxy-upgrade left out: the older build has no {args.mode} plugin")
                 continue
             log(f"scenario {name}")
             if name == "rolling-update":

@@ -53,17 +53,26 @@ KPROXY="$(kp_kproxy_bin)" || kp_die "kproxy binary not found (--kproxy BIN)"
 [[ -n "$LOAD" ]] || LOAD="$(dirname "$(dirname "$KPROXY")")/tests/cluster/kproxy-cluster-load"
 [[ -x "$LOAD" ]] || kp_die "kproxy-cluster-load not found (--load BIN): build it"
 
-# wants_upgrade ARGS...: whether the driver's arguments select scenario kproxy-upgrade (its
-# default list does).
-wants_upgrade() {
-  local list=""
+# driver_option NAME ARGS...: the value of the driver's option --NAME among ARGS (empty when
+# not given).
+driver_option() {
+  local name="$1" value=""
+  shift
   while (($#)); do
     case "$1" in
-      --scenarios) list="${2:-}"; shift ;;
-      --scenarios=*) list="${1#--scenarios=}" ;;
+      "--$name") value="${2:-}"; shift ;;
+      "--$name="*) value="${1#--"$name"=}" ;;
     esac
     shift
   done
+  echo "$value"
+}
+
+# wants_upgrade ARGS...: whether the driver's arguments select scenario kproxy-upgrade (its
+# default list does).
+wants_upgrade() {
+  local list
+  list="$(driver_option scenarios "$@")"
   [[ -z "$list" || ",$list," == *,kproxy-upgrade,* ]]
 }
 
@@ -72,7 +81,8 @@ wants_upgrade() {
 old_kproxy_args() {
   local started=$SECONDS
   if [[ -z "$OLD_DIR" ]]; then
-    OLD_DIR="$("$HERE/old-kproxy.sh")" || kp_die "scenario kproxy-upgrade: no older kproxy (old-kproxy.sh, above)"
+    # The older build's plugin of the run's mode too (nftables is always built).
+    OLD_DIR="$(KC_OLD_PLUGINS="$(driver_option mode "${PASS[@]}")" "$HERE/old-kproxy.sh")" || kp_die "scenario kproxy-upgrade: no older kproxy (old-kproxy.sh, above)"
   fi
   [[ -x "$OLD_DIR/kproxy" && -d "$OLD_DIR/plugins" ]] || kp_die "$OLD_DIR: no kproxy or plugins/ in it"
   kp_log "older kproxy for kproxy-upgrade, ready in $((SECONDS - started)) s: $OLD_DIR"

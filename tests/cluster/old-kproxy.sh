@@ -1,20 +1,22 @@
 #!/usr/bin/env bash
-# The older kproxy of the cluster suite's kproxy-upgrade scenario: kproxy and its nftables plugin
-# built from the commit tests/cluster/old-kproxy.commit names (or COMMIT), taken from the history
-# of the clone this script is in, once, into ~/.cache/kproxy/cluster-old/<commit>/.
+# The older kproxy of the cluster suite's kproxy-upgrade scenario: kproxy and its backend plugins
+# (nftables, and those KC_OLD_PLUGINS names, e.g. "iptables") built from the commit
+# tests/cluster/old-kproxy.commit names (or COMMIT), taken from the history of the clone this
+# script is in, once, into ~/.cache/kproxy/cluster-old/<commit>/.
 #
-# usage: tests/cluster/old-kproxy.sh [COMMIT]
+# usage: [KC_OLD_PLUGINS="iptables ..."] tests/cluster/old-kproxy.sh [COMMIT]
 #
-# Prints that directory on stdout; it holds `kproxy`, `plugins/kproxy-backend-nftables.so`
+# Prints that directory on stdout; it holds `kproxy`, `plugins/kproxy-backend-<mode>.so`
 # (the --plugin-dir to give it) and `build-info` (the commit, `kproxy --version`, what the build
-# took). A run that finds the directory builds nothing.
+# took). A run that finds the directory with every plugin asked for builds nothing; one that
+# lacks a plugin builds the directory again with all of them.
 #
 # The build: `git archive` of the commit into <commit>.partial/src, configured as scripts/test.sh
 # configures the Release build (Release, KPROXY_WERROR=ON, Ninja; tests off) in src/build, the
 # same layout relative to the source as the main build's, so that through ccache
 # (CCACHE_BASEDIR at that source, CCACHE_NOHASHDIR=1, CCACHE_DIR ~/.cache/kproxy/ccache unless
 # set) every file the commit shares with a tree already built is a cache hit. Only the targets
-# `kproxy` and `kproxy-backend-nftables` are built. The two files are copied into a scratch
+# `kproxy` and the plugins' (`kproxy-backend-nftables`, ...) are built. The files are copied into a scratch
 # directory that is renamed to <commit>/ once complete: a failed or interrupted build leaves no
 # <commit>/ (its leftovers are removed by the next build), and the directory is trusted only
 # because it exists. One build at a time (a lock in the cache directory).
@@ -45,7 +47,20 @@ commit_of_file() {
 }
 
 WANT=${1:-$(commit_of_file)}
-complete() { [[ -x "$1/kproxy" && -f "$1/plugins/kproxy-backend-nftables.so" && -f "$1/build-info" ]]; }
+# nftables always (the suite's default mode), so that asking for more never loses it.
+PLUGINS=(nftables)
+TARGETS=(kproxy kproxy-backend-nftables)
+for p in ${KC_OLD_PLUGINS:-}; do
+  [[ "$p" =~ ^(nftables|iptables|ipvs|userspace|ebpf)$ ]] || die "KC_OLD_PLUGINS: no backend named '$p'"
+  [[ " ${PLUGINS[*]} " == *" $p "* ]] && continue
+  PLUGINS+=("$p")
+  TARGETS+=("kproxy-backend-$p")
+done
+complete() {
+  local p
+  [[ -x "$1/kproxy" && -f "$1/build-info" ]] || return 1
+  for p in "${PLUGINS[@]}"; do [[ -f "$1/plugins/kproxy-backend-$p.so" ]] || return 1; done
+}
 # A build already in the cache needs no history: a shallow clone runs on a machine that has it.
 for dir in "$CACHE/$WANT"*; do
   if [[ ! "$dir" =~ \.(partial|tmp\.[0-9]+)$ ]] && complete "$dir"; then
@@ -89,7 +104,7 @@ STAGE=$CACHE/$COMMIT.tmp.$$
 rm -rf "$WORK" "$CACHE"/*.tmp.*
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$WORK/src"
-log "building kproxy $COMMIT (kproxy, kproxy-backend-nftables) in $WORK; log: $WORK/build.log"
+log "building kproxy $COMMIT (${TARGETS[*]}) in $WORK; log: $WORK/build.log"
 start=$SECONDS
 git -C "$REPO" archive --format=tar "$COMMIT" | tar -x -C "$WORK/src" || die "git archive $COMMIT failed"
 
@@ -101,7 +116,7 @@ git -C "$REPO" archive --format=tar "$COMMIT" | tar -x -C "$WORK/src" || die "gi
   mkdir -p "$CCACHE_DIR"
   cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DKPROXY_WERROR=ON -DKPROXY_BUILD_TESTS=OFF \
     -DKPROXY_GIT_COMMIT="${COMMIT:0:12}" &&
-    nice -n 5 cmake --build build -j"$JOBS" --target kproxy kproxy-backend-nftables
+    nice -n 5 cmake --build build -j"$JOBS" --target "${TARGETS[@]}"
 ) >"$WORK/build.log" 2>&1 || {
   tail -25 "$WORK/build.log" >&2
   die "building kproxy $COMMIT failed after $((SECONDS - start)) s (log: $WORK/build.log)"
@@ -112,7 +127,7 @@ stats=$(CCACHE_STATSLOG=$WORK/ccache-stats.log ccache --show-log-stats 2>/dev/nu
 
 mkdir -p "$STAGE/plugins"
 cp "$WORK/src/build/cli/kproxy" "$STAGE/kproxy"
-cp "$WORK/src/build/plugins-out/kproxy-backend-nftables.so" "$STAGE/plugins/"
+for p in "${PLUGINS[@]}"; do cp "$WORK/src/build/plugins-out/kproxy-backend-$p.so" "$STAGE/plugins/"; done
 version=$("$STAGE/kproxy" --version) || die "the built kproxy does not run: $STAGE/kproxy --version"
 cat >"$STAGE/build-info" <<EOF
 commit $COMMIT
