@@ -314,6 +314,58 @@ int udpClient(const char* ip, int port) {
   return 0;
 }
 
+/// In the client: an IPv6 socket (dual-stack) to the IPv4-mapped form of `ip4`: TCP connects,
+/// reads getpeername and the reply ("peer=… reply=…"); UDP sends a datagram without a connect
+/// and reads the reply with its source ("from=… reply=…"). Or the first error.
+int mappedClient(const char* ip4, int port, bool udp) {
+  const int fd = ::socket(AF_INET6, udp ? SOCK_DGRAM : SOCK_STREAM, 0);
+  const int off = 0;
+  ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof off);
+  sockaddr_in6 to{};
+  to.sin6_family = AF_INET6;
+  to.sin6_port = htons(static_cast<std::uint16_t>(port));
+  ::inet_pton(AF_INET6, (std::string("::ffff:") + ip4).c_str(), &to.sin6_addr);
+  auto text6 = [](const sockaddr_in6& a) {
+    char ip[INET6_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET6, &a.sin6_addr, ip, sizeof ip);
+    std::string out(1, '[');
+    out.append(ip).append("]:").append(std::to_string(ntohs(a.sin6_port)));
+    return out;
+  };
+  char buf[1024] = {};
+  if (udp) {
+    if (::sendto(fd, "hello", 5, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) < 0) {
+      std::printf("sendto: %s\n", std::strerror(errno));
+      return 1;
+    }
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 3000) != 1) {
+      std::printf("no reply\n");
+      return 1;
+    }
+    sockaddr_in6 from{};
+    socklen_t length = sizeof from;
+    const ssize_t n = ::recvfrom(fd, buf, sizeof buf - 1, 0, reinterpret_cast<sockaddr*>(&from), &length);
+    std::printf("from=%s reply=%s", text6(from).c_str(), n > 0 ? buf : "\n");
+    return 0;
+  }
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    std::printf("connect: %s\n", std::strerror(errno));
+    return 1;
+  }
+  sockaddr_in6 peer{};
+  socklen_t length = sizeof peer;
+  ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length);
+  const char request[] = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
+  if (::write(fd, request, sizeof request - 1) < 0) return 2;
+  std::string reply;
+  ssize_t n = 0;
+  while ((n = ::read(fd, buf, sizeof buf)) > 0) reply.append(buf, static_cast<std::size_t>(n));
+  const auto body = reply.find("pod=");
+  std::printf("peer=%s reply=%s", text6(peer).c_str(), body == std::string::npos ? "none\n" : reply.substr(body).c_str());
+  return 0;
+}
+
 plan::VectorSnapshot snapshot() {
   auto web = clusterIP("ns", "web", kClusterIP, 80, {endpoint(kPodIP, 8080)});
   auto dns = clusterIP("ns", "web", kClusterIP, 53, {endpoint(kPodIP, 5353)}, sdk::Protocol::kUDP, "dns");
@@ -522,6 +574,25 @@ TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, w
     INFO(out);
     CHECK(rc == 0);
     CHECK(out.starts_with("pod=pod-a client=fd00:200::1:"));
+  }
+
+  SECTION("an IPv6 socket reaches the IPv4 ClusterIP in its IPv4-mapped form, as dual-stack clients do") {
+    auto [rc, out] = t.inClient([] { return mappedClient(kClusterIP, 80, false); });
+    INFO(out);
+    CHECK(rc == 0);
+    CHECK(out.starts_with("peer=[::ffff:10.96.0.10]:80 reply=pod=pod-a client=10.200.0.1:"));
+    auto [rc2, out2] = t.inClient([] { return mappedClient(kClusterIP, 53, true); });
+    INFO(out2);
+    CHECK(rc2 == 0);
+    CHECK(out2.starts_with("from=[::ffff:10.96.0.10]:53 reply=pod=pod-a client=10.200.0.1:"));
+    auto [rc3, out3] = t.inClient([] { return mappedClient(kEmptyClusterIP, 80, false); });
+    INFO(out3);
+    CHECK(out3 == std::string("connect: ") + std::strerror(ECONNREFUSED) + "\n");
+    // Every client has exited: the connected socket's reverse element went with it, the
+    // unconnected UDP socket's (held in the IPv4 form, as sendmsg4 wrote it) stays.
+    auto counted = t.backend().syncFrom(snapshot(), {}, true);
+    REQUIRE(counted.has_value());
+    CHECK(t.backend().dataPathCounts().reverse == 1);
   }
 
   SECTION("cleanup detaches every program and removes the pins") {

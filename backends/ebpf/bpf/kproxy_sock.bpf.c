@@ -2,7 +2,7 @@
 /* ebpf mode's data path: socket-level load balancing on cgroup v2 hooks. A connect, or a
  * datagram sent without one, to a service address is given an endpoint's address before the
  * kernel routes it; nothing is rewritten per packet and no conntrack entry names the service.
- *   connect4/6      TCP and UDP connect
+ *   connect4/6      TCP and UDP connect (connect6 also to IPv4-mapped addresses)
  *   sendmsg4/6      unconnected UDP
  *   recvmsg4/6      UDP replies are reported from the service address
  *   getpeername4/6  answers the service address
@@ -141,6 +141,34 @@ static __always_inline void write6(struct bpf_sock_addr *ctx, const struct kprox
   ctx->user_port = ep->port;
 }
 
+/* An IPv6 socket reaches IPv4 addresses in their IPv4-mapped form (::ffff:a.b.c.d), as
+ * dual-stack clients (Java's, for one) do. The connect6, recvmsg6 and getpeername6 hooks see
+ * that form; a datagram sent to it meets sendmsg4 (the kernel sends it as IPv4). The maps and
+ * the reverse elements hold the IPv4 form, whichever hook wrote them. Reads an address that
+ * key6() copied, not the context (the verifier refuses a context pointer moved to an array's
+ * element). */
+static __always_inline int v4mapped(const __u8 *address) {
+  __u32 w[3];
+  __builtin_memcpy(w, address, 12);
+  return w[0] == 0 && w[1] == 0 && w[2] == bpf_htonl(0xffff);
+}
+
+/* IPv4-mapped to IPv4 in place: the 4 bytes first, the rest zero (the maps' IPv4 form). */
+static __always_inline void unmap(__u8 *address, __u8 *family) {
+  __builtin_memmove(address, address + 12, 4);
+  __builtin_memset(address + 4, 0, 12);
+  *family = KPROXY_FAMILY_IPV4;
+}
+
+/* IPv4 to IPv4-mapped, into an IPv6 socket's context. */
+static __always_inline void write_mapped(struct bpf_sock_addr *ctx, const struct kproxy_lb_endpoint *ep) {
+  struct kproxy_lb_endpoint mapped = {.port = ep->port, .family = KPROXY_FAMILY_IPV6};
+  __builtin_memcpy(mapped.address + 12, ep->address, 4);
+  mapped.address[10] = 0xff;
+  mapped.address[11] = 0xff;
+  write6(ctx, &mapped);
+}
+
 /* connect and sendmsg: steer, or refuse a service without endpoints with ECONNREFUSED (the
  * program's return 0 alone would give EPERM). */
 static __always_inline int steer(struct bpf_sock_addr *ctx, int v6) {
@@ -150,13 +178,17 @@ static __always_inline int steer(struct bpf_sock_addr *ctx, int v6) {
     key6(ctx, &key);
   else
     key4(ctx, &key);
+  const int mapped = v6 && v4mapped(key.address);
+  if (mapped) unmap(key.address, &key.family);
   struct kproxy_lb_endpoint ep = {};
   switch (choose(ctx, &key, &ep)) {
     case NOT_A_SERVICE: return 1;
     case REFUSED: bpf_set_retval(-KPROXY_ECONNREFUSED); return 0;
     case STEERED: break;
   }
-  if (v6)
+  if (mapped)
+    write_mapped(ctx, &ep);
+  else if (v6)
     write6(ctx, &ep);
   else
     write4(ctx, &ep);
@@ -172,12 +204,16 @@ static __always_inline int unsteer(struct bpf_sock_addr *ctx, int v6) {
     key6(ctx, &peer);
   else
     key4(ctx, &peer);
+  const int mapped = v6 && v4mapped(peer.address);
+  if (mapped) unmap(peer.address, &peer.family);
   __builtin_memcpy(key.endpoint.address, peer.address, sizeof(key.endpoint.address));
   key.endpoint.port = peer.port;
   key.endpoint.family = peer.family;
   struct kproxy_lb_reverse_value *rev = bpf_map_lookup_elem(&kproxy_reverse, &key);
   if (!rev) return 1;
-  if (v6)
+  if (mapped)
+    write_mapped(ctx, &rev->service);
+  else if (v6)
     write6(ctx, &rev->service);
   else
     write4(ctx, &rev->service);
@@ -213,6 +249,7 @@ SEC("cgroup/sock_release") int kproxy_sock_release(struct bpf_sock *sk) {
     if ((ip[0] | ip[1] | ip[2] | ip[3]) == 0) return 1;
     __builtin_memcpy(key.endpoint.address, ip, 16);
     key.endpoint.family = KPROXY_FAMILY_IPV6;
+    if (v4mapped(key.endpoint.address)) unmap(key.endpoint.address, &key.endpoint.family);
   } else {
     return 1;
   }
