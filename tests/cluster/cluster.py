@@ -40,7 +40,7 @@ METRICS_PORT = 10249
 HEALTHZ_PORT = 10256
 POD_TCP_PORT = 8080
 POD_UDP_PORT = 9090
-LB_IPS = ["10.78.0.10", "10.78.0.11"]  # the LoadBalancer Services' ingress IPs (lb-local, lb-cluster)
+LB_IPS = ["10.78.0.10", "10.78.0.11", "10.78.0.12"]  # the LoadBalancer Services' ingress IPs (lb-local, lb-cluster, lb-udp)
 
 
 def log(msg):
@@ -519,12 +519,16 @@ class LbSim:
     health check as cloud load balancers do (eTP=Local: the Service's healthCheckNodePort; eTP=
     Cluster: kproxy's /healthz on 10256), every `interval` seconds with a 1 s timeout, takes a
     node out after `fall` failed probes in a row and back after `rise` good ones, and sends each
-    new connection to a node in use, chosen at random. A connection stays on its node (the
-    balancer tracks connections), so taking a node out drains it.
+    new connection to a node in use, chosen at random. A TCP connection stays on its node (the
+    balancer tracks connections), so taking a node out drains it. A UDP flow (the client's address
+    and port) does not persist on a node taken out: its next datagram goes to a node in use, as
+    cloud balancers do by default for UDP, whose flows have no end to wait for. (With persisting
+    UDP flows, a client that reuses a source port within the flow's idle timeout is sent to the
+    node taken out, which drops it once its endpoint is gone: a loss of the balancer's making.)
 
     The data path is the client namespace's: an nftables chain (route hook, output) marks each
-    new connection to a LoadBalancer IP with the number of a node in use (numgen random over
-    them) and every packet with its connection's mark; mark i routes the IP via node i (one
+    new connection to a LoadBalancer IP (UDP: also a flow marked with a node out of use) with the
+    number of a node in use (numgen random over them) and every packet with its connection's mark; mark i routes the IP via node i (one
     routing table a node). Without a node in use the connection is routed to the control plane's
     namespace, which does not forward it: it fails, as it would behind a real balancer."""
 
@@ -565,11 +569,17 @@ class LbSim:
         rules = []
         for svc in self.services:
             idx = [n.index for n in self.cluster.nodes if self.state[(svc.key, n.name)][0]]
-            if not idx:
+            if not idx:  # to the control plane, which does not forward (UDP: flows on a node too)
+                if svc.proto == "udp":
+                    rules.append(f"    ip daddr {svc.lb_ip} udp dport {svc.port} ct mark set 0")
                 continue
             pick = str(idx[0]) if len(idx) == 1 else \
                 f"numgen random mod {len(idx)} map {{ {', '.join(f'{k} : {v}' for k, v in enumerate(idx))} }}"
-            rules.append(f"    ct state new ip daddr {svc.lb_ip} ct mark set {pick}")
+            if svc.proto == "udp":
+                rules.append(f"    ip daddr {svc.lb_ip} udp dport {svc.port} ct mark != {{ {', '.join(map(str, idx))} }} "
+                             f"ct mark set {pick}")
+            else:
+                rules.append(f"    ct state new ip daddr {svc.lb_ip} ct mark set {pick}")
         text = ("table ip lbsim\ndelete table ip lbsim\ntable ip lbsim {\n"
                 "  chain out {\n    type route hook output priority mangle; policy accept;\n"
                 + "\n".join(rules) + ("\n" if rules else "")
@@ -1032,21 +1042,22 @@ def node_drain_mark(cluster, node, drained):
     cluster.api.patch(f"/api/v1/nodes/{node.name}", {"spec": spec})
 
 
-def scenario_node_drain(cluster, lb_local, lb_cluster, sim, grace):
-    """Node 2 is drained while the outside client reaches two LoadBalancer Services through the
-    load-balancer simulator, lb-local (eTP=Local, health-checked on its healthCheckNodePort) and
-    lb-cluster (eTP=Cluster, health-checked on kproxy's /healthz), and a pod reaches lb-local's
-    ClusterIP. The node is cordoned and tainted ToBeDeletedByClusterAutoscaler: its /healthz
+def scenario_node_drain(cluster, lb_local, lb_cluster, lb_udp, sim, grace):
+    """Node 2 is drained while the outside client reaches three LoadBalancer Services through the
+    load-balancer simulator, lb-local (eTP=Local, health-checked on its healthCheckNodePort),
+    lb-cluster (eTP=Cluster, health-checked on kproxy's /healthz) and lb-udp (UDP, eTP=Local like
+    lb-local), and a pod reaches lb-local's ClusterIP. The node is cordoned and tainted ToBeDeletedByClusterAutoscaler: its /healthz
     fails and the balancer takes it out of lb-cluster. Its pod moves: a new one starts on the
     next node and is added ready, the old endpoint turns terminating (the node's health check
-    for lb-local fails, having no ready local endpoint, and the balancer takes the node out of
-    lb-local: until then the node still sends to its terminating pod, the eTP=Local fallback),
+    for lb-local and lb-udp fails, having no ready local endpoint, and the balancer takes the
+    node out of both: until then the node still sends to its terminating pod, the eTP=Local fallback),
     and after the grace period the endpoint is removed and the pod stops. Then the node is
     uncordoned and the balancer sends lb-cluster's connections to it again."""
     sc = Scenario(cluster, "node-drain")
     sc.load("client-lb-local", cluster.client_ns, f"{lb_local.lb_ip}:{lb_local.port}", "tcp", lb_local,
             terminating_ok=True)
     sc.load("client-lb-cluster", cluster.client_ns, f"{lb_cluster.lb_ip}:{lb_cluster.port}", "tcp", lb_cluster)
+    sc.load("client-lb-udp", cluster.client_ns, f"{lb_udp.lb_ip}:{lb_udp.port}", "udp", lb_udp, terminating_ok=True)
     sc.load_pod_to_cluster_ip(lb_local)
     sc.start_loads()
     settle(cluster)
@@ -1058,7 +1069,7 @@ def scenario_node_drain(cluster, lb_local, lb_cluster, sim, grace):
     t_out = sim.wait_in_use(lb_cluster, rest, f"takes out {node.name}")
     sc.notes.append(f"{node.name} cordoned and tainted: the balancer took it out of {lb_cluster.name} "
                     f"{fmt_ms(t_out - t)} ms after the write (its /healthz failing)")
-    services = (lb_local, lb_cluster)
+    services = (lb_local, lb_cluster, lb_udp)
     broken = break_termination(sc)
 
     def stop(pod, before_removal=False):
@@ -1094,9 +1105,10 @@ def scenario_node_drain(cluster, lb_local, lb_cluster, sim, grace):
             continue
         t = time.time()
         sc.record.invalid_from[old.name] = change_all(f"{old.name} terminating", "terminating")
-        t_out = sim.wait_in_use(lb_local, rest, f"takes out {node.name}")
-        sc.notes.append(f"{old.name} terminating: the balancer took {node.name} out of {lb_local.name} "
-                        f"{fmt_ms(t_out - t)} ms after the write (its health check failing)")
+        for svc in (lb_local, lb_udp):
+            t_out = sim.wait_in_use(svc, rest, f"takes out {node.name}")
+            sc.notes.append(f"{old.name} terminating: the balancer took {node.name} out of {svc.name} "
+                            f"{fmt_ms(t_out - t)} ms after the write (its health check failing)")
         time.sleep(grace)
         sc.record.removed_at[old.name] = change_all(f"remove {old.name}", None)
         stop(old)
@@ -1535,26 +1547,27 @@ def main():
         zu = Service(cluster, "zero-udp", "udp", 53, POD_UDP_PORT)
         lb_local = Service(cluster, "lb-local", "tcp", 80, POD_TCP_PORT, lb_ip=LB_IPS[0], etp_local=True)
         lb_cluster = Service(cluster, "lb-cluster", "tcp", 80, POD_TCP_PORT, lb_ip=LB_IPS[1])
+        lb_udp = Service(cluster, "lb-udp", "udp", 53, POD_UDP_PORT, lb_ip=LB_IPS[2], etp_local=True)
         web_pods = cluster.pods_start(cluster.nodes)
         zero_pods = cluster.pods_start(cluster.nodes)
         lb_pods = cluster.pods_start(cluster.nodes)
         web.write([(p, "ready") for p in web_pods])
         for svc in (zt, zu):
             svc.write([(p, "ready") for p in zero_pods])
-        for svc in (lb_local, lb_cluster):
+        for svc in (lb_local, lb_cluster, lb_udp):
             svc.write([(p, "ready") for p in lb_pods])
         t_start = time.time()
         for n in cluster.nodes:
             cluster.kproxy_start(n)
         startup = Record()
-        for svc in (web, zt, zu, lb_local, lb_cluster):
+        for svc in (web, zt, zu, lb_local, lb_cluster, lb_udp):
             every, used = svc.expected()
             startup.change(f"{svc.name} at start-up", cluster.wait_programmed(svc.key, svc.port_name, every, used,
                                                                              t_start, per_node=svc.expected_on))
         log(f"every kproxy programmed the cluster ({args.services} background Services)")
-        sim = LbSim(cluster, [lb_local, lb_cluster])
+        sim = LbSim(cluster, [lb_local, lb_cluster, lb_udp])
         sim.start()
-        for svc in (lb_local, lb_cluster):
+        for svc in (lb_local, lb_cluster, lb_udp):
             sim.wait_in_use(svc, cluster.nodes, "sends to every node")
         churn = Churn(cluster, args.services, args.churn)
         churn.start()
@@ -1569,7 +1582,7 @@ def main():
             elif name == "scale-to-zero":
                 sc = scenario_scale_to_zero(cluster, zt, zu, args.grace, hold=2)
             elif name == "node-drain":
-                sc = scenario_node_drain(cluster, lb_local, lb_cluster, sim, args.grace)
+                sc = scenario_node_drain(cluster, lb_local, lb_cluster, lb_udp, sim, args.grace)
             elif name == "kproxy-restart":
                 sc = scenario_kproxy_restart(cluster, web, downtime=1)
             elif name == "apiserver-restart":
