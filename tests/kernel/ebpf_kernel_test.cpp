@@ -369,6 +369,8 @@ int mappedClient(const char* ip4, int port, bool udp) {
 plan::VectorSnapshot snapshot() {
   auto web = clusterIP("ns", "web", kClusterIP, 80, {endpoint(kPodIP, 8080)});
   auto dns = clusterIP("ns", "web", kClusterIP, 53, {endpoint(kPodIP, 5353)}, sdk::Protocol::kUDP, "dns");
+  // The hooks do not steer SCTP: the nftables part dispatches this ClusterIP port.
+  auto sctp = clusterIP("ns", "web", kClusterIP, 53, {endpoint(kPodIP, 5353)}, sdk::Protocol::kSCTP, "dns-sctp");
   auto empty = clusterIP("ns", "empty", kEmptyClusterIP, 80, {});
   auto emptyUdp = clusterIP("ns", "empty", kEmptyClusterIP, 53, {}, sdk::Protocol::kUDP, "dns");
   auto sticky = clusterIP("ns", "sticky", kStickyClusterIP, 80, {endpoint(kPodIP, 8080), endpoint(kPodIP, 8081)});
@@ -376,7 +378,7 @@ plan::VectorSnapshot snapshot() {
   sticky.stickyMaxAgeSeconds = 60;
   auto spread = clusterIP("ns", "spread", kSpreadClusterIP, 80, {endpoint(kPodIP, 8080), endpoint(kPodIP, 8081)});
   auto web6 = clusterIP("ns", "web6", kClusterIP6, 80, {endpoint(kPodIP6, 8080)});
-  return plan::VectorSnapshot({web, dns, empty, emptyUdp, sticky, spread, web6});
+  return plan::VectorSnapshot({web, dns, sctp, empty, emptyUdp, sticky, spread, web6});
 }
 
 /// The pods `n` connects from one client process to `ip`:80 reached, one name per connect.
@@ -593,6 +595,16 @@ TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, w
     auto counted = t.backend().syncFrom(snapshot(), {}, true);
     REQUIRE(counted.has_value());
     CHECK(t.backend().dataPathCounts().reverse == 1);
+  }
+
+  SECTION("an SCTP ClusterIP port, which no hook steers, is dispatched by the nftables part; TCP and UDP are not") {
+    // This process's own network namespace holds the nftables part (privateMounts).
+    auto [rc, out] = run("nft list map ip kproxy-ebpf service-ips");
+    INFO(out);
+    REQUIRE(rc == 0);
+    CHECK(out.find("10.96.0.10 . sctp . 53 : goto service-") != std::string::npos);
+    CHECK(out.find("10.96.0.10 . tcp") == std::string::npos);
+    CHECK(out.find("10.96.0.10 . udp") == std::string::npos);
   }
 
   SECTION("cleanup detaches every program and removes the pins") {

@@ -49,7 +49,8 @@ std::vector<std::string> nodeFingerprint(const sdk::NodeInfo& node) {
   return out;
 }
 
-/// The nftables part: nftables mode's backend without ClusterIP dispatch, in its own tables.
+/// The nftables part: nftables mode's backend without ClusterIP dispatch for the protocols the
+/// hooks steer, in its own tables.
 std::unique_ptr<nftables::NftablesBackend> makeExternalPart(const sdk::Host& host, const BackendSettings& settings,
                                                             std::unique_ptr<nftables::KernelNftables> tables) {
   nftables::BackendSettings part;
@@ -66,7 +67,7 @@ std::unique_ptr<nftables::NftablesBackend> makeExternalPart(const sdk::Host& hos
 nftables::RenderConfig nftablesPartConfig(const RenderConfig& config) {
   nftables::RenderConfig part;
   part.common = config.common;
-  part.clusterIPDispatch = false;
+  part.clusterIPSteeredElsewhere = steeredProtocols();
   return part;
 }
 

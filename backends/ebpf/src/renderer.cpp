@@ -65,9 +65,16 @@ std::vector<std::string> EbpfRenderer::nodePortAddresses(net::Family family) con
   return out;
 }
 
+std::vector<sdk::Protocol> steeredProtocols() { return {sdk::Protocol::kTCP, sdk::Protocol::kUDP}; }
+
+bool steered(sdk::Protocol protocol) {
+  const auto all = steeredProtocols();
+  return std::find(all.begin(), all.end(), protocol) != all.end();
+}
+
 PortMaps EbpfRenderer::render(const sdk::ServicePort& port) const {
   PortMaps out;
-  if (port.protocol != sdk::Protocol::kTCP && port.protocol != sdk::Protocol::kUDP) return out;
+  if (!steered(port.protocol)) return out;
   const plan::ServicePortPlan plan = plan::planServicePort(port, planConfig_);
   const net::Family family = port.family;
 

@@ -317,6 +317,9 @@ class ServicePortRender {
     f_.key = port.key;
   }
 
+  /// Whether this table dispatches the port's ClusterIP (RenderConfig::clusterIPSteeredElsewhere).
+  bool dispatch() const { return renderer_.config().dispatchesClusterIP(p_.protocol); }
+
   Fragment render() {
     addHairpins();
     renderBalancingChains();
@@ -346,7 +349,7 @@ class ServicePortRender {
   /// here, so it has no pairs either: a steered socket is never DNAT'ed, and a pod that reaches
   /// itself keeps its own address.
   void addHairpins() {
-    if (!renderer_.config().clusterIPDispatch && !plan_.externallyAccessible) return;
+    if (!dispatch() && !plan_.externallyAccessible) return;
     std::set<std::string> hairpins;
     for (auto pool : {plan::Pool::kCluster, plan::Pool::kLocal}) {
       if (!(pool == plan::Pool::kCluster ? plan_.usesClusterPool : plan_.usesLocalPool)) continue;
@@ -457,7 +460,7 @@ class ServicePortRender {
     return out;
   }
   void renderBalancingChains() {
-    const bool dispatch = renderer_.config().clusterIPDispatch;
+    const bool dispatch = this->dispatch();
     // Without ClusterIP dispatch, the cluster pool's chain serves the external chain only.
     if (plan_.usesClusterPool && (dispatch || plan_.externallyAccessible))
       clusterChain_ = balancingChain(named("service-"), plan_.clusterEndpoints, plan::Pool::kCluster,
@@ -478,7 +481,7 @@ class ServicePortRender {
       KeyBuilder k;
       k.address(*clusterIP_);
       f_.elements.push_back(Element{names::kClusterIPsSet, k.bytes, k.text, std::nullopt});
-      if (!renderer_.config().clusterIPDispatch) return;
+      if (!dispatch()) return;
       if (!internalChain.empty())
         addMapElement(names::kServiceIPsMap, *clusterIP_, goTo(internalChain));
       else

@@ -300,12 +300,9 @@ constexpr const char* kUserspaceNoSCTP = "the proxy carries no SCTP";
 // What is not a socket of this node (neither the node's nor in the cluster CIDR) meets the
 // nftables part, which answers as nftables mode but for ClusterIPs.
 constexpr const char* kEbpfClusterIPFromOutside =
-    "a client that is not a socket of this node is not served a ClusterIP: the nftables part has no ClusterIP "
-    "dispatch and rejects it";
+    "a client that is not a socket of this node is not served a TCP or UDP ClusterIP: the nftables part has no "
+    "ClusterIP dispatch for them and rejects it";
 constexpr const char* kEbpfNoNat = "nothing is NATed: a steered socket keeps its own source address";
-constexpr const char* kEbpfNoSCTP =
-    "the socket hooks steer TCP and UDP only: an SCTP connect to a ClusterIP meets the nftables part, which has no "
-    "ClusterIP dispatch and rejects it";
 constexpr const char* kEbpfRefusedNotDropped =
     "a socket cannot be dropped: the plan's drop (no endpoint in the policy's pool) is ECONNREFUSED";
 
@@ -351,14 +348,15 @@ ModeExpectation modeRule(const std::string& mode, const Scenario& scenario, cons
     // Explain takes the node's addresses for the node, and the cluster CIDR for its pods (the
     // local-traffic detector); anything else arrives from another host, at the nftables part.
     if (!fromNode && !inAny(scenario.clusterCIDRs, c.source)) {
-      if (forwarded && inAny(kServiceCIDRs, c.destination)) return {"REJECT", false, kEbpfClusterIPFromOutside};
+      if (forwarded && inAny(kServiceCIDRs, c.destination) && c.protocol != "sctp")
+        return {"REJECT", false, kEbpfClusterIPFromOutside};
       return want;
     }
     // A connect the hooks leave unchanged (no element, not TCP or UDP) meets the nftables part too.
     if (c.unsteeredInEbpf) return want;
-    if (c.protocol == "sctp") return forwarded && inAny(kServiceCIDRs, c.destination)
-                                         ? ModeExpectation{"REJECT", false, kEbpfNoSCTP}
-                                         : want;
+    // The hooks steer TCP and UDP only: an SCTP connect meets the nftables part, which
+    // dispatches SCTP ClusterIPs as nftables mode does.
+    if (c.protocol == "sctp") return want;
     if (forwarded && want.masq) return {want.output, false, kEbpfNoNat};
   }
   return want;

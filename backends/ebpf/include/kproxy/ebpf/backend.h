@@ -17,7 +17,8 @@
 /// Traffic no socket hook sees (connections from other hosts to NodePorts on the node's
 /// NodePort addresses, externalIPs and LoadBalancer IPs) is the nftables part's: the nftables
 /// backend, composed, in tables `ip`/`ip6 kproxy-ebpf`, rendered from the same plan in the same
-/// sync without ClusterIP dispatch (nftables/renderer.h, RenderConfig::clusterIPDispatch): eTP
+/// sync without ClusterIP dispatch for TCP and UDP (nftables/renderer.h,
+/// RenderConfig::clusterIPSteeredElsewhere; an SCTP ClusterIP is dispatched there): eTP
 /// Local, source ranges and masquerading are nftables mode's own. Each sync writes the nftables
 /// part first, in one transaction, then the maps in their ordered writes: a refused
 /// transaction leaves both as they were, a refused map write leaves the maps whole per service
@@ -137,7 +138,8 @@ class EbpfBackend final : public backends::Reconciler {
   DataPathCounts dataPath_;
 };
 
-/// The nftables part's RenderConfig: ebpf mode's common options, without ClusterIP dispatch.
+/// The nftables part's RenderConfig: ebpf mode's common options, without ClusterIP dispatch for
+/// the protocols the socket hooks steer.
 /// What the backend's syncs render the part with, and what explain traces it with.
 nftables::RenderConfig nftablesPartConfig(const RenderConfig& config);
 

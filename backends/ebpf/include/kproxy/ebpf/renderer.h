@@ -11,7 +11,7 @@
 ///   - a pool without endpoints renders count 0: the data path refuses the connect (the
 ///     plan's reject, and, where a socket cannot be dropped, its drop too).
 /// LoadBalancer IPs behind loadBalancerSourceRanges are left to a later slice (not rendered:
-/// their traffic goes unsteered), as is SCTP. The slots of the cluster pool are 0..n-1 and
+/// their traffic goes unsteered to the nftables part), and so is SCTP (steeredProtocols()). The slots of the cluster pool are 0..n-1 and
 /// those of the local pool kLocalSlotBase.., so that one pool's change never renumbers the
 /// other's.
 ///
@@ -28,6 +28,12 @@
 #include "kproxy/plugin/sdk.h"
 
 namespace kproxy::ebpf {
+
+/// The protocols the socket hooks steer (bpf/kproxy_sock.bpf.c, translatable()): TCP and UDP.
+/// A port of another protocol (SCTP) has no map element; the nftables part dispatches its
+/// ClusterIP as nftables mode does.
+std::vector<sdk::Protocol> steeredProtocols();
+bool steered(sdk::Protocol protocol);
 
 struct RenderConfig {
   plan::CommonOptions common;

@@ -28,6 +28,7 @@
 /// ClusterIP's, e.g. eTP=Local). The number of sets and maps is fixed.
 /// Thread-safety: none needed (pure functions of their inputs).
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -49,13 +50,22 @@ struct RenderConfig {
   /// plan (plan/options.h) and carried whole.
   plan::CommonOptions common;
   std::uint32_t affinityMapSize = 1u << 20;
-  /// Whether ClusterIPs are dispatched to their endpoints. ebpf mode's nftables part renders
-  /// without (its socket hooks steer ClusterIP connections before any packet exists, and only
-  /// the external entry points are left to this table): a ClusterIP then has neither DNAT nor
-  /// no-endpoint verdict, nor internalTrafficPolicy Local's chain; it stays in `cluster-ips`, so
-  /// what no socket hook steered (another port, an unallocated address) is still rejected or
-  /// dropped as in nftables mode.
-  bool clusterIPDispatch = true;
+  /// The protocols whose ClusterIP connections something else steers, so that this table does
+  /// not dispatch their ClusterIPs to endpoints. ebpf mode's nftables part renders with TCP and
+  /// UDP here (its socket hooks steer those connections before any packet exists, and only the
+  /// external entry points are left to this table): such a ClusterIP port then has neither DNAT
+  /// nor no-endpoint verdict, nor internalTrafficPolicy Local's chain; its ClusterIP stays in
+  /// `cluster-ips`, so what no socket hook steered (another port, an unallocated address) is
+  /// still rejected or dropped as in nftables mode. A port of another protocol (SCTP, which the
+  /// hooks do not steer) is dispatched here as in nftables mode. Empty (nftables mode): every
+  /// ClusterIP is dispatched.
+  std::vector<sdk::Protocol> clusterIPSteeredElsewhere;
+
+  /// Whether this table dispatches the ClusterIP of a port of `protocol`.
+  bool dispatchesClusterIP(sdk::Protocol protocol) const {
+    return std::find(clusterIPSteeredElsewhere.begin(), clusterIPSteeredElsewhere.end(), protocol) ==
+           clusterIPSteeredElsewhere.end();
+  }
 
   std::uint32_t mark() const { return 1u << common.masqueradeBit; }
 };
