@@ -760,11 +760,11 @@ TEST_CASE("ebpf: a connected UDP socket steered to an endpoint that is removed i
         std::printf("s1=%s\ns2=%s\n", exchange(s1).c_str(), exchange(s2).c_str());
       },
       [&] {
-        // The ended socket: its pending error first, then a send on it.
+        // The ended socket, as a sender that never reads would find it, then its pending error.
+        std::printf("s1 send=%s\n", ::send(s1, "x", 1, 0) < 0 ? ::strerrorname_np(errno) : "sent");
         char byte = 0;
         const ssize_t n = ::recv(s1, &byte, 1, MSG_DONTWAIT);
         std::printf("s1 recv=%s\n", n < 0 ? ::strerrorname_np(errno) : "data");
-        std::printf("s1 send=%s\n", ::send(s1, "x", 1, 0) < 0 ? ::strerrorname_np(errno) : "sent");
         s5 = connectedUdp(kDnsClusterIP, 53);
         std::printf("s5=%s\ns2=%s\ns3=%s\ns4=%s\n", exchange(s5).c_str(), exchange(s2).c_str(),
                     exchange(s3).c_str(), exchange(s4, &service).c_str());
@@ -796,7 +796,7 @@ TEST_CASE("ebpf: a connected UDP socket steered to an endpoint that is removed i
   CHECK(third.listed == 2);  // s1, s2
   CHECK(third.stale.size() == 1);
   CHECK(third.deleted == 1);
-  CHECK(client.next() == std::vector<std::string>{"s1 recv=ECONNABORTED", "s1 send=EDESTADDRREQ", "s5=pod-b",
+  CHECK(client.next() == std::vector<std::string>{"s1 send=EDESTADDRREQ", "s1 recv=ECONNABORTED", "s5=pod-b",
                                                   "s2=pod-b", "s3=pod-a", "s4=pod-b"});
 
   // 4. A full sync after it finds s2 and s5 steered to pod-b, which serves: nothing more ends.

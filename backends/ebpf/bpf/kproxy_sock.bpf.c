@@ -263,8 +263,9 @@ SEC("cgroup/sock_release") int kproxy_sock_release(struct bpf_sock *sk) {
 
 /* The stale-socket passes. A connected UDP socket keeps the endpoint its connect was steered
  * to for as long as it lives; when the endpoint stops serving, the plugin ends the socket
- * (the application's next send or receive fails with ECONNABORTED, and its next connect is
- * steered anew). The plugin decides which are stale, with the conntrack cleaner's rule: these
+ * (its pending error is ECONNABORTED, which the application's next receive gets; a send on
+ * it fails with EDESTADDRREQ, as it is no longer connected; its next connect is steered
+ * anew). The plugin decides which are stale, with the conntrack cleaner's rule: these
  * programs only report and end. Both are loaded only where the kernel has bpf_sock_destroy
  * (Linux 6.5+), and run once per network namespace (an iterator walks its reader's). */
 struct {

@@ -56,9 +56,10 @@ class KernelMaps {
   /// process in the cgroup (an iterator walks the namespace it is created in). EOPNOTSUPP: the
   /// kernel cannot end sockets (no bpf_sock_destroy, before Linux 6.5), and nothing is listed.
   virtual core::Result<std::vector<SteeredSocket>> listSteeredSockets() = 0;
-  /// Ends each of `sockets` (as listed) that is still connected to its endpoint: its next send
-  /// or receive fails with ECONNABORTED. Returns how many it ended; one already closed or
-  /// reconnected is not an error.
+  /// Ends each of `sockets` (as listed) that is still connected to its endpoint: it is
+  /// disconnected with the pending error ECONNABORTED (the next receive gets it; a send fails
+  /// with EDESTADDRREQ). Returns how many it ended; one already closed or reconnected is not an
+  /// error.
   virtual core::Result<std::size_t> endSockets(const std::vector<SteeredSocket>& sockets) = 0;
 };
 

@@ -5,8 +5,8 @@
 /// was steered to endpoint E stands for the flow whose original destination is S and whose
 /// reply source is E. Where the netfilter modes delete that flow (E no longer serves the
 /// service port) and the next datagram is NATed afresh, ebpf mode ends the socket: the
-/// application's next send or receive fails with ECONNABORTED, and its next connect is steered
-/// to a serving endpoint.
+/// application's next receive fails with ECONNABORTED (a send, with EDESTADDRREQ: the socket
+/// is no longer connected), and its next connect is steered to a serving endpoint.
 ///
 /// Thread-safety: one thread at a time.
 
