@@ -354,13 +354,8 @@ void udpEchoLoop(int fd) {
     sockaddr_storage peer{};
     alignas(cmsghdr) char control[256];
     iovec in{datagram.data(), datagram.size()};
-    msghdr msg{};
-    msg.msg_name = &peer;
-    msg.msg_namelen = sizeof peer;
-    msg.msg_iov = &in;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
+    msghdr msg{.msg_name = &peer, .msg_namelen = sizeof peer, .msg_iov = &in, .msg_iovlen = 1,
+               .msg_control = control, .msg_controllen = sizeof control, .msg_flags = 0};
     ssize_t n = ::recvmsg(fd, &msg, 0);
     if (n < 0) continue;
     std::string reply = identity(peer) + "\n";

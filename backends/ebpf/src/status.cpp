@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <chrono>
 #include <exception>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -14,32 +15,32 @@ namespace kproxy::ebpf {
 
 sdk::Expected<EbpfBackend::Metrics> EbpfBackend::registerMetrics(const sdk::Host& host) {
   Metrics m;
-  auto elements = host.gauge("kproxy_ebpf_map_elements",
-                             "Elements of ebpf mode's maps: services and slots after the last sync, "
-                             "affinity and reverse (the data path's) at the last full sync",
-                             {"map"});
-  if (!elements) return std::unexpected(elements.error());
-  m.elements = *elements;
-  auto operations = host.counter("kproxy_ebpf_map_operations_total",
-                                 "Map elements written or deleted by passes the kernel accepted");
-  if (!operations) return std::unexpected(operations.error());
-  m.operations = *operations;
-  auto failures = host.counter("kproxy_ebpf_map_operation_failures_total",
-                               "Passes whose map write the kernel refused (the next sync is full)");
-  if (!failures) return std::unexpected(failures.error());
-  m.failures = *failures;
-  auto socketOperations = host.counter("kproxy_ebpf_socket_operations_total",
-                                       "Connected UDP sockets steered to an endpoint: listed by the stale-socket "
-                                       "cleanups, and ended as stale",
-                                       {"operation"});
-  if (!socketOperations) return std::unexpected(socketOperations.error());
-  m.socketOperations = *socketOperations;
-  auto socketFailures = host.counter("kproxy_ebpf_socket_operation_failures_total",
-                                     "Stale-socket cleanups that did not complete: the kernel refused a pass, or "
-                                     "cannot end sockets (bpf_sock_destroy, Linux 6.5+)",
-                                     {"reason"});
-  if (!socketFailures) return std::unexpected(socketFailures.error());
-  m.socketFailures = *socketFailures;
+  // Each registered into its field; the first refusal is the answer.
+  std::optional<sdk::PluginError> refused;
+  auto take = [&refused](sdk::Metric& into, sdk::Expected<sdk::Metric> registered) {
+    if (refused) return;
+    if (registered)
+      into = *registered;
+    else
+      refused = registered.error();
+  };
+  take(m.elements, host.gauge("kproxy_ebpf_map_elements",
+                              "Elements of ebpf mode's maps: services and slots after the last sync, "
+                              "affinity and reverse (the data path's) at the last full sync",
+                              {"map"}));
+  take(m.operations, host.counter("kproxy_ebpf_map_operations_total",
+                                  "Map elements written or deleted by passes the kernel accepted"));
+  take(m.failures, host.counter("kproxy_ebpf_map_operation_failures_total",
+                                "Passes whose map write the kernel refused (the next sync is full)"));
+  take(m.socketOperations, host.counter("kproxy_ebpf_socket_operations_total",
+                                        "Connected UDP sockets steered to an endpoint: listed by the stale-socket "
+                                        "cleanups, and ended as stale",
+                                        {"operation"}));
+  take(m.socketFailures, host.counter("kproxy_ebpf_socket_operation_failures_total",
+                                      "Stale-socket cleanups that did not complete: the kernel refused a pass, or "
+                                      "cannot end sockets (bpf_sock_destroy, Linux 6.5+)",
+                                      {"reason"}));
+  if (refused) return std::unexpected(*refused);
   // The counters are there from the start, at 0.
   m.operations.add(0);
   m.failures.add(0);
