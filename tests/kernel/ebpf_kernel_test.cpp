@@ -806,6 +806,52 @@ TEST_CASE("ebpf: a connected UDP socket steered to an endpoint that is removed i
   CHECK(client.next() == std::vector<std::string>{"s2=pod-b", "s5=pod-b"});
 }
 
+TEST_CASE("ebpf: an IPv6 connected UDP socket steered to an endpoint that is removed is ended", "[kernel][ebpf]") {
+  Testbed t;
+  t.setUp();
+  constexpr const char* kPodBIP6 = "fd00:200::3";
+  sh("ip -n " + t.server + " addr add " + std::string(kPodBIP6) + "/64 dev veth-s nodad");
+  const std::vector<sdk::ChangedKey> changed{{net::Family::kIPv6, "ns/dns6:dns"}};
+  auto dns6 = [](std::vector<sdk::Endpoint> eps) {
+    return clusterIP("ns", "dns6", "fd00:96::14", 53, std::move(eps), sdk::Protocol::kUDP, "dns");
+  };
+  const auto a = dns6({endpoint(kPodIP6, 5353)});
+  const auto b = dns6({endpoint(kPodBIP6, 5354)});
+  REQUIRE(t.backend().syncFrom(plan::VectorSnapshot({a}), {}, true).has_value());
+
+  auto connect6 = [] {
+    const int fd = ::socket(AF_INET6, SOCK_DGRAM, 0);
+    sockaddr_in6 to{};
+    to.sin6_family = AF_INET6;
+    to.sin6_port = htons(53);
+    ::inet_pton(AF_INET6, "fd00:96::14", &to.sin6_addr);
+    return ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0 ? fd : -1;
+  };
+  int s1 = -1;
+  LongClient client(t, {
+      [&] {
+        s1 = connect6();
+        std::printf("s1=%s\n", exchange(s1).c_str());
+      },
+      [&] {
+        char byte = 0;
+        const ssize_t n = ::recv(s1, &byte, 1, MSG_DONTWAIT);
+        std::printf("s1 recv=%s\ns2=%s\n", n < 0 ? ::strerrorname_np(errno) : "data", exchange(connect6()).c_str());
+      },
+  });
+  CHECK(client.next() == std::vector<std::string>{"s1=pod-a"});
+  REQUIRE(t.backend().syncFrom(plan::VectorSnapshot({b}), changed, false).has_value());
+  auto report = t.backend().endStaleSockets({a}, {b}, changed, false);
+  INFO((report ? "" : report.error().message()));
+  REQUIRE(report.has_value());
+  CHECK(report->listed == 1);
+  REQUIRE(report->stale.size() == 1);
+  CHECK(report->stale.front().original.dstIP == "fd00:96::14");
+  CHECK(report->stale.front().reply.srcIP == kPodIP6);
+  CHECK(report->deleted == 1);
+  CHECK(client.next() == std::vector<std::string>{"s1 recv=ECONNABORTED", "s2=pod-b"});
+}
+
 namespace {
 
 constexpr const char* kManifest = R"(apiVersion: v1
