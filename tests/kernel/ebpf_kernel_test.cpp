@@ -745,15 +745,26 @@ TEST_CASE("ebpf: a connected UDP socket steered to an endpoint that is removed i
   };
 
   // Sockets of the client, kept across the syncs: s1 and s2 through the ClusterIP, s3 connected
-  // to pod-a's own address, s4 never connected.
-  int s1 = -1, s2 = -1, s3 = -1, s4 = -1, s5 = -1;
+  // to pod-a's own address, s4 never connected, s6 an IPv6 socket through the ClusterIP's
+  // IPv4-mapped form.
+  int s1 = -1, s2 = -1, s3 = -1, s4 = -1, s5 = -1, s6 = -1;
+  auto connectMapped = [] {
+    const int fd = ::socket(AF_INET6, SOCK_DGRAM, 0);
+    sockaddr_in6 to{};
+    to.sin6_family = AF_INET6;
+    to.sin6_port = htons(53);
+    ::inet_pton(AF_INET6, (std::string("::ffff:") + kDnsClusterIP).c_str(), &to.sin6_addr);
+    return ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0 ? fd : -1;
+  };
   const sockaddr_in service = inet(kDnsClusterIP, 53);
   LongClient client(t, {
       [&] {
         s1 = connectedUdp(kDnsClusterIP, 53);
         s3 = connectedUdp(kPodIP, 5353);
         s4 = ::socket(AF_INET, SOCK_DGRAM, 0);
-        std::printf("s1=%s\ns3=%s\ns4=%s\n", exchange(s1).c_str(), exchange(s3).c_str(), exchange(s4, &service).c_str());
+        s6 = connectMapped();
+        std::printf("s1=%s\ns3=%s\ns4=%s\ns6=%s\n", exchange(s1).c_str(), exchange(s3).c_str(),
+                    exchange(s4, &service).c_str(), exchange(s6).c_str());
       },
       [&] {
         s2 = connectedUdp(kDnsClusterIP, 53);
@@ -765,6 +776,8 @@ TEST_CASE("ebpf: a connected UDP socket steered to an endpoint that is removed i
         char byte = 0;
         const ssize_t n = ::recv(s1, &byte, 1, MSG_DONTWAIT);
         std::printf("s1 recv=%s\n", n < 0 ? ::strerrorname_np(errno) : "data");
+        const ssize_t m = ::recv(s6, &byte, 1, MSG_DONTWAIT);
+        std::printf("s6 recv=%s\n", m < 0 ? ::strerrorname_np(errno) : "data");
         s5 = connectedUdp(kDnsClusterIP, 53);
         std::printf("s5=%s\ns2=%s\ns3=%s\ns4=%s\n", exchange(s5).c_str(), exchange(s2).c_str(),
                     exchange(s3).c_str(), exchange(s4, &service).c_str());
@@ -776,7 +789,7 @@ TEST_CASE("ebpf: a connected UDP socket steered to an endpoint that is removed i
   auto first = sync({dnsService({a})}, true);
   CHECK(first.ran);
   CHECK(first.listed == 0);
-  CHECK(client.next() == std::vector<std::string>{"s1=pod-a", "s3=pod-a", "s4=pod-a"});
+  CHECK(client.next() == std::vector<std::string>{"s1=pod-a", "s3=pod-a", "s4=pod-a", "s6=pod-a"});
 
   // 2. pod-a terminating but still serving, pod-b ready: new connects go to pod-b (s2), and s1
   //    is not ended (a serving endpoint keeps its flows, as in conntrack).
@@ -787,16 +800,16 @@ TEST_CASE("ebpf: a connected UDP socket steered to an endpoint that is removed i
   both.clusterEndpoints = {b};
   both.allReachableEndpoints = {b};
   auto second = sync({both}, false);
-  CHECK(second.listed == 1);  // s1; s3 has no reverse element, s4 is not connected
+  CHECK(second.listed == 2);  // s1, s6; s3 has no reverse element, s4 is not connected
   CHECK(second.stale.empty());
   CHECK(client.next() == std::vector<std::string>{"s1=pod-a", "s2=pod-b"});
 
-  // 3. pod-a removed: s1 is ended, and only s1.
+  // 3. pod-a removed: s1 and s6 are ended, and only they.
   auto third = sync({dnsService({b})}, false);
-  CHECK(third.listed == 2);  // s1, s2
-  CHECK(third.stale.size() == 1);
-  CHECK(third.deleted == 1);
-  CHECK(client.next() == std::vector<std::string>{"s1 send=EDESTADDRREQ", "s1 recv=ECONNABORTED", "s5=pod-b",
+  CHECK(third.listed == 3);  // s1, s6, s2
+  CHECK(third.stale.size() == 2);
+  CHECK(third.deleted == 2);
+  CHECK(client.next() == std::vector<std::string>{"s1 send=EDESTADDRREQ", "s1 recv=ECONNABORTED", "s6 recv=ECONNABORTED", "s5=pod-b",
                                                   "s2=pod-b", "s3=pod-a", "s4=pod-b"});
 
   // 4. A full sync after it finds s2 and s5 steered to pod-b, which serves: nothing more ends.

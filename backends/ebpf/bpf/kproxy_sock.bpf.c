@@ -279,7 +279,8 @@ extern int bpf_sock_destroy(struct sock_common *sk) __weak __ksym;
 
 #define KPROXY_TCP_ESTABLISHED 1
 
-/* A connected UDP socket's peer and own address; 0 for an unconnected one or another family. */
+/* A connected UDP socket's peer and own address (IPv4-mapped ones in the IPv4 form); 0 for an
+ * unconnected one or another family. */
 static __always_inline int udp_peer(const struct sock *sk, struct kproxy_lb_endpoint *peer,
                                     struct kproxy_lb_endpoint *local) {
   const struct sock_common *c = &sk->__sk_common;
@@ -298,6 +299,11 @@ static __always_inline int udp_peer(const struct sock *sk, struct kproxy_lb_endp
                     c->skc_v6_rcv_saddr.in6_u.u6_addr32[2], c->skc_v6_rcv_saddr.in6_u.u6_addr32[3]};
     __builtin_memcpy(local->address, own, 16);
     peer->family = local->family = KPROXY_FAMILY_IPV6;
+    /* Connected to an IPv4-mapped address: its reverse element holds the IPv4 form. */
+    if (v4mapped(peer->address)) {
+      unmap(peer->address, &peer->family);
+      unmap(local->address, &local->family);
+    }
   } else {
     return 0;
   }
