@@ -229,15 +229,12 @@ void namespacesOfCgroup(const std::string& cgroup, FileDescriptors& out) {
     std::ifstream procs(dir / "cgroup.procs");
     for (long pid = 0; procs >> pid;) {
       if (pid <= 0) continue;
+      // Most processes share a few namespaces: each is opened once.
       const std::string path = "/proc/" + std::to_string(pid) + "/ns/net";
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd < 0) continue;
       struct stat st{};
-      if (::fstat(fd, &st) != 0 || !seen.emplace(st.st_dev, st.st_ino).second) {
-        ::close(fd);
-        continue;
-      }
-      out.fds.push_back(fd);
+      if (::stat(path.c_str(), &st) != 0 || !seen.emplace(st.st_dev, st.st_ino).second) continue;
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) out.fds.push_back(fd);
     }
   };
   addProcesses(cgroup);
