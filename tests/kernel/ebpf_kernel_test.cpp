@@ -43,7 +43,11 @@
 #include "../unit/nftables/service_ports.h"
 #include "kproxy/ebpf/backend.h"
 #include "kproxy/ebpf/kernel.h"
+#include "kproxy/core/backend.h"
+#include "kproxy/core/snapshot.h"
 #include "kproxy/ebpf/tracer.h"
+#include "kproxy/plugins/loader.h"
+#include "kproxy/plugins/plugin_metrics.h"
 #include "netns.h"
 
 using namespace kproxy;
@@ -817,6 +821,96 @@ TEST_CASE("ebpf: a connected UDP socket steered to an endpoint that is removed i
   CHECK(fourth.listed == 2);
   CHECK(fourth.deleted == 0);
   CHECK(client.next() == std::vector<std::string>{"s2=pod-b", "s5=pod-b"});
+}
+
+namespace {
+
+/// The UDP service port of the plugin case, as the host's snapshot holds it, with endpoints
+/// `eps` (address, port).
+std::shared_ptr<const core::ServicePortState> dnsState(const std::vector<std::pair<std::string, int>>& eps) {
+  auto s = std::make_shared<core::ServicePortState>();
+  s->key = core::ServicePortKey{net::Family::kIPv4, "ns/dns:dns"};
+  s->ns = "ns";
+  s->serviceName = "dns";
+  s->portName = "dns";
+  s->type = core::ServiceType::kClusterIP;
+  s->protocol = core::Protocol::kUDP;
+  s->clusterIP = kDnsClusterIP;
+  s->port = 53;
+  for (const auto& [ip, port] : eps) {
+    core::Endpoint e;
+    e.ip = ip;
+    e.port = port;
+    e.ready = true;
+    e.serving = true;
+    s->clusterEndpoints.push_back(e);
+    s->allReachableEndpoints.push_back(e);
+    s->allEndpoints.push_back(e);
+  }
+  s->hasAnyEndpoints = !eps.empty();
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("ebpf: the plugin, loaded as kproxy loads it, ends a stale connected UDP socket after the host's sync",
+          "[kernel][ebpf]") {
+  Testbed t;
+  t.setUp();
+  sh("ip -n " + t.server + " addr add " + kPodBIP + "/24 dev veth-s");
+  plugins::PluginRegistry registry;
+  auto loaded = registry.load(std::filesystem::path(KPROXY_TEST_PLUGIN_DIR) / "kproxy-backend-ebpf.so");
+  INFO((loaded ? std::string() : loaded.error().message()));
+  REQUIRE(loaded.has_value());
+  auto created = registry.createBackend(
+      "ebpf", {{"node-name", "node-a"}, {"ebpf-cgroup-path", t.cgroup}, {"ebpf-pin-path", t.pinPath}});
+  INFO((created ? std::string() : created.error().message()));
+  REQUIRE(created.has_value());
+  core::Backend& backend = **created;
+  struct CleanUp {
+    core::Backend& backend;
+    ~CleanUp() { (void)backend.cleanup(); }
+  } cleanUp{backend};
+
+  core::NodeInfo node;
+  node.name = "node-a";
+  node.known = true;
+  const std::vector<core::ServicePortKey> changed{core::ServicePortKey{net::Family::kIPv4, "ns/dns:dns"}};
+  auto withA = dnsState({{kPodIP, 5353}});
+  const core::Snapshot s1 = core::Snapshot().withNode(node).with(withA->key, withA).withGeneration(1);
+  REQUIRE(backend.sync(core::SyncRequest{nullptr, &s1, changed, core::SyncKind::kFull}).has_value());
+
+  int s = -1;
+  LongClient client(t, {
+      [&] {
+        s = connectedUdp(kDnsClusterIP, 53);
+        std::printf("s=%s\n", exchange(s).c_str());
+      },
+      [&] {
+        char byte = 0;
+        const ssize_t n = ::recv(s, &byte, 1, MSG_DONTWAIT);
+        std::printf("s recv=%s\nnew=%s\n", n < 0 ? ::strerrorname_np(errno) : "data",
+                    exchange(connectedUdp(kDnsClusterIP, 53)).c_str());
+      },
+  });
+  CHECK(client.next() == std::vector<std::string>{"s=pod-a"});
+
+  // pod-a replaced by pod-b: the partial sync's cleanup ends the socket.
+  auto withB = dnsState({{kPodBIP, 5354}});
+  const core::Snapshot s2 = s1.with(withB->key, withB).withGeneration(2);
+  REQUIRE(backend.sync(core::SyncRequest{&s1, &s2, changed, core::SyncKind::kPartial}).has_value());
+  CHECK(client.next() == std::vector<std::string>{"s recv=ECONNABORTED", "new=pod-b"});
+  const std::string metrics = [&] {
+    std::string out;
+    for (const auto& family : registry.metrics().collect())
+      for (const auto& [labels, value] : family.samples)
+        if (family.name.starts_with("kproxy_ebpf_socket_"))
+          out += family.name + "{" + (labels.empty() ? "" : labels.front()) + "}=" + std::to_string(int(value)) + " ";
+    return out;
+  }();
+  INFO(metrics);
+  CHECK(metrics.find("kproxy_ebpf_socket_operations_total{ended}=1 ") != std::string::npos);
+  CHECK(metrics.find("kproxy_ebpf_socket_operations_total{listed}=1 ") != std::string::npos);
 }
 
 TEST_CASE("ebpf: an IPv6 connected UDP socket steered to an endpoint that is removed is ended", "[kernel][ebpf]") {
