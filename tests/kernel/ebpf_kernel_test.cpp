@@ -49,6 +49,7 @@
 #include "kproxy/plugins/loader.h"
 #include "kproxy/plugins/plugin_metrics.h"
 #include "netns.h"
+#include "service_port_states.h"
 
 using namespace kproxy;
 using namespace kproxy::ebpf;
@@ -825,30 +826,10 @@ TEST_CASE("ebpf: a connected UDP socket steered to an endpoint that is removed i
 
 namespace {
 
-/// The UDP service port of the plugin case, as the host's snapshot holds it, with endpoints
-/// `eps` (address, port).
-std::shared_ptr<const core::ServicePortState> dnsState(const std::vector<std::pair<std::string, int>>& eps) {
-  auto s = std::make_shared<core::ServicePortState>();
-  s->key = core::ServicePortKey{net::Family::kIPv4, "ns/dns:dns"};
-  s->ns = "ns";
-  s->serviceName = "dns";
-  s->portName = "dns";
-  s->type = core::ServiceType::kClusterIP;
-  s->protocol = core::Protocol::kUDP;
-  s->clusterIP = kDnsClusterIP;
-  s->port = 53;
-  for (const auto& [ip, port] : eps) {
-    core::Endpoint e;
-    e.ip = ip;
-    e.port = port;
-    e.ready = true;
-    e.serving = true;
-    s->clusterEndpoints.push_back(e);
-    s->allReachableEndpoints.push_back(e);
-    s->allEndpoints.push_back(e);
-  }
-  s->hasAnyEndpoints = !eps.empty();
-  return s;
+/// The UDP service port of the plugin case, as the host's snapshot holds it.
+std::shared_ptr<const core::ServicePortState> dnsState(const char* ip, int port) {
+  return kproxy::testing::udpClusterIPState("ns", "dns", kDnsClusterIP, 53,
+                                            {kproxy::testing::servingEndpoint(ip, port)});
 }
 
 }  // namespace
@@ -876,7 +857,7 @@ TEST_CASE("ebpf: the plugin, loaded as kproxy loads it, ends a stale connected U
   node.name = "node-a";
   node.known = true;
   const std::vector<core::ServicePortKey> changed{core::ServicePortKey{net::Family::kIPv4, "ns/dns:dns"}};
-  auto withA = dnsState({{kPodIP, 5353}});
+  auto withA = dnsState(kPodIP, 5353);
   const core::Snapshot s1 = core::Snapshot().withNode(node).with(withA->key, withA).withGeneration(1);
   REQUIRE(backend.sync(core::SyncRequest{nullptr, &s1, changed, core::SyncKind::kFull}).has_value());
 
@@ -896,7 +877,7 @@ TEST_CASE("ebpf: the plugin, loaded as kproxy loads it, ends a stale connected U
   CHECK(client.next() == std::vector<std::string>{"s=pod-a"});
 
   // pod-a replaced by pod-b: the partial sync's cleanup ends the socket.
-  auto withB = dnsState({{kPodBIP, 5354}});
+  auto withB = dnsState(kPodBIP, 5354);
   const core::Snapshot s2 = s1.with(withB->key, withB).withGeneration(2);
   REQUIRE(backend.sync(core::SyncRequest{&s1, &s2, changed, core::SyncKind::kPartial}).has_value());
   CHECK(client.next() == std::vector<std::string>{"s recv=ECONNABORTED", "new=pod-b"});
