@@ -28,6 +28,7 @@
 #include "kproxy/kernel/conntrack_table.h"
 #include "kproxy/plugins/loader.h"
 #include "netns.h"
+#include "service_port_states.h"
 
 using namespace kproxy;
 using kproxy::testing::FreshNetns;
@@ -123,30 +124,9 @@ std::map<int, std::string> flowsTo(const std::string& dst) {
 }
 
 std::shared_ptr<const core::ServicePortState> dnsPort(const std::vector<std::string>& endpointIPs) {
-  auto s = std::make_shared<core::ServicePortState>();
-  s->key = core::ServicePortKey{net::Family::kIPv4, "default/dns:dns"};
-  s->ns = "default";
-  s->serviceName = "dns";
-  s->portName = "dns";
-  s->type = core::ServiceType::kClusterIP;
-  s->protocol = core::Protocol::kUDP;
-  s->clusterIP = "172.30.0.10";
-  s->port = 53;
-  for (const auto& ip : endpointIPs) {
-    core::Endpoint e;
-    e.ip = ip;
-    e.port = 5353;
-    e.isLocal = true;
-    e.ready = true;
-    e.serving = true;
-    e.nodeName = "node-a";
-    s->clusterEndpoints.push_back(e);
-    s->localEndpoints.push_back(e);
-    s->allReachableEndpoints.push_back(e);
-    s->allEndpoints.push_back(e);
-  }
-  s->hasAnyEndpoints = !endpointIPs.empty();
-  return s;
+  std::vector<core::Endpoint> endpoints;
+  for (const auto& ip : endpointIPs) endpoints.push_back(kproxy::testing::servingEndpoint(ip, 5353, "node-a"));
+  return kproxy::testing::udpClusterIPState("default", "dns", "172.30.0.10", 53, endpoints);
 }
 
 /// The node the plugin is created for, as the tracker resolves its Node object.

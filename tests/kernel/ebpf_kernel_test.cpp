@@ -43,8 +43,13 @@
 #include "../unit/nftables/service_ports.h"
 #include "kproxy/ebpf/backend.h"
 #include "kproxy/ebpf/kernel.h"
+#include "kproxy/core/backend.h"
+#include "kproxy/core/snapshot.h"
 #include "kproxy/ebpf/tracer.h"
+#include "kproxy/plugins/loader.h"
+#include "kproxy/plugins/plugin_metrics.h"
 #include "netns.h"
+#include "service_port_states.h"
 
 using namespace kproxy;
 using namespace kproxy::ebpf;
@@ -63,6 +68,8 @@ constexpr const char* kEmptyClusterIP = "10.96.0.11";
 constexpr const char* kStickyClusterIP = "10.96.0.12";  // pod-a and pod-b, ClientIP affinity
 constexpr const char* kSpreadClusterIP = "10.96.0.13";  // pod-a and pod-b, no affinity
 constexpr const char* kClusterIP6 = "fd00:96::10";
+constexpr const char* kDnsClusterIP = "10.96.0.14";  // UDP: pod-a's 5353, pod-b's 5354 on kPodBIP
+constexpr const char* kPodBIP = "10.200.0.3";         // a second address of the server namespace
 
 /// The mount namespace of this test process becomes private once, so that its bpffs mounts
 /// (and `ip netns`'s bind mounts) are never seen by the host and go away with the process; so
@@ -162,7 +169,7 @@ struct Testbed {
        " route add default via " + kPodIP6);
     sh("ip -n " + server + " addr add " + kPodIP6 + "/64 dev veth-s nodad");
     startPod("pod-a", {"--port", "8080", "--udp-port", "5353"});
-    startPod("pod-b", {"--port", "8081"});
+    startPod("pod-b", {"--port", "8081", "--udp-port", "5354"});
   }
 
   ~Testbed() {
@@ -630,6 +637,319 @@ TEST_CASE("ebpf: start-up names what the kernel or the node lacks", "[kernel][eb
     REQUIRE_FALSE(made.has_value());
     CHECK(made.error().message.find("not on a bpf filesystem") != std::string::npos);
   }
+}
+
+namespace {
+
+/// A client process in the cgroup and the client's namespace that lives across syncs: it runs
+/// `steps` one after the other, each when the test says `next()`, and reports what each printed.
+class LongClient {
+ public:
+  LongClient(const Testbed& t, std::vector<std::function<void()>> steps) {
+    int toChild[2], fromChild[2];
+    REQUIRE(::pipe(toChild) == 0);
+    REQUIRE(::pipe(fromChild) == 0);
+    std::fflush(nullptr);
+    pid_ = ::fork();
+    REQUIRE(pid_ >= 0);
+    if (pid_ == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      ::dup2(fromChild[1], 1);
+      ::close(toChild[1]);
+      ::close(fromChild[0]);
+      std::ofstream(t.cgroup + "/cgroup.procs") << ::getpid() << std::flush;
+      enterNetns(t.client);
+      for (auto& step : steps) {
+        char go = 0;
+        if (::read(toChild[0], &go, 1) != 1) ::_exit(1);
+        step();
+        std::printf("end\n");
+        std::fflush(stdout);
+      }
+      ::_exit(0);
+    }
+    ::close(toChild[0]);
+    ::close(fromChild[1]);
+    toChild_ = toChild[1];
+    fromChild_ = ::fdopen(fromChild[0], "r");
+  }
+  ~LongClient() {
+    ::close(toChild_);
+    if (fromChild_ != nullptr) std::fclose(fromChild_);
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+  LongClient(const LongClient&) = delete;
+  LongClient& operator=(const LongClient&) = delete;
+
+  /// Runs the next step; its lines ("s1=pod-a"), in order.
+  std::vector<std::string> next() {
+    REQUIRE(::write(toChild_, "n", 1) == 1);
+    std::vector<std::string> lines;
+    char buf[512];
+    while (std::fgets(buf, sizeof buf, fromChild_) != nullptr) {
+      std::string line(buf);
+      if (!line.empty() && line.back() == '\n') line.pop_back();
+      if (line == "end") return lines;
+      lines.push_back(line);
+    }
+    std::string said;
+    for (const auto& line : lines) said += line + " | ";
+    FAIL("the client died; it said: " << said);
+    return lines;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int toChild_ = -1;
+  std::FILE* fromChild_ = nullptr;
+};
+
+/// In the client: a UDP socket connected to `ip`:`port` (-1 when the connect fails).
+int connectedUdp(const char* ip, int port) {
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  sockaddr_in to = inet(ip, port);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/// In the client: one datagram on `fd` (to its peer, or to `to` when given) and the pod that
+/// answered ("pod-a"), or what failed ("send: ECONNABORTED", "recv: …", "no reply").
+std::string exchange(int fd, const sockaddr_in* to = nullptr) {
+  const ssize_t sent = to == nullptr ? ::send(fd, "x", 1, 0)
+                                     : ::sendto(fd, "x", 1, 0, reinterpret_cast<const sockaddr*>(to), sizeof *to);
+  if (sent < 0) return std::string("send: ") + ::strerrorname_np(errno);
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, 3000) != 1) return "no reply";
+  char buf[512] = {};
+  const ssize_t n = ::recv(fd, buf, sizeof buf - 1, 0);
+  if (n < 0) return std::string("recv: ") + ::strerrorname_np(errno);
+  const std::string reply(buf, static_cast<std::size_t>(n));  // "pod=pod-a client=…"
+  return reply.starts_with("pod=") ? reply.substr(4, reply.find(' ') - 4) : reply;
+}
+
+/// The UDP service of the stale-socket case with `eps`.
+sdk::ServicePort dnsService(std::vector<sdk::Endpoint> eps) {
+  return clusterIP("ns", "dns", kDnsClusterIP, 53, std::move(eps), sdk::Protocol::kUDP, "dns");
+}
+
+}  // namespace
+
+TEST_CASE("ebpf: a connected UDP socket steered to an endpoint that is removed is ended; the others are not",
+          "[kernel][ebpf]") {
+  Testbed t;
+  t.setUp();
+  // pod-b's endpoint has an address of its own: the cleanup tells endpoints apart by address,
+  // as conntrack's does.
+  sh("ip -n " + t.server + " addr add " + kPodBIP + "/24 dev veth-s");
+  const sdk::Endpoint a = endpoint(kPodIP, 5353);   // pod-a
+  const sdk::Endpoint b = endpoint(kPodBIP, 5354);  // pod-b
+  const std::vector<sdk::ChangedKey> changed{{net::Family::kIPv4, "ns/dns:dns"}};
+  std::vector<sdk::ServicePort> applied;
+  // A sync as the host runs it: the maps, then the stale-socket cleanup over the two snapshots.
+  auto sync = [&](std::vector<sdk::ServicePort> next, bool full) {
+    auto synced = t.backend().syncFrom(plan::VectorSnapshot(next), full ? std::vector<sdk::ChangedKey>{} : changed, full);
+    INFO((synced ? synced->summary : synced.error().message));
+    REQUIRE(synced.has_value());
+    auto report = t.backend().endStaleSockets(applied, next, full ? std::vector<sdk::ChangedKey>{} : changed, full);
+    INFO((report ? "" : report.error().message()));
+    REQUIRE(report.has_value());
+    applied = std::move(next);
+    return *report;
+  };
+
+  // Sockets of the client, kept across the syncs: s1 and s2 through the ClusterIP, s3 connected
+  // to pod-a's own address, s4 never connected, s6 an IPv6 socket through the ClusterIP's
+  // IPv4-mapped form.
+  int s1 = -1, s2 = -1, s3 = -1, s4 = -1, s5 = -1, s6 = -1;
+  auto connectMapped = [] {
+    const int fd = ::socket(AF_INET6, SOCK_DGRAM, 0);
+    sockaddr_in6 to{};
+    to.sin6_family = AF_INET6;
+    to.sin6_port = htons(53);
+    ::inet_pton(AF_INET6, (std::string("::ffff:") + kDnsClusterIP).c_str(), &to.sin6_addr);
+    return ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0 ? fd : -1;
+  };
+  const sockaddr_in service = inet(kDnsClusterIP, 53);
+  LongClient client(t, {
+      [&] {
+        s1 = connectedUdp(kDnsClusterIP, 53);
+        s3 = connectedUdp(kPodIP, 5353);
+        s4 = ::socket(AF_INET, SOCK_DGRAM, 0);
+        s6 = connectMapped();
+        std::printf("s1=%s\ns3=%s\ns4=%s\ns6=%s\n", exchange(s1).c_str(), exchange(s3).c_str(),
+                    exchange(s4, &service).c_str(), exchange(s6).c_str());
+      },
+      [&] {
+        s2 = connectedUdp(kDnsClusterIP, 53);
+        std::printf("s1=%s\ns2=%s\n", exchange(s1).c_str(), exchange(s2).c_str());
+      },
+      [&] {
+        // The ended socket, as a sender that never reads would find it, then its pending error.
+        std::printf("s1 send=%s\n", ::send(s1, "x", 1, 0) < 0 ? ::strerrorname_np(errno) : "sent");
+        char byte = 0;
+        const ssize_t n = ::recv(s1, &byte, 1, MSG_DONTWAIT);
+        std::printf("s1 recv=%s\n", n < 0 ? ::strerrorname_np(errno) : "data");
+        const ssize_t m = ::recv(s6, &byte, 1, MSG_DONTWAIT);
+        std::printf("s6 recv=%s\n", m < 0 ? ::strerrorname_np(errno) : "data");
+        s5 = connectedUdp(kDnsClusterIP, 53);
+        std::printf("s5=%s\ns2=%s\ns3=%s\ns4=%s\n", exchange(s5).c_str(), exchange(s2).c_str(),
+                    exchange(s3).c_str(), exchange(s4, &service).c_str());
+      },
+      [&] { std::printf("s2=%s\ns5=%s\n", exchange(s2).c_str(), exchange(s5).c_str()); },
+  });
+
+  // 1. pod-a alone: s1 is steered to it.
+  auto first = sync({dnsService({a})}, true);
+  CHECK(first.ran);
+  CHECK(first.listed == 0);
+  CHECK(client.next() == std::vector<std::string>{"s1=pod-a", "s3=pod-a", "s4=pod-a", "s6=pod-a"});
+
+  // 2. pod-a terminating but still serving, pod-b ready: new connects go to pod-b (s2), and s1
+  //    is not ended (a serving endpoint keeps its flows, as in conntrack).
+  sdk::Endpoint terminating = a;
+  terminating.ready = false;
+  terminating.terminating = true;
+  auto both = dnsService({terminating, b});
+  both.clusterEndpoints = {b};
+  both.allReachableEndpoints = {b};
+  auto second = sync({both}, false);
+  CHECK(second.listed == 2);  // s1, s6; s3 has no reverse element, s4 is not connected
+  CHECK(second.stale.empty());
+  CHECK(client.next() == std::vector<std::string>{"s1=pod-a", "s2=pod-b"});
+
+  // 3. pod-a removed: s1 and s6 are ended, and only they.
+  auto third = sync({dnsService({b})}, false);
+  CHECK(third.listed == 3);  // s1, s6, s2
+  CHECK(third.stale.size() == 2);
+  CHECK(third.deleted == 2);
+  CHECK(client.next() == std::vector<std::string>{"s1 send=EDESTADDRREQ", "s1 recv=ECONNABORTED", "s6 recv=ECONNABORTED", "s5=pod-b",
+                                                  "s2=pod-b", "s3=pod-a", "s4=pod-b"});
+
+  // 4. A full sync after it finds s2 and s5 steered to pod-b, which serves: nothing more ends.
+  auto fourth = sync({dnsService({b})}, true);
+  CHECK(fourth.listed == 2);
+  CHECK(fourth.deleted == 0);
+  CHECK(client.next() == std::vector<std::string>{"s2=pod-b", "s5=pod-b"});
+}
+
+namespace {
+
+/// The UDP service port of the plugin case, as the host's snapshot holds it.
+std::shared_ptr<const core::ServicePortState> dnsState(const char* ip, int port) {
+  return kproxy::testing::udpClusterIPState("ns", "dns", kDnsClusterIP, 53,
+                                            {kproxy::testing::servingEndpoint(ip, port)});
+}
+
+}  // namespace
+
+TEST_CASE("ebpf: the plugin, loaded as kproxy loads it, ends a stale connected UDP socket after the host's sync",
+          "[kernel][ebpf]") {
+  Testbed t;
+  t.setUp();
+  sh("ip -n " + t.server + " addr add " + kPodBIP + "/24 dev veth-s");
+  plugins::PluginRegistry registry;
+  auto loaded = registry.load(std::filesystem::path(KPROXY_TEST_PLUGIN_DIR) / "kproxy-backend-ebpf.so");
+  INFO((loaded ? std::string() : loaded.error().message()));
+  REQUIRE(loaded.has_value());
+  auto created = registry.createBackend(
+      "ebpf", {{"node-name", "node-a"}, {"ebpf-cgroup-path", t.cgroup}, {"ebpf-pin-path", t.pinPath}});
+  INFO((created ? std::string() : created.error().message()));
+  REQUIRE(created.has_value());
+  core::Backend& backend = **created;
+  struct CleanUp {
+    core::Backend& backend;
+    ~CleanUp() { (void)backend.cleanup(); }
+  } cleanUp{backend};
+
+  core::NodeInfo node;
+  node.name = "node-a";
+  node.known = true;
+  const std::vector<core::ServicePortKey> changed{core::ServicePortKey{net::Family::kIPv4, "ns/dns:dns"}};
+  auto withA = dnsState(kPodIP, 5353);
+  const core::Snapshot s1 = core::Snapshot().withNode(node).with(withA->key, withA).withGeneration(1);
+  REQUIRE(backend.sync(core::SyncRequest{nullptr, &s1, changed, core::SyncKind::kFull}).has_value());
+
+  int s = -1;
+  LongClient client(t, {
+      [&] {
+        s = connectedUdp(kDnsClusterIP, 53);
+        std::printf("s=%s\n", exchange(s).c_str());
+      },
+      [&] {
+        char byte = 0;
+        const ssize_t n = ::recv(s, &byte, 1, MSG_DONTWAIT);
+        std::printf("s recv=%s\nnew=%s\n", n < 0 ? ::strerrorname_np(errno) : "data",
+                    exchange(connectedUdp(kDnsClusterIP, 53)).c_str());
+      },
+  });
+  CHECK(client.next() == std::vector<std::string>{"s=pod-a"});
+
+  // pod-a replaced by pod-b: the partial sync's cleanup ends the socket.
+  auto withB = dnsState(kPodBIP, 5354);
+  const core::Snapshot s2 = s1.with(withB->key, withB).withGeneration(2);
+  REQUIRE(backend.sync(core::SyncRequest{&s1, &s2, changed, core::SyncKind::kPartial}).has_value());
+  CHECK(client.next() == std::vector<std::string>{"s recv=ECONNABORTED", "new=pod-b"});
+  const std::string metrics = [&] {
+    std::string out;
+    for (const auto& family : registry.metrics().collect())
+      for (const auto& [labels, value] : family.samples)
+        if (family.name.starts_with("kproxy_ebpf_socket_"))
+          out += family.name + "{" + (labels.empty() ? "" : labels.front()) + "}=" + std::to_string(int(value)) + " ";
+    return out;
+  }();
+  INFO(metrics);
+  CHECK(metrics.find("kproxy_ebpf_socket_operations_total{ended}=1 ") != std::string::npos);
+  CHECK(metrics.find("kproxy_ebpf_socket_operations_total{listed}=1 ") != std::string::npos);
+}
+
+TEST_CASE("ebpf: an IPv6 connected UDP socket steered to an endpoint that is removed is ended", "[kernel][ebpf]") {
+  Testbed t;
+  t.setUp();
+  constexpr const char* kPodBIP6 = "fd00:200::3";
+  sh("ip -n " + t.server + " addr add " + std::string(kPodBIP6) + "/64 dev veth-s nodad");
+  const std::vector<sdk::ChangedKey> changed{{net::Family::kIPv6, "ns/dns6:dns"}};
+  auto dns6 = [](std::vector<sdk::Endpoint> eps) {
+    return clusterIP("ns", "dns6", "fd00:96::14", 53, std::move(eps), sdk::Protocol::kUDP, "dns");
+  };
+  const auto a = dns6({endpoint(kPodIP6, 5353)});
+  const auto b = dns6({endpoint(kPodBIP6, 5354)});
+  REQUIRE(t.backend().syncFrom(plan::VectorSnapshot({a}), {}, true).has_value());
+
+  auto connect6 = [] {
+    const int fd = ::socket(AF_INET6, SOCK_DGRAM, 0);
+    sockaddr_in6 to{};
+    to.sin6_family = AF_INET6;
+    to.sin6_port = htons(53);
+    ::inet_pton(AF_INET6, "fd00:96::14", &to.sin6_addr);
+    return ::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) == 0 ? fd : -1;
+  };
+  int s1 = -1;
+  LongClient client(t, {
+      [&] {
+        s1 = connect6();
+        std::printf("s1=%s\n", exchange(s1).c_str());
+      },
+      [&] {
+        char byte = 0;
+        const ssize_t n = ::recv(s1, &byte, 1, MSG_DONTWAIT);
+        std::printf("s1 recv=%s\ns2=%s\n", n < 0 ? ::strerrorname_np(errno) : "data", exchange(connect6()).c_str());
+      },
+  });
+  CHECK(client.next() == std::vector<std::string>{"s1=pod-a"});
+  REQUIRE(t.backend().syncFrom(plan::VectorSnapshot({b}), changed, false).has_value());
+  auto report = t.backend().endStaleSockets({a}, {b}, changed, false);
+  INFO((report ? "" : report.error().message()));
+  REQUIRE(report.has_value());
+  CHECK(report->listed == 1);
+  REQUIRE(report->stale.size() == 1);
+  CHECK(report->stale.front().original.dstIP == "fd00:96::14");
+  CHECK(report->stale.front().reply.srcIP == kPodIP6);
+  CHECK(report->deleted == 1);
+  CHECK(client.next() == std::vector<std::string>{"s1 recv=ECONNABORTED", "s2=pod-b"});
 }
 
 namespace {

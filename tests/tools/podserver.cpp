@@ -343,16 +343,30 @@ void acceptLoop(int listener) {
   }
 }
 
+// Answers each datagram from the address it was sent to (its packet info), not the one the
+// route would pick: a client connected to a second address of the pod takes only replies from it.
 void udpEchoLoop(int fd) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_IP, IP_PKTINFO, &one, sizeof one);         // fails on the IPv6 socket
+  ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &one, sizeof one);  // fails on the IPv4 one
   std::vector<char> datagram(65535);
   for (;;) {
     sockaddr_storage peer{};
-    socklen_t length = sizeof peer;
-    ssize_t n = ::recvfrom(fd, datagram.data(), datagram.size(), 0,
-                           reinterpret_cast<sockaddr*>(&peer), &length);
+    alignas(cmsghdr) char control[256];
+    iovec in{datagram.data(), datagram.size()};
+    msghdr msg{.msg_name = &peer, .msg_namelen = sizeof peer, .msg_iov = &in, .msg_iovlen = 1,
+               .msg_control = control, .msg_controllen = sizeof control, .msg_flags = 0};
+    ssize_t n = ::recvmsg(fd, &msg, 0);
     if (n < 0) continue;
     std::string reply = identity(peer) + "\n";
-    ::sendto(fd, reply.data(), reply.size(), 0, reinterpret_cast<sockaddr*>(&peer), length);
+    iovec out{reply.data(), reply.size()};
+    msg.msg_iov = &out;
+    msg.msg_flags = 0;
+    // The packet info goes back as it came: its local address becomes the source.
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c))
+      if (c->cmsg_level == IPPROTO_IP && c->cmsg_type == IP_PKTINFO)
+        reinterpret_cast<in_pktinfo*>(CMSG_DATA(c))->ipi_ifindex = 0;
+    ::sendmsg(fd, &msg, 0);
   }
 }
 

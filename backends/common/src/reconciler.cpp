@@ -47,6 +47,7 @@ sdk::Expected<sdk::SyncOutcome> Reconciler::sync(const sdk::SyncContext& context
   // UDP flows already DNAT'ed to a removed endpoint would keep going there; best effort, it
   // logs its own failures and never fails the sync.
   if (synced && options_.conntrack) cleanStaleConntrackEntries(host_, context, options_.conntrack, conntrackMetrics_);
+  if (synced) cleanAfterSync(context);
   return synced;
 }
 

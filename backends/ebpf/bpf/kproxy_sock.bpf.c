@@ -7,6 +7,8 @@
  *   recvmsg4/6      UDP replies are reported from the service address
  *   getpeername4/6  answers the service address
  *   sock_release    a connected socket's reverse translation goes with the socket
+ *   iter/udp        (two passes, run by the plugin after a sync) lists connected UDP sockets
+ *                   steered to an endpoint, and ends those the plugin names (bpf_sock_destroy)
  * The maps' layout is map_layout.h; the plugin writes services and slots, these programs write
  * affinity and reverse. The plugin writes a service's slots before its counts, so a lookup here
  * never finds a count larger than the slots written. */
@@ -257,6 +259,90 @@ SEC("cgroup/sock_release") int kproxy_sock_release(struct bpf_sock *sk) {
   if (key.endpoint.port == 0) return 1;
   bpf_map_delete_elem(&kproxy_reverse, &key);
   return 1;
+}
+
+/* The stale-socket passes. A connected UDP socket keeps the endpoint its connect was steered
+ * to for as long as it lives; when the endpoint stops serving, the plugin ends the socket
+ * (its pending error is ECONNABORTED, which the application's next receive gets; a send on
+ * it fails with EDESTADDRREQ, as it is no longer connected; its next connect is steered
+ * anew). The plugin decides which are stale, with the conntrack cleaner's rule: these
+ * programs only report and end. Both are loaded only where the kernel has bpf_sock_destroy
+ * (Linux 6.5+), and run once per network namespace (an iterator walks its reader's). */
+struct {
+  __uint(type, BPF_MAP_TYPE_HASH);
+  __uint(max_entries, KPROXY_DESTROY_BATCH);
+  __type(key, __u64);
+  __type(value, struct kproxy_lb_endpoint);
+} kproxy_destroy SEC(".maps");
+
+extern int bpf_sock_destroy(struct sock_common *sk) __weak __ksym;
+
+#define KPROXY_TCP_ESTABLISHED 1
+
+/* A connected UDP socket's peer and own address (IPv4-mapped ones in the IPv4 form); 0 for an
+ * unconnected one or another family. */
+static __always_inline int udp_peer(const struct sock *sk, struct kproxy_lb_endpoint *peer,
+                                    struct kproxy_lb_endpoint *local) {
+  const struct sock_common *c = &sk->__sk_common;
+  if (c->skc_state != KPROXY_TCP_ESTABLISHED) return 0;
+  if (c->skc_family == KPROXY_AF_INET) {
+    __u32 ip = c->skc_daddr;
+    __builtin_memcpy(peer->address, &ip, 4);
+    ip = c->skc_rcv_saddr;
+    __builtin_memcpy(local->address, &ip, 4);
+    peer->family = local->family = KPROXY_FAMILY_IPV4;
+  } else if (c->skc_family == KPROXY_AF_INET6) {
+    __u32 ip[4] = {c->skc_v6_daddr.in6_u.u6_addr32[0], c->skc_v6_daddr.in6_u.u6_addr32[1],
+                   c->skc_v6_daddr.in6_u.u6_addr32[2], c->skc_v6_daddr.in6_u.u6_addr32[3]};
+    __builtin_memcpy(peer->address, ip, 16);
+    __u32 own[4] = {c->skc_v6_rcv_saddr.in6_u.u6_addr32[0], c->skc_v6_rcv_saddr.in6_u.u6_addr32[1],
+                    c->skc_v6_rcv_saddr.in6_u.u6_addr32[2], c->skc_v6_rcv_saddr.in6_u.u6_addr32[3]};
+    __builtin_memcpy(local->address, own, 16);
+    peer->family = local->family = KPROXY_FAMILY_IPV6;
+    /* Connected to an IPv4-mapped address: its reverse element holds the IPv4 form. */
+    if (v4mapped(peer->address)) {
+      unmap(peer->address, &peer->family);
+      unmap(local->address, &local->family);
+    }
+  } else {
+    return 0;
+  }
+  peer->port = c->skc_dport;
+  local->port = bpf_htons(c->skc_num);
+  return peer->port != 0;
+}
+
+/* Pass one: a record per connected UDP socket whose (cookie, peer) has a reverse element. */
+SEC("iter/udp") int kproxy_list_steered_udp(struct bpf_iter__udp *ctx) {
+  struct sock *sk = (struct sock *)ctx->udp_sk;
+  if (!sk) return 0;
+  struct kproxy_lb_socket_record record = {};
+  if (!udp_peer(sk, &record.endpoint, &record.local)) return 0;
+  struct kproxy_lb_reverse_key key = {.socket_cookie = bpf_get_socket_cookie(sk), .endpoint = record.endpoint};
+  struct kproxy_lb_reverse_value *rev = bpf_map_lookup_elem(&kproxy_reverse, &key);
+  if (!rev) return 0;
+  record.socket_cookie = key.socket_cookie;
+  record.service = rev->service;
+  bpf_seq_write(ctx->meta->seq, &record, sizeof(record));
+  return 0;
+}
+
+/* Pass two: ends each socket the destroy map names, if it is still connected to the endpoint
+ * the listing saw (a socket may have connected elsewhere since), drops its reverse element
+ * (the socket is disconnected now: sock_release would not find it) and writes its cookie. */
+SEC("iter/udp") int kproxy_end_stale_udp(struct bpf_iter__udp *ctx) {
+  struct sock *sk = (struct sock *)ctx->udp_sk;
+  if (!sk) return 0;
+  struct kproxy_lb_reverse_key key = {};
+  struct kproxy_lb_endpoint local = {};
+  if (!udp_peer(sk, &key.endpoint, &local)) return 0;
+  key.socket_cookie = bpf_get_socket_cookie(sk);
+  struct kproxy_lb_endpoint *expected = bpf_map_lookup_elem(&kproxy_destroy, &key.socket_cookie);
+  if (!expected || !same_endpoint(expected, &key.endpoint)) return 0;
+  if (bpf_sock_destroy((struct sock_common *)sk) != 0) return 0;
+  bpf_map_delete_elem(&kproxy_reverse, &key);
+  bpf_seq_write(ctx->meta->seq, &key.socket_cookie, sizeof(key.socket_cookie));
+  return 0;
 }
 
 char LICENSE[] SEC("license") = "GPL";

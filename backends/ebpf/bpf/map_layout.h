@@ -82,4 +82,19 @@ struct kproxy_lb_reverse_value {
   struct kproxy_lb_endpoint service;
 };
 
+/* The stale-socket passes (iter/udp): what the listing pass writes for each connected UDP
+ * socket with a reverse element, i.e. one the connect hook steered to `endpoint`. */
+struct kproxy_lb_socket_record {
+  __u64 socket_cookie;
+  struct kproxy_lb_endpoint local;     /* the socket's own address and port */
+  struct kproxy_lb_endpoint service;   /* what it connected to (the reverse element's value) */
+  struct kproxy_lb_endpoint endpoint;  /* its peer */
+  __u32 pad;
+};
+
+/* destroy: socket cookie -> the endpoint it must still be connected to, for the ending pass;
+ * the plugin fills it with the stale sockets of one listing, at most this many at a time, and
+ * empties it after the pass. The ending pass writes each ended socket's cookie (a __u64). */
+#define KPROXY_DESTROY_BATCH 4096
+
 #endif

@@ -1,4 +1,6 @@
 // FakeKernelMaps: the in-memory kernel of the unit tests (kernel.h).
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include "kproxy/ebpf/kernel.h"
@@ -44,6 +46,22 @@ void FakeKernelMaps::checkWhole(const MapOp& after) {
     check(0, value.count);
     check(kLocalSlotBase, value.localCount);
   }
+}
+
+core::Result<std::vector<SteeredSocket>> FakeKernelMaps::listSteeredSockets() {
+  if (socketErrno != 0)
+    return core::makeError(core::ErrorCategory::kKernel, "ebpf: listing steered sockets", socketErrno);
+  return sockets;
+}
+
+core::Result<std::size_t> FakeKernelMaps::endSockets(const std::vector<SteeredSocket>& ending) {
+  if (socketErrno != 0)
+    return core::makeError(core::ErrorCategory::kKernel, "ebpf: ending sockets", socketErrno);
+  const std::size_t before = sockets.size();
+  std::erase_if(sockets, [&](const SteeredSocket& s) {
+    return std::find(ending.begin(), ending.end(), s) != ending.end();
+  });
+  return before - sockets.size();
 }
 
 core::Result<void> FakeKernelMaps::removeAll() {

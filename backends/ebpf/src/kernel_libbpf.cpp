@@ -8,14 +8,18 @@
 #include <unistd.h>
 
 #include <bpf/bpf.h>
+#include <bpf/btf.h>
 #include <bpf/libbpf.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <filesystem>
 #include <optional>
 #include <cstring>
 #include <fstream>
+#include <set>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include <fmt/format.h>
@@ -204,10 +208,86 @@ std::optional<std::pair<std::size_t, int>> writeRun(int fd, const std::vector<Ma
   return std::nullopt;
 }
 
+/// Open files, closed with it.
+class FileDescriptors {
+ public:
+  FileDescriptors() = default;
+  FileDescriptors(const FileDescriptors&) = delete;
+  FileDescriptors& operator=(const FileDescriptors&) = delete;
+  ~FileDescriptors() {
+    for (int fd : fds) ::close(fd);
+  }
+  std::vector<int> fds;
+};
+
+/// One open file per network namespace (/proc/PID/ns/net, told apart by inode) that a process
+/// in `cgroup` or below it is in. A process that exits meanwhile is skipped.
+void namespacesOfCgroup(const std::string& cgroup, FileDescriptors& out) {
+  namespace fs = std::filesystem;
+  std::set<std::pair<dev_t, ino_t>> seen;
+  auto addProcesses = [&](const fs::path& dir) {
+    std::ifstream procs(dir / "cgroup.procs");
+    for (long pid = 0; procs >> pid;) {
+      if (pid <= 0) continue;
+      // Most processes share a few namespaces: each is opened once.
+      const std::string path = "/proc/" + std::to_string(pid) + "/ns/net";
+      struct stat st{};
+      if (::stat(path.c_str(), &st) != 0 || !seen.emplace(st.st_dev, st.st_ino).second) continue;
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (fd >= 0) out.fds.push_back(fd);
+    }
+  };
+  addProcesses(cgroup);
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(cgroup, fs::directory_options::skip_permission_denied, ec), end;
+       !ec && it != end; it.increment(ec))
+    if (it->is_directory(ec)) addProcesses(it->path());
+}
+
+/// Everything the iterator `link` writes, walked once in each network namespace of a process
+/// in `cgroup`: a reader walks the namespace it was created in, so the readers are created by
+/// a thread of their own that joins each namespace in turn and ends there, and the calling
+/// thread never leaves its namespace.
+core::Result<std::string> runIterator(bpf_link* link, const std::string& cgroup) {
+  FileDescriptors namespaces;
+  namespacesOfCgroup(cgroup, namespaces);
+  FileDescriptors readers;
+  int failed = 0;
+  std::thread([&] {
+    for (int ns : namespaces.fds) {
+      if (::setns(ns, CLONE_NEWNET) != 0) {
+        failed = errno;
+        return;
+      }
+      const int reader = bpf_iter_create(bpf_link__fd(link));
+      if (reader < 0) {
+        failed = errno;
+        return;
+      }
+      readers.fds.push_back(reader);
+    }
+  }).join();
+  if (failed != 0) return std::unexpected(kernelError("creating a socket iterator in a network namespace", failed).error());
+  std::string out;
+  char buf[16384];
+  for (int reader : readers.fds) {
+    for (;;) {
+      const ssize_t n = ::read(reader, buf, sizeof buf);
+      if (n == 0) break;
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return std::unexpected(kernelError("reading a socket iterator", errno).error());
+      }
+      out.append(buf, static_cast<std::size_t>(n));
+    }
+  }
+  return out;
+}
+
 class LibbpfKernel final : public KernelMaps {
  public:
   explicit LibbpfKernel(LibbpfSettings settings) : settings_(std::move(settings)) {}
-  ~LibbpfKernel() override { kproxy_sock__destroy(skel_); }
+  ~LibbpfKernel() override { unload(); }
   LibbpfKernel(const LibbpfKernel&) = delete;
   LibbpfKernel& operator=(const LibbpfKernel&) = delete;
 
@@ -248,16 +328,73 @@ class LibbpfKernel final : public KernelMaps {
     return DataPathCounts{*affinity, *reverse};
   }
 
+  core::Result<std::vector<SteeredSocket>> listSteeredSockets() override {
+    if (auto loaded = ensureLoaded(); !loaded) return std::unexpected(loaded.error());
+    if (listLink_ == nullptr) return std::unexpected(kernelError(noEndSockets_.first, noEndSockets_.second).error());
+    auto written = runIterator(listLink_, settings_.cgroupPath);
+    if (!written) return std::unexpected(written.error());
+    std::vector<SteeredSocket> out;
+    kproxy_lb_socket_record record{};
+    for (std::size_t at = 0; at + sizeof record <= written->size(); at += sizeof record) {
+      std::memcpy(&record, written->data() + at, sizeof record);
+      out.push_back(SteeredSocket{record.socket_cookie, fromWire(record.local), fromWire(record.service),
+                                  fromWire(record.endpoint)});
+    }
+    return out;
+  }
+
+  core::Result<std::size_t> endSockets(const std::vector<SteeredSocket>& sockets) override {
+    if (auto loaded = ensureLoaded(); !loaded) return std::unexpected(loaded.error());
+    if (endLink_ == nullptr) return std::unexpected(kernelError(noEndSockets_.first, noEndSockets_.second).error());
+    const int destroyFd = bpf_map__fd(skel_->maps.kproxy_destroy);
+    std::size_t ended = 0;
+    for (std::size_t begin = 0; begin < sockets.size(); begin += KPROXY_DESTROY_BATCH) {
+      const std::size_t end = std::min(sockets.size(), begin + KPROXY_DESTROY_BATCH);
+      auto pass = endBatch(destroyFd, sockets, begin, end);
+      if (!pass) return pass;
+      ended += *pass;
+    }
+    return ended;
+  }
+
   core::Result<void> removeAll() override {
     // The links are detached before any pin goes (kernel/bpf_pins.h).
     auto removed = kernel::removeBpfPins(settings_.pinPath);
     if (!removed) return kernelError(removed.error().message(), removed.error().errnum);
-    kproxy_sock__destroy(skel_);
-    skel_ = nullptr;
+    unload();
     return {};
   }
 
  private:
+  void unload() {
+    bpf_link__destroy(listLink_);
+    bpf_link__destroy(endLink_);
+    listLink_ = endLink_ = nullptr;
+    kproxy_sock__destroy(skel_);
+    skel_ = nullptr;
+  }
+
+  /// One ending pass over `sockets[begin, end)`: named in the destroy map, the pass run, the
+  /// map emptied again whatever happened.
+  core::Result<std::size_t> endBatch(int destroyFd, const std::vector<SteeredSocket>& sockets, std::size_t begin,
+                                     std::size_t end) {
+    auto forget = [&](std::size_t upTo) {
+      for (std::size_t i = begin; i < upTo; ++i) bpf_map_delete_elem(destroyFd, &sockets[i].cookie);
+    };
+    for (std::size_t i = begin; i < end; ++i) {
+      const kproxy_lb_endpoint endpoint = wireEndpoint(sockets[i].endpoint);
+      if (bpf_map_update_elem(destroyFd, &sockets[i].cookie, &endpoint, BPF_ANY) != 0) {
+        const int err = errno;
+        forget(i);
+        return std::unexpected(kernelError("naming a socket to end in kproxy_destroy", err).error());
+      }
+    }
+    auto written = runIterator(endLink_, settings_.cgroupPath);
+    forget(end);
+    if (!written) return std::unexpected(written.error());
+    return written->size() / sizeof(std::uint64_t);
+  }
+
   /// Whether the kernel takes batched writes (learned from the first refusal of one).
   bool batches_ = true;
   int servicesFd() const { return bpf_map__fd(skel_->maps.kproxy_services); }
@@ -275,6 +412,10 @@ class LibbpfKernel final : public KernelMaps {
       return kernelError("the pin path " + settings_.pinPath + " is not on a bpf filesystem", EINVAL);
     kproxy_sock* skel = kproxy_sock__open();
     if (skel == nullptr) return kernelError("opening the BPF object", errno);
+    // The stale-socket passes need bpf_sock_destroy: without it they are not loaded, the rest is.
+    const bool canEnd = kernelCanEndSockets();
+    bpf_program__set_autoload(skel->progs.kproxy_list_steered_udp, canEnd);
+    bpf_program__set_autoload(skel->progs.kproxy_end_stale_udp, canEnd);
     bpf_map* map = nullptr;
     bpf_object__for_each_map(map, skel->obj) {
       const std::string path = settings_.pinPath + "/" + bpf_map__name(map);
@@ -303,12 +444,26 @@ class LibbpfKernel final : public KernelMaps {
       return attached;
     }
     skel_ = skel;
+    noEndSockets_ = {"this kernel cannot end sockets (bpf_sock_destroy, Linux 6.5+)", EOPNOTSUPP};
+    if (canEnd) {
+      // Iterator links live with this process (nothing to pin: a pass is run, not attached).
+      // Refused, they cost the stale-socket passes only.
+      listLink_ = bpf_program__attach_iter(skel->progs.kproxy_list_steered_udp, nullptr);
+      endLink_ = listLink_ == nullptr ? nullptr : bpf_program__attach_iter(skel->progs.kproxy_end_stale_udp, nullptr);
+      if (endLink_ == nullptr) {
+        noEndSockets_ = {"attaching the socket iterators", errno};
+        bpf_link__destroy(listLink_);
+        listLink_ = nullptr;
+      }
+    }
     return {};
   }
 
   core::Result<void> attachAll(kproxy_sock* skel, int cgroup, std::uint64_t cgroupId) {
     bpf_program* program = nullptr;
     bpf_object__for_each_program(program, skel->obj) {
+      // The iterators are run by the plugin, not attached to the cgroup.
+      if (bpf_program__expected_attach_type(program) == BPF_TRACE_ITER) continue;
       const std::string path = linkPath(bpf_program__name(program));
       bpf_link* pinned = ::access(path.c_str(), F_OK) == 0 ? bpf_link__open(path.c_str()) : nullptr;
       if (pinned != nullptr) {
@@ -339,6 +494,9 @@ class LibbpfKernel final : public KernelMaps {
 
   LibbpfSettings settings_;
   kproxy_sock* skel_ = nullptr;
+  bpf_link* listLink_ = nullptr;  ///< the stale-socket passes' iterators; null without bpf_sock_destroy
+  bpf_link* endLink_ = nullptr;
+  std::pair<std::string, int> noEndSockets_;  ///< why there are no iterators: context, errno
 };
 
 }  // namespace
@@ -360,6 +518,14 @@ std::optional<std::string> cgroupV2Root() {
     if (root == "/") return mountPoint;
   }
   return std::nullopt;
+}
+
+bool kernelCanEndSockets() {
+  btf* vmlinux = btf__load_vmlinux_btf();
+  if (vmlinux == nullptr) return false;
+  const bool found = btf__find_by_name_kind(vmlinux, "bpf_sock_destroy", BTF_KIND_FUNC) > 0;
+  btf__free(vmlinux);
+  return found;
 }
 
 core::Result<void> checkKernelSupport(const LibbpfSettings& settings) {

@@ -21,7 +21,7 @@ class ScriptedBackend final : public backends::Reconciler {
 
   std::deque<sdk::Expected<backends::PassOutcome>> outcomes;
   bool changedOutside = false;
-  std::vector<std::string> passes;  ///< "full" / "partial N"
+  std::vector<std::string> passes;  ///< "full" / "partial N" / "clean"
 
  protected:
   sdk::Expected<backends::PassOutcome> fullSync(const plan::SnapshotSource&) override {
@@ -34,6 +34,7 @@ class ScriptedBackend final : public backends::Reconciler {
     return next();
   }
   bool kernelChangedOutside(const std::vector<sdk::ChangedKey>&) override { return changedOutside; }
+  void cleanAfterSync(const sdk::SyncContext&) override { passes.push_back("clean"); }
 
  private:
   sdk::Expected<backends::PassOutcome> next() {
@@ -95,4 +96,14 @@ TEST_CASE("reconciler: a pass that says the kernel may differ, a change outside 
   REQUIRE(b.syncFrom(snap, {}, false));  // full: after cleanup
   REQUIRE(b.syncFrom(snap, {}, false));
   CHECK(b.passes == std::vector<std::string>{"full", "full", "full", "full", "partial 0"});
+}
+
+TEST_CASE("reconciler: the backend's own cleanup follows each successful sync of the host, not a failed one",
+          "[unit]") {
+  ScriptedBackend b;
+  b.outcomes = {ops(1), sdk::fail("the kernel refused"), ops(0)};
+  REQUIRE(b.sync(sdk::SyncContext{{}, {}, {}, true}));
+  REQUIRE_FALSE(b.sync(sdk::SyncContext{{}, {}, {{net::Family::kIPv4, "k"}}, false}));
+  REQUIRE(b.sync(sdk::SyncContext{{}, {}, {{net::Family::kIPv4, "k"}}, false}));
+  CHECK(b.passes == std::vector<std::string>{"full", "clean", "partial 1", "full", "clean"});
 }

@@ -29,6 +29,14 @@
 /// The two never serve the same connection: a steered connect has the endpoint's address
 /// before its first packet, so the table sees only what no hook steered.
 ///
+/// Connected UDP sockets keep the endpoint they were steered to. After the syncs that clean
+/// stale conntrack flows (a changed UDP service port; a full sync while any UDP port exists),
+/// the backend lists the sockets the connect hook steered (in every network namespace of a
+/// process in the cgroup) and ends those whose endpoint no longer serves the service port, with
+/// the conntrack cleaner's rule and decision (stale_sockets.h): the application's next receive
+/// fails with ECONNABORTED (a send, with EDESTADDRREQ) and its next connect is steered anew. Where the kernel cannot end sockets
+/// (bpf_sock_destroy, Linux 6.5+) it warns once and counts each cleanup it could not run.
+///
 /// Processes outside --ebpf-cgroup-path (the default is the root of the node's cgroup v2
 /// hierarchy, so that every local process, every pod's included, is covered) are not steered:
 /// their connections to externalIPs, LoadBalancer IPs and NodePorts are served by the nftables
@@ -40,6 +48,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -96,6 +105,13 @@ class EbpfBackend final : public backends::Reconciler {
     sdk::Metric operations;
     /// Counter kproxy_ebpf_map_operation_failures_total: passes whose write the kernel refused.
     sdk::Metric failures;
+    /// Counter kproxy_ebpf_socket_operations_total{operation}: connected UDP sockets steered to
+    /// an endpoint that the stale-socket cleanups listed ("listed") and ended ("ended").
+    sdk::Metric socketOperations;
+    /// Counter kproxy_ebpf_socket_operation_failures_total{reason}: stale-socket cleanups that
+    /// did not complete: "kernel" (a pass refused; the next cleanup tries again) or
+    /// "unsupported" (the kernel cannot end sockets).
+    sdk::Metric socketFailures;
   };
   /// Registers Metrics with the host (ABI 1.2; inactive on an older host).
   static sdk::Expected<Metrics> registerMetrics(const sdk::Host& host);
@@ -103,12 +119,26 @@ class EbpfBackend final : public backends::Reconciler {
   /// The data path's elements, as the last full sync counted them.
   const DataPathCounts& dataPathCounts() const { return dataPath_; }
 
+  /// The stale-socket cleanup of a sync from `previous` to `next` (every service port of each
+  /// snapshot) over `changed`, as cleanAfterSync runs it after the host's syncs; for tests
+  /// that sync with syncFrom. Logged and counted as there; the error is returned as well.
+  core::Result<backends::ConntrackCleanupReport> endStaleSockets(const std::vector<sdk::ServicePort>& previous,
+                                                                 const std::vector<sdk::ServicePort>& next,
+                                                                 const std::vector<sdk::ChangedKey>& changed,
+                                                                 bool full);
+
  protected:
   sdk::Expected<backends::PassOutcome> fullSync(const plan::SnapshotSource& next) override;
   sdk::Expected<backends::PassOutcome> partialSync(const plan::SnapshotSource& next,
                                                    const std::vector<sdk::ChangedKey>& changed) override;
+  /// Ends the connected UDP sockets the sync left steered to an endpoint that no longer serves.
+  void cleanAfterSync(const sdk::SyncContext& context) override;
 
  private:
+  /// The stale-socket cleanup with `decide` (the conntrack cleaner's afterSync over one of its
+  /// inputs), logged and counted. status.cpp.
+  core::Result<backends::ConntrackCleanupReport> endStaleSockets(
+      const std::function<core::Result<backends::ConntrackCleanupReport>(backends::ConntrackCleaner&)>& decide);
   /// Gives `maps` the port's id: the one it has, else `kernelHint` (a previous run's) when
   /// free, else its key's hash probed past ids in use.
   void assignId(const std::string& portKey, PortMaps& maps, std::uint32_t kernelHint);
@@ -136,6 +166,7 @@ class EbpfBackend final : public backends::Reconciler {
   std::size_t lastWrites_ = 0;
   Metrics metrics_;
   DataPathCounts dataPath_;
+  bool warnedCannotEndSockets_ = false;
 };
 
 /// The nftables part's RenderConfig: ebpf mode's common options, without ClusterIP dispatch for

@@ -26,6 +26,18 @@ struct DataPathCounts {
   bool operator==(const DataPathCounts&) const = default;
 };
 
+/// A connected UDP socket that the connect hook steered to an endpoint: its reverse element
+/// names it (the stale-socket passes, kproxy_sock.bpf.c's iter/udp programs).
+struct SteeredSocket {
+  std::uint64_t cookie = 0;  ///< the kernel's socket cookie
+  SocketAddress local;       ///< the socket's own address and port
+  SocketAddress service;     ///< what it connected to
+  SocketAddress endpoint;    ///< what it is connected to
+  auto operator<=>(const SteeredSocket&) const = default;
+  /// "cookie=4097 10.200.0.1:40000 -> 10.96.0.10:53 (10.200.0.2:5353)".
+  std::string toText() const;
+};
+
 class KernelMaps {
  public:
   virtual ~KernelMaps() = default;
@@ -40,6 +52,15 @@ class KernelMaps {
   /// Counts the elements of the affinity and reverse maps (the real adapter walks their keys:
   /// at most their sizes, 65,536 and 131,072 lookups, so the backend asks in full syncs only).
   virtual core::Result<DataPathCounts> countDataPathElements() = 0;
+  /// Every connected UDP socket steered to an endpoint, in every network namespace of a
+  /// process in the cgroup (an iterator walks the namespace it is created in). EOPNOTSUPP: the
+  /// kernel cannot end sockets (no bpf_sock_destroy, before Linux 6.5), and nothing is listed.
+  virtual core::Result<std::vector<SteeredSocket>> listSteeredSockets() = 0;
+  /// Ends each of `sockets` (as listed) that is still connected to its endpoint: it is
+  /// disconnected with the pending error ECONNABORTED (the next receive gets it; a send fails
+  /// with EDESTADDRREQ). Returns how many it ended; one already closed or reconnected is not an
+  /// error.
+  virtual core::Result<std::size_t> endSockets(const std::vector<SteeredSocket>& sockets) = 0;
 };
 
 /// Where the real adapter works.
@@ -50,6 +71,10 @@ struct LibbpfSettings {
   /// missing (its parent must be on bpffs).
   std::string pinPath;
 };
+
+/// Whether this kernel can end sockets from an iterator (the kfunc bpf_sock_destroy, Linux
+/// 6.5+), as its BTF says. Without it the plugin loads and attaches the rest.
+bool kernelCanEndSockets();
 
 /// The root of the node's cgroup v2 hierarchy, wherever it is mounted (/proc/self/mountinfo):
 /// "/sys/fs/cgroup", or "/sys/fs/cgroup/unified" on a hybrid host. nullopt without one.
@@ -73,6 +98,8 @@ class FakeKernelMaps : public KernelMaps {
   core::Result<void> apply(const std::vector<MapOp>& ops) override;
   core::Result<void> removeAll() override;
   core::Result<DataPathCounts> countDataPathElements() override { return dataPath; }
+  core::Result<std::vector<SteeredSocket>> listSteeredSockets() override;
+  core::Result<std::size_t> endSockets(const std::vector<SteeredSocket>& sockets) override;
 
   /// Makes the op at this index of the next apply fail with `errnum` (then clears itself).
   void failNextApplyAt(std::size_t index, int errnum = E2BIG) {
@@ -91,6 +118,10 @@ class FakeKernelMaps : public KernelMaps {
   /// 7/1, which is missing"), as a connect would have met it.
   bool watchHalfWritten = false;
   std::vector<std::string> halfWritten;
+  /// The steered sockets listSteeredSockets answers; endSockets removes those it ends.
+  std::vector<SteeredSocket> sockets;
+  /// What the socket calls fail with (0: they succeed); EOPNOTSUPP plays an older kernel.
+  int socketErrno = 0;
 
  private:
   void checkWhole(const MapOp& after);
@@ -107,6 +138,9 @@ class PrintingKernelMaps final : public KernelMaps {
   core::Result<void> apply(const std::vector<MapOp>& ops) override;
   core::Result<void> removeAll() override;
   core::Result<DataPathCounts> countDataPathElements() override { return inner_->countDataPathElements(); }
+  core::Result<std::vector<SteeredSocket>> listSteeredSockets() override { return inner_->listSteeredSockets(); }
+  /// Prints "end socket cookie=… 10.200.0.1:40000 -> 10.96.0.10:53 (10.200.0.2:5353)" per socket.
+  core::Result<std::size_t> endSockets(const std::vector<SteeredSocket>& sockets) override;
 
  private:
   std::unique_ptr<KernelMaps> inner_;

@@ -77,6 +77,11 @@ class Reconciler : public sdk::BackendPlugin {
   /// since its last sync, so that only a full pass can trust it. A check that costs a tool run
   /// may be left to periodic syncs (`changed` empty). The default: no.
   virtual bool kernelChangedOutside(const std::vector<sdk::ChangedKey>& /*changed*/) { return false; }
+  /// Called after each successful sync, after the conntrack cleanup, with the host's two
+  /// snapshots: the backend's own cleanup of what the sync left stale (ebpf mode ends connected
+  /// UDP sockets, with the conntrack cleanup's decision). It logs and counts its own failures
+  /// and never fails the sync. The default: nothing.
+  virtual void cleanAfterSync(const sdk::SyncContext& /*context*/) {}
 
   /// The next sync is full (for what the backend learns outside a pass, e.g. a cleanup).
   void requireFullSync() { needFull_ = true; }
