@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # deploy/ as a cluster would run it: the ConfigMap's config.yaml "mounted" where the DaemonSets
-# mount it, and every container's command line from daemonset.yaml and
-# daemonset-unprivileged.yaml run with this build's kproxy: the main containers' with --dry-run
-# (one sync of a manifest directory, nothing programmed; this tier has no API server), the
+# mount it, and every container's command line from daemonset.yaml,
+# daemonset-unprivileged.yaml and daemonset-ebpf.yaml run with this build's kproxy: the main
+# containers' with --dry-run (one sync of a manifest directory, nothing programmed; this tier has no API server), the
 # initContainer's --init-only for real in this namespace. Also the host-process config.yaml. In
 # an anonymous network namespace (root).
 # Usage: deploy_manifests.sh KPROXY_BIN SOURCE_DIR
@@ -49,7 +49,10 @@ for doc in yaml.safe_load_all(open(sys.argv[1])):
 PY
 }
 
-for file in daemonset.yaml daemonset-unprivileged.yaml; do
+for file in daemonset.yaml daemonset-unprivileged.yaml daemonset-ebpf.yaml; do
+  # The mode each main container must start: the ConfigMap's, but where the DaemonSet says
+  # otherwise on its command line (ebpf, without --config).
+  mode=nftables; [[ $file == daemonset-ebpf.yaml ]] && mode=ebpf
   lines=$(commands "$SRC/deploy/$file")
   DETAIL="no containers read from $file"; check "$file: its containers are read" test -n "$lines"
   while IFS=$'\t' read -r -a words; do
@@ -64,8 +67,8 @@ for file in daemonset.yaml daemonset-unprivileged.yaml; do
       DETAIL="rc=$rc: $(grep -E '^[EF]' "$log" | head -3; tail -3 "$log")"
       check "$file: $what (${args[*]}) syncs once with --dry-run and exits 0" test "$rc" = 0
       DETAIL=$(grep -E '"starting"|flag ignored|^E' "$log" | head -3)
-      check "$file: $what runs the ConfigMap's mode, nftables, with no flag ignored and no error" \
-        eval 'grep -q "\"starting\".*mode=\"nftables\"" "$log" && ! grep -qE "flag ignored|^E" "$log"'
+      check "$file: $what runs mode $mode, with no flag ignored and no error" \
+        eval 'grep -q "\"starting\".*mode=\"$mode\"" "$log" && ! grep -qE "flag ignored|^E" "$log"'
     fi
   done <<<"$lines"
 done
