@@ -277,15 +277,23 @@ std::string text(const sockaddr_in& a) {
   return std::string(ip) + ":" + std::to_string(ntohs(a.sin_port));
 }
 
-/// In the client: a TCP connect, getpeername, one HTTP request; prints "peer=… reply=…".
-int tcpClient(const char* ip, int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in to = inet(ip, port);
+std::string text(const sockaddr_in6& a) {
+  char ip[INET6_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET6, &a.sin6_addr, ip, sizeof ip);
+  std::string out(1, '[');
+  out.append(ip).append("]:").append(std::to_string(ntohs(a.sin6_port)));
+  return out;
+}
+
+/// On socket `fd` (TCP): a connect to `to`, getpeername, one HTTP request; prints
+/// "peer=… reply=…", or the connect's error.
+template <class Address>
+int tcpExchange(int fd, Address to) {
   if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
     std::printf("connect: %s\n", std::strerror(errno));
     return 1;
   }
-  sockaddr_in peer{};
+  Address peer{};
   socklen_t length = sizeof peer;
   ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length);
   const char request[] = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
@@ -299,11 +307,10 @@ int tcpClient(const char* ip, int port) {
   return 0;
 }
 
-/// In the client: one datagram without a connect (sendmsg), the reply with its source
-/// (recvmsg); prints "from=… reply=…", or the send's error.
-int udpClient(const char* ip, int port) {
-  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
-  sockaddr_in to = inet(ip, port);
+/// On socket `fd` (UDP): one datagram to `to` without a connect (sendmsg), the reply with its
+/// source (recvmsg); prints "from=… reply=…", or the send's error.
+template <class Address>
+int udpExchange(int fd, Address to) {
   if (::sendto(fd, "hello", 5, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) < 0) {
     std::printf("sendto: %s\n", std::strerror(errno));
     return 1;
@@ -314,16 +321,21 @@ int udpClient(const char* ip, int port) {
     return 1;
   }
   char buf[512] = {};
-  sockaddr_in from{};
+  Address from{};
   socklen_t length = sizeof from;
   const ssize_t n = ::recvfrom(fd, buf, sizeof buf - 1, 0, reinterpret_cast<sockaddr*>(&from), &length);
   std::printf("from=%s reply=%s", text(from).c_str(), n > 0 ? buf : "\n");
   return 0;
 }
 
-/// In the client: an IPv6 socket (dual-stack) to the IPv4-mapped form of `ip4`: TCP connects,
-/// reads getpeername and the reply ("peer=… reply=…"); UDP sends a datagram without a connect
-/// and reads the reply with its source ("from=… reply=…"). Or the first error.
+/// In the client: tcpExchange from an IPv4 socket.
+int tcpClient(const char* ip, int port) { return tcpExchange(::socket(AF_INET, SOCK_STREAM, 0), inet(ip, port)); }
+
+/// In the client: udpExchange from an IPv4 socket.
+int udpClient(const char* ip, int port) { return udpExchange(::socket(AF_INET, SOCK_DGRAM, 0), inet(ip, port)); }
+
+/// In the client: tcpExchange or udpExchange from an IPv6 socket (dual-stack) to the
+/// IPv4-mapped form of `ip4`.
 int mappedClient(const char* ip4, int port, bool udp) {
   const int fd = ::socket(AF_INET6, udp ? SOCK_DGRAM : SOCK_STREAM, 0);
   const int off = 0;
@@ -332,45 +344,7 @@ int mappedClient(const char* ip4, int port, bool udp) {
   to.sin6_family = AF_INET6;
   to.sin6_port = htons(static_cast<std::uint16_t>(port));
   ::inet_pton(AF_INET6, (std::string("::ffff:") + ip4).c_str(), &to.sin6_addr);
-  auto text6 = [](const sockaddr_in6& a) {
-    char ip[INET6_ADDRSTRLEN] = {};
-    ::inet_ntop(AF_INET6, &a.sin6_addr, ip, sizeof ip);
-    std::string out(1, '[');
-    out.append(ip).append("]:").append(std::to_string(ntohs(a.sin6_port)));
-    return out;
-  };
-  char buf[1024] = {};
-  if (udp) {
-    if (::sendto(fd, "hello", 5, 0, reinterpret_cast<sockaddr*>(&to), sizeof to) < 0) {
-      std::printf("sendto: %s\n", std::strerror(errno));
-      return 1;
-    }
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 3000) != 1) {
-      std::printf("no reply\n");
-      return 1;
-    }
-    sockaddr_in6 from{};
-    socklen_t length = sizeof from;
-    const ssize_t n = ::recvfrom(fd, buf, sizeof buf - 1, 0, reinterpret_cast<sockaddr*>(&from), &length);
-    std::printf("from=%s reply=%s", text6(from).c_str(), n > 0 ? buf : "\n");
-    return 0;
-  }
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&to), sizeof to) != 0) {
-    std::printf("connect: %s\n", std::strerror(errno));
-    return 1;
-  }
-  sockaddr_in6 peer{};
-  socklen_t length = sizeof peer;
-  ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &length);
-  const char request[] = "GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
-  if (::write(fd, request, sizeof request - 1) < 0) return 2;
-  std::string reply;
-  ssize_t n = 0;
-  while ((n = ::read(fd, buf, sizeof buf)) > 0) reply.append(buf, static_cast<std::size_t>(n));
-  const auto body = reply.find("pod=");
-  std::printf("peer=%s reply=%s", text6(peer).c_str(), body == std::string::npos ? "none\n" : reply.substr(body).c_str());
-  return 0;
+  return udp ? udpExchange(fd, to) : tcpExchange(fd, to);
 }
 
 plan::VectorSnapshot snapshot() {
