@@ -14,13 +14,16 @@ std::optional<SocketAddress> SocketAddress::of(std::string_view ip, std::uint16_
   return a;
 }
 
-std::string SocketAddress::toText() const {
+std::string SocketAddress::ipText() const {
   net::Prefix p;
   p.family = family;
   p.bytes = address;
   p.length = static_cast<std::uint8_t>(net::bitsOf(family));
-  return family == net::Family::kIPv6 ? fmt::format("[{}]:{}", p.addressText(), port)
-                                      : fmt::format("{}:{}", p.addressText(), port);
+  return p.addressText();
+}
+
+std::string SocketAddress::toText() const {
+  return family == net::Family::kIPv6 ? fmt::format("[{}]:{}", ipText(), port) : fmt::format("{}:{}", ipText(), port);
 }
 
 std::string ServiceKey::toText() const {

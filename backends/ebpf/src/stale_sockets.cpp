@@ -1,30 +1,18 @@
 // SteeredSocketTable (stale_sockets.h): steered sockets as the conntrack cleaner's table.
 #include "kproxy/ebpf/stale_sockets.h"
 
-#include <arpa/inet.h>
-
 #include <set>
 #include <string>
 
 namespace kproxy::ebpf {
-namespace {
-
-/// The address alone, in inet_ntop form (the conntrack cleaner's).
-std::string ipText(const SocketAddress& a) {
-  char buf[INET6_ADDRSTRLEN] = {};
-  const int af = a.family == net::Family::kIPv6 ? AF_INET6 : AF_INET;
-  return ::inet_ntop(af, a.address.data(), buf, sizeof buf) == nullptr ? std::string() : std::string(buf);
-}
-
-}  // namespace
 
 kernel::ConntrackFlow flowOf(const SteeredSocket& socket) {
   kernel::ConntrackFlow flow;
   flow.family = socket.local.family;
   flow.protocol = core::Protocol::kUDP;
-  flow.original = {ipText(socket.local), ipText(socket.service), socket.local.port,
-                   socket.service.port};
-  flow.reply = {ipText(socket.endpoint), ipText(socket.local), socket.endpoint.port, socket.local.port};
+  // The addresses in inet_ntop form, as the conntrack cleaner compares them.
+  flow.original = {socket.local.ipText(), socket.service.ipText(), socket.local.port, socket.service.port};
+  flow.reply = {socket.endpoint.ipText(), socket.local.ipText(), socket.endpoint.port, socket.local.port};
   return flow;
 }
 

@@ -42,6 +42,8 @@ struct SocketAddress {
   auto operator<=>(const SocketAddress&) const = default;
   /// "10.96.0.10:80", "[fd00::1]:80".
   std::string toText() const;
+  /// The address alone, in inet_ntop form: "10.96.0.10", "fd00::1".
+  std::string ipText() const;
   /// From a numeric address; nullopt when `ip` is not one host address.
   static std::optional<SocketAddress> of(std::string_view ip, std::uint16_t port);
 };
