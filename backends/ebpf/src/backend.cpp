@@ -67,7 +67,7 @@ std::unique_ptr<nftables::NftablesBackend> makeExternalPart(const sdk::Host& hos
 nftables::RenderConfig nftablesPartConfig(const RenderConfig& config) {
   nftables::RenderConfig part;
   part.common = config.common;
-  part.clusterIPSteeredElsewhere = steeredProtocols();
+  part.clusterIPSteeredElsewhere.assign(kSteeredProtocols.begin(), kSteeredProtocols.end());
   return part;
 }
 

@@ -65,13 +65,6 @@ std::vector<std::string> EbpfRenderer::nodePortAddresses(net::Family family) con
   return out;
 }
 
-std::vector<sdk::Protocol> steeredProtocols() { return {sdk::Protocol::kTCP, sdk::Protocol::kUDP}; }
-
-bool steered(sdk::Protocol protocol) {
-  const auto all = steeredProtocols();
-  return std::find(all.begin(), all.end(), protocol) != all.end();
-}
-
 PortMaps EbpfRenderer::render(const sdk::ServicePort& port) const {
   PortMaps out;
   if (!steered(port.protocol)) return out;

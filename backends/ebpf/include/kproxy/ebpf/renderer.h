@@ -11,12 +11,14 @@
 ///   - a pool without endpoints renders count 0: the data path refuses the connect (the
 ///     plan's reject, and, where a socket cannot be dropped, its drop too).
 /// LoadBalancer IPs behind loadBalancerSourceRanges are left to a later slice (not rendered:
-/// their traffic goes unsteered to the nftables part), and so is SCTP (steeredProtocols()). The slots of the cluster pool are 0..n-1 and
-/// those of the local pool kLocalSlotBase.., so that one pool's change never renumbers the
-/// other's.
+/// their traffic goes unsteered to the nftables part), and so is SCTP (kSteeredProtocols). The
+/// slots of the cluster pool are 0..n-1 and those of the local pool kLocalSlotBase.., so that
+/// one pool's change never renumbers the other's.
 ///
 /// Thread-safety: render() is const; setNode() must not run concurrently with it.
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -32,8 +34,10 @@ namespace kproxy::ebpf {
 /// The protocols the socket hooks steer (bpf/kproxy_sock.bpf.c, translatable()): TCP and UDP.
 /// A port of another protocol (SCTP) has no map element; the nftables part dispatches its
 /// ClusterIP as nftables mode does.
-std::vector<sdk::Protocol> steeredProtocols();
-bool steered(sdk::Protocol protocol);
+inline constexpr std::array<sdk::Protocol, 2> kSteeredProtocols{sdk::Protocol::kTCP, sdk::Protocol::kUDP};
+inline bool steered(sdk::Protocol protocol) {
+  return std::find(kSteeredProtocols.begin(), kSteeredProtocols.end(), protocol) != kSteeredProtocols.end();
+}
 
 struct RenderConfig {
   plan::CommonOptions common;
