@@ -528,7 +528,8 @@ class LbSim:
 
     The data path is the client namespace's: an nftables chain (route hook, output) marks each
     new connection to a LoadBalancer IP (UDP: also a flow marked with a node out of use) with the
-    number of a node in use (numgen random over them) and every packet with its connection's mark; mark i routes the IP via node i (one
+    number of a node in use (numgen random over them) and every packet with its connection's
+    mark; mark i routes the IP via node i (one
     routing table a node). Without a node in use the connection is routed to the control plane's
     namespace, which does not forward it: it fails, as it would behind a real balancer."""
 
@@ -1046,11 +1047,13 @@ def scenario_node_drain(cluster, lb_local, lb_cluster, lb_udp, sim, grace):
     """Node 2 is drained while the outside client reaches three LoadBalancer Services through the
     load-balancer simulator, lb-local (eTP=Local, health-checked on its healthCheckNodePort),
     lb-cluster (eTP=Cluster, health-checked on kproxy's /healthz) and lb-udp (UDP, eTP=Local like
-    lb-local), and a pod reaches lb-local's ClusterIP. The node is cordoned and tainted ToBeDeletedByClusterAutoscaler: its /healthz
+    lb-local), and a pod reaches lb-local's ClusterIP. The node is cordoned and tainted
+    ToBeDeletedByClusterAutoscaler: its /healthz
     fails and the balancer takes it out of lb-cluster. Its pod moves: a new one starts on the
     next node and is added ready, the old endpoint turns terminating (the node's health check
     for lb-local and lb-udp fails, having no ready local endpoint, and the balancer takes the
-    node out of both: until then the node still sends to its terminating pod, the eTP=Local fallback),
+    node out of both: until then the node still sends to its terminating pod, the eTP=Local
+    fallback),
     and after the grace period the endpoint is removed and the pod stops. Then the node is
     uncordoned and the balancer sends lb-cluster's connections to it again."""
     sc = Scenario(cluster, "node-drain")

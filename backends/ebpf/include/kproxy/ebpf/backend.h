@@ -34,8 +34,9 @@
 /// the backend lists the sockets the connect hook steered (in every network namespace of a
 /// process in the cgroup) and ends those whose endpoint no longer serves the service port, with
 /// the conntrack cleaner's rule and decision (stale_sockets.h): the application's next receive
-/// fails with ECONNABORTED (a send, with EDESTADDRREQ) and its next connect is steered anew. Where the kernel cannot end sockets
-/// (bpf_sock_destroy, Linux 6.5+) it warns once and counts each cleanup it could not run.
+/// fails with ECONNABORTED (a send, with EDESTADDRREQ) and its next connect is steered anew.
+/// Where the kernel cannot end sockets (bpf_sock_destroy, Linux 6.5+) it warns once and counts
+/// each cleanup it could not run.
 ///
 /// Processes outside --ebpf-cgroup-path (the default is the root of the node's cgroup v2
 /// hierarchy, so that every local process, every pod's included, is covered) are not steered:
