@@ -14,6 +14,8 @@
 #include <climits>
 #include <cstdlib>
 
+#include "kproxy/kernel/file_descriptor.h"
+
 extern char** environ;
 
 namespace kproxy::kernel {
@@ -22,24 +24,6 @@ namespace {
 using core::ErrorCategory;
 using core::makeError;
 using Clock = std::chrono::steady_clock;
-
-/// Closes on scope exit; -1 means nothing held.
-class FileDescriptor {
- public:
-  FileDescriptor() = default;
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  ~FileDescriptor() { reset(); }
-  int get() const { return fd_; }
-  void reset(int fd = -1) {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = fd;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 /// The posix_spawn attribute and file action objects, destroyed on scope exit.
 struct SpawnSetup {
