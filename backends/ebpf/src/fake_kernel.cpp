@@ -48,13 +48,13 @@ void FakeKernelMaps::checkWhole(const MapOp& after) {
   }
 }
 
-core::Result<std::vector<SteeredSocket>> FakeKernelMaps::listSteeredSockets() {
+core::Result<SteeredSocketListing> FakeKernelMaps::listSteeredSockets() {
   if (socketErrno != 0)
     return core::makeError(core::ErrorCategory::kKernel, "ebpf: listing steered sockets", socketErrno);
-  return sockets;
+  return SteeredSocketListing{sockets, skippedNamespaces, nullptr};
 }
 
-core::Result<std::size_t> FakeKernelMaps::endSockets(const std::vector<SteeredSocket>& ending) {
+core::Result<std::size_t> FakeKernelMaps::endSockets(SteeredSocketListing&, const std::vector<SteeredSocket>& ending) {
   if (socketErrno != 0)
     return core::makeError(core::ErrorCategory::kKernel, "ebpf: ending sockets", socketErrno);
   const std::size_t before = sockets.size();

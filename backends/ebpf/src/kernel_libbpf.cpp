@@ -13,19 +13,18 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <filesystem>
 #include <optional>
 #include <cstring>
 #include <fstream>
 #include <set>
 #include <sstream>
-#include <thread>
 #include <tuple>
 
 #include <fmt/format.h>
 
 #include "kproxy/ebpf/kernel.h"
 #include "kproxy/kernel/bpf_pins.h"
+#include "kproxy/kernel/network_namespaces.h"
 #include "kproxy_sock.skel.h"
 #include "map_layout.h"
 
@@ -208,78 +207,51 @@ std::optional<std::pair<std::size_t, int>> writeRun(int fd, const std::vector<Ma
   return std::nullopt;
 }
 
-/// Open files, closed with it.
-class FileDescriptors {
- public:
-  FileDescriptors() = default;
-  FileDescriptors(const FileDescriptors&) = delete;
-  FileDescriptors& operator=(const FileDescriptors&) = delete;
-  ~FileDescriptors() {
-    for (int fd : fds) ::close(fd);
-  }
+/// The namespaces a listing walked, held open until the listing goes (SteeredSocketListing::held).
+using HeldNamespaces = std::vector<kernel::NetworkNamespace>;
+
+/// What the iterator `link` writes in each of `which` (indexes into `namespaces`), by index: a
+/// reader walks the namespace it was created in, so the readers are created in each namespace
+/// in turn (kernel::inEachNetworkNamespace) and read here. A namespace whose reader cannot be
+/// created or read is left out, with a line in `skipped`.
+std::vector<std::pair<std::size_t, std::string>> runIterator(bpf_link* link, const HeldNamespaces& namespaces,
+                                                             const std::vector<std::size_t>& which,
+                                                             std::vector<std::string>& skipped) {
   std::vector<int> fds;
-};
-
-/// One open file per network namespace (/proc/PID/ns/net, told apart by inode) that a process
-/// in `cgroup` or below it is in. A process that exits meanwhile is skipped.
-void namespacesOfCgroup(const std::string& cgroup, FileDescriptors& out) {
-  namespace fs = std::filesystem;
-  std::set<std::pair<dev_t, ino_t>> seen;
-  auto addProcesses = [&](const fs::path& dir) {
-    std::ifstream procs(dir / "cgroup.procs");
-    for (long pid = 0; procs >> pid;) {
-      if (pid <= 0) continue;
-      // Most processes share a few namespaces: each is opened once.
-      const std::string path = "/proc/" + std::to_string(pid) + "/ns/net";
-      struct stat st{};
-      if (::stat(path.c_str(), &st) != 0 || !seen.emplace(st.st_dev, st.st_ino).second) continue;
-      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-      if (fd >= 0) out.fds.push_back(fd);
-    }
+  for (std::size_t i : which) fds.push_back(namespaces[i].file.get());
+  std::vector<kernel::FileDescriptor> readers(which.size());
+  std::vector<char> joined(which.size(), 0);
+  const std::vector<int> errors = kernel::inEachNetworkNamespace(fds, [&](std::size_t i) {
+    joined[i] = 1;
+    readers[i].reset(bpf_iter_create(bpf_link__fd(link)));
+    return readers[i] ? 0 : errno;
+  });
+  auto skip = [&](std::size_t i, const char* what, int err) {
+    skipped.push_back(fmt::format("{}: {}: {}", namespaces[which[i]].path, what, std::strerror(err)));
   };
-  addProcesses(cgroup);
-  std::error_code ec;
-  for (fs::recursive_directory_iterator it(cgroup, fs::directory_options::skip_permission_denied, ec), end;
-       !ec && it != end; it.increment(ec))
-    if (it->is_directory(ec)) addProcesses(it->path());
-}
-
-/// Everything the iterator `link` writes, walked once in each network namespace of a process
-/// in `cgroup`: a reader walks the namespace it was created in, so the readers are created by
-/// a thread of their own that joins each namespace in turn and ends there, and the calling
-/// thread never leaves its namespace.
-core::Result<std::string> runIterator(bpf_link* link, const std::string& cgroup) {
-  FileDescriptors namespaces;
-  namespacesOfCgroup(cgroup, namespaces);
-  FileDescriptors readers;
-  int failed = 0;
-  std::thread([&] {
-    for (int ns : namespaces.fds) {
-      if (::setns(ns, CLONE_NEWNET) != 0) {
-        failed = errno;
-        return;
-      }
-      const int reader = bpf_iter_create(bpf_link__fd(link));
-      if (reader < 0) {
-        failed = errno;
-        return;
-      }
-      readers.fds.push_back(reader);
-    }
-  }).join();
-  if (failed != 0) return std::unexpected(kernelError("creating a socket iterator in a network namespace", failed).error());
-  std::string out;
+  std::vector<std::pair<std::size_t, std::string>> out;
   char buf[16384];
-  for (int reader : readers.fds) {
-    for (;;) {
-      const ssize_t n = ::read(reader, buf, sizeof buf);
-      if (n == 0) break;
-      if (n < 0) {
-        if (errno == EINTR) continue;
-        return std::unexpected(kernelError("reading a socket iterator", errno).error());
-      }
-      out.append(buf, static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < which.size(); ++i) {
+    if (errors[i] != 0) {
+      skip(i, joined[i] ? "creating a socket iterator in it" : "joining it", errors[i]);
+      continue;
     }
+    std::string written;
+    int err = 0;
+    for (;;) {
+      const ssize_t n = ::read(readers[i].get(), buf, sizeof buf);
+      if (n == 0) break;
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        err = errno;
+        break;
+      }
+      written.append(buf, static_cast<std::size_t>(n));
+    }
+    if (err != 0)
+      skip(i, "reading its socket iterator", err);
+    else
+      out.emplace_back(which[i], std::move(written));
   }
   return out;
 }
@@ -328,29 +300,35 @@ class LibbpfKernel final : public KernelMaps {
     return DataPathCounts{*affinity, *reverse};
   }
 
-  core::Result<std::vector<SteeredSocket>> listSteeredSockets() override {
+  core::Result<SteeredSocketListing> listSteeredSockets() override {
     if (auto loaded = ensureLoaded(); !loaded) return std::unexpected(loaded.error());
     if (listLink_ == nullptr) return std::unexpected(kernelError(noEndSockets_.first, noEndSockets_.second).error());
-    auto written = runIterator(listLink_, settings_.cgroupPath);
-    if (!written) return std::unexpected(written.error());
-    std::vector<SteeredSocket> out;
-    kproxy_lb_socket_record record{};
-    for (std::size_t at = 0; at + sizeof record <= written->size(); at += sizeof record) {
-      std::memcpy(&record, written->data() + at, sizeof record);
-      out.push_back(SteeredSocket{record.socket_cookie, fromWire(record.local), fromWire(record.service),
-                                  fromWire(record.endpoint)});
+    auto namespaces = std::make_shared<HeldNamespaces>(kernel::networkNamespacesOfCgroup(settings_.cgroupPath));
+    std::vector<std::size_t> all(namespaces->size());
+    for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
+    SteeredSocketListing out;
+    for (const auto& [index, written] : runIterator(listLink_, *namespaces, all, out.skipped)) {
+      kproxy_lb_socket_record record{};
+      for (std::size_t at = 0; at + sizeof record <= written.size(); at += sizeof record) {
+        std::memcpy(&record, written.data() + at, sizeof record);
+        out.sockets.push_back(SteeredSocket{record.socket_cookie, fromWire(record.local), fromWire(record.service),
+                                            fromWire(record.endpoint), (*namespaces)[index].inode});
+      }
     }
+    out.held = std::move(namespaces);
     return out;
   }
 
-  core::Result<std::size_t> endSockets(const std::vector<SteeredSocket>& sockets) override {
+  core::Result<std::size_t> endSockets(SteeredSocketListing& listing, const std::vector<SteeredSocket>& sockets) override {
     if (auto loaded = ensureLoaded(); !loaded) return std::unexpected(loaded.error());
     if (endLink_ == nullptr) return std::unexpected(kernelError(noEndSockets_.first, noEndSockets_.second).error());
+    if (listing.held == nullptr) return std::unexpected(kernelError("ending sockets without their listing", EINVAL).error());
+    const auto& namespaces = *std::static_pointer_cast<const HeldNamespaces>(listing.held);
     const int destroyFd = bpf_map__fd(skel_->maps.kproxy_destroy);
     std::size_t ended = 0;
     for (std::size_t begin = 0; begin < sockets.size(); begin += KPROXY_DESTROY_BATCH) {
       const std::size_t end = std::min(sockets.size(), begin + KPROXY_DESTROY_BATCH);
-      auto pass = endBatch(destroyFd, sockets, begin, end);
+      auto pass = endBatch(destroyFd, namespaces, sockets, begin, end, listing.skipped);
       if (!pass) return pass;
       ended += *pass;
     }
@@ -374,14 +352,17 @@ class LibbpfKernel final : public KernelMaps {
     skel_ = nullptr;
   }
 
-  /// One ending pass over `sockets[begin, end)`: named in the destroy map, the pass run, the
-  /// map emptied again whatever happened.
-  core::Result<std::size_t> endBatch(int destroyFd, const std::vector<SteeredSocket>& sockets, std::size_t begin,
-                                     std::size_t end) {
+  /// One ending pass over `sockets[begin, end)`: named in the destroy map, the iterator run in
+  /// the namespaces that hold them, the map emptied again whatever happened.
+  core::Result<std::size_t> endBatch(int destroyFd, const HeldNamespaces& namespaces,
+                                     const std::vector<SteeredSocket>& sockets, std::size_t begin, std::size_t end,
+                                     std::vector<std::string>& skipped) {
     auto forget = [&](std::size_t upTo) {
       for (std::size_t i = begin; i < upTo; ++i) bpf_map_delete_elem(destroyFd, &sockets[i].cookie);
     };
+    std::set<std::uint64_t> holding;
     for (std::size_t i = begin; i < end; ++i) {
+      holding.insert(sockets[i].netns);
       const kproxy_lb_endpoint endpoint = wireEndpoint(sockets[i].endpoint);
       if (bpf_map_update_elem(destroyFd, &sockets[i].cookie, &endpoint, BPF_ANY) != 0) {
         const int err = errno;
@@ -389,10 +370,14 @@ class LibbpfKernel final : public KernelMaps {
         return std::unexpected(kernelError("naming a socket to end in kproxy_destroy", err).error());
       }
     }
-    auto written = runIterator(endLink_, settings_.cgroupPath);
+    std::vector<std::size_t> which;
+    for (std::size_t i = 0; i < namespaces.size(); ++i)
+      if (holding.contains(namespaces[i].inode)) which.push_back(i);
+    std::size_t ended = 0;
+    for (const auto& [index, written] : runIterator(endLink_, namespaces, which, skipped))
+      ended += written.size() / sizeof(std::uint64_t);
     forget(end);
-    if (!written) return std::unexpected(written.error());
-    return written->size() / sizeof(std::uint64_t);
+    return ended;
   }
 
   /// Whether the kernel takes batched writes (learned from the first refusal of one).
@@ -430,15 +415,14 @@ class LibbpfKernel final : public KernelMaps {
                              " by another version? --cleanup removes them)",
                          -rc);
     }
-    const int cgroup = ::open(settings_.cgroupPath.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (cgroup < 0) {
+    const kernel::FileDescriptor cgroup(::open(settings_.cgroupPath.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!cgroup) {
       kproxy_sock__destroy(skel);
       return kernelError("opening the cgroup " + settings_.cgroupPath, errno);
     }
     struct stat cgroupStat{};
-    ::fstat(cgroup, &cgroupStat);
-    auto attached = attachAll(skel, cgroup, cgroupStat.st_ino);
-    ::close(cgroup);
+    ::fstat(cgroup.get(), &cgroupStat);
+    auto attached = attachAll(skel, cgroup.get(), cgroupStat.st_ino);
     if (!attached) {
       kproxy_sock__destroy(skel);
       return attached;

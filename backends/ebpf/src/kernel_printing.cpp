@@ -15,10 +15,11 @@ core::Result<void> PrintingKernelMaps::apply(const std::vector<MapOp>& ops) {
   return inner_->apply(ops);
 }
 
-core::Result<std::size_t> PrintingKernelMaps::endSockets(const std::vector<SteeredSocket>& sockets) {
+core::Result<std::size_t> PrintingKernelMaps::endSockets(SteeredSocketListing& listing,
+                                                         const std::vector<SteeredSocket>& sockets) {
   for (const auto& s : sockets) fmt::print(out_, "end socket {}\n", s.toText());
   std::fflush(out_);
-  return inner_->endSockets(sockets);
+  return inner_->endSockets(listing, sockets);
 }
 
 core::Result<void> PrintingKernelMaps::removeAll() {

@@ -20,26 +20,30 @@ core::Result<std::vector<kernel::ConntrackFlow>> SteeredSocketTable::list(net::F
                                                                           core::Protocol protocol) {
   std::vector<kernel::ConntrackFlow> out;
   if (protocol != core::Protocol::kUDP) return out;
-  if (!sockets_) {
+  if (!listing_) {
     auto listed = kernel_.listSteeredSockets();
     if (!listed) return std::unexpected(listed.error());
-    sockets_ = std::move(*listed);
+    listing_ = std::move(*listed);
   }
-  for (const auto& socket : *sockets_)
+  for (const auto& socket : listing_->sockets)
     if (socket.local.family == family) out.push_back(flowOf(socket));
   return out;
 }
 
 core::Result<std::size_t> SteeredSocketTable::remove(const std::vector<kernel::ConntrackFlow>& flows) {
-  if (flows.empty() || !sockets_) return 0;
+  if (flows.empty() || !listing_) return 0;
   std::set<std::string> stale;
   for (const auto& flow : flows) stale.insert(flow.str());
   // Two sockets may stand for the same flow (SO_REUSEPORT): both go.
   std::vector<SteeredSocket> ending;
-  for (const auto& socket : *sockets_)
+  for (const auto& socket : listing_->sockets)
     if (stale.contains(flowOf(socket).str())) ending.push_back(socket);
   if (ending.empty()) return 0;
-  return kernel_.endSockets(ending);
+  return kernel_.endSockets(*listing_, ending);
+}
+
+std::vector<std::string> SteeredSocketTable::skippedNamespaces() const {
+  return listing_ ? listing_->skipped : std::vector<std::string>{};
 }
 
 }  // namespace kproxy::ebpf

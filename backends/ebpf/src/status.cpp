@@ -38,14 +38,15 @@ sdk::Expected<EbpfBackend::Metrics> EbpfBackend::registerMetrics(const sdk::Host
                                         {"operation"}));
   take(m.socketFailures, host.counter("kproxy_ebpf_socket_operation_failures_total",
                                       "Stale-socket cleanups that did not complete: the kernel refused a pass, or "
-                                      "cannot end sockets (bpf_sock_destroy, Linux 6.5+)",
+                                      "cannot end sockets (bpf_sock_destroy, Linux 6.5+); and network namespaces a "
+                                      "cleanup could not walk (the others were cleaned)",
                                       {"reason"}));
   if (refused) return std::unexpected(*refused);
   // The counters are there from the start, at 0.
   m.operations.add(0);
   m.failures.add(0);
   for (const char* operation : {"listed", "ended"}) m.socketOperations.add({operation}, 0);
-  for (const char* reason : {"kernel", "unsupported"}) m.socketFailures.add({reason}, 0);
+  for (const char* reason : {"kernel", "unsupported", "namespace"}) m.socketFailures.add({reason}, 0);
   return m;
 }
 
@@ -55,6 +56,12 @@ core::Result<backends::ConntrackCleanupReport> EbpfBackend::endStaleSockets(
   SteeredSocketTable table(*kernel_);
   backends::ConntrackCleaner cleaner(table);
   auto report = decide(cleaner);
+  // A namespace that could not be walked costs its own sockets only: named, counted, and
+  // walked again by the next cleanup.
+  for (const auto& skipped : table.skippedNamespaces()) {
+    metrics_.socketFailures.add({"namespace"}, 1);
+    host_.warning(fmt::format("ebpf: stale sockets in a network namespace were not looked at: {}", skipped));
+  }
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
   if (!report) {
     if (report.error().errnum == EOPNOTSUPP) {

@@ -1,7 +1,8 @@
 // The stale-socket cleanup over FakeKernelMaps (stale_sockets.h, status.cpp): steered sockets
 // as the flows they stand for, the conntrack cleaner's rule over them (an endpoint that no
 // longer serves ends its sockets, a terminating one that still serves does not), when it runs,
-// what it counts and logs, a kernel that cannot end sockets, and --dry-run's printout.
+// what it counts and logs, a kernel that cannot end sockets, a namespace that cannot be
+// walked, and --dry-run's printout.
 
 #include <catch2/catch.hpp>
 
@@ -168,6 +169,17 @@ TEST_CASE("stale sockets: a kernel that cannot end sockets is warned of once and
     c.kernel->socketErrno = 0;
     auto report = c.after({});
     CHECK(report.deleted == 2);
+  }
+  SECTION("a network namespace that cannot be walked is counted; the others' sockets are cleaned") {
+    c.kernel->skippedNamespaces = {"/proc/4242/ns/net: joining it: Invalid argument"};
+    auto report = c.after({dns({endpoint(kPodB, 5353)})});
+    CHECK(report.deleted == 1);
+    CHECK(c.cookiesLeft() == std::vector<std::uint64_t>{2});
+    CHECK(c.sample("kproxy_ebpf_socket_operation_failures_total", {"namespace"}) == 1);
+    CHECK(c.sample("kproxy_ebpf_socket_operation_failures_total", {"kernel"}) == 0);
+    c.kernel->skippedNamespaces.clear();
+    (void)c.after({dns({endpoint(kPodB, 5353)})});
+    CHECK(c.sample("kproxy_ebpf_socket_operation_failures_total", {"namespace"}) == 1);
   }
 }
 

@@ -111,7 +111,8 @@ class EbpfBackend final : public backends::Reconciler {
     sdk::Metric socketOperations;
     /// Counter kproxy_ebpf_socket_operation_failures_total{reason}: stale-socket cleanups that
     /// did not complete: "kernel" (a pass refused; the next cleanup tries again) or
-    /// "unsupported" (the kernel cannot end sockets).
+    /// "unsupported" (the kernel cannot end sockets); and "namespace", one per network
+    /// namespace a cleanup could not walk (the others' sockets were cleaned).
     sdk::Metric socketFailures;
   };
   /// Registers Metrics with the host (ABI 1.2; inactive on an older host).

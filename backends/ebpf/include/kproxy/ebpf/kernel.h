@@ -33,9 +33,23 @@ struct SteeredSocket {
   SocketAddress local;       ///< the socket's own address and port
   SocketAddress service;     ///< what it connected to
   SocketAddress endpoint;    ///< what it is connected to
+  std::uint64_t netns = 0;   ///< its network namespace (the nsfs inode) as listed; 0 unknown
   auto operator<=>(const SteeredSocket&) const = default;
   /// "cookie=4097 10.200.0.1:40000 -> 10.96.0.10:53 (10.200.0.2:5353)".
   std::string toText() const;
+};
+
+/// What KernelMaps::listSteeredSockets found.
+struct SteeredSocketListing {
+  std::vector<SteeredSocket> sockets;
+  /// Network namespaces that could not be walked, by the listing or by an ending pass over it,
+  /// one line each ("/proc/4242/ns/net: creating a socket iterator: Invalid argument"). Their
+  /// sockets are left as they are; every other namespace's are listed and ended.
+  std::vector<std::string> skipped;
+  /// What the adapter keeps for endSockets, released with the listing. The real one keeps the
+  /// namespaces it walked, open, so that an ending pass walks only those that hold a socket to
+  /// end, without looking them up again.
+  std::shared_ptr<const void> held;
 };
 
 class KernelMaps {
@@ -53,14 +67,16 @@ class KernelMaps {
   /// at most their sizes, 65,536 and 131,072 lookups, so the backend asks in full syncs only).
   virtual core::Result<DataPathCounts> countDataPathElements() = 0;
   /// Every connected UDP socket steered to an endpoint, in every network namespace of a
-  /// process in the cgroup (an iterator walks the namespace it is created in). EOPNOTSUPP: the
+  /// process in the cgroup (an iterator walks the namespace it is created in). A namespace
+  /// that cannot be walked is named in `skipped` and the others are listed. EOPNOTSUPP: the
   /// kernel cannot end sockets (no bpf_sock_destroy, before Linux 6.5), and nothing is listed.
-  virtual core::Result<std::vector<SteeredSocket>> listSteeredSockets() = 0;
-  /// Ends each of `sockets` (as listed) that is still connected to its endpoint: it is
+  virtual core::Result<SteeredSocketListing> listSteeredSockets() = 0;
+  /// Ends each of `sockets` (from `listing`) that is still connected to its endpoint: it is
   /// disconnected with the pending error ECONNABORTED (the next receive gets it; a send fails
   /// with EDESTADDRREQ). Returns how many it ended; one already closed or reconnected is not an
-  /// error.
-  virtual core::Result<std::size_t> endSockets(const std::vector<SteeredSocket>& sockets) = 0;
+  /// error, and a namespace that cannot be walked is added to `listing.skipped`.
+  virtual core::Result<std::size_t> endSockets(SteeredSocketListing& listing,
+                                               const std::vector<SteeredSocket>& sockets) = 0;
 };
 
 /// Where the real adapter works.
@@ -98,8 +114,8 @@ class FakeKernelMaps : public KernelMaps {
   core::Result<void> apply(const std::vector<MapOp>& ops) override;
   core::Result<void> removeAll() override;
   core::Result<DataPathCounts> countDataPathElements() override { return dataPath; }
-  core::Result<std::vector<SteeredSocket>> listSteeredSockets() override;
-  core::Result<std::size_t> endSockets(const std::vector<SteeredSocket>& sockets) override;
+  core::Result<SteeredSocketListing> listSteeredSockets() override;
+  core::Result<std::size_t> endSockets(SteeredSocketListing& listing, const std::vector<SteeredSocket>& sockets) override;
 
   /// Makes the op at this index of the next apply fail with `errnum` (then clears itself).
   void failNextApplyAt(std::size_t index, int errnum = E2BIG) {
@@ -120,6 +136,8 @@ class FakeKernelMaps : public KernelMaps {
   std::vector<std::string> halfWritten;
   /// The steered sockets listSteeredSockets answers; endSockets removes those it ends.
   std::vector<SteeredSocket> sockets;
+  /// The namespaces listSteeredSockets says it could not walk.
+  std::vector<std::string> skippedNamespaces;
   /// What the socket calls fail with (0: they succeed); EOPNOTSUPP plays an older kernel.
   int socketErrno = 0;
 
@@ -138,9 +156,9 @@ class PrintingKernelMaps final : public KernelMaps {
   core::Result<void> apply(const std::vector<MapOp>& ops) override;
   core::Result<void> removeAll() override;
   core::Result<DataPathCounts> countDataPathElements() override { return inner_->countDataPathElements(); }
-  core::Result<std::vector<SteeredSocket>> listSteeredSockets() override { return inner_->listSteeredSockets(); }
+  core::Result<SteeredSocketListing> listSteeredSockets() override { return inner_->listSteeredSockets(); }
   /// Prints "end socket cookie=… 10.200.0.1:40000 -> 10.96.0.10:53 (10.200.0.2:5353)" per socket.
-  core::Result<std::size_t> endSockets(const std::vector<SteeredSocket>& sockets) override;
+  core::Result<std::size_t> endSockets(SteeredSocketListing& listing, const std::vector<SteeredSocket>& sockets) override;
 
  private:
   std::unique_ptr<KernelMaps> inner_;

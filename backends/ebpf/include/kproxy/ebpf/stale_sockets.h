@@ -11,6 +11,7 @@
 /// Thread-safety: one thread at a time.
 
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "kproxy/ebpf/kernel.h"
@@ -30,10 +31,12 @@ class SteeredSocketTable final : public kernel::ConntrackTable {
   core::Result<std::vector<kernel::ConntrackFlow>> list(net::Family family, core::Protocol protocol) override;
   /// Ends the sockets listed behind `flows`; returns how many the kernel ended.
   core::Result<std::size_t> remove(const std::vector<kernel::ConntrackFlow>& flows) override;
+  /// The namespaces the listing or the ending could not walk (SteeredSocketListing::skipped).
+  std::vector<std::string> skippedNamespaces() const;
 
  private:
   KernelMaps& kernel_;
-  std::optional<std::vector<SteeredSocket>> sockets_;
+  std::optional<SteeredSocketListing> listing_;
 };
 
 }  // namespace kproxy::ebpf

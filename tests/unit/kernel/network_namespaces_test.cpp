@@ -1,0 +1,104 @@
+// network_namespaces.h without privileges: a directory laid out as a cgroup (cgroup.procs files)
+// stands for one, and the process's own namespace is the one found; a file that is not a
+// namespace is refused by setns before any permission check, so the failure of one namespace
+// sparing the others is seen as root and as any other user.
+#include "kproxy/kernel/network_namespaces.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+
+using namespace kproxy::kernel;
+namespace fs = std::filesystem;
+
+namespace {
+
+/// A fresh directory laid out as a cgroup, removed afterwards.
+struct FakeCgroup {
+  fs::path path;
+  FakeCgroup() {
+    std::string pattern = (fs::temp_directory_path() / "kproxy-netns-XXXXXX").string();
+    path = ::mkdtemp(pattern.data());
+  }
+  ~FakeCgroup() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+  void procs(const std::string& dir, const std::string& pids) const {
+    fs::create_directories(path / dir);
+    std::ofstream(path / dir / "cgroup.procs") << pids;
+  }
+};
+
+std::uint64_t ownNamespaceInode() {
+  struct stat st{};
+  REQUIRE(::stat("/proc/self/ns/net", &st) == 0);
+  return st.st_ino;
+}
+
+}  // namespace
+
+TEST_CASE("network namespaces: each namespace of a cgroup's processes is found once, below it too",
+          "[unit][kernel][netns]") {
+  FakeCgroup cgroup;
+  const std::string self = std::to_string(::getpid());
+  // The process twice, in the cgroup and a child, and a pid that no process has (it exited).
+  cgroup.procs("", self + "\n");
+  cgroup.procs("pod/container", self + "\n999999999\n");
+  const auto found = networkNamespacesOfCgroup(cgroup.path.string());
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].inode == ownNamespaceInode());
+  CHECK(found[0].path == "/proc/" + self + "/ns/net");
+  struct stat held{};
+  REQUIRE(::fstat(found[0].file.get(), &held) == 0);
+  CHECK(held.st_ino == found[0].inode);
+
+  FakeCgroup empty;
+  CHECK(networkNamespacesOfCgroup(empty.path.string()).empty());
+  CHECK(networkNamespacesOfCgroup((empty.path / "missing").string()).empty());
+}
+
+TEST_CASE("network namespaces: one that cannot be joined costs only its own work", "[unit][kernel][netns]") {
+  const FileDescriptor notNamespace(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+  const FileDescriptor own(::open("/proc/self/ns/net", O_RDONLY | O_CLOEXEC));
+  REQUIRE(notNamespace);
+  REQUIRE(own);
+  std::vector<std::size_t> ran;
+  const auto errors = inEachNetworkNamespace({notNamespace.get(), own.get(), notNamespace.get()}, [&](std::size_t i) {
+    ran.push_back(i);
+    return 42;  // what the work returns is passed on
+  });
+  REQUIRE(errors.size() == 3);
+  CHECK(errors[0] == EINVAL);
+  CHECK(errors[2] == EINVAL);
+  if (::geteuid() == 0) {
+    CHECK(errors[1] == 42);
+    CHECK(ran == std::vector<std::size_t>{1});
+  } else {
+    // Joining even one's own namespace takes CAP_SYS_ADMIN.
+    CHECK(errors[1] == EPERM);
+    CHECK(ran.empty());
+  }
+  // Nothing is run for no namespace.
+  CHECK(inEachNetworkNamespace({}, [&](std::size_t) { return 1; }).empty());
+}
+
+TEST_CASE("file descriptor: closed when its owner goes, moved without closing", "[unit][kernel][netns]") {
+  int raw = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  REQUIRE(raw >= 0);
+  {
+    FileDescriptor a(raw);
+    FileDescriptor b(std::move(a));
+    CHECK_FALSE(a);
+    CHECK(b.get() == raw);
+    CHECK(::fcntl(raw, F_GETFD) >= 0);
+  }
+  CHECK(::fcntl(raw, F_GETFD) == -1);
+  CHECK(errno == EBADF);
+}
