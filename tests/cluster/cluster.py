@@ -1415,7 +1415,8 @@ def kproxy_replace(cluster, sc, node, build, web, wipe=False):
     """kproxy on one node: SIGTERM, then `build` started at once with the same arguments; records its
     start to first sync holding `web` and to /healthz 200, and checks that it runs `build`. With
     `wipe`, the node's kube-proxy table (iptables mode: every rule and chain of its nat and filter
-    tables) is deleted in between (a build that starts from nothing)."""
+    tables; other modes: everything `kproxy --cleanup` removes, ebpf mode's programs and pins with
+    it) is deleted in between (a build that starts from nothing)."""
     every, used = web.expected()
     log_path = f"{cluster.workdir}/kproxy-{node.name}.log"
     t_sig = time.time()
@@ -1426,8 +1427,10 @@ def kproxy_replace(cluster, sc, node, build, web, wipe=False):
             for table in ("nat", "filter"):
                 for op in ("-F", "-X"):
                     subprocess.run(["ip", "netns", "exec", node.ns, "iptables", "-w", "-t", table, op], check=True)
-        else:
+        elif node.mode == "nftables":
             subprocess.run(["ip", "netns", "exec", node.ns, "nft", "delete", "table", "ip", "kube-proxy"], check=True)
+        elif kproxy_cleanup(cluster, node) != 0:  # ebpf mode's programs and pins, every mode's tables
+            raise Failed(f"kproxy --cleanup on {node.name} failed")
     offset = os.path.getsize(log_path)
     t_start = time.time()
     kproxy_start_build(cluster, node, build)
@@ -1466,7 +1469,8 @@ def scenario_kproxy_upgrade(cluster, web, old, grace):
     if broken:
         sc.notes.append(f"KC_BREAK_UPGRADE={broken}: each node starts the older build without its table, on purpose")
     for node in cluster.nodes:
-        sc.load(f"pod-{node.name}-tcp-clusterip", node.slots[0]["ns"], f"{web.cluster_ip}:{web.port}", web.proto, web)
+        sc.load(f"pod-{node.name}-tcp-clusterip", node.slots[0]["ns"], f"{web.cluster_ip}:{web.port}", web.proto, web,
+                cgroup=node.cgroup)
     for node in cluster.nodes:
         sc.load_client_to_node_port(web, node)
     sc.start_loads()
@@ -1502,7 +1506,8 @@ def main():
     ap.add_argument("--program", choices=("kproxy", "upstream"), default="kproxy",
                     help="the service proxy on every node: kproxy, or upstream kube-proxy (--upstream)")
     ap.add_argument("--upstream", default="", help="upstream kube-proxy's binary, for --program upstream")
-    ap.add_argument("--mode", choices=("nftables", "iptables"), default="nftables", help="--proxy-mode of every node")
+    ap.add_argument("--mode", choices=("nftables", "iptables", "ebpf", "userspace"), default="nftables",
+                    help="--proxy-mode of every node (upstream: nftables or iptables)")
     ap.add_argument("--plugin-dir", default="")
     ap.add_argument("--kproxy-arg", action="append", default=[],
                     help="one more argument for every kproxy (repeatable), e.g. --kproxy-arg=--iptables-min-sync-period=0")
@@ -1527,9 +1532,13 @@ def main():
     ap.add_argument("--udp-report-only", action="store_true",
                     help="report failed UDP requests without failing the run (TCP ones always fail it)")
     args = ap.parse_args()
+    if args.program == "upstream" and args.mode not in ("nftables", "iptables"):
+        raise SystemExit(f"--mode {args.mode}: upstream kube-proxy has no such mode (nftables, iptables)")
     with open(args.desc) as f:
         desc = json.load(f)
     cluster = Cluster(desc, args)
+    if args.mode == "ebpf" and not all(n.cgroup for n in cluster.nodes):
+        raise SystemExit(f"--mode ebpf: ebpf mode cannot run in this cluster: {cluster.ebpf_error}")
     old_build = old_build_of(args)
     api = cluster.api
     t0 = time.time()

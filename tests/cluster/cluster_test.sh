@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The cluster suite: N nodes (3 by default) in network namespaces on a bridge, one kproxy per
-# node in nftables mode on one real kube-apiserver, 1,000 background Services under light
-# churn, and the scenarios of cluster.py (rolling update, scale to zero and back, node drain
-# behind a load-balancer simulator, kproxy restart on every node, every node to an older
-# commit's kproxy and back, apiserver restart and etcd compaction, mode switch on a live node)
-# under constant request load. Fails on any failed TCP request (outside a scale-to-zero window)
+# node in nftables mode (or cluster.py's --mode) on one real kube-apiserver, 1,000 background
+# Services under light churn, and the scenarios of cluster.py (rolling update, scale to zero
+# and back, node drain behind a load-balancer simulator, kproxy restart on every node, every
+# node to an older commit's kproxy and back, apiserver restart and etcd compaction, mode switch
+# on a live node) under constant request load. Fails on any failed TCP request (outside a scale-to-zero window)
 # or any answer from a pod that should no longer receive traffic.
 #
 # Where a cgroup v2 hierarchy is mounted it runs in a mount namespace of its own (it

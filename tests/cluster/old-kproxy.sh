@@ -93,6 +93,16 @@ if complete "$OUT"; then
   exit 0
 fi
 [[ ! -e "$OUT" ]] || {
+  # The plugins it holds are built again too: runs in different modes do not take turns
+  # rebuilding the directory.
+  for so in "$OUT"/plugins/kproxy-backend-*.so; do
+    [[ -f "$so" ]] || continue
+    p=${so##*/kproxy-backend-}
+    p=${p%.so}
+    [[ " ${PLUGINS[*]} " == *" $p "* ]] && continue
+    PLUGINS+=("$p")
+    TARGETS+=("kproxy-backend-$p")
+  done
   log "removing $OUT: it lacks some of its files"
   rm -rf "$OUT"
 }
