@@ -239,6 +239,13 @@ const std::vector<FlagSpec>& flagSpecs() {
          "ebpf mode: the cgroup v2 directory whose processes' sockets are load-balanced "
          "(empty: the root of the cgroup v2 hierarchy, wherever it is mounted).",
          stringSetter([](ParsedFlags& f, std::string v) { f.config.ebpf.cgroupPath = std::move(v); })},
+        {"ebpf-netns-dir", 0, Kind::kString, Scope::kProcess, "",
+         "ebpf mode: a directory of network namespace files (/var/run/netns, where containerd's "
+         "and CRI-O's CNI setups bind-mount the pods' namespaces) whose connected UDP sockets are "
+         "ended when their endpoint stops serving, beside those of the processes in "
+         "--ebpf-cgroup-path that kproxy can see (all of them with the host's PID namespace). "
+         "Empty: none.",
+         stringSetter([](ParsedFlags& f, std::string v) { f.config.ebpf.netnsDir = std::move(v); })},
         {"ebpf-pin-path", 0, Kind::kString, Scope::kProcess, "/sys/fs/bpf/kproxy",
          "ebpf mode: the directory on a bpf filesystem where its maps and program links are pinned, "
          "so that a restart re-adopts them.",

@@ -165,6 +165,7 @@ kproxy::plugins::BackendOptions backendOptions(const ProxyConfig& config) {
   options["userspace-endpoint-grace"] = seconds(config.userspace.endpointGrace);
   options["ebpf-cgroup-path"] = config.ebpf.cgroupPath;
   options["ebpf-pin-path"] = config.ebpf.pinPath;
+  options["ebpf-netns-dir"] = config.ebpf.netnsDir;
   if (config.bindAddress != "0.0.0.0" && config.bindAddress != "::" && !config.bindAddress.empty())
     options["node-ips"] = config.bindAddress;
   return options;

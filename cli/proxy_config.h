@@ -112,6 +112,7 @@ struct UserspaceConfig {
 struct EbpfConfig {
   std::string cgroupPath;                       ///< empty: the root of the cgroup v2 hierarchy
   std::string pinPath = "/sys/fs/bpf/kproxy";  ///< on a bpffs mount
+  std::string netnsDir;                         ///< pods' namespace files; empty: none
   bool operator==(const EbpfConfig&) const = default;
 };
 

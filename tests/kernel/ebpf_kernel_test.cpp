@@ -139,6 +139,8 @@ struct Testbed {
   std::string client, server;
   std::vector<pid_t> pods;
   std::unique_ptr<sdk::BackendPlugin> plugin;
+  /// More options for the backend (before its first use).
+  sdk::Options extraOptions;
 
   /// Everything is made here, not in a constructor, so that the destructor also removes what
   /// a set-up that failed halfway made.
@@ -213,6 +215,7 @@ struct Testbed {
   EbpfBackend& backend() {
     if (!plugin) {
       sdk::Options options{{"ebpf-cgroup-path", cgroup}, {"ebpf-pin-path", pinPath}};
+      options.insert(extraOptions.begin(), extraOptions.end());
       auto made = makeEbpfBackend(sdk::Host(nullptr), options);
       INFO((made ? "" : made.error().message));
       REQUIRE(made.has_value());
@@ -492,7 +495,7 @@ TEST_CASE("ebpf: a client in the cgroup reaches the pod through the ClusterIP, w
 
   SECTION("writes go in batches in the differ's order: a refused one is named, those before it stay, "
           "none after it is made") {
-    auto kernel = openLibbpfKernel(LibbpfSettings{t.cgroup, t.pinPath});
+    auto kernel = openLibbpfKernel(LibbpfSettings{t.cgroup, t.pinPath, {}});
     REQUIRE(kernel.has_value());
     const auto endpoint = *SocketAddress::of("10.200.1.2", 8080);
     const auto service = ServiceKey{*SocketAddress::of("10.96.0.99", 80), kProtoTCP};
@@ -878,6 +881,68 @@ TEST_CASE("ebpf: the plugin, loaded as kproxy loads it, ends a stale connected U
   INFO(metrics);
   CHECK(metrics.find("kproxy_ebpf_socket_operations_total{ended}=1 ") != std::string::npos);
   CHECK(metrics.find("kproxy_ebpf_socket_operations_total{listed}=1 ") != std::string::npos);
+}
+
+TEST_CASE("ebpf: a steered socket whose process kproxy cannot see in the cgroup is found through --ebpf-netns-dir",
+          "[kernel][ebpf]") {
+  Testbed t;
+  t.setUp();
+  sh("ip -n " + t.server + " addr add " + kPodBIP + "/24 dev veth-s");
+  // A directory as /var/run/netns holding the client's namespace; and a cgroup beside the
+  // test's, where the client goes after its connect, as a pod's processes are to a kproxy
+  // without the host's PID namespace: not among the cgroup's processes it can see.
+  struct Scratch {
+    std::string dir, outside;
+    ~Scratch() {
+      std::error_code ec;
+      std::filesystem::remove_all(dir, ec);
+      if (!outside.empty()) ::rmdir(outside.c_str());
+    }
+  } scratch;
+  char pattern[] = "/tmp/kproxy-netns-dir-XXXXXX";
+  REQUIRE(::mkdtemp(pattern) != nullptr);
+  scratch.dir = pattern;
+  std::filesystem::create_symlink("/run/netns/" + t.client, scratch.dir + "/client");
+  scratch.outside = t.cgroup + "-outside";
+  REQUIRE(::mkdir(scratch.outside.c_str(), 0755) == 0);
+  const std::vector<sdk::ChangedKey> changed{{net::Family::kIPv4, "ns/dns:dns"}};
+  const auto withA = dnsService({endpoint(kPodIP, 5353)});
+  const auto withB = dnsService({endpoint(kPodBIP, 5354)});
+  const std::string outsideProcs = scratch.outside + "/cgroup.procs";
+
+  int s = -1;
+  LongClient client(t, {
+      [&] {
+        s = connectedUdp(kDnsClusterIP, 53);
+        std::printf("s=%s\n", exchange(s).c_str());
+        std::ofstream(outsideProcs) << ::getpid() << std::flush;
+      },
+      [&] {
+        char byte = 0;
+        const ssize_t n = ::recv(s, &byte, 1, MSG_DONTWAIT);
+        std::printf("s recv=%s\n", n < 0 ? ::strerrorname_np(errno) : "nothing pending");
+      },
+  });
+  SECTION("without it, the socket is not found (the control)") {
+    REQUIRE(t.backend().syncFrom(plan::VectorSnapshot({withA}), {}, true).has_value());
+    CHECK(client.next() == std::vector<std::string>{"s=pod-a"});
+    REQUIRE(t.backend().syncFrom(plan::VectorSnapshot({withB}), changed, false).has_value());
+    auto report = t.backend().endStaleSockets({withA}, {withB}, changed, false);
+    REQUIRE(report.has_value());
+    CHECK(report->listed == 0);
+    CHECK(client.next() == std::vector<std::string>{"s recv=EAGAIN"});
+  }
+  SECTION("with it, the socket is found in its namespace and ended") {
+    t.extraOptions["ebpf-netns-dir"] = scratch.dir;
+    REQUIRE(t.backend().syncFrom(plan::VectorSnapshot({withA}), {}, true).has_value());
+    CHECK(client.next() == std::vector<std::string>{"s=pod-a"});
+    REQUIRE(t.backend().syncFrom(plan::VectorSnapshot({withB}), changed, false).has_value());
+    auto report = t.backend().endStaleSockets({withA}, {withB}, changed, false);
+    REQUIRE(report.has_value());
+    CHECK(report->listed == 1);
+    CHECK(report->deleted == 1);
+    CHECK(client.next() == std::vector<std::string>{"s recv=ECONNABORTED"});
+  }
 }
 
 TEST_CASE("ebpf: an IPv6 connected UDP socket steered to an endpoint that is removed is ended", "[kernel][ebpf]") {

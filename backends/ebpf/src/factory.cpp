@@ -33,12 +33,15 @@ sdk::Expected<std::unique_ptr<sdk::BackendPlugin>> makeEbpfBackend(const sdk::Ho
     where.pinPath = plan::optionValue(options, "ebpf-pin-path");
     if (where.pinPath.empty()) where.pinPath = kDefaultPinPath;
     while (where.pinPath.size() > 1 && where.pinPath.back() == '/') where.pinPath.pop_back();
+    if (auto dir = plan::optionValue(options, "ebpf-netns-dir"); !dir.empty()) where.namespaceDirs.push_back(dir);
     auto opened = openLibbpfKernel(where);
     if (!opened) return sdk::fail(sdk::ErrorCategory::kKernelRefused, opened.error().message(), opened.error().errnum);
     kernel = std::move(*opened);
     host.info(0, fmt::format("ebpf: socket load balancing for cgroup {}, maps and links pinned under {}; traffic "
-                             "from other hosts through nftables tables {}",
-                             where.cgroupPath, where.pinPath, kNftablesTable));
+                             "from other hosts through nftables tables {}; stale sockets looked for in the "
+                             "namespaces of the cgroup's processes{}",
+                             where.cgroupPath, where.pinPath, kNftablesTable,
+                             where.namespaceDirs.empty() ? "" : " and those under " + where.namespaceDirs.front()));
   }
   auto backend = std::make_unique<EbpfBackend>(host, std::move(settings), std::move(kernel), std::move(tables));
   backend->useMetrics(std::move(*metrics));

@@ -303,7 +303,10 @@ class LibbpfKernel final : public KernelMaps {
   core::Result<SteeredSocketListing> listSteeredSockets() override {
     if (auto loaded = ensureLoaded(); !loaded) return std::unexpected(loaded.error());
     if (listLink_ == nullptr) return std::unexpected(kernelError(noEndSockets_.first, noEndSockets_.second).error());
-    auto namespaces = std::make_shared<HeldNamespaces>(kernel::networkNamespacesOfCgroup(settings_.cgroupPath));
+    kernel::NetworkNamespaces found;
+    found.addCgroup(settings_.cgroupPath);
+    for (const auto& dir : settings_.namespaceDirs) found.addDirectory(dir);
+    auto namespaces = std::make_shared<HeldNamespaces>(found.take());
     std::vector<std::size_t> all(namespaces->size());
     for (std::size_t i = 0; i < all.size(); ++i) all[i] = i;
     SteeredSocketListing out;

@@ -1,5 +1,6 @@
 // network_namespaces.h without privileges: a directory laid out as a cgroup (cgroup.procs files)
-// stands for one, and the process's own namespace is the one found; a file that is not a
+// stands for one, symbolic links to /proc/self/ns stand for /run/netns's bind mounts, and the
+// process's own namespace is the one found; a file that is not a
 // namespace is refused by setns before any permission check, so the failure of one namespace
 // sparing the others is seen as root and as any other user.
 #include "kproxy/kernel/network_namespaces.h"
@@ -48,20 +49,44 @@ TEST_CASE("network namespaces: each namespace of a cgroup's processes is found o
           "[unit][kernel][netns]") {
   FakeCgroup cgroup;
   const std::string self = std::to_string(::getpid());
-  // The process twice, in the cgroup and a child, and a pid that no process has (it exited).
-  cgroup.procs("", self + "\n");
+  // The process twice, in the cgroup and a child; a pid that no process has (it exited), and
+  // 0, as cgroup.procs shows a process that this PID namespace does not.
+  cgroup.procs("", self + "\n0\n");
   cgroup.procs("pod/container", self + "\n999999999\n");
-  const auto found = networkNamespacesOfCgroup(cgroup.path.string());
-  REQUIRE(found.size() == 1);
-  CHECK(found[0].inode == ownNamespaceInode());
-  CHECK(found[0].path == "/proc/" + self + "/ns/net");
+  NetworkNamespaces found;
+  found.addCgroup(cgroup.path.string());
+  REQUIRE(found.list().size() == 1);
+  CHECK(found.list()[0].inode == ownNamespaceInode());
+  CHECK(found.list()[0].path == "/proc/" + self + "/ns/net");
   struct stat held{};
-  REQUIRE(::fstat(found[0].file.get(), &held) == 0);
-  CHECK(held.st_ino == found[0].inode);
+  REQUIRE(::fstat(found.list()[0].file.get(), &held) == 0);
+  CHECK(held.st_ino == found.list()[0].inode);
 
   FakeCgroup empty;
-  CHECK(networkNamespacesOfCgroup(empty.path.string()).empty());
-  CHECK(networkNamespacesOfCgroup((empty.path / "missing").string()).empty());
+  NetworkNamespaces none;
+  none.addCgroup(empty.path.string());
+  none.addCgroup((empty.path / "missing").string());
+  CHECK(none.list().empty());
+}
+
+TEST_CASE("network namespaces: a directory's namespace files are found; other files and namespaces are not",
+          "[unit][kernel][netns]") {
+  FakeCgroup dir;  // a directory as /run/netns, where a symbolic link stands for a bind mount
+  fs::create_symlink("/proc/self/ns/net", dir.path / "pod-a");
+  fs::create_symlink("/proc/self/ns/uts", dir.path / "not-net");
+  std::ofstream(dir.path / "left-over") << "";  // a mount point whose namespace is gone
+  fs::create_directory(dir.path / "sub");
+  NetworkNamespaces found;
+  found.addDirectory(dir.path.string());
+  found.addDirectory((dir.path / "missing").string());
+  REQUIRE(found.list().size() == 1);
+  CHECK(found.list()[0].inode == ownNamespaceInode());
+  CHECK(found.list()[0].path == (dir.path / "pod-a").string());
+  // The same namespace again, by another path, is held once.
+  CHECK(found.add("/proc/self/ns/net"));
+  CHECK(found.list().size() == 1);
+  CHECK_FALSE(found.add("/dev/null"));
+  CHECK(found.take().size() == 1);
 }
 
 TEST_CASE("network namespaces: one that cannot be joined costs only its own work", "[unit][kernel][netns]") {

@@ -67,7 +67,8 @@ class KernelMaps {
   /// at most their sizes, 65,536 and 131,072 lookups, so the backend asks in full syncs only).
   virtual core::Result<DataPathCounts> countDataPathElements() = 0;
   /// Every connected UDP socket steered to an endpoint, in every network namespace of a
-  /// process in the cgroup (an iterator walks the namespace it is created in). A namespace
+  /// process in the cgroup and in the settings' namespace directories (an iterator walks the
+  /// namespace it is created in). A namespace
   /// that cannot be walked is named in `skipped` and the others are listed. EOPNOTSUPP: the
   /// kernel cannot end sockets (no bpf_sock_destroy, before Linux 6.5), and nothing is listed.
   virtual core::Result<SteeredSocketListing> listSteeredSockets() = 0;
@@ -86,6 +87,10 @@ struct LibbpfSettings {
   /// A directory on a bpffs mount for the maps and links ("/sys/fs/bpf/kproxy"); created when
   /// missing (its parent must be on bpffs).
   std::string pinPath;
+  /// Directories of network namespace files (as /var/run/netns, where CNI setups bind-mount
+  /// the pods' namespaces) whose sockets the stale-socket cleanup walks too, beside those of the
+  /// cgroup's processes (which it can see only in the host's PID namespace).
+  std::vector<std::string> namespaceDirs;
 };
 
 /// Whether this kernel can end sockets from an iterator (the kfunc bpf_sock_destroy, Linux
