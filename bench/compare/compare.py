@@ -22,6 +22,11 @@ IPVS mode: the host's kernel has no IPVS, so the node is the test VM (VmNode): t
 polled as the count of virtual and real servers, ipset members and iptables rules, and changes
 are seen by kproxy-bench-ipvswait in the guest (IpvsPoller).
 
+ebpf mode (kproxy only: upstream has none): the node gets a cgroup and a pin directory of the
+run's (EbpfGround); the ruleset is polled as the elements of the pinned services map, and
+changes are seen by kproxy-bench-ebpfwait looking the awaited endpoints up among their
+ClusterIP's slots (EbpfPoller).
+
 The programs never run at the same time, so neither slows the other. Results are JSON lines.
 """
 import argparse
@@ -304,10 +309,13 @@ class Program:
         if which == "kproxy" and args.heaptrack:
             self.heaptrack_raw = self.logpath.replace(".log", ".heaptrack.raw")
             cmd = heaptrack_wrap(cmd, self.heaptrack_raw)
+        flags = program_flags(args, mode, "127.0.0.1")
+        if mode == "ebpf":
+            flags += ["--ebpf-cgroup-path", node.ebpf.cgroup, "--ebpf-pin-path", node.ebpf.pins]
         self.logf = open(self.logpath, "w")
         self.start = time.time()
         # A session of its own: its children (nft, iptables-restore) can be stopped with it.
-        self.p = subprocess.Popen(["ip", "netns", "exec", node.ns] + cmd + program_flags(args, mode, "127.0.0.1"),
+        self.p = subprocess.Popen(["ip", "netns", "exec", node.ns] + cmd + flags,
                                   stdout=self.logf, stderr=subprocess.STDOUT, start_new_session=True)
 
     def alive(self):
@@ -579,12 +587,85 @@ class IpvsPoller:
             self.armed = None
 
 
+class EbpfGround:
+    """ebpf mode's cgroup and pins for one node: a cgroup of the run's (run.sh's private mount
+    namespace binds the hierarchy and mounts a bpffs of its own, so nothing goes on the host's
+    root cgroup or its /sys/fs/bpf), which nothing runs in, and a pin directory. The ruleset's
+    size is the elements of the services map (kproxy writes a port's slots before its services
+    element), counted by kproxy-bench-ebpfwait."""
+
+    def __init__(self, args, node):
+        if not (args.ebpf_ground and args.ebpf_wait):
+            raise RuntimeError("--modes ebpf needs --ebpf-ground and --ebpf-wait (bench/compare/run.sh sets them)")
+        top, bpffs = args.ebpf_ground.split(":", 1)
+        self.cgroup, self.pins, self.helper = os.path.join(top, node.ns), os.path.join(bpffs, node.ns), args.ebpf_wait
+        self.cleanup_cmd = args.kproxy_cmd + ["--cleanup", "--ebpf-cgroup-path", self.cgroup,
+                                              "--ebpf-pin-path", self.pins]
+        os.mkdir(self.cgroup)
+
+    def count(self, timeout):
+        if not os.path.exists(os.path.join(self.pins, "kproxy_services")):
+            return 0
+        r = sh(self.helper, self.pins, "count", check=False, timeout=timeout)
+        m = re.match(r"services=(\d+)", r.stdout)
+        return int(m.group(1)) if m else None
+
+    def remove(self, node):
+        """The programs detached and the pins removed (kproxy --cleanup in the node), then the cgroup."""
+        node.exec(*self.cleanup_cmd)
+        try:
+            os.rmdir(self.cgroup)
+        except OSError as e:
+            log(f"ebpf: cgroup {self.cgroup} not removed: {e}")
+
+
+class EbpfPoller(IpvsPoller):
+    """ebpf mode's change detector: kproxy-bench-ebpfwait looks each awaited endpoint up among its
+    ClusterIP's cluster slots in the pinned maps every millisecond and prints a line as each
+    appears, timed here on arrival; armed before the API write where the ClusterIP is known, as
+    IpvsPoller is."""
+
+    def __init__(self, node, api):
+        super().__init__(node, api)
+        self.ground = node.ebpf
+
+    def arm(self, items, timeout):
+        vips = [self.vip(pn) for _, pn in items]
+        if None in vips:
+            return False
+        cmd = [self.ground.helper, self.ground.pins, "--timeout-s", str(int(timeout)), "wait"]
+        cmd += [f"{v}={ip}" for v, (ip, _) in zip(vips, items)]
+        self.stop()  # the previous wait's process, reaped
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+        seen = None
+        while True:
+            line = p.stdout.readline().decode().strip()
+            if line == "polling":
+                break
+            if not line.startswith("seen "):
+                p.kill()
+                raise RuntimeError(f"kproxy-bench-ebpfwait: {line}")
+            seen = time.time()
+        self.armed = (list(items), p.stdout, seen)
+        self.proc = p
+        return True
+
+    def stop(self):
+        super().stop()
+        if getattr(self, "proc", None):
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
 def chain_count(node, mode, timeout=120):
     """How many chains the mode's table holds in the node's kernel (cheap: no rules listed), or
     None when the listing did not return within `timeout` seconds: a listing waits for a
     transaction being committed (upstream's first sync at 10,000 x 10 holds it for minutes)."""
     if mode == "ipvs":
         return node.ipvs_objects(timeout)
+    if mode == "ebpf":
+        return node.ebpf.count(timeout)
     table = "table ip kube-proxy {" if mode == "nftables" else "table ip nat {"
     try:
         r = node.exec("nft", "list", "chains", "ip", timeout=timeout)
@@ -920,6 +1001,13 @@ def run_one(args, api, which, mode, scale, run, addrs):
     services, endpoints = scale
     name = f"{args.prefix}{which[0]}{mode[:2]}{run}"
     node = VmNode(name, args, which) if mode == "ipvs" else Node(name, args.cp_ns)
+    node.ebpf = None
+    if mode == "ebpf":
+        try:
+            node.ebpf = EbpfGround(args, node)
+        except Exception:
+            node.remove()
+            raise
     res = {"program": which, "mode": mode, "services": services, "endpoints": endpoints, "run": run,
            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": args.versions[which],
            # Other work on the machine skews a run: the load when it started.
@@ -962,6 +1050,8 @@ def run_one(args, api, which, mode, scale, run, addrs):
             # The monitor reads the whole ruleset before it subscribes: allow it 1 s per 100 Services.
             if mode == "ipvs":
                 mon = IpvsPoller(node, api)
+            elif mode == "ebpf":
+                mon = EbpfPoller(node, api)
             elif mode != "nftables":
                 mon = ChainPoller(node)
             elif which == "upstream" and args.upstream_nft_watch == "chains":
@@ -1054,6 +1144,8 @@ def run_one(args, api, which, mode, scale, run, addrs):
             if not prog.alive() and "first_sync_s" in res and "peak_rss_mib" not in res:
                 res["error"] = f"{which} exited: {prog.tail(5)}"
             prog.stop()
+        if node.ebpf:
+            node.ebpf.remove(node)
         node.remove()
 
 
@@ -1081,7 +1173,8 @@ def main():
     ap.add_argument("--upstream", required=True, help="kube-proxy command")
     ap.add_argument("--programs", default="kproxy,upstream")
     ap.add_argument("--modes", default="nftables,iptables",
-                    help="nftables, iptables, ipvs (the node is then the test VM: tests/vm/run-in-vm.sh)")
+                    help="nftables, iptables, ipvs (the node is then the test VM: tests/vm/run-in-vm.sh), "
+                         "ebpf (kproxy only)")
     ap.add_argument("--scales", default="1000x2,10000x2", help="SERVICESxENDPOINTS,... in increasing order")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--upstream-runs", type=int, help="runs of upstream, when fewer than --runs (its capped ones)")
@@ -1094,6 +1187,9 @@ def main():
                     help="how upstream's nftables changes are seen: nft monitor, or its chain names listed "
                          "(for 10 endpoints per Service and more, where the monitor cannot start)")
     ap.add_argument("--ipvs-wait", help="kproxy-bench-ipvswait (bench/compare/ipvs_wait.cpp), for --modes ipvs")
+    ap.add_argument("--ebpf-wait", help="kproxy-bench-ebpfwait (bench/compare/ebpf_wait.cpp), for --modes ebpf")
+    ap.add_argument("--ebpf-ground", help="CGROUP:BPFFS, a cgroup and a bpffs of the run's, for --modes ebpf "
+                                          "(bench/compare/run.sh makes them)")
     ap.add_argument("--dump-state", action="store_true",
                     help="ipvs: write what each program programmed after its first sync to WORKDIR/*.state")
     ap.add_argument("--heaptrack", action="store_true",
@@ -1135,6 +1231,10 @@ def main():
             for run in range(1, args.runs + 1):
                 for which in args.programs.split(","):
                     if which == "upstream" and args.upstream_runs is not None and run > args.upstream_runs:
+                        continue
+                    if which == "upstream" and mode == "ebpf":
+                        if run == 1:
+                            log("upstream kube-proxy has no ebpf mode: kproxy alone")
                         continue
                     try:
                         res = run_one(args, api, which, mode, (services, endpoints), run, addrs)

@@ -5,7 +5,9 @@
 # namespace of its own and each program, one at a time, in a fresh node namespace joined to it
 # by a veth. IPVS mode (--modes ipvs) runs each program in the test VM instead (tests/vm/, as the
 # host's kernel has no IPVS), reaching the apiserver through qemu's user networking from the
-# control plane's namespace. Nothing touches the host's own network namespace.
+# control plane's namespace. ebpf mode (--modes ebpf, kproxy alone) attaches to a cgroup of the
+# run's and pins on a bpffs of its own, in a mount namespace of its own (scripts/ebpf-lib.sh).
+# Nothing touches the host's own network namespace, root cgroup or /sys/fs/bpf.
 #
 # usage: bench/compare/run.sh [--kproxy BIN] [--plugin-dir DIR] [--out DIR] [compare.py options]
 #   e.g. bench/compare/run.sh --scales 1000x2,10000x2 --modes nftables,iptables --runs 3
@@ -16,6 +18,10 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
 source "$ROOT/scripts/netns-lib.sh"
 source "$ROOT/tests/e2e/control-plane.sh"
+source "$ROOT/scripts/ebpf-lib.sh"
+# ebpf mode's ground (a bpffs and a cgroup of the run's) lives in a mount namespace of its own.
+kp_require_root
+[[ -n "$(kp_cgroup2_root)" ]] && kp_ebpf_reexec "$0" "$@"
 
 OUT="$ROOT/bench/compare/out"
 PASS=()
@@ -43,9 +49,17 @@ PLUGINS="${KPROXY_PLUGIN_DIR:-$(dirname "$(dirname "$KPROXY")")/plugins-out}"
 # --modes ipvs: the change detector on the VM node, built beside kproxy.
 IPVS_WAIT="${KPROXY_IPVS_WAIT:-$(dirname "$(dirname "$KPROXY")")/bench/compare/kproxy-bench-ipvswait}"
 [[ -x "$IPVS_WAIT" ]] && PASS+=(--ipvs-wait "$IPVS_WAIT")
+# --modes ebpf: its counter and change detector, built beside kproxy too.
+EBPF_WAIT="$(dirname "$(dirname "$KPROXY")")/bench/compare/kproxy-bench-ebpfwait"
+[[ -x "$EBPF_WAIT" ]] && PASS+=(--ebpf-wait "$EBPF_WAIT")
 
 kp_init
 mkdir -p "$OUT/logs"
+if kp_ebpf_mount "kproxy-compare-$$"; then
+  PASS+=(--ebpf-ground "$KP_EBPF_TOP_CGROUP:$KP_EBPF_DIR/bpffs")
+else
+  kp_log "ebpf mode cannot run here (--modes ebpf fails): $KP_EBPF_ERROR"
+fi
 cleanup() {
   local rc=$?
   cp_stop
@@ -55,6 +69,7 @@ cleanup() {
     for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
     ip netns del "$ns" 2>/dev/null
   done
+  kp_ebpf_unmount
   (exit $rc)
   kp_teardown
 }
