@@ -12,7 +12,10 @@
 #     cost of a connection through that mode, client and server included;
 #   - the conntrack entries whose original destination is the ClusterIP, after the run, in the
 #     client pod's network namespace and in the node's (where the netfilter modes DNAT);
-#   - the proxy's peak resident set (VmHWM) at the end of the run.
+#   - the proxy's peak resident set (VmHWM) at the end of the run;
+#   - the same pod's connections to the first endpoint's own address (poddirect, in the result
+#     lines only): what the ClusterIP costs above it is the mode's service path alone
+#     (bench/ebpf/repeat.sh sets them side by side over several rounds).
 # The modes upstream-nftables and upstream-iptables run upstream kube-proxy (v1.34, built by
 # tests/e2e/build-control-plane.sh kube-proxy into ~/.cache/kproxy/bin) instead, in the same
 # topology with the same objects: a real kube-apiserver + etcd (tests/e2e/control-plane.sh),
@@ -291,15 +294,19 @@ run_one() {
   kp_log "$mode S=$services: serving after ${ready_s}s; measuring $SECS s"
   local in_pod external direct hwm
   in_pod="$(measure pod3 "$HTTP_IP" 80 pod)"
-  local ct_client ct_node
+  local ct_client ct_node pod_direct
   ct_client=$(ct_count pod3) ct_node=$(ct_count node)
+  # The same pod to the first endpoint's own address, no service in the way (but the same
+  # hooks, rules and conntrack the mode leaves on the path): the ClusterIP's cost above it is
+  # what the mode's service path costs a connection (repeat.sh's summary sets them side by side).
+  pod_direct="$(measure pod3 "$(kp_pod_ip 1)" 8081 poddirect)"
   # Traffic from another host, which no socket hook sees: the outside client to the NodePort
   # (ebpf mode: its nftables part), and to the first pod directly, without any service: the
   # bound on what a faster path for external traffic (tc-BPF) could save.
   external="$(measure client "$KP_NODE_IP" "$HTTP_NODE_PORT" ext)"
   direct="$(measure client "$(kp_pod_ip 1)" 8081 direct)"
   hwm=$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$KP_KPROXY_PID/status" 2>/dev/null)
-  echo "$mode services=$services status=ready ready_s=$ready_s $in_pod ct_client=$ct_client ct_node=$ct_node $external $direct hwm_mib=${hwm:-?}" | tee -a "$RESULTS"
+  echo "$mode services=$services status=ready ready_s=$ready_s $in_pod ct_client=$ct_client ct_node=$ct_node $pod_direct $external $direct hwm_mib=${hwm:-?}" | tee -a "$RESULTS"
   kp_stop_kproxy TERM
 }
 
