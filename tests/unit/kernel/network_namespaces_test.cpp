@@ -15,22 +15,16 @@
 #include <filesystem>
 #include <fstream>
 
+#include "temp_directory.h"
+
 using namespace kproxy::kernel;
 namespace fs = std::filesystem;
 
 namespace {
 
 /// A fresh directory laid out as a cgroup, removed afterwards.
-struct FakeCgroup {
-  fs::path path;
-  FakeCgroup() {
-    std::string pattern = (fs::temp_directory_path() / "kproxy-netns-XXXXXX").string();
-    path = ::mkdtemp(pattern.data());
-  }
-  ~FakeCgroup() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct FakeCgroup : kproxy::testing::TempDirectory {
+  FakeCgroup() : TempDirectory("kproxy-netns") {}
   void procs(const std::string& dir, const std::string& pids) const {
     fs::create_directories(path / dir);
     std::ofstream(path / dir / "cgroup.procs") << pids;

@@ -12,22 +12,16 @@
 #include <filesystem>
 #include <fstream>
 
+#include "temp_directory.h"
+
 using kproxy::kernel::SysctlFiles;
 namespace fs = std::filesystem;
 
 namespace {
 
 /// A fresh directory standing in for /proc/sys, removed afterwards.
-struct TempRoot {
-  fs::path path;
-  TempRoot() {
-    std::string pattern = (fs::temp_directory_path() / "kproxy-sysctl-XXXXXX").string();
-    path = ::mkdtemp(pattern.data());
-  }
-  ~TempRoot() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
+struct TempRoot : kproxy::testing::TempDirectory {
+  TempRoot() : TempDirectory("kproxy-sysctl") {}
   void put(const std::string& name, const std::string& text) const {
     fs::create_directories((path / name).parent_path());
     std::ofstream(path / name) << text;
