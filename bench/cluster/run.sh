@@ -12,8 +12,10 @@
 # usage: bench/cluster/run.sh [--kproxy BIN] [--plugin-dir DIR] [SERVICES [RUN...]]
 #   SERVICES: background Services (default 10000); RUN: PROGRAM:MODE (default kproxy:nftables
 #   kproxy:iptables upstream:nftables upstream:iptables). OUT: KP_BENCH_OUT (default
-#   bench/results/cluster-<date>). Run as root. A run that fails (a failed request, or a wait
-#   that reached its ceiling) is reported as failed and the next one goes on.
+#   bench/results/cluster-<date>). KP_BENCH_DRIVER_ARGS: more words for the driver (cluster.py),
+#   e.g. "--kproxy-arg=--iptables-min-sync-period=0"; they go in meta.txt, and the results of such
+#   a variant belong in a directory of their own. Run as root. A run that fails (a failed
+#   request, or a wait that reached its ceiling) is reported as failed and the next one goes on.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
@@ -26,6 +28,7 @@ SERVICES="${1:-10000}"
 shift || true
 RUNS=("$@")
 [[ ${#RUNS[@]} -gt 0 ]] || RUNS=(kproxy:nftables kproxy:iptables upstream:nftables upstream:iptables)
+read -ra DRIVER_ARGS <<<"${KP_BENCH_DRIVER_ARGS:-}"
 OUT="${KP_BENCH_OUT:-$ROOT/bench/results/cluster-$(date +%Y-%m-%d)}"
 
 "$ROOT/scripts/install-deps.sh" || kp_die "installing the build and test packages"
@@ -53,6 +56,7 @@ mkdir -p "$OUT/logs" || kp_die "creating $OUT"
   echo "machine $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo), kernel $(uname -r)"
   echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "services $SERVICES"
+  ((${#DRIVER_ARGS[@]} == 0)) || echo "driver arguments ${DRIVER_ARGS[*]}"
 } >"$OUT/meta.txt"
 status=0
 for run in "${RUNS[@]}"; do
@@ -63,7 +67,7 @@ for run in "${RUNS[@]}"; do
   # more than a minute here, and a ceiling only catches hangs.
   KC_SERVICES="$SERVICES" "$ROOT/tests/cluster/cluster_test.sh" --kproxy "$KPROXY" --plugin-dir "$PLUGINS" \
     --load "$LOAD" --program "$program" --upstream "$UPSTREAM" --mode "$mode" --ceiling 900 \
-    --results "$OUT/results.jsonl" >"$OUT/logs/$program-$mode.txt" 2>&1
+    --results "$OUT/results.jsonl" "${DRIVER_ARGS[@]}" >"$OUT/logs/$program-$mode.txt" 2>&1
   rc=$?
   echo "run $program $mode: status $rc, $((SECONDS - start)) s" | tee -a "$OUT/meta.txt"
   ((rc == 0)) || status=1
