@@ -59,6 +59,9 @@ class Failed(Exception):
 # The API server
 
 
+TRIGGER_TIME_ANNOTATION = "endpoints.kubernetes.io/last-change-trigger-time"
+
+
 def slice_path(ns, name=None):
     return f"/apis/discovery.k8s.io/v1/namespaces/{ns}/endpointslices" + (f"/{name}" if name else "")
 
@@ -324,10 +327,32 @@ class Cluster:
                 return frozenset(every), frozenset(used)
         return frozenset(), frozenset()
 
-    def wait_programmed(self, service, port_name, every, used, since, nodes=None, per_node=None):
+    def programming_observations(self, node):
+        """How many changes the node's proxy has observed in
+        kubeproxy_network_programming_duration_seconds (each a change with a trigger-time
+        annotation, once the sync that carried it succeeded), or None while /metrics cannot be read."""
+        try:
+            status, body = http_get(node.ip, METRICS_PORT, "/metrics")
+        except OSError:
+            return None
+        if status != 200:
+            return None
+        m = re.findall(r"^kubeproxy_network_programming_duration_seconds_count(?:\{[^}]*\})? (\S+)$",
+                       body.decode(), re.M)
+        return sum(float(x) for x in m) if m else 0.0
+
+    def wait_programmed(self, service, port_name, every, used, since, nodes=None, per_node=None,
+                        observed_before=None):
         """Polls every node until it has programmed the port with exactly these endpoints (all
         and in use; per_node(node), when given, says what each node uses); returns each node's
-        time from `since` (the API write) to it being seen."""
+        time from `since` (the API write) to it being seen. With observed_before (each node's
+        programming_observations before the write), a node counts only once it has observed one
+        more: for upstream, whose rules show only the endpoints in use."""
+        if self.args.program == "upstream":
+            # Its rules are read from the service chain, the cluster-wide pool: a node's own
+            # pool under eTP=Local is in another chain.
+            per_node = None
+
         def want(n):
             e, u = per_node(n) if per_node else (every, used)
             return frozenset(e), frozenset(u)
@@ -338,6 +363,12 @@ class Cluster:
         while pending:
             for name, n in list(pending.items()):
                 state = self.endpoint_state(n, service, port_name)
+                # (A node whose count could not be read before the write is judged by its rules.)
+                before = observed_before.get(name) if observed_before is not None else None
+                if before is not None:
+                    now = self.programming_observations(n)
+                    if now is None or now <= before:
+                        continue
                 # Upstream: what its service chain sends to (the endpoints not used are not seen).
                 if state is not None and (state == want(n) or state[0] is None and state[1] == want(n)[1]):
                     seen[name] = time.time() - since
@@ -753,11 +784,15 @@ class Service:
             "endpoints": []})
 
     def write(self, endpoints):
-        """Writes the slice; returns the time just before the write."""
+        """Writes the slice, with the write's time as its last-change-trigger-time annotation, as
+        the EndpointSlice controller sets it (both programs then observe the change in
+        kubeproxy_network_programming_duration_seconds); returns the time just before the write."""
         self.endpoints = list(endpoints)
         t = time.time()
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e6):06d}Z"
         self.cluster.api.patch(slice_path(TEST_NS, f"{self.name}-1"),
-                               {"endpoints": [endpoint(p.ip, p.node.name, s) for p, s in self.endpoints]})
+                               {"metadata": {"annotations": {TRIGGER_TIME_ANNOTATION: stamp}},
+                                "endpoints": [endpoint(p.ip, p.node.name, s) for p, s in self.endpoints]})
         return t
 
     def expected(self):
@@ -775,11 +810,16 @@ class Service:
         return every, used
 
     def change(self, record, what, endpoints, after_write=None):
+        # Upstream's rules cannot show every change (a terminating endpoint's removal): its
+        # programming-latency observations, which only these writes' annotation makes, can.
+        observed = ({n.name: self.cluster.programming_observations(n) for n in self.cluster.nodes}
+                    if self.cluster.args.program == "upstream" else None)
         t = self.write(endpoints)
         if after_write:
             after_write()
         every, used = self.expected()
-        seen = self.cluster.wait_programmed(self.key, self.port_name, every, used, t, per_node=self.expected_on)
+        seen = self.cluster.wait_programmed(self.key, self.port_name, every, used, t, per_node=self.expected_on,
+                                            observed_before=observed)
         record.change(f"{self.name}: {what}", seen)
         return t, t + max(seen.values())
 
