@@ -322,10 +322,12 @@ class LibbpfKernel final : public KernelMaps {
     return out;
   }
 
-  core::Result<std::size_t> endSockets(SteeredSocketListing& listing, const std::vector<SteeredSocket>& sockets) override {
+  core::Result<std::size_t> endSockets(SteeredSocketListing& listing,
+                                       const std::vector<SteeredSocket>& sockets) override {
     if (auto loaded = ensureLoaded(); !loaded) return std::unexpected(loaded.error());
     if (endLink_ == nullptr) return std::unexpected(kernelError(noEndSockets_.first, noEndSockets_.second).error());
-    if (listing.held == nullptr) return std::unexpected(kernelError("ending sockets without their listing", EINVAL).error());
+    if (listing.held == nullptr)
+      return std::unexpected(kernelError("ending sockets without their listing", EINVAL).error());
     const auto& namespaces = *std::static_pointer_cast<const HeldNamespaces>(listing.held);
     const int destroyFd = bpf_map__fd(skel_->maps.kproxy_destroy);
     std::size_t ended = 0;

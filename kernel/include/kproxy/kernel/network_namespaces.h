@@ -52,6 +52,7 @@ class NetworkNamespaces {
 /// joins each (setns) and ends in the last. Returns, per namespace, 0, the errno of joining it
 /// (`work` was not run there), or what `work` returned. One namespace's failure does not stop
 /// the others.
-std::vector<int> inEachNetworkNamespace(const std::vector<int>& namespaceFds, const std::function<int(std::size_t)>& work);
+std::vector<int> inEachNetworkNamespace(const std::vector<int>& namespaceFds,
+                                        const std::function<int(std::size_t)>& work);
 
 }  // namespace kproxy::kernel

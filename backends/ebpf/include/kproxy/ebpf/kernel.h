@@ -120,7 +120,8 @@ class FakeKernelMaps : public KernelMaps {
   core::Result<void> removeAll() override;
   core::Result<DataPathCounts> countDataPathElements() override { return dataPath; }
   core::Result<SteeredSocketListing> listSteeredSockets() override;
-  core::Result<std::size_t> endSockets(SteeredSocketListing& listing, const std::vector<SteeredSocket>& sockets) override;
+  core::Result<std::size_t> endSockets(SteeredSocketListing& listing,
+                                       const std::vector<SteeredSocket>& sockets) override;
 
   /// Makes the op at this index of the next apply fail with `errnum` (then clears itself).
   void failNextApplyAt(std::size_t index, int errnum = E2BIG) {
@@ -163,7 +164,8 @@ class PrintingKernelMaps final : public KernelMaps {
   core::Result<DataPathCounts> countDataPathElements() override { return inner_->countDataPathElements(); }
   core::Result<SteeredSocketListing> listSteeredSockets() override { return inner_->listSteeredSockets(); }
   /// Prints "end socket cookie=… 10.200.0.1:40000 -> 10.96.0.10:53 (10.200.0.2:5353)" per socket.
-  core::Result<std::size_t> endSockets(SteeredSocketListing& listing, const std::vector<SteeredSocket>& sockets) override;
+  core::Result<std::size_t> endSockets(SteeredSocketListing& listing,
+                                       const std::vector<SteeredSocket>& sockets) override;
 
  private:
   std::unique_ptr<KernelMaps> inner_;
