@@ -140,7 +140,8 @@ measure() {
   local -A got=()
   for kv in $out; do [[ $kv == *=* ]] && got[${kv%%=*}]=${kv#*=}; done
   local cpu
-  cpu=$(awk -v j=$((busy1 - busy0)) -v hz="$(getconf CLK_TCK)" -v n="${got[requests]:-0}" \
+  # USER_HZ, 100 on Linux: the test VM's busybox has no getconf.
+  cpu=$(awk -v j=$((busy1 - busy0)) -v hz="$(getconf CLK_TCK 2>/dev/null || echo 100)" -v n="${got[requests]:-0}" \
     'BEGIN { if (n > 0) printf "%.0f", j / hz * 1e6 / n; else print "?" }')
   echo "${prefix}_rate=${got[rate]:-?} ${prefix}_failures=${got[failures]:-?} ${prefix}_p50_us=${got[p50_us]:-?} ${prefix}_p99_us=${got[p99_us]:-?} ${prefix}_cpu_us=$cpu"
 }
