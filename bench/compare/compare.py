@@ -20,7 +20,7 @@ node reaching the apiserver over a veth, and measures:
 
 IPVS mode: the host's kernel has no IPVS, so the node is the test VM (VmNode): the ruleset is
 polled as the count of virtual and real servers, ipset members and iptables rules, and changes
-are seen by kproxy-bench-ipvswait in the guest (IpvsPoller).
+are seen by kproxy-bench-ipvswait in the guest (IpvsPoller, a ChangePoller).
 
 ebpf mode (kproxy only: upstream has none): the node gets a cgroup and a pin directory of the
 run's (EbpfGround); the ruleset is polled as the elements of the pinned services map, and
@@ -515,19 +515,18 @@ class VmProgram:
             return self.node.tail(n)
 
 
-class IpvsPoller:
-    """IPVS mode's change detector: kproxy-bench-ipvswait in the guest asks the kernel for each
-    awaited endpoint's virtual server's real servers every 5 ms (one netlink dump each; both
-    programs add a real server with one netlink message) and streams a line as each appears,
-    timed here on arrival. Armed before the API write where the virtual server is known (every
-    change but an added Service, whose ClusterIP the write allocates), so that starting it in
-    the guest (tens of ms under TCG) is not counted."""
+class ChangePoller:
+    """A change detector that asks the kernel itself: a helper process polls for the awaited
+    endpoints of each service port and streams "seen …" as each appears (timed here on arrival),
+    "polling" once it polls and "done" when all are there. Armed before the API write where the
+    service's ClusterIP is known (every change but an added Service, whose ClusterIP the write
+    allocates), so that starting the helper is not counted. Subclasses start it (`start`)."""
 
     def __init__(self, node, api):
         self.node, self.api = node, api
         self.missed = 0
         self.vips = {}
-        self.armed = None  # (items, response, time of a real server seen on the first look)
+        self.armed = None  # (items, stream, time of an endpoint seen on the first look)
 
     def vip(self, port_name):
         """The ClusterIP:port of a service port named as upstream does (ns/name[:port]), or None."""
@@ -542,21 +541,26 @@ class IpvsPoller:
             self.vips[port_name] = f"{ip}:{port}"
         return self.vips[port_name]
 
+    def start(self, items, vips, timeout):
+        """Starts the helper for items (their VIPs in vips); returns its output stream."""
+        raise NotImplementedError
+
     def arm(self, items, timeout):
-        """Starts the guest's wait for items; returns once it polls. False when a VIP is unknown."""
+        """Starts the wait for items; returns once it polls. False when a VIP is unknown."""
         vips = [self.vip(pn) for _, pn in items]
         if None in vips:
             return False
-        q = [f"{v}={ip}:8080" for v, (ip, _) in zip(vips, items)]
-        q += ["--timeout-s", str(int(timeout)), "--interval-ms", "5" if len(items) < 10 else "20"]
-        r = self.node.open_query("wait&" + "&".join(q), timeout=timeout + 30)
+        self.stop()  # the previous wait's helper
+        r = self.start(items, vips, timeout)
         seen = None  # on its first look (an added Service's wait starts after the write)
         while True:
             line = r.readline().decode().strip()
             if line == "polling":
                 break
             if not line.startswith("seen "):
-                raise RuntimeError(f"kproxy-bench-ipvswait in the VM: {line}{r.read().decode()[:500]}")
+                self.stop_helper()  # a process of this side's: ended first, so that the read ends
+                rest = r.read().decode()[:500]
+                raise RuntimeError(f"{type(self).__name__}'s helper: {line}{rest}")
             seen = time.time()
         self.armed = (list(items), r, seen)
         return True
@@ -581,10 +585,26 @@ class IpvsPoller:
                     return None
         return None
 
+    def stop_helper(self):
+        """Ends the helper's process where this side owns one."""
+
     def stop(self):
         if self.armed:
             self.armed[1].close()
             self.armed = None
+        self.stop_helper()
+
+
+class IpvsPoller(ChangePoller):
+    """IPVS mode's change detector: kproxy-bench-ipvswait in the guest asks the kernel for each
+    awaited endpoint's virtual server's real servers every 5 ms (one netlink dump each; both
+    programs add a real server with one netlink message), behind the node's query endpoint;
+    starting it in the guest takes tens of ms under TCG, which arming beforehand keeps out."""
+
+    def start(self, items, vips, timeout):
+        q = [f"{v}={ip}:8080" for v, (ip, _) in zip(vips, items)]
+        q += ["--timeout-s", str(int(timeout)), "--interval-ms", "5" if len(items) < 10 else "20"]
+        return self.node.open_query("wait&" + "&".join(q), timeout=timeout + 30)
 
 
 class EbpfGround:
@@ -619,40 +639,23 @@ class EbpfGround:
             log(f"ebpf: cgroup {self.cgroup} not removed: {e}")
 
 
-class EbpfPoller(IpvsPoller):
+class EbpfPoller(ChangePoller):
     """ebpf mode's change detector: kproxy-bench-ebpfwait looks each awaited endpoint up among its
-    ClusterIP's cluster slots in the pinned maps every millisecond and prints a line as each
-    appears, timed here on arrival; armed before the API write where the ClusterIP is known, as
-    IpvsPoller is."""
+    ClusterIP's cluster slots in the pinned maps every millisecond."""
 
     def __init__(self, node, api):
         super().__init__(node, api)
         self.ground = node.ebpf
+        self.proc = None
 
-    def arm(self, items, timeout):
-        vips = [self.vip(pn) for _, pn in items]
-        if None in vips:
-            return False
+    def start(self, items, vips, timeout):
         cmd = [self.ground.helper, self.ground.pins, "--timeout-s", str(int(timeout)), "wait"]
         cmd += [f"{v}={ip}" for v, (ip, _) in zip(vips, items)]
-        self.stop()  # the previous wait's process, reaped
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE)
-        seen = None
-        while True:
-            line = p.stdout.readline().decode().strip()
-            if line == "polling":
-                break
-            if not line.startswith("seen "):
-                p.kill()
-                raise RuntimeError(f"kproxy-bench-ebpfwait: {line}")
-            seen = time.time()
-        self.armed = (list(items), p.stdout, seen)
-        self.proc = p
-        return True
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)
+        return self.proc.stdout
 
-    def stop(self):
-        super().stop()
-        if getattr(self, "proc", None):
+    def stop_helper(self):
+        if self.proc:
             self.proc.kill()
             self.proc.wait()
             self.proc = None
