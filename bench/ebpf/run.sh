@@ -11,7 +11,8 @@
 #     work lands), divided by the connections made; on a machine that runs nothing else, the
 #     cost of a connection through that mode, client and server included;
 #   - the conntrack entries whose original destination is the ClusterIP, after the run, in the
-#     client pod's network namespace and in the node's (where the netfilter modes DNAT);
+#     client pod's network namespace and in the node's (where the netfilter modes DNAT), and all
+#     of the node's entries (ct_node_all in the result lines);
 #   - the proxy's peak resident set (VmHWM) at the end of the run;
 #   - the same pod's connections to the first endpoint's own address (poddirect, in the result
 #     lines only): what the ClusterIP costs above it is the mode's service path alone
@@ -295,8 +296,12 @@ run_one() {
   kp_log "$mode S=$services: serving after ${ready_s}s; measuring $SECS s"
   local in_pod external direct hwm
   in_pod="$(measure pod3 "$HTTP_IP" 80 pod)"
-  local ct_client ct_node pod_direct
+  local ct_client ct_node ct_node_all pod_direct
   ct_client=$(ct_count pod3) ct_node=$(ct_count node)
+  # Every entry of the node's table, whatever its destination: ebpf mode's nftables part keeps
+  # conntrack on in the node, so the pod-to-pod flow a steered connection makes is tracked
+  # there too, only not NATed.
+  ct_node_all=$(kp_exec node conntrack -C 2>/dev/null)
   # The same pod to the first endpoint's own address, no service in the way (but the same
   # hooks, rules and conntrack the mode leaves on the path): the ClusterIP's cost above it is
   # what the mode's service path costs a connection (repeat.sh's summary sets them side by side).
@@ -307,7 +312,7 @@ run_one() {
   external="$(measure client "$KP_NODE_IP" "$HTTP_NODE_PORT" ext)"
   direct="$(measure client "$(kp_pod_ip 1)" 8081 direct)"
   hwm=$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$KP_KPROXY_PID/status" 2>/dev/null)
-  echo "$mode services=$services status=ready ready_s=$ready_s $in_pod ct_client=$ct_client ct_node=$ct_node $pod_direct $external $direct hwm_mib=${hwm:-?}" | tee -a "$RESULTS"
+  echo "$mode services=$services status=ready ready_s=$ready_s $in_pod ct_client=$ct_client ct_node=$ct_node ct_node_all=${ct_node_all:-?} $pod_direct $external $direct hwm_mib=${hwm:-?}" | tee -a "$RESULTS"
   kp_stop_kproxy TERM
 }
 

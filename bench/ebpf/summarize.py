@@ -14,7 +14,8 @@ FIGURES = [("pod_rate", "pod → ClusterIP: connections/s", True, "rate"),
            ("pod_p50_us", "p50 (µs)", False, "p50"),
            ("pod_p99_us", "p99 (µs)", False, "p99"),
            ("pod_cpu_us", "CPU per connection (µs)", False, "CPU"),
-           ("ct_node", "conntrack entries (node)", False, None),
+           ("ct_node", "conntrack entries to the ClusterIP (node)", False, None),
+           ("ct_node_all", "conntrack entries, all (node)", False, None),
            ("overhead_cpu_us", "CPU per connection above the pod's own address (µs)", False, None),
            ("overhead_p50_us", "p50 above the pod's own address (µs)", False, None)]
 
