@@ -305,6 +305,11 @@ run_one() {
   # The same pod to the first endpoint's own address, no service in the way (but the same
   # hooks, rules and conntrack the mode leaves on the path): the ClusterIP's cost above it is
   # what the mode's service path costs a connection (repeat.sh's summary sets them side by side).
+  # From empty tables again: the client reuses its ports, and a DNATed entry of the run above
+  # (pod:port -> ClusterIP, replied by endpoint:8081) has the very reply tuple a direct
+  # connection from the same port makes, so each such connect would wait on the clash.
+  kp_exec node conntrack -F >/dev/null 2>&1
+  kp_exec pod3 conntrack -F >/dev/null 2>&1
   pod_direct="$(measure pod3 "$(kp_pod_ip 1)" 8081 poddirect)"
   # Traffic from another host, which no socket hook sees: the outside client to the NodePort
   # (ebpf mode: its nftables part), and to the first pod directly, without any service: the
