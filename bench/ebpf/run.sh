@@ -14,9 +14,9 @@
 #     client pod's network namespace and in the node's (where the netfilter modes DNAT), and all
 #     of the node's entries (ct_node_all in the result lines);
 #   - the proxy's peak resident set (VmHWM) at the end of the run;
-#   - the same pod's connections to the first endpoint's own address (poddirect, in the result
-#     lines only): what the ClusterIP costs above it is the mode's service path alone
-#     (bench/ebpf/repeat.sh sets them side by side over several rounds).
+#   - the same pod's connections to the first endpoint's own address, on a second server of its
+#     pod (DIRECT_PORT; poddirect, in the result lines only): what the ClusterIP costs above it
+#     is the mode's service path alone (bench/ebpf/repeat.sh sets them side by side over rounds).
 # The modes upstream-nftables and upstream-iptables run upstream kube-proxy (v1.34, built by
 # tests/e2e/build-control-plane.sh kube-proxy into ~/.cache/kproxy/bin) instead, in the same
 # topology with the same objects: a real kube-apiserver + etcd (tests/e2e/control-plane.sh),
@@ -61,6 +61,8 @@ read -ra MODES <<<"${KP_BENCH_MODES:-ebpf nftables iptables userspace upstream-n
 CONNRATE="${CONNRATE:-$KP_SOURCE_DIR/build/bench/userspace/kproxy-bench-connrate}"
 HTTP_IP=10.96.0.101
 HTTP_NODE_PORT=30080
+# pod1's port for the client pod's direct connections (no Service names it).
+DIRECT_PORT=8082
 CLIENTS=8
 READY_S="${KP_BENCH_READY_S:-120}"
 UPSTREAM="${KUBE_PROXY_BIN:-$KPROXY_CACHE/bin/kube-proxy}"
@@ -265,6 +267,9 @@ run_one() {
     kp_in_ns "pod$i" || return 1
     kp_bg "$KP_WORKDIR/server$i.log" "${KP_IN_NS[@]}" "$CONNRATE" server 8081 2
   done
+  # pod1's second server, which only the client pod's direct connections reach (below).
+  kp_in_ns pod1 || return 1
+  kp_bg "$KP_WORKDIR/server1-direct.log" "${KP_IN_NS[@]}" "$CONNRATE" server "$DIRECT_PORT" 2
   # Server side closes first (TIME_WAIT there); the client's ports are free again at once.
   kp_exec pod3 sysctl -qw net.ipv4.tcp_tw_reuse=1 net.ipv4.ip_local_port_range="10000 65000"
   kp_exec client sysctl -qw net.ipv4.tcp_tw_reuse=1 net.ipv4.ip_local_port_range="10000 65000"
@@ -305,12 +310,14 @@ run_one() {
   # The same pod to the first endpoint's own address, no service in the way (but the same
   # hooks, rules and conntrack the mode leaves on the path): the ClusterIP's cost above it is
   # what the mode's service path costs a connection (repeat.sh's summary sets them side by side).
-  # From empty tables again: the client reuses its ports, and a DNATed entry of the run above
-  # (pod:port -> ClusterIP, replied by endpoint:8081) has the very reply tuple a direct
-  # connection from the same port makes, so each such connect would wait on the clash.
+  # To a port of its own on pod1, from empty conntrack tables: the client reuses its ports, and
+  # in the netfilter modes the endpoint holds the run above's connections in TIME_WAIT under
+  # (client:port, endpoint:8081), the very tuple a direct connection from the same port makes,
+  # which the client (that connected to the ClusterIP) cannot know; on 8081 such connects waited
+  # on the old sockets (about 1,300 connections/s against 45,000).
   kp_exec node conntrack -F >/dev/null 2>&1
   kp_exec pod3 conntrack -F >/dev/null 2>&1
-  pod_direct="$(measure pod3 "$(kp_pod_ip 1)" 8081 poddirect)"
+  pod_direct="$(measure pod3 "$(kp_pod_ip 1)" "$DIRECT_PORT" poddirect)"
   # Traffic from another host, which no socket hook sees: the outside client to the NodePort
   # (ebpf mode: its nftables part), and to the first pod directly, without any service: the
   # bound on what a faster path for external traffic (tc-BPF) could save.
