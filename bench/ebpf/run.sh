@@ -310,11 +310,10 @@ run_one() {
   # The same pod to the first endpoint's own address, no service in the way (but the same
   # hooks, rules and conntrack the mode leaves on the path): the ClusterIP's cost above it is
   # what the mode's service path costs a connection (repeat.sh's summary sets them side by side).
-  # To a port of its own on pod1, from empty conntrack tables: the client reuses its ports, and
-  # in the netfilter modes the endpoint holds the run above's connections in TIME_WAIT under
-  # (client:port, endpoint:8081), the very tuple a direct connection from the same port makes,
-  # which the client (that connected to the ClusterIP) cannot know; on 8081 such connects waited
-  # on the old sockets (about 1,300 connections/s against 45,000).
+  # It goes to pod1's second server, from empty conntrack tables: the client reuses its ports,
+  # and in the netfilter modes pod1 holds the run above's connections in TIME_WAIT under the
+  # very tuples a direct connection to 8081 would make (about 1,300 connections/s there
+  # against 45,000).
   kp_exec node conntrack -F >/dev/null 2>&1
   kp_exec pod3 conntrack -F >/dev/null 2>&1
   pod_direct="$(measure pod3 "$(kp_pod_ip 1)" "$DIRECT_PORT" poddirect)"
