@@ -9,7 +9,8 @@
 #   KP_BENCH_OUT (default bench/results/ebpf-repeat-<date>), where each round's result lines go
 #   (round-N.txt, the lines run.sh prints for each mode and size) and the summary (summary.md).
 #   KP_BENCH_RUNNER: what runs a round (default bench/ebpf/run.sh; bench/ebpf/vm.sh runs it in the
-#   test VM, where IPVS mode can be measured). Run as root, on a machine that runs nothing else.
+#   test VM, where IPVS mode can be measured). KP_BENCH_REQUESTS: requests on each connection
+#   (run.sh's; default 1). Run as root, on a machine that runs nothing else.
 set -uo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 PASS=()
@@ -29,7 +30,7 @@ mkdir -p "$OUT"
   echo "kproxy $(git -C "$HERE" rev-parse --short HEAD 2>/dev/null)$(git -C "$HERE" diff --quiet HEAD 2>/dev/null || echo +changes)"
   echo "machine $(nproc) CPUs, $(awk '/MemTotal/ { printf "%.0f GiB", $2 / 1048576 }' /proc/meminfo), kernel $(uname -r)"
   echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg)"
-  echo "rounds $ROUNDS, $SECS s per measurement, Services $*, runner ${RUNNER##*/}"
+  echo "rounds $ROUNDS, $SECS s per measurement, Services $*, runner ${RUNNER##*/}, requests per connection ${KP_BENCH_REQUESTS:-1}"
 } >"$OUT/meta.txt"
 for ((r = 1; r <= ROUNDS; r++)); do
   # Round r starts at mode (r-1) mod n.

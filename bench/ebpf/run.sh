@@ -5,10 +5,13 @@
 # rest filler Services with an endpoint each, from a --manifests directory), all in throw-away
 # network namespaces (scripts/netns-lib.sh). For each mode and each S:
 #   - kproxy-bench-connrate (bench/userspace): short connections by 8 clients at once for
-#     SECONDS: requests per second, and connect-to-first-byte p50/p99;
+#     SECONDS: requests per second, and connect-to-first-byte p50/p99; with KP_BENCH_REQUESTS=R
+#     (default 1), R requests on each connection instead (the last R - 1 kept-alive, so that
+#     the figures weigh a packet's path through an established connection more than its set-up):
+#     requests per second, and each request's time to its reply's first byte;
 #   - CPU per connection: the machine's busy CPU time over the measurement (/proc/stat: user,
 #     nice, system, irq and softirq of every CPU, which is where the data path's per-packet
-#     work lands), divided by the connections made; on a machine that runs nothing else, the
+#     work lands), divided by the requests answered (one per connection by default); on a machine that runs nothing else, the
 #     cost of a connection through that mode, client and server included;
 #   - the conntrack entries whose original destination is the ClusterIP, after the run, in the
 #     client pod's network namespace and in the node's (where the netfilter modes DNAT), and all
@@ -64,6 +67,12 @@ HTTP_NODE_PORT=30080
 # pod1's port for the client pod's direct connections (no Service names it).
 DIRECT_PORT=8082
 CLIENTS=8
+REQUESTS="${KP_BENCH_REQUESTS:-1}"
+[[ $REQUESTS =~ ^[1-9][0-9]*$ ]] || kp_die "KP_BENCH_REQUESTS must be a whole number of 1 or more"
+# Each server thread serves one connection at a time: with kept-alive connections every client
+# needs one of its own (each pod may get all of them), or its requests wait in the backlog.
+SERVER_THREADS=2
+((REQUESTS > 1)) && SERVER_THREADS=$CLIENTS
 READY_S="${KP_BENCH_READY_S:-120}"
 UPSTREAM="${KUBE_PROXY_BIN:-$KPROXY_CACHE/bin/kube-proxy}"
 # The control plane's end of its veth to the node, and the node's.
@@ -138,7 +147,7 @@ busy_jiffies() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8; exit }' /proc/
 measure() {
   local role="$1" ip="$2" port="$3" prefix="$4" out busy0 busy1 kv
   busy0=$(busy_jiffies)
-  out="$(kp_exec "$role" "$CONNRATE" client "$ip" "$port" "$SECS" "$CLIENTS" 2>&1)"
+  out="$(kp_exec "$role" "$CONNRATE" client "$ip" "$port" "$SECS" "$CLIENTS" "$REQUESTS" 2>&1)"
   busy1=$(busy_jiffies)
   local -A got=()
   for kv in $out; do [[ $kv == *=* ]] && got[${kv%%=*}]=${kv#*=}; done
@@ -265,11 +274,11 @@ run_one() {
   local i
   for i in 1 2; do
     kp_in_ns "pod$i" || return 1
-    kp_bg "$KP_WORKDIR/server$i.log" "${KP_IN_NS[@]}" "$CONNRATE" server 8081 2
+    kp_bg "$KP_WORKDIR/server$i.log" "${KP_IN_NS[@]}" "$CONNRATE" server 8081 "$SERVER_THREADS"
   done
   # pod1's second server, which only the client pod's direct connections reach (below).
   kp_in_ns pod1 || return 1
-  kp_bg "$KP_WORKDIR/server1-direct.log" "${KP_IN_NS[@]}" "$CONNRATE" server "$DIRECT_PORT" 2
+  kp_bg "$KP_WORKDIR/server1-direct.log" "${KP_IN_NS[@]}" "$CONNRATE" server "$DIRECT_PORT" "$SERVER_THREADS"
   # Server side closes first (TIME_WAIT there); the client's ports are free again at once.
   kp_exec pod3 sysctl -qw net.ipv4.tcp_tw_reuse=1 net.ipv4.ip_local_port_range="10000 65000"
   kp_exec client sysctl -qw net.ipv4.tcp_tw_reuse=1 net.ipv4.ip_local_port_range="10000 65000"
@@ -323,7 +332,12 @@ run_one() {
   external="$(measure client "$KP_NODE_IP" "$HTTP_NODE_PORT" ext)"
   direct="$(measure client "$(kp_pod_ip 1)" 8081 direct)"
   hwm=$(awk '/^VmHWM:/ { printf "%.0f", $2 / 1024 }' "/proc/$KP_KPROXY_PID/status" 2>/dev/null)
-  echo "$mode services=$services status=ready ready_s=$ready_s $in_pod ct_client=$ct_client ct_node=$ct_node ct_node_all=${ct_node_all:-?} $pod_direct $external $direct hwm_mib=${hwm:-?}" | tee -a "$RESULTS"
+  # kproxy's slow and failed syncs, with their times, beside the log's lines above: whether a
+  # sync was still being written after the ClusterIP first answered, or during the measurements.
+  if [[ $mode != upstream-* ]]; then
+    grep -E '"(Slow sync|Sync failed)' "$KP_WORKDIR/kproxy.log" 2>/dev/null | head -n 20 | sed "s/^/[$mode S=$services] /" >&2
+  fi
+  echo "$mode services=$services status=ready requests_per_connection=$REQUESTS ready_s=$ready_s $in_pod ct_client=$ct_client ct_node=$ct_node ct_node_all=${ct_node_all:-?} $pod_direct $external $direct hwm_mib=${hwm:-?}" | tee -a "$RESULTS"
   kp_stop_kproxy TERM
 }
 
@@ -383,15 +397,21 @@ load_row() {
 }
 
 echo
+UNIT="connection"
+WHAT="short connections/s"
+if ((REQUESTS > 1)); then
+  UNIT="request"
+  WHAT="requests/s ($REQUESTS on each connection)"
+fi
 echo "From a pod on the node to the ClusterIP:"
 echo
-echo "| mode | Services | short connections/s ($CLIENTS clients, ${SECS} s) | failures | connect→first byte p50 / p99 (µs) | CPU per connection (µs, whole machine) | conntrack entries to the ClusterIP after the run: client netns / node netns | ready after (s) | peak RSS of the proxy (MiB) |"
+echo "| mode | Services | $WHAT ($CLIENTS clients, ${SECS} s) | failed connections | to the reply's first byte p50 / p99 (µs) | CPU per $UNIT (µs, whole machine) | conntrack entries to the ClusterIP after the run: client netns / node netns | ready after (s) | peak RSS of the proxy (MiB) |"
 echo "|---|---|---|---|---|---|---|---|---|"
 each_record "$RESULTS" pod_row
 echo
 echo "From another host: to the NodePort, and to the pod directly (no service: what no NAT costs)"
 echo
-echo "| mode | Services | NodePort: connections/s | failures | p50 / p99 (µs) | CPU per connection (µs) | pod directly: connections/s | p50 / p99 (µs) | CPU per connection (µs) |"
+echo "| mode | Services | NodePort: ${WHAT%% (*} | failed connections | p50 / p99 (µs) | CPU per $UNIT (µs) | pod directly: ${WHAT%% (*} | p50 / p99 (µs) | CPU per $UNIT (µs) |"
 echo "|---|---|---|---|---|---|---|---|---|"
 each_record "$RESULTS" external_row
 if [[ -s "$API_LOADS" ]]; then

@@ -20,6 +20,16 @@ FIGURES = [("pod_rate", "pod → ClusterIP: connections/s", True, "rate"),
            ("overhead_p50_us", "p50 above the pod's own address (µs)", False, None)]
 
 
+def kept_alive(figures, requests):
+    """FIGURES as they read when every connection carried REQUESTS requests (run.sh's
+    KP_BENCH_REQUESTS): the rate counts requests, and the CPU is per request."""
+    if requests == 1:
+        return figures
+    return [(name, heading.replace("per connection", "per request")
+             .replace("connections/s", f"requests/s ({requests} on each connection)"), higher, short)
+            for name, heading, higher, short in figures]
+
+
 def derived(f):
     """The service path's own cost in one measurement: the ClusterIP's figure less the same pod's
     to the endpoint's address, measured right after it (run.sh's poddirect)."""
@@ -46,8 +56,9 @@ def rows(directory):
 def main():
     if len(sys.argv) != 2:
         raise SystemExit(__doc__)
-    cells, order, failed = {}, [], {}
+    cells, order, failed, requests = {}, [], {}, set()
     for mode, f in rows(sys.argv[1]):
+        requests.add(int(f.get("requests_per_connection", "1")))
         if mode not in order:
             order.append(mode)
         key = (mode, int(f["services"]))
@@ -60,8 +71,11 @@ def main():
                 cells.setdefault(key, {}).setdefault(name, []).append(float(f[name]))
             except (KeyError, ValueError):
                 pass
+    if len(requests) > 1:
+        raise SystemExit(f"rounds with different requests per connection: {sorted(requests)}")
+    figures = kept_alive(FIGURES, requests.pop() if requests else 1)
     sizes = sorted({s for _, s in cells})
-    print("| mode | Services | rounds | " + " | ".join(h + ": median (lowest–highest)" for _, h, _, _ in FIGURES)
+    print("| mode | Services | rounds | " + " | ".join(h + ": median (lowest–highest)" for _, h, _, _ in figures)
           + f" | {order[0] if order else '?'}'s median better (+) or worse (−) than this mode's |")
     print("|" + "---|" * (4 + len(FIGURES)))
     for s in sizes:

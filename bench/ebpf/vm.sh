@@ -11,6 +11,7 @@
 #   (scripts/netns-lib.sh).
 #   KP_BENCH_MODES: the modes (default "ipvs nftables iptables ebpf"; upstream's need an
 #   apiserver, which the guest has not). CONNRATE: kproxy-bench-connrate (default the build's).
+#   KP_BENCH_REQUESTS: requests on each connection (run.sh's; default 1).
 #   KPROXY_VM_MEMORY: the guest's memory in MiB (default 2048).
 # The guest runs the tables' command as root; nothing of the host's network or cgroups is
 # touched. Needs qemu and the VM's packages (scripts/install-deps.sh, tests/vm/build-vm.sh).
@@ -45,5 +46,5 @@ exec "$KP_SOURCE_DIR/tests/vm/run-in-vm.sh" --timeout "$timeout_s" --memory "${K
   --file "$KP_SOURCE_DIR/tests/vm/datapath_guest.sh:/kproxy-vm/datapath.sh" \
   --file "$HERE/vm_guest.sh:/kproxy-vm/bench.sh" \
   -- env KP_BENCH_MODES="$MODES" CONNRATE="$CONNRATE" KP_PODSERVER="$PODSERVER" KP_NETPROBE="$NETPROBE" \
-  KP_BENCH_READY_S=600 \
+  KP_BENCH_READY_S=600 KP_BENCH_REQUESTS="${KP_BENCH_REQUESTS:-1}" \
   /kproxy-vm/bench.sh "$KP_SOURCE_DIR/bench/ebpf/run.sh" --kproxy "$KPROXY" --plugin-dir "$PLUGINS" "$SECS" "${COUNTS[@]}"
