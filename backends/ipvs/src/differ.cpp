@@ -196,14 +196,21 @@ sdk::Expected<void> IpvsBackend::repairAll(const plan::SnapshotSource& next) {
   dummyAddressesStale_ = false;
 
   Wanted wanted = renderWanted(next);
-  // The sets first: their NodePorts say which virtual servers on node addresses are kproxy's.
+  // The sets as they were: their NodePorts say which virtual servers on node addresses are
+  // kproxy's.
   auto state = kernel_.ipsets->save();
   if (!state) return failed("ipset_save", state.error());
-  if (auto r = syncVirtualServers(wanted.servers, *bound, nodePortsOf(*state)); !r) return r;
-  if (auto r = syncDummyAddresses(wanted.addresses, boundText); !r) return r;
-  if (auto r = syncIpsets(wanted.entries, *state); !r) return r;
-
+  const NodePorts nodePorts = nodePortsOf(*state);
+  // Make before serve: the set entries and the chains (masquerading, hairpin, the filter, and
+  // the nat rules that switch conntrack on in the namespace) are in before a virtual server
+  // answers through them, also on a first sync; the entries that go, after what served them.
+  if (auto r = syncIpsets(wanted.entries, *state, true); !r) return r;
   ports_ = std::move(wanted.ports);
+  if (auto r = syncIptables(true); !r) return r;
+  if (auto r = syncVirtualServers(wanted.servers, *bound, nodePorts); !r) return r;
+  if (auto r = syncDummyAddresses(wanted.addresses, boundText); !r) return r;
+  if (auto r = syncIpsets(wanted.entries, *state, false); !r) return r;
+
   servers_ = std::move(wanted.servers);
   addresses_ = std::move(wanted.addresses);
   ipsetEntries_ = std::move(wanted.entries);
@@ -214,7 +221,7 @@ sdk::Expected<void> IpvsBackend::repairAll(const plan::SnapshotSource& next) {
   for (const auto& [a, refs] : addresses_) nowBound.push_back(a);
   renderer_.setDummyInterfaceAddresses(std::move(nowBound));
   dummyAddressesStale_ = false;
-  return syncIptables(true);
+  return {};
 }
 
 sdk::Expected<void> IpvsBackend::syncVirtualServers(const std::map<std::string, AppliedServer>& servers,
@@ -303,32 +310,30 @@ sdk::Expected<void> IpvsBackend::syncDummyAddresses(const std::map<std::string, 
 }
 
 sdk::Expected<void> IpvsBackend::syncIpsets(const std::map<std::string, std::size_t>& entries,
-                                            const IpsetState& state) {
-  // Create the missing sets, then add and delete the entries that differ.
-  std::string creates, changes;
+                                            const IpsetState& state, bool adding) {
+  std::string lines;
   for (net::Family fam : kFamilies) {
     if (!familyEnabled(fam)) continue;
     for (const auto& def : renderer_.renderGlobal(fam).sets) {
       auto it = state.sets.find(def.name);
       if (it == state.sets.end()) {
-        creates += def.createText() + "\n";
+        if (adding) lines += def.createText() + "\n";
         continue;
       }
-      for (const auto& e : it->second.entries) {
-        const std::string text = "add " + def.name + " " + e;
-        if (!entries.contains(text)) changes += "del " + def.name + " " + e + "\n";
-      }
+      if (adding) continue;
+      for (const auto& e : it->second.entries)
+        if (!entries.contains("add " + def.name + " " + e)) lines += "del " + def.name + " " + e + "\n";
     }
   }
+  if (!adding) return restoreIpsets(lines);
   for (const auto& [text, refs] : entries) {
     // "add SET ENTRY"
     const auto space = text.find(' ', 4);
     const std::string set = text.substr(4, space - 4);
     auto it = state.sets.find(set);
-    if (it == state.sets.end() || !it->second.entries.contains(text.substr(space + 1)))
-      changes += text + "\n";
+    if (it == state.sets.end() || !it->second.entries.contains(text.substr(space + 1))) lines += text + "\n";
   }
-  return restoreIpsets(creates + changes);
+  return restoreIpsets(lines);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -342,72 +347,93 @@ sdk::Expected<void> IpvsBackend::applyChanged(const plan::SnapshotSource& next,
     renderer_.setDummyInterfaceAddresses(std::move(bound));
     dummyAddressesStale_ = false;
   }
-  std::string ipsetLines;
+  // Make before serve, stop serving before unmaking: the new set entries and chains (the
+  // masquerading, hairpin and filter they carry) are in before a virtual server or an address
+  // that needs them serves; the addresses and virtual servers that go are gone before their
+  // set entries. In between, what serves is always complete.
+  struct Change {
+    std::string tag, key;
+    Fragment now, before;
+  };
+  std::vector<Change> changes;
+  std::string ipsetAdds, ipsetDels;
   bool rulesChanged = false;
   for (const auto& c : changed) {
     if (!familyEnabled(c.family) || c.key.empty()) continue;
-    const std::string tag = tagOf(c.family, c.key);
-    Fragment now;
+    Change ch{tagOf(c.family, c.key), c.key, {}, {}};
     if (auto port = next.find(c.family, c.key)) {
-      now = renderer_.renderServicePort(*port);
-      for (const auto& problem : now.problems)
-        host_.warning(fmt::format("ipvs: {}: {}", c.key, problem));
+      ch.now = renderer_.renderServicePort(*port);
+      for (const auto& problem : ch.now.problems) host_.warning(fmt::format("ipvs: {}: {}", c.key, problem));
     }
-    Fragment before;
-    if (auto it = ports_.find(tag); it != ports_.end()) before = it->second;
+    if (auto it = ports_.find(ch.tag); it != ports_.end()) ch.before = it->second;
+    for (const auto& e : ch.now.ipsetEntries)
+      if (ipsetEntries_[e.text()]++ == 0) ipsetAdds += e.text() + "\n";
+    if (ch.now.rules != ch.before.rules) rulesChanged = true;
+    if (ch.now.key.empty())
+      ports_.erase(ch.tag);
+    else
+      ports_[ch.tag] = withoutRealServers(ch.now);
+    changes.push_back(std::move(ch));
+  }
+  if (auto r = restoreIpsets(ipsetAdds); !r) return r;
+  if (auto r = syncIptables(false, rulesChanged); !r) return r;
 
-    // Addresses first: a virtual server's address is bound before it answers.
-    for (const auto& a : now.boundAddresses)
-      if (addresses_[a]++ == 0)
-        if (auto r = bindAddress(a); !r) return r;
+  // The virtual servers each changed port renders now, by tag: one that a changed port leaves
+  // may be taken over by the port that renders it now.
+  std::map<std::string, std::set<std::string>> kept;
+  for (const auto& ch : changes)
+    for (const auto& planned : ch.now.virtualServers) kept[ch.tag].insert(kernelVirtualServer(planned).describe());
 
-    std::set<std::string> keep;
-    for (const auto& planned : now.virtualServers) {
-      AppliedServer want{kernelVirtualServer(planned), realServersOf(planned), tag};
+  // Serve: virtual servers and their real servers, then the addresses that make them answer.
+  for (const auto& ch : changes) {
+    for (const auto& planned : ch.now.virtualServers) {
+      AppliedServer want{kernelVirtualServer(planned), realServersOf(planned), ch.tag};
       const std::string key = want.vs.describe();
-      keep.insert(key);
       auto it = servers_.find(key);
-      if (it != servers_.end() && it->second.owner != tag) {
-        host_.warning(fmt::format("ipvs: {}: virtual server {} is {}'s too; kept once", c.key, key,
-                                  it->second.owner));
-        continue;
+      if (it != servers_.end() && it->second.owner != ch.tag) {
+        const bool ownerChanges = std::any_of(changes.begin(), changes.end(),
+                                              [&](const Change& other) { return other.tag == it->second.owner; });
+        if (!ownerChanges || kept[it->second.owner].contains(key)) {
+          host_.warning(fmt::format("ipvs: {}: virtual server {} is {}'s too; kept once", ch.key, key,
+                                    it->second.owner));
+          continue;
+        }
+        // Its owner leaves it in this very sync: this port takes it over as it is.
       }
       if (auto r = applyServer(it == servers_.end() ? nullptr : &it->second, want); !r) return r;
       servers_[key] = std::move(want);
     }
-    for (const auto& planned : before.virtualServers) {
-      const std::string key = kernelVirtualServer(planned).describe();
-      if (keep.contains(key)) continue;
-      auto it = servers_.find(key);
-      if (it == servers_.end() || it->second.owner != tag) continue;
-      if (auto r = removeServer(it->second); !r) return r;
-      servers_.erase(it);
-    }
+    for (const auto& a : ch.now.boundAddresses)
+      if (addresses_[a]++ == 0)
+        if (auto r = bindAddress(a); !r) return r;
+  }
 
-    for (const auto& a : before.boundAddresses) {
+  // Stop serving: the addresses first, then the virtual servers, then their set entries.
+  for (const auto& ch : changes) {
+    for (const auto& a : ch.before.boundAddresses) {
       auto it = addresses_.find(a);
       if (it == addresses_.end() || --it->second > 0) continue;
       addresses_.erase(it);
       if (auto r = unbindAddress(a); !r) return r;
     }
-
-    for (const auto& e : now.ipsetEntries)
-      if (ipsetEntries_[e.text()]++ == 0) ipsetLines += e.text() + "\n";
-    for (const auto& e : before.ipsetEntries) {
+  }
+  for (const auto& ch : changes) {
+    for (const auto& planned : ch.before.virtualServers) {
+      const std::string key = kernelVirtualServer(planned).describe();
+      if (kept[ch.tag].contains(key)) continue;
+      auto it = servers_.find(key);
+      if (it == servers_.end() || it->second.owner != ch.tag) continue;
+      if (auto r = removeServer(it->second); !r) return r;
+      servers_.erase(it);
+    }
+    for (const auto& e : ch.before.ipsetEntries) {
       auto it = ipsetEntries_.find(e.text());
       if (it == ipsetEntries_.end() || --it->second > 0) continue;
       ipsetEntries_.erase(it);
-      ipsetLines += "del " + e.set + " " + e.entry + "\n";
+      ipsetDels += "del " + e.set + " " + e.entry + "\n";
     }
-
-    if (now.rules != before.rules) rulesChanged = true;
-    if (now.key.empty())
-      ports_.erase(tag);
-    else
-      ports_[tag] = withoutRealServers(std::move(now));
   }
-  if (auto r = restoreIpsets(ipsetLines); !r) return r;
-  return syncIptables(false, rulesChanged);
+  return restoreIpsets(ipsetDels);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -430,6 +430,41 @@ TEST_CASE("services added and removed by partial syncs share the ClusterIP's add
   CHECK(f.tables->restores.empty());
 }
 
+TEST_CASE("a virtual server that one port leaves and another renders in the same sync moves to it", "[unit]") {
+  Fixture f;
+  REQUIRE(ok(f.full()));
+  // web:tls is renamed web:https, with the same ClusterIP and port, in one sync; whichever
+  // port the sync takes first, the virtual server stays, with the new port's real servers.
+  for (const bool newFirst : {true, false}) {
+    INFO("new port first: " << newFirst);
+    const std::string from = newFirst ? "default/web:tls" : "default/web:https";
+    const std::string to = newFirst ? "default/web:https" : "default/web:tls";
+    auto ports = f.snap.ports();
+    for (auto& p : ports)
+      if (p.key == from) {
+        p.portName = to.substr(to.find(':') + 1);
+        p.key = to;
+        setEndpoints(p, {endpoint("10.244.1.5", 8443), endpoint("10.244.3.3", 8443)});
+      }
+    f.snap = VectorSnapshot(ports, node());
+    const auto before = f.ipvs->writes;
+    if (newFirst)
+      REQUIRE(ok(f.partial({to, from})));
+    else
+      REQUIRE(ok(f.partial({from, to})));
+    REQUIRE(f.server("TCP 10.96.0.10:443") != nullptr);
+    CHECK(f.reals("TCP 10.96.0.10:443") == std::vector<std::string>{"10.244.1.5:8443 w1", "10.244.3.3:8443 w1"});
+    // Taken over, not deleted and added again: one real server added (or, the second time
+    // round, retired and added back), nothing else.
+    CHECK(f.ipvs->writes - before <= 3);
+    CHECK(bound(f, "10.96.0.10") == 1);
+    // A full sync finds nothing to repair.
+    f.restart();
+    REQUIRE(ok(f.full()));
+    CHECK(f.ipvs->writes == 0);
+  }
+}
+
 TEST_CASE("foreign virtual servers are left alone; stale ones on kube-ipvs0 are deleted",
           "[unit]") {
   Fixture f;
@@ -724,8 +759,18 @@ TEST_CASE(
   CHECK(text.find("# ipset restore -exist\n" + f.ipsets->restores[0]) != std::string::npos);
   CHECK(f.ipsets->restores[0].find("add KUBE-CLUSTER-IP 10.96.0.10,tcp:80\n") != std::string::npos);
   REQUIRE(f.tables->restores.size() == 1);
-  CHECK(text.ends_with("# iptables-restore --noflush\n" + f.tables->restores[0]));
+  CHECK(text.find("# iptables-restore --noflush\n" + f.tables->restores[0]) != std::string::npos);
   CHECK(f.tables->restores[0].starts_with("*nat\n"));
+  // Made before it serves: the sets, then the chains (whose nat rules switch conntrack on),
+  // then the virtual servers, then the addresses that make them answer.
+  const auto sets = text.find("# ipset restore -exist\n");
+  const auto chains = text.find("# iptables-restore --noflush\n");
+  const auto servers = text.find("ipvsadm -A ");
+  const auto addresses = text.find("ip addr add ");
+  CHECK(sets < chains);
+  CHECK(chains < servers);
+  CHECK(servers < addresses);
+  CHECK(text.rfind("ipvsadm -a ") < addresses);
   // The sysctls went to memory only.
   CHECK(f.dryRunSysctls->values.at("net/ipv4/vs/conntrack") == 1);
   CHECK(f.sysctls.value("net/ipv4/vs/conntrack") == "0");
@@ -744,6 +789,65 @@ TEST_CASE(
   REQUIRE(ok(f.partial({"default/web:p"})));
   CHECK(printedSince(out, mark) ==
         "ipvsadm -e -t 10.96.0.10:80 -r 10.244.3.3:8080 -m -w 0\nipvsadm -d -t 10.96.0.10:80 -r 10.244.3.3:8080\n");
+  std::fclose(out);
+}
+
+TEST_CASE("a partial sync makes before it serves and stops serving before it unmakes", "[unit]") {
+  Fixture f;
+  std::FILE* out = std::tmpfile();
+  REQUIRE(out != nullptr);
+  long mark = 0;
+  BackendSettings s;
+  s.dryRun = true;
+  s.dryRunOutput = out;
+  f.backend = f.make(s);
+  REQUIRE(ok(f.full()));
+  printedSince(out, mark);
+
+  // A new NodePort Service: its set entries and chains first, then its virtual servers, then
+  // its address.
+  auto added = servicePort("new", "10.96.0.77", 80, {endpoint("10.244.1.9", 8080)});
+  added.type = sdk::ServiceType::kNodePort;
+  added.nodePort = 30077;
+  auto ports = f.snap.ports();
+  ports.push_back(added);
+  f.snap = VectorSnapshot(ports, node());
+  REQUIRE(ok(f.partial({"default/new:p"})));
+  std::string text = printedSince(out, mark);
+  INFO(text);
+  const auto sets = text.find("add KUBE-CLUSTER-IP 10.96.0.77,tcp:80\n");
+  const auto nodePortSet = text.find("add KUBE-NODE-PORT-TCP 30077\n");
+  const auto server = text.find("ipvsadm -A -t 10.96.0.77:80 ");
+  const auto nodePortServer = text.find("ipvsadm -A -t 192.168.0.2:30077 ");
+  const auto address = text.find("ip addr add 10.96.0.77/32 dev kube-ipvs0\n");
+  REQUIRE(sets != std::string::npos);
+  REQUIRE(nodePortSet != std::string::npos);
+  REQUIRE(server != std::string::npos);
+  REQUIRE(nodePortServer != std::string::npos);
+  REQUIRE(address != std::string::npos);
+  CHECK(sets < server);
+  CHECK(nodePortSet < nodePortServer);
+  CHECK(server < address);
+
+  // And gone: its address first, then its virtual servers, then its set entries.
+  ports.pop_back();
+  f.snap = VectorSnapshot(ports, node());
+  REQUIRE(ok(f.partial({"default/new:p"})));
+  text = printedSince(out, mark);
+  INFO(text);
+  const auto unbound = text.find("ip addr del 10.96.0.77/32 dev kube-ipvs0\n");
+  const auto deleted = text.find("ipvsadm -D -t 10.96.0.77:80\n");
+  const auto nodePortDeleted = text.find("ipvsadm -D -t 192.168.0.2:30077\n");
+  const auto unset = text.find("del KUBE-CLUSTER-IP 10.96.0.77,tcp:80\n");
+  const auto nodePortUnset = text.find("del KUBE-NODE-PORT-TCP 30077\n");
+  REQUIRE(unbound != std::string::npos);
+  REQUIRE(deleted != std::string::npos);
+  REQUIRE(nodePortDeleted != std::string::npos);
+  REQUIRE(unset != std::string::npos);
+  REQUIRE(nodePortUnset != std::string::npos);
+  CHECK(unbound < deleted);
+  CHECK(deleted < unset);
+  CHECK(nodePortDeleted < nodePortUnset);
   std::fclose(out);
 }
 

@@ -164,7 +164,9 @@ class IpvsBackend final : public backends::Reconciler {
   sdk::Expected<backends::PassOutcome> pass(const plan::SnapshotSource& next,
                                             const std::vector<sdk::ChangedKey>& changed, bool full);
 
-  // The differ (differ.cpp): each difference is written as it is found.
+  // The differ (differ.cpp): each difference is written as it is found, in the order that
+  // makes before it serves: set entries and chains, then virtual servers, then the addresses
+  // that make them answer; and what goes in the reverse order.
   /// Reads the kernel back and repairs whatever differs from `next`.
   sdk::Expected<void> repairAll(const plan::SnapshotSource& next);
   /// Diffs the changed service ports' renders against the mirror.
@@ -180,8 +182,11 @@ class IpvsBackend final : public backends::Reconciler {
   sdk::Expected<void> syncRealServers(const VirtualServer& kernel, const AppliedServer& want);
   sdk::Expected<void> syncDummyAddresses(const std::map<std::string, std::size_t>& addresses,
                                          const std::vector<std::string>& bound);
-  sdk::Expected<void> syncIpsets(const std::map<std::string, std::size_t>& entries,
-                                 const IpsetState& state);
+  /// The kernel's sets (`state`) against `entries`: the missing sets created and the missing
+  /// entries added (`adding`), or the entries not wanted deleted (not `adding`). A full sync
+  /// adds before it serves and deletes after it stops serving.
+  sdk::Expected<void> syncIpsets(const std::map<std::string, std::size_t>& entries, const IpsetState& state,
+                                 bool adding);
   sdk::Expected<void> applyServer(const AppliedServer* old, const AppliedServer& want);
   sdk::Expected<void> removeServer(const AppliedServer& old);
   sdk::Expected<void> retireRealServer(const VirtualServer& vs, const RealServer& rs);
