@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 
 #include <atomic>
@@ -35,6 +36,23 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using udp = asio::ip::udp;
 using Clock = std::chrono::steady_clock;
+
+/// A listener that could not be opened. Out of descriptors (EMFILE, ENFILE), the error says
+/// what the mode needs and the limit it met: one socket per listener, and at 30,000 Service
+/// ports a default limit is reached before the first connection.
+std::unexpected<core::Error> listenerError(std::string_view what, std::string_view id, int errnum) {
+  std::string context = fmt::format("userspace: {} for {}", what, id);
+  if (errnum == EMFILE || errnum == ENFILE) {
+    rlimit limit{};
+    if (errnum == EMFILE && ::getrlimit(RLIMIT_NOFILE, &limit) == 0)
+      context += fmt::format(" (this process may open {} descriptors", limit.rlim_cur);
+    else
+      context += " (the system's open files are exhausted";
+    context += "; userspace mode holds one socket for each Service port and address, and two sockets and two "
+               "pipes for each relayed connection: raise the limit, LimitNOFILE or the container runtime's)";
+  }
+  return core::makeError(core::ErrorCategory::kKernel, std::move(context), errnum);
+}
 
 /// What every listener of one server shares; touched on the io thread only (the counters are
 /// read by tests from others).
@@ -117,8 +135,7 @@ class TcpListener final : public Listener, public std::enable_shared_from_this<T
     if (!ec) acceptor_.bind(tcp::endpoint(protocol, 0), ec);
     if (!ec && shared_.settings.listen) acceptor_.listen(asio::socket_base::max_listen_connections, ec);
     if (ec)
-      return core::makeError(core::ErrorCategory::kKernel, fmt::format("userspace: TCP listener for {}", spec_.id),
-                             ec.value());
+      return listenerError("TCP listener", spec_.id, ec.value());
     port_ = acceptor_.local_endpoint(ec).port();
     setPool(spec_);
     if (shared_.settings.listen) accept();
@@ -336,8 +353,7 @@ class UdpListener final : public Listener, public std::enable_shared_from_this<U
     if (!ec) socket_.bind(udp::endpoint(protocol, 0), ec);
     if (!ec) socket_.non_blocking(true, ec);
     if (ec)
-      return core::makeError(core::ErrorCategory::kKernel, fmt::format("userspace: UDP listener for {}", spec_.id),
-                             ec.value());
+      return listenerError("UDP listener", spec_.id, ec.value());
     const int on = 1;
     const int fd = socket_.native_handle();
     if (spec_.ipv6 ? ::setsockopt(fd, IPPROTO_IPV6, IPV6_RECVPKTINFO, &on, sizeof on)

@@ -5,6 +5,7 @@
 
 #include <net/if.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 
@@ -26,6 +27,7 @@
 #include <thread>
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <utility>
 
@@ -253,6 +255,28 @@ TEST_CASE("proxy: a refused endpoint is retried on the next; every connection su
   CHECK(observer->get("retries") == 2);
   CHECK(observer->get("endpoints_failed") == 0);
   CHECK(eventually([&] { return observer->get("toEndpoint") == 8 && observer->get("toClient") == 16; }));
+}
+
+TEST_CASE("proxy: out of descriptors, the error names the limit and what the mode needs", "[unit]") {
+  auto observer = std::make_shared<CountingObserver>();
+  ProxyServer proxy(ProxySettings{}, observer);
+  std::size_t open = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++open;
+  rlimit before{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &before) == 0);
+  rlimit low = before;
+  low.rlim_cur = open + 4;
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &low) == 0);
+  std::vector<ListenerSpec> specs;
+  for (int i = 0; i < 16; ++i) specs.push_back(spec("l" + std::to_string(i), {refusingTarget()}));
+  auto ports = proxy.update(specs);
+  REQUIRE(::setrlimit(RLIMIT_NOFILE, &before) == 0);
+  REQUIRE_FALSE(ports);
+  INFO(ports.error().message());
+  CHECK(ports.error().errnum == EMFILE);
+  CHECK_THAT(ports.error().message(), Catch::Contains("TCP listener for l") &&
+                                          Catch::Contains(fmt::format("may open {} descriptors", low.rlim_cur)) &&
+                                          Catch::Contains("LimitNOFILE"));
 }
 
 TEST_CASE("proxy: when every endpoint refuses, the client is reset", "[unit]") {
