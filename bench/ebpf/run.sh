@@ -94,6 +94,12 @@ if [[ " ${MODES[*]} " == *" upstream-"* ]]; then
     read -ra MODES <<<"${MODES[*]//upstream-*/}"
   fi
 fi
+# Userspace mode holds a socket for each Service port: at 30,000 Services it needs more
+# descriptors than a login shell's limit allows (20,000 on some machines), as a node's container
+# runtime gives its pods (LimitNOFILE). The benchmark's processes get the system's ceiling.
+nr_open=$(cat /proc/sys/fs/nr_open 2>/dev/null || echo 1048576)
+ulimit -Hn "$nr_open" 2>/dev/null && ulimit -Sn "$nr_open" 2>/dev/null ||
+  kp_log "WARNING: the open-file limit stays at $(ulimit -Sn): userspace mode may not serve many Services"
 kp_ebpf_mount "kproxy-bench-$$" || { kp_ebpf_unmount; kp_die "$KP_EBPF_ERROR"; }
 BENCH_DIR="$(mktemp -d "${TMPDIR:-/tmp}/kproxy-bench-ebpf.XXXXXX")"
 RESULTS="$BENCH_DIR/results"
@@ -301,7 +307,7 @@ run_one() {
     local status=not-ready
     ((rc == 2)) && status=exited
     kp_log "$mode S=$services: the ClusterIP did not answer ($status after ${ready_s}s)"
-    echo "$mode services=$services status=$status ready_s=$ready_s" >>"$RESULTS"
+    echo "$mode services=$services status=$status ready_s=$ready_s" | tee -a "$RESULTS"
     return 0
   fi
   # The figures start from empty conntrack tables (the readiness probe's entries go).
