@@ -22,8 +22,10 @@ const char* toString(ErrorCategory category) {
 std::string Error::message() const {
   std::string out = context;
   if (errnum != 0) {
-    out += ": ";
-    out += std::strerror(errnum);
+    // Once: a context that already ends with the reason (a plugin's message, which the host
+    // wraps with its errno) does not get it twice.
+    const std::string reason = std::string(": ") + std::strerror(errnum);
+    if (!out.ends_with(reason)) out += reason;
   }
   return out;
 }

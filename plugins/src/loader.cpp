@@ -22,6 +22,13 @@ using core::makeError;
 
 std::string quote(const std::filesystem::path& p) { return "plugin " + p.string(); }
 
+// A plugin's error message under its backend's name: "NAME: MESSAGE", unless the plugin named
+// itself already (the built-in backends' messages begin "nftables: ", "ipvs: " and so on).
+std::string named(std::string_view name, const std::string& message) {
+  const std::string prefix = std::string(name) + ": ";
+  return message.starts_with(prefix) ? message : prefix + message;
+}
+
 // Whether the descriptor is big enough to hold `Field` (fields appended in later minor
 // versions are read only then).
 template <typename Field>
@@ -104,8 +111,7 @@ class LoadedBackend final : public PluginBackend {
                                &err);
     if (rc != KPROXY_OK) {
       return makeError(categoryOf(err),
-                       std::string(descriptor_->name) + ": " + terminated(err.message),
-                       err.errnum);
+                       named(descriptor_->name, terminated(err.message)), err.errnum);
     }
     return core::SyncResult{static_cast<std::size_t>(result.operations),
                             terminated(result.summary)};
@@ -286,8 +292,7 @@ core::Result<std::unique_ptr<PluginBackend>> PluginRegistry::createPluginBackend
     kproxy_backend* handle = l->descriptor->create(&hostApi_, opts.data(), opts.size(), &err);
     if (handle == nullptr) {
       return makeError(ErrorCategory::kPlugin,
-                       std::string(name) + ": " + std::string(err.message, strnlen(err.message, sizeof err.message)),
-                       err.errnum);
+                       named(name, std::string(err.message, strnlen(err.message, sizeof err.message))), err.errnum);
     }
     return std::unique_ptr<PluginBackend>(std::make_unique<LoadedBackend>(l->descriptor, handle));
   }

@@ -28,7 +28,8 @@ struct Error {
   int errnum = 0;
   std::string context;  ///< human-readable, names the object / file / call
 
-  /// One line: "<context>[: <strerror(errnum)>]".
+  /// One line: "<context>[: <strerror(errnum)>]", the errno's text left out where the context
+  /// ends with it already.
   std::string message() const;
 };
 
