@@ -813,41 +813,30 @@ TEST_CASE("a partial sync makes before it serves and stops serving before it unm
   ports.push_back(added);
   f.snap = VectorSnapshot(ports, node());
   REQUIRE(ok(f.partial({"default/new:p"})));
-  std::string text = printedSince(out, mark);
-  INFO(text);
-  const auto sets = text.find("add KUBE-CLUSTER-IP 10.96.0.77,tcp:80\n");
-  const auto nodePortSet = text.find("add KUBE-NODE-PORT-TCP 30077\n");
-  const auto server = text.find("ipvsadm -A -t 10.96.0.77:80 ");
-  const auto nodePortServer = text.find("ipvsadm -A -t 192.168.0.2:30077 ");
-  const auto address = text.find("ip addr add 10.96.0.77/32 dev kube-ipvs0\n");
-  REQUIRE(sets != std::string::npos);
-  REQUIRE(nodePortSet != std::string::npos);
-  REQUIRE(server != std::string::npos);
-  REQUIRE(nodePortServer != std::string::npos);
-  REQUIRE(address != std::string::npos);
-  CHECK(sets < server);
-  CHECK(nodePortSet < nodePortServer);
-  CHECK(server < address);
+  // Each pair: the first line printed before the second.
+  const auto inOrder = [](const std::string& text, const std::vector<std::pair<std::string, std::string>>& pairs) {
+    INFO(text);
+    for (const auto& [first, then] : pairs) {
+      INFO(first << " before " << then);
+      const auto a = text.find(first);
+      const auto b = text.find(then);
+      REQUIRE(a != std::string::npos);
+      REQUIRE(b != std::string::npos);
+      CHECK(a < b);
+    }
+  };
+  inOrder(printedSince(out, mark), {{"add KUBE-CLUSTER-IP 10.96.0.77,tcp:80\n", "ipvsadm -A -t 10.96.0.77:80 "},
+                                    {"add KUBE-NODE-PORT-TCP 30077\n", "ipvsadm -A -t 192.168.0.2:30077 "},
+                                    {"ipvsadm -A -t 10.96.0.77:80 ", "ip addr add 10.96.0.77/32 dev kube-ipvs0\n"}});
 
   // And gone: its address first, then its virtual servers, then its set entries.
   ports.pop_back();
   f.snap = VectorSnapshot(ports, node());
   REQUIRE(ok(f.partial({"default/new:p"})));
-  text = printedSince(out, mark);
-  INFO(text);
-  const auto unbound = text.find("ip addr del 10.96.0.77/32 dev kube-ipvs0\n");
-  const auto deleted = text.find("ipvsadm -D -t 10.96.0.77:80\n");
-  const auto nodePortDeleted = text.find("ipvsadm -D -t 192.168.0.2:30077\n");
-  const auto unset = text.find("del KUBE-CLUSTER-IP 10.96.0.77,tcp:80\n");
-  const auto nodePortUnset = text.find("del KUBE-NODE-PORT-TCP 30077\n");
-  REQUIRE(unbound != std::string::npos);
-  REQUIRE(deleted != std::string::npos);
-  REQUIRE(nodePortDeleted != std::string::npos);
-  REQUIRE(unset != std::string::npos);
-  REQUIRE(nodePortUnset != std::string::npos);
-  CHECK(unbound < deleted);
-  CHECK(deleted < unset);
-  CHECK(nodePortDeleted < nodePortUnset);
+  inOrder(printedSince(out, mark),
+          {{"ip addr del 10.96.0.77/32 dev kube-ipvs0\n", "ipvsadm -D -t 10.96.0.77:80\n"},
+           {"ipvsadm -D -t 10.96.0.77:80\n", "del KUBE-CLUSTER-IP 10.96.0.77,tcp:80\n"},
+           {"ipvsadm -D -t 192.168.0.2:30077\n", "del KUBE-NODE-PORT-TCP 30077\n"}});
   std::fclose(out);
 }
 
