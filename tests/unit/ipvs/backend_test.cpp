@@ -172,6 +172,12 @@ struct Fixture {
     ipsets->restores.clear();
     tables->restores.clear();
   }
+  /// Makes the backend a --dry-run one that prints to `out`.
+  void dryRun(std::FILE* out, BackendSettings settings = {}) {
+    settings.dryRun = true;
+    settings.dryRunOutput = out;
+    backend = make(std::move(settings));
+  }
   /// Keeps the kernel as the current backend left it and makes a new backend over it.
   void restart(BackendSettings settings = {}) {
     keep();
@@ -727,10 +733,8 @@ TEST_CASE(
   REQUIRE(out != nullptr);
   long mark = 0;
   BackendSettings s;
-  s.dryRun = true;
-  s.dryRunOutput = out;
   s.timeouts = Timeouts{3600, 0, 0};
-  f.backend = f.make(s);
+  f.dryRun(out, s);
   auto first = f.full();
   REQUIRE(ok(first));
   CHECK(first->summary.ends_with(" dry_run=true"));
@@ -797,10 +801,7 @@ TEST_CASE("a partial sync makes before it serves and stops serving before it unm
   std::FILE* out = std::tmpfile();
   REQUIRE(out != nullptr);
   long mark = 0;
-  BackendSettings s;
-  s.dryRun = true;
-  s.dryRunOutput = out;
-  f.backend = f.make(s);
+  f.dryRun(out);
   REQUIRE(ok(f.full()));
   printedSince(out, mark);
 
