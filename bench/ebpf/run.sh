@@ -11,8 +11,9 @@
 #     requests per second, and each request's time to its reply's first byte;
 #   - CPU per connection: the machine's busy CPU time over the measurement (/proc/stat: user,
 #     nice, system, irq and softirq of every CPU, which is where the data path's per-packet
-#     work lands), divided by the requests answered (one per connection by default); on a machine that runs nothing else, the
-#     cost of a connection through that mode, client and server included;
+#     work lands), divided by the requests answered (one per connection by default); on a
+#     machine that runs nothing else, the cost of a connection (or a request) through that
+#     mode, client and server included;
 #   - the conntrack entries whose original destination is the ClusterIP, after the run, in the
 #     client pod's network namespace and in the node's (where the netfilter modes DNAT), and all
 #     of the node's entries (ct_node_all in the result lines);
