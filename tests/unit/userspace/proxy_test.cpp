@@ -257,6 +257,11 @@ TEST_CASE("proxy: a refused endpoint is retried on the next; every connection su
   CHECK(eventually([&] { return observer->get("toEndpoint") == 8 && observer->get("toClient") == 16; }));
 }
 
+// Not in a sanitizer build (KPROXY_SANITIZE), where CI's Release build runs it: with no
+// descriptor free, the sanitizers' checks of virtual calls cannot open the pipe they probe memory
+// with, and report false errors (fmt's buffer, std::packaged_task) in the window until the limit
+// is restored.
+#if !defined(__SANITIZE_ADDRESS__)
 TEST_CASE("proxy: out of descriptors, the error names the limit and what the mode needs", "[unit]") {
   auto observer = std::make_shared<CountingObserver>();
   ProxyServer proxy(ProxySettings{}, observer);
@@ -278,6 +283,7 @@ TEST_CASE("proxy: out of descriptors, the error names the limit and what the mod
                                           Catch::Contains(fmt::format("may open {} descriptors", low.rlim_cur)) &&
                                           Catch::Contains("LimitNOFILE"));
 }
+#endif
 
 TEST_CASE("proxy: when every endpoint refuses, the client is reset", "[unit]") {
   auto observer = std::make_shared<CountingObserver>();
