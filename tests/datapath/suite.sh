@@ -426,7 +426,7 @@ case_nodeport_from_client() {
   start_kproxy_and_wait "http://10.96.0.11/" || return 1
   local url="http://$KP_NODE_IP:30080/"
   kp_wait_for "$KP_CEILING" kp_poll_curl client "$url" >/dev/null || kp_fail "NodePort $url not answered from the client" || return 1
-  expect_spread client "$url" 15 2 || return 1
+  expect_spread client "$url" 20 2 || return 1
   local i seen
   for i in 1 2 3; do
     seen="$(kp_client_seen client "$url")" || kp_fail "NodePort request failed" || return 1
@@ -610,7 +610,7 @@ case_endpoint_changes_applied() {
   setup 3 || return 1
   add_service web.yaml web "$WEB_IP" "$(pod_eps 3)" || return 1
   start_kproxy_and_wait "http://$WEB_IP/" || return 1
-  expect_spread node "http://$WEB_IP/" 15 2 || return 1
+  expect_spread node "http://$WEB_IP/" 20 2 || return 1
   local changed_at
 
   # Removal: only pod1 remains.
@@ -945,7 +945,7 @@ case_nodeport_addresses_secondary() {
   start_kproxy_and_wait "http://10.96.0.11/" --nodeport-addresses=192.168.70.0/24 || return 1
   kp_wait_for "$KP_CEILING" kp_poll_curl client http://192.168.70.1:30080/ >/dev/null ||
     kp_fail "NodePort on the secondary address 192.168.70.1 (in the CIDR, not in the Node object) not answered" || return 1
-  expect_spread client http://192.168.70.1:30080/ 15 2 || return 1
+  expect_spread client http://192.168.70.1:30080/ 20 2 || return 1
   kp_note "nodeport dispatch: $(nodeport_dispatch)"
   KP_CURL_TIMEOUT=1 kp_curl client http://192.168.71.1:30080/ >/dev/null 2>&1 &&
     { kp_fail "NodePort answered on 192.168.71.1, outside --nodeport-addresses"; return 1; }
@@ -955,7 +955,7 @@ case_nodeport_addresses_secondary() {
   ip -n "$node_ns" addr add 192.168.70.2/32 dev eth0 || return 1
   kp_wait_for "$KP_CEILING" kp_poll_curl client http://192.168.70.2:30080/ >/dev/null ||
     kp_fail "NodePort on 192.168.70.2, added while kproxy runs, not answered" || return 1
-  expect_spread client http://192.168.70.2:30080/ 15 2 || return 1
+  expect_spread client http://192.168.70.2:30080/ 20 2 || return 1
   expect_kproxy_alive
 }
 
@@ -973,7 +973,7 @@ case_nodeport_addresses_all_local() {
   local url
   for url in "http://$KP_NODE_IP:30080/" http://192.168.71.1:30080/; do
     kp_wait_for "$KP_CEILING" kp_poll_curl client "$url" >/dev/null || kp_fail "NodePort $url not answered" || return 1
-    expect_spread client "$url" 15 2 || return 1
+    expect_spread client "$url" 20 2 || return 1
   done
   kp_note "nodeport dispatch: $(nodeport_dispatch)"
   ip -n "$node_ns" addr add 192.168.72.1/32 dev eth0 || return 1
