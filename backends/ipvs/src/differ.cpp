@@ -356,6 +356,9 @@ sdk::Expected<void> IpvsBackend::applyChanged(const plan::SnapshotSource& next,
     Fragment now, before;
   };
   std::vector<Change> changes;
+  // The virtual servers each changed port renders now, by tag (every changed port has one, if
+  // empty): one that a changed port leaves may be taken over by the port that renders it now.
+  std::map<std::string, std::set<std::string>> kept;
   std::string ipsetAdds, ipsetDels;
   bool rulesChanged = false;
   for (const auto& c : changed) {
@@ -369,6 +372,8 @@ sdk::Expected<void> IpvsBackend::applyChanged(const plan::SnapshotSource& next,
     for (const auto& e : ch.now.ipsetEntries)
       if (ipsetEntries_[e.text()]++ == 0) ipsetAdds += e.text() + "\n";
     if (ch.now.rules != ch.before.rules) rulesChanged = true;
+    std::set<std::string>& keeps = kept[ch.tag];
+    for (const auto& planned : ch.now.virtualServers) keeps.insert(kernelVirtualServer(planned).describe());
     if (ch.now.key.empty())
       ports_.erase(ch.tag);
     else
@@ -378,12 +383,6 @@ sdk::Expected<void> IpvsBackend::applyChanged(const plan::SnapshotSource& next,
   if (auto r = restoreIpsets(ipsetAdds); !r) return r;
   if (auto r = syncIptables(false, rulesChanged); !r) return r;
 
-  // The virtual servers each changed port renders now, by tag: one that a changed port leaves
-  // may be taken over by the port that renders it now.
-  std::map<std::string, std::set<std::string>> kept;
-  for (const auto& ch : changes)
-    for (const auto& planned : ch.now.virtualServers) kept[ch.tag].insert(kernelVirtualServer(planned).describe());
-
   // Serve: virtual servers and their real servers, then the addresses that make them answer.
   for (const auto& ch : changes) {
     for (const auto& planned : ch.now.virtualServers) {
@@ -391,9 +390,8 @@ sdk::Expected<void> IpvsBackend::applyChanged(const plan::SnapshotSource& next,
       const std::string key = want.vs.describe();
       auto it = servers_.find(key);
       if (it != servers_.end() && it->second.owner != ch.tag) {
-        const bool ownerChanges = std::any_of(changes.begin(), changes.end(),
-                                              [&](const Change& other) { return other.tag == it->second.owner; });
-        if (!ownerChanges || kept[it->second.owner].contains(key)) {
+        const auto owner = kept.find(it->second.owner);
+        if (owner == kept.end() || owner->second.contains(key)) {
           host_.warning(fmt::format("ipvs: {}: virtual server {} is {}'s too; kept once", ch.key, key,
                                     it->second.owner));
           continue;
@@ -420,7 +418,7 @@ sdk::Expected<void> IpvsBackend::applyChanged(const plan::SnapshotSource& next,
   for (const auto& ch : changes) {
     for (const auto& planned : ch.before.virtualServers) {
       const std::string key = kernelVirtualServer(planned).describe();
-      if (kept[ch.tag].contains(key)) continue;
+      if (kept.at(ch.tag).contains(key)) continue;
       auto it = servers_.find(key);
       if (it == servers_.end() || it->second.owner != ch.tag) continue;
       if (auto r = removeServer(it->second); !r) return r;
